@@ -1,0 +1,89 @@
+"""The ledger's tables and engine: SQLite by default, PostgreSQL by URL.
+
+Both databases serialise writers the same way: every write transaction takes a
+database-wide lock first (``BEGIN IMMEDIATE`` on SQLite, a transaction-scoped
+advisory lock on PostgreSQL). Two service processes sharing one database can
+therefore never both see a GPU as free and both place on it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    create_engine,
+    event,
+    text,
+)
+from sqlalchemy.engine import Connection, Engine
+
+metadata = MetaData()
+
+allocations = Table(
+    "gpulab_allocations",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("user", String(255), nullable=False),
+    # "server", "job" or "deployment"; ``owner`` names it ("alice/" for alice's
+    # default server, a job id, a deployment name).
+    Column("owner_kind", String(16), nullable=False),
+    Column("owner", String(255), nullable=False),
+    Column("node", String(255), nullable=False),
+    Column("gpu_uuid", String(96), nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("milli", Integer, nullable=False),
+    Column("memory_mib", Integer, nullable=False),
+    Column("created", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("owner_kind", "owner", "gpu_uuid", name="one_share_per_gpu_per_owner"),
+    Index("ix_allocations_user", "user"),
+)
+
+# Advisory lock key for PostgreSQL; any constant shared by all service processes.
+_PG_LOCK_KEY = 0x67_70_75_6C  # "gpul"
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def make_engine(url: str) -> Engine:
+    """Create the engine and the tables (idempotent)."""
+    if url.startswith("postgresql://"):
+        # psycopg 3 is the driver we ship; the plain scheme would pick psycopg2.
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30})
+        _sqlite_immediate_transactions(engine)
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    metadata.create_all(engine)
+    return engine
+
+
+def _sqlite_immediate_transactions(engine: Engine) -> None:
+    # pysqlite's own transaction handling defers BEGIN until the first write,
+    # which lets two readers decide on the same free GPU; take the write lock
+    # at BEGIN instead. WAL keeps readers off the writer's back.
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        dbapi_conn.execute("PRAGMA synchronous=FULL")
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def lock_for_write(conn: Connection) -> None:
+    """Serialise writers across processes (SQLite already did at BEGIN)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})

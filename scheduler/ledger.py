@@ -1,0 +1,233 @@
+"""The allocation ledger: who holds which share of which GPU.
+
+Every placement is one database transaction: lock, read what is held, ask the
+policy where the request goes, insert, commit. A crash before the commit leaves
+nothing; after it, the allocation is on disk. Requests are idempotent per
+owner (``owner_kind`` + ``owner``): asking again for an owner that already
+holds a slice returns what it holds, so a client that retries after losing the
+answer (the service died mid-request) never gets a second slice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.engine import Engine
+
+from .db import allocations, lock_for_write, utcnow
+from .inventory import Gpu
+from .policy import Cluster, PlacementPolicy, Request
+from .quota import Quotas
+from .slices import MILLI_PER_GPU, label, shape_of
+
+OWNER_KINDS = ("server", "job", "deployment")
+
+# Resources the ledger does not track are set to this on every node.
+_UNTRACKED = np.iinfo(np.int64).max // 4
+
+
+class NoCapacity(Exception):
+    """No GPU has room for the request right now."""
+
+
+class OwnerConflict(Exception):
+    """The owner already holds a slice of a different size."""
+
+
+@dataclass(frozen=True)
+class SizeAvailability:
+    milli: int
+    label: str
+    count: int  # how many of this size could be placed right now
+    reason: str | None  # why none can, when count == 0
+
+    def to_dict(self) -> dict:
+        return {"milli": self.milli, "label": self.label, "count": self.count,
+                "available": self.count > 0, "reason": self.reason}
+
+
+def _row_to_dict(row) -> dict:
+    d = dict(row._mapping)
+    created = d["created"]
+    if created.tzinfo is None:  # SQLite drops the zone; we only ever store UTC
+        created = created.replace(tzinfo=dt.timezone.utc)
+    d["created"] = created.isoformat()
+    return d
+
+
+class Ledger:
+    def __init__(self, engine: Engine, gpus: Iterable[Gpu], policy: PlacementPolicy,
+                 quotas: Quotas | None = None):
+        self.engine = engine
+        self.gpus = list(gpus)
+        self.policy = policy
+        self.quotas = quotas or Quotas()
+        # In-process writers queue here before they queue on the database lock,
+        # so threads of one service do not spin on SQLite's busy timeout.
+        self._lock = threading.Lock()
+
+    # -- reading ---------------------------------------------------------------
+    def list(self, user: str | None = None, owner_kind: str | None = None,
+             owner: str | None = None) -> list[dict]:
+        q = select(allocations).order_by(allocations.c.created, allocations.c.id)
+        if user is not None:
+            q = q.where(allocations.c.user == user)
+        if owner_kind is not None:
+            q = q.where(allocations.c.owner_kind == owner_kind)
+        if owner is not None:
+            q = q.where(allocations.c.owner == owner)
+        with self.engine.connect() as conn:
+            return [_row_to_dict(r) for r in conn.execute(q)]
+
+    def get(self, alloc_id: str) -> dict | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(allocations).where(allocations.c.id == alloc_id)).first()
+        return _row_to_dict(row) if row else None
+
+    def usage(self, conn=None) -> dict[str, int]:
+        """Milli-GPU held per user."""
+        q = select(allocations.c.user, func.sum(allocations.c.milli)).group_by(allocations.c.user)
+        if conn is None:
+            with self.engine.connect() as c:
+                return {u: int(m) for u, m in c.execute(q)}
+        return {u: int(m) for u, m in conn.execute(q)}
+
+    def allocated_by_gpu(self, conn=None) -> dict[str, int]:
+        q = select(allocations.c.gpu_uuid, func.sum(allocations.c.milli)).group_by(
+            allocations.c.gpu_uuid)
+        if conn is None:
+            with self.engine.connect() as c:
+                return {g: int(m) for g, m in c.execute(q)}
+        return {g: int(m) for g, m in conn.execute(q)}
+
+    def cluster(self, held: Mapping[str, int]) -> tuple[Cluster, list[list[Gpu]]]:
+        """The free-resource view of the inventory, given milli held per GPU."""
+        by_node: dict[str, list[Gpu]] = defaultdict(list)
+        for gpu in self.gpus:
+            by_node[gpu.node].append(gpu)
+        nodes = sorted(by_node)
+        slots = [by_node[n] for n in nodes]
+        cluster = Cluster.build([(n, _UNTRACKED, _UNTRACKED, [g.model for g in s])
+                                 for n, s in zip(nodes, slots)])
+        for i, node_gpus in enumerate(slots):
+            for j, gpu in enumerate(node_gpus):
+                cluster.gpu_free[i, j] = MILLI_PER_GPU - held.get(gpu.uuid, 0)
+        return cluster, slots
+
+    def availability(self, user: str, sizes: Iterable[int],
+                     groups: Mapping[str, set[str]] | None = None) -> list[SizeAvailability]:
+        """For each size: how many could be placed now, or why none can."""
+        groups = groups or {}
+        held = self.allocated_by_gpu()
+        usage = self.usage()
+        cluster, _ = self.cluster(held)
+        remaining = self.quotas.remaining(user, usage, groups)
+        out = []
+        for milli in sizes:
+            if milli == 0:
+                out.append(SizeAvailability(0, label(0), 1, None))
+                continue
+            shape = shape_of(milli)
+            free = cluster.gpu_free[cluster.gpu_exists]
+            if shape.num_gpus == 1:
+                fit = int((free // shape.milli_per_gpu).sum())
+            else:
+                whole = (cluster.gpu_free == MILLI_PER_GPU) & cluster.gpu_exists
+                fit = int((whole.sum(axis=1) // shape.num_gpus).sum())
+            reason = None
+            if fit == 0:
+                reason = ("no free GPU of that size" if cluster.gpu_exists.any()
+                          else "this node has no GPUs")
+            if remaining is not None:
+                by_quota = remaining // milli
+                fit = min(fit, by_quota)
+                if by_quota == 0:
+                    reason = f"over your quota ({remaining} milli-GPU left)"
+            out.append(SizeAvailability(milli, label(milli), fit, reason))
+        return out
+
+    # -- writing ---------------------------------------------------------------
+    def allocate(self, user: str, owner_kind: str, owner: str, milli: int,
+                 groups: Mapping[str, set[str]] | None = None) -> list[dict]:
+        """Place ``milli`` for ``owner`` and record it; return its rows.
+
+        Raises :class:`NoCapacity`, :class:`~.quota.QuotaExceeded` or
+        :class:`OwnerConflict`; on any of them nothing is written.
+        """
+        if owner_kind not in OWNER_KINDS:
+            raise ValueError(f"owner_kind must be one of {OWNER_KINDS}, got {owner_kind!r}")
+        shape = shape_of(milli)
+        with self._lock, self.engine.begin() as conn:
+            lock_for_write(conn)
+            existing = conn.execute(select(allocations).where(
+                (allocations.c.owner_kind == owner_kind) & (allocations.c.owner == owner)
+            )).all()
+            if existing:
+                held = sum(r.milli for r in existing)
+                if held != shape.total_milli or existing[0].user != user:
+                    raise OwnerConflict(
+                        f"{owner_kind} {owner!r} already holds {held} milli-GPU; "
+                        f"release it before asking for {milli}")
+                return [_row_to_dict(r) for r in existing]
+            if milli == 0:
+                return []
+            self.quotas.check(user, milli, self.usage(conn), groups or {})
+            cluster, slots = self.cluster(self.allocated_by_gpu(conn))
+            request = Request(gpu_milli=shape.milli_per_gpu, num_gpu=shape.num_gpus)
+            placement = self.policy.place(cluster, request)
+            if placement is None:
+                raise NoCapacity(self._no_capacity_message(cluster, milli))
+            now = utcnow()
+            rows = []
+            for g in placement.gpus:
+                gpu = slots[placement.node][g]
+                rows.append({
+                    "id": uuid.uuid4().hex[:16], "user": user, "owner_kind": owner_kind,
+                    "owner": owner, "node": gpu.node, "gpu_uuid": gpu.uuid,
+                    "gpu_index": gpu.index, "milli": shape.milli_per_gpu,
+                    "memory_mib": gpu.memory_mib * shape.milli_per_gpu // MILLI_PER_GPU,
+                    "created": now,
+                })
+            conn.execute(insert(allocations), rows)
+        return [{**r, "created": r["created"].isoformat()} for r in rows]
+
+    def _no_capacity_message(self, cluster: Cluster, milli: int) -> str:
+        if not cluster.gpu_exists.any():
+            return "no GPUs are known to the scheduler; ask for gpu_milli=0 or add GPUs"
+        best = int(cluster.gpu_free.max())
+        whole = int(((cluster.gpu_free == MILLI_PER_GPU) & cluster.gpu_exists).sum())
+        return (f"no GPU has room for {label(milli)} ({milli} milli-GPU) right now: "
+                f"the largest free share is {best} milli and {whole} GPUs are fully free; "
+                f"pick a smaller slice or try again when others stop")
+
+    def release(self, owner_kind: str, owner: str) -> list[dict]:
+        """Free everything ``owner`` holds; returns the released rows (maybe none)."""
+        with self._lock, self.engine.begin() as conn:
+            lock_for_write(conn)
+            cond = (allocations.c.owner_kind == owner_kind) & (allocations.c.owner == owner)
+            rows = [_row_to_dict(r) for r in conn.execute(select(allocations).where(cond))]
+            conn.execute(delete(allocations).where(cond))
+        return rows
+
+    def release_id(self, alloc_id: str) -> dict | None:
+        """Free one allocation row (and the rest of its owner's rows)."""
+        row = self.get(alloc_id)
+        if row is None:
+            return None
+        self.release(row["owner_kind"], row["owner"])
+        return row
+
+    def reconcile(self, owner_kind: str, alive: set[str]) -> list[dict]:
+        """Release every ``owner_kind`` allocation whose owner is not in ``alive``."""
+        stale = {r["owner"] for r in self.list(owner_kind=owner_kind)} - alive
+        released = []
+        for owner in sorted(stale):
+            released += self.release(owner_kind, owner)
+        return released

@@ -1,0 +1,3 @@
+"""Built-in placement policies; importing this package registers them."""
+
+from . import best_fit  # noqa: F401

@@ -1,0 +1,72 @@
+"""Quotas in milli-GPU, per user and per group.
+
+A user's quota caps the sum of their allocations (servers, jobs and
+deployments together). A group's quota caps the sum over all its members. A
+request must fit the user's quota and the quota of every group they are in.
+``None`` means unlimited.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+class QuotaExceeded(Exception):
+    """The request would take a user or group past its quota."""
+
+
+@dataclass
+class Quotas:
+    default_user_milli: int | None = None
+    user_milli: Mapping[str, int] = field(default_factory=dict)
+    group_milli: Mapping[str, int] = field(default_factory=dict)
+
+    def user_limit(self, user: str) -> int | None:
+        return self.user_milli.get(user, self.default_user_milli)
+
+    def check(
+        self,
+        user: str,
+        request_milli: int,
+        usage: Mapping[str, int],
+        groups: Mapping[str, set[str]],
+    ) -> None:
+        """Raise :class:`QuotaExceeded` if the request does not fit.
+
+        ``usage`` is milli held per user now; ``groups`` maps each of the
+        user's groups to its members.
+        """
+        if request_milli == 0:
+            return
+        limit = self.user_limit(user)
+        used = usage.get(user, 0)
+        if limit is not None and used + request_milli > limit:
+            raise QuotaExceeded(
+                f"over your quota: you hold {used} milli-GPU of your {limit}, and this "
+                f"request needs {request_milli} more; stop a server, job or deployment "
+                f"or ask an admin to raise your quota"
+            )
+        for group, members in sorted(groups.items()):
+            glimit = self.group_milli.get(group)
+            if glimit is None:
+                continue
+            gused = sum(usage.get(m, 0) for m in members | {user})
+            if gused + request_milli > glimit:
+                raise QuotaExceeded(
+                    f"over the quota of group {group!r}: its members hold {gused} "
+                    f"milli-GPU of {glimit}, and this request needs {request_milli} more"
+                )
+
+    def remaining(self, user: str, usage: Mapping[str, int],
+                  groups: Mapping[str, set[str]]) -> int | None:
+        """How many milli the user may still take; ``None`` if unlimited."""
+        left: list[int] = []
+        limit = self.user_limit(user)
+        if limit is not None:
+            left.append(limit - usage.get(user, 0))
+        for group, members in groups.items():
+            glimit = self.group_milli.get(group)
+            if glimit is not None:
+                left.append(glimit - sum(usage.get(m, 0) for m in members | {user}))
+        return max(0, min(left)) if left else None
