@@ -1,0 +1,123 @@
+"""The ``gpulab`` command: ``gpulab up`` starts the embedded platform.
+
+``gpulab up`` runs JupyterHub in the foreground with gpulab's configuration:
+configurable-http-proxy in front, shared-password login, the gpulab service
+(managed by the hub) and the fractional spawner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+from .hub_config import ADMIN_USER, Settings
+
+HUB_CONFIG = Path(__file__).with_name("jupyterhub_config.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _internal_ports(data_dir: Path) -> dict[str, int]:
+    """Ports for the hub, the proxy API and the service, kept across restarts.
+
+    Running servers hold the hub's address; keeping it stable lets them reach
+    the hub again after `gpulab up` restarts.
+    """
+    path = data_dir / "ports.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    ports = {"hub_port": _free_port(), "proxy_api_port": _free_port(),
+             "service_port": _free_port()}
+    path.write_text(json.dumps(ports))
+    return ports
+
+
+def _check_spec(spec: str) -> str:
+    from gpulab.scheduler.inventory import InventoryError, parse_simulated
+
+    try:
+        parse_simulated(spec)
+    except InventoryError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return spec
+
+
+def up(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o700)
+    settings = Settings(data_dir=data_dir, ip=args.ip, port=args.port,
+                        simulate_gpus=args.simulate_gpus or "", db_url=args.db_url or "",
+                        cull_idle_timeout=args.cull_idle_timeout,
+                        **_internal_ports(data_dir))
+    print(f"""
+gpulab is starting at {settings.public_url}/
+  Log in with any user name and the password in {data_dir / 'user-password'}
+  Admin: user '{ADMIN_USER}' with the password in {data_dir / 'admin-password'}
+  API token of the admin (for automation): {data_dir / 'admin-token'}
+  GPUs: {('simulated ' + settings.simulate_gpus) if settings.simulate_gpus else 'from the NVIDIA driver'}
+  Overrides: {data_dir / 'gpulab_config.py'} (JupyterHub and c.GpuLabService settings)
+""", flush=True)
+    env = {**os.environ, **settings.to_env()}
+    argv = [sys.executable, "-m", "jupyterhub", "-f", str(HUB_CONFIG)] + args.hub_args
+    os.chdir(data_dir)
+    os.execvpe(argv[0], argv, env)
+    return 0  # not reached
+
+
+def service(args: argparse.Namespace) -> int:
+    from .service.app import main
+
+    main(args.rest)
+    return 0
+
+
+def agent(args: argparse.Namespace) -> int:
+    from gpulab.telemetry.agent import main
+
+    return main(args.rest)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpulab", description="gpulab: a GPU platform on JupyterHub")
+    sub = p.add_subparsers(dest="command", required=True)
+    u = sub.add_parser("up", help="start the embedded platform (JupyterHub + gpulab) here",
+                       description="Start JupyterHub with gpulab in the foreground. "
+                                   "Arguments after -- go to jupyterhub.")
+    u.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    u.add_argument("--port", type=int, default=8000, help="public port (default 8000)")
+    u.add_argument("--data-dir", default=".gpulab",
+                   help="where state, secrets and the database live (default .gpulab)")
+    u.add_argument("--simulate-gpus", type=_check_spec, metavar="SPEC",
+                   help="declare GPUs on a machine without any, e.g. 2xA100-80GB or "
+                        "1xH200-141GB,4xT4-16GB (nothing is enforced)")
+    u.add_argument("--db-url", help="SQLAlchemy URL for gpulab's database "
+                                    "(default: SQLite in the data dir), e.g. postgresql://...")
+    u.add_argument("--cull-idle-timeout", type=int, default=3600, metavar="SECONDS",
+                   help="stop servers idle this long, freeing their slice (0: never)")
+    u.add_argument("hub_args", nargs="*", help=argparse.SUPPRESS)
+    u.set_defaults(func=up)
+    s = sub.add_parser("service", help="run the gpulab service (the hub starts it)")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(func=service)
+    a = sub.add_parser("agent", help="run the node agent that pushes telemetry to the service")
+    a.add_argument("rest", nargs=argparse.REMAINDER)
+    a.set_defaults(func=agent)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

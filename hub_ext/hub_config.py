@@ -1,0 +1,154 @@
+"""JupyterHub configuration for the embedded platform (`gpulab up`).
+
+:func:`configure` fills a hub config object from :class:`Settings`; the file
+passed to ``jupyterhub -f`` (``jupyterhub_config.py`` beside this one) calls
+it, then loads ``<data-dir>/gpulab_config.py`` so an operator can override
+anything, e.g. another authenticator::
+
+    c.JupyterHub.authenticator_class = "github"
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+SERVICE_NAME = "gpulab"
+ADMIN_USER = "admin"
+
+
+@dataclass
+class Settings:
+    data_dir: Path
+    ip: str = "127.0.0.1"
+    port: int = 8000
+    hub_port: int = 8081
+    proxy_api_port: int = 8001
+    service_port: int = 10101
+    simulate_gpus: str = ""
+    db_url: str = ""
+    cull_idle_timeout: int = 3600
+
+    ENV = {"data_dir": "GPULAB_DATA_DIR", "ip": "GPULAB_IP", "port": "GPULAB_PORT",
+           "hub_port": "GPULAB_HUB_PORT", "proxy_api_port": "GPULAB_PROXY_API_PORT",
+           "service_port": "GPULAB_SERVICE_PORT", "simulate_gpus": "GPULAB_SIMULATE_GPUS",
+           "db_url": "GPULAB_DB_URL", "cull_idle_timeout": "GPULAB_CULL_IDLE_TIMEOUT"}
+
+    def to_env(self) -> dict[str, str]:
+        return {env: str(getattr(self, attr)) for attr, env in self.ENV.items()}
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> "Settings":
+        s = cls(data_dir=Path(env.get("GPULAB_DATA_DIR", ".gpulab")).resolve())
+        for attr, name in cls.ENV.items():
+            if attr != "data_dir" and name in env:
+                kind = type(getattr(s, attr))
+                setattr(s, attr, kind(env[name]))
+        return s
+
+    @property
+    def public_url(self) -> str:
+        host = "127.0.0.1" if self.ip in ("", "0.0.0.0") else self.ip
+        return f"http://{host}:{self.port}"
+
+
+def secret_file(path: Path, nbytes: int = 32) -> str:
+    """Read a secret from ``path``, creating it (mode 0600) on first use."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(nbytes))
+    return path.read_text().strip()
+
+
+def find_proxy() -> str:
+    """configurable-http-proxy: on PATH, or installed by `make up` in node_modules."""
+    found = shutil.which("configurable-http-proxy")
+    if found:
+        return found
+    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        candidate = root / "node_modules" / ".bin" / "configurable-http-proxy"
+        if candidate.exists():
+            return str(candidate)
+    raise SystemExit("configurable-http-proxy not found: run `make up` (it installs it with "
+                     "npm) or `npm install -g configurable-http-proxy`")
+
+
+def configure(c, s: Settings) -> None:
+    data = s.data_dir
+    data.mkdir(parents=True, exist_ok=True)
+    os.chmod(data, 0o700)
+    service_token = secret_file(data / "service-token")
+    admin_token = secret_file(data / "admin-token")
+
+    c.JupyterHub.ip = s.ip
+    c.JupyterHub.port = s.port
+    c.JupyterHub.hub_ip = "127.0.0.1"
+    c.JupyterHub.hub_port = s.hub_port
+    c.JupyterHub.db_url = f"sqlite:///{data}/jupyterhub.sqlite"
+    c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.proxy_api_port}"
+    c.ConfigurableHTTPProxy.command = [find_proxy()]
+    c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
+    c.ConfigurableHTTPProxy.auth_token = secret_file(data / "proxy-token")
+
+    # Real authentication by default: one generated password for users, a
+    # longer one for the admin. Both live in the data dir, never in logs.
+    c.JupyterHub.authenticator_class = "shared-password"
+    c.SharedPasswordAuthenticator.user_password = secret_file(data / "user-password", 12)
+    c.SharedPasswordAuthenticator.admin_password = secret_file(data / "admin-password", 32)
+    c.Authenticator.admin_users = {ADMIN_USER}
+    c.Authenticator.allow_all = True
+    c.JupyterHub.api_tokens = {admin_token: ADMIN_USER}
+
+    api_url = f"http://127.0.0.1:{s.service_port}/services/{SERVICE_NAME}/api/v1"
+    c.JupyterHub.spawner_class = "gpulab-local"
+    c.FractionalLocalSpawner.gpulab_api_url = api_url
+    c.FractionalLocalSpawner.gpulab_public_api_url = (
+        f"{s.public_url}/services/{SERVICE_NAME}/api/v1")
+    c.FractionalLocalSpawner.gpulab_api_token = service_token
+    c.FractionalLocalSpawner.home_dir_template = str(data / "home" / "{username}")
+    c.FractionalLocalSpawner.kernel_dir = str(data / "jupyter")
+    c.Spawner.default_url = "/lab"
+    c.Spawner.cmd = [str(Path(sys.executable).with_name("jupyterhub-singleuser"))]
+    if os.geteuid() == 0:
+        c.Spawner.args = ["--allow-root"]
+    # Servers start slowly on a busy small machine; a dead one is noticed by poll.
+    c.Spawner.start_timeout = 180
+    c.Spawner.http_timeout = 120
+    # Servers' own tokens may call the gpulab API as their user (magics, widgets).
+    c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server",
+                                     f"access:services!service={SERVICE_NAME}"]
+
+    service_env = {k: v for k, v in s.to_env().items()}
+    services = [{
+        "name": SERVICE_NAME,
+        "url": f"http://127.0.0.1:{s.service_port}",
+        "command": [sys.executable, "-m", "gpulab.hub_ext.service"],
+        "api_token": service_token,
+        "environment": service_env,
+        "display": True,
+        "oauth_no_confirm": True,
+    }]
+    roles = [
+        {"name": "user", "scopes": ["self", f"access:services!service={SERVICE_NAME}"]},
+        {"name": "gpulab-service", "services": [SERVICE_NAME],
+         "scopes": ["list:users", "read:users", "read:servers", "list:groups", "read:groups",
+                    f"access:services!service={SERVICE_NAME}"]},
+    ]
+    if s.cull_idle_timeout > 0:
+        services.append({
+            "name": "idle-culler",
+            "command": [sys.executable, "-m", "jupyterhub_idle_culler",
+                        f"--timeout={s.cull_idle_timeout}",
+                        f"--cull-every={max(5, min(60, s.cull_idle_timeout // 2))}"],
+        })
+        roles.append({"name": "idle-culler", "services": ["idle-culler"],
+                      "scopes": ["list:users", "read:users:activity", "read:servers",
+                                 "delete:servers"]})
+    c.JupyterHub.services = services
+    c.JupyterHub.load_roles = roles

@@ -1,0 +1,11 @@
+# The hub configuration `gpulab up` runs: everything comes from gpulab's
+# settings (environment set by the CLI), then <data-dir>/gpulab_config.py.
+from gpulab.hub_ext.hub_config import Settings, configure
+
+c = get_config()  # noqa: F821 (provided by JupyterHub)
+settings = Settings.from_env()
+configure(c, settings)
+
+_override = settings.data_dir / "gpulab_config.py"
+if _override.exists():
+    load_subconfig(str(_override))  # noqa: F821

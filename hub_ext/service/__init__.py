@@ -1,0 +1,1 @@
+"""The hub-managed gpulab service (REST API, auth, database)."""

@@ -1,0 +1,160 @@
+"""REST routes of the service, under ``<hub>/services/gpulab/``.
+
+Shapes are described in :mod:`.openapi`; every route identifies the caller
+first (:class:`.auth.APIHandler`) and users only ever see their own rows.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tornado import web
+
+from gpulab.scheduler.ledger import OWNER_KINDS, NoCapacity, OwnerConflict
+from gpulab.scheduler.quota import QuotaExceeded
+from gpulab.scheduler.slices import SliceError, parse_gpu_milli
+
+from .auth import APIHandler
+from .openapi import openapi_document
+
+
+class InventoryHandler(APIHandler):
+    def get(self):
+        self.require_identity()
+        self.write_json(self.gpulab.inventory())
+
+
+def _string(body: dict, key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        raise web.HTTPError(400, f"'{key}' must be a non-empty string")
+    return value
+
+
+class AllocationsHandler(APIHandler):
+    def get(self):
+        who = self.require_identity()
+        user = self.get_argument("user", None)
+        if not (who.admin or who.internal):
+            if user not in (None, who.name):
+                raise web.HTTPError(403, "you can only list your own allocations")
+            user = who.name
+        self.write_json(self.gpulab.ledger.list(
+            user=user, owner_kind=self.get_argument("owner_kind", None),
+            owner=self.get_argument("owner", None)))
+
+    async def post(self):
+        """Allocate a slice for an owner. Used by the hub's spawner (and admins)."""
+        who = self.require_identity()
+        body = self.json_body()
+        unknown = set(body) - {"user", "owner_kind", "owner", "gpu_milli"}
+        if unknown:
+            raise web.HTTPError(400, f"unknown field(s): {', '.join(sorted(unknown))}")
+        user = _string(body, "user")
+        owner_kind = _string(body, "owner_kind")
+        owner = _string(body, "owner")
+        if owner_kind not in OWNER_KINDS:
+            raise web.HTTPError(400, f"owner_kind must be one of {', '.join(OWNER_KINDS)}")
+        if not (who.internal or who.admin):
+            raise web.HTTPError(
+                403, "allocations are made by starting a server, submitting a job or "
+                     "deploying a model, not directly")
+        try:
+            milli = parse_gpu_milli(body.get("gpu_milli"), tuple(self.gpulab.slice_sizes))
+        except SliceError as e:
+            raise web.HTTPError(400, str(e)) from None
+        groups = await self.gpulab.groups_of(user)
+        started = time.perf_counter()
+        result = "placed"
+        try:
+            rows = self.gpulab.ledger.allocate(user, owner_kind, owner, milli, groups)
+        except NoCapacity as e:
+            result = "no_capacity"
+            raise web.HTTPError(409, str(e)) from None
+        except QuotaExceeded as e:
+            result = "over_quota"
+            raise web.HTTPError(403, str(e)) from None
+        except OwnerConflict as e:
+            result = "conflict"
+            raise web.HTTPError(409, str(e)) from None
+        finally:
+            self.gpulab.metrics.observe_placement(result, time.perf_counter() - started)
+        simulated = {g.uuid for g in self.gpulab.gpus if g.simulated}
+        self.write_json([{**r, "simulated": r["gpu_uuid"] in simulated} for r in rows],
+                        status=201)
+
+    def delete(self):
+        """Release everything one owner holds: ``?owner_kind=server&owner=alice/``."""
+        who = self.require_identity()
+        owner_kind = self.get_argument("owner_kind")
+        owner = self.get_argument("owner")
+        held = self.gpulab.ledger.list(owner_kind=owner_kind, owner=owner)
+        if held and not who.can_act_for(held[0]["user"]):
+            raise web.HTTPError(404, f"no allocations for {owner_kind} {owner!r}")
+        released = self.gpulab.ledger.release(owner_kind, owner) if held else []
+        self.write_json({"released": released})
+
+
+class AllocationHandler(APIHandler):
+    def _find(self, alloc_id: str) -> dict:
+        who = self.require_identity()
+        row = self.gpulab.ledger.get(alloc_id)
+        # Another user's allocation answers exactly like a missing one.
+        if row is None or not who.can_act_for(row["user"]):
+            raise web.HTTPError(404, f"no allocation {alloc_id!r}")
+        return row
+
+    def get(self, alloc_id):
+        self.write_json(self._find(alloc_id))
+
+    def delete(self, alloc_id):
+        row = self._find(alloc_id)
+        released = self.gpulab.ledger.release(row["owner_kind"], row["owner"])
+        self.write_json({"released": released})
+
+
+class AvailabilityHandler(APIHandler):
+    """How many of each slice size the user could get now (drives the spawn form)."""
+
+    async def get(self):
+        who = self.require_identity()
+        user = self.get_argument("user", who.name)
+        if not who.can_act_for(user):
+            raise web.HTTPError(403, "you can only ask about your own availability")
+        groups = await self.gpulab.groups_of(user)
+        sizes = self.gpulab.ledger.availability(user, self.gpulab.slice_sizes, groups)
+        usage = self.gpulab.ledger.usage().get(user, 0)
+        self.write_json({
+            "user": user,
+            "held_milli": usage,
+            "quota_milli": self.gpulab.ledger.quotas.remaining(user, {}, groups),
+            "simulated": any(g.simulated for g in self.gpulab.gpus),
+            "sizes": [s.to_dict() for s in sizes],
+        })
+
+
+class OpenAPIHandler(APIHandler):
+    def get(self):
+        self.require_identity()
+        self.write_json(openapi_document(self.gpulab.prefix))
+
+
+class MetricsHandler(APIHandler):
+    def set_default_headers(self):
+        self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+
+    def get(self):
+        if self.gpulab.authenticate_prometheus:
+            self.require_identity()
+        self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.finish(self.gpulab.metrics.render())
+
+
+routes = [
+    (r"api/v1/inventory", InventoryHandler),
+    (r"api/v1/allocations", AllocationsHandler),
+    (r"api/v1/allocations/([^/]+)", AllocationHandler),
+    (r"api/v1/availability", AvailabilityHandler),
+    (r"api/v1/openapi.json", OpenAPIHandler),
+    (r"metrics", MetricsHandler),
+]

@@ -1,0 +1,103 @@
+"""Who is asking: every request to the service is identified through the hub.
+
+A request carries ``Authorization: token <jupyterhub token>`` or the browser's
+hub OAuth cookie for this service. The hub answers who the token belongs to;
+the service then looks the user up (admin flag, groups) with its own token,
+because OAuth tokens issued to a browser carry too few scopes to say so.
+
+Three kinds of caller:
+
+- ``internal``: the gpulab service's own token, which the hub's spawner uses
+  to allocate on behalf of any user;
+- admins (``admin`` in the hub's user model): see and act on everything;
+- users: see and act on their own things only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+
+log = logging.getLogger("gpulab.service")
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    kind: str  # "user" or "service"
+    admin: bool = False
+    internal: bool = False
+    groups: frozenset[str] = field(default_factory=frozenset)
+
+    def can_act_for(self, user: str) -> bool:
+        return self.internal or self.admin or (self.kind == "user" and self.name == user)
+
+
+class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    """Identifies the caller in :meth:`prepare`; JSON errors for API routes."""
+
+    @property
+    def gpulab(self):
+        return self.settings["gpulab"]
+
+    async def prepare(self):
+        self.identity: Identity | None = None
+        self._forbidden_model = None
+        model = await self.hub_auth.get_user(self, sync=False)
+        if model:
+            if not self.hub_auth.check_scopes(self.hub_scopes, model):
+                # Authenticated, but the token may not use this service.
+                self._forbidden_model = model
+            else:
+                self.identity = await self.gpulab.identify(model)
+
+    def get_current_user(self):
+        return self.identity
+
+    def require_identity(self) -> Identity:
+        if self.identity is not None:
+            return self.identity
+        if self._forbidden_model is not None:
+            raise web.HTTPError(
+                403, f"{self._forbidden_model.get('kind', 'user')} "
+                     f"{self._forbidden_model.get('name')} may not use the gpulab service: "
+                     f"the token lacks the scope access:services!service=gpulab")
+        raise web.HTTPError(
+            401, "authentication required: send 'Authorization: token <JupyterHub API token>'"
+                 " (create one on the hub's token page) or log in to the hub")
+
+
+class APIHandler(BaseHandler):
+    def check_xsrf_cookie(self):
+        # Token-authenticated requests need no XSRF token; cookie-authenticated
+        # ones go through the hub's check (the mixin patches this method).
+        return super().check_xsrf_cookie()
+
+    def set_default_headers(self):
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+
+    def write_json(self, data, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(data))
+
+    def json_body(self) -> dict:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except json.JSONDecodeError as e:
+            raise web.HTTPError(400, f"request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, "request body must be a JSON object")
+        return body
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = getattr(exc, "log_message", None) or self._reason
+        if status_code >= 500:
+            message = "internal error in the gpulab service; see its log"
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": message}))

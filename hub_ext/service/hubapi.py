@@ -1,0 +1,58 @@
+"""The few calls the service makes to the JupyterHub REST API, with its own token."""
+
+from __future__ import annotations
+
+import json
+import time
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+
+class HubAPI:
+    def __init__(self, api_url: str, token: str, cache_seconds: float = 10.0):
+        self.api_url = api_url.rstrip("/")
+        self._token = token
+        self.cache_seconds = cache_seconds
+        self._cache: dict[str, tuple[float, object]] = {}
+
+    async def _get(self, path: str):
+        req = HTTPRequest(f"{self.api_url}{path}", headers={"Authorization": f"token {self._token}"},
+                          request_timeout=30)
+        resp = await AsyncHTTPClient().fetch(req)
+        return json.loads(resp.body)
+
+    async def _get_all(self, path: str, page: int = 200) -> list:
+        # The hub pages long lists (api_page_default_limit); walk every page.
+        items: list = []
+        sep = "&" if "?" in path else "?"
+        while True:
+            batch = await self._get(f"{path}{sep}offset={len(items)}&limit={page}")
+            items += batch
+            if len(batch) < page:
+                return items
+
+    async def _cached(self, key: str, path: str):
+        hit = self._cache.get(key)
+        if hit and time.monotonic() - hit[0] < self.cache_seconds:
+            return hit[1]
+        value = await (self._get_all(path) if path == "/groups" else self._get(path))
+        self._cache[key] = (time.monotonic(), value)
+        return value
+
+    async def user(self, name: str) -> dict | None:
+        try:
+            return await self._cached(f"user:{name}", f"/users/{quote(name, safe='')}")
+        except HTTPClientError as e:
+            if e.code == 404:
+                return None
+            raise
+
+    async def groups(self) -> list[dict]:
+        """Every group with its members and properties."""
+        return await self._cached("groups", "/groups")
+
+    async def active_servers(self) -> set[str]:
+        """``user/server`` for every server that is running or starting."""
+        users = await self._get_all("/users?state=active")
+        return {f"{u['name']}/{name}" for u in users for name in (u.get("servers") or {})}

@@ -1,0 +1,55 @@
+"""Prometheus metrics of the service: GPU allocation state and placement outcomes.
+
+GPU series carry DCGM's labels (``hostname``, ``gpu``, ``UUID``, ``modelName``)
+so they join with dcgm-exporter's. No user names appear in labels.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, Counter as PromCounter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+
+class _LedgerCollector:
+    """Reads the ledger at scrape time, so the numbers are never stale."""
+
+    def __init__(self, service):
+        self.service = service
+
+    def collect(self):
+        held = self.service.ledger.allocated_by_gpu()
+        ratio = GaugeMetricFamily(
+            "gpulab_gpu_allocated_ratio", "Share of the GPU held by allocations (0-1).",
+            labels=["hostname", "gpu", "UUID", "modelName", "simulated"])
+        for g in self.service.gpus:
+            ratio.add_metric([g.node, str(g.index), g.uuid, g.model, str(g.simulated).lower()],
+                             held.get(g.uuid, 0) / 1000)
+        yield ratio
+        count = GaugeMetricFamily("gpulab_allocations", "Allocation rows held, by owner kind.",
+                                  labels=["owner_kind"])
+        by_kind = Counter(a["owner_kind"] for a in self.service.ledger.list())
+        for kind in ("server", "job", "deployment"):
+            count.add_metric([kind], by_kind.get(kind, 0))
+        yield count
+
+
+class Metrics:
+    def __init__(self, service):
+        self.registry = CollectorRegistry()
+        self.registry.register(_LedgerCollector(service))
+        self.placements = PromCounter(
+            "gpulab_placement_requests", "Placement requests by result.", ["result"],
+            registry=self.registry)
+        self.placement_seconds = Histogram(
+            "gpulab_placement_duration_seconds", "Time to place and record one request.",
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+
+    def observe_placement(self, result: str, seconds: float) -> None:
+        self.placements.labels(result).inc()
+        self.placement_seconds.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,108 @@
+"""The OpenAPI 3 description of the service's routes."""
+
+from __future__ import annotations
+
+_ERROR = {"description": "Bad input or not allowed; the message says what to do",
+          "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _json(ref: str, description: str = "OK", array: bool = False) -> dict:
+    schema = {"$ref": f"#/components/schemas/{ref}"}
+    if array:
+        schema = {"type": "array", "items": schema}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def openapi_document(prefix: str) -> dict:
+    errors = {"400": _ERROR, "401": _ERROR, "403": _ERROR, "404": _ERROR, "409": _ERROR}
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "gpulab service", "version": "1",
+                 "description": "GPU inventory, slice allocations and quotas behind JupyterHub. "
+                                "Authenticate with `Authorization: token <JupyterHub API token>` "
+                                "or the hub's OAuth cookie."},
+        "servers": [{"url": prefix.rstrip("/")}],
+        "components": {
+            "securitySchemes": {"token": {"type": "apiKey", "in": "header",
+                                          "name": "Authorization"}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["error"],
+                          "properties": {"error": {"type": "string"}}},
+                "Gpu": {"type": "object", "properties": {
+                    "uuid": {"type": "string"}, "index": {"type": "integer"},
+                    "model": {"type": "string"}, "memory_mib": {"type": "integer"},
+                    "allocated_milli": {"type": "integer"}, "simulated": {"type": "boolean"},
+                    "mig_parent": {"type": "string", "nullable": True}}},
+                "Inventory": {"type": "object", "properties": {
+                    "nodes": {"type": "array", "items": {"type": "object", "properties": {
+                        "name": {"type": "string"},
+                        "gpus": {"type": "array", "items": {"$ref": "#/components/schemas/Gpu"}}}}},
+                    "reason": {"type": "string", "nullable": True,
+                               "description": "why there are no GPUs, when there are none"}}},
+                "Allocation": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "user": {"type": "string"},
+                    "owner_kind": {"type": "string", "enum": ["server", "job", "deployment"]},
+                    "owner": {"type": "string"}, "node": {"type": "string"},
+                    "gpu_uuid": {"type": "string"}, "gpu_index": {"type": "integer"},
+                    "milli": {"type": "integer", "description": "share of this GPU, 1-1000"},
+                    "memory_mib": {"type": "integer"},
+                    "created": {"type": "string", "format": "date-time"}}},
+                "AllocationRequest": {"type": "object",
+                                      "required": ["user", "owner_kind", "owner", "gpu_milli"],
+                                      "properties": {
+                    "user": {"type": "string"},
+                    "owner_kind": {"type": "string", "enum": ["server", "job", "deployment"]},
+                    "owner": {"type": "string"},
+                    "gpu_milli": {"type": "integer", "description": "0, 1-999, or n*1000"}}},
+                "Released": {"type": "object", "properties": {"released": {
+                    "type": "array", "items": {"$ref": "#/components/schemas/Allocation"}}}},
+                "Availability": {"type": "object", "properties": {
+                    "user": {"type": "string"}, "held_milli": {"type": "integer"},
+                    "quota_milli": {"type": "integer", "nullable": True},
+                    "simulated": {"type": "boolean"},
+                    "sizes": {"type": "array", "items": {"type": "object", "properties": {
+                        "milli": {"type": "integer"}, "label": {"type": "string"},
+                        "count": {"type": "integer"}, "available": {"type": "boolean"},
+                        "reason": {"type": "string", "nullable": True}}}}}},
+            },
+        },
+        "security": [{"token": []}],
+        "paths": {
+            "/api/v1/inventory": {"get": {
+                "summary": "GPUs per node and how much of each is allocated",
+                "responses": {"200": _json("Inventory"), **errors}}},
+            "/api/v1/allocations": {
+                "get": {"summary": "Allocations: your own; admins see all",
+                        "parameters": [{"name": n, "in": "query", "required": False,
+                                        "schema": {"type": "string"}}
+                                       for n in ("user", "owner_kind", "owner")],
+                        "responses": {"200": _json("Allocation", array=True), **errors}},
+                "post": {"summary": "Allocate a slice for an owner (the hub's spawner; admins)",
+                         "requestBody": {"required": True, "content": {"application/json": {
+                             "schema": {"$ref": "#/components/schemas/AllocationRequest"}}}},
+                         "responses": {"201": _json("Allocation", "Placed", array=True),
+                                       **errors}},
+                "delete": {"summary": "Release everything one owner holds",
+                           "parameters": [{"name": n, "in": "query", "required": True,
+                                           "schema": {"type": "string"}}
+                                          for n in ("owner_kind", "owner")],
+                           "responses": {"200": _json("Released"), **errors}}},
+            "/api/v1/allocations/{id}": {
+                "parameters": [{"name": "id", "in": "path", "required": True,
+                                "schema": {"type": "string"}}],
+                "get": {"summary": "One allocation", "responses": {"200": _json("Allocation"),
+                                                                    **errors}},
+                "delete": {"summary": "Release an allocation (and its owner's other rows)",
+                           "responses": {"200": _json("Released"), **errors}}},
+            "/api/v1/availability": {"get": {
+                "summary": "How many of each slice size you could get now",
+                "parameters": [{"name": "user", "in": "query", "required": False,
+                                "schema": {"type": "string"}}],
+                "responses": {"200": _json("Availability"), **errors}}},
+            "/api/v1/openapi.json": {"get": {"summary": "This document",
+                                             "responses": {"200": {"description": "OK"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics (text format)",
+                                 "responses": {"200": {"description": "OK",
+                                                       "content": {"text/plain": {}}}}}},
+        },
+    }

@@ -1,0 +1,38 @@
+"""``%gpulab``: what slice this server holds (status) and what the magics are (help)."""
+
+from __future__ import annotations
+
+import os
+
+from IPython.core.magic import Magics, line_magic, magics_class
+
+HELP = """gpulab magics
+  %gpulab            this server's GPU slice and the gpulab API address
+  %gpulab help       this text
+"""
+
+
+def slice_status(env: dict[str, str]) -> str:
+    milli = int(env.get("GPULAB_GPU_MILLI") or 0)
+    if not milli:
+        gpu = "no GPU slice"
+    else:
+        gpu = f"{milli} milli-GPU ({milli / 1000:g} GPU) on {env.get('GPULAB_GPU_UUID')}"
+        if env.get("GPULAB_GPU_SIMULATED"):
+            gpu += " (simulated: nothing enforced)"
+    api = env.get("GPULAB_API_URL") or "not set (this server was not started by gpulab)"
+    return f"GPU: {gpu}\nAPI: {api}"
+
+
+@magics_class
+class GpuLabMagics(Magics):
+    @line_magic
+    def gpulab(self, line: str = ""):
+        """Show this server's GPU slice; `%gpulab help` lists the magics."""
+        if line.strip() in ("help", "-h", "--help"):
+            print(HELP)
+            return
+        if line.strip():
+            print(f"unknown %gpulab command {line.strip()!r}\n\n{HELP}")
+            return
+        print(slice_status(dict(os.environ)))

@@ -1,0 +1,36 @@
+"""The spawn form: slice sizes with how many can be placed now, and why not."""
+
+from __future__ import annotations
+
+from html import escape
+
+
+def render_form(availability: dict) -> str:
+    """HTML for the hub's spawn page from the service's availability answer."""
+    rows = []
+    default = next((s["milli"] for s in availability["sizes"]
+                    if s["available"] and s["milli"]), 0)
+    for s in availability["sizes"]:
+        milli = s["milli"]
+        ident = f"gpulab-slice-{milli}"
+        disabled = "" if s["available"] else " disabled"
+        checked = " checked" if milli == default else ""
+        if milli == 0:
+            status = "always available"
+        elif s["available"]:
+            status = f"{s['count']} can be placed now"
+        else:
+            status = escape(s["reason"] or "unavailable")
+        rows.append(
+            f'<div class="radio{" disabled" if disabled else ""}">'
+            f'<label for="{ident}"><input type="radio" name="gpu_milli" id="{ident}" '
+            f'value="{milli}"{checked}{disabled}> <strong>{escape(s["label"])}</strong> '
+            f'<span class="text-muted gpulab-status">({status})</span></label></div>')
+    quota = availability.get("quota_milli")
+    held = availability.get("held_milli", 0)
+    note = (f"You hold {held} milli-GPU; your quota is {quota}." if quota is not None
+            else f"You hold {held} milli-GPU.")
+    sim = (" <em>These GPUs are simulated: nothing is enforced.</em>"
+           if availability.get("simulated") else "")
+    return (f'<fieldset class="gpulab-slices"><legend>GPU slice</legend>'
+            f'{"".join(rows)}<p class="help-block">{escape(note)}{sim}</p></fieldset>')
