@@ -17,7 +17,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 
 class ServiceClient:
-    def __init__(self, api_url: str, token: str, retry_seconds: float = 60.0, log=None):
+    def __init__(self, api_url: str, token: str, retry_seconds: float = 90.0, log=None):
         self.api_url = api_url.rstrip("/")
         self._token = token
         self.retry_seconds = retry_seconds

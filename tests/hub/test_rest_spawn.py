@@ -1,0 +1,177 @@
+"""Spawning through the JupyterHub REST API against a real hub (2 simulated A100s)."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from hubproc import RunningHub
+
+pytestmark = pytest.mark.slow
+
+CONFIG = """
+c.GpuLabService.user_quota_milli = {"capped": 250}
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    h = RunningHub(tmp_path_factory.mktemp("hub"), simulate="2xA100-80GB", config=CONFIG)
+    yield h
+    h.stop()
+
+
+def stop_all(hub, users):
+    for u in users:
+        hub.hub_api("DELETE", f"/users/{u}/server")
+    for u in users:
+        hub.wait_server(u, ready=False)
+
+
+def test_twenty_concurrent_quarter_spawns_place_exactly_eight(hub):
+    users = [f"c{i:02d}" for i in range(20)]
+    for u in users:
+        hub.hub_api("POST", f"/users/{u}")
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda u: hub.spawn(u, {"gpu_milli": 250}), users))
+    codes = [r.status_code for r in answers]
+    refused = [r for r in answers if r.status_code >= 400]
+    assert len(refused) == 12, codes
+    for r in refused:
+        # Fails fast with a message that says why and what to do.
+        assert r.status_code == 409
+        assert "no GPU has room for 1/4 GPU" in r.json()["message"]
+    started = [u for u, r in zip(users, answers) if r.status_code in (201, 202)]
+    assert len(started) == 8
+    for u in started:
+        hub.wait_server(u)
+    inventory = hub.gpulab("GET", "/inventory").json()
+    gpus = inventory["nodes"][0]["gpus"]
+    assert [g["allocated_milli"] for g in gpus] == [1000, 1000]
+    allocations = hub.gpulab("GET", "/allocations").json()
+    assert sorted(a["owner"] for a in allocations) == sorted(f"{u}/" for u in started)
+    # Each server's environment names the GPU the ledger gave it.
+    by_owner = {a["owner"]: a for a in allocations}
+    for u in started:
+        env = hub.server_env(u)
+        assert env["GPULAB_GPU_MILLI"] == "250"
+        assert env["GPULAB_GPU_UUID"] == by_owner[f"{u}/"]["gpu_uuid"]
+        assert env["CUDA_VISIBLE_DEVICES"] == env["GPULAB_GPU_UUID"]
+        assert env["GPULAB_API_URL"] == hub.api
+    # Refused users hold nothing and have no server.
+    for u in set(users) - set(started):
+        assert not hub.hub_api("GET", f"/users/{u}").json()["servers"]
+    stop_all(hub, started)
+    assert hub.gpulab("GET", "/allocations").json() == []
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"gpu_milli": 300}, "unknown slice size gpu_milli=300"),
+    ({"gpu_milli": "a lot"}, "must be an integer"),
+    ({"gpu_milli": -250}, "cannot be negative"),
+    ({"gpus": 1}, "unknown option(s) gpus"),
+    ({"gpu_milli": 1500}, "not a whole number of GPUs"),
+])
+def test_bad_user_options_are_400_and_change_nothing(hub, options, message):
+    hub.hub_api("POST", "/users/badinput")
+    before = hub.gpulab("GET", "/allocations").json()
+    r = hub.spawn("badinput", options)
+    assert r.status_code == 400, r.text
+    assert message in r.json()["message"]
+    assert not hub.hub_api("GET", "/users/badinput").json()["servers"]
+    assert hub.gpulab("GET", "/allocations").json() == before
+
+
+def test_quota_exceeded_is_refused_with_the_reason(hub):
+    hub.hub_api("POST", "/users/capped")
+    r = hub.spawn("capped", {"gpu_milli": 500})
+    assert r.status_code == 403
+    assert "over your quota" in r.json()["message"]
+    assert not hub.hub_api("GET", "/users/capped").json()["servers"]
+    assert hub.gpulab("GET", "/allocations", params={"user": "capped"}).json() == []
+
+
+def test_group_quota_from_hub_group_properties(hub):
+    for u in ("g1", "g2"):
+        hub.hub_api("POST", f"/users/{u}")
+    hub.hub_api("POST", "/groups/lab", json={"users": ["g1", "g2"]})
+    r = hub.hub_api("PUT", "/groups/lab/properties", json={"gpulab_quota_milli": 250})
+    assert r.status_code == 200, r.text
+    # The service caches group lookups briefly; the availability route shows the quota.
+    import time
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        avail = hub.gpulab("GET", "/availability", params={"user": "g2"}).json()
+        if avail["quota_milli"] == 250:
+            break
+        time.sleep(1)
+    assert avail["quota_milli"] == 250
+    assert hub.spawn("g1", {"gpu_milli": 250}).status_code in (201, 202)
+    hub.wait_server("g1")
+    r = hub.spawn("g2", {"gpu_milli": 100})
+    assert r.status_code == 403 and "group 'lab'" in r.json()["message"]
+    stop_all(hub, ["g1"])
+
+
+def test_no_gpu_server_holds_nothing(hub):
+    hub.hub_api("POST", "/users/cpuonly")
+    assert hub.spawn("cpuonly", {"gpu_milli": 0}).status_code in (201, 202)
+    hub.wait_server("cpuonly")
+    env = hub.server_env("cpuonly")
+    assert env["GPULAB_GPU_MILLI"] == "0" and env["CUDA_VISIBLE_DEVICES"] == ""
+    assert hub.gpulab("GET", "/allocations", params={"user": "cpuonly"}).json() == []
+    stop_all(hub, ["cpuonly"])
+
+
+def test_users_see_and_release_only_their_own(hub):
+    alice = hub.create_user("alice")
+    bob = hub.create_user("bob")
+    for u in ("alice", "bob"):
+        assert hub.spawn(u, {"gpu_milli": 100}).status_code in (201, 202)
+    for u in ("alice", "bob"):
+        hub.wait_server(u)
+    mine = hub.gpulab("GET", "/allocations", token=alice).json()
+    assert [a["user"] for a in mine] == ["alice"]
+    assert hub.gpulab("GET", "/allocations", token=alice, params={"user": "bob"}).status_code == 403
+    bobs = hub.gpulab("GET", "/allocations", token=bob).json()[0]
+    # Another user's allocation is invisible: 404, and it stays.
+    assert hub.gpulab("GET", f"/allocations/{bobs['id']}", token=alice).status_code == 404
+    assert hub.gpulab("DELETE", f"/allocations/{bobs['id']}", token=alice).status_code == 404
+    r = hub.gpulab("DELETE", "/allocations", token=alice,
+                   params={"owner_kind": "server", "owner": "bob/"})
+    assert r.status_code == 404
+    assert hub.gpulab("GET", f"/allocations/{bobs['id']}", token=bob).status_code == 200
+    assert hub.gpulab("GET", "/availability", token=alice, params={"user": "bob"}).status_code == 403
+    # Users cannot allocate directly.
+    r = hub.gpulab("POST", "/allocations", token=alice,
+                   json={"user": "alice", "owner_kind": "job", "owner": "x", "gpu_milli": 100})
+    assert r.status_code == 403
+    # The admin sees everyone's and may release bob's.
+    everyone = {a["user"] for a in hub.gpulab("GET", "/allocations").json()}
+    assert {"alice", "bob"} <= everyone
+    r = hub.gpulab("DELETE", f"/allocations/{bobs['id']}")
+    assert r.status_code == 200 and r.json()["released"][0]["id"] == bobs["id"]
+    stop_all(hub, ["alice", "bob"])
+
+
+def test_unauthenticated_and_malformed_requests(hub):
+    import requests
+    r = requests.get(f"{hub.api}/allocations", timeout=30)
+    assert r.status_code == 401 and "authentication required" in r.json()["error"]
+    r = requests.get(f"{hub.api}/inventory", headers={"Authorization": "token nonsense"},
+                     timeout=30)
+    assert r.status_code == 401
+    r = hub.gpulab("POST", "/allocations", data=b"{not json")
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
+    r = hub.gpulab("POST", "/allocations",
+                   json={"user": "x", "owner_kind": "server", "owner": "x/", "gpu_milli": 7})
+    assert r.status_code == 400 and "unknown slice size" in r.json()["error"]
+    r = hub.gpulab("POST", "/allocations",
+                   json={"user": "x", "owner_kind": "boat", "owner": "x/", "gpu_milli": 250})
+    assert r.status_code == 400
+    r = hub.gpulab("DELETE", "/allocations")
+    assert r.status_code == 400
+    doc = hub.gpulab("GET", "/openapi.json").json()
+    assert doc["openapi"].startswith("3.") and "/api/v1/allocations" in doc["paths"]
+    metrics = requests.get(f"{hub.url}/services/gpulab/metrics", headers=hub.auth(),
+                           timeout=30).text
+    assert "gpulab_gpu_allocated_ratio" in metrics
+    assert requests.get(f"{hub.url}/services/gpulab/metrics", timeout=30).status_code == 401

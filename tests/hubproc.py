@@ -1,0 +1,155 @@
+"""A real gpulab hub for tests: `gpulab up` as a process on free ports.
+
+Everything is real: JupyterHub, configurable-http-proxy, the gpulab service it
+manages, and the single-user JupyterLab servers it spawns. Only the GPUs are
+declared (``--simulate-gpus``), as this machine has none.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+GPULAB = str(Path(sys.executable).with_name("gpulab"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningHub:
+    def __init__(self, data_dir: Path, simulate: str = "2xA100-80GB", config: str = "",
+                 db_url: str = "", cull_idle_timeout: int = 3600):
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if config:
+            (self.data_dir / "gpulab_config.py").write_text(config)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api = f"{self.url}/services/gpulab/api/v1"
+        self.log_path = self.data_dir / "hub.log"
+        argv = [GPULAB, "up", "--port", str(self.port), "--data-dir", str(self.data_dir),
+                "--cull-idle-timeout", str(cull_idle_timeout)]
+        if simulate:
+            argv += ["--simulate-gpus", simulate]
+        if db_url:
+            argv += ["--db-url", db_url]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.admin_token = None
+        self.wait_ready()
+
+    # -- lifecycle -------------------------------------------------------------
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gpulab up exited:\n{self.log_tail()}")
+            token_file = self.data_dir / "admin-token"
+            if token_file.exists():
+                self.admin_token = token_file.read_text().strip()
+                try:
+                    r = requests.get(f"{self.api}/inventory", headers=self.auth(), timeout=5)
+                    if r.status_code == 200:
+                        return
+                except requests.RequestException:
+                    pass
+            time.sleep(0.5)
+        raise RuntimeError(f"hub not ready after {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 4000) -> str:
+        return self.log_path.read_bytes()[-n:].decode(errors="replace")
+
+    def service_pid(self) -> int | None:
+        for p in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if "gpulab.hub_ext.service" in " ".join(p.cmdline()):
+                    return p.pid
+            except psutil.NoSuchProcess:
+                pass
+        return None
+
+    def stop(self) -> None:
+        try:
+            procs = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            procs = []
+        # Servers run in sessions of their own; find them by their hub's data dir.
+        for p in psutil.process_iter(["pid", "cmdline", "environ"]):
+            try:
+                if (p.info["environ"] or {}).get("HOME", "").startswith(str(self.data_dir)):
+                    procs.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self._log.close()
+
+    # -- REST helpers ----------------------------------------------------------
+    def auth(self, token: str | None = None) -> dict:
+        return {"Authorization": f"token {token or self.admin_token}"}
+
+    def hub_api(self, method: str, path: str, token: str | None = None, **kw):
+        return requests.request(method, f"{self.url}/hub/api{path}", headers=self.auth(token),
+                                timeout=kw.pop("timeout", 300), **kw)
+
+    def gpulab(self, method: str, path: str, token: str | None = None, **kw):
+        return requests.request(method, f"{self.api}{path}", headers=self.auth(token),
+                                timeout=kw.pop("timeout", 60), **kw)
+
+    def create_user(self, name: str) -> str:
+        """Create a user (if needed) and return an API token of theirs."""
+        self.hub_api("POST", f"/users/{name}")
+        r = self.hub_api("POST", f"/users/{name}/tokens", json={"note": "test"})
+        r.raise_for_status()
+        return r.json()["token"]
+
+    def spawn(self, user: str, options: dict | None, token: str | None = None):
+        return self.hub_api("POST", f"/users/{user}/server", token=token,
+                            json=options if options is not None else {})
+
+    def wait_server(self, user: str, ready: bool = True, timeout: float = 240) -> dict:
+        """Wait until the user's default server is ready (or gone, with ready=False)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            model = self.hub_api("GET", f"/users/{user}").json()
+            server = (model.get("servers") or {}).get("")
+            if ready and server and server.get("ready"):
+                return model
+            if not ready and not server:
+                return model
+            time.sleep(0.5)
+        raise TimeoutError(f"{user}'s server not {'ready' if ready else 'stopped'}:\n"
+                           f"{self.log_tail()}")
+
+    def server_env(self, user: str) -> dict[str, str]:
+        """The environment of the user's running single-user server process."""
+        home = str(self.data_dir / "home" / user)
+        for p in psutil.process_iter(["cmdline", "environ"]):
+            try:
+                env = p.info["environ"] or {}
+                cmd = " ".join(p.info["cmdline"] or [])
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if env.get("HOME") == home and "jupyterhub-singleuser" in cmd:
+                return env
+        raise LookupError(f"no server process for {user}")
+
