@@ -1,0 +1,76 @@
+"""A person's path through the real hub in a real Chromium: log in, pick 1/4, use it."""
+
+import os
+import re
+
+import pytest
+from hubproc import RunningHub
+from playwright.sync_api import expect
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    h = RunningHub(tmp_path_factory.mktemp("hub"), simulate="2xA100-80GB",
+                   config='c.GpuLabService.user_quota_milli = {"alice": 500}\n')
+    yield h
+    h.stop()
+
+
+def login(page, hub, user, password_file):
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", (hub.data_dir / password_file).read_text().strip())
+    page.click("#login_submit")
+
+
+def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_dir):
+    # Someone else already holds a whole GPU, so the form has something to say.
+    hub.hub_api("POST", "/users/holder")
+    assert hub.spawn("holder", {"gpu_milli": 1000}).status_code in (201, 202)
+    hub.wait_server("holder")
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(120_000)
+    login(page, hub, "alice", "user-password")
+    page.wait_for_url(re.compile(r".*/hub/spawn.*"))
+    form = page.locator("fieldset.gpulab-slices")
+    expect(form).to_contain_text("1/4 GPU")
+    # 1 free GPU left: four quarters would fit, alice's quota (500) allows two.
+    expect(page.locator("label[for=gpulab-slice-250]")).to_contain_text("2 can be placed now")
+    expect(page.locator("#gpulab-slice-2000")).to_be_disabled()
+    expect(page.locator("label[for=gpulab-slice-2000]")).to_contain_text("over your quota")
+    expect(page.locator("label[for=gpulab-slice-1000]")).to_contain_text("over your quota")
+    page.screenshot(path=os.path.join(artifacts_dir, "spawn-form.png"), full_page=True)
+
+    page.check("#gpulab-slice-250")
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_url(re.compile(r".*/user/alice/lab.*"), timeout=240_000)
+
+    page.locator(".jp-LauncherCard", has_text="Python 3 (gpulab)").first.click()
+    expect(page.get_by_text("| Idle")).to_be_visible(timeout=120_000)
+    cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+    cell.click()
+    page.keyboard.type('import os; print("slice", os.environ["GPULAB_GPU_MILLI"], '
+                       'os.environ["CUDA_VISIBLE_DEVICES"])')
+    page.keyboard.press("Shift+Enter")
+    uuid = hub.gpulab("GET", "/allocations", params={"user": "alice"}).json()[0]["gpu_uuid"]
+    expect(page.locator(".jp-OutputArea-output").first).to_contain_text(f"slice 250 {uuid}")
+    # The magics were loaded by gpulab's kernelspec, no %load_ext needed.
+    page.keyboard.type("%gpulab")
+    page.keyboard.press("Shift+Enter")
+    expect(page.locator(".jp-OutputArea-output").nth(1)).to_contain_text("GPU: 250 milli-GPU")
+    page.screenshot(path=os.path.join(artifacts_dir, "lab-slice.png"))
+    page.close()
+
+    # The admin sees alice's slice on the gpulab page of the hub.
+    admin = browser.new_context().new_page()
+    admin.set_default_timeout(120_000)
+    login(admin, hub, "admin", "admin-password")
+    admin.wait_for_url(re.compile(r".*/(hub|user)/.*"))
+    admin.goto(f"{hub.url}/services/gpulab/")
+    expect(admin.locator("h2", has_text="every user's allocations")).to_be_visible()
+    expect(admin.locator("table").nth(1)).to_contain_text("alice/")
+    expect(admin.locator("table").nth(1)).to_contain_text("holder/")
+    admin.screenshot(path=os.path.join(artifacts_dir, "admin-page.png"), full_page=True)
