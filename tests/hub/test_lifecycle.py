@@ -1,0 +1,56 @@
+"""Slices come back: a failed start and idle culling release them (real hub)."""
+
+import time
+
+import pytest
+from hubproc import RunningHub
+
+pytestmark = pytest.mark.slow
+
+# Users named "failer" get a server command that exits at once.
+CONFIG = """
+def _break_failer(spawner):
+    if spawner.user.name == "failer":
+        spawner.cmd = ["/bin/false"]
+
+c.Spawner.pre_spawn_hook = _break_failer
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    h = RunningHub(tmp_path_factory.mktemp("hub"), config=CONFIG, cull_idle_timeout=10)
+    yield h
+    h.stop()
+
+
+def wait_for(predicate, timeout=180, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def test_failed_start_releases_the_slice(hub):
+    hub.hub_api("POST", "/users/failer")
+    r = hub.spawn("failer", {"gpu_milli": 500})
+    # The hub may answer before the process has died (202) or after (500).
+    assert r.status_code in (201, 202, 500), r.text
+    hub.wait_server("failer", ready=False)
+    wait_for(lambda: hub.gpulab("GET", "/allocations", params={"user": "failer"}).json() == [],
+             what="failer's slice to be released")
+    gpus = hub.gpulab("GET", "/inventory").json()["nodes"][0]["gpus"]
+    assert all(g["allocated_milli"] == 0 for g in gpus)
+
+
+def test_idle_culling_releases_the_slice(hub):
+    hub.hub_api("POST", "/users/sleepy")
+    assert hub.spawn("sleepy", {"gpu_milli": 250}).status_code in (201, 202)
+    hub.wait_server("sleepy")
+    assert len(hub.gpulab("GET", "/allocations", params={"user": "sleepy"}).json()) == 1
+    # Nobody touches the server; the culler (10 s timeout) stops it.
+    hub.wait_server("sleepy", ready=False, timeout=180)
+    wait_for(lambda: hub.gpulab("GET", "/allocations", params={"user": "sleepy"}).json() == [],
+             what="sleepy's slice to be released")

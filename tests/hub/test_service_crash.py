@@ -1,0 +1,84 @@
+"""kill -9 the gpulab service in the middle of spawns; the hub restarts it.
+
+Allocations made before the crash are intact, none is duplicated, and every
+running server holds exactly one allocation, on SQLite and on PostgreSQL.
+"""
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from hubproc import RunningHub
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def hub(request, tmp_path):
+    db_url = request.getfixturevalue("postgres_url") if request.param == "postgres" else ""
+    if db_url:
+        from sqlalchemy import create_engine, text
+        eng = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
+        with eng.begin() as c:
+            c.execute(text("DROP TABLE IF EXISTS gpulab_allocations"))
+        eng.dispose()
+    h = RunningHub(tmp_path / "hub", simulate="2xA100-80GB", db_url=db_url)
+    yield h
+    h.stop()
+
+
+def test_kill_service_mid_spawn(hub):
+    first = [f"a{i}" for i in range(3)]
+    second = [f"b{i}" for i in range(3)]
+    for u in first + second:
+        hub.hub_api("POST", f"/users/{u}")
+    for u in first:
+        assert hub.spawn(u, {"gpu_milli": 250}).status_code in (201, 202)
+    for u in first:
+        hub.wait_server(u)
+    before = {a["id"]: a for a in hub.gpulab("GET", "/allocations").json()}
+    assert len(before) == 3
+
+    pid = hub.service_pid()
+    with ThreadPoolExecutor(len(second)) as pool:
+        spawns = [pool.submit(hub.spawn, u, {"gpu_milli": 250}) for u in second]
+        time.sleep(0.3)  # the spawns are in flight
+        os.kill(pid, signal.SIGKILL)
+        answers = [f.result() for f in spawns]
+
+    # The hub notices the dead service and starts it again.
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        new = hub.service_pid()
+        if new and new != pid:
+            try:
+                if hub.gpulab("GET", "/allocations").status_code == 200:
+                    break
+            except Exception:
+                pass
+        time.sleep(1)
+    else:
+        raise AssertionError(f"service not restarted:\n{hub.log_tail()}")
+
+    for u, r in zip(second, answers):
+        if r.status_code in (201, 202):
+            hub.wait_server(u)
+    after = hub.gpulab("GET", "/allocations").json()
+    # What was there before the crash is intact.
+    for aid, a in before.items():
+        assert {**a} in after, f"allocation {aid} lost"
+    # One allocation per running server, none duplicated, none leaked.
+    running = {u for u in first + second
+               if hub.hub_api("GET", f"/users/{u}").json()["servers"].get("", {}).get("ready")}
+    owners = [a["owner"] for a in after]
+    assert len(owners) == len(set(owners))
+    assert set(owners) == {f"{u}/" for u in running}
+    assert set(first) <= running
+    for u in running:
+        env = hub.server_env(u)
+        mine = [a for a in after if a["owner"] == f"{u}/"]
+        assert env["GPULAB_GPU_UUID"] == mine[0]["gpu_uuid"]
+    gpus = hub.gpulab("GET", "/inventory").json()["nodes"][0]["gpus"]
+    assert sum(g["allocated_milli"] for g in gpus) == 250 * len(running)
