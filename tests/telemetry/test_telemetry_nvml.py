@@ -1,0 +1,131 @@
+"""NVML: the no-driver path for real, GPU paths against a real GPU or the NVML twin."""
+
+import json
+import os
+
+import pynvml
+import pytest
+
+from gpulab.telemetry.collect import NodeSampler
+from gpulab.telemetry.nvml import NvmlSampler
+from gpulab.telemetry.procs import jupyterhub_user
+from gpulab.telemetry.sample import SourceMissing
+
+from fake_nvml import FakeDevice, FakeNvml
+
+GiB = 2**30
+
+
+def driver_present() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+HAS_GPU = driver_present()
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has an NVIDIA driver")
+def test_without_a_driver_the_reason_says_so():
+    with pytest.raises(SourceMissing) as missing:
+        NvmlSampler().sample()
+    assert "no NVIDIA driver" in missing.value.reason
+    assert "NVMLError_LibraryNotFound" in missing.value.reason
+
+    sample = NodeSampler(samplers={"gpu": NvmlSampler()}).sample()
+    assert sample["gpus"] == []
+    assert sample["missing"]["gpu"] == missing.value.reason
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU and driver (none here)")
+def test_real_gpus_are_sampled():
+    sampler = NvmlSampler()
+    try:
+        gpus = sampler.sample()
+    finally:
+        sampler.close()
+    assert gpus, "NVML started but listed no GPU"
+    for gpu in gpus:
+        assert gpu["uuid"].startswith("GPU-")
+        assert gpu["memory_total_bytes"] > 0
+        assert 0 <= (gpu["utilization_ratio"] or 0) <= 1
+        json.dumps(gpu)
+
+
+def test_a_driver_that_is_not_loaded():
+    fake = FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    with pytest.raises(SourceMissing, match=r"driver not loaded \(NVMLError_DriverNotLoaded\)"):
+        NvmlSampler(fake).sample()
+
+
+def test_processes_are_mapped_to_jupyterhub_users_through_proc(hub_user_process):
+    parent, child = hub_user_process
+    assert jupyterhub_user(parent) == "alice"
+    assert jupyterhub_user(child) == "alice"  # inherited through the parent
+    assert jupyterhub_user(os.getpid()) == os.environ.get("JUPYTERHUB_USER")
+    assert jupyterhub_user(2**22 + 12345) is None  # no such process
+
+
+def boards(parent_pid, child_pid):
+    whole = FakeDevice("GPU-aaaa", "NVIDIA H200", 141 * GiB, 30 * GiB, gpu_util=75,
+                       mem_util=20, temperature=55, power_mw=None, energy_mj=5_000_000,
+                       processes=[(parent_pid, 10 * GiB), (child_pid, 20 * GiB),
+                                  (2**22 + 12345, None)])
+    mig = {
+        0: FakeDevice("MIG-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20 * GiB, 4 * GiB,
+                      gpu_util=None, mem_util=None, temperature=None, power_mw=None,
+                      energy_mj=None, processes=[(child_pid, 4 * GiB)],
+                      gpu_instance_id=1, compute_instance_id=0),
+        2: FakeDevice("MIG-2222", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 5 * GiB, 0,
+                      gpu_util=None, mem_util=None, temperature=None, power_mw=None,
+                      energy_mj=None, gpu_instance_id=9, compute_instance_id=0),
+    }
+    partitioned = FakeDevice("GPU-bbbb", "NVIDIA A100-SXM4-40GB", 40 * GiB, 4 * GiB,
+                             gpu_util=10, temperature=35, mig=mig)
+    return [whole, partitioned]
+
+
+def test_gpus_mig_devices_and_errors_per_call(hub_user_process):
+    fake = FakeNvml(boards(*hub_user_process))
+    gpus = NvmlSampler(fake).sample()
+    json.dumps(gpus)
+
+    whole, partitioned = gpus
+    assert whole["uuid"] == "GPU-aaaa" and whole["index"] == 0
+    assert whole["utilization_ratio"] == 0.75
+    assert whole["memory_used_bytes"] == 30 * GiB
+    assert whole["energy_joules"] == 5000.0
+    # One unsupported call costs only its own field.
+    assert whole["power_watts"] is None
+    assert whole["errors"] == {"power_watts": "NVMLError_NotSupported",
+                               "processes": "NVMLError_NotSupported"}
+    users = {p["pid"]: p["user"] for p in whole["processes"]}
+    parent, child = hub_user_process
+    assert users[parent] == users[child] == "alice"
+    assert users[2**22 + 12345] is None
+    assert whole["mig_enabled"] is False and whole["mig"] == []
+
+    assert partitioned["mig_enabled"] is True
+    assert [m["uuid"] for m in partitioned["mig"]] == ["MIG-1111", "MIG-2222"]
+    first = partitioned["mig"][0]
+    assert first["profile"] == "3g.20gb"
+    assert (first["gpu_instance_id"], first["compute_instance_id"]) == (1, 0)
+    assert first["utilization_ratio"] is None
+    assert first["errors"]["utilization_ratio"] == "NVMLError_NotSupported"
+    assert first["processes"][0]["user"] == "alice"
+
+
+def test_nvml_that_breaks_between_samples_recovers():
+    fake = FakeNvml(boards(os.getpid(), os.getpid()))
+    sampler = NvmlSampler(fake)
+    assert len(sampler.sample()) == 2
+    fake.count_error = pynvml.NVML_ERROR_GPU_IS_LOST
+    with pytest.raises(SourceMissing, match="NVMLError_GpuIsLost"):
+        sampler.sample()
+    assert fake.shutdowns == 1
+    fake.count_error = None
+    assert len(sampler.sample()) == 2
+    assert fake.started == 2  # started afresh
