@@ -1,1 +1,5 @@
-"""gpulab.client"""
+"""Python client of the gpulab service (async inside, sync face for notebooks)."""
+
+from .base import AsyncClient, Client, GpuLabError, run_sync
+
+__all__ = ["AsyncClient", "Client", "GpuLabError", "run_sync"]
