@@ -161,49 +161,66 @@ class Ledger:
         Raises :class:`NoCapacity`, :class:`~.quota.QuotaExceeded` or
         :class:`OwnerConflict`; on any of them nothing is written.
         """
+        return self.allocate_gang(user, owner_kind, [(owner, milli)], groups)
+
+    def allocate_gang(self, user: str, owner_kind: str, members: list[tuple[str, int]],
+                      groups: Mapping[str, set[str]] | None = None) -> list[dict]:
+        """Place several owners at once, all or none (the ranks of one job).
+
+        Owners that already hold their slice keep it (idempotent retries).
+        """
         if owner_kind not in OWNER_KINDS:
             raise ValueError(f"owner_kind must be one of {OWNER_KINDS}, got {owner_kind!r}")
-        shape = shape_of(milli)
         with self._lock, self.engine.begin() as conn:
             lock_for_write(conn)
-            existing = conn.execute(select(allocations).where(
-                (allocations.c.owner_kind == owner_kind) & (allocations.c.owner == owner)
-            )).all()
-            if existing:
-                held = sum(r.milli for r in existing)
-                if held != shape.total_milli or existing[0].user != user:
-                    raise OwnerConflict(
-                        f"{owner_kind} {owner!r} already holds {held} milli-GPU; "
-                        f"release it before asking for {milli}")
-                return [_row_to_dict(r) for r in existing]
-            if milli == 0:
-                return []
-            self.quotas.check(user, milli, self.usage(conn), groups or {})
+            kept: list[dict] = []
+            todo: list[tuple[str, int]] = []
+            for owner, milli in members:
+                existing = conn.execute(select(allocations).where(
+                    (allocations.c.owner_kind == owner_kind) & (allocations.c.owner == owner)
+                )).all()
+                if existing:
+                    held = sum(r.milli for r in existing)
+                    if held != shape_of(milli).total_milli or existing[0].user != user:
+                        raise OwnerConflict(
+                            f"{owner_kind} {owner!r} already holds {held} milli-GPU; "
+                            f"release it before asking for {milli}")
+                    kept += [_row_to_dict(r) for r in existing]
+                elif milli:
+                    todo.append((owner, milli))
+            if not todo:
+                return kept
+            self.quotas.check(user, sum(m for _, m in todo), self.usage(conn), groups or {})
             cluster, slots = self.cluster(self.allocated_by_gpu(conn))
-            request = Request(gpu_milli=shape.milli_per_gpu, num_gpu=shape.num_gpus)
-            placement = self.policy.place(cluster, request)
-            if placement is None:
-                raise NoCapacity(self._no_capacity_message(cluster, milli))
             now = utcnow()
             rows = []
-            for g in placement.gpus:
-                gpu = slots[placement.node][g]
-                rows.append({
-                    "id": uuid.uuid4().hex[:16], "user": user, "owner_kind": owner_kind,
-                    "owner": owner, "node": gpu.node, "gpu_uuid": gpu.uuid,
-                    "gpu_index": gpu.index, "milli": shape.milli_per_gpu,
-                    "memory_mib": gpu.memory_mib * shape.milli_per_gpu // MILLI_PER_GPU,
-                    "created": now,
-                })
+            for owner, milli in todo:
+                shape = shape_of(milli)
+                request = Request(gpu_milli=shape.milli_per_gpu, num_gpu=shape.num_gpus)
+                placement = self.policy.place(cluster, request)
+                if placement is None:
+                    raise NoCapacity(self._no_capacity_message(cluster, milli, len(todo)))
+                cluster.apply(placement, request)
+                for g in placement.gpus:
+                    gpu = slots[placement.node][g]
+                    rows.append({
+                        "id": uuid.uuid4().hex[:16], "user": user, "owner_kind": owner_kind,
+                        "owner": owner, "node": gpu.node, "gpu_uuid": gpu.uuid,
+                        "gpu_index": gpu.index, "milli": shape.milli_per_gpu,
+                        "memory_mib": gpu.memory_mib * shape.milli_per_gpu // MILLI_PER_GPU,
+                        "created": now,
+                    })
             conn.execute(insert(allocations), rows)
-        return [{**r, "created": r["created"].isoformat()} for r in rows]
+        return kept + [{**r, "created": r["created"].isoformat()} for r in rows]
 
-    def _no_capacity_message(self, cluster: Cluster, milli: int) -> str:
+    def _no_capacity_message(self, cluster: Cluster, milli: int, gang: int = 1) -> str:
         if not cluster.gpu_exists.any():
             return "no GPUs are known to the scheduler; ask for gpu_milli=0 or add GPUs"
         best = int(cluster.gpu_free.max())
         whole = int(((cluster.gpu_free == MILLI_PER_GPU) & cluster.gpu_exists).sum())
-        return (f"no GPU has room for {label(milli)} ({milli} milli-GPU) right now: "
+        what = (f"{gang} x {label(milli)} ({milli} milli-GPU each)" if gang > 1
+                else f"{label(milli)} ({milli} milli-GPU)")
+        return (f"no GPU has room for {what} right now: "
                 f"the largest free share is {best} milli and {whole} GPUs are fully free; "
                 f"pick a smaller slice or try again when others stop")
 

@@ -34,7 +34,7 @@ from gpulab.scheduler.policy import get_policy
 from gpulab.scheduler.quota import Quotas
 from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
 
-from . import api, pages
+from . import api, jobs_api, pages, telemetry_api
 from .auth import Identity
 from .hubapi import HubAPI
 from .metrics import Metrics
@@ -257,7 +257,8 @@ class GpuLabService(Application):
         p = self.prefix
         routes = [
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
-            *[(url_path_join(p, path), handler) for path, handler in api.routes],
+            *[(url_path_join(p, path), handler)
+              for module in (api, jobs_api, telemetry_api) for path, handler in module.routes],
             *[(url_path_join(p, path), handler) for path, handler in pages.routes],
         ]
         return web.Application(routes, gpulab=self, hub_auth=hub_auth,
@@ -273,6 +274,9 @@ class GpuLabService(Application):
             log.info("gpulab service on %s (prefix %s), %d GPU(s), database %s", url.geturl(),
                      self.prefix, len(self.gpus), self.db_url.split("@")[-1])
             asyncio.ensure_future(self.reconcile_loop())
+            # Rooms with background work (job re-attachment, sampling) start here.
+            await jobs_api.start(self)
+            await telemetry_api.start(self)
             await asyncio.Event().wait()
 
         asyncio.run(main())

@@ -142,3 +142,18 @@ def test_reconcile_releases_dead_owners(db_url):
     released = ledger.reconcile("server", {"alice/"})
     assert [r["owner"] for r in released] == ["bob/"]
     assert {r["owner"] for r in ledger.list()} == {"alice/", "j1"}
+
+
+def test_gang_allocation_is_all_or_nothing(db_url):
+    ledger = make_ledger(db_url)
+    ledger.allocate("bob", "server", "bob/", 1000)
+    ranks = [(f"job1/{r}", 500) for r in range(3)]
+    with pytest.raises(NoCapacity, match="3 x 1/2 GPU"):
+        ledger.allocate_gang("alice", "job", ranks)
+    assert ledger.list(user="alice") == []
+    rows = ledger.allocate_gang("alice", "job", ranks[:2])
+    assert {r["owner"] for r in rows} == {"job1/0", "job1/1"}
+    # A retry of the same gang returns what it holds, nothing more.
+    assert len(ledger.allocate_gang("alice", "job", ranks[:2])) == 2
+    assert ledger.allocated_by_gpu() == {r["gpu_uuid"]: 1000 for r in rows} | \
+        {ledger.list(user="bob")[0]["gpu_uuid"]: 1000}
