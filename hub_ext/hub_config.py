@@ -124,7 +124,11 @@ def configure(c, s: Settings) -> None:
     c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server",
                                      f"access:services!service={SERVICE_NAME}"]
 
-    service_env = {k: v for k, v in s.to_env().items()}
+    # One dataset cache per node, shared by every user's server and read by
+    # the service's sampler.
+    cache_dir = str(data / "dataset-cache")
+    c.Spawner.environment = {"GPULAB_CACHE_DIR": cache_dir}
+    service_env = {**s.to_env(), "GPULAB_CACHE_DIR": cache_dir}
     services = [{
         "name": SERVICE_NAME,
         "url": f"http://127.0.0.1:{s.service_port}",

@@ -53,6 +53,16 @@ class SizeAvailability:
                 "available": self.count > 0, "reason": self.reason}
 
 
+def _fits_per_node(cluster: Cluster, milli: int) -> np.ndarray:
+    """(N,) how many slices of ``milli`` each node's free GPU could hold now."""
+    shape = shape_of(milli)
+    if shape.num_gpus == 1:
+        free = np.where(cluster.gpu_exists, cluster.gpu_free, 0)
+        return (free // shape.milli_per_gpu).sum(axis=1)
+    whole = (cluster.gpu_free == MILLI_PER_GPU) & cluster.gpu_exists
+    return whole.sum(axis=1) // shape.num_gpus
+
+
 def _row_to_dict(row) -> dict:
     d = dict(row._mapping)
     created = d["created"]
@@ -134,13 +144,7 @@ class Ledger:
             if milli == 0:
                 out.append(SizeAvailability(0, label(0), 1, None))
                 continue
-            shape = shape_of(milli)
-            free = cluster.gpu_free[cluster.gpu_exists]
-            if shape.num_gpus == 1:
-                fit = int((free // shape.milli_per_gpu).sum())
-            else:
-                whole = (cluster.gpu_free == MILLI_PER_GPU) & cluster.gpu_exists
-                fit = int((whole.sum(axis=1) // shape.num_gpus).sum())
+            fit = int(_fits_per_node(cluster, milli).sum())
             reason = None
             if fit == 0:
                 reason = ("no free GPU of that size" if cluster.gpu_exists.any()
@@ -151,6 +155,16 @@ class Ledger:
                 if by_quota == 0:
                     reason = f"over your quota ({remaining} milli-GPU left)"
             out.append(SizeAvailability(milli, label(milli), fit, reason))
+        return out
+
+    def free_sizes(self, sizes: Iterable[int]) -> dict[str, list[dict]]:
+        """Per node, how many of each size fit in the free GPU now (quotas aside)."""
+        cluster, _ = self.cluster(self.allocated_by_gpu())
+        out: dict[str, list[dict]] = {}
+        counts = {m: _fits_per_node(cluster, m) for m in sizes if m}
+        for i, node in enumerate(cluster.node_names):
+            out[node] = [{"milli": m, "label": label(m), "count": int(c[i])}
+                         for m, c in counts.items()]
         return out
 
     # -- writing ---------------------------------------------------------------

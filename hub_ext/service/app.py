@@ -150,6 +150,23 @@ class GpuLabService(Application):
         """,
     ).tag(config=True)
 
+    local_sampler = Bool(
+        True,
+        help="""Sample this node's GPUs, NICs and dataset cache in the service itself
+        (the embedded default). Turn off where `gpulab agent` runs on every node.
+
+        c.GpuLabService.local_sampler = False
+        """,
+    ).tag(config=True)
+
+    sample_interval = Float(
+        1.0,
+        help="""Seconds between local telemetry samples.
+
+        c.GpuLabService.sample_interval = 2.0
+        """,
+    ).tag(config=True)
+
     config_file = Unicode(
         help="Python config file to load. Default: <data-dir>/gpulab_config.py if it exists."
     ).tag(config=True)
@@ -176,6 +193,7 @@ class GpuLabService(Application):
         self.service_name = os.environ.get("JUPYTERHUB_SERVICE_NAME", "gpulab")
         self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab/")
         self.metrics = Metrics(self)
+        telemetry_api.setup(self)
 
     # -- identities and groups ---------------------------------------------------
     async def identify(self, model: dict) -> Identity:
