@@ -50,7 +50,19 @@ def _check_spec(spec: str) -> str:
     return spec
 
 
+def help_all() -> str:
+    """Every gpulab setting for <data-dir>/gpulab_config.py, with examples."""
+    from gpulab.spawner.local import FractionalLocalSpawner
+
+    from .service.app import GpuLabService
+
+    return "\n".join(cls.class_get_help() for cls in (GpuLabService, FractionalLocalSpawner))
+
+
 def up(args: argparse.Namespace) -> int:
+    if args.help_all:
+        print(help_all())
+        return 0
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
@@ -103,6 +115,8 @@ def parser() -> argparse.ArgumentParser:
                                     "(default: SQLite in the data dir), e.g. postgresql://...")
     u.add_argument("--cull-idle-timeout", type=int, default=3600, metavar="SECONDS",
                    help="stop servers idle this long, freeing their slice (0: never)")
+    u.add_argument("--help-all", action="store_true",
+                   help="list every setting for <data-dir>/gpulab_config.py, with examples")
     u.add_argument("hub_args", nargs="*", help=argparse.SUPPRESS)
     u.set_defaults(func=up)
     s = sub.add_parser("service", help="run the gpulab service (the hub starts it)")
