@@ -14,6 +14,7 @@ def _break_failer(spawner):
         spawner.cmd = ["/bin/false"]
 
 c.Spawner.pre_spawn_hook = _break_failer
+c.GpuLabService.reconcile_interval = 3
 """
 
 
@@ -54,3 +55,14 @@ def test_idle_culling_releases_the_slice(hub):
     hub.wait_server("sleepy", ready=False, timeout=180)
     wait_for(lambda: hub.gpulab("GET", "/allocations", params={"user": "sleepy"}).json() == [],
              what="sleepy's slice to be released")
+
+
+def test_reconcile_releases_slices_of_servers_that_do_not_exist(hub):
+    # An allocation for a server the hub has never heard of (as left by a hub
+    # that died between allocating and starting): the service gives it back.
+    r = hub.gpulab("POST", "/allocations", json={"user": "ghost", "owner_kind": "server",
+                                                 "owner": "ghost/", "gpu_milli": 500})
+    assert r.status_code == 201
+    wait_for(lambda: hub.gpulab("GET", "/allocations", params={"user": "ghost"}).json() == [],
+             timeout=60, what="the ghost allocation to be reconciled away")
+    assert "Released 1 allocation(s) of server ghost/" in hub.log_tail(200_000)
