@@ -70,8 +70,9 @@ def make_engine(url: str) -> Engine:
 
 def _sqlite_immediate_transactions(engine: Engine) -> None:
     # pysqlite's own transaction handling defers BEGIN until the first write,
-    # which lets two readers decide on the same free GPU; take the write lock
-    # at BEGIN instead. WAL keeps readers off the writer's back.
+    # which lets two writers decide on the same free GPU; writers (see
+    # ``writer``) take the write lock at BEGIN instead. Readers take a plain
+    # BEGIN, and WAL keeps them off the writer's back.
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn, _record):
         dbapi_conn.isolation_level = None
@@ -80,7 +81,16 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(conn):
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        immediate = conn.get_execution_options().get(_WRITER_OPTION)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+_WRITER_OPTION = "gpulab_writer"
+
+
+def writer(engine: Engine) -> Engine:
+    """The engine for write transactions: they serialise across processes."""
+    return engine.execution_options(**{_WRITER_OPTION: True})
 
 
 def lock_for_write(conn: Connection) -> None:

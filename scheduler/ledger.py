@@ -21,7 +21,7 @@ import numpy as np
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Engine
 
-from .db import allocations, lock_for_write, utcnow
+from .db import allocations, lock_for_write, utcnow, writer
 from .inventory import Gpu
 from .policy import Cluster, PlacementPolicy, Request
 from .quota import Quotas
@@ -76,6 +76,7 @@ class Ledger:
     def __init__(self, engine: Engine, gpus: Iterable[Gpu], policy: PlacementPolicy,
                  quotas: Quotas | None = None):
         self.engine = engine
+        self._writer = writer(engine)
         self.gpus = list(gpus)
         self.policy = policy
         self.quotas = quotas or Quotas()
@@ -185,7 +186,7 @@ class Ledger:
         """
         if owner_kind not in OWNER_KINDS:
             raise ValueError(f"owner_kind must be one of {OWNER_KINDS}, got {owner_kind!r}")
-        with self._lock, self.engine.begin() as conn:
+        with self._lock, self._writer.begin() as conn:
             lock_for_write(conn)
             kept: list[dict] = []
             todo: list[tuple[str, int]] = []
@@ -240,7 +241,7 @@ class Ledger:
 
     def release(self, owner_kind: str, owner: str) -> list[dict]:
         """Free everything ``owner`` holds; returns the released rows (maybe none)."""
-        with self._lock, self.engine.begin() as conn:
+        with self._lock, self._writer.begin() as conn:
             lock_for_write(conn)
             cond = (allocations.c.owner_kind == owner_kind) & (allocations.c.owner == owner)
             rows = [_row_to_dict(r) for r in conn.execute(select(allocations).where(cond))]

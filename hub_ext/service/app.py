@@ -12,6 +12,7 @@ configuration, e.g.::
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import hmac
 import logging
@@ -27,7 +28,7 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 from traitlets.config import Application
 
-from gpulab.scheduler.db import make_engine
+from gpulab.scheduler.db import make_engine, utcnow
 from gpulab.scheduler.inventory import Gpu, load_inventory
 from gpulab.scheduler.ledger import Ledger
 from gpulab.scheduler.policy import get_policy
@@ -242,14 +243,13 @@ class GpuLabService(Application):
     # -- keeping the ledger true ---------------------------------------------------
     async def reconcile_servers(self) -> None:
         """Release server allocations whose server is gone (hub says not active)."""
-        from gpulab.scheduler.db import utcnow
-
         started = utcnow()
         alive = await self.hub.active_servers()
         # Only allocations made before we asked: a spawn that allocated after
         # the hub answered is alive even though the answer does not list it.
         stale = [a for a in self.ledger.list(owner_kind="server")
-                 if a["owner"] not in alive and a["created"] < started.isoformat()]
+                 if a["owner"] not in alive
+                 and dt.datetime.fromisoformat(a["created"]) < started]
         for owner in sorted({a["owner"] for a in stale}):
             released = self.ledger.release("server", owner)
             log.warning("Released %d allocation(s) of server %s: it is not running",

@@ -1,9 +1,11 @@
-"""Best-fit: put a request where it leaves the least free GPU behind.
+"""Best-fit: put a request where it leaves the least CPU and GPU behind.
 
-Among feasible nodes, pick the one whose GPUs would be fullest after placing;
-on that node, take the fitting GPUs with the least free milli. Fractions
-therefore fill partly used cards before they touch an empty one, which keeps
-whole cards free for whole-card requests.
+The paper's baseline: a node's score is how little would be left, CPU and
+GPU weighted equally, each normalised by the largest node spec; the GPUs on
+the node are then chosen best-fit too (the fitting GPU with the least free
+milli, empty cards for whole-GPU shares). Fractions therefore fill partly used
+cards before they touch an empty one, which keeps whole cards for whole-card
+requests.
 """
 
 from __future__ import annotations
@@ -11,31 +13,30 @@ from __future__ import annotations
 import numpy as np
 
 from ..policy import Cluster, Placement, PlacementPolicy, Request, register_policy
+from .choice import NodeOrder, MAX_NODE_SCORE, MAX_SPEC_CPU, MAX_SPEC_GPU, pick_top, tightest_gpus
 
 
 def pick_tightest_gpus(cluster: Cluster, node: int, request: Request) -> tuple[int, ...]:
     """The ``num_gpu`` fitting GPUs of ``node`` with the least free milli."""
-    eligible = cluster.eligible_gpus(request)[node]
-    free = np.where(eligible, cluster.gpu_free[node], np.iinfo(np.int64).max)
-    order = np.argsort(free, kind="stable")
-    return tuple(int(g) for g in order[: request.num_gpu])
+    return tightest_gpus(cluster, node, request)
+
+
+def best_fit_scores(cluster: Cluster, request: Request) -> np.ndarray:
+    """(N,) integer scores, higher = tighter fit (Kubernetes' 0..100 scale)."""
+    cpu_left = (cluster.cpu_free - request.cpu_milli) / MAX_SPEC_CPU
+    gpu_left = (cluster.gpu_free.sum(axis=1) - request.total_gpu_milli) / MAX_SPEC_GPU
+    return np.trunc((1.0 - 0.5 * cpu_left - 0.5 * gpu_left) * MAX_NODE_SCORE)
 
 
 @register_policy("best-fit")
 class BestFit(PlacementPolicy):
+    def __init__(self, workload=None, seed: int = 0):
+        super().__init__(workload, seed)
+        self.order = NodeOrder(self.rng)
+
     def place(self, cluster: Cluster, request: Request) -> Placement | None:
         feasible = cluster.feasible_nodes(request)
         if not feasible.any():
             return None
-        if request.num_gpu == 0:
-            # CPU-only: the node with the least free CPU that fits.
-            score = np.where(feasible, cluster.cpu_free, np.iinfo(np.int64).max)
-            return Placement(int(np.argmin(score)))
-        eligible = cluster.eligible_gpus(request)
-        # Per node, the free milli left on the GPUs we would use, summed.
-        free = np.where(eligible, cluster.gpu_free, np.iinfo(np.int32).max)
-        tightest = np.sort(free, axis=1)[:, : request.num_gpu]
-        leftover = (tightest - request.gpu_milli).sum(axis=1)
-        leftover = np.where(feasible, leftover, np.iinfo(np.int64).max)
-        node = int(np.argmin(leftover))
-        return Placement(node, pick_tightest_gpus(cluster, node, request))
+        node = pick_top(best_fit_scores(cluster, request), feasible, self.order.of(len(feasible)))
+        return Placement(node, tightest_gpus(cluster, node, request))
