@@ -129,6 +129,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # `service` and `agent` pass every argument on, options included.
+    if argv and argv[0] in ("service", "agent"):
+        return {"service": service, "agent": agent}[argv[0]](argparse.Namespace(rest=argv[1:]))
     args = parser().parse_args(argv)
     return args.func(args)
 

@@ -94,6 +94,23 @@ class GpuLabService(Application):
     def _node_name(self):
         return socket.gethostname()
 
+    inventory_source = Unicode(
+        "local",
+        help="""Where GPUs come from: "local" (NVML, or simulate_gpus) or "kubernetes"
+        (the cluster's nodes: allocatable GPUs, MIG resources, HAMi's registration).
+
+        c.GpuLabService.inventory_source = "kubernetes"
+        """,
+    ).tag(config=True)
+
+    kubernetes_node_selector = Unicode(
+        "",
+        help="""Label selector of the Kubernetes nodes whose GPUs are counted.
+
+        c.GpuLabService.kubernetes_node_selector = "nvidia.com/gpu.present=true"
+        """,
+    ).tag(config=True)
+
     policy = Unicode(
         "best-fit",
         help="""Placement policy (see `gpulab.scheduler.policy.policy_names()`).
@@ -183,8 +200,14 @@ class GpuLabService(Application):
         logging.basicConfig(level=logging.INFO,
                             format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
         os.makedirs(self.data_dir, exist_ok=True)
-        self.gpus, self.inventory_reason = load_inventory(self.simulate_gpus or None,
-                                                          node=self.node_name)
+        if self.inventory_source == "kubernetes" and not self.simulate_gpus:
+            from gpulab.scheduler.inventory_kube import load_cluster_inventory
+
+            self.gpus, self.inventory_reason = asyncio.run(
+                load_cluster_inventory(label_selector=self.kubernetes_node_selector))
+        else:
+            self.gpus, self.inventory_reason = load_inventory(self.simulate_gpus or None,
+                                                              node=self.node_name)
         if self.inventory_reason:
             log.warning("No GPUs: %s. Only gpu_milli=0 can be placed.", self.inventory_reason)
         self.ledger = Ledger(make_engine(self.db_url), self.gpus, get_policy(self.policy),

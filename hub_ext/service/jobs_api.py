@@ -1,7 +1,158 @@
-"""Routes and background work for training jobs (``/api/v1/jobs``)."""
+"""Routes and background work for training jobs (``/api/v1/jobs``).
 
-routes: list = []
+Only a job's owner and admins see a job; to anyone else it does not exist
+(404), like another user's allocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from gpulab.backend.jobdir import LogTail
+from gpulab.scheduler.jobs_db import STATES, TERMINAL
+
+from .auth import APIHandler
+from .jobs import JobManager, JobRefused
+
+log = logging.getLogger("gpulab.service.jobs")
+
+#: How often a following log stream looks for new lines.
+FOLLOW_POLL_S = 0.3
+
+
+class _JobHandler(APIHandler):
+    @property
+    def jobs(self) -> JobManager:
+        manager = getattr(self.gpulab, "jobs", None)
+        if manager is None:
+            raise web.HTTPError(503, "the job manager is still starting; try again")
+        return manager
+
+    def find(self, job_id: str) -> dict:
+        who = self.require_identity()
+        job = self.jobs.queue.get(job_id)
+        if job is None or not who.can_act_for(job["user"]):
+            raise web.HTTPError(404, f"no job {job_id!r}")
+        return job
+
+
+class JobsHandler(_JobHandler):
+    def get(self):
+        who = self.require_identity()
+        user = self.get_argument("user", None)
+        if not (who.admin or who.internal):
+            if user not in (None, who.name):
+                raise web.HTTPError(403, "you can only list your own jobs")
+            user = who.name
+        state = self.get_argument("state", None)
+        if state is not None and state not in STATES:
+            raise web.HTTPError(400, f"state must be one of {', '.join(STATES)}")
+        rows = self.jobs.queue.list(user=user, states=(state,) if state else None)
+        self.write_json([self.jobs.view(j) for j in rows])
+
+    async def post(self):
+        who = self.require_identity()
+        try:
+            job = await self.jobs.submit(who, self.json_body())
+        except JobRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        self.write_json(job, status=201)
+
+
+class JobHandler(_JobHandler):
+    def get(self, job_id):
+        self.write_json(self.jobs.view(self.find(job_id)))
+
+    async def delete(self, job_id):
+        """Cancel: stop every rank, release the slices. A finished job stays as it ended."""
+        job = self.find(job_id)
+        who = self.identity
+        by = "its owner" if who.name == job["user"] else f"{who.kind} {who.name}"
+        self.write_json(await self.jobs.cancel(job, f"cancelled by {by}"))
+
+
+class JobLogsHandler(_JobHandler):
+    """``text/plain`` lines, each prefixed ``[r<rank>]``, ``[node<n>]`` or ``[gpulab]``.
+
+    ``?follow=1`` streams (chunked) until the job ends; ``?rank=R`` only that rank.
+    """
+
+    def set_default_headers(self):
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+
+    async def get(self, job_id):
+        job = self.find(job_id)
+        follow = self.get_argument("follow", "0").lower() in ("1", "true", "yes")
+        rank = self.get_argument("rank", None)
+        try:
+            rank = int(rank) if rank is not None else None
+        except ValueError:
+            raise web.HTTPError(400, f"rank must be an integer, got {rank!r}") from None
+        tail = LogTail(self.jobs.jobdir(job), rank)
+        try:
+            while True:
+                # Ask first, read second: lines written before the job ended are not lost.
+                ended = self.jobs.queue.get(job_id)["state"] in TERMINAL
+                lines = tail.read(final=ended)
+                if lines:
+                    self.write("\n".join(lines) + "\n")
+                    await self.flush()
+                if ended or not follow:
+                    break
+                await asyncio.sleep(FOLLOW_POLL_S)
+        except StreamClosedError:
+            return  # the reader went away
+        self.finish()
+
+
+class JobMetricsHandler(_JobHandler):
+    """``report()`` records of one rank (default 0) from ``?cursor=`` on."""
+
+    def get(self, job_id):
+        job = self.find(job_id)
+        try:
+            rank = int(self.get_argument("rank", "0"))
+            cursor = int(self.get_argument("cursor", "0"))
+        except ValueError:
+            raise web.HTTPError(400, "rank and cursor must be integers") from None
+        records, cursor = self.jobs.jobdir(job).metrics(rank, max(0, cursor))
+        self.write_json({"records": records, "cursor": cursor, "state": job["state"]})
+
+
+class JobOutHandler(_JobHandler):
+    """The ``--out`` value: cloudpickle bytes written by rank 0."""
+
+    def get(self, job_id):
+        job = self.find(job_id)
+        path = self.jobs.jobdir(job).out_path()
+        if path is None:
+            raise web.HTTPError(404, f"job {job_id} has no --out value"
+                                     + ("" if job["state"] in TERMINAL else " yet"))
+        self.set_header("Content-Type", "application/octet-stream")
+        with open(path, "rb") as f:
+            self.finish(f.read())
+
+
+routes = [
+    (r"api/v1/jobs", JobsHandler),
+    (r"api/v1/jobs/([^/]+)", JobHandler),
+    (r"api/v1/jobs/([^/]+)/logs", JobLogsHandler),
+    (r"api/v1/jobs/([^/]+)/metrics", JobMetricsHandler),
+    (r"api/v1/jobs/([^/]+)/out", JobOutHandler),
+]
 
 
 async def start(service) -> None:
-    """Called once the service listens: re-attach to running jobs."""
+    """Called once the service listens: re-attach to running jobs, then run the queue."""
+    manager = JobManager(service)
+    service.jobs = manager
+    try:
+        await manager.reattach()
+    except Exception:
+        log.exception("Re-attaching to jobs")
+    asyncio.ensure_future(manager.loop())

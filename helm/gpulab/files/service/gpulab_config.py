@@ -1,0 +1,22 @@
+# The gpulab service's configuration on Kubernetes, from the chart's values
+# (a JSON file the chart mounts beside this one).
+import json
+import os
+
+c = get_config()  # noqa: F821 (provided by traitlets' config loader)
+
+with open(os.environ.get("GPULAB_SERVICE_VALUES", "/etc/gpulab/service-values.json")) as f:
+    gpulab = json.load(f)
+
+slices = gpulab["slices"]
+c.GpuLabService.policy = slices["policy"]
+c.GpuLabService.slice_sizes = [int(m) for m in slices["sizes"]]
+c.GpuLabService.default_user_quota_milli = slices.get("defaultUserQuotaMilli")
+c.GpuLabService.user_quota_milli = slices.get("userQuotaMilli") or {}
+c.GpuLabService.group_quota_milli = slices.get("groupQuotaMilli") or {}
+c.GpuLabService.authenticate_prometheus = bool(gpulab["authenticatePrometheus"])
+# Node agents sample the GPU nodes; the service's own pod has no GPU.
+c.GpuLabService.local_sampler = False
+# GPUs come from the cluster's nodes (gpulab.scheduler.inventory_kube).
+c.GpuLabService.inventory_source = "kubernetes"
+c.GpuLabService.kubernetes_node_selector = gpulab.get("nodeLabelSelector") or ""

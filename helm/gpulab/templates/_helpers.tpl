@@ -1,0 +1,42 @@
+{{/* The base name of gpulab's objects. */}}
+{{- define "gpulab.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else if contains "gpulab" .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-gpulab" .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels every object carries. */}}
+{{- define "gpulab.labels" -}}
+app.kubernetes.io/name: gpulab
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
+{{- end -}}
+
+{{/* Selector labels of one component: include with (list . "service"). */}}
+{{- define "gpulab.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: gpulab
+app.kubernetes.io/instance: {{ $root.Release.Name | quote }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "gpulab.serviceImage" -}}
+{{- printf "%s:%s" .Values.service.image.repository .Values.service.image.tag -}}
+{{- end -}}
+
+{{- define "gpulab.agentImage" -}}
+{{- $repo := .Values.agent.image.repository | default .Values.service.image.repository -}}
+{{- $tag := .Values.agent.image.tag | default .Values.service.image.tag -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
+{{/* The service's in-cluster base URL. */}}
+{{- define "gpulab.serviceUrl" -}}
+{{- printf "http://%s.%s.svc:%d" (include "gpulab.fullname" .) .Release.Namespace (int .Values.service.port) -}}
+{{- end -}}

@@ -1,0 +1,226 @@
+"""The job manager: the queue, the ledger and the backends, composed.
+
+One loop (every second, or sooner when woken) does two things: it polls the
+running jobs (ended ones release their slices) and it admits queued jobs in
+order (:meth:`~gpulab.scheduler.queue.JobQueue.admit`), starting each on its
+backend. State lives in the database and in each job's directory, so a
+restarted service re-attaches (:meth:`JobManager.reattach`) to jobs whose
+torchrun is still running and learns how the others ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import uuid
+
+from gpulab.backend.base import Backend
+from gpulab.backend.local import LocalBackend
+from gpulab.backend.spec import JobSpec, SpecError
+from gpulab.scheduler import jobs_db  # noqa: F401 - registers the jobs table
+from gpulab.scheduler.jobs_db import TERMINAL
+from gpulab.scheduler.queue import JobQueue, never_fits
+from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, parse_gpu_milli
+
+log = logging.getLogger("gpulab.service.jobs")
+
+#: Fields of a job spec the service fills in; a client may not send them.
+SERVICE_FIELDS = ("id", "user", "checkpoint_dir")
+TICK_S = 1.0
+
+
+class JobRefused(Exception):
+    """Submit refused; ``status`` is the HTTP code to answer with."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class JobManager:
+    def __init__(self, service, backends: dict[str, Backend] | None = None):
+        self.service = service
+        self.ledger = service.ledger
+        self.queue = JobQueue(service.ledger.engine)
+        self.root = os.path.join(service.data_dir, "jobs")
+        os.makedirs(self.root, exist_ok=True)
+        real_gpus = any(not g.simulated for g in service.gpus)
+        self.backends = backends or {"local": LocalBackend(self.root, real_gpus=real_gpus)}
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+
+    # -- reading -----------------------------------------------------------------------
+    def spec(self, job: dict) -> JobSpec:
+        return self.backends[job["backend"]].jobdir(job["id"]).spec()
+
+    def jobdir(self, job: dict):
+        return self.backends[job["backend"]].jobdir(job["id"])
+
+    def view(self, job: dict) -> dict:
+        """The job as the API shows it."""
+        out = dict(job)
+        out["world_size"] = job["nodes"] * job["nproc_per_node"]
+        out["position"] = self.queue.position(job["id"]) if job["state"] == "queued" else None
+        out["has_out"] = bool(job["backend"] in self.backends and self.jobdir(job).out_path())
+        return out
+
+    # -- submitting ----------------------------------------------------------------------
+    async def submit(self, who, body: dict) -> dict:
+        if who.kind != "user":
+            raise JobRefused(403, "jobs are submitted by users (with a user's token)")
+        sent = sorted(set(body) & set(SERVICE_FIELDS))
+        if sent:
+            raise JobRefused(400, f"field(s) set by the service, not the client: {', '.join(sent)}")
+        try:
+            spec = JobSpec.from_dict(body)
+            parse_gpu_milli(spec.gpu_milli, tuple(self.service.slice_sizes))
+        except (SpecError, SliceError, TypeError) as e:
+            raise JobRefused(400, str(e)) from None
+        if spec.priority > 0 and not who.admin:
+            raise JobRefused(403, f"priority {spec.priority}: users may lower their jobs' "
+                                  f"priority (down to -100); raising it is for admins")
+        backend = self.backends.get(spec.backend)
+        if backend is None:
+            raise JobRefused(400, f"the {spec.backend} backend is not configured on this "
+                                  f"service; use one of: {', '.join(self.backends)}")
+        try:
+            backend.check(spec)
+        except SpecError as e:
+            raise JobRefused(400, str(e)) from None
+        self._check_capacity(spec)
+        total = spec.gpu_milli * spec.world_size
+        groups = await self.service.groups_of(who.name)
+        reason = never_fits(self.ledger.quotas, who.name, total, groups)
+        if reason:
+            raise JobRefused(403, reason)
+
+        spec.id = uuid.uuid4().hex[:12]
+        spec.user = who.name
+        jd = backend.jobdir(spec.id)
+        os.makedirs(jd.path)
+        spec.checkpoint_dir = jd.p("checkpoints")
+        jd.write_inputs(spec)
+        job = self.queue.add({
+            "id": spec.id, "user": who.name, "name": spec.name, "priority": spec.priority,
+            "backend": spec.backend, "nodes": spec.nodes, "nproc_per_node": spec.nproc_per_node,
+            "gpu_milli": spec.gpu_milli, "message": "queued"})
+        jd.event(f"job {spec.id} queued: {spec.world_size} rank(s) x {spec.gpu_milli} milli-GPU")
+        self._wake.set()
+        return self.view(job)
+
+    def _check_capacity(self, spec: JobSpec) -> None:
+        """Refuse what this cluster could never place, rather than queue it forever."""
+        if not spec.gpu_milli:
+            return
+        gpus = self.service.gpus
+        if not gpus:
+            raise JobRefused(409, "this cluster has no GPUs; submit with --gpu 0 (CPU ranks)")
+        per_rank = max(1, spec.gpu_milli // MILLI_PER_GPU)
+        per_node = {}
+        for g in gpus:
+            per_node[g.node] = per_node.get(g.node, 0) + 1
+        if per_rank > max(per_node.values()):
+            raise JobRefused(409, f"a rank asks for {per_rank} GPUs but no node has that many")
+        if spec.gpu_milli * spec.world_size > MILLI_PER_GPU * len(gpus):
+            raise JobRefused(409, f"the job needs {spec.gpu_milli * spec.world_size} milli-GPU "
+                                  f"in all but the cluster has {len(gpus)} GPU(s); use fewer "
+                                  f"ranks or a smaller --gpu")
+
+    # -- the loop ----------------------------------------------------------------------
+    async def loop(self) -> None:
+        while True:
+            try:
+                async with self._lock:
+                    await self._poll_running()
+                    await self._admit()
+            except Exception:  # the loop must outlive one bad job or a hub hiccup
+                log.exception("job loop")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), TICK_S)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _poll_running(self) -> None:
+        for job in self.queue.list(states=("running",)):
+            spec = self.spec(job)
+            backend = self.backends[job["backend"]]
+            status = await backend.poll(spec)
+            if status.restarts != job["restarts"]:
+                self.queue.update(job["id"], restarts=status.restarts)
+            if status.state == "running":
+                if job["message"] == "starting":
+                    self.queue.update(job["id"], message="running")
+                if spec.timeout and job["started"] and self._age(job) > spec.timeout:
+                    await backend.cancel(spec)
+                    self._end(job, spec, "failed", f"timed out after {spec.timeout:g} s "
+                                                   f"(--timeout)", restarts=status.restarts)
+                continue
+            self._end(job, spec, status.state, status.message or status.state,
+                      error=status.error, restarts=status.restarts)
+
+    @staticmethod
+    def _age(job: dict) -> float:
+        started = dt.datetime.fromisoformat(job["started"])
+        return (dt.datetime.now(dt.timezone.utc) - started).total_seconds()
+
+    def _end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
+        if self.queue.finish(job["id"], state, message, **values):
+            released = sum(len(self.ledger.release("job", o)) for o in spec.rank_owners())
+            self.jobdir(job).event(f"job {state}: {message}")
+            log.info("Job %s of %s %s (%s); released %d slice(s)", job["id"], job["user"],
+                     state, message, released)
+            self._wake.set()
+
+    def _members(self, job: dict) -> list[tuple[str, int]]:
+        n = job["nodes"] * job["nproc_per_node"]
+        return [(f"{job['id']}/{r}", job["gpu_milli"]) for r in range(n)]
+
+    async def _admit(self) -> None:
+        queued = self.queue.queued()
+        if not queued:
+            return
+        groups = {u: await self.service.groups_of(u) for u in {j["user"] for j in queued}}
+        for job, rows in self.queue.admit(self.ledger, groups, self._members):
+            await self._start(job, rows)
+
+    async def _start(self, job: dict, rows: list[dict]) -> None:
+        spec = self.spec(job)
+        where = sorted({f"{r['node']}:{r['gpu_index']}" for r in rows})
+        self.jobdir(job).event(f"job started: {spec.world_size} rank(s)"
+                               + (f" on GPU(s) {', '.join(where)}" if where else " on CPU"))
+        try:
+            await self.backends[job["backend"]].start(spec, rows)
+        except Exception as e:
+            log.exception("Starting job %s", job["id"])
+            self._end(job, spec, "failed", f"could not start: {e}")
+
+    # -- cancelling ----------------------------------------------------------------------
+    async def cancel(self, job: dict, reason: str = "cancelled") -> dict:
+        async with self._lock:
+            job = self.queue.get(job["id"])
+            if job["state"] in TERMINAL:
+                return self.view(job)
+            spec = self.spec(job)
+            if job["state"] == "running":
+                await self.backends[job["backend"]].cancel(spec)
+            self._end(job, spec, "cancelled", reason)
+        return self.view(self.queue.get(job["id"]))
+
+    # -- restarting ----------------------------------------------------------------------
+    async def reattach(self) -> None:
+        """After a restart: keep watching running jobs; start admitted ones never launched."""
+        for job in self.queue.list(states=("running",)):
+            backend = self.backends.get(job["backend"])
+            if backend is None:
+                continue
+            spec = self.spec(job)
+            if not os.path.exists(backend.jobdir(job["id"]).p("launch.json")):
+                rows = [r for o in spec.rank_owners() for r in self.ledger.list(owner_kind="job",
+                                                                                owner=o)]
+                await self._start(job, rows)
+                continue
+            alive = await backend.reattach(spec)
+            log.info("Job %s: %s", job["id"], "re-attached" if alive else "ended while away")

@@ -1,0 +1,268 @@
+"""FractionalKubeSpawner: a KubeSpawner pod held to a GPU slice.
+
+Use it with ``c.JupyterHub.spawner_class = "gpulab-kube"``. The spawn form
+lists the slice sizes with live availability from the gpulab service (an
+async ``profile_list``); on start the spawner asks the service for a slice
+(``user_options = {"gpu_milli": 250}``, or the form's profile ``gpu-250``),
+pins the pod to the node the ledger chose and renders the slice into the pod
+through the chosen enforcement backend (:mod:`.kube_enforcement`): resource
+limits, annotations, labels, environment, scheduler name, tolerations.
+
+Every spawn starts afresh: the slice lives only in ``self._slice_patch``, set
+by each ``start`` and applied to the pod object, never in the spawner's
+traits; the pod's GPU resources and GPU-granting annotations come from that
+patch alone (any set by configuration or hooks are dropped). A start that
+fails gives the slice back, and nothing of it reaches the next spawn.
+"""
+
+from __future__ import annotations
+
+from kubernetes_asyncio.client.models import V1ResourceRequirements, V1Toleration
+from kubespawner import KubeSpawner
+from tornado import web
+from traitlets import Dict, Unicode, default, validate
+
+from gpulab.scheduler.slices import SliceError, label, parse_gpu_milli
+
+from .enforcement import strip_enforcement_vars
+from .kube_enforcement import (EnforcementError, GpuSlice, SlicePatch, backend_names,
+                               check_backend, pod_slice_patch)
+from .kube_enforcement.base import without_gpu_annotations, without_gpu_resources
+from .kube_enforcement.kueue import queue_patch
+from .local import parse_user_options
+from .service_client import ServiceClient
+
+PROFILE_PREFIX = "gpu-"
+
+
+def profile_slug(milli: int) -> str:
+    return f"{PROFILE_PREFIX}{milli}"
+
+
+def normalize_user_options(options: object) -> object:
+    """The form's ``{"profile": "gpu-250"}`` as ``{"gpu_milli": 250}``; others as given."""
+    if isinstance(options, dict) and "profile" in options:
+        rest = {k: v for k, v in options.items() if k != "profile"}
+        slug = str(options["profile"] or "")
+        if not slug.startswith(PROFILE_PREFIX):
+            raise web.HTTPError(400, f"invalid user_options: unknown profile {slug!r}; "
+                                     f"profiles are named like {profile_slug(250)!r}")
+        return {**rest, "gpu_milli": slug[len(PROFILE_PREFIX):]}
+    return options
+
+
+def profiles_from_availability(availability: dict) -> list[dict]:
+    """KubeSpawner profiles, one per slice size, from the service's availability answer.
+
+    Sizes that cannot be placed now stay listed with the reason (the service
+    refuses them if chosen), so a user sees what exists and why it is not free.
+    """
+    sizes = availability.get("sizes") or []
+    default = next((s["milli"] for s in sizes if s["available"] and s["milli"]), 0)
+    profiles = []
+    for s in sizes:
+        milli = s["milli"]
+        if milli == 0:
+            status = "always available"
+        elif s["available"]:
+            status = f"{s['count']} can be placed now"
+        else:
+            status = f"unavailable now: {s.get('reason') or 'no capacity'}"
+        profiles.append({"display_name": s.get("label") or label(milli),
+                         "slug": profile_slug(milli), "description": status,
+                         "default": milli == default})
+    return profiles
+
+
+def slice_from_allocations(allocations: list[dict], inventory: dict) -> GpuSlice:
+    """The ledger's rows for one owner, with the cards' model and memory from the inventory."""
+    if not allocations:
+        return GpuSlice(0)
+    cards = {g["uuid"]: g for n in inventory.get("nodes", []) for g in n.get("gpus", [])}
+    first = cards.get(allocations[0]["gpu_uuid"], {})
+    return GpuSlice(
+        milli=sum(a["milli"] for a in allocations),
+        memory_mib=allocations[0]["memory_mib"],
+        card_memory_mib=int(first.get("memory_mib") or 0),
+        gpu_model=str(first.get("model") or ""),
+        node=allocations[0]["node"],
+        gpu_uuids=tuple(a["gpu_uuid"] for a in allocations),
+        simulated=any(a.get("simulated") for a in allocations))
+
+
+class FractionalKubeSpawner(KubeSpawner):
+    gpulab_api_url = Unicode(
+        help="""The gpulab service's API as the hub reaches it.
+
+        c.FractionalKubeSpawner.gpulab_api_url = "http://gpulab:10101/services/gpulab/api/v1"
+        """,
+    ).tag(config=True)
+
+    gpulab_public_api_url = Unicode(
+        help="""The gpulab API as single-user pods reach it (GPULAB_API_URL in their
+        environment). Default: gpulab_api_url.
+
+        c.FractionalKubeSpawner.gpulab_public_api_url = "http://proxy-public/services/gpulab/api/v1"
+        """,
+    ).tag(config=True)
+
+    gpulab_api_token = Unicode(
+        help="""The gpulab service's API token (lets the hub allocate for any user).
+
+        c.FractionalKubeSpawner.gpulab_api_token = os.environ["GPULAB_SERVICE_TOKEN"]
+        """,
+    ).tag(config=True)
+
+    enforcement = Unicode(
+        "hami",
+        help="""How a slice is held on the cluster: hami, mig, mps, timeslice,
+        nvml-cgroup, kai or volcano (docs/explanation/enforcement-backends.md).
+
+        c.FractionalKubeSpawner.enforcement = "mig"
+        """,
+    ).tag(config=True)
+
+    enforcement_options = Dict(
+        help="""Options of the enforcement backend (each backend lists its own; an
+        unknown one is an error at start).
+
+        c.FractionalKubeSpawner.enforcement_options = {"queue": "research"}
+        """,
+    ).tag(config=True)
+
+    notebook_priority_class = Unicode(
+        help="""PriorityClass of notebook pods: above every job's, so that no job's
+        preemption (Kueue, KAI) can evict a notebook. The Helm chart creates
+        and sets it (with Kueue on); empty: none.
+
+        c.FractionalKubeSpawner.notebook_priority_class = "gpulab-notebook"
+        """,
+    ).tag(config=True)
+
+    @validate("enforcement")
+    def _check_enforcement(self, proposal):
+        if proposal["value"] not in backend_names():
+            raise ValueError(f"unknown enforcement backend {proposal['value']!r}; choose one "
+                             f"of: {', '.join(backend_names())}")
+        return proposal["value"]
+
+    @default("profile_list")
+    def _profile_list_default(self):
+        return self._slice_profiles
+
+    @validate("profile_list")
+    def _slices_unless_given(self, proposal):
+        # z2jh sets c.KubeSpawner.profile_list = [] (singleuser.profileList):
+        # an empty list means the slice sizes here, not "no form".
+        return proposal["value"] or self._slice_profiles
+
+    @default("options_from_form")
+    def _options_from_form_default(self):
+        return self._slice_options_from_form
+
+    _slice_patch: SlicePatch | None = None
+
+    def _client(self) -> ServiceClient:
+        return ServiceClient(self.gpulab_api_url, self.gpulab_api_token, log=self.log)
+
+    @property
+    def _owner(self) -> str:
+        return f"{self.user.name}/{self.name}"
+
+    async def _slice_profiles(self, spawner=None) -> list[dict]:
+        availability = await self._client().request(
+            "GET", "/availability", query={"user": self.user.name})
+        return profiles_from_availability(availability)
+
+    def _slice_options_from_form(self, formdata) -> dict:
+        value = (formdata.get("gpu_milli") or [None])[0]
+        if value is None:
+            slug = (formdata.get("profile") or [profile_slug(0)])[0]
+            value = normalize_user_options({"profile": slug})["gpu_milli"]
+        try:
+            return {"gpu_milli": parse_gpu_milli(value)}
+        except SliceError as e:
+            raise web.HTTPError(400, f"invalid user_options: {e}") from None
+
+    async def load_user_options(self):
+        # Slices are not KubeSpawner profiles with overrides (which would merge
+        # into traits of this long-lived object and outlive the spawn): the size
+        # is read in _start() and rendered into the pod by the enforcement backend.
+        pass
+
+    def start(self):
+        self._slice_patch = None  # nothing of an earlier spawn survives
+        return super().start()
+
+    async def _start(self):
+        milli = parse_user_options(normalize_user_options(self.user_options))
+        try:
+            options = check_backend(self.enforcement, self.enforcement_options)
+        except EnforcementError as e:
+            raise web.HTTPError(500, f"gpulab is misconfigured: {e}") from None
+        allocations = await self._client().request("POST", "/allocations", body={
+            "user": self.user.name, "owner_kind": "server", "owner": self._owner,
+            "gpu_milli": milli})
+        try:
+            inventory = await self._client().request("GET", "/inventory") if allocations else {}
+            the_slice = slice_from_allocations(allocations, inventory)
+            try:
+                self._slice_patch = pod_slice_patch(self.enforcement, the_slice, options=options)
+            except EnforcementError as e:
+                raise web.HTTPError(409, f"cannot hold {label(milli)} here: {e}") from None
+            self.log.info("%s holds %s milli-GPU on %s via %s", self._owner, milli,
+                          the_slice.node or "no GPU", self.enforcement)
+            return await super()._start()
+        except BaseException:
+            await self._release()
+            raise
+
+    async def stop(self, now=False):
+        try:
+            await super().stop(now=now)
+        finally:
+            await self._release()
+
+    async def _release(self) -> None:
+        await self._client().request("DELETE", "/allocations",
+                                     query={"owner_kind": "server", "owner": self._owner})
+
+    def get_env(self):
+        env = strip_enforcement_vars(super().get_env())
+        if self._slice_patch is not None:
+            env.update(self._slice_patch.env)
+        env["GPULAB_API_URL"] = self.gpulab_public_api_url or self.gpulab_api_url
+        return env
+
+    async def get_pod_manifest(self):
+        pod = await super().get_pod_manifest()
+        if self._slice_patch is not None:
+            queueing = queue_patch("server", notebook_priority_class=self.notebook_priority_class)
+            patch_pod_model(pod, self._slice_patch, queueing)
+        return pod
+
+
+def patch_pod_model(pod, patch: SlicePatch, queueing: dict) -> None:
+    """Apply a slice patch to KubeSpawner's V1Pod (its env is already in get_env)."""
+    meta, spec = pod.metadata, pod.spec
+    annotations = {**without_gpu_annotations(meta.annotations), **patch.annotations}
+    meta.annotations = annotations or None
+    if patch.labels or queueing["labels"]:
+        meta.labels = {**(meta.labels or {}), **patch.labels, **queueing["labels"]}
+    if patch.scheduler_name:
+        spec.scheduler_name = patch.scheduler_name
+    if patch.node_selector:
+        spec.node_selector = {**(spec.node_selector or {}), **patch.node_selector}
+    if patch.tolerations:
+        have = list(spec.tolerations or [])
+        seen = {(t.key, t.operator, t.effect) for t in have}
+        spec.tolerations = have + [V1Toleration(**t) for t in patch.tolerations
+                                   if (t["key"], t["operator"], t["effect"]) not in seen]
+    if queueing["priority_class_name"]:  # gpulab's setting wins over z2jh's podPriority
+        spec.priority_class_name = queueing["priority_class_name"]
+    container = spec.containers[0]
+    res = container.resources or V1ResourceRequirements()
+    res.limits = {**without_gpu_resources(res.limits),
+                  **{k: str(v) for k, v in patch.limits.items()}}
+    res.requests = without_gpu_resources(res.requests)
+    container.resources = res

@@ -1,0 +1,27 @@
+"""KAI Scheduler: GPU fractions placed by NVIDIA's KAI scheduler.
+
+A fraction is the pod annotation ``gpu-fraction`` (no ``nvidia.com/gpu``
+request); KAI packs fractions onto cards and accounts them against the
+pod's queue (label ``kai.scheduler/queue``). KAI schedules shares; it does not
+cap memory or compute inside the card, so gpulab adds PyTorch's allocator
+cap. Whole cards are plain ``nvidia.com/gpu`` requests under KAI.
+"""
+
+from __future__ import annotations
+
+from .base import GpuSlice, SlicePatch, placement, slice_env
+
+NAME = "kai"
+DEFAULTS = {"scheduler_name": "kai-scheduler", "queue": "default",
+            "queue_label": "kai.scheduler/queue"}
+
+
+def patch(s: GpuSlice, options: dict) -> SlicePatch:
+    labels = {options["queue_label"]: options["queue"]} if options["queue"] else {}
+    common = dict(labels=labels, scheduler_name=options["scheduler_name"], **placement(s))
+    if not s.fractional:
+        return SlicePatch(limits={"nvidia.com/gpu": s.num_gpus}, env=slice_env(s), **common)
+    env = slice_env(
+        s, PYTORCH_CUDA_ALLOC_CONF=f"per_process_memory_fraction:{s.milli_per_gpu / 1000:.3f}")
+    return SlicePatch(annotations={"gpu-fraction": f"{s.milli_per_gpu / 1000:g}"}, env=env,
+                      **common)

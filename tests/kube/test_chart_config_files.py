@@ -1,0 +1,103 @@
+"""The chart's Python config files (files/hub/, files/service/), run on the values it renders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import helm_python as helm
+import pytest
+import yaml
+from traitlets.config import Config
+
+from gpulab.hub_ext.service.app import GpuLabService
+from gpulab.spawner.kube import FractionalKubeSpawner
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "gpulab"
+
+
+def rendered_data(values: dict) -> dict[str, str]:
+    with helm.Chart.load(str(CHART)) as chart:
+        out = chart.render({"jupyterhub": {"enabled": False}, **values}, name="gpulab",
+                           namespace="hub")
+    data = {}
+    for name in ("configmap-hub.yaml", "configmap-service.yaml"):
+        data.update(yaml.safe_load(out[f"gpulab/templates/{name}"])["data"])
+    return data
+
+
+def run_config(source: str, c: Config) -> Config:
+    exec(compile(source, "gpulab_config.py", "exec"), {"get_config": lambda: c})
+    return c
+
+
+@pytest.fixture
+def hub_config(tmp_path, monkeypatch):
+    data = rendered_data({"enforcement": {"backend": "kai", "options": {"queue": "research"}}})
+    values = tmp_path / "hub-values.json"
+    values.write_text(data["hub-values.json"])
+    monkeypatch.setenv("GPULAB_HUB_VALUES", str(values))
+    monkeypatch.setenv("GPULAB_SERVICE_TOKEN", "svc-token")
+    monkeypatch.setenv("GPULAB_AGENT_TOKEN", "agent-token")
+    # What z2jh's jupyterhub_config.py has set by the time it loads jupyterhub_config.d.
+    c = Config()
+    c.JupyterHub.services = [{"name": "idle-culler", "command": ["cull"]}]
+    c.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", "read:groups"]},
+                               {"name": "jupyterhub-idle-culler", "services": ["idle-culler"],
+                                "scopes": ["list:users"]}]
+    return run_config(data["gpulab_hub_config.py"], c)
+
+
+def test_hub_config_wires_the_spawner_and_services(hub_config):
+    c = hub_config
+    assert c.JupyterHub.spawner_class == "gpulab-kube"
+    s = c.FractionalKubeSpawner
+    assert s.gpulab_api_url == "http://gpulab.hub.svc:10101/services/gpulab/api/v1"
+    assert s.gpulab_api_token == "svc-token"
+    assert (s.enforcement, s.enforcement_options) == ("kai", {"queue": "research"})
+    assert s.notebook_priority_class == "gpulab-notebook"
+    assert [x["name"] for x in c.JupyterHub.services] == ["idle-culler", "gpulab", "gpulab-agent"]
+    gpulab = c.JupyterHub.services[1]
+    assert gpulab["url"] == "http://gpulab.hub.svc:10101" and gpulab["api_token"] == "svc-token"
+    assert c.JupyterHub.services[2] == {"name": "gpulab-agent", "api_token": "agent-token"}
+    roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    assert roles["user"]["scopes"] == ["access:services!service=gpulab", "read:groups", "self"]
+    assert "jupyterhub-idle-culler" in roles
+    assert roles["gpulab-service"]["services"] == ["gpulab"]
+
+
+async def test_hub_config_is_accepted_by_the_spawner(hub_config, offline_kubeconfig):
+    spawner = FractionalKubeSpawner(config=hub_config, _mock=True)
+    assert spawner.enforcement == "kai" and spawner.gpulab_api_token == "svc-token"
+
+
+def test_service_config(tmp_path, monkeypatch):
+    data = rendered_data({"slices": {"sizes": [0, 250, 1000], "policy": "best-fit",
+                                     "defaultUserQuotaMilli": 1000,
+                                     "groupQuotaMilli": {"students": 2000}}})
+    values = tmp_path / "service-values.json"
+    values.write_text(data["service-values.json"])
+    monkeypatch.setenv("GPULAB_SERVICE_VALUES", str(values))
+    c = run_config(data["gpulab_config.py"], Config())
+    svc = c.GpuLabService
+    assert svc.slice_sizes == [0, 250, 1000] and svc.default_user_quota_milli == 1000
+    assert svc.group_quota_milli == {"students": 2000}
+    assert svc.local_sampler is False and svc.authenticate_prometheus is False
+    # Every setting the chart writes is one the service has.
+    assert set(svc) <= set(GpuLabService.class_trait_names())
+    assert svc.inventory_source == "kubernetes"
+
+
+def test_service_starts_from_the_chart_config(tmp_path, monkeypatch):
+    """The service's own start-up reads the chart's file as the pod runs it."""
+    data = rendered_data({})
+    (tmp_path / "gpulab_config.py").write_text(data["gpulab_config.py"])
+    (tmp_path / "service-values.json").write_text(data["service-values.json"])
+    monkeypatch.setenv("GPULAB_SERVICE_VALUES", str(tmp_path / "service-values.json"))
+    monkeypatch.setenv("GPULAB_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:9/hub/api")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "unused")
+    app = GpuLabService()
+    app.initialize([f"--config={tmp_path / 'gpulab_config.py'}"])
+    assert app.slice_sizes == [0, 100, 250, 500, 1000, 2000]
+    assert app.local_sampler is False and app.authenticate_prometheus is False
+    assert app.db_url == f"sqlite:///{tmp_path / 'data'}/gpulab.sqlite"

@@ -1,0 +1,174 @@
+"""Against a live cluster: spawn a notebook pod, run a job, serve an endpoint, clean up.
+
+Runs only when ``GPULAB_TEST_KUBECONFIG`` names a kubeconfig; otherwise every
+test here is reported as skipped ("not run"). Each run works in a namespace
+of its own (``gpulab-test-<random>``) and deletes it at the end.
+
+Optional settings:
+
+- ``GPULAB_TEST_IMAGE``: an image with Python 3 (default ``python:3.11-slim``);
+- ``GPULAB_TEST_ENFORCEMENT`` + ``GPULAB_TEST_GPU_MODEL`` + ``GPULAB_TEST_GPU_MEMORY_MIB``:
+  ask for a 1/4 GPU slice with that backend (default: no GPU, so any cluster works);
+- ``GPULAB_TEST_KUEUE_QUEUE``: submit the job to that Kueue LocalQueue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+
+import pytest
+from kube_helpers import validate_strict
+
+KUBECONFIG = os.environ.get("GPULAB_TEST_KUBECONFIG")
+pytestmark = pytest.mark.skipif(
+    not KUBECONFIG, reason="live-cluster suite not run: GPULAB_TEST_KUBECONFIG is not set")
+
+IMAGE = os.environ.get("GPULAB_TEST_IMAGE", "python:3.11-slim")
+BACKEND = os.environ.get("GPULAB_TEST_ENFORCEMENT", "")
+TIMEOUT = float(os.environ.get("GPULAB_TEST_TIMEOUT", "300"))
+
+
+def the_slice():
+    from gpulab.spawner.kube_enforcement import GpuSlice, pod_slice_patch
+
+    if not BACKEND:
+        return 0, pod_slice_patch("hami", GpuSlice(0))
+    s = GpuSlice.of(250, int(os.environ.get("GPULAB_TEST_GPU_MEMORY_MIB", "0")),
+                    os.environ.get("GPULAB_TEST_GPU_MODEL", ""))
+    return 250, pod_slice_patch(BACKEND, s)
+
+
+def pod_template(name: str, command: list[str], labels: dict | None = None) -> dict:
+    from gpulab.spawner.kube_enforcement import apply_to_pod
+
+    _, patch = the_slice()
+    template = {
+        "metadata": {"labels": {"app.kubernetes.io/name": "gpulab-test", "test": name,
+                                **(labels or {})}},
+        "spec": {"containers": [{
+            "name": "main", "image": IMAGE, "command": command,
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                          "limits": {"memory": "256Mi"}}}]}}
+    return apply_to_pod(template, patch)
+
+
+async def wait_for(what: str, check, timeout: float = TIMEOUT, every: float = 2.0):
+    """Poll ``check()`` until it returns something truthy (a state, not a delay)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+@pytest.fixture(scope="module")
+async def api():
+    from kubernetes_asyncio import client, config
+
+    api_client = await config.new_client_from_config(config_file=KUBECONFIG)
+    async with api_client:
+        yield {"core": client.CoreV1Api(api_client), "batch": client.BatchV1Api(api_client),
+               "apps": client.AppsV1Api(api_client)}
+
+
+@pytest.fixture(scope="module")
+async def namespace(api):
+    name = f"gpulab-test-{secrets.token_hex(3)}"
+    await api["core"].create_namespace({"metadata": {"name": name,
+                                                     "labels": {"gpulab.io/test": "true"}}})
+    yield name
+    await api["core"].delete_namespace(name)
+
+
+async def test_spawn_notebook_pod(api, namespace):
+    from kubespawner.objects import make_pod
+
+    from gpulab.spawner.kube import patch_pod_model
+    from gpulab.spawner.kube_enforcement.kueue import queue_patch
+
+    milli, patch = the_slice()
+    pod = make_pod(name="jupyter-gpulab-test", cmd=["python", "-m", "http.server", "8888"],
+                   port=8888, image=IMAGE, env={**patch.env, "GPULAB_API_URL": "http://x"},
+                   labels={"app.kubernetes.io/name": "gpulab-test"})
+    patch_pod_model(pod, patch, queue_patch("server", notebook_priority_class=""))
+    await api["core"].create_namespaced_pod(namespace, pod)
+
+    async def running():
+        p = await api["core"].read_namespaced_pod("jupyter-gpulab-test", namespace)
+        assert p.status.phase not in ("Failed", "Succeeded"), p.status
+        return p if p.status.phase == "Running" else None
+
+    p = await wait_for("the notebook pod to run", running)
+    env = {e.name: e.value for e in p.spec.containers[0].env}
+    assert env["GPULAB_GPU_MILLI"] == str(milli)
+
+
+async def test_job_runs_to_completion(api, namespace):
+    from gpulab.spawner.kube_enforcement.kueue import queue_patch
+
+    queueing = queue_patch("job", os.environ.get("GPULAB_TEST_KUEUE_QUEUE"), None)
+    template = pod_template("job", ["python", "-c",
+                                    "import os; print('milli', os.environ['GPULAB_GPU_MILLI'])"])
+    template["spec"]["restartPolicy"] = "Never"
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": "gpulab-test-job", "labels": queueing["labels"]},
+           "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 600, "template": template}}
+    validate_strict(job)
+    await api["batch"].create_namespaced_job(namespace, job)
+
+    async def finished():
+        j = await api["batch"].read_namespaced_job_status("gpulab-test-job", namespace)
+        assert not j.status.failed, j.status
+        return j if j.status.succeeded else None
+
+    await wait_for("the job to succeed", finished)
+    pods = await api["core"].list_namespaced_pod(namespace, label_selector="test=job")
+    log = await api["core"].read_namespaced_pod_log(pods.items[0].metadata.name, namespace)
+    assert f"milli {the_slice()[0]}" in log
+
+
+async def test_endpoint_serves(api, namespace):
+    labels = {"app.kubernetes.io/name": "gpulab-test", "test": "endpoint"}
+    template = pod_template("endpoint", ["python", "-m", "http.server", "8080"])
+    template["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "name": "http"}]
+    template["spec"]["containers"][0]["readinessProbe"] = {
+        "tcpSocket": {"port": "http"}, "periodSeconds": 2}
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                  "metadata": {"name": "gpulab-test-endpoint"},
+                  "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                           "template": template}}
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "gpulab-test-endpoint"},
+               "spec": {"selector": labels, "ports": [{"port": 80, "targetPort": "http"}]}}
+    validate_strict(deployment)
+    validate_strict(service)
+    await api["apps"].create_namespaced_deployment(namespace, deployment)
+    await api["core"].create_namespaced_service(namespace, service)
+
+    async def ready():
+        ep = await api["core"].read_namespaced_endpoints("gpulab-test-endpoint", namespace)
+        return any(s.addresses for s in ep.subsets or [])
+
+    await wait_for("the endpoint to have a ready address", ready)
+
+
+async def test_cleanup_leaves_nothing(api, namespace):
+    await api["apps"].delete_namespaced_deployment("gpulab-test-endpoint", namespace)
+    await api["core"].delete_namespaced_service("gpulab-test-endpoint", namespace)
+    await api["batch"].delete_namespaced_job("gpulab-test-job", namespace,
+                                             propagation_policy="Foreground")
+    await api["core"].delete_namespaced_pod("jupyter-gpulab-test", namespace,
+                                            grace_period_seconds=0)
+
+    async def empty():
+        pods = await api["core"].list_namespaced_pod(
+            namespace, label_selector="app.kubernetes.io/name=gpulab-test")
+        return not pods.items
+
+    await wait_for("every test pod to be gone", empty)
