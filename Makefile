@@ -11,7 +11,7 @@ GPUS    ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo 2xA100-80GB)
 ARGS    ?=
 PYTEST_ARGS ?=
 
-.PHONY: up test deps system-deps clean
+.PHONY: up test deps system-deps bench-deps clean
 
 # Debian packages the tests drive for real: Chromium (browser tests), PostgreSQL
 # (database option), iproute2 (network namespaces). Installed when run as root.
@@ -32,6 +32,8 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q -e '.[torch,test]'
+	# torchao 0.18 works with torch 2.13 but asks for other releases: no deps.
+	$(PY) -m pip install -q --no-deps torchao==0.18.0
 	touch $@
 
 $(CHP): package.json
@@ -45,6 +47,9 @@ up: deps
 
 test: system-deps deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench-deps: deps
+	$(PY) -m pip install -q -e '.[torch,test,bench]'
 
 clean:
 	rm -rf $(VENV) node_modules .gpulab

@@ -1,0 +1,270 @@
+"""Model serving on CPU: dynamic batching against batch size 1, and against LitServe.
+
+One MLP, exported once, served three ways on 127.0.0.1, each in turn (never two
+at once), all driven by the same load generator — C concurrent clients in a
+closed loop, each sending one-row JSON requests:
+
+* anchor: the gpulab server with ``--max-batch-size 1`` (no batching);
+* the gpulab server with dynamic batching (``--max-batch-size B --max-latency-ms D``);
+* LitServe with the same batch settings (``max_batch_size=B, batch_timeout=D``),
+  its LitAPI calling the same exported program.
+
+Every server gets one torch thread. Prints throughput and p99 latency, and the
+ratios: batching against batch 1 (the issue's goal is >= 3x throughput) and
+gpulab against LitServe.
+
+    python benchmarks/serving_batching.py [--requests 1500] [--concurrency 64]
+        [--max-batch-size 32] [--max-latency-ms 5] [--dims 512,2048,512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import aiohttp
+import numpy as np
+
+STARTUP_S = 180
+
+
+def build_model(dims: list[int], model_dir: str) -> None:
+    import torch
+
+    from gpulab.serving.export import export_model
+
+    torch.manual_seed(0)
+    layers = []
+    for a, b in zip(dims, dims[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1]).eval()
+    export_model(model, torch.randn(4, dims[0]), model_dir, name="mlp")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_ready(url: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}")
+            try:
+                async with session.get(url) as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.25)  # polling a starting process, not a race
+    raise RuntimeError(f"{url} not ready after {STARTUP_S}s")
+
+
+async def load(url: str, bodies: list[bytes], concurrency: int) -> tuple[float, list[float], int]:
+    """Closed loop: `concurrency` clients send `bodies` in turn; (seconds, latencies, errors)."""
+    latencies: list[float] = []
+    errors = 0
+    next_body = iter(bodies)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    headers = {"Content-Type": "application/json"}
+
+    async def client(session):
+        nonlocal errors
+        for body in next_body:
+            start = time.perf_counter()
+            async with session.post(url, data=body, headers=headers) as r:
+                await r.read()
+                if r.status != 200:
+                    errors += 1
+            latencies.append(time.perf_counter() - start)
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        return time.perf_counter() - start, latencies, errors
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group, then SIGKILL whatever of it is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    try:  # LitServe's workers can outlive their parent
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_server(cmd: list[str], ready_url: str, infer_url: str, bodies, warmup, concurrency):
+    log = tempfile.TemporaryFile("w+")
+    # A session of its own: LitServe forks workers that outlive a SIGTERM to their parent.
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        try:
+            asyncio.run(wait_ready(ready_url, proc))
+        except RuntimeError:
+            log.seek(0)
+            print(log.read()[-3000:], file=sys.stderr)
+            raise
+        asyncio.run(load(infer_url, warmup, concurrency))
+        seconds, latencies, errors = asyncio.run(load(infer_url, bodies, concurrency))
+    finally:
+        stop_group(proc)
+        log.close()
+    latencies.sort()
+    return {
+        "throughput": len(bodies) / seconds,
+        "p50": statistics.median(latencies),
+        "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "errors": errors,
+    }
+
+
+try:
+    import litserve as ls
+except ImportError:  # only the LitServe row needs it
+    ls = None
+
+if ls is not None:
+
+    class ExportedMLP(ls.LitAPI):
+        """LitServe's side: the same exported program. At module level, so its workers can
+        unpickle it."""
+
+        def __init__(self, model_dir: str, **kwargs):
+            super().__init__(**kwargs)
+            self.model_dir = model_dir
+
+        def setup(self, device):
+            import torch
+
+            from gpulab.serving.export import load_model
+
+            torch.set_num_threads(1)
+            self.model = load_model(self.model_dir)
+
+        def decode_request(self, request):
+            import torch
+
+            return torch.tensor(request["input"], dtype=torch.float32)
+
+        def batch(self, inputs):
+            import torch
+
+            return torch.stack(inputs)
+
+        def predict(self, x):
+            if x.dim() == 1:  # unbatched (max_batch_size 1)
+                return self.model(x.unsqueeze(0))[0][0]
+            return self.model(x)[0]
+
+        def unbatch(self, output):
+            return list(output)
+
+        def encode_response(self, output):
+            return {"output": output.tolist()}
+
+
+def litserve_child(model_dir: str, port: int, max_batch_size: int, batch_timeout: float) -> None:
+    """Runs in its own process: LitServe serving the same exported program."""
+    if ls is None:
+        raise SystemExit("litserve is not installed: pip install litserve (or --skip-litserve)")
+    api = ExportedMLP(model_dir, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1)
+    server.run(host="127.0.0.1", port=port, log_level="warning", generate_client_file=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-latency-ms", type=float, default=5.0)
+    parser.add_argument("--dims", default="512,2048,2048,512",
+                        help="layer widths of the MLP (default 512,2048,2048,512)")
+    parser.add_argument("--skip-litserve", action="store_true")
+    parser.add_argument("--litserve-child", nargs=4, metavar=("DIR", "PORT", "B", "TIMEOUT"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.litserve_child:
+        d, port, b, timeout = args.litserve_child
+        litserve_child(d, int(port), int(b), float(timeout))
+        return 0
+
+    dims = [int(d) for d in args.dims.split(",")]
+    rng = np.random.default_rng(0)
+    rows = [rng.standard_normal(dims[0], dtype=np.float32).tolist() for _ in range(64)]
+    n_warm = max(args.concurrency * 4, 100)
+
+    def oip(row):
+        return json.dumps({"inputs": [{"name": "input", "datatype": "FP32",
+                                       "shape": [1, dims[0]], "data": row}]}).encode()
+
+    def lit(row):
+        return json.dumps({"input": row}).encode()
+
+    oip_bodies = [oip(rows[i % 64]) for i in range(args.requests)]
+    lit_bodies = [lit(rows[i % 64]) for i in range(args.requests)]
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="gpulab-bench-") as work:
+        model_dir = os.path.join(work, "mlp")
+        build_model(dims, model_dir)
+        gpulab = [sys.executable, "-m", "gpulab.serving.server", "--model-dir", model_dir,
+                  "--threads", "1", "--max-queue", str(max(256, args.concurrency * 2))]
+        for label, batch, delay in (("gpulab, batch size 1 (anchor)", 1, 0.0),
+                                    ("gpulab, dynamic batching", args.max_batch_size,
+                                     args.max_latency_ms)):
+            port = free_port()
+            base = f"http://127.0.0.1:{port}"
+            results[label] = run_server(
+                gpulab + ["--port", str(port), "--max-batch-size", str(batch),
+                          "--max-latency-ms", str(delay)],
+                f"{base}/v2/health/ready", f"{base}/v2/models/mlp/infer",
+                oip_bodies, oip_bodies[:n_warm], args.concurrency)
+        if not args.skip_litserve:
+            port = free_port()
+            base = f"http://127.0.0.1:{port}"
+            results["LitServe, same batch settings"] = run_server(
+                [sys.executable, os.path.abspath(__file__), "--litserve-child", model_dir,
+                 str(port), str(args.max_batch_size), str(args.max_latency_ms / 1000)],
+                f"{base}/health", f"{base}/predict", lit_bodies, lit_bodies[:n_warm],
+                args.concurrency)
+
+    print(f"MLP {args.dims}, {args.requests} one-row JSON requests, {args.concurrency} concurrent "
+          f"clients, max batch {args.max_batch_size}, max delay {args.max_latency_ms} ms, "
+          "1 torch thread per server")
+    print(f"{'server':34} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'errors':>7}")
+    for label, r in results.items():
+        print(f"{label:34} {r['throughput']:9.1f} {r['p50'] * 1e3:9.1f} {r['p99'] * 1e3:9.1f} "
+              f"{r['errors']:7d}")
+    anchor = results["gpulab, batch size 1 (anchor)"]
+    batched = results["gpulab, dynamic batching"]
+    print(f"dynamic batching vs batch 1: throughput {batched['throughput'] / anchor['throughput']:.2f}x "
+          f"(goal >= 3x), p99 {anchor['p99'] / batched['p99']:.2f}x lower")
+    lit = results.get("LitServe, same batch settings")
+    if lit:
+        print(f"gpulab vs LitServe (same batch settings): throughput "
+              f"{batched['throughput'] / lit['throughput']:.2f}x, p99 {lit['p99'] / batched['p99']:.2f}x lower")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

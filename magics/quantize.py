@@ -1,0 +1,61 @@
+"""``%quantize``: shrink a model in the kernel and show what it cost and saved.
+
+    %quantize model --scheme int8-dynamic --example x --to qmodel
+
+Runs here, in the kernel (torch only; no service call): the quantized copy is
+bound to the ``--to`` name, the original is left as it was, and a table shows
+size and latency before/after, output error and the engine used.
+"""
+
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight", "fp8-weight", "fp8-dynamic")
+ENGINES = ("auto", "torch-ao", "torchao")
+
+
+@magics_class
+class QuantizeMagics(Magics):
+    @magic_arguments()
+    @argument("model", help="name of the torch.nn.Module to quantize (it is not changed)")
+    @argument("--scheme", required=True, choices=SCHEMES,
+              help="int8-dynamic (fastest on CPU), int8-weight, int4-weight, fp8-weight, "
+                   "fp8-dynamic (GPU with compute capability >= 8.9)")
+    @argument("--engine", default="auto", choices=ENGINES,
+              help="torch-ao: torch.ao quantize_dynamic (int8-dynamic, CPU); torchao: torchao 0.18; "
+                   "auto (default): torch-ao for int8-dynamic on CPU, torchao otherwise")
+    @argument("--example", required=True,
+              help="an input to measure on: a variable name or expression (a tensor or tuple of tensors)")
+    @argument("--to", required=True, dest="to", help="variable name for the quantized model")
+    @argument("--runs", type=int, default=20, help="timed runs per model; the median is shown (default 20)")
+    @line_magic
+    def quantize(self, line: str = ""):
+        """Quantize a model and print size, latency and error before/after."""
+        args = parse_argstring(self.quantize, line)
+        if not args.to.isidentifier():
+            raise UsageError(f"--to needs a variable name, got {args.to!r}")
+        if args.runs < 1:
+            raise UsageError("--runs must be at least 1")
+        ns = self.shell.user_ns
+        if args.model not in ns:
+            raise UsageError(f"no variable {args.model!r} in this notebook; define the model first")
+        try:
+            example = eval(args.example, ns)  # noqa: S307 - the user's own kernel namespace
+        except Exception as exc:
+            raise UsageError(f"--example {args.example!r} could not be evaluated: "
+                             f"{type(exc).__name__}: {exc}") from None
+
+        # Imported here: torch is heavy and only this magic needs it.
+        from gpulab.serving.quantize import QuantizeError, quantize
+
+        try:
+            report = quantize(ns[args.model], args.scheme, engine=args.engine, example=example,
+                              runs=args.runs)
+        except QuantizeError as exc:
+            raise UsageError(str(exc)) from None
+        ns[args.to] = report.model
+        print(report.table())
+        print(f"quantized model stored in {args.to!r}")

@@ -1,0 +1,269 @@
+"""Quantize a model by scheme and engine, and measure what it cost and saved.
+
+``quantize(model, scheme, engine="auto", example=x)`` returns a
+:class:`QuantizeReport`: the quantized copy (``report.model``; the original is
+left alone), serialized size before/after, median latency before/after on
+``example``, max-abs and relative output error, and the engine that ran.
+
+Schemes and the engines that run them:
+
+=============  =========================================  ==============================
+scheme         torch-ao (``quantize_dynamic``)            torchao 0.18 (``quantize_``)
+=============  =========================================  ==============================
+int8-dynamic   yes — the CPU fast path (``auto`` on CPU)  Int8DynamicActivationInt8Weight
+int8-weight    no                                         Int8WeightOnly
+int4-weight    no                                         Int4WeightOnly on CUDA;
+                                                          IntxWeightOnly(int4) on CPU
+fp8-weight     no                                         Float8WeightOnly
+fp8-dynamic    no                                         Float8DynamicActivationFloat8Weight,
+                                                          CUDA compute capability >= 8.9 only
+=============  =========================================  ==============================
+
+On CPU, int4 weights are stored one value per byte (torchao's
+``IntxUnpackedToInt8Tensor``), so they are no smaller than int8; fp8 weights are
+stored as float8 and widened for every matmul (smaller, not faster).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import logging
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight", "fp8-weight", "fp8-dynamic")
+ENGINES = ("auto", "torch-ao", "torchao")
+TORCHAO_PIN = "torchao==0.18.0"
+
+
+class QuantizeError(ValueError):
+    """The scheme, engine or hardware cannot do this; the message says what to do instead."""
+
+
+@dataclass
+class QuantizeReport:
+    scheme: str
+    engine: str
+    size_before: int  # bytes of the serialized state_dict
+    size_after: int
+    latency_before_s: float  # median over `runs` calls on the example
+    latency_after_s: float
+    max_abs_error: float
+    relative_error: float  # ||q(x) - m(x)|| / ||m(x)||
+    runs: int
+    device: str
+    notes: list[str] = field(default_factory=list)
+    model: torch.nn.Module | None = field(default=None, repr=False)
+
+    @property
+    def size_ratio(self) -> float:
+        """How many times smaller the quantized model is (before / after)."""
+        return self.size_before / self.size_after if self.size_after else float("nan")
+
+    @property
+    def speedup(self) -> float:
+        """How many times faster the quantized model is (before / after)."""
+        return self.latency_before_s / self.latency_after_s if self.latency_after_s else float("nan")
+
+    def table(self) -> str:
+        rows = [
+            ("", "before", "after", "ratio"),
+            ("size", _mib(self.size_before), _mib(self.size_after),
+             _ratio(self.size_ratio, "smaller", "larger")),
+            (f"latency (median of {self.runs})", _ms(self.latency_before_s),
+             _ms(self.latency_after_s), _ratio(self.speedup, "faster", "slower")),
+        ]
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines = [f"{self.scheme} with engine {self.engine} on {self.device}"]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.append(f"output error: max-abs {self.max_abs_error:.3g}, relative {self.relative_error:.3g}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _ratio(r: float, better: str, worse: str) -> str:
+    return f"{r:.2f}x {better}" if r >= 1 or r != r else f"{1 / r:.2f}x {worse}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3f} ms"
+
+
+def serialized_size(model: torch.nn.Module) -> int:
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    return buf.tell()
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    for t in model.parameters():
+        return t.device
+    return torch.device("cpu")
+
+
+def _check_hardware(scheme: str, device: torch.device) -> None:
+    if scheme != "fp8-dynamic":
+        return
+    if device.type != "cuda":
+        raise QuantizeError(
+            f"fp8-dynamic needs an NVIDIA GPU with compute capability >= 8.9 (Ada, Hopper or "
+            f"newer) and the model on it; this model is on {device.type}. On CPU use "
+            f"int8-dynamic (fastest) or fp8-weight (smaller)")
+    cap = torch.cuda.get_device_capability(device)
+    if cap < (8, 9):
+        raise QuantizeError(f"fp8-dynamic needs compute capability >= 8.9; "
+                            f"{torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}. "
+                            f"Use int8-dynamic or int8-weight on this GPU")
+
+
+def resolve_engine(scheme: str, engine: str, device: torch.device) -> str:
+    if scheme not in SCHEMES:
+        raise QuantizeError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    if engine not in ENGINES:
+        raise QuantizeError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if engine == "auto":
+        # quantize_dynamic is the fastest int8-dynamic path on CPU; torchao everywhere else.
+        engine = "torch-ao" if scheme == "int8-dynamic" and device.type == "cpu" else "torchao"
+    if engine == "torch-ao" and scheme != "int8-dynamic":
+        raise QuantizeError(f"engine torch-ao (torch.ao quantize_dynamic) only does int8-dynamic; "
+                            f"use engine torchao (or auto) for {scheme}")
+    if engine == "torch-ao" and device.type != "cpu":
+        raise QuantizeError(f"engine torch-ao (quantize_dynamic) runs on CPU only; the model is "
+                            f"on {device.type}: use engine torchao, or model.cpu()")
+    return engine
+
+
+def _import_torchao():
+    # torchao's import reports optional GPU kernels it cannot load and a torch
+    # deprecation; none of it is the user's business in a notebook.
+    noisy = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [log.level for log in noisy]
+    try:
+        for log in noisy:
+            log.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torchao.quantization as tq
+    except ImportError:
+        raise QuantizeError(f"engine torchao is not installed; pip install --no-deps "
+                            f"{TORCHAO_PIN}, or use --engine torch-ao for int8-dynamic") from None
+    finally:
+        for log, level in zip(noisy[1:], levels[1:]):  # torchao's own logger stays quiet
+            log.setLevel(level)
+    return tq
+
+
+def _torchao_config(scheme: str, device: torch.device, notes: list[str]):
+    tq = _import_torchao()
+    if scheme == "int8-dynamic":
+        return tq.Int8DynamicActivationInt8WeightConfig()
+    if scheme == "int8-weight":
+        return tq.Int8WeightOnlyConfig()
+    if scheme == "int4-weight":
+        if device.type == "cuda":
+            return tq.Int4WeightOnlyConfig(group_size=128)
+        from torchao.quantization.granularity import PerGroup
+
+        notes.append("int4 on CPU: IntxWeightOnly stores one int4 value per byte, "
+                     "so the size is that of int8")
+        return tq.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
+    if scheme == "fp8-weight":
+        if device.type != "cuda":
+            notes.append("fp8 weights on CPU are stored as float8_e4m3 and widened for every "
+                         "matmul: smaller, not faster")
+        return tq.Float8WeightOnlyConfig()
+    return tq.Float8DynamicActivationFloat8WeightConfig()
+
+
+def _apply(model: torch.nn.Module, scheme: str, engine: str, device: torch.device,
+           notes: list[str]) -> torch.nn.Module:
+    if engine == "torch-ao":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated in favour of torchao, still the fastest
+            return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    config = _torchao_config(scheme, device, notes)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _import_torchao().quantize_(model, config)
+    except (ImportError, NotImplementedError, AssertionError, RuntimeError) as exc:
+        raise QuantizeError(f"torchao cannot run {scheme} on {device.type} here: "
+                            f"{type(exc).__name__}: {exc}") from exc
+    return model
+
+
+def _outputs(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    return [t for t in out if isinstance(t, torch.Tensor)]
+
+
+def _call(model, example):
+    return model(*example) if isinstance(example, tuple) else model(example)
+
+
+def median_latency(model: torch.nn.Module, example, runs: int = 20, warmup: int = 3) -> float:
+    with torch.inference_mode():
+        for _ in range(warmup):
+            _call(model, example)
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            _call(model, example)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def quantize(model: torch.nn.Module, scheme: str, engine: str = "auto", example=None,
+             runs: int = 20) -> QuantizeReport:
+    """Quantize a copy of ``model`` with ``scheme`` and measure it on ``example``."""
+    if not isinstance(model, torch.nn.Module):
+        raise QuantizeError(f"expected a torch.nn.Module to quantize, got {type(model).__name__}")
+    if example is None:
+        raise QuantizeError("an example input is needed to measure latency and error "
+                            "(a tensor, or a tuple of tensors for several inputs)")
+    if isinstance(example, list):
+        example = tuple(example)
+    if not isinstance(example, (torch.Tensor, tuple)):
+        raise QuantizeError(f"example must be a tensor or a tuple of tensors, "
+                            f"got {type(example).__name__}")
+    if not any(isinstance(m, torch.nn.Linear) for m in model.modules()):
+        raise QuantizeError("nothing to quantize: the model has no torch.nn.Linear layers")
+    device = _device(model)
+    engine = resolve_engine(scheme, engine, device)
+    _check_hardware(scheme, device)
+
+    model = model.eval()
+    notes: list[str] = []
+    with torch.inference_mode():
+        reference = _outputs(_call(model, example))
+    quantized = _apply(copy.deepcopy(model), scheme, engine, device, notes).eval()
+    with torch.inference_mode():
+        got = _outputs(_call(quantized, example))
+    diff = torch.cat([(g.float() - r.float()).flatten() for g, r in zip(got, reference)])
+    ref = torch.cat([r.float().flatten() for r in reference])
+    return QuantizeReport(
+        scheme=scheme,
+        engine=engine,
+        size_before=serialized_size(model),
+        size_after=serialized_size(quantized),
+        latency_before_s=median_latency(model, example, runs),
+        latency_after_s=median_latency(quantized, example, runs),
+        max_abs_error=diff.abs().max().item() if diff.numel() else 0.0,
+        relative_error=(diff.norm() / ref.norm()).item() if ref.norm() > 0 else diff.norm().item(),
+        runs=runs,
+        device=str(device),
+        notes=notes,
+        model=quantized,
+    )
