@@ -1,4 +1,7 @@
-"""``%gpulab``: what slice this server holds (status) and what the magics are (help)."""
+"""``%gpulab``: this server's slice (status), the magics (help), and subcommands.
+
+``%gpulab dashboard`` and ``%gpulab nettest`` live in :mod:`.dashboard`.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,12 @@ from IPython.core.magic import Magics, line_magic, magics_class
 HELP = """gpulab magics
   %gpulab            this server's GPU slice and the gpulab API address
   %gpulab help       this text
+  %gpulab dashboard  live Cluster / Cache / Network / Jobs panel
+                     (same as: from gpulab.widgets import Dashboard; Dashboard())
+  %gpulab nettest [--size BYTES] [--iters N] [--nproc N] [--warmup N] [--no-report]
+                     all-reduce probe under torchrun (gloo on CPU, NCCL on GPUs):
+                     prints algbw = size/time and busbw = algbw*2(n-1)/n (nccl-tests),
+                     and records it for the dashboard's Network tab
 """
 
 
@@ -29,8 +38,17 @@ class GpuLabMagics(Magics):
     @line_magic
     def gpulab(self, line: str = ""):
         """Show this server's GPU slice; `%gpulab help` lists the magics."""
-        if line.strip() in ("help", "-h", "--help"):
+        command, _, rest = line.strip().partition(" ")
+        if command in ("help", "-h", "--help"):
             print(HELP)
+            return
+        if command in ("dashboard", "nettest"):
+            from . import dashboard
+
+            if command == "dashboard":
+                dashboard.dashboard(rest)
+            else:
+                dashboard.nettest(rest)
             return
         if line.strip():
             print(f"unknown %gpulab command {line.strip()!r}\n\n{HELP}")

@@ -1,0 +1,117 @@
+"""The live dashboard in JupyterLab in a real Chromium: it draws, and keeps drawing
+while the kernel is busy in another cell."""
+
+import os
+import re
+import time
+
+import pytest
+from hubproc import RunningHub
+from playwright.sync_api import expect
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+# Points in every plotly graph on the page, and each cell's execution prompt
+# ("[*]:" while it runs), read in one go so the two belong to the same moment.
+READ_PAGE = """() => {
+  const plots = Array.from(document.querySelectorAll('.gpulab-dashboard .js-plotly-plot'));
+  const points = plots.map(gd => (gd.data || []).reduce(
+      (n, t) => n + ((t.x && t.x.length) || 0), 0)).reduce((a, b) => a + b, 0);
+  const prompts = Array.from(document.querySelectorAll(
+      '.jp-Notebook .jp-Cell .jp-InputArea-prompt')).map(e => e.textContent.trim());
+  return {points, prompts};
+}"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    h = RunningHub(tmp_path_factory.mktemp("dash-hub"), simulate="2xA100-80GB")
+    yield h
+    h.stop()
+
+
+def wait_page(page, predicate, timeout=180.0, what="the page"):
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        state = page.evaluate(READ_PAGE)
+        if predicate(state):
+            return state
+        page.wait_for_timeout(250)
+    raise AssertionError(f"timed out waiting for {what}; last seen {state}")
+
+
+def run_cell(page, code):
+    page.keyboard.type(code)
+    page.keyboard.press("Shift+Enter")
+
+
+def quiet_lab(home):
+    """JupyterLab's "get notified about news?" toast would cover the screenshots."""
+    path = home / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+
+
+def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, artifacts_dir):
+    hub.create_user("alice")
+    quiet_lab(hub.data_dir / "home" / "alice")
+    assert hub.spawn("alice", {"gpu_milli": 250}).status_code in (201, 202)
+    hub.wait_server("alice")
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1500})
+    page.set_default_timeout(120_000)
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", "alice")
+    page.fill("#password_input", (hub.data_dir / "user-password").read_text().strip())
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
+    page.goto(f"{hub.url}/user/alice/lab")
+    page.locator(".jp-LauncherCard", has_text="Python 3 (gpulab)").first.click()
+    expect(page.get_by_text("| Idle")).to_be_visible(timeout=120_000)
+    page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
+
+    run_cell(page, "from gpulab.widgets import Dashboard; d = Dashboard(); d")
+    board = page.locator(".gpulab-dashboard")
+    expect(board.locator(".js-plotly-plot").first).to_be_visible(timeout=180_000)
+    expect(board).to_contain_text("gpu missing on", timeout=60_000)
+    expect(board).to_contain_text("no NVIDIA driver")
+    wait_page(page, lambda s: s["points"] > 0, what="points in the plot")
+    board.screenshot(path=os.path.join(artifacts_dir, "dashboard-cluster.png"))
+
+    run_cell(page, "import time; time.sleep(8)")
+    busy = wait_page(page, lambda s: len(s["prompts"]) >= 2 and "*" in s["prompts"][1],
+                     timeout=60, what="the sleeping cell to start")
+    # The plot must grow while the second cell still runs: same read, both facts.
+    grown = wait_page(page, lambda s: "*" not in s["prompts"][1] or s["points"] > busy["points"],
+                      timeout=60, what="the plot to grow or the cell to finish")
+    assert "*" in grown["prompts"][1], (
+        f"the sleeping cell finished before the plot grew: {busy} -> {grown}")
+    assert grown["points"] > busy["points"]
+    board.screenshot(path=os.path.join(artifacts_dir, "dashboard-while-busy.png"))
+    wait_page(page, lambda s: "*" not in s["prompts"][1], timeout=60,
+              what="the sleeping cell to finish")
+
+    for tab, text in (("Network", "rdma missing on"), ("Cache", "cache missing on"),
+                      ("Jobs", "no jobs to show")):
+        board.locator(".lm-TabBar-tab", has_text=tab).click()
+        expect(board).to_contain_text(text, timeout=60_000)
+        page.wait_for_timeout(1500)  # let plotly finish laying out the newly shown graph
+        board.screenshot(path=os.path.join(artifacts_dir, f"dashboard-{tab.lower()}.png"))
+
+    # After a page reload the kernel's live dashboard still holds its history:
+    # showing it again draws every point it had, and it keeps updating.
+    board.locator(".lm-TabBar-tab", has_text="Cluster").click()
+    before = wait_page(page, lambda s: s["points"] > 0, what="points before the reload")
+    page.reload()
+    expect(page.get_by_text("| Idle")).to_be_visible(timeout=120_000)
+    page.locator(".jp-Notebook .jp-Cell .cm-content").last.click()
+    run_cell(page, "d")
+    expect(page.locator(".gpulab-dashboard .js-plotly-plot").first).to_be_visible(
+        timeout=180_000)
+    after = wait_page(page, lambda s: s["points"] > before["points"],
+                      what="the reloaded page to show the kept history and new points")
+    assert after["points"] > before["points"]
+    page.locator(".gpulab-dashboard").screenshot(
+        path=os.path.join(artifacts_dir, "dashboard-after-reload.png"))
+    page.close()

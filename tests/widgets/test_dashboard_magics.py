@@ -1,0 +1,102 @@
+"""The all-reduce probe under real torchrun, and the `%gpulab` subcommands end to end."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from gpulab.training.allreduce_probe import RESULT_PREFIX, bus_factor, parse_size
+
+
+def torchrun(nproc, *args, timeout=300):
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "-m", "gpulab.training.allreduce_probe", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_probe_reports_nccl_tests_bandwidths(nproc, tmp_path):
+    out = tmp_path / "r.json"
+    p = torchrun(nproc, "--size", "64K,1M", "--iters", "5", "--warmup", "2",
+                 "--json-out", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    results = json.loads(out.read_text())
+    printed = [json.loads(line[len(RESULT_PREFIX):]) for line in p.stdout.splitlines()
+               if line.startswith(RESULT_PREFIX)]
+    assert printed == results  # rank 0 only, once per size
+    assert [r["size_bytes"] for r in results] == [65536, 2**20]
+    for r in results:
+        assert r["world_size"] == nproc and r["backend"] == "gloo" and r["iters"] == 5
+        assert r["time_s"] > 0
+        # nccl-tests: algbw = size / time; busbw = algbw * 2(n-1)/n.
+        assert math.isclose(r["algbw_bytes_per_second"], r["size_bytes"] / r["time_s"])
+        assert math.isclose(r["busbw_bytes_per_second"],
+                            r["algbw_bytes_per_second"] * 2 * (nproc - 1) / nproc)
+    assert bus_factor(3) == pytest.approx(4 / 3)
+
+
+def test_probe_refuses_to_run_outside_torchrun():
+    p = subprocess.run([sys.executable, "-m", "gpulab.training.allreduce_probe"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "torchrun" in p.stderr
+    assert parse_size("64K") == 65536 and parse_size("1M") == 2**20
+    with pytest.raises(ValueError, match="expected bytes"):
+        parse_size("lots")
+
+
+@pytest.fixture
+def shell(hub, tokens, monkeypatch):
+    """An IPython shell with the environment a gpulab server gives alice's kernel."""
+    monkeypatch.setenv("GPULAB_API_URL", hub.api)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", tokens["alice"])
+    ip = InteractiveShell.instance()
+    ip.extension_manager.load_extension("gpulab.magics")
+    return ip
+
+
+def test_nettest_magic_measures_and_records(shell, clients, capsys):
+    shell.run_line_magic("gpulab", "nettest --size 256K --iters 5 --nproc 2")
+    out = capsys.readouterr().out
+    assert "busbw" in out and "algbw * 1.000" in out and "recorded" in out, out
+    runs = [r for r in clients["alice"].telemetry()["allreduce"]
+            if r["user"] == "alice" and r["size_bytes"] == 262144]
+    assert runs and runs[-1]["world_size"] == 2 and runs[-1]["backend"] == "gloo"
+    assert runs[-1]["busbw_bytes_per_second"] == pytest.approx(
+        runs[-1]["algbw_bytes_per_second"])  # n = 2: factor 1
+    assert not [r for r in clients["bob"].telemetry()["allreduce"] if r["user"] == "alice"]
+
+
+def test_help_and_bad_arguments(shell, capsys):
+    shell.run_line_magic("gpulab", "help")
+    out = capsys.readouterr().out
+    assert "%gpulab dashboard" in out and "%gpulab nettest" in out
+    shell.run_line_magic("gpulab", "nettest --iters 0")
+    assert "usage: %gpulab nettest" in capsys.readouterr().out
+    shell.run_line_magic("gpulab", "nettest --sizes 1M")
+    assert "unknown argument(s) --sizes" in capsys.readouterr().out
+    shell.run_line_magic("gpulab", "")
+    assert "API:" in capsys.readouterr().out
+
+
+def test_dashboard_magic_shows_a_live_dashboard(shell, capsys, wait_for):
+    from ipywidgets.widgets.widget import _instances
+
+    from gpulab.widgets import Dashboard
+
+    before = {id(w) for w in _instances.values()}
+    shell.run_line_magic("gpulab", "dashboard")
+    boards = [w for w in list(_instances.values())
+              if isinstance(w, Dashboard) and id(w) not in before]
+    assert len(boards) == 1
+    board = boards[0]
+    try:
+        wait_for(lambda: board.model.answers >= 1, what="the magic's dashboard to update")
+        assert board.error is None
+        assert [s["user"] for s in board.model.slices] == ["alice"]  # alice's token, as served
+    finally:
+        board.close()
+    shell.run_line_magic("gpulab", "dashboard now")
+    assert "takes no arguments" in capsys.readouterr().out

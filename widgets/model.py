@@ -1,0 +1,161 @@
+"""What the dashboard knows: telemetry answers turned into bounded numpy history.
+
+``TelemetryModel.ingest(answer)`` takes one ``GET /telemetry`` answer (the
+shape ``gpulab.client`` returns). The first answer (``since`` unset) carries
+the service's recent history, so a new dashboard, or one after a page reload,
+starts with the last minutes already drawn. Everything is kept as served: a
+user's answer holds their own slices and totals, an admin's everyone's with
+names; the model never widens or narrows that.
+
+A value a source did not report stays NaN (a gap in a plot), and a source a
+node lacks is listed in ``missing`` with the reason: the dashboard says "no
+GPU driver" rather than drawing zeros.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .history import Ring, number
+
+GPU_COLUMNS = ("utilization_ratio", "memory_used_bytes", "memory_total_bytes",
+               "temperature_celsius", "power_watts")
+RATE_COLUMNS = ("rx_bytes_per_second", "tx_bytes_per_second")
+CACHE_COLUMNS = ("hit_ratio", "bytes_from_cache", "bytes_from_remote", "prefetch_ahead",
+                 "evictions", "used", "capacity")
+JOB_COLUMNS = ("step", "loss", "samples_per_second")
+SOURCES = ("gpu", "nic", "rdma", "cache")
+
+#: A node whose newest sample is older than this (against the newest of any node)
+#: no longer holds back the ``since`` cursor: a dead agent must not make every
+#: later answer carry minutes of the other nodes' samples again.
+STALE_NODE_S = 30.0
+
+
+def _shown_nics(nics: list[dict]) -> list[dict]:
+    """Physical NICs; a node with none (a VM, a network namespace) shows its up virtual ones."""
+    physical = [n for n in nics if not n.get("virtual")]
+    if physical:
+        return physical
+    return [n for n in nics if n.get("device") != "lo" and n.get("operstate") == "up"]
+
+
+class TelemetryModel:
+    def __init__(self, max_age_s: float = 600.0, capacity: int = 900):
+        self.max_age_s = float(max_age_s)
+        self.capacity = int(capacity)
+        self.gpus: dict[tuple[str, str], Ring] = {}
+        self.nics: dict[tuple[str, str], Ring] = {}
+        self.rdma: dict[tuple[str, str], Ring] = {}
+        self.cache: dict[str, Ring] = {}
+        self.allocated: dict[tuple[str, str], Ring] = {}
+        self.job_history: dict[str, Ring] = {}
+        self.missing: dict[str, dict[str, str]] = {}
+        self.latest: dict[str, dict] = {}
+        self.inventory: dict = {"nodes": []}
+        self.slices: list[dict] = []
+        self.free_sizes: dict[str, list[dict]] = {}
+        self.jobs: list[dict] = []
+        self.allreduce: list[dict] = []
+        self.now: float | None = None
+        self.interval_s: float = 1.0
+        self.answers = 0
+        self._last_ts: dict[str, float] = {}
+
+    # -- reading answers -------------------------------------------------------
+    def cursor(self) -> float | None:
+        """The ``since`` to ask for next: the oldest newest-sample of the live nodes."""
+        if not self._last_ts:
+            return None
+        newest = max(self._last_ts.values())
+        return min(t for t in self._last_ts.values() if t >= newest - STALE_NODE_S)
+
+    def ingest(self, answer: dict) -> int:
+        """Take one telemetry answer; return how many new node samples it carried."""
+        self.answers += 1
+        self.now = number(answer.get("now"))
+        self.interval_s = number(answer.get("interval_s")) or 1.0
+        added = 0
+        for node, entry in (answer.get("nodes") or {}).items():
+            self.missing[node] = dict(entry.get("missing") or {})
+            last = self._last_ts.get(node, -math.inf)
+            for sample in sorted(entry.get("samples") or [], key=lambda s: s.get("ts", 0)):
+                ts = number(sample.get("ts"))
+                if not ts > last:  # already seen (the cursor overlaps for slower nodes)
+                    continue
+                self._add_sample(node, ts, sample)
+                last = ts
+                added += 1
+            if last > -math.inf:
+                self._last_ts[node] = last
+        self.inventory = answer.get("inventory") or {"nodes": []}
+        self.slices = list(answer.get("slices") or [])
+        self.free_sizes = dict(answer.get("free_sizes") or {})
+        self.jobs = [j for j in answer.get("jobs") or [] if isinstance(j, dict)]
+        self.allreduce = sorted((r for r in answer.get("allreduce") or [] if isinstance(r, dict)),
+                                key=lambda r: number(r.get("ts")))
+        if not math.isnan(self.now):
+            self._add_snapshot(self.now)
+        return added
+
+    def _ring(self, table: dict, key, width: int) -> Ring:
+        ring = table.get(key)
+        if ring is None:
+            ring = table[key] = Ring(self.capacity, width)
+        return ring
+
+    def _add_sample(self, node: str, ts: float, sample: dict) -> None:
+        self.latest[node] = sample
+        for gpu in sample.get("gpus") or []:
+            key = (node, f"GPU {gpu.get('index')}")
+            self._ring(self.gpus, key, len(GPU_COLUMNS)).append(
+                ts, [gpu.get(c) for c in GPU_COLUMNS])
+        for nic in _shown_nics(sample.get("nics") or []):
+            self._ring(self.nics, (node, str(nic.get("device"))), 2).append(
+                ts, [nic.get(c) for c in RATE_COLUMNS])
+        for port in sample.get("rdma") or []:
+            key = (node, f"{port.get('device')}/{port.get('port')}")
+            self._ring(self.rdma, key, 2).append(ts, [port.get(c) for c in RATE_COLUMNS])
+        cache = sample.get("cache")
+        if isinstance(cache, dict):
+            self._ring(self.cache, node, len(CACHE_COLUMNS)).append(
+                ts, [cache.get(c) for c in CACHE_COLUMNS])
+
+    def _add_snapshot(self, now: float) -> None:
+        """Slices held and job progress are states, not samples: record them as of ``now``."""
+        for node in self.inventory.get("nodes") or []:
+            for gpu in node.get("gpus") or []:
+                key = (node.get("name"), f"GPU {gpu.get('index')}")
+                self._ring(self.allocated, key, 1).append(now, [gpu.get("allocated_milli")])
+        for job in self.jobs:
+            key = str(job.get("name") or job.get("id"))
+            self._ring(self.job_history, key, len(JOB_COLUMNS)).append(
+                now, [job.get(c) for c in JOB_COLUMNS])
+
+    # -- what the figures read -------------------------------------------------
+    def window_start(self) -> float | None:
+        """Oldest time shown: ``max_age_s`` before the newest answer."""
+        return None if self.now is None or math.isnan(self.now) else self.now - self.max_age_s
+
+    def series(self, table: dict) -> list[tuple]:
+        """(key, t, values) per series of ``table`` within the window, in key order."""
+        since = self.window_start()
+        out = []
+        for key in sorted(table, key=str):
+            t, v = table[key].arrays(since)
+            out.append((key, t, v))
+        return out
+
+    def missing_sources(self, *sources: str) -> dict[str, dict[str, str]]:
+        """{source: {node: reason}} for the given sources, nodes that lack them only."""
+        out: dict[str, dict[str, str]] = {}
+        for node, reasons in sorted(self.missing.items()):
+            for source in sources:
+                if source in reasons:
+                    out.setdefault(source, {})[node] = reasons[source]
+        return out
+
+    def points(self) -> int:
+        """Points held across every series (what the browser test watches grow)."""
+        tables = (self.gpus, self.nics, self.rdma, self.cache, self.allocated, self.job_history)
+        return sum(len(r) for table in tables for r in table.values())
