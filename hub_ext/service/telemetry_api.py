@@ -68,6 +68,7 @@ class TelemetryHandler(APIHandler):
         jobs = svc.job_summaries(mine) if hasattr(svc, "job_summaries") else []
         self.write_json({
             "now": time.time(), "interval_s": svc.sample_interval, "nodes": nodes,
+            "you": {"name": who.name, "admin": who.admin},
             "inventory": svc.inventory(), "slices": slices, "free_sizes": free,
             "jobs": jobs, "allreduce": allreduce,
         })
