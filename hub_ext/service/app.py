@@ -112,8 +112,9 @@ class GpuLabService(Application):
     ).tag(config=True)
 
     policy = Unicode(
-        "best-fit",
-        help="""Placement policy (see `gpulab.scheduler.policy.policy_names()`).
+        "gpulab",
+        help="""Placement policy (see `gpulab.scheduler.policy.policy_names()`): gpulab's
+        fragmentation-aware default, or best-fit, fgd, packing, dot-product, random.
 
         c.GpuLabService.policy = "best-fit"
         """,

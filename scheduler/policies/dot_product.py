@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..policy import Cluster, Placement, PlacementPolicy, Request, register_policy
-from .choice import NodeOrder, MAX_NODE_SCORE, MAX_SPEC_CPU, MAX_SPEC_GPU, pick_top, tightest_gpus
+from .choice import MAX_NODE_SCORE, MAX_SPEC_CPU, MAX_SPEC_GPU, NodeOrder, pick_top, tightest_gpus
 
 
 def dot_product_scores(cluster: Cluster, request: Request) -> np.ndarray:

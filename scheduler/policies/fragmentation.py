@@ -166,6 +166,16 @@ class FragState:
         self.usable = np.zeros((n, len(self.tables.thresholds)), dtype=np.int64)
         self.fitting = np.zeros((n, len(self.tables.thresholds)), dtype=np.int64)
         self.frag = np.zeros(n)
+        # A node's fragmentation after a placement depends only on its state
+        # and the GPUs used, and many nodes share a state (all the untouched
+        # ones of a kind), so candidates are scored once per distinct
+        # (state, GPUs used). A random 64-bit hash names each state.
+        width = 2 + 2 * len(self.tables.thresholds)
+        mixer = np.random.default_rng(0x6770756C6162)
+        self._mult = mixer.integers(1, 2**62, size=width + 1, dtype=np.int64) | 1
+        access = self.tables.access.astype(np.int64)
+        self._static = (access * mixer.integers(1, 2**62, size=access.shape[1], dtype=np.int64)).sum(axis=1)
+        self.signature = np.zeros(n, dtype=np.int64)
         self._recompute(np.arange(n))
 
     def sync(self) -> None:
@@ -189,6 +199,11 @@ class FragState:
         self.frag[rows] = self._frag(
             rows, c.cpu_free[rows], self.free_total[rows], self.usable[rows], self.fitting[rows]
         )
+        state = np.column_stack(
+            [c.cpu_free[rows], self.free_total[rows], self.usable[rows], self.fitting[rows]]
+        )
+        with np.errstate(over="ignore"):
+            self.signature[rows] = (state * self._mult[:-1]).sum(axis=1) + self._static[rows]
 
     def _frag(self, nodes, cpu, total, usable, fitting) -> np.ndarray:
         t = self.tables
@@ -199,8 +214,18 @@ class FragState:
     def after(self, nodes: np.ndarray, used: np.ndarray, share: int, cpu: int) -> np.ndarray:
         """Fragmentation of ``nodes`` after each takes ``share`` milli from GPUs whose
         free milli is ``used`` (C, m) and ``cpu`` milli-CPU; one row per candidate."""
-        t = self.tables
         used = np.asarray(used, dtype=np.int64)
+        if len(nodes) < 64:
+            return self._after(nodes, used, share, cpu)
+        key = self.signature[nodes].copy()
+        with np.errstate(over="ignore"):
+            for column in np.sort(used, axis=1).T:  # the GPUs used, as a multiset
+                key = key * self._mult[-1] + column
+        _, first, back = np.unique(key, return_index=True, return_inverse=True)
+        return self._after(nodes[first], used[first], share, cpu)[back]
+
+    def _after(self, nodes: np.ndarray, used: np.ndarray, share: int, cpu: int) -> np.ndarray:
+        t = self.tables
         left = used - share
         th = t.thresholds[None, None, :]
         before_fit = used[:, :, None] >= th

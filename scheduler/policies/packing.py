@@ -18,7 +18,7 @@ import numpy as np
 
 from ..policy import Cluster, Placement, PlacementPolicy, Request, register_policy
 from ..slices import MILLI_PER_GPU
-from .choice import NodeOrder, MAX_NODE_SCORE, pick_top, tightest_gpus
+from .choice import MAX_NODE_SCORE, NodeOrder, pick_top, tightest_gpus
 
 
 def packing_scores(cluster: Cluster, request: Request) -> np.ndarray:

@@ -1,0 +1,38 @@
+"""The jobs table: one row per training job, from submit to its end.
+
+The spec itself (code, variables) lives in the job's directory; the row holds
+what the queue and the API need. It shares :data:`.db.metadata`, so
+:func:`.db.make_engine` creates it with the ledger's table.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, DateTime, Index, Integer, String, Table, Text
+
+from .db import metadata
+
+STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+jobs = Table(
+    "gpulab_jobs",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("user", String(255), nullable=False),
+    Column("name", String(63), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("priority", Integer, nullable=False, default=0),
+    Column("backend", String(32), nullable=False),
+    Column("nodes", Integer, nullable=False),
+    Column("nproc_per_node", Integer, nullable=False),
+    Column("gpu_milli", Integer, nullable=False),  # per rank
+    Column("submitted", DateTime(timezone=True), nullable=False),
+    Column("started", DateTime(timezone=True)),
+    Column("finished", DateTime(timezone=True)),
+    # Why it waits (queued) or how it ended (finished); for people.
+    Column("message", Text, nullable=False, default=""),
+    Column("error", Text),  # JSON: {"rank", "type", "message", "traceback"}
+    Column("restarts", Integer, nullable=False, default=0),
+    Index("ix_jobs_state", "state"),
+    Index("ix_jobs_user", "user"),
+)

@@ -1,0 +1,140 @@
+"""The job queue: priority first, then first come first served; all-or-nothing starts.
+
+A job needs one slice per rank. :meth:`JobQueue.admit` walks the queued jobs
+in order and asks the ledger for each job's ranks as one gang
+(:meth:`~.ledger.Ledger.allocate_gang`), so a job either holds every slice it
+needs or none. When the cluster has no room for the job at the head, the jobs
+behind it wait too (no backfilling): a large job is never starved by a stream
+of small ones. A job that only waits for its owner's quota (their other
+servers and jobs) does not hold up other users' jobs.
+
+A job whose slices exceed its owner's quota *limit* could never start, even on
+an empty cluster; :func:`never_fits` says so at submit time and it is refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Callable, Mapping
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.engine import Engine
+
+from .db import utcnow
+from .jobs_db import TERMINAL, jobs
+from .ledger import Ledger, NoCapacity
+from .quota import QuotaExceeded, Quotas
+
+
+def never_fits(quotas: Quotas, user: str, milli: int,
+               groups: Mapping[str, set[str]]) -> str | None:
+    """Why a request of ``milli`` can never fit the user's or a group's quota, if so."""
+    if milli == 0:
+        return None
+    limit = quotas.user_limit(user)
+    if limit is not None and milli > limit:
+        return (f"over your quota: the job needs {milli} milli-GPU in all and your quota is "
+                f"{limit}; use fewer ranks or a smaller --gpu, or ask an admin for more")
+    for group in sorted(groups):
+        glimit = quotas.group_milli.get(group)
+        if glimit is not None and milli > glimit:
+            return (f"over the quota of group {group!r}: the job needs {milli} milli-GPU "
+                    f"in all and the group's quota is {glimit}")
+    return None
+
+
+def _row(r) -> dict:
+    d = dict(r._mapping)
+    for k in ("submitted", "started", "finished"):
+        if d[k] is not None:
+            if d[k].tzinfo is None:  # SQLite drops the zone; we only store UTC
+                d[k] = d[k].replace(tzinfo=dt.timezone.utc)
+            d[k] = d[k].isoformat()
+    d["error"] = json.loads(d["error"]) if d["error"] else None
+    return d
+
+
+class JobQueue:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    # -- rows ----------------------------------------------------------------------
+    def add(self, job: dict) -> dict:
+        row = {"state": "queued", "priority": 0, "message": "", "restarts": 0,
+               "submitted": utcnow(), **job}
+        with self.engine.begin() as conn:
+            conn.execute(insert(jobs), [row])
+        return self.get(row["id"])
+
+    def get(self, job_id: str) -> dict | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        return _row(r) if r else None
+
+    def list(self, user: str | None = None, states: tuple[str, ...] | None = None) -> list[dict]:
+        q = select(jobs).order_by(jobs.c.submitted, jobs.c.id)
+        if user is not None:
+            q = q.where(jobs.c.user == user)
+        if states:
+            q = q.where(jobs.c.state.in_(states))
+        with self.engine.connect() as conn:
+            return [_row(r) for r in conn.execute(q)]
+
+    def update(self, job_id: str, **values) -> None:
+        if "error" in values and values["error"] is not None:
+            values["error"] = json.dumps(values["error"])
+        with self.engine.begin() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+
+    def finish(self, job_id: str, state: str, message: str = "", **values) -> bool:
+        """Move a job to a terminal state once; ``False`` if it already was in one."""
+        assert state in TERMINAL
+        with self.engine.begin() as conn:
+            done = conn.execute(update(jobs).where(
+                (jobs.c.id == job_id) & ~jobs.c.state.in_(TERMINAL)).values(
+                state=state, message=message, finished=utcnow(),
+                **{k: (json.dumps(v) if k == "error" and v is not None else v)
+                   for k, v in values.items()}))
+            return done.rowcount == 1
+
+    # -- order -----------------------------------------------------------------------
+    def queued(self) -> list[dict]:
+        q = (select(jobs).where(jobs.c.state == "queued")
+             .order_by(jobs.c.priority.desc(), jobs.c.submitted, jobs.c.id))
+        with self.engine.connect() as conn:
+            return [_row(r) for r in conn.execute(q)]
+
+    def position(self, job_id: str) -> int | None:
+        """1 for the next job to start; None when the job is not queued."""
+        for i, job in enumerate(self.queued(), 1):
+            if job["id"] == job_id:
+                return i
+        return None
+
+    def admit(self, ledger: Ledger, groups: Mapping[str, Mapping[str, set[str]]],
+              members: Callable[[dict], list[tuple[str, int]]]) -> list[tuple[dict, list[dict]]]:
+        """Start what fits, in order; return ``(job, allocation rows)`` for each admitted.
+
+        ``groups`` maps each queued job's user to their quota groups; ``members``
+        gives a job's ``(owner, milli)`` per rank. Admitted jobs are marked
+        ``running`` here, in the same pass, so no other pass admits them again.
+        """
+        admitted = []
+        for job in self.queued():
+            try:
+                rows = ledger.allocate_gang(job["user"], "job", members(job),
+                                            groups.get(job["user"], {}))
+            except NoCapacity as e:
+                self._wait(job, f"waiting for free GPUs: {e}")
+                break
+            except QuotaExceeded as e:
+                self._wait(job, f"waiting for quota: {e}")
+                continue
+            self.update(job["id"], state="running", started=utcnow(), message="starting")
+            admitted.append((self.get(job["id"]), rows))
+        return admitted
+
+    def _wait(self, job: dict, reason: str) -> None:
+        if job["message"] != reason:
+            self.update(job["id"], message=reason)
