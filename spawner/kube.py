@@ -30,7 +30,7 @@ from .kube_enforcement import (EnforcementError, GpuSlice, SlicePatch, backend_n
 from .kube_enforcement.base import without_gpu_annotations, without_gpu_resources
 from .kube_enforcement.kueue import queue_patch
 from .local import parse_user_options
-from .service_client import ServiceClient
+from .service_traits import GpuLabServiceMixin
 
 PROFILE_PREFIX = "gpu-"
 
@@ -90,29 +90,7 @@ def slice_from_allocations(allocations: list[dict], inventory: dict) -> GpuSlice
         simulated=any(a.get("simulated") for a in allocations))
 
 
-class FractionalKubeSpawner(KubeSpawner):
-    gpulab_api_url = Unicode(
-        help="""The gpulab service's API as the hub reaches it.
-
-        c.FractionalKubeSpawner.gpulab_api_url = "http://gpulab:10101/services/gpulab/api/v1"
-        """,
-    ).tag(config=True)
-
-    gpulab_public_api_url = Unicode(
-        help="""The gpulab API as single-user pods reach it (GPULAB_API_URL in their
-        environment). Default: gpulab_api_url.
-
-        c.FractionalKubeSpawner.gpulab_public_api_url = "http://proxy-public/services/gpulab/api/v1"
-        """,
-    ).tag(config=True)
-
-    gpulab_api_token = Unicode(
-        help="""The gpulab service's API token (lets the hub allocate for any user).
-
-        c.FractionalKubeSpawner.gpulab_api_token = os.environ["GPULAB_SERVICE_TOKEN"]
-        """,
-    ).tag(config=True)
-
+class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
     enforcement = Unicode(
         "hami",
         help="""How a slice is held on the cluster: hami, mig, mps, timeslice,
@@ -161,13 +139,6 @@ class FractionalKubeSpawner(KubeSpawner):
         return self._slice_options_from_form
 
     _slice_patch: SlicePatch | None = None
-
-    def _client(self) -> ServiceClient:
-        return ServiceClient(self.gpulab_api_url, self.gpulab_api_token, log=self.log)
-
-    @property
-    def _owner(self) -> str:
-        return f"{self.user.name}/{self.name}"
 
     async def _slice_profiles(self, spawner=None) -> list[dict]:
         availability = await self._client().request(

@@ -26,7 +26,7 @@ from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 
 from .enforcement import mps_pipe_directory, slice_env, strip_enforcement_vars
 from .form import render_form
-from .service_client import ServiceClient
+from .service_traits import GpuLabServiceMixin
 
 
 def _bad_options(message: str) -> web.HTTPError:
@@ -49,29 +49,7 @@ def parse_user_options(options: object) -> int:
         raise _bad_options(str(e)) from None
 
 
-class FractionalLocalSpawner(SimpleLocalProcessSpawner):
-    gpulab_api_url = Unicode(
-        help="""The gpulab service's API as the hub reaches it.
-
-        c.FractionalLocalSpawner.gpulab_api_url = "http://127.0.0.1:10101/services/gpulab/api/v1"
-        """,
-    ).tag(config=True)
-
-    gpulab_public_api_url = Unicode(
-        help="""The gpulab API as single-user servers reach it (GPULAB_API_URL in their
-        environment). Default: gpulab_api_url.
-
-        c.FractionalLocalSpawner.gpulab_public_api_url = "http://127.0.0.1:8000/services/gpulab/api/v1"
-        """,
-    ).tag(config=True)
-
-    gpulab_api_token = Unicode(
-        help="""The gpulab service's API token (lets the hub allocate for any user).
-
-        c.FractionalLocalSpawner.gpulab_api_token = os.environ["GPULAB_SERVICE_TOKEN"]
-        """,
-    ).tag(config=True)
-
+class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
     kernel_dir = Unicode(
         help="""Folder for the kernelspec that loads gpulab's magics in every kernel;
         put first on the servers' JUPYTER_PATH.
@@ -88,13 +66,6 @@ class FractionalLocalSpawner(SimpleLocalProcessSpawner):
     @default("options_form")
     def _options_form_default(self):
         return self._render_options_form
-
-    def _client(self) -> ServiceClient:
-        return ServiceClient(self.gpulab_api_url, self.gpulab_api_token, log=self.log)
-
-    @property
-    def _owner(self) -> str:
-        return f"{self.user.name}/{self.name}"
 
     async def _render_options_form(self, spawner):
         availability = await self._client().request(

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..policy import Cluster, Placement, PlacementPolicy, Request, register_policy
-from .choice import MAX_NODE_SCORE, MAX_SPEC_CPU, MAX_SPEC_GPU, NodeOrder, pick_top, tightest_gpus
+from ..policy import Cluster, Request, register_policy
+from .choice import MAX_NODE_SCORE, MAX_SPEC_CPU, MAX_SPEC_GPU, ScoredNodePolicy, tightest_gpus
 
 
 def pick_tightest_gpus(cluster: Cluster, node: int, request: Request) -> tuple[int, ...]:
@@ -29,14 +29,6 @@ def best_fit_scores(cluster: Cluster, request: Request) -> np.ndarray:
 
 
 @register_policy("best-fit")
-class BestFit(PlacementPolicy):
-    def __init__(self, workload=None, seed: int = 0):
-        super().__init__(workload, seed)
-        self.order = NodeOrder(self.rng)
-
-    def place(self, cluster: Cluster, request: Request) -> Placement | None:
-        feasible = cluster.feasible_nodes(request)
-        if not feasible.any():
-            return None
-        node = pick_top(best_fit_scores(cluster, request), feasible, self.order.of(len(feasible)))
-        return Placement(node, tightest_gpus(cluster, node, request))
+class BestFit(ScoredNodePolicy):
+    def scores(self, cluster: Cluster, request: Request) -> np.ndarray:
+        return best_fit_scores(cluster, request)

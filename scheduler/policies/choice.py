@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..policy import Cluster, Request
+from ..policy import Cluster, Placement, PlacementPolicy, Request
 from ..slices import MILLI_PER_GPU
 
 #: Kubernetes' node score range.
@@ -68,3 +68,24 @@ def random_gpus(cluster: Cluster, node: int, request: Request, rng: np.random.Ge
 def is_fraction(request: Request) -> bool:
     """One GPU, shared: the only shape whose GPU choice on a node matters for fit."""
     return request.num_gpu == 1 and request.gpu_milli < MILLI_PER_GPU
+
+
+class ScoredNodePolicy(PlacementPolicy):
+    """A policy that scores every node, takes the best feasible one (ties in a
+    fixed random node order, as the paper's simulator does) and the tightest
+    GPUs on it. Subclasses define :meth:`scores`."""
+
+    def __init__(self, workload=None, seed: int = 0):
+        super().__init__(workload, seed)
+        self.order = NodeOrder(self.rng)
+
+    def scores(self, cluster: Cluster, request: Request) -> np.ndarray:
+        """(N,) scores, higher is better."""
+        raise NotImplementedError
+
+    def place(self, cluster: Cluster, request: Request) -> Placement | None:
+        feasible = cluster.feasible_nodes(request)
+        if not feasible.any():
+            return None
+        node = pick_top(self.scores(cluster, request), feasible, self.order.of(len(feasible)))
+        return Placement(node, tightest_gpus(cluster, node, request))

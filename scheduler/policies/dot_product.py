@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..policy import Cluster, Placement, PlacementPolicy, Request, register_policy
-from .choice import MAX_NODE_SCORE, MAX_SPEC_CPU, MAX_SPEC_GPU, NodeOrder, pick_top, tightest_gpus
+from ..policy import Cluster, Request, register_policy
+from .choice import MAX_NODE_SCORE, MAX_SPEC_CPU, MAX_SPEC_GPU, ScoredNodePolicy
 
 
 def dot_product_scores(cluster: Cluster, request: Request) -> np.ndarray:
@@ -24,14 +24,6 @@ def dot_product_scores(cluster: Cluster, request: Request) -> np.ndarray:
 
 
 @register_policy("dot-product")
-class DotProduct(PlacementPolicy):
-    def __init__(self, workload=None, seed: int = 0):
-        super().__init__(workload, seed)
-        self.order = NodeOrder(self.rng)
-
-    def place(self, cluster: Cluster, request: Request) -> Placement | None:
-        feasible = cluster.feasible_nodes(request)
-        if not feasible.any():
-            return None
-        node = pick_top(dot_product_scores(cluster, request), feasible, self.order.of(len(feasible)))
-        return Placement(node, tightest_gpus(cluster, node, request))
+class DotProduct(ScoredNodePolicy):
+    def scores(self, cluster: Cluster, request: Request) -> np.ndarray:
+        return dot_product_scores(cluster, request)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..policy import Cluster, Placement, PlacementPolicy, Request, register_policy
+from ..policy import Cluster, Request, register_policy
 from ..slices import MILLI_PER_GPU
-from .choice import MAX_NODE_SCORE, NodeOrder, pick_top, tightest_gpus
+from .choice import MAX_NODE_SCORE, ScoredNodePolicy
 
 
 def packing_scores(cluster: Cluster, request: Request) -> np.ndarray:
@@ -46,14 +46,6 @@ def packing_scores(cluster: Cluster, request: Request) -> np.ndarray:
 
 
 @register_policy("packing")
-class GpuPacking(PlacementPolicy):
-    def __init__(self, workload=None, seed: int = 0):
-        super().__init__(workload, seed)
-        self.order = NodeOrder(self.rng)
-
-    def place(self, cluster: Cluster, request: Request) -> Placement | None:
-        feasible = cluster.feasible_nodes(request)
-        if not feasible.any():
-            return None
-        node = pick_top(packing_scores(cluster, request), feasible, self.order.of(len(feasible)))
-        return Placement(node, tightest_gpus(cluster, node, request))
+class GpuPacking(ScoredNodePolicy):
+    def scores(self, cluster: Cluster, request: Request) -> np.ndarray:
+        return packing_scores(cluster, request)

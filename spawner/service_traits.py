@@ -1,0 +1,41 @@
+"""What every gpulab spawner shares: where the gpulab service is, and how to ask it."""
+
+from __future__ import annotations
+
+from traitlets import Unicode
+from traitlets.config import LoggingConfigurable
+
+from .service_client import ServiceClient
+
+
+class GpuLabServiceMixin(LoggingConfigurable):
+    gpulab_api_url = Unicode(
+        help="""The gpulab service's API as the hub reaches it.
+
+        c.FractionalLocalSpawner.gpulab_api_url = "http://127.0.0.1:10101/services/gpulab/api/v1"
+        c.FractionalKubeSpawner.gpulab_api_url = "http://gpulab:10101/services/gpulab/api/v1"
+        """,
+    ).tag(config=True)
+
+    gpulab_public_api_url = Unicode(
+        help="""The gpulab API as single-user servers reach it (GPULAB_API_URL in their
+        environment). Default: gpulab_api_url.
+
+        c.FractionalLocalSpawner.gpulab_public_api_url = "http://127.0.0.1:8000/services/gpulab/api/v1"
+        """,
+    ).tag(config=True)
+
+    gpulab_api_token = Unicode(
+        help="""The gpulab service's API token (lets the hub allocate for any user).
+
+        c.FractionalLocalSpawner.gpulab_api_token = os.environ["GPULAB_SERVICE_TOKEN"]
+        """,
+    ).tag(config=True)
+
+    def _client(self) -> ServiceClient:
+        return ServiceClient(self.gpulab_api_url, self.gpulab_api_token, log=self.log)
+
+    @property
+    def _owner(self) -> str:
+        """The ledger's owner name of this server: ``user/server-name``."""
+        return f"{self.user.name}/{self.name}"
