@@ -22,6 +22,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 
+from .jobs import JobsMixin
 from .telemetry import TelemetryAPI
 
 
@@ -54,7 +55,7 @@ def run_sync(coro, timeout: float | None = None):
     return asyncio.run_coroutine_threadsafe(coro, _LoopThread.loop()).result(timeout)
 
 
-class AsyncClient(TelemetryAPI):
+class AsyncClient(JobsMixin, TelemetryAPI):
     def __init__(self, api_url: str | None = None, token: str | None = None,
                  timeout: float = 60.0):
         self.api_url = (api_url or os.environ.get("GPULAB_API_URL") or "").rstrip("/")

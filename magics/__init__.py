@@ -1,15 +1,21 @@
 """IPython magics of gpulab: ``%load_ext gpulab.magics`` (gpulab's servers load it).
 
-``%gpulab`` shows the slice this server holds and where the gpulab API is.
+``%gpulab`` shows the slice this server holds and where the gpulab API is;
+``%%train_distributed`` runs a cell as a distributed PyTorch job; ``%quantize``
+shrinks a model. ``%gpulab help`` lists them all.
 """
 
 from __future__ import annotations
 
+from .quantize import QuantizeMagics
 from .status import GpuLabMagics
+from .train import TrainMagics
 
 
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(GpuLabMagics)
+    ipython.register_magics(QuantizeMagics)
+    ipython.register_magics(TrainMagics)
 
 
 def unload_ipython_extension(ipython) -> None:  # pragma: no cover - IPython keeps magics

@@ -18,6 +18,10 @@ HELP = """gpulab magics
                      all-reduce probe under torchrun (gloo on CPU, NCCL on GPUs):
                      prints algbw = size/time and busbw = algbw*2(n-1)/n (nccl-tests),
                      and records it for the dashboard's Network tab
+  %%train_distributed [flags]   run the cell as a distributed PyTorch job
+                     (%%train_distributed? lists the flags)
+  %quantize NAME --scheme S --example X --to NEW
+                     shrink a model; prints size, latency and error (%quantize? for more)
 """
 
 

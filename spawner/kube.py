@@ -188,16 +188,6 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
             await self._release()
             raise
 
-    async def stop(self, now=False):
-        try:
-            await super().stop(now=now)
-        finally:
-            await self._release()
-
-    async def _release(self) -> None:
-        await self._client().request("DELETE", "/allocations",
-                                     query={"owner_kind": "server", "owner": self._owner})
-
     def get_env(self):
         env = strip_enforcement_vars(super().get_env())
         if self._slice_patch is not None:

@@ -109,16 +109,6 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
             await self._release()
             raise
 
-    async def stop(self, now=False):
-        try:
-            await super().stop(now=now)
-        finally:
-            await self._release()
-
-    async def _release(self) -> None:
-        await self._client().request("DELETE", "/allocations",
-                                     query={"owner_kind": "server", "owner": self._owner})
-
     def get_env(self):
         env = strip_enforcement_vars(super().get_env())
         env.update(getattr(self, "_slice", {}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tornado import web
 from traitlets import Unicode
 from traitlets.config import LoggingConfigurable
 
@@ -39,3 +40,24 @@ class GpuLabServiceMixin(LoggingConfigurable):
     def _owner(self) -> str:
         """The ledger's owner name of this server: ``user/server-name``."""
         return f"{self.user.name}/{self.name}"
+
+    async def stop(self, now=False):
+        try:
+            await super().stop(now=now)
+        finally:
+            await self._release()
+
+    async def _release(self) -> None:
+        """Give the slice back. Waits briefly: when the hub shuts down, the service
+        is already gone, and its reconciliation frees whatever a lost release
+        leaves behind when it next starts."""
+        client = ServiceClient(self.gpulab_api_url, self.gpulab_api_token, retry_seconds=10,
+                               log=self.log)
+        try:
+            await client.request("DELETE", "/allocations",
+                                 query={"owner_kind": "server", "owner": self._owner})
+        except web.HTTPError as e:
+            if e.status_code < 500:
+                raise
+            self.log.warning("Could not release the slice of %s now (%s); the gpulab service "
+                             "releases it when it next reconciles", self._owner, e.log_message)

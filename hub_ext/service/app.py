@@ -321,7 +321,10 @@ class GpuLabService(Application):
             await telemetry_api.start(self)
             await asyncio.Event().wait()
 
-        asyncio.run(main())
+        try:
+            asyncio.run(main())
+        except KeyboardInterrupt:  # the hub stops its services with SIGINT
+            log.info("gpulab service stopped")
 
 
 def main(argv=None):

@@ -50,6 +50,7 @@ class JobManager:
         self.backends = backends or {"local": LocalBackend(self.root, real_gpus=real_gpus)}
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._tails: dict[str, tuple[int, list[dict]]] = {}
 
     # -- reading -----------------------------------------------------------------------
     def spec(self, job: dict) -> JobSpec:
@@ -65,6 +66,33 @@ class JobManager:
         out["position"] = self.queue.position(job["id"]) if job["state"] == "queued" else None
         out["has_out"] = bool(job["backend"] in self.backends and self.jobdir(job).out_path())
         return out
+
+    def summaries(self, user: str | None) -> list[dict]:
+        """Queued and running jobs with their latest step, loss and throughput.
+
+        For the dashboard's Jobs tab; ``user=None`` means every user's (admins).
+        """
+        out = []
+        for job in self.queue.list(user=user, states=("queued", "running")):
+            item = {k: job[k] for k in ("id", "name", "user", "state")}
+            if job["state"] == "running" and job["backend"] in self.backends:
+                item.update(self._latest_progress(job))
+            out.append(item)
+        return out
+
+    def _latest_progress(self, job: dict) -> dict:
+        # Rank 0's report() records, read incrementally: a cursor per job.
+        cursor, tail = self._tails.get(job["id"], (0, []))
+        records, cursor = self.jobdir(job).metrics(0, cursor)
+        tail = (tail + records)[-2:]
+        self._tails[job["id"]] = (cursor, tail)
+        if not tail:
+            return {}
+        last = tail[-1]
+        progress = {k: last[k] for k in ("step", "total_steps", "loss", "lr") if k in last}
+        if len(tail) == 2 and "samples" in last and last["time"] > tail[0]["time"]:
+            progress["samples_per_second"] = last["samples"] / (last["time"] - tail[0]["time"])
+        return progress
 
     # -- submitting ----------------------------------------------------------------------
     async def submit(self, who, body: dict) -> dict:
@@ -145,21 +173,32 @@ class JobManager:
 
     async def _poll_running(self) -> None:
         for job in self.queue.list(states=("running",)):
-            spec = self.spec(job)
-            backend = self.backends[job["backend"]]
-            status = await backend.poll(spec)
-            if status.restarts != job["restarts"]:
-                self.queue.update(job["id"], restarts=status.restarts)
-            if status.state == "running":
-                if job["message"] == "starting":
-                    self.queue.update(job["id"], message="running")
-                if spec.timeout and job["started"] and self._age(job) > spec.timeout:
-                    await backend.cancel(spec)
-                    self._end(job, spec, "failed", f"timed out after {spec.timeout:g} s "
-                                                   f"(--timeout)", restarts=status.restarts)
-                continue
-            self._end(job, spec, status.state, status.message or status.state,
-                      error=status.error, restarts=status.restarts)
+            try:
+                await self._poll_one(job)
+            except Exception as e:  # one broken job must not stop the others
+                log.exception("Polling job %s", job["id"])
+                if job["backend"] not in self.backends or not os.path.exists(
+                        self.backends[job["backend"]].jobdir(job["id"]).p("spec.json")):
+                    self.queue.finish(job["id"], "failed", f"lost its job directory: {e}")
+                    for r in range(job["nodes"] * job["nproc_per_node"]):
+                        self.ledger.release("job", f"{job['id']}/{r}")
+
+    async def _poll_one(self, job: dict) -> None:
+        spec = self.spec(job)
+        backend = self.backends[job["backend"]]
+        status = await backend.poll(spec)
+        if status.restarts != job["restarts"]:
+            self.queue.update(job["id"], restarts=status.restarts)
+        if status.state == "running":
+            if job["message"] == "starting":
+                self.queue.update(job["id"], message="running")
+            if spec.timeout and job["started"] and self._age(job) > spec.timeout:
+                await backend.cancel(spec)
+                self._end(job, spec, "failed", f"timed out after {spec.timeout:g} s "
+                                               f"(--timeout)", restarts=status.restarts)
+            return
+        self._end(job, spec, status.state, status.message or status.state,
+                  error=status.error, restarts=status.restarts)
 
     @staticmethod
     def _age(job: dict) -> float:
@@ -167,6 +206,7 @@ class JobManager:
         return (dt.datetime.now(dt.timezone.utc) - started).total_seconds()
 
     def _end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
+        self._tails.pop(job["id"], None)
         if self.queue.finish(job["id"], state, message, **values):
             released = sum(len(self.ledger.release("job", o)) for o in spec.rank_owners())
             self.jobdir(job).event(f"job {state}: {message}")

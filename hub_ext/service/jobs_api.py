@@ -21,7 +21,7 @@ from .jobs import JobManager, JobRefused
 log = logging.getLogger("gpulab.service.jobs")
 
 #: How often a following log stream looks for new lines.
-FOLLOW_POLL_S = 0.3
+FOLLOW_POLL_S = 0.5
 
 
 class _JobHandler(APIHandler):

@@ -65,7 +65,7 @@ class TelemetryHandler(APIHandler):
                   for a in svc.ledger.list(user=mine)]
         free = svc.ledger.free_sizes(svc.slice_sizes)
         allreduce = [r for r in store.allreduce() if mine is None or r.get("user") in (None, mine)]
-        jobs = svc.job_summaries(mine) if hasattr(svc, "job_summaries") else []
+        jobs = svc.jobs.summaries(mine) if getattr(svc, "jobs", None) else []
         self.write_json({
             "now": time.time(), "interval_s": svc.sample_interval, "nodes": nodes,
             "you": {"name": who.name, "admin": who.admin},

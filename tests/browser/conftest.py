@@ -8,7 +8,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-sync"]
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API keeps an event loop running in this
+# thread while it is open, which would break later tests that use asyncio.run.
+@pytest.fixture(scope="module")
 def browser():
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)

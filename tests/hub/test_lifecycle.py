@@ -15,6 +15,8 @@ def _break_failer(spawner):
 
 c.Spawner.pre_spawn_hook = _break_failer
 c.GpuLabService.reconcile_interval = 3
+# The hub notices a dead server only after http_timeout; keep the wait short.
+c.Spawner.http_timeout = 30
 """
 
 

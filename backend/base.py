@@ -1,0 +1,67 @@
+"""The base class of backends: where a job's ranks run.
+
+A backend gets a validated :class:`~.spec.JobSpec` whose slices the scheduler
+has already placed (one ledger owner per rank), and runs it. It knows nothing
+of JupyterHub; the service's job manager calls these hooks:
+
+``check(spec)``
+    Raise :class:`~.spec.SpecError` if this backend cannot run the spec (e.g. a
+    comm hook its collective library lacks). Called at submit, before queueing.
+``async start(spec, allocations)``
+    Launch the job. ``allocations`` are the ledger rows of its ranks
+    (``owner == f"{spec.id}/{rank}"``). Must return quickly; the job runs on.
+``async poll(spec) -> JobStatus``
+    Where the job is: ``running``, ``succeeded`` or ``failed`` (with the rank
+    and root cause). Called every second or so; cheap.
+``async reattach(spec) -> bool``
+    After a restart of the service: pick up a job started by an earlier
+    process. ``False`` if nothing of it is running (``poll`` then says how it ended).
+``async cancel(spec)``
+    Stop every process of the job and wait until they are gone.
+
+All backends share the job directory layout (:mod:`.jobdir`) for logs,
+metrics, errors, checkpoints and the ``--out`` value: ranks write files, the
+service reads them (a shared volume on Kubernetes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .jobdir import JobDir
+from .spec import JobSpec
+
+
+@dataclass
+class JobStatus:
+    state: str  # "running", "succeeded" or "failed"
+    exit_code: int | None = None
+    message: str = ""
+    error: dict | None = None  # {"rank", "type", "message", "traceback"}
+    restarts: int = 0
+    details: dict = field(default_factory=dict)
+
+
+class Backend:
+    name = "base"
+
+    def __init__(self, jobs_root: str):
+        self.jobs_root = jobs_root
+
+    def jobdir(self, job_id: str) -> JobDir:
+        return JobDir(self.jobs_root, job_id)
+
+    def check(self, spec: JobSpec) -> None:
+        pass
+
+    async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
+        raise NotImplementedError
+
+    async def poll(self, spec: JobSpec) -> JobStatus:
+        raise NotImplementedError
+
+    async def reattach(self, spec: JobSpec) -> bool:
+        raise NotImplementedError
+
+    async def cancel(self, spec: JobSpec) -> None:
+        raise NotImplementedError

@@ -1,0 +1,242 @@
+"""The local backend: torchrun processes on this machine (the embedded default).
+
+Each node of the job is one torchrun agent in a session of its own
+(``start_new_session``), so it outlives a restart of the service and a cancel
+can signal its whole process group. The agent runs under ``/bin/sh``, which
+writes torchrun's exit code to ``node<N>.exit`` when it ends: a service that
+re-attached (and so is not the parent) still learns how the job ended.
+``launch.json`` holds the pids and process groups.
+
+On GPUs each rank gets its slice's card (``GPULAB_NODE_GPUS`` -> the rank sets
+``CUDA_VISIBLE_DEVICES`` and a memory fraction); on CPU or simulated GPUs the
+ranks run gloo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from .base import Backend, JobStatus
+from .failures import parse_summary, root_cause
+from .render import render_node, torchrun_argv
+from .spec import JobSpec, SpecError
+
+# What the ranks inherit from the service's environment; nothing else (the
+# service's hub token and database URL must not reach user code).
+PASS_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH",
+            "LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
+# After one node's agent fails, how long the others get to notice before we stop them.
+PEER_GRACE_S = 30.0
+_WRAPPER = '"$@"; code=$?; echo $code > "$GPULAB_EXIT_FILE.tmp"; mv "$GPULAB_EXIT_FILE.tmp" "$GPULAB_EXIT_FILE"'
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int, marker: str) -> bool:
+    """Is ``pid`` still our process (its command line names the job dir)?"""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+    except OSError:
+        return False
+    return marker.encode() in cmd
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, jobs_root: str, real_gpus: bool = False, python: str = sys.executable,
+                 home: str | None = None):
+        super().__init__(jobs_root)
+        self.real_gpus = real_gpus
+        self.python = python
+        self.home = home
+        self._children: dict[str, list[subprocess.Popen]] = {}
+        self._failed_since: dict[str, float] = {}
+
+    def check(self, spec: JobSpec) -> None:
+        if spec.comm_hook == "bf16" and not (self.real_gpus and spec.gpu_milli):
+            raise SpecError("comm hook bf16 needs NCCL, which needs GPUs; these ranks run gloo "
+                            "on CPU: use --comm-hook fp16 or powersgd")
+
+    # -- launching ----------------------------------------------------------------
+    def _base_env(self, jobdir) -> dict[str, str]:
+        env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+        env["HOME"] = self.home or jobdir.path
+        return env
+
+    def node_launches(self, spec: JobSpec, allocations: list[dict], port: int):
+        jd = self.jobdir(spec.id)
+        by_rank = {}
+        for a in allocations:
+            by_rank.setdefault(int(a["owner"].rsplit("/", 1)[1]), a["gpu_uuid"])
+        for node in range(spec.nodes):
+            ranks = range(node * spec.nproc_per_node, (node + 1) * spec.nproc_per_node)
+            gpus = [by_rank[r] for r in ranks if r in by_rank] if self.real_gpus else []
+            yield render_node(spec, node, job_dir=jd.path, rdzv_host="127.0.0.1",
+                              rdzv_port=port, node_gpus=gpus,
+                              launcher=torchrun_argv(self.python))
+
+    async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
+        jd = self.jobdir(spec.id)
+        os.makedirs(jd.p("logs"), exist_ok=True)
+        port = free_port()
+        nodes = []
+        procs = []
+        for launch in self.node_launches(spec, allocations, port):
+            env = {**self._base_env(jd), **launch.env,
+                   "GPULAB_EXIT_FILE": jd.p(f"node{launch.node_rank}.exit")}
+            log = open(jd.p("logs", f"node{launch.node_rank}.log"), "ab")
+            proc = subprocess.Popen(["/bin/sh", "-c", _WRAPPER, "gpulab-node", *launch.argv],
+                                    env=env, cwd=jd.path, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            log.close()
+            procs.append(proc)
+            nodes.append({"node": launch.node_rank, "pid": proc.pid, "pgid": proc.pid,
+                          "argv": launch.argv})
+        self._children[spec.id] = procs
+        jd.write_json("launch.json", {"backend": self.name, "rdzv_port": port,
+                                      "started": time.time(), "nodes": nodes})
+
+    # -- watching -----------------------------------------------------------------
+    def _reap(self, job_id: str) -> None:
+        for p in self._children.get(job_id, []):
+            p.poll()
+
+    def _node_states(self, spec: JobSpec) -> list[int | None]:
+        """Exit code per node; None while it runs; -9 if it vanished without one."""
+        jd = self.jobdir(spec.id)
+        self._reap(spec.id)
+        launch = jd.read_json("launch.json", {}) or {}
+        ours = {p.pid: p for p in self._children.get(spec.id, [])}
+        states = []
+        for node in launch.get("nodes", []):
+            exit_file = jd.p(f"node{node['node']}.exit")
+            try:
+                with open(exit_file) as f:
+                    states.append(int(f.read().strip() or 1))
+                continue
+            except (OSError, ValueError):
+                pass
+            child = ours.get(node["pid"])
+            # Our own child is asked directly: right after fork its command line
+            # is still ours, so the marker test below would call it dead.
+            if (child.poll() is None) if child else _alive(node["pid"], jd.path):
+                states.append(None)
+            else:
+                # The exit file is written right after torchrun ends; give it a look again.
+                states.append(-9 if not os.path.exists(exit_file) else 1)
+        return states
+
+    async def reattach(self, spec: JobSpec) -> bool:
+        return any(s is None for s in self._node_states(spec))
+
+    async def poll(self, spec: JobSpec) -> JobStatus:
+        jd = self.jobdir(spec.id)
+        states = self._node_states(spec)
+        restarts = jd.restarts()
+        if not states:
+            return JobStatus("failed", message="the job was never started", restarts=restarts)
+        if any(s is None for s in states):
+            if any(s not in (None, 0) for s in states):
+                first = self._failed_since.setdefault(spec.id, time.monotonic())
+                if time.monotonic() - first > PEER_GRACE_S:
+                    await self.cancel(spec)
+            return JobStatus("running", restarts=restarts)
+        self._failed_since.pop(spec.id, None)
+        self._children.pop(spec.id, None)
+        if all(s == 0 for s in states):
+            return JobStatus("succeeded", exit_code=0, restarts=restarts)
+        code = next(s for s in states if s != 0)
+        failures = []
+        for n in range(len(states)):
+            try:
+                with open(jd.p("logs", f"node{n}.log"), errors="replace") as f:
+                    failures += parse_summary(f.read())
+            except OSError:
+                pass
+        last = [e for e in jd.errors() if e.get("restart", 0) == restarts]
+        error = root_cause(failures, last)
+        if error:
+            return JobStatus("failed", exit_code=code, restarts=restarts, error=error,
+                             message=f"rank {error['rank']} failed: {error['type']}: "
+                                     f"{error['message']}")
+        tail = self._tail(jd.p("logs", "node0.log"))
+        return JobStatus("failed", exit_code=code, restarts=restarts,
+                         message=f"torchrun exited with code {code}" + (f": {tail}" if tail else ""))
+
+    @staticmethod
+    def _tail(path: str, n: int = 3) -> str:
+        try:
+            with open(path, errors="replace") as f:
+                lines = [ln.strip() for ln in f.readlines()[-n:] if ln.strip()]
+        except OSError:
+            return ""
+        return " | ".join(lines)
+
+    # -- stopping -----------------------------------------------------------------
+    def _rank_pids(self, jd) -> list[int]:
+        # torchrun starts each worker in a session of its own, so signalling the
+        # agent's group does not reach them; the ranks record their pids.
+        pids = []
+        for path in glob.glob(jd.p("pids", "rank*.json")):
+            info = jd.read_json(os.path.relpath(path, jd.path)) or {}
+            if info.get("pid") and _alive(info["pid"], jd.path):
+                pids.append(info["pid"])
+        return pids
+
+    async def cancel(self, spec: JobSpec, grace_s: float = 10.0) -> None:
+        """SIGTERM the agents (they stop their workers), then SIGKILL whatever is left."""
+        jd = self.jobdir(spec.id)
+        launch = jd.read_json("launch.json", {}) or {}
+        groups = [n["pgid"] for n in launch.get("nodes", [])]
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            for pgid in groups:
+                try:
+                    os.killpg(pgid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if sig == signal.SIGKILL:
+                for pid in self._rank_pids(jd):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                self._reap(spec.id)
+                if not any(_group_alive(g) for g in groups) and not self._rank_pids(jd):
+                    self._children.pop(spec.id, None)
+                    return
+                await asyncio.sleep(0.1)
+        self._reap(spec.id)
+        self._children.pop(spec.id, None)
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False

@@ -1,0 +1,90 @@
+"""The command line and environment of one node of a job: pure functions.
+
+Every backend renders the same thing: torchrun with c10d rendezvous, started
+once per node, running ``python -m gpulab.training.runner <job_dir>`` in each
+of its processes. The ``PET_*`` variables say the same as the flags, so a
+Kubeflow runtime (which sets ``PET_NNODES``, ``PET_NODE_RANK``...) and torchrun
+agree. Across hosts (network namespaces, pods) torchrun needs the node's own
+address (``--local-addr``), to be told which node hosts the rendezvous store
+(``is_host``) and which interface gloo uses; restarts after a worker dies need
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (pytorch#135712).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from gpulab.training import env as rank_env
+
+from .spec import JobSpec
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    node_rank: int
+    argv: list[str]
+    env: dict[str, str]
+
+
+def torchrun_argv(python: str = sys.executable) -> list[str]:
+    # The module form runs the torchrun of the interpreter that has gpulab installed.
+    return [python, "-m", "torch.distributed.run"]
+
+
+def render_node(spec: JobSpec, node_rank: int, *, job_dir: str, rdzv_host: str,
+                rdzv_port: int, local_addr: str | None = None, ifname: str | None = None,
+                node_gpus: list[str] | None = None,
+                launcher: list[str] | None = None) -> NodeLaunch:
+    """torchrun's argv and the variables (beyond the inherited environment) for one node.
+
+    ``node_gpus`` are the device UUIDs of this node's ranks, in local-rank order
+    (empty on CPU or simulated GPUs). ``launcher`` replaces ``python -m
+    torch.distributed.run`` (e.g. ``["torchrun"]`` in a container image).
+    """
+    if not 0 <= node_rank < spec.nodes:
+        raise ValueError(f"node_rank {node_rank} outside 0..{spec.nodes - 1}")
+    endpoint = f"{rdzv_host}:{rdzv_port}"
+    is_host = 1 if node_rank == 0 else 0
+    argv = [*(launcher or torchrun_argv()),
+            f"--nnodes={spec.nodes}",
+            f"--nproc-per-node={spec.nproc_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={spec.id or spec.name}",
+            f"--rdzv-conf=is_host={is_host},timeout=120",
+            f"--max-restarts={spec.max_restarts}",
+            "--monitor-interval=0.5",
+            f"--log-dir={job_dir}/torchrun/node{node_rank}"]
+    if local_addr:
+        argv.append(f"--local-addr={local_addr}")
+    argv += ["--module", "gpulab.training.runner", job_dir]
+    env = {
+        "PET_NNODES": str(spec.nodes),
+        "PET_NPROC_PER_NODE": str(spec.nproc_per_node),
+        "PET_NODE_RANK": str(node_rank),
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": endpoint,
+        "PET_RDZV_ID": spec.id or spec.name,
+        "PET_MAX_RESTARTS": str(spec.max_restarts),
+        "PET_MASTER_ADDR": rdzv_host,
+        "PET_MASTER_PORT": str(rdzv_port),
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        # One thread per rank unless the user says otherwise: ranks share cores.
+        "OMP_NUM_THREADS": spec.env.get("OMP_NUM_THREADS", "1"),
+        "PYTHONUNBUFFERED": "1",
+        rank_env.JOB_ID: spec.id,
+        rank_env.JOB_DIR: job_dir,
+        rank_env.CHECKPOINT_DIR: spec.checkpoint_dir or f"{job_dir}/checkpoints",
+        rank_env.CHECKPOINT_EVERY: str(spec.checkpoint_every),
+        rank_env.AMP: spec.amp,
+        rank_env.COMM_HOOK: spec.comm_hook,
+        rank_env.OUT: spec.out,
+        rank_env.NODE_GPUS: ",".join(node_gpus or []),
+        rank_env.GPU_MILLI: str(spec.gpu_milli),
+    }
+    if ifname:
+        env["GLOO_SOCKET_IFNAME"] = ifname
+        env["NCCL_SOCKET_IFNAME"] = ifname
+    env.update(spec.env)
+    return NodeLaunch(node_rank, argv, env)

@@ -1,0 +1,240 @@
+"""``%%train_distributed``: the cell becomes a fault-tolerant PyTorch job across nodes.
+
+Thin: parse the flags, ship the cell and ``--vars`` (cloudpickle) to the
+service through :mod:`gpulab.client`, show progress, logs and metrics while it
+runs, put ``--out`` into the notebook, and raise if the job failed, so that
+"Run All" stops. Interrupting the cell cancels the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import queue
+import re
+import time
+from fractions import Fraction
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .train_display import make_display
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+POLL_S = 1.0
+#: Polls between full job reads (restarts, queue position) while the state holds.
+JOB_EVERY = 5
+
+
+class TrainingJobFailed(RuntimeError):
+    """The job failed; the message names the rank and its root cause."""
+
+    def __init__(self, job: dict, message: str):
+        super().__init__(message)
+        self.job = job
+
+
+class TrainingJobRefused(RuntimeError):
+    """The service would not queue the job (quota, capacity); the message says why."""
+
+
+def parse_gpu(text: str) -> int:
+    """``0.5``, ``1/4``, ``2`` (GPUs per rank) -> milli-GPU."""
+    try:
+        value = Fraction(text.strip())
+    except (ValueError, ZeroDivisionError):
+        raise UsageError(f"--gpu {text!r}: give GPUs per rank as a number or fraction, "
+                         f"e.g. --gpu 0.5, --gpu 1/4 or --gpu 2 (0 = CPU only)") from None
+    milli = value * 1000
+    if value < 0 or milli.denominator != 1:
+        raise UsageError(f"--gpu {text}: must be 0 or more, in steps of 1/1000 GPU")
+    if value > 1 and value.denominator != 1:
+        raise UsageError(f"--gpu {text}: more than one GPU per rank must be whole GPUs")
+    return int(milli)
+
+
+def parse_env(items: list[str] | None) -> dict[str, str]:
+    env = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise UsageError(f"--env {item!r}: write NAME=value (one per --env)")
+        env[key] = value
+    return env
+
+
+def pickle_vars(names: str | None, namespace: dict) -> str:
+    if not names:
+        return ""
+    import cloudpickle
+
+    chosen = {}
+    for name in [n.strip() for n in names.split(",") if n.strip()]:
+        if name not in namespace:
+            raise UsageError(f"--vars {name}: no variable {name!r} in the notebook; "
+                             f"run the cell that defines it first")
+        chosen[name] = namespace[name]
+    try:
+        data = cloudpickle.dumps(chosen)
+    except Exception as e:
+        raise UsageError(f"--vars: cannot send these variables to the ranks "
+                         f"(cloudpickle: {e}); rebuild them inside the cell instead") from None
+    return base64.b64encode(data).decode()
+
+
+def build_spec(args, cell: str, namespace: dict) -> dict:
+    for flag, value, low in (("--nodes", args.nodes, 1), ("--nproc-per-node", args.nproc_per_node, 1),
+                             ("--max-restarts", args.max_restarts, 0),
+                             ("--checkpoint-every", args.checkpoint_every, 0)):
+        if value < low:
+            raise UsageError(f"{flag} {value}: must be at least {low}")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout}: give seconds > 0")
+    if args.out and not args.out.isidentifier():
+        raise UsageError(f"--out {args.out!r}: must be a Python variable name")
+    if not cell.strip():
+        raise UsageError("the cell is empty: write the training code below %%train_distributed")
+    return {
+        "code": cell, "name": args.name, "nodes": args.nodes,
+        "nproc_per_node": args.nproc_per_node, "gpu_milli": parse_gpu(args.gpu),
+        "backend": args.backend, "max_restarts": args.max_restarts,
+        "checkpoint_every": args.checkpoint_every, "amp": args.amp or "",
+        "comm_hook": args.comm_hook or "", "env": parse_env(args.env), "out": args.out or "",
+        "timeout": args.timeout or 0, "priority": args.priority, "image": args.image or "",
+        "vars_b64": pickle_vars(args.vars, namespace),
+    }
+
+
+@magics_class
+class TrainMagics(Magics):
+    @magic_arguments()
+    @argument("--nodes", type=int, default=1, help="nodes (torchrun agents); default 1")
+    @argument("--nproc-per-node", type=int, default=1, help="processes (ranks) per node; default 1")
+    @argument("--gpu", default="0", help="GPUs per rank: 0 (CPU), 0.5, 1/4, 1, 2...; default 0")
+    @argument("--backend", choices=("local", "kubernetes"), default="local",
+              help="where the ranks run; default local")
+    @argument("--max-restarts", type=int, default=0,
+              help="restarts (from the last checkpoint) after a rank dies; default 0")
+    @argument("--checkpoint-every", type=int, default=0,
+              help="steps between checkpoints in checkpoint.resume_range; default 0 (end only)")
+    @argument("--amp", choices=("bf16", "fp16"), help="autocast dtype for ctx.autocast()")
+    @argument("--comm-hook", choices=("powersgd", "fp16", "bf16"),
+              help="DDP gradient compression; bf16 needs GPUs (NCCL)")
+    @argument("--vars", help="notebook variables to send to the ranks: a,b,c")
+    @argument("--env", action="append", metavar="K=V", help="environment variable (repeatable)")
+    @argument("--out", help="variable the ranks build (rank 0's) to bring back, e.g. model")
+    @argument("--name", default="train", help="job name; default train")
+    @argument("--image", help="container image (kubernetes backend)")
+    @argument("--detach", action="store_true", help="submit and return the job id at once")
+    @argument("--timeout", type=float, help="stop the job after this many seconds running")
+    @argument("--priority", type=int, default=0, help="queue priority; users may lower it (< 0)")
+    @cell_magic
+    def train_distributed(self, line: str, cell: str):
+        """Run this cell as a fault-tolerant PyTorch job (torchrun) on gpulab's GPUs.
+
+        Inside the cell::
+
+            from gpulab.training import setup, report, checkpoint
+            ctx = setup()
+            model = ctx.wrap(Net())
+            for step in checkpoint.resume_range(ctx, total_steps=500, state={"model": model}):
+                ...
+                report(loss=loss.item())
+
+        The cell shows progress, a live plot and the ranks' logs; interrupting it
+        cancels the job; a failure raises naming the rank and its error.
+        """
+        args = parse_argstring(self.train_distributed, line)
+        spec = build_spec(args, cell, self.shell.user_ns)
+        from gpulab.client import Client, GpuLabError
+
+        try:
+            client = Client()
+            job = client.submit_job(spec)
+        except GpuLabError as e:
+            if e.status == 400 or e.status == 0:
+                raise UsageError(str(e)) from None
+            raise TrainingJobRefused(f"job refused: {e}") from None
+        if args.detach:
+            print(f"job {job['id']} submitted ({job['state']}); "
+                  f"follow it with gpulab.client.Client().get_job({job['id']!r})")
+            return job["id"]
+        return self._watch(client, job, args.out)
+
+    def _watch(self, client, job: dict, out: str | None):
+        from gpulab.client import run_sync
+
+        job_id = job["id"]
+        display = follower = None
+        cursor = 0
+        started = time.monotonic()
+        try:
+            # Everything after submit is inside: an interrupt at any point cancels.
+            display = make_display(job["world_size"])
+            lines: queue.Queue[str] = queue.Queue()
+            follower = asyncio.run_coroutine_threadsafe(
+                client.aio.follow_job_logs_into(job_id, lines.put), _client_loop())
+            polls = 0
+            while True:
+                m = client.job_metrics(job_id, cursor)
+                cursor = m["cursor"]
+                display.metrics(m["records"])
+                # The metrics answer carries the state; the full job (queue position,
+                # restarts) is asked for when that changes and every few seconds.
+                if m["state"] != job["state"] or polls % JOB_EVERY == 0:
+                    job = client.get_job(job_id)
+                polls += 1
+                if job["state"] in TERMINAL:
+                    try:
+                        follower.result(timeout=30)  # the stream ends once the job has
+                    except Exception:
+                        pass
+                display.logs(_drain(lines))
+                display.status(job)
+                if job["state"] in TERMINAL:
+                    break
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            if follower is not None:
+                follower.cancel()
+            job = run_sync(client.aio.cancel_job(job_id), timeout=60)
+            if display is not None:
+                display.status(job)
+            print(f"job {job_id} cancelled (interrupted)")
+            raise
+        finally:
+            if display is not None:
+                display.close()
+        took = time.monotonic() - started
+        if job["state"] == "succeeded":
+            note = f"job {job_id} succeeded in {took:.1f} s ({job['world_size']} rank(s)"
+            note += f", {job['restarts']} restart(s))" if job["restarts"] else ")"
+            if out:
+                import cloudpickle
+
+                self.shell.user_ns[out] = cloudpickle.loads(client.job_output(job_id))
+                note += f"; `{out}` holds rank 0's value"
+            print(note)
+            return None
+        error = job.get("error") or {}
+        text = f"job {job_id} {job['state']}: {job['message']}"
+        if error.get("traceback"):
+            display.error(f"rank {error.get('rank')}:\n{error['traceback']}")
+            text += f"\n\nrank {error.get('rank')} traceback:\n{error['traceback']}"
+        raise TrainingJobFailed(job, text)
+
+
+def _drain(q: queue.Queue) -> list[str]:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
+
+
+def _client_loop():
+    from gpulab.client.base import _LoopThread
+
+    return _LoopThread.loop()

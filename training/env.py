@@ -1,0 +1,37 @@
+"""The variables a gpulab backend sets for its ranks (one place, read by all)."""
+
+from __future__ import annotations
+
+import os
+
+JOB_DIR = "GPULAB_JOB_DIR"
+JOB_ID = "GPULAB_JOB_ID"
+CHECKPOINT_DIR = "GPULAB_CHECKPOINT_DIR"
+CHECKPOINT_EVERY = "GPULAB_CHECKPOINT_EVERY"
+AMP = "GPULAB_AMP"
+COMM_HOOK = "GPULAB_COMM_HOOK"
+OUT = "GPULAB_OUT"
+#: Comma-separated device per local rank on this node (GPU UUIDs); empty on CPU.
+NODE_GPUS = "GPULAB_NODE_GPUS"
+#: Share of its GPU each rank may use, in milli-GPU (1000 = whole card).
+GPU_MILLI = "GPULAB_GPU_MILLI"
+
+
+def get(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

@@ -1,0 +1,126 @@
+"""The program every rank runs: ``python -m gpulab.training.runner <job_dir>``.
+
+It sends this rank's output to ``logs/rank<R>.log``, runs the cell (``cell.py``)
+with the shipped variables (``vars.pkl``, cloudpickle) in a fresh ``__main__``
+namespace, and on rank 0 saves the ``--out`` variable (``out/value.pkl``, its
+``state_dict`` in ``out/state_dict.pt``). A failure is written to torchrun's
+error file (its "root cause") and copied to ``errors/rank<R>.json`` with the
+rank, so whoever watches the job can name the rank without parsing torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+from . import env
+
+
+def _redirect_output(job_dir: str, rank: int) -> None:
+    path = os.path.join(job_dir, "logs", f"rank{rank}.log")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # fd-level, so C extensions' output (gloo, NCCL warnings) lands there too.
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+
+def _write_json(path: str, data) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def _unwrap(value):
+    # DDP (and torch.compile) wrap the module the user built; return what they built.
+    for attr in ("module", "_orig_mod"):
+        while hasattr(value, attr) and hasattr(value, "state_dict"):
+            value = getattr(value, attr)
+    if hasattr(value, "to") and hasattr(value, "state_dict"):
+        value = value.to("cpu")
+    return value
+
+
+def save_out(job_dir: str, name: str, namespace: dict) -> None:
+    import cloudpickle
+    import torch
+
+    if name not in namespace:
+        raise NameError(f"--out {name}: the cell defined no variable {name!r}")
+    value = _unwrap(namespace[name])
+    out = os.path.join(job_dir, "out")
+    os.makedirs(out, exist_ok=True)
+    if hasattr(value, "state_dict"):
+        torch.save(value.state_dict(), os.path.join(out, "state_dict.pt.tmp"))
+        os.replace(os.path.join(out, "state_dict.pt.tmp"), os.path.join(out, "state_dict.pt"))
+    with open(os.path.join(out, "value.pkl.tmp"), "wb") as f:
+        cloudpickle.dump(value, f)
+    os.replace(os.path.join(out, "value.pkl.tmp"), os.path.join(out, "value.pkl"))
+
+
+def record_failure(job_dir: str, rank: int, exc: BaseException) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    ErrorHandler().record_exception(exc)  # torchrun's error file: its "root cause"
+    _write_json(os.path.join(job_dir, "errors", f"rank{rank}.json"), {
+        "rank": rank, "restart": env.restart_count(), "time": time.time(),
+        "error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"),
+        "type": type(exc).__name__, "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    })
+
+
+def run(job_dir: str) -> None:
+    import cloudpickle
+
+    rank = env.rank()
+    _redirect_output(job_dir, rank)
+    _write_json(os.path.join(job_dir, "pids", f"rank{rank}.json"),
+                {"pid": os.getpid(), "restart": env.restart_count()})
+    if env.restart_count():
+        print(f"--- restart {env.restart_count()} ---", flush=True)
+    cell = os.path.join(job_dir, "cell.py")
+    with open(cell) as f:
+        code = compile(f.read(), cell, "exec")
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    vars_path = os.path.join(job_dir, "vars.pkl")
+    if os.path.exists(vars_path):
+        with open(vars_path, "rb") as f:
+            namespace.update(cloudpickle.load(f))
+    try:
+        exec(code, namespace)
+        out = env.get(env.OUT)
+        if out and rank == 0:
+            save_out(job_dir, out, namespace)
+    except BaseException as e:  # noqa: BLE001 - everything a rank raises is the job's failure
+        if isinstance(e, SystemExit) and not e.code:
+            return
+        record_failure(job_dir, rank, e)
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # a peer that already left must not turn success into failure
+                pass
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m gpulab.training.runner JOB_DIR")
+    run(sys.argv[1])
