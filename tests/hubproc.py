@@ -79,6 +79,20 @@ class RunningHub:
                 pass
         return None
 
+    def wait_service_restarted(self, old_pid: int, timeout: float = 180) -> None:
+        """Wait until the hub has started a new gpulab service and it answers."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            new = self.service_pid()
+            try:
+                if new and new != old_pid and \
+                        self.gpulab("GET", "/allocations").status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"service not restarted:\n{self.log_tail()}")
+
     def stop(self) -> None:
         try:
             procs = psutil.Process(self.proc.pid).children(recursive=True)

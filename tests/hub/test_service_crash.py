@@ -49,18 +49,7 @@ def test_kill_service_mid_spawn(hub):
         answers = [f.result() for f in spawns]
 
     # The hub notices the dead service and starts it again.
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        new = hub.service_pid()
-        if new and new != pid:
-            try:
-                if hub.gpulab("GET", "/allocations").status_code == 200:
-                    break
-            except Exception:
-                pass
-        time.sleep(1)
-    else:
-        raise AssertionError(f"service not restarted:\n{hub.log_tail()}")
+    hub.wait_service_restarted(pid)
 
     for u, r in zip(second, answers):
         if r.status_code in (201, 202):

@@ -7,7 +7,6 @@ import glob
 import json
 import os
 import signal
-import time
 
 import pytest
 from cells import LINEAR, SLEEPS
@@ -45,17 +44,7 @@ def test_running_jobs_survive_a_service_restart(hub):
 
     pid = hub.service_pid()
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        new = hub.service_pid()
-        try:
-            if new and new != pid and hub.gpulab("GET", "/jobs").status_code == 200:
-                break
-        except Exception:
-            pass
-        time.sleep(1)
-    else:
-        raise AssertionError(f"service not restarted:\n{hub.log_tail()}")
+    hub.wait_service_restarted(pid)
 
     # The same rank processes run on; the new service reports them as running.
     for job_id, pids in before.items():

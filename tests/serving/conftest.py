@@ -21,7 +21,7 @@ def tiny_mlp() -> torch.nn.Module:
 
 
 def heavy_mlp() -> torch.nn.Module:
-    """Enough work per 64-row request that a burst of requests outruns the model."""
+    """Enough work per 256-row request that a burst of requests outruns the model."""
     torch.manual_seed(1)
     layers = []
     for _ in range(8):
@@ -106,7 +106,7 @@ def servers(model_dirs):
     procs = {
         "batching": ServerProcess(model_dirs["tiny"], "--max-batch-size", "8",
                                   "--max-latency-ms", "200", "--max-queue", "64"),
-        "overload": ServerProcess(model_dirs["heavy"], "--max-batch-size", "64",
+        "overload": ServerProcess(model_dirs["heavy"], "--max-batch-size", "256",
                                   "--max-latency-ms", "0", "--max-queue", "2"),
     }
     try:

@@ -105,11 +105,13 @@ def test_concurrent_requests_are_batched(servers, tiny_model):
 
 def test_a_full_queue_answers_429_and_the_server_carries_on(servers):
     url = servers["overload"].url
-    c = client(url, concurrency=24)
-    x = np.random.default_rng(2).standard_normal((64, 512), dtype=np.float32)
+    # 48 requests of 256 rows at once: each takes the model tens of ms, so the
+    # burst arrives far faster than it is served, even on an idle machine.
+    c = client(url, concurrency=48)
+    x = np.random.default_rng(2).standard_normal((256, 512), dtype=np.float32)
     pending = []
-    for _ in range(24):
-        inp = triton.InferInput("input", [64, 512], "FP32")
+    for _ in range(48):
+        inp = triton.InferInput("input", [256, 512], "FP32")
         inp.set_data_from_numpy(x)
         pending.append(c.async_infer("heavy", [inp]))
     codes = []
