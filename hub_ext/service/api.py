@@ -33,12 +33,7 @@ def _string(body: dict, key: str) -> str:
 
 class AllocationsHandler(APIHandler):
     def get(self):
-        who = self.require_identity()
-        user = self.get_argument("user", None)
-        if not (who.admin or who.internal):
-            if user not in (None, who.name):
-                raise web.HTTPError(403, "you can only list your own allocations")
-            user = who.name
+        user = self.listed_user("allocations")
         self.write_json(self.gpulab.ledger.list(
             user=user, owner_kind=self.get_argument("owner_kind", None),
             owner=self.get_argument("owner", None)))

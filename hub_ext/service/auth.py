@@ -85,6 +85,16 @@ class APIHandler(BaseHandler):
         self.set_status(status)
         self.finish(json.dumps(data))
 
+    def listed_user(self, what: str) -> str | None:
+        """The ``?user=`` a listing is for: users get their own, admins any (None: all)."""
+        who = self.require_identity()
+        user = self.get_argument("user", None)
+        if not (who.admin or who.internal):
+            if user not in (None, who.name):
+                raise web.HTTPError(403, f"you can only list your own {what}")
+            user = who.name
+        return user
+
     def json_body(self) -> dict:
         try:
             body = json.loads(self.request.body or b"{}")

@@ -42,12 +42,7 @@ class _JobHandler(APIHandler):
 
 class JobsHandler(_JobHandler):
     def get(self):
-        who = self.require_identity()
-        user = self.get_argument("user", None)
-        if not (who.admin or who.internal):
-            if user not in (None, who.name):
-                raise web.HTTPError(403, "you can only list your own jobs")
-            user = who.name
+        user = self.listed_user("jobs")
         state = self.get_argument("state", None)
         if state is not None and state not in STATES:
             raise web.HTTPError(400, f"state must be one of {', '.join(STATES)}")
