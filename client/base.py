@@ -22,6 +22,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 
+from .deployments import DeploymentsMixin
 from .jobs import JobsMixin
 from .telemetry import TelemetryAPI
 
@@ -55,7 +56,7 @@ def run_sync(coro, timeout: float | None = None):
     return asyncio.run_coroutine_threadsafe(coro, _LoopThread.loop()).result(timeout)
 
 
-class AsyncClient(JobsMixin, TelemetryAPI):
+class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI):
     def __init__(self, api_url: str | None = None, token: str | None = None,
                  timeout: float = 60.0):
         self.api_url = (api_url or os.environ.get("GPULAB_API_URL") or "").rstrip("/")
@@ -76,10 +77,11 @@ class AsyncClient(JobsMixin, TelemetryAPI):
         return f"{self.api_url}{path}" + (f"?{urlencode(q)}" if q else "")
 
     async def request(self, method: str, path: str, body: Any = None,
-                      query: dict | None = None) -> Any:
+                      query: dict | None = None, form: aiohttp.FormData | None = None) -> Any:
+        """One call; ``body`` is sent as JSON, or ``form`` as multipart/form-data."""
         async with aiohttp.ClientSession(timeout=self.timeout) as s:
             async with s.request(method, self.url(path, query), headers=self.headers,
-                                 json=body) as r:
+                                 json=body if form is None else None, data=form) as r:
                 text = await r.text()
                 if r.status >= 400:
                     try:

@@ -2,11 +2,12 @@
 
 ``%gpulab`` shows the slice this server holds and where the gpulab API is;
 ``%%train_distributed`` runs a cell as a distributed PyTorch job; ``%quantize``
-shrinks a model. ``%gpulab help`` lists them all.
+shrinks a model; ``%deploy`` serves one as an endpoint. ``%gpulab help`` lists them all.
 """
 
 from __future__ import annotations
 
+from .deploy import DeployMagics
 from .quantize import QuantizeMagics
 from .status import GpuLabMagics
 from .train import TrainMagics
@@ -16,6 +17,7 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(GpuLabMagics)
     ipython.register_magics(QuantizeMagics)
     ipython.register_magics(TrainMagics)
+    ipython.register_magics(DeployMagics)
 
 
 def unload_ipython_extension(ipython) -> None:  # pragma: no cover - IPython keeps magics

@@ -12,8 +12,13 @@ Routes (OIP v2 plus Prometheus):
     POST /v2/models/{name}[/versions/{v}]/infer   JSON or binary-data extension
     GET  /metrics                              Prometheus text format
 
-Bad requests get 400 with ``{"error": message}``; an unknown model 404; a full
-queue 429. The model runs in a thread, so the event loop keeps answering health
+Bad requests get 400 with ``{"error": message}``, an infer call naming a model
+this server does not have included (as Triton answers); the metadata of such a
+model and unknown routes 404; a full queue 429. When ``GPULAB_SERVING_TOKEN``
+is set (the gpulab service sets it for the replicas it starts, and is then the
+only caller), every route but ``/v2/health/live`` wants ``Authorization: Bearer
+<token>`` and answers 401 without it: the port is reachable by anyone on the
+host, the hub's login is not. The model runs in a thread, so the event loop keeps answering health
 checks and refusing overload while a batch computes. With ``--port 0`` the
 port is chosen by the system; the ``listening on`` line printed at start says it.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gzip
+import hmac
 import json
 import os
 import signal
@@ -49,13 +55,14 @@ class ModelServer:
     """One model behind a dynamic batcher, and the metrics of both."""
 
     def __init__(self, model: ServedModel, *, max_batch_size: int = 32,
-                 max_latency_ms: float = 5.0, max_queue: int = 256):
+                 max_latency_ms: float = 5.0, max_queue: int = 256, token: str = ""):
         card = model.card
         if max_batch_size > card.max_batch_size:
             raise ValueError(f"--max-batch-size {max_batch_size} is above the {card.max_batch_size} "
                              f"rows {card.name!r} was exported for; lower it or re-export")
         self.model = model
         self.card = card
+        self.token = token
         self.metrics = ServingMetrics()
         self.ready = False
         self.batcher = DynamicBatcher(
@@ -106,6 +113,14 @@ class BaseHandler(tornado.web.RequestHandler):
     def set_default_headers(self) -> None:
         self.set_header("Server", SERVER_NAME)
 
+    def prepare(self) -> None:
+        token = self.server.token
+        if token and not isinstance(self, LiveHandler):
+            sent = self.request.headers.get("Authorization", "")
+            if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+                self.send_json({"error": "this model server is reached through the gpulab "
+                                         "service's endpoint URL, with a hub token"}, 401)
+
     def send_json(self, doc: dict, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
@@ -115,20 +130,24 @@ class BaseHandler(tornado.web.RequestHandler):
         # Tornado's own refusals (405, a body too large, ...) answer in the API's shape too.
         self.send_json({"error": self._reason}, status_code)
 
-    def check_model(self, name: str, version: str | None) -> bool:
+    def check_model(self, name: str, version: str | None, status: int = 404) -> bool:
         card = self.server.card
         if name != card.name:
-            self.send_json({"error": f"unknown model {name!r}; this server has {card.name!r}"}, 404)
+            self.send_json({"error": f"unknown model {name!r}; this server has {card.name!r}"},
+                           status)
             return False
         if version is not None and version != card.version:
             self.send_json({"error": f"unknown version {version!r} of {name!r}; "
-                                     f"it has {card.version!r}"}, 404)
+                                     f"it has {card.version!r}"}, status)
             return False
         return True
 
 
 class NotFoundHandler(BaseHandler):
     def prepare(self) -> None:
+        super().prepare()
+        if self._finished:
+            return
         self.send_json({"error": f"no route {self.request.method} {self.request.path}; "
                                  "see /v2 for the Open Inference Protocol routes"}, 404)
 
@@ -188,8 +207,10 @@ class InferHandler(BaseHandler):
 
     async def _infer(self, name: str, version: str | None) -> int:
         server = self.server
-        if not self.check_model(name, version):
-            return 404
+        # An infer call naming another model is a bad request (400, as Triton answers);
+        # metadata of a model that is not here is a missing resource (404).
+        if not self.check_model(name, version, status=400):
+            return 400
         if not server.ready:
             self.send_json({"error": "the model is not ready; retry shortly"}, 503)
             return 503
@@ -252,7 +273,8 @@ async def serve(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     server = ModelServer(load_model(args.model_dir), max_batch_size=args.max_batch_size,
-                         max_latency_ms=args.max_latency_ms, max_queue=args.max_queue)
+                         max_latency_ms=args.max_latency_ms, max_queue=args.max_queue,
+                         token=os.environ.pop("GPULAB_SERVING_TOKEN", ""))
     server.warm_up()
     sockets = bind_sockets(args.port, args.ip)
     http = HTTPServer(server.app(), max_body_size=int(args.max_body_mib * 2**20))

@@ -78,7 +78,7 @@ class AllocationsHandler(APIHandler):
         self.write_json([{**r, "simulated": r["gpu_uuid"] in simulated} for r in rows],
                         status=201)
 
-    def delete(self):
+    async def delete(self):
         """Release everything one owner holds: ``?owner_kind=server&owner=alice/``."""
         who = self.require_identity()
         owner_kind = self.get_argument("owner_kind")
@@ -87,6 +87,8 @@ class AllocationsHandler(APIHandler):
         if held and not who.can_act_for(held[0]["user"]):
             raise web.HTTPError(404, f"no allocations for {owner_kind} {owner!r}")
         released = self.gpulab.ledger.release(owner_kind, owner) if held else []
+        if owner_kind == "server" and who.internal:  # the hub's spawner: the server stopped
+            await self.gpulab.server_stopped(owner)
         self.write_json({"released": released})
 
 

@@ -35,7 +35,7 @@ from gpulab.scheduler.policy import get_policy
 from gpulab.scheduler.quota import Quotas
 from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
 
-from . import api, jobs_api, pages, telemetry_api
+from . import api, deployments_api, jobs_api, pages, telemetry_api
 from .auth import Identity
 from .hubapi import HubAPI
 from .metrics import Metrics
@@ -186,6 +186,24 @@ class GpuLabService(Application):
         """,
     ).tag(config=True)
 
+    deployments_stop_with_server = Bool(
+        False,
+        help="""Stop a user's deployments when their (default) server stops, unless the
+        deployment says otherwise (`%deploy --stop-with-server` / `--keep-running`).
+
+        c.GpuLabService.deployments_stop_with_server = True
+        """,
+    ).tag(config=True)
+
+    max_upload_mib = Int(
+        2048,
+        help="""Largest request body the service takes, in MiB: a model uploaded by
+        `%deploy`, or an inference request to an endpoint.
+
+        c.GpuLabService.max_upload_mib = 8192
+        """,
+    ).tag(config=True)
+
     config_file = Unicode(
         help="Python config file to load. Default: <data-dir>/gpulab_config.py if it exists."
     ).tag(config=True)
@@ -278,6 +296,13 @@ class GpuLabService(Application):
             released = self.ledger.release("server", owner)
             log.warning("Released %d allocation(s) of server %s: it is not running",
                         len(released), owner)
+            await self.server_stopped(owner)
+
+    async def server_stopped(self, owner: str) -> None:
+        """A server is gone: what follows it (deployments that asked to) stops too."""
+        manager = getattr(self, "deployments", None)
+        if manager is not None:
+            await manager.server_stopped(owner)
 
     async def reconcile_loop(self) -> None:
         delay = 1.0
@@ -300,7 +325,8 @@ class GpuLabService(Application):
         routes = [
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
             *[(url_path_join(p, path), handler)
-              for module in (api, jobs_api, telemetry_api) for path, handler in module.routes],
+              for module in (api, jobs_api, deployments_api, telemetry_api)
+              for path, handler in module.routes],
             *[(url_path_join(p, path), handler) for path, handler in pages.routes],
         ]
         return web.Application(routes, gpulab=self, hub_auth=hub_auth,
@@ -311,13 +337,14 @@ class GpuLabService(Application):
         app = self.make_app()
 
         async def main():
-            server = HTTPServer(app, xheaders=True)
+            server = HTTPServer(app, xheaders=True, max_body_size=self.max_upload_mib * 2**20)
             server.listen(url.port, url.hostname)
             log.info("gpulab service on %s (prefix %s), %d GPU(s), database %s", url.geturl(),
                      self.prefix, len(self.gpus), self.db_url.split("@")[-1])
             asyncio.ensure_future(self.reconcile_loop())
             # Rooms with background work (job re-attachment, sampling) start here.
             await jobs_api.start(self)
+            await deployments_api.start(self)
             await telemetry_api.start(self)
             await asyncio.Event().wait()
 

@@ -139,7 +139,7 @@ def test_bad_requests_get_400_with_a_message_and_serving_goes_on(servers, tiny_m
         (lambda: infer(c, "tiny", np.zeros((2, 16), np.float32), name="pixels"), 400,
          "unknown input 'pixels'"),
         (lambda: infer(c, "tiny", np.zeros((9, 16), np.float32)), 400, "max batch size 8"),
-        (lambda: infer(c, "nope", np.zeros((2, 16), np.float32)), 404, "unknown model 'nope'"),
+        (lambda: infer(c, "nope", np.zeros((2, 16), np.float32)), 400, "unknown model 'nope'"),
     ]
     for call, status, message in cases:
         with pytest.raises(InferenceServerException) as info:
@@ -172,4 +172,4 @@ def test_bad_requests_get_400_with_a_message_and_serving_goes_on(servers, tiny_m
     np.testing.assert_allclose(infer(c, "tiny", x).as_numpy("output"), reference(tiny_model, x),
                                rtol=1e-5, atol=1e-6)
     assert metric(url, "gpulab_serving_requests_total", {"model": "tiny", "code": "400"}) >= 9
-    assert metric(url, "gpulab_serving_requests_total", {"model": "", "code": "404"}) >= 1
+    assert metric(url, "gpulab_serving_requests_total", {"model": "", "code": "400"}) >= 1

@@ -1,0 +1,146 @@
+"""Model-server replicas as processes on this machine (the embedded default).
+
+Each replica is ``python -m gpulab.serving.server`` in a session of its own
+(``start_new_session``), so it outlives a restart of the service, which then
+finds it again by its pid and the deployment directory in its command line.
+A deployment's directory holds::
+
+    model/            model.pt2 + model.json (gpulab.serving.export)
+    token             the secret the replicas want in ``Authorization: Bearer``
+    replica<N>.json   {"pid", "port", "started"} of the replica's latest process
+    logs/replica<N>.log
+
+The replicas listen on 127.0.0.1 only, behind the service's authenticated
+endpoint; the token keeps other processes of the host out as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from .local import PASS_ENV, _alive, free_port
+
+MODEL_FILES = ("model.pt2", "model.json")
+
+
+class LocalServing:
+    name = "local"
+
+    def __init__(self, root: str, real_gpus: bool = False, python: str = sys.executable):
+        self.root = root
+        self.real_gpus = real_gpus
+        self.python = python
+        self._children: dict[tuple[str, int], subprocess.Popen] = {}
+        os.makedirs(root, exist_ok=True)
+
+    # -- the directory -----------------------------------------------------------
+    def path(self, dep_id: str, *parts: str) -> str:
+        return os.path.join(self.root, dep_id, *parts)
+
+    def model_dir(self, dep_id: str) -> str:
+        return self.path(dep_id, "model")
+
+    def prepare(self, dep_id: str) -> str:
+        """Create the directory and the replicas' secret; returns the model directory."""
+        os.makedirs(self.path(dep_id, "logs"), exist_ok=True)
+        os.makedirs(self.model_dir(dep_id), exist_ok=True)
+        fd = os.open(self.path(dep_id, "token"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+        return self.model_dir(dep_id)
+
+    def token(self, dep_id: str) -> str:
+        with open(self.path(dep_id, "token")) as f:
+            return f.read().strip()
+
+    def remove(self, dep_id: str) -> None:
+        shutil.rmtree(self.path(dep_id), ignore_errors=True)
+
+    # -- replicas ----------------------------------------------------------------
+    def start_replica(self, dep: dict, replica: int, gpu_uuid: str | None = None) -> dict:
+        """Launch one replica on a free port; returns its record (pid, port)."""
+        dep_id = dep["id"]
+        port = free_port()
+        env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+        env.update(HOME=self.path(dep_id), PYTHONUNBUFFERED="1",
+                   GPULAB_SERVING_TOKEN=self.token(dep_id),
+                   # The slice's card, or none: a CPU replica must not grab a GPU.
+                   CUDA_VISIBLE_DEVICES=gpu_uuid if (self.real_gpus and gpu_uuid) else "")
+        if self.real_gpus and gpu_uuid and 0 < dep["gpu_milli"] < 1000:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = \
+                f"per_process_memory_fraction:{dep['gpu_milli'] / 1000:g}"
+        argv = [self.python, "-m", "gpulab.serving.server",
+                "--model-dir", self.model_dir(dep_id), "--ip", "127.0.0.1", "--port", str(port),
+                "--max-batch-size", str(dep["max_batch_size"]),
+                "--max-latency-ms", f"{dep['max_latency_ms']:g}",
+                "--max-queue", str(dep["max_queue"])]
+        with open(self.path(dep_id, "logs", f"replica{replica}.log"), "ab") as log:
+            log.write(f"[gpulab] starting replica {replica} on port {port}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(argv, env=env, cwd=self.path(dep_id),
+                                    stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self._children[(dep_id, replica)] = proc
+        record = {"pid": proc.pid, "port": port, "started": time.time()}
+        tmp = self.path(dep_id, f"replica{replica}.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, self.path(dep_id, f"replica{replica}.json"))
+        return record
+
+    def record(self, dep_id: str, replica: int) -> dict | None:
+        try:
+            with open(self.path(dep_id, f"replica{replica}.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def alive(self, dep_id: str, replica: int) -> bool:
+        rec = self.record(dep_id, replica)
+        if rec is None:
+            return False
+        child = self._children.get((dep_id, replica))
+        if child is not None and child.pid == rec["pid"]:
+            # Our own child is asked directly (this also reaps it when it died).
+            return child.poll() is None
+        return _alive(rec["pid"], self.model_dir(dep_id))
+
+    def exit_code(self, dep_id: str, replica: int) -> int | None:
+        child = self._children.get((dep_id, replica))
+        return child.poll() if child is not None else None
+
+    def log_tail(self, dep_id: str, replica: int, lines: int = 5) -> str:
+        try:
+            with open(self.path(dep_id, "logs", f"replica{replica}.log"), errors="replace") as f:
+                tail = [ln.rstrip() for ln in f.readlines()[-lines:] if ln.strip()]
+        except OSError:
+            return ""
+        return " | ".join(tail)
+
+    async def stop(self, dep_id: str, replicas: int, grace_s: float = 10.0) -> None:
+        """SIGTERM every replica (queued requests are answered), then SIGKILL."""
+        pids = [self.record(dep_id, i)["pid"] for i in range(replicas) if self.alive(dep_id, i)]
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            for pid in pids:
+                try:
+                    os.killpg(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if not any(self.alive(dep_id, i) for i in range(replicas)):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                continue
+            break
+        for i in range(replicas):
+            self._children.pop((dep_id, i), None)

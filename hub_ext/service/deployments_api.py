@@ -1,0 +1,191 @@
+"""Routes for model endpoints: ``/api/v1/deployments`` and the endpoints themselves.
+
+Management (owner and admins; to anyone else a deployment does not exist)::
+
+    GET    api/v1/deployments[?user=]            list
+    POST   api/v1/deployments                    multipart: "spec" (JSON) + "model" (tar)
+    GET    api/v1/deployments/{name}[?user=]     one, with requests/s and p99
+    PATCH  api/v1/deployments/{name}[?user=]     sharing, stop_with_server
+    DELETE api/v1/deployments/{name}[?user=]     stop, release the slices
+    GET    api/v1/deployments/{name}/logs[?replica=0]
+
+The endpoint (OIP v2; owner, admins and those it is shared with)::
+
+    <hub>/services/gpulab/endpoints/{user}/{name}/v2/...
+
+is forwarded to a ready replica with the replicas' own secret; the caller's
+hub token never reaches the model server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from tornado import web
+from tornado.httpclient import HTTPRequest
+
+from .auth import APIHandler
+from .deployments import DeploymentManager, DeployRefused
+
+log = logging.getLogger("gpulab.service.deployments")
+
+#: Request and response headers an OIP v2 exchange needs; nothing else crosses.
+FORWARD_REQUEST = ("Content-Type", "Content-Encoding", "Accept-Encoding",
+                   "Inference-Header-Content-Length")
+FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
+
+
+class _DeploymentHandler(APIHandler):
+    @property
+    def deployments(self) -> DeploymentManager:
+        manager = getattr(self.gpulab, "deployments", None)
+        if manager is None:
+            raise web.HTTPError(503, "the deployment manager is still starting; try again")
+        return manager
+
+    def find(self, name: str) -> dict:
+        """The caller's deployment ``name`` (admins: ``?user=``'s)."""
+        who = self.require_identity()
+        user = self.get_argument("user", None) or who.name
+        dep = self.deployments.store.find(user, name)
+        if dep is None or not who.can_act_for(dep["user"]):
+            raise web.HTTPError(404, f"no deployment {name!r}"
+                                     + (f" of {user}" if user != who.name else ""))
+        return dep
+
+
+class DeploymentsHandler(_DeploymentHandler):
+    def get(self):
+        user = self.listed_user("deployments")
+        self.write_json([self.deployments.view(d) for d in self.deployments.store.list(user=user)])
+
+    async def post(self):
+        who = self.require_identity()
+        spec = self.get_body_argument("spec", None)
+        model = self.request.files.get("model")
+        if spec is None or not model:
+            raise web.HTTPError(400, "send multipart/form-data with a 'spec' field (JSON "
+                                     "settings) and a 'model' file (a tar of the exported model "
+                                     "directory); %deploy does this for you")
+        try:
+            settings = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise web.HTTPError(400, f"'spec' is not valid JSON: {e}") from None
+        if not isinstance(settings, dict):
+            raise web.HTTPError(400, "'spec' must be a JSON object")
+        try:
+            dep = await self.deployments.create(who, settings, model[0]["body"])
+        except DeployRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        self.write_json(dep, status=201)
+
+
+class DeploymentHandler(_DeploymentHandler):
+    def get(self, name):
+        self.write_json(self.deployments.view(self.find(name)))
+
+    def patch(self, name):
+        dep = self.find(name)
+        try:
+            self.write_json(self.deployments.share(dep, self.json_body()))
+        except DeployRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+
+    async def delete(self, name):
+        dep = self.find(name)
+        who = self.identity
+        by = "its owner" if who.name == dep["user"] else f"{who.kind} {who.name}"
+        self.write_json(await self.deployments.stop(dep, f"stopped by {by}"))
+
+
+class DeploymentLogsHandler(_DeploymentHandler):
+    def set_default_headers(self):
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+
+    def get(self, name):
+        dep = self.find(name)
+        try:
+            replica = int(self.get_argument("replica", "0"))
+        except ValueError:
+            raise web.HTTPError(400, "replica must be an integer") from None
+        if not 0 <= replica < dep["replicas"]:
+            raise web.HTTPError(400, f"replica must be from 0 to {dep['replicas'] - 1}")
+        path = self.deployments.serving.path(dep["id"], "logs", f"replica{replica}.log")
+        try:
+            with open(path, "rb") as f:
+                self.finish(f.read()[-256 * 1024:])
+        except FileNotFoundError:
+            self.finish(b"")
+
+
+class EndpointHandler(_DeploymentHandler):
+    """The authenticated front of a deployment: forwards OIP v2 calls to a replica."""
+
+    SUPPORTED_METHODS = ("GET", "POST", "HEAD")
+
+    def set_default_headers(self):
+        self.set_header("Cache-Control", "no-store")
+
+    def _target(self, user: str, name: str) -> dict:
+        who = self.require_identity()
+        dep = self.deployments.store.find(user, name)
+        if dep is not None and self.deployments.can_use(who, dep):
+            return dep
+        if dep is None and who.can_act_for(user):
+            raise web.HTTPError(404, f"no deployment {name!r} of {user}")
+        # Not telling a stranger whether it exists.
+        raise web.HTTPError(403, f"{who.kind} {who.name} may not call endpoint {user}/{name}: "
+                                 f"it does not exist or is not shared with you")
+
+    async def get(self, user, name, path):
+        await self._forward(user, name, path)
+
+    async def head(self, user, name, path):
+        await self._forward(user, name, path)
+
+    async def post(self, user, name, path):
+        await self._forward(user, name, path)
+
+    async def _forward(self, user: str, name: str, path: str) -> None:
+        dep = self._target(user, name)
+        manager = self.deployments
+        query = f"?{self.request.query}" if self.request.query else ""
+        headers = {h: self.request.headers[h] for h in FORWARD_REQUEST if h in self.request.headers}
+        headers["Authorization"] = f"Bearer {manager.token(dep)}"
+        body = self.request.body if self.request.method == "POST" else None
+        for port in manager.ready_replicas(dep):
+            req = HTTPRequest(f"http://127.0.0.1:{port}/{path}{query}", method=self.request.method,
+                              headers=headers, body=body, request_timeout=300,
+                              decompress_response=False)
+            try:
+                resp = await manager.http.fetch(req, raise_error=False)
+            except OSError:
+                continue  # that replica just went away; try the next
+            if resp.code == 599:
+                continue
+            self.set_status(resp.code, resp.reason)
+            for h in FORWARD_RESPONSE:
+                if h in resp.headers:
+                    self.set_header(h, resp.headers[h])
+            self.finish(resp.body or b"")
+            return
+        self.set_header("Retry-After", "2")
+        raise web.HTTPError(503, f"no replica of {user}/{name} is ready (state: {dep['state']}: "
+                                 f"{dep['message']}); try again shortly")
+
+
+routes = [
+    (r"api/v1/deployments", DeploymentsHandler),
+    (r"api/v1/deployments/([^/]+)", DeploymentHandler),
+    (r"api/v1/deployments/([^/]+)/logs", DeploymentLogsHandler),
+    (r"endpoints/([^/]+)/([^/]+)/(.*)", EndpointHandler),
+]
+
+
+async def start(service) -> None:
+    """Called once the service listens: adopt surviving replicas, then keep them running."""
+    manager = DeploymentManager(service)
+    service.deployments = manager
+    await manager.start()
