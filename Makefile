@@ -14,11 +14,12 @@ PYTEST_ARGS ?=
 .PHONY: up test deps system-deps bench-deps clean
 
 # Debian packages the tests drive for real: Chromium (browser tests), PostgreSQL
-# (database option), iproute2 (network namespaces). Installed when run as root.
+# (database option), iproute2 (network namespaces), curl (the %deploy notebook
+# runs the curl line it prints). Installed when run as root.
 system-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  missing=""; \
-	  for p in chromium postgresql iproute2; do \
+	  for p in chromium postgresql iproute2 curl; do \
 	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \

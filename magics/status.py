@@ -18,10 +18,17 @@ HELP = """gpulab magics
                      all-reduce probe under torchrun (gloo on CPU, NCCL on GPUs):
                      prints algbw = size/time and busbw = algbw*2(n-1)/n (nccl-tests),
                      and records it for the dashboard's Network tab
+  %gpulab nettest --nodes N [--nproc N] [--gpu G] [--size BYTES] [--iters N]
+                     the same probe across N nodes, as a job named nettest
+                     (--nproc ranks per node, --gpu GPUs per rank; default 1 and 0)
   %%train_distributed [flags]   run the cell as a distributed PyTorch job
                      (%%train_distributed? lists the flags)
   %quantize NAME --scheme S --example X --to NEW
                      shrink a model; prints size, latency and error (%quantize? for more)
+  %deploy NAME --name ENDPOINT --example X [--gpu 0.25 --replicas 2 ...]
+                     serve a model as an OIP v2 endpoint behind hub login (%deploy? for more)
+  %deploy --list     your endpoints: state, replicas, requests/s, p99 latency
+  %deploy --stop ENDPOINT   stop it and free its slices
 """
 
 

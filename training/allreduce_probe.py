@@ -22,8 +22,11 @@ address is the endpoint; in network namespaces add ``--local-addr <ip>`` and set
         -m gpulab.training.allreduce_probe --size 256M --json-out /tmp/nettest.json
 
 Rank 0 prints one line ``GPULAB_ALLREDUCE <json>`` per size and writes the list
-to ``--json-out``. The backend is NCCL on CUDA, gloo otherwise. Only torch and
-the standard library are used here: this runs inside training ranks.
+to ``--json-out``. Inside a process group that is already up (a gpulab job's
+ranks after ``setup()``: ``%gpulab nettest --nodes N`` submits such a job),
+every rank calls ``run_probe(size, iters, warmup)`` instead. The backend is
+NCCL on CUDA, gloo otherwise. Only torch and the standard library are used
+here: this runs inside training ranks.
 """
 
 from __future__ import annotations
@@ -100,28 +103,75 @@ def measure(size_bytes: int, iters: int, warmup: int, device: torch.device) -> d
             "backend": str(dist.get_backend())}
 
 
-def _nodes(device: torch.device) -> list[str]:
-    """Host names of all ranks, deduplicated, in rank order."""
-    names: list = [None] * dist.get_world_size()
-    dist.all_gather_object(names, socket.gethostname())
-    return list(dict.fromkeys(names))
+def _nodes() -> list[str]:
+    """The nodes of the ranks, in rank order: host names, deduplicated.
+
+    Agents that share a host name (a job's nodes started on one machine, network
+    namespaces) are told apart by torchrun's ``GROUP_RANK``: ``host/node1``.
+    """
+    me = (socket.gethostname(), int(os.environ.get("GROUP_RANK", "0")))
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, me)
+    agents = list(dict.fromkeys(tuple(a) for a in everyone))
+    hosts = list(dict.fromkeys(host for host, _ in agents))
+    if len(hosts) == len(agents):
+        return hosts
+    return [f"{host}/node{group}" for host, group in agents]
 
 
-def run(sizes: list[int], iters: int, warmup: int) -> list[dict]:
-    """Initialise the process group from torchrun's env, probe each size, tear down."""
-    cuda = torch.cuda.is_available()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo")
+def _group_device() -> torch.device:
+    # An initialised group's tensors live where its backend wants them.
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def probe(sizes: list[int], iters: int, warmup: int) -> list[dict]:
+    """Probe each size in this process's group, every rank calling it; one dict per size.
+
+    Inside a ``%%train_distributed`` job (after ``setup()``) it uses the job's
+    group; without one it joins a group from torchrun's environment (NCCL on
+    CUDA, gloo otherwise) and leaves it at the end.
+    """
+    if iters < 1 or warmup < 0:
+        raise ValueError(f"iters must be >= 1 and warmup >= 0, got {iters} and {warmup}")
+    own = not dist.is_initialized()
+    if own:
+        cuda = torch.cuda.is_available()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if cuda else "gloo")
+    else:
+        device = _group_device()
     try:
-        nodes = _nodes(device)
+        nodes = _nodes()
         results = [{**measure(s, iters, warmup, device), "nodes": nodes} for s in sizes]
         dist.barrier()
         return results
     finally:
-        dist.destroy_process_group()
+        if own:
+            dist.destroy_process_group()
+
+
+def run_probe(size: int | str = "16M", iters: int = 20, warmup: int = 5) -> dict:
+    """One size (bytes, or ``64K``/``16M``/``1G``) from inside a rank: ``%gpulab nettest --nodes``.
+
+    Every rank of the group must call it; each gets the same result (the
+    slowest rank's time)::
+
+        from gpulab.training import setup
+        from gpulab.training.allreduce_probe import run_probe
+        setup()
+        result = run_probe("16M", iters=20)
+    """
+    return probe([parse_size(size)], iters, warmup)[0]
+
+
+def run(sizes: list[int], iters: int, warmup: int) -> list[dict]:
+    """The CLI's probe: every size, joining (and leaving) a group from torchrun's env."""
+    return probe(sizes, iters, warmup)
 
 
 def main(argv: list[str] | None = None) -> int:

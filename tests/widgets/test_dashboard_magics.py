@@ -2,9 +2,11 @@
 
 import json
 import math
+import re
 import subprocess
 import sys
 
+import cloudpickle
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -67,6 +69,69 @@ def test_nettest_magic_measures_and_records(shell, clients, capsys):
     assert runs[-1]["busbw_bytes_per_second"] == pytest.approx(
         runs[-1]["algbw_bytes_per_second"])  # n = 2: factor 1
     assert not [r for r in clients["bob"].telemetry()["allreduce"] if r["user"] == "alice"]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_nettest_across_nodes_runs_as_a_job_and_records(nproc, shell, clients, capsys):
+    # nodes=2: two torchrun agents (c10d rendezvous) of a job through the service.
+    shell.run_line_magic("gpulab", f"nettest --nodes 2 --nproc {nproc} --size 256K --iters 5")
+    out = capsys.readouterr().out
+    print(out)  # the figures, for whoever reads the test log
+    n = 2 * nproc
+    m = re.search(rf"^job (\w+) \(nettest\): 2 node\(s\) x {nproc} rank\(s\) per node", out, re.M)
+    assert m, out
+    assert f"over {n} ranks on 2 node(s)" in out and "recorded" in out, out
+    job = clients["alice"].get_job(m.group(1))
+    assert job["name"] == "nettest" and job["state"] == "succeeded" and job["nodes"] == 2
+    assert job["user"] == "alice" and job["world_size"] == n
+    value = cloudpickle.loads(clients["alice"].job_output(job["id"]))  # rank 0's result
+    runs = [r for r in clients["alice"].telemetry()["allreduce"]
+            if r["user"] == "alice" and r["world_size"] == n and len(r["nodes"]) == 2]
+    assert runs, out
+    run = runs[-1]
+    assert run["size_bytes"] == 262144 and run["backend"] == "gloo"
+    # nccl-tests: busbw = algbw * 2(n-1)/n (1 for 2 ranks, 1.5 for 4).
+    assert run["busbw_bytes_per_second"] == pytest.approx(
+        run["algbw_bytes_per_second"] * 2 * (n - 1) / n)
+    assert f"algbw * {2 * (n - 1) / n:.3f}" in out
+    assert {k: run[k] for k in ("busbw_bytes_per_second", "algbw_bytes_per_second",
+                                "nodes", "world_size")} == \
+        {k: value[k] for k in ("busbw_bytes_per_second", "algbw_bytes_per_second",
+                               "nodes", "world_size")}
+    assert math.isclose(run["algbw_bytes_per_second"], 262144 / value["time_s"])
+    # What was printed is what was recorded.
+    assert f"busbw  {run['busbw_bytes_per_second'] / 1e9:.3f} GB/s" in out
+    assert f"algbw  {run['algbw_bytes_per_second'] / 1e9:.3f} GB/s" in out
+    assert not [r for r in clients["bob"].telemetry()["allreduce"] if r["user"] == "alice"]
+
+
+def test_nettest_across_nodes_refused_or_bad(shell, capsys):
+    shell.run_line_magic("gpulab", "nettest --nodes 0")
+    out = capsys.readouterr().out
+    assert "--nodes must be >= 1" in out and "usage: %gpulab nettest" in out, out
+    shell.run_line_magic("gpulab", "nettest --nodes 2 --gpu 1/3")
+    assert "usage: %gpulab nettest" in capsys.readouterr().out
+    shell.run_line_magic("gpulab", "nettest --gpu 1")  # --gpu without --nodes
+    assert "--gpu and --backend go with --nodes" in capsys.readouterr().out
+    # The service refuses what the cluster could never hold: a message, no traceback.
+    shell.run_line_magic("gpulab", "nettest --nodes 2 --gpu 2")
+    out = capsys.readouterr().out
+    assert "nettest: the gpulab service refused the probe job:" in out, out
+    assert "the cluster has 2 GPU(s)" in out and "Traceback" not in out, out
+    shell.run_line_magic("gpulab", "nettest --nodes 2 --gpu 4")  # not a slice size: 400
+    out = capsys.readouterr().out
+    assert "unknown slice size" in out and "usage: %gpulab nettest" in out, out
+
+
+def test_nettest_job_failure_prints_its_message(shell, clients, capsys):
+    # A job that runs for seconds (torch's import, 1000 all-reduces) and may run
+    # 0.5 s: the service stops it, and the magic prints why, with no traceback.
+    assert shell.run_line_magic(
+        "gpulab", "nettest --nodes 2 --size 64K --iters 1000 --timeout 0.5") is None
+    out = capsys.readouterr().out
+    m = re.search(r"^nettest: job (\w+) failed: timed out after 0.5 s", out, re.M)
+    assert m and "Traceback" not in out and "recorded" not in out, out
+    assert clients["alice"].get_job(m.group(1))["state"] == "failed"
 
 
 def test_help_and_bad_arguments(shell, capsys):
