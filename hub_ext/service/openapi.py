@@ -13,6 +13,11 @@ def _json(ref: str, description: str = "OK", array: bool = False) -> dict:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+USER = {"name": "user", "in": "query", "required": False, "schema": {"type": "string"},
+        "description": "admins: another user's"}
+
+
 def openapi_document(prefix: str) -> dict:
     errors = {"400": _ERROR, "401": _ERROR, "403": _ERROR, "404": _ERROR, "409": _ERROR}
     return {
@@ -98,6 +103,45 @@ def openapi_document(prefix: str) -> dict:
                                 "description": "time, rank, step, total_steps + report() values"}},
                     "cursor": {"type": "integer", "description": "pass back as ?cursor="},
                     "state": {"type": "string"}}},
+                "DeploymentSettings": {"type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string", "description": "1-63 of a-z 0-9 . _ -"},
+                    "replicas": {"type": "integer", "default": 1, "minimum": 1, "maximum": 16},
+                    "gpu_milli": {"type": "integer", "default": 0,
+                                  "description": "slice per replica (one of the offered sizes)"},
+                    "max_batch_size": {"type": "integer",
+                                       "description": "default: 32, or the model's export limit"},
+                    "max_latency_ms": {"type": "number", "default": 5},
+                    "max_queue": {"type": "integer", "default": 256},
+                    "stop_with_server": {"type": "boolean",
+                                         "description": "stop when the owner's server stops "
+                                                        "(default: the site's setting)"},
+                    "share_users": {"type": "array", "items": {"type": "string"}},
+                    "share_groups": {"type": "array", "items": {"type": "string"}}}},
+                "Deployment": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "user": {"type": "string"},
+                    "name": {"type": "string"},
+                    "state": {"type": "string",
+                              "enum": ["starting", "running", "degraded", "failed", "stopped"]},
+                    "message": {"type": "string"},
+                    "path": {"type": "string", "description": "the endpoint, under the hub: "
+                             "POST <hub><path>/v2/models/<name>/infer"},
+                    "replicas": {"type": "integer"}, "replicas_ready": {"type": "integer"},
+                    "restarts": {"type": "integer"}, "gpu_milli": {"type": "integer"},
+                    "gpus": {"type": "array", "items": {"type": "string"}},
+                    "max_batch_size": {"type": "integer"}, "max_latency_ms": {"type": "number"},
+                    "max_queue": {"type": "integer"}, "stop_with_server": {"type": "boolean"},
+                    "share_users": {"type": "array", "items": {"type": "string"}},
+                    "share_groups": {"type": "array", "items": {"type": "string"}},
+                    "model": {"type": "object", "nullable": True,
+                              "description": "the model card: name, inputs, outputs"},
+                    "requests_total": {"type": "integer"},
+                    "requests_per_second": {"type": "number"},
+                    "p99_latency_ms": {"type": "number", "nullable": True},
+                    "created": {"type": "string", "format": "date-time"}}},
+                "Telemetry": {"type": "object", "description":
+                              "Recent samples you may see: per node GPUs (utilisation, memory, "
+                              "temperature, power; holders), NICs, RDMA ports, the dataset "
+                              "cache, the last all-reduce probe; plus jobs and slices"},
                 "Availability": {"type": "object", "properties": {
                     "user": {"type": "string"}, "held_milli": {"type": "integer"},
                     "quota_milli": {"type": "integer", "nullable": True},
@@ -183,6 +227,52 @@ def openapi_document(prefix: str) -> dict:
                 "responses": {"200": {"description": "OK",
                                       "content": {"application/octet-stream": {}}},
                               **errors}}},
+            "/api/v1/deployments": {
+                "get": {"summary": "Model endpoints: your own; admins see all",
+                        "parameters": [{"name": "user", "in": "query", "required": False,
+                                        "schema": {"type": "string"}}],
+                        "responses": {"200": _json("Deployment", array=True), **errors}},
+                "post": {"summary": "Deploy: upload an exported model and start its replicas",
+                         "requestBody": {"required": True, "content": {"multipart/form-data": {
+                             "schema": {"type": "object", "required": ["spec", "model"],
+                                        "properties": {
+                                 "spec": {"$ref": "#/components/schemas/DeploymentSettings"},
+                                 "model": {"type": "string", "format": "binary",
+                                           "description": "tar(.gz) of model.pt2 + model.json"}}}}}},
+                         "responses": {"201": _json("Deployment", "Starting"), **errors}}},
+            "/api/v1/deployments/{name}": {
+                "parameters": [NAME, USER],
+                "get": {"summary": "One deployment, with requests/s and p99 latency",
+                        "responses": {"200": _json("Deployment"), **errors}},
+                "patch": {"summary": "Change sharing or stop_with_server",
+                          "requestBody": {"required": True, "content": {"application/json": {
+                              "schema": {"$ref": "#/components/schemas/DeploymentSettings"}}}},
+                          "responses": {"200": _json("Deployment"), **errors}},
+                "delete": {"summary": "Stop the replicas and release their slices",
+                           "responses": {"200": _json("Deployment"), **errors}}},
+            "/api/v1/deployments/{name}/logs": {"get": {
+                "summary": "A replica's log (its last 256 KiB)",
+                "parameters": [NAME, USER, {"name": "replica", "in": "query", "required": False,
+                                            "schema": {"type": "integer"}}],
+                "responses": {"200": {"description": "OK", "content": {"text/plain": {}}},
+                              **errors}}},
+            "/endpoints/{user}/{name}/v2/models/{model}/infer": {"post": {
+                "summary": "The endpoint (Open Inference Protocol v2, JSON or binary "
+                           "extension), for the owner, admins and those it is shared with; "
+                           "also /v2, /v2/health/ready, /v2/models/{name} under the same prefix",
+                "parameters": [NAME, {"name": "user", "in": "path", "required": True,
+                                      "schema": {"type": "string"}},
+                               {"name": "model", "in": "path", "required": True,
+                                "schema": {"type": "string"},
+                                "description": "the model: the deployment's name"}],
+                "responses": {"200": {"description": "OIP v2 inference response"},
+                              "429": _ERROR, "503": _ERROR, **errors}}},
+            "/api/v1/telemetry": {"get": {
+                "summary": "Recent telemetry you may see (same rules as allocations)",
+                "parameters": [{"name": "since", "in": "query", "required": False,
+                                "schema": {"type": "number"},
+                                "description": "unix time; only newer samples"}],
+                "responses": {"200": _json("Telemetry"), **errors}}},
             "/metrics": {"get": {"summary": "Prometheus metrics (text format)",
                                  "responses": {"200": {"description": "OK",
                                                        "content": {"text/plain": {}}}}}},

@@ -126,6 +126,12 @@ def test_tritonclient_calls_the_endpoint_through_the_hub(hub, tokens, model_dir)
     assert requests.post(url, timeout=60, json={}).status_code == 401
     np.testing.assert_allclose(infer(hub, "alice", "tiny", x, hub.admin_token), expected,
                                rtol=1e-5, atol=1e-6)
+    # The replicas themselves refuse callers without their secret (other processes on the host).
+    import json
+    port = json.loads((hub.data_dir / "deployments" / dep["id"] / "replica0.json").read_text())["port"]
+    r = requests.post(f"http://127.0.0.1:{port}/v2/models/tiny/infer", timeout=60,
+                      headers=hub.auth(tokens["alice"]), json={})
+    assert r.status_code == 401 and "endpoint URL" in r.json()["error"]
     # Bob sees none of it through the API either.
     assert hub.gpulab("GET", "/deployments", token=tokens["bob"]).json() == []
     r = hub.gpulab("GET", "/deployments/tiny", token=tokens["bob"], params={"user": "alice"})
@@ -267,3 +273,12 @@ def test_deployment_stops_with_its_owners_server_when_asked(hub, tokens, model_d
     rows = hub.gpulab("GET", "/allocations", token=token).json()
     assert [r["owner"].split("/")[0] for r in rows] == [dave.get_deployment("stays")["id"]]
     dave.stop_deployment("stays")
+
+
+def test_deployments_are_in_the_openapi_document(hub):
+    doc = hub.gpulab("GET", "/openapi.json").json()
+    paths = doc["paths"]
+    assert {"get", "post"} <= set(paths["/api/v1/deployments"])
+    assert {"get", "patch", "delete"} <= set(paths["/api/v1/deployments/{name}"])
+    assert "multipart/form-data" in paths["/api/v1/deployments"]["post"]["requestBody"]["content"]
+    assert "p99_latency_ms" in doc["components"]["schemas"]["Deployment"]["properties"]
