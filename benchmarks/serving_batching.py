@@ -13,8 +13,15 @@ Every server gets one torch thread. Prints throughput and p99 latency, and the
 ratios: batching against batch 1 (the issue's goal is >= 3x throughput) and
 gpulab against LitServe.
 
+Requests are JSON by default. ``--binary`` sends the gpulab rows what
+``tritonclient`` sends by default (OIP's binary-data extension: raw tensor
+bytes after a small JSON header, binary outputs back), which takes most of the
+per-request encoding cost away; LitServe has no binary protocol, so that run
+skips it. How much batching gains depends on how the model's compute compares
+with the per-request HTTP cost on these cores: try ``--dims 1024,4096,4096,1024``.
+
     python benchmarks/serving_batching.py [--requests 1500] [--concurrency 64]
-        [--max-batch-size 32] [--max-latency-ms 5] [--dims 512,2048,512]
+        [--max-batch-size 32] [--max-latency-ms 5] [--dims 512,2048,2048,512] [--binary]
 """
 
 from __future__ import annotations
@@ -72,17 +79,18 @@ async def wait_ready(url: str, proc: subprocess.Popen) -> None:
     raise RuntimeError(f"{url} not ready after {STARTUP_S}s")
 
 
-async def load(url: str, bodies: list[bytes], concurrency: int) -> tuple[float, list[float], int]:
-    """Closed loop: `concurrency` clients send `bodies` in turn; (seconds, latencies, errors)."""
+async def load(url: str, bodies: list[tuple[bytes, dict]],
+               concurrency: int) -> tuple[float, list[float], int]:
+    """Closed loop: `concurrency` clients send `bodies` (body, headers) in turn;
+    returns (seconds, latencies, errors)."""
     latencies: list[float] = []
     errors = 0
     next_body = iter(bodies)
     connector = aiohttp.TCPConnector(limit=concurrency)
-    headers = {"Content-Type": "application/json"}
 
     async def client(session):
         nonlocal errors
-        for body in next_body:
+        for body, headers in next_body:
             start = time.perf_counter()
             async with session.post(url, data=body, headers=headers) as r:
                 await r.read()
@@ -201,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dims", default="512,2048,2048,512",
                         help="layer widths of the MLP (default 512,2048,2048,512)")
     parser.add_argument("--skip-litserve", action="store_true")
+    parser.add_argument("--binary", action="store_true",
+                        help="gpulab rows use OIP's binary-data extension (LitServe is skipped)")
     parser.add_argument("--litserve-child", nargs=4, metavar=("DIR", "PORT", "B", "TIMEOUT"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -214,12 +224,23 @@ def main(argv: list[str] | None = None) -> int:
     rows = [rng.standard_normal(dims[0], dtype=np.float32).tolist() for _ in range(64)]
     n_warm = max(args.concurrency * 4, 100)
 
+    json_headers = {"Content-Type": "application/json"}
+
     def oip(row):
-        return json.dumps({"inputs": [{"name": "input", "datatype": "FP32",
-                                       "shape": [1, dims[0]], "data": row}]}).encode()
+        if not args.binary:
+            return json.dumps({"inputs": [{"name": "input", "datatype": "FP32",
+                                           "shape": [1, dims[0]], "data": row}]}).encode(), \
+                json_headers
+        raw = np.asarray(row, dtype=np.float32).tobytes()
+        head = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, dims[0]],
+                                       "parameters": {"binary_data_size": len(raw)}}],
+                           "outputs": [{"name": "output", "parameters": {"binary_data": True}}]
+                           }).encode()
+        return head + raw, {"Content-Type": "application/octet-stream",
+                            "Inference-Header-Content-Length": str(len(head))}
 
     def lit(row):
-        return json.dumps({"input": row}).encode()
+        return json.dumps({"input": row}).encode(), json_headers
 
     oip_bodies = [oip(rows[i % 64]) for i in range(args.requests)]
     lit_bodies = [lit(rows[i % 64]) for i in range(args.requests)]
@@ -239,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                           "--max-latency-ms", str(delay)],
                 f"{base}/v2/health/ready", f"{base}/v2/models/mlp/infer",
                 oip_bodies, oip_bodies[:n_warm], args.concurrency)
-        if not args.skip_litserve:
+        if not (args.skip_litserve or args.binary):
             port = free_port()
             base = f"http://127.0.0.1:{port}"
             results["LitServe, same batch settings"] = run_server(
@@ -248,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{base}/health", f"{base}/predict", lit_bodies, lit_bodies[:n_warm],
                 args.concurrency)
 
-    print(f"MLP {args.dims}, {args.requests} one-row JSON requests, {args.concurrency} concurrent "
+    encoding = "binary-extension" if args.binary else "JSON"
+    print(f"MLP {args.dims}, {args.requests} one-row {encoding} requests, {args.concurrency} concurrent "
           f"clients, max batch {args.max_batch_size}, max delay {args.max_latency_ms} ms, "
           "1 torch thread per server")
     print(f"{'server':34} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'errors':>7}")
