@@ -186,6 +186,15 @@ class GpuLabService(Application):
         """,
     ).tag(config=True)
 
+    kubernetes_jobs = Dict(
+        help="""Run jobs submitted with backend "kubernetes" as Indexed Jobs (JobSets where
+        installed) in this namespace; see gpulab.hub_ext.service.kube_jobs for every key.
+
+        c.GpuLabService.kubernetes_jobs = {"namespace": "gpulab", "jobs_pvc": "gpulab-jobs",
+                                           "enforcement": "hami", "queue": "gpulab-jobs"}
+        """,
+    ).tag(config=True)
+
     deployments_stop_with_server = Bool(
         False,
         help="""Stop a user's deployments when their (default) server stops, unless the

@@ -48,6 +48,11 @@ class JobManager:
         os.makedirs(self.root, exist_ok=True)
         real_gpus = any(not g.simulated for g in service.gpus)
         self.backends = backends or {"local": LocalBackend(self.root, real_gpus=real_gpus)}
+        if backends is None and service.kubernetes_jobs:
+            from .kube_jobs import kubernetes_backend
+
+            self.backends["kubernetes"] = kubernetes_backend(service.kubernetes_jobs, self.root,
+                                                             service.gpus)
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._tails: dict[str, tuple[int, list[dict]]] = {}

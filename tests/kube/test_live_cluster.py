@@ -9,7 +9,16 @@ Optional settings:
 - ``GPULAB_TEST_IMAGE``: an image with Python 3 (default ``python:3.11-slim``);
 - ``GPULAB_TEST_ENFORCEMENT`` + ``GPULAB_TEST_GPU_MODEL`` + ``GPULAB_TEST_GPU_MEMORY_MIB``:
   ask for a 1/4 GPU slice with that backend (default: no GPU, so any cluster works);
-- ``GPULAB_TEST_KUEUE_QUEUE``: submit the job to that Kueue LocalQueue.
+- ``GPULAB_TEST_KUEUE_QUEUE``: submit the job to that Kueue LocalQueue;
+- ``GPULAB_TEST_STORAGE_CLASS`` + ``GPULAB_TEST_JOBS_ACCESS_MODE``: the claim the
+  backend's jobs and models volume uses (default: the cluster's default class,
+  ``ReadWriteOnce``, enough on a one-node cluster; use ``ReadWriteMany`` on more).
+
+The backend's cases run gpulab's own objects (``gpulab.backend.kubernetes``)
+with the image's command swapped, through ``pod_patch``, for a stand-in that
+needs only Python: the default image has neither torch nor gpulab. The
+stand-in keeps what the objects decide: each pod's index, ``is_host``, the
+rendezvous name of index 0 and its port, the slice, the volumes.
 """
 
 from __future__ import annotations
@@ -156,6 +165,135 @@ async def test_endpoint_serves(api, namespace):
         return any(s.addresses for s in ep.subsets or [])
 
     await wait_for("the endpoint to have a ready address", ready)
+
+
+# -- the Kubernetes backend's own objects ------------------------------------------------
+# Index 0 listens where the rendezvous would be; index 1 connects to it by name.
+RDZV_STAND_IN = """
+import os, socket, sys, time
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+host, port = args["rdzv-endpoint"].rsplit(":", 1)
+is_host = args["rdzv-conf"].split(",")[0]
+print("node", os.environ["PET_NODE_RANK"], is_host, "addr", args["local-addr"], flush=True)
+if is_host == "is_host=1":
+    conn, _ = socket.create_server(("", int(port))).accept()
+    print("peer", conn.recv(64).decode(), flush=True)
+else:
+    for _ in range(150):
+        try:
+            conn = socket.create_connection((host, int(port)), timeout=5)
+            break
+        except OSError:
+            time.sleep(2)
+    else:
+        sys.exit("cannot reach " + host)
+    conn.sendall(os.environ["PET_NODE_RANK"].encode())
+"""
+
+JOBS_PVC = "gpulab-jobs"
+
+
+def stand_in(command: list[str] | None = None, keep_args=("--rdzv-endpoint=", "--rdzv-conf=",
+                                                        "--local-addr=")):
+    """A pod patch: the slice, and the container's torchrun swapped for the stand-in."""
+    from gpulab.spawner.kube_enforcement import apply_to_pod
+
+    _, patch = the_slice()
+
+    def apply(template):
+        template = apply_to_pod(template, patch)
+        c = template["spec"]["containers"][0]
+        if command is None:  # a job's node: keep the wrapper, run the stand-in under it
+            kept = [a for a in c["args"] if a.startswith(keep_args)]
+            c["args"] = ["python", "-c", RDZV_STAND_IN, *kept]
+        else:  # an endpoint: a plain HTTP server where the model server would be
+            c["command"] = command
+            for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
+                c.pop(probe, None)
+            c["readinessProbe"] = {"tcpSocket": {"port": "http"}, "periodSeconds": 2}
+        c["resources"] = {**c.get("resources", {}),
+                          "requests": {"cpu": "50m", "memory": "64Mi"}}
+        c["resources"].setdefault("limits", {})["memory"] = "256Mi"
+        return template
+    return apply
+
+
+@pytest.fixture(scope="module")
+async def jobs_pvc(api, namespace):
+    claim = {"metadata": {"name": JOBS_PVC},
+             "spec": {"accessModes": [os.environ.get("GPULAB_TEST_JOBS_ACCESS_MODE",
+                                                     "ReadWriteOnce")],
+                      "resources": {"requests": {"storage": "1Gi"}}}}
+    if os.environ.get("GPULAB_TEST_STORAGE_CLASS"):
+        claim["spec"]["storageClassName"] = os.environ["GPULAB_TEST_STORAGE_CLASS"]
+    await api["core"].create_namespaced_persistent_volume_claim(namespace, claim)
+    return JOBS_PVC
+
+
+async def test_backend_job_pods_rendezvous_by_name(api, namespace, jobs_pvc, tmp_path):
+    from gpulab.backend.kubernetes import JobOptions
+    from gpulab.backend.kubernetes.backend import KubernetesBackend
+    from gpulab.backend.spec import JobSpec
+    from gpulab.spawner.kube_enforcement.kueue import queue_patch
+
+    # The service's view of the job directory is a local folder here (it gets only
+    # launch.json); the pods mount the claim at the same path, as in a real install.
+    jobs_root = str(tmp_path)
+    queue = queue_patch("job", os.environ.get("GPULAB_TEST_KUEUE_QUEUE"), None)["labels"]
+    backend = KubernetesBackend(
+        jobs_root, namespace=namespace, kubeconfig=KUBECONFIG,
+        options=JobOptions(jobs_root=jobs_root, jobs_pvc=jobs_pvc, labels=queue,
+                           ttl_seconds_after_finished=600),
+        pod_patch_for=lambda spec, allocations: stand_in())
+    spec = JobSpec(code="# stand-in", nodes=2, image=IMAGE, id=secrets.token_hex(4),
+                   user="tester", max_restarts=1, backend="kubernetes")
+    spec.validate()
+    try:
+        await backend.start(spec, [])
+
+        async def done():
+            status = await backend.poll(spec)
+            assert status.state != "failed", status
+            return status if status.state == "succeeded" else None
+
+        status = await wait_for("the two-node job to succeed", done)
+        pods = await api["core"].list_namespaced_pod(
+            namespace, label_selector=f"gpulab.io/job-id={spec.id}")
+        logs = {}
+        for p in pods.items:
+            logs[p.metadata.annotations["batch.kubernetes.io/job-completion-index"]] = \
+                await api["core"].read_namespaced_pod_log(p.metadata.name, namespace)
+        assert "node 0 is_host=1" in logs["0"] and "peer 1" in logs["0"], logs
+        assert "node 1 is_host=0" in logs["1"], logs
+        assert status.details["kind"] in ("Job", "JobSet")
+    finally:
+        await backend.cancel(spec)
+        await backend.close()
+    assert (await backend.poll(spec)).state == "failed"  # gone: nothing left to run
+
+
+async def test_backend_endpoint_objects_serve(api, namespace, jobs_pvc):
+    from gpulab.backend.kubernetes import make_deployment
+
+    deployment, service = make_deployment(
+        "live", image=IMAGE, model_dir="/models/live", models_pvc=jobs_pvc,
+        models_root="/models", user="tester", replicas=1, port=8080,
+        pod_patch=stand_in(["python", "-m", "http.server", "8080"]))
+    validate_strict(deployment)
+    validate_strict(service)
+    name = deployment["metadata"]["name"]
+    await api["apps"].create_namespaced_deployment(namespace, deployment)
+    await api["core"].create_namespaced_service(namespace, service)
+    try:
+        async def ready():
+            ep = await api["core"].read_namespaced_endpoints(name, namespace)
+            return any(s.addresses for s in ep.subsets or [])
+
+        await wait_for("the backend's endpoint to have a ready address", ready)
+    finally:
+        await api["apps"].delete_namespaced_deployment(name, namespace,
+                                                       propagation_policy="Foreground")
+        await api["core"].delete_namespaced_service(name, namespace)
 
 
 async def test_cleanup_leaves_nothing(api, namespace):

@@ -1,0 +1,27 @@
+"""The Kubernetes backend: a job as an Indexed Job (or a JobSet), an endpoint as a Deployment.
+
+The objects come from pure functions, one module per kind of work; the
+:class:`~.backend.KubernetesBackend` is the only module that talks to a cluster
+(``kubernetes_asyncio``, imported when it is constructed, never at import):
+
+- :mod:`.pods`: what every training pod shares: names, labels, the job volume,
+  the torchrun container of a node (its rank comes from the pod's index);
+- :mod:`.job`: ``make_job(spec, options) -> dict`` (an Indexed Job) and its headless
+  Service; ``job_objects`` gives both, in the order to create them;
+- :mod:`.jobset`: ``make_jobset(spec, options)`` when the JobSet CRD is installed;
+- :mod:`.deploy`: ``make_deployment(...) -> [Deployment, Service]`` and, when
+  KServe is installed, ``make_inference_service(...)``.
+
+Slice enforcement and Kueue live in ``gpulab.spawner``, which ``backend/`` must
+not import: builders take ``pod_patch`` (a function of a pod template, e.g.
+``lambda t: apply_to_pod(t, pod_slice_patch("hami", GpuSlice.of(250, 81920)))``)
+and plain ``labels`` (``queue_patch("job", queue)["labels"]``) from the caller.
+"""
+
+from .deploy import make_deployment, make_inference_service
+from .job import job_objects, make_headless_service, make_job
+from .jobset import make_jobset
+from .pods import JobOptions, job_name
+
+__all__ = ["JobOptions", "job_name", "job_objects", "make_deployment", "make_headless_service",
+           "make_inference_service", "make_job", "make_jobset"]

@@ -1,0 +1,212 @@
+"""The Kubernetes backend's I/O: create a job's objects, follow them, delete them.
+
+Everything a job becomes comes from the pure builders (:mod:`.job`,
+:mod:`.jobset`); this module only sends them with ``kubernetes_asyncio``,
+which it imports when it first needs the cluster (importing gpulab loads no
+kubeconfig). Whether JobSet is installed is asked once, from the API
+discovery (``GET /apis``), at the first start.
+
+Where a job stands comes from the Job's (or JobSet's) conditions: ``Complete``
+is success, ``Failed`` a failure, whose root cause (which rank raised what) the
+ranks wrote to the job directory on the shared volume, as on the local backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from typing import Callable
+
+from ..base import Backend, JobStatus
+from ..spec import JobSpec, SpecError
+from . import jobset as jobset_mod
+from .job import job_objects
+from .pods import JobOptions, check_spec, job_name
+
+#: How long ``cancel`` waits for the cluster to remove a job's pods.
+CANCEL_WAIT_S = 120.0
+
+
+class KubernetesBackend(Backend):
+    """Jobs as Indexed Jobs (or JobSets) in one namespace.
+
+    ``options`` says where job directories live on the cluster (the PVC) and
+    how jobs queue; ``pod_patch_for(spec, allocations)`` returns the pod patch
+    holding a node's slice (the service builds it from
+    ``gpulab.spawner.kube_enforcement``), or None for none. ``use_jobset`` is
+    ``"auto"`` (when the CRD is installed), ``True`` or ``False``.
+    """
+
+    name = "kubernetes"
+
+    def __init__(self, jobs_root: str, *, namespace: str, options: JobOptions,
+                 kubeconfig: str | None = None, use_jobset: bool | str = "auto",
+                 pod_patch_for: Callable[[JobSpec, list], Callable | None] | None = None):
+        super().__init__(jobs_root)
+        if options.jobs_root != jobs_root:
+            raise SpecError(f"options.jobs_root ({options.jobs_root}) must be the service's "
+                            f"jobs directory ({jobs_root}): pods mount it at the same path")
+        self.namespace = namespace
+        self.options = options
+        self.kubeconfig = kubeconfig
+        self.use_jobset = use_jobset
+        self.pod_patch_for = pod_patch_for
+        self._client = None
+        self._groups: set[str] | None = None
+
+    # -- the client ------------------------------------------------------------------
+    async def api(self):
+        if self._client is None:
+            from kubernetes_asyncio import client, config
+
+            if self.kubeconfig:
+                self._client = await config.new_client_from_config(config_file=self.kubeconfig)
+            else:
+                config.load_incluster_config()
+                self._client = client.ApiClient()
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def api_groups(self) -> set[str]:
+        if self._groups is None:
+            from kubernetes_asyncio import client
+
+            found = await client.ApisApi(await self.api()).get_api_versions()
+            self._groups = {g.name for g in found.groups or []}
+        return self._groups
+
+    async def _jobset(self, spec: JobSpec) -> bool:
+        """Whether this job is a JobSet: what it was started as, else what the cluster has."""
+        launch = self.jobdir(spec.id).read_json("launch.json", {}) or {}
+        if "kind" in launch:
+            return launch["kind"] == "JobSet"
+        if self.use_jobset == "auto":
+            return jobset_mod.GROUP in await self.api_groups()
+        return bool(self.use_jobset)
+
+    # -- hooks -----------------------------------------------------------------------
+    def check(self, spec: JobSpec) -> None:
+        check_spec(spec)
+        job_name(spec)
+        if spec.comm_hook == "bf16" and not spec.gpu_milli:
+            raise SpecError("comm hook bf16 needs NCCL, which needs GPUs; these ranks have "
+                            "none: use --comm-hook fp16 or powersgd")
+
+    def objects(self, spec: JobSpec, allocations: list[dict], jobset: bool) -> list[dict]:
+        patch = self.pod_patch_for(spec, allocations) if self.pod_patch_for else None
+        opts = dataclasses.replace(self.options, pod_patch=patch)
+        if jobset:
+            return [jobset_mod.make_jobset(spec, opts)]
+        return job_objects(spec, opts)
+
+    async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        self.check(spec)
+        # The service wrote the inputs at submit; the pods write logs beside them.
+        os.makedirs(self.jobdir(spec.id).p("logs"), exist_ok=True)
+        api = await self.api()
+        jobset = await self._jobset(spec)
+        objects = self.objects(spec, allocations, jobset)
+        for obj in objects:
+            try:
+                if obj["kind"] == "Service":
+                    await client.CoreV1Api(api).create_namespaced_service(self.namespace, obj)
+                elif obj["kind"] == "Job":
+                    await client.BatchV1Api(api).create_namespaced_job(self.namespace, obj)
+                else:
+                    await client.CustomObjectsApi(api).create_namespaced_custom_object(
+                        jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, obj)
+            except ApiException as e:
+                if e.status != 409:  # already there: a start repeated after a crash
+                    raise
+        self.jobdir(spec.id).write_json("launch.json", {
+            "backend": self.name, "kind": objects[-1]["kind"], "namespace": self.namespace,
+            "name": job_name(spec), "started": time.time()})
+
+    async def _read(self, spec: JobSpec) -> tuple[str, dict | None]:
+        """(kind, the object's status as a dict) or (kind, None) when it does not exist."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        api = await self.api()
+        name = job_name(spec)
+        try:
+            if await self._jobset(spec):
+                # The object, not its /status subresource: the chart's Role grants
+                # jobs and jobsets, not their subresources.
+                obj = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+                    jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, name)
+                return "JobSet", obj.get("status") or {}
+            job = await client.BatchV1Api(api).read_namespaced_job(name, self.namespace)
+            return "Job", api.sanitize_for_serialization(job.status) or {}
+        except ApiException as e:
+            if e.status == 404:
+                return ("JobSet" if await self._jobset(spec) else "Job"), None
+            raise
+
+    async def poll(self, spec: JobSpec) -> JobStatus:
+        kind, status = await self._read(spec)
+        jd = self.jobdir(spec.id)
+        if status is None:
+            return JobStatus("failed", restarts=jd.restarts(),
+                             message=f"the {kind} {job_name(spec)} is gone from namespace "
+                                     f"{self.namespace} (deleted outside gpulab?)")
+        conditions = {c.get("type"): c for c in status.get("conditions") or []
+                      if c.get("status") == "True"}
+        restarts = max(jd.restarts(), int(status.get("restarts") or 0),
+                       int(status.get("failed") or 0) if kind == "Job" else 0)
+        details = {"kind": kind, "name": job_name(spec), "namespace": self.namespace}
+        if "Complete" in conditions or "Completed" in conditions:
+            return JobStatus("succeeded", exit_code=0, restarts=restarts, details=details)
+        failed = conditions.get("Failed")
+        if failed is None:
+            return JobStatus("running", restarts=restarts, details=details)
+        errors = [e for e in jd.errors() if e.get("restart", 0) == jd.restarts()] or jd.errors()
+        if errors:
+            e = errors[0]
+            return JobStatus("failed", exit_code=1, restarts=restarts, error=e, details=details,
+                             message=f"rank {e.get('rank')} failed: {e.get('type')}: "
+                                     f"{e.get('message')}")
+        why = ": ".join(x for x in (failed.get("reason"), failed.get("message")) if x)
+        return JobStatus("failed", exit_code=1, restarts=restarts, details=details,
+                         message=f"the {kind} failed" + (f" ({why})" if why else ""))
+
+    async def reattach(self, spec: JobSpec) -> bool:
+        return (await self.poll(spec)).state == "running"
+
+    async def cancel(self, spec: JobSpec, wait_s: float = CANCEL_WAIT_S) -> None:
+        """Delete the job in the foreground (its pods go first) and wait until it is gone."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        api = await self.api()
+        name = job_name(spec)
+        jobset = await self._jobset(spec)
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}
+        if jobset:
+            deletes = [client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, name,
+                body=body)]
+        else:
+            deletes = [client.BatchV1Api(api).delete_namespaced_job(name, self.namespace,
+                                                                    body=body),
+                       client.CoreV1Api(api).delete_namespaced_service(name, self.namespace)]
+        for delete in deletes:
+            try:
+                await delete
+            except ApiException as e:
+                if e.status != 404:  # already gone is what we want
+                    raise
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if (await self._read(spec))[1] is None:
+                return
+            await asyncio.sleep(1.0)

@@ -1,0 +1,79 @@
+"""The Kubernetes job backend, as the service configures it.
+
+``c.GpuLabService.kubernetes_jobs`` turns it on (jobs submitted with
+``backend="kubernetes"``, ``%%train_distributed --backend kubernetes``)::
+
+    c.GpuLabService.kubernetes_jobs = {
+        "namespace": "gpulab",
+        "jobs_pvc": "gpulab-jobs",          # ReadWriteMany; holds <data-dir>/jobs
+        "enforcement": "hami",              # how a pod holds its slice (spawner's backends)
+        "queue": "gpulab-jobs",             # optional: Kueue LocalQueue
+        "priority_class": "",               # optional
+        "use_jobset": "auto",               # JobSet when the CRD is installed
+        "kubeconfig": "",                   # default: in-cluster
+    }
+
+The service's jobs directory must be that claim, mounted at the same path in
+the service's pod (the Helm chart does it). Here the slice of a node's pod
+comes from the spawner's enforcement backends (pure functions), the part of
+gpulab that already knows how a pod holds a slice.
+"""
+
+from __future__ import annotations
+
+from gpulab.backend.kubernetes.backend import KubernetesBackend
+from gpulab.backend.kubernetes.pods import JobOptions
+from gpulab.backend.spec import JobSpec, SpecError
+from gpulab.scheduler.slices import MILLI_PER_GPU
+from gpulab.spawner.kube_enforcement import GpuSlice, apply_to_pod, check_backend, pod_slice_patch
+from gpulab.spawner.kube_enforcement.kueue import queue_patch
+
+KEYS = {"namespace", "jobs_pvc", "enforcement", "enforcement_options", "queue", "priority",
+        "priority_class", "use_jobset", "kubeconfig", "rdzv_port"}
+
+
+def kubernetes_backend(settings: dict, jobs_root: str, gpus) -> KubernetesBackend:
+    """The backend for ``settings`` (``c.GpuLabService.kubernetes_jobs``); clear errors."""
+    unknown = set(settings) - KEYS
+    if unknown:
+        raise SpecError(f"kubernetes_jobs: unknown key(s) {', '.join(sorted(unknown))}; "
+                        f"known: {', '.join(sorted(KEYS))}")
+    for key in ("namespace", "jobs_pvc"):
+        if not settings.get(key):
+            raise SpecError(f"kubernetes_jobs needs {key!r}")
+    enforcement = settings.get("enforcement", "hami")
+    enforcement_options = check_backend(enforcement, settings.get("enforcement_options"))
+    by_uuid = {g.uuid: g for g in gpus}
+
+    def pod_patch_for(spec: JobSpec, allocations: list[dict]):
+        if not spec.gpu_milli:
+            return None
+        # A node's pod holds its ranks' slices; on Kubernetes they are one request.
+        node_milli = spec.gpu_milli * spec.nproc_per_node
+        first = by_uuid.get(allocations[0]["gpu_uuid"]) if allocations else None
+        piece = GpuSlice.of(node_milli, first.memory_mib if first else 0,
+                            first.model if first else "")
+        patch = pod_slice_patch(enforcement, piece, options=enforcement_options)
+        return lambda template: apply_to_pod(template, patch)
+
+    def check(spec: JobSpec) -> None:
+        if 0 < spec.gpu_milli < MILLI_PER_GPU and spec.nproc_per_node > 1:
+            raise SpecError("on Kubernetes a node's ranks share one pod, which holds one slice: "
+                            "use --nproc-per-node 1 with a fraction of a GPU, or whole GPUs")
+
+    labels = queue_patch("job", settings.get("queue"), settings.get("priority"))["labels"]
+    options = JobOptions(jobs_root=jobs_root, jobs_pvc=settings["jobs_pvc"], labels=labels,
+                         priority_class=settings.get("priority_class", ""),
+                         rdzv_port=int(settings.get("rdzv_port", 29400)))
+    backend = KubernetesBackend(jobs_root, namespace=settings["namespace"], options=options,
+                                kubeconfig=settings.get("kubeconfig") or None,
+                                use_jobset=settings.get("use_jobset", "auto"),
+                                pod_patch_for=pod_patch_for)
+    base_check = backend.check
+
+    def checked(spec: JobSpec) -> None:
+        base_check(spec)
+        check(spec)
+
+    backend.check = checked
+    return backend
