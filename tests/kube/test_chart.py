@@ -48,7 +48,8 @@ def test_all_options_render_and_validate(chart):
         "ClusterRole/gpulab-gpulab-all-inventory", "ClusterRoleBinding/gpulab-gpulab-all-inventory",
         "ConfigMap/gpulab-all-service", "ConfigMap/gpulab-hub-config",
         "DaemonSet/gpulab-all-agent", "Deployment/gpulab-all", "LocalQueue/research",
-        "PersistentVolumeClaim/gpulab-all-data", "PriorityClass/gpulab-notebook",
+        "PersistentVolumeClaim/gpulab-all-data", "PersistentVolumeClaim/gpulab-all-jobs",
+        "PriorityClass/gpulab-notebook",
         "Role/gpulab-all", "RoleBinding/gpulab-all", "Secret/gpulab-tokens",
         "Service/gpulab-all", "ServiceAccount/gpulab-all",
         "WorkloadPriorityClass/gpulab-high", "WorkloadPriorityClass/gpulab-low"]
@@ -95,6 +96,71 @@ def test_all_options_reach_the_objects(chart):
     assert service_values["authenticatePrometheus"] is False
     assert service_values["kueue"] == {"enabled": True, "localQueue": "research",
                                        "defaultPriorityClass": "gpulab-low"}
+
+
+def volume_mounts(objects: dict, deployment: str) -> tuple[dict, dict]:
+    """``({mount path: volume name}, {volume name: volume})`` of the service's pod."""
+    spec = objects[f"Deployment/{deployment}"]["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+    return mounts, {v["name"]: v for v in spec["volumes"]}
+
+
+def test_kubernetes_jobs_get_a_shared_jobs_directory(chart):
+    objects = render(chart, ALL_ON)
+    pvc = objects["PersistentVolumeClaim/gpulab-all-jobs"]
+    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "nfs-rwx",
+                           "resources": {"requests": {"storage": "500Gi"}}}
+    # The service's <data-dir>/jobs is the claim (job pods mount it at the same path).
+    mounts, volumes = volume_mounts(objects, "gpulab-all")
+    env = {e["name"]: e.get("value") for e in objects["Deployment/gpulab-all"]["spec"][
+        "template"]["spec"]["containers"][0]["env"]}
+    assert mounts["/srv/gpulab/jobs"] == "jobs" and env["GPULAB_DATA_DIR"] == "/srv/gpulab"
+    assert volumes["jobs"]["persistentVolumeClaim"] == {"claimName": "gpulab-all-jobs"}
+    assert mounts["/srv/gpulab"] == "data"  # the ledger's volume stays beside it
+    service_values = json.loads(
+        objects["ConfigMap/gpulab-all-service"]["data"]["service-values.json"])
+    assert service_values["kubernetesJobs"] == {
+        "enabled": True, "namespace": "gpulab", "jobsPvc": "gpulab-all-jobs",
+        "useJobSet": "auto", "priorityClassName": "batch-low", "rdzvPort": 29500}
+    # The service's Role covers what the backend does with a job's objects.
+    rules = objects["Role/gpulab-all"]["rules"]
+
+    def allowed(group, resource, verbs):
+        return any(group in r["apiGroups"] and resource in r["resources"]
+                   and set(verbs) <= set(r["verbs"]) for r in rules)
+
+    crud = ["get", "list", "watch", "create", "delete"]
+    for group, resource, verbs in [("batch", "jobs", crud), ("jobset.x-k8s.io", "jobsets", crud),
+                                   ("", "services", crud), ("", "pods", ["get", "list", "watch"]),
+                                   ("", "pods/log", ["get", "list"])]:
+        assert allowed(group, resource, verbs), (group, resource)
+
+
+def test_kubernetes_jobs_on_an_existing_claim(chart):
+    values = {**HUB_OFF, "jobs": {"kubernetes": {"enabled": True, "useJobSet": False},
+                                  "storage": {"existingClaim": "team-nfs"}}}
+    objects = render(chart, values, namespace="research")
+    assert not [k for k in objects if k.startswith("PersistentVolumeClaim/")
+                and k != "PersistentVolumeClaim/gpulab-data"]
+    mounts, volumes = volume_mounts(objects, "gpulab")
+    assert volumes[mounts["/srv/gpulab/jobs"]]["persistentVolumeClaim"] == {
+        "claimName": "team-nfs"}
+    validate_strict(objects["Deployment/gpulab"])
+    service_values = json.loads(
+        objects["ConfigMap/gpulab-service"]["data"]["service-values.json"])
+    jobs = service_values["kubernetesJobs"]
+    assert (jobs["namespace"], jobs["jobsPvc"], jobs["useJobSet"]) == (
+        "research", "team-nfs", False)
+
+
+def test_kubernetes_jobs_off_by_default(chart):
+    objects = render(chart, HUB_OFF)
+    assert "PersistentVolumeClaim/gpulab-jobs" not in objects
+    mounts, volumes = volume_mounts(objects, "gpulab")
+    assert "/srv/gpulab/jobs" not in mounts and "jobs" not in volumes
+    service_values = json.loads(
+        objects["ConfigMap/gpulab-service"]["data"]["service-values.json"])
+    assert service_values["kubernetesJobs"]["enabled"] is False
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -150,6 +216,8 @@ def test_values_match_their_schema():
     ({"slices": {"sizes": [-250], "policy": "best-fit"}}, "at '/slices/sizes/0'"),
     ({"service": {"port": 0}}, "at '/service/port'"),
     ({"servce": {}}, "additional properties 'servce' not allowed"),
+    ({"jobs": {"kubernetes": {"useJobSet": "yes"}}}, "at '/jobs/kubernetes/useJobSet'"),
+    ({"jobs": {"storage": {"size": "lots"}}}, "at '/jobs/storage/size'"),
 ])
 def test_schema_refuses_bad_values(chart, bad, message):
     with pytest.raises(helm.HelmError, match=message):

@@ -10,15 +10,18 @@ import yaml
 from traitlets.config import Config
 
 from gpulab.hub_ext.service.app import GpuLabService
+from gpulab.hub_ext.service.jobs import JobManager
+from gpulab.hub_ext.service.kube_jobs import kubernetes_backend
 from gpulab.spawner.kube import FractionalKubeSpawner
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "gpulab"
+ALL_ON = yaml.safe_load((Path(__file__).parent / "values-all-on.yaml").read_text())
 
 
-def rendered_data(values: dict) -> dict[str, str]:
+def rendered_data(values: dict, namespace: str = "hub") -> dict[str, str]:
     with helm.Chart.load(str(CHART)) as chart:
         out = chart.render({"jupyterhub": {"enabled": False}, **values}, name="gpulab",
-                           namespace="hub")
+                           namespace=namespace)
     data = {}
     for name in ("configmap-hub.yaml", "configmap-service.yaml"):
         data.update(yaml.safe_load(out[f"gpulab/templates/{name}"])["data"])
@@ -87,9 +90,49 @@ def test_service_config(tmp_path, monkeypatch):
     assert svc.inventory_source == "kubernetes"
 
 
-def test_service_starts_from_the_chart_config(tmp_path, monkeypatch):
-    """The service's own start-up reads the chart's file as the pod runs it."""
-    data = rendered_data({})
+def service_config(tmp_path, monkeypatch, values: dict, namespace: str = "hub") -> Config:
+    data = rendered_data(values, namespace)
+    path = tmp_path / "service-values.json"
+    path.write_text(data["service-values.json"])
+    monkeypatch.setenv("GPULAB_SERVICE_VALUES", str(path))
+    return run_config(data["gpulab_config.py"], Config())
+
+
+def test_service_config_turns_on_kubernetes_jobs(tmp_path, monkeypatch):
+    c = service_config(tmp_path, monkeypatch, ALL_ON, namespace="research")
+    assert c.GpuLabService.kubernetes_jobs == {
+        "namespace": "research", "jobs_pvc": "gpulab-all-jobs",
+        "enforcement": "mig", "enforcement_options": ALL_ON["enforcement"]["options"],
+        "queue": "research", "priority": "gpulab-low", "priority_class": "batch-low",
+        "use_jobset": "auto", "rdzv_port": 29500}
+    # The service builds its backend from exactly these settings.
+    jobs_root = str(tmp_path / "data" / "jobs")
+    backend = kubernetes_backend(c.GpuLabService.kubernetes_jobs, jobs_root, [])
+    assert (backend.namespace, backend.use_jobset) == ("research", "auto")
+    assert backend.options.jobs_pvc == "gpulab-all-jobs"
+    assert backend.options.labels == {"kueue.x-k8s.io/queue-name": "research",
+                                      "kueue.x-k8s.io/priority-class": "gpulab-low"}
+    assert (backend.options.priority_class, backend.options.rdzv_port) == ("batch-low", 29500)
+
+
+def test_service_config_kubernetes_jobs_without_kueue(tmp_path, monkeypatch):
+    c = service_config(tmp_path, monkeypatch, {
+        "enforcement": {"backend": "hami"},
+        "jobs": {"kubernetes": {"enabled": True}, "storage": {"existingClaim": "team-nfs"}}})
+    settings = c.GpuLabService.kubernetes_jobs
+    assert (settings["namespace"], settings["jobs_pvc"], settings["enforcement"]) == (
+        "hub", "team-nfs", "hami")
+    assert (settings["queue"], settings["priority"], settings["use_jobset"]) == ("", "", "auto")
+    kubernetes_backend(settings, str(tmp_path / "jobs"), [])
+
+
+def test_service_config_without_kubernetes_jobs(tmp_path, monkeypatch):
+    c = service_config(tmp_path, monkeypatch, {"kueue": {"enabled": True}})
+    assert "kubernetes_jobs" not in c.GpuLabService
+
+
+def started_service(tmp_path, monkeypatch, data: dict) -> GpuLabService:
+    """The service initialised from the chart's rendered files, as its pod starts it."""
     (tmp_path / "gpulab_config.py").write_text(data["gpulab_config.py"])
     (tmp_path / "service-values.json").write_text(data["service-values.json"])
     monkeypatch.setenv("GPULAB_SERVICE_VALUES", str(tmp_path / "service-values.json"))
@@ -98,6 +141,24 @@ def test_service_starts_from_the_chart_config(tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "unused")
     app = GpuLabService()
     app.initialize([f"--config={tmp_path / 'gpulab_config.py'}"])
+    return app
+
+
+def test_service_starts_from_the_chart_config(tmp_path, monkeypatch):
+    """The service's own start-up reads the chart's file as the pod runs it."""
+    app = started_service(tmp_path, monkeypatch, rendered_data({}))
     assert app.slice_sizes == [0, 100, 250, 500, 1000, 2000]
     assert app.local_sampler is False and app.authenticate_prometheus is False
     assert app.db_url == f"sqlite:///{tmp_path / 'data'}/gpulab.sqlite"
+
+
+def test_service_builds_the_kubernetes_backend_from_the_chart_config(tmp_path, monkeypatch):
+    """With jobs.kubernetes on, the service's job manager has the backend, on <data-dir>/jobs."""
+    app = started_service(tmp_path, monkeypatch,
+                          rendered_data({"jobs": {"kubernetes": {"enabled": True}}},
+                                        namespace="research"))
+    manager = JobManager(app)
+    kube = manager.backends["kubernetes"]
+    assert kube.namespace == "research" and kube.options.jobs_pvc == "gpulab-jobs"
+    # The chart mounts the claim at <data-dir>/jobs, the path pods mount it at too.
+    assert kube.options.jobs_root == str(tmp_path / "data" / "jobs") == manager.root

@@ -40,3 +40,8 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "gpulab.serviceUrl" -}}
 {{- printf "http://%s.%s.svc:%d" (include "gpulab.fullname" .) .Release.Namespace (int .Values.service.port) -}}
 {{- end -}}
+
+{{/* The jobs directory's claim (jobs.storage): an existing one, or the chart's <fullname>-jobs. */}}
+{{- define "gpulab.jobsClaim" -}}
+{{- .Values.jobs.storage.existingClaim | default (printf "%s-jobs" (include "gpulab.fullname" .)) -}}
+{{- end -}}

@@ -20,3 +20,23 @@ c.GpuLabService.local_sampler = False
 # GPUs come from the cluster's nodes (gpulab.scheduler.inventory_kube).
 c.GpuLabService.inventory_source = "kubernetes"
 c.GpuLabService.kubernetes_node_selector = gpulab.get("nodeLabelSelector") or ""
+
+# Jobs with backend "kubernetes" run as Indexed Jobs/JobSets in the release's
+# namespace; the jobs directory (<data-dir>/jobs) is the claim the chart mounts
+# there, and every pod of a job mounts it at the same path.
+jobs = gpulab.get("kubernetesJobs") or {}
+if jobs.get("enabled"):
+    kueue = gpulab.get("kueue") or {}
+    queued = bool(kueue.get("enabled"))  # Kueue labels on the Job/JobSet
+    enforcement = gpulab["enforcement"]
+    c.GpuLabService.kubernetes_jobs = {
+        "namespace": jobs["namespace"],
+        "jobs_pvc": jobs["jobsPvc"],
+        "enforcement": enforcement["backend"],
+        "enforcement_options": enforcement.get("options") or {},
+        "queue": (kueue.get("localQueue") or "") if queued else "",
+        "priority": (kueue.get("defaultPriorityClass") or "") if queued else "",
+        "priority_class": jobs.get("priorityClassName") or "",
+        "use_jobset": jobs.get("useJobSet", "auto"),
+        "rdzv_port": int(jobs.get("rdzvPort") or 29400),
+    }
