@@ -1,34 +1,46 @@
-"""gpulab's default placement: the fragmentation gradient, then fit the node's shape.
+"""gpulab's default placement: fragmentation-aware, with a look-ahead for slices' gaps.
 
-Every candidate (node, GPUs) is first scored as FGD scores it: how much the
+Every candidate (node, GPUs) is scored as FGD scores it: how much the
 placement changes the node's expected fragmentation against the typical task
-mix, on the Kubernetes 0..100 scale. That coarse score leaves many candidates
-tied, and FGD settles ties by a fixed random node order. gpulab settles them
-by what FGD's one-task look-ahead over the 95% most popular shapes cannot see,
-in this order:
+mix, on the Kubernetes 0..100 scale. FGD looks one task ahead over the 95%
+most popular shapes, and its coarse score leaves many candidates tied, which
+FGD settles by a fixed random node order. gpulab adds what that look-ahead
+cannot see:
 
 1. **Models others insist on, last.** A request without a ``gpu_spec``
    keeps clear of the GPU models that the workload's constrained requests
    need, in proportion to how much of those models they will want.
-2. **Scarce nodes last.** A node that few request shapes in the workload can
+2. **A slice's gap, by the waste it is expected to end as** (slices only,
+   :mod:`.gap_value`). A gap that a size still to come fills well is worth
+   keeping; one that only rare sizes fit, or that many other gaps already
+   wait for, counts as lost. FGD counts a 0.35 gap as usable by a 0.23 slice
+   although 0.12 then stays idle, and cannot see that a thousand 0.19 gaps
+   compete for the trace's hundred small slices.
+3. **Scarce nodes last.** A node that few request shapes in the workload can
    use (the only nodes big enough for 8-GPU, 120-CPU jobs) is kept for them:
    among equals, the node whose capacity is least in demand by shapes that
    could go elsewhere is used first.
-3. **Tightest card** (fractions): the GPU left with the least free milli, so
+4. **Tightest card** (slices): the GPU left with the least free milli, so
    slices fill cards that are already shared.
-4. **CPU/GPU affinity.** A node whose free CPU per free GPU matches the
+5. **CPU/GPU affinity.** A node whose free CPU per free GPU matches the
    task's CPU per GPU is preferred. CPU-light tasks (an 0.81-GPU slice with
    3 CPUs) then soak up GPUs on CPU-poor nodes, CPU-heavy ones go where CPU is
    plentiful, and CPU-only tasks go to nodes whose GPUs are already taken, so
    fewer GPUs end up stranded behind an exhausted CPU.
-5. The fixed random node order, as FGD: tied work concentrates on the same
+6. The fixed random node order, as FGD: tied work concentrates on the same
    nodes instead of chipping every node a little.
 
-Whole-GPU requests skip (3); CPU-only requests skip (1) and (3).
+A slice is decided by (1), (2), FGD's score, then (3)-(6). A whole-GPU
+request by FGD's score, then (1), (3), (5), (6): ahead of the score, the
+model reservation keeps whole cards of the constrained models free early but
+packs them worse by the time the cluster is full. A CPU-only request by FGD's
+score, then (3), (5), (6).
 
-With no workload (the ledger's fresh cluster), the mix falls back to the spawn
-form's sizes and scarcity is flat, which leaves FGD with affinity and
-tightest-card tie-breaks: a sane best-fit-like default on a single node.
+With no workload (the ledger's fresh cluster), the mix and the slice sizes
+fall back to the spawn form's sizes and scarcity is flat; on a small cluster
+few slices are still to come, so every gap counts as lost and (2) simply
+prefers a shared card to an empty one, which leaves a best-fit-like default
+on a single node.
 """
 
 from __future__ import annotations
@@ -42,11 +54,14 @@ from ..slices import MILLI_PER_GPU
 from .candidates import Candidates
 from .fgd import FragmentationAware, kube_score
 from .fragmentation import FragState
+from .gap_value import GapValue
 
 #: Affinity classes per doubling of the CPU-per-GPU mismatch.
 AFFINITY_STEPS = 2.0
 #: Scarcity classes per median node's scarcity.
 SCARCITY_STEPS = 10.0
+#: Milli of expected waste per gap-value class.
+GAP_VALUE_STEP = 10.0
 
 
 def cpu_per_gpu(cpu_milli: np.ndarray | int, gpu_milli: np.ndarray | int) -> np.ndarray:
@@ -113,6 +128,7 @@ class GpulabPolicy(FragmentationAware):
         self.use_scarcity, self.use_affinity = scarcity, affinity
         self._scarcity: np.ndarray | None = None
         self._reserved: np.ndarray | None = None
+        self.gap_value = GapValue.from_workload(self.workload, self.mix)
 
     def node_scarcity(self, cluster: Cluster) -> np.ndarray:
         # Judged once, on the cluster as first seen (empty in a replay): it
@@ -146,5 +162,12 @@ class GpulabPolicy(FragmentationAware):
             keys = (rank, affinity, scarce, spare, -score)
         else:
             leftover = (cands.used - request.gpu_milli).sum(axis=1)
-            keys = (rank, affinity, leftover, scarce, spare, -score)
+            # A slice: the model reservation first (a slice on a constrained
+            # model's card blocks whole cards for the tasks that need them),
+            # then what its gap is expected to waste, then FGD's score.
+            waste = np.zeros(len(nodes))
+            if request.num_gpu:
+                waste = self.gap_value.cost(cluster, cands.used[:, 0], request.gpu_milli)
+                waste = np.round(waste / GAP_VALUE_STEP)
+            keys = (rank, affinity, leftover, scarce, -score, waste, spare)
         return int(np.lexsort(keys)[0])
