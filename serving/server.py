@@ -272,7 +272,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def serve(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
-    server = ModelServer(load_model(args.model_dir), max_batch_size=args.max_batch_size,
+    try:
+        model = load_model(args.model_dir)
+    except (FileNotFoundError, ImportError):
+        raise
+    except Exception as exc:  # a corrupt or foreign file: say which, not a traceback
+        raise ValueError(f"cannot load the model in {args.model_dir}: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    server = ModelServer(model, max_batch_size=args.max_batch_size,
                          max_latency_ms=args.max_latency_ms, max_queue=args.max_queue,
                          token=os.environ.pop("GPULAB_SERVING_TOKEN", ""))
     server.warm_up()

@@ -353,8 +353,9 @@ class DeploymentManager:
                 for o in self._owners(dep):
                     self.ledger.release("deployment", o)
                 self.store.update(dep["id"], state="failed",
-                                  message=f"{what} {len(crashes)} times in "
-                                          f"{CRASH_WINDOW_S:g} s; slices released. Last log: {tail}")
+                                  message=f"{what} ({len(crashes)} times in "
+                                          f"{CRASH_WINDOW_S:g} s); slices released. "
+                                          f"Last log: {tail}")
                 log.warning("Deployment %s/%s failed: %s", dep["user"], dep["name"], tail)
                 return
             log.warning("Deployment %s/%s: %s; restarting it. Log: %s", dep["user"],

@@ -282,3 +282,30 @@ def test_deployments_are_in_the_openapi_document(hub):
     assert {"get", "patch", "delete"} <= set(paths["/api/v1/deployments/{name}"])
     assert "multipart/form-data" in paths["/api/v1/deployments"]["post"]["requestBody"]["content"]
     assert "p99_latency_ms" in doc["components"]["schemas"]["Deployment"]["properties"]
+
+
+def test_a_replica_that_keeps_crashing_fails_the_deployment_and_frees_its_slice(
+        hub, tokens, model_dir, tmp_path):
+    """A model file the server cannot load: the replica exits at start, is restarted, and
+    after MAX_CRASHES the deployment fails with the log's last lines and gives its slice back."""
+    import shutil
+
+    from gpulab.hub_ext.service.deployments import MAX_CRASHES
+
+    path, _ = model_dir
+    broken = tmp_path / "broken"
+    shutil.copytree(path, broken)
+    (broken / "model.pt2").write_bytes(b"not an exported program")
+    bob = client(hub, tokens["bob"])
+    bob.create_deployment(str(broken), {"name": "crashy", "gpu_milli": 100})
+    dep = wait_state(hub, tokens["bob"], "crashy", state="failed")
+    assert dep["restarts"] == MAX_CRASHES - 1
+    assert f"exited with code 1 ({MAX_CRASHES} times" in dep["message"]
+    # The server's own error, from its log.
+    assert "gpulab-serving: cannot load the model" in dep["message"], dep["message"]
+    assert hub.gpulab("GET", "/allocations", token=tokens["bob"]).json() == []
+    assert replica_pids(hub, dep["id"]) == []
+    # A failed deployment stays listed (with its reason) until it is stopped.
+    assert [d["state"] for d in bob.list_deployments()] == ["failed"]
+    bob.stop_deployment("crashy")
+    assert bob.list_deployments() == []
