@@ -22,8 +22,8 @@ import tarfile
 import time
 import uuid
 
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from gpulab.backend.local_serving import MODEL_FILES, LocalServing
 from gpulab.scheduler.deployments_db import DeploymentStore, NameTaken
@@ -124,7 +124,11 @@ class DeploymentManager:
         real_gpus = any(not g.simulated for g in service.gpus)
         self.serving = serving or LocalServing(os.path.join(service.data_dir, "deployments"),
                                                real_gpus=real_gpus)
-        self.http = AsyncHTTPClient(force_instance=True, max_clients=256)
+        self._session: aiohttp.ClientSession | None = None
+        self._tokens: dict[str, str] = {}
+        # (user, name) -> deployment row, refreshed every loop pass: the endpoint's
+        # per-request lookup, kept off the database.
+        self._live: dict[tuple[str, str], dict] = {}
         self._lock = asyncio.Lock()
         self._ready: dict[tuple[str, int], int] = {}  # (dep id, replica) -> port answering ready
         self._crashes: dict[tuple[str, int], list[float]] = {}
@@ -259,7 +263,9 @@ class DeploymentManager:
         values = check_sharing(body)
         if values:
             self.store.update(dep["id"], **values)
-        return self.view(self.store.get(dep["id"]))
+        dep = self.store.get(dep["id"])
+        self._live[(dep["user"], dep["name"])] = dep  # who may call it changes now
+        return self.view(dep)
 
     async def stop(self, dep: dict, reason: str) -> dict:
         """Stop every replica, release the slices, forget the deployment."""
@@ -275,6 +281,8 @@ class DeploymentManager:
                 "path": self.path(dep)}
 
     def _forget(self, dep: dict) -> None:
+        self._live.pop((dep["user"], dep["name"]), None)
+        self._tokens.pop(dep["id"], None)
         for r in range(dep["replicas"]):
             self._ready.pop((dep["id"], r), None)
             self._crashes.pop((dep["id"], r), None)
@@ -302,7 +310,42 @@ class DeploymentManager:
         return ports[i:] + ports[:i]
 
     def token(self, dep: dict) -> str:
-        return self.serving.token(dep["id"])
+        if dep["id"] not in self._tokens:
+            self._tokens[dep["id"]] = self.serving.token(dep["id"])
+        return self._tokens[dep["id"]]
+
+    def endpoint(self, user: str, name: str) -> dict | None:
+        """The deployment an endpoint call names (as of the last second), or None."""
+        dep = self._live.get((user, name))
+        if dep is None:
+            dep = self.store.find(user, name)
+            if dep is not None:
+                self._live[(user, name)] = dep
+        return dep
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        # Kept-alive connections to the replicas: a new TCP connection per call
+        # would cost more than the call. Bodies pass through as they are.
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=512), auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=300))
+        return self._session
+
+    async def forward(self, dep: dict, method: str, path: str, headers: dict,
+                      body: bytes | None):
+        """Send one call to a ready replica (the next in turn; on a refused connection the
+        one after): ``(status, reason, headers, body)``, or None when none answers."""
+        headers = {**headers, "Authorization": f"Bearer {self.token(dep)}"}
+        for port in self.ready_replicas(dep):
+            try:
+                async with self.session.request(method, f"http://127.0.0.1:{port}/{path}",
+                                                headers=headers, data=body) as resp:
+                    return resp.status, resp.reason, resp.headers, await resp.read()
+            except aiohttp.ClientConnectionError:
+                continue  # that replica just went away; try the next
+        return None
 
     # -- the loop --------------------------------------------------------------------
     async def start(self) -> None:
@@ -318,7 +361,9 @@ class DeploymentManager:
         while True:
             try:
                 async with self._lock:
-                    for dep in self.store.list():
+                    deps = self.store.list()
+                    self._live = {(d["user"], d["name"]): d for d in deps}
+                    for dep in deps:
                         if dep["state"] != "failed":
                             await self._check(dep)
                 if time.monotonic() - last_stats > STATS_EVERY_S:
@@ -350,6 +395,8 @@ class DeploymentManager:
             what = f"replica {r} exited" + (f" with code {code}" if code is not None else "")
             if len(crashes) >= MAX_CRASHES:
                 await self.serving.stop(dep["id"], dep["replicas"])
+                for i in range(dep["replicas"]):
+                    self._ready.pop((dep["id"], i), None)
                 for o in self._owners(dep):
                     self.ledger.release("deployment", o)
                 self.store.update(dep["id"], state="failed",
@@ -377,15 +424,17 @@ class DeploymentManager:
     async def _probe_ready(self, dep: dict, replica: int) -> None:
         rec = self.serving.record(dep["id"], replica)
         resp = await self._fetch(dep, rec["port"], "/v2/health/ready", timeout=2)
-        if resp is not None and resp.code == 200:
+        if resp is not None and resp[0] == 200:
             self._ready[(dep["id"], replica)] = rec["port"]
 
     async def _fetch(self, dep: dict, port: int, path: str, timeout: float):
-        req = HTTPRequest(f"http://127.0.0.1:{port}{path}", request_timeout=timeout,
-                          headers={"Authorization": f"Bearer {self.token(dep)}"})
+        """``(status, body)`` of a GET to one replica, or None if it does not answer."""
         try:
-            return await self.http.fetch(req, raise_error=False)
-        except OSError:
+            async with self.session.get(
+                    f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=timeout),
+                    headers={"Authorization": f"Bearer {self.token(dep)}"}) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError):
             return None
 
     # -- requests/s and p99 for the listing ------------------------------------------------
@@ -395,8 +444,8 @@ class DeploymentManager:
             for r in range(dep["replicas"]):
                 port = self._ready.get((dep["id"], r))
                 resp = port and await self._fetch(dep, port, "/metrics", timeout=2)
-                if resp and resp.code == 200:
-                    _add_histogram(totals, resp.body.decode())
+                if resp and resp[0] == 200:
+                    _add_histogram(totals, resp[1].decode())
             now = time.monotonic()
             before_t, before = self._scraped.get(dep["id"], (None, None))
             self._scraped[dep["id"]] = (now, totals)

@@ -23,7 +23,6 @@ import json
 import logging
 
 from tornado import web
-from tornado.httpclient import HTTPRequest
 
 from .auth import APIHandler
 from .deployments import DeploymentManager, DeployRefused
@@ -130,7 +129,7 @@ class EndpointHandler(_DeploymentHandler):
 
     def _target(self, user: str, name: str) -> dict:
         who = self.require_identity()
-        dep = self.deployments.store.find(user, name)
+        dep = self.deployments.endpoint(user, name)
         if dep is not None and self.deployments.can_use(who, dep):
             return dep
         if dep is None and who.can_act_for(user):
@@ -150,30 +149,21 @@ class EndpointHandler(_DeploymentHandler):
 
     async def _forward(self, user: str, name: str, path: str) -> None:
         dep = self._target(user, name)
-        manager = self.deployments
         query = f"?{self.request.query}" if self.request.query else ""
         headers = {h: self.request.headers[h] for h in FORWARD_REQUEST if h in self.request.headers}
-        headers["Authorization"] = f"Bearer {manager.token(dep)}"
         body = self.request.body if self.request.method == "POST" else None
-        for port in manager.ready_replicas(dep):
-            req = HTTPRequest(f"http://127.0.0.1:{port}/{path}{query}", method=self.request.method,
-                              headers=headers, body=body, request_timeout=300,
-                              decompress_response=False)
-            try:
-                resp = await manager.http.fetch(req, raise_error=False)
-            except OSError:
-                continue  # that replica just went away; try the next
-            if resp.code == 599:
-                continue
-            self.set_status(resp.code, resp.reason)
-            for h in FORWARD_RESPONSE:
-                if h in resp.headers:
-                    self.set_header(h, resp.headers[h])
-            self.finish(resp.body or b"")
-            return
-        self.set_header("Retry-After", "2")
-        raise web.HTTPError(503, f"no replica of {user}/{name} is ready (state: {dep['state']}: "
-                                 f"{dep['message']}); try again shortly")
+        answer = await self.deployments.forward(dep, self.request.method, path + query, headers,
+                                                body)
+        if answer is None:
+            self.set_header("Retry-After", "2")
+            raise web.HTTPError(503, f"no replica of {user}/{name} is ready (state: "
+                                     f"{dep['state']}: {dep['message']}); try again shortly")
+        status, reason, resp_headers, resp_body = answer
+        self.set_status(status, reason)
+        for h in FORWARD_RESPONSE:
+            if h in resp_headers:
+                self.set_header(h, resp_headers[h])
+        self.finish(resp_body)
 
 
 routes = [
