@@ -273,9 +273,11 @@ def nettest(line: str) -> dict | None:
         return result
     try:
         from gpulab.client import Client
-        (client or Client()).report_allreduce({k: result[k] for k in (
-            "busbw_bytes_per_second", "algbw_bytes_per_second", "size_bytes", "world_size",
-            "backend", "nodes")})
+        record = {k: result[k] for k in ("busbw_bytes_per_second", "algbw_bytes_per_second",
+                                          "size_bytes", "world_size", "backend", "nodes")}
+        if job is not None:
+            record["job_id"] = job["id"]
+        (client or Client()).report_allreduce(record)
         print("  recorded: the dashboard's Network tab shows it"
               + (f" (job {job['id']})" if job is not None else ""))
     except Exception as e:  # the measurement stands even if the service can't take it

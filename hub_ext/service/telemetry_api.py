@@ -107,7 +107,9 @@ class AllreduceHandler(APIHandler):
                   "algbw_bytes_per_second": algbw, "size_bytes": size, "world_size": world,
                   "backend": str(body.get("backend", "")),
                   "nodes": [str(n) for n in body.get("nodes") or []][:64],
-                  "node": str((body.get("nodes") or [self.gpulab.node_name])[0])}
+                  "node": str((body.get("nodes") or [self.gpulab.node_name])[0]),
+                  # The nettest job it ran in (``%gpulab nettest --nodes``), if any.
+                  "job_id": str(body.get("job_id") or "")[:64] or None}
         self.gpulab.telemetry.add_allreduce(result)
         self.write_json(result, status=201)
 

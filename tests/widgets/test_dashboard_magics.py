@@ -90,6 +90,7 @@ def test_nettest_across_nodes_runs_as_a_job_and_records(nproc, shell, clients, c
     assert runs, out
     run = runs[-1]
     assert run["size_bytes"] == 262144 and run["backend"] == "gloo"
+    assert run["job_id"] == job["id"]  # the Network tab can say which job measured it
     # nccl-tests: busbw = algbw * 2(n-1)/n (1 for 2 ranks, 1.5 for 4).
     assert run["busbw_bytes_per_second"] == pytest.approx(
         run["algbw_bytes_per_second"] * 2 * (n - 1) / n)
