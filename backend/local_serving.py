@@ -33,6 +33,9 @@ MODEL_FILES = ("model.pt2", "model.json")
 
 class LocalServing:
     name = "local"
+    #: The service's deployment manager restarts replicas that die (on Kubernetes,
+    #: the Deployment controller does).
+    managed_restarts = False
 
     def __init__(self, root: str, real_gpus: bool = False, python: str = sys.executable):
         self.root = root
@@ -125,8 +128,9 @@ class LocalServing:
             return ""
         return " | ".join(tail)
 
-    async def stop(self, dep_id: str, replicas: int, grace_s: float = 10.0) -> None:
+    async def stop(self, dep: dict, grace_s: float = 10.0) -> None:
         """SIGTERM every replica (queued requests are answered), then SIGKILL."""
+        dep_id, replicas = dep["id"], dep["replicas"]
         pids = [self.record(dep_id, i)["pid"] for i in range(replicas) if self.alive(dep_id, i)]
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             for pid in pids:

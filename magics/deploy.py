@@ -78,10 +78,10 @@ def list_table(deps: list[dict]) -> str:
            f"{'req/s':>7} {'p99 ms':>7}  path"
     lines = [head, "-" * len(head)]
     for d in deps:
-        p99 = d.get("p99_latency_ms")
+        p99, rps = d.get("p99_latency_ms"), d.get("requests_per_second")
         lines.append(f"{d['name']:<20} {d['user']:<12} {d['state']:<9} "
                      f"{d['replicas_ready']:>3}/{d['replicas']:<4} {d['gpu_milli'] / 1000:>6g} "
-                     f"{d.get('requests_per_second', 0):>7.1f} "
+                     f"{(f'{rps:.1f}' if rps is not None else '-'):>7} "
                      f"{(f'{p99:.1f}' if p99 is not None else '-'):>7}  {d['path']}")
         if d["state"] in ("failed", "degraded"):
             lines.append(f"    {d['message']}")

@@ -10,7 +10,9 @@ The objects come from pure functions, one module per kind of work; the
   Service; ``job_objects`` gives both, in the order to create them;
 - :mod:`.jobset`: ``make_jobset(spec, options)`` when the JobSet CRD is installed;
 - :mod:`.deploy`: ``make_deployment(...) -> [Deployment, Service]`` and, when
-  KServe is installed, ``make_inference_service(...)``.
+  KServe is installed, ``make_inference_service(...)``;
+- :mod:`.serving`: :class:`KubernetesServing`, the model endpoints' I/O (a Secret, a
+  Deployment and a Service per endpoint; ``kubernetes_asyncio`` imported when used).
 
 Slice enforcement and Kueue live in ``gpulab.spawner``, which ``backend/`` must
 not import: builders take ``pod_patch`` (a function of a pod template, e.g.
@@ -22,6 +24,7 @@ from .deploy import make_deployment, make_inference_service
 from .job import job_objects, make_headless_service, make_job
 from .jobset import make_jobset
 from .pods import JobOptions, job_name
+from .serving import KubernetesServing
 
-__all__ = ["JobOptions", "job_name", "job_objects", "make_deployment", "make_headless_service",
-           "make_inference_service", "make_job", "make_jobset"]
+__all__ = ["JobOptions", "KubernetesServing", "job_name", "job_objects", "make_deployment",
+           "make_headless_service", "make_inference_service", "make_job", "make_jobset"]

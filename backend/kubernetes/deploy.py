@@ -15,6 +15,7 @@ image has Python) that sends the token from the environment; liveness uses
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Callable
 
@@ -96,7 +97,11 @@ def _pod(name, *, image, model_dir, models_root, models_pvc, port, max_batch_siz
                                  max_batch_size=max_batch_size, max_latency_ms=max_latency_ms,
                                  max_queue=max_queue, token_secret=token_secret,
                                  container_name=container_name)
-    container["volumeMounts"] = [{"name": "models", "mountPath": models_root, "readOnly": True}]
+    # Only this endpoint's model directory, at the path the service wrote it to:
+    # the claim holds every endpoint's model (and the service's files), which a
+    # replica running users' code has no business reading.
+    container["volumeMounts"] = [{"name": "models", "mountPath": model_dir, "readOnly": True,
+                                  "subPath": os.path.relpath(model_dir, models_root)}]
     spec = {"containers": [container],
             "volumes": [{"name": "models", "persistentVolumeClaim": {
                 "claimName": models_pvc, "readOnly": True}}],

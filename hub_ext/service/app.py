@@ -195,6 +195,16 @@ class GpuLabService(Application):
         """,
     ).tag(config=True)
 
+    kubernetes_deployments = Dict(
+        help="""Run `%deploy` endpoints as a Deployment + Service each in this namespace
+        (instead of processes on the service's machine); see
+        gpulab.hub_ext.service.kube_serving for every key.
+
+        c.GpuLabService.kubernetes_deployments = {"namespace": "gpulab",
+            "models_pvc": "gpulab-models", "image": "example.org/gpulab:1", "enforcement": "hami"}
+        """,
+    ).tag(config=True)
+
     deployments_stop_with_server = Bool(
         False,
         help="""Stop a user's deployments when their (default) server stops, unless the

@@ -121,9 +121,13 @@ class DeploymentManager:
         self.service = service
         self.ledger = service.ledger
         self.store = DeploymentStore(service.ledger.engine)
+        root = os.path.join(service.data_dir, "deployments")
+        if serving is None and service.kubernetes_deployments:
+            from .kube_serving import kubernetes_serving
+
+            serving = kubernetes_serving(service.kubernetes_deployments, root, service.gpus)
         real_gpus = any(not g.simulated for g in service.gpus)
-        self.serving = serving or LocalServing(os.path.join(service.data_dir, "deployments"),
-                                               real_gpus=real_gpus)
+        self.serving = serving or LocalServing(root, real_gpus=real_gpus)
         self._session: aiohttp.ClientSession | None = None
         self._tokens: dict[str, str] = {}
         # (user, name) -> deployment row, refreshed every loop pass: the endpoint's
@@ -133,6 +137,8 @@ class DeploymentManager:
         self._ready: dict[tuple[str, int], int] = {}  # (dep id, replica) -> port answering ready
         self._crashes: dict[tuple[str, int], list[float]] = {}
         self._next: dict[str, int] = {}  # round-robin cursor per deployment
+        self._urls: dict[str, list[str]] = {}  # managed replicas: the ready Service's URL
+        self._managed_ready: dict[str, int] = {}
         self._stats: dict[str, dict] = {}
         self._scraped: dict[str, tuple[float, dict]] = {}
 
@@ -143,14 +149,21 @@ class DeploymentManager:
     def view(self, dep: dict) -> dict:
         out = dict(dep)
         out["path"] = self.path(dep)
-        out["replicas_ready"] = sum((dep["id"], r) in self._ready for r in range(dep["replicas"]))
+        if self.serving.managed_restarts:
+            out["replicas_ready"] = self._managed_ready.get(dep["id"], 0)
+        else:
+            out["replicas_ready"] = sum((dep["id"], r) in self._ready
+                                        for r in range(dep["replicas"]))
         try:
             with open(os.path.join(self.serving.model_dir(dep["id"]), "model.json")) as f:
                 card = json.load(f)
             out["model"] = {k: card.get(k) for k in ("name", "inputs", "outputs", "max_batch_size")}
         except (OSError, ValueError):
             out["model"] = None
-        stats = self._stats.get(dep["id"], {})
+        # Traffic comes from the replicas' own metrics; behind a Kubernetes Service
+        # the service cannot ask each replica (Prometheus scrapes them there).
+        stats = self._stats.get(dep["id"], {}) if not self.serving.managed_restarts else \
+            {"requests_total": None, "requests_per_second": None}
         out["requests_total"] = stats.get("requests_total", 0)
         out["requests_per_second"] = stats.get("requests_per_second", 0.0)
         out["p99_latency_ms"] = stats.get("p99_latency_ms")
@@ -232,7 +245,10 @@ class DeploymentManager:
                     added = False
                     status = 403 if isinstance(e, QuotaExceeded) else 409
                     raise DeployRefused(status, str(e)) from None
-                self._start_all(row, rows)
+                if self.serving.managed_restarts:
+                    await self.serving.launch(row, rows)
+                else:
+                    self._start_all(row, rows)
         except BaseException:
             if not added:
                 self.serving.remove(dep_id)
@@ -270,7 +286,7 @@ class DeploymentManager:
     async def stop(self, dep: dict, reason: str) -> dict:
         """Stop every replica, release the slices, forget the deployment."""
         async with self._lock:
-            await self.serving.stop(dep["id"], dep["replicas"])
+            await self.serving.stop(dep)
             released = sum(len(self.ledger.release("deployment", o)) for o in self._owners(dep))
             self.store.remove(dep["id"])
             self.serving.remove(dep["id"])
@@ -286,7 +302,7 @@ class DeploymentManager:
         for r in range(dep["replicas"]):
             self._ready.pop((dep["id"], r), None)
             self._crashes.pop((dep["id"], r), None)
-        for d in (self._next, self._stats, self._scraped):
+        for d in (self._next, self._stats, self._scraped, self._urls, self._managed_ready):
             d.pop(dep["id"], None)
 
     async def server_stopped(self, owner: str) -> None:
@@ -299,15 +315,18 @@ class DeploymentManager:
                 await self.stop(dep, f"{user}'s server stopped")
 
     # -- routing ---------------------------------------------------------------------
-    def ready_replicas(self, dep: dict) -> list[int]:
-        """Ports of the ready replicas, rotated so calls spread over them."""
-        ports = [self._ready[(dep["id"], r)] for r in range(dep["replicas"])
-                 if (dep["id"], r) in self._ready]
-        if not ports:
+    def ready_urls(self, dep: dict) -> list[str]:
+        """Base URLs of the ready replicas, rotated so calls spread over them (on
+        Kubernetes: the Service, which spreads them itself)."""
+        if self.serving.managed_restarts:
+            return list(self._urls.get(dep["id"], []))
+        urls = [f"http://127.0.0.1:{self._ready[(dep['id'], r)]}" for r in range(dep["replicas"])
+                if (dep["id"], r) in self._ready]
+        if not urls:
             return []
-        i = self._next.get(dep["id"], 0) % len(ports)
+        i = self._next.get(dep["id"], 0) % len(urls)
         self._next[dep["id"]] = i + 1
-        return ports[i:] + ports[:i]
+        return urls[i:] + urls[:i]
 
     def token(self, dep: dict) -> str:
         if dep["id"] not in self._tokens:
@@ -338,9 +357,9 @@ class DeploymentManager:
         """Send one call to a ready replica (the next in turn; on a refused connection the
         one after): ``(status, reason, headers, body)``, or None when none answers."""
         headers = {**headers, "Authorization": f"Bearer {self.token(dep)}"}
-        for port in self.ready_replicas(dep):
+        for base in self.ready_urls(dep):
             try:
-                async with self.session.request(method, f"http://127.0.0.1:{port}/{path}",
+                async with self.session.request(method, f"{base}/{path}",
                                                 headers=headers, data=body) as resp:
                     return resp.status, resp.reason, resp.headers, await resp.read()
             except aiohttp.ClientConnectionError:
@@ -354,6 +373,14 @@ class DeploymentManager:
         owners = {o for d in deps if d["state"] != "failed" for o in self._owners(d)}
         for row in self.ledger.reconcile("deployment", owners):
             log.warning("Released slice %s of a deployment that no longer exists", row["owner"])
+        if self.serving.managed_restarts:
+            # Idempotent: what a crash between placing and launching left out is sent now.
+            for dep in deps:
+                if dep["state"] != "failed":
+                    try:
+                        await self.serving.launch(dep, self._rows(dep))
+                    except Exception:
+                        log.exception("Re-applying the objects of deployment %s", dep["id"])
         asyncio.ensure_future(self.loop())
 
     async def loop(self) -> None:
@@ -374,6 +401,9 @@ class DeploymentManager:
             await asyncio.sleep(TICK_S)
 
     async def _check(self, dep: dict) -> None:
+        if self.serving.managed_restarts:
+            await self._check_managed(dep)
+            return
         down = []
         for r in range(dep["replicas"]):
             if self.serving.alive(dep["id"], r):
@@ -394,7 +424,7 @@ class DeploymentManager:
             self._ready.pop((dep["id"], r), None)
             what = f"replica {r} exited" + (f" with code {code}" if code is not None else "")
             if len(crashes) >= MAX_CRASHES:
-                await self.serving.stop(dep["id"], dep["replicas"])
+                await self.serving.stop(dep)
                 for i in range(dep["replicas"]):
                     self._ready.pop((dep["id"], i), None)
                 for o in self._owners(dep):
@@ -420,6 +450,18 @@ class DeploymentManager:
                 message = f"{ready} replica(s) ready" + (
                     f"; {dep['restarts']} restart(s) so far" if dep["restarts"] else "")
             self.store.update(dep["id"], state=state, message=message)
+
+    async def _check_managed(self, dep: dict) -> None:
+        """Replicas Kubernetes keeps running: follow how many are ready."""
+        ready = await self.serving.ready(dep)
+        self._urls[dep["id"]] = [self.serving.url(dep)] if ready else []
+        state = ("running" if ready >= dep["replicas"]
+                 else "starting" if dep["state"] == "starting" else "degraded")
+        message = (f"{ready} replica(s) ready" if state == "running"
+                   else f"{ready} of {dep['replicas']} replica(s) ready")
+        if (state, message) != (dep["state"], dep["message"]):
+            self.store.update(dep["id"], state=state, message=message)
+        self._managed_ready[dep["id"]] = ready
 
     async def _probe_ready(self, dep: dict, replica: int) -> None:
         rec = self.serving.record(dep["id"], replica)

@@ -32,6 +32,18 @@ KEYS = {"namespace", "jobs_pvc", "enforcement", "enforcement_options", "queue", 
         "priority_class", "use_jobset", "kubeconfig", "rdzv_port"}
 
 
+def slice_pod_patch(enforcement: str, options: dict, milli: int, allocations: list[dict],
+                    by_uuid: dict):
+    """A function putting a slice of ``milli`` (on the card the ledger chose) into a pod
+    template through the enforcement backend; None for no GPU."""
+    if not milli:
+        return None
+    first = by_uuid.get(allocations[0]["gpu_uuid"]) if allocations else None
+    piece = GpuSlice.of(milli, first.memory_mib if first else 0, first.model if first else "")
+    patch = pod_slice_patch(enforcement, piece, options=options)
+    return lambda template: apply_to_pod(template, patch)
+
+
 def kubernetes_backend(settings: dict, jobs_root: str, gpus) -> KubernetesBackend:
     """The backend for ``settings`` (``c.GpuLabService.kubernetes_jobs``); clear errors."""
     unknown = set(settings) - KEYS
@@ -46,15 +58,9 @@ def kubernetes_backend(settings: dict, jobs_root: str, gpus) -> KubernetesBacken
     by_uuid = {g.uuid: g for g in gpus}
 
     def pod_patch_for(spec: JobSpec, allocations: list[dict]):
-        if not spec.gpu_milli:
-            return None
         # A node's pod holds its ranks' slices; on Kubernetes they are one request.
-        node_milli = spec.gpu_milli * spec.nproc_per_node
-        first = by_uuid.get(allocations[0]["gpu_uuid"]) if allocations else None
-        piece = GpuSlice.of(node_milli, first.memory_mib if first else 0,
-                            first.model if first else "")
-        patch = pod_slice_patch(enforcement, piece, options=enforcement_options)
-        return lambda template: apply_to_pod(template, patch)
+        return slice_pod_patch(enforcement, enforcement_options,
+                               spec.gpu_milli * spec.nproc_per_node, allocations, by_uuid)
 
     def check(spec: JobSpec) -> None:
         if 0 < spec.gpu_milli < MILLI_PER_GPU and spec.nproc_per_node > 1:

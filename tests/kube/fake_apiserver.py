@@ -2,10 +2,11 @@
 
 It speaks enough of the REST API for the backend's real ``kubernetes_asyncio``
 client, over real HTTP: discovery (``GET /apis``), and create / read / delete
-of namespaced objects under any collection path. It stores what it is sent,
-records every request, answers 404 and 409 with ``Status`` objects as the
-real one does, and lets a test set an object's ``status`` (the controllers'
-part). It runs no controllers and checks no schemas.
+of namespaced objects under any collection path, and their replacement
+(``PUT``). It stores what it is sent, records every request, answers 404 and
+409 with ``Status`` objects as the real one does, and lets a test set an
+object's ``status`` (the controllers' part). It runs no controllers and checks
+no schemas.
 """
 
 from __future__ import annotations
@@ -84,6 +85,16 @@ class FakeApiServer:
         if key not in self.objects:
             return _status(404, "NotFound", f"{key} not found")
         if request.method == "GET":
+            return web.json_response(self.objects[key])
+        if request.method == "PUT":
+            # A replace: the new spec, the status the controllers wrote kept (as for an
+            # object with a status subresource).
+            if body["metadata"]["name"] != key.rsplit("/", 1)[1]:
+                return _status(400, "BadRequest", "the name in the body does not match the URL")
+            old = self.objects[key]
+            self.objects[key] = {**body, "metadata": {**body["metadata"], "uid": key}}
+            if "status" in old:
+                self.objects[key]["status"] = old["status"]
             return web.json_response(self.objects[key])
         if request.method == "DELETE":
             # Foreground deletion would wait for the pods; this server has none.

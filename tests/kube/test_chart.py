@@ -49,6 +49,7 @@ def test_all_options_render_and_validate(chart):
         "ConfigMap/gpulab-all-service", "ConfigMap/gpulab-hub-config",
         "DaemonSet/gpulab-all-agent", "Deployment/gpulab-all", "LocalQueue/research",
         "PersistentVolumeClaim/gpulab-all-data", "PersistentVolumeClaim/gpulab-all-jobs",
+        "PersistentVolumeClaim/gpulab-all-models",
         "PriorityClass/gpulab-notebook",
         "Role/gpulab-all", "RoleBinding/gpulab-all", "Secret/gpulab-tokens",
         "Service/gpulab-all", "ServiceAccount/gpulab-all",
@@ -163,6 +164,75 @@ def test_kubernetes_jobs_off_by_default(chart):
     assert service_values["kubernetesJobs"]["enabled"] is False
 
 
+def test_kubernetes_deployments_get_a_shared_models_directory(chart):
+    objects = render(chart, ALL_ON)
+    pvc = objects["PersistentVolumeClaim/gpulab-all-models"]
+    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "nfs-rwx",
+                           "resources": {"requests": {"storage": "200Gi"}}}
+    assert pvc["metadata"]["labels"]["app.kubernetes.io/component"] == "models"
+    # The service's <data-dir>/deployments is the claim (model-server pods mount it there too).
+    mounts, volumes = volume_mounts(objects, "gpulab-all")
+    assert mounts["/srv/gpulab/deployments"] == "models"
+    assert volumes["models"]["persistentVolumeClaim"] == {"claimName": "gpulab-all-models"}
+    # Beside the ledger's volume and the jobs claim, each under its own name.
+    assert (mounts["/srv/gpulab"], mounts["/srv/gpulab/jobs"]) == ("data", "jobs")
+    spec = objects["Deployment/gpulab-all"]["spec"]["template"]["spec"]
+    assert len({v["name"] for v in spec["volumes"]}) == len(spec["volumes"])
+    service_values = json.loads(
+        objects["ConfigMap/gpulab-all-service"]["data"]["service-values.json"])
+    assert service_values["kubernetesDeployments"] == {
+        "enabled": True, "namespace": "gpulab", "modelsPvc": "gpulab-all-models",
+        "image": "registry.example.org/gpulab-singleuser:0.1.0-rc1",
+        "priorityClassName": "serving-high"}
+    # The service's Role covers what the backend does with an endpoint's objects.
+    rules = objects["Role/gpulab-all"]["rules"]
+
+    def allowed(group, resource, verbs):
+        return any(group in r["apiGroups"] and resource in r["resources"]
+                   and set(verbs) <= set(r["verbs"]) for r in rules)
+
+    crud = ["create", "get", "list", "watch", "delete", "patch"]
+    for group, resource in [("apps", "deployments"), ("", "services"), ("", "secrets")]:
+        assert allowed(group, resource, crud), (group, resource)
+    assert allowed("", "pods", ["get", "list", "watch"])
+
+
+def test_kubernetes_deployments_on_an_existing_claim(chart):
+    values = {**HUB_OFF, "deployments": {"kubernetes": {"enabled": True},
+                                         "storage": {"existingClaim": "team-models"}}}
+    objects = render(chart, values, namespace="research")
+    assert not [k for k in objects if k.startswith("PersistentVolumeClaim/")
+                and k != "PersistentVolumeClaim/gpulab-data"]
+    mounts, volumes = volume_mounts(objects, "gpulab")
+    assert volumes[mounts["/srv/gpulab/deployments"]]["persistentVolumeClaim"] == {
+        "claimName": "team-models"}
+    assert "/srv/gpulab/jobs" not in mounts  # jobs stay off: each has its own switch
+    validate_strict(objects["Deployment/gpulab"])
+    service_values = json.loads(
+        objects["ConfigMap/gpulab-service"]["data"]["service-values.json"])
+    deployments = service_values["kubernetesDeployments"]
+    # The default image is the notebook image (it has gpulab and torch).
+    assert (deployments["namespace"], deployments["modelsPvc"], deployments["image"]) == (
+        "research", "team-models", "ghcr.io/gpulab/gpulab-singleuser:0.1.0")
+    assert service_values["kubernetesJobs"]["enabled"] is False
+
+
+def test_kubernetes_deployments_off_by_default(chart):
+    objects = render(chart, HUB_OFF)
+    assert "PersistentVolumeClaim/gpulab-models" not in objects
+    mounts, volumes = volume_mounts(objects, "gpulab")
+    assert "/srv/gpulab/deployments" not in mounts and "models" not in volumes
+    service_values = json.loads(
+        objects["ConfigMap/gpulab-service"]["data"]["service-values.json"])
+    assert service_values["kubernetesDeployments"]["enabled"] is False
+
+
+def test_default_endpoint_image_is_the_notebook_image():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["deployments"]["kubernetes"]["image"] == values["jupyterhub"]["singleuser"][
+        "image"]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_defaults_render_for_every_backend(chart, backend):
     objects = render(chart, {**HUB_OFF, "enforcement": {"backend": backend}})
@@ -218,6 +288,10 @@ def test_values_match_their_schema():
     ({"servce": {}}, "additional properties 'servce' not allowed"),
     ({"jobs": {"kubernetes": {"useJobSet": "yes"}}}, "at '/jobs/kubernetes/useJobSet'"),
     ({"jobs": {"storage": {"size": "lots"}}}, "at '/jobs/storage/size'"),
+    ({"deployments": {"storage": {"size": "lots"}}}, "at '/deployments/storage/size'"),
+    ({"deployments": {"kubernetes": {"image": {"name": ""}}}},
+     "at '/deployments/kubernetes/image/name'"),
+    ({"deployments": {"kubernetes": {"queue": "x"}}}, "additional properties 'queue' not allowed"),
 ])
 def test_schema_refuses_bad_values(chart, bad, message):
     with pytest.raises(helm.HelmError, match=message):

@@ -131,6 +131,35 @@ def test_service_config_without_kubernetes_jobs(tmp_path, monkeypatch):
     assert "kubernetes_jobs" not in c.GpuLabService
 
 
+def test_service_config_turns_on_kubernetes_deployments(tmp_path, monkeypatch):
+    c = service_config(tmp_path, monkeypatch, ALL_ON, namespace="research")
+    assert c.GpuLabService.kubernetes_deployments == {
+        "namespace": "research", "models_pvc": "gpulab-all-models",
+        "image": "registry.example.org/gpulab-singleuser:0.1.0-rc1",
+        "enforcement": "mig", "enforcement_options": ALL_ON["enforcement"]["options"],
+        "queue": "research", "priority": "gpulab-low", "priority_class": "serving-high"}
+
+
+def test_service_config_kubernetes_deployments_without_kueue(tmp_path, monkeypatch):
+    c = service_config(tmp_path, monkeypatch, {
+        "enforcement": {"backend": "hami"},
+        "deployments": {"kubernetes": {"enabled": True},
+                        "storage": {"existingClaim": "team-models"}}})
+    assert c.GpuLabService.kubernetes_deployments == {
+        "namespace": "hub", "models_pvc": "team-models",
+        "image": "ghcr.io/gpulab/gpulab-singleuser:0.1.0",
+        "enforcement": "hami", "enforcement_options": {},
+        "queue": "", "priority": "", "priority_class": ""}
+    assert "kubernetes_jobs" not in c.GpuLabService  # jobs have their own switch
+
+
+def test_service_config_without_kubernetes_deployments(tmp_path, monkeypatch):
+    c = service_config(tmp_path, monkeypatch, {"kueue": {"enabled": True},
+                                               "jobs": {"kubernetes": {"enabled": True}}})
+    assert "kubernetes_deployments" not in c.GpuLabService
+    assert "kubernetes_jobs" in c.GpuLabService
+
+
 def started_service(tmp_path, monkeypatch, data: dict) -> GpuLabService:
     """The service initialised from the chart's rendered files, as its pod starts it."""
     (tmp_path / "gpulab_config.py").write_text(data["gpulab_config.py"])

@@ -306,7 +306,9 @@ def test_deployment_runs_the_model_server():
                             "/models/ann/mnist", "--ip", "0.0.0.0", "--port", "8080",
                             "--max-batch-size", "16", "--max-latency-ms", "2.5",
                             "--max-queue", "64"]
-    assert c["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True}]
+    # Only this endpoint's directory of the models claim, at the same path.
+    assert c["volumeMounts"] == [{"name": "models", "mountPath": "/models/ann/mnist",
+                                  "subPath": "ann/mnist", "readOnly": True}]
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {
         "claimName": "gpulab-models", "readOnly": True}
     assert env_of(c)["GPULAB_SERVING_TOKEN"] == {"secretKeyRef": {"name": "ep-token",

@@ -45,3 +45,13 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "gpulab.jobsClaim" -}}
 {{- .Values.jobs.storage.existingClaim | default (printf "%s-jobs" (include "gpulab.fullname" .)) -}}
 {{- end -}}
+
+{{/* The deployments directory's claim (deployments.storage): an existing one, or the chart's <fullname>-models. */}}
+{{- define "gpulab.modelsClaim" -}}
+{{- .Values.deployments.storage.existingClaim | default (printf "%s-models" (include "gpulab.fullname" .)) -}}
+{{- end -}}
+
+{{/* The model-server pods' image (deployments.kubernetes.image). */}}
+{{- define "gpulab.modelsImage" -}}
+{{- printf "%s:%s" .Values.deployments.kubernetes.image.name .Values.deployments.kubernetes.image.tag -}}
+{{- end -}}

@@ -40,3 +40,22 @@ if jobs.get("enabled"):
         "use_jobset": jobs.get("useJobSet", "auto"),
         "rdzv_port": int(jobs.get("rdzvPort") or 29400),
     }
+
+# Endpoints (%deploy) run as a Deployment and a Service each in the release's
+# namespace; the deployments directory (<data-dir>/deployments) is the claim
+# the chart mounts there, and every model-server pod mounts it at the same path.
+deployments = gpulab.get("kubernetesDeployments") or {}
+if deployments.get("enabled"):
+    kueue = gpulab.get("kueue") or {}
+    queued = bool(kueue.get("enabled"))  # Kueue labels on the Deployment
+    enforcement = gpulab["enforcement"]
+    c.GpuLabService.kubernetes_deployments = {
+        "namespace": deployments["namespace"],
+        "models_pvc": deployments["modelsPvc"],
+        "image": deployments["image"],
+        "enforcement": enforcement["backend"],
+        "enforcement_options": enforcement.get("options") or {},
+        "queue": (kueue.get("localQueue") or "") if queued else "",
+        "priority": (kueue.get("defaultPriorityClass") or "") if queued else "",
+        "priority_class": deployments.get("priorityClassName") or "",
+    }

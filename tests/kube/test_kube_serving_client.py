@@ -1,0 +1,174 @@
+"""KubernetesServing against a fake API server: what it sends, and what it makes of the answers.
+
+Only the Kubernetes API server is faked (``fake_apiserver``: real HTTP, the
+real ``kubernetes_asyncio`` client); the Deployment and Service are the real
+builder's output, the slice comes from the real enforcement backend (HAMi,
+a quarter of an 80 GiB card), and every object sent is validated against the
+Kubernetes schemas (``kubernetes-validate --strict``). The Deployment's
+``readyReplicas`` is set by the test, standing in for the Deployment controller.
+"""
+
+import base64
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+from fake_apiserver import FakeApiServer
+from kube_helpers import validate_strict
+
+from gpulab.backend.kubernetes.deploy import TOKEN_ENV, make_deployment
+from gpulab.backend.kubernetes.serving import KubernetesServing
+from gpulab.spawner.kube_enforcement import GpuSlice, apply_to_pod, pod_slice_patch
+
+NS = "gpulab"
+SECRETS = "/api/v1/namespaces/gpulab/secrets"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/gpulab/deployments"
+SERVICES = "/api/v1/namespaces/gpulab/services"
+IMAGE = "registry.example/gpulab:1"
+PVC = "gpulab-models"
+# Deployment ids are 12 hex characters and may start with a digit.
+DEP = {"id": "0a1b2c3d4e5f", "user": "ann", "name": "resnet", "replicas": 2, "gpu_milli": 250,
+       "max_batch_size": 16, "max_latency_ms": 4.0, "max_queue": 128}
+NAME = "gpulab-ep-d0a1b2c3d4e5f"
+ROWS = [{"owner": f"{DEP['id']}/{r}", "gpu_uuid": f"GPU-{r}", "milli": 250} for r in range(2)]
+
+
+def quarter_for(dep, rows):
+    patch = pod_slice_patch("hami", GpuSlice.of(dep["gpu_milli"], 81920))
+    return lambda template: apply_to_pod(template, patch)
+
+
+@pytest.fixture
+async def cluster(tmp_path):
+    server = await FakeApiServer().start()
+    serving = KubernetesServing(str(tmp_path / "deployments"), namespace=NS, models_pvc=PVC,
+                                image=IMAGE, kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
+                                pod_patch_for=quarter_for, priority_class="gpulab-serving")
+    serving.prepare(DEP["id"])
+    yield server, serving
+    await serving.close()
+    await server.stop()
+
+
+def posts(server):
+    return [(path, body) for method, path, body in server.requests if method == "POST"]
+
+
+async def test_launch_sends_secret_deployment_service_in_order(cluster):
+    server, serving = cluster
+    await serving.launch(DEP, ROWS)
+    sent = posts(server)
+    assert [(path, body["kind"], body["metadata"]["name"]) for path, body in sent] == [
+        (SECRETS, "Secret", f"{NAME}-token"), (DEPLOYMENTS, "Deployment", NAME),
+        (SERVICES, "Service", NAME)]
+    for _, body in sent:
+        validate_strict(body)
+        assert "namespace" not in body["metadata"] or body["metadata"]["namespace"] == NS
+
+    secret, deployment, service = (body for _, body in sent)
+    assert base64.b64decode(secret["data"]["token"]).decode() == serving.token(DEP["id"])
+    assert secret["metadata"]["annotations"]["gpulab.io/user"] == "ann"
+
+    # Exactly the builder's objects, with the slice patch and this deployment's files.
+    expected = make_deployment(
+        "d0a1b2c3d4e5f", image=IMAGE, model_dir=serving.model_dir(DEP["id"]), models_pvc=PVC,
+        models_root=serving.root, user="ann", replicas=2, max_batch_size=16, max_latency_ms=4.0,
+        max_queue=128, token_secret=f"{NAME}-token", priority_class="gpulab-serving",
+        pod_patch=quarter_for(DEP, ROWS))
+    assert [deployment, service] == expected
+
+    assert deployment["spec"]["replicas"] == DEP["replicas"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    token_env = next(e for e in container["env"] if e["name"] == TOKEN_ENV)
+    assert token_env["valueFrom"]["secretKeyRef"] == {"name": f"{NAME}-token", "key": "token"}
+    model_dir = serving.model_dir(DEP["id"])
+    assert container["volumeMounts"] == [{"name": "models", "mountPath": model_dir,
+                                          "subPath": f"{DEP['id']}/model", "readOnly": True}]
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == PVC
+    assert serving.model_dir(DEP["id"]) in container["command"]
+    # The HAMi quarter slice is in the pod template.
+    limits = container["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == 1 and limits["nvidia.com/gpumem"] == 20480
+    assert pod["priorityClassName"] == "gpulab-serving"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert serving.url(DEP) == f"http://{NAME}.{NS}.svc:80"
+
+
+async def test_a_second_launch_replaces_what_is_there(cluster):
+    server, serving = cluster
+    await serving.launch(DEP, ROWS)
+    server.set_status(DEPLOYMENTS, NAME, {"readyReplicas": 2})
+    # A restart of the service, a new token on disk, a launch again: 409s, then replaces.
+    serving.prepare(DEP["id"])
+    await serving.launch({**DEP, "replicas": 3}, ROWS)
+    puts = [(path, body["kind"]) for method, path, body in server.requests if method == "PUT"]
+    assert puts == [(f"{SECRETS}/{NAME}-token", "Secret"), (f"{DEPLOYMENTS}/{NAME}", "Deployment")]
+    stored = server.get(SECRETS, f"{NAME}-token")
+    assert base64.b64decode(stored["data"]["token"]).decode() == serving.token(DEP["id"])
+    assert server.get(DEPLOYMENTS, NAME)["spec"]["replicas"] == 3
+    assert server.get(SERVICES, NAME) is not None  # kept as it was
+    assert await serving.ready(DEP) == 2
+
+
+async def test_ready_reads_ready_replicas(cluster):
+    server, serving = cluster
+    assert await serving.ready(DEP) == 0  # no Deployment yet
+    await serving.launch(DEP, ROWS)
+    assert await serving.ready(DEP) == 0  # no status yet
+    server.set_status(DEPLOYMENTS, NAME, {"replicas": 2, "updatedReplicas": 2})
+    assert await serving.ready(DEP) == 0
+    server.set_status(DEPLOYMENTS, NAME, {"replicas": 2, "readyReplicas": 1})
+    assert await serving.ready(DEP) == 1
+    server.set_status(DEPLOYMENTS, NAME, {"replicas": 2, "readyReplicas": 2})
+    assert await serving.ready(DEP) == 2
+    # It reads the Deployment itself: the chart's Role grants deployments, not their status.
+    assert not any(path.endswith("/status") for _, path, _ in server.requests)
+
+
+async def test_stop_deletes_all_three_and_is_idempotent(cluster):
+    server, serving = cluster
+    await serving.launch(DEP, ROWS)
+    await serving.stop(DEP)
+    deletes = {path: body for method, path, body in server.requests if method == "DELETE"}
+    assert deletes[f"{DEPLOYMENTS}/{NAME}"]["propagationPolicy"] == "Foreground"
+    assert f"{SERVICES}/{NAME}" in deletes and f"{SECRETS}/{NAME}-token" in deletes
+    for collection, name in ((DEPLOYMENTS, NAME), (SERVICES, NAME),
+                             (SECRETS, f"{NAME}-token")):
+        assert server.get(collection, name) is None
+    assert await serving.ready(DEP) == 0
+    await serving.stop(DEP)  # stopping what is gone is fine
+    await serving.stop({**DEP, "id": "ffffffffffff"})  # and what never was
+
+
+async def test_stop_when_only_some_objects_exist(cluster):
+    server, serving = cluster
+    await serving.launch(DEP, ROWS)
+    del server.objects[f"{SERVICES}/{NAME}"]  # deleted outside gpulab
+    await serving.stop(DEP)
+    assert server.get(DEPLOYMENTS, NAME) is None and server.get(SECRETS, f"{NAME}-token") is None
+
+
+def test_files_as_local_serving(tmp_path):
+    serving = KubernetesServing(str(tmp_path / "d"), namespace=NS, models_pvc=PVC, image=IMAGE)
+    model_dir = serving.prepare("abc123abc123")
+    assert model_dir == serving.model_dir("abc123abc123") == \
+        os.path.join(serving.root, "abc123abc123", "model")
+    assert os.path.isdir(model_dir)
+    token_file = serving.path("abc123abc123", "token")
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+    assert len(serving.token("abc123abc123")) >= 32
+    assert serving.log_tail("abc123abc123", 0) == ""
+    assert serving.managed_restarts is True and serving.name == "kubernetes"
+    serving.remove("abc123abc123")
+    assert not os.path.exists(serving.path("abc123abc123"))
+
+
+def test_no_cluster_client_at_import_or_construction(tmp_path):
+    code = ("import sys; from gpulab.backend.kubernetes import KubernetesServing; "
+            f"KubernetesServing({str(tmp_path / 'd')!r}, namespace='n', models_pvc='p', "
+            "image='i'); assert 'kubernetes_asyncio' not in sys.modules, 'imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ,
+                                                                   "KUBECONFIG": "/nonexistent"})
