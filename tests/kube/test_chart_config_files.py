@@ -10,6 +10,8 @@ import yaml
 from traitlets.config import Config
 
 from gpulab.hub_ext.service.app import GpuLabService
+from gpulab.backend.kubernetes.serving import KubernetesServing
+from gpulab.hub_ext.service.deployments import DeploymentManager
 from gpulab.hub_ext.service.jobs import JobManager
 from gpulab.hub_ext.service.kube_jobs import kubernetes_backend
 from gpulab.spawner.kube import FractionalKubeSpawner
@@ -191,3 +193,15 @@ def test_service_builds_the_kubernetes_backend_from_the_chart_config(tmp_path, m
     assert kube.namespace == "research" and kube.options.jobs_pvc == "gpulab-jobs"
     # The chart mounts the claim at <data-dir>/jobs, the path pods mount it at too.
     assert kube.options.jobs_root == str(tmp_path / "data" / "jobs") == manager.root
+
+
+def test_service_serves_endpoints_on_kubernetes_from_the_chart_config(tmp_path, monkeypatch):
+    """With deployments.kubernetes on, %deploy endpoints become Deployments in the namespace."""
+    app = started_service(tmp_path, monkeypatch,
+                          rendered_data({"deployments": {"kubernetes": {"enabled": True}}},
+                                        namespace="research"))
+    serving = DeploymentManager(app).serving
+    assert isinstance(serving, KubernetesServing) and serving.namespace == "research"
+    assert serving.models_pvc == "gpulab-models" and serving.image.endswith(":0.1.0")
+    # The chart mounts the claim at <data-dir>/deployments, where the service writes models.
+    assert serving.root == str(tmp_path / "data" / "deployments")
