@@ -19,53 +19,31 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
+from .deployment_dir import DeploymentDirs
 from .local import PASS_ENV, _alive, free_port
 
-MODEL_FILES = ("model.pt2", "model.json")
 
-
-class LocalServing:
+class LocalServing(DeploymentDirs):
     name = "local"
     #: The service's deployment manager restarts replicas that die (on Kubernetes,
     #: the Deployment controller does).
     managed_restarts = False
 
     def __init__(self, root: str, real_gpus: bool = False, python: str = sys.executable):
-        self.root = root
+        super().__init__(root)
         self.real_gpus = real_gpus
         self.python = python
         self._children: dict[tuple[str, int], subprocess.Popen] = {}
-        os.makedirs(root, exist_ok=True)
 
     # -- the directory -----------------------------------------------------------
-    def path(self, dep_id: str, *parts: str) -> str:
-        return os.path.join(self.root, dep_id, *parts)
-
-    def model_dir(self, dep_id: str) -> str:
-        return self.path(dep_id, "model")
-
     def prepare(self, dep_id: str) -> str:
-        """Create the directory and the replicas' secret; returns the model directory."""
         os.makedirs(self.path(dep_id, "logs"), exist_ok=True)
-        os.makedirs(self.model_dir(dep_id), exist_ok=True)
-        fd = os.open(self.path(dep_id, "token"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32))
-        return self.model_dir(dep_id)
-
-    def token(self, dep_id: str) -> str:
-        with open(self.path(dep_id, "token")) as f:
-            return f.read().strip()
-
-    def remove(self, dep_id: str) -> None:
-        shutil.rmtree(self.path(dep_id), ignore_errors=True)
+        return super().prepare(dep_id)
 
     # -- replicas ----------------------------------------------------------------
     def start_replica(self, dep: dict, replica: int, gpu_uuid: str | None = None) -> dict:

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _hub import RunningHub, percentile  # noqa: E402
-from serving_batching import build_model, load  # noqa: E402
+from serving_batching import build_model, load, oip_request  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,20 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     rows = [rng.standard_normal(dims[0], dtype=np.float32) for _ in range(64)]
 
-    def body(row):
-        if not args.binary:
-            return json.dumps({"inputs": [{"name": "input", "datatype": "FP32",
-                                           "shape": [1, dims[0]], "data": row.tolist()}]}
-                              ).encode(), {"Content-Type": "application/json"}
-        raw = row.tobytes()
-        head = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, dims[0]],
-                                       "parameters": {"binary_data_size": len(raw)}}],
-                           "outputs": [{"name": "output", "parameters": {"binary_data": True}}]
-                           }).encode()
-        return head + raw, {"Content-Type": "application/octet-stream",
-                            "Inference-Header-Content-Length": str(len(head))}
-
-    bodies = [body(rows[i % 64]) for i in range(args.requests)]
+    bodies = [oip_request(rows[i % 64], args.binary) for i in range(args.requests)]
     warm = bodies[:max(100, args.concurrency * 4)]
     results = {}
     with tempfile.TemporaryDirectory(prefix="gpulab-bench-endpoint-") as work:

@@ -57,6 +57,25 @@ def build_model(dims: list[int], model_dir: str) -> None:
     export_model(model, torch.randn(4, dims[0]), model_dir, name="mlp")
 
 
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def oip_request(row: np.ndarray, binary: bool) -> tuple[bytes, dict]:
+    """One-row OIP v2 infer request (body, headers) for input ``input``: JSON, or the
+    binary-data extension (raw float32 bytes after a JSON header, binary output back)."""
+    if not binary:
+        return json.dumps({"inputs": [{"name": "input", "datatype": "FP32",
+                                       "shape": [1, row.size], "data": row.tolist()}]}
+                          ).encode(), JSON_HEADERS
+    raw = row.astype(np.float32).tobytes()
+    head = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, row.size],
+                                   "parameters": {"binary_data_size": len(raw)}}],
+                       "outputs": [{"name": "output", "parameters": {"binary_data": True}}]
+                       }).encode()
+    return head + raw, {"Content-Type": "application/octet-stream",
+                        "Inference-Header-Content-Length": str(len(head))}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -224,23 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = [rng.standard_normal(dims[0], dtype=np.float32).tolist() for _ in range(64)]
     n_warm = max(args.concurrency * 4, 100)
 
-    json_headers = {"Content-Type": "application/json"}
-
     def oip(row):
-        if not args.binary:
-            return json.dumps({"inputs": [{"name": "input", "datatype": "FP32",
-                                           "shape": [1, dims[0]], "data": row}]}).encode(), \
-                json_headers
-        raw = np.asarray(row, dtype=np.float32).tobytes()
-        head = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, dims[0]],
-                                       "parameters": {"binary_data_size": len(raw)}}],
-                           "outputs": [{"name": "output", "parameters": {"binary_data": True}}]
-                           }).encode()
-        return head + raw, {"Content-Type": "application/octet-stream",
-                            "Inference-Header-Content-Length": str(len(head))}
+        return oip_request(np.asarray(row, dtype=np.float32), args.binary)
 
     def lit(row):
-        return json.dumps({"input": row}).encode(), json_headers
+        return json.dumps({"input": row}).encode(), JSON_HEADERS
 
     oip_bodies = [oip(rows[i % 64]) for i in range(args.requests)]
     lit_bodies = [lit(rows[i % 64]) for i in range(args.requests)]

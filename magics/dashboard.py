@@ -199,6 +199,8 @@ def _follow(client, job: dict) -> dict:
 
     from gpulab.client.base import _LoopThread
 
+    from .train import _drain
+
     lines: queue.Queue[str] = queue.Queue()
     follower = asyncio.run_coroutine_threadsafe(
         client.aio.follow_job_logs_into(job["id"], lines.put), _LoopThread.loop())
@@ -221,17 +223,6 @@ def _follow(client, job: dict) -> dict:
             time.sleep(POLL_S)
     finally:
         follower.cancel()
-
-
-def _drain(q) -> list[str]:
-    import queue
-
-    out = []
-    while True:
-        try:
-            out.append(q.get_nowait())
-        except queue.Empty:
-            return out
 
 
 def format_result(r: dict) -> str:

@@ -21,6 +21,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from .quantize import model_and_example
 from .train import parse_gpu
 
 WAIT_S = 300.0
@@ -136,13 +137,7 @@ class DeployMagics(Magics):
             raise UsageError("usage: %deploy MODEL --name NAME --example X [options]; "
                              "%deploy --list; %deploy --stop NAME (%deploy? for all options)")
         ns = self.shell.user_ns
-        if args.model not in ns:
-            raise UsageError(f"no variable {args.model!r} in this notebook; define the model first")
-        try:
-            example = eval(args.example, ns)  # noqa: S307 - the user's own kernel namespace
-        except Exception as exc:
-            raise UsageError(f"--example {args.example!r} could not be evaluated: "
-                             f"{type(exc).__name__}: {exc}") from None
+        example = model_and_example(ns, args.model, args.example)
         if args.replicas < 1:
             raise UsageError("--replicas must be at least 1")
         settings = {"name": args.name, "replicas": args.replicas, "gpu_milli": parse_gpu(args.gpu),

@@ -17,6 +17,17 @@ SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight", "fp8-weight", "fp8-dyna
 ENGINES = ("auto", "torch-ao", "torchao")
 
 
+def model_and_example(ns: dict, model: str, example: str):
+    """Check the notebook has ``model``; evaluate ``example`` there. UsageError if not."""
+    if model not in ns:
+        raise UsageError(f"no variable {model!r} in this notebook; define the model first")
+    try:
+        return eval(example, ns)  # noqa: S307 - the user's own kernel namespace
+    except Exception as exc:
+        raise UsageError(f"--example {example!r} could not be evaluated: "
+                         f"{type(exc).__name__}: {exc}") from None
+
+
 @magics_class
 class QuantizeMagics(Magics):
     @magic_arguments()
@@ -40,13 +51,7 @@ class QuantizeMagics(Magics):
         if args.runs < 1:
             raise UsageError("--runs must be at least 1")
         ns = self.shell.user_ns
-        if args.model not in ns:
-            raise UsageError(f"no variable {args.model!r} in this notebook; define the model first")
-        try:
-            example = eval(args.example, ns)  # noqa: S307 - the user's own kernel namespace
-        except Exception as exc:
-            raise UsageError(f"--example {args.example!r} could not be evaluated: "
-                             f"{type(exc).__name__}: {exc}") from None
+        example = model_and_example(ns, args.model, args.example)
 
         # Imported here: torch is heavy and only this magic needs it.
         from gpulab.serving.quantize import QuantizeError, quantize

@@ -19,9 +19,12 @@ import os
 import time
 from typing import Callable
 
+from gpulab.scheduler.slices import MILLI_PER_GPU
+
 from ..base import Backend, JobStatus
 from ..spec import JobSpec, SpecError
 from . import jobset as jobset_mod
+from .apiclient import ApiClientHolder
 from .job import job_objects
 from .pods import JobOptions, check_spec, job_name
 
@@ -29,7 +32,7 @@ from .pods import JobOptions, check_spec, job_name
 CANCEL_WAIT_S = 120.0
 
 
-class KubernetesBackend(Backend):
+class KubernetesBackend(Backend, ApiClientHolder):
     """Jobs as Indexed Jobs (or JobSets) in one namespace.
 
     ``options`` says where job directories live on the cluster (the PVC) and
@@ -53,26 +56,9 @@ class KubernetesBackend(Backend):
         self.kubeconfig = kubeconfig
         self.use_jobset = use_jobset
         self.pod_patch_for = pod_patch_for
-        self._client = None
         self._groups: set[str] | None = None
 
-    # -- the client ------------------------------------------------------------------
-    async def api(self):
-        if self._client is None:
-            from kubernetes_asyncio import client, config
-
-            if self.kubeconfig:
-                self._client = await config.new_client_from_config(config_file=self.kubeconfig)
-            else:
-                config.load_incluster_config()
-                self._client = client.ApiClient()
-        return self._client
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
-
+    # -- the client (ApiClientHolder) ------------------------------------------------
     async def api_groups(self) -> set[str]:
         if self._groups is None:
             from kubernetes_asyncio import client
@@ -97,6 +83,9 @@ class KubernetesBackend(Backend):
         if spec.comm_hook == "bf16" and not spec.gpu_milli:
             raise SpecError("comm hook bf16 needs NCCL, which needs GPUs; these ranks have "
                             "none: use --comm-hook fp16 or powersgd")
+        if 0 < spec.gpu_milli < MILLI_PER_GPU and spec.nproc_per_node > 1:
+            raise SpecError("on Kubernetes a node's ranks share one pod, which holds one slice: "
+                            "use --nproc-per-node 1 with a fraction of a GPU, or whole GPUs")
 
     def objects(self, spec: JobSpec, allocations: list[dict], jobset: bool) -> list[dict]:
         patch = self.pod_patch_for(spec, allocations) if self.pod_patch_for else None

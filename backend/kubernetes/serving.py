@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
-import secrets
-import shutil
 import time
 from typing import Callable
 
+from ..deployment_dir import DeploymentDirs
+from .apiclient import ApiClientHolder
 from .deploy import ENDPOINT_LABEL, endpoint_name, make_deployment
 from .pods import COMMON_LABELS, USER_ANNOTATION
 
@@ -34,7 +33,7 @@ from .pods import COMMON_LABELS, USER_ANNOTATION
 STOP_WAIT_S = 120.0
 
 
-class KubernetesServing:
+class KubernetesServing(DeploymentDirs, ApiClientHolder):
     """An endpoint's replicas as a Deployment behind a Service in one namespace.
 
     ``pod_patch_for(dep, rows)`` returns the pod patch holding the replicas'
@@ -51,7 +50,7 @@ class KubernetesServing:
                  pod_patch_for: Callable[[dict, list[dict]], Callable[[dict], dict] | None]
                  | None = None,
                  labels: dict | None = None, priority_class: str = "", port: int = 8080):
-        self.root = root
+        super().__init__(root)
         self.namespace = namespace
         self.models_pvc = models_pvc
         self.image = image
@@ -60,32 +59,8 @@ class KubernetesServing:
         self.labels = dict(labels or {})
         self.priority_class = priority_class
         self.port = port
-        self._client = None
-        self._client_lock = asyncio.Lock()
-        os.makedirs(root, exist_ok=True)
 
-    # -- the directory (as LocalServing) -------------------------------------------------
-    def path(self, dep_id: str, *parts: str) -> str:
-        return os.path.join(self.root, dep_id, *parts)
-
-    def model_dir(self, dep_id: str) -> str:
-        return self.path(dep_id, "model")
-
-    def prepare(self, dep_id: str) -> str:
-        """Create the directory and the replicas' secret; returns the model directory."""
-        os.makedirs(self.model_dir(dep_id), exist_ok=True)
-        fd = os.open(self.path(dep_id, "token"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32))
-        return self.model_dir(dep_id)
-
-    def token(self, dep_id: str) -> str:
-        with open(self.path(dep_id, "token")) as f:
-            return f.read().strip()
-
-    def remove(self, dep_id: str) -> None:
-        shutil.rmtree(self.path(dep_id), ignore_errors=True)
-
+    # -- the directory (DeploymentDirs) ------------------------------------------------
     def log_tail(self, dep_id: str, replica: int, lines: int = 5) -> str:
         """Nothing: the replicas' logs are their pods' (``kubectl logs``)."""
         return ""
@@ -131,25 +106,6 @@ class KubernetesServing:
             max_latency_ms=dep["max_latency_ms"], max_queue=dep["max_queue"], port=self.port,
             token_secret=self.secret_name(dep), labels=self.labels or None,
             priority_class=self.priority_class, pod_patch=patch)]
-
-    # -- the client ----------------------------------------------------------------------
-    async def api(self):
-        async with self._client_lock:
-            if self._client is None:
-                from kubernetes_asyncio import client, config
-
-                if self.kubeconfig:
-                    self._client = await config.new_client_from_config(
-                        config_file=self.kubeconfig)
-                else:
-                    config.load_incluster_config()
-                    self._client = client.ApiClient()
-        return self._client
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
 
     # -- cluster I/O ---------------------------------------------------------------------
     async def launch(self, dep: dict, rows: list[dict]) -> None:

@@ -25,7 +25,8 @@ import uuid
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpulab.backend.local_serving import MODEL_FILES, LocalServing
+from gpulab.backend.deployment_dir import MODEL_FILES
+from gpulab.backend.local_serving import LocalServing
 from gpulab.scheduler.deployments_db import DeploymentStore, NameTaken
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded

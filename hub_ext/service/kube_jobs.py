@@ -24,7 +24,6 @@ from __future__ import annotations
 from gpulab.backend.kubernetes.backend import KubernetesBackend
 from gpulab.backend.kubernetes.pods import JobOptions
 from gpulab.backend.spec import JobSpec, SpecError
-from gpulab.scheduler.slices import MILLI_PER_GPU
 from gpulab.spawner.kube_enforcement import GpuSlice, apply_to_pod, check_backend, pod_slice_patch
 from gpulab.spawner.kube_enforcement.kueue import queue_patch
 
@@ -44,17 +43,25 @@ def slice_pod_patch(enforcement: str, options: dict, milli: int, allocations: li
     return lambda template: apply_to_pod(template, patch)
 
 
+def check_settings(what: str, settings: dict, known: set[str],
+                   required: tuple[str, ...]) -> tuple[str, dict]:
+    """Refuse unknown or missing keys of ``c.GpuLabService.<what>``; return the
+    enforcement backend's name and its checked options."""
+    unknown = set(settings) - known
+    if unknown:
+        raise SpecError(f"{what}: unknown key(s) {', '.join(sorted(unknown))}; "
+                        f"known: {', '.join(sorted(known))}")
+    for key in required:
+        if not settings.get(key):
+            raise SpecError(f"{what} needs {key!r}")
+    enforcement = settings.get("enforcement", "hami")
+    return enforcement, check_backend(enforcement, settings.get("enforcement_options"))
+
+
 def kubernetes_backend(settings: dict, jobs_root: str, gpus) -> KubernetesBackend:
     """The backend for ``settings`` (``c.GpuLabService.kubernetes_jobs``); clear errors."""
-    unknown = set(settings) - KEYS
-    if unknown:
-        raise SpecError(f"kubernetes_jobs: unknown key(s) {', '.join(sorted(unknown))}; "
-                        f"known: {', '.join(sorted(KEYS))}")
-    for key in ("namespace", "jobs_pvc"):
-        if not settings.get(key):
-            raise SpecError(f"kubernetes_jobs needs {key!r}")
-    enforcement = settings.get("enforcement", "hami")
-    enforcement_options = check_backend(enforcement, settings.get("enforcement_options"))
+    enforcement, enforcement_options = check_settings("kubernetes_jobs", settings, KEYS,
+                                                      ("namespace", "jobs_pvc"))
     by_uuid = {g.uuid: g for g in gpus}
 
     def pod_patch_for(spec: JobSpec, allocations: list[dict]):
@@ -62,24 +69,11 @@ def kubernetes_backend(settings: dict, jobs_root: str, gpus) -> KubernetesBacken
         return slice_pod_patch(enforcement, enforcement_options,
                                spec.gpu_milli * spec.nproc_per_node, allocations, by_uuid)
 
-    def check(spec: JobSpec) -> None:
-        if 0 < spec.gpu_milli < MILLI_PER_GPU and spec.nproc_per_node > 1:
-            raise SpecError("on Kubernetes a node's ranks share one pod, which holds one slice: "
-                            "use --nproc-per-node 1 with a fraction of a GPU, or whole GPUs")
-
     labels = queue_patch("job", settings.get("queue"), settings.get("priority"))["labels"]
     options = JobOptions(jobs_root=jobs_root, jobs_pvc=settings["jobs_pvc"], labels=labels,
                          priority_class=settings.get("priority_class", ""),
                          rdzv_port=int(settings.get("rdzv_port", 29400)))
-    backend = KubernetesBackend(jobs_root, namespace=settings["namespace"], options=options,
-                                kubeconfig=settings.get("kubeconfig") or None,
-                                use_jobset=settings.get("use_jobset", "auto"),
-                                pod_patch_for=pod_patch_for)
-    base_check = backend.check
-
-    def checked(spec: JobSpec) -> None:
-        base_check(spec)
-        check(spec)
-
-    backend.check = checked
-    return backend
+    return KubernetesBackend(jobs_root, namespace=settings["namespace"], options=options,
+                             kubeconfig=settings.get("kubeconfig") or None,
+                             use_jobset=settings.get("use_jobset", "auto"),
+                             pod_patch_for=pod_patch_for)

@@ -21,11 +21,9 @@ replica, so quotas and the cluster's free slices count them.
 from __future__ import annotations
 
 from gpulab.backend.kubernetes.serving import KubernetesServing
-from gpulab.backend.spec import SpecError
-from gpulab.spawner.kube_enforcement import check_backend
 from gpulab.spawner.kube_enforcement.kueue import queue_patch
 
-from .kube_jobs import slice_pod_patch
+from .kube_jobs import check_settings, slice_pod_patch
 
 KEYS = {"namespace", "models_pvc", "image", "enforcement", "enforcement_options", "queue",
         "priority", "priority_class", "kubeconfig", "port"}
@@ -33,15 +31,8 @@ KEYS = {"namespace", "models_pvc", "image", "enforcement", "enforcement_options"
 
 def kubernetes_serving(settings: dict, root: str, gpus) -> KubernetesServing:
     """The serving backend for ``settings`` (``c.GpuLabService.kubernetes_deployments``)."""
-    unknown = set(settings) - KEYS
-    if unknown:
-        raise SpecError(f"kubernetes_deployments: unknown key(s) {', '.join(sorted(unknown))}; "
-                        f"known: {', '.join(sorted(KEYS))}")
-    for key in ("namespace", "models_pvc", "image"):
-        if not settings.get(key):
-            raise SpecError(f"kubernetes_deployments needs {key!r}")
-    enforcement = settings.get("enforcement", "hami")
-    options = check_backend(enforcement, settings.get("enforcement_options"))
+    enforcement, options = check_settings("kubernetes_deployments", settings, KEYS,
+                                          ("namespace", "models_pvc", "image"))
     by_uuid = {g.uuid: g for g in gpus}
 
     def pod_patch_for(dep: dict, rows: list[dict]):

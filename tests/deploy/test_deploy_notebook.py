@@ -12,21 +12,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from hubproc import RunningHub
 from nbclient import NotebookClient
 
 pytestmark = pytest.mark.slow
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "deploy.ipynb"
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("nbdeployhub"), simulate="2xA100-80GB")
-    yield h
-    for dep in h.gpulab("GET", "/deployments").json():
-        h.gpulab("DELETE", f"/deployments/{dep['name']}", params={"user": dep["user"]})
-    h.stop()
 
 
 def text_of(cell) -> str:

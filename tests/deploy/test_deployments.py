@@ -15,7 +15,6 @@ import pytest
 import requests
 import torch
 import tritonclient.http as httpclient
-from hubproc import RunningHub
 from tritonclient.utils import InferenceServerException
 
 from gpulab.client import Client, GpuLabError
@@ -23,15 +22,6 @@ from gpulab.serving.export import export_model
 
 pytestmark = pytest.mark.slow
 WAIT_S = 240  # a bound on a loaded 2-core machine, not a sleep
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("deployhub"), simulate="2xA100-80GB")
-    yield h
-    for dep in h.gpulab("GET", "/deployments").json():
-        h.gpulab("DELETE", f"/deployments/{dep['name']}", params={"user": dep["user"]})
-    h.stop()
 
 
 @pytest.fixture(scope="module")

@@ -91,12 +91,16 @@ def test_all_options_reach_the_objects(chart):
         "apiUrl": "http://gpulab-all.gpulab.svc:10101/services/gpulab/api/v1",
         "publicApiUrl": "https://hub.example.org/services/gpulab/api/v1",
         "enforcement": ALL_ON["enforcement"], "notebookPriorityClass": "gpulab-notebook"}
-    service_values = json.loads(
-        objects["ConfigMap/gpulab-all-service"]["data"]["service-values.json"])
+    service_values = service_values_of(objects, "gpulab-all")
     assert service_values["slices"] == ALL_ON["slices"]
     assert service_values["authenticatePrometheus"] is False
     assert service_values["kueue"] == {"enabled": True, "localQueue": "research",
                                        "defaultPriorityClass": "gpulab-low"}
+
+
+def service_values_of(objects: dict, release: str = "gpulab") -> dict:
+    """The values JSON the chart hands the service's config file."""
+    return json.loads(objects[f"ConfigMap/{release}-service"]["data"]["service-values.json"])
 
 
 def volume_mounts(objects: dict, deployment: str) -> tuple[dict, dict]:
@@ -118,8 +122,7 @@ def test_kubernetes_jobs_get_a_shared_jobs_directory(chart):
     assert mounts["/srv/gpulab/jobs"] == "jobs" and env["GPULAB_DATA_DIR"] == "/srv/gpulab"
     assert volumes["jobs"]["persistentVolumeClaim"] == {"claimName": "gpulab-all-jobs"}
     assert mounts["/srv/gpulab"] == "data"  # the ledger's volume stays beside it
-    service_values = json.loads(
-        objects["ConfigMap/gpulab-all-service"]["data"]["service-values.json"])
+    service_values = service_values_of(objects, "gpulab-all")
     assert service_values["kubernetesJobs"] == {
         "enabled": True, "namespace": "gpulab", "jobsPvc": "gpulab-all-jobs",
         "useJobSet": "auto", "priorityClassName": "batch-low", "rdzvPort": 29500}
@@ -147,8 +150,7 @@ def test_kubernetes_jobs_on_an_existing_claim(chart):
     assert volumes[mounts["/srv/gpulab/jobs"]]["persistentVolumeClaim"] == {
         "claimName": "team-nfs"}
     validate_strict(objects["Deployment/gpulab"])
-    service_values = json.loads(
-        objects["ConfigMap/gpulab-service"]["data"]["service-values.json"])
+    service_values = service_values_of(objects)
     jobs = service_values["kubernetesJobs"]
     assert (jobs["namespace"], jobs["jobsPvc"], jobs["useJobSet"]) == (
         "research", "team-nfs", False)
@@ -159,8 +161,7 @@ def test_kubernetes_jobs_off_by_default(chart):
     assert "PersistentVolumeClaim/gpulab-jobs" not in objects
     mounts, volumes = volume_mounts(objects, "gpulab")
     assert "/srv/gpulab/jobs" not in mounts and "jobs" not in volumes
-    service_values = json.loads(
-        objects["ConfigMap/gpulab-service"]["data"]["service-values.json"])
+    service_values = service_values_of(objects)
     assert service_values["kubernetesJobs"]["enabled"] is False
 
 
@@ -178,8 +179,7 @@ def test_kubernetes_deployments_get_a_shared_models_directory(chart):
     assert (mounts["/srv/gpulab"], mounts["/srv/gpulab/jobs"]) == ("data", "jobs")
     spec = objects["Deployment/gpulab-all"]["spec"]["template"]["spec"]
     assert len({v["name"] for v in spec["volumes"]}) == len(spec["volumes"])
-    service_values = json.loads(
-        objects["ConfigMap/gpulab-all-service"]["data"]["service-values.json"])
+    service_values = service_values_of(objects, "gpulab-all")
     assert service_values["kubernetesDeployments"] == {
         "enabled": True, "namespace": "gpulab", "modelsPvc": "gpulab-all-models",
         "image": "registry.example.org/gpulab-singleuser:0.1.0-rc1",
@@ -208,8 +208,7 @@ def test_kubernetes_deployments_on_an_existing_claim(chart):
         "claimName": "team-models"}
     assert "/srv/gpulab/jobs" not in mounts  # jobs stay off: each has its own switch
     validate_strict(objects["Deployment/gpulab"])
-    service_values = json.loads(
-        objects["ConfigMap/gpulab-service"]["data"]["service-values.json"])
+    service_values = service_values_of(objects)
     deployments = service_values["kubernetesDeployments"]
     # The default image is the notebook image (it has gpulab and torch).
     assert (deployments["namespace"], deployments["modelsPvc"], deployments["image"]) == (
@@ -222,8 +221,7 @@ def test_kubernetes_deployments_off_by_default(chart):
     assert "PersistentVolumeClaim/gpulab-models" not in objects
     mounts, volumes = volume_mounts(objects, "gpulab")
     assert "/srv/gpulab/deployments" not in mounts and "models" not in volumes
-    service_values = json.loads(
-        objects["ConfigMap/gpulab-service"]["data"]["service-values.json"])
+    service_values = service_values_of(objects)
     assert service_values["kubernetesDeployments"]["enabled"] is False
 
 

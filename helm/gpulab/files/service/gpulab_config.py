@@ -21,21 +21,28 @@ c.GpuLabService.local_sampler = False
 c.GpuLabService.inventory_source = "kubernetes"
 c.GpuLabService.kubernetes_node_selector = gpulab.get("nodeLabelSelector") or ""
 
+
+def slice_and_queue() -> dict:
+    """What jobs and endpoints on Kubernetes share: how a pod holds its slice (the
+    chart's enforcement backend) and, with Kueue on, its queue and priority."""
+    kueue = gpulab.get("kueue") or {}
+    queued = bool(kueue.get("enabled"))
+    enforcement = gpulab["enforcement"]
+    return {"enforcement": enforcement["backend"],
+            "enforcement_options": enforcement.get("options") or {},
+            "queue": (kueue.get("localQueue") or "") if queued else "",
+            "priority": (kueue.get("defaultPriorityClass") or "") if queued else ""}
+
+
 # Jobs with backend "kubernetes" run as Indexed Jobs/JobSets in the release's
 # namespace; the jobs directory (<data-dir>/jobs) is the claim the chart mounts
 # there, and every pod of a job mounts it at the same path.
 jobs = gpulab.get("kubernetesJobs") or {}
 if jobs.get("enabled"):
-    kueue = gpulab.get("kueue") or {}
-    queued = bool(kueue.get("enabled"))  # Kueue labels on the Job/JobSet
-    enforcement = gpulab["enforcement"]
     c.GpuLabService.kubernetes_jobs = {
         "namespace": jobs["namespace"],
         "jobs_pvc": jobs["jobsPvc"],
-        "enforcement": enforcement["backend"],
-        "enforcement_options": enforcement.get("options") or {},
-        "queue": (kueue.get("localQueue") or "") if queued else "",
-        "priority": (kueue.get("defaultPriorityClass") or "") if queued else "",
+        **slice_and_queue(),
         "priority_class": jobs.get("priorityClassName") or "",
         "use_jobset": jobs.get("useJobSet", "auto"),
         "rdzv_port": int(jobs.get("rdzvPort") or 29400),
@@ -46,16 +53,10 @@ if jobs.get("enabled"):
 # the chart mounts there, and every model-server pod mounts it at the same path.
 deployments = gpulab.get("kubernetesDeployments") or {}
 if deployments.get("enabled"):
-    kueue = gpulab.get("kueue") or {}
-    queued = bool(kueue.get("enabled"))  # Kueue labels on the Deployment
-    enforcement = gpulab["enforcement"]
     c.GpuLabService.kubernetes_deployments = {
         "namespace": deployments["namespace"],
         "models_pvc": deployments["modelsPvc"],
         "image": deployments["image"],
-        "enforcement": enforcement["backend"],
-        "enforcement_options": enforcement.get("options") or {},
-        "queue": (kueue.get("localQueue") or "") if queued else "",
-        "priority": (kueue.get("defaultPriorityClass") or "") if queued else "",
+        **slice_and_queue(),
         "priority_class": deployments.get("priorityClassName") or "",
     }

@@ -1,0 +1,43 @@
+"""Where a deployment's files live, whichever backend runs its replicas.
+
+``<root>/<deployment id>/`` holds ``model/`` (model.pt2 + model.json, written by
+the service from the upload) and ``token``, the secret the replicas demand in
+``Authorization: Bearer``. On Kubernetes ``root`` is a claim the replicas'
+pods mount too.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+
+#: What an uploaded model directory holds.
+MODEL_FILES = ("model.pt2", "model.json")
+
+
+class DeploymentDirs:
+    def __init__(self, root: str):
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+
+    def path(self, dep_id: str, *parts: str) -> str:
+        return os.path.join(self.root, dep_id, *parts)
+
+    def model_dir(self, dep_id: str) -> str:
+        return self.path(dep_id, "model")
+
+    def prepare(self, dep_id: str) -> str:
+        """Create the directory and the replicas' secret; returns the model directory."""
+        os.makedirs(self.model_dir(dep_id), exist_ok=True)
+        fd = os.open(self.path(dep_id, "token"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+        return self.model_dir(dep_id)
+
+    def token(self, dep_id: str) -> str:
+        with open(self.path(dep_id, "token")) as f:
+            return f.read().strip()
+
+    def remove(self, dep_id: str) -> None:
+        shutil.rmtree(self.path(dep_id), ignore_errors=True)
