@@ -11,7 +11,7 @@ GPUS    ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo 2xA100-80GB)
 ARGS    ?=
 PYTEST_ARGS ?=
 
-.PHONY: up test deps system-deps bench-deps clean
+.PHONY: up test deps venv-base reach system-deps bench-deps gpu-check clean
 
 # Debian packages the tests drive for real: Chromium (browser tests), PostgreSQL
 # (database option), iproute2 (network namespaces), curl (the %deploy notebook
@@ -28,9 +28,21 @@ system-deps:
 	  fi; \
 	fi
 
+# As root, users' servers, job ranks and replicas run as their own accounts and
+# must be able to run the venv's interpreter: build it on the system Python
+# (/usr/bin/python3), not on one under /root (a 0700 home). A venv built on
+# another interpreter is rebuilt.
+BASE_PY ?= $(shell if [ "$$(id -u)" = 0 ] && [ -x /usr/bin/python3 ]; then echo /usr/bin/python3; else echo python3; fi)
+BASE_HOME := $(shell dirname "$$(readlink -f "$$(command -v $(BASE_PY))")")
+
+venv-base:
+	@if [ -f $(VENV)/pyvenv.cfg ] && ! grep -qx 'home = $(BASE_HOME)' $(VENV)/pyvenv.cfg; then \
+	  echo "$(VENV) was built on another Python; rebuilding it on $(BASE_PY)"; rm -rf $(VENV); \
+	fi
+
 # torch is pinned to 2.13.0: its CPU build lies on this kind of machine's disk.
 $(STAMP): pyproject.toml
-	python3 -m venv $(VENV)
+	$(BASE_PY) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q -e '.[torch,test]'
 	# torchao 0.18 works with torch 2.13 but asks for other releases: no deps.
@@ -41,16 +53,35 @@ $(CHP): package.json
 	npm install --no-audit --no-fund
 	touch $@
 
-deps: $(STAMP) $(CHP)
+deps: venv-base $(STAMP) $(CHP)
 
-up: deps
+up: deps reach
 	$(VENV)/bin/gpulab up $(if $(GPUS),--simulate-gpus $(GPUS)) $(ARGS)
 
-test: system-deps deps
+# As root the tests make real per-user accounts, which must reach this checkout
+# and its venv: folders above it get search permission (o+x: pass through, not
+# list), as an install under /opt or /srv has anyway.
+reach:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  d="$$(pwd)"; while [ "$$d" != / ]; do \
+	    if [ -z "$$(find "$$d" -maxdepth 0 -perm -o=x)" ]; then \
+	      echo "Letting users' accounts pass through $$d (chmod o+x) to reach gpulab"; \
+	      chmod o+x "$$d"; \
+	    fi; d="$$(dirname "$$d")"; \
+	  done; \
+	fi
+
+test: system-deps deps reach
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench-deps: deps
 	$(PY) -m pip install -q -e '.[torch,test,bench]'
+
+# gpulab's GPU paths on a GPU machine, as one table (benchmarks/gpu_check.py), in
+# under 8 minutes. Uses the venv if there is one (no install: GPU machines may be
+# offline), else python3. Without an NVIDIA driver every row says so; exit 0.
+gpu-check:
+	timeout -k 10 470 $(if $(wildcard $(PY)),$(PY),python3) benchmarks/gpu_check.py --deadline 450
 
 clean:
 	rm -rf $(VENV) node_modules .gpulab

@@ -3,15 +3,24 @@
 Layout of ``<data_dir>/jobs/<id>/`` (on Kubernetes, the same tree on a shared volume)::
 
     spec.json  cell.py  vars.pkl      what to run (written at submit)
-    launch.json  node<N>.exit         how it was started; each node's exit code
+    launch.json                       how it was started
     events.log                        lines for the user ("restart 1: ...")
     logs/rank<R>.log  logs/node<N>.log  each rank's output; each torchrun agent's
     metrics/rank<R>.jsonl             report() records
     errors/rank<R>.json               a failed rank's exception (copy of torchrun's error file)
     checkpoints/                      torch.distributed.checkpoint steps + ``latest``
     out/value.pkl  out/state_dict.pt  the --out variable (rank 0)
+    pids/rank<R>.json  pids/node<N>.exit  the ranks' pids; each node's exit code
+    torchrun/                         torchrun's own per-node logs
 
 Everything here is plain files, so a restarted service picks up where it was.
+
+When the ranks run as the job owner's Unix account (:meth:`JobDir.hand_over`),
+the directory itself and what the service wrote stay root's (group: the owner,
+``0750``), and only :data:`USER_DIRS` and ``events.log`` become the owner's.
+The service reads what the owner can write through :meth:`JobDir.open_user`,
+which refuses symlinks, FIFOs and files the owner does not own, so a rank cannot
+make the service read or write another file of the host for it.
 """
 
 from __future__ import annotations
@@ -20,11 +29,16 @@ import glob
 import json
 import os
 import re
+import stat
 
 from .spec import JobSpec
 
 _RANK_LOG = re.compile(r"rank(\d+)\.log$")
 _NODE_LOG = re.compile(r"node(\d+)\.log$")
+#: Folders the ranks write; the owner's once the job is handed over.
+USER_DIRS = ("logs", "metrics", "errors", "checkpoints", "out", "pids", "torchrun")
+#: The one file both the service and the ranks append to.
+EVENTS = "events.log"
 
 
 class JobDir:
@@ -33,6 +47,74 @@ class JobDir:
 
     def p(self, *parts: str) -> str:
         return os.path.join(self.path, *parts)
+
+    # -- who may write what ----------------------------------------------------------
+    def hand_over(self, uid: int, gid: int) -> None:
+        """Let the job's ranks, running as ``uid``, write their folders, and nobody
+        else read anything: the directory becomes ``root:<gid> 0750``."""
+        for sub in USER_DIRS:
+            os.makedirs(self.p(sub), exist_ok=True)
+            os.chown(self.p(sub), uid, gid)
+            os.chmod(self.p(sub), 0o700)
+        try:
+            fd = self.open_user(EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except PermissionError:  # the service's own, from before the hand-over
+            fd = os.open(self.p(EVENTS), os.O_WRONLY | os.O_NOFOLLOW)
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, 0o600)
+        os.close(fd)
+        for name in os.listdir(self.path):
+            full = self.p(name)
+            if name not in USER_DIRS and name != EVENTS and os.path.isfile(full):
+                os.chown(full, 0, gid)
+                os.chmod(full, 0o640)
+        os.chown(self.path, 0, gid)
+        os.chmod(self.path, 0o750)
+
+    def owner(self) -> tuple[int, int]:
+        """Who the ranks run as: the owner of ``logs/`` (the service, before hand-over)."""
+        try:
+            st = os.lstat(self.p("logs"))
+            return st.st_uid, st.st_gid
+        except OSError:
+            return os.geteuid(), os.getegid()
+
+    def open_user(self, name: str, flags: int = os.O_RDONLY) -> int:
+        """Open a file the ranks may write; an fd, or OSError.
+
+        Refused: a symlink, a FIFO or device (which could hang the service), a
+        file the ranks' account does not own (a hard link to one of root's). A
+        file made here (``O_CREAT``) is given to that account.
+        """
+        safe = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        uid, gid = self.owner()
+        if flags & os.O_CREAT:
+            try:
+                fd = os.open(self.p(name), flags | os.O_EXCL | safe, 0o600)
+            except FileExistsError:
+                flags &= ~os.O_CREAT
+            else:
+                if uid != os.geteuid():
+                    os.fchown(fd, uid, gid)
+                os.set_blocking(fd, True)
+                return fd
+        fd = os.open(self.p(name), flags | safe)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                raise PermissionError(f"{self.p(name)}: not a plain file of the job's own")
+            os.set_blocking(fd, True)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def read_user(self, name: str, offset: int = 0, limit: int | None = None) -> bytes:
+        """Bytes of a ranks' file from ``offset`` (at most ``limit``); OSError if unsafe."""
+        fd = self.open_user(name)
+        with os.fdopen(fd, "rb") as f:
+            f.seek(offset)
+            return f.read() if limit is None else f.read(limit)
 
     # -- inputs ------------------------------------------------------------------
     def write_inputs(self, spec: JobSpec) -> None:
@@ -62,43 +144,46 @@ class JobDir:
             return default
 
     def event(self, message: str) -> None:
-        with open(self.p("events.log"), "a") as f:
+        fd = self.open_user(EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        with os.fdopen(fd, "a") as f:
             f.write(message.rstrip("\n") + "\n")
+
+    def read_user_json(self, name: str, default=None):
+        try:
+            return json.loads(self.read_user(name, limit=1 << 20))
+        except (OSError, ValueError):
+            return default
 
     # -- outputs -----------------------------------------------------------------
     def errors(self) -> list[dict]:
         """Failed ranks' errors, earliest first."""
         found = []
         for path in glob.glob(self.p("errors", "rank*.json")):
-            try:
-                with open(path) as f:
-                    found.append(json.load(f))
-            except (OSError, ValueError):
-                pass
+            error = self.read_user_json(os.path.relpath(path, self.path))
+            if isinstance(error, dict):
+                found.append(error)
         return sorted(found, key=lambda e: (e.get("time", 0), e.get("rank", 0)))
 
     def restarts(self) -> int:
         seen = [0]
         for path in glob.glob(self.p("pids", "rank*.json")):
+            info = self.read_user_json(os.path.relpath(path, self.path))
             try:
-                with open(path) as f:
-                    seen.append(int(json.load(f).get("restart", 0)))
-            except (OSError, ValueError):
+                seen.append(int(info.get("restart", 0)))
+            except (AttributeError, TypeError, ValueError):
                 pass
         return max(seen)
 
     def out_path(self) -> str | None:
         path = self.p("out", "value.pkl")
-        return path if os.path.exists(path) else None
+        return path if os.path.isfile(path) and not os.path.islink(path) else None
 
     def metrics(self, rank: int = 0, cursor: int = 0) -> tuple[list[dict], int]:
         """``report()`` records of one rank from byte ``cursor``; and the next cursor."""
         path = self.p("metrics", f"rank{rank}.jsonl")
         records = []
         try:
-            with open(path, "rb") as f:
-                f.seek(cursor)
-                data = f.read()
+            data = self.read_user(os.path.relpath(path, self.path), cursor)
         except OSError:
             return [], cursor
         end = data.rfind(b"\n") + 1  # a line still being written waits for next time
@@ -139,9 +224,7 @@ class LogTail:
                 continue
             offset = self.offsets.get(path, 0)
             try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
+                data = self.jobdir.read_user(os.path.relpath(path, self.jobdir.path), offset)
             except OSError:
                 continue
             end = len(data) if final else data.rfind(b"\n") + 1

@@ -3,9 +3,13 @@
 Each node of the job is one torchrun agent in a session of its own
 (``start_new_session``), so it outlives a restart of the service and a cancel
 can signal its whole process group. The agent runs under ``/bin/sh``, which
-writes torchrun's exit code to ``node<N>.exit`` when it ends: a service that
+writes torchrun's exit code to ``pids/node<N>.exit`` when it ends: a service that
 re-attached (and so is not the parent) still learns how the job ended.
 ``launch.json`` holds the pids and process groups.
+
+With per-user accounts (:class:`gpulab.backend.accounts.UserAccounts`) the
+agents and their ranks run as the job owner's account, with the owner's home,
+and write only the folders :meth:`JobDir.hand_over` gives them.
 
 On GPUs each rank gets its slice's card (``GPULAB_NODE_GPUS`` -> the rank sets
 ``CUDA_VISIBLE_DEVICES`` and a memory fraction); on CPU or simulated GPUs the
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import time
 
+from .accounts import unreachable
 from .base import Backend, JobStatus
 from .failures import parse_summary, root_cause
 from .render import render_node, torchrun_argv
@@ -43,9 +48,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _alive(pid: int, marker: str) -> bool:
-    """Is ``pid`` still our process (its command line names the job dir)?"""
+def _alive(pid: int, marker: str, uid: int | None = None) -> bool:
+    """Is ``pid`` still our process (its command line names the job dir, and it
+    runs as ``uid`` when given: a pid read from a user's file must not lead the
+    service to signal anyone else's process)?"""
     try:
+        if uid is not None and os.stat(f"/proc/{pid}").st_uid != uid:
+            return False
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read()
         with open(f"/proc/{pid}/stat") as f:
@@ -60,11 +69,18 @@ class LocalBackend(Backend):
     name = "local"
 
     def __init__(self, jobs_root: str, real_gpus: bool = False, python: str = sys.executable,
-                 home: str | None = None):
+                 home: str | None = None, accounts=None, limits=None, gpu_count: int = 0):
         super().__init__(jobs_root)
         self.real_gpus = real_gpus
         self.python = python
         self.home = home
+        #: :class:`~gpulab.backend.accounts.UserAccounts`, or None: run as the service.
+        self.accounts = accounts if accounts is not None and accounts.enabled else None
+        if self.accounts is not None:  # owners reach their own folder, nobody lists them
+            os.chmod(jobs_root, 0o711)
+        #: :class:`~gpulab.backend.account_limits.AccountLimits` for each node's ranks.
+        self.limits = limits if self.accounts is not None else None
+        self.gpu_count = gpu_count
         self._children: dict[str, list[subprocess.Popen]] = {}
         self._failed_since: dict[str, float] = {}
 
@@ -94,24 +110,61 @@ class LocalBackend(Backend):
     async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
         jd = self.jobdir(spec.id)
         os.makedirs(jd.p("logs"), exist_ok=True)
+        account = None
+        if self.accounts is not None:
+            problem = unreachable(self.python, execute=True) or unreachable(self.jobs_root)
+            if problem:
+                raise RuntimeError(f"the ranks cannot run as {spec.user}'s account: {problem}")
+            account = await asyncio.get_running_loop().run_in_executor(
+                None, self.accounts.ensure, spec.user)
+            jd.hand_over(account.uid, account.gid)
         port = free_port()
         nodes = []
         procs = []
         for launch in self.node_launches(spec, allocations, port):
-            env = {**self._base_env(jd), **launch.env,
-                   "GPULAB_EXIT_FILE": jd.p(f"node{launch.node_rank}.exit")}
-            log = open(jd.p("logs", f"node{launch.node_rank}.log"), "ab")
-            proc = subprocess.Popen(["/bin/sh", "-c", _WRAPPER, "gpulab-node", *launch.argv],
-                                    env=env, cwd=jd.path, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            log.close()
+            env = {**self._base_env(jd), **(account.env() if account else {}), **launch.env,
+                   "GPULAB_EXIT_FILE": jd.p("pids", f"node{launch.node_rank}.exit")}
+            argv = ["/bin/sh", "-c", _WRAPPER, "gpulab-node", *launch.argv]
+            run_as = account.popen_kwargs() if account else {}
+            group = self._node_group(spec, account, launch.node_rank, allocations)
+            if group is not None:
+                argv, run_as = group.launch(argv, **run_as)
+            log = jd.open_user(f"logs/node{launch.node_rank}.log",
+                               os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                proc = subprocess.Popen(argv, env=env, cwd=jd.path, stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, **run_as)
+            finally:
+                os.close(log)
             procs.append(proc)
             nodes.append({"node": launch.node_rank, "pid": proc.pid, "pgid": proc.pid,
                           "argv": launch.argv})
         self._children[spec.id] = procs
         jd.write_json("launch.json", {"backend": self.name, "rdzv_port": port,
                                       "started": time.time(), "nodes": nodes})
+
+    def _node_group(self, spec: JobSpec, account, node: int, allocations: list[dict]):
+        """The cgroup of one node's agent and ranks (the limits of its ranks' slices)."""
+        if self.limits is None or account is None:
+            return None
+        real = sorted({a["gpu_uuid"] for a in allocations if a.get("gpu_uuid")}) \
+            if self.real_gpus else []
+        devices = None
+        if real:
+            from .gpu_nodes import device_paths_for_uuids
+
+            devices = device_paths_for_uuids(real)
+        return self.limits.group(account.name, f"job-{spec.id}-node{node}", spec.gpu_milli,
+                                 self.gpu_count, ranks=spec.nproc_per_node, gpu_devices=devices)
+
+    def _remove_groups(self, spec: JobSpec) -> None:
+        if self.limits is None:
+            return
+        account = self.accounts.lookup(spec.user)
+        if account is not None:
+            for node in range(spec.nodes):
+                self.limits.remove(account.name, f"job-{spec.id}-node{node}")
 
     # -- watching -----------------------------------------------------------------
     def _reap(self, job_id: str) -> None:
@@ -125,22 +178,22 @@ class LocalBackend(Backend):
         launch = jd.read_json("launch.json", {}) or {}
         ours = {p.pid: p for p in self._children.get(spec.id, [])}
         states = []
+        uid = jd.owner()[0]
         for node in launch.get("nodes", []):
-            exit_file = jd.p(f"node{node['node']}.exit")
+            exit_file = f"pids/node{node['node']}.exit"
             try:
-                with open(exit_file) as f:
-                    states.append(int(f.read().strip() or 1))
+                states.append(int(jd.read_user(exit_file, limit=32).strip() or 1))
                 continue
             except (OSError, ValueError):
                 pass
             child = ours.get(node["pid"])
             # Our own child is asked directly: right after fork its command line
             # is still ours, so the marker test below would call it dead.
-            if (child.poll() is None) if child else _alive(node["pid"], jd.path):
+            if (child.poll() is None) if child else _alive(node["pid"], jd.path, uid):
                 states.append(None)
             else:
                 # The exit file is written right after torchrun ends; give it a look again.
-                states.append(-9 if not os.path.exists(exit_file) else 1)
+                states.append(-9 if not os.path.exists(jd.p(exit_file)) else 1)
         return states
 
     async def reattach(self, spec: JobSpec) -> bool:
@@ -160,14 +213,15 @@ class LocalBackend(Backend):
             return JobStatus("running", restarts=restarts)
         self._failed_since.pop(spec.id, None)
         self._children.pop(spec.id, None)
+        self._remove_groups(spec)
         if all(s == 0 for s in states):
             return JobStatus("succeeded", exit_code=0, restarts=restarts)
         code = next(s for s in states if s != 0)
         failures = []
         for n in range(len(states)):
             try:
-                with open(jd.p("logs", f"node{n}.log"), errors="replace") as f:
-                    failures += parse_summary(f.read())
+                failures += parse_summary(
+                    jd.read_user(f"logs/node{n}.log").decode(errors="replace"))
             except OSError:
                 pass
         last = [e for e in jd.errors() if e.get("restart", 0) == restarts]
@@ -176,17 +230,17 @@ class LocalBackend(Backend):
             return JobStatus("failed", exit_code=code, restarts=restarts, error=error,
                              message=f"rank {error['rank']} failed: {error['type']}: "
                                      f"{error['message']}")
-        tail = self._tail(jd.p("logs", "node0.log"))
+        tail = self._tail(jd, "logs/node0.log")
         return JobStatus("failed", exit_code=code, restarts=restarts,
                          message=f"torchrun exited with code {code}" + (f": {tail}" if tail else ""))
 
     @staticmethod
-    def _tail(path: str, n: int = 3) -> str:
+    def _tail(jd, name: str, n: int = 3) -> str:
         try:
-            with open(path, errors="replace") as f:
-                lines = [ln.strip() for ln in f.readlines()[-n:] if ln.strip()]
+            text = jd.read_user(name).decode(errors="replace")
         except OSError:
             return ""
+        lines = [ln.strip() for ln in text.splitlines()[-n:] if ln.strip()]
         return " | ".join(lines)
 
     # -- stopping -----------------------------------------------------------------
@@ -194,10 +248,12 @@ class LocalBackend(Backend):
         # torchrun starts each worker in a session of its own, so signalling the
         # agent's group does not reach them; the ranks record their pids.
         pids = []
+        uid = jd.owner()[0]
         for path in glob.glob(jd.p("pids", "rank*.json")):
-            info = jd.read_json(os.path.relpath(path, jd.path)) or {}
-            if info.get("pid") and _alive(info["pid"], jd.path):
-                pids.append(info["pid"])
+            info = jd.read_user_json(os.path.relpath(path, jd.path))
+            pid = info.get("pid") if isinstance(info, dict) else None
+            if isinstance(pid, int) and pid > 1 and _alive(pid, jd.path, uid):
+                pids.append(pid)
         return pids
 
     async def cancel(self, spec: JobSpec, grace_s: float = 10.0) -> None:
@@ -222,10 +278,12 @@ class LocalBackend(Backend):
                 self._reap(spec.id)
                 if not any(_group_alive(g) for g in groups) and not self._rank_pids(jd):
                     self._children.pop(spec.id, None)
+                    self._remove_groups(spec)
                     return
                 await asyncio.sleep(0.1)
         self._reap(spec.id)
         self._children.pop(spec.id, None)
+        self._remove_groups(spec)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -12,6 +12,11 @@ A deployment's directory holds::
 
 The replicas listen on 127.0.0.1 only, behind the service's authenticated
 endpoint; the token keeps other processes of the host out as well.
+
+With per-user accounts the replicas run as the owner's account: the directory
+is ``root:<owner's group> 0750``, the model readable by that group, and the
+token and logs root's alone (a replica gets its token in its environment,
+which only its own account can read).
 """
 
 from __future__ import annotations
@@ -34,10 +39,18 @@ class LocalServing(DeploymentDirs):
     #: the Deployment controller does).
     managed_restarts = False
 
-    def __init__(self, root: str, real_gpus: bool = False, python: str = sys.executable):
+    def __init__(self, root: str, real_gpus: bool = False, python: str = sys.executable,
+                 accounts=None, limits=None, gpu_count: int = 0):
         super().__init__(root)
         self.real_gpus = real_gpus
         self.python = python
+        #: :class:`~gpulab.backend.accounts.UserAccounts`, or None: run as the service.
+        self.accounts = accounts if accounts is not None and accounts.enabled else None
+        if self.accounts is not None:  # owners reach their own folder, nobody lists them
+            os.chmod(root, 0o711)
+        #: :class:`~gpulab.backend.account_limits.AccountLimits` for each replica.
+        self.limits = limits if self.accounts is not None else None
+        self.gpu_count = gpu_count
         self._children: dict[tuple[str, int], subprocess.Popen] = {}
 
     # -- the directory -----------------------------------------------------------
@@ -45,13 +58,39 @@ class LocalServing(DeploymentDirs):
         os.makedirs(self.path(dep_id, "logs"), exist_ok=True)
         return super().prepare(dep_id)
 
+    def _hand_over(self, dep_id: str, gid: int) -> None:
+        """Let the owner's account (group ``gid``) read the model, and nobody else."""
+        model = self.model_dir(dep_id)
+        for name in os.listdir(model):
+            if os.path.isfile(os.path.join(model, name)):
+                os.chown(os.path.join(model, name), 0, gid)
+                os.chmod(os.path.join(model, name), 0o640)
+        for path in (model, self.path(dep_id)):
+            os.chown(path, 0, gid)
+            os.chmod(path, 0o750)
+
     # -- replicas ----------------------------------------------------------------
     def start_replica(self, dep: dict, replica: int, gpu_uuid: str | None = None) -> dict:
         """Launch one replica on a free port; returns its record (pid, port)."""
         dep_id = dep["id"]
         port = free_port()
         env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
-        env.update(HOME=self.path(dep_id), PYTHONUNBUFFERED="1",
+        run_as, group = {}, None
+        env.update(HOME=self.path(dep_id))
+        if self.accounts is not None:
+            account = self.accounts.ensure(dep["user"])
+            self._hand_over(dep_id, account.gid)
+            env.update(account.env())
+            run_as = account.popen_kwargs()
+            if self.limits is not None:
+                devices = None
+                if self.real_gpus and gpu_uuid:
+                    from .gpu_nodes import device_paths_for_uuids
+
+                    devices = device_paths_for_uuids([gpu_uuid])
+                group = self.limits.group(account.name, f"deploy-{dep_id}-r{replica}",
+                                          dep["gpu_milli"], self.gpu_count, gpu_devices=devices)
+        env.update(PYTHONUNBUFFERED="1",
                    GPULAB_SERVING_TOKEN=self.token(dep_id),
                    # The slice's card, or none: a CPU replica must not grab a GPU.
                    CUDA_VISIBLE_DEVICES=gpu_uuid if (self.real_gpus and gpu_uuid) else "")
@@ -63,12 +102,15 @@ class LocalServing(DeploymentDirs):
                 "--max-batch-size", str(dep["max_batch_size"]),
                 "--max-latency-ms", f"{dep['max_latency_ms']:g}",
                 "--max-queue", str(dep["max_queue"])]
+        if group is not None:
+            argv, run_as = group.launch(argv, **run_as)
         with open(self.path(dep_id, "logs", f"replica{replica}.log"), "ab") as log:
             log.write(f"[gpulab] starting replica {replica} on port {port}\n".encode())
             log.flush()
             proc = subprocess.Popen(argv, env=env, cwd=self.path(dep_id),
                                     stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    **run_as)
         self._children[(dep_id, replica)] = proc
         record = {"pid": proc.pid, "port": port, "started": time.time()}
         tmp = self.path(dep_id, f"replica{replica}.json.tmp")
@@ -126,3 +168,7 @@ class LocalServing(DeploymentDirs):
             break
         for i in range(replicas):
             self._children.pop((dep_id, i), None)
+        account = self.accounts.lookup(dep["user"]) if self.limits is not None else None
+        if account is not None:
+            for i in range(replicas):
+                self.limits.remove(account.name, f"deploy-{dep_id}-r{i}")

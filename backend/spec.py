@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 
@@ -21,16 +22,33 @@ BACKENDS = ("local", "kubernetes")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Variables the backend owns; a user setting them would break the launch.
-RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "GPULAB_")
-RESERVED_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "CUDA_VISIBLE_DEVICES"}
+# Variables the backend owns (the slice, the rendezvous); a user setting them would
+# break the launch or step outside the job's slice.
+RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "GPULAB_", "MASTER_", "CUDA_MPS_",
+                         "NVIDIA_")
+RESERVED_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                "CUDA_VISIBLE_DEVICES", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+                "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HOME"}
+# Variables that decide what code a rank loads: never from a request.
+LOADER_ENV_PREFIXES = ("LD_", "PYTHON")
+LOADER_ENV = {"PATH"}
 MAX_NODES = 64
 MAX_NPROC = 64
+#: A cell's source; a larger one is data, which belongs in a dataset.
+MAX_CODE_BYTES = 1 << 20
+MAX_ENV_VARS = 256
+MAX_ENV_VALUE = 32 << 10
+#: 30 days; a job meant to run longer needs no timeout (0).
+MAX_TIMEOUT_S = 30 * 86400
 
 
 class SpecError(ValueError):
     """A job spec that cannot run; the message says which field and what is allowed."""
+
+
+class SpecTooLarge(SpecError):
+    """A field over its size limit (HTTP 413)."""
 
 
 @dataclass
@@ -100,6 +118,14 @@ class JobSpec:
 
         if not isinstance(self.code, str) or not self.code.strip():
             raise SpecError("'code' must be the cell's source, a non-empty string")
+        try:
+            code_bytes = len(self.code.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise SpecError("'code' holds characters that are not valid Unicode (a lone "
+                            "surrogate); send the cell's source as text") from None
+        if code_bytes > MAX_CODE_BYTES:
+            raise SpecTooLarge(f"'code' is over {MAX_CODE_BYTES >> 20} MiB; keep data out of "
+                               f"the cell (read it from a file or a dataset)")
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise SpecError(f"'name' must be 1-63 letters, digits, '.', '_' or '-', "
                             f"got {self.name!r}")
@@ -110,25 +136,46 @@ class JobSpec:
         integer("checkpoint_every", 0, 10**9)
         integer("priority", -100, 100)
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \
-                or self.timeout < 0:
-            raise SpecError(f"'timeout' must be seconds >= 0, got {self.timeout!r}")
+                or not math.isfinite(self.timeout) or not 0 <= self.timeout <= MAX_TIMEOUT_S:
+            raise SpecError(f"'timeout' must be seconds >= 0 (0 = none), a finite number up "
+                            f"to {MAX_TIMEOUT_S}, got {self.timeout!r}")
+        if not isinstance(self.image, str) or len(self.image) > 1024:
+            raise SpecError("'image' must be a container image name (a string)")
         if self.amp not in AMP_CHOICES:
             raise SpecError(f"'amp' must be bf16 or fp16, got {self.amp!r}")
         if self.comm_hook not in COMM_HOOK_CHOICES:
             raise SpecError(f"'comm_hook' must be powersgd, fp16 or bf16, got {self.comm_hook!r}")
         if self.backend not in BACKENDS:
             raise SpecError(f"'backend' must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.out and not _IDENT.match(self.out):
+        if not isinstance(self.out, str) or (self.out and not _IDENT.match(self.out)):
             raise SpecError(f"'out' must be a Python variable name, got {self.out!r}")
         if not isinstance(self.env, dict):
             raise SpecError("'env' must be an object of NAME: value strings")
+        if len(self.env) > MAX_ENV_VARS:
+            raise SpecError(f"'env' has {len(self.env)} variables; at most {MAX_ENV_VARS}")
         for k, v in self.env.items():
-            if not _ENV_KEY.match(k) or not isinstance(v, str):
+            if not isinstance(k, str) or not _ENV_KEY.match(k) or not isinstance(v, str):
                 raise SpecError(f"env {k!r}: names are letters, digits and '_', values strings")
+            if "\0" in v or len(v) > MAX_ENV_VALUE:
+                raise SpecError(f"env {k!r}: a value is text of at most {MAX_ENV_VALUE >> 10} "
+                                f"KiB without NUL bytes")
+            if k in LOADER_ENV or k.startswith(LOADER_ENV_PREFIXES):
+                raise SpecError(f"env {k!r} is refused: LD_*, PYTHON* and PATH decide which "
+                                f"code every rank loads and stay as gpulab sets them; install "
+                                f"what the job needs into its environment instead")
             if k in RESERVED_ENV or k.startswith(RESERVED_ENV_PREFIXES):
-                raise SpecError(f"env {k!r} is set by gpulab for every rank; pick another name")
+                raise SpecError(f"env {k!r} is set by gpulab for every rank (the slice and the "
+                                f"rendezvous); pick another name")
+        if not isinstance(self.vars_b64, str):
+            raise SpecError("'vars_b64' must be base64 (of cloudpickle bytes)")
         if self.vars_b64:
             try:
                 base64.b64decode(self.vars_b64, validate=True)
             except ValueError:
                 raise SpecError("'vars_b64' must be base64 (of cloudpickle bytes)") from None
+
+    @property
+    def vars_size(self) -> int:
+        """Bytes ``vars_b64`` decodes to, without decoding it."""
+        n = len(self.vars_b64)
+        return n * 3 // 4 - self.vars_b64[-2:].count("=") if n else 0

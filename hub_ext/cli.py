@@ -1,8 +1,9 @@
 """The ``gpulab`` command: ``gpulab up`` starts the embedded platform.
 
 ``gpulab up`` runs JupyterHub in the foreground with gpulab's configuration:
-configurable-http-proxy in front, shared-password login, the gpulab service
-(managed by the hub) and the fractional spawner.
+configurable-http-proxy in front, per-user passwords with admin approval
+(``--demo``: one shared password), the gpulab service (managed by the hub) and
+the fractional spawner.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import socket
 import sys
 from pathlib import Path
 
-from .hub_config import ADMIN_USER, Settings
+from gpulab.spawner.form import DEMO_LOGIN_ENV
+
+from .auth_config import login_banner
+from .hub_config import Settings
 
 HUB_CONFIG = Path(__file__).with_name("jupyterhub_config.py")
 
@@ -72,13 +76,12 @@ def up(args: argparse.Namespace) -> int:
                         **_internal_ports(data_dir))
     print(f"""
 gpulab is starting at {settings.public_url}/
-  Log in with any user name and the password in {data_dir / 'user-password'}
-  Admin: user '{ADMIN_USER}' with the password in {data_dir / 'admin-password'}
+{login_banner(settings, args.demo)}
   API token of the admin (for automation): {data_dir / 'admin-token'}
   GPUs: {('simulated ' + settings.simulate_gpus) if settings.simulate_gpus else 'from the NVIDIA driver'}
   Overrides: {data_dir / 'gpulab_config.py'} (JupyterHub and c.GpuLabService settings)
 """, flush=True)
-    env = {**os.environ, **settings.to_env()}
+    env = {**os.environ, **settings.to_env(), DEMO_LOGIN_ENV: "1" if args.demo else "0"}
     argv = [sys.executable, "-m", "jupyterhub", "-f", str(HUB_CONFIG)] + args.hub_args
     os.chdir(data_dir)
     os.execvpe(argv[0], argv, env)
@@ -115,6 +118,9 @@ def parser() -> argparse.ArgumentParser:
                                     "(default: SQLite in the data dir), e.g. postgresql://...")
     u.add_argument("--cull-idle-timeout", type=int, default=3600, metavar="SECONDS",
                    help="stop servers idle this long, freeing their slice (0: never)")
+    u.add_argument("--demo", action="store_true",
+                   help="workshops: one shared password (in <data-dir>/user-password) logs in "
+                        "as any user name; default: per-user passwords with admin approval")
     u.add_argument("--help-all", action="store_true",
                    help="list every setting for <data-dir>/gpulab_config.py, with examples")
     u.add_argument("hub_args", nargs="*", help=argparse.SUPPRESS)

@@ -65,6 +65,18 @@ def secret_file(path: Path, nbytes: int = 32) -> str:
     return path.read_text().strip()
 
 
+#: Files of the hub's state that older versions left with default modes.
+STATE_FILES = ("jupyterhub.sqlite", "gpulab.sqlite", "jupyterhub_cookie_secret",
+               "jupyterhub-proxy.pid", "hub.log")
+
+
+def private_state(data: Path) -> None:
+    for name in STATE_FILES:
+        path = data / name
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, 0o600)
+
+
 def find_proxy() -> str:
     """configurable-http-proxy: on PATH, or installed by `make up` in node_modules."""
     found = shutil.which("configurable-http-proxy")
@@ -81,7 +93,12 @@ def find_proxy() -> str:
 def configure(c, s: Settings) -> None:
     data = s.data_dir
     data.mkdir(parents=True, exist_ok=True)
-    os.chmod(data, 0o700)
+    # The hub's state is private to it (umask 077 for the hub, the proxy and the
+    # service). The data dir itself is 0711: users' accounts may pass through to
+    # their own job, model and cache folders, but cannot list or open the rest.
+    os.umask(0o077)
+    os.chmod(data, 0o711 if os.geteuid() == 0 else 0o700)
+    private_state(data)
     service_token = secret_file(data / "service-token")
     admin_token = secret_file(data / "admin-token")
 
@@ -96,13 +113,8 @@ def configure(c, s: Settings) -> None:
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
     c.ConfigurableHTTPProxy.auth_token = secret_file(data / "proxy-token")
 
-    # Real authentication by default: one generated password for users, a
-    # longer one for the admin. Both live in the data dir, never in logs.
-    c.JupyterHub.authenticator_class = "shared-password"
-    c.SharedPasswordAuthenticator.user_password = secret_file(data / "user-password", 12)
-    c.SharedPasswordAuthenticator.admin_password = secret_file(data / "admin-password", 32)
-    c.Authenticator.admin_users = {ADMIN_USER}
-    c.Authenticator.allow_all = True
+    # Logins (per-user passwords, or --demo's shared one) are set up by
+    # auth_config.configure_auth at the end, once servers and services exist.
     c.JupyterHub.api_tokens = {admin_token: ADMIN_USER}
 
     api_url = f"http://127.0.0.1:{s.service_port}/services/{SERVICE_NAME}/api/v1"
@@ -115,8 +127,6 @@ def configure(c, s: Settings) -> None:
     c.FractionalLocalSpawner.kernel_dir = str(data / "jupyter")
     c.Spawner.default_url = "/lab"
     c.Spawner.cmd = [str(Path(sys.executable).with_name("jupyterhub-singleuser"))]
-    if os.geteuid() == 0:
-        c.Spawner.args = ["--allow-root"]
     # Servers start slowly on a busy small machine; a dead one is noticed by poll.
     c.Spawner.start_timeout = 180
     c.Spawner.http_timeout = 120
@@ -127,7 +137,7 @@ def configure(c, s: Settings) -> None:
     # One dataset cache per node, shared by every user's server and read by
     # the service's sampler.
     cache_dir = str(data / "dataset-cache")
-    c.Spawner.environment = {"GPULAB_CACHE_DIR": cache_dir}
+    c.FractionalLocalSpawner.cache_root = cache_dir
     service_env = {**s.to_env(), "GPULAB_CACHE_DIR": cache_dir}
     services = [{
         "name": SERVICE_NAME,
@@ -156,3 +166,7 @@ def configure(c, s: Settings) -> None:
                                  "delete:servers"]})
     c.JupyterHub.services = services
     c.JupyterHub.load_roles = roles
+
+    from .auth_config import configure_auth  # it imports this module
+
+    configure_auth(c, s)

@@ -1,13 +1,14 @@
 """``%gpulab dashboard`` and ``%gpulab nettest``: the live panel and the all-reduce probe.
 
 ``nettest`` runs ``gpulab.training.allreduce_probe`` under a real torchrun on this
-server (``--nproc`` processes; NCCL on CUDA, gloo otherwise), prints algbw and
-busbw (nccl-tests definitions), and records the result with the gpulab service
-so the dashboard's Network tab shows it. With ``--nodes N`` the probe runs
-across nodes instead: a job named ``nettest`` goes through the service's jobs
-API (as ``%%train_distributed`` cells do), every rank calls
-``allreduce_probe.run_probe`` in the job's process group, and rank 0's result
-comes back as the job's ``--out`` value.
+server (``--nproc`` processes; NCCL on CUDA, gloo otherwise) and prints algbw and
+busbw (nccl-tests definitions). With ``--nodes N`` the probe runs across nodes
+instead: a job named ``nettest`` goes through the service's jobs API (as
+``%%train_distributed`` cells do), every rank calls ``allreduce_probe.run_probe``
+in the job's process group, and rank 0's result comes back as the job's ``--out``
+value. Only such a job's result is recorded for the dashboard's Network tab: the
+service reads it from the job when the job succeeds (a number a user could post
+would be shown to everyone).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from gpulab.training import setup
 from gpulab.training.allreduce_probe import RESULT_PREFIX, run_probe
 import json
 ctx = setup()
-result = run_probe({size}, iters={iters}, warmup={warmup})
+result = run_probe({size}, iters={iters}, warmup={warmup}, record={record})
 if ctx.is_main:
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 """
@@ -97,7 +98,9 @@ def parse_nettest(line: str) -> argparse.Namespace:
 
 def job_spec(args: argparse.Namespace) -> dict:
     """The ``nettest`` job (fields of ``gpulab.backend.spec.JobSpec``) for ``--nodes``."""
-    return {"code": JOB_CODE.format(size=args.size_bytes, iters=args.iters, warmup=args.warmup),
+    code = JOB_CODE.format(size=args.size_bytes, iters=args.iters, warmup=args.warmup,
+                           record=not args.no_report)
+    return {"code": code,
             "name": JOB_NAME, "nodes": args.nodes, "nproc_per_node": args.nproc or 1,
             "gpu_milli": args.gpu_milli, "backend": args.backend, "out": "result",
             "timeout": args.timeout}
@@ -258,21 +261,24 @@ def nettest(line: str) -> dict | None:
         print(f"nettest: {e}")
         return None
     print(format_result(result))
-    if job is not None:
-        result = {**result, "job_id": job["id"]}
+    if job is None:
+        if not args.no_report:
+            print("  not recorded: a probe on this server alone is not; "
+                  "%gpulab nettest --nodes 1 runs it as a job, whose result the "
+                  "dashboard's Network tab shows")
+        return result
+    result = {**result, "job_id": job["id"]}
     if args.no_report:
         return result
-    try:
-        from gpulab.client import Client
-        record = {k: result[k] for k in ("busbw_bytes_per_second", "algbw_bytes_per_second",
-                                          "size_bytes", "world_size", "backend", "nodes")}
-        if job is not None:
-            record["job_id"] = job["id"]
-        (client or Client()).report_allreduce(record)
-        print("  recorded: the dashboard's Network tab shows it"
-              + (f" (job {job['id']})" if job is not None else ""))
-    except Exception as e:  # the measurement stands even if the service can't take it
-        print(f"  not recorded with the gpulab service: {e}")
+    try:  # the service recorded it when the job succeeded; say whether it did
+        runs = client.telemetry()["allreduce"]
+        if any(r.get("job_id") == job["id"] for r in runs):
+            print(f"  recorded: the dashboard's Network tab shows it (job {job['id']})")
+        else:
+            print(f"  not recorded: the gpulab service did not take job {job['id']}'s "
+                  f"result; its log says why")
+    except Exception as e:  # the measurement stands even if the service can't say
+        print(f"  could not ask the gpulab service whether it recorded it: {e}")
     return result
 
 

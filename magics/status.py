@@ -16,10 +16,10 @@ HELP = """gpulab magics
                      (same as: from gpulab.widgets import Dashboard; Dashboard())
   %gpulab nettest [--size BYTES] [--iters N] [--nproc N] [--warmup N] [--no-report]
                      all-reduce probe under torchrun (gloo on CPU, NCCL on GPUs):
-                     prints algbw = size/time and busbw = algbw*2(n-1)/n (nccl-tests),
-                     and records it for the dashboard's Network tab
+                     prints algbw = size/time and busbw = algbw*2(n-1)/n (nccl-tests)
   %gpulab nettest --nodes N [--nproc N] [--gpu G] [--size BYTES] [--iters N]
-                     the same probe across N nodes, as a job named nettest
+                     the same probe across N nodes, as a job named nettest; the
+                     service records its result for the dashboard's Network tab
                      (--nproc ranks per node, --gpu GPUs per rank; default 1 and 0)
   %%train_distributed [flags]   run the cell as a distributed PyTorch job
                      (%%train_distributed? lists the flags)
@@ -32,6 +32,12 @@ HELP = """gpulab magics
 """
 
 
+# The same sentence as the spawn form's (gpulab.spawner.form); magics reach the
+# platform only over HTTP, so the words are kept here too.
+DEMO_LOGIN_WARNING = ("Demo login: anyone with the shared password can log in as any user. "
+                      "Restart without --demo for per-user accounts.")
+
+
 def slice_status(env: dict[str, str]) -> str:
     milli = int(env.get("GPULAB_GPU_MILLI") or 0)
     if not milli:
@@ -41,7 +47,10 @@ def slice_status(env: dict[str, str]) -> str:
         if env.get("GPULAB_GPU_SIMULATED"):
             gpu += " (simulated: nothing enforced)"
     api = env.get("GPULAB_API_URL") or "not set (this server was not started by gpulab)"
-    return f"GPU: {gpu}\nAPI: {api}"
+    status = f"GPU: {gpu}\nAPI: {api}"
+    if env.get("GPULAB_DEMO_LOGIN") == "1":
+        status += f"\n{DEMO_LOGIN_WARNING}"
+    return status
 
 
 @magics_class

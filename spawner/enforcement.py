@@ -72,7 +72,9 @@ def slice_env(allocations: list[dict], simulated: bool, mps_dir: str | None) -> 
     if simulated:
         # A declared GPU: say so, and enforce nothing on the real machine.
         env["GPULAB_GPU_SIMULATED"] = "1"
+        env["GPULAB_GPU_ENFORCEMENT"] = "none: a simulated GPU"
         return env
+    env["GPULAB_GPU_ENFORCEMENT"] = enforcement_text(uuids, per_gpu, mps_dir)
     if per_gpu < 1000:
         env["PYTORCH_CUDA_ALLOC_CONF"] = f"per_process_memory_fraction:{per_gpu / 1000:.3f}"
         if mps_dir:
@@ -81,3 +83,16 @@ def slice_env(allocations: list[dict], simulated: bool, mps_dir: str | None) -> 
             # Device 0 is the slice's GPU once CUDA_VISIBLE_DEVICES narrowed the view.
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={allocations[0]['memory_mib']}M"
     return env
+
+
+def enforcement_text(uuids: list[str], per_gpu: int, mps_dir: str | None) -> str:
+    """Which mechanism holds the slice, and how strongly (spawn form, ``%gpulab``)."""
+    if all(u.startswith("MIG-") for u in uuids):
+        return "MIG: memory and compute held by the hardware"
+    if per_gpu >= 1000:
+        return "whole card: CUDA_VISIBLE_DEVICES and the device cgroup"
+    if mps_dir:
+        return ("MPS: memory and SM share held by the MPS daemon for this client's "
+                "limits; CUDA_VISIBLE_DEVICES and the device cgroup hold the card")
+    return ("PyTorch allocator limit: advice only (code can lift it); "
+            "CUDA_VISIBLE_DEVICES and the device cgroup hold the card")

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import os
 from html import escape
 
+#: Set to "1" by `gpulab up --demo` in the hub's, the servers' and the service's environment.
+DEMO_LOGIN_ENV = "GPULAB_DEMO_LOGIN"
+DEMO_LOGIN_WARNING = ("Demo login: anyone with the shared password can log in as any user. "
+                      "Restart without --demo for per-user accounts.")
 
-def render_form(availability: dict) -> str:
-    """HTML for the hub's spawn page from the service's availability answer."""
+
+def demo_login(env=os.environ) -> bool:
+    return env.get(DEMO_LOGIN_ENV) == "1"
+
+
+def _demo_login_html() -> str:
+    head, _, rest = escape(DEMO_LOGIN_WARNING).partition(": ")
+    return (f"<strong>{head}:</strong> "
+            + rest.replace("--demo", '<code class="text-nowrap">--demo</code>'))
+
+
+def render_form(availability: dict, demo: bool | None = None) -> str:
+    """HTML for the hub's spawn page from the service's availability answer.
+
+    ``demo`` (default: read from the hub's environment) puts the demo-login
+    warning on top.
+    """
     rows = []
     default = next((s["milli"] for s in availability["sizes"]
                     if s["available"] and s["milli"]), 0)
@@ -32,5 +52,9 @@ def render_form(availability: dict) -> str:
             else f"You hold {held} milli-GPU.")
     sim = (" <em>These GPUs are simulated: nothing is enforced.</em>"
            if availability.get("simulated") else "")
-    return (f'<fieldset class="gpulab-slices"><legend>GPU slice</legend>'
+    if demo is None:
+        demo = demo_login()
+    warning = (f'<div class="alert alert-warning gpulab-demo-login" role="alert">'
+               f'{_demo_login_html()}</div>' if demo else "")
+    return (f'{warning}<fieldset class="gpulab-slices"><legend>GPU slice</legend>'
             f'{"".join(rows)}<p class="help-block">{escape(note)}{sim}</p></fieldset>')

@@ -6,22 +6,29 @@ starts the server with the slice in its environment (see
 :mod:`.enforcement`). Stop, a failed start and idle culling (which stops the
 server) give the slice back.
 
-Servers run as the hub's own system user, like JupyterHub's
-``SimpleLocalProcessSpawner``: fine for one person's workstation or a trusted
-group; give users separate system accounts or Kubernetes pods for isolation
-between them.
+When the hub runs as root (and ``c.UserAccounts.enabled``, the default then),
+each user's server runs as a Unix account of their own (``gpulab-<name>``,
+created on first spawn, see :mod:`gpulab.backend.accounts`) with a ``0700``
+home: kernels, terminals and everything they start cannot read or signal
+another user's. Otherwise servers run as the hub's own account, like
+JupyterHub's ``SimpleLocalProcessSpawner``: fine for one person's workstation.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import secrets
 import sys
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from tornado import web
 from traitlets import Unicode, default
 
+from gpulab.backend.account_limits import AccountLimits
+from gpulab.backend.accounts import Account, UserAccounts, unreachable
+from gpulab.backend.gpu_nodes import device_paths_for_uuids
 from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 
 from .enforcement import mps_pipe_directory, slice_env, strip_enforcement_vars
@@ -79,11 +86,26 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
         except SliceError as e:
             raise _bad_options(str(e)) from None
 
+    cache_root = Unicode(
+        help="""Folder of the dataset cache (GPULAB_CACHE_DIR): with per-user accounts
+        each user gets `<cache_root>/<account>`, mode 0700.
+
+        c.FractionalLocalSpawner.cache_root = "/var/cache/gpulab"
+        """,
+    ).tag(config=True)
+
+    account: Account | None = None
+
+    def _accounts(self) -> UserAccounts:
+        return UserAccounts(config=self.config)
+
     def _write_kernelspec(self) -> None:
         # A python3 kernelspec that loads gpulab's magics; first on JUPYTER_PATH,
-        # it shadows the default one in gpulab's servers only.
+        # it shadows the default one in gpulab's servers only. Every account reads it.
         path = os.path.join(self.kernel_dir, "kernels", "python3")
         os.makedirs(path, exist_ok=True)
+        for d in (self.kernel_dir, os.path.dirname(path), path):
+            os.chmod(d, 0o755)
         spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                          "--ext=gpulab.magics"],
                 "display_name": "Python 3 (gpulab)", "language": "python",
@@ -91,7 +113,38 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
         tmp = os.path.join(path, f"kernel.json.{os.getpid()}")
         with open(tmp, "w") as f:
             json.dump(spec, f, indent=1)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, os.path.join(path, "kernel.json"))
+
+    def _cache_dir(self) -> str | None:
+        """The user's own dataset cache folder, made for their account."""
+        if not self.cache_root or self.account is None:
+            return self.cache_root or None
+        os.makedirs(self.cache_root, exist_ok=True)
+        os.chmod(self.cache_root, 0o711)
+        path = os.path.join(self.cache_root, self.account.name)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.chown(path, self.account.uid, self.account.gid)
+        return path
+
+    # -- who the server runs as ---------------------------------------------------------
+    def make_preexec_fn(self, name):
+        if self.account is None:
+            return super().make_preexec_fn(name)
+        # An account is set by Popen's own user/group arguments (popen_kwargs).
+        return None
+
+    def user_env(self, env):
+        if self.account is None:
+            return super().user_env(env)
+        env.update(self.account.env())
+        return env
+
+    def get_args(self):
+        args = super().get_args()
+        if self.account is None and os.geteuid() == 0:
+            args.append("--allow-root")  # only when nobody is separated anyway
+        return args
 
     async def start(self):
         milli = parse_user_options(self.user_options)
@@ -103,11 +156,72 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
         self.log.info("%s holds %s milli-GPU on %s", self._owner, milli,
                       self._slice.get("GPULAB_GPU_UUID") or "no GPU")
         try:
+            accounts = self._accounts()
+            if accounts.enabled:
+                problem = unreachable(self.cmd[0] if os.path.isabs(self.cmd[0])
+                                      else sys.executable, execute=True)
+                if problem:
+                    raise web.HTTPError(500, f"{self.user.name}'s account cannot start "
+                                             f"JupyterLab: {problem}")
+                self.account = await asyncio.get_running_loop().run_in_executor(
+                    None, accounts.ensure, self.user.name)
+                await self._hold_to_limits(milli, allocations)
             self._write_kernelspec()
             return await super().start()
         except BaseException:
             await self._release()
             raise
+
+    #: This server's cgroup under its account; unique per start, kept in the hub's
+    #: state so a restarted hub still removes it.
+    _unit: str = ""
+
+    def get_state(self):
+        state = super().get_state()
+        if self._unit:
+            state["gpulab_unit"] = self._unit
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self._unit = state.get("gpulab_unit", "")
+
+    def clear_state(self):
+        super().clear_state()
+        self._unit = ""
+
+    async def _hold_to_limits(self, milli: int, allocations: list[dict]) -> None:
+        """Start the server as its account, inside a cgroup with the slice's CPU,
+        memory and (real GPUs) device limits."""
+        limits = AccountLimits(config=self.config)
+        real = [a["gpu_uuid"] for a in allocations if a.get("gpu_uuid") and not a.get("simulated")]
+        devices = device_paths_for_uuids(real) if real else None
+        inventory = await self._client().request("GET", "/inventory")
+        gpu_count = sum(len(n["gpus"]) for n in inventory["nodes"])
+        self._unit = f"server-{self.name or 'default'}-{secrets.token_hex(4)}"
+        group = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: limits.group(self.account.name, self._unit, milli, gpu_count,
+                                       gpu_devices=devices))
+        self._base_cmd = getattr(self, "_base_cmd", None) or list(self.cmd)
+        argv, kwargs = list(self._base_cmd), self.account.popen_kwargs()
+        if group is not None:
+            argv, kwargs = group.launch(argv, **kwargs)
+            self._slice["GPULAB_LIMITS"] = group.describe()
+        self.cmd = argv
+        self.popen_kwargs = {**self.popen_kwargs, **kwargs, "cwd": self.account.home}
+
+    async def stop(self, now=False):
+        try:
+            await super().stop(now=now)
+        finally:
+            accounts = self._accounts()
+            # After a hub restart this spawner never started: find the account again.
+            account = self.account or (accounts.lookup(self.user.name)
+                                       if accounts.enabled else None)
+            if account is not None and self._unit:
+                limits = AccountLimits(config=self.config)
+                await asyncio.get_running_loop().run_in_executor(
+                    None, limits.remove, account.name, self._unit)
 
     def get_env(self):
         env = strip_enforcement_vars(super().get_env())
@@ -115,4 +229,7 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
         env["GPULAB_API_URL"] = self.gpulab_public_api_url or self.gpulab_api_url
         paths = [self.kernel_dir] + [p for p in env.get("JUPYTER_PATH", "").split(os.pathsep) if p]
         env["JUPYTER_PATH"] = os.pathsep.join(paths)
+        cache = self._cache_dir()
+        if cache:
+            env["GPULAB_CACHE_DIR"] = cache
         return env

@@ -2,11 +2,14 @@
 
 Everything is real: JupyterHub, configurable-http-proxy, the gpulab service it
 manages, and the single-user JupyterLab servers it spawns. Only the GPUs are
-declared (``--simulate-gpus``), as this machine has none.
+declared (``--simulate-gpus``), as this machine has none. Run as root (as CI
+does), every hub user gets a real Unix account (``gpulab-<name>``), homes under
+``<data-dir>/home``.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -17,6 +20,8 @@ from pathlib import Path
 import psutil
 import requests
 
+from gpulab.backend.accounts import UserAccounts, unix_name
+
 GPULAB = str(Path(sys.executable).with_name("gpulab"))
 
 
@@ -26,13 +31,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def let_accounts_reach(path: Path) -> None:
+    """pytest's temporary folders are 0700; users' accounts must pass through
+    them (o+x, not list) to reach their homes, jobs and models, as on a real
+    install where the data dir lives in /srv or /var/lib."""
+    path = path.resolve()
+    for folder in [path, *path.parents]:
+        mode = folder.stat().st_mode
+        if not mode & 0o001:
+            folder.chmod((mode & 0o7777) | 0o001)
+
+
 class RunningHub:
     def __init__(self, data_dir: Path, simulate: str = "2xA100-80GB", config: str = "",
-                 db_url: str = "", cull_idle_timeout: int = 3600):
+                 db_url: str = "", cull_idle_timeout: int = 3600, demo: bool = False):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if config:
-            (self.data_dir / "gpulab_config.py").write_text(config)
+        self.accounts = os.geteuid() == 0
+        if self.accounts:
+            let_accounts_reach(self.data_dir)
+        homes = f"c.UserAccounts.home_root = {str(self.data_dir / 'home')!r}\n"
+        (self.data_dir / "gpulab_config.py").write_text(homes + config)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api = f"{self.url}/services/gpulab/api/v1"
@@ -43,6 +62,8 @@ class RunningHub:
             argv += ["--simulate-gpus", simulate]
         if db_url:
             argv += ["--db-url", db_url]
+        if demo:
+            argv += ["--demo"]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -154,9 +175,26 @@ class RunningHub:
         raise TimeoutError(f"{user}'s server not {'ready' if ready else 'stopped'}:\n"
                            f"{self.log_tail()}")
 
+    def home(self, user: str) -> Path:
+        """The user's home: their account's when users have accounts."""
+        return self.data_dir / "home" / (unix_name(user) if self.accounts else user)
+
+    def write_home_file(self, user: str, relpath: str, text: str) -> Path:
+        """Put a file in the user's home before their first spawn, as theirs."""
+        path = self.home(user) / relpath
+        account = None
+        if self.accounts:
+            account = UserAccounts(home_root=str(self.data_dir / "home")).ensure(user)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if account:
+            for p in [path, *path.relative_to(self.home(user)).parents]:
+                os.chown(self.home(user) / p, account.uid, account.gid)
+        return path
+
     def server_env(self, user: str) -> dict[str, str]:
         """The environment of the user's running single-user server process."""
-        home = str(self.data_dir / "home" / user)
+        home = str(self.home(user))
         for p in psutil.process_iter(["cmdline", "environ"]):
             try:
                 env = p.info["environ"] or {}

@@ -155,7 +155,8 @@ def probe(sizes: list[int], iters: int, warmup: int) -> list[dict]:
             dist.destroy_process_group()
 
 
-def run_probe(size: int | str = "16M", iters: int = 20, warmup: int = 5) -> dict:
+def run_probe(size: int | str = "16M", iters: int = 20, warmup: int = 5,
+              record: bool = False) -> dict:
     """One size (bytes, or ``64K``/``16M``/``1G``) from inside a rank: ``%gpulab nettest --nodes``.
 
     Every rank of the group must call it; each gets the same result (the
@@ -164,9 +165,31 @@ def run_probe(size: int | str = "16M", iters: int = 20, warmup: int = 5) -> dict
         from gpulab.training import setup
         from gpulab.training.allreduce_probe import run_probe
         setup()
-        result = run_probe("16M", iters=20)
+        result = run_probe("16M", iters=20, record=True)
+
+    With ``record`` (in a gpulab job), rank 0 writes the result as JSON to the job's
+    ``out/`` dir; the service records it for the dashboard when the job succeeds.
     """
-    return probe([parse_size(size)], iters, warmup)[0]
+    result = probe([parse_size(size)], iters, warmup)[0]
+    if record:
+        write_job_result(result)
+    return result
+
+
+def write_job_result(result: dict) -> str | None:
+    """Rank 0 of a gpulab job: write ``result`` where the service reads it; the path."""
+    from gpulab.training import env as rank_env
+
+    job_dir = os.environ.get(rank_env.JOB_DIR)
+    if not job_dir or int(os.environ.get("RANK", "0")) != 0:
+        return None
+    out = os.path.join(job_dir, "out")
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, rank_env.ALLREDUCE_RESULT)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(path + ".tmp", path)
+    return path
 
 
 def run(sizes: list[int], iters: int, warmup: int) -> list[dict]:

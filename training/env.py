@@ -16,6 +16,10 @@ NODE_GPUS = "GPULAB_NODE_GPUS"
 #: Share of its GPU each rank may use, in milli-GPU (1000 = whole card).
 GPU_MILLI = "GPULAB_GPU_MILLI"
 
+#: The all-reduce probe's result, in the job's ``out/`` dir (rank 0 writes it; the
+#: service reads it when the job succeeds and shows it on the Network tab).
+ALLREDUCE_RESULT = "allreduce.json"
+
 
 def get(name: str, default: str = "") -> str:
     return os.environ.get(name, default)

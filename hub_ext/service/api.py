@@ -15,6 +15,7 @@ from gpulab.scheduler.quota import QuotaExceeded
 from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 
 from .auth import APIHandler
+from .ledger_guard import refuse_live_release
 from .openapi import openapi_document
 
 
@@ -26,8 +27,9 @@ class InventoryHandler(APIHandler):
 
 def _string(body: dict, key: str) -> str:
     value = body.get(key)
-    if not isinstance(value, str) or not value:
-        raise web.HTTPError(400, f"'{key}' must be a non-empty string")
+    if not isinstance(value, str) or not value or len(value) > 255 or "\x00" in value:
+        raise web.HTTPError(400, f"'{key}' must be a non-empty string of at most 255 "
+                                 f"characters")
     return value
 
 
@@ -86,6 +88,8 @@ class AllocationsHandler(APIHandler):
         held = self.gpulab.ledger.list(owner_kind=owner_kind, owner=owner)
         if held and not who.can_act_for(held[0]["user"]):
             raise web.HTTPError(404, f"no allocations for {owner_kind} {owner!r}")
+        if held:
+            await refuse_live_release(self.gpulab, who, owner_kind, owner)
         released = self.gpulab.ledger.release(owner_kind, owner) if held else []
         if owner_kind == "server" and who.internal:  # the hub's spawner: the server stopped
             await self.gpulab.server_stopped(owner)
@@ -104,8 +108,9 @@ class AllocationHandler(APIHandler):
     def get(self, alloc_id):
         self.write_json(self._find(alloc_id))
 
-    def delete(self, alloc_id):
+    async def delete(self, alloc_id):
         row = self._find(alloc_id)
+        await refuse_live_release(self.gpulab, self.identity, row["owner_kind"], row["owner"])
         released = self.gpulab.ledger.release(row["owner_kind"], row["owner"])
         self.write_json({"released": released})
 

@@ -28,6 +28,8 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 from traitlets.config import Application
 
+from gpulab.backend.account_limits import AccountLimits
+from gpulab.backend.accounts import UserAccounts
 from gpulab.scheduler.db import make_engine, utcnow
 from gpulab.scheduler.inventory import Gpu, load_inventory
 from gpulab.scheduler.ledger import Ledger
@@ -35,10 +37,11 @@ from gpulab.scheduler.policy import get_policy
 from gpulab.scheduler.quota import Quotas
 from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
 
-from . import api, deployments_api, jobs_api, pages, telemetry_api
+from . import api, deployments_api, jobs_api, ledger_guard, pages, telemetry_api
 from .auth import Identity
 from .hubapi import HubAPI
 from .metrics import Metrics
+from .request_body import JSON_BODY_LIMIT
 
 log = logging.getLogger("gpulab.service")
 
@@ -155,7 +158,9 @@ class GpuLabService(Application):
 
     reconcile_interval = Float(
         60.0,
-        help="""Seconds between checks that every server allocation still has a server.
+        help="""Seconds between checks that every server allocation still has a server,
+        and that every running server, job and deployment still holds its slice (what
+        is found is logged and listed at GET /api/v1/ledger).
 
         c.GpuLabService.reconcile_interval = 30
         """,
@@ -217,9 +222,55 @@ class GpuLabService(Application):
     max_upload_mib = Int(
         2048,
         help="""Largest request body the service takes, in MiB: a model uploaded by
-        `%deploy`, or an inference request to an endpoint.
+        `%deploy` (as sent, compressed), or an inference request to an endpoint. Other
+        routes take JSON bodies of at most 1 MiB (jobs: see max_job_vars_mib).
 
         c.GpuLabService.max_upload_mib = 8192
+        """,
+    ).tag(config=True)
+
+    max_model_mib = Int(
+        4096,
+        help="""Largest model a `%deploy` upload may unpack to, in MiB (model.pt2 and
+        model.json together, as the archive declares them). A small .tar.xz can expand to
+        gigabytes; it is refused (413) before it is unpacked, and nothing is kept.
+
+        c.GpuLabService.max_model_mib = 16384
+        """,
+    ).tag(config=True)
+
+    max_deployment_replicas = Int(
+        4,
+        help="""Most replicas one deployment may ask for (`%deploy --replicas`).
+
+        c.GpuLabService.max_deployment_replicas = 8
+        """,
+    ).tag(config=True)
+
+    max_user_deployments = Int(
+        5,
+        help="""Most deployments one user may have at once (failed ones count until stopped).
+
+        c.GpuLabService.max_user_deployments = 10
+        """,
+    ).tag(config=True)
+
+    max_job_ranks = Int(
+        64,
+        help="""Most ranks one job may have (nodes x nproc_per_node), CPU-only jobs too:
+        each rank is a process on a node of the cluster.
+
+        c.GpuLabService.max_job_ranks = 256
+        """,
+    ).tag(config=True)
+
+    max_job_vars_mib = Int(
+        256,
+        help="""Largest variables a job may carry, in MiB (the cloudpickle bytes of
+        `%%train_distributed --vars`, before base64). Larger data belongs in a dataset
+        the ranks read (the dataset cache), not in the request.
+
+        c.GpuLabService.max_job_vars_mib = 1024
         """,
     ).tag(config=True)
 
@@ -237,7 +288,14 @@ class GpuLabService(Application):
             self.load_config_file(path)
         logging.basicConfig(level=logging.INFO,
                             format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
+        # What the service writes (databases, job and model files) is private
+        # unless it says otherwise; users reach it through the API only.
+        os.umask(0o077)
         os.makedirs(self.data_dir, exist_ok=True)
+        #: Who users' job ranks and model replicas run as (c.UserAccounts settings).
+        self.accounts = UserAccounts(config=self.config)
+        #: Their CPU, memory and device limits (c.AccountLimits settings).
+        self.account_limits = AccountLimits(config=self.config)
         if self.inventory_source == "kubernetes" and not self.simulate_gpus:
             from gpulab.scheduler.inventory_kube import load_cluster_inventory
 
@@ -256,6 +314,7 @@ class GpuLabService(Application):
         self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab/")
         self.metrics = Metrics(self)
         telemetry_api.setup(self)
+        ledger_guard.setup(self)
 
     # -- identities and groups ---------------------------------------------------
     async def identify(self, model: dict) -> Identity:
@@ -328,6 +387,7 @@ class GpuLabService(Application):
         while True:
             try:
                 await self.reconcile_servers()
+                await self.lost_slices.check()
                 delay = self.reconcile_interval
             except Exception as e:  # the hub may still be starting
                 log.warning("Could not reconcile with the hub yet: %s", e)
@@ -344,7 +404,7 @@ class GpuLabService(Application):
         routes = [
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
             *[(url_path_join(p, path), handler)
-              for module in (api, jobs_api, deployments_api, telemetry_api)
+              for module in (api, jobs_api, deployments_api, telemetry_api, ledger_guard)
               for path, handler in module.routes],
             *[(url_path_join(p, path), handler) for path, handler in pages.routes],
         ]
@@ -356,7 +416,8 @@ class GpuLabService(Application):
         app = self.make_app()
 
         async def main():
-            server = HTTPServer(app, xheaders=True, max_body_size=self.max_upload_mib * 2**20)
+            # Routes that take more (uploads, jobs' variables) raise it per request.
+            server = HTTPServer(app, xheaders=True, max_body_size=JSON_BODY_LIMIT)
             server.listen(url.port, url.hostname)
             log.info("gpulab service on %s (prefix %s), %d GPU(s), database %s", url.geturl(),
                      self.prefix, len(self.gpus), self.db_url.split("@")[-1])

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
+from .request_body import BoundedBody
+
 log = logging.getLogger("gpulab.service")
 
 
@@ -71,7 +73,18 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
                  " (create one on the hub's token page) or log in to the hub")
 
 
-class APIHandler(BaseHandler):
+@web.stream_request_body
+class APIHandler(BoundedBody, BaseHandler):
+    """JSON routes. Bodies stream in and are bounded per route (:mod:`.request_body`)."""
+
+    async def prepare(self):
+        # Refuse an oversized body before asking the hub who sent it.
+        self.check_body_size()
+        if any("\x00" in a for a in self.path_args if isinstance(a, str)):
+            # A NUL reaches no row, and PostgreSQL refuses it outright (a 500).
+            raise web.HTTPError(400, "the URL path holds a NUL byte (%00)")
+        await super().prepare()
+
     def check_xsrf_cookie(self):
         # Token-authenticated requests need no XSRF token; cookie-authenticated
         # ones go through the hub's check (the mixin patches this method).
@@ -95,18 +108,12 @@ class APIHandler(BaseHandler):
             user = who.name
         return user
 
-    def json_body(self) -> dict:
-        try:
-            body = json.loads(self.request.body or b"{}")
-        except json.JSONDecodeError as e:
-            raise web.HTTPError(400, f"request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise web.HTTPError(400, "request body must be a JSON object")
-        return body
-
     def write_error(self, status_code: int, **kwargs) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = getattr(exc, "log_message", None) or self._reason
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            # Tornado stores a message without args %-escaped ("%%deploy").
+            message = exc.log_message % exc.args
         if status_code >= 500:
             message = "internal error in the gpulab service; see its log"
         self.set_header("Content-Type", "application/json")

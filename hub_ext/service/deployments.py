@@ -13,35 +13,33 @@ re-attachment.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import os
 import re
-import tarfile
 import time
 import uuid
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpulab.backend.deployment_dir import MODEL_FILES
 from gpulab.backend.local_serving import LocalServing
 from gpulab.scheduler.deployments_db import DeploymentStore, NameTaken
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
 from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 
+from .model_archive import ArchiveRefused, unpack_model
+
 log = logging.getLogger("gpulab.service.deployments")
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
-_PRINCIPAL = re.compile(r"^[^/\s]{1,255}$")
+_PRINCIPAL = re.compile(r"^[^/\s\x00]{1,255}$")
 TICK_S = 1.0
 STATS_EVERY_S = 5.0
 #: A replica that dies this many times within CRASH_WINDOW_S fails its deployment.
 MAX_CRASHES = 5
 CRASH_WINDOW_S = 300.0
-MAX_REPLICAS = 16
 DEFAULT_MAX_BATCH = 32
 
 #: What a client may set, with the defaults.
@@ -87,36 +85,6 @@ def check_sharing(body: dict) -> dict:
     return out
 
 
-def read_model(tar_bytes: bytes, dest: str) -> dict:
-    """Unpack an uploaded model (a tar of model.pt2 and model.json) into ``dest``.
-
-    Only those two regular files are taken, by name: nothing in an archive can
-    land outside ``dest``. Returns the card (model.json) as a dict.
-    """
-    try:
-        with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:*") as tar:
-            members = {os.path.basename(m.name): m for m in tar.getmembers() if m.isfile()}
-            missing = [f for f in MODEL_FILES if f not in members]
-            if missing:
-                raise DeployRefused(400, f"the model archive lacks {', '.join(missing)}; upload "
-                                         f"a directory written by gpulab.serving.export_model")
-            for f in MODEL_FILES:
-                with tar.extractfile(members[f]) as src, open(os.path.join(dest, f), "wb") as out:
-                    while chunk := src.read(1 << 20):
-                        out.write(chunk)
-    except (tarfile.TarError, EOFError, OSError) as e:
-        if isinstance(e, DeployRefused):
-            raise
-        raise DeployRefused(400, f"the model upload is not a readable tar archive: {e}") from None
-    try:
-        with open(os.path.join(dest, "model.json")) as f:
-            card = json.load(f)
-        assert isinstance(card.get("inputs"), list) and isinstance(card.get("max_batch_size"), int)
-    except (ValueError, AssertionError) as e:
-        raise DeployRefused(400, f"model.json is not a gpulab model card: {e}") from None
-    return card
-
-
 class DeploymentManager:
     def __init__(self, service, serving: LocalServing | None = None):
         self.service = service
@@ -128,7 +96,10 @@ class DeploymentManager:
 
             serving = kubernetes_serving(service.kubernetes_deployments, root, service.gpus)
         real_gpus = any(not g.simulated for g in service.gpus)
-        self.serving = serving or LocalServing(root, real_gpus=real_gpus)
+        self.serving = serving or LocalServing(root, real_gpus=real_gpus,
+                                               accounts=service.accounts,
+                                               limits=service.account_limits,
+                                               gpu_count=len(service.gpus))
         self._session: aiohttp.ClientSession | None = None
         self._tokens: dict[str, str] = {}
         # (user, name) -> deployment row, refreshed every loop pass: the endpoint's
@@ -184,9 +155,19 @@ class DeploymentManager:
                 or bool(who.groups & set(dep["share_groups"])))
 
     # -- creating ------------------------------------------------------------------
-    async def create(self, who, settings: dict, model_tar: bytes) -> dict:
+    def check_may_deploy(self, who) -> None:
+        """What can be refused before a byte of the upload is read."""
         if who.kind != "user":
             raise DeployRefused(403, "deployments are made by users (with a user's token)")
+        cap = self.service.max_user_deployments
+        held = len(self.store.list(user=who.name))
+        if held >= cap:
+            raise DeployRefused(403, f"you have {held} deployment(s), the most one user may "
+                                     f"have ({cap}); stop one first (%deploy --stop NAME)")
+
+    async def create(self, who, settings: dict, model_tar: str) -> dict:
+        """``model_tar``: the path of the uploaded archive (the caller removes it)."""
+        self.check_may_deploy(who)
         unknown = set(settings) - set(SETTINGS)
         if unknown:
             raise DeployRefused(400, f"unknown field(s): {', '.join(sorted(unknown))}; "
@@ -197,8 +178,13 @@ class DeploymentManager:
             raise DeployRefused(400, f"'name' must be 1-63 lower-case letters, digits, '.', '_' "
                                      f"or '-' (starting and ending with a letter or digit), "
                                      f"got {name!r}")
+        cap = self.service.max_deployment_replicas
+        if isinstance(body["replicas"], int) and body["replicas"] > cap:
+            raise DeployRefused(400, f"'replicas' {body['replicas']} is more than the {cap} one "
+                                     f"deployment may have; an admin can raise "
+                                     f"c.GpuLabService.max_deployment_replicas")
         dep = {"name": name,
-               "replicas": _number(body, "replicas", 1, MAX_REPLICAS),
+               "replicas": _number(body, "replicas", 1, cap),
                "max_batch_size": (None if body["max_batch_size"] is None
                                   else _number(body, "max_batch_size", 1, 4096)),
                "max_latency_ms": _number(body, "max_latency_ms", 0, 10_000, float),
@@ -219,7 +205,13 @@ class DeploymentManager:
         model_dir = self.serving.prepare(dep_id)
         added = False
         try:
-            card = read_model(model_tar, model_dir)
+            try:
+                # Decompressing can take seconds: off the event loop, so others are answered.
+                card = await asyncio.get_running_loop().run_in_executor(
+                    None, unpack_model, model_tar, model_dir,
+                    self.service.max_model_mib * 2**20, "max_model_mib")
+            except ArchiveRefused as e:
+                raise DeployRefused(e.status, str(e)) from None
             if dep["max_batch_size"] is None:  # default: 32, or what the model takes
                 dep["max_batch_size"] = min(DEFAULT_MAX_BATCH, card["max_batch_size"])
             if dep["max_batch_size"] > card["max_batch_size"]:
@@ -231,6 +223,7 @@ class DeploymentManager:
             with open(os.path.join(model_dir, "model.json"), "w") as f:
                 json.dump(card, f)
             async with self._lock:
+                self.check_may_deploy(who)  # again: another upload may have finished first
                 try:
                     row = self.store.add({"id": dep_id, "user": who.name, **dep})
                 except NameTaken:

@@ -19,13 +19,16 @@ hub token never reaches the model server.
 
 from __future__ import annotations
 
-import json
 import logging
+import os
+import shutil
 
 from tornado import web
 
 from .auth import APIHandler
 from .deployments import DeploymentManager, DeployRefused
+from .request_body import parse_json_object
+from .uploads import MultipartUpload, boundary_of
 
 log = logging.getLogger("gpulab.service.deployments")
 
@@ -33,6 +36,11 @@ log = logging.getLogger("gpulab.service.deployments")
 FORWARD_REQUEST = ("Content-Type", "Content-Encoding", "Accept-Encoding",
                    "Inference-Header-Content-Length")
 FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
+
+
+def upload_spool(service) -> str:
+    """Where model uploads are written while they arrive (private to the service)."""
+    return os.path.join(service.data_dir, "uploads")
 
 
 class _DeploymentHandler(APIHandler):
@@ -55,28 +63,64 @@ class _DeploymentHandler(APIHandler):
 
 
 class DeploymentsHandler(_DeploymentHandler):
+    """``POST``: the model streams to a spool file as it arrives (:mod:`.uploads`)."""
+
+    body_setting = "max_upload_mib"
+
+    def body_limit(self) -> int:
+        if self.request.method == "POST":
+            return self.gpulab.max_upload_mib * 2**20
+        return super().body_limit()
+
+    async def prepare(self):
+        self.upload = None
+        await super().prepare()
+        if self.request.method != "POST" or self._refusal is not None:
+            return
+        # Everything that can be refused is decided before a byte of the upload is
+        # kept (the body is then dropped as it comes, and the refusal answered).
+        try:
+            who = self.require_identity()
+            self.deployments.check_may_deploy(who)
+            boundary = boundary_of(self.request.headers.get("Content-Type", ""))
+        except DeployRefused as e:
+            self.refuse_after_body(web.HTTPError(e.status, str(e)))
+            return
+        except web.HTTPError as e:
+            self.refuse_after_body(e)
+            return
+        self.upload = MultipartUpload(boundary, upload_spool(self.gpulab), "model",
+                                      self.body_limit(), self.body_setting)
+
+    def data_received(self, chunk: bytes) -> None:
+        if self.upload is not None:
+            self.upload.feed(chunk)
+
+    def on_connection_close(self):
+        if self.upload is not None:  # the client went away mid-upload
+            self.upload.cleanup()
+
     def get(self):
         user = self.listed_user("deployments")
         self.write_json([self.deployments.view(d) for d in self.deployments.store.list(user=user)])
 
     async def post(self):
+        self.raise_refusal()
         who = self.require_identity()
-        spec = self.get_body_argument("spec", None)
-        model = self.request.files.get("model")
-        if spec is None or not model:
-            raise web.HTTPError(400, "send multipart/form-data with a 'spec' field (JSON "
-                                     "settings) and a 'model' file (a tar of the exported model "
-                                     "directory); %deploy does this for you")
         try:
-            settings = json.loads(spec)
-        except json.JSONDecodeError as e:
-            raise web.HTTPError(400, f"'spec' is not valid JSON: {e}") from None
-        if not isinstance(settings, dict):
-            raise web.HTTPError(400, "'spec' must be a JSON object")
-        try:
-            dep = await self.deployments.create(who, settings, model[0]["body"])
-        except DeployRefused as e:
-            raise web.HTTPError(e.status, str(e)) from None
+            self.upload.finish()
+            spec = self.upload.fields.get("spec")
+            if spec is None or self.upload.file_path is None:
+                raise web.HTTPError(400, "send multipart/form-data with a 'spec' field (JSON "
+                                         "settings) and a 'model' file (a tar of the exported "
+                                         "model directory); %deploy does this for you")
+            settings = parse_json_object(spec, "'spec'")
+            try:
+                dep = await self.deployments.create(who, settings, self.upload.file_path)
+            except DeployRefused as e:
+                raise web.HTTPError(e.status, str(e)) from None
+        finally:
+            self.upload.cleanup()
         self.write_json(dep, status=201)
 
 
@@ -123,6 +167,10 @@ class EndpointHandler(_DeploymentHandler):
     """The authenticated front of a deployment: forwards OIP v2 calls to a replica."""
 
     SUPPORTED_METHODS = ("GET", "POST", "HEAD")
+    body_setting = "max_upload_mib"
+
+    def body_limit(self) -> int:
+        return self.gpulab.max_upload_mib * 2**20
 
     def set_default_headers(self):
         self.set_header("Cache-Control", "no-store")
@@ -151,7 +199,7 @@ class EndpointHandler(_DeploymentHandler):
         dep = self._target(user, name)
         query = f"?{self.request.query}" if self.request.query else ""
         headers = {h: self.request.headers[h] for h in FORWARD_REQUEST if h in self.request.headers}
-        body = self.request.body if self.request.method == "POST" else None
+        body = self.raw_body() if self.request.method == "POST" else None
         answer = await self.deployments.forward(dep, self.request.method, path + query, headers,
                                                 body)
         if answer is None:
@@ -176,6 +224,8 @@ routes = [
 
 async def start(service) -> None:
     """Called once the service listens: adopt surviving replicas, then keep them running."""
+    # Uploads a restart cut short; none is in flight yet.
+    shutil.rmtree(upload_spool(service), ignore_errors=True)
     manager = DeploymentManager(service)
     service.deployments = manager
     await manager.start()

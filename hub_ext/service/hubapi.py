@@ -54,5 +54,20 @@ class HubAPI:
 
     async def active_servers(self) -> set[str]:
         """``user/server`` for every server that is running or starting."""
+        return set(await self.active_server_models())
+
+    async def active_server_models(self) -> dict[str, dict]:
+        """``user/server`` -> the hub's server model (ready, pending, user_options)."""
         users = await self._get_all("/users?state=active")
-        return {f"{u['name']}/{name}" for u in users for name in (u.get("servers") or {})}
+        return {f"{u['name']}/{name}": model or {} for u in users
+                for name, model in (u.get("servers") or {}).items()}
+
+    async def user_servers(self, name: str) -> dict[str, dict]:
+        """One user's servers now (not cached: it decides whether a slice may go)."""
+        try:
+            user = await self._get(f"/users/{quote(name, safe='')}")
+        except HTTPClientError as e:
+            if e.code == 404:
+                return {}
+            raise
+        return user.get("servers") or {}

@@ -18,11 +18,13 @@ import uuid
 
 from gpulab.backend.base import Backend
 from gpulab.backend.local import LocalBackend
-from gpulab.backend.spec import JobSpec, SpecError
+from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
 from gpulab.scheduler import jobs_db  # noqa: F401 - registers the jobs table
 from gpulab.scheduler.jobs_db import TERMINAL
 from gpulab.scheduler.queue import JobQueue, never_fits
 from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, parse_gpu_milli
+
+from .allreduce_results import record_from_job
 
 log = logging.getLogger("gpulab.service.jobs")
 
@@ -47,7 +49,9 @@ class JobManager:
         self.root = os.path.join(service.data_dir, "jobs")
         os.makedirs(self.root, exist_ok=True)
         real_gpus = any(not g.simulated for g in service.gpus)
-        self.backends = backends or {"local": LocalBackend(self.root, real_gpus=real_gpus)}
+        self.backends = backends or {"local": LocalBackend(
+            self.root, real_gpus=real_gpus, accounts=service.accounts,
+            limits=service.account_limits, gpu_count=len(service.gpus))}
         if backends is None and service.kubernetes_jobs:
             from .kube_jobs import kubernetes_backend
 
@@ -109,8 +113,11 @@ class JobManager:
         try:
             spec = JobSpec.from_dict(body)
             parse_gpu_milli(spec.gpu_milli, tuple(self.service.slice_sizes))
+        except SpecTooLarge as e:
+            raise JobRefused(413, str(e)) from None
         except (SpecError, SliceError, TypeError) as e:
             raise JobRefused(400, str(e)) from None
+        self._check_limits(spec)
         if spec.priority > 0 and not who.admin:
             raise JobRefused(403, f"priority {spec.priority}: users may lower their jobs' "
                                   f"priority (down to -100); raising it is for admins")
@@ -142,6 +149,22 @@ class JobManager:
         jd.event(f"job {spec.id} queued: {spec.world_size} rank(s) x {spec.gpu_milli} milli-GPU")
         self._wake.set()
         return self.view(job)
+
+    def _check_limits(self, spec: JobSpec) -> None:
+        """The site's caps: every rank is a process somewhere, GPU or not."""
+        cap = self.service.max_job_ranks
+        if spec.world_size > cap:
+            raise JobRefused(400, f"the job asks for {spec.world_size} ranks ({spec.nodes} "
+                                  f"node(s) x {spec.nproc_per_node}); at most {cap} per job "
+                                  f"here: use fewer --nodes or --nproc-per-node (an admin can "
+                                  f"raise c.GpuLabService.max_job_ranks)")
+        limit = self.service.max_job_vars_mib * 2**20
+        if spec.vars_size > limit:
+            raise JobRefused(413, f"the job's variables are {spec.vars_size / 2**20:.1f} MiB "
+                                  f"(pickled), over the {self.service.max_job_vars_mib} MiB a "
+                                  f"job may carry; save large data to a file or dataset the "
+                                  f"ranks read (an admin can raise "
+                                  f"c.GpuLabService.max_job_vars_mib)")
 
     def _check_capacity(self, spec: JobSpec) -> None:
         """Refuse what this cluster could never place, rather than queue it forever."""
@@ -215,6 +238,8 @@ class JobManager:
         if self.queue.finish(job["id"], state, message, **values):
             released = sum(len(self.ledger.release("job", o)) for o in spec.rank_owners())
             self.jobdir(job).event(f"job {state}: {message}")
+            if state == "succeeded":  # a nettest probe's result, read from the job itself
+                record_from_job(self.service, job, self.jobdir(job))
             log.info("Job %s of %s %s (%s); released %d slice(s)", job["id"], job["user"],
                      state, message, released)
             self._wake.set()

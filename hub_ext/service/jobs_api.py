@@ -13,6 +13,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from gpulab.backend.jobdir import LogTail
+from gpulab.backend.spec import MAX_CODE_BYTES
 from gpulab.scheduler.jobs_db import STATES, TERMINAL
 
 from .auth import APIHandler
@@ -41,6 +42,14 @@ class _JobHandler(APIHandler):
 
 
 class JobsHandler(_JobHandler):
+    body_setting = "max_job_vars_mib"
+
+    def body_limit(self) -> int:
+        if self.request.method != "POST":
+            return super().body_limit()
+        # The variables travel base64-encoded (4/3) beside the cell and the settings.
+        return self.gpulab.max_job_vars_mib * 2**20 * 4 // 3 + MAX_CODE_BYTES * 2 + (1 << 20)
+
     def get(self):
         user = self.listed_user("jobs")
         state = self.get_argument("state", None)
@@ -128,9 +137,13 @@ class JobOutHandler(_JobHandler):
         if path is None:
             raise web.HTTPError(404, f"job {job_id} has no --out value"
                                      + ("" if job["state"] in TERMINAL else " yet"))
+        try:
+            data = self.jobs.jobdir(job).read_user("out/value.pkl")
+        except OSError:
+            raise web.HTTPError(404, f"job {job_id}'s --out value is not a plain file of "
+                                     f"the job's own") from None
         self.set_header("Content-Type", "application/octet-stream")
-        with open(path, "rb") as f:
-            self.finish(f.read())
+        self.finish(data)
 
 
 routes = [

@@ -19,7 +19,11 @@ USER = {"name": "user", "in": "query", "required": False, "schema": {"type": "st
 
 
 def openapi_document(prefix: str) -> dict:
-    errors = {"400": _ERROR, "401": _ERROR, "403": _ERROR, "404": _ERROR, "409": _ERROR}
+    # 400: bad input, bodies that are not UTF-8 JSON objects included; 413: a body (or
+    # an upload, or what it unpacks to) over its limit; 409: a conflict, e.g. releasing
+    # the slice of a server, job or deployment that still runs.
+    errors = {"400": _ERROR, "401": _ERROR, "403": _ERROR, "404": _ERROR, "409": _ERROR,
+              "413": _ERROR}
     return {
         "openapi": "3.0.3",
         "info": {"title": "gpulab service", "version": "1",
@@ -62,23 +66,31 @@ def openapi_document(prefix: str) -> dict:
                 "Released": {"type": "object", "properties": {"released": {
                     "type": "array", "items": {"$ref": "#/components/schemas/Allocation"}}}},
                 "JobSpec": {"type": "object", "required": ["code"], "properties": {
-                    "code": {"type": "string", "description": "the cell's source"},
+                    "code": {"type": "string", "description": "the cell's source (at most "
+                                                              "1 MiB)"},
                     "name": {"type": "string", "default": "train"},
-                    "nodes": {"type": "integer", "default": 1},
-                    "nproc_per_node": {"type": "integer", "default": 1},
+                    "nodes": {"type": "integer", "default": 1, "minimum": 1,
+                              "description": "nodes x nproc_per_node at most "
+                                             "c.GpuLabService.max_job_ranks (default 64)"},
+                    "nproc_per_node": {"type": "integer", "default": 1, "minimum": 1},
                     "gpu_milli": {"type": "integer", "default": 0,
                                   "description": "slice per rank (one of the offered sizes)"},
                     "backend": {"type": "string", "enum": ["local", "kubernetes"]},
                     "image": {"type": "string"},
-                    "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"},
+                            "description": "not LD_*, PYTHON*, PATH, nor what gpulab sets "
+                                           "(RANK, MASTER_*, CUDA_VISIBLE_DEVICES, "
+                                           "GPULAB_*...)"},
                     "vars_b64": {"type": "string",
-                                 "description": "base64 cloudpickle of {name: value}"},
+                                 "description": "base64 cloudpickle of {name: value}; at most "
+                                                "c.GpuLabService.max_job_vars_mib"},
                     "max_restarts": {"type": "integer", "default": 0},
                     "checkpoint_every": {"type": "integer", "default": 0},
                     "amp": {"type": "string", "enum": ["", "bf16", "fp16"]},
                     "comm_hook": {"type": "string", "enum": ["", "powersgd", "fp16", "bf16"]},
                     "out": {"type": "string", "description": "variable rank 0 sends back"},
-                    "timeout": {"type": "number", "description": "seconds running; 0 = none"},
+                    "timeout": {"type": "number", "minimum": 0, "maximum": 2592000,
+                                "description": "seconds running; 0 = none; finite"},
                     "priority": {"type": "integer", "description": "higher first; users <= 0"}}},
                 "Job": {"type": "object", "properties": {
                     "id": {"type": "string"}, "user": {"type": "string"},
@@ -105,7 +117,9 @@ def openapi_document(prefix: str) -> dict:
                     "state": {"type": "string"}}},
                 "DeploymentSettings": {"type": "object", "required": ["name"], "properties": {
                     "name": {"type": "string", "description": "1-63 of a-z 0-9 . _ -"},
-                    "replicas": {"type": "integer", "default": 1, "minimum": 1, "maximum": 16},
+                    "replicas": {"type": "integer", "default": 1, "minimum": 1,
+                                 "description": "at most c.GpuLabService."
+                                                "max_deployment_replicas (default 4)"},
                     "gpu_milli": {"type": "integer", "default": 0,
                                   "description": "slice per replica (one of the offered sizes)"},
                     "max_batch_size": {"type": "integer",
@@ -138,6 +152,28 @@ def openapi_document(prefix: str) -> dict:
                     "requests_per_second": {"type": "number"},
                     "p99_latency_ms": {"type": "number", "nullable": True},
                     "created": {"type": "string", "format": "date-time"}}},
+                "LedgerCheck": {"type": "object", "properties": {
+                    "checked": {"type": "string", "format": "date-time", "nullable": True},
+                    "lost": {"type": "array", "items": {"type": "object", "properties": {
+                        "owner_kind": {"type": "string",
+                                       "enum": ["server", "job", "deployment"]},
+                        "owner": {"type": "string"}, "user": {"type": "string"},
+                        "milli": {"type": "integer", "description": "milli-GPU it lacks"},
+                        "message": {"type": "string"}}}}}},
+                "AllreduceResult": {"type": "object", "required": [
+                    "size_bytes", "world_size", "algbw_bytes_per_second",
+                    "busbw_bytes_per_second"], "properties": {
+                    "size_bytes": {"type": "integer", "minimum": 4},
+                    "world_size": {"type": "integer", "minimum": 1},
+                    "algbw_bytes_per_second": {"type": "number", "minimum": 0,
+                                               "maximum": 1e13},
+                    "busbw_bytes_per_second": {"type": "number", "minimum": 0,
+                                               "maximum": 1e13,
+                                               "description": "algbw * 2(n-1)/n"},
+                    "time_s": {"type": "number", "description": "size_bytes / algbw"},
+                    "backend": {"type": "string"},
+                    "nodes": {"type": "array", "items": {"type": "string"}},
+                    "job_id": {"type": "string", "nullable": True}}},
                 "Telemetry": {"type": "object", "description":
                               "Recent samples you may see: per node GPUs (utilisation, memory, "
                               "temperature, power; holders), NICs, RDMA ports, the dataset "
@@ -168,7 +204,8 @@ def openapi_document(prefix: str) -> dict:
                              "schema": {"$ref": "#/components/schemas/AllocationRequest"}}}},
                          "responses": {"201": _json("Allocation", "Placed", array=True),
                                        **errors}},
-                "delete": {"summary": "Release everything one owner holds",
+                "delete": {"summary": "Release everything one owner holds (409 for a user "
+                                      "whose server, job or deployment still runs)",
                            "parameters": [{"name": n, "in": "query", "required": True,
                                            "schema": {"type": "string"}}
                                           for n in ("owner_kind", "owner")],
@@ -178,8 +215,13 @@ def openapi_document(prefix: str) -> dict:
                                 "schema": {"type": "string"}}],
                 "get": {"summary": "One allocation", "responses": {"200": _json("Allocation"),
                                                                     **errors}},
-                "delete": {"summary": "Release an allocation (and its owner's other rows)",
+                "delete": {"summary": "Release an allocation (and its owner's other rows); "
+                                      "409 for a user whose owner still runs",
                            "responses": {"200": _json("Released"), **errors}}},
+            "/api/v1/ledger": {"get": {
+                "summary": "Live servers, jobs and deployments that hold no slice (the "
+                           "reconcile loop's finding): your own; admins see all",
+                "responses": {"200": _json("LedgerCheck"), **errors}}},
             "/api/v1/availability": {"get": {
                 "summary": "How many of each slice size you could get now",
                 "parameters": [{"name": "user", "in": "query", "required": False,
@@ -232,7 +274,9 @@ def openapi_document(prefix: str) -> dict:
                         "parameters": [{"name": "user", "in": "query", "required": False,
                                         "schema": {"type": "string"}}],
                         "responses": {"200": _json("Deployment", array=True), **errors}},
-                "post": {"summary": "Deploy: upload an exported model and start its replicas",
+                "post": {"summary": "Deploy: upload an exported model and start its replicas "
+                                    "(413 over max_upload_mib, or unpacking to more than "
+                                    "max_model_mib; 403 at max_user_deployments)",
                          "requestBody": {"required": True, "content": {"multipart/form-data": {
                              "schema": {"type": "object", "required": ["spec", "model"],
                                         "properties": {
@@ -273,6 +317,12 @@ def openapi_document(prefix: str) -> dict:
                                 "schema": {"type": "number"},
                                 "description": "unix time; only newer samples"}],
                 "responses": {"200": _json("Telemetry"), **errors}}},
+            "/api/v1/telemetry/allreduce": {"post": {
+                "summary": "Record an all-reduce result (admins and the service; users' "
+                           "come from their nettest jobs, so users get 403)",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/AllreduceResult"}}}},
+                "responses": {"201": _json("AllreduceResult", "Recorded"), **errors}}},
             "/metrics": {"get": {"summary": "Prometheus metrics (text format)",
                                  "responses": {"200": {"description": "OK",
                                                        "content": {"text/plain": {}}}}}},

@@ -20,6 +20,8 @@ from tornado import web
 
 from gpulab.telemetry import NodeSampler, SampleCollector, validate_sample
 
+from .allreduce_results import BadResult
+from .allreduce_results import validate as validate_allreduce
 from .auth import APIHandler, Identity
 from .telemetry_store import TelemetryStore
 
@@ -43,6 +45,10 @@ def _visible_sample(sample: dict, who: Identity) -> dict:
 
 
 class TelemetryHandler(APIHandler):
+    def body_limit(self) -> int:
+        # A node's sample lists every GPU process; agents are trusted, not unbounded.
+        return 8 << 20
+
     def get(self):
         who = self.require_identity()
         since = self.get_argument("since", None)
@@ -87,31 +93,31 @@ class TelemetryHandler(APIHandler):
 
 
 class AllreduceHandler(APIHandler):
-    """A user's all-reduce probe result (``%gpulab nettest``)."""
+    """An all-reduce result from an admin or the service itself.
+
+    Users' results come from their probe jobs (``%gpulab nettest``), which the
+    service reads when the job succeeds (:mod:`.allreduce_results`); a number a
+    user could simply post would be shown to everyone by ``/metrics``.
+    """
 
     def post(self):
         who = self.require_identity()
+        if not (who.internal or who.admin):
+            raise web.HTTPError(
+                403, "all-reduce results are recorded from nettest jobs, not posted: run "
+                     "%gpulab nettest --nodes 1 (or more) and the service records the job's "
+                     "result when it succeeds")
         body = self.json_body()
         try:
-            busbw = float(body["busbw_bytes_per_second"])
-            algbw = float(body["algbw_bytes_per_second"])
-            size = int(body["size_bytes"])
-            world = int(body["world_size"])
-        except (KeyError, TypeError, ValueError):
-            raise web.HTTPError(
-                400, "expected busbw_bytes_per_second, algbw_bytes_per_second (numbers), "
-                     "size_bytes and world_size (integers)") from None
-        if not all(math.isfinite(x) and x >= 0 for x in (busbw, algbw)) or size < 1 or world < 1:
-            raise web.HTTPError(400, "bandwidths must be finite and >= 0, size and world >= 1")
-        result = {"ts": time.time(), "user": who.name, "busbw_bytes_per_second": busbw,
-                  "algbw_bytes_per_second": algbw, "size_bytes": size, "world_size": world,
-                  "backend": str(body.get("backend", "")),
-                  "nodes": [str(n) for n in body.get("nodes") or []][:64],
-                  "node": str((body.get("nodes") or [self.gpulab.node_name])[0]),
-                  # The nettest job it ran in (``%gpulab nettest --nodes``), if any.
-                  "job_id": str(body.get("job_id") or "")[:64] or None}
-        self.gpulab.telemetry.add_allreduce(result)
-        self.write_json(result, status=201)
+            result = validate_allreduce({k: v for k, v in body.items() if k != "job_id"})
+        except BadResult as e:
+            raise web.HTTPError(400, f"bad all-reduce result: {e}") from None
+        job_id = body.get("job_id")
+        record = {"ts": time.time(), "user": who.name, **result,
+                  "node": (result["nodes"] or [self.gpulab.node_name])[0],
+                  "job_id": job_id[:64] if isinstance(job_id, str) and job_id else None}
+        self.gpulab.telemetry.add_allreduce(record)
+        self.write_json(record, status=201)
 
 
 routes = [

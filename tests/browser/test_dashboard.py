@@ -7,6 +7,7 @@ import time
 
 import pytest
 from hubproc import RunningHub
+from logins import browser_log_in, sign_up_approved
 from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -46,25 +47,22 @@ def run_cell(page, code):
     page.keyboard.press("Shift+Enter")
 
 
-def quiet_lab(home):
+def quiet_lab(hub, user):
     """JupyterLab's "get notified about news?" toast would cover the screenshots."""
-    path = home / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    hub.write_home_file(user, ".jupyter/lab/user-settings/@jupyterlab/apputils-extension/"
+                              "notification.jupyterlab-settings", '{"fetchNews": "false"}')
 
 
 def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, artifacts_dir):
     hub.create_user("alice")
-    quiet_lab(hub.data_dir / "home" / "alice")
+    quiet_lab(hub, "alice")
     assert hub.spawn("alice", {"gpu_milli": 250}).status_code in (201, 202)
     hub.wait_server("alice")
 
     page = browser.new_page(viewport={"width": 1400, "height": 1500})
     page.set_default_timeout(120_000)
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", "alice")
-    page.fill("#password_input", (hub.data_dir / "user-password").read_text().strip())
-    page.click("#login_submit")
+    sign_up_approved(hub, "alice", "alices own long password")
+    browser_log_in(page, hub, "alice", "alices own long password")
     page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
     page.goto(f"{hub.url}/user/alice/lab")
     page.locator(".jp-LauncherCard", has_text="Python 3 (gpulab)").first.click()

@@ -1,10 +1,13 @@
-"""A person's path through the real hub in a real Chromium: log in, pick 1/4, use it."""
+"""A person's path through the real hub in a real Chromium: log in, pick 1/4, use it.
+
+alice has her own account (signed up, approved by the admin): the default login."""
 
 import os
 import re
 
 import pytest
 from hubproc import RunningHub
+from logins import admin_password, browser_log_in, sign_up_approved
 from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -18,13 +21,6 @@ def hub(tmp_path_factory):
     h.stop()
 
 
-def login(page, hub, user, password_file):
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", (hub.data_dir / password_file).read_text().strip())
-    page.click("#login_submit")
-
-
 def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_dir):
     # Someone else already holds a whole GPU, so the form has something to say.
     hub.hub_api("POST", "/users/holder")
@@ -33,7 +29,8 @@ def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_d
 
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(120_000)
-    login(page, hub, "alice", "user-password")
+    sign_up_approved(hub, "alice", "alices own long password")
+    browser_log_in(page, hub, "alice", "alices own long password")
     page.wait_for_url(re.compile(r".*/hub/spawn.*"))
     form = page.locator("fieldset.gpulab-slices")
     expect(form).to_contain_text("1/4 GPU")
@@ -67,7 +64,7 @@ def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_d
     # The admin sees alice's slice on the gpulab page of the hub.
     admin = browser.new_context().new_page()
     admin.set_default_timeout(120_000)
-    login(admin, hub, "admin", "admin-password")
+    browser_log_in(admin, hub, "admin", admin_password(hub))
     admin.wait_for_url(re.compile(r".*/(hub|user)/.*"))
     admin.goto(f"{hub.url}/services/gpulab/")
     expect(admin.locator("h2", has_text="every user's allocations")).to_be_visible()

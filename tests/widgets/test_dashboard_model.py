@@ -4,8 +4,10 @@ import math
 from html import escape
 
 import numpy as np
+import pytest
 
 import gpulab.cache
+from gpulab.client import GpuLabError
 from gpulab.widgets import TelemetryModel
 from gpulab.widgets.figures import cache_plot, cluster_plot, jobs_plot, network_plot
 from gpulab.widgets.tables import cluster_tables, jobs_tables, status_line
@@ -128,13 +130,17 @@ def test_slices_are_shown_as_served(clients):
 def test_allreduce_results_reach_the_network_tab(clients):
     result = {"busbw_bytes_per_second": 3.0e9, "algbw_bytes_per_second": 2.0e9,
               "size_bytes": 2**24, "world_size": 4, "backend": "gloo", "nodes": ["n1", "n2"]}
-    clients["alice"].report_allreduce(result)
+    # Users' results come from their nettest jobs; only admins (and the service) post.
+    with pytest.raises(GpuLabError) as refused:
+        clients["alice"].report_allreduce(result)
+    assert refused.value.status == 403 and "nettest" in str(refused.value)
+    clients["admin"].report_allreduce(result)
     mine, bobs = TelemetryModel(), TelemetryModel()
-    mine.ingest(clients["alice"].telemetry())
+    mine.ingest(clients["admin"].telemetry())
     bobs.ingest(clients["bob"].telemetry())
-    assert any(r["user"] == "alice" and r["busbw_bytes_per_second"] == 3.0e9
+    assert any(r["user"] == "admin" and r["busbw_bytes_per_second"] == 3.0e9
                for r in mine.allreduce)
-    assert not any(r["user"] == "alice" for r in bobs.allreduce)
+    assert not any(r["user"] == "admin" for r in bobs.allreduce)
     bus = next(t for t in network_plot(mine).traces if t.key == "all-reduce busbw")
     assert 3.0 in bus.y.tolist()  # GB/s
     assert any("no all-reduce measured yet" in n.text for n in network_plot(bobs).notes)

@@ -1,0 +1,120 @@
+"""CPU, memory and device limits for what an account runs: a server, a job's
+node (torchrun and its ranks) or a model replica.
+
+Proportional to the slice (``cpu_per_gpu``, ``memory_per_gpu``; by default
+the host divided among its GPUs), never below the floors, held by the host's
+own mechanism (:mod:`gpulab.backend.cgroups`: systemd, cgroup v2 or v1). A
+slice on real GPUs also gets a device rule: only its own cards. Settings, in
+``<data-dir>/gpulab_config.py`` (the hub and the service both read them)::
+
+    c.AccountLimits.cpu_per_gpu = 8
+    c.AccountLimits.memory_per_gpu = 64 * 2**30
+    c.AccountLimits.memory_floor = 4 * 2**30
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+from traitlets import Bool, Float, Int, Unicode
+from traitlets.config import Configurable
+
+from .cgroups import CgroupError, Cgroups, Group
+from .limits import DEFAULT_CPU_FLOOR, DEFAULT_MEMORY_FLOOR, host_share_per_gpu, limits_for_slice
+
+log = logging.getLogger("gpulab.limits")
+
+
+def _host_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class AccountLimits(Configurable):
+    enabled = Bool(
+        True,
+        help="""Hold every server, job node and replica of a user's account to CPU,
+        memory and device limits (needs root and cgroups; says why not otherwise).
+
+        c.AccountLimits.enabled = False
+        """,
+    ).tag(config=True)
+
+    mechanism = Unicode(
+        "auto",
+        help="""How limits are held: auto (systemd when it is PID 1, else cgroup v2, else
+        cgroup v1), systemd, cgroup2, cgroup1 or none.
+
+        c.AccountLimits.mechanism = "cgroup1"
+        """,
+    ).tag(config=True)
+
+    cpu_per_gpu = Float(
+        0.0,
+        help="""CPU cores per whole GPU of the slice (a 1/4 slice gets a quarter).
+        0: the host's cores divided among its GPUs.
+
+        c.AccountLimits.cpu_per_gpu = 8
+        """,
+    ).tag(config=True)
+
+    memory_per_gpu = Int(
+        0,
+        help="""Memory in bytes per whole GPU of the slice. 0: nine tenths of the host's
+        memory divided among its GPUs.
+
+        c.AccountLimits.memory_per_gpu = 64 * 2**30
+        """,
+    ).tag(config=True)
+
+    cpu_floor = Float(DEFAULT_CPU_FLOOR, help="""CPU cores for the smallest slice and for
+        work without a GPU (per rank for jobs).
+
+        c.AccountLimits.cpu_floor = 1
+        """).tag(config=True)
+
+    memory_floor = Int(DEFAULT_MEMORY_FLOOR, help="""Memory in bytes for the smallest slice
+        and for work without a GPU (per rank for jobs).
+
+        c.AccountLimits.memory_floor = 4 * 2**30
+        """).tag(config=True)
+
+    _cgroups: Cgroups | None = None
+
+    def cgroups(self) -> Cgroups:
+        if AccountLimits._cgroups is None:
+            AccountLimits._cgroups = Cgroups.detect(self.mechanism if self.enabled else "none")
+        return AccountLimits._cgroups
+
+    def limits(self, gpu_milli: int, gpu_count: int, ranks: int = 1,
+               gpu_devices: Sequence[str] | None = None):
+        """The limits of ``ranks`` processes with ``gpu_milli`` each."""
+        cpu, memory = host_share_per_gpu(os.cpu_count() or 1, _host_memory(), max(gpu_count, 1))
+        one = limits_for_slice(gpu_milli, self.cpu_per_gpu or cpu, self.memory_per_gpu or memory,
+                               cpu_floor=self.cpu_floor, memory_floor=self.memory_floor,
+                               gpu_devices=gpu_devices)
+        if ranks == 1:
+            return one
+        return type(one)(cpu_cores=one.cpu_cores and round(one.cpu_cores * ranks, 3),
+                         memory_bytes=one.memory_bytes and one.memory_bytes * ranks,
+                         devices=one.devices)
+
+    def group(self, account_name: str, unit: str, gpu_milli: int, gpu_count: int,
+              ranks: int = 1, gpu_devices: Sequence[str] | None = None) -> Group | None:
+        """A group ``<account>/<unit>`` with the slice's limits, or None (and a warning)
+        when the host cannot hold them: the work still runs, unlimited."""
+        try:
+            return self.cgroups().create(
+                f"{account_name}/{unit}",
+                self.limits(gpu_milli, gpu_count, ranks, gpu_devices))
+        except (CgroupError, OSError, ValueError) as e:
+            log.warning("No limits for %s/%s: %s", account_name, unit, e)
+            return None
+
+    def remove(self, account_name: str, unit: str) -> None:
+        """Remove a group (killing what is left in it); quietly, if it is gone."""
+        try:
+            self.cgroups().open(f"{account_name}/{unit}").remove()
+        except (CgroupError, OSError) as e:
+            log.warning("Could not remove the group %s/%s: %s", account_name, unit, e)

@@ -1,0 +1,237 @@
+"""A Unix account per hub user: who a server, a job's ranks and a replica run as.
+
+When gpulab runs as root (the embedded default on a real machine), every hub
+user maps to an account of their own, ``<prefix><name>`` (default prefix
+``gpulab-``), created on first use with a private group, a ``0700`` home under
+``home_root`` and membership in one shared group (``gpulab-users``). The
+spawner, the local job backend and the local serving backend start their
+processes as that account, so the kernel's own permissions keep users out of
+each other's homes, processes (``/proc/<pid>/environ``, signals) and of the
+hub's state.
+
+Names follow The Littlest JupyterHub's rule, made unambiguous: a hub name made
+only of ``[a-z0-9-]`` that fits is used as it is; any other name (unicode,
+``_``, ``.``, too long) is cut to its safe characters and ends in ``_<hash>``.
+A plain name never contains ``_``, so a hashed name can never be claimed by
+another hub user typing it literally.
+
+Both the hub (spawner) and the gpulab service read the same settings, from
+``<data-dir>/gpulab_config.py``::
+
+    c.UserAccounts.prefix = "jupyter-"
+    c.UserAccounts.home_root = "/srv/homes"
+"""
+
+from __future__ import annotations
+
+import grp
+import hashlib
+import os
+import pwd
+import re
+import stat
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from traitlets import Bool, Unicode, default, validate
+from traitlets.config import Configurable
+
+#: Linux (useradd) accepts names up to 32 characters.
+MAX_NAME = 32
+_PLAIN = re.compile(r"[a-z0-9-]+")
+_UNSAFE = re.compile(r"[^a-z0-9-]")
+_HASH_LEN = 8
+
+
+class AccountError(RuntimeError):
+    """An account could not be found or made; the message says why and what to do."""
+
+
+def unix_name(hub_name: str, prefix: str = "gpulab-") -> str:
+    """The account name for a hub user (pure; the same on every host)."""
+    plain = prefix + hub_name
+    if _PLAIN.fullmatch(hub_name) and len(plain) <= MAX_NAME:
+        return plain
+    digest = hashlib.sha256(hub_name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_LEN]
+    keep = MAX_NAME - len(prefix) - 1 - _HASH_LEN
+    safe = _UNSAFE.sub("", hub_name.lower())[:max(keep, 0)]
+    return f"{prefix}{safe}_{digest}"
+
+
+@dataclass(frozen=True)
+class Account:
+    """A resolved account: what a process needs to become it."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+    shell: str = "/bin/bash"
+
+    def popen_kwargs(self) -> dict:
+        """``subprocess.Popen`` arguments that start the child as this account.
+
+        Python sets the groups, then the gid, then the uid in the child, before
+        any ``preexec_fn`` and before ``exec``.
+        """
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+
+    def env(self) -> dict[str, str]:
+        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name,
+                "SHELL": self.shell}
+
+    def owns(self, st: os.stat_result) -> bool:
+        return st.st_uid == self.uid
+
+
+class UserAccounts(Configurable):
+    """Maps hub users to Unix accounts and creates them on first use."""
+
+    enabled = Bool(
+        help="""Run each user's server, job ranks and model replicas as a Unix account of
+        their own. On by default when gpulab runs as root; needs `useradd` (Debian's
+        `passwd` package). Off, everything runs as the hub's own account and users are
+        not separated on the host.
+
+        c.UserAccounts.enabled = True
+        """,
+    ).tag(config=True)
+
+    @default("enabled")
+    def _enabled_default(self):
+        return os.geteuid() == 0
+
+    prefix = Unicode(
+        "gpulab-",
+        help="""Prefix of the Unix account names (`gpulab-alice`). Must start with a
+        lowercase letter.
+
+        c.UserAccounts.prefix = "jupyter-"
+        """,
+    ).tag(config=True)
+
+    @validate("prefix")
+    def _check_prefix(self, proposal):
+        value = proposal["value"]
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,15}", value):
+            raise ValueError(f"c.UserAccounts.prefix {value!r}: use 1-16 characters of a-z, "
+                             f"0-9 and '-', starting with a letter, e.g. 'gpulab-'")
+        return value
+
+    home_root = Unicode(
+        "/home",
+        help="""Where the accounts' homes are made (`<home_root>/<account>`, mode 0700).
+
+        c.UserAccounts.home_root = "/srv/gpulab/homes"
+        """,
+    ).tag(config=True)
+
+    group = Unicode(
+        "gpulab-users",
+        help="""A group every account joins (for file shares and limits you add).
+
+        c.UserAccounts.group = "gpulab-users"
+        """,
+    ).tag(config=True)
+
+    shell = Unicode("/bin/bash", help="""Login shell of new accounts (JupyterLab's
+        terminals start it).
+
+        c.UserAccounts.shell = "/bin/bash"
+        """).tag(config=True)
+
+    _lock = threading.Lock()
+
+    def name_for(self, hub_name: str) -> str:
+        return unix_name(hub_name, self.prefix)
+
+    def home_for(self, hub_name: str) -> str:
+        return os.path.join(self.home_root, self.name_for(hub_name))
+
+    def lookup(self, hub_name: str) -> Account | None:
+        """The existing account of a hub user, or None."""
+        name = self.name_for(hub_name)
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            return None
+        groups = tuple(g for g in os.getgrouplist(name, pw.pw_gid) if g != pw.pw_gid)
+        return Account(name=name, uid=pw.pw_uid, gid=pw.pw_gid, groups=groups,
+                       home=self.home_for(hub_name), shell=pw.pw_shell or self.shell)
+
+    def ensure(self, hub_name: str) -> Account:
+        """The account of a hub user, created (with its home) if it is missing.
+
+        Safe to call from the hub and the service at once: a lost race with
+        another process's ``useradd`` is taken as success.
+        """
+        with self._lock:
+            account = self.lookup(hub_name)
+            if account is None:
+                self._ensure_group()
+                name = self.name_for(hub_name)
+                done = subprocess.run(
+                    ["useradd", "--no-create-home", "--user-group", "--home-dir",
+                     self.home_for(hub_name), "--shell", self.shell, "--groups", self.group,
+                     "--comment", f"gpulab user {hub_name}"[:200], name],
+                    capture_output=True, text=True)
+                account = self.lookup(hub_name)
+                if account is None:
+                    raise AccountError(f"cannot create the Unix account {name} for "
+                                       f"{hub_name!r}: {done.stderr.strip() or done.returncode}")
+            self._ensure_home(account)
+            return account
+
+    def _ensure_group(self) -> None:
+        try:
+            grp.getgrnam(self.group)
+        except KeyError:
+            subprocess.run(["groupadd", "--force", self.group], capture_output=True)
+
+    def _ensure_home(self, account: Account) -> None:
+        if not os.path.isdir(self.home_root):  # ours to make; an existing one is left alone
+            os.makedirs(self.home_root, exist_ok=True)
+            os.chmod(self.home_root, 0o711)
+        try:
+            os.mkdir(account.home, 0o700)
+        except FileExistsError:
+            st = os.lstat(account.home)
+            if not (os.path.isdir(account.home) and not os.path.islink(account.home)
+                    and account.owns(st)):
+                raise AccountError(f"{account.home} exists but is not {account.name}'s own "
+                                   f"directory; move it away or set c.UserAccounts.home_root")
+            return
+        os.chown(account.home, account.uid, account.gid)
+        os.chmod(account.home, 0o700)
+
+
+def unreachable(path: str, execute: bool = False) -> str | None:
+    """Why other accounts cannot use ``path`` (read it, or run it), or None.
+
+    Every folder above it must let others pass (``o+x``); a checkout under a
+    ``0700`` home is the usual culprit.
+    """
+    path = os.path.abspath(path)
+    parts = path.split(os.sep)
+    for i in range(2, len(parts)):
+        folder = os.sep.join(parts[:i]) or os.sep
+        try:
+            mode = os.stat(folder).st_mode
+        except OSError as e:
+            return f"{folder}: {e.strerror}"
+        if not mode & 0o001:
+            return (f"{folder} is mode {mode & 0o777:04o}, so other accounts cannot reach "
+                    f"{path}: install gpulab where users can read it (e.g. /opt/gpulab) or "
+                    f"run `chmod o+x {folder}`")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    want = 0o001 if stat.S_ISDIR(mode) else 0o005 if execute else 0o004
+    if mode & want != want:
+        return (f"{path} is mode {mode & 0o777:04o}: other accounts cannot "
+                f"{'run' if execute else 'read'} it; run `chmod o+r{'x' if execute else ''} "
+                f"{path}`")
+    return None

@@ -1,0 +1,318 @@
+"""Groups as directories of the cgroup filesystem: cgroup v1 (one per controller) and v2.
+
+See ``gpulab.backend.cgroups`` for the mechanisms and how to use a group.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+from .cgroups import (
+    CFS_PERIOD_US,
+    V1_CONTROLLERS,
+    CgroupError,
+    Cgroups,
+    Group,
+    cgroup_dir,
+    group_path,
+    numeric_ids,
+    parse_cgroup_mounts,
+    parse_proc_cgroup,
+    read_text,
+    write_text,
+)
+from .gpu_nodes import DeviceNode, denied_nodes, node_of
+from .limits import Limits
+
+
+class FsGroup(Group):
+    """A group made of directories in the cgroup filesystem (v1: one per controller)."""
+
+    def __init__(self, cgroups: FsCgroups, name: str, limits: Limits, dirs: list[str],
+                 notes: list[str] | None = None):
+        super().__init__(cgroups, name, limits, notes)
+        self.dirs = dirs
+        # Encoded now: the child only opens and writes, nothing that may lock.
+        self._procs = [os.fsencode(os.path.join(d, "cgroup.procs")) for d in dirs]
+
+    def join_in_child(self) -> None:
+        pid = str(os.getpid()).encode()
+        for path in self._procs:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+
+    def join(self, pid: int) -> None:
+        for d in self.dirs:
+            write_text(os.path.join(d, "cgroup.procs"), str(pid))
+
+    def launch(self, argv, *, user=None, group=None, extra_groups=None, preexec_fn=None):
+        uid, gid, groups = numeric_ids(user, group, extra_groups)
+        join = self.join_in_child
+
+        def preexec() -> None:
+            join()
+            # Python's own order for user=/group=/extra_groups=: groups, gid, uid.
+            if groups is not None:
+                os.setgroups(groups)
+            if gid is not None:
+                os.setresgid(gid, gid, gid)
+            if uid is not None:
+                os.setresuid(uid, uid, uid)
+            if preexec_fn is not None:
+                preexec_fn()
+
+        return list(argv), {"preexec_fn": preexec}
+
+    def pids(self) -> list[int]:
+        found: set[int] = set()
+        for d in self.dirs:
+            try:
+                found.update(int(p) for p in read_text(os.path.join(d, "cgroup.procs")).split())
+            except OSError:
+                pass
+        return sorted(found)
+
+    def cpu_stat(self) -> dict[str, int]:
+        for d in self.dirs:
+            try:
+                text = read_text(os.path.join(d, "cpu.stat"))
+            except OSError:
+                continue
+            return {k: int(v) for k, v in (ln.split() for ln in text.splitlines() if ln.strip())}
+        return {}
+
+    def remove(self, kill: bool = True, timeout: float = 5.0) -> bool:
+        if kill:
+            self.kill(timeout)
+        gone = True
+        for d in self.dirs:
+            # Killed processes leave within moments; live ones (kill=False) do not.
+            deadline = time.monotonic() + (timeout if kill else 0)
+            while True:
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                        gone = False
+                        break
+                    time.sleep(0.02)
+        self.cgroups.prune(self.dirs)
+        return gone
+
+
+class FsCgroups(Cgroups):
+    """Groups as directories: ``bases`` are the ``gpulab`` directories, one per hierarchy."""
+
+    def __init__(self, bases: dict[str, str], **kw):
+        super().__init__(**kw)
+        self.bases = bases  # controller (or "unified") -> <hierarchy>/<parent>/gpulab
+
+    def _dirs(self, name: str) -> dict[str, str]:
+        rel = group_path(name)
+        return {c: os.path.join(base, rel) for c, base in self.bases.items()}
+
+    def create(self, name: str, limits: Limits) -> Group:
+        dirs = self._dirs(name)
+        for attempt in range(3):
+            try:
+                notes = self._make(dirs, limits)
+                break
+            except (FileNotFoundError, CgroupError) as exc:
+                # A concurrent remove() pruned a parent between makedirs and a write.
+                vanished = isinstance(exc, FileNotFoundError) or exc.errno == errno.ENOENT
+                if attempt == 2 or not vanished:
+                    raise
+        unique = list(dict.fromkeys(dirs.values()))
+        return FsGroup(self, name, limits, unique, notes)
+
+    def open(self, name: str) -> Group:
+        dirs = [d for d in dict.fromkeys(self._dirs(name).values()) if os.path.isdir(d)]
+        return FsGroup(self, name, Limits(None, None, None), dirs)
+
+    def _make(self, dirs: dict[str, str], limits: Limits) -> list[str]:
+        raise NotImplementedError
+
+    def prune(self, dirs: list[str]) -> None:
+        """Remove the empty parents of removed groups, up to (not including) ``gpulab``."""
+        bases = set(self.bases.values())
+        for d in dirs:
+            parent = os.path.dirname(d)
+            while parent not in bases and any(parent.startswith(b + "/") for b in bases):
+                try:
+                    os.rmdir(parent)
+                except OSError:
+                    break
+                parent = os.path.dirname(parent)
+
+
+class V1Cgroups(FsCgroups):
+    kind = "cgroup1"
+
+    @classmethod
+    def probe(cls, parent: str | None = None, **kw) -> Cgroups | str:
+        mounts, _ = parse_cgroup_mounts(read_text("/proc/self/mountinfo"))
+        own, _ = parse_proc_cgroup(read_text("/proc/self/cgroup"))
+        bases = {}
+        for c in V1_CONTROLLERS:
+            if c in mounts:
+                mountpoint, root = mounts[c]
+                where = parent if parent is not None else own.get(c, "/")
+                bases[c] = os.path.join(cgroup_dir(mountpoint, root, where), kw["root"])
+        if not bases:
+            return "no cpu, memory or devices hierarchy is mounted"
+        base_dir = os.path.dirname(next(iter(bases.values())))
+        if not os.access(base_dir, os.W_OK):
+            return f"{base_dir} is not writable (mounted read-only?)"
+        made = cls(bases, **kw)
+        missing = [c for c in V1_CONTROLLERS if c not in bases]
+        made.reason = f"no {', '.join(missing)} controller mounted" if missing else ""
+        return made
+
+    def _make(self, dirs: dict[str, str], limits: Limits) -> list[str]:
+        notes = []
+        for d in dict.fromkeys(dirs.values()):
+            os.makedirs(d, exist_ok=True)
+        if "cpu" in dirs:
+            quota = -1 if limits.cpu_cores is None else \
+                max(1000, int(limits.cpu_cores * CFS_PERIOD_US))
+            write_text(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(CFS_PERIOD_US))
+            write_text(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
+        elif limits.cpu_cores is not None:
+            notes.append("CPU not held: no cpu controller")
+        if "memory" in dirs:
+            _v1_memory(dirs["memory"], -1 if limits.memory_bytes is None else limits.memory_bytes)
+        elif limits.memory_bytes is not None:
+            notes.append("memory not held: no memory controller")
+        if "devices" in dirs:
+            notes += self._devices(dirs["devices"], limits.devices)
+        elif limits.devices is not None:
+            notes.append("devices not held: no devices controller")
+        return notes
+
+    def _devices(self, d: str, allowed: tuple[str, ...] | None) -> list[str]:
+        current = read_text(os.path.join(d, "devices.list")).split("\n")
+        allow_all = [ln for ln in current if ln.strip()] == ["a *:* rwm"]
+        if allow_all:
+            # Reset: a re-created group may have denied a card this slice now holds.
+            write_text(os.path.join(d, "devices.allow"), "a")
+        elif allowed:
+            for node in filter(None, (node_of(p) for p in allowed)):
+                try:
+                    write_text(os.path.join(d, "devices.allow"), node.rule)
+                except CgroupError:
+                    pass  # the hierarchy above does not allow it either
+        if allowed is None:
+            return []
+        denied = denied_nodes(self.gpu_nodes(), allowed)
+        for node in denied:
+            write_text(os.path.join(d, "devices.deny"), node.rule)
+        if not allow_all:
+            # A whitelist above us: a wildcard entry may still let a denied card through.
+            still = [n.path for n in denied if _v1_whitelisted(read_text(os.path.join(d, "devices.list")), n)]
+            if still:
+                return [f"devices not held: the devices cgroup above allows {', '.join(still)} "
+                        "by a wildcard rule"]
+        return []
+
+
+def _v1_whitelisted(listing: str, node: DeviceNode) -> bool:
+    for line in listing.splitlines():
+        try:
+            kind, numbers, _ = line.split()
+        except ValueError:
+            continue
+        major, _, minor = numbers.partition(":")
+        if kind in ("a", node.kind) and major in ("*", str(node.major)) \
+                and minor in ("*", str(node.minor)):
+            return True
+    return False
+
+
+def _v1_memory(d: str, value: int) -> None:
+    """Set the memory cap, swap included; memsw must never be below the plain limit."""
+    limit = os.path.join(d, "memory.limit_in_bytes")
+    memsw = os.path.join(d, "memory.memsw.limit_in_bytes")
+    if not os.path.exists(memsw):
+        write_text(limit, str(value))
+        return
+    try:
+        write_text(memsw, str(value))  # raising (or unlimited): memsw first
+        write_text(limit, str(value))
+    except CgroupError:
+        write_text(limit, str(value))  # lowering: the plain limit first
+        write_text(memsw, str(value))
+
+
+class V2Cgroups(FsCgroups):
+    kind = "cgroup2"
+    WANTED = ("cpu", "memory")
+    controllers: list[str] = []  # of WANTED, those the parent cgroup offers
+
+    @classmethod
+    def probe(cls, parent: str | None = None, **kw) -> Cgroups | str:
+        _, mount = parse_cgroup_mounts(read_text("/proc/self/mountinfo"))
+        if mount is None:
+            return "no cgroup2 hierarchy is mounted"
+        mountpoint, root = mount
+        _, own = parse_proc_cgroup(read_text("/proc/self/cgroup"))
+        top = cgroup_dir(mountpoint, root, "/")
+        base_parent = cgroup_dir(mountpoint, root, parent if parent is not None else own or "/")
+        try:
+            available = read_text(os.path.join(base_parent, "cgroup.controllers")).split()
+        except OSError:
+            return f"{base_parent} does not exist; create it or correct parent="
+        if not any(c in available for c in cls.WANTED):
+            return (f"{base_parent} has no cpu or memory controller (bound to cgroup v1 "
+                    "hierarchies, or not delegated)")
+        if base_parent != top and read_text(os.path.join(base_parent, "cgroup.procs")).strip():
+            enabled = read_text(os.path.join(base_parent, "cgroup.subtree_control")).split()
+            if not all(c in enabled for c in cls.WANTED if c in available):
+                return (f"gpulab's cgroup {base_parent} holds processes, so cgroup v2 will not "
+                        "hand controllers to groups below it; run gpulab under systemd, or in "
+                        "a cgroup of its own and pass parent= a sibling cgroup for the groups")
+        if not os.access(base_parent, os.W_OK):
+            return f"{base_parent} is not writable"
+        made = cls({"unified": os.path.join(base_parent, kw["root"])}, **kw)
+        made.controllers = [c for c in cls.WANTED if c in available]
+        return made
+
+    def _make(self, dirs: dict[str, str], limits: Limits) -> list[str]:
+        leaf = dirs["unified"]
+        base = self.bases["unified"]
+        chain = [os.path.dirname(base)]
+        path = base
+        for part in os.path.relpath(leaf, base).split("/"):
+            chain.append(path)
+            path = os.path.join(path, part)
+        os.makedirs(leaf, exist_ok=True)
+        enable = " ".join(f"+{c}" for c in self.controllers)
+        for d in chain:
+            have = read_text(os.path.join(d, "cgroup.subtree_control")).split()
+            if not all(c in have for c in self.controllers):
+                write_text(os.path.join(d, "cgroup.subtree_control"), enable)
+        notes = []
+        if limits.cpu_cores is not None and "cpu" not in self.controllers:
+            notes.append("CPU not held: no cpu controller")
+        elif "cpu" in self.controllers:
+            quota = "max" if limits.cpu_cores is None else \
+                str(max(1000, int(limits.cpu_cores * CFS_PERIOD_US)))
+            write_text(os.path.join(leaf, "cpu.max"), f"{quota} {CFS_PERIOD_US}")
+        if limits.memory_bytes is not None and "memory" not in self.controllers:
+            notes.append("memory not held: no memory controller")
+        elif "memory" in self.controllers:
+            value = "max" if limits.memory_bytes is None else str(limits.memory_bytes)
+            write_text(os.path.join(leaf, "memory.max"), value)
+            if os.path.exists(os.path.join(leaf, "memory.swap.max")):
+                write_text(os.path.join(leaf, "memory.swap.max"), "max" if value == "max" else "0")
+        if limits.devices is not None and denied_nodes(self.gpu_nodes(), limits.devices):
+            notes.append("devices not held: cgroup v2 without systemd has no device files; "
+                         "CUDA_VISIBLE_DEVICES only")
+        return notes

@@ -1,0 +1,120 @@
+"""Unpacking an uploaded model archive, as an attacker would send it.
+
+The archive (tar, optionally gzip/bz2/xz) must hold two regular files,
+``model.pt2`` and ``model.json``. It is read once, front to back, one member
+at a time, and refused as soon as anything is wrong:
+
+- the sizes its headers declare, all members together, may not pass
+  ``max_bytes`` (a 300 KB .tar.xz can declare 2 GiB of zeros); this is checked
+  before a member's data is decompressed, so a bomb costs almost nothing;
+- member names must stay inside the archive (no absolute paths, no ``..``);
+- links, devices and FIFOs are refused by name rather than skipped silently;
+- each wanted file is created fresh (``O_EXCL | O_NOFOLLOW``) in ``dest``: a
+  second copy of a name is refused and nothing can be written through a link.
+
+It is blocking work: the service runs it in an executor so the event loop
+keeps answering. On refusal the caller removes ``dest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import tarfile
+
+from gpulab.backend.deployment_dir import MODEL_FILES
+
+#: More members than an exported model directory could hold.
+MAX_MEMBERS = 64
+#: model.json is a small card.
+MAX_CARD_BYTES = 1 << 20
+
+
+class ArchiveRefused(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _wanted(member: tarfile.TarInfo) -> str | None:
+    """The model file a member is, or None for one to skip; refuses unsafe members."""
+    name = member.name
+    norm = posixpath.normpath(name)
+    if name.startswith("/") or norm == ".." or norm.startswith("../"):
+        raise ArchiveRefused(400, f"archive member {name!r} points outside the archive; "
+                                  f"pack the model directory with relative names "
+                                  f"(%deploy does this for you)")
+    base = posixpath.basename(norm)
+    if base not in MODEL_FILES:
+        return None
+    if not member.isfile():
+        kind = ("a symbolic link" if member.issym() else "a hard link" if member.islnk()
+                else "a directory" if member.isdir() else "not a regular file")
+        raise ArchiveRefused(400, f"archive member {name!r} is {kind}; {base} must be a "
+                                  f"regular file")
+    return base
+
+
+def unpack_model(tar_path: str, dest: str, max_bytes: int, setting: str = "") -> dict:
+    """Unpack ``tar_path`` into ``dest`` (model.pt2, model.json); return the card."""
+    declared = 0
+    found: set[str] = set()
+    try:
+        # Iterating reads one header at a time (getmembers() would read them all first).
+        with tarfile.open(tar_path, mode="r:*") as tar:
+            for count, member in enumerate(tar, start=1):
+                if count > MAX_MEMBERS:
+                    raise ArchiveRefused(400, f"the archive has more than {MAX_MEMBERS} "
+                                              f"members; upload only model.pt2 and model.json")
+                declared += max(0, member.size)
+                if declared > max_bytes:
+                    raise ArchiveRefused(
+                        413, f"the model archive expands to more than {max_bytes / 2**20:g} "
+                             f"MiB; export a smaller model or quantize it (%quantize)"
+                             + (f"; an admin can raise c.GpuLabService.{setting}"
+                                if setting else ""))
+                base = _wanted(member)
+                if base is None:
+                    continue  # the next header read skips its data
+                if base in found:
+                    raise ArchiveRefused(400, f"the archive holds {base} twice; upload one")
+                found.add(base)
+                _copy(tar, member, os.path.join(dest, base))
+    except ArchiveRefused:
+        raise
+    except (tarfile.TarError, EOFError, OSError, ValueError) as e:
+        # ValueError/EOFError/OSError: truncated or corrupt compressed data.
+        raise ArchiveRefused(400, f"the model upload is not a readable tar archive: "
+                                  f"{e}") from None
+    missing = [f for f in MODEL_FILES if f not in found]
+    if missing:
+        raise ArchiveRefused(400, f"the model archive lacks {', '.join(missing)}; upload "
+                                  f"a directory written by gpulab.serving.export_model")
+    return _read_card(os.path.join(dest, "model.json"))
+
+
+def _copy(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> None:
+    src = tar.extractfile(member)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    left = member.size
+    with src, os.fdopen(fd, "wb") as out:
+        # Never more than the header declared, whatever the stream holds.
+        while left > 0 and (chunk := src.read(min(1 << 20, left))):
+            out.write(chunk)
+            left -= len(chunk)
+
+
+def _read_card(path: str) -> dict:
+    try:
+        if os.path.getsize(path) > MAX_CARD_BYTES:
+            raise ValueError(f"it is over {MAX_CARD_BYTES >> 10} KiB")
+        with open(path, encoding="utf-8") as f:
+            card = json.load(f)
+        if not isinstance(card, dict) or not isinstance(card.get("inputs"), list) \
+                or not isinstance(card.get("max_batch_size"), int) \
+                or isinstance(card.get("max_batch_size"), bool) or card["max_batch_size"] < 1:
+            raise ValueError("it needs 'inputs' (a list) and 'max_batch_size' (an integer >= 1)")
+    except (ValueError, OSError, RecursionError) as e:
+        raise ArchiveRefused(400, f"model.json is not a gpulab model card: {e}") from None
+    return card

@@ -1,0 +1,113 @@
+"""Unix accounts per hub user: names, creation, and a process started as one.
+
+The creation tests make real accounts with ``useradd`` (CI runs as root) and
+remove them afterwards.
+"""
+
+import os
+import pwd
+import subprocess
+import uuid
+
+import pytest
+from hubproc import let_accounts_reach
+
+from gpulab.backend.accounts import MAX_NAME, UserAccounts, unix_name, unreachable
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="creating accounts needs root")
+
+
+@pytest.mark.parametrize("hub_name, expected", [
+    ("alice", "gpulab-alice"),
+    ("bob-2", "gpulab-bob-2"),
+])
+def test_plain_names_are_kept(hub_name, expected):
+    assert unix_name(hub_name) == expected
+
+
+@pytest.mark.parametrize("hub_name", ["Alice", "élodie", "bob_smith", "x.y", "a" * 40, "名前"])
+def test_other_names_are_cut_and_hashed_and_fit(hub_name):
+    name = unix_name(hub_name)
+    assert name.startswith("gpulab-") and len(name) <= MAX_NAME
+    assert name.count("_") == 1 and all(c.isascii() for c in name)
+    assert unix_name(hub_name) == name  # stable
+
+
+def test_a_typed_name_cannot_claim_a_hashed_one():
+    hashed = unix_name("élice")  # gpulab-lice_<hash>
+    typed = hashed.removeprefix("gpulab-")
+    assert unix_name(typed) != hashed
+    assert unix_name("Alice") != unix_name("alice")
+
+
+def test_prefix_must_be_a_safe_name():
+    with pytest.raises(Exception, match="prefix"):
+        UserAccounts(prefix="../x")
+
+
+def test_unreachable_names_the_folder_that_blocks(tmp_path):
+    let_accounts_reach(tmp_path)
+    inner = tmp_path / "private" / "bin"
+    inner.mkdir(parents=True)
+    exe = inner / "python"
+    exe.write_text("")
+    exe.chmod(0o755)
+    (tmp_path / "private").chmod(0o700)
+    try:
+        problem = unreachable(str(exe), execute=True)
+        assert problem and f"{tmp_path / 'private'} is mode 0700" in problem
+        (tmp_path / "private").chmod(0o711)
+        assert unreachable(str(exe), execute=True) is None
+    finally:
+        (tmp_path / "private").chmod(0o755)
+
+
+@pytest.fixture
+def accounts(tmp_path):
+    made = UserAccounts(home_root=str(tmp_path / "homes"), enabled=True)
+    names = []
+    yield made, names
+    for n in names:
+        subprocess.run(["userdel", made.name_for(n)], capture_output=True)
+
+
+@needs_root
+def test_ensure_makes_an_account_with_a_private_home_once(accounts):
+    made, names = accounts
+    hub_name = f"t{uuid.uuid4().hex[:8]}"
+    names.append(hub_name)
+    account = made.ensure(hub_name)
+    again = made.ensure(hub_name)
+    assert account == again and account.uid != 0
+    assert pwd.getpwnam(account.name).pw_uid == account.uid
+    st = os.stat(account.home)
+    assert (st.st_uid, st.st_mode & 0o777) == (account.uid, 0o700)
+    import grp
+    assert account.name in grp.getgrnam("gpulab-users").gr_mem
+
+
+@needs_root
+def test_a_process_started_as_the_account_is_that_account(accounts, tmp_path):
+    made, names = accounts
+    hub_name = f"t{uuid.uuid4().hex[:8]}"
+    names.append(hub_name)
+    account = made.ensure(hub_name)
+    secret = tmp_path / "root-only"
+    secret.write_text("x")
+    secret.chmod(0o600)
+    out = subprocess.run(["sh", "-c", f"id -un; cat {secret} 2>&1 || true"],
+                         capture_output=True, text=True, env=account.env(),
+                         **account.popen_kwargs())
+    lines = out.stdout.splitlines()
+    assert lines[0] == account.name
+    assert "Permission denied" in lines[1]
+
+
+@needs_root
+def test_a_foreign_folder_in_place_of_a_home_is_refused(accounts):
+    made, names = accounts
+    hub_name = f"t{uuid.uuid4().hex[:8]}"
+    names.append(hub_name)
+    os.makedirs(made.home_for(hub_name))  # root's, not the account's
+    with pytest.raises(Exception, match="not .*own directory"):
+        made.ensure(hub_name)

@@ -1,0 +1,60 @@
+"""Logging in to a test hub the way people do: sign up, get approved, log in.
+
+The default login of `gpulab up` is per-user passwords with admin approval
+(NativeAuthenticator); these helpers drive its pages over plain HTTP, and in a
+browser where the test is about the browser.
+"""
+
+from __future__ import annotations
+
+import re
+
+import requests
+
+XSRF = re.compile(r'name="_xsrf" value="([^"]+)"')
+
+
+def form_session(hub, path: str) -> tuple[requests.Session, str]:
+    """A session holding the hub's _xsrf cookie, and the token its form needs."""
+    s = requests.Session()
+    r = s.get(f"{hub.url}/hub/{path}", timeout=30)
+    r.raise_for_status()
+    return s, XSRF.search(r.text).group(1)
+
+
+def sign_up(hub, name: str, password: str) -> requests.Response:
+    s, xsrf = form_session(hub, "signup")
+    return s.post(f"{hub.url}/hub/signup", timeout=30,
+                  data={"_xsrf": xsrf, "username": name, "signup_password": password,
+                        "signup_password_confirmation": password})
+
+
+def toggle_approval(hub, name: str) -> None:
+    """What the admin's Authorize/Unauthorize button does (a hub page: cookie, no token)."""
+    admin = log_in(hub, "admin", admin_password(hub))
+    r = admin.get(f"{hub.url}/hub/authorize/{name}", allow_redirects=False, timeout=30)
+    assert r.status_code == 302, (r.status_code, r.text[-500:])
+
+
+def sign_up_approved(hub, name: str, password: str) -> None:
+    assert "sent to the admin" in sign_up(hub, name, password).text
+    toggle_approval(hub, name)
+
+
+def log_in(hub, name: str, password: str) -> requests.Session:
+    """A session logged in to the hub, or with no hub login if it failed."""
+    s, xsrf = form_session(hub, "login")
+    s.post(f"{hub.url}/hub/login", timeout=30,
+           data={"_xsrf": xsrf, "username": name, "password": password})
+    return s
+
+
+def browser_log_in(page, hub, name: str, password: str) -> None:
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", name)
+    page.fill("#password_input", password)
+    page.click("#login_submit")
+
+
+def admin_password(hub) -> str:
+    return (hub.data_dir / "admin-password").read_text().strip()
