@@ -82,9 +82,9 @@ class JobDir:
     def open_user(self, name: str, flags: int = os.O_RDONLY) -> int:
         """Open a file the ranks may write; an fd, or OSError.
 
-        Refused: a symlink, a FIFO or device (which could hang the service), a
-        file the ranks' account does not own (a hard link to one of root's). A
-        file made here (``O_CREAT``) is given to that account.
+        Refused: a symlink, a FIFO or device (which could hang the service), and
+        in a handed-over job a file the ranks' account does not own (a hard link
+        to one of root's). A file made here (``O_CREAT``) is given to that account.
         """
         safe = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         uid, gid = self.owner()
@@ -101,7 +101,11 @@ class JobDir:
         fd = os.open(self.p(name), flags | safe)
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            # A job handed over to an account: only that account's files. Otherwise
+            # (ranks of the service's own account, or pods writing a shared volume
+            # as whichever uid their image has) any plain file.
+            handed_over = uid != os.geteuid()
+            if not stat.S_ISREG(st.st_mode) or (handed_over and st.st_uid != uid):
                 raise PermissionError(f"{self.p(name)}: not a plain file of the job's own")
             os.set_blocking(fd, True)
             return fd

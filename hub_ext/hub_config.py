@@ -67,7 +67,7 @@ def secret_file(path: Path, nbytes: int = 32) -> str:
 
 #: Files of the hub's state that older versions left with default modes.
 STATE_FILES = ("jupyterhub.sqlite", "gpulab.sqlite", "jupyterhub_cookie_secret",
-               "jupyterhub-proxy.pid", "hub.log")
+               "jupyterhub-proxy.pid", "hub.log", "gpulab_config.py", "ports.json")
 
 
 def private_state(data: Path) -> None:

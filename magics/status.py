@@ -47,7 +47,12 @@ def slice_status(env: dict[str, str]) -> str:
         if env.get("GPULAB_GPU_SIMULATED"):
             gpu += " (simulated: nothing enforced)"
     api = env.get("GPULAB_API_URL") or "not set (this server was not started by gpulab)"
-    status = f"GPU: {gpu}\nAPI: {api}"
+    status = f"GPU: {gpu}"
+    if milli and env.get("GPULAB_GPU_ENFORCEMENT"):
+        status += f"\nHeld by: {env['GPULAB_GPU_ENFORCEMENT']}"
+    if env.get("GPULAB_LIMITS"):
+        status += f"\nLimits: {env['GPULAB_LIMITS']}"
+    status += f"\nAPI: {api}"
     if env.get("GPULAB_DEMO_LOGIN") == "1":
         status += f"\n{DEMO_LOGIN_WARNING}"
     return status

@@ -21,11 +21,13 @@ def _demo_login_html() -> str:
             + rest.replace("--demo", '<code class="text-nowrap">--demo</code>'))
 
 
-def render_form(availability: dict, demo: bool | None = None) -> str:
+def render_form(availability: dict, demo: bool | None = None,
+                limits: dict[int, str] | None = None) -> str:
     """HTML for the hub's spawn page from the service's availability answer.
 
     ``demo`` (default: read from the hub's environment) puts the demo-login
-    warning on top.
+    warning on top; ``limits`` (slice milli -> "cgroup v1: 1 CPU, 2.7 GiB, ...")
+    says what each size's server is held to.
     """
     rows = []
     default = next((s["milli"] for s in availability["sizes"]
@@ -45,7 +47,10 @@ def render_form(availability: dict, demo: bool | None = None) -> str:
             f'<div class="radio{" disabled" if disabled else ""}">'
             f'<label for="{ident}"><input type="radio" name="gpu_milli" id="{ident}" '
             f'value="{milli}"{checked}{disabled}> <strong>{escape(s["label"])}</strong> '
-            f'<span class="text-muted gpulab-status">({status})</span></label></div>')
+            f'<span class="text-muted gpulab-status">({status})</span>'
+            + (f'<br><small class="text-muted gpulab-limits">{escape(limits[milli])}</small>'
+               if limits and milli in limits else "")
+            + '</label></div>')
     quota = availability.get("quota_milli")
     held = availability.get("held_milli", 0)
     note = (f"You hold {held} milli-GPU; your quota is {quota}." if quota is not None

@@ -77,7 +77,14 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
     async def _render_options_form(self, spawner):
         availability = await self._client().request(
             "GET", "/availability", query={"user": self.user.name})
-        return render_form(availability)
+        limits = None
+        if self._accounts().enabled:
+            inventory = await self._client().request("GET", "/inventory")
+            gpu_count = sum(len(n["gpus"]) for n in inventory["nodes"])
+            held = AccountLimits(config=self.config)
+            limits = {s["milli"]: held.cgroups().describe(held.limits(s["milli"], gpu_count))
+                      for s in availability["sizes"]}
+        return render_form(availability, limits=limits)
 
     def options_from_form(self, formdata):
         values = formdata.get("gpu_milli") or ["0"]

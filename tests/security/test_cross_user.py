@@ -32,7 +32,8 @@ pytestmark = [pytest.mark.slow,
 WAIT_S = 240  # a bound on a loaded 2-core machine, not a sleep
 ATTACKS = (Path(__file__).with_name("attacks.py")).read_text()
 SECRETS = ("admin-token", "service-token", "proxy-token", "admin-password",
-           "jupyterhub_cookie_secret", "jupyterhub.sqlite", "gpulab.sqlite")
+           "jupyterhub_cookie_secret", "jupyterhub.sqlite", "gpulab.sqlite", "gpulab_config.py",
+           "ports.json")
 
 
 @pytest.fixture(scope="module")
