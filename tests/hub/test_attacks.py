@@ -155,6 +155,16 @@ def test_undecodable_bodies_are_400_with_the_reason_on_every_route(hub, tokens, 
         assert message in error_of(r), (path, r.text)
 
 
+def test_nul_bytes_and_overlong_names_are_400(hub, tokens):
+    # PostgreSQL refuses NUL outright; on any database it names no row.
+    r = hub.gpulab("GET", "/jobs/a%00b", token=tokens["alice"])
+    assert r.status_code == 400 and "NUL" in error_of(r)
+    for owner in ("alice/\u0000", "x" * 300):
+        r = hub.gpulab("POST", "/allocations", json={"user": "alice", "owner_kind": "server",
+                                                     "owner": owner, "gpu_milli": 0})
+        assert r.status_code == 400 and "at most 255 characters" in error_of(r)
+
+
 def test_oversized_bodies_are_413_and_none_of_them_is_kept(hub, tokens):
     big = b'{"x": "' + b"a" * (2 << 20) + b'"}'
     for method, path, token in [("POST", "/allocations", None), ("POST", "/jobs", "alice"),
