@@ -247,6 +247,16 @@ class GpuLabService(Application):
         """,
     ).tag(config=True)
 
+    user_cpu_quota = Float(
+        0.0,
+        help="""CPU cores one user's CPU-only jobs and endpoints may hold at once (each of
+        their processes counts c.AccountLimits.cpu_floor cores, queued jobs included).
+        0: no CPU quota. GPU work is bounded by the milli-GPU quotas instead.
+
+        c.GpuLabService.user_cpu_quota = 8
+        """,
+    ).tag(config=True)
+
     max_user_deployments = Int(
         5,
         help="""Most deployments one user may have at once (failed ones count until stopped).

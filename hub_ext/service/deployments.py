@@ -29,6 +29,7 @@ from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
 from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 
+from .cpu_quota import over_cpu_quota
 from .model_archive import ArchiveRefused, unpack_model
 
 log = logging.getLogger("gpulab.service.deployments")
@@ -197,6 +198,10 @@ class DeploymentManager:
             dep["gpu_milli"] = parse_gpu_milli(body["gpu_milli"], tuple(self.service.slice_sizes))
         except SliceError as e:
             raise DeployRefused(400, str(e)) from None
+        if not dep["gpu_milli"]:
+            reason = over_cpu_quota(self.service, who.name, dep["replicas"])
+            if reason:
+                raise DeployRefused(403, reason)
         if self.store.find(who.name, name):
             raise DeployRefused(409, f"you already have a deployment {name!r}; stop it first "
                                      f"(%deploy --stop {name}) or pick another name")

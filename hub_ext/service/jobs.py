@@ -25,6 +25,7 @@ from gpulab.scheduler.queue import JobQueue, never_fits
 from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, parse_gpu_milli
 
 from .allreduce_results import record_from_job
+from .cpu_quota import over_cpu_quota
 
 log = logging.getLogger("gpulab.service.jobs")
 
@@ -133,6 +134,8 @@ class JobManager:
         total = spec.gpu_milli * spec.world_size
         groups = await self.service.groups_of(who.name)
         reason = never_fits(self.ledger.quotas, who.name, total, groups)
+        if not reason and not spec.gpu_milli:
+            reason = over_cpu_quota(self.service, who.name, spec.world_size)
         if reason:
             raise JobRefused(403, reason)
 
