@@ -101,7 +101,11 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
         """,
     ).tag(config=True)
 
+    #: Who the server runs as (per-user accounts), once started.
     account: Account | None = None
+    #: This server's cgroup under its account; unique per start, kept in the hub's
+    #: state so a restarted hub still removes it.
+    _unit: str = ""
 
     def _accounts(self) -> UserAccounts:
         return UserAccounts(config=self.config)
@@ -176,12 +180,9 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
             self._write_kernelspec()
             return await super().start()
         except BaseException:
+            await self._remove_group()
             await self._release()
             raise
-
-    #: This server's cgroup under its account; unique per start, kept in the hub's
-    #: state so a restarted hub still removes it.
-    _unit: str = ""
 
     def get_state(self):
         state = super().get_state()
@@ -209,26 +210,31 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
         group = await asyncio.get_running_loop().run_in_executor(
             None, lambda: limits.group(self.account.name, self._unit, milli, gpu_count,
                                        gpu_devices=devices))
-        self._base_cmd = getattr(self, "_base_cmd", None) or list(self.cmd)
-        argv, kwargs = list(self._base_cmd), self.account.popen_kwargs()
+        # What the operator configured, kept: each start builds on it afresh.
+        if not hasattr(self, "_configured"):
+            self._configured = (list(self.cmd), dict(self.popen_kwargs))
+        cmd, popen_kwargs = self._configured
+        argv, kwargs = list(cmd), self.account.popen_kwargs()
         if group is not None:
             argv, kwargs = group.launch(argv, **kwargs)
             self._slice["GPULAB_LIMITS"] = group.describe()
         self.cmd = argv
-        self.popen_kwargs = {**self.popen_kwargs, **kwargs, "cwd": self.account.home}
+        self.popen_kwargs = {**popen_kwargs, **kwargs, "cwd": self.account.home}
+
+    async def _remove_group(self) -> None:
+        accounts = self._accounts()
+        # After a hub restart this spawner never started: find the account again.
+        account = self.account or (accounts.lookup(self.user.name) if accounts.enabled else None)
+        if account is not None and self._unit:
+            limits = AccountLimits(config=self.config)
+            await asyncio.get_running_loop().run_in_executor(
+                None, limits.remove, account.name, self._unit)
 
     async def stop(self, now=False):
         try:
             await super().stop(now=now)
         finally:
-            accounts = self._accounts()
-            # After a hub restart this spawner never started: find the account again.
-            account = self.account or (accounts.lookup(self.user.name)
-                                       if accounts.enabled else None)
-            if account is not None and self._unit:
-                limits = AccountLimits(config=self.config)
-                await asyncio.get_running_loop().run_in_executor(
-                    None, limits.remove, account.name, self._unit)
+            await self._remove_group()
 
     def get_env(self):
         env = strip_enforcement_vars(super().get_env())
