@@ -92,7 +92,11 @@ def enforcement_text(uuids: list[str], per_gpu: int, mps_dir: str | None) -> str
     if per_gpu >= 1000:
         return "whole card: CUDA_VISIBLE_DEVICES and the device cgroup"
     if mps_dir:
-        return ("MPS: memory and SM share held by the MPS daemon for this client's "
-                "limits; CUDA_VISIBLE_DEVICES and the device cgroup hold the card")
+        # The limits travel in the client's environment, which the user's code can
+        # change before CUDA starts: advice-strength unless the operator also sets
+        # the daemon's defaults (set_default_device_pinned_mem_limit).
+        return ("MPS: memory and SM share set in the client's environment (code can "
+                "raise them unless the daemon's defaults are set); "
+                "CUDA_VISIBLE_DEVICES and the device cgroup hold the card")
     return ("PyTorch allocator limit: advice only (code can lift it); "
             "CUDA_VISIBLE_DEVICES and the device cgroup hold the card")
