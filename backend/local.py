@@ -7,7 +7,7 @@ writes torchrun's exit code to ``pids/node<N>.exit`` when it ends: a service tha
 re-attached (and so is not the parent) still learns how the job ended.
 ``launch.json`` holds the pids and process groups.
 
-With per-user accounts (:class:`gpulab.backend.accounts.UserAccounts`) the
+With per-user accounts (:class:`gpulab.enforcement.accounts.UserAccounts`) the
 agents and their ranks run as the job owner's account, with the owner's home,
 and write only the folders :meth:`JobDir.hand_over` gives them.
 
@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from .accounts import unreachable
+from gpulab.enforcement.accounts import unreachable
 from .base import Backend, JobStatus
 from .failures import parse_summary, root_cause
 from .render import render_node, torchrun_argv
@@ -74,11 +74,11 @@ class LocalBackend(Backend):
         self.real_gpus = real_gpus
         self.python = python
         self.home = home
-        #: :class:`~gpulab.backend.accounts.UserAccounts`, or None: run as the service.
+        #: :class:`~gpulab.enforcement.accounts.UserAccounts`, or None: run as the service.
         self.accounts = accounts if accounts is not None and accounts.enabled else None
         if self.accounts is not None:  # owners reach their own folder, nobody lists them
             os.chmod(jobs_root, 0o711)
-        #: :class:`~gpulab.backend.account_limits.AccountLimits` for each node's ranks.
+        #: :class:`~gpulab.enforcement.account_limits.AccountLimits` for each node's ranks.
         self.limits = limits if self.accounts is not None else None
         self.gpu_count = gpu_count
         self._children: dict[str, list[subprocess.Popen]] = {}
@@ -152,7 +152,7 @@ class LocalBackend(Backend):
             if self.real_gpus else []
         devices = None
         if real:
-            from .gpu_nodes import device_paths_for_uuids
+            from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
 
             devices = device_paths_for_uuids(real)
         return self.limits.group(account.name, f"job-{spec.id}-node{node}", spec.gpu_milli,

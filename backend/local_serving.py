@@ -44,11 +44,11 @@ class LocalServing(DeploymentDirs):
         super().__init__(root)
         self.real_gpus = real_gpus
         self.python = python
-        #: :class:`~gpulab.backend.accounts.UserAccounts`, or None: run as the service.
+        #: :class:`~gpulab.enforcement.accounts.UserAccounts`, or None: run as the service.
         self.accounts = accounts if accounts is not None and accounts.enabled else None
         if self.accounts is not None:  # owners reach their own folder, nobody lists them
             os.chmod(root, 0o711)
-        #: :class:`~gpulab.backend.account_limits.AccountLimits` for each replica.
+        #: :class:`~gpulab.enforcement.account_limits.AccountLimits` for each replica.
         self.limits = limits if self.accounts is not None else None
         self.gpu_count = gpu_count
         self._children: dict[tuple[str, int], subprocess.Popen] = {}
@@ -85,7 +85,7 @@ class LocalServing(DeploymentDirs):
             if self.limits is not None:
                 devices = None
                 if self.real_gpus and gpu_uuid:
-                    from .gpu_nodes import device_paths_for_uuids
+                    from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
 
                     devices = device_paths_for_uuids([gpu_uuid])
                 group = self.limits.group(account.name, f"deploy-{dep_id}-r{replica}",

@@ -26,7 +26,10 @@ import fsspec
 
 import gpulab.cache as cache
 from gpulab.cache import CachedDataset
-from gpulab.cache.testing import ShardServer, write_shards
+
+# The shard server is a test helper (it injects faults); it is not shipped.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from support.shard_server import ShardServer, write_shards  # noqa: E402
 
 
 def timed_epoch(read_all) -> tuple[float, int]:

@@ -59,7 +59,7 @@ def ensure_gpulab_importable() -> None:
     """On a bare checkout (no ``pip install -e .``), map ``gpulab`` to the repository
     for this process and its children, through a symlink on ``PYTHONPATH``."""
     try:
-        import gpulab.backend.limits  # noqa: F401
+        import gpulab.enforcement.limits  # noqa: F401
         return
     except ImportError:
         pass
@@ -360,8 +360,8 @@ def _in_group(group, argv: list[str], clock: Clock, env: dict) -> dict | str:
 
 
 def check_device_cgroup(gpus: list[Gpu], clock: Clock) -> list[Row]:
-    from gpulab.backend.cgroups import Cgroups
-    from gpulab.backend.limits import Limits
+    from gpulab.enforcement.cgroups import Cgroups
+    from gpulab.enforcement.limits import Limits
 
     hides, none = "device cgroup hides other cards", "device cgroup: a group without GPU opens no card"
     cg = Cgroups.detect()
@@ -543,8 +543,8 @@ def gpu_processes(gpu: Gpu) -> dict[int, int]:
 
 
 def check_replica(gpus: list[Gpu], clock: Clock, cpu: bool = False) -> Row:
-    from gpulab.backend.cgroups import Cgroups
-    from gpulab.backend.limits import GIB, limits_for_slice
+    from gpulab.enforcement.cgroups import Cgroups
+    from gpulab.enforcement.limits import GIB, limits_for_slice
 
     name = "replica on a 1/4 slice (OIP v2 infer)"
     tmp = tempfile.mkdtemp(prefix="gpulab-check-")

@@ -142,7 +142,7 @@ def configure(c, s: Settings) -> None:
     services = [{
         "name": SERVICE_NAME,
         "url": f"http://127.0.0.1:{s.service_port}",
-        "command": [sys.executable, "-m", "gpulab.hub_ext.service"],
+        "command": [sys.executable, "-m", "gpulab.service"],
         "api_token": service_token,
         "environment": service_env,
         "display": True,

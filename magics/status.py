@@ -68,12 +68,12 @@ class GpuLabMagics(Magics):
             print(HELP)
             return
         if command in ("dashboard", "nettest"):
-            from . import dashboard
+            from . import dashboard, nettest
 
             if command == "dashboard":
                 dashboard.dashboard(rest)
             else:
-                dashboard.nettest(rest)
+                nettest.nettest(rest)
             return
         if line.strip():
             print(f"unknown %gpulab command {line.strip()!r}\n\n{HELP}")

@@ -21,7 +21,7 @@ import numpy as np
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Engine
 
-from .db import allocations, lock_for_write, utcnow, writer
+from gpulab.db.engine import allocations, lock_for_write, utcnow, writer
 from .inventory import Gpu
 from .policy import Cluster, PlacementPolicy, Request
 from .quota import Quotas

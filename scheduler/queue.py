@@ -21,8 +21,8 @@ from typing import Callable, Mapping
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Engine
 
-from .db import utcnow
-from .jobs_db import TERMINAL, jobs
+from gpulab.db.engine import utcnow
+from gpulab.db.jobs import TERMINAL, jobs
 from .ledger import Ledger, NoCapacity
 from .quota import QuotaExceeded, Quotas
 

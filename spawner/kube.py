@@ -24,11 +24,11 @@ from traitlets import Dict, Unicode, default, validate
 
 from gpulab.scheduler.slices import SliceError, label, parse_gpu_milli
 
-from .enforcement import strip_enforcement_vars
-from .kube_enforcement import (EnforcementError, GpuSlice, SlicePatch, backend_names,
+from gpulab.enforcement.slice_env import strip_enforcement_vars
+from gpulab.enforcement.kube import (EnforcementError, GpuSlice, SlicePatch, backend_names,
                                check_backend, pod_slice_patch)
-from .kube_enforcement.base import without_gpu_annotations, without_gpu_resources
-from .kube_enforcement.kueue import queue_patch
+from gpulab.enforcement.kube.base import without_gpu_annotations, without_gpu_resources
+from gpulab.enforcement.kube.kueue import queue_patch
 from .local import parse_user_options
 from .service_traits import GpuLabServiceMixin
 

@@ -8,7 +8,7 @@ server) give the slice back.
 
 When the hub runs as root (and ``c.UserAccounts.enabled``, the default then),
 each user's server runs as a Unix account of their own (``gpulab-<name>``,
-created on first spawn, see :mod:`gpulab.backend.accounts`) with a ``0700``
+created on first spawn, see :mod:`gpulab.enforcement.accounts`) with a ``0700``
 home: kernels, terminals and everything they start cannot read or signal
 another user's. Otherwise servers run as the hub's own account, like
 JupyterHub's ``SimpleLocalProcessSpawner``: fine for one person's workstation.
@@ -26,12 +26,12 @@ from jupyterhub.spawner import SimpleLocalProcessSpawner
 from tornado import web
 from traitlets import Unicode, default
 
-from gpulab.backend.account_limits import AccountLimits
-from gpulab.backend.accounts import Account, UserAccounts, unreachable
-from gpulab.backend.gpu_nodes import device_paths_for_uuids
+from gpulab.enforcement.account_limits import AccountLimits
+from gpulab.enforcement.accounts import Account, UserAccounts, unreachable
+from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
 from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 
-from .enforcement import mps_pipe_directory, slice_env, strip_enforcement_vars
+from gpulab.enforcement.slice_env import mps_pipe_directory, slice_env, strip_enforcement_vars
 from .form import render_form
 from .service_traits import GpuLabServiceMixin
 

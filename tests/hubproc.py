@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from gpulab.backend.accounts import UserAccounts, unix_name
+from gpulab.enforcement.accounts import UserAccounts, unix_name
 
 GPULAB = str(Path(sys.executable).with_name("gpulab"))
 
@@ -94,7 +94,7 @@ class RunningHub:
     def service_pid(self) -> int | None:
         for p in psutil.Process(self.proc.pid).children(recursive=True):
             try:
-                if "gpulab.hub_ext.service" in " ".join(p.cmdline()):
+                if "gpulab.service" in " ".join(p.cmdline()):
                     return p.pid
             except psutil.NoSuchProcess:
                 pass

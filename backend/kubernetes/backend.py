@@ -38,7 +38,7 @@ class KubernetesBackend(Backend, ApiClientHolder):
     ``options`` says where job directories live on the cluster (the PVC) and
     how jobs queue; ``pod_patch_for(spec, allocations)`` returns the pod patch
     holding a node's slice (the service builds it from
-    ``gpulab.spawner.kube_enforcement``), or None for none. ``use_jobset`` is
+    ``gpulab.enforcement.kube``), or None for none. ``use_jobset`` is
     ``"auto"`` (when the CRD is installed), ``True`` or ``False``.
     """
 

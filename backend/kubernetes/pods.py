@@ -80,7 +80,7 @@ class JobOptions:
     ``jobs_root`` is the service's jobs directory, which ``jobs_pvc`` holds and
     every pod mounts at the same path. ``labels`` go on the Job and its pods
     (e.g. Kueue's ``kueue.x-k8s.io/queue-name``); ``pod_patch`` returns a pod
-    template holding the slice (from ``gpulab.spawner.kube_enforcement``).
+    template holding the slice (from ``gpulab.enforcement.kube``).
     """
 
     jobs_root: str

@@ -37,7 +37,7 @@ class KubernetesServing(DeploymentDirs, ApiClientHolder):
     """An endpoint's replicas as a Deployment behind a Service in one namespace.
 
     ``pod_patch_for(dep, rows)`` returns the pod patch holding the replicas'
-    slice (the service builds it from ``gpulab.spawner.kube_enforcement`` and the
+    slice (the service builds it from ``gpulab.enforcement.kube`` and the
     ledger rows), or None for none; ``labels`` go on the Deployment, the Service
     and the pods (e.g. Kueue's queue label).
     """

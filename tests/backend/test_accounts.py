@@ -12,7 +12,7 @@ import uuid
 import pytest
 from hubproc import let_accounts_reach
 
-from gpulab.backend.accounts import MAX_NAME, UserAccounts, unix_name, unreachable
+from gpulab.enforcement.accounts import MAX_NAME, UserAccounts, unix_name, unreachable
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="creating accounts needs root")
 

@@ -15,22 +15,22 @@ import uuid
 
 import pytest
 
-from gpulab.backend.cgroups import (
+from gpulab.enforcement.cgroups import (
     Cgroups,
     cgroup_dir,
     group_path,
     parse_cgroup_mounts,
     parse_proc_cgroup,
 )
-from gpulab.backend.cgroups_systemd import (
+from gpulab.enforcement.cgroups_systemd import (
     SystemdCgroups,
     SystemdGroup,
     systemd_properties,
     systemd_units,
     unit_escape,
 )
-from gpulab.backend.gpu_nodes import DeviceNode
-from gpulab.backend.limits import GIB, MIB, Limits
+from gpulab.enforcement.gpu_nodes import DeviceNode
+from gpulab.enforcement.limits import GIB, MIB, Limits
 
 # -- pure -----------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpulab.backend.gpu_nodes import (
+from gpulab.enforcement.gpu_nodes import (
     DeviceNode,
     denied_nodes,
     mig_access_minors,
@@ -10,7 +10,7 @@ from gpulab.backend.gpu_nodes import (
     parse_mig_minors,
     parse_proc_devices,
 )
-from gpulab.backend.limits import (
+from gpulab.enforcement.limits import (
     GIB,
     MIB,
     Limits,

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from gpulab.cache.testing import ShardServer, write_shards
+from support.shard_server import ShardServer, write_shards
 
 from cache_helpers import SHARD_BYTES
 

@@ -90,7 +90,7 @@ def test_a_flaky_store_is_retried(server, shards, cache_dir):
 
 @pytest.mark.timeout(60)
 def test_two_processes_reading_the_same_shard_both_get_intact_bytes(tmp_path, cache_dir):
-    from gpulab.cache.testing import ShardServer, write_shards
+    from support.shard_server import ShardServer, write_shards
 
     directory = tmp_path / "big"
     (name,) = write_shards(str(directory), 1, 8 * 2**20)

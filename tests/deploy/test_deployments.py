@@ -280,7 +280,7 @@ def test_a_replica_that_keeps_crashing_fails_the_deployment_and_frees_its_slice(
     after MAX_CRASHES the deployment fails with the log's last lines and gives its slice back."""
     import shutil
 
-    from gpulab.hub_ext.service.deployments import MAX_CRASHES
+    from gpulab.service.deployments import MAX_CRASHES
 
     path, _ = model_dir
     broken = tmp_path / "broken"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from gpulab.scheduler import jobs_db  # noqa: F401 - registers the table before make_engine
-from gpulab.scheduler.db import make_engine
+from gpulab.db import jobs as jobs_db  # noqa: F401 - registers the table before make_engine
+from gpulab.db.engine import make_engine
 from gpulab.scheduler.inventory import parse_simulated
 from gpulab.scheduler.ledger import Ledger
 from gpulab.scheduler.policy import get_policy

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from traitlets.config import Config
 
-from gpulab.hub_ext.service.app import GpuLabService
+from gpulab.service.app import GpuLabService
 from gpulab.backend.kubernetes.serving import KubernetesServing
-from gpulab.hub_ext.service.deployments import DeploymentManager
-from gpulab.hub_ext.service.jobs import JobManager
-from gpulab.hub_ext.service.kube_jobs import kubernetes_backend
+from gpulab.service.deployments import DeploymentManager
+from gpulab.service.jobs import JobManager
+from gpulab.service.kube_jobs import kubernetes_backend
 from gpulab.spawner.kube import FractionalKubeSpawner
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "gpulab"

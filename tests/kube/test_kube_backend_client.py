@@ -14,7 +14,7 @@ from fake_apiserver import FakeApiServer
 from gpulab.backend.kubernetes import JobOptions, job_objects, make_jobset
 from gpulab.backend.kubernetes.backend import KubernetesBackend
 from gpulab.backend.spec import JobSpec, SpecError
-from gpulab.spawner.kube_enforcement import GpuSlice, apply_to_pod, pod_slice_patch
+from gpulab.enforcement.kube import GpuSlice, apply_to_pod, pod_slice_patch
 
 NS = "gpulab"
 JOBS = "/apis/batch/v1/namespaces/gpulab/jobs"

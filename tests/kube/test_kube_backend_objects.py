@@ -6,7 +6,7 @@ custom resources kubernetes-validate has no schema for: their own fields are
 checked against ``crd_schemas`` (written from the CRDs' documentation), and the
 Job and pod templates inside them with kubernetes-validate, wrapped in a Job
 or a Pod. The slices come from the real enforcement backends
-(``gpulab.spawner.kube_enforcement``), composed here as the service composes them.
+(``gpulab.enforcement.kube``), composed here as the service composes them.
 """
 
 import ast
@@ -28,8 +28,8 @@ from gpulab.backend.kubernetes.job import rdzv_host
 from gpulab.backend.kubernetes.jobset import jobset_rdzv_host
 from gpulab.backend.kubernetes.pods import INDEX_ANNOTATION, NODE_WRAPPER
 from gpulab.backend.spec import JobSpec, SpecError
-from gpulab.spawner.kube_enforcement import GpuSlice, apply_to_pod, pod_slice_patch
-from gpulab.spawner.kube_enforcement.kueue import queue_patch
+from gpulab.enforcement.kube import GpuSlice, apply_to_pod, pod_slice_patch
+from gpulab.enforcement.kube.kueue import queue_patch
 
 JOBS = "/srv/gpulab/jobs"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from kube_helpers import validate_strict
 
-from gpulab.spawner.kube_enforcement import (EnforcementError, GpuSlice, apply_to_pod,
+from gpulab.enforcement.kube import (EnforcementError, GpuSlice, apply_to_pod,
                                              backend_names, pod_slice_patch)
-from gpulab.spawner.kube_enforcement.kueue import queue_patch
-from gpulab.spawner.kube_enforcement.mig_profiles import card_key, snap
+from gpulab.enforcement.kube.kueue import queue_patch
+from gpulab.enforcement.kube.mig_profiles import card_key, snap
 
 H100 = 81559  # MiB, as GPU Feature Discovery reports an H100 80GB
 QUARTER = GpuSlice.of(250, H100, "NVIDIA-H100-80GB-HBM3", node="gpu-1",

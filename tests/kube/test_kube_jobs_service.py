@@ -8,7 +8,7 @@ import pytest
 from kube_helpers import validate_strict
 
 from gpulab.backend.spec import JobSpec, SpecError
-from gpulab.hub_ext.service.kube_jobs import kubernetes_backend
+from gpulab.service.kube_jobs import kubernetes_backend
 from gpulab.scheduler.inventory import Gpu
 
 JOBS = "/srv/gpulab/jobs"

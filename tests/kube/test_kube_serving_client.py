@@ -20,7 +20,7 @@ from kube_helpers import validate_strict
 
 from gpulab.backend.kubernetes.deploy import TOKEN_ENV, make_deployment
 from gpulab.backend.kubernetes.serving import KubernetesServing
-from gpulab.spawner.kube_enforcement import GpuSlice, apply_to_pod, pod_slice_patch
+from gpulab.enforcement.kube import GpuSlice, apply_to_pod, pod_slice_patch
 
 NS = "gpulab"
 SECRETS = "/api/v1/namespaces/gpulab/secrets"

@@ -41,7 +41,7 @@ TIMEOUT = float(os.environ.get("GPULAB_TEST_TIMEOUT", "300"))
 
 
 def the_slice():
-    from gpulab.spawner.kube_enforcement import GpuSlice, pod_slice_patch
+    from gpulab.enforcement.kube import GpuSlice, pod_slice_patch
 
     if not BACKEND:
         return 0, pod_slice_patch("hami", GpuSlice(0))
@@ -51,7 +51,7 @@ def the_slice():
 
 
 def pod_template(name: str, command: list[str], labels: dict | None = None) -> dict:
-    from gpulab.spawner.kube_enforcement import apply_to_pod
+    from gpulab.enforcement.kube import apply_to_pod
 
     _, patch = the_slice()
     template = {
@@ -99,7 +99,7 @@ async def test_spawn_notebook_pod(api, namespace):
     from kubespawner.objects import make_pod
 
     from gpulab.spawner.kube import patch_pod_model
-    from gpulab.spawner.kube_enforcement.kueue import queue_patch
+    from gpulab.enforcement.kube.kueue import queue_patch
 
     milli, patch = the_slice()
     pod = make_pod(name="jupyter-gpulab-test", cmd=["python", "-m", "http.server", "8888"],
@@ -119,7 +119,7 @@ async def test_spawn_notebook_pod(api, namespace):
 
 
 async def test_job_runs_to_completion(api, namespace):
-    from gpulab.spawner.kube_enforcement.kueue import queue_patch
+    from gpulab.enforcement.kube.kueue import queue_patch
 
     queueing = queue_patch("job", os.environ.get("GPULAB_TEST_KUEUE_QUEUE"), None)
     template = pod_template("job", ["python", "-c",
@@ -196,7 +196,7 @@ JOBS_PVC = "gpulab-jobs"
 def stand_in(command: list[str] | None = None, keep_args=("--rdzv-endpoint=", "--rdzv-conf=",
                                                         "--local-addr=")):
     """A pod patch: the slice, and the container's torchrun swapped for the stand-in."""
-    from gpulab.spawner.kube_enforcement import apply_to_pod
+    from gpulab.enforcement.kube import apply_to_pod
 
     _, patch = the_slice()
 
@@ -234,7 +234,7 @@ async def test_backend_job_pods_rendezvous_by_name(api, namespace, jobs_pvc, tmp
     from gpulab.backend.kubernetes import JobOptions
     from gpulab.backend.kubernetes.backend import KubernetesBackend
     from gpulab.backend.spec import JobSpec
-    from gpulab.spawner.kube_enforcement.kueue import queue_patch
+    from gpulab.enforcement.kube.kueue import queue_patch
 
     # The service's view of the job directory is a local folder here (it gets only
     # launch.json); the pods mount the claim at the same path, as in a real install.

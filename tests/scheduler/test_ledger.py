@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpulab.scheduler.db import make_engine
+from gpulab.db.engine import make_engine
 from gpulab.scheduler.inventory import parse_simulated
 from gpulab.scheduler.ledger import Ledger, NoCapacity, OwnerConflict
 from gpulab.scheduler.policy import get_policy
@@ -95,7 +95,7 @@ def test_two_processes_share_one_database(db_url, tmp_path):
     """Separate service processes on one database still never oversubscribe."""
     script = textwrap.dedent(f"""
         import sys
-        from gpulab.scheduler.db import make_engine
+        from gpulab.db.engine import make_engine
         from gpulab.scheduler.inventory import parse_simulated
         from gpulab.scheduler.ledger import Ledger, NoCapacity
         from gpulab.scheduler.policy import get_policy

@@ -23,7 +23,7 @@ import torch
 from hubproc import RunningHub
 from kernelexec import run_in_kernel
 
-from gpulab.backend.accounts import unix_name
+from gpulab.enforcement.accounts import unix_name
 from gpulab.client import Client
 from gpulab.serving.export import export_model
 

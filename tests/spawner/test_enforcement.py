@@ -7,7 +7,7 @@ from outside can widen it.
 
 import os
 
-from gpulab.spawner.enforcement import mps_pipe_directory, slice_env, strip_enforcement_vars
+from gpulab.enforcement.slice_env import mps_pipe_directory, slice_env, strip_enforcement_vars
 from gpulab.spawner.local import parse_user_options
 
 QUARTER = [{"gpu_uuid": "GPU-1111", "milli": 250, "memory_mib": 20480}]

@@ -1,9 +1,9 @@
 """What a user is told about their slice's enforcement and limits: the spawn
 form per size, ``%gpulab`` in the server, both from the same figures."""
 
-from gpulab.backend.account_limits import AccountLimits
+from gpulab.enforcement.account_limits import AccountLimits
 from gpulab.magics.status import slice_status
-from gpulab.spawner.enforcement import slice_env
+from gpulab.enforcement.slice_env import slice_env
 from gpulab.spawner.form import render_form
 
 GIB = 2**30

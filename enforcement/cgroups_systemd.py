@@ -1,6 +1,6 @@
 """Groups as systemd transient scopes, started by ``systemd-run --scope`` (as systemdspawner does).
 
-See ``gpulab.backend.cgroups`` for the mechanisms and how to use a group.
+See ``gpulab.enforcement.cgroups`` for the mechanisms and how to use a group.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ move out of it or raise its limits.
 
 Integration (the spawner, the local job and serving backends)::
 
-    from gpulab.backend.cgroups import Cgroups
-    from gpulab.backend.limits import limits_for_slice
+    from gpulab.enforcement.cgroups import Cgroups
+    from gpulab.enforcement.limits import limits_for_slice
 
     CGROUPS = Cgroups.detect()                      # once per process
     limits = limits_for_slice(250, cpu_per_gpu=8, memory_per_gpu=64 * 2**30,

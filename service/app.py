@@ -1,6 +1,6 @@
 """The gpulab service: a JupyterHub-managed tornado app holding the ledger.
 
-The hub starts it (``python -m gpulab.hub_ext.service``) with the usual
+The hub starts it (``python -m gpulab.service``) with the usual
 ``JUPYTERHUB_*`` variables and restarts it if it dies. Settings come from
 ``<data-dir>/gpulab_config.py``, the same file that overrides the hub's
 configuration, e.g.::
@@ -28,9 +28,9 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 from traitlets.config import Application
 
-from gpulab.backend.account_limits import AccountLimits
-from gpulab.backend.accounts import UserAccounts
-from gpulab.scheduler.db import make_engine, utcnow
+from gpulab.enforcement.account_limits import AccountLimits
+from gpulab.enforcement.accounts import UserAccounts
+from gpulab.db.engine import make_engine, utcnow
 from gpulab.scheduler.inventory import Gpu, load_inventory
 from gpulab.scheduler.ledger import Ledger
 from gpulab.scheduler.policy import get_policy
@@ -193,7 +193,7 @@ class GpuLabService(Application):
 
     kubernetes_jobs = Dict(
         help="""Run jobs submitted with backend "kubernetes" as Indexed Jobs (JobSets where
-        installed) in this namespace; see gpulab.hub_ext.service.kube_jobs for every key.
+        installed) in this namespace; see gpulab.service.kube_jobs for every key.
 
         c.GpuLabService.kubernetes_jobs = {"namespace": "gpulab", "jobs_pvc": "gpulab-jobs",
                                            "enforcement": "hami", "queue": "gpulab-jobs"}
@@ -203,7 +203,7 @@ class GpuLabService(Application):
     kubernetes_deployments = Dict(
         help="""Run `%deploy` endpoints as a Deployment + Service each in this namespace
         (instead of processes on the service's machine); see
-        gpulab.hub_ext.service.kube_serving for every key.
+        gpulab.service.kube_serving for every key.
 
         c.GpuLabService.kubernetes_deployments = {"namespace": "gpulab",
             "models_pvc": "gpulab-models", "image": "example.org/gpulab:1", "enforcement": "hami"}

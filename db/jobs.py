@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import Column, DateTime, Index, Integer, String, Table, Text
 
-from .db import metadata
+from .engine import metadata
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")

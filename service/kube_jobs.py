@@ -24,8 +24,8 @@ from __future__ import annotations
 from gpulab.backend.kubernetes.backend import KubernetesBackend
 from gpulab.backend.kubernetes.pods import JobOptions
 from gpulab.backend.spec import JobSpec, SpecError
-from gpulab.spawner.kube_enforcement import GpuSlice, apply_to_pod, check_backend, pod_slice_patch
-from gpulab.spawner.kube_enforcement.kueue import queue_patch
+from gpulab.enforcement.kube import GpuSlice, apply_to_pod, check_backend, pod_slice_patch
+from gpulab.enforcement.kube.kueue import queue_patch
 
 KEYS = {"namespace", "jobs_pvc", "enforcement", "enforcement_options", "queue", "priority",
         "priority_class", "use_jobset", "kubeconfig", "rdzv_port"}

@@ -14,7 +14,7 @@ from tornado.iostream import StreamClosedError
 
 from gpulab.backend.jobdir import LogTail
 from gpulab.backend.spec import MAX_CODE_BYTES
-from gpulab.scheduler.jobs_db import STATES, TERMINAL
+from gpulab.db.jobs import STATES, TERMINAL
 
 from .auth import APIHandler
 from .jobs import JobManager, JobRefused

@@ -15,7 +15,7 @@ from sqlalchemy import (Boolean, Column, DateTime, Float, Index, Integer, String
                         UniqueConstraint, delete, insert, select, update)
 from sqlalchemy.engine import Engine
 
-from .db import metadata, utcnow
+from .engine import metadata, utcnow
 
 # "starting": replicas launched, not all ready yet; "running": every replica
 # answers ready; "degraded": some replica is down and being restarted;

@@ -24,7 +24,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpulab.backend.local_serving import LocalServing
-from gpulab.scheduler.deployments_db import DeploymentStore, NameTaken
+from gpulab.db.deployments import DeploymentStore, NameTaken
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
 from gpulab.scheduler.slices import SliceError, parse_gpu_milli

@@ -5,7 +5,7 @@ A slice of GPU brings its share of the host with it: ``cpu_per_gpu`` cores and
 below a floor (a server without a GPU gets the floor). The GPU device nodes it
 may open are the slice's own; every other card's node is denied.
 
-``Limits`` says what to hold a process group to; ``gpulab.backend.cgroups``
+``Limits`` says what to hold a process group to; ``gpulab.enforcement.cgroups``
 applies it. ``None`` in a field means "not limited"; ``devices=()`` means "no
 GPU device at all", which is different from ``devices=None`` ("leave devices
 alone", e.g. on simulated GPUs).

@@ -9,7 +9,7 @@ the host's cores. Each such process counts the cores its cgroup gets
 
 from __future__ import annotations
 
-from gpulab.scheduler.jobs_db import TERMINAL
+from gpulab.db.jobs import TERMINAL
 
 
 def cpu_held(service, user: str) -> float:

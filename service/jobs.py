@@ -19,8 +19,8 @@ import uuid
 from gpulab.backend.base import Backend
 from gpulab.backend.local import LocalBackend
 from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
-from gpulab.scheduler import jobs_db  # noqa: F401 - registers the jobs table
-from gpulab.scheduler.jobs_db import TERMINAL
+from gpulab.db import jobs as jobs_db  # noqa: F401 - registers the jobs table
+from gpulab.db.jobs import TERMINAL
 from gpulab.scheduler.queue import JobQueue, never_fits
 from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, parse_gpu_milli
 

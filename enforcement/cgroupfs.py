@@ -1,6 +1,6 @@
 """Groups as directories of the cgroup filesystem: cgroup v1 (one per controller) and v2.
 
-See ``gpulab.backend.cgroups`` for the mechanisms and how to use a group.
+See ``gpulab.enforcement.cgroups`` for the mechanisms and how to use a group.
 """
 
 from __future__ import annotations

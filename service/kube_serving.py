@@ -21,7 +21,7 @@ replica, so quotas and the cluster's free slices count them.
 from __future__ import annotations
 
 from gpulab.backend.kubernetes.serving import KubernetesServing
-from gpulab.spawner.kube_enforcement.kueue import queue_patch
+from gpulab.enforcement.kube.kueue import queue_patch
 
 from .kube_jobs import check_settings, slice_pod_patch
 

@@ -3,7 +3,7 @@ node (torchrun and its ranks) or a model replica.
 
 Proportional to the slice (``cpu_per_gpu``, ``memory_per_gpu``; by default
 the host divided among its GPUs), never below the floors, held by the host's
-own mechanism (:mod:`gpulab.backend.cgroups`: systemd, cgroup v2 or v1). A
+own mechanism (:mod:`gpulab.enforcement.cgroups`: systemd, cgroup v2 or v1). A
 slice on real GPUs also gets a device rule: only its own cards. Settings, in
 ``<data-dir>/gpulab_config.py`` (the hub and the service both read them)::
 

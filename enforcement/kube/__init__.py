@@ -1,6 +1,6 @@
 """Slice enforcement on Kubernetes: one module per backend, pure functions.
 
-    from gpulab.spawner.kube_enforcement import GpuSlice, pod_slice_patch, apply_to_pod
+    from gpulab.enforcement.kube import GpuSlice, pod_slice_patch, apply_to_pod
 
     patch = pod_slice_patch("mig", GpuSlice.of(250, 81920, "H100-80GB", node="gpu-1"))
     pod = apply_to_pod(pod, patch)  # a Pod or a pod template, as a dict
@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from types import ModuleType
 
-from gpulab.spawner.enforcement import strip_enforcement_vars
+from gpulab.enforcement.slice_env import strip_enforcement_vars
 
 from . import hami, kai, mig, mps, nvml_cgroup, timeslice, volcano
 from .base import (EnforcementError, GpuSlice, SlicePatch, check_options, no_gpu_patch,
