@@ -11,7 +11,7 @@ GPUS    ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo 2xA100-80GB)
 ARGS    ?=
 PYTEST_ARGS ?=
 
-.PHONY: up test deps venv-base reach system-deps bench-deps gpu-check clean
+.PHONY: up test lint deps venv-base reach system-deps bench-deps gpu-check clean
 
 # Debian packages the tests drive for real: Chromium (browser tests), PostgreSQL
 # (database option), iproute2 (network namespaces), curl (the %deploy notebook
@@ -71,7 +71,11 @@ reach:
 	  done; \
 	fi
 
-test: system-deps deps reach
+# Lint and format check (settings: pyproject.toml's [tool.ruff]); `make test` runs it first.
+lint: venv-base $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+test: system-deps deps reach lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench-deps: deps

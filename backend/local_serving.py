@@ -1,174 +1,202 @@
-"""Model-server replicas as processes on this machine (the embedded default).
+"""Model endpoints as processes on this machine (the embedded default): the serving
+backend that keeps its replicas running itself.
 
-Each replica is ``python -m gpulab.serving.server`` in a session of its own
-(``start_new_session``), so it outlives a restart of the service, which then
-finds it again by its pid and the deployment directory in its command line.
-A deployment's directory holds::
-
-    model/            model.pt2 + model.json (gpulab.serving.export)
-    token             the secret the replicas want in ``Authorization: Bearer``
-    replica<N>.json   {"pid", "port", "started"} of the replica's latest process
-    logs/replica<N>.log
-
-The replicas listen on 127.0.0.1 only, behind the service's authenticated
-endpoint; the token keeps other processes of the host out as well.
-
-With per-user accounts the replicas run as the owner's account: the directory
-is ``root:<owner's group> 0750``, the model readable by that group, and the
-token and logs root's alone (a replica gets its token in its environment,
-which only its own account can read).
+:class:`LocalServing` starts and kills replicas through :class:`~.local_replicas.LocalReplicas`
+and supervises them on every :meth:`~LocalServing.check`: a replica whose process is
+gone is started again (on a new port); one that dies ``MAX_CRASHES`` times within
+``CRASH_WINDOW_S`` fails its deployment. A replica counts as ready once its
+``/v2/health/ready`` answers 200; calls then go to the ready ones in turn.
+After a restart of the service the replicas are found again by pid
+(:meth:`~LocalServing.adopt`, then the next check).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import os
-import signal
-import subprocess
-import sys
 import time
+from dataclasses import dataclass, field
 
-from .deployment_dir import DeploymentDirs
-from .local import PASS_ENV, _alive, free_port
+import aiohttp
+
+from .local_replicas import LocalReplicas
+from .serving_base import Health, ServingBackend
+
+log = logging.getLogger("gpulab.backend.local_serving")
+
+#: A replica that dies this many times within CRASH_WINDOW_S fails its deployment.
+MAX_CRASHES = 5
+CRASH_WINDOW_S = 300.0
+PROBE_TIMEOUT_S = 2.0
 
 
-class LocalServing(DeploymentDirs):
+@dataclass
+class Replica:
+    gpu_uuid: str | None = None  # the card of its slice, or None for none
+    port: int | None = None  # set while it answers ready
+    crashes: list[float] = field(default_factory=list)  # monotonic times it died
+
+
+@dataclass
+class Served:
+    """What this process knows of one deployment's replicas."""
+
+    replicas: list[Replica]
+    token: str | None = None
+    cursor: int = 0  # round robin over the ready replicas
+
+
+class LocalServing(LocalReplicas, ServingBackend):
     name = "local"
-    #: The service's deployment manager restarts replicas that die (on Kubernetes,
-    #: the Deployment controller does).
-    managed_restarts = False
+    restarts_replicas = False  # check() does
 
-    def __init__(self, root: str, real_gpus: bool = False, python: str = sys.executable,
-                 accounts=None, limits=None, gpu_count: int = 0):
-        super().__init__(root)
-        self.real_gpus = real_gpus
-        self.python = python
-        #: :class:`~gpulab.enforcement.accounts.UserAccounts`, or None: run as the service.
-        self.accounts = accounts if accounts is not None and accounts.enabled else None
-        if self.accounts is not None:  # owners reach their own folder, nobody lists them
-            os.chmod(root, 0o711)
-        #: :class:`~gpulab.enforcement.account_limits.AccountLimits` for each replica.
-        self.limits = limits if self.accounts is not None else None
-        self.gpu_count = gpu_count
-        self._children: dict[tuple[str, int], subprocess.Popen] = {}
+    def __init__(self, root: str, **kwargs):
+        super().__init__(root, **kwargs)
+        self._served: dict[str, Served] = {}
+        self._session: aiohttp.ClientSession | None = None
 
-    # -- the directory -----------------------------------------------------------
-    def prepare(self, dep_id: str) -> str:
-        os.makedirs(self.path(dep_id, "logs"), exist_ok=True)
-        return super().prepare(dep_id)
+    def _state(self, dep: dict, rows: list[dict] | None = None) -> Served:
+        served = self._served.get(dep["id"])
+        if served is None:
+            served = self._served[dep["id"]] = Served([Replica() for _ in range(dep["replicas"])])
+        for row in rows or ():
+            replica = int(row["owner"].rsplit("/", 1)[1])
+            if replica < len(served.replicas):
+                served.replicas[replica].gpu_uuid = row["gpu_uuid"]
+        return served
 
-    def _hand_over(self, dep_id: str, gid: int) -> None:
-        """Let the owner's account (group ``gid``) read the model, and nobody else."""
-        model = self.model_dir(dep_id)
-        for name in os.listdir(model):
-            if os.path.isfile(os.path.join(model, name)):
-                os.chown(os.path.join(model, name), 0, gid)
-                os.chmod(os.path.join(model, name), 0o640)
-        for path in (model, self.path(dep_id)):
-            os.chown(path, 0, gid)
-            os.chmod(path, 0o750)
+    # -- launching -----------------------------------------------------------------
+    async def launch(self, dep: dict, rows: list[dict]) -> None:
+        self._state(dep, rows)
+        for r in range(dep["replicas"]):
+            try:
+                self._start(dep, r)
+            except OSError:  # the next check launches it again
+                log.exception("Launching replica %d of %s", r, dep["id"])
 
-    # -- replicas ----------------------------------------------------------------
-    def start_replica(self, dep: dict, replica: int, gpu_uuid: str | None = None) -> dict:
-        """Launch one replica on a free port; returns its record (pid, port)."""
-        dep_id = dep["id"]
-        port = free_port()
-        env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
-        run_as, group = {}, None
-        env.update(HOME=self.path(dep_id))
-        if self.accounts is not None:
-            account = self.accounts.ensure(dep["user"])
-            self._hand_over(dep_id, account.gid)
-            env.update(account.env())
-            run_as = account.popen_kwargs()
-            if self.limits is not None:
-                devices = None
-                if self.real_gpus and gpu_uuid:
-                    from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
+    async def adopt(self, dep: dict, rows: list[dict]) -> None:
+        # Live replicas are found by pid on the next check; dead ones started again.
+        self._state(dep, rows)
 
-                    devices = device_paths_for_uuids([gpu_uuid])
-                group = self.limits.group(account.name, f"deploy-{dep_id}-r{replica}",
-                                          dep["gpu_milli"], self.gpu_count, gpu_devices=devices)
-        env.update(PYTHONUNBUFFERED="1",
-                   GPULAB_SERVING_TOKEN=self.token(dep_id),
-                   # The slice's card, or none: a CPU replica must not grab a GPU.
-                   CUDA_VISIBLE_DEVICES=gpu_uuid if (self.real_gpus and gpu_uuid) else "")
-        if self.real_gpus and gpu_uuid and 0 < dep["gpu_milli"] < 1000:
-            env["PYTORCH_CUDA_ALLOC_CONF"] = \
-                f"per_process_memory_fraction:{dep['gpu_milli'] / 1000:g}"
-        argv = [self.python, "-m", "gpulab.serving.server",
-                "--model-dir", self.model_dir(dep_id), "--ip", "127.0.0.1", "--port", str(port),
-                "--max-batch-size", str(dep["max_batch_size"]),
-                "--max-latency-ms", f"{dep['max_latency_ms']:g}",
-                "--max-queue", str(dep["max_queue"])]
-        if group is not None:
-            argv, run_as = group.launch(argv, **run_as)
-        with open(self.path(dep_id, "logs", f"replica{replica}.log"), "ab") as log:
-            log.write(f"[gpulab] starting replica {replica} on port {port}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(argv, env=env, cwd=self.path(dep_id),
-                                    stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    **run_as)
-        self._children[(dep_id, replica)] = proc
-        record = {"pid": proc.pid, "port": port, "started": time.time()}
-        tmp = self.path(dep_id, f"replica{replica}.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, self.path(dep_id, f"replica{replica}.json"))
-        return record
+    def _start(self, dep: dict, replica: int) -> None:
+        rep = self._state(dep).replicas[replica]
+        rep.port = None
+        self.start_replica(dep, replica, rep.gpu_uuid)
 
-    def record(self, dep_id: str, replica: int) -> dict | None:
+    # -- supervising -----------------------------------------------------------------
+    async def check(self, dep: dict) -> Health:
+        served = self._state(dep)
+        restarts, message = dep["restarts"], dep["message"]
+        down = []
+        for r, rep in enumerate(served.replicas):
+            if self.alive(dep["id"], r):
+                if rep.port is None:
+                    await self._probe(dep, r)
+            else:
+                down.append(r)
+        for r in down:
+            rep = served.replicas[r]
+            if self.record(dep["id"], r) is None:
+                self._start(dep, r)  # admitted but never launched (a crash in between)
+                continue
+            tail = self.log_tail(dep["id"], r)
+            code = self.exit_code(dep["id"], r)
+            now = time.monotonic()
+            rep.crashes = [t for t in rep.crashes if now - t < CRASH_WINDOW_S] + [now]
+            rep.port = None
+            what = f"replica {r} exited" + (f" with code {code}" if code is not None else "")
+            if len(rep.crashes) >= MAX_CRASHES:
+                log.warning("Deployment %s/%s failed: %s", dep["user"], dep["name"], tail)
+                return Health(0, "failed", f"{what} ({len(rep.crashes)} times in "
+                                           f"{CRASH_WINDOW_S:g} s); slices released. "
+                                           f"Last log: {tail}", restarts)
+            log.warning("Deployment %s/%s: %s; restarting it. Log: %s", dep["user"],
+                        dep["name"], what, tail)
+            restarts += 1
+            message = f"{what}; restarted it"
+            self._start(dep, r)
+        ready = sum(rep.port is not None for rep in served.replicas)
+        state = ("running" if ready == dep["replicas"]
+                 else "degraded" if dep["state"] != "starting" or down else "starting")
+        if state == "running" and dep["state"] != "running":
+            message = f"{ready} replica(s) ready" + (
+                f"; {restarts} restart(s) so far" if restarts else "")
+        return Health(ready, state, message, restarts)
+
+    async def _probe(self, dep: dict, replica: int) -> None:
+        rec = self.record(dep["id"], replica)
+        if rec is None:
+            return
+        resp = await self._get(dep, rec["port"], "/v2/health/ready")
+        if resp is not None and resp[0] == 200:
+            self._state(dep).replicas[replica].port = rec["port"]
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def _token(self, dep: dict) -> str:
+        served = self._state(dep)
+        if served.token is None:
+            served.token = self.token(dep["id"])
+        return served.token
+
+    async def _get(self, dep: dict, port: int, path: str):
+        """``(status, body)`` of a GET to one replica, or None if it does not answer."""
         try:
-            with open(self.path(dep_id, f"replica{replica}.json")) as f:
-                return json.load(f)
-        except (OSError, ValueError):
+            async with self.session.get(
+                    f"http://127.0.0.1:{port}{path}",
+                    timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
+                    headers={"Authorization": f"Bearer {self._token(dep)}"}) as resp:
+                return resp.status, await resp.read()
+        except (TimeoutError, aiohttp.ClientError):
             return None
 
-    def alive(self, dep_id: str, replica: int) -> bool:
-        rec = self.record(dep_id, replica)
-        if rec is None:
-            return False
-        child = self._children.get((dep_id, replica))
-        if child is not None and child.pid == rec["pid"]:
-            # Our own child is asked directly (this also reaps it when it died).
-            return child.poll() is None
-        return _alive(rec["pid"], self.model_dir(dep_id))
+    # -- reading -------------------------------------------------------------------------
+    def ready_urls(self, dep: dict) -> list[str]:
+        """The ready replicas, rotated so calls spread over them."""
+        served = self._served.get(dep["id"])
+        if served is None:
+            return []
+        urls = [f"http://127.0.0.1:{rep.port}" for rep in served.replicas if rep.port]
+        if not urls:
+            return []
+        i = served.cursor % len(urls)
+        served.cursor = i + 1
+        return urls[i:] + urls[:i]
 
-    def exit_code(self, dep_id: str, replica: int) -> int | None:
-        child = self._children.get((dep_id, replica))
-        return child.poll() if child is not None else None
+    async def logs(self, dep: dict, replica: int, max_bytes: int = 256 * 1024) -> str:
+        return await asyncio.to_thread(self._log_end, dep["id"], replica, max_bytes)
 
-    def log_tail(self, dep_id: str, replica: int, lines: int = 5) -> str:
+    def _log_end(self, dep_id: str, replica: int, max_bytes: int) -> str:
         try:
-            with open(self.path(dep_id, "logs", f"replica{replica}.log"), errors="replace") as f:
-                tail = [ln.rstrip() for ln in f.readlines()[-lines:] if ln.strip()]
-        except OSError:
+            with open(self.log_path(dep_id, replica), "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - max_bytes))
+                return f.read(max_bytes).decode(errors="replace")
+        except FileNotFoundError:
             return ""
-        return " | ".join(tail)
 
-    async def stop(self, dep: dict, grace_s: float = 10.0) -> None:
+    async def stats(self, dep: dict) -> list[str]:
+        texts = []
+        for rep in self._state(dep).replicas:
+            resp = rep.port and await self._get(dep, rep.port, "/metrics")
+            if resp and resp[0] == 200:
+                texts.append(resp[1].decode(errors="replace"))
+        return texts
+
+    # -- stopping ----------------------------------------------------------------------
+    async def stop(self, dep: dict) -> None:
         """SIGTERM every replica (queued requests are answered), then SIGKILL."""
-        dep_id, replicas = dep["id"], dep["replicas"]
-        pids = [self.record(dep_id, i)["pid"] for i in range(replicas) if self.alive(dep_id, i)]
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            for pid in pids:
-                try:
-                    os.killpg(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                if not any(self.alive(dep_id, i) for i in range(replicas)):
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                continue
-            break
-        for i in range(replicas):
-            self._children.pop((dep_id, i), None)
-        account = self.accounts.lookup(dep["user"]) if self.limits is not None else None
-        if account is not None:
-            for i in range(replicas):
-                self.limits.remove(account.name, f"deploy-{dep_id}-r{i}")
+        await self.kill(dep)
+        self.forget(dep["id"])
+
+    def forget(self, dep_id: str) -> None:
+        self._served.pop(dep_id, None)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

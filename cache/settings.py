@@ -9,21 +9,14 @@ spawner's environment.
 from __future__ import annotations
 
 import os
-import re
+
+from gpulab.training.sizes import parse_size as parse_bytes
 
 CACHE_DIR_ENV = "GPULAB_CACHE_DIR"
 CAPACITY_ENV = "GPULAB_CACHE_CAPACITY_BYTES"
 
 DEFAULT_CAPACITY_BYTES = 20 * 2**30
 """20 GiB: a few epochs of a mid-sized dataset on a node's scratch disk."""
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
-    "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
-    "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
-}
 
 
 def default_cache_dir() -> str:
@@ -35,17 +28,13 @@ def default_cache_dir() -> str:
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes from ``"20GiB"``, ``"500MB"``, ``"1073741824"`` or an int."""
-    if isinstance(text, int):
-        value = text
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-        unit = match.group(2).lower() if match else None
-        if not match or unit not in _UNITS:
-            raise ValueError(
-                f"cannot read {text!r} as a size in bytes; write a number with "
-                "an optional unit, e.g. 20GiB, 500MB or 1073741824")
-        value = int(float(match.group(1)) * _UNITS[unit])
+    """A cache capacity in bytes from ``"20GiB"``, ``"500GB"``, ``"1073741824"`` or an int.
+
+    gpulab's one size rule (:mod:`gpulab.training.sizes`): ``K``/``M``/``G``/``T``
+    alone and ``KiB``/``MiB``/``GiB``/``TiB`` are powers of 1024, ``KB``/``MB``/
+    ``GB``/``TB`` powers of 1000.
+    """
+    value = parse_bytes(text)
     if value <= 0:
         raise ValueError(f"a cache capacity must be positive, got {text!r}")
     return value

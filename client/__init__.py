@@ -1,5 +1,51 @@
-"""Python client of the gpulab service (async inside, sync face for notebooks)."""
+"""Python client of the gpulab service (async inside, sync face for notebooks).
 
-from .base import AsyncClient, Client, GpuLabError, run_sync
+What it raises lives in :mod:`gpulab.client.errors` (every one a
+:class:`GpuLabError`); job and deployment states in :mod:`gpulab.client.states`.
+Both are standard library only; the client itself (aiohttp) is imported on first
+use, so ``%load_ext gpulab.magics`` stays quick.
+"""
 
-__all__ = ["AsyncClient", "Client", "GpuLabError", "run_sync"]
+from .errors import (
+    AuthenticationError,
+    BadRequest,
+    ConfigurationError,
+    Conflict,
+    GpuLabError,
+    NotFound,
+    PermissionDenied,
+    RequestRefused,
+    ServiceUnreachable,
+)
+from .states import DEPLOYMENT_STATES, DEPLOYMENT_UNHEALTHY, JOB_ACTIVE, JOB_STATES, JOB_TERMINAL
+
+_LAZY = ("AsyncClient", "Client", "run_sync")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from . import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DEPLOYMENT_STATES",
+    "DEPLOYMENT_UNHEALTHY",
+    "JOB_ACTIVE",
+    "JOB_STATES",
+    "JOB_TERMINAL",
+    "AsyncClient",
+    "AuthenticationError",
+    "BadRequest",
+    "Client",
+    "ConfigurationError",
+    "Conflict",
+    "GpuLabError",
+    "NotFound",
+    "PermissionDenied",
+    "RequestRefused",
+    "ServiceUnreachable",
+    "run_sync",
+]

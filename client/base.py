@@ -17,22 +17,19 @@ import asyncio
 import json
 import os
 import threading
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
 
 from .deployments import DeploymentsMixin
+from .errors import ConfigurationError, ServiceUnreachable, refused
 from .jobs import JobsMixin
 from .telemetry import TelemetryAPI
 
-
-class GpuLabError(Exception):
-    """The service refused a request; ``str()`` is its message, ``status`` the code."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+#: What aiohttp raises when no (whole) answer came: the client raises ServiceUnreachable.
+_NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class _LoopThread:
@@ -46,9 +43,15 @@ class _LoopThread:
         with cls._lock:
             if cls._loop is None:
                 cls._loop = asyncio.new_event_loop()
-                threading.Thread(target=cls._loop.run_forever, name="gpulab-client",
-                                 daemon=True).start()
+                threading.Thread(
+                    target=cls._loop.run_forever, name="gpulab-client", daemon=True
+                ).start()
             return cls._loop
+
+
+def client_loop() -> asyncio.AbstractEventLoop:
+    """The client's event loop (on its daemon thread), for streams followed in the background."""
+    return _LoopThread.loop()
 
 
 def run_sync(coro, timeout: float | None = None):
@@ -57,15 +60,17 @@ def run_sync(coro, timeout: float | None = None):
 
 
 class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI):
-    def __init__(self, api_url: str | None = None, token: str | None = None,
-                 timeout: float = 60.0):
+    def __init__(self, api_url: str | None = None, token: str | None = None, timeout: float = 60.0):
         self.api_url = (api_url or os.environ.get("GPULAB_API_URL") or "").rstrip("/")
         self._token = token or os.environ.get("JUPYTERHUB_API_TOKEN") or ""
         if not self.api_url:
-            raise GpuLabError(0, "no gpulab API address: set GPULAB_API_URL "
-                                 "(gpulab sets it in the servers it starts) or pass api_url=")
+            raise ConfigurationError(
+                0,
+                "no gpulab API address: set GPULAB_API_URL "
+                "(gpulab sets it in the servers it starts) or pass api_url=",
+            )
         if not self._token:
-            raise GpuLabError(0, "no token: set JUPYTERHUB_API_TOKEN or pass token=")
+            raise ConfigurationError(0, "no token: set JUPYTERHUB_API_TOKEN or pass token=")
         self.timeout = aiohttp.ClientTimeout(total=timeout)
 
     @property
@@ -76,30 +81,67 @@ class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI):
         q = {k: v for k, v in (query or {}).items() if v is not None}
         return f"{self.api_url}{path}" + (f"?{urlencode(q)}" if q else "")
 
-    async def request(self, method: str, path: str, body: Any = None,
-                      query: dict | None = None, form: aiohttp.FormData | None = None) -> Any:
+    def unreachable(self, err: BaseException) -> ServiceUnreachable:
+        detail = str(err) or type(err).__name__
+        return ServiceUnreachable(
+            0, f"no answer from the gpulab service at {self.api_url}: {detail}"
+        )
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict | None = None,
+        form: aiohttp.FormData | None = None,
+    ) -> Any:
         """One call; ``body`` is sent as JSON, or ``form`` as multipart/form-data."""
-        async with aiohttp.ClientSession(timeout=self.timeout) as s:
-            async with s.request(method, self.url(path, query), headers=self.headers,
-                                 json=body if form is None else None, data=form) as r:
-                text = await r.text()
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self.timeout) as s,
+                s.request(
+                    method,
+                    self.url(path, query),
+                    headers=self.headers,
+                    json=body if form is None else None,
+                    data=form,
+                ) as r,
+            ):
+                data = await r.read()
                 if r.status >= 400:
-                    try:
-                        message = json.loads(text)["error"]
-                    except (ValueError, KeyError, TypeError):
-                        message = text[:500] or r.reason
-                    raise GpuLabError(r.status, message)
-                return json.loads(text) if text else None
+                    raise refused(r.status, _error_message(data, r.reason))
+        except _NO_ANSWER as e:
+            raise self.unreachable(e) from e
+        return json.loads(data) if data else None
+
+    async def read_bytes(self, path: str, query: dict | None = None) -> bytes:
+        """A GET whose answer is not JSON (pickled output, log text)."""
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self.timeout) as s,
+                s.get(self.url(path, query), headers=self.headers) as r,
+            ):
+                data = await r.read()
+                if r.status >= 400:
+                    raise refused(r.status, _error_message(data, r.reason))
+                return data
+        except _NO_ANSWER as e:
+            raise self.unreachable(e) from e
 
     async def stream_lines(self, path: str, query: dict | None = None) -> AsyncIterator[str]:
         """Lines of a streaming response (logs with follow), as they arrive."""
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-        async with aiohttp.ClientSession(timeout=timeout) as s:
-            async with s.get(self.url(path, query), headers=self.headers) as r:
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as s,
+                s.get(self.url(path, query), headers=self.headers) as r,
+            ):
                 if r.status >= 400:
-                    raise GpuLabError(r.status, (await r.text())[:500])
+                    raise refused(r.status, _error_message(await r.read(), r.reason))
                 async for raw in r.content:
                     yield raw.decode(errors="replace").rstrip("\n")
+        except _NO_ANSWER as e:
+            raise self.unreachable(e) from e
 
     async def inventory(self) -> dict:
         return await self.request("GET", "/inventory")
@@ -111,11 +153,18 @@ class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI):
         return await self.request("GET", "/availability")
 
 
+def _error_message(data: bytes, reason: str | None) -> str:
+    """The service's ``{"error": ...}``, else the start of whatever it answered."""
+    try:
+        return str(json.loads(data)["error"])
+    except (ValueError, KeyError, TypeError):
+        return data[:500].decode(errors="replace") or reason or "error"
+
+
 class Client:
     """Sync face of :class:`AsyncClient`: same methods, blocking."""
 
-    def __init__(self, api_url: str | None = None, token: str | None = None,
-                 timeout: float = 60.0):
+    def __init__(self, api_url: str | None = None, token: str | None = None, timeout: float = 60.0):
         self.aio = AsyncClient(api_url, token, timeout)
 
     def __getattr__(self, name: str):

@@ -26,8 +26,9 @@ def pack_model_dir(model_dir: str) -> bytes:
 class DeploymentsMixin:
     def endpoint_url(self, deployment: dict) -> str:
         """The endpoint's full URL: the hub's origin and the deployment's path."""
-        origin = self.api_url.split("/services/", 1)[0] if "/services/" in self.api_url \
-            else self.api_url
+        origin = (
+            self.api_url.split("/services/", 1)[0] if "/services/" in self.api_url else self.api_url
+        )
         return origin + deployment["path"]
 
     async def create_deployment(self, model_dir: str, settings: dict) -> dict:
@@ -35,8 +36,12 @@ class DeploymentsMixin:
         gpu_milli, max_batch_size, max_latency_ms, max_queue, share_users, ...)."""
         form = aiohttp.FormData()
         form.add_field("spec", json.dumps(settings), content_type="application/json")
-        form.add_field("model", pack_model_dir(model_dir), filename="model.tar.gz",
-                       content_type="application/gzip")
+        form.add_field(
+            "model",
+            pack_model_dir(model_dir),
+            filename="model.tar.gz",
+            content_type="application/gzip",
+        )
         return await self.request("POST", "/deployments", form=form)
 
     async def list_deployments(self, user: str | None = None) -> list[dict]:
@@ -47,15 +52,15 @@ class DeploymentsMixin:
 
     async def share_deployment(self, name: str, user: str | None = None, **sharing) -> dict:
         """Change ``share_users``, ``share_groups`` or ``stop_with_server``."""
-        return await self.request("PATCH", f"/deployments/{name}", body=sharing,
-                                  query={"user": user})
+        return await self.request(
+            "PATCH", f"/deployments/{name}", body=sharing, query={"user": user}
+        )
 
     async def stop_deployment(self, name: str, user: str | None = None) -> dict:
         return await self.request("DELETE", f"/deployments/{name}", query={"user": user})
 
     async def deployment_logs(self, name: str, replica: int = 0, user: str | None = None) -> str:
-        async with aiohttp.ClientSession(timeout=self.timeout) as s:
-            async with s.get(self.url(f"/deployments/{name}/logs",
-                                      {"replica": replica, "user": user}),
-                             headers=self.headers) as r:
-                return await r.text()
+        data = await self.read_bytes(
+            f"/deployments/{name}/logs", {"replica": replica, "user": user}
+        )
+        return data.decode(errors="replace")

@@ -8,10 +8,9 @@ sync code use :meth:`JobsMixin.follow_job_logs_into`.
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
-import aiohttp
+from .errors import ServiceUnreachable
 
 
 class JobsMixin:
@@ -30,8 +29,9 @@ class JobsMixin:
 
     async def job_metrics(self, job_id: str, cursor: int = 0, rank: int = 0) -> dict:
         """``{"records": [...], "cursor": next, "state": ...}``: records since ``cursor``."""
-        return await self.request("GET", f"/jobs/{job_id}/metrics",
-                                  query={"cursor": cursor, "rank": rank})
+        return await self.request(
+            "GET", f"/jobs/{job_id}/metrics", query={"cursor": cursor, "rank": rank}
+        )
 
     async def job_logs(self, job_id: str, rank: int | None = None) -> str:
         """Every log line so far, prefixed ``[r0]``, ``[r1]``..."""
@@ -41,8 +41,9 @@ class JobsMixin:
         """Log lines as they are written, until the job ends."""
         return self._log_lines(job_id, True, rank)
 
-    async def follow_job_logs_into(self, job_id: str, sink: Callable[[str], None],
-                                   rank: int | None = None) -> None:
+    async def follow_job_logs_into(
+        self, job_id: str, sink: Callable[[str], None], rank: int | None = None
+    ) -> None:
         """Call ``sink(line)`` for each line until the job ends (reconnects if cut off)."""
         seen = 0
         for attempt in range(30):
@@ -54,7 +55,7 @@ class JobsMixin:
                         seen = n
                         sink(line)
                 return
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except ServiceUnreachable:
                 await asyncio.sleep(min(1 + attempt, 5))
 
     async def _log_lines(self, job_id: str, follow: bool, rank: int | None):
@@ -64,15 +65,4 @@ class JobsMixin:
 
     async def job_output(self, job_id: str) -> bytes:
         """The ``--out`` value as cloudpickle bytes (``cloudpickle.loads`` them)."""
-        async with aiohttp.ClientSession(timeout=self.timeout) as s:
-            async with s.get(self.url(f"/jobs/{job_id}/out"), headers=self.headers) as r:
-                data = await r.read()
-                if r.status >= 400:
-                    from .base import GpuLabError
-
-                    try:
-                        message = json.loads(data)["error"]
-                    except (ValueError, KeyError, TypeError):
-                        message = data[:500].decode(errors="replace")
-                    raise GpuLabError(r.status, message)
-                return data
+        return await self.read_bytes(f"/jobs/{job_id}/out")

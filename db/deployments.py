@@ -3,8 +3,8 @@
 The model files and the replicas' process records live in the deployment's
 directory; the row holds what the API and the restart loop need. A stopped
 deployment's row is deleted (its slices were released in the same step), so a
-name can be used again. It shares :data:`.db.metadata`, so
-:func:`.db.make_engine` creates it with the ledger's table.
+name can be used again. A change to it needs a revision in
+``migrations/versions`` (see :mod:`.migrate`).
 """
 
 from __future__ import annotations

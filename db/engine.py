@@ -1,4 +1,4 @@
-"""The ledger's tables and engine: SQLite by default, PostgreSQL by URL.
+"""The engine and the ledger's table: SQLite by default, PostgreSQL by URL.
 
 Both databases serialise writers the same way: every write transaction takes a
 database-wide lock first (``BEGIN IMMEDIATE`` on SQLite, a transaction-scoped
@@ -55,7 +55,10 @@ def utcnow() -> dt.datetime:
 
 
 def make_engine(url: str) -> Engine:
-    """Create the engine and the tables (idempotent)."""
+    """Create the engine and migrate the database to the newest schema (idempotent).
+
+    Every table gpulab keeps comes with it: :mod:`.migrate` imports their modules.
+    """
     if url.startswith("postgresql://"):
         # psycopg 3 is the driver we ship; the plain scheme would pick psycopg2.
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
@@ -64,7 +67,9 @@ def make_engine(url: str) -> Engine:
         _sqlite_immediate_transactions(engine)
     else:
         engine = create_engine(url, pool_pre_ping=True)
-    metadata.create_all(engine)
+    from .migrate import upgrade  # here: the table modules import this one
+
+    upgrade(engine)
     return engine
 
 

@@ -1,8 +1,8 @@
 """The jobs table: one row per training job, from submit to its end.
 
 The spec itself (code, variables) lives in the job's directory; the row holds
-what the queue and the API need. It shares :data:`.db.metadata`, so
-:func:`.db.make_engine` creates it with the ledger's table.
+what the queue and the API need. A change to it needs a revision in
+``migrations/versions`` (see :mod:`.migrate`).
 """
 
 from __future__ import annotations

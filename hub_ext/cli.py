@@ -38,8 +38,7 @@ def _internal_ports(data_dir: Path) -> dict[str, int]:
     path = data_dir / "ports.json"
     if path.exists():
         return json.loads(path.read_text())
-    ports = {"hub_port": _free_port(), "proxy_api_port": _free_port(),
-             "service_port": _free_port()}
+    ports = {"hub_port": _free_port(), "proxy_api_port": _free_port(), "service_port": _free_port()}
     path.write_text(json.dumps(ports))
     return ports
 
@@ -55,12 +54,14 @@ def _check_spec(spec: str) -> str:
 
 
 def help_all() -> str:
-    """Every gpulab setting for <data-dir>/gpulab_config.py, with examples."""
-    from gpulab.spawner.local import FractionalLocalSpawner
+    """Every gpulab setting for <data-dir>/gpulab_config.py, with help, default and example.
 
-    from .service.app import GpuLabService
+    Only gpulab's own settings (see :mod:`.config_reference`); JupyterHub's are in
+    ``jupyterhub --help-all``.
+    """
+    from .config_reference import as_config_file
 
-    return "\n".join(cls.class_get_help() for cls in (GpuLabService, FractionalLocalSpawner))
+    return as_config_file()
 
 
 def up(args: argparse.Namespace) -> int:
@@ -70,17 +71,30 @@ def up(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
-    settings = Settings(data_dir=data_dir, ip=args.ip, port=args.port,
-                        simulate_gpus=args.simulate_gpus or "", db_url=args.db_url or "",
-                        cull_idle_timeout=args.cull_idle_timeout,
-                        **_internal_ports(data_dir))
-    print(f"""
+    settings = Settings(
+        data_dir=data_dir,
+        ip=args.ip,
+        port=args.port,
+        simulate_gpus=args.simulate_gpus or "",
+        db_url=args.db_url or "",
+        cull_idle_timeout=args.cull_idle_timeout,
+        **_internal_ports(data_dir),
+    )
+    gpus = (
+        ("simulated " + settings.simulate_gpus)
+        if settings.simulate_gpus
+        else "from the NVIDIA driver"
+    )
+    print(
+        f"""
 gpulab is starting at {settings.public_url}/
 {login_banner(settings, args.demo)}
-  API token of the admin (for automation): {data_dir / 'admin-token'}
-  GPUs: {('simulated ' + settings.simulate_gpus) if settings.simulate_gpus else 'from the NVIDIA driver'}
-  Overrides: {data_dir / 'gpulab_config.py'} (JupyterHub and c.GpuLabService settings)
-""", flush=True)
+  API token of the admin (for automation): {data_dir / "admin-token"}
+  GPUs: {gpus}
+  Overrides: {data_dir / "gpulab_config.py"} (JupyterHub and c.GpuLabService settings)
+""",
+        flush=True,
+    )
     env = {**os.environ, **settings.to_env(), DEMO_LOGIN_ENV: "1" if args.demo else "0"}
     argv = [sys.executable, "-m", "jupyterhub", "-f", str(HUB_CONFIG)] + args.hub_args
     os.chdir(data_dir)
@@ -89,7 +103,7 @@ gpulab is starting at {settings.public_url}/
 
 
 def service(args: argparse.Namespace) -> int:
-    from .service.app import main
+    from gpulab.service.app import main
 
     main(args.rest)
     return 0
@@ -104,25 +118,50 @@ def agent(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpulab", description="gpulab: a GPU platform on JupyterHub")
     sub = p.add_subparsers(dest="command", required=True)
-    u = sub.add_parser("up", help="start the embedded platform (JupyterHub + gpulab) here",
-                       description="Start JupyterHub with gpulab in the foreground. "
-                                   "Arguments after -- go to jupyterhub.")
+    u = sub.add_parser(
+        "up",
+        help="start the embedded platform (JupyterHub + gpulab) here",
+        description="Start JupyterHub with gpulab in the foreground. "
+        "Arguments after -- go to jupyterhub.",
+    )
     u.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     u.add_argument("--port", type=int, default=8000, help="public port (default 8000)")
-    u.add_argument("--data-dir", default=".gpulab",
-                   help="where state, secrets and the database live (default .gpulab)")
-    u.add_argument("--simulate-gpus", type=_check_spec, metavar="SPEC",
-                   help="declare GPUs on a machine without any, e.g. 2xA100-80GB or "
-                        "1xH200-141GB,4xT4-16GB (nothing is enforced)")
-    u.add_argument("--db-url", help="SQLAlchemy URL for gpulab's database "
-                                    "(default: SQLite in the data dir), e.g. postgresql://...")
-    u.add_argument("--cull-idle-timeout", type=int, default=3600, metavar="SECONDS",
-                   help="stop servers idle this long, freeing their slice (0: never)")
-    u.add_argument("--demo", action="store_true",
-                   help="workshops: one shared password (in <data-dir>/user-password) logs in "
-                        "as any user name; default: per-user passwords with admin approval")
-    u.add_argument("--help-all", action="store_true",
-                   help="list every setting for <data-dir>/gpulab_config.py, with examples")
+    u.add_argument(
+        "--data-dir",
+        default=".gpulab",
+        help="where state, secrets and the database live (default .gpulab)",
+    )
+    u.add_argument(
+        "--simulate-gpus",
+        type=_check_spec,
+        metavar="SPEC",
+        help="declare GPUs on a machine without any, e.g. 2xA100-80GB or "
+        "1xH200-141GB,4xT4-16GB (nothing is enforced)",
+    )
+    u.add_argument(
+        "--db-url",
+        help="SQLAlchemy URL for gpulab's database "
+        "(default: SQLite in the data dir), e.g. postgresql://...",
+    )
+    u.add_argument(
+        "--cull-idle-timeout",
+        type=int,
+        default=3600,
+        metavar="SECONDS",
+        help="stop servers idle this long, freeing their slice (0: never)",
+    )
+    u.add_argument(
+        "--demo",
+        action="store_true",
+        help="workshops: one shared password (in <data-dir>/user-password) logs in "
+        "as any user name; default: per-user passwords with admin approval",
+    )
+    u.add_argument(
+        "--help-all",
+        action="store_true",
+        help="list gpulab's settings for <data-dir>/gpulab_config.py, with "
+        "their help and defaults, and exit",
+    )
     u.add_argument("hub_args", nargs="*", help=argparse.SUPPRESS)
     u.set_defaults(func=up)
     s = sub.add_parser("service", help="run the gpulab service (the hub starts it)")

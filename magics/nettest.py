@@ -14,6 +14,7 @@ would be shown to everyone).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -22,10 +23,13 @@ import sys
 import tempfile
 import time
 
-NETTEST_USAGE = ("%gpulab nettest [--size BYTES] [--iters N] [--nproc N] [--warmup N] "
-                 "[--nodes N [--gpu G] [--backend local|kubernetes]] [--timeout S] [--no-report]")
+from gpulab.client.states import JOB_TERMINAL as TERMINAL
+
+NETTEST_USAGE = (
+    "%gpulab nettest [--size BYTES] [--iters N] [--nproc N] [--warmup N] "
+    "[--nodes N [--gpu G] [--backend local|kubernetes]] [--timeout S] [--no-report]"
+)
 JOB_NAME = "nettest"
-TERMINAL = ("succeeded", "failed", "cancelled")
 POLL_S = 0.5
 #: The cell each rank of a ``--nodes`` probe runs; rank 0's ``result`` comes back.
 JOB_CODE = """\
@@ -64,10 +68,15 @@ def parse_nettest(line: str) -> argparse.Namespace:
         raise NettestError(f"{e}\nusage: {NETTEST_USAGE}") from None
     if extra:
         raise NettestError(f"unknown argument(s) {' '.join(extra)}\nusage: {NETTEST_USAGE}")
-    if args.iters < 1 or args.warmup < 0 or (args.nproc is not None and args.nproc < 1) \
-            or (args.nodes is not None and args.nodes < 1):
-        raise NettestError(f"--iters, --nproc and --nodes must be >= 1, --warmup >= 0\n"
-                           f"usage: {NETTEST_USAGE}")
+    if (
+        args.iters < 1
+        or args.warmup < 0
+        or (args.nproc is not None and args.nproc < 1)
+        or (args.nodes is not None and args.nodes < 1)
+    ):
+        raise NettestError(
+            f"--iters, --nproc and --nodes must be >= 1, --warmup >= 0\nusage: {NETTEST_USAGE}"
+        )
     if args.timeout <= 0:
         raise NettestError(f"--timeout {args.timeout:g}: give seconds > 0\nusage: {NETTEST_USAGE}")
     from gpulab.training.allreduce_probe import parse_size
@@ -77,13 +86,16 @@ def parse_nettest(line: str) -> argparse.Namespace:
     except ValueError as e:
         raise NettestError(f"--size: {e}\nusage: {NETTEST_USAGE}") from None
     if not sizes or (args.nodes is not None and len(sizes) > 1):
-        raise NettestError(f"--size {args.size!r}: give one size, e.g. --size 16M\n"
-                           f"usage: {NETTEST_USAGE}")
+        raise NettestError(
+            f"--size {args.size!r}: give one size, e.g. --size 16M\nusage: {NETTEST_USAGE}"
+        )
     args.size_bytes = max(sizes)
     if args.nodes is None:
         if args.gpu != "0" or args.backend != "local":
-            raise NettestError("--gpu and --backend go with --nodes (a job through the "
-                               f"gpulab service)\nusage: {NETTEST_USAGE}")
+            raise NettestError(
+                "--gpu and --backend go with --nodes (a job through the "
+                f"gpulab service)\nusage: {NETTEST_USAGE}"
+            )
         return args
     from IPython.core.error import UsageError
 
@@ -98,18 +110,26 @@ def parse_nettest(line: str) -> argparse.Namespace:
 
 def job_spec(args: argparse.Namespace) -> dict:
     """The ``nettest`` job (fields of ``gpulab.backend.spec.JobSpec``) for ``--nodes``."""
-    code = JOB_CODE.format(size=args.size_bytes, iters=args.iters, warmup=args.warmup,
-                           record=not args.no_report)
-    return {"code": code,
-            "name": JOB_NAME, "nodes": args.nodes, "nproc_per_node": args.nproc or 1,
-            "gpu_milli": args.gpu_milli, "backend": args.backend, "out": "result",
-            "timeout": args.timeout}
+    code = JOB_CODE.format(
+        size=args.size_bytes, iters=args.iters, warmup=args.warmup, record=not args.no_report
+    )
+    return {
+        "code": code,
+        "name": JOB_NAME,
+        "nodes": args.nodes,
+        "nproc_per_node": args.nproc or 1,
+        "gpu_milli": args.gpu_milli,
+        "backend": args.backend,
+        "out": "result",
+        "timeout": args.timeout,
+    }
 
 
 def default_nproc() -> int:
     """One rank per visible GPU; 2 on CPU (the smallest all-reduce that crosses processes)."""
     try:
         import torch
+
         if torch.cuda.is_available():
             return max(1, torch.cuda.device_count())
     except ImportError:
@@ -117,20 +137,33 @@ def default_nproc() -> int:
     return 2
 
 
-def run_probe(size: str, iters: int, nproc: int, warmup: int = 5,
-              timeout: float = 600.0) -> dict:
+def run_probe(size: str, iters: int, nproc: int, warmup: int = 5, timeout: float = 600.0) -> dict:
     """Run the probe under torchrun on this machine; return rank 0's result."""
     with tempfile.TemporaryDirectory(prefix="gpulab-nettest-") as tmp:
         out = os.path.join(tmp, "result.json")
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={nproc}", "-m", "gpulab.training.allreduce_probe",
-                "--size", str(size), "--iters", str(iters), "--warmup", str(warmup),
-                "--json-out", out]
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "gpulab.training.allreduce_probe",
+            "--size",
+            str(size),
+            "--iters",
+            str(iters),
+            "--warmup",
+            str(warmup),
+            "--json-out",
+            out,
+        ]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise NettestError(f"the probe took longer than {timeout:g} s; "
-                               "try a smaller --size or fewer --iters") from None
+            raise NettestError(
+                f"the probe took longer than {timeout:g} s; try a smaller --size or fewer --iters"
+            ) from None
         if proc.returncode != 0 or not os.path.exists(out):
             tail = (proc.stdout + proc.stderr)[-3000:]
             raise NettestError(f"the probe failed (exit {proc.returncode}):\n{tail}")
@@ -144,23 +177,34 @@ def run_job_probe(client, args: argparse.Namespace) -> tuple[dict, dict]:
 
     Interrupting cancels the job (and re-raises).
     """
-    from gpulab.client import GpuLabError
+    from gpulab.client import (
+        BadRequest,
+        ConfigurationError,
+        GpuLabError,
+        RequestRefused,
+        ServiceUnreachable,
+    )
 
     spec = job_spec(args)
     try:
         job = client.submit_job(spec)
-    except GpuLabError as e:
-        if e.status in (0, 400):
-            raise NettestError(f"{e}\nusage: {NETTEST_USAGE}") from None
+    except (ConfigurationError, ServiceUnreachable, BadRequest) as e:
+        raise NettestError(f"{e}\nusage: {NETTEST_USAGE}") from None
+    except RequestRefused as e:
         raise NettestError(f"the gpulab service refused the probe job: {e}") from None
     job_id = job["id"]
-    print(f"job {job_id} ({JOB_NAME}): {spec['nodes']} node(s) x {spec['nproc_per_node']} "
-          f"rank(s) per node, {spec['gpu_milli']} milli-GPU per rank; {_state(job)}", flush=True)
+    print(
+        f"job {job_id} ({JOB_NAME}): {spec['nodes']} node(s) x {spec['nproc_per_node']} "
+        f"rank(s) per node, {spec['gpu_milli']} milli-GPU per rank; {_state(job)}",
+        flush=True,
+    )
     try:
         job = _follow(client, job)
     except GpuLabError as e:
-        raise NettestError(f"lost track of job {job_id}: {e}; it may still run: "
-                           f"Client().get_job({job_id!r}) shows it") from None
+        raise NettestError(
+            f"lost track of job {job_id}: {e}; it may still run: "
+            f"Client().get_job({job_id!r}) shows it"
+        ) from None
     except KeyboardInterrupt:
         from gpulab.client import run_sync
 
@@ -168,8 +212,9 @@ def run_job_probe(client, args: argparse.Namespace) -> tuple[dict, dict]:
             run_sync(client.aio.cancel_job(job_id), timeout=60)
             print(f"job {job_id} cancelled (interrupted)")
         except Exception as e:
-            print(f"job {job_id}: could not cancel it ({e}); "
-                  f"Client().cancel_job({job_id!r}) stops it")
+            print(
+                f"job {job_id}: could not cancel it ({e}); Client().cancel_job({job_id!r}) stops it"
+            )
         raise
     if job["state"] != "succeeded":
         text = f"job {job_id} {job['state']}: {job.get('message') or job['state']}"
@@ -182,8 +227,9 @@ def run_job_probe(client, args: argparse.Namespace) -> tuple[dict, dict]:
 
         result = cloudpickle.loads(client.job_output(job_id))
     except Exception as e:
-        raise NettestError(f"job {job_id} succeeded but its result could not be read: {e}") \
-            from None
+        raise NettestError(
+            f"job {job_id} succeeded but its result could not be read: {e}"
+        ) from None
     if not isinstance(result, dict) or "busbw_bytes_per_second" not in result:
         raise NettestError(f"job {job_id} returned {type(result).__name__}, not a probe result")
     return result, job
@@ -200,23 +246,23 @@ def _follow(client, job: dict) -> dict:
     import asyncio
     import queue
 
-    from gpulab.client.base import _LoopThread
+    from gpulab.client.base import client_loop
 
-    from .train import _drain
+    from .train import drain_queue
 
     lines: queue.Queue[str] = queue.Queue()
     follower = asyncio.run_coroutine_threadsafe(
-        client.aio.follow_job_logs_into(job["id"], lines.put), _LoopThread.loop())
+        client.aio.follow_job_logs_into(job["id"], lines.put), client_loop()
+    )
     shown = _state(job)
     try:
         while True:
             job = client.get_job(job["id"])
             if job["state"] in TERMINAL:
-                try:
-                    follower.result(timeout=30)  # the stream ends once the job has
-                except Exception:
-                    pass
-            for line in _drain(lines):
+                # The stream ends once the job has; a cut one loses only log lines.
+                with contextlib.suppress(Exception):
+                    follower.result(timeout=30)
+            for line in drain_queue(lines):
                 print(f"  {line}", flush=True)
             if _state(job) != shown:
                 shown = _state(job)
@@ -231,14 +277,20 @@ def _follow(client, job: dict) -> dict:
 def format_result(r: dict) -> str:
     n = r["world_size"]
     nodes = r.get("nodes") or []
-    return (f"all-reduce of {r['size_bytes'] / 2**20:.2f} MiB over {n} ranks on "
-            f"{len(nodes)} node(s) ({r['backend']}, nodes: {', '.join(nodes)})\n"
-            f"  time   {r['time_s'] * 1e3:.3f} ms per all-reduce ({r['iters']} timed)\n"
-            f"  algbw  {r['algbw_bytes_per_second'] / 1e9:.3f} GB/s   (size / time)\n"
-            f"  busbw  {r['busbw_bytes_per_second'] / 1e9:.3f} GB/s   "
-            f"(algbw * 2(n-1)/n = algbw * {2 * (n - 1) / n:.3f})"
-            + ("\n  one rank: nothing crosses a link, so busbw is 0 by definition; "
-               "use --nproc 2 or more, or --nodes 2 or more" if n == 1 else ""))
+    return (
+        f"all-reduce of {r['size_bytes'] / 2**20:.2f} MiB over {n} ranks on "
+        f"{len(nodes)} node(s) ({r['backend']}, nodes: {', '.join(nodes)})\n"
+        f"  time   {r['time_s'] * 1e3:.3f} ms per all-reduce ({r['iters']} timed)\n"
+        f"  algbw  {r['algbw_bytes_per_second'] / 1e9:.3f} GB/s   (size / time)\n"
+        f"  busbw  {r['busbw_bytes_per_second'] / 1e9:.3f} GB/s   "
+        f"(algbw * 2(n-1)/n = algbw * {2 * (n - 1) / n:.3f})"
+        + (
+            "\n  one rank: nothing crosses a link, so busbw is 0 by definition; "
+            "use --nproc 2 or more, or --nodes 2 or more"
+            if n == 1
+            else ""
+        )
+    )
 
 
 def nettest(line: str) -> dict | None:
@@ -247,14 +299,15 @@ def nettest(line: str) -> dict | None:
     try:
         args = parse_nettest(line)
         if args.nodes is None:
-            result = run_probe(args.size, args.iters, args.nproc or default_nproc(),
-                               args.warmup, args.timeout)
+            result = run_probe(
+                args.size, args.iters, args.nproc or default_nproc(), args.warmup, args.timeout
+            )
         else:
-            from gpulab.client import Client, GpuLabError
+            from gpulab.client import Client, ConfigurationError
 
             try:
                 client = Client()
-            except GpuLabError as e:
+            except ConfigurationError as e:
                 raise NettestError(f"--nodes runs the probe as a gpulab job: {e}") from None
             result, job = run_job_probe(client, args)
     except NettestError as e:
@@ -263,9 +316,11 @@ def nettest(line: str) -> dict | None:
     print(format_result(result))
     if job is None:
         if not args.no_report:
-            print("  not recorded: a probe on this server alone is not; "
-                  "%gpulab nettest --nodes 1 runs it as a job, whose result the "
-                  "dashboard's Network tab shows")
+            print(
+                "  not recorded: a probe on this server alone is not; "
+                "%gpulab nettest --nodes 1 runs it as a job, whose result the "
+                "dashboard's Network tab shows"
+            )
         return result
     result = {**result, "job_id": job["id"]}
     if args.no_report:
@@ -275,9 +330,10 @@ def nettest(line: str) -> dict | None:
         if any(r.get("job_id") == job["id"] for r in runs):
             print(f"  recorded: the dashboard's Network tab shows it (job {job['id']})")
         else:
-            print(f"  not recorded: the gpulab service did not take job {job['id']}'s "
-                  f"result; its log says why")
+            print(
+                f"  not recorded: the gpulab service did not take job {job['id']}'s "
+                f"result; its log says why"
+            )
     except Exception as e:  # the measurement stands even if the service can't say
         print(f"  could not ask the gpulab service whether it recorded it: {e}")
     return result
-

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import queue
 import re
 import time
@@ -19,9 +20,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from gpulab.client.states import JOB_TERMINAL as TERMINAL
+
 from .train_display import make_display
 
-TERMINAL = ("succeeded", "failed", "cancelled")
 POLL_S = 1.0
 #: Polls between full job reads (restarts, queue position) while the state holds.
 JOB_EVERY = 5
@@ -44,8 +46,10 @@ def parse_gpu(text: str) -> int:
     try:
         value = Fraction(text.strip())
     except (ValueError, ZeroDivisionError):
-        raise UsageError(f"--gpu {text!r}: give GPUs per rank as a number or fraction, "
-                         f"e.g. --gpu 0.5, --gpu 1/4 or --gpu 2 (0 = CPU only)") from None
+        raise UsageError(
+            f"--gpu {text!r}: give GPUs per rank as a number or fraction, "
+            f"e.g. --gpu 0.5, --gpu 1/4 or --gpu 2 (0 = CPU only)"
+        ) from None
     milli = value * 1000
     if value < 0 or milli.denominator != 1:
         raise UsageError(f"--gpu {text}: must be 0 or more, in steps of 1/1000 GPU")
@@ -72,21 +76,28 @@ def pickle_vars(names: str | None, namespace: dict) -> str:
     chosen = {}
     for name in [n.strip() for n in names.split(",") if n.strip()]:
         if name not in namespace:
-            raise UsageError(f"--vars {name}: no variable {name!r} in the notebook; "
-                             f"run the cell that defines it first")
+            raise UsageError(
+                f"--vars {name}: no variable {name!r} in the notebook; "
+                f"run the cell that defines it first"
+            )
         chosen[name] = namespace[name]
     try:
         data = cloudpickle.dumps(chosen)
     except Exception as e:
-        raise UsageError(f"--vars: cannot send these variables to the ranks "
-                         f"(cloudpickle: {e}); rebuild them inside the cell instead") from None
+        raise UsageError(
+            f"--vars: cannot send these variables to the ranks "
+            f"(cloudpickle: {e}); rebuild them inside the cell instead"
+        ) from None
     return base64.b64encode(data).decode()
 
 
 def build_spec(args, cell: str, namespace: dict) -> dict:
-    for flag, value, low in (("--nodes", args.nodes, 1), ("--nproc-per-node", args.nproc_per_node, 1),
-                             ("--max-restarts", args.max_restarts, 0),
-                             ("--checkpoint-every", args.checkpoint_every, 0)):
+    for flag, value, low in (
+        ("--nodes", args.nodes, 1),
+        ("--nproc-per-node", args.nproc_per_node, 1),
+        ("--max-restarts", args.max_restarts, 0),
+        ("--checkpoint-every", args.checkpoint_every, 0),
+    ):
         if value < low:
             raise UsageError(f"{flag} {value}: must be at least {low}")
     if args.timeout is not None and args.timeout <= 0:
@@ -96,12 +107,21 @@ def build_spec(args, cell: str, namespace: dict) -> dict:
     if not cell.strip():
         raise UsageError("the cell is empty: write the training code below %%train_distributed")
     return {
-        "code": cell, "name": args.name, "nodes": args.nodes,
-        "nproc_per_node": args.nproc_per_node, "gpu_milli": parse_gpu(args.gpu),
-        "backend": args.backend, "max_restarts": args.max_restarts,
-        "checkpoint_every": args.checkpoint_every, "amp": args.amp or "",
-        "comm_hook": args.comm_hook or "", "env": parse_env(args.env), "out": args.out or "",
-        "timeout": args.timeout or 0, "priority": args.priority, "image": args.image or "",
+        "code": cell,
+        "name": args.name,
+        "nodes": args.nodes,
+        "nproc_per_node": args.nproc_per_node,
+        "gpu_milli": parse_gpu(args.gpu),
+        "backend": args.backend,
+        "max_restarts": args.max_restarts,
+        "checkpoint_every": args.checkpoint_every,
+        "amp": args.amp or "",
+        "comm_hook": args.comm_hook or "",
+        "env": parse_env(args.env),
+        "out": args.out or "",
+        "timeout": args.timeout or 0,
+        "priority": args.priority,
+        "image": args.image or "",
         "vars_b64": pickle_vars(args.vars, namespace),
     }
 
@@ -112,15 +132,30 @@ class TrainMagics(Magics):
     @argument("--nodes", type=int, default=1, help="nodes (torchrun agents); default 1")
     @argument("--nproc-per-node", type=int, default=1, help="processes (ranks) per node; default 1")
     @argument("--gpu", default="0", help="GPUs per rank: 0 (CPU), 0.5, 1/4, 1, 2...; default 0")
-    @argument("--backend", choices=("local", "kubernetes"), default="local",
-              help="where the ranks run; default local")
-    @argument("--max-restarts", type=int, default=0,
-              help="restarts (from the last checkpoint) after a rank dies; default 0")
-    @argument("--checkpoint-every", type=int, default=0,
-              help="steps between checkpoints in checkpoint.resume_range; default 0 (end only)")
+    @argument(
+        "--backend",
+        choices=("local", "kubernetes"),
+        default="local",
+        help="where the ranks run; default local",
+    )
+    @argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restarts (from the last checkpoint) after a rank dies; default 0",
+    )
+    @argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="steps between checkpoints in checkpoint.resume_range; default 0 (end only)",
+    )
     @argument("--amp", choices=("bf16", "fp16"), help="autocast dtype for ctx.autocast()")
-    @argument("--comm-hook", choices=("powersgd", "fp16", "bf16"),
-              help="DDP gradient compression; bf16 needs GPUs (NCCL)")
+    @argument(
+        "--comm-hook",
+        choices=("powersgd", "fp16", "bf16"),
+        help="DDP gradient compression; bf16 needs GPUs (NCCL)",
+    )
     @argument("--vars", help="notebook variables to send to the ranks: a,b,c")
     @argument("--env", action="append", metavar="K=V", help="environment variable (repeatable)")
     @argument("--out", help="variable the ranks build (rank 0's) to bring back, e.g. model")
@@ -147,18 +182,26 @@ class TrainMagics(Magics):
         """
         args = parse_argstring(self.train_distributed, line)
         spec = build_spec(args, cell, self.shell.user_ns)
-        from gpulab.client import Client, GpuLabError
+        from gpulab.client import (
+            BadRequest,
+            Client,
+            ConfigurationError,
+            RequestRefused,
+            ServiceUnreachable,
+        )
 
         try:
             client = Client()
             job = client.submit_job(spec)
-        except GpuLabError as e:
-            if e.status == 400 or e.status == 0:
-                raise UsageError(str(e)) from None
+        except (ConfigurationError, ServiceUnreachable, BadRequest) as e:
+            raise UsageError(str(e)) from None
+        except RequestRefused as e:
             raise TrainingJobRefused(f"job refused: {e}") from None
         if args.detach:
-            print(f"job {job['id']} submitted ({job['state']}); "
-                  f"follow it with gpulab.client.Client().get_job({job['id']!r})")
+            print(
+                f"job {job['id']} submitted ({job['state']}); "
+                f"follow it with gpulab.client.Client().get_job({job['id']!r})"
+            )
             return job["id"]
         return self._watch(client, job, args.out)
 
@@ -174,7 +217,8 @@ class TrainMagics(Magics):
             display = make_display(job["world_size"])
             lines: queue.Queue[str] = queue.Queue()
             follower = asyncio.run_coroutine_threadsafe(
-                client.aio.follow_job_logs_into(job_id, lines.put), _client_loop())
+                client.aio.follow_job_logs_into(job_id, lines.put), _client_loop()
+            )
             polls = 0
             while True:
                 m = client.job_metrics(job_id, cursor)
@@ -186,11 +230,10 @@ class TrainMagics(Magics):
                     job = client.get_job(job_id)
                 polls += 1
                 if job["state"] in TERMINAL:
-                    try:
-                        follower.result(timeout=30)  # the stream ends once the job has
-                    except Exception:
-                        pass
-                display.logs(_drain(lines))
+                    # The stream ends once the job has; a cut one loses only log lines.
+                    with contextlib.suppress(Exception):
+                        follower.result(timeout=30)
+                display.logs(drain_queue(lines))
                 display.status(job)
                 if job["state"] in TERMINAL:
                     break
@@ -225,7 +268,8 @@ class TrainMagics(Magics):
         raise TrainingJobFailed(job, text)
 
 
-def _drain(q: queue.Queue) -> list[str]:
+def drain_queue(q: queue.Queue) -> list[str]:
+    """Everything in ``q`` now, without waiting."""
     out = []
     while True:
         try:
@@ -235,6 +279,6 @@ def _drain(q: queue.Queue) -> list[str]:
 
 
 def _client_loop():
-    from gpulab.client.base import _LoopThread
+    from gpulab.client.base import client_loop
 
-    return _LoopThread.loop()
+    return client_loop()

@@ -14,6 +14,9 @@ import re
 import socket
 from dataclasses import asdict, dataclass
 
+from traitlets import Unicode
+from traitlets.config import LoggingConfigurable
+
 log = logging.getLogger(__name__)
 
 
@@ -133,3 +136,27 @@ def load_inventory(simulate: str | None = None, node: str | None = None) -> tupl
     if simulate:
         return parse_simulated(simulate, node), None
     return nvml_inventory(node)
+
+
+class Inventory(LoggingConfigurable):
+    """Where the GPUs the ledger places slices on come from (the service's
+    ``c.GpuLabService.inventory_class``). ``load()`` runs once, before the service
+    listens: an inventory that cannot be read raises :class:`InventoryError`, so a
+    misconfigured service stops instead of serving an empty cluster.
+    """
+
+    #: This node's name (the service sets it from c.GpuLabService.node_name).
+    node = Unicode()
+    #: A declared inventory (c.GpuLabService.simulate_gpus); wins over any source.
+    simulate = Unicode()
+
+    def load(self) -> tuple[list[Gpu], str | None]:
+        """``(gpus, reason)``: reason says why there are none (not an error)."""
+        raise NotImplementedError
+
+
+class LocalInventory(Inventory):
+    """This machine's GPUs from NVML, or the simulated spec. The embedded default."""
+
+    def load(self) -> tuple[list[Gpu], str | None]:
+        return load_inventory(self.simulate or None, node=self.node or None)

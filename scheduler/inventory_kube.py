@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 import re
 
-from .inventory import Gpu
+from traitlets import Unicode
+
+from .inventory import Gpu, Inventory, InventoryError, load_inventory
 
 HAMI_REGISTER = "hami.io/node-nvidia-register"
 GFD_PRODUCT = "nvidia.com/gpu.product"
@@ -188,3 +190,44 @@ async def load_cluster_inventory(kubeconfig: str | None = None,
     except Exception as e:  # no credentials, API down, RBAC: say which
         return [], f"cannot list the cluster's nodes ({type(e).__name__}: {e})"
     return parse_nodes(nodes)
+
+
+class KubernetesInventory(Inventory):
+    """The cluster's GPU nodes (``c.GpuLabService.inventory_class = "kubernetes"``).
+
+    A cluster that cannot be listed at start (no credentials, API down, RBAC) is
+    an error, not an empty inventory: the service exits and the hub restarts it.
+    """
+
+    kubeconfig = Unicode(
+        "",
+        help="""Kubeconfig file to read the cluster's nodes with. Default: the pod's
+        in-cluster credentials, else ~/.kube/config.
+
+        c.KubernetesInventory.kubeconfig = "/etc/gpulab/kubeconfig"
+        """,
+    ).tag(config=True)
+
+    label_selector = Unicode(
+        "",
+        help="""Label selector of the nodes whose GPUs are counted (also set by
+        c.GpuLabService.kubernetes_node_selector).
+
+        c.KubernetesInventory.label_selector = "nvidia.com/gpu.present=true"
+        """,
+    ).tag(config=True)
+
+    def load(self) -> tuple[list[Gpu], str | None]:
+        if self.simulate:
+            self.log.info("simulate_gpus is set: using it instead of the cluster's nodes")
+            return load_inventory(self.simulate, node=self.node or None)
+        import asyncio
+
+        try:
+            nodes = asyncio.run(fetch_nodes(self.kubeconfig or None, self.label_selector))
+        except Exception as e:
+            raise InventoryError(
+                f"inventory_source is \"kubernetes\" but the cluster's nodes cannot be listed "
+                f"({type(e).__name__}: {e}); run the service in the cluster (in-cluster "
+                f"credentials) or set c.KubernetesInventory.kubeconfig") from None
+        return parse_nodes(nodes)

@@ -6,11 +6,15 @@ nothing; after it, the allocation is on disk. Requests are idempotent per
 owner (``owner_kind`` + ``owner``): asking again for an owner that already
 holds a slice returns what it holds, so a client that retries after losing the
 answer (the service died mid-request) never gets a second slice.
+
+The calls block (on the database's write lock, at worst for SQLite's 30 s
+timeout); code on an event loop awaits them through :attr:`Ledger.aio`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import threading
 import uuid
 from collections import defaultdict
@@ -22,6 +26,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Engine
 
 from gpulab.db.engine import allocations, lock_for_write, utcnow, writer
+from .async_ledger import AsyncLedger
 from .inventory import Gpu
 from .policy import Cluster, PlacementPolicy, Request
 from .quota import Quotas
@@ -83,6 +88,11 @@ class Ledger:
         # In-process writers queue here before they queue on the database lock,
         # so threads of one service do not spin on SQLite's busy timeout.
         self._lock = threading.Lock()
+
+    @functools.cached_property
+    def aio(self) -> AsyncLedger:
+        """This ledger for the event loop: the same calls, awaited, on a few threads."""
+        return AsyncLedger(self)
 
     # -- reading ---------------------------------------------------------------
     def list(self, user: str | None = None, owner_kind: str | None = None,

@@ -34,9 +34,9 @@ def _string(body: dict, key: str) -> str:
 
 
 class AllocationsHandler(APIHandler):
-    def get(self):
+    async def get(self):
         user = self.listed_user("allocations")
-        self.write_json(self.gpulab.ledger.list(
+        self.write_json(await self.gpulab.ledger.aio.list(
             user=user, owner_kind=self.get_argument("owner_kind", None),
             owner=self.get_argument("owner", None)))
 
@@ -64,7 +64,7 @@ class AllocationsHandler(APIHandler):
         started = time.perf_counter()
         result = "placed"
         try:
-            rows = self.gpulab.ledger.allocate(user, owner_kind, owner, milli, groups)
+            rows = await self.gpulab.ledger.aio.allocate(user, owner_kind, owner, milli, groups)
         except NoCapacity as e:
             result = "no_capacity"
             raise web.HTTPError(409, str(e)) from None
@@ -85,33 +85,33 @@ class AllocationsHandler(APIHandler):
         who = self.require_identity()
         owner_kind = self.get_argument("owner_kind")
         owner = self.get_argument("owner")
-        held = self.gpulab.ledger.list(owner_kind=owner_kind, owner=owner)
+        held = await self.gpulab.ledger.aio.list(owner_kind=owner_kind, owner=owner)
         if held and not who.can_act_for(held[0]["user"]):
             raise web.HTTPError(404, f"no allocations for {owner_kind} {owner!r}")
         if held:
             await refuse_live_release(self.gpulab, who, owner_kind, owner)
-        released = self.gpulab.ledger.release(owner_kind, owner) if held else []
+        released = await self.gpulab.ledger.aio.release(owner_kind, owner) if held else []
         if owner_kind == "server" and who.internal:  # the hub's spawner: the server stopped
             await self.gpulab.server_stopped(owner)
         self.write_json({"released": released})
 
 
 class AllocationHandler(APIHandler):
-    def _find(self, alloc_id: str) -> dict:
+    async def _find(self, alloc_id: str) -> dict:
         who = self.require_identity()
-        row = self.gpulab.ledger.get(alloc_id)
+        row = await self.gpulab.ledger.aio.get(alloc_id)
         # Another user's allocation answers exactly like a missing one.
         if row is None or not who.can_act_for(row["user"]):
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
         return row
 
-    def get(self, alloc_id):
-        self.write_json(self._find(alloc_id))
+    async def get(self, alloc_id):
+        self.write_json(await self._find(alloc_id))
 
     async def delete(self, alloc_id):
-        row = self._find(alloc_id)
+        row = await self._find(alloc_id)
         await refuse_live_release(self.gpulab, self.identity, row["owner_kind"], row["owner"])
-        released = self.gpulab.ledger.release(row["owner_kind"], row["owner"])
+        released = await self.gpulab.ledger.aio.release(row["owner_kind"], row["owner"])
         self.write_json({"released": released})
 
 
@@ -124,8 +124,8 @@ class AvailabilityHandler(APIHandler):
         if not who.can_act_for(user):
             raise web.HTTPError(403, "you can only ask about your own availability")
         groups = await self.gpulab.groups_of(user)
-        sizes = self.gpulab.ledger.availability(user, self.gpulab.slice_sizes, groups)
-        usage = self.gpulab.ledger.usage().get(user, 0)
+        sizes = await self.gpulab.ledger.aio.availability(user, self.gpulab.slice_sizes, groups)
+        usage = (await self.gpulab.ledger.aio.usage()).get(user, 0)
         self.write_json({
             "user": user,
             "held_milli": usage,

@@ -7,16 +7,21 @@ configuration, e.g.::
 
     c.GpuLabService.default_user_quota_milli = 1000
     c.GpuLabService.group_quota_milli = {"students": 4000}
+
+It is built in one place, :meth:`GpuLabService.initialize`, as an ordered list of
+``init_*`` steps; a setting it cannot work with stops it there, before anything
+listens (:class:`~.backends.ConfigError`: one log line, exit code 1). ``start()``
+listens, then starts each manager's background work; ``stop()`` ends all of it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import hashlib
 import hmac
 import logging
 import os
+import signal
 import socket
 import sys
 from urllib.parse import urlparse
@@ -25,33 +30,47 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
-from traitlets import Bool, Dict, Float, Int, List, Unicode, default
-from traitlets.config import Application
+from traitlets import Bool, Dict, Float, Instance, Int, List, TraitError, Unicode, default
+from traitlets.config import Application, PyFileConfigLoader
 
+from gpulab.backend.spec import SpecError
 from gpulab.enforcement.account_limits import AccountLimits
 from gpulab.enforcement.accounts import UserAccounts
-from gpulab.db.engine import make_engine, utcnow
-from gpulab.scheduler.inventory import Gpu, load_inventory
+from gpulab.db.engine import make_engine
+from gpulab.scheduler.inventory import Gpu, InventoryError
+from gpulab.scheduler.inventory_kube import KubernetesInventory
 from gpulab.scheduler.ledger import Ledger
 from gpulab.scheduler.policy import get_policy
 from gpulab.scheduler.quota import Quotas
 from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
+from gpulab.telemetry import SampleCollector
 
 from . import api, deployments_api, jobs_api, ledger_guard, pages, telemetry_api
 from .auth import Identity
+from .backends import INVENTORIES, JOB_BACKENDS, SERVING_BACKENDS, ConfigError, NamedType
 from .hubapi import HubAPI
+from .jobs import JobManager
+from .kube_jobs import KubernetesJobsSettings
+from .ledger_guard import LostSlices
 from .metrics import Metrics
+from .reconcile import Reconciler
 from .request_body import JSON_BODY_LIMIT
+from .telemetry_store import TelemetryStore
 
 log = logging.getLogger("gpulab.service")
 
 #: Group property that sets a group's quota in milli-GPU from the hub's admin page.
 GROUP_QUOTA_PROPERTY = "gpulab_quota_milli"
 
+#: What one init step may raise that means "this configuration cannot work".
+CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
+
 
 class GpuLabService(Application):
     name = "gpulab-service"
     description = "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."
+    # Settings of these classes go in the same config file (and show in --help-all).
+    classes = [KubernetesJobsSettings, KubernetesInventory, UserAccounts, AccountLimits]
 
     data_dir = Unicode(
         help="""Where the service keeps its database. Set by `gpulab up --data-dir`.
@@ -101,8 +120,41 @@ class GpuLabService(Application):
         "local",
         help="""Where GPUs come from: "local" (NVML, or simulate_gpus) or "kubernetes"
         (the cluster's nodes: allocatable GPUs, MIG resources, HAMi's registration).
+        A shortcut for inventory_class; a cluster that cannot be listed stops the start.
 
         c.GpuLabService.inventory_source = "kubernetes"
+        """,
+    ).tag(config=True)
+
+    inventory_class = NamedType(
+        INVENTORIES,
+        klass="gpulab.scheduler.inventory.Inventory",
+        help="""The class that lists the GPUs (a gpulab.scheduler.inventory.Inventory):
+        "local", "kubernetes" or an import path. Wins over inventory_source.
+
+        c.GpuLabService.inventory_class = "kubernetes"
+        """,
+    ).tag(config=True)
+
+    jobs_backend_class = NamedType(
+        JOB_BACKENDS,
+        klass="gpulab.backend.base.Backend",
+        help="""Where jobs run besides "local" (every job's default): "kubernetes"
+        (Indexed Jobs; c.KubernetesJobsSettings says where) or an import path of a
+        gpulab.backend.base.Backend with a classmethod from_service(service, jobs_root).
+        Jobs choose it by its name (%%train_distributed --backend kubernetes).
+
+        c.GpuLabService.jobs_backend_class = "kubernetes"
+        """,
+    ).tag(config=True)
+
+    serving_backend_class = NamedType(
+        SERVING_BACKENDS,
+        klass="gpulab.backend.deployment_dir.DeploymentDirs",
+        help="""Where `%deploy` endpoints' replicas run: "local" (processes on the
+        service's machine), "kubernetes" (a Deployment and a Service each) or an import path.
+
+        c.GpuLabService.serving_backend_class = "kubernetes"
         """,
     ).tag(config=True)
 
@@ -192,8 +244,8 @@ class GpuLabService(Application):
     ).tag(config=True)
 
     kubernetes_jobs = Dict(
-        help="""Run jobs submitted with backend "kubernetes" as Indexed Jobs (JobSets where
-        installed) in this namespace; see gpulab.service.kube_jobs for every key.
+        help="""Deprecated: set jobs_backend_class = "kubernetes" and c.KubernetesJobsSettings
+        (same names) instead. Still works: it selects that class and sets those settings.
 
         c.GpuLabService.kubernetes_jobs = {"namespace": "gpulab", "jobs_pvc": "gpulab-jobs",
                                            "enforcement": "hami", "queue": "gpulab-jobs"}
@@ -201,9 +253,9 @@ class GpuLabService(Application):
     ).tag(config=True)
 
     kubernetes_deployments = Dict(
-        help="""Run `%deploy` endpoints as a Deployment + Service each in this namespace
-        (instead of processes on the service's machine); see
-        gpulab.service.kube_serving for every key.
+        help="""Deprecated shortcut for serving_backend_class = "kubernetes" with these
+        settings: `%deploy` endpoints as a Deployment + Service each in this namespace
+        (instead of processes on the service's machine); see gpulab.service.kube_serving.
 
         c.GpuLabService.kubernetes_deployments = {"namespace": "gpulab",
             "models_pvc": "gpulab-models", "image": "example.org/gpulab:1", "enforcement": "hami"}
@@ -291,40 +343,152 @@ class GpuLabService(Application):
     aliases = {"config": "GpuLabService.config_file", "db-url": "GpuLabService.db_url",
                "simulate-gpus": "GpuLabService.simulate_gpus"}
 
+
+    # -- what initialize() builds (not configuration) -----------------------------------
+    gpus = List(Instance(Gpu))
+    inventory_reason = Unicode(None, allow_none=True)
+    engine = Instance("sqlalchemy.engine.Engine", allow_none=True)
+    ledger = Instance(Ledger, allow_none=True)
+    metrics = Instance(Metrics, allow_none=True)
+    lost_slices = Instance(LostSlices, allow_none=True)
+    reconciler = Instance(Reconciler, allow_none=True)
+    jobs = Instance(JobManager, allow_none=True)
+    deployments = Instance("gpulab.service.deployments.DeploymentManager", allow_none=True)
+    telemetry = Instance(TelemetryStore, allow_none=True)
+    sampler = Instance(telemetry_api.LocalSampler, allow_none=True)
+    tornado_app = Instance(web.Application, allow_none=True)
+    hub = Instance(HubAPI)
+    #: Who users' job ranks and model replicas run as (c.UserAccounts settings).
+    accounts = Instance(UserAccounts)
+    #: Their CPU, memory and device limits (c.AccountLimits settings).
+    account_limits = Instance(AccountLimits)
+    service_name = Unicode()
+    prefix = Unicode()
+
+    @default("hub")
+    def _hub(self):
+        return HubAPI(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"])
+
+    @default("accounts")
+    def _accounts(self):
+        return UserAccounts(parent=self)
+
+    @default("account_limits")
+    def _account_limits(self):
+        return AccountLimits(parent=self)
+
+    @default("service_name")
+    def _service_name(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_NAME", "gpulab")
+
+    @default("prefix")
+    def _prefix(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab/")
+
+    # -- building it, in order -----------------------------------------------------------
     def initialize(self, argv=None):
+        """Parse the command line and config file, then build every part in order.
+        Raises :class:`ConfigError` (one line that says what to fix) for settings
+        the service cannot start with; nothing listens yet."""
         super().initialize(argv)
         path = self.config_file or os.path.join(self.data_dir, "gpulab_config.py")
         if os.path.exists(path):
-            self.load_config_file(path)
+            try:
+                # Loaded here, not by load_config_file(), whose errors exit on their own.
+                self.update_config(PyFileConfigLoader(path, log=self.log).load_config())
+            except CONFIG_ERRORS as e:
+                raise ConfigError(f"{path}: {e}") from e
+            except Exception as e:  # the file itself does not run
+                raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from e
+        for step in (self.init_logging, self.init_db, self.init_ledger, self.init_jobs,
+                     self.init_deployments, self.init_telemetry, self.init_handlers):
+            try:
+                step()
+            except ConfigError:
+                raise
+            except CONFIG_ERRORS as e:
+                raise ConfigError(str(e)) from e
+
+    def init_logging(self):
         logging.basicConfig(level=logging.INFO,
                             format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
+
+    def init_db(self):
         # What the service writes (databases, job and model files) is private
         # unless it says otherwise; users reach it through the API only.
         os.umask(0o077)
         os.makedirs(self.data_dir, exist_ok=True)
-        #: Who users' job ranks and model replicas run as (c.UserAccounts settings).
-        self.accounts = UserAccounts(config=self.config)
-        #: Their CPU, memory and device limits (c.AccountLimits settings).
-        self.account_limits = AccountLimits(config=self.config)
-        if self.inventory_source == "kubernetes" and not self.simulate_gpus:
-            from gpulab.scheduler.inventory_kube import load_cluster_inventory
+        self.engine = make_engine(self.db_url)
 
-            self.gpus, self.inventory_reason = asyncio.run(
-                load_cluster_inventory(label_selector=self.kubernetes_node_selector))
-        else:
-            self.gpus, self.inventory_reason = load_inventory(self.simulate_gpus or None,
-                                                              node=self.node_name)
+    def init_ledger(self):
+        """The inventory (from inventory_class), the ledger over it, and what watches it."""
+        try:
+            policy = get_policy(self.policy)
+        except ValueError as e:  # an unknown name; the message says which exist
+            raise ConfigError(f"c.GpuLabService.policy: {e}") from None
+        cls = self._inventory_class()
+        kwargs = {"node": self.node_name, "simulate": self.simulate_gpus}
+        if issubclass(cls, KubernetesInventory) and self.kubernetes_node_selector:
+            kwargs["label_selector"] = self.kubernetes_node_selector
+        self.gpus, self.inventory_reason = cls(parent=self, **kwargs).load()
         if self.inventory_reason:
             log.warning("No GPUs: %s. Only gpu_milli=0 can be placed.", self.inventory_reason)
-        self.ledger = Ledger(make_engine(self.db_url), self.gpus, get_policy(self.policy),
+        self.ledger = Ledger(self.engine, self.gpus, policy,
                              Quotas(self.default_user_quota_milli, dict(self.user_quota_milli),
                                     dict(self.group_quota_milli)))
-        self.hub = HubAPI(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"])
-        self.service_name = os.environ.get("JUPYTERHUB_SERVICE_NAME", "gpulab")
-        self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab/")
         self.metrics = Metrics(self)
-        telemetry_api.setup(self)
-        ledger_guard.setup(self)
+        self.lost_slices = LostSlices(self)
+        self.metrics.registry.register(self.lost_slices)
+        self.reconciler = Reconciler(self)
+
+    def _inventory_class(self) -> type:
+        if "inventory_class" in self.config.GpuLabService:
+            return self.inventory_class
+        if self.inventory_source not in INVENTORIES:
+            raise ConfigError(f"c.GpuLabService.inventory_source = {self.inventory_source!r} is "
+                              f"not a source; use one of {', '.join(map(repr, INVENTORIES))} "
+                              f"(or set c.GpuLabService.inventory_class)")
+        return self.traits()["inventory_class"].validate(self, self.inventory_source)
+
+    def init_jobs(self):
+        if self.kubernetes_jobs:
+            self._deprecated_shortcut("kubernetes_jobs", "jobs_backend_class",
+                                      "c.KubernetesJobsSettings")
+        self.jobs = JobManager(self)
+
+    def init_deployments(self):
+        if self.kubernetes_deployments:
+            self._deprecated_shortcut("kubernetes_deployments", "serving_backend_class",
+                                      "c.KubernetesServingSettings")
+        kube = self.traits()["serving_backend_class"].validate(self, "kubernetes")
+        if issubclass(self.serving_backend_class, kube):
+            # The manager's serving_backend() reads this switch of the Kubernetes settings.
+            self.config.KubernetesServingSettings.enabled = True
+        self.deployments = deployments_api.make_manager(self)
+
+    def _deprecated_shortcut(self, old: str, trait: str, instead: str) -> None:
+        """A dict setting of old (kubernetes_jobs...) selects the Kubernetes class."""
+        kube = self.traits()[trait].validate(self, "kubernetes")
+        if trait in self.config.GpuLabService and not issubclass(getattr(self, trait), kube):
+            raise ConfigError(f"c.GpuLabService.{old} asks for Kubernetes but "
+                              f"c.GpuLabService.{trait} is {getattr(self, trait).__name__}; "
+                              f"remove one of them")
+        log.warning("c.GpuLabService.%s is deprecated: set c.GpuLabService.%s = 'kubernetes' "
+                    "and %s instead", old, trait, instead)
+        if not issubclass(getattr(self, trait), kube):
+            setattr(self, trait, kube)
+
+    def init_telemetry(self):
+        self.telemetry = TelemetryStore()
+        self.metrics.registry.register(SampleCollector(self.telemetry.latest_for_export))
+        self.sampler = telemetry_api.LocalSampler(self) if self.local_sampler else None
+
+    def init_handlers(self):
+        for name in ("JUPYTERHUB_API_URL", "JUPYTERHUB_API_TOKEN"):
+            if not os.environ.get(name):
+                raise ConfigError(f"${name} is not set: the service runs under JupyterHub "
+                                  f"(c.JupyterHub.services), which sets it")
+        self.tornado_app = self.make_app()
 
     # -- identities and groups ---------------------------------------------------
     async def identify(self, model: dict) -> Identity:
@@ -370,39 +534,10 @@ class GpuLabService(Application):
                 "memory_mib": gpu.memory_mib, "allocated_milli": held.get(gpu.uuid, 0),
                 "simulated": gpu.simulated, "mig_parent": gpu.mig_parent}
 
-    # -- keeping the ledger true ---------------------------------------------------
-    async def reconcile_servers(self) -> None:
-        """Release server allocations whose server is gone (hub says not active)."""
-        started = utcnow()
-        alive = await self.hub.active_servers()
-        # Only allocations made before we asked: a spawn that allocated after
-        # the hub answered is alive even though the answer does not list it.
-        stale = [a for a in self.ledger.list(owner_kind="server")
-                 if a["owner"] not in alive
-                 and dt.datetime.fromisoformat(a["created"]) < started]
-        for owner in sorted({a["owner"] for a in stale}):
-            released = self.ledger.release("server", owner)
-            log.warning("Released %d allocation(s) of server %s: it is not running",
-                        len(released), owner)
-            await self.server_stopped(owner)
-
     async def server_stopped(self, owner: str) -> None:
         """A server is gone: what follows it (deployments that asked to) stops too."""
-        manager = getattr(self, "deployments", None)
-        if manager is not None:
-            await manager.server_stopped(owner)
-
-    async def reconcile_loop(self) -> None:
-        delay = 1.0
-        while True:
-            try:
-                await self.reconcile_servers()
-                await self.lost_slices.check()
-                delay = self.reconcile_interval
-            except Exception as e:  # the hub may still be starting
-                log.warning("Could not reconcile with the hub yet: %s", e)
-                delay = min(max(delay * 2, 1.0), self.reconcile_interval)
-            await asyncio.sleep(delay)
+        if self.deployments is not None:
+            await self.deployments.server_stopped(owner)
 
     # -- serving -----------------------------------------------------------------
     def make_app(self) -> web.Application:
@@ -421,30 +556,65 @@ class GpuLabService(Application):
         return web.Application(routes, gpulab=self, hub_auth=hub_auth,
                                cookie_secret=cookie_secret, xsrf_cookies=False)
 
-    def start(self):
+    # -- running -----------------------------------------------------------------
+    def managers(self) -> list:
+        """What has background work, in start order (stop runs in reverse)."""
+        return [m for m in (self.reconciler, self.jobs, self.deployments, self.sampler)
+                if m is not None]
+
+    async def start_managers(self) -> None:
+        for manager in self.managers():
+            await manager.start()
+
+    async def stop(self) -> None:
+        """End every background task the service or a manager started. Jobs and
+        replicas themselves run on: the next service re-attaches to them."""
+        for manager in reversed(self.managers()):
+            try:
+                await manager.stop()
+            except Exception:
+                log.exception("Stopping %s", type(manager).__name__)
+        if self.ledger is not None:
+            self.ledger.aio.close()  # its threads: after the managers, which use them
+
+    async def serve(self) -> None:
+        """Listen, start the managers, run until SIGINT/SIGTERM, then stop()."""
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
-        app = self.make_app()
-
-        async def main():
-            # Routes that take more (uploads, jobs' variables) raise it per request.
-            server = HTTPServer(app, xheaders=True, max_body_size=JSON_BODY_LIMIT)
-            server.listen(url.port, url.hostname)
-            log.info("gpulab service on %s (prefix %s), %d GPU(s), database %s", url.geturl(),
-                     self.prefix, len(self.gpus), self.db_url.split("@")[-1])
-            asyncio.ensure_future(self.reconcile_loop())
-            # Rooms with background work (job re-attachment, sampling) start here.
-            await jobs_api.start(self)
-            await deployments_api.start(self)
-            await telemetry_api.start(self)
-            await asyncio.Event().wait()
-
+        # Routes that take more (uploads, jobs' variables) raise it per request.
+        server = HTTPServer(self.tornado_app or self.make_app(), xheaders=True,
+                            max_body_size=JSON_BODY_LIMIT)
+        server.listen(url.port, url.hostname)
+        log.info("gpulab service on %s (prefix %s), %d GPU(s), database %s", url.geturl(),
+                 self.prefix, len(self.gpus), self.db_url.split("@")[-1])
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # the hub stops services with these
+            try:
+                loop.add_signal_handler(sig, stopping.set)
+            except (RuntimeError, ValueError):  # not the main thread: KeyboardInterrupt
+                pass
         try:
-            asyncio.run(main())
-        except KeyboardInterrupt:  # the hub stops its services with SIGINT
+            await self.start_managers()
+            await stopping.wait()
+        finally:
+            server.stop()
+            await self.stop()
+            log.info("gpulab service stopped")
+
+    def start(self):
+        try:
+            asyncio.run(self.serve())
+        except KeyboardInterrupt:  # a signal before the handlers were in place
             log.info("gpulab service stopped")
 
 
 def main(argv=None):
     app = GpuLabService()
-    app.initialize(argv if argv is not None else sys.argv[1:])
+    try:
+        app.initialize(argv if argv is not None else sys.argv[1:])
+    except ConfigError as e:
+        logging.basicConfig(level=logging.INFO,
+                            format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
+        log.critical("Configuration error, not starting: %s", " ".join(str(e).split()))
+        sys.exit(1)
     app.start()

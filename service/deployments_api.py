@@ -20,13 +20,11 @@ hub token never reaches the model server.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 
 from tornado import web
 
 from .auth import APIHandler
-from .deployments import DeploymentManager, DeployRefused
+from .deployments import DeploymentManager, DeployRefused, upload_spool
 from .request_body import parse_json_object
 from .uploads import MultipartUpload, boundary_of
 
@@ -36,11 +34,6 @@ log = logging.getLogger("gpulab.service.deployments")
 FORWARD_REQUEST = ("Content-Type", "Content-Encoding", "Accept-Encoding",
                    "Inference-Header-Content-Length")
 FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
-
-
-def upload_spool(service) -> str:
-    """Where model uploads are written while they arrive (private to the service)."""
-    return os.path.join(service.data_dir, "uploads")
 
 
 class _DeploymentHandler(APIHandler):
@@ -139,7 +132,7 @@ class DeploymentHandler(_DeploymentHandler):
         dep = self.find(name)
         who = self.identity
         by = "its owner" if who.name == dep["user"] else f"{who.kind} {who.name}"
-        self.write_json(await self.deployments.stop(dep, f"stopped by {by}"))
+        self.write_json(await self.deployments.stop_deployment(dep, f"stopped by {by}"))
 
 
 class DeploymentLogsHandler(_DeploymentHandler):
@@ -147,7 +140,7 @@ class DeploymentLogsHandler(_DeploymentHandler):
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
 
-    def get(self, name):
+    async def get(self, name):
         dep = self.find(name)
         try:
             replica = int(self.get_argument("replica", "0"))
@@ -155,12 +148,7 @@ class DeploymentLogsHandler(_DeploymentHandler):
             raise web.HTTPError(400, "replica must be an integer") from None
         if not 0 <= replica < dep["replicas"]:
             raise web.HTTPError(400, f"replica must be from 0 to {dep['replicas'] - 1}")
-        path = self.deployments.serving.path(dep["id"], "logs", f"replica{replica}.log")
-        try:
-            with open(path, "rb") as f:
-                self.finish(f.read()[-256 * 1024:])
-        except FileNotFoundError:
-            self.finish(b"")
+        self.finish(await self.deployments.logs(dep, replica))
 
 
 class EndpointHandler(_DeploymentHandler):
@@ -222,10 +210,15 @@ routes = [
 ]
 
 
+def make_manager(service, serving=None) -> DeploymentManager:
+    """The deployment manager of ``service``, on ``serving`` (default: the backend its
+    settings choose). Configuration errors (ValueError) surface here, before anything
+    listens; ``await manager.start()`` once the service listens."""
+    return DeploymentManager(service, serving)
+
+
 async def start(service) -> None:
-    """Called once the service listens: adopt surviving replicas, then keep them running."""
-    # Uploads a restart cut short; none is in flight yet.
-    shutil.rmtree(upload_spool(service), ignore_errors=True)
-    manager = DeploymentManager(service)
+    """Make the manager, then start it (for a service that does not make it itself)."""
+    manager = getattr(service, "deployments", None) or make_manager(service)
     service.deployments = manager
     await manager.start()

@@ -17,21 +17,23 @@ import os
 import uuid
 
 from gpulab.backend.base import Backend
-from gpulab.backend.local import LocalBackend
 from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
-from gpulab.db import jobs as jobs_db  # noqa: F401 - registers the jobs table
 from gpulab.db.jobs import TERMINAL
 from gpulab.scheduler.queue import JobQueue, never_fits
 from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, parse_gpu_milli
 
 from .allreduce_results import record_from_job
+from .backends import job_backends
 from .cpu_quota import over_cpu_quota
+from .tasks import KeptTask
 
 log = logging.getLogger("gpulab.service.jobs")
 
 #: Fields of a job spec the service fills in; a client may not send them.
 SERVICE_FIELDS = ("id", "user", "checkpoint_dir")
 TICK_S = 1.0
+#: How long stop() lets a pass of the loop finish before cutting it short.
+STOP_GRACE_S = 10.0
 
 
 class JobRefused(Exception):
@@ -49,18 +51,42 @@ class JobManager:
         self.queue = JobQueue(service.ledger.engine)
         self.root = os.path.join(service.data_dir, "jobs")
         os.makedirs(self.root, exist_ok=True)
-        real_gpus = any(not g.simulated for g in service.gpus)
-        self.backends = backends or {"local": LocalBackend(
-            self.root, real_gpus=real_gpus, accounts=service.accounts,
-            limits=service.account_limits, gpu_count=len(service.gpus))}
-        if backends is None and service.kubernetes_jobs:
-            from .kube_jobs import kubernetes_backend
-
-            self.backends["kubernetes"] = kubernetes_backend(service.kubernetes_jobs, self.root,
-                                                             service.gpus)
+        # Built here, before the service listens: bad settings stop the start.
+        self.backends = backends or job_backends(service, self.root)
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._tails: dict[str, tuple[int, list[dict]]] = {}
+        self._loop = KeptTask("gpulab-job-queue", self.loop)
+
+    # -- running -----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Once the service listens: re-attach to running jobs, then run the queue."""
+        try:
+            await self.reattach()
+        except Exception:
+            log.exception("Re-attaching to jobs")
+        self._loop.start()
+
+    async def stop(self) -> None:
+        """End the queue loop between passes (jobs themselves run on: a restarted
+        service re-attaches to them), then close the backends' API clients."""
+        try:
+            await asyncio.wait_for(self._lock.acquire(), STOP_GRACE_S)
+            held = True
+        except asyncio.TimeoutError:
+            held = False  # a pass is stuck (a hung backend call): cut it short
+        try:
+            await self._loop.stop()
+        finally:
+            if held:
+                self._lock.release()
+        for backend in self.backends.values():
+            close = getattr(backend, "close", None)  # Kubernetes backends hold a client
+            if close is not None:
+                try:
+                    await close()
+                except Exception:
+                    log.exception("Closing the %s backend", backend.name)
 
     # -- reading -----------------------------------------------------------------------
     def spec(self, job: dict) -> JobSpec:
@@ -210,9 +236,9 @@ class JobManager:
                 log.exception("Polling job %s", job["id"])
                 if job["backend"] not in self.backends or not os.path.exists(
                         self.backends[job["backend"]].jobdir(job["id"]).p("spec.json")):
-                    self.queue.finish(job["id"], "failed", f"lost its job directory: {e}")
-                    for r in range(job["nodes"] * job["nproc_per_node"]):
-                        self.ledger.release("job", f"{job['id']}/{r}")
+                    owners = [f"{job['id']}/{r}" for r in range(job["nodes"] * job["nproc_per_node"])]
+                    await self.ledger.aio.run(self._finish, job, owners, "failed",
+                                              f"lost its job directory: {e}", {})
 
     async def _poll_one(self, job: dict) -> None:
         spec = self.spec(job)
@@ -225,21 +251,30 @@ class JobManager:
                 self.queue.update(job["id"], message="running")
             if spec.timeout and job["started"] and self._age(job) > spec.timeout:
                 await backend.cancel(spec)
-                self._end(job, spec, "failed", f"timed out after {spec.timeout:g} s "
-                                               f"(--timeout)", restarts=status.restarts)
+                await self._end(job, spec, "failed", f"timed out after {spec.timeout:g} s "
+                                                     f"(--timeout)", restarts=status.restarts)
             return
-        self._end(job, spec, status.state, status.message or status.state,
-                  error=status.error, restarts=status.restarts)
+        await self._end(job, spec, status.state, status.message or status.state,
+                        error=status.error, restarts=status.restarts)
 
     @staticmethod
     def _age(job: dict) -> float:
         started = dt.datetime.fromisoformat(job["started"])
         return (dt.datetime.now(dt.timezone.utc) - started).total_seconds()
 
-    def _end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
+    def _finish(self, job: dict, owners: list[str], state: str, message: str,
+                values: dict) -> int | None:
+        """The job's row ends and its slices go back (in the ledger's threads: SQLite
+        may wait for another writer). None if the job had already ended."""
+        if not self.queue.finish(job["id"], state, message, **values):
+            return None
+        return sum(len(self.ledger.release("job", o)) for o in owners)
+
+    async def _end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
         self._tails.pop(job["id"], None)
-        if self.queue.finish(job["id"], state, message, **values):
-            released = sum(len(self.ledger.release("job", o)) for o in spec.rank_owners())
+        released = await self.ledger.aio.run(self._finish, job, spec.rank_owners(), state,
+                                             message, values)
+        if released is not None:
             self.jobdir(job).event(f"job {state}: {message}")
             if state == "succeeded":  # a nettest probe's result, read from the job itself
                 record_from_job(self.service, job, self.jobdir(job))
@@ -256,7 +291,8 @@ class JobManager:
         if not queued:
             return
         groups = {u: await self.service.groups_of(u) for u in {j["user"] for j in queued}}
-        for job, rows in self.queue.admit(self.ledger, groups, self._members):
+        admitted = await self.ledger.aio.run(self.queue.admit, self.ledger, groups, self._members)
+        for job, rows in admitted:
             await self._start(job, rows)
 
     async def _start(self, job: dict, rows: list[dict]) -> None:
@@ -268,7 +304,7 @@ class JobManager:
             await self.backends[job["backend"]].start(spec, rows)
         except Exception as e:
             log.exception("Starting job %s", job["id"])
-            self._end(job, spec, "failed", f"could not start: {e}")
+            await self._end(job, spec, "failed", f"could not start: {e}")
 
     # -- cancelling ----------------------------------------------------------------------
     async def cancel(self, job: dict, reason: str = "cancelled") -> dict:
@@ -279,7 +315,7 @@ class JobManager:
             spec = self.spec(job)
             if job["state"] == "running":
                 await self.backends[job["backend"]].cancel(spec)
-            self._end(job, spec, "cancelled", reason)
+            await self._end(job, spec, "cancelled", reason)
         return self.view(self.queue.get(job["id"]))
 
     # -- restarting ----------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Routes and background work for training jobs (``/api/v1/jobs``).
+"""Routes for training jobs (``/api/v1/jobs``); the work is the service's
+:class:`~.jobs.JobManager` (``GpuLabService.jobs``).
 
 Only a job's owner and admins see a job; to anyone else it does not exist
 (404), like another user's allocation.
@@ -7,7 +8,6 @@ Only a job's owner and admins see a job; to anyone else it does not exist
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from tornado import web
 from tornado.iostream import StreamClosedError
@@ -19,8 +19,6 @@ from gpulab.db.jobs import STATES, TERMINAL
 from .auth import APIHandler
 from .jobs import JobManager, JobRefused
 
-log = logging.getLogger("gpulab.service.jobs")
-
 #: How often a following log stream looks for new lines.
 FOLLOW_POLL_S = 0.5
 
@@ -28,9 +26,9 @@ FOLLOW_POLL_S = 0.5
 class _JobHandler(APIHandler):
     @property
     def jobs(self) -> JobManager:
-        manager = getattr(self.gpulab, "jobs", None)
-        if manager is None:
-            raise web.HTTPError(503, "the job manager is still starting; try again")
+        manager = self.gpulab.jobs
+        if manager is None:  # an app made by make_app() without initialize()
+            raise web.HTTPError(503, "the job manager is not running; try again")
         return manager
 
     def find(self, job_id: str) -> dict:
@@ -154,13 +152,3 @@ routes = [
     (r"api/v1/jobs/([^/]+)/out", JobOutHandler),
 ]
 
-
-async def start(service) -> None:
-    """Called once the service listens: re-attach to running jobs, then run the queue."""
-    manager = JobManager(service)
-    service.jobs = manager
-    try:
-        await manager.reattach()
-    except Exception:
-        log.exception("Re-attaching to jobs")
-    asyncio.ensure_future(manager.loop())

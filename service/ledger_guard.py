@@ -54,14 +54,13 @@ async def _live(service, owner_kind: str, owner: str) -> str | None:
         return None
     head = owner.split("/", 1)[0]
     if owner_kind == "job":
-        jobs = getattr(service, "jobs", None)
-        job = jobs.queue.get(head) if jobs else None
+        job = service.jobs.queue.get(head) if service.jobs is not None else None
         if job and job["state"] in ("queued", "running"):
             return (f"job {head} is {job['state']}: cancel the job "
                     f"(DELETE /api/v1/jobs/{head}) to release its slices")
         return None
-    deployments = getattr(service, "deployments", None)
-    dep = deployments.store.get(head) if deployments else None
+    deployments = service.deployments
+    dep = deployments.store.get(head) if deployments is not None else None
     if dep and dep["state"] != "failed":
         return (f"deployment {dep['name']!r} is {dep['state']}: stop it "
                 f"(DELETE /api/v1/deployments/{dep['name']}) to release its slices")
@@ -94,7 +93,7 @@ class LostSlices:
         servers = await svc.hub.active_server_models()
         # After the hub's answer: a server that stopped meanwhile has no row, but
         # it is no longer in the next pass's answer either.
-        held = {(a["owner_kind"], a["owner"]) for a in svc.ledger.list()}
+        held = {(a["owner_kind"], a["owner"]) for a in await svc.ledger.aio.list()}
         found = {}
         for owner, model in servers.items():
             milli = _server_milli(model)
@@ -104,8 +103,7 @@ class LostSlices:
                     "owner_kind": "server", "owner": owner, "user": owner.split("/")[0],
                     "milli": milli, "message": f"server {owner} is running with {milli} "
                                                f"milli-GPU but holds no slice"}
-        jobs = getattr(svc, "jobs", None)
-        for job in jobs.queue.list(states=("running",)) if jobs else []:
+        for job in svc.jobs.queue.list(states=("running",)) if svc.jobs is not None else []:
             missing = [r for r in range(job["nodes"] * job["nproc_per_node"])
                        if job["gpu_milli"] and ("job", f"{job['id']}/{r}") not in held]
             if missing:
@@ -114,8 +112,8 @@ class LostSlices:
                     "milli": job["gpu_milli"] * len(missing),
                     "message": f"job {job['id']} is running but rank(s) "
                                f"{', '.join(map(str, missing))} hold no slice"}
-        deployments = getattr(svc, "deployments", None)
-        for dep in deployments.store.list() if deployments else []:
+        deployments = svc.deployments
+        for dep in deployments.store.list() if deployments is not None else []:
             missing = [r for r in range(dep["replicas"])
                        if dep["gpu_milli"] and dep["state"] != "failed"
                        and ("deployment", f"{dep['id']}/{r}") not in held]
@@ -155,7 +153,3 @@ class LedgerHandler(APIHandler):
 
 routes = [(r"api/v1/ledger", LedgerHandler)]
 
-
-def setup(service) -> None:
-    service.lost_slices = LostSlices(service)
-    service.metrics.registry.register(service.lost_slices)

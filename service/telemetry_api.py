@@ -1,5 +1,8 @@
 """Telemetry routes (``/api/v1/telemetry``) and the embedded local sampler.
 
+The store (``GpuLabService.telemetry``) and :class:`LocalSampler` are made by
+the service's ``init_telemetry``; the sampler runs between its start() and stop().
+
 Agents POST one sample per request (shape: ``gpulab.telemetry.sample``); in
 the embedded default the service samples its own node every second instead.
 ``GET /telemetry?since=`` serves what the dashboard shows, under the same
@@ -18,11 +21,12 @@ import time
 
 from tornado import web
 
-from gpulab.telemetry import NodeSampler, SampleCollector, validate_sample
+from gpulab.telemetry import NodeSampler, validate_sample
 
 from .allreduce_results import BadResult
 from .allreduce_results import validate as validate_allreduce
 from .auth import APIHandler, Identity
+from .tasks import KeptTask
 from .telemetry_store import TelemetryStore
 
 log = logging.getLogger("gpulab.service")
@@ -71,7 +75,7 @@ class TelemetryHandler(APIHandler):
                   for a in svc.ledger.list(user=mine)]
         free = svc.ledger.free_sizes(svc.slice_sizes)
         allreduce = [r for r in store.allreduce() if mine is None or r.get("user") in (None, mine)]
-        jobs = svc.jobs.summaries(mine) if getattr(svc, "jobs", None) else []
+        jobs = svc.jobs.summaries(mine) if svc.jobs is not None else []
         self.write_json({
             "now": time.time(), "interval_s": svc.sample_interval, "nodes": nodes,
             "you": {"name": who.name, "admin": who.admin},
@@ -126,27 +130,29 @@ routes = [
 ]
 
 
-def setup(service) -> None:
-    """Attach the store and the exporter to the service (before it serves)."""
-    service.telemetry = TelemetryStore()
-    service.metrics.registry.register(SampleCollector(service.telemetry.latest_for_export))
 
+class LocalSampler:
+    """Samples this node every ``sample_interval`` seconds, off the event loop
+    (c.GpuLabService.local_sampler; off where `gpulab agent` runs on every node)."""
 
-async def start(service) -> None:
-    """Sample this node every ``sample_interval`` seconds, off the event loop."""
-    if not service.local_sampler:
-        return
-    sampler = NodeSampler(node=service.node_name,
-                          cache_dir=os.environ.get("GPULAB_CACHE_DIR") or None)
+    def __init__(self, service):
+        self.service = service
+        self.sampler = NodeSampler(node=service.node_name,
+                                   cache_dir=os.environ.get("GPULAB_CACHE_DIR") or None)
+        self._loop = KeptTask("gpulab-local-sampler", self.loop)
 
-    async def loop():
+    async def start(self) -> None:
+        self._loop.start()
+
+    async def stop(self) -> None:
+        await self._loop.stop()
+
+    async def loop(self) -> None:
         while True:
             try:
-                sample = await asyncio.to_thread(sampler.sample)
+                sample = await asyncio.to_thread(self.sampler.sample)
                 sample["allreduce"] = []
-                service.telemetry.add(sample)
+                self.service.telemetry.add(sample)
             except Exception:
                 log.exception("local telemetry sample failed")
-            await asyncio.sleep(service.sample_interval)
-
-    asyncio.ensure_future(loop())
+            await asyncio.sleep(self.service.sample_interval)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -42,16 +41,18 @@ import time
 import torch
 import torch.distributed as dist
 
+from .sizes import parse_size as parse_bytes
+
 RESULT_PREFIX = "GPULAB_ALLREDUCE "
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
 
-def parse_size(text: str) -> int:
-    """``65536``, ``64K``, ``16M``, ``1G`` (binary units) -> bytes (a multiple of 4)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"size {text!r}: expected bytes like 65536, 64K, 16M or 1G")
-    size = int(m.group(1)) * _UNITS[m.group(2).upper()]
+def parse_size(text: str | int) -> int:
+    """Bytes per all-reduce (a multiple of 4: float32s) from ``65536``, ``64K``, ``16M``...
+
+    Sizes follow gpulab's one rule (:mod:`gpulab.training.sizes`): ``K``/``M``/``G``
+    alone and ``KiB``/``MiB``/``GiB`` are powers of 1024, ``KB``/``MB``/``GB`` of 1000.
+    """
+    size = parse_bytes(text)
     if size < 4:
         raise ValueError(f"size {text!r}: at least 4 bytes (one float32)")
     return size - size % 4
@@ -97,10 +98,16 @@ def measure(size_bytes: int, iters: int, warmup: int, device: torch.device) -> d
     if not torch.allclose(buf[:16], torch.full_like(buf[:16], expected)):
         raise RuntimeError(f"all-reduce returned {buf[:4].tolist()}, expected {expected}")
     algbw, busbw = bandwidths(size_bytes, time_s, world)
-    return {"size_bytes": size_bytes, "iters": iters, "warmup": warmup,
-            "time_s": time_s, "algbw_bytes_per_second": algbw,
-            "busbw_bytes_per_second": busbw, "world_size": world,
-            "backend": str(dist.get_backend())}
+    return {
+        "size_bytes": size_bytes,
+        "iters": iters,
+        "warmup": warmup,
+        "time_s": time_s,
+        "algbw_bytes_per_second": algbw,
+        "busbw_bytes_per_second": busbw,
+        "world_size": world,
+        "backend": str(dist.get_backend()),
+    }
 
 
 def _nodes() -> list[str]:
@@ -155,8 +162,9 @@ def probe(sizes: list[int], iters: int, warmup: int) -> list[dict]:
             dist.destroy_process_group()
 
 
-def run_probe(size: int | str = "16M", iters: int = 20, warmup: int = 5,
-              record: bool = False) -> dict:
+def run_probe(
+    size: int | str = "16M", iters: int = 20, warmup: int = 5, record: bool = False
+) -> dict:
     """One size (bytes, or ``64K``/``16M``/``1G``) from inside a rank: ``%gpulab nettest --nodes``.
 
     Every rank of the group must call it; each gets the same result (the
@@ -201,10 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m gpulab.training.allreduce_probe",
         description="All-reduce bus bandwidth probe (nccl-tests definitions); run it "
-                    "under torchrun.")
-    p.add_argument("--size", default="16M",
-                   help="bytes per all-reduce, comma-separated for several "
-                        "(e.g. 1M,16M,64M; default 16M)")
+        "under torchrun.",
+    )
+    p.add_argument(
+        "--size",
+        default="16M",
+        help="bytes per all-reduce, comma-separated for several (e.g. 1M,16M,64M; default 16M)",
+    )
     p.add_argument("--iters", type=int, default=20, help="timed all-reduces per size")
     p.add_argument("--warmup", type=int, default=5, help="untimed all-reduces first")
     p.add_argument("--json-out", help="rank 0 writes the results (a JSON list) here")
@@ -216,8 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        p.error("run me under torchrun, e.g. torchrun --standalone --nproc-per-node 2 "
-                "-m gpulab.training.allreduce_probe")
+        p.error(
+            "run me under torchrun, e.g. torchrun --standalone --nproc-per-node 2 "
+            "-m gpulab.training.allreduce_probe"
+        )
     results = run(sizes, args.iters, args.warmup)
     if int(os.environ["RANK"]) == 0:
         for r in results:

@@ -1,7 +1,8 @@
 """Model endpoints on Kubernetes: the cluster I/O of a deployment's replicas.
 
-:class:`KubernetesServing` stands in for :class:`~gpulab.backend.local_serving.LocalServing`
-when the service runs on a cluster. The files are laid out the same way, on the
+:class:`KubernetesServing` is the :class:`~gpulab.backend.serving_base.ServingBackend`
+the service uses on a cluster (:class:`~gpulab.backend.local_serving.LocalServing`
+elsewhere). The files are laid out the same way, on the
 models claim (``models_pvc``), which the service and every model-server pod mount
 at the same path (``root``)::
 
@@ -12,8 +13,10 @@ A deployment becomes three objects, created in this order: a Secret
 ``gpulab-ep-d<id>-token`` (key ``token``), then the Deployment and the Service from
 the pure builder :func:`~.deploy.make_deployment`, named ``gpulab-ep-d<id>``
 (deployment ids are hex and may start with a digit; Kubernetes names may not).
-Kubernetes restarts replicas (``managed_restarts``), so the manager only asks how
-many are ready. ``kubernetes_asyncio`` is imported when the cluster is first
+Kubernetes restarts replicas (``restarts_replicas``), so :meth:`~KubernetesServing.check`
+only asks how many are ready; calls go to the Service, which spreads them. A
+replica's log is its pod's (the pods of the endpoint, by name: replica ``i`` is
+the ``i``-th). ``kubernetes_asyncio`` is imported when the cluster is first
 needed, never at import.
 """
 
@@ -22,18 +25,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from ..deployment_dir import DeploymentDirs
+from ..serving_base import Health, ServingBackend, follow_ready
 from .apiclient import ApiClientHolder
 from .deploy import ENDPOINT_LABEL, endpoint_name, make_deployment
 from .pods import COMMON_LABELS, USER_ANNOTATION
 
 #: How long ``stop`` waits for the cluster to remove an endpoint's pods.
 STOP_WAIT_S = 120.0
+#: The most log lines asked of a pod (the bytes are cut to what was asked after).
+LOG_LINES = 5000
+CONTAINER = "server"
 
 
-class KubernetesServing(DeploymentDirs, ApiClientHolder):
+class KubernetesServing(ApiClientHolder, ServingBackend):
     """An endpoint's replicas as a Deployment behind a Service in one namespace.
 
     ``pod_patch_for(dep, rows)`` returns the pod patch holding the replicas'
@@ -43,7 +49,7 @@ class KubernetesServing(DeploymentDirs, ApiClientHolder):
     """
 
     name = "kubernetes"
-    managed_restarts = True  # Kubernetes restarts replicas; the manager does not
+    restarts_replicas = True  # the Deployment controller does
 
     def __init__(self, root: str, *, namespace: str, models_pvc: str, image: str,
                  kubeconfig: str | None = None,
@@ -59,11 +65,7 @@ class KubernetesServing(DeploymentDirs, ApiClientHolder):
         self.labels = dict(labels or {})
         self.priority_class = priority_class
         self.port = port
-
-    # -- the directory (DeploymentDirs) ------------------------------------------------
-    def log_tail(self, dep_id: str, replica: int, lines: int = 5) -> str:
-        """Nothing: the replicas' logs are their pods' (``kubectl logs``)."""
-        return ""
+        self._ready: dict[str, int] = {}  # dep id -> ready replicas, as of the last check
 
     # -- names ---------------------------------------------------------------------------
     @staticmethod
@@ -138,6 +140,9 @@ class KubernetesServing(DeploymentDirs, ApiClientHolder):
                 if replace is not None:
                     await replace(name, ns, obj)
 
+    async def adopt(self, dep: dict, rows: list[dict]) -> None:
+        await self.launch(dep, rows)
+
     async def _read(self, dep: dict):
         """The Deployment, or None when it does not exist."""
         from kubernetes_asyncio import client
@@ -158,6 +163,47 @@ class KubernetesServing(DeploymentDirs, ApiClientHolder):
         if found is None or found.status is None:
             return 0
         return int(found.status.ready_replicas or 0)
+
+    async def check(self, dep: dict) -> Health:
+        ready = self._ready[dep["id"]] = await self.ready(dep)
+        return follow_ready(dep, ready)
+
+    def ready_urls(self, dep: dict) -> list[str]:
+        return [self.url(dep)] if self._ready.get(dep["id"]) else []
+
+    def forget(self, dep_id: str) -> None:
+        self._ready.pop(dep_id, None)
+
+    async def replica_pods(self, dep: dict) -> list:
+        """The endpoint's pods, by name (the order ``logs`` numbers them in)."""
+        from kubernetes_asyncio import client
+
+        found = await client.CoreV1Api(await self.api()).list_namespaced_pod(
+            self.namespace, label_selector=f"{ENDPOINT_LABEL}={self.k8s_name(dep)}")
+        return sorted(found.items or [], key=lambda pod: pod.metadata.name)
+
+    async def logs(self, dep: dict, replica: int, max_bytes: int = 256 * 1024) -> str:
+        """The end of the ``replica``-th pod's log; "" while there is no such pod or its
+        container has not started."""
+        from kubernetes_asyncio import client
+
+        pods = await self.replica_pods(dep)
+        if not 0 <= replica < len(pods):
+            return ""
+        # The raw answer: parsed, a log line that happens to be JSON would be mangled.
+        resp = await client.CoreV1Api(await self.api()).read_namespaced_pod_log(
+            pods[replica].metadata.name, self.namespace, container=CONTAINER,
+            tail_lines=LOG_LINES, _preload_content=False)
+        try:
+            if resp.status in (400, 404):  # not started yet, or just gone
+                return ""
+            data = await resp.read()
+            if not 200 <= resp.status <= 299:
+                raise RuntimeError(f"reading the log of pod {pods[replica].metadata.name}: "
+                                   f"HTTP {resp.status}: {data[:200]!r}")
+        finally:
+            resp.release()
+        return data[-max_bytes:].decode(errors="replace")
 
     async def stop(self, dep: dict, wait_s: float = STOP_WAIT_S) -> None:
         """Delete the Deployment (in the foreground: its pods go first), the Service and the
@@ -181,5 +227,6 @@ class KubernetesServing(DeploymentDirs, ApiClientHolder):
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if await self._read(dep) is None:
-                return
+                break
             await asyncio.sleep(1.0)
+        self.forget(dep["id"])

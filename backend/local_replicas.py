@@ -1,0 +1,191 @@
+"""Model-server replicas as processes on this machine: starting, finding and killing them.
+
+Each replica is ``python -m gpulab.serving.server`` in a session of its own
+(``start_new_session``), so it outlives a restart of the service, which then
+finds it again by its pid and the deployment directory in its command line.
+A deployment's directory holds::
+
+    model/            model.pt2 + model.json (gpulab.serving.export)
+    token             the secret the replicas want in ``Authorization: Bearer``
+    replica<N>.json   {"pid", "port", "started"} of the replica's latest process
+    logs/replica<N>.log
+
+The replicas listen on 127.0.0.1 only, behind the service's authenticated
+endpoint; the token keeps other processes of the host out as well.
+
+With per-user accounts the replicas run as the owner's account: the directory
+is ``root:<owner's group> 0750``, the model readable by that group, and the
+token and logs root's alone (a replica gets its token in its environment,
+which only its own account can read).
+
+Keeping them running (restarts, the crash window) is :mod:`.local_serving`'s part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .deployment_dir import DeploymentDirs
+from .local import PASS_ENV, free_port
+
+
+def process_alive(pid: int, marker: str) -> bool:
+    """Is ``pid`` still a live process whose command line names ``marker`` (a pid read
+    from a file must not lead the service to signal someone else's process)?"""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+    except OSError:
+        return False
+    return marker.encode() in cmd
+
+
+class LocalReplicas(DeploymentDirs):
+    """The replica processes of every deployment under ``root``."""
+
+    def __init__(self, root: str, real_gpus: bool = False, python: str = sys.executable,
+                 accounts=None, limits=None, gpu_count: int = 0):
+        super().__init__(root)
+        self.real_gpus = real_gpus
+        self.python = python
+        #: :class:`~gpulab.enforcement.accounts.UserAccounts`, or None: run as the service.
+        self.accounts = accounts if accounts is not None and accounts.enabled else None
+        if self.accounts is not None:  # owners reach their own folder, nobody lists them
+            os.chmod(root, 0o711)
+        #: :class:`~gpulab.enforcement.account_limits.AccountLimits` for each replica.
+        self.limits = limits if self.accounts is not None else None
+        self.gpu_count = gpu_count
+        self._children: dict[tuple[str, int], subprocess.Popen] = {}
+
+    # -- the directory -----------------------------------------------------------
+    def prepare(self, dep_id: str) -> str:
+        os.makedirs(self.path(dep_id, "logs"), exist_ok=True)
+        return super().prepare(dep_id)
+
+    def _hand_over(self, dep_id: str, gid: int) -> None:
+        """Let the owner's account (group ``gid``) read the model, and nobody else."""
+        model = self.model_dir(dep_id)
+        for name in os.listdir(model):
+            if os.path.isfile(os.path.join(model, name)):
+                os.chown(os.path.join(model, name), 0, gid)
+                os.chmod(os.path.join(model, name), 0o640)
+        for path in (model, self.path(dep_id)):
+            os.chown(path, 0, gid)
+            os.chmod(path, 0o750)
+
+    # -- replicas ----------------------------------------------------------------
+    def start_replica(self, dep: dict, replica: int, gpu_uuid: str | None = None) -> dict:
+        """Launch one replica on a free port; returns its record (pid, port)."""
+        dep_id = dep["id"]
+        port = free_port()
+        env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+        run_as, group = {}, None
+        env.update(HOME=self.path(dep_id))
+        if self.accounts is not None:
+            account = self.accounts.ensure(dep["user"])
+            self._hand_over(dep_id, account.gid)
+            env.update(account.env())
+            run_as = account.popen_kwargs()
+            if self.limits is not None:
+                devices = None
+                if self.real_gpus and gpu_uuid:
+                    from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
+
+                    devices = device_paths_for_uuids([gpu_uuid])
+                group = self.limits.group(account.name, f"deploy-{dep_id}-r{replica}",
+                                          dep["gpu_milli"], self.gpu_count, gpu_devices=devices)
+        env.update(PYTHONUNBUFFERED="1",
+                   GPULAB_SERVING_TOKEN=self.token(dep_id),
+                   # The slice's card, or none: a CPU replica must not grab a GPU.
+                   CUDA_VISIBLE_DEVICES=gpu_uuid if (self.real_gpus and gpu_uuid) else "")
+        if self.real_gpus and gpu_uuid and 0 < dep["gpu_milli"] < 1000:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = \
+                f"per_process_memory_fraction:{dep['gpu_milli'] / 1000:g}"
+        argv = [self.python, "-m", "gpulab.serving.server",
+                "--model-dir", self.model_dir(dep_id), "--ip", "127.0.0.1", "--port", str(port),
+                "--max-batch-size", str(dep["max_batch_size"]),
+                "--max-latency-ms", f"{dep['max_latency_ms']:g}",
+                "--max-queue", str(dep["max_queue"])]
+        if group is not None:
+            argv, run_as = group.launch(argv, **run_as)
+        with open(self.log_path(dep_id, replica), "ab") as log:
+            log.write(f"[gpulab] starting replica {replica} on port {port}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(argv, env=env, cwd=self.path(dep_id),
+                                    stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    **run_as)
+        self._children[(dep_id, replica)] = proc
+        record = {"pid": proc.pid, "port": port, "started": time.time()}
+        tmp = self.path(dep_id, f"replica{replica}.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, self.path(dep_id, f"replica{replica}.json"))
+        return record
+
+    def record(self, dep_id: str, replica: int) -> dict | None:
+        try:
+            with open(self.path(dep_id, f"replica{replica}.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def alive(self, dep_id: str, replica: int) -> bool:
+        rec = self.record(dep_id, replica)
+        if rec is None:
+            return False
+        child = self._children.get((dep_id, replica))
+        if child is not None and child.pid == rec["pid"]:
+            # Our own child is asked directly (this also reaps it when it died).
+            return child.poll() is None
+        return process_alive(rec["pid"], self.model_dir(dep_id))
+
+    def exit_code(self, dep_id: str, replica: int) -> int | None:
+        child = self._children.get((dep_id, replica))
+        return child.poll() if child is not None else None
+
+    def log_path(self, dep_id: str, replica: int) -> str:
+        return self.path(dep_id, "logs", f"replica{replica}.log")
+
+    def log_tail(self, dep_id: str, replica: int, lines: int = 5) -> str:
+        """The last ``lines`` lines of a replica's log, on one line (for messages)."""
+        try:
+            with open(self.log_path(dep_id, replica), errors="replace") as f:
+                tail = [ln.rstrip() for ln in f.readlines()[-lines:] if ln.strip()]
+        except OSError:
+            return ""
+        return " | ".join(tail)
+
+    async def kill(self, dep: dict, grace_s: float = 10.0) -> None:
+        """SIGTERM every replica (queued requests are answered), then SIGKILL."""
+        dep_id, replicas = dep["id"], dep["replicas"]
+        pids = [self.record(dep_id, i)["pid"] for i in range(replicas) if self.alive(dep_id, i)]
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            for pid in pids:
+                try:
+                    os.killpg(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if not any(self.alive(dep_id, i) for i in range(replicas)):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                continue
+            break
+        for i in range(replicas):
+            self._children.pop((dep_id, i), None)
+        account = self.accounts.lookup(dep["user"]) if self.limits is not None else None
+        if account is not None:
+            for i in range(replicas):
+                self.limits.remove(account.name, f"deploy-{dep_id}-r{i}")
