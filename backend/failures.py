@@ -64,6 +64,10 @@ def root_cause(failures: list[dict], rank_errors: list[dict]) -> dict | None:
     if chosen is None:
         return None
     tb = chosen.get("traceback", "").strip()
-    return {"rank": chosen["rank"], "type": "Signal" if chosen in signalled else "ExitCode",
-            "message": tb.splitlines()[-1] if tb else f"exit code {chosen['exitcode']}",
-            "traceback": tb, "error_file": None}
+    return {
+        "rank": chosen["rank"],
+        "type": "Signal" if chosen in signalled else "ExitCode",
+        "message": tb.splitlines()[-1] if tb else f"exit code {chosen['exitcode']}",
+        "traceback": tb,
+        "error_file": None,
+    }

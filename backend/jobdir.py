@@ -25,6 +25,7 @@ make the service read or write another file of the host for it.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -172,10 +173,8 @@ class JobDir:
         seen = [0]
         for path in glob.glob(self.p("pids", "rank*.json")):
             info = self.read_user_json(os.path.relpath(path, self.path))
-            try:
+            with contextlib.suppress(AttributeError, TypeError, ValueError):
                 seen.append(int(info.get("restart", 0)))
-            except (AttributeError, TypeError, ValueError):
-                pass
         return max(seen)
 
     def out_path(self) -> str | None:
@@ -192,10 +191,8 @@ class JobDir:
             return [], cursor
         end = data.rfind(b"\n") + 1  # a line still being written waits for next time
         for line in data[:end].splitlines():
-            try:
+            with contextlib.suppress(ValueError):
                 records.append(json.loads(line))
-            except ValueError:
-                pass
         return records, cursor + end
 
     def log_sources(self) -> list[tuple[str, str]]:
@@ -208,8 +205,11 @@ class JobDir:
                 ranks.append((int(m.group(1)), f"[r{m.group(1)}] ", path))
             elif m := _NODE_LOG.match(name):
                 nodes.append((int(m.group(1)), f"[node{m.group(1)}] ", path))
-        return sources + [(pre, p) for _, pre, p in sorted(ranks)] + \
-            [(pre, p) for _, pre, p in sorted(nodes)]
+        return (
+            sources
+            + [(pre, p) for _, pre, p in sorted(ranks)]
+            + [(pre, p) for _, pre, p in sorted(nodes)]
+        )
 
 
 class LogTail:

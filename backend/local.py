@@ -19,6 +19,7 @@ ranks run gloo.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import os
 import signal
@@ -28,6 +29,7 @@ import sys
 import time
 
 from gpulab.enforcement.accounts import unreachable
+
 from .base import Backend, JobStatus
 from .failures import parse_summary, root_cause
 from .render import render_node, torchrun_argv
@@ -35,11 +37,25 @@ from .spec import JobSpec, SpecError
 
 # What the ranks inherit from the service's environment; nothing else (the
 # service's hub token and database URL must not reach user code).
-PASS_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH",
-            "LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
+PASS_ENV = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+)
 # After one node's agent fails, how long the others get to notice before we stop them.
 PEER_GRACE_S = 30.0
-_WRAPPER = '"$@"; code=$?; echo $code > "$GPULAB_EXIT_FILE.tmp"; mv "$GPULAB_EXIT_FILE.tmp" "$GPULAB_EXIT_FILE"'
+_WRAPPER = (
+    '"$@"; code=$?; echo $code > "$GPULAB_EXIT_FILE.tmp"; '
+    'mv "$GPULAB_EXIT_FILE.tmp" "$GPULAB_EXIT_FILE"'
+)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -68,8 +84,16 @@ def _alive(pid: int, marker: str, uid: int | None = None) -> bool:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, jobs_root: str, real_gpus: bool = False, python: str = sys.executable,
-                 home: str | None = None, accounts=None, limits=None, gpu_count: int = 0):
+    def __init__(
+        self,
+        jobs_root: str,
+        real_gpus: bool = False,
+        python: str = sys.executable,
+        home: str | None = None,
+        accounts=None,
+        limits=None,
+        gpu_count: int = 0,
+    ):
         super().__init__(jobs_root)
         self.real_gpus = real_gpus
         self.python = python
@@ -86,8 +110,10 @@ class LocalBackend(Backend):
 
     def check(self, spec: JobSpec) -> None:
         if spec.comm_hook == "bf16" and not (self.real_gpus and spec.gpu_milli):
-            raise SpecError("comm hook bf16 needs NCCL, which needs GPUs; these ranks run gloo "
-                            "on CPU: use --comm-hook fp16 or powersgd")
+            raise SpecError(
+                "comm hook bf16 needs NCCL, which needs GPUs; these ranks run gloo "
+                "on CPU: use --comm-hook fp16 or powersgd"
+            )
 
     # -- launching ----------------------------------------------------------------
     def _base_env(self, jobdir) -> dict[str, str]:
@@ -103,9 +129,15 @@ class LocalBackend(Backend):
         for node in range(spec.nodes):
             ranks = range(node * spec.nproc_per_node, (node + 1) * spec.nproc_per_node)
             gpus = [by_rank[r] for r in ranks if r in by_rank] if self.real_gpus else []
-            yield render_node(spec, node, job_dir=jd.path, rdzv_host="127.0.0.1",
-                              rdzv_port=port, node_gpus=gpus,
-                              launcher=torchrun_argv(self.python))
+            yield render_node(
+                spec,
+                node,
+                job_dir=jd.path,
+                rdzv_host="127.0.0.1",
+                rdzv_port=port,
+                node_gpus=gpus,
+                launcher=torchrun_argv(self.python),
+            )
 
     async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
         jd = self.jobdir(spec.id)
@@ -116,47 +148,72 @@ class LocalBackend(Backend):
             if problem:
                 raise RuntimeError(f"the ranks cannot run as {spec.user}'s account: {problem}")
             account = await asyncio.get_running_loop().run_in_executor(
-                None, self.accounts.ensure, spec.user)
+                None, self.accounts.ensure, spec.user
+            )
             jd.hand_over(account.uid, account.gid)
         port = free_port()
         nodes = []
         procs = []
         for launch in self.node_launches(spec, allocations, port):
-            env = {**self._base_env(jd), **(account.env() if account else {}), **launch.env,
-                   "GPULAB_EXIT_FILE": jd.p("pids", f"node{launch.node_rank}.exit")}
+            env = {
+                **self._base_env(jd),
+                **(account.env() if account else {}),
+                **launch.env,
+                "GPULAB_EXIT_FILE": jd.p("pids", f"node{launch.node_rank}.exit"),
+            }
             argv = ["/bin/sh", "-c", _WRAPPER, "gpulab-node", *launch.argv]
             run_as = account.popen_kwargs() if account else {}
             group = self._node_group(spec, account, launch.node_rank, allocations)
             if group is not None:
                 argv, run_as = group.launch(argv, **run_as)
-            log = jd.open_user(f"logs/node{launch.node_rank}.log",
-                               os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            log = jd.open_user(
+                f"logs/node{launch.node_rank}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT
+            )
             try:
-                proc = subprocess.Popen(argv, env=env, cwd=jd.path, stdin=subprocess.DEVNULL,
-                                        stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, **run_as)
+                proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=jd.path,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    **run_as,
+                )
             finally:
                 os.close(log)
             procs.append(proc)
-            nodes.append({"node": launch.node_rank, "pid": proc.pid, "pgid": proc.pid,
-                          "argv": launch.argv})
+            nodes.append(
+                {"node": launch.node_rank, "pid": proc.pid, "pgid": proc.pid, "argv": launch.argv}
+            )
         self._children[spec.id] = procs
-        jd.write_json("launch.json", {"backend": self.name, "rdzv_port": port,
-                                      "started": time.time(), "nodes": nodes})
+        jd.write_json(
+            "launch.json",
+            {"backend": self.name, "rdzv_port": port, "started": time.time(), "nodes": nodes},
+        )
 
     def _node_group(self, spec: JobSpec, account, node: int, allocations: list[dict]):
         """The cgroup of one node's agent and ranks (the limits of its ranks' slices)."""
         if self.limits is None or account is None:
             return None
-        real = sorted({a["gpu_uuid"] for a in allocations if a.get("gpu_uuid")}) \
-            if self.real_gpus else []
+        real = (
+            sorted({a["gpu_uuid"] for a in allocations if a.get("gpu_uuid")})
+            if self.real_gpus
+            else []
+        )
         devices = None
         if real:
             from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
 
             devices = device_paths_for_uuids(real)
-        return self.limits.group(account.name, f"job-{spec.id}-node{node}", spec.gpu_milli,
-                                 self.gpu_count, ranks=spec.nproc_per_node, gpu_devices=devices)
+        return self.limits.group(
+            account.name,
+            f"job-{spec.id}-node{node}",
+            spec.gpu_milli,
+            self.gpu_count,
+            ranks=spec.nproc_per_node,
+            gpu_devices=devices,
+        )
 
     def _remove_groups(self, spec: JobSpec) -> None:
         if self.limits is None:
@@ -219,20 +276,27 @@ class LocalBackend(Backend):
         code = next(s for s in states if s != 0)
         failures = []
         for n in range(len(states)):
-            try:
+            with contextlib.suppress(OSError):
                 failures += parse_summary(
-                    jd.read_user(f"logs/node{n}.log").decode(errors="replace"))
-            except OSError:
-                pass
+                    jd.read_user(f"logs/node{n}.log").decode(errors="replace")
+                )
         last = [e for e in jd.errors() if e.get("restart", 0) == restarts]
         error = root_cause(failures, last)
         if error:
-            return JobStatus("failed", exit_code=code, restarts=restarts, error=error,
-                             message=f"rank {error['rank']} failed: {error['type']}: "
-                                     f"{error['message']}")
+            return JobStatus(
+                "failed",
+                exit_code=code,
+                restarts=restarts,
+                error=error,
+                message=f"rank {error['rank']} failed: {error['type']}: {error['message']}",
+            )
         tail = self._tail(jd, "logs/node0.log")
-        return JobStatus("failed", exit_code=code, restarts=restarts,
-                         message=f"torchrun exited with code {code}" + (f": {tail}" if tail else ""))
+        return JobStatus(
+            "failed",
+            exit_code=code,
+            restarts=restarts,
+            message=f"torchrun exited with code {code}" + (f": {tail}" if tail else ""),
+        )
 
     @staticmethod
     def _tail(jd, name: str, n: int = 3) -> str:
@@ -263,16 +327,12 @@ class LocalBackend(Backend):
         groups = [n["pgid"] for n in launch.get("nodes", [])]
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             for pgid in groups:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
             if sig == signal.SIGKILL:
                 for pid in self._rank_pids(jd):
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 self._reap(spec.id)

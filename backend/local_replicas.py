@@ -24,6 +24,7 @@ Keeping them running (restarts, the crash window) is :mod:`.local_serving`'s par
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -52,8 +53,15 @@ def process_alive(pid: int, marker: str) -> bool:
 class LocalReplicas(DeploymentDirs):
     """The replica processes of every deployment under ``root``."""
 
-    def __init__(self, root: str, real_gpus: bool = False, python: str = sys.executable,
-                 accounts=None, limits=None, gpu_count: int = 0):
+    def __init__(
+        self,
+        root: str,
+        real_gpus: bool = False,
+        python: str = sys.executable,
+        accounts=None,
+        limits=None,
+        gpu_count: int = 0,
+    ):
         super().__init__(root)
         self.real_gpus = real_gpus
         self.python = python
@@ -101,29 +109,55 @@ class LocalReplicas(DeploymentDirs):
                     from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
 
                     devices = device_paths_for_uuids([gpu_uuid])
-                group = self.limits.group(account.name, f"deploy-{dep_id}-r{replica}",
-                                          dep["gpu_milli"], self.gpu_count, gpu_devices=devices)
-        env.update(PYTHONUNBUFFERED="1",
-                   GPULAB_SERVING_TOKEN=self.token(dep_id),
-                   # The slice's card, or none: a CPU replica must not grab a GPU.
-                   CUDA_VISIBLE_DEVICES=gpu_uuid if (self.real_gpus and gpu_uuid) else "")
+                group = self.limits.group(
+                    account.name,
+                    f"deploy-{dep_id}-r{replica}",
+                    dep["gpu_milli"],
+                    self.gpu_count,
+                    gpu_devices=devices,
+                )
+        env.update(
+            PYTHONUNBUFFERED="1",
+            GPULAB_SERVING_TOKEN=self.token(dep_id),
+            # The slice's card, or none: a CPU replica must not grab a GPU.
+            CUDA_VISIBLE_DEVICES=gpu_uuid if (self.real_gpus and gpu_uuid) else "",
+        )
         if self.real_gpus and gpu_uuid and 0 < dep["gpu_milli"] < 1000:
-            env["PYTORCH_CUDA_ALLOC_CONF"] = \
+            env["PYTORCH_CUDA_ALLOC_CONF"] = (
                 f"per_process_memory_fraction:{dep['gpu_milli'] / 1000:g}"
-        argv = [self.python, "-m", "gpulab.serving.server",
-                "--model-dir", self.model_dir(dep_id), "--ip", "127.0.0.1", "--port", str(port),
-                "--max-batch-size", str(dep["max_batch_size"]),
-                "--max-latency-ms", f"{dep['max_latency_ms']:g}",
-                "--max-queue", str(dep["max_queue"])]
+            )
+        argv = [
+            self.python,
+            "-m",
+            "gpulab.serving.server",
+            "--model-dir",
+            self.model_dir(dep_id),
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-batch-size",
+            str(dep["max_batch_size"]),
+            "--max-latency-ms",
+            f"{dep['max_latency_ms']:g}",
+            "--max-queue",
+            str(dep["max_queue"]),
+        ]
         if group is not None:
             argv, run_as = group.launch(argv, **run_as)
         with open(self.log_path(dep_id, replica), "ab") as log:
             log.write(f"[gpulab] starting replica {replica} on port {port}\n".encode())
             log.flush()
-            proc = subprocess.Popen(argv, env=env, cwd=self.path(dep_id),
-                                    stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    **run_as)
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=self.path(dep_id),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **run_as,
+            )
         self._children[(dep_id, replica)] = proc
         record = {"pid": proc.pid, "port": port, "started": time.time()}
         tmp = self.path(dep_id, f"replica{replica}.json.tmp")
@@ -171,10 +205,8 @@ class LocalReplicas(DeploymentDirs):
         pids = [self.record(dep_id, i)["pid"] for i in range(replicas) if self.alive(dep_id, i)]
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 if not any(self.alive(dep_id, i) for i in range(replicas)):

@@ -108,20 +108,32 @@ class LocalServing(LocalReplicas, ServingBackend):
             what = f"replica {r} exited" + (f" with code {code}" if code is not None else "")
             if len(rep.crashes) >= MAX_CRASHES:
                 log.warning("Deployment %s/%s failed: %s", dep["user"], dep["name"], tail)
-                return Health(0, "failed", f"{what} ({len(rep.crashes)} times in "
-                                           f"{CRASH_WINDOW_S:g} s); slices released. "
-                                           f"Last log: {tail}", restarts)
-            log.warning("Deployment %s/%s: %s; restarting it. Log: %s", dep["user"],
-                        dep["name"], what, tail)
+                return Health(
+                    0,
+                    "failed",
+                    f"{what} ({len(rep.crashes)} times in "
+                    f"{CRASH_WINDOW_S:g} s); slices released. "
+                    f"Last log: {tail}",
+                    restarts,
+                )
+            log.warning(
+                "Deployment %s/%s: %s; restarting it. Log: %s", dep["user"], dep["name"], what, tail
+            )
             restarts += 1
             message = f"{what}; restarted it"
             self._start(dep, r)
         ready = sum(rep.port is not None for rep in served.replicas)
-        state = ("running" if ready == dep["replicas"]
-                 else "degraded" if dep["state"] != "starting" or down else "starting")
+        state = (
+            "running"
+            if ready == dep["replicas"]
+            else "degraded"
+            if dep["state"] != "starting" or down
+            else "starting"
+        )
         if state == "running" and dep["state"] != "running":
             message = f"{ready} replica(s) ready" + (
-                f"; {restarts} restart(s) so far" if restarts else "")
+                f"; {restarts} restart(s) so far" if restarts else ""
+            )
         return Health(ready, state, message, restarts)
 
     async def _probe(self, dep: dict, replica: int) -> None:
@@ -148,9 +160,10 @@ class LocalServing(LocalReplicas, ServingBackend):
         """``(status, body)`` of a GET to one replica, or None if it does not answer."""
         try:
             async with self.session.get(
-                    f"http://127.0.0.1:{port}{path}",
-                    timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
-                    headers={"Authorization": f"Bearer {self._token(dep)}"}) as resp:
+                f"http://127.0.0.1:{port}{path}",
+                timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
+                headers={"Authorization": f"Bearer {self._token(dep)}"},
+            ) as resp:
                 return resp.status, await resp.read()
         except (TimeoutError, aiohttp.ClientError):
             return None

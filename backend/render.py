@@ -32,10 +32,18 @@ def torchrun_argv(python: str = sys.executable) -> list[str]:
     return [python, "-m", "torch.distributed.run"]
 
 
-def render_node(spec: JobSpec, node_rank: int, *, job_dir: str, rdzv_host: str,
-                rdzv_port: int, local_addr: str | None = None, ifname: str | None = None,
-                node_gpus: list[str] | None = None,
-                launcher: list[str] | None = None) -> NodeLaunch:
+def render_node(
+    spec: JobSpec,
+    node_rank: int,
+    *,
+    job_dir: str,
+    rdzv_host: str,
+    rdzv_port: int,
+    local_addr: str | None = None,
+    ifname: str | None = None,
+    node_gpus: list[str] | None = None,
+    launcher: list[str] | None = None,
+) -> NodeLaunch:
     """torchrun's argv and the variables (beyond the inherited environment) for one node.
 
     ``node_gpus`` are the device UUIDs of this node's ranks, in local-rank order
@@ -46,16 +54,18 @@ def render_node(spec: JobSpec, node_rank: int, *, job_dir: str, rdzv_host: str,
         raise ValueError(f"node_rank {node_rank} outside 0..{spec.nodes - 1}")
     endpoint = f"{rdzv_host}:{rdzv_port}"
     is_host = 1 if node_rank == 0 else 0
-    argv = [*(launcher or torchrun_argv()),
-            f"--nnodes={spec.nodes}",
-            f"--nproc-per-node={spec.nproc_per_node}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={spec.id or spec.name}",
-            f"--rdzv-conf=is_host={is_host},timeout=120",
-            f"--max-restarts={spec.max_restarts}",
-            "--monitor-interval=0.5",
-            f"--log-dir={job_dir}/torchrun/node{node_rank}"]
+    argv = [
+        *(launcher or torchrun_argv()),
+        f"--nnodes={spec.nodes}",
+        f"--nproc-per-node={spec.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={spec.id or spec.name}",
+        f"--rdzv-conf=is_host={is_host},timeout=120",
+        f"--max-restarts={spec.max_restarts}",
+        "--monitor-interval=0.5",
+        f"--log-dir={job_dir}/torchrun/node{node_rank}",
+    ]
     if local_addr:
         argv.append(f"--local-addr={local_addr}")
     argv += ["--module", "gpulab.training.runner", job_dir]

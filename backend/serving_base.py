@@ -54,10 +54,18 @@ class Health:
 
 def follow_ready(dep: dict, ready: int) -> Health:
     """Health of a deployment whose replicas something else restarts: count the ready."""
-    state = ("running" if ready >= dep["replicas"]
-             else "starting" if dep["state"] == "starting" else "degraded")
-    message = (f"{ready} replica(s) ready" if state == "running"
-               else f"{ready} of {dep['replicas']} replica(s) ready")
+    state = (
+        "running"
+        if ready >= dep["replicas"]
+        else "starting"
+        if dep["state"] == "starting"
+        else "degraded"
+    )
+    message = (
+        f"{ready} replica(s) ready"
+        if state == "running"
+        else f"{ready} of {dep['replicas']} replica(s) ready"
+    )
     return Health(ready, state, message, dep["restarts"])
 
 

@@ -24,12 +24,23 @@ _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Variables the backend owns (the slice, the rendezvous); a user setting them would
 # break the launch or step outside the job's slice.
-RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "GPULAB_", "MASTER_", "CUDA_MPS_",
-                         "NVIDIA_")
-RESERVED_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
-                "CUDA_VISIBLE_DEVICES", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
-                "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HOME"}
+RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "GPULAB_", "MASTER_", "CUDA_MPS_", "NVIDIA_")
+RESERVED_ENV = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "CUDA_VISIBLE_DEVICES",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+    "HOME",
+}
 # Variables that decide what code a rank loads: never from a request.
 LOADER_ENV_PREFIXES = ("LD_", "PYTHON")
 LOADER_ENV = {"PATH"}
@@ -93,7 +104,7 @@ class JobSpec:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "JobSpec":
+    def from_dict(cls, data: dict) -> JobSpec:
         if not isinstance(data, dict):
             raise SpecError("a job spec must be a JSON object")
         known = {f.name for f in fields(cls)}
@@ -107,7 +118,7 @@ class JobSpec:
         return spec
 
     @classmethod
-    def from_json(cls, text: str) -> "JobSpec":
+    def from_json(cls, text: str) -> JobSpec:
         return cls.from_dict(json.loads(text))
 
     def validate(self) -> None:
@@ -121,24 +132,35 @@ class JobSpec:
         try:
             code_bytes = len(self.code.encode("utf-8"))
         except UnicodeEncodeError:
-            raise SpecError("'code' holds characters that are not valid Unicode (a lone "
-                            "surrogate); send the cell's source as text") from None
+            raise SpecError(
+                "'code' holds characters that are not valid Unicode (a lone "
+                "surrogate); send the cell's source as text"
+            ) from None
         if code_bytes > MAX_CODE_BYTES:
-            raise SpecTooLarge(f"'code' is over {MAX_CODE_BYTES >> 20} MiB; keep data out of "
-                               f"the cell (read it from a file or a dataset)")
+            raise SpecTooLarge(
+                f"'code' is over {MAX_CODE_BYTES >> 20} MiB; keep data out of "
+                f"the cell (read it from a file or a dataset)"
+            )
         if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise SpecError(f"'name' must be 1-63 letters, digits, '.', '_' or '-', "
-                            f"got {self.name!r}")
+            raise SpecError(
+                f"'name' must be 1-63 letters, digits, '.', '_' or '-', got {self.name!r}"
+            )
         integer("nodes", 1, MAX_NODES)
         integer("nproc_per_node", 1, MAX_NPROC)
         integer("gpu_milli", 0, 8000)
         integer("max_restarts", 0, 100)
         integer("checkpoint_every", 0, 10**9)
         integer("priority", -100, 100)
-        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \
-                or not math.isfinite(self.timeout) or not 0 <= self.timeout <= MAX_TIMEOUT_S:
-            raise SpecError(f"'timeout' must be seconds >= 0 (0 = none), a finite number up "
-                            f"to {MAX_TIMEOUT_S}, got {self.timeout!r}")
+        if (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, (int, float))
+            or not math.isfinite(self.timeout)
+            or not 0 <= self.timeout <= MAX_TIMEOUT_S
+        ):
+            raise SpecError(
+                f"'timeout' must be seconds >= 0 (0 = none), a finite number up "
+                f"to {MAX_TIMEOUT_S}, got {self.timeout!r}"
+            )
         if not isinstance(self.image, str) or len(self.image) > 1024:
             raise SpecError("'image' must be a container image name (a string)")
         if self.amp not in AMP_CHOICES:
@@ -157,15 +179,21 @@ class JobSpec:
             if not isinstance(k, str) or not _ENV_KEY.match(k) or not isinstance(v, str):
                 raise SpecError(f"env {k!r}: names are letters, digits and '_', values strings")
             if "\0" in v or len(v) > MAX_ENV_VALUE:
-                raise SpecError(f"env {k!r}: a value is text of at most {MAX_ENV_VALUE >> 10} "
-                                f"KiB without NUL bytes")
+                raise SpecError(
+                    f"env {k!r}: a value is text of at most {MAX_ENV_VALUE >> 10} "
+                    f"KiB without NUL bytes"
+                )
             if k in LOADER_ENV or k.startswith(LOADER_ENV_PREFIXES):
-                raise SpecError(f"env {k!r} is refused: LD_*, PYTHON* and PATH decide which "
-                                f"code every rank loads and stay as gpulab sets them; install "
-                                f"what the job needs into its environment instead")
+                raise SpecError(
+                    f"env {k!r} is refused: LD_*, PYTHON* and PATH decide which "
+                    f"code every rank loads and stay as gpulab sets them; install "
+                    f"what the job needs into its environment instead"
+                )
             if k in RESERVED_ENV or k.startswith(RESERVED_ENV_PREFIXES):
-                raise SpecError(f"env {k!r} is set by gpulab for every rank (the slice and the "
-                                f"rendezvous); pick another name")
+                raise SpecError(
+                    f"env {k!r} is set by gpulab for every rank (the slice and the "
+                    f"rendezvous); pick another name"
+                )
         if not isinstance(self.vars_b64, str):
             raise SpecError("'vars_b64' must be base64 (of cloudpickle bytes)")
         if self.vars_b64:

@@ -72,15 +72,28 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(3):
         cache.open(shard, cache_dir=os.path.join(work, "cache")).close()
 
-    env = {**os.environ, "GPULAB_AGENT_TOKEN": "benchmark-token",
-           "GPULAB_CACHE_DIR": os.path.join(work, "cache")}
+    env = {
+        **os.environ,
+        "GPULAB_AGENT_TOKEN": "benchmark-token",
+        "GPULAB_CACHE_DIR": os.path.join(work, "cache"),
+    }
     agent = subprocess.Popen(
-        [sys.executable, "-m", "gpulab.telemetry.agent", "--interval", str(args.interval),
-         "--service-url", f"http://127.0.0.1:{httpd.server_port}/telemetry",
-         "--log-level", "WARNING"], env=env)
+        [
+            sys.executable,
+            "-m",
+            "gpulab.telemetry.agent",
+            "--interval",
+            str(args.interval),
+            "--service-url",
+            f"http://127.0.0.1:{httpd.server_port}/telemetry",
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+    )
     anchor = subprocess.Popen(
-        [sys.executable, "-c",
-         f"import time\nwhile True:\n    time.sleep({args.interval})"])
+        [sys.executable, "-c", f"import time\nwhile True:\n    time.sleep({args.interval})"]
+    )
     try:
         deadline = time.monotonic() + 60
         while Sink.posts < 2:  # imports done, NVML tried, first samples sent
@@ -109,10 +122,14 @@ def main(argv: list[str] | None = None) -> int:
 
     agent_pct = 100 * cpu[agent.pid] / wall
     anchor_pct = 100 * cpu[anchor.pid] / wall
-    print(f"{wall:.1f} s at {args.interval:g} s interval: {posts} samples posted "
-          f"(CPU clock tick {1000 / TICKS:.0f} ms)")
-    print(f"agent:  {agent_pct:6.3f} % of one core, "
-          f"{1000 * cpu[agent.pid] / max(posts, 1):.2f} ms CPU per sample, RSS {rss:.0f} MiB")
+    print(
+        f"{wall:.1f} s at {args.interval:g} s interval: {posts} samples posted "
+        f"(CPU clock tick {1000 / TICKS:.0f} ms)"
+    )
+    print(
+        f"agent:  {agent_pct:6.3f} % of one core, "
+        f"{1000 * cpu[agent.pid] / max(posts, 1):.2f} ms CPU per sample, RSS {rss:.0f} MiB"
+    )
     print(f"anchor: {anchor_pct:6.3f} % of one core (a Python process waking at the same rate)")
     print(f"agent / 1 % budget of one core: {agent_pct / 1.0:.2f}x")
     print(f"agent - anchor: {agent_pct - anchor_pct:.3f} percentage points")

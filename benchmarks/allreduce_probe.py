@@ -26,7 +26,7 @@ import tempfile
 
 from gpulab.training.allreduce_probe import bus_factor, parse_size
 
-PLAIN_LOOP = r'''
+PLAIN_LOOP = r"""
 import json, os, sys, time
 import torch, torch.distributed as dist
 
@@ -54,12 +54,18 @@ if dist.get_rank() == 0:
     with open(out, "w") as f:
         json.dump(rows, f)
 dist.destroy_process_group()
-'''
+"""
 
 
 def torchrun(nproc: int, *args: str) -> None:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        *args,
+    ]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise SystemExit(f"torchrun failed:\n{(p.stdout + p.stderr)[-3000:]}")
@@ -67,9 +73,19 @@ def torchrun(nproc: int, *args: str) -> None:
 
 def run_probe(tmp: str, nproc: int, sizes: list[int], iters: int, warmup: int) -> dict:
     out = os.path.join(tmp, "probe.json")
-    torchrun(nproc, "-m", "gpulab.training.allreduce_probe",
-             "--size", ",".join(map(str, sizes)), "--iters", str(iters),
-             "--warmup", str(warmup), "--json-out", out)
+    torchrun(
+        nproc,
+        "-m",
+        "gpulab.training.allreduce_probe",
+        "--size",
+        ",".join(map(str, sizes)),
+        "--iters",
+        str(iters),
+        "--warmup",
+        str(warmup),
+        "--json-out",
+        out,
+    )
     with open(out) as f:
         return {r["size_bytes"]: r["busbw_bytes_per_second"] for r in json.load(f)}
 
@@ -80,8 +96,9 @@ def run_plain(tmp: str, nproc: int, sizes: list[int], iters: int, warmup: int) -
         f.write(PLAIN_LOOP)
     torchrun(nproc, script, json.dumps(sizes), str(iters), str(warmup), out)
     with open(out) as f:
-        return {r["size_bytes"]: r["size_bytes"] / r["time_s"] * bus_factor(nproc)
-                for r in json.load(f)}
+        return {
+            r["size_bytes"]: r["size_bytes"] / r["time_s"] * bus_factor(nproc) for r in json.load(f)
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,24 +115,31 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpulab-allreduce-bench-") as tmp:
         for i in range(args.repeats):
             order = [("probe", run_probe), ("plain", run_plain)]
-            for name, run in (order if i % 2 == 0 else order[::-1]):
+            for name, run in order if i % 2 == 0 else order[::-1]:
                 for size, busbw in run(tmp, args.nproc, sizes, args.iters, args.warmup).items():
                     (probe if name == "probe" else plain)[size].append(busbw)
     gpu = _cuda()
-    print(f"all-reduce busbw, {args.nproc} ranks ({'nccl' if gpu else 'gloo'}), "
-          f"{args.iters} iters, median of {args.repeats} launches each, same run")
+    print(
+        f"all-reduce busbw, {args.nproc} ranks ({'nccl' if gpu else 'gloo'}), "
+        f"{args.iters} iters, median of {args.repeats} launches each, same run"
+    )
     # House rule: absolute figures only on a GPU; on CPU the ratio is the result.
-    print(f"{'size':>10} {'ratio probe/plain':>18}" +
-          (f" {'probe GB/s':>12} {'plain GB/s':>12}" if gpu else ""))
+    print(
+        f"{'size':>10} {'ratio probe/plain':>18}"
+        + (f" {'probe GB/s':>12} {'plain GB/s':>12}" if gpu else "")
+    )
     for size in sizes:
         a, b = statistics.median(probe[size]), statistics.median(plain[size])
-        print(f"{size / 2**20:>8.2f}Mi {a / b:>18.3f}" +
-              (f" {a / 1e9:>12.3f} {b / 1e9:>12.3f}" if gpu else ""))
+        print(
+            f"{size / 2**20:>8.2f}Mi {a / b:>18.3f}"
+            + (f" {a / 1e9:>12.3f} {b / 1e9:>12.3f}" if gpu else "")
+        )
     return 0
 
 
 def _cuda() -> bool:
     import torch
+
     return torch.cuda.is_available()
 
 

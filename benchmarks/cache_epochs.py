@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="gpulab-bench-") as work:
-        names = write_shards(os.path.join(work, "remote"), args.shards,
-                             int(args.shard_mib * 2**20))
+        names = write_shards(os.path.join(work, "remote"), args.shards, int(args.shard_mib * 2**20))
         with ShardServer(os.path.join(work, "remote"), args.latency_ms / 1000) as server:
             urls = [server.url(n) for n in names]
             fs = fsspec.filesystem("http")
@@ -58,19 +57,27 @@ def main(argv: list[str] | None = None) -> int:
 
             results = {}
             results["direct (no cache)"] = [timed_epoch(direct), timed_epoch(direct)]
-            for label, prefetch in (("cache, no prefetch", 0),
-                                    (f"cache, prefetch {args.prefetch}", args.prefetch)):
+            for label, prefetch in (
+                ("cache, no prefetch", 0),
+                (f"cache, prefetch {args.prefetch}", args.prefetch),
+            ):
                 cache_dir = os.path.join(work, f"cache-{prefetch}")
-                ds = CachedDataset(urls, prefetch=prefetch, cache_dir=cache_dir,
-                                   capacity_bytes=2 * args.shards * int(args.shard_mib * 2**20) + 1)
+                ds = CachedDataset(
+                    urls,
+                    prefetch=prefetch,
+                    cache_dir=cache_dir,
+                    capacity_bytes=2 * args.shards * int(args.shard_mib * 2**20) + 1,
+                )
                 epochs = [timed_epoch(lambda ds=ds: sum(len(b) for b in ds)) for _ in range(2)]
                 stats = cache.stats(cache_dir)
                 results[label] = epochs
                 results[label + " stats"] = stats
 
     mb = lambda seconds, nbytes: nbytes / seconds / 1e6  # noqa: E731
-    print(f"{args.shards} shards x {args.shard_mib:g} MiB, {args.latency_ms:g} ms per "
-          f"request, prefetch {args.prefetch}")
+    print(
+        f"{args.shards} shards x {args.shard_mib:g} MiB, {args.latency_ms:g} ms per "
+        f"request, prefetch {args.prefetch}"
+    )
     print(f"{'':28s}{'epoch 1 MB/s':>14s}{'epoch 2 MB/s':>14s}{'e2/e1':>9s}")
     anchor = mb(*results["direct (no cache)"][0])
     for label in ("direct (no cache)", "cache, no prefetch", f"cache, prefetch {args.prefetch}"):
@@ -80,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     pf = [mb(*e) for e in results[f"cache, prefetch {args.prefetch}"]]
     stats = results[f"cache, prefetch {args.prefetch} stats"]
     print()
-    print(f"epoch 2 / epoch 1, no prefetch:             {no_pf[1] / no_pf[0]:8.1f}x"
-          "  (seed claim >= 10x)")
+    print(
+        f"epoch 2 / epoch 1, no prefetch:             {no_pf[1] / no_pf[0]:8.1f}x"
+        "  (seed claim >= 10x)"
+    )
     print(f"epoch 2 / epoch 1, prefetch {args.prefetch}:              {pf[1] / pf[0]:8.1f}x")
     print(f"epoch 1 with prefetch / without:            {pf[0] / no_pf[0]:8.1f}x")
     print(f"cached epoch 2 / direct fsspec (anchor):    {no_pf[1] / anchor:8.1f}x")

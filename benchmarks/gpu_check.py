@@ -60,6 +60,7 @@ def ensure_gpulab_importable() -> None:
     for this process and its children, through a symlink on ``PYTHONPATH``."""
     try:
         import gpulab.enforcement.limits  # noqa: F401
+
         return
     except ImportError:
         pass
@@ -83,10 +84,19 @@ class Clock:
         return time.monotonic() > self.end - 10
 
 
-def run_child(argv: list[str], timeout: float, env: dict | None = None, **kwargs) -> tuple[int | None, str]:
+def run_child(
+    argv: list[str], timeout: float, env: dict | None = None, **kwargs
+) -> tuple[int | None, str]:
     """(exit code or None on timeout, stdout+stderr) of a child in a session of its own."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True, **kwargs)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+        **kwargs,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
@@ -103,8 +113,14 @@ def tail(text: str, n: int = 160) -> str:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment of a child, without anything that changes a slice's enforcement."""
-    drop = ("CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "LD_PRELOAD",
-            "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
+    drop = (
+        "CUDA_VISIBLE_DEVICES",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+        "LD_PRELOAD",
+        "CUDA_DEVICE_MEMORY_LIMIT",
+        "CUDA_DEVICE_SM_LIMIT",
+    )
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("CUDA_MPS_")}
     env.update(extra)
     return env
@@ -142,8 +158,15 @@ def nvml_gpus() -> tuple[list[Gpu] | None, str]:
                 minor = pynvml.nvmlDeviceGetMinorNumber(h)
             except pynvml.NVMLError:
                 minor = None
-            gpus.append(Gpu(i, _s(pynvml.nvmlDeviceGetUUID(h)), _s(pynvml.nvmlDeviceGetName(h)),
-                            pynvml.nvmlDeviceGetMemoryInfo(h).total // MIB, minor))
+            gpus.append(
+                Gpu(
+                    i,
+                    _s(pynvml.nvmlDeviceGetUUID(h)),
+                    _s(pynvml.nvmlDeviceGetName(h)),
+                    pynvml.nvmlDeviceGetMemoryInfo(h).total // MIB,
+                    minor,
+                )
+            )
     finally:
         pynvml.nvmlShutdown()
     return gpus, ""
@@ -163,22 +186,29 @@ def check_inventory(gpus: list[Gpu], clock: Clock) -> Row:
     name = "NVML inventory vs nvidia-smi"
     if shutil.which("nvidia-smi") is None:
         return Row(name, "skipped: nvidia-smi not found", f"NVML: {len(gpus)} GPU(s)")
-    code, out = run_child(["nvidia-smi", "--query-gpu=uuid,name,memory.total",
-                           "--format=csv,noheader,nounits"], clock.budget(30))
+    code, out = run_child(
+        ["nvidia-smi", "--query-gpu=uuid,name,memory.total", "--format=csv,noheader,nounits"],
+        clock.budget(30),
+    )
     if code != 0:
         return Row(name, "error", "", f"nvidia-smi: {tail(out)}")
     smi = parse_smi_csv(out)
     figure = f"{len(gpus)} GPU(s): " + ", ".join(f"{g.name} {g.memory_mib} MiB" for g in gpus)
     problems = []
     if [g.uuid for g in gpus] != [s[0] for s in smi]:
-        problems.append(f"UUIDs differ: NVML {[g.uuid for g in gpus]}, nvidia-smi {[s[0] for s in smi]}")
-    for g, s in zip(gpus, smi):
+        problems.append(
+            f"UUIDs differ: NVML {[g.uuid for g in gpus]}, nvidia-smi {[s[0] for s in smi]}"
+        )
+    for g, s in zip(gpus, smi, strict=False):
         if g.name != s[1]:
             problems.append(f"GPU {g.index} name {g.name!r} vs {s[1]!r}")
         if abs(g.memory_mib - s[2]) > max(2, s[2] // 50):
             problems.append(f"GPU {g.index} memory {g.memory_mib} vs {s[2]} MiB")
-    diff = [f"GPU {g.index}: NVML {g.memory_mib} / nvidia-smi {s[2]} MiB"
-            for g, s in zip(gpus, smi) if g.memory_mib != s[2]]
+    diff = [
+        f"GPU {g.index}: NVML {g.memory_mib} / nvidia-smi {s[2]} MiB"
+        for g, s in zip(gpus, smi, strict=False)
+        if g.memory_mib != s[2]
+    ]
     return Row(name, "FAIL" if problems else "pass", figure, "; ".join(problems or diff))
 
 
@@ -204,8 +234,9 @@ except Exception as exc:
 def alloc_half(gpu: Gpu, env: dict, clock: Clock, fraction: float = 0.0) -> tuple[str, str]:
     """('ALLOCATED'|'REFUSED'|'ERROR'|'crashed', detail) for 1/2 of ``gpu`` in a child."""
     half = gpu.memory_mib * MIB // 2
-    code, out = run_child([sys.executable, "-c", ALLOC, str(half), str(fraction)],
-                          clock.budget(90), env=env)
+    code, out = run_child(
+        [sys.executable, "-c", ALLOC, str(half), str(fraction)], clock.budget(90), env=env
+    )
     for line in out.splitlines():
         if line.startswith(("ALLOCATED", "REFUSED", "ERROR")):
             word, _, detail = line.partition(" ")
@@ -213,13 +244,17 @@ def alloc_half(gpu: Gpu, env: dict, clock: Clock, fraction: float = 0.0) -> tupl
     return "crashed", f"exit {code}: {tail(out)}"
 
 
-def capped(name: str, gpu: Gpu, env: dict, clock: Clock, fraction: float = 0.0, note: str = "") -> Row:
+def capped(
+    name: str, gpu: Gpu, env: dict, clock: Clock, fraction: float = 0.0, note: str = ""
+) -> Row:
     outcome, detail = alloc_half(gpu, env, clock, fraction)
     figure = f"asked {gpu.memory_mib // 2} MiB, cap {gpu.memory_mib // 4} MiB"
     if outcome == "REFUSED":
         return Row(name, "pass", figure, "; ".join(filter(None, [f"refused: {detail}", note])))
     if outcome == "ALLOCATED":
-        return Row(name, "FAIL", figure, "; ".join(filter(None, ["the 1/2 allocation succeeded", note])))
+        return Row(
+            name, "FAIL", figure, "; ".join(filter(None, ["the 1/2 allocation succeeded", note]))
+        )
     return Row(name, "error", figure, f"{outcome}: {detail}")
 
 
@@ -228,14 +263,33 @@ def check_memory_caps(gpus: list[Gpu], clock: Clock) -> list[Row]:
     visible = {"CUDA_VISIBLE_DEVICES": gpu.uuid}
     rows = []
     outcome, detail = alloc_half(gpu, clean_env(**visible), clock)
-    rows.append(Row("no cap (control): 1/2 of the card", "pass" if outcome == "ALLOCATED" else "FAIL",
-                    f"asked {gpu.memory_mib // 2} MiB", detail if outcome != "ALLOCATED" else ""))
-    rows.append(capped("PyTorch cap: PYTORCH_CUDA_ALLOC_CONF (what gpulab sets)", gpu,
-                       clean_env(**visible, PYTORCH_CUDA_ALLOC_CONF="per_process_memory_fraction:0.25"),
-                       clock, note="cooperative: the user can unset it"))
-    rows.append(capped("PyTorch cap: set_per_process_memory_fraction(0.25)", gpu,
-                       clean_env(**visible), clock, fraction=0.25,
-                       note="cooperative: code outside PyTorch's allocator is not held"))
+    rows.append(
+        Row(
+            "no cap (control): 1/2 of the card",
+            "pass" if outcome == "ALLOCATED" else "FAIL",
+            f"asked {gpu.memory_mib // 2} MiB",
+            detail if outcome != "ALLOCATED" else "",
+        )
+    )
+    rows.append(
+        capped(
+            "PyTorch cap: PYTORCH_CUDA_ALLOC_CONF (what gpulab sets)",
+            gpu,
+            clean_env(**visible, PYTORCH_CUDA_ALLOC_CONF="per_process_memory_fraction:0.25"),
+            clock,
+            note="cooperative: the user can unset it",
+        )
+    )
+    rows.append(
+        capped(
+            "PyTorch cap: set_per_process_memory_fraction(0.25)",
+            gpu,
+            clean_env(**visible),
+            clock,
+            fraction=0.25,
+            note="cooperative: code outside PyTorch's allocator is not held",
+        )
+    )
     rows += check_mps(gpu, clock)
     rows.append(check_hami(gpu, clock))
     rows.append(check_mig(gpu, clock))
@@ -254,9 +308,11 @@ def check_mps(gpu: Gpu, clock: Clock) -> list[Row]:
     pipe = tempfile.mkdtemp(prefix="gpulab-mps-")
     # The daemon sees every card in PCI order (device 0 = NVML's GPU 0); its clients see
     # only the slice's card, by UUID.
-    daemon_env = clean_env(CUDA_MPS_PIPE_DIRECTORY=os.path.join(pipe, "pipe"),
-                           CUDA_MPS_LOG_DIRECTORY=os.path.join(pipe, "log"),
-                           CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    daemon_env = clean_env(
+        CUDA_MPS_PIPE_DIRECTORY=os.path.join(pipe, "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=os.path.join(pipe, "log"),
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",
+    )
     env = dict(daemon_env, CUDA_VISIBLE_DEVICES=gpu.uuid)
     os.makedirs(env["CUDA_MPS_PIPE_DIRECTORY"])
     os.makedirs(env["CUDA_MPS_LOG_DIRECTORY"])
@@ -265,16 +321,22 @@ def check_mps(gpu: Gpu, clock: Clock) -> list[Row]:
         shutil.rmtree(pipe, ignore_errors=True)
         return [Row(name, "error", "", f"cannot start a private MPS daemon: {tail(out)}")]
     try:
-        code, out = mps_control(f"set_default_device_pinned_mem_limit {gpu.index} {quarter}M",
-                                daemon_env)
+        code, out = mps_control(
+            f"set_default_device_pinned_mem_limit {gpu.index} {quarter}M", daemon_env
+        )
         if code != 0 or "error" in out.lower() or "invalid" in out.lower():
             return [Row(name, "error", "", f"set_default_device_pinned_mem_limit: {tail(out)}")]
         rows = [capped(name, gpu, env, clock, note="held by the MPS server, not the client")]
         raised = dict(env, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=f"0={gpu.memory_mib}M")
         row = capped("MPS: the client raises its own limit", gpu, raised, clock)
-        row.note = ("the user cannot undo the daemon's limit" if row.result == "pass"
-                    else "the client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT overrides the daemon: "
-                         "a user can undo it" if row.result == "FAIL" else row.note)
+        row.note = (
+            "the user cannot undo the daemon's limit"
+            if row.result == "pass"
+            else "the client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT overrides the daemon: "
+            "a user can undo it"
+            if row.result == "FAIL"
+            else row.note
+        )
         rows.append(row)
         return rows
     finally:
@@ -284,13 +346,24 @@ def check_mps(gpu: Gpu, clock: Clock) -> list[Row]:
 
 def check_hami(gpu: Gpu, clock: Clock) -> Row:
     name = "HAMi-core libvgpu.so (1/4)"
-    lib = os.environ.get("GPULAB_HAMI_LIB") or next((p for p in HAMI_PATHS if os.path.exists(p)), None)
+    lib = os.environ.get("GPULAB_HAMI_LIB") or next(
+        (p for p in HAMI_PATHS if os.path.exists(p)), None
+    )
     if not lib or not os.path.exists(lib):
         return Row(name, "n/a: libvgpu.so not found", "", "set GPULAB_HAMI_LIB=/path/to/libvgpu.so")
-    env = clean_env(CUDA_VISIBLE_DEVICES=gpu.uuid, LD_PRELOAD=lib,
-                    CUDA_DEVICE_MEMORY_LIMIT=f"{gpu.memory_mib // 4}m", CUDA_DEVICE_SM_LIMIT="25")
-    return capped(name, gpu, env, clock,
-                  note="LD_PRELOAD: held unless the user's process unsets it (/etc/ld.so.preload holds it)")
+    env = clean_env(
+        CUDA_VISIBLE_DEVICES=gpu.uuid,
+        LD_PRELOAD=lib,
+        CUDA_DEVICE_MEMORY_LIMIT=f"{gpu.memory_mib // 4}m",
+        CUDA_DEVICE_SM_LIMIT="25",
+    )
+    return capped(
+        name,
+        gpu,
+        env,
+        clock,
+        note="LD_PRELOAD: held unless the user's process unsets it (/etc/ld.so.preload holds it)",
+    )
 
 
 def check_mig(gpu: Gpu, clock: Clock) -> Row:
@@ -305,15 +378,21 @@ def check_mig(gpu: Gpu, clock: Clock) -> Row:
         except pynvml.NVMLError_NotSupported:
             return Row(name, f"n/a: {gpu.name} has no MIG")
         if current != pynvml.NVML_DEVICE_MIG_ENABLE:
-            return Row(name, "n/a: MIG mode is off",
-                       "", "turning it on resets the card; gpu-check leaves it as it is")
+            return Row(
+                name,
+                "n/a: MIG mode is off",
+                "",
+                "turning it on resets the card; gpu-check leaves it as it is",
+            )
         migs = []
         for i in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
             try:
                 m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
             except pynvml.NVMLError:
                 continue
-            migs.append((pynvml.nvmlDeviceGetMemoryInfo(m).total // MIB, _s(pynvml.nvmlDeviceGetUUID(m))))
+            migs.append(
+                (pynvml.nvmlDeviceGetMemoryInfo(m).total // MIB, _s(pynvml.nvmlDeviceGetUUID(m)))
+            )
     finally:
         pynvml.nvmlShutdown()
     if not migs:
@@ -346,8 +425,15 @@ print("NODES", json.dumps({"open": seen, "cuda_devices": count}))
 
 def _in_group(group, argv: list[str], clock: Clock, env: dict) -> dict | str:
     argv, kwargs = group.launch(argv)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True, **kwargs)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+        **kwargs,
+    )
     try:
         out, _ = proc.communicate(timeout=clock.budget(60))
     except subprocess.TimeoutExpired:
@@ -363,10 +449,15 @@ def check_device_cgroup(gpus: list[Gpu], clock: Clock) -> list[Row]:
     from gpulab.enforcement.cgroups import Cgroups
     from gpulab.enforcement.limits import Limits
 
-    hides, none = "device cgroup hides other cards", "device cgroup: a group without GPU opens no card"
+    hides, none = (
+        "device cgroup hides other cards",
+        "device cgroup: a group without GPU opens no card",
+    )
     cg = Cgroups.detect()
     if cg.kind == "none" or (cg.kind == "cgroup2"):
-        why = cg.describe() if cg.kind == "none" else "cgroup v2 without systemd holds no device rule"
+        why = (
+            cg.describe() if cg.kind == "none" else "cgroup v2 without systemd holds no device rule"
+        )
         return [Row(hides, f"skipped: {why}"), Row(none, f"skipped: {why}")]
     nodes = [f"/dev/nvidia{g.minor}" for g in gpus if g.minor is not None]
     env = clean_env()
@@ -383,10 +474,17 @@ def check_device_cgroup(gpus: list[Gpu], clock: Clock) -> list[Row]:
         if isinstance(seen, str):
             rows.append(Row(hides, "error", "", seen))
         else:
-            ok = seen["open"][nodes[0]] == "opened" and all(seen["open"][n] == "EPERM" for n in nodes[1:])
-            rows.append(Row(hides, "pass" if ok else "FAIL",
-                            f"CUDA sees {seen['cuda_devices']} of {len(gpus)}",
-                            f"{cg.label}; " + ", ".join(f"{k}: {v}" for k, v in seen["open"].items())))
+            ok = seen["open"][nodes[0]] == "opened" and all(
+                seen["open"][n] == "EPERM" for n in nodes[1:]
+            )
+            rows.append(
+                Row(
+                    hides,
+                    "pass" if ok else "FAIL",
+                    f"CUDA sees {seen['cuda_devices']} of {len(gpus)}",
+                    f"{cg.label}; " + ", ".join(f"{k}: {v}" for k, v in seen["open"].items()),
+                )
+            )
     group = cg.create(f"{tag}/no-gpu", Limits(None, None, ()))
     try:
         seen = _in_group(group, [sys.executable, "-c", OPEN_NODES, *nodes], clock, env)
@@ -395,9 +493,18 @@ def check_device_cgroup(gpus: list[Gpu], clock: Clock) -> list[Row]:
     if isinstance(seen, str):
         rows.append(Row(none, "error", "", seen))
     else:
-        ok = all(v == "EPERM" for v in seen["open"].values()) and seen["cuda_devices"] in (0, "RuntimeError")
-        rows.append(Row(none, "pass" if ok else "FAIL", f"CUDA sees {seen['cuda_devices']}",
-                        f"{cg.label}; " + ", ".join(f"{k}: {v}" for k, v in seen["open"].items())))
+        ok = all(v == "EPERM" for v in seen["open"].values()) and seen["cuda_devices"] in (
+            0,
+            "RuntimeError",
+        )
+        rows.append(
+            Row(
+                none,
+                "pass" if ok else "FAIL",
+                f"CUDA sees {seen['cuda_devices']}",
+                f"{cg.label}; " + ", ".join(f"{k}: {v}" for k, v in seen["open"].items()),
+            )
+        )
     return rows
 
 
@@ -438,26 +545,48 @@ dist.destroy_process_group()
 
 
 def check_nccl(gpus: list[Gpu], clock: Clock, cpu: bool = False) -> Row:
-    name = "NCCL all_reduce, 2 ranks (torchrun)" if not cpu else "gloo all_reduce, 2 ranks (torchrun)"
+    name = (
+        "NCCL all_reduce, 2 ranks (torchrun)" if not cpu else "gloo all_reduce, 2 ranks (torchrun)"
+    )
     with tempfile.TemporaryDirectory(prefix="gpulab-check-") as tmp:
         script = os.path.join(tmp, "allreduce.py")
         with open(script, "w") as f:
             f.write(ALLREDUCE)
         extra = {"GPULAB_CHECK_CPU": "1", "GPULAB_CHECK_BYTES": str(4 << 20)} if cpu else {}
         env = clean_env(NCCL_DEBUG="WARN", OMP_NUM_THREADS="1", **extra)
-        code, out = run_child([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               "--nproc-per-node", "2", script], clock.budget(150), env=env)
+        code, out = run_child(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                script,
+            ],
+            clock.budget(150),
+            env=env,
+        )
     for line in out.splitlines():
         if line.startswith("ALLREDUCE "):
             r = json.loads(line[10:])
             busbw = r["bytes"] / r["seconds"] * 2 * (2 - 1) / 2 / 1e9  # algbw * 2(n-1)/n, n=2
-            where = "one card" if (not cpu and len(gpus) < 2) else "one card each" if not cpu else "CPU"
-            return Row(name, "pass" if r["ok"] else "FAIL",
-                       f"{r['bytes'] >> 20} MiB in {r['seconds'] * 1e3:.2f} ms ({busbw:.1f} GB/s busbw)",
-                       f"{r['backend']}, ranks on {where}" + ("" if r["ok"] else "; wrong sum"))
+            where = (
+                "one card" if (not cpu and len(gpus) < 2) else "one card each" if not cpu else "CPU"
+            )
+            return Row(
+                name,
+                "pass" if r["ok"] else "FAIL",
+                f"{r['bytes'] >> 20} MiB in {r['seconds'] * 1e3:.2f} ms ({busbw:.1f} GB/s busbw)",
+                f"{r['backend']}, ranks on {where}" + ("" if r["ok"] else "; wrong sum"),
+            )
     if not cpu and len(gpus) < 2 and "Duplicate GPU" in out:
-        return Row(name, "n/a: one GPU", "", "NCCL refuses two ranks on one card "
-                   "(a 2-rank job needs its ranks on different cards)")
+        return Row(
+            name,
+            "n/a: one GPU",
+            "",
+            "NCCL refuses two ranks on one card (a 2-rank job needs its ranks on different cards)",
+        )
     return Row(name, "error", "", f"exit {code}: {tail(out)}")
 
 
@@ -484,18 +613,22 @@ else:
 
 def check_quantize(scheme: str, clock: Clock, device: str = "cuda") -> Row:
     name = f"quantize {scheme} (MLP 1024-4096-1024)"
-    code, out = run_child([sys.executable, "-c", QUANTIZE, scheme, device], clock.budget(150),
-                          env=clean_env())
+    code, out = run_child(
+        [sys.executable, "-c", QUANTIZE, scheme, device], clock.budget(150), env=clean_env()
+    )
     for line in out.splitlines():
         if line.startswith("QUANTIZE "):
             r = json.loads(line[9:])
             if "skipped" in r:
                 return Row(name, f"skipped: {r['skipped'][:100]}")
             ok = r["relative_error"] < 0.15 and r["size_ratio"] > 1.2
-            return Row(name, "pass" if ok else "FAIL",
-                       f"{r['size_ratio']:.2f}x smaller, {r['speedup']:.2f}x faster, "
-                       f"rel. error {r['relative_error']:.4f}",
-                       f"{r['engine']} on {r['device']}")
+            return Row(
+                name,
+                "pass" if ok else "FAIL",
+                f"{r['size_ratio']:.2f}x smaller, {r['speedup']:.2f}x faster, "
+                f"rel. error {r['relative_error']:.4f}",
+                f"{r['engine']} on {r['device']}",
+            )
     return Row(name, "error", "", f"exit {code}: {tail(out)}")
 
 
@@ -518,8 +651,11 @@ def _free_port() -> int:
 
 def _http(url: str, token: str, body: dict | None = None, timeout: float = 10) -> tuple[int, dict]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Authorization": f"Bearer {token}",
-                                                          "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url,
+        data=data,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
@@ -534,8 +670,10 @@ def gpu_processes(gpu: Gpu) -> dict[int, int]:
     pynvml.nvmlInit()
     try:
         h = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
-        return {p.pid: (p.usedGpuMemory or 0) // MIB
-                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
+        return {
+            p.pid: (p.usedGpuMemory or 0) // MIB
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        }
     except pynvml.NVMLError:
         return {}
     finally:
@@ -549,7 +687,9 @@ def check_replica(gpus: list[Gpu], clock: Clock, cpu: bool = False) -> Row:
     name = "replica on a 1/4 slice (OIP v2 infer)"
     tmp = tempfile.mkdtemp(prefix="gpulab-check-")
     model_dir = os.path.join(tmp, "model")
-    code, out = run_child([sys.executable, "-c", EXPORT, model_dir], clock.budget(120), env=clean_env())
+    code, out = run_child(
+        [sys.executable, "-c", EXPORT, model_dir], clock.budget(120), env=clean_env()
+    )
     exported = [ln.split() for ln in out.splitlines() if ln.startswith("EXPORTED ")]
     if code != 0 or not exported:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -557,21 +697,49 @@ def check_replica(gpus: list[Gpu], clock: Clock, cpu: bool = False) -> Row:
     _, model, input_name = exported[0]
     token, port = "gpu-check-token", _free_port()
     # As backend/local_serving.py starts a replica: the slice's card and memory fraction.
-    env = clean_env(HOME=tmp, PYTHONUNBUFFERED="1", GPULAB_SERVING_TOKEN=token,
-                    CUDA_VISIBLE_DEVICES="" if cpu else gpus[0].uuid)
+    env = clean_env(
+        HOME=tmp,
+        PYTHONUNBUFFERED="1",
+        GPULAB_SERVING_TOKEN=token,
+        CUDA_VISIBLE_DEVICES="" if cpu else gpus[0].uuid,
+    )
     if not cpu:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "per_process_memory_fraction:0.25"
-    argv = [sys.executable, "-m", "gpulab.serving.server", "--model-dir", model_dir,
-            "--ip", "127.0.0.1", "--port", str(port), "--max-batch-size", "8",
-            "--max-latency-ms", "2", "--max-queue", "64"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gpulab.serving.server",
+        "--model-dir",
+        model_dir,
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-batch-size",
+        "8",
+        "--max-latency-ms",
+        "2",
+        "--max-queue",
+        "64",
+    ]
     cg = Cgroups.detect()
-    gpu_devices = None if cpu else tuple(f"/dev/nvidia{g.minor}" for g in gpus[:1] if g.minor is not None)
+    gpu_devices = (
+        None if cpu else tuple(f"/dev/nvidia{g.minor}" for g in gpus[:1] if g.minor is not None)
+    )
     limits = limits_for_slice(250, cpu_per_gpu=4, memory_per_gpu=32 * GIB, gpu_devices=gpu_devices)
     group = cg.create(f"gpu-check-{os.getpid()}/replica", limits)
     argv, kwargs = group.launch(argv)
-    log = open(os.path.join(tmp, "replica.log"), "w+")
-    proc = subprocess.Popen(argv, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
+    log = open(os.path.join(tmp, "replica.log"), "w+")  # noqa: SIM115
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=tmp,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        **kwargs,
+    )
     base = f"http://127.0.0.1:{port}/v2"
     try:
         deadline = time.monotonic() + clock.budget(90)
@@ -585,18 +753,30 @@ def check_replica(gpus: list[Gpu], clock: Clock, cpu: bool = False) -> Row:
         else:
             log.seek(0)
             return Row(name, "error", "", f"not ready (exit {proc.poll()}): {tail(log.read())}")
-        body = {"inputs": [{"name": input_name, "shape": [2, 16], "datatype": "FP32",
-                            "data": [0.5] * 32}]}
+        body = {
+            "inputs": [
+                {"name": input_name, "shape": [2, 16], "datatype": "FP32", "data": [0.5] * 32}
+            ]
+        }
         t0 = time.perf_counter()
         status, doc = _http(f"{base}/models/{model}/infer", token, body)
         ms = (time.perf_counter() - t0) * 1e3
         shape = doc.get("outputs", [{}])[0].get("shape")
         on_gpu = "" if cpu else gpu_processes(gpus[0]).get(proc.pid)
-        where = ("CPU" if cpu else f"CUDA context {on_gpu} MiB" if on_gpu is not None
-                 else "no CUDA context: the server computes on CPU")
+        where = (
+            "CPU"
+            if cpu
+            else f"CUDA context {on_gpu} MiB"
+            if on_gpu is not None
+            else "no CUDA context: the server computes on CPU"
+        )
         ok = status == 200 and shape == [2, 4]
-        return Row(name, "pass" if ok else "FAIL", f"one call {ms:.1f} ms",
-                   f"{group.describe()}; {where}" + ("" if ok else f"; HTTP {status}, shape {shape}"))
+        return Row(
+            name,
+            "pass" if ok else "FAIL",
+            f"one call {ms:.1f} ms",
+            f"{group.describe()}; {where}" + ("" if ok else f"; HTTP {status}, shape {shape}"),
+        )
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -614,8 +794,10 @@ CHECKS = ("inventory", "memory", "devices", "nccl", "quantize", "replica")
 ROW_NAMES = {
     "inventory": ["NVML inventory vs nvidia-smi"],
     "memory": ["memory caps: a 1/4 slice asks for 1/2 of the card"],
-    "devices": ["device cgroup hides other cards",
-                "device cgroup: a group without GPU opens no card"],
+    "devices": [
+        "device cgroup hides other cards",
+        "device cgroup: a group without GPU opens no card",
+    ],
     "nccl": ["NCCL all_reduce, 2 ranks (torchrun)"],
     "quantize": ["quantize fp8-dynamic", "quantize fp8-weight"],
     "replica": ["replica on a 1/4 slice (OIP v2 infer)"],
@@ -624,8 +806,15 @@ ROW_NAMES = {
 
 def torch_without_cuda(clock: Clock) -> str:
     """Why this Python's torch cannot use the GPU, or "" when it can."""
-    code, out = run_child([sys.executable, "-c", "import torch; print('TORCH', torch.__version__, "
-                           "torch.cuda.is_available())"], clock.budget(60), env=clean_env())
+    code, out = run_child(
+        [
+            sys.executable,
+            "-c",
+            "import torch; print('TORCH', torch.__version__, torch.cuda.is_available())",
+        ],
+        clock.budget(60),
+        env=clean_env(),
+    )
     found = [ln.split() for ln in out.splitlines() if ln.startswith("TORCH ")]
     if not found:
         return f"torch does not import: {tail(out)}"
@@ -643,9 +832,11 @@ def run_checks(only: list[str], clock: Clock, plumbing: bool) -> list[Row]:
     rows: list[Row] = []
     if plumbing:
         # The checks' own machinery on CPU: torchrun, the quantizer, a replica.
-        steps = {"nccl": lambda: [check_nccl([], clock, cpu=True)],
-                 "quantize": lambda: [check_quantize("int8-dynamic", clock, device="cpu")],
-                 "replica": lambda: [check_replica([], clock, cpu=True)]}
+        steps = {
+            "nccl": lambda: [check_nccl([], clock, cpu=True)],
+            "quantize": lambda: [check_quantize("int8-dynamic", clock, device="cpu")],
+            "replica": lambda: [check_replica([], clock, cpu=True)],
+        }
     else:
         gpus, why = nvml_gpus()
         if not gpus:
@@ -659,13 +850,17 @@ def run_checks(only: list[str], clock: Clock, plumbing: bool) -> list[Row]:
                 if check in only:
                     rows += [Row(n, f"skipped: {no_cuda}") for n in ROW_NAMES[check]]
             only = [c for c in only if c not in ("memory", "nccl", "quantize")]
-        steps = {"inventory": lambda: [check_inventory(gpus, clock)],
-                 "memory": lambda: check_memory_caps(gpus, clock),
-                 "devices": lambda: check_device_cgroup(gpus, clock),
-                 "nccl": lambda: [check_nccl(gpus, clock)],
-                 "quantize": lambda: [check_quantize("fp8-dynamic", clock),
-                                      check_quantize("fp8-weight", clock)],
-                 "replica": lambda: [check_replica(gpus, clock)]}
+        steps = {
+            "inventory": lambda: [check_inventory(gpus, clock)],
+            "memory": lambda: check_memory_caps(gpus, clock),
+            "devices": lambda: check_device_cgroup(gpus, clock),
+            "nccl": lambda: [check_nccl(gpus, clock)],
+            "quantize": lambda: [
+                check_quantize("fp8-dynamic", clock),
+                check_quantize("fp8-weight", clock),
+            ],
+            "replica": lambda: [check_replica(gpus, clock)],
+        }
     for check in only:
         if check not in steps:
             continue
@@ -678,20 +873,33 @@ def run_checks(only: list[str], clock: Clock, plumbing: bool) -> list[Row]:
         except Exception as exc:  # one broken check must not hide the others
             made = [Row(ROW_NAMES[check][0], "error", "", f"{type(exc).__name__}: {exc}"[:200])]
         for row in made:
-            print(f"[gpu-check] {row.check}: {row.result} ({time.monotonic() - started:.0f}s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[gpu-check] {row.check}: {row.result} ({time.monotonic() - started:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
         rows += made
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--deadline", type=float, default=450,
-                        help="seconds for the whole run; each check gets what is left (default 450)")
-    parser.add_argument("--only", default=",".join(CHECKS),
-                        help=f"comma-separated checks to run, of {','.join(CHECKS)}")
-    parser.add_argument("--plumbing", action="store_true",
-                        help="run the checks' machinery on CPU (gloo, int8, a CPU replica): tests the script")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=450,
+        help="seconds for the whole run; each check gets what is left (default 450)",
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(CHECKS),
+        help=f"comma-separated checks to run, of {','.join(CHECKS)}",
+    )
+    parser.add_argument(
+        "--plumbing",
+        action="store_true",
+        help="run the checks' machinery on CPU (gloo, int8, a CPU replica): tests the script",
+    )
     args = parser.parse_args(argv)
     only = [c for c in args.only.split(",") if c]
     unknown = [c for c in only if c not in CHECKS]

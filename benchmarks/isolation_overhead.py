@@ -66,8 +66,10 @@ def main(argv=None):
     stamp = int(time.time()) % 100000
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        hubs = {"accounts": RunningHub(tmp / "accounts", simulate="4xA100-80GB"),
-                "one": RunningHub(tmp / "one", simulate="4xA100-80GB", config=ONE_ACCOUNT)}
+        hubs = {
+            "accounts": RunningHub(tmp / "accounts", simulate="4xA100-80GB"),
+            "one": RunningHub(tmp / "one", simulate="4xA100-80GB", config=ONE_ACCOUNT),
+        }
         try:
             tokens = {name: hub.create_user("bench") for name, hub in hubs.items()}
             for r in range(args.rounds):
@@ -78,12 +80,14 @@ def main(argv=None):
         finally:
             for hub in hubs.values():
                 hub.stop()
-    table(f"spawn-to-ready, {args.users} new users at once, {args.rounds} rounds (seconds)",
-          spawn)
+    table(f"spawn-to-ready, {args.users} new users at once, {args.rounds} rounds (seconds)", spawn)
     ratio = statistics.median(spawn["accounts"]) / statistics.median(spawn["one"])
     print(f"ratio accounts/anchor (median): {ratio:.2f}x\n")
-    extra = table(f"job start, POST to the rank's first line, {args.jobs} jobs x "
-                  f"{args.rounds} rounds (seconds)", start)
+    extra = table(
+        f"job start, POST to the rank's first line, {args.jobs} jobs x "
+        f"{args.rounds} rounds (seconds)",
+        start,
+    )
     print(f"as the user minus as the service (median): {extra:+.2f} s")
 
 

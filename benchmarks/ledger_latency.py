@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import aiohttp
-
 from _hub import RunningHub, percentile
 
 
@@ -55,9 +54,13 @@ def main(argv=None):
             user_url = f"{hub.url}/hub/api/user"
 
             def place(session, i):
-                return _timed(session, "POST", alloc_url, headers,
-                              {"user": f"u{i}", "owner_kind": "job", "owner": f"bench-{i}",
-                               "gpu_milli": 100})
+                return _timed(
+                    session,
+                    "POST",
+                    alloc_url,
+                    headers,
+                    {"user": f"u{i}", "owner_kind": "job", "owner": f"bench-{i}", "gpu_milli": 100},
+                )
 
             def whoami(session, i):
                 return _timed(session, "GET", user_url, headers)
@@ -71,24 +74,34 @@ def main(argv=None):
     ok = sum(c == 201 for c in codes)
     over = [g["allocated_milli"] for g in allocated if g["allocated_milli"] > 1000]
     result = {
-        "requests": n, "placed": ok, "oversubscribed_gpus": len(over),
+        "requests": n,
+        "placed": ok,
+        "oversubscribed_gpus": len(over),
         "place_ms": {"p50": percentile(placed, 50) * 1e3, "p99": percentile(placed, 99) * 1e3},
-        "anchor_hub_api_user_ms": {"p50": percentile(anchor, 50) * 1e3,
-                                   "p99": percentile(anchor, 99) * 1e3},
+        "anchor_hub_api_user_ms": {
+            "p50": percentile(anchor, 50) * 1e3,
+            "p99": percentile(anchor, 99) * 1e3,
+        },
     }
     result["ratio_p50"] = result["place_ms"]["p50"] / result["anchor_hub_api_user_ms"]["p50"]
     result["ratio_p99"] = result["place_ms"]["p99"] / result["anchor_hub_api_user_ms"]["p99"]
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    print(f"{n} concurrent placements of 1/10 GPU on {gpus} simulated GPUs "
-          f"({'PostgreSQL' if args.db_url else 'SQLite'}): {ok} placed, "
-          f"{len(over)} GPUs oversubscribed")
+    print(
+        f"{n} concurrent placements of 1/10 GPU on {gpus} simulated GPUs "
+        f"({'PostgreSQL' if args.db_url else 'SQLite'}): {ok} placed, "
+        f"{len(over)} GPUs oversubscribed"
+    )
     print(f"{'':28}{'p50 ms':>10}{'p99 ms':>10}")
-    print(f"{'POST /allocations (gpulab)':28}{result['place_ms']['p50']:10.1f}"
-          f"{result['place_ms']['p99']:10.1f}")
-    print(f"{'GET /hub/api/user (anchor)':28}{result['anchor_hub_api_user_ms']['p50']:10.1f}"
-          f"{result['anchor_hub_api_user_ms']['p99']:10.1f}")
+    print(
+        f"{'POST /allocations (gpulab)':28}{result['place_ms']['p50']:10.1f}"
+        f"{result['place_ms']['p99']:10.1f}"
+    )
+    print(
+        f"{'GET /hub/api/user (anchor)':28}{result['anchor_hub_api_user_ms']['p50']:10.1f}"
+        f"{result['anchor_hub_api_user_ms']['p99']:10.1f}"
+    )
     print(f"ratio gpulab/anchor: p50 {result['ratio_p50']:.2f}x, p99 {result['ratio_p99']:.2f}x")
 
 

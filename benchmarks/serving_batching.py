@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -51,7 +52,7 @@ def build_model(dims: list[int], model_dir: str) -> None:
 
     torch.manual_seed(0)
     layers = []
-    for a, b in zip(dims, dims[1:]):
+    for a, b in zip(dims, dims[1:], strict=False):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers[:-1]).eval()
     export_model(model, torch.randn(4, dims[0]), model_dir, name="mlp")
@@ -64,16 +65,36 @@ def oip_request(row: np.ndarray, binary: bool) -> tuple[bytes, dict]:
     """One-row OIP v2 infer request (body, headers) for input ``input``: JSON, or the
     binary-data extension (raw float32 bytes after a JSON header, binary output back)."""
     if not binary:
-        return json.dumps({"inputs": [{"name": "input", "datatype": "FP32",
-                                       "shape": [1, row.size], "data": row.tolist()}]}
-                          ).encode(), JSON_HEADERS
+        return json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "input",
+                        "datatype": "FP32",
+                        "shape": [1, row.size],
+                        "data": row.tolist(),
+                    }
+                ]
+            }
+        ).encode(), JSON_HEADERS
     raw = row.astype(np.float32).tobytes()
-    head = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, row.size],
-                                   "parameters": {"binary_data_size": len(raw)}}],
-                       "outputs": [{"name": "output", "parameters": {"binary_data": True}}]
-                       }).encode()
-    return head + raw, {"Content-Type": "application/octet-stream",
-                        "Inference-Header-Content-Length": str(len(head))}
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "datatype": "FP32",
+                    "shape": [1, row.size],
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    return head + raw, {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(head)),
+    }
 
 
 def free_port() -> int:
@@ -98,8 +119,9 @@ async def wait_ready(url: str, proc: subprocess.Popen) -> None:
     raise RuntimeError(f"{url} not ready after {STARTUP_S}s")
 
 
-async def load(url: str, bodies: list[tuple[bytes, dict]],
-               concurrency: int) -> tuple[float, list[float], int]:
+async def load(
+    url: str, bodies: list[tuple[bytes, dict]], concurrency: int
+) -> tuple[float, list[float], int]:
     """Closed loop: `concurrency` clients send `bodies` (body, headers) in turn;
     returns (seconds, latencies, errors)."""
     latencies: list[float] = []
@@ -129,19 +151,15 @@ def stop_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(30)
-    except subprocess.TimeoutExpired:
-        pass
-    try:  # LitServe's workers can outlive their parent
+    with contextlib.suppress(ProcessLookupError):  # LitServe's workers outlive their parent
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 
 def run_server(cmd: list[str], ready_url: str, infer_url: str, bodies, warmup, concurrency):
-    log = tempfile.TemporaryFile("w+")
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115
     # A session of its own: LitServe forks workers that outlive a SIGTERM to their parent.
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -225,13 +243,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-latency-ms", type=float, default=5.0)
-    parser.add_argument("--dims", default="512,2048,2048,512",
-                        help="layer widths of the MLP (default 512,2048,2048,512)")
+    parser.add_argument(
+        "--dims",
+        default="512,2048,2048,512",
+        help="layer widths of the MLP (default 512,2048,2048,512)",
+    )
     parser.add_argument("--skip-litserve", action="store_true")
-    parser.add_argument("--binary", action="store_true",
-                        help="gpulab rows use OIP's binary-data extension (LitServe is skipped)")
-    parser.add_argument("--litserve-child", nargs=4, metavar=("DIR", "PORT", "B", "TIMEOUT"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--binary",
+        action="store_true",
+        help="gpulab rows use OIP's binary-data extension (LitServe is skipped)",
+    )
+    parser.add_argument(
+        "--litserve-child", nargs=4, metavar=("DIR", "PORT", "B", "TIMEOUT"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.litserve_child:
         d, port, b, timeout = args.litserve_child
@@ -255,43 +280,83 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpulab-bench-") as work:
         model_dir = os.path.join(work, "mlp")
         build_model(dims, model_dir)
-        gpulab = [sys.executable, "-m", "gpulab.serving.server", "--model-dir", model_dir,
-                  "--threads", "1", "--max-queue", str(max(256, args.concurrency * 2))]
-        for label, batch, delay in (("gpulab, batch size 1 (anchor)", 1, 0.0),
-                                    ("gpulab, dynamic batching", args.max_batch_size,
-                                     args.max_latency_ms)):
+        gpulab = [
+            sys.executable,
+            "-m",
+            "gpulab.serving.server",
+            "--model-dir",
+            model_dir,
+            "--threads",
+            "1",
+            "--max-queue",
+            str(max(256, args.concurrency * 2)),
+        ]
+        for label, batch, delay in (
+            ("gpulab, batch size 1 (anchor)", 1, 0.0),
+            ("gpulab, dynamic batching", args.max_batch_size, args.max_latency_ms),
+        ):
             port = free_port()
             base = f"http://127.0.0.1:{port}"
             results[label] = run_server(
-                gpulab + ["--port", str(port), "--max-batch-size", str(batch),
-                          "--max-latency-ms", str(delay)],
-                f"{base}/v2/health/ready", f"{base}/v2/models/mlp/infer",
-                oip_bodies, oip_bodies[:n_warm], args.concurrency)
+                gpulab
+                + [
+                    "--port",
+                    str(port),
+                    "--max-batch-size",
+                    str(batch),
+                    "--max-latency-ms",
+                    str(delay),
+                ],
+                f"{base}/v2/health/ready",
+                f"{base}/v2/models/mlp/infer",
+                oip_bodies,
+                oip_bodies[:n_warm],
+                args.concurrency,
+            )
         if not (args.skip_litserve or args.binary):
             port = free_port()
             base = f"http://127.0.0.1:{port}"
             results["LitServe, same batch settings"] = run_server(
-                [sys.executable, os.path.abspath(__file__), "--litserve-child", model_dir,
-                 str(port), str(args.max_batch_size), str(args.max_latency_ms / 1000)],
-                f"{base}/health", f"{base}/predict", lit_bodies, lit_bodies[:n_warm],
-                args.concurrency)
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--litserve-child",
+                    model_dir,
+                    str(port),
+                    str(args.max_batch_size),
+                    str(args.max_latency_ms / 1000),
+                ],
+                f"{base}/health",
+                f"{base}/predict",
+                lit_bodies,
+                lit_bodies[:n_warm],
+                args.concurrency,
+            )
 
     encoding = "binary-extension" if args.binary else "JSON"
-    print(f"MLP {args.dims}, {args.requests} one-row {encoding} requests, {args.concurrency} concurrent "
-          f"clients, max batch {args.max_batch_size}, max delay {args.max_latency_ms} ms, "
-          "1 torch thread per server")
+    print(
+        f"MLP {args.dims}, {args.requests} one-row {encoding} requests, {args.concurrency} concurrent "
+        f"clients, max batch {args.max_batch_size}, max delay {args.max_latency_ms} ms, "
+        "1 torch thread per server"
+    )
     print(f"{'server':34} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'errors':>7}")
     for label, r in results.items():
-        print(f"{label:34} {r['throughput']:9.1f} {r['p50'] * 1e3:9.1f} {r['p99'] * 1e3:9.1f} "
-              f"{r['errors']:7d}")
+        print(
+            f"{label:34} {r['throughput']:9.1f} {r['p50'] * 1e3:9.1f} {r['p99'] * 1e3:9.1f} "
+            f"{r['errors']:7d}"
+        )
     anchor = results["gpulab, batch size 1 (anchor)"]
     batched = results["gpulab, dynamic batching"]
-    print(f"dynamic batching vs batch 1: throughput {batched['throughput'] / anchor['throughput']:.2f}x "
-          f"(goal >= 3x), p99 {anchor['p99'] / batched['p99']:.2f}x lower")
+    print(
+        f"dynamic batching vs batch 1: throughput {batched['throughput'] / anchor['throughput']:.2f}x "
+        f"(goal >= 3x), p99 {anchor['p99'] / batched['p99']:.2f}x lower"
+    )
     lit = results.get("LitServe, same batch settings")
     if lit:
-        print(f"gpulab vs LitServe (same batch settings): throughput "
-              f"{batched['throughput'] / lit['throughput']:.2f}x, p99 {lit['p99'] / batched['p99']:.2f}x lower")
+        print(
+            f"gpulab vs LitServe (same batch settings): throughput "
+            f"{batched['throughput'] / lit['throughput']:.2f}x, p99 {lit['p99'] / batched['p99']:.2f}x lower"
+        )
     return 0
 
 

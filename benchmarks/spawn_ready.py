@@ -21,8 +21,10 @@ from pathlib import Path
 
 from _hub import RunningHub, percentile
 
-PLAIN = 'c.JupyterHub.spawner_class = "simple"\n' \
-        'c.SimpleLocalProcessSpawner.home_dir_template = "{home}/{{username}}"\n'
+PLAIN = (
+    'c.JupyterHub.spawner_class = "simple"\n'
+    'c.SimpleLocalProcessSpawner.home_dir_template = "{home}/{{username}}"\n'
+)
 
 
 def spawn_all(hub: RunningHub, users: list[str], options: dict) -> list[float]:
@@ -55,8 +57,11 @@ def main(argv=None):
         tmp = Path(tmp)
         hubs = {
             "gpulab": RunningHub(tmp / "gpulab", simulate="3xA100-80GB"),
-            "plain": RunningHub(tmp / "plain", simulate="3xA100-80GB",
-                                config=PLAIN.format(home=tmp / "plain" / "home")),
+            "plain": RunningHub(
+                tmp / "plain",
+                simulate="3xA100-80GB",
+                config=PLAIN.format(home=tmp / "plain" / "home"),
+            ),
         }
         try:
             for r in range(args.rounds):
@@ -69,8 +74,10 @@ def main(argv=None):
                 hub.stop()
     print(f"spawn-to-ready, {args.users} users at once, {args.rounds} rounds (seconds)")
     print(f"{'':34}{'median':>8}{'p90':>8}{'max':>8}")
-    for name, label in (("gpulab", "gpulab (1/4 GPU each)"),
-                        ("plain", "SimpleLocalProcessSpawner (anchor)")):
+    for name, label in (
+        ("gpulab", "gpulab (1/4 GPU each)"),
+        ("plain", "SimpleLocalProcessSpawner (anchor)"),
+    ):
         t = results[name]
         print(f"{label:34}{statistics.median(t):8.2f}{percentile(t, 90):8.2f}{max(t):8.2f}")
     ratio = statistics.median(results["gpulab"]) / statistics.median(results["plain"])

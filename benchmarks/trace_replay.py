@@ -24,7 +24,7 @@ from functools import partial
 import numpy as np
 
 from gpulab.scheduler.policy import policy_names
-from gpulab.scheduler.trace import LEVELS, ReplayResult, load_nodes, load_tasks, replay
+from gpulab.scheduler.trace import ReplayResult, load_nodes, load_tasks, replay
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -56,20 +56,32 @@ def summarise(policy: str, results: list[ReplayResult]) -> dict:
     return {
         "policy": policy,
         "seeds": [r.seed for r in results],
-        "unallocated_pct": {lv: float(np.mean([r.unallocated_pct[lv] for r in results])) for lv in levels},
-        "fragmented_pct": {lv: float(np.mean([r.fragmented_pct[lv] for r in results])) for lv in levels},
-        "decision_ms": {"p50": float(np.percentile(latency, 50)), "p99": float(np.percentile(latency, 99))},
+        "unallocated_pct": {
+            lv: float(np.mean([r.unallocated_pct[lv] for r in results])) for lv in levels
+        },
+        "fragmented_pct": {
+            lv: float(np.mean([r.fragmented_pct[lv] for r in results])) for lv in levels
+        },
+        "decision_ms": {
+            "p50": float(np.percentile(latency, 50)),
+            "p99": float(np.percentile(latency, 99)),
+        },
         # Thread CPU time of the same calls: the policy's own cost, unaffected
         # by other processes competing for the cores.
-        "decision_cpu_ms": {"p50": float(np.percentile(cpu, 50)), "p99": float(np.percentile(cpu, 99))},
+        "decision_cpu_ms": {
+            "p50": float(np.percentile(cpu, 50)),
+            "p99": float(np.percentile(cpu, 99)),
+        },
         "failed_tasks": float(np.mean([r.failed_tasks for r in results])),
         "tasks": float(np.mean([r.tasks for r in results])),
     }
 
 
 def print_table(summary: dict, anchor: dict | None) -> None:
-    print(f"policy {summary['policy']}  seeds {summary['seeds'][0]}-{summary['seeds'][-1]}"
-          f"  ({len(summary['seeds'])} runs, {summary['tasks']:.0f} tasks each)")
+    print(
+        f"policy {summary['policy']}  seeds {summary['seeds'][0]}-{summary['seeds'][-1]}"
+        f"  ({len(summary['seeds'])} runs, {summary['tasks']:.0f} tasks each)"
+    )
     head = f"{'arrived %':>10} {'unallocated %':>14} {'fragmented %':>13}"
     if anchor:
         head += f" {anchor['policy'] + ' unalloc %':>18} {'ratio':>6}"
@@ -81,20 +93,30 @@ def print_table(summary: dict, anchor: dict | None) -> None:
             line += f" {ref:>18.2f} {unalloc / ref if ref else float('nan'):>6.3f}"
         print(line)
     d, c = summary["decision_ms"], summary["decision_cpu_ms"]
-    print(f"decision ms (wall): p50 {d['p50']:.3f}  p99 {d['p99']:.3f}   (CPU time): p50 {c['p50']:.3f}  p99 {c['p99']:.3f}")
+    print(
+        f"decision ms (wall): p50 {d['p50']:.3f}  p99 {d['p99']:.3f}   (CPU time): p50 {c['p50']:.3f}  p99 {c['p99']:.3f}"
+    )
     print(f"failed tasks (mean per run): {summary['failed_tasks']:.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", required=True, help="openb_node_list_*.csv")
     parser.add_argument("--pods", required=True, help="openb_pod_list_*.csv")
     parser.add_argument("--policy", required=True, help=f"one of: {', '.join(policy_names())}")
-    parser.add_argument("--inflate", type=float, default=1.3, help="workload as a multiple of GPU capacity (1.3)")
-    parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"), help="e.g. 42-51")
+    parser.add_argument(
+        "--inflate", type=float, default=1.3, help="workload as a multiple of GPU capacity (1.3)"
+    )
+    parser.add_argument(
+        "--seeds", type=parse_seeds, default=parse_seeds("42-51"), help="e.g. 42-51"
+    )
     parser.add_argument("--anchor", help="also replay this policy and print the ratio")
     parser.add_argument("--jobs", type=int, default=1, help="seeds replayed in parallel")
-    parser.add_argument("--limit", type=int, help="stop each replay after this many tasks (smoke tests)")
+    parser.add_argument(
+        "--limit", type=int, help="stop each replay after this many tasks (smoke tests)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     for name in filter(None, (args.policy, args.anchor)):

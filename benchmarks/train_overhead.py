@@ -34,7 +34,7 @@ from pathlib import Path
 
 from _hub import RunningHub
 
-WORKLOAD = '''
+WORKLOAD = """
 import os, time, torch
 from gpulab.training import setup, report, checkpoint
 ctx = setup()
@@ -52,15 +52,14 @@ for step in checkpoint.resume_range(ctx, total_steps=int(os.environ["BENCH_STEPS
     report(loss=loss.item(), samples=256)
     if times:
         times.write(f"{time.time()}\\n")
-'''
+"""
 WARMUP = 10
 
 
 def summarise(t0: float, times_file: Path) -> dict:
     stamps = [float(x) for x in times_file.read_text().split()]
-    gaps = [b - a for a, b in zip(stamps[WARMUP:], stamps[WARMUP + 1:])]
-    return {"first_step_s": stamps[0] - t0, "step_s": statistics.median(gaps),
-            "steps": len(stamps)}
+    gaps = [b - a for a, b in zip(stamps[WARMUP:], stamps[WARMUP + 1 :], strict=False)]
+    return {"first_step_s": stamps[0] - t0, "step_s": statistics.median(gaps), "steps": len(stamps)}
 
 
 def control_plane_cpu(hub) -> float:
@@ -84,12 +83,15 @@ def control_plane_cpu(hub) -> float:
 def via_magic(shell, hub, tmp: Path, steps: int, i: int) -> dict:
     times = tmp / f"magic{i}.txt"
     cpu0, t0 = control_plane_cpu(hub), time.time()
-    shell.run_cell_magic("train_distributed",
-                         f"--nproc-per-node 2 --env BENCH_TIMES={times} "
-                         f"--env BENCH_STEPS={steps} --name bench{i}", WORKLOAD)
+    shell.run_cell_magic(
+        "train_distributed",
+        f"--nproc-per-node 2 --env BENCH_TIMES={times} --env BENCH_STEPS={steps} --name bench{i}",
+        WORKLOAD,
+    )
     result = summarise(t0, times)
     result["control_plane_cpu_pct"] = round(
-        100 * (control_plane_cpu(hub) - cpu0) / (time.time() - t0), 1)
+        100 * (control_plane_cpu(hub) - cpu0) / (time.time() - t0), 1
+    )
     return result
 
 
@@ -97,17 +99,33 @@ def via_torchrun(tmp: Path, steps: int, i: int) -> dict:
     times = tmp / f"plain{i}.txt"
     script = tmp / "workload.py"
     script.write_text(WORKLOAD)
-    env = {**os.environ, "BENCH_TIMES": str(times), "BENCH_STEPS": str(steps),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "BENCH_TIMES": str(times),
+        "BENCH_STEPS": str(steps),
+        "OMP_NUM_THREADS": "1",
+    }
     for k in ("GPULAB_API_URL", "JUPYTERHUB_API_TOKEN"):
         env.pop(k, None)
     from gpulab.backend.local import free_port
 
     t0 = time.time()
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-                           "--monitor-interval=0.5", str(script)],
-                          env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            "--monitor-interval=0.5",
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode:
         raise RuntimeError(f"plain torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return summarise(t0, times)
@@ -137,22 +155,32 @@ def main(argv=None):
                 with contextlib.redirect_stdout(io.StringIO()):
                     results["magic"].append(via_magic(shell, hub, tmp, args.steps, i))
                 results["torchrun"].append(via_torchrun(tmp, args.steps, i))
-                print(f"round {i + 1}: magic {results['magic'][-1]}  "
-                      f"torchrun {results['torchrun'][-1]}", flush=True)
+                print(
+                    f"round {i + 1}: magic {results['magic'][-1]}  "
+                    f"torchrun {results['torchrun'][-1]}",
+                    flush=True,
+                )
         finally:
             hub.stop()
     print(json.dumps(results, indent=1))
     for metric, label in (("first_step_s", "time to first step"), ("step_s", "steady step time")):
-        paired = [m[metric] / t[metric] for m, t in zip(results["magic"], results["torchrun"])]
-        best = (min(r[metric] for r in results["magic"])
-                / min(r[metric] for r in results["torchrun"]))
+        paired = [
+            m[metric] / t[metric]
+            for m, t in zip(results["magic"], results["torchrun"], strict=False)
+        ]
+        best = min(r[metric] for r in results["magic"]) / min(
+            r[metric] for r in results["torchrun"]
+        )
         aim = "  (aim <= 1.05)" if metric == "step_s" else ""
         # On a shared machine other people's load moves single runs by tens of
         # percent; the best-of ratio is the least disturbed, the paired median
         # shows the spread.
-        print(f"{label:19s} magic/torchrun = {best:.3f} best-of-{len(paired)}, "
-              f"{statistics.median(paired):.3f} median of paired rounds "
-              f"(rounds: {', '.join(f'{x:.2f}' for x in paired)}){aim}")
+        print(
+            f"{label:19s} magic/torchrun = {best:.3f} best-of-{len(paired)}, "
+            f"{statistics.median(paired):.3f} median of paired rounds "
+            f"(rounds: {', '.join(f'{x:.2f}' for x in paired)}){aim}"
+        )
+
 
 if __name__ == "__main__":
     main()

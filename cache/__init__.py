@@ -29,9 +29,18 @@ from .store import NodeCache, cache_key
 from .store import cache_stats as stats
 
 __all__ = [
-    "open", "stats", "CachedDataset", "NodeCache", "cache_key",
-    "CacheError", "RemoteNotFoundError", "RemoteReadError", "UnknownProtocolError",
-    "default_cache_dir", "default_capacity_bytes", "parse_size",
+    "open",
+    "stats",
+    "CachedDataset",
+    "NodeCache",
+    "cache_key",
+    "CacheError",
+    "RemoteNotFoundError",
+    "RemoteReadError",
+    "UnknownProtocolError",
+    "default_cache_dir",
+    "default_capacity_bytes",
+    "parse_size",
 ]
 
 
@@ -40,17 +49,20 @@ def _node_cache(cache_dir: str, capacity_bytes: int) -> NodeCache:
     return NodeCache(cache_dir, capacity_bytes)
 
 
-def open(url: str, mode: str = "rb", *, cache_dir: str | None = None,
-         capacity_bytes: int | str | None = None) -> BinaryIO:
+def open(
+    url: str,
+    mode: str = "rb",
+    *,
+    cache_dir: str | None = None,
+    capacity_bytes: int | str | None = None,
+) -> BinaryIO:
     """Open ``url`` for reading through the node cache (fetching it if needed).
 
     Returns a regular binary file on the cached copy; close it (``with``).
     """
     if mode != "rb":
-        raise ValueError(f"the dataset cache is read-only; open with mode 'rb', "
-                         f"not {mode!r}")
+        raise ValueError(f"the dataset cache is read-only; open with mode 'rb', not {mode!r}")
     # Resolved here so a changed environment gets its own cache object.
     cache_dir = cache_dir or default_cache_dir()
-    capacity = (default_capacity_bytes() if capacity_bytes is None
-                else parse_size(capacity_bytes))
+    capacity = default_capacity_bytes() if capacity_bytes is None else parse_size(capacity_bytes)
     return _node_cache(cache_dir, capacity).open(url)

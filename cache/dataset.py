@@ -13,9 +13,8 @@ Random access (``ds[i]``) reads through the cache without prefetching.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Iterable, Iterator
 
 from .patterns import expand
 from .store import NodeCache
@@ -34,9 +33,15 @@ class CachedDataset(Sequence):
     ``$GPULAB_CACHE_CAPACITY_BYTES`` (see ``gpulab.cache.settings``).
     """
 
-    def __init__(self, urls: str | Iterable[str], *, prefetch: int = 4,
-                 cache_dir: str | None = None, capacity_bytes: int | str | None = None,
-                 cache: NodeCache | None = None):
+    def __init__(
+        self,
+        urls: str | Iterable[str],
+        *,
+        prefetch: int = 4,
+        cache_dir: str | None = None,
+        capacity_bytes: int | str | None = None,
+        cache: NodeCache | None = None,
+    ):
         if isinstance(urls, str):
             urls = expand(urls)
         else:
@@ -45,8 +50,10 @@ class CachedDataset(Sequence):
             if bad:
                 raise TypeError(f"shard URLs must be strings; got {bad[0]!r}")
         if not urls:
-            raise ValueError("no shards given; pass a list of URLs or a pattern "
-                             "such as 'https://host/train-{0000..0099}.tar'")
+            raise ValueError(
+                "no shards given; pass a list of URLs or a pattern "
+                "such as 'https://host/train-{0000..0099}.tar'"
+            )
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be a whole number >= 0, not {prefetch!r}")
         self.urls: list[str] = urls
@@ -79,8 +86,9 @@ class CachedDataset(Sequence):
                 yield self.cache.read(url)
             return
         cache = self.cache
-        pool = ThreadPoolExecutor(min(self.prefetch, MAX_PREFETCH_THREADS),
-                                  thread_name_prefix="gpulab-prefetch")
+        pool = ThreadPoolExecutor(
+            min(self.prefetch, MAX_PREFETCH_THREADS), thread_name_prefix="gpulab-prefetch"
+        )
         pending: dict[int, Future] = {}
         try:
             for i, url in enumerate(self.urls):
@@ -102,5 +110,7 @@ class CachedDataset(Sequence):
             log.debug("prefetch of %s failed: %r", url, err)
 
     def __repr__(self) -> str:
-        return (f"CachedDataset({len(self.urls)} shards, prefetch={self.prefetch}, "
-                f"cache={self.cache!r})")
+        return (
+            f"CachedDataset({len(self.urls)} shards, prefetch={self.prefetch}, "
+            f"cache={self.cache!r})"
+        )

@@ -19,14 +19,21 @@ import pathlib
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 INDEX_NAME = "index.sqlite"
 
-COUNTERS = ("hits", "misses", "bytes_from_cache", "bytes_from_remote",
-            "evictions", "prefetch_ahead", "corrupt")
+COUNTERS = (
+    "hits",
+    "misses",
+    "bytes_from_cache",
+    "bytes_from_remote",
+    "evictions",
+    "prefetch_ahead",
+    "corrupt",
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -86,15 +93,16 @@ class CacheIndex:
         conn.execute("COMMIT")
 
     def lookup(self, key: str) -> Entry | None:
-        row = self._conn().execute(
-            "SELECT key, url, size, checksum FROM entries WHERE key = ?", (key,)
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute("SELECT key, url, size, checksum FROM entries WHERE key = ?", (key,))
+            .fetchone()
+        )
         return Entry(*row) if row else None
 
     def record_hit(self, key: str, nbytes: int) -> None:
         with self._write() as conn:
-            conn.execute("UPDATE entries SET last_access = ? WHERE key = ?",
-                         (time.time(), key))
+            conn.execute("UPDATE entries SET last_access = ? WHERE key = ?", (time.time(), key))
             _bump(conn, hits=1, bytes_from_cache=nbytes)
 
     def bump(self, **counters: int) -> None:
@@ -105,9 +113,9 @@ class CacheIndex:
         with self._write() as conn:
             conn.execute("DELETE FROM entries WHERE key = ?", (key,))
 
-    def insert_and_evict(self, entry: Entry, capacity_bytes: int,
-                         remove_file: Callable[[str], None],
-                         **counters: int) -> list[str]:
+    def insert_and_evict(
+        self, entry: Entry, capacity_bytes: int, remove_file: Callable[[str], None], **counters: int
+    ) -> list[str]:
         """Add ``entry``, then evict least recently used shards down to capacity.
 
         Files are removed *inside* the transaction: a process that still sees
@@ -120,14 +128,17 @@ class CacheIndex:
         with self._write() as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?)",
-                (entry.key, entry.url, entry.size, entry.checksum, now, now))
-            conn.execute("INSERT OR REPLACE INTO meta VALUES ('capacity', ?)",
-                         (str(capacity_bytes),))
+                (entry.key, entry.url, entry.size, entry.checksum, now, now),
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('capacity', ?)", (str(capacity_bytes),)
+            )
             used = conn.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0]
             evicted = []
             if used > capacity_bytes:
                 victims = conn.execute(
-                    "SELECT key, size FROM entries ORDER BY last_access, rowid").fetchall()
+                    "SELECT key, size FROM entries ORDER BY last_access, rowid"
+                ).fetchall()
                 for key, size in victims:
                     if used <= capacity_bytes:
                         break
@@ -140,8 +151,9 @@ class CacheIndex:
 
     def set_capacity(self, capacity_bytes: int) -> None:
         with self._write() as conn:
-            conn.execute("INSERT OR REPLACE INTO meta VALUES ('capacity', ?)",
-                         (str(capacity_bytes),))
+            conn.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('capacity', ?)", (str(capacity_bytes),)
+            )
 
     def keys(self) -> list[str]:
         return [k for (k,) in self._conn().execute("SELECT key FROM entries")]
@@ -156,18 +168,17 @@ def _bump(conn: sqlite3.Connection, **counters: int) -> None:
             conn.execute(
                 "INSERT INTO counters VALUES (?, ?) "
                 "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
-                (name, delta))
+                (name, delta),
+            )
 
 
 def read_stats(conn: sqlite3.Connection) -> dict:
     """Counters, usage and capacity, as plain ints."""
     stats = {name: 0 for name in COUNTERS}
     stats.update(dict(conn.execute("SELECT name, value FROM counters")))
-    used, entries = conn.execute(
-        "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM entries").fetchone()
+    used, entries = conn.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM entries").fetchone()
     capacity = conn.execute("SELECT value FROM meta WHERE name = 'capacity'").fetchone()
-    stats.update(used=used, entries=entries,
-                 capacity=int(capacity[0]) if capacity else None)
+    stats.update(used=used, entries=entries, capacity=int(capacity[0]) if capacity else None)
     return stats
 
 
@@ -183,7 +194,8 @@ def open_stats_only(cache_dir: str) -> sqlite3.Connection:
     if not os.path.exists(path):
         raise FileNotFoundError(
             f"no dataset cache at {cache_dir} yet (no {INDEX_NAME}); it appears "
-            "when a process first reads through gpulab.cache with this cache_dir")
+            "when a process first reads through gpulab.cache with this cache_dir"
+        )
     uri = pathlib.Path(path).as_uri()
     try:
         conn = sqlite3.connect(f"{uri}?mode=rw", uri=True, timeout=60)

@@ -25,8 +25,9 @@ def expand_braces(pattern: str) -> list[str]:
     for start, stop in ranges:
         lo, hi = int(start), int(stop)
         if hi < lo:
-            raise ValueError(f"{pattern}: range {{{start}..{stop}}} counts down; "
-                             f"write {{{stop}..{start}}}")
+            raise ValueError(
+                f"{pattern}: range {{{start}..{stop}}} counts down; write {{{stop}..{start}}}"
+            )
         width = len(start) if start.startswith("0") and len(start) > 1 else 0
         choices.append([str(n).zfill(width) for n in range(lo, hi + 1)])
     urls = []
@@ -49,7 +50,7 @@ def expand(spec: str) -> list[str]:
         matches = sorted(fs.glob(path))
         if not matches:
             raise FileNotFoundError(
-                f"{url}: the pattern matches no files; check it, or list the "
-                "shard URLs explicitly")
+                f"{url}: the pattern matches no files; check it, or list the shard URLs explicitly"
+            )
         found += [m if "://" in m else fs.unstrip_protocol(m) for m in matches]
     return found

@@ -26,6 +26,7 @@ CHECKSUM = "sha256"
 # fsspec and aiohttp are imported on first use: together they cost half a
 # second, which processes that only read cache stats (the agent) never pay.
 
+
 @functools.cache
 def _transient_errors() -> tuple[type[BaseException], ...]:
     """What is worth a retry: I/O and, for HTTP, aiohttp's client errors."""
@@ -47,11 +48,13 @@ def filesystem_for(url: str):
         raise UnknownProtocolError(
             f"{url}: fsspec knows no protocol {scheme!r} ({err}). Use http://, "
             "https://, file:// or a local path, or install the fsspec package for "
-            "that store (s3fs for s3://, gcsfs for gs://)") from None
+            "that store (s3fs for s3://, gcsfs for gs://)"
+        ) from None
     except ImportError as err:
         raise UnknownProtocolError(
             f"{url}: the package for this store is not installed ({err}); "
-            "install it in this environment and try again") from None
+            "install it in this environment and try again"
+        ) from None
 
 
 class _HashingWriter:
@@ -95,8 +98,9 @@ def _expected_size_class():
     return ExpectedSize
 
 
-def fetch_into(url: str, out: BinaryIO, *, retries: int = 3,
-               backoff_s: float = 0.5) -> tuple[int, str]:
+def fetch_into(
+    url: str, out: BinaryIO, *, retries: int = 3, backoff_s: float = 0.5
+) -> tuple[int, str]:
     """Stream ``url`` into ``out``; return ``(size, "sha256:<hex>")``.
 
     A body shorter than the announced size is a failed attempt, never a
@@ -112,8 +116,7 @@ def fetch_into(url: str, out: BinaryIO, *, retries: int = 3,
         try:
             fs.get_file(path, writer, callback=announced)
             if announced.expected is not None and writer.size != announced.expected:
-                raise RemoteReadError(
-                    f"{url}: got {writer.size} of {announced.expected} bytes")
+                raise RemoteReadError(f"{url}: got {writer.size} of {announced.expected} bytes")
             return writer.size, f"{CHECKSUM}:{writer.hash.hexdigest()}"
         except FileNotFoundError:
             raise RemoteNotFoundError(
@@ -124,7 +127,7 @@ def fetch_into(url: str, out: BinaryIO, *, retries: int = 3,
             if attempt > retries:
                 raise RemoteReadError(
                     f"{url}: reading failed {attempt} times, last error: {err!r}. "
-                    "Check that the store is reachable from this node") from err
-            log.warning("fetching %s failed (%r); retry %d of %d",
-                        url, err, attempt, retries)
+                    "Check that the store is reachable from this node"
+                ) from err
+            log.warning("fetching %s failed (%r); retry %d of %d", url, err, attempt, retries)
             time.sleep(backoff_s * 2 ** (attempt - 1))

@@ -29,8 +29,9 @@ import os
 import sqlite3
 import tempfile
 import time
-from contextlib import contextmanager
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import BinaryIO
 
 from .errors import CacheError
 from .index import CacheIndex, Entry, open_lock_file, open_stats_only, read_stats
@@ -59,15 +60,21 @@ class NodeCache:
     ``invalidate(url)`` is called.
     """
 
-    def __init__(self, cache_dir: str | None = None,
-                 capacity_bytes: int | str | None = None, *,
-                 verify: str = "checksum", retries: int = 3,
-                 retry_backoff_s: float = 0.5):
+    def __init__(
+        self,
+        cache_dir: str | None = None,
+        capacity_bytes: int | str | None = None,
+        *,
+        verify: str = "checksum",
+        retries: int = 3,
+        retry_backoff_s: float = 0.5,
+    ):
         if verify not in ("checksum", "size"):
             raise ValueError(f"verify must be 'checksum' or 'size', not {verify!r}")
         self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
-        self.capacity_bytes = (default_capacity_bytes() if capacity_bytes is None
-                               else parse_size(capacity_bytes))
+        self.capacity_bytes = (
+            default_capacity_bytes() if capacity_bytes is None else parse_size(capacity_bytes)
+        )
         self.verify = verify
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
@@ -157,7 +164,7 @@ class NodeCache:
         if entry is None:
             return None
         try:
-            f = open(self._path(key), "rb")
+            f = open(self._path(key), "rb")  # noqa: SIM115
         except FileNotFoundError:
             return None  # evicted between the lookup and the open
         problem = self._check(f, entry)
@@ -188,20 +195,22 @@ class NodeCache:
 
     def _fetch(self, url: str, key: str, **counters: int) -> BinaryIO:
         """Download into tmp/, publish atomically, index it; caller holds the stripe."""
-        tmp = tempfile.NamedTemporaryFile(
-            dir=os.path.join(self.cache_dir, "tmp"), prefix=key + ".", delete=False)
+        tmp = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            dir=os.path.join(self.cache_dir, "tmp"), prefix=key + ".", delete=False
+        )
         reader = None
         try:
             with tmp:
                 size, checksum = fetch_into(
-                    url, tmp, retries=self.retries, backoff_s=self.retry_backoff_s)
+                    url, tmp, retries=self.retries, backoff_s=self.retry_backoff_s
+                )
                 tmp.flush()
                 os.fsync(tmp.fileno())
                 # Shared by the node's users: readable by all, written by none.
                 os.fchmod(tmp.fileno(), 0o644)
             # Opened before it is published, so an eviction racing with us
             # cannot take the file from under the caller.
-            reader = open(tmp.name, "rb")
+            reader = open(tmp.name, "rb")  # noqa: SIM115
             os.makedirs(os.path.dirname(self._path(key)), exist_ok=True)
             os.replace(tmp.name, self._path(key))
         except BaseException:
@@ -211,8 +220,12 @@ class NodeCache:
             raise
         try:
             self.index.insert_and_evict(
-                Entry(key, url, size, checksum), self.capacity_bytes,
-                self._remove_file, bytes_from_remote=size, **counters)
+                Entry(key, url, size, checksum),
+                self.capacity_bytes,
+                self._remove_file,
+                bytes_from_remote=size,
+                **counters,
+            )
         except BaseException:
             reader.close()
             raise
@@ -235,10 +248,8 @@ class NodeCache:
 
 
 def _unlink(path: str) -> None:
-    try:
+    with suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def cache_stats(cache_dir: str | None = None) -> dict:

@@ -11,8 +11,22 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import (Boolean, Column, DateTime, Float, Index, Integer, String, Table, Text,
-                        UniqueConstraint, delete, insert, select, update)
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    delete,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.engine import Engine
 
 from .engine import metadata, utcnow
@@ -64,13 +78,22 @@ class DeploymentStore:
         self.engine = engine
 
     def add(self, dep: dict) -> dict:
-        row = {"state": "starting", "message": "starting", "restarts": 0, "created": utcnow(),
-               "stop_with_server": False, **dep}
+        row = {
+            "state": "starting",
+            "message": "starting",
+            "restarts": 0,
+            "created": utcnow(),
+            "stop_with_server": False,
+            **dep,
+        }
         for k in _JSON:
             row[k] = json.dumps(sorted(row.get(k) or []))
         with self.engine.begin() as conn:
-            taken = conn.execute(select(deployments.c.id).where(
-                (deployments.c.user == row["user"]) & (deployments.c.name == row["name"]))).first()
+            taken = conn.execute(
+                select(deployments.c.id).where(
+                    (deployments.c.user == row["user"]) & (deployments.c.name == row["name"])
+                )
+            ).first()
             if taken:
                 raise NameTaken(row["name"])
             conn.execute(insert(deployments), [row])
@@ -83,8 +106,11 @@ class DeploymentStore:
 
     def find(self, user: str, name: str) -> dict | None:
         with self.engine.connect() as conn:
-            r = conn.execute(select(deployments).where(
-                (deployments.c.user == user) & (deployments.c.name == name))).first()
+            r = conn.execute(
+                select(deployments).where(
+                    (deployments.c.user == user) & (deployments.c.name == name)
+                )
+            ).first()
         return _row(r) if r else None
 
     def list(self, user: str | None = None) -> list[dict]:

@@ -51,7 +51,7 @@ _PG_LOCK_KEY = 0x67_70_75_6C  # "gpul"
 
 
 def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def make_engine(url: str) -> Engine:
@@ -61,7 +61,7 @@ def make_engine(url: str) -> Engine:
     """
     if url.startswith("postgresql://"):
         # psycopg 3 is the driver we ship; the plain scheme would pick psycopg2.
-        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30})
         _sqlite_immediate_transactions(engine)

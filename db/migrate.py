@@ -85,8 +85,11 @@ def upgrade(engine: Engine) -> None:
         if found is None:
             legacy = sorted(set(inspect(conn).get_table_names()) & set(metadata.tables))
             if legacy:
-                log.info("Adopting gpulab tables made before migrations (%s) as revision %s",
-                         ", ".join(legacy), BASELINE)
+                log.info(
+                    "Adopting gpulab tables made before migrations (%s) as revision %s",
+                    ", ".join(legacy),
+                    BASELINE,
+                )
         log.info("Migrating gpulab's database from %s to %s", found or "nothing", target)
         command.upgrade(alembic_config(conn), "head")
 
@@ -100,21 +103,24 @@ def _new_revision(message: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         engine = make_engine(f"sqlite:///{tmp}/scratch.sqlite")
         with engine.begin() as conn:
-            command.revision(alembic_config(conn), message=message, autogenerate=True,
-                             rev_id=rev_id)
+            command.revision(
+                alembic_config(conn), message=message, autogenerate=True, rev_id=rev_id
+            )
         engine.dispose()
 
 
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m gpulab.db.migrate",
-                                     description="gpulab's database migrations")
+    parser = argparse.ArgumentParser(
+        prog="python -m gpulab.db.migrate", description="gpulab's database migrations"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     rev = sub.add_parser("revision", help="write the next revision from the models' changes")
     rev.add_argument("-m", "--message", required=True)
-    up = sub.add_parser("upgrade", help="migrate a database to head (the service does this "
-                                        "itself on start)")
+    up = sub.add_parser(
+        "upgrade", help="migrate a database to head (the service does this itself on start)"
+    )
     up.add_argument("url", help="e.g. sqlite:////srv/gpulab/gpulab.sqlite or postgresql://...")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

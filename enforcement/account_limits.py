@@ -68,17 +68,23 @@ class AccountLimits(Configurable):
         """,
     ).tag(config=True)
 
-    cpu_floor = Float(DEFAULT_CPU_FLOOR, help="""CPU cores for the smallest slice and for
+    cpu_floor = Float(
+        DEFAULT_CPU_FLOOR,
+        help="""CPU cores for the smallest slice and for
         work without a GPU (per rank for jobs).
 
         c.AccountLimits.cpu_floor = 1
-        """).tag(config=True)
+        """,
+    ).tag(config=True)
 
-    memory_floor = Int(DEFAULT_MEMORY_FLOOR, help="""Memory in bytes for the smallest slice
+    memory_floor = Int(
+        DEFAULT_MEMORY_FLOOR,
+        help="""Memory in bytes for the smallest slice
         and for work without a GPU (per rank for jobs).
 
         c.AccountLimits.memory_floor = 4 * 2**30
-        """).tag(config=True)
+        """,
+    ).tag(config=True)
 
     _cgroups: Cgroups | None = None
 
@@ -87,27 +93,46 @@ class AccountLimits(Configurable):
             AccountLimits._cgroups = Cgroups.detect(self.mechanism if self.enabled else "none")
         return AccountLimits._cgroups
 
-    def limits(self, gpu_milli: int, gpu_count: int, ranks: int = 1,
-               gpu_devices: Sequence[str] | None = None):
+    def limits(
+        self,
+        gpu_milli: int,
+        gpu_count: int,
+        ranks: int = 1,
+        gpu_devices: Sequence[str] | None = None,
+    ):
         """The limits of ``ranks`` processes with ``gpu_milli`` each."""
         cpu, memory = host_share_per_gpu(os.cpu_count() or 1, _host_memory(), max(gpu_count, 1))
-        one = limits_for_slice(gpu_milli, self.cpu_per_gpu or cpu, self.memory_per_gpu or memory,
-                               cpu_floor=self.cpu_floor, memory_floor=self.memory_floor,
-                               gpu_devices=gpu_devices)
+        one = limits_for_slice(
+            gpu_milli,
+            self.cpu_per_gpu or cpu,
+            self.memory_per_gpu or memory,
+            cpu_floor=self.cpu_floor,
+            memory_floor=self.memory_floor,
+            gpu_devices=gpu_devices,
+        )
         if ranks == 1:
             return one
-        return type(one)(cpu_cores=one.cpu_cores and round(one.cpu_cores * ranks, 3),
-                         memory_bytes=one.memory_bytes and one.memory_bytes * ranks,
-                         devices=one.devices)
+        return type(one)(
+            cpu_cores=one.cpu_cores and round(one.cpu_cores * ranks, 3),
+            memory_bytes=one.memory_bytes and one.memory_bytes * ranks,
+            devices=one.devices,
+        )
 
-    def group(self, account_name: str, unit: str, gpu_milli: int, gpu_count: int,
-              ranks: int = 1, gpu_devices: Sequence[str] | None = None) -> Group | None:
+    def group(
+        self,
+        account_name: str,
+        unit: str,
+        gpu_milli: int,
+        gpu_count: int,
+        ranks: int = 1,
+        gpu_devices: Sequence[str] | None = None,
+    ) -> Group | None:
         """A group ``<account>/<unit>`` with the slice's limits, or None (and a warning)
         when the host cannot hold them: the work still runs, unlimited."""
         try:
             return self.cgroups().create(
-                f"{account_name}/{unit}",
-                self.limits(gpu_milli, gpu_count, ranks, gpu_devices))
+                f"{account_name}/{unit}", self.limits(gpu_milli, gpu_count, ranks, gpu_devices)
+            )
         except (CgroupError, OSError, ValueError) as e:
             log.warning("No limits for %s/%s: %s", account_name, unit, e)
             return None

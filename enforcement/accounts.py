@@ -55,7 +55,7 @@ def unix_name(hub_name: str, prefix: str = "gpulab-") -> str:
         return plain
     digest = hashlib.sha256(hub_name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_LEN]
     keep = MAX_NAME - len(prefix) - 1 - _HASH_LEN
-    safe = _UNSAFE.sub("", hub_name.lower())[:max(keep, 0)]
+    safe = _UNSAFE.sub("", hub_name.lower())[: max(keep, 0)]
     return f"{prefix}{safe}_{digest}"
 
 
@@ -79,8 +79,7 @@ class Account:
         return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
     def env(self) -> dict[str, str]:
-        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name,
-                "SHELL": self.shell}
+        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name, "SHELL": self.shell}
 
     def owns(self, st: os.stat_result) -> bool:
         return st.st_uid == self.uid
@@ -116,8 +115,10 @@ class UserAccounts(Configurable):
     def _check_prefix(self, proposal):
         value = proposal["value"]
         if not re.fullmatch(r"[a-z][a-z0-9-]{0,15}", value):
-            raise ValueError(f"c.UserAccounts.prefix {value!r}: use 1-16 characters of a-z, "
-                             f"0-9 and '-', starting with a letter, e.g. 'gpulab-'")
+            raise ValueError(
+                f"c.UserAccounts.prefix {value!r}: use 1-16 characters of a-z, "
+                f"0-9 and '-', starting with a letter, e.g. 'gpulab-'"
+            )
         return value
 
     home_root = Unicode(
@@ -136,11 +137,14 @@ class UserAccounts(Configurable):
         """,
     ).tag(config=True)
 
-    shell = Unicode("/bin/bash", help="""Login shell of new accounts (JupyterLab's
+    shell = Unicode(
+        "/bin/bash",
+        help="""Login shell of new accounts (JupyterLab's
         terminals start it).
 
         c.UserAccounts.shell = "/bin/bash"
-        """).tag(config=True)
+        """,
+    ).tag(config=True)
 
     _lock = threading.Lock()
 
@@ -158,8 +162,14 @@ class UserAccounts(Configurable):
         except KeyError:
             return None
         groups = tuple(g for g in os.getgrouplist(name, pw.pw_gid) if g != pw.pw_gid)
-        return Account(name=name, uid=pw.pw_uid, gid=pw.pw_gid, groups=groups,
-                       home=self.home_for(hub_name), shell=pw.pw_shell or self.shell)
+        return Account(
+            name=name,
+            uid=pw.pw_uid,
+            gid=pw.pw_gid,
+            groups=groups,
+            home=self.home_for(hub_name),
+            shell=pw.pw_shell or self.shell,
+        )
 
     def ensure(self, hub_name: str) -> Account:
         """The account of a hub user, created (with its home) if it is missing.
@@ -173,14 +183,29 @@ class UserAccounts(Configurable):
                 self._ensure_group()
                 name = self.name_for(hub_name)
                 done = subprocess.run(
-                    ["useradd", "--no-create-home", "--user-group", "--home-dir",
-                     self.home_for(hub_name), "--shell", self.shell, "--groups", self.group,
-                     "--comment", f"gpulab user {hub_name}"[:200], name],
-                    capture_output=True, text=True)
+                    [
+                        "useradd",
+                        "--no-create-home",
+                        "--user-group",
+                        "--home-dir",
+                        self.home_for(hub_name),
+                        "--shell",
+                        self.shell,
+                        "--groups",
+                        self.group,
+                        "--comment",
+                        f"gpulab user {hub_name}"[:200],
+                        name,
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
                 account = self.lookup(hub_name)
                 if account is None:
-                    raise AccountError(f"cannot create the Unix account {name} for "
-                                       f"{hub_name!r}: {done.stderr.strip() or done.returncode}")
+                    raise AccountError(
+                        f"cannot create the Unix account {name} for "
+                        f"{hub_name!r}: {done.stderr.strip() or done.returncode}"
+                    )
             self._ensure_home(account)
             return account
 
@@ -198,10 +223,15 @@ class UserAccounts(Configurable):
             os.mkdir(account.home, 0o700)
         except FileExistsError:
             st = os.lstat(account.home)
-            if not (os.path.isdir(account.home) and not os.path.islink(account.home)
-                    and account.owns(st)):
-                raise AccountError(f"{account.home} exists but is not {account.name}'s own "
-                                   f"directory; move it away or set c.UserAccounts.home_root")
+            if not (
+                os.path.isdir(account.home)
+                and not os.path.islink(account.home)
+                and account.owns(st)
+            ):
+                raise AccountError(
+                    f"{account.home} exists but is not {account.name}'s own "
+                    f"directory; move it away or set c.UserAccounts.home_root"
+                ) from None
             return
         os.chown(account.home, account.uid, account.gid)
         os.chmod(account.home, 0o700)
@@ -222,16 +252,20 @@ def unreachable(path: str, execute: bool = False) -> str | None:
         except OSError as e:
             return f"{folder}: {e.strerror}"
         if not mode & 0o001:
-            return (f"{folder} is mode {mode & 0o777:04o}, so other accounts cannot reach "
-                    f"{path}: install gpulab where users can read it (e.g. /opt/gpulab) or "
-                    f"run `chmod o+x {folder}`")
+            return (
+                f"{folder} is mode {mode & 0o777:04o}, so other accounts cannot reach "
+                f"{path}: install gpulab where users can read it (e.g. /opt/gpulab) or "
+                f"run `chmod o+x {folder}`"
+            )
     try:
         mode = os.stat(path).st_mode
     except OSError as e:
         return f"{path}: {e.strerror}"
     want = 0o001 if stat.S_ISDIR(mode) else 0o005 if execute else 0o004
     if mode & want != want:
-        return (f"{path} is mode {mode & 0o777:04o}: other accounts cannot "
-                f"{'run' if execute else 'read'} it; run `chmod o+r{'x' if execute else ''} "
-                f"{path}`")
+        return (
+            f"{path} is mode {mode & 0o777:04o}: other accounts cannot "
+            f"{'run' if execute else 'read'} it; run `chmod o+r{'x' if execute else ''} "
+            f"{path}`"
+        )
     return None

@@ -5,6 +5,7 @@ See ``gpulab.enforcement.cgroups`` for the mechanisms and how to use a group.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -30,8 +31,14 @@ from .limits import Limits
 class FsGroup(Group):
     """A group made of directories in the cgroup filesystem (v1: one per controller)."""
 
-    def __init__(self, cgroups: FsCgroups, name: str, limits: Limits, dirs: list[str],
-                 notes: list[str] | None = None):
+    def __init__(
+        self,
+        cgroups: FsCgroups,
+        name: str,
+        limits: Limits,
+        dirs: list[str],
+        notes: list[str] | None = None,
+    ):
         super().__init__(cgroups, name, limits, notes)
         self.dirs = dirs
         # Encoded now: the child only opens and writes, nothing that may lock.
@@ -71,10 +78,8 @@ class FsGroup(Group):
     def pids(self) -> list[int]:
         found: set[int] = set()
         for d in self.dirs:
-            try:
+            with contextlib.suppress(OSError):
                 found.update(int(p) for p in read_text(os.path.join(d, "cgroup.procs")).split())
-            except OSError:
-                pass
         return sorted(found)
 
     def cpu_stat(self) -> dict[str, int]:
@@ -181,8 +186,9 @@ class V1Cgroups(FsCgroups):
         for d in dict.fromkeys(dirs.values()):
             os.makedirs(d, exist_ok=True)
         if "cpu" in dirs:
-            quota = -1 if limits.cpu_cores is None else \
-                max(1000, int(limits.cpu_cores * CFS_PERIOD_US))
+            quota = (
+                -1 if limits.cpu_cores is None else max(1000, int(limits.cpu_cores * CFS_PERIOD_US))
+            )
             write_text(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(CFS_PERIOD_US))
             write_text(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
         elif limits.cpu_cores is not None:
@@ -205,10 +211,9 @@ class V1Cgroups(FsCgroups):
             write_text(os.path.join(d, "devices.allow"), "a")
         elif allowed:
             for node in filter(None, (node_of(p) for p in allowed)):
-                try:
+                # If refused, the hierarchy above does not allow it either.
+                with contextlib.suppress(CgroupError):
                     write_text(os.path.join(d, "devices.allow"), node.rule)
-                except CgroupError:
-                    pass  # the hierarchy above does not allow it either
         if allowed is None:
             return []
         denied = denied_nodes(self.gpu_nodes(), allowed)
@@ -216,10 +221,16 @@ class V1Cgroups(FsCgroups):
             write_text(os.path.join(d, "devices.deny"), node.rule)
         if not allow_all:
             # A whitelist above us: a wildcard entry may still let a denied card through.
-            still = [n.path for n in denied if _v1_whitelisted(read_text(os.path.join(d, "devices.list")), n)]
+            still = [
+                n.path
+                for n in denied
+                if _v1_whitelisted(read_text(os.path.join(d, "devices.list")), n)
+            ]
             if still:
-                return [f"devices not held: the devices cgroup above allows {', '.join(still)} "
-                        "by a wildcard rule"]
+                return [
+                    f"devices not held: the devices cgroup above allows {', '.join(still)} "
+                    "by a wildcard rule"
+                ]
         return []
 
 
@@ -230,8 +241,11 @@ def _v1_whitelisted(listing: str, node: DeviceNode) -> bool:
         except ValueError:
             continue
         major, _, minor = numbers.partition(":")
-        if kind in ("a", node.kind) and major in ("*", str(node.major)) \
-                and minor in ("*", str(node.minor)):
+        if (
+            kind in ("a", node.kind)
+            and major in ("*", str(node.major))
+            and minor in ("*", str(node.minor))
+        ):
             return True
     return False
 
@@ -270,14 +284,18 @@ class V2Cgroups(FsCgroups):
         except OSError:
             return f"{base_parent} does not exist; create it or correct parent="
         if not any(c in available for c in cls.WANTED):
-            return (f"{base_parent} has no cpu or memory controller (bound to cgroup v1 "
-                    "hierarchies, or not delegated)")
+            return (
+                f"{base_parent} has no cpu or memory controller (bound to cgroup v1 "
+                "hierarchies, or not delegated)"
+            )
         if base_parent != top and read_text(os.path.join(base_parent, "cgroup.procs")).strip():
             enabled = read_text(os.path.join(base_parent, "cgroup.subtree_control")).split()
             if not all(c in enabled for c in cls.WANTED if c in available):
-                return (f"gpulab's cgroup {base_parent} holds processes, so cgroup v2 will not "
-                        "hand controllers to groups below it; run gpulab under systemd, or in "
-                        "a cgroup of its own and pass parent= a sibling cgroup for the groups")
+                return (
+                    f"gpulab's cgroup {base_parent} holds processes, so cgroup v2 will not "
+                    "hand controllers to groups below it; run gpulab under systemd, or in "
+                    "a cgroup of its own and pass parent= a sibling cgroup for the groups"
+                )
         if not os.access(base_parent, os.W_OK):
             return f"{base_parent} is not writable"
         made = cls({"unified": os.path.join(base_parent, kw["root"])}, **kw)
@@ -302,8 +320,11 @@ class V2Cgroups(FsCgroups):
         if limits.cpu_cores is not None and "cpu" not in self.controllers:
             notes.append("CPU not held: no cpu controller")
         elif "cpu" in self.controllers:
-            quota = "max" if limits.cpu_cores is None else \
-                str(max(1000, int(limits.cpu_cores * CFS_PERIOD_US)))
+            quota = (
+                "max"
+                if limits.cpu_cores is None
+                else str(max(1000, int(limits.cpu_cores * CFS_PERIOD_US)))
+            )
             write_text(os.path.join(leaf, "cpu.max"), f"{quota} {CFS_PERIOD_US}")
         if limits.memory_bytes is not None and "memory" not in self.controllers:
             notes.append("memory not held: no memory controller")
@@ -313,6 +334,8 @@ class V2Cgroups(FsCgroups):
             if os.path.exists(os.path.join(leaf, "memory.swap.max")):
                 write_text(os.path.join(leaf, "memory.swap.max"), "max" if value == "max" else "0")
         if limits.devices is not None and denied_nodes(self.gpu_nodes(), limits.devices):
-            notes.append("devices not held: cgroup v2 without systemd has no device files; "
-                         "CUDA_VISIBLE_DEVICES only")
+            notes.append(
+                "devices not held: cgroup v2 without systemd has no device files; "
+                "CUDA_VISIBLE_DEVICES only"
+            )
         return notes

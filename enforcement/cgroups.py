@@ -54,6 +54,7 @@ finds a group again to remove it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -66,11 +67,31 @@ from .limits import Limits, format_limits
 
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("cpu", "memory", "devices")
-KNOWN_V1 = frozenset({"cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "net_cls",
-                      "blkio", "perf_event", "net_prio", "hugetlb", "pids", "rdma", "misc"})
+KNOWN_V1 = frozenset(
+    {
+        "cpu",
+        "cpuacct",
+        "cpuset",
+        "memory",
+        "devices",
+        "freezer",
+        "net_cls",
+        "blkio",
+        "perf_event",
+        "net_prio",
+        "hugetlb",
+        "pids",
+        "rdma",
+        "misc",
+    }
+)
 _SAFE_SEGMENT = re.compile(r"[A-Za-z0-9_.@+-]")
-LABELS = {"systemd": "systemd", "cgroup2": "cgroup v2", "cgroup1": "cgroup v1",
-          "none": "not enforced"}
+LABELS = {
+    "systemd": "systemd",
+    "cgroup2": "cgroup v2",
+    "cgroup1": "cgroup v1",
+    "none": "not enforced",
+}
 
 
 class CgroupError(RuntimeError):
@@ -98,7 +119,9 @@ def parse_proc_cgroup(text: str) -> tuple[dict[str, str], str | None]:
     return v1, v2
 
 
-def parse_cgroup_mounts(mountinfo: str) -> tuple[dict[str, tuple[str, str]], tuple[str, str] | None]:
+def parse_cgroup_mounts(
+    mountinfo: str,
+) -> tuple[dict[str, tuple[str, str]], tuple[str, str] | None]:
     """``/proc/self/mountinfo`` -> ({v1 controller: (mountpoint, root)}, (v2 mountpoint, root))."""
     v1: dict[str, tuple[str, str]] = {}
     v2 = None
@@ -127,7 +150,7 @@ def cgroup_dir(mountpoint: str, mount_root: str, path: str) -> str:
     """The directory of cgroup ``path`` in a hierarchy mounted from ``mount_root``."""
     root = mount_root.rstrip("/")
     if root and (path == root or path.startswith(root + "/")):
-        path = path[len(root):]
+        path = path[len(root) :]
     return os.path.join(mountpoint, path.lstrip("/")).rstrip("/")
 
 
@@ -140,7 +163,9 @@ def segment(name: str) -> str:
 def group_path(name: str) -> str:
     parts = [segment(p) for p in name.split("/") if p]
     if not parts:
-        raise ValueError(f"a group name needs at least one segment, e.g. 'alice/server'; got {name!r}")
+        raise ValueError(
+            f"a group name needs at least one segment, e.g. 'alice/server'; got {name!r}"
+        )
     return "/".join(parts)
 
 
@@ -188,8 +213,13 @@ class Cgroups:
         return LABELS[self.kind]
 
     @classmethod
-    def detect(cls, mechanism: str = "auto", root: str = "gpulab", parent: str | None = None,
-               gpu_nodes: Sequence[str] | Callable[[], list[DeviceNode]] | None = None) -> Cgroups:
+    def detect(
+        cls,
+        mechanism: str = "auto",
+        root: str = "gpulab",
+        parent: str | None = None,
+        gpu_nodes: Sequence[str] | Callable[[], list[DeviceNode]] | None = None,
+    ) -> Cgroups:
         """The best mechanism this host offers (or ``mechanism`` if it is usable).
 
         ``parent`` is a cgroup path (``/gpulab-parent``) to put groups under
@@ -246,12 +276,22 @@ class Group:
     def join_in_child(self) -> None:
         """Move the calling process into the group (for ``preexec_fn``; needs root)."""
 
-    def launch(self, argv: Sequence[str], *, user: int | str | None = None,
-               group: int | str | None = None, extra_groups: Sequence[int] | None = None,
-               preexec_fn: Callable[[], None] | None = None) -> tuple[list[str], dict]:
+    def launch(
+        self,
+        argv: Sequence[str],
+        *,
+        user: int | str | None = None,
+        group: int | str | None = None,
+        extra_groups: Sequence[int] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> tuple[list[str], dict]:
         """``(argv, popen_kwargs)`` that start ``argv`` in the group, as ``user``."""
-        kwargs = {"user": user, "group": group, "extra_groups": extra_groups,
-                  "preexec_fn": preexec_fn}
+        kwargs = {
+            "user": user,
+            "group": group,
+            "extra_groups": extra_groups,
+            "preexec_fn": preexec_fn,
+        }
         return list(argv), {k: v for k, v in kwargs.items() if v is not None}
 
     def pids(self) -> list[int]:
@@ -270,10 +310,8 @@ class Group:
             if time.monotonic() > deadline:
                 return False
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
             time.sleep(0.02)
 
     def remove(self, kill: bool = True, timeout: float = 5.0) -> bool:

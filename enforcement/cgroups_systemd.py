@@ -30,12 +30,15 @@ def systemd_units(root: str, name: str) -> tuple[str, str]:
     """(slice, scope) of a group: ``gpulab-alice.slice``, ``gpulab-alice-server.scope``."""
     parts = [unit_escape(p) for p in name.split("/") if p]
     if not parts:
-        raise ValueError(f"a group name needs at least one segment, e.g. 'alice/server'; got {name!r}")
+        raise ValueError(
+            f"a group name needs at least one segment, e.g. 'alice/server'; got {name!r}"
+        )
     return f"{root}-{parts[0]}.slice", f"{root}-{'-'.join(parts)}.scope"
 
 
-def systemd_properties(limits: Limits, char_majors: dict[str, int],
-                       host_nodes: list[DeviceNode]) -> list[str]:
+def systemd_properties(
+    limits: Limits, char_majors: dict[str, int], host_nodes: list[DeviceNode]
+) -> list[str]:
     """The scope's resource properties (``systemd-run -p``) for ``limits``.
 
     Devices are a whitelist in systemd: every character device group of
@@ -58,8 +61,11 @@ def systemd_properties(limits: Limits, char_majors: dict[str, int],
         # Nodes that share a closed major with a denied card but are not denied
         # themselves (nvidiactl, nvidia-uvm) are allowed by path.
         for node in host_nodes:
-            if node.major in closed and not any(node.same(d) for d in denied) \
-                    and node.path not in limits.devices:
+            if (
+                node.major in closed
+                and not any(node.same(d) for d in denied)
+                and node.path not in limits.devices
+            ):
                 props.append(f"DeviceAllow={node.path} rw")
     return props
 
@@ -77,21 +83,36 @@ class SystemdGroup(Group):
 
     def launch(self, argv, *, user=None, group=None, extra_groups=None, preexec_fn=None):
         uid, gid, groups = numeric_ids(user, group, extra_groups)
-        cmd = ["systemd-run", "--scope", "--quiet", "--collect", f"--unit={self.scope}",
-               f"--slice={self.slice}", f"--description=gpulab {self.name}"]
+        cmd = [
+            "systemd-run",
+            "--scope",
+            "--quiet",
+            "--collect",
+            f"--unit={self.scope}",
+            f"--slice={self.slice}",
+            f"--description=gpulab {self.name}",
+        ]
         cmd += [f"--property={p}" for p in self.properties]
         cmd.append("--")
         if uid is not None:
             # systemd-run's own --uid keeps root's supplementary groups; setpriv sets them.
             gid = pwd.getpwuid(uid).pw_gid if gid is None else gid
-            cmd += ["setpriv", f"--reuid={uid}", f"--regid={gid}",
-                    f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups", "--"]
+            cmd += [
+                "setpriv",
+                f"--reuid={uid}",
+                f"--regid={gid}",
+                f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",
+                "--",
+            ]
         kwargs = {"preexec_fn": preexec_fn} if preexec_fn is not None else {}
         return cmd + list(argv), kwargs
 
     def _cgroup_dir(self) -> str | None:
-        done = subprocess.run(["systemctl", "show", "--property=ControlGroup", "--value", self.scope],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["systemctl", "show", "--property=ControlGroup", "--value", self.scope],
+            capture_output=True,
+            text=True,
+        )
         path = done.stdout.strip()
         if not path:
             return None
@@ -104,7 +125,11 @@ class SystemdGroup(Group):
     def pids(self) -> list[int]:
         d = self._cgroup_dir()
         try:
-            return sorted(int(p) for p in read_text(os.path.join(d, "cgroup.procs")).split()) if d else []
+            return (
+                sorted(int(p) for p in read_text(os.path.join(d, "cgroup.procs")).split())
+                if d
+                else []
+            )
         except OSError:
             return []
 
@@ -118,7 +143,9 @@ class SystemdGroup(Group):
 
     def remove(self, kill: bool = True, timeout: float = 5.0) -> bool:
         if kill:
-            subprocess.run(["systemctl", "stop", self.scope], capture_output=True, timeout=timeout + 30)
+            subprocess.run(
+                ["systemctl", "stop", self.scope], capture_output=True, timeout=timeout + 30
+            )
         subprocess.run(["systemctl", "reset-failed", self.scope], capture_output=True)
         return not self.pids()
 
@@ -135,8 +162,9 @@ class SystemdCgroups(Cgroups):
         return cls(**kw)
 
     def create(self, name: str, limits: Limits) -> Group:
-        props = systemd_properties(limits, parse_proc_devices(read_text("/proc/devices")),
-                                   self.gpu_nodes())
+        props = systemd_properties(
+            limits, parse_proc_devices(read_text("/proc/devices")), self.gpu_nodes()
+        )
         group = SystemdGroup(self, name, limits, props)
         # A scope that failed earlier keeps its name until reset; a new start would fail.
         subprocess.run(["systemctl", "reset-failed", group.scope], capture_output=True)

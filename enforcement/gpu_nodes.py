@@ -77,14 +77,17 @@ def parse_mig_minors(text: str) -> dict[str, int]:
     return minors
 
 
-def mig_access_minors(minors: dict[str, int], gpu: int, gi: int | None = None,
-                      ci: int | None = None) -> list[int]:
+def mig_access_minors(
+    minors: dict[str, int], gpu: int, gi: int | None = None, ci: int | None = None
+) -> list[int]:
     """Cap minors of MIG instances on card ``gpu``: all of them, or the one
     (``gi``, ``ci``) a MIG slice needs (its GPU instance and compute instance)."""
     if gi is None:
         pattern = re.compile(rf"gpu{gpu}/gi\d+(/ci\d+)?/access")
         return sorted(v for k, v in minors.items() if pattern.fullmatch(k))
-    wanted = [f"gpu{gpu}/gi{gi}/access"] + ([f"gpu{gpu}/gi{gi}/ci{ci}/access"] if ci is not None else [])
+    wanted = [f"gpu{gpu}/gi{gi}/access"] + (
+        [f"gpu{gpu}/gi{gi}/ci{ci}/access"] if ci is not None else []
+    )
     return [minors[k] for k in wanted if k in minors]
 
 
@@ -117,8 +120,10 @@ def node_of(path: str) -> DeviceNode | None:
 
 def card_minors(proc: str = "/proc") -> list[int]:
     """Minor numbers of the NVIDIA cards the driver knows, else of ``/dev/nvidiaN``."""
-    minors = {parse_device_minor(_read(p))
-              for p in glob.glob(os.path.join(proc, "driver/nvidia/gpus/*/information"))}
+    minors = {
+        parse_device_minor(_read(p))
+        for p in glob.glob(os.path.join(proc, "driver/nvidia/gpus/*/information"))
+    }
     minors.discard(None)
     if not minors:
         for path in glob.glob("/dev/nvidia[0-9]*"):
@@ -137,23 +142,30 @@ def host_gpu_nodes(proc: str = "/proc", sys: str = "/sys") -> list[DeviceNode]:
     if caps is not None:
         mig = parse_mig_minors(_read(os.path.join(proc, "driver/nvidia-caps/mig-minors")))
         for card in cards:
-            nodes += [DeviceNode("c", caps, m, f"/dev/nvidia-caps/nvidia-cap{m}")
-                      for m in mig_access_minors(mig, card)]
+            nodes += [
+                DeviceNode("c", caps, m, f"/dev/nvidia-caps/nvidia-cap{m}")
+                for m in mig_access_minors(mig, card)
+            ]
     for dev in sorted(glob.glob(os.path.join(sys, "class/drm/*/dev"))):
         entry = os.path.dirname(dev)
         if _read(os.path.join(entry, "device/vendor")).strip() != DRM_VENDOR_NVIDIA:
             continue
         major, _, minor = _read(dev).strip().partition(":")
         if major.isdigit() and minor.isdigit():
-            nodes.append(DeviceNode("c", int(major), int(minor),
-                                    f"/dev/dri/{os.path.basename(entry)}"))
+            nodes.append(
+                DeviceNode("c", int(major), int(minor), f"/dev/dri/{os.path.basename(entry)}")
+            )
     if cards:
-        nodes += [DeviceNode("c", NVIDIA_MAJOR, CTL_MINOR, "/dev/nvidiactl", shared=True),
-                  DeviceNode("c", NVIDIA_MAJOR, MODESET_MINOR, "/dev/nvidia-modeset", shared=True)]
+        nodes += [
+            DeviceNode("c", NVIDIA_MAJOR, CTL_MINOR, "/dev/nvidiactl", shared=True),
+            DeviceNode("c", NVIDIA_MAJOR, MODESET_MINOR, "/dev/nvidia-modeset", shared=True),
+        ]
         uvm = majors.get("nvidia-uvm")
         if uvm is not None:
-            nodes += [DeviceNode("c", uvm, 0, "/dev/nvidia-uvm", shared=True),
-                      DeviceNode("c", uvm, 1, "/dev/nvidia-uvm-tools", shared=True)]
+            nodes += [
+                DeviceNode("c", uvm, 0, "/dev/nvidia-uvm", shared=True),
+                DeviceNode("c", uvm, 1, "/dev/nvidia-uvm-tools", shared=True),
+            ]
     return nodes
 
 
@@ -164,8 +176,11 @@ def denied_nodes(host_nodes: list[DeviceNode], allowed_paths: tuple[str, ...]) -
     stay (CUDA needs them, and they reach no card by themselves).
     """
     allowed = [n for n in (node_of(p) for p in allowed_paths) if n is not None]
-    return [n for n in host_nodes
-            if not any(n.same(a) for a in allowed) and (not n.shared or not allowed_paths)]
+    return [
+        n
+        for n in host_nodes
+        if not any(n.same(a) for a in allowed) and (not n.shared or not allowed_paths)
+    ]
 
 
 def device_paths_for_uuids(uuids: list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -184,8 +199,9 @@ def device_paths_for_uuids(uuids: list[str] | tuple[str, ...]) -> tuple[str, ...
                 gi = pynvml.nvmlDeviceGetGpuInstanceId(handle)
                 ci = pynvml.nvmlDeviceGetComputeInstanceId(handle)
                 paths.append(f"/dev/nvidia{card}")
-                paths += [f"/dev/nvidia-caps/nvidia-cap{m}"
-                          for m in mig_access_minors(mig, card, gi, ci)]
+                paths += [
+                    f"/dev/nvidia-caps/nvidia-cap{m}" for m in mig_access_minors(mig, card, gi, ci)
+                ]
             else:
                 paths.append(f"/dev/nvidia{pynvml.nvmlDeviceGetMinorNumber(handle)}")
         return tuple(dict.fromkeys(paths))

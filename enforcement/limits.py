@@ -34,8 +34,9 @@ class Limits:
         if self.cpu_cores is not None and not self.cpu_cores > 0:
             raise ValueError(f"cpu_cores must be positive or None, not {self.cpu_cores!r}")
         if self.memory_bytes is not None and self.memory_bytes < MIB:
-            raise ValueError(f"memory_bytes must be at least 1 MiB or None, "
-                             f"not {self.memory_bytes!r}")
+            raise ValueError(
+                f"memory_bytes must be at least 1 MiB or None, not {self.memory_bytes!r}"
+            )
         if self.devices is not None:
             bad = [d for d in self.devices if not d.startswith("/dev/")]
             if bad:
@@ -46,9 +47,14 @@ class Limits:
         return self.cpu_cores is None and self.memory_bytes is None and self.devices is None
 
 
-def limits_for_slice(gpu_milli: int, cpu_per_gpu: float | None, memory_per_gpu: int | None,
-                     cpu_floor: float = DEFAULT_CPU_FLOOR, memory_floor: int = DEFAULT_MEMORY_FLOOR,
-                     gpu_devices: tuple[str, ...] | list[str] | None = None) -> Limits:
+def limits_for_slice(
+    gpu_milli: int,
+    cpu_per_gpu: float | None,
+    memory_per_gpu: int | None,
+    cpu_floor: float = DEFAULT_CPU_FLOOR,
+    memory_floor: int = DEFAULT_MEMORY_FLOOR,
+    gpu_devices: tuple[str, ...] | list[str] | None = None,
+) -> Limits:
     """The limits of a slice of ``gpu_milli`` thousandths of a GPU (0: no GPU).
 
     CPU and memory are proportional to the slice, never below the floors;
@@ -67,8 +73,9 @@ def limits_for_slice(gpu_milli: int, cpu_per_gpu: float | None, memory_per_gpu: 
     return Limits(cpu_cores=cpu, memory_bytes=memory, devices=devices)
 
 
-def host_share_per_gpu(cpu_count: int, memory_bytes: int, gpu_count: int
-                       ) -> tuple[float | None, int | None]:
+def host_share_per_gpu(
+    cpu_count: int, memory_bytes: int, gpu_count: int
+) -> tuple[float | None, int | None]:
     """Default ``(cpu_per_gpu, memory_per_gpu)``: the host divided among its GPUs.
 
     A tenth of the memory is kept back for the hub, the service and the page
@@ -103,5 +110,10 @@ def format_devices(devices: tuple[str, ...] | None) -> str:
 
 def format_limits(limits: Limits) -> str:
     """``2 CPUs, 8 GiB, devices: /dev/nvidia0`` (for the spawn form and ``%gpulab``)."""
-    return ", ".join((format_cpu(limits.cpu_cores), format_bytes(limits.memory_bytes),
-                      format_devices(limits.devices)))
+    return ", ".join(
+        (
+            format_cpu(limits.cpu_cores),
+            format_bytes(limits.memory_bytes),
+            format_devices(limits.devices),
+        )
+    )

@@ -22,20 +22,34 @@ import stat
 
 #: Variables that widen or bypass a slice; never passed through from outside.
 STRIPPED_PREFIXES = ("CUDA_MPS_",)
-STRIPPED_NAMES = frozenset({
-    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DISABLE_CONTROL",
-    "LD_PRELOAD", "LD_LIBRARY_PATH_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF",
-    "PYTORCH_ALLOC_CONF", "GPU_DEVICE_ORDINAL", "HIP_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_DRIVER_CAPABILITIES",
-})
+STRIPPED_NAMES = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "CUDA_DISABLE_CONTROL",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH_PRELOAD",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+        "GPU_DEVICE_ORDINAL",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "NVIDIA_DRIVER_CAPABILITIES",
+    }
+)
 GPULAB_PREFIX = "GPULAB_GPU_"
 
 
 def strip_enforcement_vars(env: dict[str, str]) -> dict[str, str]:
     """A copy of ``env`` without anything that could widen a slice."""
-    return {k: v for k, v in env.items()
-            if k not in STRIPPED_NAMES and not k.startswith(STRIPPED_PREFIXES)
-            and not k.startswith(GPULAB_PREFIX)}
+    return {
+        k: v
+        for k, v in env.items()
+        if k not in STRIPPED_NAMES
+        and not k.startswith(STRIPPED_PREFIXES)
+        and not k.startswith(GPULAB_PREFIX)
+    }
 
 
 def mps_pipe_directory(env: dict[str, str] | None = None) -> str | None:
@@ -95,8 +109,12 @@ def enforcement_text(uuids: list[str], per_gpu: int, mps_dir: str | None) -> str
         # The limits travel in the client's environment, which the user's code can
         # change before CUDA starts: advice-strength unless the operator also sets
         # the daemon's defaults (set_default_device_pinned_mem_limit).
-        return ("MPS: memory and SM share set in the client's environment (code can "
-                "raise them unless the daemon's defaults are set); "
-                "CUDA_VISIBLE_DEVICES and the device cgroup hold the card")
-    return ("PyTorch allocator limit: advice only (code can lift it); "
-            "CUDA_VISIBLE_DEVICES and the device cgroup hold the card")
+        return (
+            "MPS: memory and SM share set in the client's environment (code can "
+            "raise them unless the daemon's defaults are set); "
+            "CUDA_VISIBLE_DEVICES and the device cgroup hold the card"
+        )
+    return (
+        "PyTorch allocator limit: advice only (code can lift it); "
+        "CUDA_VISIBLE_DEVICES and the device cgroup hold the card"
+    )

@@ -57,7 +57,7 @@ def configure_auth(c, s: Settings, env=os.environ) -> None:
 
 
 def _configured(section, name, empty):
-    return section[name] if name in section else empty
+    return section.get(name, empty)
 
 
 def login_banner(s: Settings, demo: bool) -> str:
@@ -65,12 +65,18 @@ def login_banner(s: Settings, demo: bool) -> str:
     data = s.data_dir
     admin = f"  Admin: user '{ADMIN_USER}' with the password in {data / 'admin-password'}"
     if demo:
-        return "\n".join([
-            f"  {DEMO_LOGIN_WARNING}",
-            f"  Log in with any user name and the password in {data / 'user-password'}",
-            admin])
-    return "\n".join([
-        f"  Log in: sign up at {s.public_url}/hub/signup, then the admin approves you",
-        f"    at {s.public_url}/hub/authorize (your own password, stored bcrypt-hashed)",
-        admin,
-        "  Other logins (PAM, GitHub, ...): docs/howto/configure.md"])
+        return "\n".join(
+            [
+                f"  {DEMO_LOGIN_WARNING}",
+                f"  Log in with any user name and the password in {data / 'user-password'}",
+                admin,
+            ]
+        )
+    return "\n".join(
+        [
+            f"  Log in: sign up at {s.public_url}/hub/signup, then the admin approves you",
+            f"    at {s.public_url}/hub/authorize (your own password, stored bcrypt-hashed)",
+            admin,
+            "  Other logins (PAM, GitHub, ...): docs/howto/configure.md",
+        ]
+    )

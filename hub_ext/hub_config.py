@@ -33,16 +33,23 @@ class Settings:
     db_url: str = ""
     cull_idle_timeout: int = 3600
 
-    ENV = {"data_dir": "GPULAB_DATA_DIR", "ip": "GPULAB_IP", "port": "GPULAB_PORT",
-           "hub_port": "GPULAB_HUB_PORT", "proxy_api_port": "GPULAB_PROXY_API_PORT",
-           "service_port": "GPULAB_SERVICE_PORT", "simulate_gpus": "GPULAB_SIMULATE_GPUS",
-           "db_url": "GPULAB_DB_URL", "cull_idle_timeout": "GPULAB_CULL_IDLE_TIMEOUT"}
+    ENV = {
+        "data_dir": "GPULAB_DATA_DIR",
+        "ip": "GPULAB_IP",
+        "port": "GPULAB_PORT",
+        "hub_port": "GPULAB_HUB_PORT",
+        "proxy_api_port": "GPULAB_PROXY_API_PORT",
+        "service_port": "GPULAB_SERVICE_PORT",
+        "simulate_gpus": "GPULAB_SIMULATE_GPUS",
+        "db_url": "GPULAB_DB_URL",
+        "cull_idle_timeout": "GPULAB_CULL_IDLE_TIMEOUT",
+    }
 
     def to_env(self) -> dict[str, str]:
         return {env: str(getattr(self, attr)) for attr, env in self.ENV.items()}
 
     @classmethod
-    def from_env(cls, env=os.environ) -> "Settings":
+    def from_env(cls, env=os.environ) -> Settings:
         s = cls(data_dir=Path(env.get("GPULAB_DATA_DIR", ".gpulab")).resolve())
         for attr, name in cls.ENV.items():
             if attr != "data_dir" and name in env:
@@ -66,8 +73,15 @@ def secret_file(path: Path, nbytes: int = 32) -> str:
 
 
 #: Files of the hub's state that older versions left with default modes.
-STATE_FILES = ("jupyterhub.sqlite", "gpulab.sqlite", "jupyterhub_cookie_secret",
-               "jupyterhub-proxy.pid", "hub.log", "gpulab_config.py", "ports.json")
+STATE_FILES = (
+    "jupyterhub.sqlite",
+    "gpulab.sqlite",
+    "jupyterhub_cookie_secret",
+    "jupyterhub-proxy.pid",
+    "hub.log",
+    "gpulab_config.py",
+    "ports.json",
+)
 
 
 def private_state(data: Path) -> None:
@@ -86,8 +100,10 @@ def find_proxy() -> str:
         candidate = root / "node_modules" / ".bin" / "configurable-http-proxy"
         if candidate.exists():
             return str(candidate)
-    raise SystemExit("configurable-http-proxy not found: run `make up` (it installs it with "
-                     "npm) or `npm install -g configurable-http-proxy`")
+    raise SystemExit(
+        "configurable-http-proxy not found: run `make up` (it installs it with "
+        "npm) or `npm install -g configurable-http-proxy`"
+    )
 
 
 def configure(c, s: Settings) -> None:
@@ -121,7 +137,8 @@ def configure(c, s: Settings) -> None:
     c.JupyterHub.spawner_class = "gpulab-local"
     c.FractionalLocalSpawner.gpulab_api_url = api_url
     c.FractionalLocalSpawner.gpulab_public_api_url = (
-        f"{s.public_url}/services/{SERVICE_NAME}/api/v1")
+        f"{s.public_url}/services/{SERVICE_NAME}/api/v1"
+    )
     c.FractionalLocalSpawner.gpulab_api_token = service_token
     c.FractionalLocalSpawner.home_dir_template = str(data / "home" / "{username}")
     c.FractionalLocalSpawner.kernel_dir = str(data / "jupyter")
@@ -131,39 +148,63 @@ def configure(c, s: Settings) -> None:
     c.Spawner.start_timeout = 180
     c.Spawner.http_timeout = 120
     # Servers' own tokens may call the gpulab API as their user (magics, widgets).
-    c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server",
-                                     f"access:services!service={SERVICE_NAME}"]
+    c.Spawner.server_token_scopes = [
+        "users:activity!user",
+        "access:servers!server",
+        f"access:services!service={SERVICE_NAME}",
+    ]
 
     # One dataset cache per node, shared by every user's server and read by
     # the service's sampler.
     cache_dir = str(data / "dataset-cache")
     c.FractionalLocalSpawner.cache_root = cache_dir
     service_env = {**s.to_env(), "GPULAB_CACHE_DIR": cache_dir}
-    services = [{
-        "name": SERVICE_NAME,
-        "url": f"http://127.0.0.1:{s.service_port}",
-        "command": [sys.executable, "-m", "gpulab.service"],
-        "api_token": service_token,
-        "environment": service_env,
-        "display": True,
-        "oauth_no_confirm": True,
-    }]
+    services = [
+        {
+            "name": SERVICE_NAME,
+            "url": f"http://127.0.0.1:{s.service_port}",
+            "command": [sys.executable, "-m", "gpulab.service"],
+            "api_token": service_token,
+            "environment": service_env,
+            "display": True,
+            "oauth_no_confirm": True,
+        }
+    ]
     roles = [
         {"name": "user", "scopes": ["self", f"access:services!service={SERVICE_NAME}"]},
-        {"name": "gpulab-service", "services": [SERVICE_NAME],
-         "scopes": ["list:users", "read:users", "read:servers", "list:groups", "read:groups",
-                    f"access:services!service={SERVICE_NAME}"]},
+        {
+            "name": "gpulab-service",
+            "services": [SERVICE_NAME],
+            "scopes": [
+                "list:users",
+                "read:users",
+                "read:servers",
+                "list:groups",
+                "read:groups",
+                f"access:services!service={SERVICE_NAME}",
+            ],
+        },
     ]
     if s.cull_idle_timeout > 0:
-        services.append({
-            "name": "idle-culler",
-            "command": [sys.executable, "-m", "jupyterhub_idle_culler",
-                        f"--timeout={s.cull_idle_timeout}",
-                        f"--cull-every={max(5, min(60, s.cull_idle_timeout // 2))}"],
-        })
-        roles.append({"name": "idle-culler", "services": ["idle-culler"],
-                      "scopes": ["list:users", "read:users:activity", "read:servers",
-                                 "delete:servers"]})
+        services.append(
+            {
+                "name": "idle-culler",
+                "command": [
+                    sys.executable,
+                    "-m",
+                    "jupyterhub_idle_culler",
+                    f"--timeout={s.cull_idle_timeout}",
+                    f"--cull-every={max(5, min(60, s.cull_idle_timeout // 2))}",
+                ],
+            }
+        )
+        roles.append(
+            {
+                "name": "idle-culler",
+                "services": ["idle-culler"],
+                "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+            }
+        )
     c.JupyterHub.services = services
     c.JupyterHub.load_roles = roles
 

@@ -53,8 +53,14 @@ from traitlets import Unicode, default
 TEMPLATES = str(Path(__file__).with_name("templates"))
 #: bcrypt reads at most 72 bytes; bcrypt >= 5 raises on longer input.
 MAX_PASSWORD_BYTES = 72
-PASSWORD_FIELDS = ("password", "signup_password", "signup_password_confirmation",
-                   "old_password", "new_password", "new_password_confirmation")
+PASSWORD_FIELDS = (
+    "password",
+    "signup_password",
+    "signup_password_confirmation",
+    "old_password",
+    "new_password",
+    "new_password_confirmation",
+)
 
 
 def _too_long(password: str) -> bool:
@@ -77,8 +83,10 @@ class _FormChecks:
             for field in PASSWORD_FIELDS:
                 value = self.get_body_argument(field, None, strip=False)
                 if value is not None and _too_long(value):
-                    raise web.HTTPError(400, f"Passwords are at most {MAX_PASSWORD_BYTES} "
-                                             "bytes; choose a shorter one.")
+                    raise web.HTTPError(
+                        400,
+                        f"Passwords are at most {MAX_PASSWORD_BYTES} bytes; choose a shorter one.",
+                    )
 
 
 class _SameSiteOnly:
@@ -110,20 +118,27 @@ class GpuLabLoginHandler(_FormChecks, LoginHandler):
 
     def _render(self, login_error=None, username=None, sync=False, **ignored):
         return self.render_template(
-            "native-login.html", sync=sync,
+            "native-login.html",
+            sync=sync,
             next=url_escape(self.get_argument("next", default="")),
-            username=username, login_error=login_error,
+            username=username,
+            login_error=login_error,
             custom_html=self.authenticator.custom_html,
             login_url=self.settings["login_url"],
             enable_signup=self.authenticator.enable_signup,
             two_factor_auth=self.authenticator.allow_2fa,
             authenticator_login_url=url_concat(
                 self.authenticator.login_url(self.hub.base_url),
-                {"next": self.get_argument("next", "")}))
+                {"next": self.get_argument("next", "")},
+            ),
+        )
 
     async def post(self):
-        data = {arg: self.get_argument(arg, strip=arg == "username")
-                for arg in self.request.body_arguments if arg != "_xsrf"}
+        data = {
+            arg: self.get_argument(arg, strip=arg == "username")
+            for arg in self.request.body_arguments
+            if arg != "_xsrf"
+        }
         if not data.get("username") or "password" not in data:
             raise web.HTTPError(400, "Fill in both the user name and the password.")
         user = await self.login_user(data)
@@ -133,8 +148,11 @@ class GpuLabLoginHandler(_FormChecks, LoginHandler):
             return
         error = "Invalid username or password."
         info = self.authenticator.get_user(data["username"])
-        if info is not None and not info.is_authorized \
-                and await password_matches(info, data["password"]):
+        if (
+            info is not None
+            and not info.is_authorized
+            and await password_matches(info, data["password"])
+        ):
             error = f"User {info.username} has not been authorized by an administrator yet."
         self.set_status(403)
         self.finish(await self._render(login_error=error, username=data["username"]))
@@ -160,29 +178,36 @@ class GpuLabDiscardHandler(_SameSiteOnly, DiscardHandler):
     pass
 
 
-_HARDENED = {LoginHandler: GpuLabLoginHandler, SignUpHandler: GpuLabSignUpHandler,
-             ChangePasswordHandler: GpuLabChangePasswordHandler,
-             ChangePasswordAdminHandler: GpuLabChangePasswordAdminHandler,
-             ToggleAuthorizationHandler: GpuLabToggleAuthorizationHandler,
-             DiscardHandler: GpuLabDiscardHandler}
+_HARDENED = {
+    LoginHandler: GpuLabLoginHandler,
+    SignUpHandler: GpuLabSignUpHandler,
+    ChangePasswordHandler: GpuLabChangePasswordHandler,
+    ChangePasswordAdminHandler: GpuLabChangePasswordAdminHandler,
+    ToggleAuthorizationHandler: GpuLabToggleAuthorizationHandler,
+    DiscardHandler: GpuLabDiscardHandler,
+}
 
 
 class GpuLabNativeAuthenticator(NativeAuthenticator):
     """NativeAuthenticator with a seeded admin and stricter names (see the module)."""
 
     admin_name = Unicode(
-        "admin", config=True,
+        "admin",
+        config=True,
         help="""The user whose password is kept in admin_password_file.
 
         c.GpuLabNativeAuthenticator.admin_name = "admin"
-        """)
+        """,
+    )
     admin_password_file = Unicode(
-        "", config=True,
+        "",
+        config=True,
         help="""File holding admin_name's password. At every hub start their record is
         created or updated with it and authorized. Empty: no seeding.
 
         c.GpuLabNativeAuthenticator.admin_password_file = "/srv/gpulab/admin-password"
-        """)
+        """,
+    )
 
     @default("username_pattern")
     def _ascii_names(self):
@@ -258,14 +283,17 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
         path = Path(self.admin_password_file)
         password = path.read_text().strip()
         if not password or _too_long(password):
-            raise ValueError(f"{path} must hold the admin's password (1 to "
-                             f"{MAX_PASSWORD_BYTES} bytes); write one, or delete the file "
-                             "and gpulab up makes a new one")
+            raise ValueError(
+                f"{path} must hold the admin's password (1 to "
+                f"{MAX_PASSWORD_BYTES} bytes); write one, or delete the file "
+                "and gpulab up makes a new one"
+            )
         name = self.normalize_username(self.admin_name)
         info = UserInfo.find(self.db, name)
         if info is None:
-            info = UserInfo(username=name, password=bcrypt.hashpw(password.encode(),
-                                                                   bcrypt.gensalt()))
+            info = UserInfo(
+                username=name, password=bcrypt.hashpw(password.encode(), bcrypt.gensalt())
+            )
             self.db.add(info)
         elif not info.is_valid_password(password):
             info.password = bcrypt.hashpw(password.encode(), bcrypt.gensalt())
@@ -279,5 +307,6 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
         for key in ("jinja2_env", "jinja2_env_sync"):
             env = app.tornado_settings[key]
             env.loader = ChoiceLoader([FileSystemLoader(TEMPLATES), env.loader])
-        return [(route, _HARDENED.get(handler, handler))
-                for route, handler in super().get_handlers(app)]
+        return [
+            (route, _HARDENED.get(handler, handler)) for route, handler in super().get_handlers(app)
+        ]

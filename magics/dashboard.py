@@ -10,8 +10,10 @@ def dashboard(line: str):
     from gpulab.widgets import Dashboard
 
     if line.strip():
-        print(f"%gpulab dashboard takes no arguments (got {line.strip()!r}); "
-              "for options use: from gpulab.widgets import Dashboard; Dashboard(...)")
+        print(
+            f"%gpulab dashboard takes no arguments (got {line.strip()!r}); "
+            "for options use: from gpulab.widgets import Dashboard; Dashboard(...)"
+        )
         return None
     board = Dashboard()
     display(board)

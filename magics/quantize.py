@@ -24,24 +24,41 @@ def model_and_example(ns: dict, model: str, example: str):
     try:
         return eval(example, ns)  # noqa: S307 - the user's own kernel namespace
     except Exception as exc:
-        raise UsageError(f"--example {example!r} could not be evaluated: "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise UsageError(
+            f"--example {example!r} could not be evaluated: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 @magics_class
 class QuantizeMagics(Magics):
     @magic_arguments()
     @argument("model", help="name of the torch.nn.Module to quantize (it is not changed)")
-    @argument("--scheme", required=True, choices=SCHEMES,
-              help="int8-dynamic (fastest on CPU), int8-weight, int4-weight, fp8-weight, "
-                   "fp8-dynamic (GPU with compute capability >= 8.9)")
-    @argument("--engine", default="auto", choices=ENGINES,
-              help="torch-ao: torch.ao quantize_dynamic (int8-dynamic, CPU); torchao: torchao 0.18; "
-                   "auto (default): torch-ao for int8-dynamic on CPU, torchao otherwise")
-    @argument("--example", required=True,
-              help="an input to measure on: a variable name or expression (a tensor or tuple of tensors)")
+    @argument(
+        "--scheme",
+        required=True,
+        choices=SCHEMES,
+        help="int8-dynamic (fastest on CPU), int8-weight, int4-weight, fp8-weight, "
+        "fp8-dynamic (GPU with compute capability >= 8.9)",
+    )
+    @argument(
+        "--engine",
+        default="auto",
+        choices=ENGINES,
+        help="torch-ao: torch.ao quantize_dynamic (int8-dynamic, CPU); torchao: torchao 0.18; "
+        "auto (default): torch-ao for int8-dynamic on CPU, torchao otherwise",
+    )
+    @argument(
+        "--example",
+        required=True,
+        help="an input to measure on: a variable name or expression (a tensor or tuple of tensors)",
+    )
     @argument("--to", required=True, dest="to", help="variable name for the quantized model")
-    @argument("--runs", type=int, default=20, help="timed runs per model; the median is shown (default 20)")
+    @argument(
+        "--runs",
+        type=int,
+        default=20,
+        help="timed runs per model; the median is shown (default 20)",
+    )
     @line_magic
     def quantize(self, line: str = ""):
         """Quantize a model and print size, latency and error before/after."""
@@ -57,8 +74,9 @@ class QuantizeMagics(Magics):
         from gpulab.serving.quantize import QuantizeError, quantize
 
         try:
-            report = quantize(ns[args.model], args.scheme, engine=args.engine, example=example,
-                              runs=args.runs)
+            report = quantize(
+                ns[args.model], args.scheme, engine=args.engine, example=example, runs=args.runs
+            )
         except QuantizeError as exc:
             raise UsageError(str(exc)) from None
         ns[args.to] = report.model

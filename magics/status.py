@@ -34,8 +34,10 @@ HELP = """gpulab magics
 
 # The same sentence as the spawn form's (gpulab.spawner.form); magics reach the
 # platform only over HTTP, so the words are kept here too.
-DEMO_LOGIN_WARNING = ("Demo login: anyone with the shared password can log in as any user. "
-                      "Restart without --demo for per-user accounts.")
+DEMO_LOGIN_WARNING = (
+    "Demo login: anyone with the shared password can log in as any user. "
+    "Restart without --demo for per-user accounts."
+)
 
 
 def slice_status(env: dict[str, str]) -> str:

@@ -55,8 +55,11 @@ class _Rates:
         if self.step is None:
             return ""
         parts = [f"step {self.step + 1}" + (f"/{self.total}" if self.total else "")]
-        for key, fmt in (("loss", "loss {:.4g}"), ("lr", "lr {:.3g}"),
-                         ("throughput", "{:.0f} samples/s")):
+        for key, fmt in (
+            ("loss", "loss {:.4g}"),
+            ("lr", "lr {:.3g}"),
+            ("throughput", "{:.0f} samples/s"),
+        ):
             vals = [v for v in self.points[key][-5:] if isinstance(v, (int, float))]
             if vals:
                 parts.append(fmt.format(sum(vals) / len(vals) if key == "throughput" else vals[-1]))
@@ -105,8 +108,9 @@ class WidgetDisplay:
 
         self.rates = _Rates(world_size)
         self.title = w.HTML()
-        self.bar = w.IntProgress(value=0, min=0, max=1, description="steps",
-                                 layout=w.Layout(width="60%"))
+        self.bar = w.IntProgress(
+            value=0, min=0, max=1, description="steps", layout=w.Layout(width="60%")
+        )
         self.numbers = w.HTML()
         self.err = w.HTML()
         self.log = w.HTML(layout=w.Layout(max_height="300px", overflow="auto"))
@@ -124,8 +128,9 @@ class WidgetDisplay:
             import plotly.graph_objects as go
             from plotly.subplots import make_subplots
 
-            fig = go.FigureWidget(make_subplots(rows=1, cols=3,
-                                                subplot_titles=("loss", "lr", "samples/s")))
+            fig = go.FigureWidget(
+                make_subplots(rows=1, cols=3, subplot_titles=("loss", "lr", "samples/s"))
+            )
             for col in (1, 2, 3):
                 fig.add_scatter(x=[], y=[], mode="lines", row=1, col=col, showlegend=False)
             fig.update_layout(height=250, margin=dict(l=30, r=10, t=30, b=20))
@@ -147,7 +152,7 @@ class WidgetDisplay:
         if self.fig is not None:
             p = self.rates.points
             with self.fig.batch_update():
-                for trace, key in zip(self.fig.data, ("loss", "lr", "throughput")):
+                for trace, key in zip(self.fig.data, ("loss", "lr", "throughput"), strict=False):
                     trace.x, trace.y = p["step"], p[key]
 
     def logs(self, lines: list[str]) -> None:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from .ledger import Ledger, SizeAvailability
@@ -53,8 +54,9 @@ class AsyncLedger:
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     # -- reading ---------------------------------------------------------------
-    async def list(self, user: str | None = None, owner_kind: str | None = None,
-                   owner: str | None = None) -> list[dict]:
+    async def list(
+        self, user: str | None = None, owner_kind: str | None = None, owner: str | None = None
+    ) -> list[dict]:
         return await self.run(self.sync.list, user=user, owner_kind=owner_kind, owner=owner)
 
     async def get(self, alloc_id: str) -> dict | None:
@@ -66,21 +68,32 @@ class AsyncLedger:
     async def allocated_by_gpu(self) -> dict[str, int]:
         return await self.run(self.sync.allocated_by_gpu)
 
-    async def availability(self, user: str, sizes: Iterable[int],
-                           groups: Mapping[str, set[str]] | None = None
-                           ) -> list[SizeAvailability]:
+    async def availability(
+        self, user: str, sizes: Iterable[int], groups: Mapping[str, set[str]] | None = None
+    ) -> list[SizeAvailability]:
         return await self.run(self.sync.availability, user, list(sizes), groups)
 
     async def free_sizes(self, sizes: Iterable[int]) -> dict[str, list[dict]]:
         return await self.run(self.sync.free_sizes, list(sizes))
 
     # -- writing ---------------------------------------------------------------
-    async def allocate(self, user: str, owner_kind: str, owner: str, milli: int,
-                       groups: Mapping[str, set[str]] | None = None) -> list[dict]:
+    async def allocate(
+        self,
+        user: str,
+        owner_kind: str,
+        owner: str,
+        milli: int,
+        groups: Mapping[str, set[str]] | None = None,
+    ) -> list[dict]:
         return await self.run(self.sync.allocate, user, owner_kind, owner, milli, groups)
 
-    async def allocate_gang(self, user: str, owner_kind: str, members: list[tuple[str, int]],
-                            groups: Mapping[str, set[str]] | None = None) -> list[dict]:
+    async def allocate_gang(
+        self,
+        user: str,
+        owner_kind: str,
+        members: list[tuple[str, int]],
+        groups: Mapping[str, set[str]] | None = None,
+    ) -> list[dict]:
         return await self.run(self.sync.allocate_gang, user, owner_kind, list(members), groups)
 
     async def release(self, owner_kind: str, owner: str) -> list[dict]:

@@ -8,6 +8,7 @@ MIG device where MIG is on (a MIG device is what a slice is placed on then).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -58,15 +59,27 @@ def parse_simulated(spec: str, node: str | None = None) -> list[Gpu]:
             )
         count, model, mem_gb = int(m.group(1)), m.group(2), m.group(3)
         if count < 1:
-            raise InventoryError(f"GPU count must be at least 1 in {item.strip()!r}; "
-                                 f"write COUNTxMODEL-MEMGB, e.g. 2xA100-80GB")
+            raise InventoryError(
+                f"GPU count must be at least 1 in {item.strip()!r}; "
+                f"write COUNTxMODEL-MEMGB, e.g. 2xA100-80GB"
+            )
         memory_mib = int(mem_gb) * 1024 if mem_gb else 16 * 1024
         for _ in range(count):
             index = len(gpus)
             digest = hashlib.sha1(f"{node}/{index}/{model}".encode()).hexdigest()
-            uuid = f"GPU-sim{digest[:5]}-{digest[5:9]}-{digest[9:13]}-{digest[13:17]}-{digest[17:29]}"
-            gpus.append(Gpu(uuid, index, f"{model}-{mem_gb}GB" if mem_gb else model,
-                            memory_mib, node, simulated=True))
+            uuid = (
+                f"GPU-sim{digest[:5]}-{digest[5:9]}-{digest[9:13]}-{digest[13:17]}-{digest[17:29]}"
+            )
+            gpus.append(
+                Gpu(
+                    uuid,
+                    index,
+                    f"{model}-{mem_gb}GB" if mem_gb else model,
+                    memory_mib,
+                    node,
+                    simulated=True,
+                )
+            )
     return gpus
 
 
@@ -100,16 +113,15 @@ def nvml_inventory(node: str | None = None) -> tuple[list[Gpu], str | None]:
             if not migs:
                 gpus.append(Gpu(uuid, len(gpus), model, memory_mib, node))
             for mig_uuid, mig_mem in migs:
-                gpus.append(Gpu(mig_uuid, len(gpus), f"{model} MIG", mig_mem, node,
-                                mig_parent=uuid))
+                gpus.append(
+                    Gpu(mig_uuid, len(gpus), f"{model} MIG", mig_mem, node, mig_parent=uuid)
+                )
     except pynvml.NVMLError as e:
         log.warning("NVML failed while listing GPUs: %s", e)
         return gpus, f"NVML error while listing GPUs: {e}"
     finally:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
     return gpus, None if gpus else "the NVIDIA driver reports no GPUs"
 
 
@@ -126,12 +138,18 @@ def _mig_devices(pynvml, handle) -> list[tuple[str, int]]:
             mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
         except pynvml.NVMLError:
             continue  # an empty MIG slot
-        found.append((_text(pynvml.nvmlDeviceGetUUID(mig)),
-                      pynvml.nvmlDeviceGetMemoryInfo(mig).total // (1024 * 1024)))
+        found.append(
+            (
+                _text(pynvml.nvmlDeviceGetUUID(mig)),
+                pynvml.nvmlDeviceGetMemoryInfo(mig).total // (1024 * 1024),
+            )
+        )
     return found
 
 
-def load_inventory(simulate: str | None = None, node: str | None = None) -> tuple[list[Gpu], str | None]:
+def load_inventory(
+    simulate: str | None = None, node: str | None = None
+) -> tuple[list[Gpu], str | None]:
     """The node's GPUs: the simulated spec when given, else NVML."""
     if simulate:
         return parse_simulated(simulate, node), None

@@ -37,8 +37,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 _GB = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
 _QUANTITY = re.compile(r"^(\d+)(m|k|Ki|M|Mi|G|Gi)?$")
-_SUFFIX = {None: 1, "k": 1000, "Ki": 1024, "M": 1000**2, "Mi": 1024**2, "G": 1000**3,
-           "Gi": 1024**3}
+_SUFFIX = {None: 1, "k": 1000, "Ki": 1024, "M": 1000**2, "Mi": 1024**2, "G": 1000**3, "Gi": 1024**3}
 
 
 def quantity(value) -> int:
@@ -69,14 +68,20 @@ def parse_hami_register(value: str, node: str) -> list[Gpu]:
             fields = item.split(",")
             if len(fields) < 5:
                 continue
-            devices.append({"id": fields[0], "devmem": int(fields[2]), "type": fields[4],
-                            "health": len(fields) < 7 or fields[6].lower() == "true"})
+            devices.append(
+                {
+                    "id": fields[0],
+                    "devmem": int(fields[2]),
+                    "type": fields[4],
+                    "health": len(fields) < 7 or fields[6].lower() == "true",
+                }
+            )
     gpus = []
     for d in devices:
         if not d.get("health", True):
             continue
         model = str(d.get("type", ""))
-        model = model[len("NVIDIA-"):] if model.startswith("NVIDIA-NVIDIA") else model
+        model = model[len("NVIDIA-") :] if model.startswith("NVIDIA-NVIDIA") else model
         gpus.append(Gpu(d["id"], len(gpus), model, int(d.get("devmem", 0)), node))
     return gpus
 
@@ -120,7 +125,8 @@ def parse_nodes(nodes: list[dict]) -> tuple[list[Gpu], str | None]:
     if unknown:
         return [g for g in gpus if g.memory_mib], (
             f"GPU memory unknown on node(s) {', '.join(unknown)} (install GPU Feature "
-            f"Discovery for the nvidia.com/gpu.memory label); their GPUs are left out")
+            f"Discovery for the nvidia.com/gpu.memory label); their GPUs are left out"
+        )
     return gpus, None
 
 
@@ -141,8 +147,11 @@ def free_resources(nodes: list[dict], pods: list[dict]) -> dict[str, dict[str, i
     free: dict[str, dict[str, int]] = {}
     for node in nodes:
         allocatable = (node.get("status") or {}).get("allocatable") or {}
-        free[node["metadata"]["name"]] = {k: quantity(v) for k, v in allocatable.items()
-                                          if k.startswith(("nvidia.com/", "volcano.sh/"))}
+        free[node["metadata"]["name"]] = {
+            k: quantity(v)
+            for k, v in allocatable.items()
+            if k.startswith(("nvidia.com/", "volcano.sh/"))
+        }
     for pod in pods:
         where = (pod.get("spec") or {}).get("nodeName")
         if where not in free or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
@@ -159,7 +168,7 @@ def free_mig_profiles(free: dict[str, dict[str, int]]) -> dict[str, int]:
     for resources in free.values():
         for key, n in resources.items():
             if key.startswith(MIG_RESOURCE_PREFIX) and n > 0:
-                profile = key[len(MIG_RESOURCE_PREFIX):]
+                profile = key[len(MIG_RESOURCE_PREFIX) :]
                 total[profile] = total.get(profile, 0) + n
     return total
 
@@ -178,12 +187,14 @@ async def fetch_nodes(kubeconfig: str | None = None, label_selector: str = "") -
         api_client = client.ApiClient()
     async with api_client:
         resp = await client.CoreV1Api(api_client).list_node(
-            label_selector=label_selector, _preload_content=False)
+            label_selector=label_selector, _preload_content=False
+        )
         return json.loads(await resp.read())["items"]
 
 
-async def load_cluster_inventory(kubeconfig: str | None = None,
-                                 label_selector: str = "") -> tuple[list[Gpu], str | None]:
+async def load_cluster_inventory(
+    kubeconfig: str | None = None, label_selector: str = ""
+) -> tuple[list[Gpu], str | None]:
     """``(gpus, reason)`` like :func:`gpulab.scheduler.inventory.load_inventory`."""
     try:
         nodes = await fetch_nodes(kubeconfig, label_selector)
@@ -227,7 +238,8 @@ class KubernetesInventory(Inventory):
             nodes = asyncio.run(fetch_nodes(self.kubeconfig or None, self.label_selector))
         except Exception as e:
             raise InventoryError(
-                f"inventory_source is \"kubernetes\" but the cluster's nodes cannot be listed "
+                f'inventory_source is "kubernetes" but the cluster\'s nodes cannot be listed '
                 f"({type(e).__name__}: {e}); run the service in the cluster (in-cluster "
-                f"credentials) or set c.KubernetesInventory.kubeconfig") from None
+                f"credentials) or set c.KubernetesInventory.kubeconfig"
+            ) from None
         return parse_nodes(nodes)

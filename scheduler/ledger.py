@@ -18,14 +18,15 @@ import functools
 import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import numpy as np
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Engine
 
 from gpulab.db.engine import allocations, lock_for_write, utcnow, writer
+
 from .async_ledger import AsyncLedger
 from .inventory import Gpu
 from .policy import Cluster, PlacementPolicy, Request
@@ -54,8 +55,13 @@ class SizeAvailability:
     reason: str | None  # why none can, when count == 0
 
     def to_dict(self) -> dict:
-        return {"milli": self.milli, "label": self.label, "count": self.count,
-                "available": self.count > 0, "reason": self.reason}
+        return {
+            "milli": self.milli,
+            "label": self.label,
+            "count": self.count,
+            "available": self.count > 0,
+            "reason": self.reason,
+        }
 
 
 def _fits_per_node(cluster: Cluster, milli: int) -> np.ndarray:
@@ -72,14 +78,19 @@ def _row_to_dict(row) -> dict:
     d = dict(row._mapping)
     created = d["created"]
     if created.tzinfo is None:  # SQLite drops the zone; we only ever store UTC
-        created = created.replace(tzinfo=dt.timezone.utc)
+        created = created.replace(tzinfo=dt.UTC)
     d["created"] = created.isoformat()
     return d
 
 
 class Ledger:
-    def __init__(self, engine: Engine, gpus: Iterable[Gpu], policy: PlacementPolicy,
-                 quotas: Quotas | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        gpus: Iterable[Gpu],
+        policy: PlacementPolicy,
+        quotas: Quotas | None = None,
+    ):
         self.engine = engine
         self._writer = writer(engine)
         self.gpus = list(gpus)
@@ -95,8 +106,9 @@ class Ledger:
         return AsyncLedger(self)
 
     # -- reading ---------------------------------------------------------------
-    def list(self, user: str | None = None, owner_kind: str | None = None,
-             owner: str | None = None) -> list[dict]:
+    def list(
+        self, user: str | None = None, owner_kind: str | None = None, owner: str | None = None
+    ) -> list[dict]:
         q = select(allocations).order_by(allocations.c.created, allocations.c.id)
         if user is not None:
             q = q.where(allocations.c.user == user)
@@ -122,7 +134,8 @@ class Ledger:
 
     def allocated_by_gpu(self, conn=None) -> dict[str, int]:
         q = select(allocations.c.gpu_uuid, func.sum(allocations.c.milli)).group_by(
-            allocations.c.gpu_uuid)
+            allocations.c.gpu_uuid
+        )
         if conn is None:
             with self.engine.connect() as c:
                 return {g: int(m) for g, m in c.execute(q)}
@@ -135,15 +148,20 @@ class Ledger:
             by_node[gpu.node].append(gpu)
         nodes = sorted(by_node)
         slots = [by_node[n] for n in nodes]
-        cluster = Cluster.build([(n, _UNTRACKED, _UNTRACKED, [g.model for g in s])
-                                 for n, s in zip(nodes, slots)])
+        cluster = Cluster.build(
+            [
+                (n, _UNTRACKED, _UNTRACKED, [g.model for g in s])
+                for n, s in zip(nodes, slots, strict=False)
+            ]
+        )
         for i, node_gpus in enumerate(slots):
             for j, gpu in enumerate(node_gpus):
                 cluster.gpu_free[i, j] = MILLI_PER_GPU - held.get(gpu.uuid, 0)
         return cluster, slots
 
-    def availability(self, user: str, sizes: Iterable[int],
-                     groups: Mapping[str, set[str]] | None = None) -> list[SizeAvailability]:
+    def availability(
+        self, user: str, sizes: Iterable[int], groups: Mapping[str, set[str]] | None = None
+    ) -> list[SizeAvailability]:
         """For each size: how many could be placed now, or why none can."""
         groups = groups or {}
         held = self.allocated_by_gpu()
@@ -158,8 +176,11 @@ class Ledger:
             fit = int(_fits_per_node(cluster, milli).sum())
             reason = None
             if fit == 0:
-                reason = ("no free GPU of that size" if cluster.gpu_exists.any()
-                          else "this node has no GPUs")
+                reason = (
+                    "no free GPU of that size"
+                    if cluster.gpu_exists.any()
+                    else "this node has no GPUs"
+                )
             if remaining is not None:
                 by_quota = remaining // milli
                 fit = min(fit, by_quota)
@@ -174,13 +195,20 @@ class Ledger:
         out: dict[str, list[dict]] = {}
         counts = {m: _fits_per_node(cluster, m) for m in sizes if m}
         for i, node in enumerate(cluster.node_names):
-            out[node] = [{"milli": m, "label": label(m), "count": int(c[i])}
-                         for m, c in counts.items()]
+            out[node] = [
+                {"milli": m, "label": label(m), "count": int(c[i])} for m, c in counts.items()
+            ]
         return out
 
     # -- writing ---------------------------------------------------------------
-    def allocate(self, user: str, owner_kind: str, owner: str, milli: int,
-                 groups: Mapping[str, set[str]] | None = None) -> list[dict]:
+    def allocate(
+        self,
+        user: str,
+        owner_kind: str,
+        owner: str,
+        milli: int,
+        groups: Mapping[str, set[str]] | None = None,
+    ) -> list[dict]:
         """Place ``milli`` for ``owner`` and record it; return its rows.
 
         Raises :class:`NoCapacity`, :class:`~.quota.QuotaExceeded` or
@@ -188,8 +216,13 @@ class Ledger:
         """
         return self.allocate_gang(user, owner_kind, [(owner, milli)], groups)
 
-    def allocate_gang(self, user: str, owner_kind: str, members: list[tuple[str, int]],
-                      groups: Mapping[str, set[str]] | None = None) -> list[dict]:
+    def allocate_gang(
+        self,
+        user: str,
+        owner_kind: str,
+        members: list[tuple[str, int]],
+        groups: Mapping[str, set[str]] | None = None,
+    ) -> list[dict]:
         """Place several owners at once, all or none (the ranks of one job).
 
         Owners that already hold their slice keep it (idempotent retries).
@@ -201,15 +234,18 @@ class Ledger:
             kept: list[dict] = []
             todo: list[tuple[str, int]] = []
             for owner, milli in members:
-                existing = conn.execute(select(allocations).where(
-                    (allocations.c.owner_kind == owner_kind) & (allocations.c.owner == owner)
-                )).all()
+                existing = conn.execute(
+                    select(allocations).where(
+                        (allocations.c.owner_kind == owner_kind) & (allocations.c.owner == owner)
+                    )
+                ).all()
                 if existing:
                     held = sum(r.milli for r in existing)
                     if held != shape_of(milli).total_milli or existing[0].user != user:
                         raise OwnerConflict(
                             f"{owner_kind} {owner!r} already holds {held} milli-GPU; "
-                            f"release it before asking for {milli}")
+                            f"release it before asking for {milli}"
+                        )
                     kept += [_row_to_dict(r) for r in existing]
                 elif milli:
                     todo.append((owner, milli))
@@ -228,13 +264,20 @@ class Ledger:
                 cluster.apply(placement, request)
                 for g in placement.gpus:
                     gpu = slots[placement.node][g]
-                    rows.append({
-                        "id": uuid.uuid4().hex[:16], "user": user, "owner_kind": owner_kind,
-                        "owner": owner, "node": gpu.node, "gpu_uuid": gpu.uuid,
-                        "gpu_index": gpu.index, "milli": shape.milli_per_gpu,
-                        "memory_mib": gpu.memory_mib * shape.milli_per_gpu // MILLI_PER_GPU,
-                        "created": now,
-                    })
+                    rows.append(
+                        {
+                            "id": uuid.uuid4().hex[:16],
+                            "user": user,
+                            "owner_kind": owner_kind,
+                            "owner": owner,
+                            "node": gpu.node,
+                            "gpu_uuid": gpu.uuid,
+                            "gpu_index": gpu.index,
+                            "milli": shape.milli_per_gpu,
+                            "memory_mib": gpu.memory_mib * shape.milli_per_gpu // MILLI_PER_GPU,
+                            "created": now,
+                        }
+                    )
             conn.execute(insert(allocations), rows)
         return kept + [{**r, "created": r["created"].isoformat()} for r in rows]
 
@@ -243,11 +286,16 @@ class Ledger:
             return "no GPUs are known to the scheduler; ask for gpu_milli=0 or add GPUs"
         best = int(cluster.gpu_free.max())
         whole = int(((cluster.gpu_free == MILLI_PER_GPU) & cluster.gpu_exists).sum())
-        what = (f"{gang} x {label(milli)} ({milli} milli-GPU each)" if gang > 1
-                else f"{label(milli)} ({milli} milli-GPU)")
-        return (f"no GPU has room for {what} right now: "
-                f"the largest free share is {best} milli and {whole} GPUs are fully free; "
-                f"pick a smaller slice or try again when others stop")
+        what = (
+            f"{gang} x {label(milli)} ({milli} milli-GPU each)"
+            if gang > 1
+            else f"{label(milli)} ({milli} milli-GPU)"
+        )
+        return (
+            f"no GPU has room for {what} right now: "
+            f"the largest free share is {best} milli and {whole} GPUs are fully free; "
+            f"pick a smaller slice or try again when others stop"
+        )
 
     def release(self, owner_kind: str, owner: str) -> list[dict]:
         """Free everything ``owner`` holds; returns the released rows (maybe none)."""

@@ -20,8 +20,8 @@ and ``get_policy("my-policy")`` finds it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -80,7 +80,7 @@ class Cluster:
     def build(
         cls,
         nodes: Sequence[tuple[str, int, int, Sequence[str]]],
-    ) -> "Cluster":
+    ) -> Cluster:
         """Make an empty cluster from ``(name, cpu_milli, memory_mib, gpu_models)``."""
         width = max((len(g) for *_, g in nodes), default=0)
         models: list[str] = sorted({m for *_, gpus in nodes for m in gpus})
@@ -101,7 +101,7 @@ class Cluster:
             models=models,
         )
 
-    def copy(self) -> "Cluster":
+    def copy(self) -> Cluster:
         return Cluster(
             list(self.node_names),
             self.cpu_free.copy(),

@@ -16,31 +16,35 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Engine
 
 from gpulab.db.engine import utcnow
 from gpulab.db.jobs import TERMINAL, jobs
+
 from .ledger import Ledger, NoCapacity
 from .quota import QuotaExceeded, Quotas
 
 
-def never_fits(quotas: Quotas, user: str, milli: int,
-               groups: Mapping[str, set[str]]) -> str | None:
+def never_fits(quotas: Quotas, user: str, milli: int, groups: Mapping[str, set[str]]) -> str | None:
     """Why a request of ``milli`` can never fit the user's or a group's quota, if so."""
     if milli == 0:
         return None
     limit = quotas.user_limit(user)
     if limit is not None and milli > limit:
-        return (f"over your quota: the job needs {milli} milli-GPU in all and your quota is "
-                f"{limit}; use fewer ranks or a smaller --gpu, or ask an admin for more")
+        return (
+            f"over your quota: the job needs {milli} milli-GPU in all and your quota is "
+            f"{limit}; use fewer ranks or a smaller --gpu, or ask an admin for more"
+        )
     for group in sorted(groups):
         glimit = quotas.group_milli.get(group)
         if glimit is not None and milli > glimit:
-            return (f"over the quota of group {group!r}: the job needs {milli} milli-GPU "
-                    f"in all and the group's quota is {glimit}")
+            return (
+                f"over the quota of group {group!r}: the job needs {milli} milli-GPU "
+                f"in all and the group's quota is {glimit}"
+            )
     return None
 
 
@@ -49,7 +53,7 @@ def _row(r) -> dict:
     for k in ("submitted", "started", "finished"):
         if d[k] is not None:
             if d[k].tzinfo is None:  # SQLite drops the zone; we only store UTC
-                d[k] = d[k].replace(tzinfo=dt.timezone.utc)
+                d[k] = d[k].replace(tzinfo=dt.UTC)
             d[k] = d[k].isoformat()
     d["error"] = json.loads(d["error"]) if d["error"] else None
     return d
@@ -61,8 +65,14 @@ class JobQueue:
 
     # -- rows ----------------------------------------------------------------------
     def add(self, job: dict) -> dict:
-        row = {"state": "queued", "priority": 0, "message": "", "restarts": 0,
-               "submitted": utcnow(), **job}
+        row = {
+            "state": "queued",
+            "priority": 0,
+            "message": "",
+            "restarts": 0,
+            "submitted": utcnow(),
+            **job,
+        }
         with self.engine.begin() as conn:
             conn.execute(insert(jobs), [row])
         return self.get(row["id"])
@@ -91,17 +101,28 @@ class JobQueue:
         """Move a job to a terminal state once; ``False`` if it already was in one."""
         assert state in TERMINAL
         with self.engine.begin() as conn:
-            done = conn.execute(update(jobs).where(
-                (jobs.c.id == job_id) & ~jobs.c.state.in_(TERMINAL)).values(
-                state=state, message=message, finished=utcnow(),
-                **{k: (json.dumps(v) if k == "error" and v is not None else v)
-                   for k, v in values.items()}))
+            done = conn.execute(
+                update(jobs)
+                .where((jobs.c.id == job_id) & ~jobs.c.state.in_(TERMINAL))
+                .values(
+                    state=state,
+                    message=message,
+                    finished=utcnow(),
+                    **{
+                        k: (json.dumps(v) if k == "error" and v is not None else v)
+                        for k, v in values.items()
+                    },
+                )
+            )
             return done.rowcount == 1
 
     # -- order -----------------------------------------------------------------------
     def queued(self) -> list[dict]:
-        q = (select(jobs).where(jobs.c.state == "queued")
-             .order_by(jobs.c.priority.desc(), jobs.c.submitted, jobs.c.id))
+        q = (
+            select(jobs)
+            .where(jobs.c.state == "queued")
+            .order_by(jobs.c.priority.desc(), jobs.c.submitted, jobs.c.id)
+        )
         with self.engine.connect() as conn:
             return [_row(r) for r in conn.execute(q)]
 
@@ -112,8 +133,12 @@ class JobQueue:
                 return i
         return None
 
-    def admit(self, ledger: Ledger, groups: Mapping[str, Mapping[str, set[str]]],
-              members: Callable[[dict], list[tuple[str, int]]]) -> list[tuple[dict, list[dict]]]:
+    def admit(
+        self,
+        ledger: Ledger,
+        groups: Mapping[str, Mapping[str, set[str]]],
+        members: Callable[[dict], list[tuple[str, int]]],
+    ) -> list[tuple[dict, list[dict]]]:
         """Start what fits, in order; return ``(job, allocation rows)`` for each admitted.
 
         ``groups`` maps each queued job's user to their quota groups; ``members``
@@ -123,8 +148,9 @@ class JobQueue:
         admitted = []
         for job in self.queued():
             try:
-                rows = ledger.allocate_gang(job["user"], "job", members(job),
-                                            groups.get(job["user"], {}))
+                rows = ledger.allocate_gang(
+                    job["user"], "job", members(job), groups.get(job["user"], {})
+                )
             except NoCapacity as e:
                 self._wait(job, f"waiting for free GPUs: {e}")
                 break

@@ -8,8 +8,8 @@ request must fit the user's quota and the quota of every group they are in.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 
 class QuotaExceeded(Exception):
@@ -58,8 +58,9 @@ class Quotas:
                     f"milli-GPU of {glimit}, and this request needs {request_milli} more"
                 )
 
-    def remaining(self, user: str, usage: Mapping[str, int],
-                  groups: Mapping[str, set[str]]) -> int | None:
+    def remaining(
+        self, user: str, usage: Mapping[str, int], groups: Mapping[str, set[str]]
+    ) -> int | None:
         """How many milli the user may still take; ``None`` if unlimited."""
         left: list[int] = []
         limit = self.user_limit(user)

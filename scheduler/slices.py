@@ -65,16 +65,14 @@ def parse_gpu_milli(value: object, allowed: tuple[int, ...] | None = None) -> in
     """
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise SliceError(
-            f"gpu_milli must be an integer number of milli-GPUs (250 = 1/4 GPU), "
-            f"got {value!r}"
+            f"gpu_milli must be an integer number of milli-GPUs (250 = 1/4 GPU), got {value!r}"
         )
     if isinstance(value, str):
         try:
             value = int(value.strip())
         except ValueError:
             raise SliceError(
-                f"gpu_milli must be an integer number of milli-GPUs (250 = 1/4 GPU), "
-                f"got {value!r}"
+                f"gpu_milli must be an integer number of milli-GPUs (250 = 1/4 GPU), got {value!r}"
             ) from None
     if value < 0:
         raise SliceError(f"gpu_milli cannot be negative, got {value}")

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import csv
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from .policy import NO_GPU, Cluster, Request, get_policy
 from .policies.fragmentation import FragState, TypicalMix
+from .policy import NO_GPU, Cluster, Request, get_policy
 from .slices import MILLI_PER_GPU
 
 #: The arrival levels the paper's tables report, in % of GPU capacity.
@@ -40,7 +40,12 @@ def load_nodes(path: str | Path) -> list[NodeSpec]:
     """Nodes of an ``openb_node_list_*.csv``: (name, cpu_milli, memory_mib, GPU models)."""
     with open(path, newline="") as f:
         return [
-            (row["sn"], int(row["cpu_milli"]), int(row["memory_mib"]), [row["model"]] * int(row["gpu"]))
+            (
+                row["sn"],
+                int(row["cpu_milli"]),
+                int(row["memory_mib"]),
+                [row["model"]] * int(row["gpu"]),
+            )
             for row in csv.DictReader(f)
         ]
 
@@ -69,7 +74,8 @@ def gpu_capacity(nodes: Sequence[NodeSpec]) -> int:
 
 
 def inflate(tasks: Sequence[Request], capacity: int, ratio: float, seed: int) -> list[Request]:
-    """Shuffle ``tasks``, then append random draws until the GPU asked would pass ``ratio`` x capacity."""
+    """Shuffle ``tasks``, then append random draws until the GPU asked would pass
+    ``ratio`` x capacity."""
     rng = np.random.default_rng(seed)
     order = [tasks[i] for i in rng.permutation(len(tasks))]
     target = ratio * capacity
@@ -91,7 +97,9 @@ class ReplayResult:
     unallocated_pct: dict[int, float]
     fragmented_pct: dict[int, float]
     decision_ms: np.ndarray  # wall clock per place() call
-    decision_cpu_ms: np.ndarray  # CPU time of the calling thread: what the policy costs on a busy machine
+    decision_cpu_ms: (
+        np.ndarray
+    )  # CPU time of the calling thread: what the policy costs on a busy machine
     failed_tasks: int
     tasks: int
     failed_gpu_milli: int = 0

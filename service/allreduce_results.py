@@ -42,16 +42,21 @@ class BadResult(ValueError):
 
 def _number(data: dict, key: str, lo: float, hi: float, integer: bool = False):
     v = data.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) \
-            or (integer and not isinstance(v, int)) or not math.isfinite(v) \
-            or not lo <= v <= hi:
-        raise BadResult(f"'{key}' must be {'an integer' if integer else 'a finite number'} "
-                        f"from {lo:g} to {hi:g}, got {v!r}")
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or (integer and not isinstance(v, int))
+        or not math.isfinite(v)
+        or not lo <= v <= hi
+    ):
+        raise BadResult(
+            f"'{key}' must be {'an integer' if integer else 'a finite number'} "
+            f"from {lo:g} to {hi:g}, got {v!r}"
+        )
     return v
 
 
-def validate(data: object, world_size: int | None = None,
-             max_nodes: int = MAX_NODES) -> dict:
+def validate(data: object, world_size: int | None = None, max_nodes: int = MAX_NODES) -> dict:
     """The fields worth keeping of one probe result, or :class:`BadResult`."""
     if not isinstance(data, dict):
         raise BadResult("a probe result is a JSON object")
@@ -63,8 +68,12 @@ def validate(data: object, world_size: int | None = None,
     busbw = _number(data, "busbw_bytes_per_second", 0, MAX_BYTES_PER_SECOND)
     if not math.isclose(busbw, algbw * 2 * (world - 1) / world, rel_tol=1e-6, abs_tol=1e-9):
         raise BadResult("'busbw_bytes_per_second' must be algbw * 2(n-1)/n")
-    out = {"size_bytes": size, "world_size": world, "algbw_bytes_per_second": float(algbw),
-           "busbw_bytes_per_second": float(busbw)}
+    out = {
+        "size_bytes": size,
+        "world_size": world,
+        "algbw_bytes_per_second": float(algbw),
+        "busbw_bytes_per_second": float(busbw),
+    }
     if "time_s" in data:
         t = _number(data, "time_s", 1e-12, 86400)
         if not math.isclose(algbw, size / t, rel_tol=1e-6):
@@ -75,8 +84,11 @@ def validate(data: object, world_size: int | None = None,
         raise BadResult("'backend' must be a process-group backend name like gloo or nccl")
     out["backend"] = backend
     nodes = data.get("nodes") or []
-    if not isinstance(nodes, list) or len(nodes) > max_nodes or not all(
-            isinstance(n, str) and 0 < len(n) <= 255 and n.isprintable() for n in nodes):
+    if (
+        not isinstance(nodes, list)
+        or len(nodes) > max_nodes
+        or not all(isinstance(n, str) and 0 < len(n) <= 255 and n.isprintable() for n in nodes)
+    ):
         raise BadResult(f"'nodes' must be a list of at most {max_nodes} node names")
     out["nodes"] = nodes
     return out
@@ -114,11 +126,15 @@ def record_from_job(service, job: dict, jobdir) -> dict | None:
         result = validate(read_result_file(path), world_size=world, max_nodes=job["nodes"])
     except (BadResult, OSError, ValueError, RecursionError) as e:
         jobdir.event(f"all-reduce result not recorded: {rank_env.ALLREDUCE_RESULT}: {e}")
-        log.warning("Job %s of %s: all-reduce result not recorded: %s", job["id"],
-                    job["user"], e)
+        log.warning("Job %s of %s: all-reduce result not recorded: %s", job["id"], job["user"], e)
         return None
-    record = {"ts": time.time(), "user": job["user"], "job_id": job["id"], **result,
-              "node": (result["nodes"] or [service.node_name])[0]}
+    record = {
+        "ts": time.time(),
+        "user": job["user"],
+        "job_id": job["id"],
+        **result,
+        "node": (result["nodes"] or [service.node_name])[0],
+    }
     service.telemetry.add_allreduce(record)
     jobdir.event("all-reduce result recorded for the dashboard's Network tab")
     return record

@@ -28,17 +28,20 @@ class InventoryHandler(APIHandler):
 def _string(body: dict, key: str) -> str:
     value = body.get(key)
     if not isinstance(value, str) or not value or len(value) > 255 or "\x00" in value:
-        raise web.HTTPError(400, f"'{key}' must be a non-empty string of at most 255 "
-                                 f"characters")
+        raise web.HTTPError(400, f"'{key}' must be a non-empty string of at most 255 characters")
     return value
 
 
 class AllocationsHandler(APIHandler):
     async def get(self):
         user = self.listed_user("allocations")
-        self.write_json(await self.gpulab.ledger.aio.list(
-            user=user, owner_kind=self.get_argument("owner_kind", None),
-            owner=self.get_argument("owner", None)))
+        self.write_json(
+            await self.gpulab.ledger.aio.list(
+                user=user,
+                owner_kind=self.get_argument("owner_kind", None),
+                owner=self.get_argument("owner", None),
+            )
+        )
 
     async def post(self):
         """Allocate a slice for an owner. Used by the hub's spawner (and admins)."""
@@ -54,8 +57,10 @@ class AllocationsHandler(APIHandler):
             raise web.HTTPError(400, f"owner_kind must be one of {', '.join(OWNER_KINDS)}")
         if not (who.internal or who.admin):
             raise web.HTTPError(
-                403, "allocations are made by starting a server, submitting a job or "
-                     "deploying a model, not directly")
+                403,
+                "allocations are made by starting a server, submitting a job or "
+                "deploying a model, not directly",
+            )
         try:
             milli = parse_gpu_milli(body.get("gpu_milli"), tuple(self.gpulab.slice_sizes))
         except SliceError as e:
@@ -77,8 +82,7 @@ class AllocationsHandler(APIHandler):
         finally:
             self.gpulab.metrics.observe_placement(result, time.perf_counter() - started)
         simulated = {g.uuid for g in self.gpulab.gpus if g.simulated}
-        self.write_json([{**r, "simulated": r["gpu_uuid"] in simulated} for r in rows],
-                        status=201)
+        self.write_json([{**r, "simulated": r["gpu_uuid"] in simulated} for r in rows], status=201)
 
     async def delete(self):
         """Release everything one owner holds: ``?owner_kind=server&owner=alice/``."""
@@ -126,13 +130,15 @@ class AvailabilityHandler(APIHandler):
         groups = await self.gpulab.groups_of(user)
         sizes = await self.gpulab.ledger.aio.availability(user, self.gpulab.slice_sizes, groups)
         usage = (await self.gpulab.ledger.aio.usage()).get(user, 0)
-        self.write_json({
-            "user": user,
-            "held_milli": usage,
-            "quota_milli": self.gpulab.ledger.quotas.remaining(user, {}, groups),
-            "simulated": any(g.simulated for g in self.gpulab.gpus),
-            "sizes": [s.to_dict() for s in sizes],
-        })
+        self.write_json(
+            {
+                "user": user,
+                "held_milli": usage,
+                "quota_milli": self.gpulab.ledger.quotas.remaining(user, {}, groups),
+                "simulated": any(g.simulated for g in self.gpulab.gpus),
+                "sizes": [s.to_dict() for s in sizes],
+            }
+        )
 
 
 class OpenAPIHandler(APIHandler):

@@ -17,6 +17,7 @@ listens, then starts each manager's background work; ``stop()`` ends all of it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -34,9 +35,9 @@ from traitlets import Bool, Dict, Float, Instance, Int, List, TraitError, Unicod
 from traitlets.config import Application, PyFileConfigLoader
 
 from gpulab.backend.spec import SpecError
+from gpulab.db.engine import make_engine
 from gpulab.enforcement.account_limits import AccountLimits
 from gpulab.enforcement.accounts import UserAccounts
-from gpulab.db.engine import make_engine
 from gpulab.scheduler.inventory import Gpu, InventoryError
 from gpulab.scheduler.inventory_kube import KubernetesInventory
 from gpulab.scheduler.ledger import Ledger
@@ -68,7 +69,9 @@ CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
 
 class GpuLabService(Application):
     name = "gpulab-service"
-    description = "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."
+    description = (
+        "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."
+    )
     # Settings of these classes go in the same config file (and show in --help-all).
     classes = [KubernetesJobsSettings, KubernetesInventory, UserAccounts, AccountLimits]
 
@@ -340,9 +343,11 @@ class GpuLabService(Application):
         help="Python config file to load. Default: <data-dir>/gpulab_config.py if it exists."
     ).tag(config=True)
 
-    aliases = {"config": "GpuLabService.config_file", "db-url": "GpuLabService.db_url",
-               "simulate-gpus": "GpuLabService.simulate_gpus"}
-
+    aliases = {
+        "config": "GpuLabService.config_file",
+        "db-url": "GpuLabService.db_url",
+        "simulate-gpus": "GpuLabService.simulate_gpus",
+    }
 
     # -- what initialize() builds (not configuration) -----------------------------------
     gpus = List(Instance(Gpu))
@@ -400,8 +405,15 @@ class GpuLabService(Application):
                 raise ConfigError(f"{path}: {e}") from e
             except Exception as e:  # the file itself does not run
                 raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from e
-        for step in (self.init_logging, self.init_db, self.init_ledger, self.init_jobs,
-                     self.init_deployments, self.init_telemetry, self.init_handlers):
+        for step in (
+            self.init_logging,
+            self.init_db,
+            self.init_ledger,
+            self.init_jobs,
+            self.init_deployments,
+            self.init_telemetry,
+            self.init_handlers,
+        ):
             try:
                 step()
             except ConfigError:
@@ -410,8 +422,9 @@ class GpuLabService(Application):
                 raise ConfigError(str(e)) from e
 
     def init_logging(self):
-        logging.basicConfig(level=logging.INFO,
-                            format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s"
+        )
 
     def init_db(self):
         # What the service writes (databases, job and model files) is private
@@ -433,9 +446,16 @@ class GpuLabService(Application):
         self.gpus, self.inventory_reason = cls(parent=self, **kwargs).load()
         if self.inventory_reason:
             log.warning("No GPUs: %s. Only gpu_milli=0 can be placed.", self.inventory_reason)
-        self.ledger = Ledger(self.engine, self.gpus, policy,
-                             Quotas(self.default_user_quota_milli, dict(self.user_quota_milli),
-                                    dict(self.group_quota_milli)))
+        self.ledger = Ledger(
+            self.engine,
+            self.gpus,
+            policy,
+            Quotas(
+                self.default_user_quota_milli,
+                dict(self.user_quota_milli),
+                dict(self.group_quota_milli),
+            ),
+        )
         self.metrics = Metrics(self)
         self.lost_slices = LostSlices(self)
         self.metrics.registry.register(self.lost_slices)
@@ -445,21 +465,25 @@ class GpuLabService(Application):
         if "inventory_class" in self.config.GpuLabService:
             return self.inventory_class
         if self.inventory_source not in INVENTORIES:
-            raise ConfigError(f"c.GpuLabService.inventory_source = {self.inventory_source!r} is "
-                              f"not a source; use one of {', '.join(map(repr, INVENTORIES))} "
-                              f"(or set c.GpuLabService.inventory_class)")
+            raise ConfigError(
+                f"c.GpuLabService.inventory_source = {self.inventory_source!r} is "
+                f"not a source; use one of {', '.join(map(repr, INVENTORIES))} "
+                f"(or set c.GpuLabService.inventory_class)"
+            )
         return self.traits()["inventory_class"].validate(self, self.inventory_source)
 
     def init_jobs(self):
         if self.kubernetes_jobs:
-            self._deprecated_shortcut("kubernetes_jobs", "jobs_backend_class",
-                                      "c.KubernetesJobsSettings")
+            self._deprecated_shortcut(
+                "kubernetes_jobs", "jobs_backend_class", "c.KubernetesJobsSettings"
+            )
         self.jobs = JobManager(self)
 
     def init_deployments(self):
         if self.kubernetes_deployments:
-            self._deprecated_shortcut("kubernetes_deployments", "serving_backend_class",
-                                      "c.KubernetesServingSettings")
+            self._deprecated_shortcut(
+                "kubernetes_deployments", "serving_backend_class", "c.KubernetesServingSettings"
+            )
         kube = self.traits()["serving_backend_class"].validate(self, "kubernetes")
         if issubclass(self.serving_backend_class, kube):
             # The manager's serving_backend() reads this switch of the Kubernetes settings.
@@ -470,11 +494,18 @@ class GpuLabService(Application):
         """A dict setting of old (kubernetes_jobs...) selects the Kubernetes class."""
         kube = self.traits()[trait].validate(self, "kubernetes")
         if trait in self.config.GpuLabService and not issubclass(getattr(self, trait), kube):
-            raise ConfigError(f"c.GpuLabService.{old} asks for Kubernetes but "
-                              f"c.GpuLabService.{trait} is {getattr(self, trait).__name__}; "
-                              f"remove one of them")
-        log.warning("c.GpuLabService.%s is deprecated: set c.GpuLabService.%s = 'kubernetes' "
-                    "and %s instead", old, trait, instead)
+            raise ConfigError(
+                f"c.GpuLabService.{old} asks for Kubernetes but "
+                f"c.GpuLabService.{trait} is {getattr(self, trait).__name__}; "
+                f"remove one of them"
+            )
+        log.warning(
+            "c.GpuLabService.%s is deprecated: set c.GpuLabService.%s = 'kubernetes' "
+            "and %s instead",
+            old,
+            trait,
+            instead,
+        )
         if not issubclass(getattr(self, trait), kube):
             setattr(self, trait, kube)
 
@@ -486,18 +517,23 @@ class GpuLabService(Application):
     def init_handlers(self):
         for name in ("JUPYTERHUB_API_URL", "JUPYTERHUB_API_TOKEN"):
             if not os.environ.get(name):
-                raise ConfigError(f"${name} is not set: the service runs under JupyterHub "
-                                  f"(c.JupyterHub.services), which sets it")
+                raise ConfigError(
+                    f"${name} is not set: the service runs under JupyterHub "
+                    f"(c.JupyterHub.services), which sets it"
+                )
         self.tornado_app = self.make_app()
 
     # -- identities and groups ---------------------------------------------------
     async def identify(self, model: dict) -> Identity:
         if model.get("kind") == "service":
-            return Identity(model["name"], "service",
-                            internal=model["name"] == self.service_name)
+            return Identity(model["name"], "service", internal=model["name"] == self.service_name)
         user = await self.hub.user(model["name"]) or {}
-        return Identity(model["name"], "user", admin=bool(user.get("admin")),
-                        groups=frozenset(user.get("groups") or []))
+        return Identity(
+            model["name"],
+            "user",
+            admin=bool(user.get("admin")),
+            groups=frozenset(user.get("groups") or []),
+        )
 
     async def groups_of(self, user: str) -> dict[str, set[str]]:
         """The user's groups that carry a quota, with their members."""
@@ -525,14 +561,22 @@ class GpuLabService(Application):
             nodes.setdefault(gpu.node, []).append(self._gpu_json(gpu, held))
         if not nodes:
             nodes[self.node_name] = []
-        return {"nodes": [{"name": n, "gpus": g} for n, g in nodes.items()],
-                "reason": self.inventory_reason}
+        return {
+            "nodes": [{"name": n, "gpus": g} for n, g in nodes.items()],
+            "reason": self.inventory_reason,
+        }
 
     @staticmethod
     def _gpu_json(gpu: Gpu, held: dict[str, int]) -> dict:
-        return {"uuid": gpu.uuid, "index": gpu.index, "model": gpu.model,
-                "memory_mib": gpu.memory_mib, "allocated_milli": held.get(gpu.uuid, 0),
-                "simulated": gpu.simulated, "mig_parent": gpu.mig_parent}
+        return {
+            "uuid": gpu.uuid,
+            "index": gpu.index,
+            "model": gpu.model,
+            "memory_mib": gpu.memory_mib,
+            "allocated_milli": held.get(gpu.uuid, 0),
+            "simulated": gpu.simulated,
+            "mig_parent": gpu.mig_parent,
+        }
 
     async def server_stopped(self, owner: str) -> None:
         """A server is gone: what follows it (deployments that asked to) stops too."""
@@ -548,19 +592,23 @@ class GpuLabService(Application):
         p = self.prefix
         routes = [
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
-            *[(url_path_join(p, path), handler)
-              for module in (api, jobs_api, deployments_api, telemetry_api, ledger_guard)
-              for path, handler in module.routes],
+            *[
+                (url_path_join(p, path), handler)
+                for module in (api, jobs_api, deployments_api, telemetry_api, ledger_guard)
+                for path, handler in module.routes
+            ],
             *[(url_path_join(p, path), handler) for path, handler in pages.routes],
         ]
-        return web.Application(routes, gpulab=self, hub_auth=hub_auth,
-                               cookie_secret=cookie_secret, xsrf_cookies=False)
+        return web.Application(
+            routes, gpulab=self, hub_auth=hub_auth, cookie_secret=cookie_secret, xsrf_cookies=False
+        )
 
     # -- running -----------------------------------------------------------------
     def managers(self) -> list:
         """What has background work, in start order (stop runs in reverse)."""
-        return [m for m in (self.reconciler, self.jobs, self.deployments, self.sampler)
-                if m is not None]
+        return [
+            m for m in (self.reconciler, self.jobs, self.deployments, self.sampler) if m is not None
+        ]
 
     async def start_managers(self) -> None:
         for manager in self.managers():
@@ -581,18 +629,23 @@ class GpuLabService(Application):
         """Listen, start the managers, run until SIGINT/SIGTERM, then stop()."""
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         # Routes that take more (uploads, jobs' variables) raise it per request.
-        server = HTTPServer(self.tornado_app or self.make_app(), xheaders=True,
-                            max_body_size=JSON_BODY_LIMIT)
+        server = HTTPServer(
+            self.tornado_app or self.make_app(), xheaders=True, max_body_size=JSON_BODY_LIMIT
+        )
         server.listen(url.port, url.hostname)
-        log.info("gpulab service on %s (prefix %s), %d GPU(s), database %s", url.geturl(),
-                 self.prefix, len(self.gpus), self.db_url.split("@")[-1])
+        log.info(
+            "gpulab service on %s (prefix %s), %d GPU(s), database %s",
+            url.geturl(),
+            self.prefix,
+            len(self.gpus),
+            self.db_url.split("@")[-1],
+        )
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):  # the hub stops services with these
-            try:
+            # Not the main thread (tests): KeyboardInterrupt stops it instead.
+            with contextlib.suppress(RuntimeError, ValueError):
                 loop.add_signal_handler(sig, stopping.set)
-            except (RuntimeError, ValueError):  # not the main thread: KeyboardInterrupt
-                pass
         try:
             await self.start_managers()
             await stopping.wait()
@@ -613,8 +666,9 @@ def main(argv=None):
     try:
         app.initialize(argv if argv is not None else sys.argv[1:])
     except ConfigError as e:
-        logging.basicConfig(level=logging.INFO,
-                            format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s"
+        )
         log.critical("Configuration error, not starting: %s", " ".join(str(e).split()))
         sys.exit(1)
     app.start()

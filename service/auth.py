@@ -65,12 +65,16 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             return self.identity
         if self._forbidden_model is not None:
             raise web.HTTPError(
-                403, f"{self._forbidden_model.get('kind', 'user')} "
-                     f"{self._forbidden_model.get('name')} may not use the gpulab service: "
-                     f"the token lacks the scope access:services!service=gpulab")
+                403,
+                f"{self._forbidden_model.get('kind', 'user')} "
+                f"{self._forbidden_model.get('name')} may not use the gpulab service: "
+                f"the token lacks the scope access:services!service=gpulab",
+            )
         raise web.HTTPError(
-            401, "authentication required: send 'Authorization: token <JupyterHub API token>'"
-                 " (create one on the hub's token page) or log in to the hub")
+            401,
+            "authentication required: send 'Authorization: token <JupyterHub API token>'"
+            " (create one on the hub's token page) or log in to the hub",
+        )
 
 
 @web.stream_request_body

@@ -19,12 +19,18 @@ class ConfigError(Exception):
     exits 1 before anything listens, so the hub's log says what to fix."""
 
 
-JOB_BACKENDS = {"local": "gpulab.backend.local.LocalBackend",
-                "kubernetes": "gpulab.backend.kubernetes.backend.KubernetesBackend"}
-SERVING_BACKENDS = {"local": "gpulab.backend.local_serving.LocalServing",
-                    "kubernetes": "gpulab.backend.kubernetes.serving.KubernetesServing"}
-INVENTORIES = {"local": "gpulab.scheduler.inventory.LocalInventory",
-               "kubernetes": "gpulab.scheduler.inventory_kube.KubernetesInventory"}
+JOB_BACKENDS = {
+    "local": "gpulab.backend.local.LocalBackend",
+    "kubernetes": "gpulab.backend.kubernetes.backend.KubernetesBackend",
+}
+SERVING_BACKENDS = {
+    "local": "gpulab.backend.local_serving.LocalServing",
+    "kubernetes": "gpulab.backend.kubernetes.serving.KubernetesServing",
+}
+INVENTORIES = {
+    "local": "gpulab.scheduler.inventory.LocalInventory",
+    "kubernetes": "gpulab.scheduler.inventory_kube.KubernetesInventory",
+}
 
 
 class NamedType(Type):
@@ -47,9 +53,12 @@ def _name(cls: type) -> str:
 def job_backends(service, root: str) -> dict[str, Backend]:
     """The backends jobs can name (JobSpec.backend): always "local" (the default of
     every job), and the configured class under its own name when it is another."""
-    local = dict(real_gpus=any(not g.simulated for g in service.gpus),
-                 accounts=service.accounts, limits=service.account_limits,
-                 gpu_count=len(service.gpus))
+    local = dict(
+        real_gpus=any(not g.simulated for g in service.gpus),
+        accounts=service.accounts,
+        limits=service.account_limits,
+        gpu_count=len(service.gpus),
+    )
     cls = service.jobs_backend_class
     if issubclass(cls, LocalBackend):
         return {"local": cls(root, **local)}
@@ -59,12 +68,13 @@ def job_backends(service, root: str) -> dict[str, Backend]:
     if issubclass(cls, KubernetesBackend):
         from .kube_jobs import jobs_settings, kubernetes_backend
 
-        backends[cls.name] = kubernetes_backend(jobs_settings(service), root, service.gpus,
-                                                cls=cls)
+        backends[cls.name] = kubernetes_backend(jobs_settings(service), root, service.gpus, cls=cls)
     elif hasattr(cls, "from_service"):  # a site's own backend builds itself
         backends[cls.name] = cls.from_service(service, root)
     else:
-        raise ConfigError(f"c.GpuLabService.jobs_backend_class = {_name(cls)!r}: the service "
-                          f"cannot build it; give the class a classmethod "
-                          f"from_service(service, jobs_root)")
+        raise ConfigError(
+            f"c.GpuLabService.jobs_backend_class = {_name(cls)!r}: the service "
+            f"cannot build it; give the class a classmethod "
+            f"from_service(service, jobs_root)"
+        )
     return backends

@@ -18,12 +18,18 @@ def cpu_held(service, user: str) -> float:
     ranks = 0
     jobs = getattr(service, "jobs", None)
     if jobs is not None:
-        ranks += sum(j["nodes"] * j["nproc_per_node"] for j in jobs.queue.list(user=user)
-                     if not j["gpu_milli"] and j["state"] not in TERMINAL)
+        ranks += sum(
+            j["nodes"] * j["nproc_per_node"]
+            for j in jobs.queue.list(user=user)
+            if not j["gpu_milli"] and j["state"] not in TERMINAL
+        )
     deployments = getattr(service, "deployments", None)
     if deployments is not None:
-        ranks += sum(d["replicas"] for d in deployments.store.list(user=user)
-                     if not d["gpu_milli"] and d["state"] not in ("failed", "stopped"))
+        ranks += sum(
+            d["replicas"]
+            for d in deployments.store.list(user=user)
+            if not d["gpu_milli"] and d["state"] not in ("failed", "stopped")
+        )
     return ranks * per
 
 
@@ -36,6 +42,8 @@ def over_cpu_quota(service, user: str, processes: int) -> str | None:
     held = cpu_held(service, user)
     if held + asked <= quota:
         return None
-    return (f"over your CPU quota: your CPU-only jobs and endpoints hold {held:g} core(s) and "
-            f"this asks {asked:g} more; the quota is {quota:g}. Stop some first, ask for a GPU "
-            f"slice, or ask an admin to raise c.GpuLabService.user_cpu_quota")
+    return (
+        f"over your CPU quota: your CPU-only jobs and endpoints hold {held:g} core(s) and "
+        f"this asks {asked:g} more; the quota is {quota:g}. Stop some first, ask for a GPU "
+        f"slice, or ask an admin to raise c.GpuLabService.user_cpu_quota"
+    )

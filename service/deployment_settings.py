@@ -17,9 +17,17 @@ PRINCIPAL = re.compile(r"^[^/\s\x00]{1,255}$")
 DEFAULT_MAX_BATCH = 32
 
 #: What a client may set, with the defaults.
-SETTINGS = {"name": None, "replicas": 1, "gpu_milli": 0, "max_batch_size": None,
-            "max_latency_ms": 5.0, "max_queue": 256, "stop_with_server": None,
-            "share_users": [], "share_groups": []}
+SETTINGS = {
+    "name": None,
+    "replicas": 1,
+    "gpu_milli": 0,
+    "max_batch_size": None,
+    "max_latency_ms": 5.0,
+    "max_queue": 256,
+    "stop_with_server": None,
+    "share_users": [],
+    "share_groups": [],
+}
 #: What PATCH may change.
 SHARING = ("share_users", "share_groups", "stop_with_server")
 
@@ -34,10 +42,17 @@ class DeployRefused(Exception):
 
 def _number(body: dict, key: str, lo: float, hi: float, kind=int):
     v = body[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and v != int(v)) \
-            or not lo <= v <= hi:
-        raise DeployRefused(400, f"{key!r} must be {'an integer' if kind is int else 'a number'} "
-                                 f"from {lo:g} to {hi:g}, got {v!r}")
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or (kind is int and v != int(v))
+        or not lo <= v <= hi
+    ):
+        raise DeployRefused(
+            400,
+            f"{key!r} must be {'an integer' if kind is int else 'a number'} "
+            f"from {lo:g} to {hi:g}, got {v!r}",
+        )
     return kind(v)
 
 
@@ -64,8 +79,11 @@ def check_sharing(body: dict) -> dict:
 def check_patch(body: dict) -> dict:
     unknown = set(body) - set(SHARING)
     if unknown:
-        raise DeployRefused(400, f"only share_users, share_groups and stop_with_server can "
-                                 f"change; not {', '.join(sorted(unknown))}")
+        raise DeployRefused(
+            400,
+            f"only share_users, share_groups and stop_with_server can "
+            f"change; not {', '.join(sorted(unknown))}",
+        )
     return check_sharing(body)
 
 
@@ -74,27 +92,37 @@ def check_create(service, user: str, settings: dict) -> dict:
     it follows the model, see :func:`check_batch`)."""
     unknown = set(settings) - set(SETTINGS)
     if unknown:
-        raise DeployRefused(400, f"unknown field(s): {', '.join(sorted(unknown))}; "
-                                 f"known: {', '.join(SETTINGS)}")
+        raise DeployRefused(
+            400, f"unknown field(s): {', '.join(sorted(unknown))}; known: {', '.join(SETTINGS)}"
+        )
     body = {**SETTINGS, **settings}
     name = body["name"]
     if not isinstance(name, str) or not NAME.match(name):
-        raise DeployRefused(400, f"'name' must be 1-63 lower-case letters, digits, '.', '_' "
-                                 f"or '-' (starting and ending with a letter or digit), "
-                                 f"got {name!r}")
+        raise DeployRefused(
+            400,
+            f"'name' must be 1-63 lower-case letters, digits, '.', '_' "
+            f"or '-' (starting and ending with a letter or digit), "
+            f"got {name!r}",
+        )
     cap = service.max_deployment_replicas
     if isinstance(body["replicas"], int) and body["replicas"] > cap:
-        raise DeployRefused(400, f"'replicas' {body['replicas']} is more than the {cap} one "
-                                 f"deployment may have; an admin can raise "
-                                 f"c.GpuLabService.max_deployment_replicas")
-    dep = {"name": name,
-           "replicas": _number(body, "replicas", 1, cap),
-           "max_batch_size": (None if body["max_batch_size"] is None
-                              else _number(body, "max_batch_size", 1, 4096)),
-           "max_latency_ms": _number(body, "max_latency_ms", 0, 10_000, float),
-           "max_queue": _number(body, "max_queue", 1, 100_000),
-           "stop_with_server": service.deployments_stop_with_server,
-           **check_sharing({k: body[k] for k in SHARING if body[k] is not None})}
+        raise DeployRefused(
+            400,
+            f"'replicas' {body['replicas']} is more than the {cap} one "
+            f"deployment may have; an admin can raise "
+            f"c.GpuLabService.max_deployment_replicas",
+        )
+    dep = {
+        "name": name,
+        "replicas": _number(body, "replicas", 1, cap),
+        "max_batch_size": (
+            None if body["max_batch_size"] is None else _number(body, "max_batch_size", 1, 4096)
+        ),
+        "max_latency_ms": _number(body, "max_latency_ms", 0, 10_000, float),
+        "max_queue": _number(body, "max_queue", 1, 100_000),
+        "stop_with_server": service.deployments_stop_with_server,
+        **check_sharing({k: body[k] for k in SHARING if body[k] is not None}),
+    }
     try:
         dep["gpu_milli"] = parse_gpu_milli(body["gpu_milli"], tuple(service.slice_sizes))
     except SliceError as e:
@@ -111,6 +139,9 @@ def check_batch(dep: dict, card: dict) -> None:
     if dep["max_batch_size"] is None:
         dep["max_batch_size"] = min(DEFAULT_MAX_BATCH, card["max_batch_size"])
     if dep["max_batch_size"] > card["max_batch_size"]:
-        raise DeployRefused(400, f"max_batch_size {dep['max_batch_size']} is above the "
-                                 f"{card['max_batch_size']} rows the model was exported "
-                                 f"for; lower it or export again with a larger one")
+        raise DeployRefused(
+            400,
+            f"max_batch_size {dep['max_batch_size']} is above the "
+            f"{card['max_batch_size']} rows the model was exported "
+            f"for; lower it or export again with a larger one",
+        )

@@ -62,18 +62,25 @@ def serving_backend(service) -> ServingBackend:
     legacy = dict(getattr(service, "kubernetes_deployments", None) or {})
     settings = settings_from_dict(legacy, parent=service)
     cls = getattr(service, "serving_backend_class", None) or (
-        KubernetesServing if legacy else LocalServing)
+        KubernetesServing if legacy else LocalServing
+    )
     if issubclass(cls, KubernetesServing):
         return kubernetes_serving(settings, root, service.gpus, cls=cls)
     if issubclass(cls, LocalServing):
-        return cls(root, real_gpus=any(not g.simulated for g in service.gpus),
-                   accounts=service.accounts, limits=service.account_limits,
-                   gpu_count=len(service.gpus))
+        return cls(
+            root,
+            real_gpus=any(not g.simulated for g in service.gpus),
+            accounts=service.accounts,
+            limits=service.account_limits,
+            gpu_count=len(service.gpus),
+        )
     if hasattr(cls, "from_service"):  # a site's own backend builds itself
         return cls.from_service(service, root)
-    raise ValueError(f"c.GpuLabService.serving_backend_class = {cls.__module__}."
-                     f"{cls.__qualname__}: the service cannot build it; give the class a "
-                     f"classmethod from_service(service, root) returning a ServingBackend")
+    raise ValueError(
+        f"c.GpuLabService.serving_backend_class = {cls.__module__}."
+        f"{cls.__qualname__}: the service cannot build it; give the class a "
+        f"classmethod from_service(service, root) returning a ServingBackend"
+    )
 
 
 def _write_json(path: str, value) -> None:
@@ -140,13 +147,17 @@ class DeploymentManager:
         return [f"{dep['id']}/{r}" for r in range(dep["replicas"])]
 
     def _rows(self, dep: dict) -> list[dict]:
-        return [r for o in self._owners(dep)
-                for r in self.ledger.list(owner_kind="deployment", owner=o)]
+        return [
+            r for o in self._owners(dep) for r in self.ledger.list(owner_kind="deployment", owner=o)
+        ]
 
     def can_use(self, who, dep: dict) -> bool:
         """Owner, admins, and those it is shared with (by name or group)."""
-        return (who.can_act_for(dep["user"]) or who.name in dep["share_users"]
-                or bool(who.groups & set(dep["share_groups"])))
+        return (
+            who.can_act_for(dep["user"])
+            or who.name in dep["share_users"]
+            or bool(who.groups & set(dep["share_groups"]))
+        )
 
     async def logs(self, dep: dict, replica: int) -> str:
         """The end of one replica's log (its pod's, on Kubernetes)."""
@@ -160,8 +171,11 @@ class DeploymentManager:
         cap = self.service.max_user_deployments
         held = len(self.store.list(user=who.name))
         if held >= cap:
-            raise DeployRefused(403, f"you have {held} deployment(s), the most one user may "
-                                     f"have ({cap}); stop one first (%deploy --stop NAME)")
+            raise DeployRefused(
+                403,
+                f"you have {held} deployment(s), the most one user may "
+                f"have ({cap}); stop one first (%deploy --stop NAME)",
+            )
 
     async def create(self, who, settings: dict, model_tar: str) -> dict:
         """``model_tar``: the path of the uploaded archive (the caller removes it)."""
@@ -169,8 +183,11 @@ class DeploymentManager:
         dep = check_create(self.service, who.name, settings)
         name = dep["name"]
         if self.store.find(who.name, name):
-            raise DeployRefused(409, f"you already have a deployment {name!r}; stop it first "
-                                     f"(%deploy --stop {name}) or pick another name")
+            raise DeployRefused(
+                409,
+                f"you already have a deployment {name!r}; stop it first "
+                f"(%deploy --stop {name}) or pick another name",
+            )
         dep_id = uuid.uuid4().hex[:12]
         model_dir = self.serving.prepare(dep_id)
         added = False
@@ -178,8 +195,13 @@ class DeploymentManager:
             try:
                 # Decompressing can take seconds: off the event loop, so others are answered.
                 card = await asyncio.get_running_loop().run_in_executor(
-                    None, unpack_model, model_tar, model_dir,
-                    self.service.max_model_mib * 2**20, "max_model_mib")
+                    None,
+                    unpack_model,
+                    model_tar,
+                    model_dir,
+                    self.service.max_model_mib * 2**20,
+                    "max_model_mib",
+                )
             except ArchiveRefused as e:
                 raise DeployRefused(e.status, str(e)) from None
             check_batch(dep, card)
@@ -195,8 +217,14 @@ class DeploymentManager:
                 self.serving.remove(dep_id)
             raise
         rec.traffic.update(await self.serving.stats(row))
-        log.info("Deployment %s/%s (%s): %d replica(s) x %d milli-GPU", who.name, name, dep_id,
-                 dep["replicas"], dep["gpu_milli"])
+        log.info(
+            "Deployment %s/%s (%s): %d replica(s) x %d milli-GPU",
+            who.name,
+            name,
+            dep_id,
+            dep["replicas"],
+            dep["gpu_milli"],
+        )
         return self.view(self.store.get(dep_id))
 
     async def _admit(self, who, dep_id: str, dep: dict) -> tuple[dict, list[dict]]:
@@ -208,8 +236,11 @@ class DeploymentManager:
             raise DeployRefused(409, f"you already have a deployment {dep['name']!r}") from None
         try:
             rows = await self.ledger.aio.allocate_gang(
-                who.name, "deployment", [(o, dep["gpu_milli"]) for o in self._owners(row)],
-                await self.service.groups_of(who.name))
+                who.name,
+                "deployment",
+                [(o, dep["gpu_milli"]) for o in self._owners(row)],
+                await self.service.groups_of(who.name),
+            )
         except (NoCapacity, QuotaExceeded, OwnerConflict) as e:
             self.store.remove(dep_id)
             raise DeployRefused(403 if isinstance(e, QuotaExceeded) else 409, str(e)) from None
@@ -228,15 +259,26 @@ class DeploymentManager:
         """Stop every replica, release the slices, forget the deployment."""
         async with self._lock:
             await self.serving.stop(dep)
-            released = sum([len(await self.ledger.aio.release("deployment", o))
-                            for o in self._owners(dep)])
+            released = sum(
+                [len(await self.ledger.aio.release("deployment", o)) for o in self._owners(dep)]
+            )
             self.store.remove(dep["id"])
             self.serving.remove(dep["id"])
             self._drop(dep["id"])
-        log.info("Deployment %s/%s stopped (%s); released %d slice(s)", dep["user"], dep["name"],
-                 reason, released)
-        return {**dep, "state": "stopped", "message": reason, "replicas_ready": 0,
-                "path": self.path(dep)}
+        log.info(
+            "Deployment %s/%s stopped (%s); released %d slice(s)",
+            dep["user"],
+            dep["name"],
+            reason,
+            released,
+        )
+        return {
+            **dep,
+            "state": "stopped",
+            "message": reason,
+            "replicas_ready": 0,
+            "path": self.path(dep),
+        }
 
     async def server_stopped(self, owner: str) -> None:
         """The hub stopped a server: stop its user's deployments that asked to follow it."""
@@ -267,11 +309,11 @@ class DeploymentManager:
             self._record(dep)
         return dep
 
-    async def forward(self, dep: dict, method: str, path: str, headers: dict,
-                      body: bytes | None):
+    async def forward(self, dep: dict, method: str, path: str, headers: dict, body: bytes | None):
         """One call to a ready replica: ``(status, reason, headers, body)``, or None."""
-        return await self.proxy.forward(self.ready_urls(dep), self.token(dep), method, path,
-                                        headers, body)
+        return await self.proxy.forward(
+            self.ready_urls(dep), self.token(dep), method, path, headers, body
+        )
 
     # -- the loop --------------------------------------------------------------------
     async def start(self) -> None:
@@ -338,11 +380,19 @@ class DeploymentManager:
             rec.ready = 0
             for o in self._owners(dep):
                 await self.ledger.aio.release("deployment", o)
-            self.store.update(dep["id"], state="failed", message=health.message,
-                              restarts=health.restarts)
+            self.store.update(
+                dep["id"], state="failed", message=health.message, restarts=health.restarts
+            )
             return
-        changes = {k: v for k, v in (("state", health.state), ("message", health.message),
-                                     ("restarts", health.restarts)) if dep[k] != v}
+        changes = {
+            k: v
+            for k, v in (
+                ("state", health.state),
+                ("message", health.message),
+                ("restarts", health.restarts),
+            )
+            if dep[k] != v
+        }
         if changes:
             self.store.update(dep["id"], **changes)
             dep.update(changes)

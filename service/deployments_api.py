@@ -31,8 +31,12 @@ from .uploads import MultipartUpload, boundary_of
 log = logging.getLogger("gpulab.service.deployments")
 
 #: Request and response headers an OIP v2 exchange needs; nothing else crosses.
-FORWARD_REQUEST = ("Content-Type", "Content-Encoding", "Accept-Encoding",
-                   "Inference-Header-Content-Length")
+FORWARD_REQUEST = (
+    "Content-Type",
+    "Content-Encoding",
+    "Accept-Encoding",
+    "Inference-Header-Content-Length",
+)
 FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
 
 
@@ -50,8 +54,9 @@ class _DeploymentHandler(APIHandler):
         user = self.get_argument("user", None) or who.name
         dep = self.deployments.store.find(user, name)
         if dep is None or not who.can_act_for(dep["user"]):
-            raise web.HTTPError(404, f"no deployment {name!r}"
-                                     + (f" of {user}" if user != who.name else ""))
+            raise web.HTTPError(
+                404, f"no deployment {name!r}" + (f" of {user}" if user != who.name else "")
+            )
         return dep
 
 
@@ -82,8 +87,9 @@ class DeploymentsHandler(_DeploymentHandler):
         except web.HTTPError as e:
             self.refuse_after_body(e)
             return
-        self.upload = MultipartUpload(boundary, upload_spool(self.gpulab), "model",
-                                      self.body_limit(), self.body_setting)
+        self.upload = MultipartUpload(
+            boundary, upload_spool(self.gpulab), "model", self.body_limit(), self.body_setting
+        )
 
     def data_received(self, chunk: bytes) -> None:
         if self.upload is not None:
@@ -104,9 +110,12 @@ class DeploymentsHandler(_DeploymentHandler):
             self.upload.finish()
             spec = self.upload.fields.get("spec")
             if spec is None or self.upload.file_path is None:
-                raise web.HTTPError(400, "send multipart/form-data with a 'spec' field (JSON "
-                                         "settings) and a 'model' file (a tar of the exported "
-                                         "model directory); %deploy does this for you")
+                raise web.HTTPError(
+                    400,
+                    "send multipart/form-data with a 'spec' field (JSON "
+                    "settings) and a 'model' file (a tar of the exported "
+                    "model directory); %deploy does this for you",
+                )
             settings = parse_json_object(spec, "'spec'")
             try:
                 dep = await self.deployments.create(who, settings, self.upload.file_path)
@@ -171,8 +180,11 @@ class EndpointHandler(_DeploymentHandler):
         if dep is None and who.can_act_for(user):
             raise web.HTTPError(404, f"no deployment {name!r} of {user}")
         # Not telling a stranger whether it exists.
-        raise web.HTTPError(403, f"{who.kind} {who.name} may not call endpoint {user}/{name}: "
-                                 f"it does not exist or is not shared with you")
+        raise web.HTTPError(
+            403,
+            f"{who.kind} {who.name} may not call endpoint {user}/{name}: "
+            f"it does not exist or is not shared with you",
+        )
 
     async def get(self, user, name, path):
         await self._forward(user, name, path)
@@ -188,12 +200,16 @@ class EndpointHandler(_DeploymentHandler):
         query = f"?{self.request.query}" if self.request.query else ""
         headers = {h: self.request.headers[h] for h in FORWARD_REQUEST if h in self.request.headers}
         body = self.raw_body() if self.request.method == "POST" else None
-        answer = await self.deployments.forward(dep, self.request.method, path + query, headers,
-                                                body)
+        answer = await self.deployments.forward(
+            dep, self.request.method, path + query, headers, body
+        )
         if answer is None:
             self.set_header("Retry-After", "2")
-            raise web.HTTPError(503, f"no replica of {user}/{name} is ready (state: "
-                                     f"{dep['state']}: {dep['message']}); try again shortly")
+            raise web.HTTPError(
+                503,
+                f"no replica of {user}/{name} is ready (state: "
+                f"{dep['state']}: {dep['message']}); try again shortly",
+            )
         status, reason, resp_headers, resp_body = answer
         self.set_status(status, reason)
         for h in FORWARD_RESPONSE:

@@ -21,19 +21,23 @@ class EndpointProxy:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=512), auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S))
+                connector=aiohttp.TCPConnector(limit=512),
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S),
+            )
         return self._session
 
-    async def forward(self, urls: list[str], token: str, method: str, path: str,
-                      headers: dict, body: bytes | None):
+    async def forward(
+        self, urls: list[str], token: str, method: str, path: str, headers: dict, body: bytes | None
+    ):
         """Send one call to the first of ``urls`` that takes it (on a refused connection,
         the next): ``(status, reason, headers, body)``, or None when none answers."""
         headers = {**headers, "Authorization": f"Bearer {token}"}
         for base in urls:
             try:
-                async with self.session.request(method, f"{base}/{path}",
-                                                headers=headers, data=body) as resp:
+                async with self.session.request(
+                    method, f"{base}/{path}", headers=headers, data=body
+                ) as resp:
                     return resp.status, resp.reason, resp.headers, await resp.read()
             except aiohttp.ClientConnectionError:
                 continue  # that replica just went away; try the next

@@ -17,8 +17,11 @@ class HubAPI:
         self._cache: dict[str, tuple[float, object]] = {}
 
     async def _get(self, path: str):
-        req = HTTPRequest(f"{self.api_url}{path}", headers={"Authorization": f"token {self._token}"},
-                          request_timeout=30)
+        req = HTTPRequest(
+            f"{self.api_url}{path}",
+            headers={"Authorization": f"token {self._token}"},
+            request_timeout=30,
+        )
         resp = await AsyncHTTPClient().fetch(req)
         return json.loads(resp.body)
 
@@ -59,8 +62,11 @@ class HubAPI:
     async def active_server_models(self) -> dict[str, dict]:
         """``user/server`` -> the hub's server model (ready, pending, user_options)."""
         users = await self._get_all("/users?state=active")
-        return {f"{u['name']}/{name}": model or {} for u in users
-                for name, model in (u.get("servers") or {}).items()}
+        return {
+            f"{u['name']}/{name}": model or {}
+            for u in users
+            for name, model in (u.get("servers") or {}).items()
+        }
 
     async def user_servers(self, name: str) -> dict[str, dict]:
         """One user's servers now (not cached: it decides whether a slice may go)."""

@@ -11,6 +11,7 @@ torchrun is still running and learns how the others ended.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -73,7 +74,7 @@ class JobManager:
         try:
             await asyncio.wait_for(self._lock.acquire(), STOP_GRACE_S)
             held = True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             held = False  # a pass is stuck (a hung backend call): cut it short
         try:
             await self._loop.stop()
@@ -146,12 +147,18 @@ class JobManager:
             raise JobRefused(400, str(e)) from None
         self._check_limits(spec)
         if spec.priority > 0 and not who.admin:
-            raise JobRefused(403, f"priority {spec.priority}: users may lower their jobs' "
-                                  f"priority (down to -100); raising it is for admins")
+            raise JobRefused(
+                403,
+                f"priority {spec.priority}: users may lower their jobs' "
+                f"priority (down to -100); raising it is for admins",
+            )
         backend = self.backends.get(spec.backend)
         if backend is None:
-            raise JobRefused(400, f"the {spec.backend} backend is not configured on this "
-                                  f"service; use one of: {', '.join(self.backends)}")
+            raise JobRefused(
+                400,
+                f"the {spec.backend} backend is not configured on this "
+                f"service; use one of: {', '.join(self.backends)}",
+            )
         try:
             backend.check(spec)
         except SpecError as e:
@@ -171,10 +178,19 @@ class JobManager:
         os.makedirs(jd.path)
         spec.checkpoint_dir = jd.p("checkpoints")
         jd.write_inputs(spec)
-        job = self.queue.add({
-            "id": spec.id, "user": who.name, "name": spec.name, "priority": spec.priority,
-            "backend": spec.backend, "nodes": spec.nodes, "nproc_per_node": spec.nproc_per_node,
-            "gpu_milli": spec.gpu_milli, "message": "queued"})
+        job = self.queue.add(
+            {
+                "id": spec.id,
+                "user": who.name,
+                "name": spec.name,
+                "priority": spec.priority,
+                "backend": spec.backend,
+                "nodes": spec.nodes,
+                "nproc_per_node": spec.nproc_per_node,
+                "gpu_milli": spec.gpu_milli,
+                "message": "queued",
+            }
+        )
         jd.event(f"job {spec.id} queued: {spec.world_size} rank(s) x {spec.gpu_milli} milli-GPU")
         self._wake.set()
         return self.view(job)
@@ -183,17 +199,23 @@ class JobManager:
         """The site's caps: every rank is a process somewhere, GPU or not."""
         cap = self.service.max_job_ranks
         if spec.world_size > cap:
-            raise JobRefused(400, f"the job asks for {spec.world_size} ranks ({spec.nodes} "
-                                  f"node(s) x {spec.nproc_per_node}); at most {cap} per job "
-                                  f"here: use fewer --nodes or --nproc-per-node (an admin can "
-                                  f"raise c.GpuLabService.max_job_ranks)")
+            raise JobRefused(
+                400,
+                f"the job asks for {spec.world_size} ranks ({spec.nodes} "
+                f"node(s) x {spec.nproc_per_node}); at most {cap} per job "
+                f"here: use fewer --nodes or --nproc-per-node (an admin can "
+                f"raise c.GpuLabService.max_job_ranks)",
+            )
         limit = self.service.max_job_vars_mib * 2**20
         if spec.vars_size > limit:
-            raise JobRefused(413, f"the job's variables are {spec.vars_size / 2**20:.1f} MiB "
-                                  f"(pickled), over the {self.service.max_job_vars_mib} MiB a "
-                                  f"job may carry; save large data to a file or dataset the "
-                                  f"ranks read (an admin can raise "
-                                  f"c.GpuLabService.max_job_vars_mib)")
+            raise JobRefused(
+                413,
+                f"the job's variables are {spec.vars_size / 2**20:.1f} MiB "
+                f"(pickled), over the {self.service.max_job_vars_mib} MiB a "
+                f"job may carry; save large data to a file or dataset the "
+                f"ranks read (an admin can raise "
+                f"c.GpuLabService.max_job_vars_mib)",
+            )
 
     def _check_capacity(self, spec: JobSpec) -> None:
         """Refuse what this cluster could never place, rather than queue it forever."""
@@ -209,9 +231,12 @@ class JobManager:
         if per_rank > max(per_node.values()):
             raise JobRefused(409, f"a rank asks for {per_rank} GPUs but no node has that many")
         if spec.gpu_milli * spec.world_size > MILLI_PER_GPU * len(gpus):
-            raise JobRefused(409, f"the job needs {spec.gpu_milli * spec.world_size} milli-GPU "
-                                  f"in all but the cluster has {len(gpus)} GPU(s); use fewer "
-                                  f"ranks or a smaller --gpu")
+            raise JobRefused(
+                409,
+                f"the job needs {spec.gpu_milli * spec.world_size} milli-GPU "
+                f"in all but the cluster has {len(gpus)} GPU(s); use fewer "
+                f"ranks or a smaller --gpu",
+            )
 
     # -- the loop ----------------------------------------------------------------------
     async def loop(self) -> None:
@@ -223,10 +248,8 @@ class JobManager:
             except Exception:  # the loop must outlive one bad job or a hub hiccup
                 log.exception("job loop")
             self._wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), TICK_S)
-            except asyncio.TimeoutError:
-                pass
 
     async def _poll_running(self) -> None:
         for job in self.queue.list(states=("running",)):
@@ -235,10 +258,14 @@ class JobManager:
             except Exception as e:  # one broken job must not stop the others
                 log.exception("Polling job %s", job["id"])
                 if job["backend"] not in self.backends or not os.path.exists(
-                        self.backends[job["backend"]].jobdir(job["id"]).p("spec.json")):
-                    owners = [f"{job['id']}/{r}" for r in range(job["nodes"] * job["nproc_per_node"])]
-                    await self.ledger.aio.run(self._finish, job, owners, "failed",
-                                              f"lost its job directory: {e}", {})
+                    self.backends[job["backend"]].jobdir(job["id"]).p("spec.json")
+                ):
+                    owners = [
+                        f"{job['id']}/{r}" for r in range(job["nodes"] * job["nproc_per_node"])
+                    ]
+                    await self.ledger.aio.run(
+                        self._finish, job, owners, "failed", f"lost its job directory: {e}", {}
+                    )
 
     async def _poll_one(self, job: dict) -> None:
         spec = self.spec(job)
@@ -251,19 +278,31 @@ class JobManager:
                 self.queue.update(job["id"], message="running")
             if spec.timeout and job["started"] and self._age(job) > spec.timeout:
                 await backend.cancel(spec)
-                await self._end(job, spec, "failed", f"timed out after {spec.timeout:g} s "
-                                                     f"(--timeout)", restarts=status.restarts)
+                await self._end(
+                    job,
+                    spec,
+                    "failed",
+                    f"timed out after {spec.timeout:g} s (--timeout)",
+                    restarts=status.restarts,
+                )
             return
-        await self._end(job, spec, status.state, status.message or status.state,
-                        error=status.error, restarts=status.restarts)
+        await self._end(
+            job,
+            spec,
+            status.state,
+            status.message or status.state,
+            error=status.error,
+            restarts=status.restarts,
+        )
 
     @staticmethod
     def _age(job: dict) -> float:
         started = dt.datetime.fromisoformat(job["started"])
-        return (dt.datetime.now(dt.timezone.utc) - started).total_seconds()
+        return (dt.datetime.now(dt.UTC) - started).total_seconds()
 
-    def _finish(self, job: dict, owners: list[str], state: str, message: str,
-                values: dict) -> int | None:
+    def _finish(
+        self, job: dict, owners: list[str], state: str, message: str, values: dict
+    ) -> int | None:
         """The job's row ends and its slices go back (in the ledger's threads: SQLite
         may wait for another writer). None if the job had already ended."""
         if not self.queue.finish(job["id"], state, message, **values):
@@ -272,14 +311,21 @@ class JobManager:
 
     async def _end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
         self._tails.pop(job["id"], None)
-        released = await self.ledger.aio.run(self._finish, job, spec.rank_owners(), state,
-                                             message, values)
+        released = await self.ledger.aio.run(
+            self._finish, job, spec.rank_owners(), state, message, values
+        )
         if released is not None:
             self.jobdir(job).event(f"job {state}: {message}")
             if state == "succeeded":  # a nettest probe's result, read from the job itself
                 record_from_job(self.service, job, self.jobdir(job))
-            log.info("Job %s of %s %s (%s); released %d slice(s)", job["id"], job["user"],
-                     state, message, released)
+            log.info(
+                "Job %s of %s %s (%s); released %d slice(s)",
+                job["id"],
+                job["user"],
+                state,
+                message,
+                released,
+            )
             self._wake.set()
 
     def _members(self, job: dict) -> list[tuple[str, int]]:
@@ -298,8 +344,10 @@ class JobManager:
     async def _start(self, job: dict, rows: list[dict]) -> None:
         spec = self.spec(job)
         where = sorted({f"{r['node']}:{r['gpu_index']}" for r in rows})
-        self.jobdir(job).event(f"job started: {spec.world_size} rank(s)"
-                               + (f" on GPU(s) {', '.join(where)}" if where else " on CPU"))
+        self.jobdir(job).event(
+            f"job started: {spec.world_size} rank(s)"
+            + (f" on GPU(s) {', '.join(where)}" if where else " on CPU")
+        )
         try:
             await self.backends[job["backend"]].start(spec, rows)
         except Exception as e:
@@ -327,8 +375,11 @@ class JobManager:
                 continue
             spec = self.spec(job)
             if not os.path.exists(backend.jobdir(job["id"]).p("launch.json")):
-                rows = [r for o in spec.rank_owners() for r in self.ledger.list(owner_kind="job",
-                                                                                owner=o)]
+                rows = [
+                    r
+                    for o in spec.rank_owners()
+                    for r in self.ledger.list(owner_kind="job", owner=o)
+                ]
                 await self._start(job, rows)
                 continue
             alive = await backend.reattach(spec)

@@ -133,13 +133,16 @@ class JobOutHandler(_JobHandler):
         job = self.find(job_id)
         path = self.jobs.jobdir(job).out_path()
         if path is None:
-            raise web.HTTPError(404, f"job {job_id} has no --out value"
-                                     + ("" if job["state"] in TERMINAL else " yet"))
+            raise web.HTTPError(
+                404,
+                f"job {job_id} has no --out value" + ("" if job["state"] in TERMINAL else " yet"),
+            )
         try:
             data = self.jobs.jobdir(job).read_user("out/value.pkl")
         except OSError:
-            raise web.HTTPError(404, f"job {job_id}'s --out value is not a plain file of "
-                                     f"the job's own") from None
+            raise web.HTTPError(
+                404, f"job {job_id}'s --out value is not a plain file of the job's own"
+            ) from None
         self.set_header("Content-Type", "application/octet-stream")
         self.finish(data)
 
@@ -151,4 +154,3 @@ routes = [
     (r"api/v1/jobs/([^/]+)/metrics", JobMetricsHandler),
     (r"api/v1/jobs/([^/]+)/out", JobOutHandler),
 ]
-

@@ -30,8 +30,18 @@ from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.enforcement.kube import GpuSlice, apply_to_pod, check_backend, pod_slice_patch
 from gpulab.enforcement.kube.kueue import queue_patch
 
-KEYS = {"namespace", "jobs_pvc", "enforcement", "enforcement_options", "queue", "priority",
-        "priority_class", "use_jobset", "kubeconfig", "rdzv_port"}
+KEYS = {
+    "namespace",
+    "jobs_pvc",
+    "enforcement",
+    "enforcement_options",
+    "queue",
+    "priority",
+    "priority_class",
+    "use_jobset",
+    "kubeconfig",
+    "rdzv_port",
+}
 
 
 class KubernetesJobsSettings(Configurable):
@@ -134,8 +144,9 @@ def jobs_settings(service) -> dict:
     return settings
 
 
-def slice_pod_patch(enforcement: str, options: dict, milli: int, allocations: list[dict],
-                    by_uuid: dict):
+def slice_pod_patch(
+    enforcement: str, options: dict, milli: int, allocations: list[dict], by_uuid: dict
+):
     """A function putting a slice of ``milli`` (on the card the ledger chose) into a pod
     template through the enforcement backend; None for no GPU."""
     if not milli:
@@ -146,14 +157,17 @@ def slice_pod_patch(enforcement: str, options: dict, milli: int, allocations: li
     return lambda template: apply_to_pod(template, patch)
 
 
-def check_settings(what: str, settings: dict, known: set[str],
-                   required: tuple[str, ...]) -> tuple[str, dict]:
+def check_settings(
+    what: str, settings: dict, known: set[str], required: tuple[str, ...]
+) -> tuple[str, dict]:
     """Refuse unknown or missing keys of ``c.GpuLabService.<what>``; return the
     enforcement backend's name and its checked options."""
     unknown = set(settings) - known
     if unknown:
-        raise SpecError(f"{what}: unknown key(s) {', '.join(sorted(unknown))}; "
-                        f"known: {', '.join(sorted(known))}")
+        raise SpecError(
+            f"{what}: unknown key(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(known))}"
+        )
     for key in required:
         if not settings.get(key):
             raise SpecError(f"{what} needs {key!r}")
@@ -161,23 +175,38 @@ def check_settings(what: str, settings: dict, known: set[str],
     return enforcement, check_backend(enforcement, settings.get("enforcement_options"))
 
 
-def kubernetes_backend(settings: dict, jobs_root: str, gpus,
-                       cls: type[KubernetesBackend] = KubernetesBackend) -> KubernetesBackend:
+def kubernetes_backend(
+    settings: dict, jobs_root: str, gpus, cls: type[KubernetesBackend] = KubernetesBackend
+) -> KubernetesBackend:
     """The backend for ``settings`` (:func:`jobs_settings`); clear errors."""
-    enforcement, enforcement_options = check_settings("c.KubernetesJobsSettings", settings, KEYS,
-                                                      ("namespace", "jobs_pvc"))
+    enforcement, enforcement_options = check_settings(
+        "c.KubernetesJobsSettings", settings, KEYS, ("namespace", "jobs_pvc")
+    )
     by_uuid = {g.uuid: g for g in gpus}
 
     def pod_patch_for(spec: JobSpec, allocations: list[dict]):
         # A node's pod holds its ranks' slices; on Kubernetes they are one request.
-        return slice_pod_patch(enforcement, enforcement_options,
-                               spec.gpu_milli * spec.nproc_per_node, allocations, by_uuid)
+        return slice_pod_patch(
+            enforcement,
+            enforcement_options,
+            spec.gpu_milli * spec.nproc_per_node,
+            allocations,
+            by_uuid,
+        )
 
     labels = queue_patch("job", settings.get("queue"), settings.get("priority"))["labels"]
-    options = JobOptions(jobs_root=jobs_root, jobs_pvc=settings["jobs_pvc"], labels=labels,
-                         priority_class=settings.get("priority_class", ""),
-                         rdzv_port=int(settings.get("rdzv_port", 29400)))
-    return cls(jobs_root, namespace=settings["namespace"], options=options,
-                             kubeconfig=settings.get("kubeconfig") or None,
-                             use_jobset=settings.get("use_jobset", "auto"),
-                             pod_patch_for=pod_patch_for)
+    options = JobOptions(
+        jobs_root=jobs_root,
+        jobs_pvc=settings["jobs_pvc"],
+        labels=labels,
+        priority_class=settings.get("priority_class", ""),
+        rdzv_port=int(settings.get("rdzv_port", 29400)),
+    )
+    return cls(
+        jobs_root,
+        namespace=settings["namespace"],
+        options=options,
+        kubeconfig=settings.get("kubeconfig") or None,
+        use_jobset=settings.get("use_jobset", "auto"),
+        pod_patch_for=pod_patch_for,
+    )

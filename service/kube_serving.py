@@ -38,52 +38,81 @@ class KubernetesServingSettings(Configurable):
     """Where and how model endpoints run on Kubernetes (with
     c.GpuLabService.serving_backend_class = "kubernetes")."""
 
-    namespace = Unicode("", help="""The namespace the endpoints' objects go in (required).
+    namespace = Unicode(
+        "",
+        help="""The namespace the endpoints' objects go in (required).
 
         c.KubernetesServingSettings.namespace = "gpulab"
-        """).tag(config=True)
-    models_pvc = Unicode("", help="""A ReadWriteMany claim holding <data-dir>/deployments,
+        """,
+    ).tag(config=True)
+    models_pvc = Unicode(
+        "",
+        help="""A ReadWriteMany claim holding <data-dir>/deployments,
         mounted there in the service's pod and read-only in each replica (required).
 
         c.KubernetesServingSettings.models_pvc = "gpulab-models"
-        """).tag(config=True)
-    image = Unicode("", help="""The replicas' container image: gpulab and torch inside
+        """,
+    ).tag(config=True)
+    image = Unicode(
+        "",
+        help="""The replicas' container image: gpulab and torch inside
         (required).
 
         c.KubernetesServingSettings.image = "quay.io/example/gpulab-singleuser:1"
-        """).tag(config=True)
-    enforcement = Unicode("hami", help="""How a replica's pod holds its slice: one of
+        """,
+    ).tag(config=True)
+    enforcement = Unicode(
+        "hami",
+        help="""How a replica's pod holds its slice: one of
         gpulab.enforcement.kube's backends (hami, mig, mps, kai...).
 
         c.KubernetesServingSettings.enforcement = "mig"
-        """).tag(config=True)
-    enforcement_options = Dict(help="""Options of the enforcement backend.
+        """,
+    ).tag(config=True)
+    enforcement_options = Dict(
+        help="""Options of the enforcement backend.
 
         c.KubernetesServingSettings.enforcement_options = {"resource_prefix": "nvidia.com"}
-        """).tag(config=True)
-    queue = Unicode("", help="""A Kueue LocalQueue the replicas are admitted through; empty
+        """
+    ).tag(config=True)
+    queue = Unicode(
+        "",
+        help="""A Kueue LocalQueue the replicas are admitted through; empty
         for none.
 
         c.KubernetesServingSettings.queue = "gpulab-serving"
-        """).tag(config=True)
-    priority = Unicode("", help="""A Kueue WorkloadPriorityClass for the replicas; empty for
+        """,
+    ).tag(config=True)
+    priority = Unicode(
+        "",
+        help="""A Kueue WorkloadPriorityClass for the replicas; empty for
         the queue's default.
 
         c.KubernetesServingSettings.priority = "serving"
-        """).tag(config=True)
-    priority_class = Unicode("", help="""The pods' PriorityClass; empty for the cluster's
+        """,
+    ).tag(config=True)
+    priority_class = Unicode(
+        "",
+        help="""The pods' PriorityClass; empty for the cluster's
         default.
 
         c.KubernetesServingSettings.priority_class = "gpulab-serving"
-        """).tag(config=True)
-    kubeconfig = Unicode("", help="""A kubeconfig file; empty: the pod's in-cluster account.
+        """,
+    ).tag(config=True)
+    kubeconfig = Unicode(
+        "",
+        help="""A kubeconfig file; empty: the pod's in-cluster account.
 
         c.KubernetesServingSettings.kubeconfig = "/etc/gpulab/kubeconfig"
-        """).tag(config=True)
-    port = Integer(8080, help="""The port the model server listens on in each pod.
+        """,
+    ).tag(config=True)
+    port = Integer(
+        8080,
+        help="""The port the model server listens on in each pod.
 
         c.KubernetesServingSettings.port = 8080
-        """).tag(config=True)
+        """,
+    ).tag(config=True)
 
 
 #: The keys c.GpuLabService.kubernetes_deployments may hold.
@@ -97,28 +126,37 @@ def settings_from_dict(values: dict, parent=None) -> KubernetesServingSettings:
     unknown key or a value of the wrong type, naming it."""
     unknown = set(values or {}) - set(KEYS)
     if unknown:
-        raise ValueError(f"c.GpuLabService.kubernetes_deployments: unknown key(s) "
-                         f"{', '.join(sorted(map(str, unknown)))}; known: {', '.join(KEYS)}")
+        raise ValueError(
+            f"c.GpuLabService.kubernetes_deployments: unknown key(s) "
+            f"{', '.join(sorted(map(str, unknown)))}; known: {', '.join(KEYS)}"
+        )
     settings = KubernetesServingSettings(parent=parent)
     for key, value in (values or {}).items():
         if key == "port" and isinstance(value, str) and value.isdigit():
             value = int(value)
         try:
-            setattr(settings, key, value if value is not None else
-                    settings.traits()[key].default_value)
+            setattr(
+                settings, key, value if value is not None else settings.traits()[key].default_value
+            )
         except TraitError as e:
             raise ValueError(f"c.GpuLabService.kubernetes_deployments[{key!r}]: {e}") from None
     return settings
 
 
-def kubernetes_serving(settings: KubernetesServingSettings, root: str, gpus,
-                       cls: type[KubernetesServing] = KubernetesServing) -> KubernetesServing:
+def kubernetes_serving(
+    settings: KubernetesServingSettings,
+    root: str,
+    gpus,
+    cls: type[KubernetesServing] = KubernetesServing,
+) -> KubernetesServing:
     """The serving backend for ``settings``; ValueError naming what is missing or wrong."""
     for key in REQUIRED:
         if not getattr(settings, key):
-            raise ValueError(f"Kubernetes serving needs {key!r}: set "
-                             f"c.KubernetesServingSettings.{key} (or that key of "
-                             f"c.GpuLabService.kubernetes_deployments)")
+            raise ValueError(
+                f"Kubernetes serving needs {key!r}: set "
+                f"c.KubernetesServingSettings.{key} (or that key of "
+                f"c.GpuLabService.kubernetes_deployments)"
+            )
     enforcement = settings.enforcement or "hami"
     options = check_backend(enforcement, settings.enforcement_options or None)
     by_uuid = {g.uuid: g for g in gpus}
@@ -126,9 +164,15 @@ def kubernetes_serving(settings: KubernetesServingSettings, root: str, gpus,
     def pod_patch_for(dep: dict, rows: list[dict]):
         return slice_pod_patch(enforcement, options, dep["gpu_milli"], rows, by_uuid)
 
-    labels = queue_patch("deployment", settings.queue or None,
-                         settings.priority or None)["labels"]
-    return cls(root, namespace=settings.namespace, models_pvc=settings.models_pvc,
-               image=settings.image, kubeconfig=settings.kubeconfig or None,
-               pod_patch_for=pod_patch_for, labels=labels,
-               priority_class=settings.priority_class, port=settings.port)
+    labels = queue_patch("deployment", settings.queue or None, settings.priority or None)["labels"]
+    return cls(
+        root,
+        namespace=settings.namespace,
+        models_pvc=settings.models_pvc,
+        image=settings.image,
+        kubeconfig=settings.kubeconfig or None,
+        pod_patch_for=pod_patch_for,
+        labels=labels,
+        priority_class=settings.priority_class,
+        port=settings.port,
+    )

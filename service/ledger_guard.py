@@ -56,14 +56,18 @@ async def _live(service, owner_kind: str, owner: str) -> str | None:
     if owner_kind == "job":
         job = service.jobs.queue.get(head) if service.jobs is not None else None
         if job and job["state"] in ("queued", "running"):
-            return (f"job {head} is {job['state']}: cancel the job "
-                    f"(DELETE /api/v1/jobs/{head}) to release its slices")
+            return (
+                f"job {head} is {job['state']}: cancel the job "
+                f"(DELETE /api/v1/jobs/{head}) to release its slices"
+            )
         return None
     deployments = service.deployments
     dep = deployments.store.get(head) if deployments is not None else None
     if dep and dep["state"] != "failed":
-        return (f"deployment {dep['name']!r} is {dep['state']}: stop it "
-                f"(DELETE /api/v1/deployments/{dep['name']}) to release its slices")
+        return (
+            f"deployment {dep['name']!r} is {dep['state']}: stop it "
+            f"(DELETE /api/v1/deployments/{dep['name']}) to release its slices"
+        )
     return None
 
 
@@ -72,7 +76,7 @@ def _server_milli(model: dict) -> int:
     value = options.get("gpu_milli")
     profile = options.get("profile")
     if value is None and isinstance(profile, str) and profile.startswith(_PROFILE_PREFIX):
-        value = profile[len(_PROFILE_PREFIX):]
+        value = profile[len(_PROFILE_PREFIX) :]
     try:
         return parse_gpu_milli(value if value is not None else 0)
     except SliceError:
@@ -97,47 +101,73 @@ class LostSlices:
         found = {}
         for owner, model in servers.items():
             milli = _server_milli(model)
-            if milli and model.get("ready") and not model.get("pending") \
-                    and ("server", owner) not in held:
+            if (
+                milli
+                and model.get("ready")
+                and not model.get("pending")
+                and ("server", owner) not in held
+            ):
                 found[("server", owner)] = {
-                    "owner_kind": "server", "owner": owner, "user": owner.split("/")[0],
-                    "milli": milli, "message": f"server {owner} is running with {milli} "
-                                               f"milli-GPU but holds no slice"}
+                    "owner_kind": "server",
+                    "owner": owner,
+                    "user": owner.split("/")[0],
+                    "milli": milli,
+                    "message": f"server {owner} is running with {milli} "
+                    f"milli-GPU but holds no slice",
+                }
         for job in svc.jobs.queue.list(states=("running",)) if svc.jobs is not None else []:
-            missing = [r for r in range(job["nodes"] * job["nproc_per_node"])
-                       if job["gpu_milli"] and ("job", f"{job['id']}/{r}") not in held]
+            missing = [
+                r
+                for r in range(job["nodes"] * job["nproc_per_node"])
+                if job["gpu_milli"] and ("job", f"{job['id']}/{r}") not in held
+            ]
             if missing:
                 found[("job", job["id"])] = {
-                    "owner_kind": "job", "owner": job["id"], "user": job["user"],
+                    "owner_kind": "job",
+                    "owner": job["id"],
+                    "user": job["user"],
                     "milli": job["gpu_milli"] * len(missing),
                     "message": f"job {job['id']} is running but rank(s) "
-                               f"{', '.join(map(str, missing))} hold no slice"}
+                    f"{', '.join(map(str, missing))} hold no slice",
+                }
         deployments = svc.deployments
         for dep in deployments.store.list() if deployments is not None else []:
-            missing = [r for r in range(dep["replicas"])
-                       if dep["gpu_milli"] and dep["state"] != "failed"
-                       and ("deployment", f"{dep['id']}/{r}") not in held]
+            missing = [
+                r
+                for r in range(dep["replicas"])
+                if dep["gpu_milli"]
+                and dep["state"] != "failed"
+                and ("deployment", f"{dep['id']}/{r}") not in held
+            ]
             if missing:
                 found[("deployment", dep["id"])] = {
-                    "owner_kind": "deployment", "owner": dep["id"], "user": dep["user"],
+                    "owner_kind": "deployment",
+                    "owner": dep["id"],
+                    "user": dep["user"],
                     "milli": dep["gpu_milli"] * len(missing),
                     "message": f"deployment {dep['user']}/{dep['name']} is {dep['state']} but "
-                               f"replica(s) {', '.join(map(str, missing))} hold no slice"}
+                    f"replica(s) {', '.join(map(str, missing))} hold no slice",
+                }
         confirmed = [v for k, v in found.items() if k in self._suspects]
         known = {(x["owner_kind"], x["owner"]) for x in self.lost}
         for item in confirmed:
             if (item["owner_kind"], item["owner"]) not in known:
-                log.warning("Ledger: %s; its GPU may be given to someone else. Stop and "
-                            "start it again to place it anew.", item["message"])
+                log.warning(
+                    "Ledger: %s; its GPU may be given to someone else. Stop and "
+                    "start it again to place it anew.",
+                    item["message"],
+                )
         self._suspects = found
         self.lost = confirmed
-        self.checked = dt.datetime.now(dt.timezone.utc).isoformat()
+        self.checked = dt.datetime.now(dt.UTC).isoformat()
         return confirmed
 
     def collect(self):
-        gauge = GaugeMetricFamily("gpulab_ledger_lost_owners",
-                                  "Live servers, jobs and deployments that hold no slice.",
-                                  labels=["owner_kind"])
+        gauge = GaugeMetricFamily(
+            "gpulab_ledger_lost_owners",
+            "Live servers, jobs and deployments that hold no slice.",
+            labels=["owner_kind"],
+        )
         for kind in OWNER_KINDS:
             gauge.add_metric([kind], sum(x["owner_kind"] == kind for x in self.lost))
         yield gauge
@@ -147,9 +177,12 @@ class LedgerHandler(APIHandler):
     def get(self):
         user = self.listed_user("ledger findings")
         check: LostSlices = self.gpulab.lost_slices
-        self.write_json({"checked": check.checked,
-                         "lost": [x for x in check.lost if user is None or x["user"] == user]})
+        self.write_json(
+            {
+                "checked": check.checked,
+                "lost": [x for x in check.lost if user is None or x["user"] == user],
+            }
+        )
 
 
 routes = [(r"api/v1/ledger", LedgerHandler)]
-

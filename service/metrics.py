@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from prometheus_client import CollectorRegistry, Counter as PromCounter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily
 
 
@@ -21,14 +22,19 @@ class _LedgerCollector:
     def collect(self):
         held = self.service.ledger.allocated_by_gpu()
         ratio = GaugeMetricFamily(
-            "gpulab_gpu_allocated_ratio", "Share of the GPU held by allocations (0-1).",
-            labels=["hostname", "gpu", "UUID", "modelName", "simulated"])
+            "gpulab_gpu_allocated_ratio",
+            "Share of the GPU held by allocations (0-1).",
+            labels=["hostname", "gpu", "UUID", "modelName", "simulated"],
+        )
         for g in self.service.gpus:
-            ratio.add_metric([g.node, str(g.index), g.uuid, g.model, str(g.simulated).lower()],
-                             held.get(g.uuid, 0) / 1000)
+            ratio.add_metric(
+                [g.node, str(g.index), g.uuid, g.model, str(g.simulated).lower()],
+                held.get(g.uuid, 0) / 1000,
+            )
         yield ratio
-        count = GaugeMetricFamily("gpulab_allocations", "Allocation rows held, by owner kind.",
-                                  labels=["owner_kind"])
+        count = GaugeMetricFamily(
+            "gpulab_allocations", "Allocation rows held, by owner kind.", labels=["owner_kind"]
+        )
         by_kind = Counter(a["owner_kind"] for a in self.service.ledger.list())
         for kind in ("server", "job", "deployment"):
             count.add_metric([kind], by_kind.get(kind, 0))
@@ -40,12 +46,17 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.registry.register(_LedgerCollector(service))
         self.placements = PromCounter(
-            "gpulab_placement_requests", "Placement requests by result.", ["result"],
-            registry=self.registry)
-        self.placement_seconds = Histogram(
-            "gpulab_placement_duration_seconds", "Time to place and record one request.",
+            "gpulab_placement_requests",
+            "Placement requests by result.",
+            ["result"],
             registry=self.registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+        )
+        self.placement_seconds = Histogram(
+            "gpulab_placement_duration_seconds",
+            "Time to place and record one request.",
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )
 
     def observe_placement(self, result: str, seconds: float) -> None:
         self.placements.labels(result).inc()

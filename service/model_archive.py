@@ -42,17 +42,28 @@ def _wanted(member: tarfile.TarInfo) -> str | None:
     name = member.name
     norm = posixpath.normpath(name)
     if name.startswith("/") or norm == ".." or norm.startswith("../"):
-        raise ArchiveRefused(400, f"archive member {name!r} points outside the archive; "
-                                  f"pack the model directory with relative names "
-                                  f"(%deploy does this for you)")
+        raise ArchiveRefused(
+            400,
+            f"archive member {name!r} points outside the archive; "
+            f"pack the model directory with relative names "
+            f"(%deploy does this for you)",
+        )
     base = posixpath.basename(norm)
     if base not in MODEL_FILES:
         return None
     if not member.isfile():
-        kind = ("a symbolic link" if member.issym() else "a hard link" if member.islnk()
-                else "a directory" if member.isdir() else "not a regular file")
-        raise ArchiveRefused(400, f"archive member {name!r} is {kind}; {base} must be a "
-                                  f"regular file")
+        kind = (
+            "a symbolic link"
+            if member.issym()
+            else "a hard link"
+            if member.islnk()
+            else "a directory"
+            if member.isdir()
+            else "not a regular file"
+        )
+        raise ArchiveRefused(
+            400, f"archive member {name!r} is {kind}; {base} must be a regular file"
+        )
     return base
 
 
@@ -65,15 +76,19 @@ def unpack_model(tar_path: str, dest: str, max_bytes: int, setting: str = "") ->
         with tarfile.open(tar_path, mode="r:*") as tar:
             for count, member in enumerate(tar, start=1):
                 if count > MAX_MEMBERS:
-                    raise ArchiveRefused(400, f"the archive has more than {MAX_MEMBERS} "
-                                              f"members; upload only model.pt2 and model.json")
+                    raise ArchiveRefused(
+                        400,
+                        f"the archive has more than {MAX_MEMBERS} "
+                        f"members; upload only model.pt2 and model.json",
+                    )
                 declared += max(0, member.size)
                 if declared > max_bytes:
                     raise ArchiveRefused(
-                        413, f"the model archive expands to more than {max_bytes / 2**20:g} "
-                             f"MiB; export a smaller model or quantize it (%quantize)"
-                             + (f"; an admin can raise c.GpuLabService.{setting}"
-                                if setting else ""))
+                        413,
+                        f"the model archive expands to more than {max_bytes / 2**20:g} "
+                        f"MiB; export a smaller model or quantize it (%quantize)"
+                        + (f"; an admin can raise c.GpuLabService.{setting}" if setting else ""),
+                    )
                 base = _wanted(member)
                 if base is None:
                     continue  # the next header read skips its data
@@ -85,12 +100,14 @@ def unpack_model(tar_path: str, dest: str, max_bytes: int, setting: str = "") ->
         raise
     except (tarfile.TarError, EOFError, OSError, ValueError) as e:
         # ValueError/EOFError/OSError: truncated or corrupt compressed data.
-        raise ArchiveRefused(400, f"the model upload is not a readable tar archive: "
-                                  f"{e}") from None
+        raise ArchiveRefused(400, f"the model upload is not a readable tar archive: {e}") from None
     missing = [f for f in MODEL_FILES if f not in found]
     if missing:
-        raise ArchiveRefused(400, f"the model archive lacks {', '.join(missing)}; upload "
-                                  f"a directory written by gpulab.serving.export_model")
+        raise ArchiveRefused(
+            400,
+            f"the model archive lacks {', '.join(missing)}; upload "
+            f"a directory written by gpulab.serving.export_model",
+        )
     return _read_card(os.path.join(dest, "model.json"))
 
 
@@ -111,9 +128,13 @@ def _read_card(path: str) -> dict:
             raise ValueError(f"it is over {MAX_CARD_BYTES >> 10} KiB")
         with open(path, encoding="utf-8") as f:
             card = json.load(f)
-        if not isinstance(card, dict) or not isinstance(card.get("inputs"), list) \
-                or not isinstance(card.get("max_batch_size"), int) \
-                or isinstance(card.get("max_batch_size"), bool) or card["max_batch_size"] < 1:
+        if (
+            not isinstance(card, dict)
+            or not isinstance(card.get("inputs"), list)
+            or not isinstance(card.get("max_batch_size"), int)
+            or isinstance(card.get("max_batch_size"), bool)
+            or card["max_batch_size"] < 1
+        ):
             raise ValueError("it needs 'inputs' (a list) and 'max_batch_size' (an integer >= 1)")
     except (ValueError, OSError, RecursionError) as e:
         raise ArchiveRefused(400, f"model.json is not a gpulab model card: {e}") from None

@@ -36,13 +36,16 @@ class Reconciler:
         alive = await svc.hub.active_servers()
         # Only allocations made before we asked: a spawn that allocated after
         # the hub answered is alive even though the answer does not list it.
-        stale = [a for a in await svc.ledger.aio.list(owner_kind="server")
-                 if a["owner"] not in alive
-                 and dt.datetime.fromisoformat(a["created"]) < started]
+        stale = [
+            a
+            for a in await svc.ledger.aio.list(owner_kind="server")
+            if a["owner"] not in alive and dt.datetime.fromisoformat(a["created"]) < started
+        ]
         for owner in sorted({a["owner"] for a in stale}):
             released = await svc.ledger.aio.release("server", owner)
-            log.warning("Released %d allocation(s) of server %s: it is not running",
-                        len(released), owner)
+            log.warning(
+                "Released %d allocation(s) of server %s: it is not running", len(released), owner
+            )
             await svc.server_stopped(owner)
 
     async def loop(self) -> None:

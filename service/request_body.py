@@ -29,8 +29,9 @@ def mib(n: int) -> str:
 def too_large(what: str, size: int | None, limit: int, setting: str = "") -> web.HTTPError:
     sent = f" ({mib(size)})" if size is not None else ""
     fix = f"; an admin can raise c.GpuLabService.{setting}" if setting else ""
-    return web.HTTPError(413, f"{what}{sent} is larger than the {mib(limit)} this route "
-                              f"takes: send less{fix}")
+    return web.HTTPError(
+        413, f"{what}{sent} is larger than the {mib(limit)} this route takes: send less{fix}"
+    )
 
 
 def _refuse_constant(name: str):
@@ -50,11 +51,11 @@ def parse_json_object(raw: bytes | str, what: str = "request body") -> dict:
         try:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise web.HTTPError(400, f"{what} is not UTF-8 text (byte {e.start}); "
-                                     f"send JSON encoded as UTF-8") from None
+            raise web.HTTPError(
+                400, f"{what} is not UTF-8 text (byte {e.start}); send JSON encoded as UTF-8"
+            ) from None
     try:
-        body = json.loads(raw or "{}", parse_constant=_refuse_constant,
-                          parse_float=_finite_float)
+        body = json.loads(raw or "{}", parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as e:
         raise web.HTTPError(400, f"{what} is not valid JSON: {e}") from None
     except ValueError as e:  # NaN/Infinity, 1e400, an integer of thousands of digits
@@ -62,8 +63,9 @@ def parse_json_object(raw: bytes | str, what: str = "request body") -> dict:
     except RecursionError:
         raise web.HTTPError(400, f"{what} is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
-        raise web.HTTPError(400, f"{what} must be a JSON object ({{...}}), "
-                                 f"not {type(body).__name__}")
+        raise web.HTTPError(
+            400, f"{what} must be a JSON object ({{...}}), not {type(body).__name__}"
+        )
     return body
 
 

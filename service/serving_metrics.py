@@ -81,13 +81,16 @@ class RequestStats:
         shown = {"requests_total": int(totals.count)}
         if self._last is not None and now > self._at:
             shown["requests_per_second"] = max(0.0, totals.count - self._last.count) / (
-                now - self._at)
+                now - self._at
+            )
             shown["p99_latency_ms"] = quantile_ms(totals.since(self._last), 0.99)
         self._at, self._last, self.shown = now, totals, shown
         return shown
 
     def view(self) -> dict:
         """The three fields of a deployment's listing."""
-        return {"requests_total": self.shown.get("requests_total", 0),
-                "requests_per_second": self.shown.get("requests_per_second", 0.0),
-                "p99_latency_ms": self.shown.get("p99_latency_ms")}
+        return {
+            "requests_total": self.shown.get("requests_total", 0),
+            "requests_per_second": self.shown.get("requests_per_second", 0.0),
+            "p99_latency_ms": self.shown.get("p99_latency_ms"),
+        }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 
 class KeptTask:

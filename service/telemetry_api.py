@@ -43,8 +43,15 @@ def _visible_sample(sample: dict, who: Identity) -> dict:
     for gpu in out.get("gpus") or []:
         for proc in gpu.get("processes") or []:
             if proc.get("user") != who.name:
-                proc.update({"user": None, "unix_user": None, "pid": None,
-                             "cmdline": None, "other_user": True})
+                proc.update(
+                    {
+                        "user": None,
+                        "unix_user": None,
+                        "pid": None,
+                        "cmdline": None,
+                        "other_user": True,
+                    }
+                )
     return out
 
 
@@ -61,33 +68,60 @@ class TelemetryHandler(APIHandler):
             if since is not None and not math.isfinite(since):
                 raise ValueError
         except ValueError:
-            raise web.HTTPError(400, "'since' must be unix seconds, e.g. since=1764400000.5")
+            raise web.HTTPError(
+                400, "'since' must be unix seconds, e.g. since=1764400000.5"
+            ) from None
         svc = self.gpulab
         store: TelemetryStore = svc.telemetry
         mine = None if (who.admin or who.internal) else who.name
         nodes = {}
         for node, samples in store.since(since).items():
-            nodes[node] = {"samples": [_visible_sample(s, who) for s in samples],
-                           "missing": (samples[-1] if samples else
-                                       (store.latest_for(node) or {})).get("missing", {})}
-        slices = [{k: a[k] for k in ("user", "owner_kind", "owner", "node", "gpu_uuid",
-                                     "gpu_index", "milli", "memory_mib")}
-                  for a in svc.ledger.list(user=mine)]
+            nodes[node] = {
+                "samples": [_visible_sample(s, who) for s in samples],
+                "missing": (samples[-1] if samples else (store.latest_for(node) or {})).get(
+                    "missing", {}
+                ),
+            }
+        slices = [
+            {
+                k: a[k]
+                for k in (
+                    "user",
+                    "owner_kind",
+                    "owner",
+                    "node",
+                    "gpu_uuid",
+                    "gpu_index",
+                    "milli",
+                    "memory_mib",
+                )
+            }
+            for a in svc.ledger.list(user=mine)
+        ]
         free = svc.ledger.free_sizes(svc.slice_sizes)
         allreduce = [r for r in store.allreduce() if mine is None or r.get("user") in (None, mine)]
         jobs = svc.jobs.summaries(mine) if svc.jobs is not None else []
-        self.write_json({
-            "now": time.time(), "interval_s": svc.sample_interval, "nodes": nodes,
-            "you": {"name": who.name, "admin": who.admin},
-            "inventory": svc.inventory(), "slices": slices, "free_sizes": free,
-            "jobs": jobs, "allreduce": allreduce,
-        })
+        self.write_json(
+            {
+                "now": time.time(),
+                "interval_s": svc.sample_interval,
+                "nodes": nodes,
+                "you": {"name": who.name, "admin": who.admin},
+                "inventory": svc.inventory(),
+                "slices": slices,
+                "free_sizes": free,
+                "jobs": jobs,
+                "allreduce": allreduce,
+            }
+        )
 
     def post(self):
         """An agent's sample. Only gpulab itself, the agent service and admins may push."""
         who = self.require_identity()
         if not (who.internal or who.admin or (who.kind == "service" and who.name == AGENT_SERVICE)):
-            raise web.HTTPError(403, f"only the {AGENT_SERVICE} service or an admin may push samples")
+            raise web.HTTPError(
+                403, f"only the {AGENT_SERVICE} service or an admin may push samples"
+            )
         sample = self.json_body()
         problems = validate_sample(sample)
         if problems:
@@ -108,18 +142,24 @@ class AllreduceHandler(APIHandler):
         who = self.require_identity()
         if not (who.internal or who.admin):
             raise web.HTTPError(
-                403, "all-reduce results are recorded from nettest jobs, not posted: run "
-                     "%gpulab nettest --nodes 1 (or more) and the service records the job's "
-                     "result when it succeeds")
+                403,
+                "all-reduce results are recorded from nettest jobs, not posted: run "
+                "%gpulab nettest --nodes 1 (or more) and the service records the job's "
+                "result when it succeeds",
+            )
         body = self.json_body()
         try:
             result = validate_allreduce({k: v for k, v in body.items() if k != "job_id"})
         except BadResult as e:
             raise web.HTTPError(400, f"bad all-reduce result: {e}") from None
         job_id = body.get("job_id")
-        record = {"ts": time.time(), "user": who.name, **result,
-                  "node": (result["nodes"] or [self.gpulab.node_name])[0],
-                  "job_id": job_id[:64] if isinstance(job_id, str) and job_id else None}
+        record = {
+            "ts": time.time(),
+            "user": who.name,
+            **result,
+            "node": (result["nodes"] or [self.gpulab.node_name])[0],
+            "job_id": job_id[:64] if isinstance(job_id, str) and job_id else None,
+        }
         self.gpulab.telemetry.add_allreduce(record)
         self.write_json(record, status=201)
 
@@ -130,15 +170,15 @@ routes = [
 ]
 
 
-
 class LocalSampler:
     """Samples this node every ``sample_interval`` seconds, off the event loop
     (c.GpuLabService.local_sampler; off where `gpulab agent` runs on every node)."""
 
     def __init__(self, service):
         self.service = service
-        self.sampler = NodeSampler(node=service.node_name,
-                                   cache_dir=os.environ.get("GPULAB_CACHE_DIR") or None)
+        self.sampler = NodeSampler(
+            node=service.node_name, cache_dir=os.environ.get("GPULAB_CACHE_DIR") or None
+        )
         self._loop = KeptTask("gpulab-local-sampler", self.loop)
 
     async def start(self) -> None:

@@ -12,8 +12,7 @@ from collections import deque
 
 
 class TelemetryStore:
-    def __init__(self, max_age_s: float = 900.0, max_samples: int = 1200,
-                 max_allreduce: int = 50):
+    def __init__(self, max_age_s: float = 900.0, max_samples: int = 1200, max_allreduce: int = 50):
         self.max_age_s = max_age_s
         self._samples: dict[str, deque] = {}
         self._max_samples = max_samples
@@ -55,8 +54,11 @@ class TelemetryStore:
         """Latest sample per node, carrying that node's latest all-reduce result."""
         with self._lock:
             runs = {r["node"]: r for r in self._allreduce}
-            return [{**q[-1], "allreduce": [runs[n]] if n in runs else []}
-                    for n, q in self._samples.items() if q]
+            return [
+                {**q[-1], "allreduce": [runs[n]] if n in runs else []}
+                for n, q in self._samples.items()
+                if q
+            ]
 
     def add_allreduce(self, result: dict) -> None:
         with self._lock:

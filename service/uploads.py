@@ -13,6 +13,7 @@ body is complete, by :meth:`MultipartUpload.finish`.
 
 from __future__ import annotations
 
+import contextlib
 import email.message
 import os
 import tempfile
@@ -29,9 +30,12 @@ def boundary_of(content_type: str) -> bytes:
     msg = email.message.Message()
     msg["content-type"] = content_type
     if msg.get_content_type() != "multipart/form-data":
-        raise web.HTTPError(400, "send multipart/form-data with a 'spec' field (JSON settings) "
-                                 "and a 'model' file (a tar of the exported model directory); "
-                                 "%deploy does this for you")
+        raise web.HTTPError(
+            400,
+            "send multipart/form-data with a 'spec' field (JSON settings) "
+            "and a 'model' file (a tar of the exported model directory); "
+            "%deploy does this for you",
+        )
     boundary = msg.get_param("boundary")
     if not isinstance(boundary, str) or not 0 < len(boundary) <= 200:
         raise web.HTTPError(400, "the multipart/form-data Content-Type has no usable boundary")
@@ -47,15 +51,23 @@ def _disposition(header_block: bytes) -> tuple[str | None, str | None]:
             msg[key.strip()] = value.strip()
     name = msg.get_param("name", header="content-disposition")
     filename = msg.get_param("filename", header="content-disposition")
-    return (name if isinstance(name, str) else None,
-            filename if isinstance(filename, str) else None)
+    return (
+        name if isinstance(name, str) else None,
+        filename if isinstance(filename, str) else None,
+    )
 
 
 class MultipartUpload:
     """Parses a multipart/form-data body fed in chunks; ``file_field`` goes to ``spool_dir``."""
 
-    def __init__(self, boundary: bytes, spool_dir: str, file_field: str, max_file_bytes: int,
-                 file_setting: str = ""):
+    def __init__(
+        self,
+        boundary: bytes,
+        spool_dir: str,
+        file_field: str,
+        max_file_bytes: int,
+        file_setting: str = "",
+    ):
         self._delimiter = b"\r\n--" + boundary
         # The body starts with the delimiter less its CRLF; pretend it had one.
         self._buf = bytearray(b"\r\n")
@@ -99,7 +111,7 @@ class MultipartUpload:
                     return
                 self._emit(bytes(self._buf[:at]))
                 self._end_part()
-                del self._buf[:at + len(d)]
+                del self._buf[: at + len(d)]
                 self._state = "after_delimiter"
             if self._state == "after_delimiter":
                 if len(self._buf) < 2:
@@ -119,7 +131,7 @@ class MultipartUpload:
                         raise web.HTTPError(400, "a multipart part's headers are too long")
                     return
                 self._start_part(bytes(self._buf[:end]))
-                del self._buf[:end + 4]
+                del self._buf[: end + 4]
                 self._state = "body"
 
     def _start_part(self, headers: bytes) -> None:
@@ -148,9 +160,12 @@ class MultipartUpload:
         else:
             value = self.fields[self._part] + data
             if len(value) > MAX_FIELD_BYTES:
-                raise web.HTTPError(413, f"the form field {self._part!r} is over "
-                                         f"{MAX_FIELD_BYTES >> 10} KiB; the settings are small "
-                                         f"JSON")
+                raise web.HTTPError(
+                    413,
+                    f"the form field {self._part!r} is over "
+                    f"{MAX_FIELD_BYTES >> 10} KiB; the settings are small "
+                    f"JSON",
+                )
             self.fields[self._part] = value
 
     def _end_part(self) -> None:
@@ -166,8 +181,9 @@ class MultipartUpload:
             raise self.error
         if self._state != "done":
             self.cleanup()
-            raise web.HTTPError(400, "the multipart/form-data body ended before its closing "
-                                     "boundary; send it again")
+            raise web.HTTPError(
+                400, "the multipart/form-data body ended before its closing boundary; send it again"
+            )
 
     def _close_file(self) -> None:
         if self._file is not None:
@@ -176,10 +192,8 @@ class MultipartUpload:
 
     def _remove_file(self) -> None:
         if self.file_path is not None:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.file_path)
-            except FileNotFoundError:
-                pass
 
     def cleanup(self) -> None:
         """Remove the spool file (always: after unpacking, on refusal, on a lost client)."""
@@ -188,6 +202,9 @@ class MultipartUpload:
 
 
 def too_large_upload(size: int, limit: int, setting: str) -> web.HTTPError:
-    return web.HTTPError(413, f"the model upload is over {limit / 2**20:g} MiB (compressed); "
-                              f"export a smaller model or quantize it (%quantize); an admin "
-                              f"can raise c.GpuLabService.{setting}")
+    return web.HTTPError(
+        413,
+        f"the model upload is over {limit / 2**20:g} MiB (compressed); "
+        f"export a smaller model or quantize it (%quantize); an admin "
+        f"can raise c.GpuLabService.{setting}",
+    )

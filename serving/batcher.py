@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -44,12 +45,17 @@ class _Pending:
 
 
 class DynamicBatcher:
-    def __init__(self, run_batch: RunBatch, *, max_batch_size: int = 32,
-                 max_queue_delay_ms: float = 5.0, max_queue: int = 256,
-                 on_batch: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        *,
+        max_batch_size: int = 32,
+        max_queue_delay_ms: float = 5.0,
+        max_queue: int = 256,
+        on_batch: Callable[[int], None] | None = None,
+    ):
         if max_batch_size < 1 or max_queue < 1 or max_queue_delay_ms < 0:
-            raise ValueError("max_batch_size and max_queue must be >= 1, "
-                             "max_queue_delay_ms >= 0")
+            raise ValueError("max_batch_size and max_queue must be >= 1, max_queue_delay_ms >= 0")
         self.run_batch = run_batch
         self.max_batch_size = max_batch_size
         self.max_queue_delay = max_queue_delay_ms / 1000
@@ -77,16 +83,12 @@ class DynamicBatcher:
         """Refuse new requests, answer the queued ones (up to the timeout), then stop."""
         self._closing = True
         if self._worker is not None and not self._drained.is_set():
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
-            except asyncio.TimeoutError:
-                pass
         if self._worker is not None:
             self._worker.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
-            except asyncio.CancelledError:
-                pass
             self._worker = None
         for p in self._queue:
             if not p.future.done():
@@ -98,8 +100,9 @@ class DynamicBatcher:
         """Queue one request (its arrays share dim 0, the rows); return its outputs."""
         rows = int(inputs[0].shape[0])
         if rows > self.max_batch_size:
-            raise ValueError(f"a request of {rows} rows exceeds max batch size "
-                             f"{self.max_batch_size}; split it")
+            raise ValueError(
+                f"a request of {rows} rows exceeds max batch size {self.max_batch_size}; split it"
+            )
         if self._closing:
             raise Closed("the server is shutting down")
         if len(self._queue) >= self.max_queue:
@@ -125,15 +128,14 @@ class DynamicBatcher:
                 batch.append(p)
                 rows += p.rows
             full = rows >= self.max_batch_size or (
-                self._queue and rows + self._queue[0].rows > self.max_batch_size)
+                self._queue and rows + self._queue[0].rows > self.max_batch_size
+            )
             remaining = deadline - time.monotonic()
             if full or remaining <= 0:
                 return batch
             self._wakeup.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -144,8 +146,12 @@ class DynamicBatcher:
             if not batch:
                 continue
             n_inputs = len(batch[0].inputs)
-            joined = [np.concatenate([p.inputs[i] for p in batch]) if len(batch) > 1
-                      else batch[0].inputs[i] for i in range(n_inputs)]
+            joined = [
+                np.concatenate([p.inputs[i] for p in batch])
+                if len(batch) > 1
+                else batch[0].inputs[i]
+                for i in range(n_inputs)
+            ]
             rows = sum(p.rows for p in batch)
             if self.on_batch is not None:
                 self.on_batch(rows)
@@ -159,5 +165,5 @@ class DynamicBatcher:
             start = 0
             for p in batch:
                 if not p.future.done():
-                    p.future.set_result([o[start:start + p.rows] for o in outputs])
+                    p.future.set_result([o[start : start + p.rows] for o in outputs])
                 start += p.rows

@@ -64,7 +64,7 @@ class ModelCard:
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "ModelCard":
+    def from_json(cls, text: str) -> ModelCard:
         raw = json.loads(text)
         raw["inputs"] = [TensorSpec(**t) for t in raw["inputs"]]
         raw["outputs"] = [TensorSpec(**t) for t in raw["outputs"]]
@@ -74,11 +74,15 @@ class ModelCard:
 def _as_tuple(example) -> tuple[torch.Tensor, ...]:
     example = tuple(example) if isinstance(example, (tuple, list)) else (example,)
     if not example or not all(isinstance(t, torch.Tensor) for t in example):
-        raise ExportError("example must be a tensor or a tuple of tensors "
-                          "(one per positional argument of forward)")
+        raise ExportError(
+            "example must be a tensor or a tuple of tensors "
+            "(one per positional argument of forward)"
+        )
     if any(t.dim() == 0 for t in example):
-        raise ExportError("every example input needs a batch dimension first "
-                          "(shape [batch, ...]); got a 0-d tensor")
+        raise ExportError(
+            "every example input needs a batch dimension first "
+            "(shape [batch, ...]); got a 0-d tensor"
+        )
     batch = {t.shape[0] for t in example}
     if len(batch) != 1:
         raise ExportError(f"example inputs disagree on the batch size (dim 0): {sorted(batch)}")
@@ -89,8 +93,10 @@ def _datatype(t: torch.Tensor, what: str) -> str:
     try:
         return TORCH_TO_OIP[t.dtype]
     except KeyError:
-        raise ExportError(f"{what} has dtype {t.dtype}, which the server cannot carry; "
-                          f"use one of {sorted(str(d) for d in TORCH_TO_OIP)}") from None
+        raise ExportError(
+            f"{what} has dtype {t.dtype}, which the server cannot carry; "
+            f"use one of {sorted(str(d) for d in TORCH_TO_OIP)}"
+        ) from None
 
 
 def _flatten_outputs(out, output_names):
@@ -103,8 +109,10 @@ def _flatten_outputs(out, output_names):
     elif isinstance(out, dict) and all(isinstance(t, torch.Tensor) for t in out.values()):
         names, tensors, structure = [str(k) for k in out], list(out.values()), "dict"
     else:
-        raise ExportError("forward must return a tensor, a tuple of tensors or a dict of "
-                          f"tensors to be served; it returned {type(out).__name__}")
+        raise ExportError(
+            "forward must return a tensor, a tuple of tensors or a dict of "
+            f"tensors to be served; it returned {type(out).__name__}"
+        )
     if output_names is not None:
         if structure == "dict":
             raise ExportError("output_names cannot rename a dict's keys; rename them in forward")
@@ -122,16 +130,26 @@ def _input_names(model, n: int, input_names) -> list[str]:
     import inspect
 
     try:
-        params = [p.name for p in inspect.signature(model.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [
+            p.name
+            for p in inspect.signature(model.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         params = []
     return params[:n] if len(params) >= n else [f"input_{i}" for i in range(n)]
 
 
-def export_model(model: torch.nn.Module, example, model_dir: str, *, name: str | None = None,
-                 input_names: list[str] | None = None, output_names: list[str] | None = None,
-                 max_batch_size: int = 4096) -> ModelCard:
+def export_model(
+    model: torch.nn.Module,
+    example,
+    model_dir: str,
+    *,
+    name: str | None = None,
+    input_names: list[str] | None = None,
+    output_names: list[str] | None = None,
+    max_batch_size: int = 4096,
+) -> ModelCard:
     """Export ``model`` traced on ``example`` into ``model_dir``; return its card.
 
     ``example`` is a tensor or a tuple of tensors whose first dimension is the
@@ -148,30 +166,41 @@ def export_model(model: torch.nn.Module, example, model_dir: str, *, name: str |
     dim = torch.export.Dim("batch", min=1, max=max_batch_size)
     try:
         with torch.no_grad():
-            program = torch.export.export(model, example,
-                                          dynamic_shapes=tuple({0: dim} for _ in example))
+            program = torch.export.export(
+                model, example, dynamic_shapes=tuple({0: dim} for _ in example)
+            )
     except Exception as exc:
         hint = ""
         if "LinearPackedParams" in str(exc) or "__obj_flatten__" in str(exc):
-            hint = (" — models quantized with engine 'torch-ao' (quantize_dynamic) cannot be "
-                    "exported; quantize with engine 'torchao' to serve the model")
-        raise ExportError(f"torch.export failed: {type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''}{hint}") from exc
+            hint = (
+                " — models quantized with engine 'torch-ao' (quantize_dynamic) cannot be "
+                "exported; quantize with engine 'torchao' to serve the model"
+            )
+        raise ExportError(
+            f"torch.export failed: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}{hint}"
+        ) from exc
 
     with torch.no_grad():
         out = program.module()(*example)
     names_out, tensors_out, structure = _flatten_outputs(out, output_names)
-    for n, t in zip(names_out, tensors_out):
+    for n, t in zip(names_out, tensors_out, strict=False):
         if t.dim() == 0 or t.shape[0] != batch:
-            raise ExportError(f"output {n!r} has shape {list(t.shape)}; every output must carry "
-                              f"the batch dimension first (expected {batch} rows)")
+            raise ExportError(
+                f"output {n!r} has shape {list(t.shape)}; every output must carry "
+                f"the batch dimension first (expected {batch} rows)"
+            )
 
     card = ModelCard(
         name=name or getattr(model, "name", None) or type(model).__name__.lower(),
-        inputs=[TensorSpec(n, _datatype(t, f"input {n!r}"), [-1, *t.shape[1:]])
-                for n, t in zip(names_in, example)],
-        outputs=[TensorSpec(n, _datatype(t, f"output {n!r}"), [-1, *t.shape[1:]])
-                 for n, t in zip(names_out, tensors_out)],
+        inputs=[
+            TensorSpec(n, _datatype(t, f"input {n!r}"), [-1, *t.shape[1:]])
+            for n, t in zip(names_in, example, strict=False)
+        ],
+        outputs=[
+            TensorSpec(n, _datatype(t, f"output {n!r}"), [-1, *t.shape[1:]])
+            for n, t in zip(names_out, tensors_out, strict=False)
+        ],
         max_batch_size=max_batch_size,
         output_structure=structure,
         requires=["torchao"] if _uses_torchao(model) else [],
@@ -184,8 +213,9 @@ def export_model(model: torch.nn.Module, example, model_dir: str, *, name: str |
 
 
 def _uses_torchao(model: torch.nn.Module) -> bool:
-    return any(type(t).__module__.startswith("torchao")
-               for t in model.state_dict(keep_vars=True).values())
+    return any(
+        type(t).__module__.startswith("torchao") for t in model.state_dict(keep_vars=True).values()
+    )
 
 
 class ServedModel:
@@ -211,8 +241,10 @@ def load_model(model_dir: str) -> ServedModel:
     program_path = os.path.join(model_dir, PROGRAM_FILE)
     for path in (card_path, program_path):
         if not os.path.exists(path):
-            raise FileNotFoundError(f"{path} is missing; create the model directory with "
-                                    "gpulab.serving.export.export_model(model, example, dir)")
+            raise FileNotFoundError(
+                f"{path} is missing; create the model directory with "
+                "gpulab.serving.export.export_model(model, example, dir)"
+            )
     with open(card_path) as f:
         card = ModelCard.from_json(f.read())
     if "torchao" in card.requires:
@@ -221,6 +253,8 @@ def load_model(model_dir: str) -> ServedModel:
         try:
             import torchao  # noqa: F401
         except ImportError:
-            raise ImportError(f"{model_dir} was quantized with torchao; install it to serve "
-                              "it: pip install --no-deps torchao==0.18.0") from None
+            raise ImportError(
+                f"{model_dir} was quantized with torchao; install it to serve "
+                "it: pip install --no-deps torchao==0.18.0"
+            ) from None
     return ServedModel(card, torch.export.load(program_path))

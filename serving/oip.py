@@ -66,42 +66,49 @@ def _json_header(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"malformed JSON in the request: {exc}") from None
     if not isinstance(doc, dict):
-        raise BadRequest("the request must be a JSON object with an \"inputs\" list")
+        raise BadRequest('the request must be a JSON object with an "inputs" list')
     return doc, rest
 
 
 def _expect_shape(spec_shape: list[int], shape: list[int], name: str) -> None:
     if len(shape) != len(spec_shape) or any(
-            want != -1 and want != got for want, got in zip(spec_shape, shape)):
-        raise BadRequest(f"input {name!r} has shape {shape}; the model expects {spec_shape} "
-                         "(-1 is the batch dimension)")
+        want != -1 and want != got for want, got in zip(spec_shape, shape, strict=False)
+    ):
+        raise BadRequest(
+            f"input {name!r} has shape {shape}; the model expects {spec_shape} "
+            "(-1 is the batch dimension)"
+        )
 
 
 def decode_request(body: bytes, header_length: str | None, card: ModelCard) -> InferRequest:
     doc, binary = _json_header(body, header_length)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise BadRequest("the request needs an \"inputs\" list with one entry per model input")
+        raise BadRequest('the request needs an "inputs" list with one entry per model input')
     by_name: dict[str, np.ndarray] = {}
     offset = 0
     specs = {s.name: s for s in card.inputs}
     for raw in raw_inputs:
         if not isinstance(raw, dict):
-            raise BadRequest("each entry of \"inputs\" must be an object")
+            raise BadRequest('each entry of "inputs" must be an object')
         name, datatype, shape = raw.get("name"), raw.get("datatype"), raw.get("shape")
         if not isinstance(name, str):
-            raise BadRequest("each input needs a \"name\"")
+            raise BadRequest('each input needs a "name"')
         if name not in specs:
             raise BadRequest(f"unknown input {name!r}; the model's inputs are {sorted(specs)}")
         if name in by_name:
             raise BadRequest(f"input {name!r} is given twice")
         spec = specs[name]
         if datatype != spec.datatype:
-            raise BadRequest(f"input {name!r} has datatype {datatype!r}; the model expects "
-                             f"{spec.datatype!r}")
-        if (not isinstance(shape, list) or not shape
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise BadRequest(f"input {name!r} needs a \"shape\": a list of non-negative integers")
+            raise BadRequest(
+                f"input {name!r} has datatype {datatype!r}; the model expects {spec.datatype!r}"
+            )
+        if (
+            not isinstance(shape, list)
+            or not shape
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise BadRequest(f'input {name!r} needs a "shape": a list of non-negative integers')
         _expect_shape(spec.shape, shape, name)
         if shape[0] < 1:
             raise BadRequest(f"input {name!r} has an empty batch (shape {shape})")
@@ -109,60 +116,66 @@ def decode_request(body: bytes, header_length: str | None, card: ModelCard) -> I
         count = int(np.prod(shape))
         params = raw.get("parameters") or {}
         if not isinstance(params, dict):
-            raise BadRequest(f"input {name!r}: \"parameters\" must be an object")
+            raise BadRequest(f'input {name!r}: "parameters" must be an object')
         size = params.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size != count * dtype.itemsize:
-                raise BadRequest(f"input {name!r}: binary_data_size is {size!r}, but shape {shape} "
-                                 f"of {datatype} needs {count * dtype.itemsize} bytes")
+                raise BadRequest(
+                    f"input {name!r}: binary_data_size is {size!r}, but shape {shape} "
+                    f"of {datatype} needs {count * dtype.itemsize} bytes"
+                )
             if offset + size > len(binary):
                 raise BadRequest(f"input {name!r}: the body ends before its {size} binary bytes")
             array = np.frombuffer(binary, dtype=dtype, count=count, offset=offset).reshape(shape)
             offset += size
         else:
             if "data" not in raw:
-                raise BadRequest(f"input {name!r} has neither \"data\" nor binary_data_size")
+                raise BadRequest(f'input {name!r} has neither "data" nor binary_data_size')
             try:
                 array = np.asarray(raw["data"], dtype=dtype)
             except (TypeError, ValueError, OverflowError) as exc:
                 raise BadRequest(f"input {name!r}: data is not {datatype}: {exc}") from None
             if array.size != count:
-                raise BadRequest(f"input {name!r}: {array.size} values for shape {shape} "
-                                 f"(needs {count})")
+                raise BadRequest(
+                    f"input {name!r}: {array.size} values for shape {shape} (needs {count})"
+                )
             array = array.reshape(shape)
         by_name[name] = array
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} bytes of binary data no input claims")
     missing = [s.name for s in card.inputs if s.name not in by_name]
     if missing:
-        raise BadRequest(f"missing input(s) {missing}; the model needs {[s.name for s in card.inputs]}")
+        raise BadRequest(
+            f"missing input(s) {missing}; the model needs {[s.name for s in card.inputs]}"
+        )
     inputs = [by_name[s.name] for s in card.inputs]
     rows = {a.shape[0] for a in inputs}
     if len(rows) != 1:
         raise BadRequest(f"inputs disagree on the batch size (dim 0): {sorted(rows)}")
 
-    return InferRequest(id=_request_id(doc), inputs=inputs,
-                        outputs=_requested_outputs(doc, card), rows=rows.pop())
+    return InferRequest(
+        id=_request_id(doc), inputs=inputs, outputs=_requested_outputs(doc, card), rows=rows.pop()
+    )
 
 
 def _request_id(doc: dict) -> str | None:
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
-        raise BadRequest("\"id\" must be a string")
+        raise BadRequest('"id" must be a string')
     return rid
 
 
 def _requested_outputs(doc: dict, card: ModelCard) -> list[tuple[str, bool]]:
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
-        raise BadRequest("\"parameters\" must be an object")
+        raise BadRequest('"parameters" must be an object')
     default_binary = bool(params.get("binary_data_output", False))
     raw_outputs = doc.get("outputs")
     known = [s.name for s in card.outputs]
     if raw_outputs is None:
         return [(n, default_binary) for n in known]
     if not isinstance(raw_outputs, list):
-        raise BadRequest("\"outputs\" must be a list")
+        raise BadRequest('"outputs" must be a list')
     chosen = []
     for raw in raw_outputs:
         name = raw.get("name") if isinstance(raw, dict) else None
@@ -170,15 +183,16 @@ def _requested_outputs(doc: dict, card: ModelCard) -> list[tuple[str, bool]]:
             raise BadRequest(f"unknown output {name!r}; the model's outputs are {known}")
         oparams = raw.get("parameters") or {}
         if not isinstance(oparams, dict):
-            raise BadRequest(f"output {name!r}: \"parameters\" must be an object")
+            raise BadRequest(f'output {name!r}: "parameters" must be an object')
         chosen.append((name, bool(oparams.get("binary_data", default_binary))))
     return chosen
 
 
-def encode_response(card: ModelCard, request: InferRequest,
-                    outputs: list[np.ndarray]) -> tuple[bytes, dict[str, str]]:
+def encode_response(
+    card: ModelCard, request: InferRequest, outputs: list[np.ndarray]
+) -> tuple[bytes, dict[str, str]]:
     """The response body and headers; binary outputs follow the JSON header."""
-    by_name = {s.name: (s, a) for s, a in zip(card.outputs, outputs)}
+    by_name = {s.name: (s, a) for s, a in zip(card.outputs, outputs, strict=False)}
     tensors, blobs = [], []
     for name, binary in request.outputs:
         spec, array = by_name[name]
@@ -197,8 +211,10 @@ def encode_response(card: ModelCard, request: InferRequest,
     head = json.dumps(doc, separators=(",", ":")).encode()
     if not blobs:
         return head, {"Content-Type": "application/json"}
-    return b"".join([head, *blobs]), {"Content-Type": "application/octet-stream",
-                                      HEADER_LENGTH: str(len(head))}
+    return b"".join([head, *blobs]), {
+        "Content-Type": "application/octet-stream",
+        HEADER_LENGTH: str(len(head)),
+    }
 
 
 def model_metadata(card: ModelCard) -> dict:
@@ -207,5 +223,7 @@ def model_metadata(card: ModelCard) -> dict:
         "versions": [card.version],
         "platform": card.platform,
         "inputs": [{"name": s.name, "datatype": s.datatype, "shape": s.shape} for s in card.inputs],
-        "outputs": [{"name": s.name, "datatype": s.datatype, "shape": s.shape} for s in card.outputs],
+        "outputs": [
+            {"name": s.name, "datatype": s.datatype, "shape": s.shape} for s in card.outputs
+        ],
     }

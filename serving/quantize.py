@@ -68,20 +68,34 @@ class QuantizeReport:
     @property
     def speedup(self) -> float:
         """How many times faster the quantized model is (before / after)."""
-        return self.latency_before_s / self.latency_after_s if self.latency_after_s else float("nan")
+        return (
+            self.latency_before_s / self.latency_after_s if self.latency_after_s else float("nan")
+        )
 
     def table(self) -> str:
         rows = [
             ("", "before", "after", "ratio"),
-            ("size", _mib(self.size_before), _mib(self.size_after),
-             _ratio(self.size_ratio, "smaller", "larger")),
-            (f"latency (median of {self.runs})", _ms(self.latency_before_s),
-             _ms(self.latency_after_s), _ratio(self.speedup, "faster", "slower")),
+            (
+                "size",
+                _mib(self.size_before),
+                _mib(self.size_after),
+                _ratio(self.size_ratio, "smaller", "larger"),
+            ),
+            (
+                f"latency (median of {self.runs})",
+                _ms(self.latency_before_s),
+                _ms(self.latency_after_s),
+                _ratio(self.speedup, "faster", "slower"),
+            ),
         ]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [f"{self.scheme} with engine {self.engine} on {self.device}"]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-        lines.append(f"output error: max-abs {self.max_abs_error:.3g}, relative {self.relative_error:.3g}")
+        lines += [
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows
+        ]
+        lines.append(
+            f"output error: max-abs {self.max_abs_error:.3g}, relative {self.relative_error:.3g}"
+        )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -117,12 +131,15 @@ def _check_hardware(scheme: str, device: torch.device) -> None:
         raise QuantizeError(
             f"fp8-dynamic needs an NVIDIA GPU with compute capability >= 8.9 (Ada, Hopper or "
             f"newer) and the model on it; this model is on {device.type}. On CPU use "
-            f"int8-dynamic (fastest) or fp8-weight (smaller)")
+            f"int8-dynamic (fastest) or fp8-weight (smaller)"
+        )
     cap = torch.cuda.get_device_capability(device)
     if cap < (8, 9):
-        raise QuantizeError(f"fp8-dynamic needs compute capability >= 8.9; "
-                            f"{torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}. "
-                            f"Use int8-dynamic or int8-weight on this GPU")
+        raise QuantizeError(
+            f"fp8-dynamic needs compute capability >= 8.9; "
+            f"{torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}. "
+            f"Use int8-dynamic or int8-weight on this GPU"
+        )
 
 
 def resolve_engine(scheme: str, engine: str, device: torch.device) -> str:
@@ -134,11 +151,15 @@ def resolve_engine(scheme: str, engine: str, device: torch.device) -> str:
         # quantize_dynamic is the fastest int8-dynamic path on CPU; torchao everywhere else.
         engine = "torch-ao" if scheme == "int8-dynamic" and device.type == "cpu" else "torchao"
     if engine == "torch-ao" and scheme != "int8-dynamic":
-        raise QuantizeError(f"engine torch-ao (torch.ao quantize_dynamic) only does int8-dynamic; "
-                            f"use engine torchao (or auto) for {scheme}")
+        raise QuantizeError(
+            f"engine torch-ao (torch.ao quantize_dynamic) only does int8-dynamic; "
+            f"use engine torchao (or auto) for {scheme}"
+        )
     if engine == "torch-ao" and device.type != "cpu":
-        raise QuantizeError(f"engine torch-ao (quantize_dynamic) runs on CPU only; the model is "
-                            f"on {device.type}: use engine torchao, or model.cpu()")
+        raise QuantizeError(
+            f"engine torch-ao (quantize_dynamic) runs on CPU only; the model is "
+            f"on {device.type}: use engine torchao, or model.cpu()"
+        )
     return engine
 
 
@@ -154,10 +175,14 @@ def _import_torchao():
             warnings.simplefilter("ignore")
             import torchao.quantization as tq
     except ImportError:
-        raise QuantizeError(f"engine torchao is not installed; pip install --no-deps "
-                            f"{TORCHAO_PIN}, or use --engine torch-ao for int8-dynamic") from None
+        raise QuantizeError(
+            f"engine torchao is not installed; pip install --no-deps "
+            f"{TORCHAO_PIN}, or use --engine torch-ao for int8-dynamic"
+        ) from None
     finally:
-        for log, level in zip(noisy[1:], levels[1:]):  # torchao's own logger stays quiet
+        for log, level in zip(
+            noisy[1:], levels[1:], strict=False
+        ):  # torchao's own logger stays quiet
             log.setLevel(level)
     return tq
 
@@ -173,31 +198,39 @@ def _torchao_config(scheme: str, device: torch.device, notes: list[str]):
             return tq.Int4WeightOnlyConfig(group_size=128)
         from torchao.quantization.granularity import PerGroup
 
-        notes.append("int4 on CPU: IntxWeightOnly stores one int4 value per byte, "
-                     "so the size is that of int8")
+        notes.append(
+            "int4 on CPU: IntxWeightOnly stores one int4 value per byte, "
+            "so the size is that of int8"
+        )
         return tq.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
     if scheme == "fp8-weight":
         if device.type != "cuda":
-            notes.append("fp8 weights on CPU are stored as float8_e4m3 and widened for every "
-                         "matmul: smaller, not faster")
+            notes.append(
+                "fp8 weights on CPU are stored as float8_e4m3 and widened for every "
+                "matmul: smaller, not faster"
+            )
         return tq.Float8WeightOnlyConfig()
     return tq.Float8DynamicActivationFloat8WeightConfig()
 
 
-def _apply(model: torch.nn.Module, scheme: str, engine: str, device: torch.device,
-           notes: list[str]) -> torch.nn.Module:
+def _apply(
+    model: torch.nn.Module, scheme: str, engine: str, device: torch.device, notes: list[str]
+) -> torch.nn.Module:
     if engine == "torch-ao":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # deprecated in favour of torchao, still the fastest
-            return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+            return torch.ao.quantization.quantize_dynamic(
+                model, {torch.nn.Linear}, dtype=torch.qint8
+            )
     config = _torchao_config(scheme, device, notes)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _import_torchao().quantize_(model, config)
     except (ImportError, NotImplementedError, AssertionError, RuntimeError) as exc:
-        raise QuantizeError(f"torchao cannot run {scheme} on {device.type} here: "
-                            f"{type(exc).__name__}: {exc}") from exc
+        raise QuantizeError(
+            f"torchao cannot run {scheme} on {device.type} here: {type(exc).__name__}: {exc}"
+        ) from exc
     return model
 
 
@@ -225,19 +258,23 @@ def median_latency(model: torch.nn.Module, example, runs: int = 20, warmup: int 
     return statistics.median(times)
 
 
-def quantize(model: torch.nn.Module, scheme: str, engine: str = "auto", example=None,
-             runs: int = 20) -> QuantizeReport:
+def quantize(
+    model: torch.nn.Module, scheme: str, engine: str = "auto", example=None, runs: int = 20
+) -> QuantizeReport:
     """Quantize a copy of ``model`` with ``scheme`` and measure it on ``example``."""
     if not isinstance(model, torch.nn.Module):
         raise QuantizeError(f"expected a torch.nn.Module to quantize, got {type(model).__name__}")
     if example is None:
-        raise QuantizeError("an example input is needed to measure latency and error "
-                            "(a tensor, or a tuple of tensors for several inputs)")
+        raise QuantizeError(
+            "an example input is needed to measure latency and error "
+            "(a tensor, or a tuple of tensors for several inputs)"
+        )
     if isinstance(example, list):
         example = tuple(example)
     if not isinstance(example, (torch.Tensor, tuple)):
-        raise QuantizeError(f"example must be a tensor or a tuple of tensors, "
-                            f"got {type(example).__name__}")
+        raise QuantizeError(
+            f"example must be a tensor or a tuple of tensors, got {type(example).__name__}"
+        )
     if not any(isinstance(m, torch.nn.Linear) for m in model.modules()):
         raise QuantizeError("nothing to quantize: the model has no torch.nn.Linear layers")
     device = _device(model)
@@ -251,7 +288,9 @@ def quantize(model: torch.nn.Module, scheme: str, engine: str = "auto", example=
     quantized = _apply(copy.deepcopy(model), scheme, engine, device, notes).eval()
     with torch.inference_mode():
         got = _outputs(_call(quantized, example))
-    diff = torch.cat([(g.float() - r.float()).flatten() for g, r in zip(got, reference)])
+    diff = torch.cat(
+        [(g.float() - r.float()).flatten() for g, r in zip(got, reference, strict=False)]
+    )
     ref = torch.cat([r.float().flatten() for r in reference])
     return QuantizeReport(
         scheme=scheme,

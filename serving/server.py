@@ -54,20 +54,33 @@ SERVER_VERSION = "0.1.0"
 class ModelServer:
     """One model behind a dynamic batcher, and the metrics of both."""
 
-    def __init__(self, model: ServedModel, *, max_batch_size: int = 32,
-                 max_latency_ms: float = 5.0, max_queue: int = 256, token: str = ""):
+    def __init__(
+        self,
+        model: ServedModel,
+        *,
+        max_batch_size: int = 32,
+        max_latency_ms: float = 5.0,
+        max_queue: int = 256,
+        token: str = "",
+    ):
         card = model.card
         if max_batch_size > card.max_batch_size:
-            raise ValueError(f"--max-batch-size {max_batch_size} is above the {card.max_batch_size} "
-                             f"rows {card.name!r} was exported for; lower it or re-export")
+            raise ValueError(
+                f"--max-batch-size {max_batch_size} is above the {card.max_batch_size} "
+                f"rows {card.name!r} was exported for; lower it or re-export"
+            )
         self.model = model
         self.card = card
         self.token = token
         self.metrics = ServingMetrics()
         self.ready = False
         self.batcher = DynamicBatcher(
-            self._run_batch, max_batch_size=max_batch_size, max_queue_delay_ms=max_latency_ms,
-            max_queue=max_queue, on_batch=self.metrics.batch_size.labels(model=card.name).observe)
+            self._run_batch,
+            max_batch_size=max_batch_size,
+            max_queue_delay_ms=max_latency_ms,
+            max_queue=max_queue,
+            on_batch=self.metrics.batch_size.labels(model=card.name).observe,
+        )
         self.metrics.track_queue(card.name, lambda: self.batcher.depth)
 
     def _run_batch(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -75,15 +88,18 @@ class ModelServer:
         tensors = [torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in inputs]
         outputs = self.model(*tensors)
         rows = tensors[0].shape[0]
-        for spec, out in zip(self.card.outputs, outputs):
+        for spec, out in zip(self.card.outputs, outputs, strict=False):
             if out.shape[0] != rows:
-                raise RuntimeError(f"output {spec.name!r} has {out.shape[0]} rows for a batch of {rows}")
+                raise RuntimeError(
+                    f"output {spec.name!r} has {out.shape[0]} rows for a batch of {rows}"
+                )
         return [o.detach().cpu().numpy() for o in outputs]
 
     def warm_up(self) -> None:
         """One call before serving, so the first request does not pay for lazy setup."""
-        self._run_batch([np.zeros([1, *s.shape[1:]], dtype=OIP_TO_NUMPY[s.datatype])
-                         for s in self.card.inputs])
+        self._run_batch(
+            [np.zeros([1, *s.shape[1:]], dtype=OIP_TO_NUMPY[s.datatype]) for s in self.card.inputs]
+        )
 
     def start(self) -> None:
         self.batcher.start()
@@ -95,15 +111,19 @@ class ModelServer:
 
     def app(self) -> tornado.web.Application:
         model = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
-        return tornado.web.Application([
-            (r"/v2/?", ServerMetadataHandler, {"server": self}),
-            (r"/v2/health/live", LiveHandler, {"server": self}),
-            (r"/v2/health/ready", ReadyHandler, {"server": self}),
-            (model + r"/?", ModelMetadataHandler, {"server": self}),
-            (model + r"/ready", ModelReadyHandler, {"server": self}),
-            (model + r"/infer", InferHandler, {"server": self}),
-            (r"/metrics", MetricsHandler, {"server": self}),
-        ], default_handler_class=NotFoundHandler, default_handler_args={"server": self})
+        return tornado.web.Application(
+            [
+                (r"/v2/?", ServerMetadataHandler, {"server": self}),
+                (r"/v2/health/live", LiveHandler, {"server": self}),
+                (r"/v2/health/ready", ReadyHandler, {"server": self}),
+                (model + r"/?", ModelMetadataHandler, {"server": self}),
+                (model + r"/ready", ModelReadyHandler, {"server": self}),
+                (model + r"/infer", InferHandler, {"server": self}),
+                (r"/metrics", MetricsHandler, {"server": self}),
+            ],
+            default_handler_class=NotFoundHandler,
+            default_handler_args={"server": self},
+        )
 
 
 class BaseHandler(tornado.web.RequestHandler):
@@ -118,8 +138,13 @@ class BaseHandler(tornado.web.RequestHandler):
         if token and not isinstance(self, LiveHandler):
             sent = self.request.headers.get("Authorization", "")
             if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-                self.send_json({"error": "this model server is reached through the gpulab "
-                                         "service's endpoint URL, with a hub token"}, 401)
+                self.send_json(
+                    {
+                        "error": "this model server is reached through the gpulab "
+                        "service's endpoint URL, with a hub token"
+                    },
+                    401,
+                )
 
     def send_json(self, doc: dict, status: int = 200) -> None:
         self.set_status(status)
@@ -133,12 +158,15 @@ class BaseHandler(tornado.web.RequestHandler):
     def check_model(self, name: str, version: str | None, status: int = 404) -> bool:
         card = self.server.card
         if name != card.name:
-            self.send_json({"error": f"unknown model {name!r}; this server has {card.name!r}"},
-                           status)
+            self.send_json(
+                {"error": f"unknown model {name!r}; this server has {card.name!r}"}, status
+            )
             return False
         if version is not None and version != card.version:
-            self.send_json({"error": f"unknown version {version!r} of {name!r}; "
-                                     f"it has {card.version!r}"}, status)
+            self.send_json(
+                {"error": f"unknown version {version!r} of {name!r}; it has {card.version!r}"},
+                status,
+            )
             return False
         return True
 
@@ -148,14 +176,20 @@ class NotFoundHandler(BaseHandler):
         super().prepare()
         if self._finished:
             return
-        self.send_json({"error": f"no route {self.request.method} {self.request.path}; "
-                                 "see /v2 for the Open Inference Protocol routes"}, 404)
+        self.send_json(
+            {
+                "error": f"no route {self.request.method} {self.request.path}; "
+                "see /v2 for the Open Inference Protocol routes"
+            },
+            404,
+        )
 
 
 class ServerMetadataHandler(BaseHandler):
     def get(self) -> None:
-        self.send_json({"name": SERVER_NAME, "version": SERVER_VERSION,
-                        "extensions": ["binary_tensor_data"]})
+        self.send_json(
+            {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data"]}
+        )
 
 
 class LiveHandler(BaseHandler):
@@ -216,11 +250,14 @@ class InferHandler(BaseHandler):
             return 503
         try:
             body = _decompress(self.request.body, self.request.headers.get("Content-Encoding"))
-            request = decode_request(body, self.request.headers.get("Inference-Header-Content-Length"),
-                                     server.card)
+            request = decode_request(
+                body, self.request.headers.get("Inference-Header-Content-Length"), server.card
+            )
             if request.rows > server.batcher.max_batch_size:
-                raise BadRequest(f"{request.rows} rows in one request exceeds the max batch size "
-                                 f"{server.batcher.max_batch_size}; split it")
+                raise BadRequest(
+                    f"{request.rows} rows in one request exceeds the max batch size "
+                    f"{server.batcher.max_batch_size}; split it"
+                )
         except BadRequest as exc:
             self.send_json({"error": str(exc)}, 400)
             return 400
@@ -250,22 +287,51 @@ class MetricsHandler(BaseHandler):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m gpulab.serving.server",
-                                     description="Serve an exported model over OIP v2 with dynamic batching.")
-    parser.add_argument("--model-dir", required=True,
-                        help="a directory written by gpulab.serving.export.export_model")
-    parser.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (default 8000)")
-    parser.add_argument("--max-batch-size", type=int, default=32,
-                        help="most rows the model runs at once (default 32; 1 turns batching off)")
-    parser.add_argument("--max-latency-ms", type=float, default=5.0,
-                        help="longest a request waits for others to join its batch (default 5)")
-    parser.add_argument("--max-queue", type=int, default=256,
-                        help="requests allowed to wait; beyond it the server answers 429 (default 256)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads for inference (default: torch's choice)")
-    parser.add_argument("--max-body-mib", type=float, default=256,
-                        help="largest request body accepted, MiB (default 256)")
+    parser = argparse.ArgumentParser(
+        prog="python -m gpulab.serving.server",
+        description="Serve an exported model over OIP v2 with dynamic batching.",
+    )
+    parser.add_argument(
+        "--model-dir",
+        required=True,
+        help="a directory written by gpulab.serving.export.export_model",
+    )
+    parser.add_argument(
+        "--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=8000, help="port; 0 picks a free one (default 8000)"
+    )
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=32,
+        help="most rows the model runs at once (default 32; 1 turns batching off)",
+    )
+    parser.add_argument(
+        "--max-latency-ms",
+        type=float,
+        default=5.0,
+        help="longest a request waits for others to join its batch (default 5)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        help="requests allowed to wait; beyond it the server answers 429 (default 256)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads for inference (default: torch's choice)",
+    )
+    parser.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=256,
+        help="largest request body accepted, MiB (default 256)",
+    )
     return parser.parse_args(argv)
 
 
@@ -277,18 +343,26 @@ async def serve(args: argparse.Namespace) -> None:
     except (FileNotFoundError, ImportError):
         raise
     except Exception as exc:  # a corrupt or foreign file: say which, not a traceback
-        raise ValueError(f"cannot load the model in {args.model_dir}: "
-                         f"{type(exc).__name__}: {exc}") from exc
-    server = ModelServer(model, max_batch_size=args.max_batch_size,
-                         max_latency_ms=args.max_latency_ms, max_queue=args.max_queue,
-                         token=os.environ.pop("GPULAB_SERVING_TOKEN", ""))
+        raise ValueError(
+            f"cannot load the model in {args.model_dir}: {type(exc).__name__}: {exc}"
+        ) from exc
+    server = ModelServer(
+        model,
+        max_batch_size=args.max_batch_size,
+        max_latency_ms=args.max_latency_ms,
+        max_queue=args.max_queue,
+        token=os.environ.pop("GPULAB_SERVING_TOKEN", ""),
+    )
     server.warm_up()
     sockets = bind_sockets(args.port, args.ip)
     http = HTTPServer(server.app(), max_body_size=int(args.max_body_mib * 2**20))
     http.add_sockets(sockets)
     server.start()
     port = sockets[0].getsockname()[1]
-    print(f"{SERVER_NAME}: model {server.card.name!r} listening on http://{args.ip}:{port}", flush=True)
+    print(
+        f"{SERVER_NAME}: model {server.card.name!r} listening on http://{args.ip}:{port}",
+        flush=True,
+    )
 
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

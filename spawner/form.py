@@ -7,8 +7,10 @@ from html import escape
 
 #: Set to "1" by `gpulab up --demo` in the hub's, the servers' and the service's environment.
 DEMO_LOGIN_ENV = "GPULAB_DEMO_LOGIN"
-DEMO_LOGIN_WARNING = ("Demo login: anyone with the shared password can log in as any user. "
-                      "Restart without --demo for per-user accounts.")
+DEMO_LOGIN_WARNING = (
+    "Demo login: anyone with the shared password can log in as any user. "
+    "Restart without --demo for per-user accounts."
+)
 
 
 def demo_login(env=os.environ) -> bool:
@@ -17,12 +19,14 @@ def demo_login(env=os.environ) -> bool:
 
 def _demo_login_html() -> str:
     head, _, rest = escape(DEMO_LOGIN_WARNING).partition(": ")
-    return (f"<strong>{head}:</strong> "
-            + rest.replace("--demo", '<code class="text-nowrap">--demo</code>'))
+    return f"<strong>{head}:</strong> " + rest.replace(
+        "--demo", '<code class="text-nowrap">--demo</code>'
+    )
 
 
-def render_form(availability: dict, demo: bool | None = None,
-                limits: dict[int, str] | None = None) -> str:
+def render_form(
+    availability: dict, demo: bool | None = None, limits: dict[int, str] | None = None
+) -> str:
     """HTML for the hub's spawn page from the service's availability answer.
 
     ``demo`` (default: read from the hub's environment) puts the demo-login
@@ -30,8 +34,7 @@ def render_form(availability: dict, demo: bool | None = None,
     says what each size's server is held to.
     """
     rows = []
-    default = next((s["milli"] for s in availability["sizes"]
-                    if s["available"] and s["milli"]), 0)
+    default = next((s["milli"] for s in availability["sizes"] if s["available"] and s["milli"]), 0)
     for s in availability["sizes"]:
         milli = s["milli"]
         ident = f"gpulab-slice-{milli}"
@@ -48,18 +51,34 @@ def render_form(availability: dict, demo: bool | None = None,
             f'<label for="{ident}"><input type="radio" name="gpu_milli" id="{ident}" '
             f'value="{milli}"{checked}{disabled}> <strong>{escape(s["label"])}</strong> '
             f'<span class="text-muted gpulab-status">({status})</span>'
-            + (f'<br><small class="text-muted gpulab-limits">{escape(limits[milli])}</small>'
-               if limits and milli in limits else "")
-            + '</label></div>')
+            + (
+                f'<br><small class="text-muted gpulab-limits">{escape(limits[milli])}</small>'
+                if limits and milli in limits
+                else ""
+            )
+            + "</label></div>"
+        )
     quota = availability.get("quota_milli")
     held = availability.get("held_milli", 0)
-    note = (f"You hold {held} milli-GPU; your quota is {quota}." if quota is not None
-            else f"You hold {held} milli-GPU.")
-    sim = (" <em>These GPUs are simulated: nothing is enforced.</em>"
-           if availability.get("simulated") else "")
+    note = (
+        f"You hold {held} milli-GPU; your quota is {quota}."
+        if quota is not None
+        else f"You hold {held} milli-GPU."
+    )
+    sim = (
+        " <em>These GPUs are simulated: nothing is enforced.</em>"
+        if availability.get("simulated")
+        else ""
+    )
     if demo is None:
         demo = demo_login()
-    warning = (f'<div class="alert alert-warning gpulab-demo-login" role="alert">'
-               f'{_demo_login_html()}</div>' if demo else "")
-    return (f'{warning}<fieldset class="gpulab-slices"><legend>GPU slice</legend>'
-            f'{"".join(rows)}<p class="help-block">{escape(note)}{sim}</p></fieldset>')
+    warning = (
+        f'<div class="alert alert-warning gpulab-demo-login" role="alert">'
+        f"{_demo_login_html()}</div>"
+        if demo
+        else ""
+    )
+    return (
+        f'{warning}<fieldset class="gpulab-slices"><legend>GPU slice</legend>'
+        f'{"".join(rows)}<p class="help-block">{escape(note)}{sim}</p></fieldset>'
+    )

@@ -22,13 +22,19 @@ from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Dict, Unicode, default, validate
 
-from gpulab.scheduler.slices import SliceError, label, parse_gpu_milli
-
-from gpulab.enforcement.slice_env import strip_enforcement_vars
-from gpulab.enforcement.kube import (EnforcementError, GpuSlice, SlicePatch, backend_names,
-                               check_backend, pod_slice_patch)
+from gpulab.enforcement.kube import (
+    EnforcementError,
+    GpuSlice,
+    SlicePatch,
+    backend_names,
+    check_backend,
+    pod_slice_patch,
+)
 from gpulab.enforcement.kube.base import without_gpu_annotations, without_gpu_resources
 from gpulab.enforcement.kube.kueue import queue_patch
+from gpulab.enforcement.slice_env import strip_enforcement_vars
+from gpulab.scheduler.slices import SliceError, label, parse_gpu_milli
+
 from .local import parse_user_options
 from .service_traits import GpuLabServiceMixin
 
@@ -45,9 +51,12 @@ def normalize_user_options(options: object) -> object:
         rest = {k: v for k, v in options.items() if k != "profile"}
         slug = str(options["profile"] or "")
         if not slug.startswith(PROFILE_PREFIX):
-            raise web.HTTPError(400, f"invalid user_options: unknown profile {slug!r}; "
-                                     f"profiles are named like {profile_slug(250)!r}")
-        return {**rest, "gpu_milli": slug[len(PROFILE_PREFIX):]}
+            raise web.HTTPError(
+                400,
+                f"invalid user_options: unknown profile {slug!r}; "
+                f"profiles are named like {profile_slug(250)!r}",
+            )
+        return {**rest, "gpu_milli": slug[len(PROFILE_PREFIX) :]}
     return options
 
 
@@ -68,9 +77,14 @@ def profiles_from_availability(availability: dict) -> list[dict]:
             status = f"{s['count']} can be placed now"
         else:
             status = f"unavailable now: {s.get('reason') or 'no capacity'}"
-        profiles.append({"display_name": s.get("label") or label(milli),
-                         "slug": profile_slug(milli), "description": status,
-                         "default": milli == default})
+        profiles.append(
+            {
+                "display_name": s.get("label") or label(milli),
+                "slug": profile_slug(milli),
+                "description": status,
+                "default": milli == default,
+            }
+        )
     return profiles
 
 
@@ -87,7 +101,8 @@ def slice_from_allocations(allocations: list[dict], inventory: dict) -> GpuSlice
         gpu_model=str(first.get("model") or ""),
         node=allocations[0]["node"],
         gpu_uuids=tuple(a["gpu_uuid"] for a in allocations),
-        simulated=any(a.get("simulated") for a in allocations))
+        simulated=any(a.get("simulated") for a in allocations),
+    )
 
 
 class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
@@ -120,8 +135,10 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
     @validate("enforcement")
     def _check_enforcement(self, proposal):
         if proposal["value"] not in backend_names():
-            raise ValueError(f"unknown enforcement backend {proposal['value']!r}; choose one "
-                             f"of: {', '.join(backend_names())}")
+            raise ValueError(
+                f"unknown enforcement backend {proposal['value']!r}; choose one "
+                f"of: {', '.join(backend_names())}"
+            )
         return proposal["value"]
 
     @default("profile_list")
@@ -142,7 +159,8 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
 
     async def _slice_profiles(self, spawner=None) -> list[dict]:
         availability = await self._client().request(
-            "GET", "/availability", query={"user": self.user.name})
+            "GET", "/availability", query={"user": self.user.name}
+        )
         return profiles_from_availability(availability)
 
     def _slice_options_from_form(self, formdata) -> dict:
@@ -171,9 +189,16 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
             options = check_backend(self.enforcement, self.enforcement_options)
         except EnforcementError as e:
             raise web.HTTPError(500, f"gpulab is misconfigured: {e}") from None
-        allocations = await self._client().request("POST", "/allocations", body={
-            "user": self.user.name, "owner_kind": "server", "owner": self._owner,
-            "gpu_milli": milli})
+        allocations = await self._client().request(
+            "POST",
+            "/allocations",
+            body={
+                "user": self.user.name,
+                "owner_kind": "server",
+                "owner": self._owner,
+                "gpu_milli": milli,
+            },
+        )
         try:
             inventory = await self._client().request("GET", "/inventory") if allocations else {}
             the_slice = slice_from_allocations(allocations, inventory)
@@ -181,8 +206,13 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
                 self._slice_patch = pod_slice_patch(self.enforcement, the_slice, options=options)
             except EnforcementError as e:
                 raise web.HTTPError(409, f"cannot hold {label(milli)} here: {e}") from None
-            self.log.info("%s holds %s milli-GPU on %s via %s", self._owner, milli,
-                          the_slice.node or "no GPU", self.enforcement)
+            self.log.info(
+                "%s holds %s milli-GPU on %s via %s",
+                self._owner,
+                milli,
+                the_slice.node or "no GPU",
+                self.enforcement,
+            )
             return await super()._start()
         except BaseException:
             await self._release()
@@ -217,13 +247,18 @@ def patch_pod_model(pod, patch: SlicePatch, queueing: dict) -> None:
     if patch.tolerations:
         have = list(spec.tolerations or [])
         seen = {(t.key, t.operator, t.effect) for t in have}
-        spec.tolerations = have + [V1Toleration(**t) for t in patch.tolerations
-                                   if (t["key"], t["operator"], t["effect"]) not in seen]
+        spec.tolerations = have + [
+            V1Toleration(**t)
+            for t in patch.tolerations
+            if (t["key"], t["operator"], t["effect"]) not in seen
+        ]
     if queueing["priority_class_name"]:  # gpulab's setting wins over z2jh's podPriority
         spec.priority_class_name = queueing["priority_class_name"]
     container = spec.containers[0]
     res = container.resources or V1ResourceRequirements()
-    res.limits = {**without_gpu_resources(res.limits),
-                  **{k: str(v) for k, v in patch.limits.items()}}
+    res.limits = {
+        **without_gpu_resources(res.limits),
+        **{k: str(v) for k, v in patch.limits.items()},
+    }
     res.requests = without_gpu_resources(res.requests)
     container.resources = res

@@ -29,9 +29,9 @@ from traitlets import Unicode, default
 from gpulab.enforcement.account_limits import AccountLimits
 from gpulab.enforcement.accounts import Account, UserAccounts, unreachable
 from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
+from gpulab.enforcement.slice_env import mps_pipe_directory, slice_env, strip_enforcement_vars
 from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 
-from gpulab.enforcement.slice_env import mps_pipe_directory, slice_env, strip_enforcement_vars
 from .form import render_form
 from .service_traits import GpuLabServiceMixin
 
@@ -48,8 +48,10 @@ def parse_user_options(options: object) -> int:
         raise _bad_options('expected a JSON object like {"gpu_milli": 250}')
     unknown = set(options) - {"gpu_milli"}
     if unknown:
-        raise _bad_options(f"unknown option(s) {', '.join(sorted(map(str, unknown)))}; "
-                           f'the only option is "gpu_milli" (e.g. {{"gpu_milli": 250}})')
+        raise _bad_options(
+            f"unknown option(s) {', '.join(sorted(map(str, unknown)))}; "
+            f'the only option is "gpu_milli" (e.g. {{"gpu_milli": 250}})'
+        )
     try:
         return parse_gpu_milli(options.get("gpu_milli", 0))
     except SliceError as e:
@@ -67,8 +69,9 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
 
     @default("kernel_dir")
     def _kernel_dir(self):
-        return os.path.join(os.environ.get("GPULAB_DATA_DIR", os.path.abspath(".gpulab")),
-                            "jupyter")
+        return os.path.join(
+            os.environ.get("GPULAB_DATA_DIR", os.path.abspath(".gpulab")), "jupyter"
+        )
 
     @default("options_form")
     def _options_form_default(self):
@@ -76,14 +79,17 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
 
     async def _render_options_form(self, spawner):
         availability = await self._client().request(
-            "GET", "/availability", query={"user": self.user.name})
+            "GET", "/availability", query={"user": self.user.name}
+        )
         limits = None
         if self._accounts().enabled:
             inventory = await self._client().request("GET", "/inventory")
             gpu_count = sum(len(n["gpus"]) for n in inventory["nodes"])
             held = AccountLimits(config=self.config)
-            limits = {s["milli"]: held.cgroups().describe(held.limits(s["milli"], gpu_count))
-                      for s in availability["sizes"]}
+            limits = {
+                s["milli"]: held.cgroups().describe(held.limits(s["milli"], gpu_count))
+                for s in availability["sizes"]
+            }
         return render_form(availability, limits=limits)
 
     def options_from_form(self, formdata):
@@ -117,10 +123,19 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
         os.makedirs(path, exist_ok=True)
         for d in (self.kernel_dir, os.path.dirname(path), path):
             os.chmod(d, 0o755)
-        spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
-                         "--ext=gpulab.magics"],
-                "display_name": "Python 3 (gpulab)", "language": "python",
-                "metadata": {"debugger": True}}
+        spec = {
+            "argv": [
+                sys.executable,
+                "-m",
+                "ipykernel_launcher",
+                "-f",
+                "{connection_file}",
+                "--ext=gpulab.magics",
+            ],
+            "display_name": "Python 3 (gpulab)",
+            "language": "python",
+            "metadata": {"debugger": True},
+        }
         tmp = os.path.join(path, f"kernel.json.{os.getpid()}")
         with open(tmp, "w") as f:
             json.dump(spec, f, indent=1)
@@ -159,23 +174,38 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
 
     async def start(self):
         milli = parse_user_options(self.user_options)
-        allocations = await self._client().request("POST", "/allocations", body={
-            "user": self.user.name, "owner_kind": "server", "owner": self._owner,
-            "gpu_milli": milli})
-        self._slice = slice_env(allocations, any(a.get("simulated") for a in allocations),
-                                mps_pipe_directory())
-        self.log.info("%s holds %s milli-GPU on %s", self._owner, milli,
-                      self._slice.get("GPULAB_GPU_UUID") or "no GPU")
+        allocations = await self._client().request(
+            "POST",
+            "/allocations",
+            body={
+                "user": self.user.name,
+                "owner_kind": "server",
+                "owner": self._owner,
+                "gpu_milli": milli,
+            },
+        )
+        self._slice = slice_env(
+            allocations, any(a.get("simulated") for a in allocations), mps_pipe_directory()
+        )
+        self.log.info(
+            "%s holds %s milli-GPU on %s",
+            self._owner,
+            milli,
+            self._slice.get("GPULAB_GPU_UUID") or "no GPU",
+        )
         try:
             accounts = self._accounts()
             if accounts.enabled:
-                problem = unreachable(self.cmd[0] if os.path.isabs(self.cmd[0])
-                                      else sys.executable, execute=True)
+                problem = unreachable(
+                    self.cmd[0] if os.path.isabs(self.cmd[0]) else sys.executable, execute=True
+                )
                 if problem:
-                    raise web.HTTPError(500, f"{self.user.name}'s account cannot start "
-                                             f"JupyterLab: {problem}")
+                    raise web.HTTPError(
+                        500, f"{self.user.name}'s account cannot start JupyterLab: {problem}"
+                    )
                 self.account = await asyncio.get_running_loop().run_in_executor(
-                    None, accounts.ensure, self.user.name)
+                    None, accounts.ensure, self.user.name
+                )
                 await self._hold_to_limits(milli, allocations)
             self._write_kernelspec()
             return await super().start()
@@ -208,8 +238,11 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
         gpu_count = sum(len(n["gpus"]) for n in inventory["nodes"])
         self._unit = f"server-{self.name or 'default'}-{secrets.token_hex(4)}"
         group = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: limits.group(self.account.name, self._unit, milli, gpu_count,
-                                       gpu_devices=devices))
+            None,
+            lambda: limits.group(
+                self.account.name, self._unit, milli, gpu_count, gpu_devices=devices
+            ),
+        )
         # What the operator configured, kept: each start builds on it afresh.
         if not hasattr(self, "_configured"):
             self._configured = (list(self.cmd), dict(self.popen_kwargs))
@@ -228,7 +261,8 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
         if account is not None and self._unit:
             limits = AccountLimits(config=self.config)
             await asyncio.get_running_loop().run_in_executor(
-                None, limits.remove, account.name, self._unit)
+                None, limits.remove, account.name, self._unit
+            )
 
     async def stop(self, now=False):
         try:

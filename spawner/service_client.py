@@ -23,18 +23,24 @@ class ServiceClient:
         self.retry_seconds = retry_seconds
         self.log = log
 
-    async def request(self, method: str, path: str, body: dict | None = None,
-                      query: dict | None = None):
+    async def request(
+        self, method: str, path: str, body: dict | None = None, query: dict | None = None
+    ):
         url = f"{self.api_url}{path}" + (f"?{urlencode(query)}" if query else "")
         deadline = time.monotonic() + self.retry_seconds
         delay = 0.25
         while True:
             req = HTTPRequest(
-                url, method=method, request_timeout=30,
-                headers={"Authorization": f"token {self._token}",
-                         "Content-Type": "application/json"},
+                url,
+                method=method,
+                request_timeout=30,
+                headers={
+                    "Authorization": f"token {self._token}",
+                    "Content-Type": "application/json",
+                },
                 body=json.dumps(body) if body is not None else None,
-                allow_nonstandard_methods=True)
+                allow_nonstandard_methods=True,
+            )
             try:
                 resp = await AsyncHTTPClient().fetch(req)
                 return json.loads(resp.body) if resp.body else None
@@ -46,7 +52,8 @@ class ServiceClient:
                 problem = str(e)
             if time.monotonic() > deadline:
                 raise web.HTTPError(
-                    503, f"the gpulab service did not answer ({problem}); try again shortly")
+                    503, f"the gpulab service did not answer ({problem}); try again shortly"
+                )
             if self.log:
                 self.log.warning("gpulab service unavailable (%s); retrying", problem)
             await asyncio.sleep(delay)

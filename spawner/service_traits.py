@@ -51,13 +51,19 @@ class GpuLabServiceMixin(LoggingConfigurable):
         """Give the slice back. Waits briefly: when the hub shuts down, the service
         is already gone, and its reconciliation frees whatever a lost release
         leaves behind when it next starts."""
-        client = ServiceClient(self.gpulab_api_url, self.gpulab_api_token, retry_seconds=10,
-                               log=self.log)
+        client = ServiceClient(
+            self.gpulab_api_url, self.gpulab_api_token, retry_seconds=10, log=self.log
+        )
         try:
-            await client.request("DELETE", "/allocations",
-                                 query={"owner_kind": "server", "owner": self._owner})
+            await client.request(
+                "DELETE", "/allocations", query={"owner_kind": "server", "owner": self._owner}
+            )
         except web.HTTPError as e:
             if e.status_code < 500:
                 raise
-            self.log.warning("Could not release the slice of %s now (%s); the gpulab service "
-                             "releases it when it next reconciles", self._owner, e.log_message)
+            self.log.warning(
+                "Could not release the slice of %s now (%s); the gpulab service "
+                "releases it when it next reconciles",
+                self._owner,
+                e.log_message,
+            )

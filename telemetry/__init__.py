@@ -15,5 +15,12 @@ from .collect import NodeSampler
 from .exporter import SampleCollector, render
 from .sample import SAMPLE_VERSION, SourceMissing, empty_sample, validate_sample
 
-__all__ = ["NodeSampler", "SampleCollector", "render", "SAMPLE_VERSION",
-           "SourceMissing", "empty_sample", "validate_sample"]
+__all__ = [
+    "NodeSampler",
+    "SampleCollector",
+    "render",
+    "SAMPLE_VERSION",
+    "SourceMissing",
+    "empty_sample",
+    "validate_sample",
+]

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from typing import Callable
+from collections.abc import Callable
 
 from .collect import NodeSampler
 
@@ -76,8 +76,11 @@ class HttpSender:
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
-            cls = (http.client.HTTPSConnection if self._parts.scheme == "https"
-                   else http.client.HTTPConnection)
+            cls = (
+                http.client.HTTPSConnection
+                if self._parts.scheme == "https"
+                else http.client.HTTPConnection
+            )
             self._conn = cls(self._parts.hostname, self._parts.port, timeout=self.timeout_s)
         return self._conn
 
@@ -92,8 +95,7 @@ class HttpSender:
             headers["Authorization"] = f"token {self._token}"
         try:
             conn = self._connection()
-            conn.request("POST", self._target, body=json.dumps(sample).encode(),
-                         headers=headers)
+            conn.request("POST", self._target, body=json.dumps(sample).encode(), headers=headers)
             response = conn.getresponse()
             body = response.read()
         except (OSError, http.client.HTTPException) as err:
@@ -111,10 +113,18 @@ class HttpSender:
 class Agent:
     """The sampling/sending loop, separate from argument parsing for tests."""
 
-    def __init__(self, sample: Callable[[], dict], send: Callable[[dict], None], *,
-                 interval_s: float = 1.0, count: int = 0, backlog: int = 300,
-                 max_backoff_s: float = 60.0, stop: threading.Event | None = None,
-                 redact: Callable[[str], str] = lambda text: text):
+    def __init__(
+        self,
+        sample: Callable[[], dict],
+        send: Callable[[dict], None],
+        *,
+        interval_s: float = 1.0,
+        count: int = 0,
+        backlog: int = 300,
+        max_backoff_s: float = 60.0,
+        stop: threading.Event | None = None,
+        redact: Callable[[str], str] = lambda text: text,
+    ):
         if interval_s <= 0:
             raise ValueError("the interval must be a positive number of seconds")
         self._sample, self._send = sample, send
@@ -170,8 +180,12 @@ class Agent:
                 delay = min(self.max_backoff_s, self.interval_s * 2 ** (self._failures - 1))
                 delay *= random.uniform(0.5, 1.0)  # agents of many nodes shouldn't sync up
                 self._next_send = time.monotonic() + delay
-                log.warning("sending failed (%s); %d samples waiting, retrying in %.1fs",
-                            self._redact(str(err)), len(self.backlog), delay)
+                log.warning(
+                    "sending failed (%s); %d samples waiting, retrying in %.1fs",
+                    self._redact(str(err)),
+                    len(self.backlog),
+                    delay,
+                )
                 return
             self.backlog.popleft()
             self.sent += 1
@@ -199,30 +213,66 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpulab agent",
         description="Sample this node's GPUs, NICs, RDMA ports and dataset cache "
-                    "and send the samples to the gpulab service.",
+        "and send the samples to the gpulab service.",
         epilog="The token is read from $GPULAB_AGENT_TOKEN or $JUPYTERHUB_API_TOKEN "
-               "(or --token-file), never from the command line.")
-    parser.add_argument("--service-url", help="where to POST samples, e.g. "
-                        "http://hub:8000/services/gpulab/api/v1/telemetry")
-    parser.add_argument("--print", action="store_true", dest="print_only",
-                        help="write samples to stdout as JSON lines instead of posting")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
-                        help="seconds between samples (default 1)")
-    parser.add_argument("--count", type=int, default=0, metavar="N",
-                        help="stop after N samples (default 0: run until stopped)")
+        "(or --token-file), never from the command line.",
+    )
+    parser.add_argument(
+        "--service-url",
+        help="where to POST samples, e.g. http://hub:8000/services/gpulab/api/v1/telemetry",
+    )
+    parser.add_argument(
+        "--print",
+        action="store_true",
+        dest="print_only",
+        help="write samples to stdout as JSON lines instead of posting",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between samples (default 1)",
+    )
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=0,
+        metavar="N",
+        help="stop after N samples (default 0: run until stopped)",
+    )
     parser.add_argument("--node", help="node name in samples (default: the hostname)")
-    parser.add_argument("--cache-dir", help="dataset cache to report "
-                        "(default $GPULAB_CACHE_DIR or ~/.cache/gpulab/datasets)")
-    parser.add_argument("--token-file", help="file holding the API token "
-                        "(when neither token variable is set)")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="HTTP timeout per POST (default 10)")
-    parser.add_argument("--max-backoff", type=float, default=60.0, metavar="SECONDS",
-                        help="longest wait between retries (default 60)")
-    parser.add_argument("--backlog", type=int, default=300, metavar="N",
-                        help="samples kept while the service is unreachable (default 300)")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument(
+        "--cache-dir",
+        help="dataset cache to report (default $GPULAB_CACHE_DIR or ~/.cache/gpulab/datasets)",
+    )
+    parser.add_argument(
+        "--token-file", help="file holding the API token (when neither token variable is set)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="HTTP timeout per POST (default 10)",
+    )
+    parser.add_argument(
+        "--max-backoff",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="longest wait between retries (default 60)",
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=300,
+        metavar="N",
+        help="samples kept while the service is unreachable (default 300)",
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
     return parser
 
 
@@ -236,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     if args.interval <= 0 or args.count < 0 or args.backlog < 1:
         parser.error("--interval must be > 0, --count >= 0 and --backlog >= 1")
     redact = lambda text: text  # noqa: E731
@@ -248,8 +299,10 @@ def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     else:
         token = read_token(args.token_file)
         if not token:
-            parser.error("no API token: set GPULAB_AGENT_TOKEN (or JUPYTERHUB_API_TOKEN), "
-                         "or pass --token-file")
+            parser.error(
+                "no API token: set GPULAB_AGENT_TOKEN (or JUPYTERHUB_API_TOKEN), "
+                "or pass --token-file"
+            )
         try:
             send = HttpSender(args.service_url, token, args.timeout)
         except ValueError as err:
@@ -258,8 +311,15 @@ def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         log.info("sending samples every %gs to %s", args.interval, args.service_url)
 
     sampler = NodeSampler(node=args.node, cache_dir=args.cache_dir)
-    agent = Agent(sampler.sample, send, interval_s=args.interval, count=args.count,
-                  backlog=args.backlog, max_backoff_s=args.max_backoff, redact=redact)
+    agent = Agent(
+        sampler.sample,
+        send,
+        interval_s=args.interval,
+        count=args.count,
+        backlog=args.backlog,
+        max_backoff_s=args.max_backoff,
+        redact=redact,
+    )
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: agent.stop.set())
@@ -269,8 +329,13 @@ def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         sampler.close()
         if isinstance(send, HttpSender):
             send.close()
-        log.info("stopped: %d samples taken, %d sent, %d dropped, %d unsent",
-                 agent.taken, agent.sent, agent.dropped, len(agent.backlog))
+        log.info(
+            "stopped: %d samples taken, %d sent, %d dropped, %d unsent",
+            agent.taken,
+            agent.sent,
+            agent.dropped,
+            len(agent.backlog),
+        )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,18 @@ from gpulab.cache.settings import default_cache_dir
 from .sample import SourceMissing
 
 #: Counters that add up across users' caches.
-_SUMMED = ("hits", "misses", "bytes_from_cache", "bytes_from_remote", "evictions",
-           "prefetch_ahead", "corrupt", "used", "entries", "capacity")
+_SUMMED = (
+    "hits",
+    "misses",
+    "bytes_from_cache",
+    "bytes_from_remote",
+    "evictions",
+    "prefetch_ahead",
+    "corrupt",
+    "used",
+    "entries",
+    "capacity",
+)
 
 
 def _user_caches(cache_dir: str) -> list[str]:
@@ -34,8 +44,10 @@ def _user_caches(cache_dir: str) -> list[str]:
             if not entry.is_dir(follow_symlinks=False):
                 continue
             index = os.lstat(os.path.join(entry.path, INDEX_NAME))
-            if stat.S_ISREG(index.st_mode) and \
-                    index.st_uid == entry.stat(follow_symlinks=False).st_uid:
+            if (
+                stat.S_ISREG(index.st_mode)
+                and index.st_uid == entry.stat(follow_symlinks=False).st_uid
+            ):
                 found.append(entry.path)
         except OSError:
             continue

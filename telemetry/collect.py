@@ -29,15 +29,23 @@ class NodeSampler:
     objects with a ``sample()`` method; leave it out for the real ones.
     """
 
-    def __init__(self, node: str | None = None, cache_dir: str | None = None,
-                 samplers: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        node: str | None = None,
+        cache_dir: str | None = None,
+        samplers: dict[str, Any] | None = None,
+    ):
         self.node = node or socket.gethostname()
-        self.samplers = samplers if samplers is not None else {
-            "gpu": NvmlSampler(),
-            "nic": NicSampler(),
-            "rdma": RdmaSampler(),
-            "cache": CacheSampler(cache_dir),
-        }
+        self.samplers = (
+            samplers
+            if samplers is not None
+            else {
+                "gpu": NvmlSampler(),
+                "nic": NicSampler(),
+                "rdma": RdmaSampler(),
+                "cache": CacheSampler(cache_dir),
+            }
+        )
 
     def sample(self) -> dict:
         sample = empty_sample(self.node)

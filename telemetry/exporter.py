@@ -12,7 +12,7 @@ gives the text format in one call.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -21,20 +21,28 @@ GPU_LABELS = ["hostname", "gpu", "UUID", "modelName", "GPU_I_ID", "GPU_I_PROFILE
 
 # (metric name, sample field, help, kind)
 GPU_METRICS = [
-    ("gpulab_gpu_utilization_ratio", "utilization_ratio",
-     "Fraction of time a kernel was running on the GPU (0-1).", "gauge"),
-    ("gpulab_gpu_memory_utilization_ratio", "memory_utilization_ratio",
-     "Fraction of time device memory was read or written (0-1).", "gauge"),
-    ("gpulab_gpu_memory_used_bytes", "memory_used_bytes",
-     "Device memory in use.", "gauge"),
-    ("gpulab_gpu_memory_total_bytes", "memory_total_bytes",
-     "Device memory in total.", "gauge"),
-    ("gpulab_gpu_temperature_celsius", "temperature_celsius",
-     "GPU core temperature.", "gauge"),
-    ("gpulab_gpu_power_watts", "power_watts",
-     "Power draw of the board.", "gauge"),
-    ("gpulab_gpu_energy_joules", "energy_joules",
-     "Energy used since the driver was loaded.", "counter"),
+    (
+        "gpulab_gpu_utilization_ratio",
+        "utilization_ratio",
+        "Fraction of time a kernel was running on the GPU (0-1).",
+        "gauge",
+    ),
+    (
+        "gpulab_gpu_memory_utilization_ratio",
+        "memory_utilization_ratio",
+        "Fraction of time device memory was read or written (0-1).",
+        "gauge",
+    ),
+    ("gpulab_gpu_memory_used_bytes", "memory_used_bytes", "Device memory in use.", "gauge"),
+    ("gpulab_gpu_memory_total_bytes", "memory_total_bytes", "Device memory in total.", "gauge"),
+    ("gpulab_gpu_temperature_celsius", "temperature_celsius", "GPU core temperature.", "gauge"),
+    ("gpulab_gpu_power_watts", "power_watts", "Power draw of the board.", "gauge"),
+    (
+        "gpulab_gpu_energy_joules",
+        "energy_joules",
+        "Energy used since the driver was loaded.",
+        "counter",
+    ),
 ]
 
 
@@ -62,8 +70,17 @@ def _gpu_label_rows(sample: dict) -> Iterator[tuple[list[str], dict]]:
         model = gpu.get("name") or ""
         yield [host, gpu_index, uuid, model, "", ""], gpu
         for mig in gpu.get("mig", []):
-            yield ([host, gpu_index, uuid, model,
-                    str(mig.get("gpu_instance_id", "")), mig.get("profile") or ""], mig)
+            yield (
+                [
+                    host,
+                    gpu_index,
+                    uuid,
+                    model,
+                    str(mig.get("gpu_instance_id", "")),
+                    mig.get("profile") or "",
+                ],
+                mig,
+            )
 
 
 def _add(family: Metric, labels: list[str], value) -> None:
@@ -104,7 +121,8 @@ class SampleCollector:
         per_user = GaugeMetricFamily(
             "gpulab_gpu_user_memory_used_bytes",
             "Device memory held by a JupyterHub user's processes ('' = unknown).",
-            labels=GPU_LABELS + ["user"])
+            labels=GPU_LABELS + ["user"],
+        )
         for labels, readings in rows:
             totals: dict[str, float] = {}
             for proc in readings.get("processes") or []:
@@ -115,22 +133,31 @@ class SampleCollector:
         yield per_user
 
     def _network_metrics(self, samples: list[dict]) -> Iterator[Metric]:
-        nic_rx = CounterMetricFamily("gpulab_nic_receive_bytes",
-                                     "Bytes received by a network interface.",
-                                     labels=["hostname", "device"])
-        nic_tx = CounterMetricFamily("gpulab_nic_transmit_bytes",
-                                     "Bytes sent by a network interface.",
-                                     labels=["hostname", "device"])
-        ib_rx = CounterMetricFamily("gpulab_rdma_receive_bytes",
-                                    "Bytes received by an RDMA port.",
-                                    labels=["hostname", "device", "port"])
-        ib_tx = CounterMetricFamily("gpulab_rdma_transmit_bytes",
-                                    "Bytes sent by an RDMA port.",
-                                    labels=["hostname", "device", "port"])
+        nic_rx = CounterMetricFamily(
+            "gpulab_nic_receive_bytes",
+            "Bytes received by a network interface.",
+            labels=["hostname", "device"],
+        )
+        nic_tx = CounterMetricFamily(
+            "gpulab_nic_transmit_bytes",
+            "Bytes sent by a network interface.",
+            labels=["hostname", "device"],
+        )
+        ib_rx = CounterMetricFamily(
+            "gpulab_rdma_receive_bytes",
+            "Bytes received by an RDMA port.",
+            labels=["hostname", "device", "port"],
+        )
+        ib_tx = CounterMetricFamily(
+            "gpulab_rdma_transmit_bytes",
+            "Bytes sent by an RDMA port.",
+            labels=["hostname", "device", "port"],
+        )
         busbw = GaugeMetricFamily(
             "gpulab_allreduce_busbw_bytes_per_second",
             "Bus bandwidth of the latest all-reduce measurement (nccl-tests definition).",
-            labels=["hostname", "job", "backend", "size_bytes"])
+            labels=["hostname", "job", "backend", "size_bytes"],
+        )
         for s in samples:
             host = s["node"]
             for nic in s.get("nics") or []:
@@ -142,28 +169,49 @@ class SampleCollector:
                 _add(ib_rx, labels, port.get("rx_bytes"))
                 _add(ib_tx, labels, port.get("tx_bytes"))
             for run in s.get("allreduce") or []:
-                _add(busbw, [host, str(run.get("job", "")), str(run.get("backend", "")),
-                             str(run.get("size_bytes", ""))],
-                     run.get("busbw_bytes_per_second"))
+                _add(
+                    busbw,
+                    [
+                        host,
+                        str(run.get("job", "")),
+                        str(run.get("backend", "")),
+                        str(run.get("size_bytes", "")),
+                    ],
+                    run.get("busbw_bytes_per_second"),
+                )
         yield from (nic_rx, nic_tx, ib_rx, ib_tx, busbw)
 
     def _cache_metrics(self, samples: list[dict]) -> Iterator[Metric]:
-        requests = CounterMetricFamily("gpulab_dataset_cache_requests",
-                                       "Shard reads, by whether the cache had them.",
-                                       labels=["hostname", "result"])
-        volume = CounterMetricFamily("gpulab_dataset_cache_bytes",
-                                     "Bytes read by datasets, by where they came from.",
-                                     labels=["hostname", "source"])
-        evictions = CounterMetricFamily("gpulab_dataset_cache_evictions",
-                                        "Shards evicted to stay within capacity.",
-                                        labels=["hostname"])
-        prefetched = CounterMetricFamily("gpulab_dataset_cache_prefetched_shards",
-                                         "Shards fetched ahead of the reader.",
-                                         labels=["hostname"])
-        used = GaugeMetricFamily("gpulab_dataset_cache_used_bytes",
-                                 "Bytes held by the node's dataset cache.", labels=["hostname"])
-        capacity = GaugeMetricFamily("gpulab_dataset_cache_capacity_bytes",
-                                     "Capacity of the node's dataset cache.", labels=["hostname"])
+        requests = CounterMetricFamily(
+            "gpulab_dataset_cache_requests",
+            "Shard reads, by whether the cache had them.",
+            labels=["hostname", "result"],
+        )
+        volume = CounterMetricFamily(
+            "gpulab_dataset_cache_bytes",
+            "Bytes read by datasets, by where they came from.",
+            labels=["hostname", "source"],
+        )
+        evictions = CounterMetricFamily(
+            "gpulab_dataset_cache_evictions",
+            "Shards evicted to stay within capacity.",
+            labels=["hostname"],
+        )
+        prefetched = CounterMetricFamily(
+            "gpulab_dataset_cache_prefetched_shards",
+            "Shards fetched ahead of the reader.",
+            labels=["hostname"],
+        )
+        used = GaugeMetricFamily(
+            "gpulab_dataset_cache_used_bytes",
+            "Bytes held by the node's dataset cache.",
+            labels=["hostname"],
+        )
+        capacity = GaugeMetricFamily(
+            "gpulab_dataset_cache_capacity_bytes",
+            "Capacity of the node's dataset cache.",
+            labels=["hostname"],
+        )
         for s in samples:
             cache, host = s.get("cache"), s["node"]
             if not cache:
@@ -179,12 +227,16 @@ class SampleCollector:
         yield from (requests, volume, evictions, prefetched, used, capacity)
 
     def _health_metrics(self, samples: list[dict]) -> Iterator[Metric]:
-        up = GaugeMetricFamily("gpulab_telemetry_source_up",
-                               "1 when a telemetry source reported on the node, else 0.",
-                               labels=["hostname", "source"])
-        taken = GaugeMetricFamily("gpulab_telemetry_sample_timestamp_seconds",
-                                  "When the node's latest sample was taken (unix time).",
-                                  labels=["hostname"])
+        up = GaugeMetricFamily(
+            "gpulab_telemetry_source_up",
+            "1 when a telemetry source reported on the node, else 0.",
+            labels=["hostname", "source"],
+        )
+        taken = GaugeMetricFamily(
+            "gpulab_telemetry_sample_timestamp_seconds",
+            "When the node's latest sample was taken (unix time).",
+            labels=["hostname"],
+        )
         for s in samples:
             for source in ("gpu", "nic", "rdma", "cache"):
                 up.add_metric([s["node"], source], 0 if source in s.get("missing", {}) else 1)

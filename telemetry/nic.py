@@ -10,20 +10,32 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .sample import SourceMissing
 from .sysfs import rates_since, read_int, read_text
 
-COUNTERS = ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets",
-            "rx_errors", "tx_errors", "rx_dropped", "tx_dropped")
+COUNTERS = (
+    "rx_bytes",
+    "tx_bytes",
+    "rx_packets",
+    "tx_packets",
+    "rx_errors",
+    "tx_errors",
+    "rx_dropped",
+    "tx_dropped",
+)
 
 
 class NicSampler:
     """Samples every interface (except ``lo`` unless asked) under ``sysfs``."""
 
-    def __init__(self, sysfs: str = "/sys", include_loopback: bool = False,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        sysfs: str = "/sys",
+        include_loopback: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.root = os.path.join(sysfs, "class", "net")
         self.include_loopback = include_loopback
         self._clock = clock
@@ -61,5 +73,6 @@ class NicSampler:
             "virtual": not os.path.exists(os.path.join(base, "device")),
         }
         nic["rx_bytes_per_second"], nic["tx_bytes_per_second"] = rates_since(
-            self._previous.get(name), now, nic["rx_bytes"], nic["tx_bytes"])
+            self._previous.get(name), now, nic["rx_bytes"], nic["tx_bytes"]
+        )
         return nic

@@ -25,8 +25,10 @@ One GPU in a sample::
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .procs import jupyterhub_user, unix_user
 from .sample import SourceMissing
@@ -82,10 +84,8 @@ class NvmlSampler:
     def close(self) -> None:
         if self._started:
             self._started = False
-            try:
+            with contextlib.suppress(self._nvml.NVMLError):
                 self._nvml.nvmlShutdown()
-            except self._nvml.NVMLError:
-                pass
 
     # -- one device ----------------------------------------------------------
 
@@ -105,11 +105,17 @@ class NvmlSampler:
         gpu["uuid"] = self._call(errors, "uuid", nvml.nvmlDeviceGetUUID, handle)
         gpu["name"] = self._call(errors, "name", nvml.nvmlDeviceGetName, handle)
         gpu.update(self._usage(handle, errors))
-        temperature = self._call(errors, "temperature_celsius", nvml.nvmlDeviceGetTemperature,
-                                 handle, nvml.NVML_TEMPERATURE_GPU)
+        temperature = self._call(
+            errors,
+            "temperature_celsius",
+            nvml.nvmlDeviceGetTemperature,
+            handle,
+            nvml.NVML_TEMPERATURE_GPU,
+        )
         power_mw = self._call(errors, "power_watts", nvml.nvmlDeviceGetPowerUsage, handle)
-        energy_mj = self._call(errors, "energy_joules",
-                               nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        energy_mj = self._call(
+            errors, "energy_joules", nvml.nvmlDeviceGetTotalEnergyConsumption, handle
+        )
         gpu["temperature_celsius"] = temperature
         gpu["power_watts"] = power_mw / 1000 if power_mw is not None else None
         gpu["energy_joules"] = energy_mj / 1000 if energy_mj is not None else None
@@ -141,24 +147,30 @@ class NvmlSampler:
             errors: dict = {}
             name = self._call(errors, "profile", nvml.nvmlDeviceGetName, handle)
             profile = re.search(r"MIG (\S+)", name or "")
-            devices.append({
-                "index": slot,
-                "uuid": self._call(errors, "uuid", nvml.nvmlDeviceGetUUID, handle),
-                "profile": profile.group(1) if profile else None,
-                "gpu_instance_id": self._call(errors, "gpu_instance_id",
-                                              nvml.nvmlDeviceGetGpuInstanceId, handle),
-                "compute_instance_id": self._call(errors, "compute_instance_id",
-                                                  nvml.nvmlDeviceGetComputeInstanceId, handle),
-                **self._usage(handle, errors),
-                "processes": self._processes(handle, errors),
-                "errors": errors,
-            })
+            devices.append(
+                {
+                    "index": slot,
+                    "uuid": self._call(errors, "uuid", nvml.nvmlDeviceGetUUID, handle),
+                    "profile": profile.group(1) if profile else None,
+                    "gpu_instance_id": self._call(
+                        errors, "gpu_instance_id", nvml.nvmlDeviceGetGpuInstanceId, handle
+                    ),
+                    "compute_instance_id": self._call(
+                        errors, "compute_instance_id", nvml.nvmlDeviceGetComputeInstanceId, handle
+                    ),
+                    **self._usage(handle, errors),
+                    "processes": self._processes(handle, errors),
+                    "errors": errors,
+                }
+            )
         return devices
 
     def _processes(self, handle, errors: dict) -> list[dict]:
         nvml, used = self._nvml, {}
-        for query in (nvml.nvmlDeviceGetComputeRunningProcesses,
-                      nvml.nvmlDeviceGetGraphicsRunningProcesses):
+        for query in (
+            nvml.nvmlDeviceGetComputeRunningProcesses,
+            nvml.nvmlDeviceGetGraphicsRunningProcesses,
+        ):
             for p in self._call(errors, "processes", query, handle) or []:
                 # A process doing compute and graphics is listed twice with one
                 # figure; None means the driver would not say (no privilege).
@@ -166,6 +178,12 @@ class NvmlSampler:
                     used[p.pid] = max(p.usedGpuMemory, used.get(p.pid) or 0)
                 else:
                     used.setdefault(p.pid, None)
-        return [{"pid": pid, "user": jupyterhub_user(pid, self.proc),
-                 "unix_user": unix_user(pid, self.proc), "memory_used_bytes": memory}
-                for pid, memory in sorted(used.items())]
+        return [
+            {
+                "pid": pid,
+                "user": jupyterhub_user(pid, self.proc),
+                "unix_user": unix_user(pid, self.proc),
+                "memory_used_bytes": memory,
+            }
+            for pid, memory in sorted(used.items())
+        ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .sample import SourceMissing
 from .sysfs import rates_since, read_int, read_text
@@ -44,8 +44,9 @@ class RdmaSampler:
                 entry = self._port(device, port, os.path.join(ports_dir, port), now)
                 if entry is not None:
                     ports.append(entry)
-        self._previous = {(p["device"], p["port"]): (now, p["rx_bytes"], p["tx_bytes"])
-                          for p in ports}
+        self._previous = {
+            (p["device"], p["port"]): (now, p["rx_bytes"], p["tx_bytes"]) for p in ports
+        }
         return ports
 
     def _port(self, device: str, port: str, base: str, now: float) -> dict | None:
@@ -62,9 +63,10 @@ class RdmaSampler:
             "rx_packets": read_int(os.path.join(counters, "port_rcv_packets")),
             "tx_packets": read_int(os.path.join(counters, "port_xmit_packets")),
             "link_layer": read_text(os.path.join(base, "link_layer")),  # InfiniBand | Ethernet
-            "state": read_text(os.path.join(base, "state")),            # e.g. "4: ACTIVE"
-            "rate": read_text(os.path.join(base, "rate")),              # e.g. "200 Gb/sec (4X HDR)"
+            "state": read_text(os.path.join(base, "state")),  # e.g. "4: ACTIVE"
+            "rate": read_text(os.path.join(base, "rate")),  # e.g. "200 Gb/sec (4X HDR)"
         }
         entry["rx_bytes_per_second"], entry["tx_bytes_per_second"] = rates_since(
-            self._previous.get((device, port)), now, entry["rx_bytes"], entry["tx_bytes"])
+            self._previous.get((device, port)), now, entry["rx_bytes"], entry["tx_bytes"]
+        )
         return entry

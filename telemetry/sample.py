@@ -69,7 +69,8 @@ def validate_sample(sample: Any) -> list[str]:
         problems.append("cache must be an object or null")
     missing = sample.get("missing")
     if not isinstance(missing, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in missing.items()):
+        isinstance(k, str) and isinstance(v, str) for k, v in missing.items()
+    ):
         problems.append("missing must map source names to reasons (strings)")
     allreduce = sample.get("allreduce", [])
     if not isinstance(allreduce, list) or not all(isinstance(i, dict) for i in allreduce):

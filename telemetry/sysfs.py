@@ -19,8 +19,9 @@ def read_int(path: str) -> int | None:
         return None
 
 
-def rates_since(previous: tuple[float, int, int] | None, now: float,
-                rx: int, tx: int) -> tuple[float | None, float | None]:
+def rates_since(
+    previous: tuple[float, int, int] | None, now: float, rx: int, tx: int
+) -> tuple[float | None, float | None]:
     """Bytes per second since ``previous = (time, rx, tx)``; None when unknown.
 
     A counter that went down means the device was recreated (or a 32-bit

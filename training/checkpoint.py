@@ -144,7 +144,11 @@ def resume_range(ctx, total_steps: int, state: dict, every: int | None = None):
         if loaded is not None:
             start = loaded
         if ctx.restart and ctx.rank == 0:
-            where = f"checkpoint at step {start}" if loaded is not None else "the start (no checkpoint yet)"
+            where = (
+                f"checkpoint at step {start}"
+                if loaded is not None
+                else "the start (no checkpoint yet)"
+            )
             _event(f"restart {ctx.restart}: a rank stopped; every rank restarted from {where}")
     for step in range(start, total_steps):
         set_progress(step, total_steps)

@@ -39,7 +39,7 @@ class Context:
     rank: int
     local_rank: int
     world_size: int
-    device: "object"
+    device: object
     backend: str
     amp: str = ""
     comm_hook: str = ""
@@ -71,8 +71,12 @@ class Context:
         if self.comm_hook == "bf16" and self.backend != "nccl":
             raise SetupError("the bf16 comm hook needs NCCL (GPUs); use fp16 or powersgd on gloo")
         if self.comm_hook == "powersgd":
-            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                                start_powerSGD_iter=2, use_error_feedback=True)
+            state = powerSGD_hook.PowerSGDState(
+                process_group=None,
+                matrix_approximation_rank=1,
+                start_powerSGD_iter=2,
+                use_error_feedback=True,
+            )
             self._hook_state.append(state)
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         elif self.comm_hook == "fp16":
@@ -94,8 +98,9 @@ class Context:
         """A GradScaler for fp16 on GPU; a disabled one otherwise (always safe to use)."""
         import torch
 
-        return torch.amp.GradScaler(self.device.type,
-                                    enabled=self.amp == "fp16" and self.device.type == "cuda")
+        return torch.amp.GradScaler(
+            self.device.type, enabled=self.amp == "fp16" and self.device.type == "cuda"
+        )
 
     def barrier(self) -> None:
         import torch.distributed as dist
@@ -134,9 +139,16 @@ def setup(backend: str | None = None) -> Context:
     world = env.world_size()
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend, device_id=device if use_cuda else None)
-    _context = Context(rank=env.rank(), local_rank=env.local_rank(), world_size=world,
-                       device=device, backend=backend, amp=amp,
-                       comm_hook=env.get(env.COMM_HOOK), restart=env.restart_count())
+    _context = Context(
+        rank=env.rank(),
+        local_rank=env.local_rank(),
+        world_size=world,
+        device=device,
+        backend=backend,
+        amp=amp,
+        comm_hook=env.get(env.COMM_HOOK),
+        restart=env.restart_count(),
+    )
     return _context
 
 

@@ -32,7 +32,7 @@ def _open():
             return None
         path = os.path.join(job_dir, "metrics", f"rank{env.rank()}.jsonl")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        _file = open(path, "a", buffering=1)
+        _file = open(path, "a", buffering=1)  # noqa: SIM115
     return _file
 
 

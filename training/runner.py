@@ -10,6 +10,7 @@ rank, so whoever watches the job can name the rank without parsing torchrun.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -29,8 +30,8 @@ def _redirect_output(job_dir: str, rank: int) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
 def _write_json(path: str, data) -> None:
@@ -72,12 +73,18 @@ def record_failure(job_dir: str, rank: int, exc: BaseException) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
     ErrorHandler().record_exception(exc)  # torchrun's error file: its "root cause"
-    _write_json(os.path.join(job_dir, "errors", f"rank{rank}.json"), {
-        "rank": rank, "restart": env.restart_count(), "time": time.time(),
-        "error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"),
-        "type": type(exc).__name__, "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
-    })
+    _write_json(
+        os.path.join(job_dir, "errors", f"rank{rank}.json"),
+        {
+            "rank": rank,
+            "restart": env.restart_count(),
+            "time": time.time(),
+            "error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"),
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(exc)),
+        },
+    )
 
 
 def run(job_dir: str) -> None:
@@ -85,8 +92,10 @@ def run(job_dir: str) -> None:
 
     rank = env.rank()
     _redirect_output(job_dir, rank)
-    _write_json(os.path.join(job_dir, "pids", f"rank{rank}.json"),
-                {"pid": os.getpid(), "restart": env.restart_count()})
+    _write_json(
+        os.path.join(job_dir, "pids", f"rank{rank}.json"),
+        {"pid": os.getpid(), "restart": env.restart_count()},
+    )
     if env.restart_count():
         print(f"--- restart {env.restart_count()} ---", flush=True)
     cell = os.path.join(job_dir, "cell.py")
@@ -114,10 +123,9 @@ def run(job_dir: str) -> None:
         import torch.distributed as dist
 
         if dist.is_initialized():
-            try:
+            # A peer that already left must not turn success into failure.
+            with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-            except Exception:  # a peer that already left must not turn success into failure
-                pass
 
 
 if __name__ == "__main__":

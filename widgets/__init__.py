@@ -1,7 +1,7 @@
 """gpulab.widgets: live dashboards (ipywidgets + plotly), fed by ``gpulab.client``.
 
-    from gpulab.widgets import Dashboard
-    Dashboard()          # or %gpulab dashboard
+from gpulab.widgets import Dashboard
+Dashboard()          # or %gpulab dashboard
 """
 
 from .dashboard import Dashboard

@@ -33,12 +33,19 @@ class Dashboard(w.VBox):
     history to keep; ``start=False`` leaves the updater off (call ``refresh()``).
     """
 
-    def __init__(self, client=None, interval: float = 1.0, max_age_s: float = 600.0,
-                 user: str | None = None, start: bool = True):
+    def __init__(
+        self,
+        client=None,
+        interval: float = 1.0,
+        max_age_s: float = 600.0,
+        user: str | None = None,
+        start: bool = True,
+    ):
         self.interval = float(interval)
         self.user = user if user is not None else os.environ.get("JUPYTERHUB_USER")
-        self.model = TelemetryModel(max_age_s=max_age_s,
-                                    capacity=int(max_age_s / max(self.interval, 0.1)) + 60)
+        self.model = TelemetryModel(
+            max_age_s=max_age_s, capacity=int(max_age_s / max(self.interval, 0.1)) + 60
+        )
         self.error: str | None = None
         self._client = client
         self._lock = threading.Lock()
@@ -46,12 +53,13 @@ class Dashboard(w.VBox):
         self.figures: dict[str, TabFigure] = {name: make() for name, (make, _) in TABS.items()}
         self._status = {name: w.HTML(status_line(self.model, name, None)) for name in TABS}
         self._tables = {name: w.HTML() for name in TABS}
-        pages = [w.VBox([self._status[n], self.figures[n].view, self._tables[n]])
-                 for n in TABS]
+        pages = [w.VBox([self._status[n], self.figures[n].view, self._tables[n]]) for n in TABS]
         self.tabs = w.Tab(children=pages, titles=list(TABS))
         self.tabs.observe(self._on_tab, names="selected_index")
-        header = w.HTML("<b>gpulab</b> cluster telemetry "
-                        "<span style='color:#666'>(updates about once a second)</span>")
+        header = w.HTML(
+            "<b>gpulab</b> cluster telemetry "
+            "<span style='color:#666'>(updates about once a second)</span>"
+        )
         super().__init__([header, self.tabs])
         self.add_class("gpulab-dashboard")
         self._thread = threading.Thread(target=self._run, name="gpulab-dashboard", daemon=True)
@@ -68,6 +76,7 @@ class Dashboard(w.VBox):
         try:
             if self._client is None:
                 from gpulab.client import Client
+
                 self._client = Client()
             answer = self._client.telemetry(self.model.cursor())
         except Exception as e:  # shown, not raised: a dashboard must not break a notebook
@@ -124,10 +133,12 @@ class Dashboard(w.VBox):
         """Status of every tab; figure and tables of ``tab`` (hidden tabs redraw when shown)."""
         self._draw_status()
         self.figures[tab].draw(TABS[tab][1](self.model))
-        html = {"Cluster": lambda: cluster_tables(self.model, self.user),
-                "Cache": lambda: cache_tables(self.model),
-                "Network": lambda: network_tables(self.model),
-                "Jobs": lambda: jobs_tables(self.model)}[tab]()
+        html = {
+            "Cluster": lambda: cluster_tables(self.model, self.user),
+            "Cache": lambda: cache_tables(self.model),
+            "Network": lambda: network_tables(self.model),
+            "Jobs": lambda: jobs_tables(self.model),
+        }[tab]()
         if self._tables[tab].value != html:
             self._tables[tab].value = html
 

@@ -88,15 +88,31 @@ class TabFigure:
     the next tick repeats, so a dropped update heals itself.
     """
 
-    def __init__(self, titles: list[str], rows: int, cols: int, height: int,
-                 time_cells: list[tuple[int, int]], y_titles: dict[tuple[int, int], str]):
-        base = make_subplots(rows=rows, cols=cols, subplot_titles=titles,
-                             vertical_spacing=0.3 / rows, horizontal_spacing=0.1)
+    def __init__(
+        self,
+        titles: list[str],
+        rows: int,
+        cols: int,
+        height: int,
+        time_cells: list[tuple[int, int]],
+        y_titles: dict[tuple[int, int], str],
+    ):
+        base = make_subplots(
+            rows=rows,
+            cols=cols,
+            subplot_titles=titles,
+            vertical_spacing=0.3 / rows,
+            horizontal_spacing=0.1,
+        )
         base.update_annotations(font_size=13)  # the subplot titles
-        base.update_layout(height=height, margin=dict(l=60, r=20, t=40, b=40),
-                           uirevision="gpulab", template="plotly_white",
-                           legend=dict(orientation="h", y=-0.08, font=dict(size=10)))
-        for (r, c) in time_cells:
+        base.update_layout(
+            height=height,
+            margin=dict(l=60, r=20, t=40, b=40),
+            uirevision="gpulab",
+            template="plotly_white",
+            legend=dict(orientation="h", y=-0.08, font=dict(size=10)),
+        )
+        for r, c in time_cells:
             base.update_xaxes(title_text="seconds ago", title_standoff=4, row=r, col=c)
         for (r, c), title in y_titles.items():
             base.update_yaxes(title_text=title, row=r, col=c)
@@ -111,8 +127,10 @@ class TabFigure:
     def draw(self, plot: Plot) -> None:
         # plotly.js draws no axes for a subplot without traces: an empty trace per
         # cell keeps every subplot drawn (notes are placed on the page by domain).
-        cells = [Trace(f"_cell {r},{c}", r, c, np.empty(0), np.empty(0), "", "#000",
-                       legend=False) for r, c in self.cells]
+        cells = [
+            Trace(f"_cell {r},{c}", r, c, np.empty(0), np.empty(0), "", "#000", legend=False)
+            for r, c in self.cells
+        ]
         traces = cells + plot.traces
         keys = [t.key for t in traces]
         if keys != self._keys or plot.notes != self._notes:
@@ -120,14 +138,17 @@ class TabFigure:
             self._keys, self._notes = keys, plot.notes
             return
         with self.widget.batch_update():
-            for t, shown in zip(traces, self.widget.data):
+            for t, shown in zip(traces, self.widget.data, strict=False):
                 shown.x = t.x
                 shown.y = t.y
 
     def _rebuild(self, traces: list[Trace], notes: list[Note]) -> None:
         fig = go.Figure(self._base)
-        fig.add_traces([self._new_trace(t) for t in traces],
-                       rows=[t.row for t in traces], cols=[t.col for t in traces])
+        fig.add_traces(
+            [self._new_trace(t) for t in traces],
+            rows=[t.row for t in traces],
+            cols=[t.col for t in traces],
+        )
         fig.layout.annotations = self._titles + tuple(self._note(n) for n in notes)
         # A subplot that only carries a note shows no empty axes either.
         noted = {(n.row, n.col) for n in notes}
@@ -145,60 +166,126 @@ class TabFigure:
     @staticmethod
     def _new_trace(t: Trace):
         if t.kind == "bar":
-            return go.Bar(name=t.key, x=t.x, y=t.y, legendgroup=t.group, showlegend=t.legend,
-                          marker_color=t.color)
-        return go.Scatter(name=t.key, x=t.x, y=t.y, legendgroup=t.group, showlegend=t.legend,
-                          mode=t.kind, line=dict(color=t.color, dash=t.dash, width=1.5),
-                          connectgaps=False)
+            return go.Bar(
+                name=t.key,
+                x=t.x,
+                y=t.y,
+                legendgroup=t.group,
+                showlegend=t.legend,
+                marker_color=t.color,
+            )
+        return go.Scatter(
+            name=t.key,
+            x=t.x,
+            y=t.y,
+            legendgroup=t.group,
+            showlegend=t.legend,
+            mode=t.kind,
+            line=dict(color=t.color, dash=t.dash, width=1.5),
+            connectgaps=False,
+        )
 
     def _note(self, n: Note) -> dict:
         cell = self._base.get_subplot(n.row, n.col)
         x0, x1 = cell.xaxis.domain
         y0, y1 = cell.yaxis.domain
-        return dict(text=n.text, xref="paper", yref="paper", x=(x0 + x1) / 2, y=(y0 + y1) / 2,
-                    xanchor="center", yanchor="middle",
-                    showarrow=False, font=dict(size=11, color="#8a2b06"), align="center",
-                    bgcolor="rgba(255,244,229,0.9)")
+        return dict(
+            text=n.text,
+            xref="paper",
+            yref="paper",
+            x=(x0 + x1) / 2,
+            y=(y0 + y1) / 2,
+            xanchor="center",
+            yanchor="middle",
+            showarrow=False,
+            font=dict(size=11, color="#8a2b06"),
+            align="center",
+            bgcolor="rgba(255,244,229,0.9)",
+        )
 
 
 # -- Cluster -------------------------------------------------------------------
 def cluster_figure() -> TabFigure:
-    return TabFigure(["GPU utilisation (%)", "GPU memory used / total (GiB)",
-                      "GPU temperature (°C)", "GPU power (W)",
-                      "slices held per GPU (milli-GPU)", "free slice sizes now (count per node)"],
-                     rows=3, cols=2, height=720,
-                     time_cells=[(1, 1), (1, 2), (2, 1), (2, 2), (3, 1)],
-                     y_titles={(1, 1): "%", (1, 2): "GiB", (2, 1): "°C", (2, 2): "W",
-                               (3, 1): "milli-GPU", (3, 2): "slices"})
+    return TabFigure(
+        [
+            "GPU utilisation (%)",
+            "GPU memory used / total (GiB)",
+            "GPU temperature (°C)",
+            "GPU power (W)",
+            "slices held per GPU (milli-GPU)",
+            "free slice sizes now (count per node)",
+        ],
+        rows=3,
+        cols=2,
+        height=720,
+        time_cells=[(1, 1), (1, 2), (2, 1), (2, 2), (3, 1)],
+        y_titles={
+            (1, 1): "%",
+            (1, 2): "GiB",
+            (2, 1): "°C",
+            (2, 2): "W",
+            (3, 1): "milli-GPU",
+            (3, 2): "slices",
+        },
+    )
 
 
 def cluster_plot(m: TelemetryModel) -> Plot:
     p, colors = Plot(), {}
-    cells = {"utilization_ratio": (1, 1, 100.0), "memory_used_bytes": (1, 2, 1 / GIB),
-             "temperature_celsius": (2, 1, 1.0), "power_watts": (2, 2, 1.0)}
+    cells = {
+        "utilization_ratio": (1, 1, 100.0),
+        "memory_used_bytes": (1, 2, 1 / GIB),
+        "temperature_celsius": (2, 1, 1.0),
+        "power_watts": (2, 2, 1.0),
+    }
     for (node, gpu), t, v in m.series(m.gpus):
         group = f"{node} {gpu}"
         color, x, first = _color(colors, group), ago(m, t), True
         for column, (r, c, scale) in cells.items():
             y = v[:, GPU_COLUMNS.index(column)] * scale
-            p.traces.append(Trace(group if first else f"{group} {column}", r, c, x, y,
-                                  group, color, legend=first))
+            p.traces.append(
+                Trace(
+                    group if first else f"{group} {column}", r, c, x, y, group, color, legend=first
+                )
+            )
             first = False
         total = v[:, GPU_COLUMNS.index("memory_total_bytes")] / GIB
-        p.traces.append(Trace(f"{group} total", 1, 2, x, total, group, color, "dot",
-                              legend=False))
+        p.traces.append(Trace(f"{group} total", 1, 2, x, total, group, color, "dot", legend=False))
     for (node, gpu), t, v in m.series(m.allocated):
         group = f"{node} {gpu}"
-        p.traces.append(Trace(f"{group} held", 3, 1, ago(m, t), v[:, 0], group,
-                              _color(colors, group), legend=not m.gpus))
+        p.traces.append(
+            Trace(
+                f"{group} held",
+                3,
+                1,
+                ago(m, t),
+                v[:, 0],
+                group,
+                _color(colors, group),
+                legend=not m.gpus,
+            )
+        )
     for node, sizes in sorted(m.free_sizes.items()):
-        p.traces.append(Trace(f"{node} free", 3, 2, [s.get("label") for s in sizes],
-                              np.array([float(s.get("count", 0)) for s in sizes]),
-                              f"{node} free", _color(colors, f"{node} free"), kind="bar"))
+        p.traces.append(
+            Trace(
+                f"{node} free",
+                3,
+                2,
+                [s.get("label") for s in sizes],
+                np.array([float(s.get("count", 0)) for s in sizes]),
+                f"{node} free",
+                _color(colors, f"{node} free"),
+                kind="bar",
+            )
+        )
     if not m.gpus:
         missing = m.missing_sources("gpu").get("gpu")
-        simulated = sum(1 for n in m.inventory.get("nodes") or [] for g in n.get("gpus") or []
-                        if g.get("simulated"))
+        simulated = sum(
+            1
+            for n in m.inventory.get("nodes") or []
+            for g in n.get("gpus") or []
+            if g.get("simulated")
+        )
         text = "no GPU telemetry" + (f"<br>{_reasons(missing)}" if missing else "")
         if simulated:
             text += f"<br>({simulated} simulated GPU(s): nothing to measure)"
@@ -211,26 +298,49 @@ def cluster_plot(m: TelemetryModel) -> Plot:
 
 # -- Cache ---------------------------------------------------------------------
 def cache_figure() -> TabFigure:
-    return TabFigure(["hit ratio (%)", "from cache (solid) / remote (dash), GiB",
-                      "prefetched ahead (solid) and evictions (dash)",
-                      "used (solid) / capacity (dot), GiB"],
-                     rows=2, cols=2, height=560,
-                     time_cells=[(1, 1), (1, 2), (2, 1), (2, 2)],
-                     y_titles={(1, 1): "%", (1, 2): "GiB", (2, 1): "count", (2, 2): "GiB"})
+    return TabFigure(
+        [
+            "hit ratio (%)",
+            "from cache (solid) / remote (dash), GiB",
+            "prefetched ahead (solid) and evictions (dash)",
+            "used (solid) / capacity (dot), GiB",
+        ],
+        rows=2,
+        cols=2,
+        height=560,
+        time_cells=[(1, 1), (1, 2), (2, 1), (2, 2)],
+        y_titles={(1, 1): "%", (1, 2): "GiB", (2, 1): "count", (2, 2): "GiB"},
+    )
 
 
 def cache_plot(m: TelemetryModel) -> Plot:
     p, colors = Plot(), {}
-    cells = [("hit_ratio", 1, 1, 100.0, "solid"), ("bytes_from_cache", 1, 2, 1 / GIB, "solid"),
-             ("bytes_from_remote", 1, 2, 1 / GIB, "dash"), ("prefetch_ahead", 2, 1, 1.0, "solid"),
-             ("evictions", 2, 1, 1.0, "dash"), ("used", 2, 2, 1 / GIB, "solid"),
-             ("capacity", 2, 2, 1 / GIB, "dot")]
+    cells = [
+        ("hit_ratio", 1, 1, 100.0, "solid"),
+        ("bytes_from_cache", 1, 2, 1 / GIB, "solid"),
+        ("bytes_from_remote", 1, 2, 1 / GIB, "dash"),
+        ("prefetch_ahead", 2, 1, 1.0, "solid"),
+        ("evictions", 2, 1, 1.0, "dash"),
+        ("used", 2, 2, 1 / GIB, "solid"),
+        ("capacity", 2, 2, 1 / GIB, "dot"),
+    ]
     for node, t, v in m.series(m.cache):
         color, x = _color(colors, node), ago(m, t)
         for i, (column, r, c, scale, dash) in enumerate(cells):
             y = v[:, CACHE_COLUMNS.index(column)] * scale
-            p.traces.append(Trace(node if i == 0 else f"{node} {column}", r, c, x, y, node,
-                                  color, dash, legend=i == 0))
+            p.traces.append(
+                Trace(
+                    node if i == 0 else f"{node} {column}",
+                    r,
+                    c,
+                    x,
+                    y,
+                    node,
+                    color,
+                    dash,
+                    legend=i == 0,
+                )
+            )
     if not m.cache:
         missing = m.missing_sources("cache").get("cache")
         text = "no dataset cache telemetry" + (f"<br>{_reasons(missing)}" if missing else "")
@@ -241,11 +351,18 @@ def cache_plot(m: TelemetryModel) -> Plot:
 
 # -- Network -------------------------------------------------------------------
 def network_figure() -> TabFigure:
-    return TabFigure(["NIC receive (solid) / transmit (dash), MB/s",
-                      "RDMA receive (solid) / transmit (dash), MB/s",
-                      "all-reduce bus bandwidth (solid) / algbw (dot), GB/s"],
-                     rows=3, cols=1, height=720, time_cells=[(1, 1), (2, 1), (3, 1)],
-                     y_titles={(1, 1): "MB/s", (2, 1): "MB/s", (3, 1): "GB/s"})
+    return TabFigure(
+        [
+            "NIC receive (solid) / transmit (dash), MB/s",
+            "RDMA receive (solid) / transmit (dash), MB/s",
+            "all-reduce bus bandwidth (solid) / algbw (dot), GB/s",
+        ],
+        rows=3,
+        cols=1,
+        height=720,
+        time_cells=[(1, 1), (2, 1), (3, 1)],
+        y_titles={(1, 1): "MB/s", (2, 1): "MB/s", (3, 1): "GB/s"},
+    )
 
 
 def network_plot(m: TelemetryModel) -> Plot:
@@ -255,13 +372,17 @@ def network_plot(m: TelemetryModel) -> Plot:
             group = f"{node} {dev}"
             color, x = _color(colors, group), ago(m, t)
             p.traces.append(Trace(group, row, 1, x, v[:, 0] / 1e6, group, color))
-            p.traces.append(Trace(f"{group} tx", row, 1, x, v[:, 1] / 1e6, group, color,
-                                  "dash", legend=False))
+            p.traces.append(
+                Trace(f"{group} tx", row, 1, x, v[:, 1] / 1e6, group, color, "dash", legend=False)
+            )
     for row, source, what in ((1, "nic", "NIC"), (2, "rdma", "RDMA")):
         if not (m.nics if row == 1 else m.rdma):
             missing = m.missing_sources(source).get(source)
-            p.notes.append(Note(row, 1, f"no {what} telemetry"
-                                + (f"<br>{_reasons(missing)}" if missing else "")))
+            p.notes.append(
+                Note(
+                    row, 1, f"no {what} telemetry" + (f"<br>{_reasons(missing)}" if missing else "")
+                )
+            )
     since = m.window_start()
     runs = [r for r in m.allreduce if since is None or float(r.get("ts", 0)) > since]
     if runs:
@@ -269,13 +390,32 @@ def network_plot(m: TelemetryModel) -> Plot:
         bus = np.array([float(r.get("busbw_bytes_per_second", np.nan)) for r in runs]) / 1e9
         alg = np.array([float(r.get("algbw_bytes_per_second", np.nan)) for r in runs]) / 1e9
         color = _color(colors, "all-reduce")
-        p.traces.append(Trace("all-reduce busbw", 3, 1, x, bus, "all-reduce", color,
-                              kind="lines+markers"))
-        p.traces.append(Trace("all-reduce algbw", 3, 1, x, alg, "all-reduce", color, "dot",
-                              kind="lines+markers", legend=False))
+        p.traces.append(
+            Trace("all-reduce busbw", 3, 1, x, bus, "all-reduce", color, kind="lines+markers")
+        )
+        p.traces.append(
+            Trace(
+                "all-reduce algbw",
+                3,
+                1,
+                x,
+                alg,
+                "all-reduce",
+                color,
+                "dot",
+                kind="lines+markers",
+                legend=False,
+            )
+        )
     elif m.allreduce:
-        p.notes.append(Note(3, 1, f"no all-reduce in the last {m.max_age_s / 60:g} min "
-                                  "(the table lists the latest); run %gpulab nettest"))
+        p.notes.append(
+            Note(
+                3,
+                1,
+                f"no all-reduce in the last {m.max_age_s / 60:g} min "
+                "(the table lists the latest); run %gpulab nettest",
+            )
+        )
     else:
         p.notes.append(Note(3, 1, "no all-reduce measured yet: run %gpulab nettest"))
     return p
@@ -283,8 +423,14 @@ def network_plot(m: TelemetryModel) -> Plot:
 
 # -- Jobs ----------------------------------------------------------------------
 def jobs_figure() -> TabFigure:
-    return TabFigure(["loss", "throughput (samples/s)"], rows=1, cols=2, height=380,
-                     time_cells=[(1, 1), (1, 2)], y_titles={(1, 1): "loss", (1, 2): "samples/s"})
+    return TabFigure(
+        ["loss", "throughput (samples/s)"],
+        rows=1,
+        cols=2,
+        height=380,
+        time_cells=[(1, 1), (1, 2)],
+        y_titles={(1, 1): "loss", (1, 2): "samples/s"},
+    )
 
 
 def jobs_plot(m: TelemetryModel) -> Plot:
@@ -295,13 +441,29 @@ def jobs_plot(m: TelemetryModel) -> Plot:
             continue
         color, x = _color(colors, job), ago(m, t)
         p.traces.append(Trace(job, 1, 1, x, v[:, JOB_COLUMNS.index("loss")], job, color))
-        p.traces.append(Trace(f"{job} samples/s", 1, 2, x,
-                              v[:, JOB_COLUMNS.index("samples_per_second")], job, color,
-                              legend=False))
+        p.traces.append(
+            Trace(
+                f"{job} samples/s",
+                1,
+                2,
+                x,
+                v[:, JOB_COLUMNS.index("samples_per_second")],
+                job,
+                color,
+                legend=False,
+            )
+        )
     if not p.traces:
         for c in (1, 2):
-            p.notes.append(Note(1, c, "no jobs to show" if not m.jobs
-                                else "the jobs report no loss or throughput yet"))
+            p.notes.append(
+                Note(
+                    1,
+                    c,
+                    "no jobs to show"
+                    if not m.jobs
+                    else "the jobs report no loss or throughput yet",
+                )
+            )
     return p
 
 

@@ -52,7 +52,7 @@ class Ring:
     def arrays(self, since: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Copies of (t, values) oldest first, only rows newer than ``since``."""
         if self._count < self.capacity:
-            t, v = self._t[:self._count], self._v[:self._count]
+            t, v = self._t[: self._count], self._v[: self._count]
         else:
             order = np.roll(np.arange(self.capacity), -self._next)
             t, v = self._t[order], self._v[order]

@@ -18,11 +18,23 @@ import math
 
 from .history import Ring, number
 
-GPU_COLUMNS = ("utilization_ratio", "memory_used_bytes", "memory_total_bytes",
-               "temperature_celsius", "power_watts")
+GPU_COLUMNS = (
+    "utilization_ratio",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "temperature_celsius",
+    "power_watts",
+)
 RATE_COLUMNS = ("rx_bytes_per_second", "tx_bytes_per_second")
-CACHE_COLUMNS = ("hit_ratio", "bytes_from_cache", "bytes_from_remote", "prefetch_ahead",
-                 "evictions", "used", "capacity")
+CACHE_COLUMNS = (
+    "hit_ratio",
+    "bytes_from_cache",
+    "bytes_from_remote",
+    "prefetch_ahead",
+    "evictions",
+    "used",
+    "capacity",
+)
 JOB_COLUMNS = ("step", "loss", "samples_per_second")
 SOURCES = ("gpu", "nic", "rdma", "cache")
 
@@ -92,8 +104,10 @@ class TelemetryModel:
         self.slices = list(answer.get("slices") or [])
         self.free_sizes = dict(answer.get("free_sizes") or {})
         self.jobs = [j for j in answer.get("jobs") or [] if isinstance(j, dict)]
-        self.allreduce = sorted((r for r in answer.get("allreduce") or [] if isinstance(r, dict)),
-                                key=lambda r: number(r.get("ts")))
+        self.allreduce = sorted(
+            (r for r in answer.get("allreduce") or [] if isinstance(r, dict)),
+            key=lambda r: number(r.get("ts")),
+        )
         if not math.isnan(self.now):
             self._add_snapshot(self.now)
         return added
@@ -109,17 +123,20 @@ class TelemetryModel:
         for gpu in sample.get("gpus") or []:
             key = (node, f"GPU {gpu.get('index')}")
             self._ring(self.gpus, key, len(GPU_COLUMNS)).append(
-                ts, [gpu.get(c) for c in GPU_COLUMNS])
+                ts, [gpu.get(c) for c in GPU_COLUMNS]
+            )
         for nic in _shown_nics(sample.get("nics") or []):
             self._ring(self.nics, (node, str(nic.get("device"))), 2).append(
-                ts, [nic.get(c) for c in RATE_COLUMNS])
+                ts, [nic.get(c) for c in RATE_COLUMNS]
+            )
         for port in sample.get("rdma") or []:
             key = (node, f"{port.get('device')}/{port.get('port')}")
             self._ring(self.rdma, key, 2).append(ts, [port.get(c) for c in RATE_COLUMNS])
         cache = sample.get("cache")
         if isinstance(cache, dict):
             self._ring(self.cache, node, len(CACHE_COLUMNS)).append(
-                ts, [cache.get(c) for c in CACHE_COLUMNS])
+                ts, [cache.get(c) for c in CACHE_COLUMNS]
+            )
 
     def _add_snapshot(self, now: float) -> None:
         """Slices held and job progress are states, not samples: record them as of ``now``."""
@@ -130,7 +147,8 @@ class TelemetryModel:
         for job in self.jobs:
             key = str(job.get("name") or job.get("id"))
             self._ring(self.job_history, key, len(JOB_COLUMNS)).append(
-                now, [job.get(c) for c in JOB_COLUMNS])
+                now, [job.get(c) for c in JOB_COLUMNS]
+            )
 
     # -- what the figures read -------------------------------------------------
     def window_start(self) -> float | None:

@@ -15,8 +15,10 @@ from .model import TelemetryModel
 #: Which telemetry sources each tab draws (for its "missing" line).
 TAB_SOURCES = {"Cluster": ("gpu",), "Cache": ("cache",), "Network": ("nic", "rdma"), "Jobs": ()}
 
-_TABLE = ('<table class="gpulab-table" style="border-collapse:collapse;font-size:12px;'
-          'margin:4px 12px 8px 0;display:inline-table;vertical-align:top">')
+_TABLE = (
+    '<table class="gpulab-table" style="border-collapse:collapse;font-size:12px;'
+    'margin:4px 12px 8px 0;display:inline-table;vertical-align:top">'
+)
 _CELL = 'style="border:1px solid #ddd;padding:2px 6px;text-align:{}"'
 
 
@@ -35,12 +37,16 @@ def _fmt(value, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
 def table(caption: str, headers: list[str], rows: list[list[str]]) -> str:
     """Cells are HTML already (escape text before passing it)."""
     head = "".join(f"<th {_CELL.format('left')}>{escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td {_CELL.format('left')}>{c}</td>" for c in row)
-                   + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td {_CELL.format('left')}>{c}</td>" for c in row) + "</tr>"
+        for row in rows
+    )
     if not rows:
         body = f'<tr><td {_CELL.format("left")} colspan="{len(headers)}">none</td></tr>'
-    return (f"{_TABLE}<caption style=\"text-align:left;font-weight:600\">{escape(caption)}"
-            f"</caption><tr>{head}</tr>{body}</table>")
+    return (
+        f'{_TABLE}<caption style="text-align:left;font-weight:600">{escape(caption)}'
+        f"</caption><tr>{head}</tr>{body}</table>"
+    )
 
 
 def status_line(m: TelemetryModel, tab: str, error: str | None) -> str:
@@ -49,21 +55,31 @@ def status_line(m: TelemetryModel, tab: str, error: str | None) -> str:
     for source, by_node in m.missing_sources(*TAB_SOURCES[tab]).items():
         for node, reason in by_node.items():
             parts.append(f"<b>{escape(source)} missing on {escape(node)}</b>: {escape(reason)}")
-    if tab == "Cluster" and any(g.get("simulated") for n in m.inventory.get("nodes") or []
-                                for g in n.get("gpus") or []):
-        parts.append("GPUs are <b>simulated</b> (declared for demos and tests; "
-                     "slices are tracked, nothing is measured)")
+    if tab == "Cluster" and any(
+        g.get("simulated") for n in m.inventory.get("nodes") or [] for g in n.get("gpus") or []
+    ):
+        parts.append(
+            "GPUs are <b>simulated</b> (declared for demos and tests; "
+            "slices are tracked, nothing is measured)"
+        )
     if error:
-        parts.insert(0, f'<span style="color:#b00020"><b>update failed</b> (retrying): '
-                        f'{escape(error)}</span>')
-    when = (time.strftime("%H:%M:%S", time.localtime(m.now)) if m.now and not math.isnan(m.now)
-            else "never")
+        parts.insert(
+            0,
+            f'<span style="color:#b00020"><b>update failed</b> (retrying): {escape(error)}</span>',
+        )
+    when = (
+        time.strftime("%H:%M:%S", time.localtime(m.now))
+        if m.now and not math.isnan(m.now)
+        else "never"
+    )
     if not TAB_SOURCES[tab]:
         parts.append(f"{len(m.jobs)} job(s) you may see" if m.jobs else "no jobs to show")
     lines = "<br>".join(parts) or "all sources reporting"
-    return (f'<div class="gpulab-status" data-tab="{tab}" data-points="{m.points()}" '
-            f'style="font-size:12px;line-height:1.4">{lines}'
-            f'<br><span style="color:#666">updated {when}; {m.points()} points</span></div>')
+    return (
+        f'<div class="gpulab-status" data-tab="{tab}" data-points="{m.points()}" '
+        f'style="font-size:12px;line-height:1.4">{lines}'
+        f'<br><span style="color:#666">updated {when}; {m.points()} points</span></div>'
+    )
 
 
 def _holders(m: TelemetryModel, uuid: str, me: str | None) -> str:
@@ -78,37 +94,59 @@ def _holders(m: TelemetryModel, uuid: str, me: str | None) -> str:
 def cluster_tables(m: TelemetryModel, me: str | None) -> str:
     rows = []
     for node in m.inventory.get("nodes") or []:
-        measured = {g.get("uuid"): g for g in (m.latest.get(node.get("name")) or {}).get("gpus")
-                    or []}
+        measured = {
+            g.get("uuid"): g for g in (m.latest.get(node.get("name")) or {}).get("gpus") or []
+        }
         for g in node.get("gpus") or []:
             s = measured.get(g.get("uuid")) or {}
             used = s.get("memory_used_bytes")
-            rows.append([escape(str(node.get("name"))), escape(str(g.get("index"))),
-                         escape(str(g.get("model"))) + (" (simulated)" if g.get("simulated")
-                                                         else ""),
-                         f"{g.get('allocated_milli', 0)} / 1000",
-                         _holders(m, g.get("uuid"), me),
-                         _fmt(s.get("utilization_ratio"), " %", 100, 0),
-                         f"{_fmt(used, '', 2**-30)} / {_fmt(g.get('memory_mib'), ' GiB', 1/1024)}",
-                         _fmt(s.get("temperature_celsius"), " °C", digits=0),
-                         _fmt(s.get("power_watts"), " W", digits=0)])
-    gpus = table("GPUs (held: every user's total; held by: the slices you may see)",
-                 ["node", "GPU", "model", "held milli", "held by", "util", "memory",
-                  "temp", "power"], rows)
-    sizes = sorted({(s.get("milli"), s.get("label")) for v in m.free_sizes.values() for s in v},
-                   key=lambda s: s[0] or 0)
-    free_rows = [[escape(node)] + [str({s.get("milli"): s.get("count")
-                                        for s in v}.get(milli, "—")) for milli, _ in sizes]
-                 for node, v in sorted(m.free_sizes.items())]
-    free = table("free slice sizes per node (how many fit now)",
-                 ["node"] + [str(label) for _, label in sizes], free_rows)
-    slices = table("slices" + (" (yours)" if all(s.get("user") == me for s in m.slices)
-                               else " (everyone's)"),
-                   ["user", "kind", "owner", "node", "GPU", "milli"],
-                   [[escape("you" if s.get("user") == me else str(s.get("user"))),
-                     escape(str(s.get("owner_kind"))), escape(str(s.get("owner"))),
-                     escape(str(s.get("node"))), escape(str(s.get("gpu_index"))),
-                     escape(str(s.get("milli")))] for s in m.slices])
+            rows.append(
+                [
+                    escape(str(node.get("name"))),
+                    escape(str(g.get("index"))),
+                    escape(str(g.get("model"))) + (" (simulated)" if g.get("simulated") else ""),
+                    f"{g.get('allocated_milli', 0)} / 1000",
+                    _holders(m, g.get("uuid"), me),
+                    _fmt(s.get("utilization_ratio"), " %", 100, 0),
+                    f"{_fmt(used, '', 2**-30)} / {_fmt(g.get('memory_mib'), ' GiB', 1 / 1024)}",
+                    _fmt(s.get("temperature_celsius"), " °C", digits=0),
+                    _fmt(s.get("power_watts"), " W", digits=0),
+                ]
+            )
+    gpus = table(
+        "GPUs (held: every user's total; held by: the slices you may see)",
+        ["node", "GPU", "model", "held milli", "held by", "util", "memory", "temp", "power"],
+        rows,
+    )
+    sizes = sorted(
+        {(s.get("milli"), s.get("label")) for v in m.free_sizes.values() for s in v},
+        key=lambda s: s[0] or 0,
+    )
+    free_rows = [
+        [escape(node)]
+        + [str({s.get("milli"): s.get("count") for s in v}.get(milli, "—")) for milli, _ in sizes]
+        for node, v in sorted(m.free_sizes.items())
+    ]
+    free = table(
+        "free slice sizes per node (how many fit now)",
+        ["node"] + [str(label) for _, label in sizes],
+        free_rows,
+    )
+    slices = table(
+        "slices" + (" (yours)" if all(s.get("user") == me for s in m.slices) else " (everyone's)"),
+        ["user", "kind", "owner", "node", "GPU", "milli"],
+        [
+            [
+                escape("you" if s.get("user") == me else str(s.get("user"))),
+                escape(str(s.get("owner_kind"))),
+                escape(str(s.get("owner"))),
+                escape(str(s.get("node"))),
+                escape(str(s.get("gpu_index"))),
+                escape(str(s.get("milli"))),
+            ]
+            for s in m.slices
+        ],
+    )
     return gpus + free + slices
 
 
@@ -118,40 +156,70 @@ def cache_tables(m: TelemetryModel) -> str:
         c = sample.get("cache")
         if not isinstance(c, dict):
             continue
-        rows.append([escape(node), _fmt(c.get("hit_ratio"), " %", 100), str(c.get("hits")),
-                     str(c.get("misses")), _fmt(c.get("bytes_from_cache"), " GiB", 2**-30, 2),
-                     _fmt(c.get("bytes_from_remote"), " GiB", 2**-30, 2),
-                     str(c.get("prefetch_ahead")), str(c.get("evictions")),
-                     f"{_fmt(c.get('used'), '', 2**-30, 2)} / "
-                     f"{_fmt(c.get('capacity'), ' GiB', 2**-30, 2)}"])
-    return table("dataset cache per node (latest)",
-                 ["node", "hit ratio", "hits", "misses", "from cache", "from remote",
-                  "prefetched ahead", "evictions", "used / capacity"], rows)
+        rows.append(
+            [
+                escape(node),
+                _fmt(c.get("hit_ratio"), " %", 100),
+                str(c.get("hits")),
+                str(c.get("misses")),
+                _fmt(c.get("bytes_from_cache"), " GiB", 2**-30, 2),
+                _fmt(c.get("bytes_from_remote"), " GiB", 2**-30, 2),
+                str(c.get("prefetch_ahead")),
+                str(c.get("evictions")),
+                f"{_fmt(c.get('used'), '', 2**-30, 2)} / "
+                f"{_fmt(c.get('capacity'), ' GiB', 2**-30, 2)}",
+            ]
+        )
+    return table(
+        "dataset cache per node (latest)",
+        [
+            "node",
+            "hit ratio",
+            "hits",
+            "misses",
+            "from cache",
+            "from remote",
+            "prefetched ahead",
+            "evictions",
+            "used / capacity",
+        ],
+        rows,
+    )
 
 
 def network_tables(m: TelemetryModel) -> str:
-    rows = [[escape(time.strftime("%H:%M:%S", time.localtime(float(r.get("ts", 0))))),
-             escape(str(r.get("user") or "—")), escape(str(r.get("backend") or "—")),
-             escape(str(r.get("world_size"))), escape(", ".join(r.get("nodes") or [])
-                                                      or str(r.get("node") or "")),
-             _fmt(r.get("size_bytes"), " MiB", 2**-20, 2),
-             _fmt(r.get("algbw_bytes_per_second"), " GB/s", 1e-9, 3),
-             _fmt(r.get("busbw_bytes_per_second"), " GB/s", 1e-9, 3)]
-            for r in reversed(m.allreduce[-5:])]
-    return table("all-reduce probes, newest first (busbw = algbw · 2(n−1)/n)",
-                 ["when", "user", "backend", "ranks", "nodes", "size", "algbw", "busbw"], rows)
+    rows = [
+        [
+            escape(time.strftime("%H:%M:%S", time.localtime(float(r.get("ts", 0))))),
+            escape(str(r.get("user") or "—")),
+            escape(str(r.get("backend") or "—")),
+            escape(str(r.get("world_size"))),
+            escape(", ".join(r.get("nodes") or []) or str(r.get("node") or "")),
+            _fmt(r.get("size_bytes"), " MiB", 2**-20, 2),
+            _fmt(r.get("algbw_bytes_per_second"), " GB/s", 1e-9, 3),
+            _fmt(r.get("busbw_bytes_per_second"), " GB/s", 1e-9, 3),
+        ]
+        for r in reversed(m.allreduce[-5:])
+    ]
+    return table(
+        "all-reduce probes, newest first (busbw = algbw · 2(n−1)/n)",
+        ["when", "user", "backend", "ranks", "nodes", "size", "algbw", "busbw"],
+        rows,
+    )
 
 
 def jobs_tables(m: TelemetryModel) -> str:
-    preferred = ["id", "name", "user", "state", "step", "total_steps", "loss",
-                 "samples_per_second"]
+    preferred = ["id", "name", "user", "state", "step", "total_steps", "loss", "samples_per_second"]
     keys = [k for k in preferred if any(k in j for j in m.jobs)]
     rows = []
     for j in m.jobs:
         row = []
         for k in keys:
             v = j.get(k)
-            row.append(_fmt(v, digits=4 if k == "loss" else 1)
-                       if isinstance(v, float) else escape("—" if v is None else str(v)))
+            row.append(
+                _fmt(v, digits=4 if k == "loss" else 1)
+                if isinstance(v, float)
+                else escape("—" if v is None else str(v))
+            )
         rows.append(row)
     return table("jobs", keys or ["jobs"], rows)

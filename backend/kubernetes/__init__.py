@@ -26,5 +26,14 @@ from .jobset import make_jobset
 from .pods import JobOptions, job_name
 from .serving import KubernetesServing
 
-__all__ = ["JobOptions", "KubernetesServing", "job_name", "job_objects", "make_deployment",
-           "make_headless_service", "make_inference_service", "make_job", "make_jobset"]
+__all__ = [
+    "JobOptions",
+    "KubernetesServing",
+    "job_name",
+    "job_objects",
+    "make_deployment",
+    "make_headless_service",
+    "make_inference_service",
+    "make_job",
+    "make_jobset",
+]

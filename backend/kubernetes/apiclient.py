@@ -23,8 +23,7 @@ class ApiClientHolder:
                 from kubernetes_asyncio import client, config
 
                 if self.kubeconfig:
-                    self._client = await config.new_client_from_config(
-                        config_file=self.kubeconfig)
+                    self._client = await config.new_client_from_config(config_file=self.kubeconfig)
                 else:
                     config.load_incluster_config()
                     self._client = client.ApiClient()

@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from gpulab.scheduler.slices import MILLI_PER_GPU
 
@@ -44,13 +44,22 @@ class KubernetesBackend(Backend, ApiClientHolder):
 
     name = "kubernetes"
 
-    def __init__(self, jobs_root: str, *, namespace: str, options: JobOptions,
-                 kubeconfig: str | None = None, use_jobset: bool | str = "auto",
-                 pod_patch_for: Callable[[JobSpec, list], Callable | None] | None = None):
+    def __init__(
+        self,
+        jobs_root: str,
+        *,
+        namespace: str,
+        options: JobOptions,
+        kubeconfig: str | None = None,
+        use_jobset: bool | str = "auto",
+        pod_patch_for: Callable[[JobSpec, list], Callable | None] | None = None,
+    ):
         super().__init__(jobs_root)
         if options.jobs_root != jobs_root:
-            raise SpecError(f"options.jobs_root ({options.jobs_root}) must be the service's "
-                            f"jobs directory ({jobs_root}): pods mount it at the same path")
+            raise SpecError(
+                f"options.jobs_root ({options.jobs_root}) must be the service's "
+                f"jobs directory ({jobs_root}): pods mount it at the same path"
+            )
         self.namespace = namespace
         self.options = options
         self.kubeconfig = kubeconfig
@@ -81,11 +90,15 @@ class KubernetesBackend(Backend, ApiClientHolder):
         check_spec(spec)
         job_name(spec)
         if spec.comm_hook == "bf16" and not spec.gpu_milli:
-            raise SpecError("comm hook bf16 needs NCCL, which needs GPUs; these ranks have "
-                            "none: use --comm-hook fp16 or powersgd")
+            raise SpecError(
+                "comm hook bf16 needs NCCL, which needs GPUs; these ranks have "
+                "none: use --comm-hook fp16 or powersgd"
+            )
         if 0 < spec.gpu_milli < MILLI_PER_GPU and spec.nproc_per_node > 1:
-            raise SpecError("on Kubernetes a node's ranks share one pod, which holds one slice: "
-                            "use --nproc-per-node 1 with a fraction of a GPU, or whole GPUs")
+            raise SpecError(
+                "on Kubernetes a node's ranks share one pod, which holds one slice: "
+                "use --nproc-per-node 1 with a fraction of a GPU, or whole GPUs"
+            )
 
     def objects(self, spec: JobSpec, allocations: list[dict], jobset: bool) -> list[dict]:
         patch = self.pod_patch_for(spec, allocations) if self.pod_patch_for else None
@@ -112,13 +125,21 @@ class KubernetesBackend(Backend, ApiClientHolder):
                     await client.BatchV1Api(api).create_namespaced_job(self.namespace, obj)
                 else:
                     await client.CustomObjectsApi(api).create_namespaced_custom_object(
-                        jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, obj)
+                        jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, obj
+                    )
             except ApiException as e:
                 if e.status != 409:  # already there: a start repeated after a crash
                     raise
-        self.jobdir(spec.id).write_json("launch.json", {
-            "backend": self.name, "kind": objects[-1]["kind"], "namespace": self.namespace,
-            "name": job_name(spec), "started": time.time()})
+        self.jobdir(spec.id).write_json(
+            "launch.json",
+            {
+                "backend": self.name,
+                "kind": objects[-1]["kind"],
+                "namespace": self.namespace,
+                "name": job_name(spec),
+                "started": time.time(),
+            },
+        )
 
     async def _read(self, spec: JobSpec) -> tuple[str, dict | None]:
         """(kind, the object's status as a dict) or (kind, None) when it does not exist."""
@@ -132,7 +153,8 @@ class KubernetesBackend(Backend, ApiClientHolder):
                 # The object, not its /status subresource: the chart's Role grants
                 # jobs and jobsets, not their subresources.
                 obj = await client.CustomObjectsApi(api).get_namespaced_custom_object(
-                    jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, name)
+                    jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, name
+                )
                 return "JobSet", obj.get("status") or {}
             job = await client.BatchV1Api(api).read_namespaced_job(name, self.namespace)
             return "Job", api.sanitize_for_serialization(job.status) or {}
@@ -145,13 +167,20 @@ class KubernetesBackend(Backend, ApiClientHolder):
         kind, status = await self._read(spec)
         jd = self.jobdir(spec.id)
         if status is None:
-            return JobStatus("failed", restarts=jd.restarts(),
-                             message=f"the {kind} {job_name(spec)} is gone from namespace "
-                                     f"{self.namespace} (deleted outside gpulab?)")
-        conditions = {c.get("type"): c for c in status.get("conditions") or []
-                      if c.get("status") == "True"}
-        restarts = max(jd.restarts(), int(status.get("restarts") or 0),
-                       int(status.get("failed") or 0) if kind == "Job" else 0)
+            return JobStatus(
+                "failed",
+                restarts=jd.restarts(),
+                message=f"the {kind} {job_name(spec)} is gone from namespace "
+                f"{self.namespace} (deleted outside gpulab?)",
+            )
+        conditions = {
+            c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"
+        }
+        restarts = max(
+            jd.restarts(),
+            int(status.get("restarts") or 0),
+            int(status.get("failed") or 0) if kind == "Job" else 0,
+        )
         details = {"kind": kind, "name": job_name(spec), "namespace": self.namespace}
         if "Complete" in conditions or "Completed" in conditions:
             return JobStatus("succeeded", exit_code=0, restarts=restarts, details=details)
@@ -161,12 +190,22 @@ class KubernetesBackend(Backend, ApiClientHolder):
         errors = [e for e in jd.errors() if e.get("restart", 0) == jd.restarts()] or jd.errors()
         if errors:
             e = errors[0]
-            return JobStatus("failed", exit_code=1, restarts=restarts, error=e, details=details,
-                             message=f"rank {e.get('rank')} failed: {e.get('type')}: "
-                                     f"{e.get('message')}")
+            return JobStatus(
+                "failed",
+                exit_code=1,
+                restarts=restarts,
+                error=e,
+                details=details,
+                message=f"rank {e.get('rank')} failed: {e.get('type')}: {e.get('message')}",
+            )
         why = ": ".join(x for x in (failed.get("reason"), failed.get("message")) if x)
-        return JobStatus("failed", exit_code=1, restarts=restarts, details=details,
-                         message=f"the {kind} failed" + (f" ({why})" if why else ""))
+        return JobStatus(
+            "failed",
+            exit_code=1,
+            restarts=restarts,
+            details=details,
+            message=f"the {kind} failed" + (f" ({why})" if why else ""),
+        )
 
     async def reattach(self, spec: JobSpec) -> bool:
         return (await self.poll(spec)).state == "running"
@@ -181,13 +220,21 @@ class KubernetesBackend(Backend, ApiClientHolder):
         jobset = await self._jobset(spec)
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}
         if jobset:
-            deletes = [client.CustomObjectsApi(api).delete_namespaced_custom_object(
-                jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, name,
-                body=body)]
+            deletes = [
+                client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                    jobset_mod.GROUP,
+                    jobset_mod.VERSION,
+                    self.namespace,
+                    jobset_mod.PLURAL,
+                    name,
+                    body=body,
+                )
+            ]
         else:
-            deletes = [client.BatchV1Api(api).delete_namespaced_job(name, self.namespace,
-                                                                    body=body),
-                       client.CoreV1Api(api).delete_namespaced_service(name, self.namespace)]
+            deletes = [
+                client.BatchV1Api(api).delete_namespaced_job(name, self.namespace, body=body),
+                client.CoreV1Api(api).delete_namespaced_service(name, self.namespace),
+            ]
         for delete in deletes:
             try:
                 await delete

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from ..spec import SpecError
 from .pods import COMMON_LABELS, USER_ANNOTATION
@@ -30,48 +30,94 @@ KSERVE_PLURAL = "inferenceservices"
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME = 40  # leaves room for the ReplicaSet's and pods' suffixes
 
-_READY_PROBE = ("import os, urllib.request as u; u.urlopen(u.Request("
-                "'http://127.0.0.1:{port}/v2/health/ready', headers={{'Authorization': "
-                "'Bearer ' + os.environ['" + TOKEN_ENV + "']}}), timeout=3)")
+_READY_PROBE = (
+    "import os, urllib.request as u; u.urlopen(u.Request("
+    "'http://127.0.0.1:{port}/v2/health/ready', headers={{'Authorization': "
+    "'Bearer ' + os.environ['" + TOKEN_ENV + "']}}), timeout=3)"
+)
 
 
 def endpoint_name(name: str) -> str:
     """The Kubernetes name of endpoint ``name``: ``gpulab-ep-<name>``."""
     full = f"gpulab-ep-{name}"
     if not isinstance(name, str) or not _NAME.match(name) or len(full) > MAX_NAME:
-        raise SpecError(f"endpoint name {name!r}: use 1-{MAX_NAME - 10} lowercase letters, "
-                        "digits and '-', starting with a letter")
+        raise SpecError(
+            f"endpoint name {name!r}: use 1-{MAX_NAME - 10} lowercase letters, "
+            "digits and '-', starting with a letter"
+        )
     return full
 
 
-def _check(model_dir: str, models_root: str, replicas: int, port: int, max_batch_size: int,
-           max_latency_ms: float, max_queue: int) -> None:
-    if not models_root.startswith("/") or \
-            not (model_dir.rstrip("/") + "/").startswith(models_root.rstrip("/") + "/"):
-        raise SpecError(f"model_dir {model_dir!r} must lie on the models volume, under "
-                        f"{models_root!r}: export the model there first")
-    for what, v, lo, hi in (("replicas", replicas, 0, 100), ("port", port, 1, 65535),
-                            ("max_batch_size", max_batch_size, 1, 4096),
-                            ("max_queue", max_queue, 1, 10**6)):
+def _check(
+    model_dir: str,
+    models_root: str,
+    replicas: int,
+    port: int,
+    max_batch_size: int,
+    max_latency_ms: float,
+    max_queue: int,
+) -> None:
+    if not models_root.startswith("/") or not (model_dir.rstrip("/") + "/").startswith(
+        models_root.rstrip("/") + "/"
+    ):
+        raise SpecError(
+            f"model_dir {model_dir!r} must lie on the models volume, under "
+            f"{models_root!r}: export the model there first"
+        )
+    for what, v, lo, hi in (
+        ("replicas", replicas, 0, 100),
+        ("port", port, 1, 65535),
+        ("max_batch_size", max_batch_size, 1, 4096),
+        ("max_queue", max_queue, 1, 10**6),
+    ):
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise SpecError(f"{what!r} must be an integer from {lo} to {hi}, got {v!r}")
-    if isinstance(max_latency_ms, bool) or not isinstance(max_latency_ms, (int, float)) \
-            or max_latency_ms < 0:
+    if (
+        isinstance(max_latency_ms, bool)
+        or not isinstance(max_latency_ms, (int, float))
+        or max_latency_ms < 0
+    ):
         raise SpecError(f"'max_latency_ms' must be milliseconds >= 0, got {max_latency_ms!r}")
 
 
-def server_container(*, image: str, model_dir: str, port: int, max_batch_size: int,
-                     max_latency_ms: float, max_queue: int, token_secret: str,
-                     container_name: str = "server") -> dict:
+def server_container(
+    *,
+    image: str,
+    model_dir: str,
+    port: int,
+    max_batch_size: int,
+    max_latency_ms: float,
+    max_queue: int,
+    token_secret: str,
+    container_name: str = "server",
+) -> dict:
     if not image:
         raise SpecError("'image' is required: a container image with gpulab and torch installed")
-    command = ["python", "-m", "gpulab.serving.server", "--model-dir", model_dir,
-               "--ip", "0.0.0.0", "--port", str(port), "--max-batch-size", str(max_batch_size),
-               "--max-latency-ms", str(max_latency_ms), "--max-queue", str(max_queue)]
+    command = [
+        "python",
+        "-m",
+        "gpulab.serving.server",
+        "--model-dir",
+        model_dir,
+        "--ip",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--max-batch-size",
+        str(max_batch_size),
+        "--max-latency-ms",
+        str(max_latency_ms),
+        "--max-queue",
+        str(max_queue),
+    ]
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     if token_secret:
-        env.append({"name": TOKEN_ENV, "valueFrom": {
-            "secretKeyRef": {"name": token_secret, "key": "token"}}})
+        env.append(
+            {
+                "name": TOKEN_ENV,
+                "valueFrom": {"secretKeyRef": {"name": token_secret, "key": "token"}},
+            }
+        )
         ready = {"exec": {"command": ["python", "-c", _READY_PROBE.format(port=port)]}}
     else:
         ready = {"httpGet": {"path": "/v2/health/ready", "port": port}}
@@ -83,30 +129,65 @@ def server_container(*, image: str, model_dir: str, port: int, max_batch_size: i
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {**ready, "periodSeconds": 5, "timeoutSeconds": 4},
         # Loading a large model takes a while; until then only the startup probe runs.
-        "startupProbe": {"httpGet": {"path": "/v2/health/live", "port": port},
-                         "periodSeconds": 2, "failureThreshold": 300},
-        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": port},
-                          "periodSeconds": 10, "failureThreshold": 3},
+        "startupProbe": {
+            "httpGet": {"path": "/v2/health/live", "port": port},
+            "periodSeconds": 2,
+            "failureThreshold": 300,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/v2/health/live", "port": port},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
     }
 
 
-def _pod(name, *, image, model_dir, models_root, models_pvc, port, max_batch_size,
-         max_latency_ms, max_queue, token_secret, labels, priority_class,
-         pod_patch, container_name="server") -> dict:
-    container = server_container(image=image, model_dir=model_dir, port=port,
-                                 max_batch_size=max_batch_size, max_latency_ms=max_latency_ms,
-                                 max_queue=max_queue, token_secret=token_secret,
-                                 container_name=container_name)
+def _pod(
+    name,
+    *,
+    image,
+    model_dir,
+    models_root,
+    models_pvc,
+    port,
+    max_batch_size,
+    max_latency_ms,
+    max_queue,
+    token_secret,
+    labels,
+    priority_class,
+    pod_patch,
+    container_name="server",
+) -> dict:
+    container = server_container(
+        image=image,
+        model_dir=model_dir,
+        port=port,
+        max_batch_size=max_batch_size,
+        max_latency_ms=max_latency_ms,
+        max_queue=max_queue,
+        token_secret=token_secret,
+        container_name=container_name,
+    )
     # Only this endpoint's model directory, at the path the service wrote it to:
     # the claim holds every endpoint's model (and the service's files), which a
     # replica running users' code has no business reading.
-    container["volumeMounts"] = [{"name": "models", "mountPath": model_dir, "readOnly": True,
-                                  "subPath": os.path.relpath(model_dir, models_root)}]
-    spec = {"containers": [container],
-            "volumes": [{"name": "models", "persistentVolumeClaim": {
-                "claimName": models_pvc, "readOnly": True}}],
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False}
+    container["volumeMounts"] = [
+        {
+            "name": "models",
+            "mountPath": model_dir,
+            "readOnly": True,
+            "subPath": os.path.relpath(model_dir, models_root),
+        }
+    ]
+    spec = {
+        "containers": [container],
+        "volumes": [
+            {"name": "models", "persistentVolumeClaim": {"claimName": models_pvc, "readOnly": True}}
+        ],
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+    }
     if priority_class:
         spec["priorityClassName"] = priority_class
     # The user is named on the Deployment: enforcement drops gpulab.io/ annotations from pods.
@@ -115,16 +196,32 @@ def _pod(name, *, image, model_dir, models_root, models_pvc, port, max_batch_siz
 
 
 def _labels(name: str, extra: dict | None) -> dict:
-    return {**COMMON_LABELS, "app.kubernetes.io/component": "endpoint", ENDPOINT_LABEL: name,
-            **(extra or {})}
+    return {
+        **COMMON_LABELS,
+        "app.kubernetes.io/component": "endpoint",
+        ENDPOINT_LABEL: name,
+        **(extra or {}),
+    }
 
 
-def make_deployment(name: str, *, image: str, model_dir: str, models_pvc: str,
-                    models_root: str, user: str, replicas: int = 1, max_batch_size: int = 32,
-                    max_latency_ms: float = 5.0, max_queue: int = 256, port: int = 8080,
-                    token_secret: str = "", labels: dict | None = None,
-                    priority_class: str = "",
-                    pod_patch: Callable[[dict], dict] | None = None) -> list[dict]:
+def make_deployment(
+    name: str,
+    *,
+    image: str,
+    model_dir: str,
+    models_pvc: str,
+    models_root: str,
+    user: str,
+    replicas: int = 1,
+    max_batch_size: int = 32,
+    max_latency_ms: float = 5.0,
+    max_queue: int = 256,
+    port: int = 8080,
+    token_secret: str = "",
+    labels: dict | None = None,
+    priority_class: str = "",
+    pod_patch: Callable[[dict], dict] | None = None,
+) -> list[dict]:
     """``[Deployment, Service]`` of endpoint ``name`` (create in this order).
 
     ``models_pvc`` holds ``models_root``, under which ``model_dir`` lies;
@@ -135,38 +232,63 @@ def make_deployment(name: str, *, image: str, model_dir: str, models_pvc: str,
     if not models_pvc:
         raise SpecError("models_pvc must name the PersistentVolumeClaim holding the model")
     lab = _labels(name, labels)
-    template = _pod(name, image=image, model_dir=model_dir, models_root=models_root,
-                    models_pvc=models_pvc, port=port, max_batch_size=max_batch_size,
-                    max_latency_ms=max_latency_ms, max_queue=max_queue,
-                    token_secret=token_secret, labels=lab, priority_class=priority_class,
-                    pod_patch=pod_patch)
+    template = _pod(
+        name,
+        image=image,
+        model_dir=model_dir,
+        models_root=models_root,
+        models_pvc=models_pvc,
+        port=port,
+        max_batch_size=max_batch_size,
+        max_latency_ms=max_latency_ms,
+        max_queue=max_queue,
+        token_secret=token_secret,
+        labels=lab,
+        priority_class=priority_class,
+        pod_patch=pod_patch,
+    )
     meta = {"name": full, "labels": lab, "annotations": {USER_ANNOTATION: user}}
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": meta,
-        "spec": {"replicas": replicas,
-                 "selector": {"matchLabels": {ENDPOINT_LABEL: name}},
-                 "template": template},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {ENDPOINT_LABEL: name}},
+            "template": template,
+        },
     }
     service = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": full, "labels": lab},
-        "spec": {"selector": {ENDPOINT_LABEL: name},
-                 "ports": [{"name": "http", "port": 80, "targetPort": "http",
-                            "protocol": "TCP"}]},
+        "spec": {
+            "selector": {ENDPOINT_LABEL: name},
+            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+        },
     }
     return [deployment, service]
 
 
-def make_inference_service(name: str, *, image: str, model_dir: str, models_pvc: str,
-                           models_root: str, user: str, replicas: int = 1,
-                           max_replicas: int | None = None, max_batch_size: int = 32,
-                           max_latency_ms: float = 5.0, max_queue: int = 256,
-                           port: int = 8080, token_secret: str = "",
-                           labels: dict | None = None, priority_class: str = "",
-                           pod_patch: Callable[[dict], dict] | None = None) -> dict:
+def make_inference_service(
+    name: str,
+    *,
+    image: str,
+    model_dir: str,
+    models_pvc: str,
+    models_root: str,
+    user: str,
+    replicas: int = 1,
+    max_replicas: int | None = None,
+    max_batch_size: int = 32,
+    max_latency_ms: float = 5.0,
+    max_queue: int = 256,
+    port: int = 8080,
+    token_secret: str = "",
+    labels: dict | None = None,
+    priority_class: str = "",
+    pod_patch: Callable[[dict], dict] | None = None,
+) -> dict:
     """A KServe InferenceService whose predictor is a custom container running our server.
 
     KServe's predictor is a pod spec with a few fields of its own
@@ -181,17 +303,30 @@ def make_inference_service(name: str, *, image: str, model_dir: str, models_pvc:
     if isinstance(top, bool) or not isinstance(top, int) or top < replicas:
         raise SpecError(f"'max_replicas' must be an integer >= replicas ({replicas}), got {top!r}")
     lab = _labels(name, labels)
-    template = _pod(name, image=image, model_dir=model_dir, models_root=models_root,
-                    models_pvc=models_pvc, port=port, max_batch_size=max_batch_size,
-                    max_latency_ms=max_latency_ms, max_queue=max_queue,
-                    token_secret=token_secret, labels=lab, priority_class=priority_class,
-                    pod_patch=pod_patch, container_name="kserve-container")
+    template = _pod(
+        name,
+        image=image,
+        model_dir=model_dir,
+        models_root=models_root,
+        models_pvc=models_pvc,
+        port=port,
+        max_batch_size=max_batch_size,
+        max_latency_ms=max_latency_ms,
+        max_queue=max_queue,
+        token_secret=token_secret,
+        labels=lab,
+        priority_class=priority_class,
+        pod_patch=pod_patch,
+        container_name="kserve-container",
+    )
     # KServe routes to the one container port; it must not carry a name other than h2c/http1.
     template["spec"]["containers"][0]["ports"] = [{"containerPort": port, "protocol": "TCP"}]
-    predictor = {"minReplicas": replicas, "maxReplicas": top,
-                 **{k: v for k, v in template["metadata"].items()
-                    if k in ("labels", "annotations") and v},
-                 **template["spec"]}
+    predictor = {
+        "minReplicas": replicas,
+        "maxReplicas": top,
+        **{k: v for k, v in template["metadata"].items() if k in ("labels", "annotations") and v},
+        **template["spec"],
+    }
     return {
         "apiVersion": KSERVE_API_VERSION,
         "kind": "InferenceService",

@@ -17,8 +17,16 @@ last checkpoint on the job volume (``gpulab.training.checkpoint``).
 from __future__ import annotations
 
 from ..spec import JobSpec
-from .pods import (INDEX_ANNOTATION, JOB_ID_LABEL, RDZV_PORT_NAME, USER_ANNOTATION,
-                   JobOptions, common_labels, job_name, pod_template)
+from .pods import (
+    INDEX_ANNOTATION,
+    JOB_ID_LABEL,
+    RDZV_PORT_NAME,
+    USER_ANNOTATION,
+    JobOptions,
+    common_labels,
+    job_name,
+    pod_template,
+)
 
 
 def rdzv_host(spec: JobSpec) -> str:
@@ -37,8 +45,14 @@ def make_headless_service(spec: JobSpec, options: JobOptions) -> dict:
             "clusterIP": "None",
             "selector": {JOB_ID_LABEL: spec.id},
             "publishNotReadyAddresses": True,
-            "ports": [{"name": RDZV_PORT_NAME, "port": options.rdzv_port,
-                       "targetPort": options.rdzv_port, "protocol": "TCP"}],
+            "ports": [
+                {
+                    "name": RDZV_PORT_NAME,
+                    "port": options.rdzv_port,
+                    "targetPort": options.rdzv_port,
+                    "protocol": "TCP",
+                }
+            ],
         },
     }
 
@@ -64,8 +78,11 @@ def make_job(spec: JobSpec, options: JobOptions) -> dict:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "labels": common_labels(spec, options),
-                     "annotations": {USER_ANNOTATION: spec.user}},
+        "metadata": {
+            "name": name,
+            "labels": common_labels(spec, options),
+            "annotations": {USER_ANNOTATION: spec.user},
+        },
         "spec": job_spec,
     }
 

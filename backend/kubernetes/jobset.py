@@ -16,8 +16,7 @@ template with kubernetes-validate.
 from __future__ import annotations
 
 from ..spec import JobSpec
-from .pods import (USER_ANNOTATION, JobOptions, common_labels, job_name, pod_labels,
-                   pod_template)
+from .pods import USER_ANNOTATION, JobOptions, common_labels, job_name, pod_labels, pod_template
 
 GROUP = "jobset.x-k8s.io"
 VERSION = "v1alpha2"
@@ -42,11 +41,18 @@ def make_jobset(spec: JobSpec, options: JobOptions) -> dict:
         "template": pod_template(spec, options, jobset_rdzv_host(spec), subdomain=None),
     }
     jobset_spec = {
-        "network": {"enableDNSHostnames": True, "subdomain": name,
-                    "publishNotReadyAddresses": True},
-        "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1,
-                            "template": {"metadata": {"labels": pod_labels(spec)},
-                                         "spec": job_spec}}],
+        "network": {
+            "enableDNSHostnames": True,
+            "subdomain": name,
+            "publishNotReadyAddresses": True,
+        },
+        "replicatedJobs": [
+            {
+                "name": REPLICATED_JOB,
+                "replicas": 1,
+                "template": {"metadata": {"labels": pod_labels(spec)}, "spec": job_spec},
+            }
+        ],
         "successPolicy": {"operator": "All"},
         "failurePolicy": {"maxRestarts": spec.max_restarts},
     }
@@ -57,7 +63,10 @@ def make_jobset(spec: JobSpec, options: JobOptions) -> dict:
     return {
         "apiVersion": API_VERSION,
         "kind": "JobSet",
-        "metadata": {"name": name, "labels": common_labels(spec, options),
-                     "annotations": {USER_ANNOTATION: spec.user}},
+        "metadata": {
+            "name": name,
+            "labels": common_labels(spec, options),
+            "annotations": {USER_ANNOTATION: spec.user},
+        },
         "spec": jobset_spec,
     }

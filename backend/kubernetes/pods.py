@@ -24,8 +24,8 @@ what the ranks write, as with the local backend.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..jobdir import JobDir
 from ..render import render_node
@@ -49,7 +49,8 @@ NODE_WRAPPER = (
     ' run this pod from an Indexed Job" >&2; exit 2;; esac\n'
     'for a do shift; case "$a" in --rdzv-conf=is_host=?,*) '
     'a="--rdzv-conf=is_host=$h,${a#--rdzv-conf=is_host=?,}";; esac; set -- "$@" "$a"; done\n'
-    'exec "$@"')
+    'exec "$@"'
+)
 
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # An Indexed Job's pod hostname is `<job>-<index>`; a hostname is at most 63
@@ -63,8 +64,10 @@ def job_name(spec: JobSpec) -> str:
         raise SpecError("the job has no id yet; the service gives it one when it is submitted")
     name = f"gpulab-{spec.id.lower()}"
     if not _DNS_LABEL.match(name) or len(name) > MAX_JOB_NAME:
-        raise SpecError(f"job id {spec.id!r} cannot name a Kubernetes Job: use at most "
-                        f"{MAX_JOB_NAME - 7} lowercase letters, digits and '-'")
+        raise SpecError(
+            f"job id {spec.id!r} cannot name a Kubernetes Job: use at most "
+            f"{MAX_JOB_NAME - 7} lowercase letters, digits and '-'"
+        )
     return name
 
 
@@ -98,8 +101,10 @@ class JobOptions:
         if not self.jobs_root.startswith("/"):
             raise SpecError(f"jobs_root must be an absolute path, got {self.jobs_root!r}")
         if not self.jobs_pvc:
-            raise SpecError("jobs_pvc must name the PersistentVolumeClaim that holds jobs_root "
-                            "(ReadWriteMany: every pod of a job mounts it)")
+            raise SpecError(
+                "jobs_pvc must name the PersistentVolumeClaim that holds jobs_root "
+                "(ReadWriteMany: every pod of a job mounts it)"
+            )
         if not 1 <= self.rdzv_port <= 65535:
             raise SpecError(f"rdzv_port must be a TCP port, got {self.rdzv_port!r}")
 
@@ -120,8 +125,10 @@ def common_labels(spec: JobSpec, options: JobOptions) -> dict:
 def check_spec(spec: JobSpec) -> None:
     spec.validate()
     if not spec.image:
-        raise SpecError("'image' is required on Kubernetes: a container image with gpulab "
-                        "and torch installed (e.g. the notebook image)")
+        raise SpecError(
+            "'image' is required on Kubernetes: a container image with gpulab "
+            "and torch installed (e.g. the notebook image)"
+        )
 
 
 def node_gpus(spec: JobSpec) -> list[str]:
@@ -139,12 +146,15 @@ def _volumes(spec: JobSpec, options: JobOptions, ckpt_dir: str) -> tuple[list, l
     mounts = [{"name": "jobs", "mountPath": options.jobs_root}]
     inside = (ckpt_dir + "/").startswith(options.jobs_root.rstrip("/") + "/")
     if options.checkpoint_pvc:
-        volumes.append({"name": "checkpoints",
-                        "persistentVolumeClaim": {"claimName": options.checkpoint_pvc}})
+        volumes.append(
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": options.checkpoint_pvc}}
+        )
         mounts.append({"name": "checkpoints", "mountPath": ckpt_dir})
     elif not inside:
-        raise SpecError(f"checkpoint_dir {ckpt_dir!r} is not on the jobs volume "
-                        f"({options.jobs_root}): leave it empty, or set checkpoint_pvc")
+        raise SpecError(
+            f"checkpoint_dir {ckpt_dir!r} is not on the jobs volume "
+            f"({options.jobs_root}): leave it empty, or set checkpoint_pvc"
+        )
     return volumes, mounts
 
 
@@ -153,21 +163,31 @@ def node_container(spec: JobSpec, options: JobOptions, rdzv_host: str) -> dict:
     job_dir = JobDir(options.jobs_root, spec.id).path
     # Rendered for node 0, then every node-specific part made per-pod.
     local_addr = f"$({POD_IP})"
-    launch = render_node(spec, 0, job_dir=job_dir, rdzv_host=rdzv_host,
-                         rdzv_port=options.rdzv_port, local_addr=local_addr,
-                         node_gpus=node_gpus(spec), launcher=list(options.launcher))
+    launch = render_node(
+        spec,
+        0,
+        job_dir=job_dir,
+        rdzv_host=rdzv_host,
+        rdzv_port=options.rdzv_port,
+        local_addr=local_addr,
+        node_gpus=node_gpus(spec),
+        launcher=list(options.launcher),
+    )
     args = []
     for a in launch.argv:
         if a.startswith("--log-dir="):
-            a = escape(a[:-len("/node0")]) + "/node$(PET_NODE_RANK)"
+            a = escape(a[: -len("/node0")]) + "/node$(PET_NODE_RANK)"
         elif a != f"--local-addr={local_addr}":
             a = escape(a)
         args.append(a)
-    env = [{"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
-               "fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
-           {"name": POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    env += [{"name": k, "value": escape(v)} for k, v in launch.env.items()
-            if k != "PET_NODE_RANK"]
+    env = [
+        {
+            "name": "PET_NODE_RANK",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}},
+        },
+        {"name": POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    env += [{"name": k, "value": escape(v)} for k, v in launch.env.items() if k != "PET_NODE_RANK"]
     return {
         "name": CONTAINER,
         "image": spec.image,
@@ -175,13 +195,11 @@ def node_container(spec: JobSpec, options: JobOptions, rdzv_host: str) -> dict:
         "args": args,
         "env": env,
         "workingDir": job_dir,  # not expanded by the kubelet
-        "ports": [{"name": RDZV_PORT_NAME, "containerPort": options.rdzv_port,
-                   "protocol": "TCP"}],
+        "ports": [{"name": RDZV_PORT_NAME, "containerPort": options.rdzv_port, "protocol": "TCP"}],
     }
 
 
-def pod_template(spec: JobSpec, options: JobOptions, rdzv_host: str,
-                 subdomain: str | None) -> dict:
+def pod_template(spec: JobSpec, options: JobOptions, rdzv_host: str, subdomain: str | None) -> dict:
     """The pod template of every node (``subdomain`` gives pods DNS names; JobSet sets its own)."""
     check_spec(spec)
     container = node_container(spec, options, rdzv_host)

@@ -51,11 +51,19 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
     name = "kubernetes"
     restarts_replicas = True  # the Deployment controller does
 
-    def __init__(self, root: str, *, namespace: str, models_pvc: str, image: str,
-                 kubeconfig: str | None = None,
-                 pod_patch_for: Callable[[dict, list[dict]], Callable[[dict], dict] | None]
-                 | None = None,
-                 labels: dict | None = None, priority_class: str = "", port: int = 8080):
+    def __init__(
+        self,
+        root: str,
+        *,
+        namespace: str,
+        models_pvc: str,
+        image: str,
+        kubeconfig: str | None = None,
+        pod_patch_for: Callable[[dict, list[dict]], Callable[[dict], dict] | None] | None = None,
+        labels: dict | None = None,
+        priority_class: str = "",
+        port: int = 8080,
+    ):
         super().__init__(root)
         self.namespace = namespace
         self.models_pvc = models_pvc
@@ -90,10 +98,15 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
         return {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": self.secret_name(dep),
-                         "labels": {**COMMON_LABELS, "app.kubernetes.io/component": "endpoint",
-                                    ENDPOINT_LABEL: self.k8s_name(dep)},
-                         "annotations": {USER_ANNOTATION: dep["user"]}},
+            "metadata": {
+                "name": self.secret_name(dep),
+                "labels": {
+                    **COMMON_LABELS,
+                    "app.kubernetes.io/component": "endpoint",
+                    ENDPOINT_LABEL: self.k8s_name(dep),
+                },
+                "annotations": {USER_ANNOTATION: dep["user"]},
+            },
             "type": "Opaque",
             "data": {"token": base64.b64encode(token.encode()).decode()},
         }
@@ -101,13 +114,26 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
     def objects(self, dep: dict, rows: list[dict]) -> list[dict]:
         """``[Secret, Deployment, Service]``, in the order to create them."""
         patch = self.pod_patch_for(dep, rows) if self.pod_patch_for else None
-        return [self.secret(dep), *make_deployment(
-            self.k8s_name(dep), image=self.image, model_dir=self.model_dir(dep["id"]),
-            models_pvc=self.models_pvc, models_root=self.root, user=dep["user"],
-            replicas=dep["replicas"], max_batch_size=dep["max_batch_size"],
-            max_latency_ms=dep["max_latency_ms"], max_queue=dep["max_queue"], port=self.port,
-            token_secret=self.secret_name(dep), labels=self.labels or None,
-            priority_class=self.priority_class, pod_patch=patch)]
+        return [
+            self.secret(dep),
+            *make_deployment(
+                self.k8s_name(dep),
+                image=self.image,
+                model_dir=self.model_dir(dep["id"]),
+                models_pvc=self.models_pvc,
+                models_root=self.root,
+                user=dep["user"],
+                replicas=dep["replicas"],
+                max_batch_size=dep["max_batch_size"],
+                max_latency_ms=dep["max_latency_ms"],
+                max_queue=dep["max_queue"],
+                port=self.port,
+                token_secret=self.secret_name(dep),
+                labels=self.labels or None,
+                priority_class=self.priority_class,
+                pod_patch=patch,
+            ),
+        ]
 
     # -- cluster I/O ---------------------------------------------------------------------
     async def launch(self, dep: dict, rows: list[dict]) -> None:
@@ -128,8 +154,10 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
             name, kind = obj["metadata"]["name"], obj["kind"]
             create, replace = {
                 "Secret": (core.create_namespaced_secret, core.replace_namespaced_secret),
-                "Deployment": (apps.create_namespaced_deployment,
-                               apps.replace_namespaced_deployment),
+                "Deployment": (
+                    apps.create_namespaced_deployment,
+                    apps.replace_namespaced_deployment,
+                ),
                 "Service": (core.create_namespaced_service, None),
             }[kind]
             try:
@@ -151,7 +179,8 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
         try:
             # The object, not its /status subresource: the chart's Role grants deployments.
             return await client.AppsV1Api(await self.api()).read_namespaced_deployment(
-                self.object_name(dep), self.namespace)
+                self.object_name(dep), self.namespace
+            )
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -179,7 +208,8 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
         from kubernetes_asyncio import client
 
         found = await client.CoreV1Api(await self.api()).list_namespaced_pod(
-            self.namespace, label_selector=f"{ENDPOINT_LABEL}={self.k8s_name(dep)}")
+            self.namespace, label_selector=f"{ENDPOINT_LABEL}={self.k8s_name(dep)}"
+        )
         return sorted(found.items or [], key=lambda pod: pod.metadata.name)
 
     async def logs(self, dep: dict, replica: int, max_bytes: int = 256 * 1024) -> str:
@@ -192,15 +222,21 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
             return ""
         # The raw answer: parsed, a log line that happens to be JSON would be mangled.
         resp = await client.CoreV1Api(await self.api()).read_namespaced_pod_log(
-            pods[replica].metadata.name, self.namespace, container=CONTAINER,
-            tail_lines=LOG_LINES, _preload_content=False)
+            pods[replica].metadata.name,
+            self.namespace,
+            container=CONTAINER,
+            tail_lines=LOG_LINES,
+            _preload_content=False,
+        )
         try:
             if resp.status in (400, 404):  # not started yet, or just gone
                 return ""
             data = await resp.read()
             if not 200 <= resp.status <= 299:
-                raise RuntimeError(f"reading the log of pod {pods[replica].metadata.name}: "
-                                   f"HTTP {resp.status}: {data[:200]!r}")
+                raise RuntimeError(
+                    f"reading the log of pod {pods[replica].metadata.name}: "
+                    f"HTTP {resp.status}: {data[:200]!r}"
+                )
         finally:
             resp.release()
         return data[-max_bytes:].decode(errors="replace")
@@ -216,9 +252,11 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
         core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
         name, ns = self.object_name(dep), self.namespace
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}
-        for delete in (lambda: apps.delete_namespaced_deployment(name, ns, body=body),
-                       lambda: core.delete_namespaced_service(name, ns),
-                       lambda: core.delete_namespaced_secret(self.secret_name(dep), ns)):
+        for delete in (
+            lambda: apps.delete_namespaced_deployment(name, ns, body=body),
+            lambda: core.delete_namespaced_service(name, ns),
+            lambda: core.delete_namespaced_secret(self.secret_name(dep), ns),
+        ):
             try:
                 await delete()
             except ApiException as e:

@@ -11,8 +11,10 @@ from gpulab.db.migrate import VERSION_TABLE, target_metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None or context.is_offline_mode():
-    raise RuntimeError("gpulab's migrations run through `python -m gpulab.db.migrate` "
-                       "(or the service's start), which holds the database's write lock")
+    raise RuntimeError(
+        "gpulab's migrations run through `python -m gpulab.db.migrate` "
+        "(or the service's start), which holds the database's write lock"
+    )
 
 context.configure(
     connection=connection,

@@ -16,14 +16,31 @@ from types import ModuleType
 from gpulab.enforcement.slice_env import strip_enforcement_vars
 
 from . import hami, kai, mig, mps, nvml_cgroup, timeslice, volcano
-from .base import (EnforcementError, GpuSlice, SlicePatch, check_options, no_gpu_patch,
-                   simulated_patch, without_gpu_annotations, without_gpu_resources)
+from .base import (
+    EnforcementError,
+    GpuSlice,
+    SlicePatch,
+    check_options,
+    no_gpu_patch,
+    simulated_patch,
+    without_gpu_annotations,
+    without_gpu_resources,
+)
 
-BACKENDS: dict[str, ModuleType] = {m.NAME: m for m in (
-    hami, mig, mps, timeslice, nvml_cgroup, kai, volcano)}
+BACKENDS: dict[str, ModuleType] = {
+    m.NAME: m for m in (hami, mig, mps, timeslice, nvml_cgroup, kai, volcano)
+}
 
-__all__ = ["BACKENDS", "EnforcementError", "GpuSlice", "SlicePatch", "apply_to_pod",
-           "backend_names", "pod_slice_patch", "check_backend"]
+__all__ = [
+    "BACKENDS",
+    "EnforcementError",
+    "GpuSlice",
+    "SlicePatch",
+    "apply_to_pod",
+    "backend_names",
+    "pod_slice_patch",
+    "check_backend",
+]
 
 
 def backend_names() -> list[str]:
@@ -33,18 +50,21 @@ def backend_names() -> list[str]:
 def check_backend(name: str, options: dict | None = None) -> dict:
     """The backend's options with defaults filled in; a clear error for bad input."""
     if name not in BACKENDS:
-        raise EnforcementError(f"unknown enforcement backend {name!r}; choose one of: "
-                               f"{', '.join(BACKENDS)}")
+        raise EnforcementError(
+            f"unknown enforcement backend {name!r}; choose one of: {', '.join(BACKENDS)}"
+        )
     return check_options(name, BACKENDS[name].DEFAULTS, options)
 
 
-def pod_slice_patch(backend: str, s: GpuSlice, gpu_model: str | None = None,
-                    options: dict | None = None) -> SlicePatch:
+def pod_slice_patch(
+    backend: str, s: GpuSlice, gpu_model: str | None = None, options: dict | None = None
+) -> SlicePatch:
     """What ``backend`` adds to a pod holding slice ``s`` (``gpu_model`` overrides ``s``'s)."""
     opts = check_backend(backend, options)
     if gpu_model is not None:
-        s = GpuSlice(s.milli, s.memory_mib, s.card_memory_mib, gpu_model, s.node,
-                     s.gpu_uuids, s.simulated)
+        s = GpuSlice(
+            s.milli, s.memory_mib, s.card_memory_mib, gpu_model, s.node, s.gpu_uuids, s.simulated
+        )
     if s.milli == 0:
         return no_gpu_patch()
     if s.simulated:
@@ -88,5 +108,6 @@ def apply_to_pod(pod: dict, patch: SlicePatch, container: int = 0) -> dict:
         c["resources"] = resources
     kept = strip_enforcement_vars({e["name"]: e for e in c.get("env") or []})
     c["env"] = [e for name, e in kept.items() if name not in patch.env] + [
-        {"name": k, "value": v} for k, v in patch.env.items()]
+        {"name": k, "value": v} for k, v in patch.env.items()
+    ]
     return pod

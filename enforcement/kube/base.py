@@ -24,22 +24,24 @@ Hooks a backend module provides:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Mapping
 
 from gpulab.scheduler.slices import MILLI_PER_GPU, shape_of
 
 #: GPU nodes are commonly tainted so that only pods asking for GPUs land there.
 GPU_TOLERATION = MappingProxyType(
-    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+)
 
 
 #: Extended resources that hand out GPUs; on a pod they come from the slice only.
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "volcano.sh/", "amd.com/gpu")
 #: Annotations that grant or pick GPUs (KAI's fractions, HAMi's card choice, ours).
-GPU_ANNOTATIONS = frozenset({"gpu-fraction", "gpu-memory", "nvidia.com/use-gpuuuid",
-                             "nvidia.com/use-gputype"})
+GPU_ANNOTATIONS = frozenset(
+    {"gpu-fraction", "gpu-memory", "nvidia.com/use-gpuuuid", "nvidia.com/use-gputype"}
+)
 GPU_ANNOTATION_PREFIXES = ("gpulab.io/",)
 
 
@@ -49,8 +51,11 @@ def without_gpu_resources(resources: Mapping | None) -> dict:
 
 
 def without_gpu_annotations(annotations: Mapping | None) -> dict:
-    return {k: v for k, v in (annotations or {}).items()
-            if k not in GPU_ANNOTATIONS and not k.startswith(GPU_ANNOTATION_PREFIXES)}
+    return {
+        k: v
+        for k, v in (annotations or {}).items()
+        if k not in GPU_ANNOTATIONS and not k.startswith(GPU_ANNOTATION_PREFIXES)
+    }
 
 
 class EnforcementError(ValueError):
@@ -70,7 +75,7 @@ class GpuSlice:
     simulated: bool = False
 
     @classmethod
-    def of(cls, milli: int, memory_mib: int = 0, gpu_model: str = "", **kw) -> "GpuSlice":
+    def of(cls, milli: int, memory_mib: int = 0, gpu_model: str = "", **kw) -> GpuSlice:
         """A slice of ``milli`` on cards of ``memory_mib`` each (the slice's share is derived)."""
         shape = shape_of(milli)
         share = memory_mib * shape.milli_per_gpu // MILLI_PER_GPU if memory_mib else 0
@@ -139,24 +144,39 @@ def slice_env(s: GpuSlice, **extra: str) -> dict[str, str]:
 def no_gpu_patch() -> SlicePatch:
     # Images built on nvidia/cuda set NVIDIA_VISIBLE_DEVICES=all, which makes the
     # NVIDIA runtime hand every GPU of the node to a pod that asked for none.
-    return SlicePatch(env={"GPULAB_GPU_MILLI": "0", "GPULAB_GPU_UUID": "",
-                           "CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"})
+    return SlicePatch(
+        env={
+            "GPULAB_GPU_MILLI": "0",
+            "GPULAB_GPU_UUID": "",
+            "CUDA_VISIBLE_DEVICES": "",
+            "NVIDIA_VISIBLE_DEVICES": "void",
+        }
+    )
 
 
 def simulated_patch(s: GpuSlice) -> SlicePatch:
     """A slice of a declared GPU: stated in the environment, enforced nowhere."""
-    return SlicePatch(env={**slice_env(s), "CUDA_VISIBLE_DEVICES": "",
-                           "NVIDIA_VISIBLE_DEVICES": "void", "GPULAB_GPU_SIMULATED": "1"})
+    return SlicePatch(
+        env={
+            **slice_env(s),
+            "CUDA_VISIBLE_DEVICES": "",
+            "NVIDIA_VISIBLE_DEVICES": "void",
+            "GPULAB_GPU_SIMULATED": "1",
+        }
+    )
 
 
 def placement(s: GpuSlice) -> dict:
     """Node selector and tolerations every GPU backend shares."""
-    return {"node_selector": {"kubernetes.io/hostname": s.node} if s.node else {},
-            "tolerations": (GPU_TOLERATION,)}
+    return {
+        "node_selector": {"kubernetes.io/hostname": s.node} if s.node else {},
+        "tolerations": (GPU_TOLERATION,),
+    }
 
 
-def check_options(name: str, defaults: Mapping[str, object],
-                  options: Mapping[str, object] | None) -> dict:
+def check_options(
+    name: str, defaults: Mapping[str, object], options: Mapping[str, object] | None
+) -> dict:
     """``defaults`` updated by ``options``; an unknown key names the known ones."""
     options = dict(options or {})
     unknown = set(options) - set(defaults)
@@ -164,7 +184,8 @@ def check_options(name: str, defaults: Mapping[str, object],
         known = ", ".join(sorted(defaults)) or "none"
         raise EnforcementError(
             f"unknown option(s) {', '.join(sorted(unknown))} for the {name!r} enforcement "
-            f"backend; its options are: {known}")
+            f"backend; its options are: {known}"
+        )
     return {**defaults, **options}
 
 

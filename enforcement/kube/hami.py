@@ -27,5 +27,10 @@ def patch(s: GpuSlice, options: dict) -> SlicePatch:
     real = [u for u in s.gpu_uuids if u.startswith("GPU-")]
     if real and len(real) == s.num_gpus:
         annotations["nvidia.com/use-gpuuuid"] = ",".join(real)
-    return SlicePatch(limits=limits, annotations=annotations, env=slice_env(s),
-                      scheduler_name=options["scheduler_name"] or None, **placement(s))
+    return SlicePatch(
+        limits=limits,
+        annotations=annotations,
+        env=slice_env(s),
+        scheduler_name=options["scheduler_name"] or None,
+        **placement(s),
+    )

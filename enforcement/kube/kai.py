@@ -12,8 +12,11 @@ from __future__ import annotations
 from .base import GpuSlice, SlicePatch, placement, slice_env
 
 NAME = "kai"
-DEFAULTS = {"scheduler_name": "kai-scheduler", "queue": "default",
-            "queue_label": "kai.scheduler/queue"}
+DEFAULTS = {
+    "scheduler_name": "kai-scheduler",
+    "queue": "default",
+    "queue_label": "kai.scheduler/queue",
+}
 
 
 def patch(s: GpuSlice, options: dict) -> SlicePatch:
@@ -22,6 +25,8 @@ def patch(s: GpuSlice, options: dict) -> SlicePatch:
     if not s.fractional:
         return SlicePatch(limits={"nvidia.com/gpu": s.num_gpus}, env=slice_env(s), **common)
     env = slice_env(
-        s, PYTORCH_CUDA_ALLOC_CONF=f"per_process_memory_fraction:{s.milli_per_gpu / 1000:.3f}")
-    return SlicePatch(annotations={"gpu-fraction": f"{s.milli_per_gpu / 1000:g}"}, env=env,
-                      **common)
+        s, PYTORCH_CUDA_ALLOC_CONF=f"per_process_memory_fraction:{s.milli_per_gpu / 1000:.3f}"
+    )
+    return SlicePatch(
+        annotations={"gpu-fraction": f"{s.milli_per_gpu / 1000:g}"}, env=env, **common
+    )

@@ -16,8 +16,12 @@ NOTEBOOK_PRIORITY_CLASS = "gpulab-notebook"
 OWNER_KINDS = ("server", "job", "deployment")
 
 
-def queue_patch(owner_kind: str, queue: str | None = None, priority: str | None = None,
-                notebook_priority_class: str | None = NOTEBOOK_PRIORITY_CLASS) -> dict:
+def queue_patch(
+    owner_kind: str,
+    queue: str | None = None,
+    priority: str | None = None,
+    notebook_priority_class: str | None = NOTEBOOK_PRIORITY_CLASS,
+) -> dict:
     """``{"labels", "priority_class_name"}`` for a pod (template) of ``owner_kind``."""
     if owner_kind not in OWNER_KINDS:
         raise ValueError(f"owner_kind must be one of {', '.join(OWNER_KINDS)}, got {owner_kind!r}")

@@ -31,7 +31,6 @@ def patch(s: GpuSlice, options: dict) -> SlicePatch:
         limits = {profile.resource: s.num_gpus}
         memory_mib = profile.memory_gb * 1024 * s.num_gpus
     else:
-        return SlicePatch(limits={"nvidia.com/gpu": s.num_gpus}, env=slice_env(s),
-                          **placement(s))
+        return SlicePatch(limits={"nvidia.com/gpu": s.num_gpus}, env=slice_env(s), **placement(s))
     env = slice_env(s, GPULAB_GPU_MEMORY_MIB=str(memory_mib), GPULAB_MIG_PROFILE=profile.name)
     return SlicePatch(limits=limits, env=env, **placement(s))

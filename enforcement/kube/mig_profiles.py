@@ -80,19 +80,24 @@ def card_key(model: str, memory_mib: int = 0, table: dict | None = None) -> str:
         example = f'{{"profiles": {{"{model}": ["1g.10gb", "7g.80gb"]}}}}'
         raise EnforcementError(
             f"no MIG profiles known for GPU model {model!r}; known: {', '.join(sorted(table))}. "
-            f"Pass a table: enforcement_options = {example}")
-    variants = {k: int(m.group(1)) for k in table
-                if k.upper().startswith(family.group(1) + "-") and (m := _GB.search(k))}
+            f"Pass a table: enforcement_options = {example}"
+        )
+    variants = {
+        k: int(m.group(1))
+        for k in table
+        if k.upper().startswith(family.group(1) + "-") and (m := _GB.search(k))
+    }
     if not variants:
-        raise EnforcementError(f"no MIG profiles known for {family.group(1)} cards "
-                               f"(model {model!r}); known: {', '.join(sorted(table))}")
+        raise EnforcementError(
+            f"no MIG profiles known for {family.group(1)} cards "
+            f"(model {model!r}); known: {', '.join(sorted(table))}"
+        )
     gb = _GB.search(upper)
     want = int(gb.group(1)) if gb else memory_mib / 1024
     return min(variants, key=lambda k: abs(variants[k] - want))
 
 
-def snap(milli: int, model: str, memory_mib: int = 0,
-         table: dict | None = None) -> MigProfile:
+def snap(milli: int, model: str, memory_mib: int = 0, table: dict | None = None) -> MigProfile:
     """The smallest profile of ``model`` that holds ``milli`` of one card (1..1000)."""
     if not 0 < milli <= 1000:
         raise EnforcementError(f"a MIG profile holds 1..1000 milli-GPU of one card, got {milli}")

@@ -19,8 +19,12 @@ DEFAULTS = {"shared_resource": "nvidia.com/gpu.shared", "whole_resource": "nvidi
 
 def patch(s: GpuSlice, options: dict) -> SlicePatch:
     if not s.fractional:
-        return SlicePatch(limits={options["whole_resource"]: s.num_gpus}, env=slice_env(s),
-                          **placement(s))
-    env = slice_env(s, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(s.core_percent),
-                    CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=f"0={s.memory_mib}M")
+        return SlicePatch(
+            limits={options["whole_resource"]: s.num_gpus}, env=slice_env(s), **placement(s)
+        )
+    env = slice_env(
+        s,
+        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(s.core_percent),
+        CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=f"0={s.memory_mib}M",
+    )
     return SlicePatch(limits={options["shared_resource"]: 1}, env=env, **placement(s))

@@ -14,20 +14,29 @@ from __future__ import annotations
 from .base import GpuSlice, SlicePatch, placement, slice_env
 
 NAME = "nvml-cgroup"
-DEFAULTS = {"shared_resource": "nvidia.com/gpu.shared", "whole_resource": "nvidia.com/gpu",
-            "annotation_prefix": "gpulab.io"}
+DEFAULTS = {
+    "shared_resource": "nvidia.com/gpu.shared",
+    "whole_resource": "nvidia.com/gpu",
+    "annotation_prefix": "gpulab.io",
+}
 
 
 def patch(s: GpuSlice, options: dict) -> SlicePatch:
     if not s.fractional:
-        return SlicePatch(limits={options["whole_resource"]: s.num_gpus}, env=slice_env(s),
-                          **placement(s))
+        return SlicePatch(
+            limits={options["whole_resource"]: s.num_gpus}, env=slice_env(s), **placement(s)
+        )
     p = options["annotation_prefix"]
-    annotations = {f"{p}/gpu-milli": str(s.milli), f"{p}/gpu-memory-limit-mib": str(s.memory_mib),
-                   f"{p}/gpu-core-percent": str(s.core_percent)}
+    annotations = {
+        f"{p}/gpu-milli": str(s.milli),
+        f"{p}/gpu-memory-limit-mib": str(s.memory_mib),
+        f"{p}/gpu-core-percent": str(s.core_percent),
+    }
     if s.gpu_uuids:
         annotations[f"{p}/gpu-uuid"] = ",".join(s.gpu_uuids)
     env = slice_env(
-        s, PYTORCH_CUDA_ALLOC_CONF=f"per_process_memory_fraction:{s.milli_per_gpu / 1000:.3f}")
-    return SlicePatch(limits={options["shared_resource"]: 1}, annotations=annotations, env=env,
-                      **placement(s))
+        s, PYTORCH_CUDA_ALLOC_CONF=f"per_process_memory_fraction:{s.milli_per_gpu / 1000:.3f}"
+    )
+    return SlicePatch(
+        limits={options["shared_resource"]: 1}, annotations=annotations, env=env, **placement(s)
+    )

@@ -17,8 +17,10 @@ DEFAULTS = {"shared_resource": "nvidia.com/gpu.shared", "whole_resource": "nvidi
 
 def patch(s: GpuSlice, options: dict) -> SlicePatch:
     if not s.fractional:
-        return SlicePatch(limits={options["whole_resource"]: s.num_gpus}, env=slice_env(s),
-                          **placement(s))
+        return SlicePatch(
+            limits={options["whole_resource"]: s.num_gpus}, env=slice_env(s), **placement(s)
+        )
     env = slice_env(
-        s, PYTORCH_CUDA_ALLOC_CONF=f"per_process_memory_fraction:{s.milli_per_gpu / 1000:.3f}")
+        s, PYTORCH_CUDA_ALLOC_CONF=f"per_process_memory_fraction:{s.milli_per_gpu / 1000:.3f}"
+    )
     return SlicePatch(limits={options["shared_resource"]: 1}, env=env, **placement(s))

@@ -21,7 +21,11 @@ def patch(s: GpuSlice, options: dict) -> SlicePatch:
         limits["volcano.sh/vgpu-cores"] = s.core_percent
     else:
         limits["volcano.sh/vgpu-cores"] = 100
-    annotations = ({"scheduling.volcano.sh/queue-name": options["queue"]}
-                   if options["queue"] else {})
-    return SlicePatch(limits=limits, annotations=annotations, env=slice_env(s),
-                      scheduler_name=options["scheduler_name"], **placement(s))
+    annotations = {"scheduling.volcano.sh/queue-name": options["queue"]} if options["queue"] else {}
+    return SlicePatch(
+        limits=limits,
+        annotations=annotations,
+        env=slice_env(s),
+        scheduler_name=options["scheduler_name"],
+        **placement(s),
+    )

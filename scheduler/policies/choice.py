@@ -57,7 +57,9 @@ def tightest_gpus(cluster: Cluster, node: int, request: Request) -> tuple[int, .
     return tuple(int(g) for g in order[: request.num_gpu])
 
 
-def random_gpus(cluster: Cluster, node: int, request: Request, rng: np.random.Generator) -> tuple[int, ...]:
+def random_gpus(
+    cluster: Cluster, node: int, request: Request, rng: np.random.Generator
+) -> tuple[int, ...]:
     """A random fitting GPU for a fraction; whole GPUs as :func:`tightest_gpus`."""
     if request.num_gpu != 1 or request.gpu_milli >= MILLI_PER_GPU:
         return tightest_gpus(cluster, node, request)

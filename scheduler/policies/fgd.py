@@ -53,7 +53,11 @@ class FragmentationAware(PlacementPolicy):
 
     def frag_state(self, cluster: Cluster) -> FragState:
         state = self._state
-        if state is None or state.cluster is not cluster or len(state.frag) != len(cluster.cpu_free):
+        if (
+            state is None
+            or state.cluster is not cluster
+            or len(state.frag) != len(cluster.cpu_free)
+        ):
             state = self._state = FragState(self.mix, cluster)
         else:
             state.sync()
@@ -68,7 +72,9 @@ class FragmentationAware(PlacementPolicy):
             row = self.choose(cluster, request, state, cands)
             return Placement(int(cands.nodes[row]), tuple(int(g) for g in cands.gpus[row]))
 
-    def choose(self, cluster: Cluster, request: Request, state: FragState, cands: Candidates) -> int:
+    def choose(
+        self, cluster: Cluster, request: Request, state: FragState, cands: Candidates
+    ) -> int:
         raise NotImplementedError
 
 
@@ -84,7 +90,9 @@ def pick_node_then_gpu(scores: np.ndarray, cands: Candidates, rank: np.ndarray) 
 
 @register_policy("fgd")
 class FGD(FragmentationAware):
-    def __init__(self, workload=None, seed: int = 0, mix: TypicalMix | None = None, quantized: bool = True):
+    def __init__(
+        self, workload=None, seed: int = 0, mix: TypicalMix | None = None, quantized: bool = True
+    ):
         super().__init__(workload, seed, mix)
         self.quantized = quantized
 

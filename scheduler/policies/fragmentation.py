@@ -28,8 +28,8 @@ policy that wants it can filter on memory itself.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -64,7 +64,9 @@ class TypicalMix:
         ]
 
     @classmethod
-    def from_workload(cls, requests: Iterable[Request], popularity: float = POPULARITY) -> "TypicalMix":
+    def from_workload(
+        cls, requests: Iterable[Request], popularity: float = POPULARITY
+    ) -> TypicalMix:
         """The most popular request shapes that together cover ``popularity`` of the tasks.
 
         Shapes are (CPU, per-GPU milli, GPU count, model constraint); memory is
@@ -93,7 +95,7 @@ class TypicalMix:
         )
 
     @classmethod
-    def default(cls) -> "TypicalMix":
+    def default(cls) -> TypicalMix:
         """For a cluster with no history: the spawn form's sizes, equally likely."""
         types = []
         for size in DEFAULT_SLICE_SIZES:
@@ -174,7 +176,9 @@ class FragState:
         mixer = np.random.default_rng(0x6770756C6162)
         self._mult = mixer.integers(1, 2**62, size=width + 1, dtype=np.int64) | 1
         access = self.tables.access.astype(np.int64)
-        self._static = (access * mixer.integers(1, 2**62, size=access.shape[1], dtype=np.int64)).sum(axis=1)
+        self._static = (
+            access * mixer.integers(1, 2**62, size=access.shape[1], dtype=np.int64)
+        ).sum(axis=1)
         self.signature = np.zeros(n, dtype=np.int64)
         self._recompute(np.arange(n))
 
@@ -230,7 +234,9 @@ class FragState:
         th = t.thresholds[None, None, :]
         before_fit = used[:, :, None] >= th
         after_fit = left[:, :, None] >= th
-        usable = self.usable[nodes] + (left[:, :, None] * after_fit - used[:, :, None] * before_fit).sum(axis=1)
+        usable = self.usable[nodes] + (
+            left[:, :, None] * after_fit - used[:, :, None] * before_fit
+        ).sum(axis=1)
         fitting = self.fitting[nodes] + (after_fit.astype(np.int64) - before_fit).sum(axis=1)
         total = self.free_total[nodes] - share * used.shape[1]
         return self._frag(nodes, self.cluster.cpu_free[nodes] - cpu, total, usable, fitting)

@@ -29,7 +29,7 @@ than into the tightest gap whatever it leaves.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -69,12 +69,14 @@ class GapValue:
         self._uses = 0
 
     @classmethod
-    def from_workload(cls, requests: Iterable[Request], mix: TypicalMix | None = None) -> "GapValue":
+    def from_workload(cls, requests: Iterable[Request], mix: TypicalMix | None = None) -> GapValue:
         """Sizes and shares of the single-GPU slices among the workload's tasks; with no
         workload, of the typical mix (the spawn form's sizes on a fresh install)."""
         tasks = list(requests)
         if tasks:
-            counts = Counter(r.gpu_milli for r in tasks if r.num_gpu == 1 and r.gpu_milli < MILLI_PER_GPU)
+            counts = Counter(
+                r.gpu_milli for r in tasks if r.num_gpu == 1 and r.gpu_milli < MILLI_PER_GPU
+            )
             mean = sum(r.total_gpu_milli for r in tasks) / len(tasks)
             return cls({s: n / len(tasks) for s, n in counts.items()}, mean)
         mix = mix or TypicalMix.default()
@@ -94,7 +96,11 @@ class GapValue:
     def table(self, cluster: Cluster) -> np.ndarray:
         """``V`` for gaps 0..1000 milli; recomputed every :data:`REFRESH` uses, and
         at once for a cluster of another size."""
-        if self._table is None or self._uses % REFRESH == 0 or cluster.gpu_free.shape != self._shape:
+        if (
+            self._table is None
+            or self._uses % REFRESH == 0
+            or cluster.gpu_free.shape != self._shape
+        ):
             self._table = self.compute(cluster)
             self._shape = cluster.gpu_free.shape
         self._uses += 1
@@ -113,7 +119,8 @@ class GapValue:
         return self._solve(pi)[0]
 
     def _solve(self, pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``V`` for every gap, and the index of the size each gap waits for (``len(sizes)``: none)."""
+        """``V`` for every gap, and the index of the size each gap waits for
+        (``len(sizes)``: none)."""
         sizes, none = self.sizes, len(self.sizes)
         table = np.arange(MILLI_PER_GPU + 1, dtype=float)
         best = np.full(MILLI_PER_GPU + 1, none, dtype=np.int64)

@@ -85,7 +85,9 @@ def scarcity(cluster: Cluster, workload: list[Request]) -> np.ndarray:
     gpus = exists.sum(axis=1)
     total = np.zeros(len(cluster.cpu_free))
     shapes = Counter(
-        (r.cpu_milli, r.memory_mib, r.gpu_milli, r.num_gpu) for r in workload if r.num_gpu and not r.gpu_models
+        (r.cpu_milli, r.memory_mib, r.gpu_milli, r.num_gpu)
+        for r in workload
+        if r.num_gpu and not r.gpu_models
     )
     for (cpu, mem, milli, num), count in shapes.items():
         able = (cluster.cpu_free >= cpu) & (cluster.mem_free >= mem)
@@ -123,7 +125,9 @@ def reserved(cluster: Cluster, workload: list[Request]) -> np.ndarray:
 
 @register_policy("gpulab")
 class GpulabPolicy(FragmentationAware):
-    def __init__(self, workload=None, seed: int = 0, mix=None, scarcity: bool = True, affinity: bool = True):
+    def __init__(
+        self, workload=None, seed: int = 0, mix=None, scarcity: bool = True, affinity: bool = True
+    ):
         super().__init__(workload, seed, mix)
         self.use_scarcity, self.use_affinity = scarcity, affinity
         self._scarcity: np.ndarray | None = None
@@ -142,12 +146,16 @@ class GpulabPolicy(FragmentationAware):
             self._reserved = reserved(cluster, self.workload)
         return self._reserved
 
-    def choose(self, cluster: Cluster, request: Request, state: FragState, cands: Candidates) -> int:
+    def choose(
+        self, cluster: Cluster, request: Request, state: FragState, cands: Candidates
+    ) -> int:
         nodes = cands.nodes
         after = state.after(nodes, cands.used, request.gpu_milli, request.cpu_milli)
         score = kube_score(state.frag[nodes] - after)
         node_ratio = cpu_per_gpu(cluster.cpu_free[nodes], state.free_total[nodes])
-        affinity = affinity_class(node_ratio, float(cpu_per_gpu(request.cpu_milli, request.total_gpu_milli)))
+        affinity = affinity_class(
+            node_ratio, float(cpu_per_gpu(request.cpu_milli, request.total_gpu_milli))
+        )
         scarce = self.node_scarcity(cluster)[nodes] if self.use_scarcity else np.zeros(len(nodes))
         if not self.use_affinity:
             affinity = np.zeros(len(nodes))
