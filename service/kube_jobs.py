@@ -33,6 +33,7 @@ from gpulab.enforcement.kube.kueue import queue_patch
 KEYS = {
     "namespace",
     "jobs_pvc",
+    "checkpoint_pvc",
     "enforcement",
     "enforcement_options",
     "queue",
@@ -100,6 +101,16 @@ class KubernetesJobsSettings(Configurable):
         help="""Kubernetes PriorityClass of the job pods; empty: the cluster's default.
 
         c.KubernetesJobsSettings.priority_class = "batch-low"
+        """,
+    ).tag(config=True)
+
+    checkpoint_pvc = Unicode(
+        "",
+        help="""A claim of its own for checkpoints, mounted where a job's --checkpoint-dir
+        points when that is outside the jobs claim. Empty: checkpoints go on the jobs
+        claim (under each job's directory), and a checkpoint_dir elsewhere is refused.
+
+        c.KubernetesJobsSettings.checkpoint_pvc = "gpulab-checkpoints"
         """,
     ).tag(config=True)
 
@@ -198,6 +209,7 @@ def kubernetes_backend(
     options = JobOptions(
         jobs_root=jobs_root,
         jobs_pvc=settings["jobs_pvc"],
+        checkpoint_pvc=settings.get("checkpoint_pvc", ""),
         labels=labels,
         priority_class=settings.get("priority_class", ""),
         rdzv_port=int(settings.get("rdzv_port", 29400)),
