@@ -6,7 +6,17 @@ import pytest
 # Make the test helpers in this folder importable as plain modules.
 sys.path.insert(0, os.path.dirname(__file__))
 
+from hubproc import RunningHub  # noqa: E402
 from pg import postgres_server  # noqa: E402
+
+#: The shared hub's settings: those of every module that uses it, for users of its own.
+SHARED_HUB_CONFIG = """
+# Users whose quota is below what their tests ask: tests/jobs/test_jobs_api.py (half a
+# GPU), tests/hub/test_rest_spawn.py (a quarter), tests/browser/test_spawn_in_browser.py
+# (half a GPU, shown on the spawn form).
+c.GpuLabService.user_quota_milli = {"capped-jobs": 500, "capped-spawn": 250,
+                                    "alice-browser": 500}
+"""
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +30,29 @@ def postgres_url():
 def artifacts_dir():
     """Where tests keep what a person would look at (screenshots)."""
     path = os.environ.get("GPULAB_TEST_ARTIFACTS") or os.path.join(
-        os.path.dirname(__file__), "artifacts")
+        os.path.dirname(__file__), "artifacts"
+    )
     os.makedirs(path, exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def shared_hub(tmp_path_factory):
+    """One real hub (`gpulab up`, two simulated A100s, accounts when root) for every
+    module that needs no hub settings of its own. Started once per session.
+
+    Modules use it through :func:`plain_hub` (or clear it themselves), which stops
+    what they started; they take user names of their own (``hubproc.fresh_user``)."""
+    h = RunningHub(
+        tmp_path_factory.mktemp("shared-hub"), simulate="2xA100-80GB", config=SHARED_HUB_CONFIG
+    )
+    yield h
+    h.stop()
+
+
+@pytest.fixture(scope="module")
+def plain_hub(shared_hub):
+    """The shared hub for one module; afterwards no server, job or deployment of the
+    module is left running and the ledger is empty again."""
+    yield shared_hub
+    shared_hub.clear()

@@ -9,17 +9,20 @@ does), every hub user gets a real Unix account (``gpulab-<name>``), homes under
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import requests
+from support.wait import wait_until
 
+from gpulab.client.states import JOB_TERMINAL
 from gpulab.enforcement.accounts import UserAccounts, unix_name
 
 GPULAB = str(Path(sys.executable).with_name("gpulab"))
@@ -29,6 +32,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_names = itertools.count(1)
+
+
+def fresh_user(prefix: str = "user") -> str:
+    """A user name no other test of this session uses (``alice-3``): tests that
+    share a hub stay independent by never sharing a user."""
+    return f"{prefix}-{next(_names)}"
 
 
 def let_accounts_reach(path: Path) -> None:
@@ -43,8 +55,15 @@ def let_accounts_reach(path: Path) -> None:
 
 
 class RunningHub:
-    def __init__(self, data_dir: Path, simulate: str = "2xA100-80GB", config: str = "",
-                 db_url: str = "", cull_idle_timeout: int = 3600, demo: bool = False):
+    def __init__(
+        self,
+        data_dir: Path,
+        simulate: str = "2xA100-80GB",
+        config: str = "",
+        db_url: str = "",
+        cull_idle_timeout: int = 3600,
+        demo: bool = False,
+    ):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.accounts = os.geteuid() == 0
@@ -56,8 +75,16 @@ class RunningHub:
         self.url = f"http://127.0.0.1:{self.port}"
         self.api = f"{self.url}/services/gpulab/api/v1"
         self.log_path = self.data_dir / "hub.log"
-        argv = [GPULAB, "up", "--port", str(self.port), "--data-dir", str(self.data_dir),
-                "--cull-idle-timeout", str(cull_idle_timeout)]
+        argv = [
+            GPULAB,
+            "up",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--cull-idle-timeout",
+            str(cull_idle_timeout),
+        ]
         if simulate:
             argv += ["--simulate-gpus", simulate]
         if db_url:
@@ -65,28 +92,28 @@ class RunningHub:
         if demo:
             argv += ["--demo"]
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.admin_token = None
         self.wait_ready()
 
     # -- lifecycle -------------------------------------------------------------
     def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gpulab up exited:\n{self.log_tail()}")
             token_file = self.data_dir / "admin-token"
-            if token_file.exists():
-                self.admin_token = token_file.read_text().strip()
-                try:
-                    r = requests.get(f"{self.api}/inventory", headers=self.auth(), timeout=5)
-                    if r.status_code == 200:
-                        return
-                except requests.RequestException:
-                    pass
-            time.sleep(0.5)
-        raise RuntimeError(f"hub not ready after {timeout}s:\n{self.log_tail()}")
+            if not token_file.exists():
+                return False
+            self.admin_token = token_file.read_text().strip()
+            try:
+                r = requests.get(f"{self.api}/inventory", headers=self.auth(), timeout=5)
+            except requests.RequestException:
+                return False
+            return r.status_code == 200
+
+        wait_until(ready, "the hub and its gpulab service to answer", timeout, detail=self.log_tail)
 
     def log_tail(self, n: int = 4000) -> str:
         return self.log_path.read_bytes()[-n:].decode(errors="replace")
@@ -102,40 +129,84 @@ class RunningHub:
 
     def wait_service_restarted(self, old_pid: int, timeout: float = 180) -> None:
         """Wait until the hub has started a new gpulab service and it answers."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def restarted():
             new = self.service_pid()
             try:
-                if new and new != old_pid and \
-                        self.gpulab("GET", "/allocations").status_code == 200:
-                    return
+                return bool(
+                    new and new != old_pid and self.gpulab("GET", "/allocations").status_code == 200
+                )
             except requests.RequestException:
-                pass
-            time.sleep(1)
-        raise AssertionError(f"service not restarted:\n{self.log_tail()}")
+                return False
+
+        wait_until(
+            restarted, "a new gpulab service to answer", timeout, every=0.5, detail=self.log_tail
+        )
+
+    def clear(self) -> None:
+        """Stop what tests started, so that the next tests on this hub find it empty:
+        deployments, jobs that have not ended, every running server; then wait until
+        the ledger holds nothing."""
+        for dep in self.gpulab("GET", "/deployments").json():
+            self.gpulab("DELETE", f"/deployments/{dep['name']}", params={"user": dep["user"]})
+        for job in self.gpulab("GET", "/jobs").json():
+            if job["state"] not in JOB_TERMINAL:
+                self.gpulab("DELETE", f"/jobs/{job['id']}")
+        active = self.hub_api("GET", "/users", params={"state": "active"}).json()
+        for user in active:
+            for name in user.get("servers") or {}:
+                path = (
+                    f"/users/{user['name']}/servers/{name}"
+                    if name
+                    else f"/users/{user['name']}/server"
+                )
+                self.hub_api("DELETE", path)
+        for user in active:
+            self.wait_server(user["name"], ready=False)
+        try:
+            wait_until(
+                lambda: self.gpulab("GET", "/allocations").json() == [],
+                "the ledger to release what was stopped",
+                timeout=60,
+            )
+        except AssertionError:
+            # Rows a test made by hand (POST /allocations) have nothing to stop: the
+            # admin releases them, as an operator repairing the ledger would.
+            for row in self.gpulab("GET", "/allocations").json():
+                self.gpulab("DELETE", f"/allocations/{row['id']}")
+        wait_until(
+            lambda: self.gpulab("GET", "/allocations").json() == [],
+            "the ledger to hold nothing after clearing the hub",
+            timeout=30,
+            detail=lambda: str(self.gpulab("GET", "/allocations").json()),
+        )
 
     def stop(self) -> None:
         try:
             procs = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             procs = []
-        # Servers run in sessions of their own; find them by their hub's data dir.
+        # Servers, ranks and replicas run in sessions of their own; find them by their
+        # hub's data dir (their HOME). They go first: the hub's own shutdown then has
+        # no server left to wait for.
+        started = []
         for p in psutil.process_iter(["pid", "cmdline", "environ"]):
             try:
                 if (p.info["environ"] or {}).get("HOME", "").startswith(str(self.data_dir)):
-                    procs.append(p)
+                    started.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
+        for p in started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
         for p in procs:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
         self._log.close()
 
     # -- REST helpers ----------------------------------------------------------
@@ -143,12 +214,22 @@ class RunningHub:
         return {"Authorization": f"token {token or self.admin_token}"}
 
     def hub_api(self, method: str, path: str, token: str | None = None, **kw):
-        return requests.request(method, f"{self.url}/hub/api{path}", headers=self.auth(token),
-                                timeout=kw.pop("timeout", 300), **kw)
+        return requests.request(
+            method,
+            f"{self.url}/hub/api{path}",
+            headers=self.auth(token),
+            timeout=kw.pop("timeout", 300),
+            **kw,
+        )
 
     def gpulab(self, method: str, path: str, token: str | None = None, **kw):
-        return requests.request(method, f"{self.api}{path}", headers=self.auth(token),
-                                timeout=kw.pop("timeout", 60), **kw)
+        return requests.request(
+            method,
+            f"{self.api}{path}",
+            headers=self.auth(token),
+            timeout=kw.pop("timeout", 60),
+            **kw,
+        )
 
     def create_user(self, name: str) -> str:
         """Create a user (if needed) and return an API token of theirs."""
@@ -158,22 +239,31 @@ class RunningHub:
         return r.json()["token"]
 
     def spawn(self, user: str, options: dict | None, token: str | None = None):
-        return self.hub_api("POST", f"/users/{user}/server", token=token,
-                            json=options if options is not None else {})
+        return self.hub_api(
+            "POST",
+            f"/users/{user}/server",
+            token=token,
+            json=options if options is not None else {},
+        )
 
     def wait_server(self, user: str, ready: bool = True, timeout: float = 240) -> dict:
         """Wait until the user's default server is ready (or gone, with ready=False)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def reached():
             model = self.hub_api("GET", f"/users/{user}").json()
             server = (model.get("servers") or {}).get("")
             if ready and server and server.get("ready"):
                 return model
             if not ready and not server:
                 return model
-            time.sleep(0.5)
-        raise TimeoutError(f"{user}'s server not {'ready' if ready else 'stopped'}:\n"
-                           f"{self.log_tail()}")
+            return None
+
+        return wait_until(
+            reached,
+            f"{user}'s server {'ready' if ready else 'stopped'}",
+            timeout,
+            detail=self.log_tail,
+        )
 
     def home(self, user: str) -> Path:
         """The user's home: their account's when users have accounts."""
@@ -204,4 +294,3 @@ class RunningHub:
             if env.get("HOME") == home and "jupyterhub-singleuser" in cmd:
                 return env
         raise LookupError(f"no server process for {user}")
-

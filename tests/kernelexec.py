@@ -18,18 +18,38 @@ from tornado.websocket import websocket_connect
 async def _run(server_url: str, token: str, code: str, timeout: float) -> tuple[str, str]:
     auth = {"Authorization": f"token {token}"}
     http = AsyncHTTPClient()
-    r = await http.fetch(f"{server_url}/api/kernels", method="POST", body="{}", headers=auth,
-                         request_timeout=timeout)
+    r = await http.fetch(
+        f"{server_url}/api/kernels", method="POST", body="{}", headers=auth, request_timeout=timeout
+    )
     kernel = json.loads(r.body)["id"]
     ws_url = server_url.replace("http", "ws", 1) + f"/api/kernels/{kernel}/channels"
     ws = await websocket_connect(HTTPRequest(ws_url, headers=auth, request_timeout=timeout))
     msg_id = uuid.uuid4().hex
-    await ws.write_message(json.dumps({
-        "header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex,
-                   "msg_type": "execute_request", "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-        "content": {"code": code, "silent": False, "store_history": False,
-                    "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}))
+    await ws.write_message(
+        json.dumps(
+            {
+                "header": {
+                    "msg_id": msg_id,
+                    "username": "test",
+                    "session": uuid.uuid4().hex,
+                    "msg_type": "execute_request",
+                    "version": "5.3",
+                },
+                "parent_header": {},
+                "metadata": {},
+                "channel": "shell",
+                "buffers": [],
+                "content": {
+                    "code": code,
+                    "silent": False,
+                    "store_history": False,
+                    "user_expressions": {},
+                    "allow_stdin": False,
+                    "stop_on_error": True,
+                },
+            }
+        )
+    )
     out, err = [], []
     try:
         while True:
@@ -48,8 +68,9 @@ async def _run(server_url: str, token: str, code: str, timeout: float) -> tuple[
                 break
     finally:
         ws.close()
-        await http.fetch(f"{server_url}/api/kernels/{kernel}", method="DELETE", headers=auth,
-                         raise_error=False)
+        await http.fetch(
+            f"{server_url}/api/kernels/{kernel}", method="DELETE", headers=auth, raise_error=False
+        )
     return "".join(out), "\n".join(err)
 
 

@@ -24,9 +24,16 @@ def form_session(hub, path: str) -> tuple[requests.Session, str]:
 
 def sign_up(hub, name: str, password: str) -> requests.Response:
     s, xsrf = form_session(hub, "signup")
-    return s.post(f"{hub.url}/hub/signup", timeout=30,
-                  data={"_xsrf": xsrf, "username": name, "signup_password": password,
-                        "signup_password_confirmation": password})
+    return s.post(
+        f"{hub.url}/hub/signup",
+        timeout=30,
+        data={
+            "_xsrf": xsrf,
+            "username": name,
+            "signup_password": password,
+            "signup_password_confirmation": password,
+        },
+    )
 
 
 def toggle_approval(hub, name: str) -> None:
@@ -44,8 +51,11 @@ def sign_up_approved(hub, name: str, password: str) -> None:
 def log_in(hub, name: str, password: str) -> requests.Session:
     """A session logged in to the hub, or with no hub login if it failed."""
     s, xsrf = form_session(hub, "login")
-    s.post(f"{hub.url}/hub/login", timeout=30,
-           data={"_xsrf": xsrf, "username": name, "password": password})
+    s.post(
+        f"{hub.url}/hub/login",
+        timeout=30,
+        data={"_xsrf": xsrf, "username": name, "password": password},
+    )
     return s
 
 

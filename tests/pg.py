@@ -17,7 +17,8 @@ def _bindir() -> str:
     if not found:
         raise RuntimeError(
             "PostgreSQL is not installed: run `make up` or `apt-get install postgresql` "
-            "(the PostgreSQL tests need a real server)")
+            "(the PostgreSQL tests need a real server)"
+        )
     return os.path.dirname(found[-1])
 
 
@@ -39,22 +40,43 @@ def postgres_server():
         shutil.chown(root, "postgres", "postgres")
         os.chmod(root, 0o700)
         as_user = ["runuser", "-u", "postgres", "--"]
-    subprocess.run(as_user + [f"{bindir}/initdb", "-D", datadir, "--auth=trust", "-U", "postgres",
-                              "--no-sync"], check=True, capture_output=True)
+    subprocess.run(
+        as_user
+        + [f"{bindir}/initdb", "-D", datadir, "--auth=trust", "-U", "postgres", "--no-sync"],
+        check=True,
+        capture_output=True,
+    )
     port = _free_port()
     proc = subprocess.Popen(
-        as_user + [f"{bindir}/postgres", "-D", datadir, "-p", str(port), "-k", root,
-                   "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        as_user
+        + [
+            f"{bindir}/postgres",
+            "-D",
+            datadir,
+            "-p",
+            str(port),
+            "-k",
+            root,
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
-            r = subprocess.run([f"{bindir}/pg_isready", "-h", "127.0.0.1", "-p", str(port)],
-                               capture_output=True)
+            r = subprocess.run(
+                [f"{bindir}/pg_isready", "-h", "127.0.0.1", "-p", str(port)], capture_output=True
+            )
             if r.returncode == 0:
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"PostgreSQL did not start: {proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(
+                    f"PostgreSQL did not start: {proc.stderr.read().decode()[-2000:]}"
+                )
             time.sleep(0.2)
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:

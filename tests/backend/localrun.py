@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import torch
+from support.wait import wait_until_async
 
 from gpulab.backend.local import LocalBackend
 from gpulab.backend.spec import JobSpec
@@ -28,16 +28,19 @@ def prepare(backend: LocalBackend, spec: JobSpec):
 
 
 async def wait(backend: LocalBackend, spec: JobSpec, timeout: float = 300, on_tick=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    async def ended():
         status = await backend.poll(spec)
         if status.state != "running":
             return status
         if on_tick is not None:
             on_tick()
-        await asyncio.sleep(0.3)
-    await backend.cancel(spec)
-    raise TimeoutError(f"job {spec.id} still running after {timeout}s")
+        return None
+
+    try:
+        return await wait_until_async(ended, f"job {spec.id} to end", timeout, every=0.1)
+    except AssertionError:
+        await backend.cancel(spec)
+        raise
 
 
 def run(backend: LocalBackend, spec: JobSpec, timeout: float = 300, on_tick=None):

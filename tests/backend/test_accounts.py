@@ -17,10 +17,13 @@ from gpulab.enforcement.accounts import MAX_NAME, UserAccounts, unix_name, unrea
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="creating accounts needs root")
 
 
-@pytest.mark.parametrize("hub_name, expected", [
-    ("alice", "gpulab-alice"),
-    ("bob-2", "gpulab-bob-2"),
-])
+@pytest.mark.parametrize(
+    "hub_name, expected",
+    [
+        ("alice", "gpulab-alice"),
+        ("bob-2", "gpulab-bob-2"),
+    ],
+)
 def test_plain_names_are_kept(hub_name, expected):
     assert unix_name(hub_name) == expected
 
@@ -83,6 +86,7 @@ def test_ensure_makes_an_account_with_a_private_home_once(accounts):
     st = os.stat(account.home)
     assert (st.st_uid, st.st_mode & 0o777) == (account.uid, 0o700)
     import grp
+
     assert account.name in grp.getgrnam("gpulab-users").gr_mem
 
 
@@ -95,9 +99,13 @@ def test_a_process_started_as_the_account_is_that_account(accounts, tmp_path):
     secret = tmp_path / "root-only"
     secret.write_text("x")
     secret.chmod(0o600)
-    out = subprocess.run(["sh", "-c", f"id -un; cat {secret} 2>&1 || true"],
-                         capture_output=True, text=True, env=account.env(),
-                         **account.popen_kwargs())
+    out = subprocess.run(
+        ["sh", "-c", f"id -un; cat {secret} 2>&1 || true"],
+        capture_output=True,
+        text=True,
+        env=account.env(),
+        **account.popen_kwargs(),
+    )
     lines = out.stdout.splitlines()
     assert lines[0] == account.name
     assert "Permission denied" in lines[1]

@@ -55,20 +55,30 @@ PROC_CGROUP = textwrap.dedent("""\
 
 def test_mounts_and_own_cgroups_are_read_from_proc():
     v1, v2 = parse_cgroup_mounts(MOUNTINFO)
-    assert v1 == {"cpu": ("/sys/fs/cgroup/cpu,cpuacct", "/"),
-                  "cpuacct": ("/sys/fs/cgroup/cpu,cpuacct", "/"),
-                  "memory": ("/sys/fs/cgroup/memory", "/"),
-                  "devices": ("/sys/fs/cgroup/devices", "/docker/abc")}
+    assert v1 == {
+        "cpu": ("/sys/fs/cgroup/cpu,cpuacct", "/"),
+        "cpuacct": ("/sys/fs/cgroup/cpu,cpuacct", "/"),
+        "memory": ("/sys/fs/cgroup/memory", "/"),
+        "devices": ("/sys/fs/cgroup/devices", "/docker/abc"),
+    }
     assert v2 == ("/sys/fs/cgroup/unified", "/")
     own, unified = parse_proc_cgroup(PROC_CGROUP)
-    assert own == {"devices": "/docker/abc/inner", "memory": "/process_api/024af",
-                   "cpu": "/", "cpuacct": "/"}
+    assert own == {
+        "devices": "/docker/abc/inner",
+        "memory": "/process_api/024af",
+        "cpu": "/",
+        "cpuacct": "/",
+    }
     assert unified == "/hub.scope"
     # A bind mount of a sub-tree: the process's path is taken relative to it.
-    assert cgroup_dir("/sys/fs/cgroup/devices", "/docker/abc", "/docker/abc/inner") == \
-        "/sys/fs/cgroup/devices/inner"
-    assert cgroup_dir("/sys/fs/cgroup/memory", "/", "/process_api/024af") == \
-        "/sys/fs/cgroup/memory/process_api/024af"
+    assert (
+        cgroup_dir("/sys/fs/cgroup/devices", "/docker/abc", "/docker/abc/inner")
+        == "/sys/fs/cgroup/devices/inner"
+    )
+    assert (
+        cgroup_dir("/sys/fs/cgroup/memory", "/", "/process_api/024af")
+        == "/sys/fs/cgroup/memory/process_api/024af"
+    )
     assert cgroup_dir("/sys/fs/cgroup/cpu", "/", "/") == "/sys/fs/cgroup/cpu"
 
 
@@ -76,41 +86,76 @@ def test_group_and_unit_names_are_escaped():
     assert group_path("gpulab-alice/server") == "gpulab-alice/server"
     assert group_path("bob smith/../job 3") == "bob%20smith/%2E%2E/job%203"
     assert unit_escape("gpulab-alice") == "gpulab\\x2dalice"
-    assert systemd_units("gpulab", "gpulab-alice/job-7") == \
-        ("gpulab-gpulab\\x2dalice.slice", "gpulab-gpulab\\x2dalice-job\\x2d7.scope")
+    assert systemd_units("gpulab", "gpulab-alice/job-7") == (
+        "gpulab-gpulab\\x2dalice.slice",
+        "gpulab-gpulab\\x2dalice-job\\x2d7.scope",
+    )
     with pytest.raises(ValueError, match="alice/server"):
         group_path("/")
 
 
 def test_systemd_scope_properties_allow_all_devices_but_other_cards():
-    host = [DeviceNode("c", 195, 0, "/dev/nvidia0"), DeviceNode("c", 195, 1, "/dev/nvidia1"),
-            DeviceNode("c", 195, 255, "/dev/nvidiactl", shared=True),
-            DeviceNode("c", 509, 0, "/dev/nvidia-uvm", shared=True)]
+    host = [
+        DeviceNode("c", 195, 0, "/dev/nvidia0"),
+        DeviceNode("c", 195, 1, "/dev/nvidia1"),
+        DeviceNode("c", 195, 255, "/dev/nvidiactl", shared=True),
+        DeviceNode("c", 509, 0, "/dev/nvidia-uvm", shared=True),
+    ]
     majors = {"mem": 1, "pts": 136, "nvidia-frontend": 195, "nvidia-uvm": 509}
     assert systemd_properties(Limits(2.5, 16 * GIB, ("/dev/nvidia0",)), majors, host) == [
-        "CPUQuota=250%", f"MemoryMax={16 * GIB}", "MemorySwapMax=0", "DevicePolicy=closed",
-        "DeviceAllow=char-mem rwm", "DeviceAllow=char-pts rwm", "DeviceAllow=char-nvidia-uvm rwm",
-        "DeviceAllow=/dev/nvidia0 rw", "DeviceAllow=/dev/nvidiactl rw"]
+        "CPUQuota=250%",
+        f"MemoryMax={16 * GIB}",
+        "MemorySwapMax=0",
+        "DevicePolicy=closed",
+        "DeviceAllow=char-mem rwm",
+        "DeviceAllow=char-pts rwm",
+        "DeviceAllow=char-nvidia-uvm rwm",
+        "DeviceAllow=/dev/nvidia0 rw",
+        "DeviceAllow=/dev/nvidiactl rw",
+    ]
     # No GPU: the control nodes go too; no device rule at all on simulated GPUs.
     assert systemd_properties(Limits(1.0, 2 * GIB, ()), majors, host) == [
-        "CPUQuota=100%", f"MemoryMax={2 * GIB}", "MemorySwapMax=0", "DevicePolicy=closed",
-        "DeviceAllow=char-mem rwm", "DeviceAllow=char-pts rwm"]
+        "CPUQuota=100%",
+        f"MemoryMax={2 * GIB}",
+        "MemorySwapMax=0",
+        "DevicePolicy=closed",
+        "DeviceAllow=char-mem rwm",
+        "DeviceAllow=char-pts rwm",
+    ]
     assert systemd_properties(Limits(None, None, None), majors, host) == []
 
 
 def test_under_systemd_the_command_runs_in_a_scope_and_drops_to_the_user_there():
     cg = SystemdCgroups(gpu_nodes=[])
-    group = SystemdGroup(cg, "gpulab-alice/server", Limits(2.0, 8 * GIB, None),
-                         ["CPUQuota=200%", f"MemoryMax={8 * GIB}", "MemorySwapMax=0"])
-    argv, kwargs = group.launch(["jupyterhub-singleuser", "--port=8888"], user=1001, group=1001,
-                                extra_groups=[100])
+    group = SystemdGroup(
+        cg,
+        "gpulab-alice/server",
+        Limits(2.0, 8 * GIB, None),
+        ["CPUQuota=200%", f"MemoryMax={8 * GIB}", "MemorySwapMax=0"],
+    )
+    argv, kwargs = group.launch(
+        ["jupyterhub-singleuser", "--port=8888"], user=1001, group=1001, extra_groups=[100]
+    )
     assert argv == [
-        "systemd-run", "--scope", "--quiet", "--collect",
-        "--unit=gpulab-gpulab\\x2dalice-server.scope", "--slice=gpulab-gpulab\\x2dalice.slice",
-        "--description=gpulab gpulab-alice/server", "--property=CPUQuota=200%",
-        f"--property=MemoryMax={8 * GIB}", "--property=MemorySwapMax=0", "--",
-        "setpriv", "--reuid=1001", "--regid=1001", "--groups=100", "--",
-        "jupyterhub-singleuser", "--port=8888"]
+        "systemd-run",
+        "--scope",
+        "--quiet",
+        "--collect",
+        "--unit=gpulab-gpulab\\x2dalice-server.scope",
+        "--slice=gpulab-gpulab\\x2dalice.slice",
+        "--description=gpulab gpulab-alice/server",
+        "--property=CPUQuota=200%",
+        f"--property=MemoryMax={8 * GIB}",
+        "--property=MemorySwapMax=0",
+        "--",
+        "setpriv",
+        "--reuid=1001",
+        "--regid=1001",
+        "--groups=100",
+        "--",
+        "jupyterhub-singleuser",
+        "--port=8888",
+    ]
     # systemd-run must start as root; nothing else runs in the child before it.
     assert kwargs == {}
     assert group.describe() == "systemd: 2 CPUs, 8 GiB, devices not limited"
@@ -122,14 +167,17 @@ def test_a_host_without_the_means_says_so_and_launches_plainly():
     assert cg.describe(Limits(1.0, GIB, ())) == "not enforced: switched off by configuration"
     group = cg.create("alice/server", Limits(1.0, GIB, ()))
     assert group.describe() == "not enforced: switched off by configuration"
-    assert group.launch(["true"], user=1000, group=1000) == \
-        (["true"], {"user": 1000, "group": 1000})
+    assert group.launch(["true"], user=1000, group=1000) == (
+        ["true"],
+        {"user": 1000, "group": 1000},
+    )
     assert group.remove()
     with pytest.raises(ValueError, match="choose auto"):
         Cgroups.detect(mechanism="lxc")
 
 
 # -- live -----------------------------------------------------------------------------
+
 
 def _live() -> Cgroups:
     if os.geteuid() != 0:
@@ -140,8 +188,7 @@ def _live() -> Cgroups:
     # the device rule is the same, this host has no GPU.
     cg = Cgroups.detect(gpu_nodes=["/dev/null", "/dev/zero"])
     if cg.kind in ("none", "systemd"):
-        pytest.skip(f"these tests drive the cgroup filesystem; this host offers "
-                    f"{cg.describe()}")
+        pytest.skip(f"these tests drive the cgroup filesystem; this host offers {cg.describe()}")
     return cg
 
 
@@ -184,7 +231,9 @@ def test_a_64_mib_group_stops_a_256_mib_allocation(cgroups):
 def test_a_fifth_of_a_core_throttles_a_busy_loop(cgroups):
     _, create = cgroups
     group = create("busy", Limits(0.2, None, None))
-    done = _run(group, "import time\nend = time.monotonic() + 0.6\nwhile time.monotonic() < end: pass")
+    done = _run(
+        group, "import time\nend = time.monotonic() + 0.6\nwhile time.monotonic() < end: pass"
+    )
     assert done.returncode == 0, done.stderr
     stat = group.cpu_stat()
     # The kernel's own count, not a stopwatch: each throttled period is one.
@@ -232,10 +281,17 @@ def test_the_child_joins_before_dropping_privileges_and_cannot_leave(cgroups):
             print("stays", exc.errno)
         """)
     parent_procs = os.path.join(os.path.dirname(group.dirs[0]), "cgroup.procs")
-    argv, kwargs = group.launch([sys.executable, "-c", probe], user=65534, group=65534,
-                                extra_groups=[])
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PARENT_PROCS": parent_procs}, **kwargs)
+    argv, kwargs = group.launch(
+        [sys.executable, "-c", probe], user=65534, group=65534, extra_groups=[]
+    )
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PARENT_PROCS": parent_procs},
+        **kwargs,
+    )
     assert done.returncode == 0, done.stderr
     ids, cgroup_lines, left = done.stdout.strip().split("\n")
     assert ids == "65534 65534 []"
@@ -262,4 +318,3 @@ def test_groups_are_removed_with_their_empty_parents(cgroups):
     # Removing again, or opening a group that is gone, is harmless.
     assert first.remove()
     assert cg.open(first.name).remove()
-

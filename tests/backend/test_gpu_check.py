@@ -56,8 +56,12 @@ def test_without_a_driver_every_row_is_skipped_at_once():
 
 
 def test_unknown_checks_are_refused_with_the_choices():
-    done = subprocess.run([sys.executable, SCRIPT, "--only", "inventory,warp"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--only", "inventory,warp"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "unknown checks ['warp']; choose from inventory,memory" in done.stderr.replace(", ", ",")
 
@@ -65,20 +69,33 @@ def test_unknown_checks_are_refused_with_the_choices():
 def test_nvidia_smi_rows_and_the_table_are_read_and_written_as_markdown():
     check = _load()
     smi = "GPU-8f2c, NVIDIA H200, 143771\nGPU-1a2b, NVIDIA H100 80GB HBM3, 81559\n"
-    assert check.parse_smi_csv(smi) == [("GPU-8f2c", "NVIDIA H200", 143771),
-                                        ("GPU-1a2b", "NVIDIA H100 80GB HBM3", 81559)]
+    assert check.parse_smi_csv(smi) == [
+        ("GPU-8f2c", "NVIDIA H200", 143771),
+        ("GPU-1a2b", "NVIDIA H100 80GB HBM3", 81559),
+    ]
     rows = [check.Row("a", "pass", "1 ms", ""), check.Row("b", "n/a: one GPU")]
-    assert check.table(rows) == ("| check | result | figure | note |\n|---|---|---|---|\n"
-                                 "| a | pass | 1 ms |  |\n| b | n/a: one GPU |  |  |")
+    assert check.table(rows) == (
+        "| check | result | figure | note |\n|---|---|---|---|\n"
+        "| a | pass | 1 ms |  |\n| b | n/a: one GPU |  |  |"
+    )
 
 
 @pytest.mark.slow
 def test_the_checks_machinery_runs_on_cpu():
-    done = subprocess.run([sys.executable, SCRIPT, "--plumbing", "--deadline", "240"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--plumbing", "--deadline", "240"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = {r[0]: r[1:] for r in ([c.strip() for c in ln.strip("|").split("|")]
-                                  for ln in done.stdout.strip().splitlines()[2:])}
+    rows = {
+        r[0]: r[1:]
+        for r in (
+            [c.strip() for c in ln.strip("|").split("|")]
+            for ln in done.stdout.strip().splitlines()[2:]
+        )
+    }
     assert rows["gloo all_reduce, 2 ranks (torchrun)"][0] == "pass"
     assert rows["quantize int8-dynamic (MLP 1024-4096-1024)"][0] == "pass"
     replica = rows["replica on a 1/4 slice (OIP v2 infer)"]

@@ -59,8 +59,9 @@ def test_hand_over_gives_the_ranks_their_folders_and_nothing_else(job):
 
 def test_a_symlinked_log_is_not_followed(job):
     jd, nobody, secret = job
-    as_user(nobody.pw_uid, nobody.pw_gid,
-            lambda: os.symlink(str(secret), jd.p("logs", "rank0.log")))
+    as_user(
+        nobody.pw_uid, nobody.pw_gid, lambda: os.symlink(str(secret), jd.p("logs", "rank0.log"))
+    )
     assert LogTail(jd).read(final=True) == ["[gpulab] queued"]
     with pytest.raises(OSError):
         jd.read_user("logs/rank0.log")
@@ -89,5 +90,6 @@ def test_the_ranks_own_files_are_read(job):
     def write():
         with open(jd.p("logs", "rank0.log"), "w") as f:
             f.write("hello\n")
+
     as_user(nobody.pw_uid, nobody.pw_gid, write)
     assert "[r0] hello" in LogTail(jd).read()

@@ -10,12 +10,12 @@ numbers as the first time.
 import json
 import os
 import signal
-import time
 
 import pytest
 import torch
 from cells import LINEAR
 from localrun import new_spec, run, weights
+from support.wait import wait_until_async
 
 from gpulab.backend.local import LocalBackend
 
@@ -28,12 +28,15 @@ ENV = {"STEPS": str(STEPS), "STEP_DELAY": "0.15"}
 
 def test_sigkill_one_rank_resumes_from_checkpoint_with_identical_weights(tmp_path):
     backend = LocalBackend(str(tmp_path / "jobs"))
-    clean, clean_dir = run(backend, new_spec(MOMENTUM_LINEAR, nproc_per_node=2, out="model",
-                                             checkpoint_every=10, env=ENV))
+    clean, clean_dir = run(
+        backend,
+        new_spec(MOMENTUM_LINEAR, nproc_per_node=2, out="model", checkpoint_every=10, env=ENV),
+    )
     assert clean.state == "succeeded" and clean.restarts == 0, clean
 
-    spec = new_spec(MOMENTUM_LINEAR, nproc_per_node=2, out="model", checkpoint_every=10,
-                    max_restarts=2, env=ENV)
+    spec = new_spec(
+        MOMENTUM_LINEAR, nproc_per_node=2, out="model", checkpoint_every=10, max_restarts=2, env=ENV
+    )
     killed = {}
 
     def kill_rank_1_after_first_checkpoint():
@@ -56,8 +59,10 @@ def test_sigkill_one_rank_resumes_from_checkpoint_with_identical_weights(tmp_pat
     assert status.state == "succeeded", status
     assert status.restarts == 1
     events = open(jd.p("events.log")).read()
-    assert f"restart 1: a rank stopped; every rank restarted from checkpoint at step " \
-           f"{killed['checkpoint']}" in events
+    assert (
+        f"restart 1: a rank stopped; every rank restarted from checkpoint at step "
+        f"{killed['checkpoint']}" in events
+    )
     # After the restart, rank 0 reported again from the step after the checkpoint.
     records = [json.loads(ln) for ln in open(jd.p("metrics", "rank0.jsonl"))]
     resumed = [r["step"] for r in records if r["restart"] == 1]
@@ -86,8 +91,10 @@ def test_rank_death_without_restarts_fails_naming_the_cause(tmp_path):
     summary = open(jd.p("logs", "node0.log")).read()[-2500:]
     assert status.exit_code != 0
     # The killed rank is the root cause, not rank 0 whose all-reduce then broke.
-    assert status.message == f"rank 1 failed: Signal: Signal 9 (SIGKILL) received by PID " \
-                             f"{killed['pid']}", (status, summary)
+    assert (
+        status.message == f"rank 1 failed: Signal: Signal 9 (SIGKILL) received by PID "
+        f"{killed['pid']}"
+    ), (status, summary)
     assert status.error["rank"] == 1
 
 
@@ -96,16 +103,16 @@ def test_cancel_stops_every_process(tmp_path):
 
     from cells import SLEEPS
     from localrun import prepare
+
     backend = LocalBackend(str(tmp_path / "jobs"))
     spec = new_spec(SLEEPS, nproc_per_node=2)
     jd = prepare(backend, spec)
 
     async def go():
         await backend.start(spec, [])
-        deadline = time.monotonic() + 300
-        while not os.path.exists(jd.p("metrics", "rank1.jsonl")):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.3)
+        await wait_until_async(
+            lambda: os.path.exists(jd.p("metrics", "rank1.jsonl")), "rank 1's first metrics", 300
+        )
         pids = [json.load(open(jd.p("pids", f"rank{r}.json")))["pid"] for r in (0, 1)]
         pids += [n["pid"] for n in json.load(open(jd.p("launch.json")))["nodes"]]
         await backend.cancel(spec)
@@ -113,5 +120,7 @@ def test_cancel_stops_every_process(tmp_path):
 
     pids = asyncio.run(go())
     for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or \
-            open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        assert (
+            not os.path.exists(f"/proc/{pid}")
+            or open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        )

@@ -11,9 +11,21 @@ from gpulab.backend.spec import JobSpec, SpecError
 
 
 def spec(**kw):
-    s = JobSpec(code="print(1)", nodes=2, nproc_per_node=2, gpu_milli=500, max_restarts=3,
-                checkpoint_every=50, amp="bf16", comm_hook="powersgd", out="model",
-                env={"FOO": "bar"}, id="abc123", user="alice", **kw)
+    s = JobSpec(
+        code="print(1)",
+        nodes=2,
+        nproc_per_node=2,
+        gpu_milli=500,
+        max_restarts=3,
+        checkpoint_every=50,
+        amp="bf16",
+        comm_hook="powersgd",
+        out="model",
+        env={"FOO": "bar"},
+        id="abc123",
+        user="alice",
+        **kw,
+    )
     s.validate()
     return s
 
@@ -25,21 +37,24 @@ def test_round_trips_through_json():
     assert s.rank_owners() == ["abc123/0", "abc123/1", "abc123/2", "abc123/3"]
 
 
-@pytest.mark.parametrize("data, message", [
-    ({}, "'code' is required"),
-    ({"code": " "}, "'code' must be the cell's source"),
-    ({"code": "x", "nodes": 0}, "'nodes' must be an integer from 1 to 64, got 0"),
-    ({"code": "x", "nodes": True}, "'nodes' must be an integer"),
-    ({"code": "x", "amp": "fp8"}, "'amp' must be bf16 or fp16"),
-    ({"code": "x", "comm_hook": "int8"}, "'comm_hook' must be powersgd, fp16 or bf16"),
-    ({"code": "x", "out": "not a name"}, "'out' must be a Python variable name"),
-    ({"code": "x", "env": {"PET_NNODES": "9"}}, "set by gpulab for every rank"),
-    ({"code": "x", "env": {"A": 1}}, "values strings"),
-    ({"code": "x", "name": "has space"}, "'name' must be 1-63 letters"),
-    ({"code": "x", "vars_b64": "!!"}, "'vars_b64' must be base64"),
-    ({"code": "x", "timeout": -1}, "'timeout' must be seconds >= 0"),
-    ({"code": "x", "bogus": 1}, "unknown field(s): bogus"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({}, "'code' is required"),
+        ({"code": " "}, "'code' must be the cell's source"),
+        ({"code": "x", "nodes": 0}, "'nodes' must be an integer from 1 to 64, got 0"),
+        ({"code": "x", "nodes": True}, "'nodes' must be an integer"),
+        ({"code": "x", "amp": "fp8"}, "'amp' must be bf16 or fp16"),
+        ({"code": "x", "comm_hook": "int8"}, "'comm_hook' must be powersgd, fp16 or bf16"),
+        ({"code": "x", "out": "not a name"}, "'out' must be a Python variable name"),
+        ({"code": "x", "env": {"PET_NNODES": "9"}}, "set by gpulab for every rank"),
+        ({"code": "x", "env": {"A": 1}}, "values strings"),
+        ({"code": "x", "name": "has space"}, "'name' must be 1-63 letters"),
+        ({"code": "x", "vars_b64": "!!"}, "'vars_b64' must be base64"),
+        ({"code": "x", "timeout": -1}, "'timeout' must be seconds >= 0"),
+        ({"code": "x", "bogus": 1}, "unknown field(s): bogus"),
+    ],
+)
 def test_bad_specs_say_what_is_wrong(data, message):
     with pytest.raises(SpecError) as e:
         JobSpec.from_dict(data)
@@ -48,20 +63,44 @@ def test_bad_specs_say_what_is_wrong(data, message):
 
 def test_node_0_hosts_the_rendezvous_and_the_pet_variables_agree():
     s = spec()
-    n0 = render_node(s, 0, job_dir="/jobs/abc123", rdzv_host="10.0.0.1", rdzv_port=29400,
-                     local_addr="10.0.0.1", ifname="eth0", node_gpus=["GPU-a", "GPU-b"],
-                     launcher=["torchrun"])
+    n0 = render_node(
+        s,
+        0,
+        job_dir="/jobs/abc123",
+        rdzv_host="10.0.0.1",
+        rdzv_port=29400,
+        local_addr="10.0.0.1",
+        ifname="eth0",
+        node_gpus=["GPU-a", "GPU-b"],
+        launcher=["torchrun"],
+    )
     assert n0.argv == [
-        "torchrun", "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=abc123",
-        "--rdzv-conf=is_host=1,timeout=120", "--max-restarts=3", "--monitor-interval=0.5",
-        "--log-dir=/jobs/abc123/torchrun/node0", "--local-addr=10.0.0.1",
-        "--module", "gpulab.training.runner", "/jobs/abc123"]
+        "torchrun",
+        "--nnodes=2",
+        "--nproc-per-node=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.1:29400",
+        "--rdzv-id=abc123",
+        "--rdzv-conf=is_host=1,timeout=120",
+        "--max-restarts=3",
+        "--monitor-interval=0.5",
+        "--log-dir=/jobs/abc123/torchrun/node0",
+        "--local-addr=10.0.0.1",
+        "--module",
+        "gpulab.training.runner",
+        "/jobs/abc123",
+    ]
     assert {k: v for k, v in n0.env.items() if k.startswith("PET_")} == {
-        "PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "0",
-        "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "10.0.0.1:29400",
-        "PET_RDZV_ID": "abc123", "PET_MAX_RESTARTS": "3", "PET_MASTER_ADDR": "10.0.0.1",
-        "PET_MASTER_PORT": "29400"}
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "2",
+        "PET_NODE_RANK": "0",
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": "10.0.0.1:29400",
+        "PET_RDZV_ID": "abc123",
+        "PET_MAX_RESTARTS": "3",
+        "PET_MASTER_ADDR": "10.0.0.1",
+        "PET_MASTER_PORT": "29400",
+    }
     assert n0.env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert n0.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert n0.env["GPULAB_NODE_GPUS"] == "GPU-a,GPU-b"
@@ -72,8 +111,15 @@ def test_node_0_hosts_the_rendezvous_and_the_pet_variables_agree():
 
 
 def test_node_1_joins_as_a_guest_from_its_own_address():
-    n1 = render_node(spec(), 1, job_dir="/jobs/abc123", rdzv_host="10.0.0.1",
-                     rdzv_port=29400, local_addr="10.0.0.2", ifname="eth1")
+    n1 = render_node(
+        spec(),
+        1,
+        job_dir="/jobs/abc123",
+        rdzv_host="10.0.0.1",
+        rdzv_port=29400,
+        local_addr="10.0.0.2",
+        ifname="eth1",
+    )
     assert n1.argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--rdzv-conf=is_host=0,timeout=120" in n1.argv
     assert "--local-addr=10.0.0.2" in n1.argv
@@ -112,31 +158,66 @@ Root Cause (first observed failure):
 def test_a_killed_rank_is_the_root_cause_not_the_survivor_torchrun_names():
     failures = parse_summary(SUMMARY)
     assert [(f["rank"], f["exitcode"], f["root"]) for f in failures] == [
-        (1, -9, False), (0, 1, True)]
-    cause = root_cause(failures, [{"rank": 0, "type": "RuntimeError", "message": "closed",
-                                   "traceback": "tb", "error_file": "/j/error.json"}])
+        (1, -9, False),
+        (0, 1, True),
+    ]
+    cause = root_cause(
+        failures,
+        [
+            {
+                "rank": 0,
+                "type": "RuntimeError",
+                "message": "closed",
+                "traceback": "tb",
+                "error_file": "/j/error.json",
+            }
+        ],
+    )
     assert cause["rank"] == 1 and cause["type"] == "Signal"
     assert cause["message"] == "Signal 9 (SIGKILL) received by PID 26025"
 
 
 def test_the_sigterm_torchrun_sends_survivors_is_not_the_root_cause():
-    stopped = {"root": False, "rank": 0, "exitcode": -15,
-               "traceback": "Signal 15 (SIGTERM) received by PID 10"}
-    killed = {"root": True, "rank": 1, "exitcode": -9,
-              "traceback": "Signal 9 (SIGKILL) received by PID 11"}
+    stopped = {
+        "root": False,
+        "rank": 0,
+        "exitcode": -15,
+        "traceback": "Signal 15 (SIGTERM) received by PID 10",
+    }
+    killed = {
+        "root": True,
+        "rank": 1,
+        "exitcode": -9,
+        "traceback": "Signal 9 (SIGKILL) received by PID 11",
+    }
     assert root_cause([stopped, killed], [])["rank"] == 1
     assert root_cause([stopped], [])["rank"] == 0
-    raised = {"rank": 1, "type": "ValueError", "message": "bad", "traceback": "TB",
-              "error_file": "/j/1/error.json"}
+    raised = {
+        "rank": 1,
+        "type": "ValueError",
+        "message": "bad",
+        "traceback": "TB",
+        "error_file": "/j/1/error.json",
+    }
     assert root_cause([stopped], [raised]) == raised
 
 
 def test_without_a_signal_the_earliest_rank_record_wins():
     failures = parse_summary(SUMMARY)[1:]  # torchrun names rank 0 (same second)
-    first = {"rank": 1, "type": "ValueError", "message": "boom", "traceback": "TB1",
-             "error_file": "/j/1/error.json"}
-    later = {"rank": 0, "type": "RuntimeError", "message": "closed", "traceback": "TB0",
-             "error_file": "/j/0/error.json"}
+    first = {
+        "rank": 1,
+        "type": "ValueError",
+        "message": "boom",
+        "traceback": "TB1",
+        "error_file": "/j/1/error.json",
+    }
+    later = {
+        "rank": 0,
+        "type": "RuntimeError",
+        "message": "closed",
+        "traceback": "TB0",
+        "error_file": "/j/0/error.json",
+    }
     assert root_cause(failures, [first, later]) == first
     assert root_cause([], [later]) == later
     assert root_cause([], []) is None

@@ -34,8 +34,10 @@ def two_nodes():
         pytest.skip("network namespaces need root")
     tag = f"{os.getpid() % 1000:03d}{random.randint(0, 9)}"
     octet = random.randint(1, 250)
-    nodes = [(f"gpl4n0{tag}", f"gpl4v0{tag}", f"10.234.{octet}.1"),
-             (f"gpl4n1{tag}", f"gpl4v1{tag}", f"10.234.{octet}.2")]
+    nodes = [
+        (f"gpl4n0{tag}", f"gpl4v0{tag}", f"10.234.{octet}.1"),
+        (f"gpl4n1{tag}", f"gpl4v1{tag}", f"10.234.{octet}.2"),
+    ]
     try:
         for ns, _, _ in nodes:
             ip("netns", "add", ns)
@@ -55,19 +57,33 @@ def two_nodes():
 def test_rendered_node_commands_train_across_two_namespaces(tmp_path, two_nodes):
     backend = LocalBackend(str(tmp_path / "jobs"))
     env = {"STEPS": "20"}
-    spec = new_spec(SHOW_NETDEVS + LINEAR, nodes=2, nproc_per_node=1, out="model",
-                    checkpoint_every=10, env=env)
+    spec = new_spec(
+        SHOW_NETDEVS + LINEAR, nodes=2, nproc_per_node=1, out="model", checkpoint_every=10, env=env
+    )
     jd = prepare(backend, spec)
     host_addr = two_nodes[0][2]
     base = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     procs = []
     for node, (ns, veth, addr) in enumerate(two_nodes):
-        launch = render_node(spec, node, job_dir=jd.path, rdzv_host=host_addr, rdzv_port=29455,
-                             local_addr=addr, ifname=veth)
+        launch = render_node(
+            spec,
+            node,
+            job_dir=jd.path,
+            rdzv_host=host_addr,
+            rdzv_port=29455,
+            local_addr=addr,
+            ifname=veth,
+        )
         log = open(jd.p("logs", f"node{node}.log"), "wb")
-        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *launch.argv],
-                                      env={**base, **launch.env}, stdout=log,
-                                      stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", ns, *launch.argv],
+                env={**base, **launch.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     deadline = time.monotonic() + 400
     try:
         for p in procs:
@@ -82,8 +98,10 @@ def test_rendered_node_commands_train_across_two_namespaces(tmp_path, two_nodes)
     seen = sorted(open(jd.p("logs", f"rank{r}.log")).readline().strip() for r in (0, 1))
     assert seen == sorted(f"netdevs {sorted(['lo', veth])}" for _, veth, _ in two_nodes)
 
-    single, single_dir = run(backend, new_spec(LINEAR, nodes=1, nproc_per_node=2, out="model",
-                                               checkpoint_every=10, env=env))
+    single, single_dir = run(
+        backend,
+        new_spec(LINEAR, nodes=1, nproc_per_node=2, out="model", checkpoint_every=10, env=env),
+    )
     assert single.state == "succeeded", single
     a, b = weights(single_dir), weights(jd)
     for k in a:

@@ -3,12 +3,12 @@ while the kernel is busy in another cell."""
 
 import os
 import re
-import time
 
 import pytest
-from hubproc import RunningHub
+from hubproc import fresh_user
 from logins import browser_log_in, sign_up_approved
 from playwright.sync_api import expect
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -24,22 +24,24 @@ READ_PAGE = """() => {
 }"""
 
 
+#: The user who opens the dashboard: a name no other test of the session has.
+USER = fresh_user("alice")
+
+
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("dash-hub"), simulate="2xA100-80GB")
-    yield h
-    h.stop()
+def hub(plain_hub):
+    """The session's shared hub; this module's server is stopped at its end."""
+    return plain_hub
 
 
 def wait_page(page, predicate, timeout=180.0, what="the page"):
-    deadline = time.monotonic() + timeout
-    state = None
-    while time.monotonic() < deadline:
-        state = page.evaluate(READ_PAGE)
-        if predicate(state):
-            return state
-        page.wait_for_timeout(250)
-    raise AssertionError(f"timed out waiting for {what}; last seen {state}")
+    seen = []
+
+    def shown():
+        seen[:] = [page.evaluate(READ_PAGE)]
+        return seen[0] if predicate(seen[0]) else None
+
+    return wait_until(shown, what, timeout, detail=lambda: f"last seen {seen}")
 
 
 def run_cell(page, code):
@@ -49,22 +51,26 @@ def run_cell(page, code):
 
 def quiet_lab(hub, user):
     """JupyterLab's "get notified about news?" toast would cover the screenshots."""
-    hub.write_home_file(user, ".jupyter/lab/user-settings/@jupyterlab/apputils-extension/"
-                              "notification.jupyterlab-settings", '{"fetchNews": "false"}')
+    hub.write_home_file(
+        user,
+        ".jupyter/lab/user-settings/@jupyterlab/apputils-extension/"
+        "notification.jupyterlab-settings",
+        '{"fetchNews": "false"}',
+    )
 
 
 def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, artifacts_dir):
-    hub.create_user("alice")
-    quiet_lab(hub, "alice")
-    assert hub.spawn("alice", {"gpu_milli": 250}).status_code in (201, 202)
-    hub.wait_server("alice")
+    hub.create_user(USER)
+    quiet_lab(hub, USER)
+    assert hub.spawn(USER, {"gpu_milli": 250}).status_code in (201, 202)
+    hub.wait_server(USER)
 
     page = browser.new_page(viewport={"width": 1400, "height": 1500})
     page.set_default_timeout(120_000)
-    sign_up_approved(hub, "alice", "alices own long password")
-    browser_log_in(page, hub, "alice", "alices own long password")
+    sign_up_approved(hub, USER, "alices own long password")
+    browser_log_in(page, hub, USER, "alices own long password")
     page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
-    page.goto(f"{hub.url}/user/alice/lab")
+    page.goto(f"{hub.url}/user/{USER}/lab")
     page.locator(".jp-LauncherCard", has_text="Python 3 (gpulab)").first.click()
     expect(page.get_by_text("| Idle")).to_be_visible(timeout=120_000)
     page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
@@ -78,20 +84,33 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
     board.screenshot(path=os.path.join(artifacts_dir, "dashboard-cluster.png"))
 
     run_cell(page, "import time; time.sleep(8)")
-    busy = wait_page(page, lambda s: len(s["prompts"]) >= 2 and "*" in s["prompts"][1],
-                     timeout=60, what="the sleeping cell to start")
+    busy = wait_page(
+        page,
+        lambda s: len(s["prompts"]) >= 2 and "*" in s["prompts"][1],
+        timeout=60,
+        what="the sleeping cell to start",
+    )
     # The plot must grow while the second cell still runs: same read, both facts.
-    grown = wait_page(page, lambda s: "*" not in s["prompts"][1] or s["points"] > busy["points"],
-                      timeout=60, what="the plot to grow or the cell to finish")
+    grown = wait_page(
+        page,
+        lambda s: "*" not in s["prompts"][1] or s["points"] > busy["points"],
+        timeout=60,
+        what="the plot to grow or the cell to finish",
+    )
     assert "*" in grown["prompts"][1], (
-        f"the sleeping cell finished before the plot grew: {busy} -> {grown}")
+        f"the sleeping cell finished before the plot grew: {busy} -> {grown}"
+    )
     assert grown["points"] > busy["points"]
     board.screenshot(path=os.path.join(artifacts_dir, "dashboard-while-busy.png"))
-    wait_page(page, lambda s: "*" not in s["prompts"][1], timeout=60,
-              what="the sleeping cell to finish")
+    wait_page(
+        page, lambda s: "*" not in s["prompts"][1], timeout=60, what="the sleeping cell to finish"
+    )
 
-    for tab, text in (("Network", "rdma missing on"), ("Cache", "cache missing on"),
-                      ("Jobs", "no jobs to show")):
+    for tab, text in (
+        ("Network", "rdma missing on"),
+        ("Cache", "cache missing on"),
+        ("Jobs", "no jobs to show"),
+    ):
         board.locator(".lm-TabBar-tab", has_text=tab).click()
         expect(board).to_contain_text(text, timeout=60_000)
         page.wait_for_timeout(1500)  # let plotly finish laying out the newly shown graph
@@ -105,11 +124,14 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
     expect(page.get_by_text("| Idle")).to_be_visible(timeout=120_000)
     page.locator(".jp-Notebook .jp-Cell .cm-content").last.click()
     run_cell(page, "d")
-    expect(page.locator(".gpulab-dashboard .js-plotly-plot").first).to_be_visible(
-        timeout=180_000)
-    after = wait_page(page, lambda s: s["points"] > before["points"],
-                      what="the reloaded page to show the kept history and new points")
+    expect(page.locator(".gpulab-dashboard .js-plotly-plot").first).to_be_visible(timeout=180_000)
+    after = wait_page(
+        page,
+        lambda s: s["points"] > before["points"],
+        what="the reloaded page to show the kept history and new points",
+    )
     assert after["points"] > before["points"]
     page.locator(".gpulab-dashboard").screenshot(
-        path=os.path.join(artifacts_dir, "dashboard-after-reload.png"))
+        path=os.path.join(artifacts_dir, "dashboard-after-reload.png")
+    )
     page.close()

@@ -13,8 +13,10 @@ from playwright.sync_api import expect
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CAROL = "carols own long password"
-WARNING = ("Demo login: anyone with the shared password can log in as any user. "
-           "Restart without --demo for per-user accounts.")
+WARNING = (
+    "Demo login: anyone with the shared password can log in as any user. "
+    "Restart without --demo for per-user accounts."
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +31,9 @@ def hub_login_cookie(session) -> bool:
 
 
 def test_sign_up_wait_for_approval_then_reach_the_spawn_form(browser, hub, artifacts_dir):
-    shot = lambda page, name: page.screenshot(path=os.path.join(artifacts_dir, name),  # noqa: E731
-                                              full_page=True)
+    def shot(page, name):
+        return page.screenshot(path=os.path.join(artifacts_dir, name), full_page=True)
+
     carol = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
     carol.set_default_timeout(120_000)
     carol.goto(f"{hub.url}/hub/login")
@@ -45,7 +48,8 @@ def test_sign_up_wait_for_approval_then_reach_the_spawn_form(browser, hub, artif
     # Not approved yet: the right password only earns a message.
     browser_log_in(carol, hub, "carol", CAROL)
     expect(carol.locator(".login_error")).to_contain_text(
-        "User carol has not been authorized by an administrator yet")
+        "User carol has not been authorized by an administrator yet"
+    )
     assert "/hub/login" in carol.url
     shot(carol, "login-2-not-authorized-yet.png")
 
@@ -58,8 +62,10 @@ def test_sign_up_wait_for_approval_then_reach_the_spawn_form(browser, hub, artif
     assert hub.hub_api("GET", "/users/carol").status_code == 404
     # A link elsewhere cannot make the admin's browser approve carol.
     r = log_in(hub, "admin", admin_password(hub)).get(
-        f"{hub.url}/hub/authorize/carol", allow_redirects=False,
-        headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"})
+        f"{hub.url}/hub/authorize/carol",
+        allow_redirects=False,
+        headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"},
+    )
     assert r.status_code == 403 and "own Authorize page" in r.text
 
     admin = browser.new_context(viewport={"width": 1280, "height": 600}).new_page()
@@ -88,8 +94,12 @@ def test_one_password_opens_one_account(hub):
     sign_up(hub, "dora", "doras own long password")
     assert hub_login_cookie(log_in(hub, "admin", admin_password(hub)))
     # carol (approved above) and admin: each only with their own password.
-    for name, password in [("bob", CAROL), ("admin", CAROL), ("carol", admin_password(hub)),
-                           ("dora", "doras own long password")]:
+    for name, password in [
+        ("bob", CAROL),
+        ("admin", CAROL),
+        ("carol", admin_password(hub)),
+        ("dora", "doras own long password"),
+    ]:
         assert not hub_login_cookie(log_in(hub, name, password)), name
     # Case and Unicode compatibility forms are carol herself, with her password.
     for name in ("CAROL", "ｃａｒｏｌ"):
@@ -129,8 +139,7 @@ def test_demo_login_says_what_it_is(browser, demo_hub, artifacts_dir):
     page.wait_for_url(re.compile(r".*/hub/spawn.*"))
     expect(page.locator(".gpulab-demo-login")).to_have_text(WARNING)
     expect(page.locator("fieldset.gpulab-slices")).to_be_visible()
-    page.screenshot(path=os.path.join(artifacts_dir, "login-demo-spawn-form.png"),
-                    full_page=True)
+    page.screenshot(path=os.path.join(artifacts_dir, "login-demo-spawn-form.png"), full_page=True)
 
     # Servers (%gpulab) and the service carry the flag too.
     assert demo_hub.spawn("anyone", {"gpu_milli": 0}).status_code in (201, 202)

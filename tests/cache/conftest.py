@@ -1,10 +1,8 @@
 import os
 
 import pytest
-
-from support.shard_server import ShardServer, write_shards
-
 from cache_helpers import SHARD_BYTES
+from support.shard_server import ShardServer, write_shards
 
 
 @pytest.fixture

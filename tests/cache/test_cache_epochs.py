@@ -2,10 +2,10 @@
 
 import pickle
 
+from cache_helpers import remote_bytes
+
 import gpulab.cache as cache
 from gpulab.cache import CachedDataset
-
-from cache_helpers import remote_bytes
 
 
 def test_second_epoch_is_served_from_the_cache(server, shards, cache_dir):

@@ -5,12 +5,11 @@ import multiprocessing
 import os
 
 import pytest
+from cache_helpers import SHARD_BYTES, remote_bytes
+from cache_workers import read_digest, read_many
 
 import gpulab.cache as cache
 from gpulab.cache import NodeCache, cache_key
-
-from cache_helpers import SHARD_BYTES, remote_bytes
-from cache_workers import read_digest, read_many
 
 
 def cached_path(cache_dir, url):
@@ -111,14 +110,17 @@ def test_two_processes_reading_the_same_shard_both_get_intact_bytes(tmp_path, ca
 def test_concurrent_readers_under_eviction_churn_never_see_torn_bytes(server, shards, cache_dir):
     directory, names = shards
     urls = [server.url(n) for n in names[:8]]
-    want = {server.url(n): hashlib.blake2b(remote_bytes(shards, n), digest_size=32).hexdigest()
-            for n in names[:8]}
+    want = {
+        server.url(n): hashlib.blake2b(remote_bytes(shards, n), digest_size=32).hexdigest()
+        for n in names[:8]
+    }
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(3) as pool:
         barrier = ctx.Manager().Barrier(3)
-        results = [pool.apply_async(read_many, (urls, cache_dir, 3 * SHARD_BYTES,
-                                                barrier, seed, 15))
-                   for seed in range(3)]
+        results = [
+            pool.apply_async(read_many, (urls, cache_dir, 3 * SHARD_BYTES, barrier, seed, 15))
+            for seed in range(3)
+        ]
         seen = [pair for r in results for pair in r.get(timeout=50)]
     assert len(seen) == 45
     assert all(digest == want[url] for url, digest in seen)

@@ -29,11 +29,16 @@ def test_notebook_trains_quantizes_deploys_and_calls(hub, tmp_path, monkeypatch)
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", token)
     nb = nbformat.read(NOTEBOOK, as_version=4)
     # Before the last cell (--stop): what a user would check while it runs.
-    nb.cells.insert(len(nb.cells) - 1, nbformat.v4.new_code_cell(
-        "import json\nfrom gpulab.client import Client\n"
-        "print('ALLOC', json.dumps(Client().allocations()))"))
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nb.cells.insert(
+        len(nb.cells) - 1,
+        nbformat.v4.new_code_cell(
+            "import json\nfrom gpulab.client import Client\n"
+            "print('ALLOC', json.dumps(Client().allocations()))"
+        ),
+    )
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     cells = {c.source.split("\n")[0]: text_of(c) for c in nb.cells if c.cell_type == "code"}
 
     quant = cells["%quantize model --scheme int8-weight --engine torchao --example x --to qmodel"]
@@ -51,11 +56,14 @@ def test_notebook_trains_quantizes_deploys_and_calls(hub, tmp_path, monkeypatch)
     listing = cells["%deploy --list"]
     assert re.search(r"sentiment\s+nbdeploy\s+running\s+2/2\s+0.25", listing), listing
 
-    allocs = __import__("json").loads(next(v for k, v in cells.items()
-                                           if k == "import json").split("ALLOC ", 1)[1])
+    allocs = __import__("json").loads(
+        next(v for k, v in cells.items() if k == "import json").split("ALLOC ", 1)[1]
+    )
     assert sorted((a["owner_kind"], a["milli"]) for a in allocs) == [("deployment", 250)] * 2
-    assert "stopped sentiment: 2 replica(s) and their slice(s) released" in \
-        cells["%deploy --stop sentiment"]
+    assert (
+        "stopped sentiment: 2 replica(s) and their slice(s) released"
+        in cells["%deploy --stop sentiment"]
+    )
     assert hub.gpulab("GET", "/allocations", token=token).json() == []
     assert hub.gpulab("GET", "/deployments", token=token).json() == []
 
@@ -70,14 +78,20 @@ def test_the_printed_curl_line_works(hub, monkeypatch, tmp_path):
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", token)
     ip = InteractiveShell.instance()
     ip.extension_manager.load_extension("gpulab.magics")
-    ip.run_cell("import torch\ntorch.manual_seed(1)\n"
-                "m = torch.nn.Linear(3, 2).eval()\nx = torch.ones(2, 3)")
+    ip.run_cell(
+        "import torch\ntorch.manual_seed(1)\nm = torch.nn.Linear(3, 2).eval()\nx = torch.ones(2, 3)"
+    )
     with capture_output() as out:
         ip.run_line_magic("deploy", "m --name lin --example x --max-batch-size 4")
     printed = out.stdout
     curl = printed.split("curl (JSON", 1)[1].split("\n\n")[0].split("\n", 1)[1]
-    run = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "JUPYTERHUB_API_TOKEN": token})
+    run = subprocess.run(
+        ["bash", "-c", curl],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "JUPYTERHUB_API_TOKEN": token},
+    )
     assert run.returncode == 0, run.stderr
     import json
 

@@ -67,7 +67,8 @@ def replica_pids(hub, dep_id):
 
 def triton(hub, user, name):
     return httpclient.InferenceServerClient(
-        f"127.0.0.1:{hub.port}/services/gpulab/endpoints/{user}/{name}")
+        f"127.0.0.1:{hub.port}/services/gpulab/endpoints/{user}/{name}"
+    )
 
 
 def infer(hub, user, name, x, token=None):
@@ -80,8 +81,10 @@ def infer(hub, user, name, x, token=None):
 def test_tritonclient_calls_the_endpoint_through_the_hub(hub, tokens, model_dir):
     path, model = model_dir
     alice = client(hub, tokens["alice"])
-    dep = alice.create_deployment(path, {"name": "tiny", "replicas": 2, "gpu_milli": 250,
-                                         "max_batch_size": 8, "max_latency_ms": 2})
+    dep = alice.create_deployment(
+        path,
+        {"name": "tiny", "replicas": 2, "gpu_milli": 250, "max_batch_size": 8, "max_latency_ms": 2},
+    )
     assert dep["state"] == "starting" and dep["path"] == "/services/gpulab/endpoints/alice/tiny"
     dep = wait_state(hub, tokens["alice"], "tiny", replicas_ready=2)
     assert dep["model"]["name"] == "tiny"  # the card is named after the deployment
@@ -90,19 +93,29 @@ def test_tritonclient_calls_the_endpoint_through_the_hub(hub, tokens, model_dir)
     # Each replica holds its own 1/4 slice, placed by the ledger like servers and jobs.
     rows = hub.gpulab("GET", "/allocations", token=tokens["alice"]).json()
     assert sorted((r["owner_kind"], r["owner"], r["milli"]) for r in rows) == [
-        ("deployment", f"{dep['id']}/0", 250), ("deployment", f"{dep['id']}/1", 250)]
+        ("deployment", f"{dep['id']}/0", 250),
+        ("deployment", f"{dep['id']}/1", 250),
+    ]
 
     # Same outputs as the model in the notebook, over the binary extension.
     x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
     expected = model(torch.from_numpy(x)).detach().numpy()
     for _ in range(4):  # both replicas answer (round robin)
-        np.testing.assert_allclose(infer(hub, "alice", "tiny", x, tokens["alice"]), expected,
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            infer(hub, "alice", "tiny", x, tokens["alice"]), expected, rtol=1e-5, atol=1e-6
+        )
     # And over plain JSON.
     url = f"{hub.url}{dep['path']}/v2/models/tiny/infer"
-    r = requests.post(url, headers=hub.auth(tokens["alice"]), timeout=60, json={
-        "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
-                    "data": x[0].tolist()}]})
+    r = requests.post(
+        url,
+        headers=hub.auth(tokens["alice"]),
+        timeout=60,
+        json={
+            "inputs": [
+                {"name": "input", "shape": [1, 4], "datatype": "FP32", "data": x[0].tolist()}
+            ]
+        },
+    )
     assert r.status_code == 200, r.text
     np.testing.assert_allclose(r.json()["outputs"][0]["data"], expected[0], rtol=1e-5, atol=1e-6)
 
@@ -114,13 +127,21 @@ def test_tritonclient_calls_the_endpoint_through_the_hub(hub, tokens, model_dir)
         infer(hub, "alice", "tiny", x, tokens["bob"])
     assert info.value.status() == "403" and "not shared with you" in info.value.message()
     assert requests.post(url, timeout=60, json={}).status_code == 401
-    np.testing.assert_allclose(infer(hub, "alice", "tiny", x, hub.admin_token), expected,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        infer(hub, "alice", "tiny", x, hub.admin_token), expected, rtol=1e-5, atol=1e-6
+    )
     # The replicas themselves refuse callers without their secret (other processes on the host).
     import json
-    port = json.loads((hub.data_dir / "deployments" / dep["id"] / "replica0.json").read_text())["port"]
-    r = requests.post(f"http://127.0.0.1:{port}/v2/models/tiny/infer", timeout=60,
-                      headers=hub.auth(tokens["alice"]), json={})
+
+    port = json.loads((hub.data_dir / "deployments" / dep["id"] / "replica0.json").read_text())[
+        "port"
+    ]
+    r = requests.post(
+        f"http://127.0.0.1:{port}/v2/models/tiny/infer",
+        timeout=60,
+        headers=hub.auth(tokens["alice"]),
+        json={},
+    )
     assert r.status_code == 401 and "endpoint URL" in r.json()["error"]
     # Bob sees none of it through the API either.
     assert hub.gpulab("GET", "/deployments", token=tokens["bob"]).json() == []
@@ -130,32 +151,43 @@ def test_tritonclient_calls_the_endpoint_through_the_hub(hub, tokens, model_dir)
     assert r.status_code == 404
 
     # Alice shares it with bob (not carol).
-    r = hub.gpulab("PATCH", "/deployments/tiny", token=tokens["alice"],
-                   json={"share_users": ["bob"]})
+    r = hub.gpulab(
+        "PATCH", "/deployments/tiny", token=tokens["alice"], json={"share_users": ["bob"]}
+    )
     assert r.status_code == 200 and r.json()["share_users"] == ["bob"]
-    np.testing.assert_allclose(infer(hub, "alice", "tiny", x, tokens["bob"]), expected,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        infer(hub, "alice", "tiny", x, tokens["bob"]), expected, rtol=1e-5, atol=1e-6
+    )
     with pytest.raises(InferenceServerException) as info:
         infer(hub, "alice", "tiny", x, tokens["carol"])
     assert info.value.status() == "403"
 
     # Bad requests through the hub: 400 with a message, and the endpoint keeps serving.
     bad = [
-        ({"inputs": [{"name": "input", "shape": [1, 5], "datatype": "FP32",
-                      "data": [0.0] * 5}]}, "shape"),
-        ({"inputs": [{"name": "input", "shape": [1, 4], "datatype": "INT64",
-                      "data": [0] * 4}]}, "datatype"),
+        (
+            {"inputs": [{"name": "input", "shape": [1, 5], "datatype": "FP32", "data": [0.0] * 5}]},
+            "shape",
+        ),
+        (
+            {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "INT64", "data": [0] * 4}]},
+            "datatype",
+        ),
     ]
     for body, word in bad:
         r = requests.post(url, headers=hub.auth(tokens["alice"]), json=body, timeout=60)
         assert r.status_code == 400 and word in r.json()["error"], r.text
     r = requests.post(url, headers=hub.auth(tokens["alice"]), data=b"{nope", timeout=60)
     assert r.status_code == 400 and "JSON" in r.json()["error"]
-    r = requests.post(url.replace("/models/tiny/", "/models/other/"),
-                      headers=hub.auth(tokens["alice"]), json=bad[0][0], timeout=60)
+    r = requests.post(
+        url.replace("/models/tiny/", "/models/other/"),
+        headers=hub.auth(tokens["alice"]),
+        json=bad[0][0],
+        timeout=60,
+    )
     assert r.status_code == 400 and "unknown model 'other'" in r.json()["error"]
-    np.testing.assert_allclose(infer(hub, "alice", "tiny", x, tokens["alice"]), expected,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        infer(hub, "alice", "tiny", x, tokens["alice"]), expected, rtol=1e-5, atol=1e-6
+    )
 
     # The listing shows traffic: requests/s and p99 from the replicas' metrics.
     deadline = time.monotonic() + 60
@@ -171,13 +203,16 @@ def test_tritonclient_calls_the_endpoint_through_the_hub(hub, tokens, model_dir)
     assert stopped["state"] == "stopped"
     assert replica_pids(hub, dep["id"]) == []
     assert hub.gpulab("GET", "/allocations", token=tokens["alice"]).json() == []
-    assert requests.post(url, headers=hub.auth(tokens["alice"]), json=bad[0][0],
-                         timeout=60).status_code == 404
+    assert (
+        requests.post(
+            url, headers=hub.auth(tokens["alice"]), json=bad[0][0], timeout=60
+        ).status_code
+        == 404
+    )
     assert not (hub.data_dir / "deployments" / dep["id"]).exists()
 
 
-def test_a_dead_replica_is_restarted_and_replicas_survive_a_service_restart(
-        hub, tokens, model_dir):
+def test_a_dead_replica_is_restarted_and_replicas_survive_a_service_restart(hub, tokens, model_dir):
     path, model = model_dir
     alice = client(hub, tokens["alice"])
     alice.create_deployment(path, {"name": "phoenix", "gpu_milli": 100})
@@ -190,8 +225,9 @@ def test_a_dead_replica_is_restarted_and_replicas_survive_a_service_restart(
     dep = wait_state(hub, tokens["alice"], "phoenix", restarts=1, replicas_ready=1)
     [new_pid] = replica_pids(hub, dep["id"])
     assert new_pid != pid and "1 restart(s)" in dep["message"]
-    np.testing.assert_allclose(infer(hub, "alice", "phoenix", x, tokens["alice"]), expected,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        infer(hub, "alice", "phoenix", x, tokens["alice"]), expected, rtol=1e-5, atol=1e-6
+    )
 
     # The service dies (kill -9); the hub starts it again; it finds the replica.
     old = hub.service_pid()
@@ -199,8 +235,9 @@ def test_a_dead_replica_is_restarted_and_replicas_survive_a_service_restart(
     hub.wait_service_restarted(old)
     dep = wait_state(hub, tokens["alice"], "phoenix", replicas_ready=1)
     assert replica_pids(hub, dep["id"]) == [new_pid]  # adopted, not started again
-    np.testing.assert_allclose(infer(hub, "alice", "phoenix", x, tokens["alice"]), expected,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        infer(hub, "alice", "phoenix", x, tokens["alice"]), expected, rtol=1e-5, atol=1e-6
+    )
     [row] = hub.gpulab("GET", "/allocations", token=tokens["alice"]).json()
     assert (row["owner_kind"], row["milli"]) == ("deployment", 100)
     alice.stop_deployment("phoenix")
@@ -223,11 +260,16 @@ def test_bad_deployments_are_refused_and_leave_nothing(hub, tokens, model_dir):
         with pytest.raises(GpuLabError) as info:
             carol.create_deployment(path, settings)
         assert info.value.status == status and message in str(info.value), settings
-    r = hub.gpulab("POST", "/deployments", token=tokens["carol"],
-                   files={"spec": (None, '{"name": "x"}')})
+    r = hub.gpulab(
+        "POST", "/deployments", token=tokens["carol"], files={"spec": (None, '{"name": "x"}')}
+    )
     assert r.status_code == 400 and "'model' file" in r.json()["error"]
-    r = hub.gpulab("POST", "/deployments", token=tokens["carol"],
-                   files={"spec": (None, '{"name": "x"}'), "model": ("m.tar", b"not a tar")})
+    r = hub.gpulab(
+        "POST",
+        "/deployments",
+        token=tokens["carol"],
+        files={"spec": (None, '{"name": "x"}'), "model": ("m.tar", b"not a tar")},
+    )
     assert r.status_code == 400 and "not a readable tar" in r.json()["error"]
 
     carol.create_deployment(path, {"name": "once"})
@@ -237,8 +279,11 @@ def test_bad_deployments_are_refused_and_leave_nothing(hub, tokens, model_dir):
     carol.stop_deployment("once")
     assert hub.gpulab("GET", "/deployments", token=tokens["carol"]).json() == []
     assert hub.gpulab("GET", "/allocations", token=tokens["carol"]).json() == []
-    left = [d for d in os.listdir(hub.data_dir / "deployments")
-            if not any(x["id"] == d for x in hub.gpulab("GET", "/deployments").json())]
+    left = [
+        d
+        for d in os.listdir(hub.data_dir / "deployments")
+        if not any(x["id"] == d for x in hub.gpulab("GET", "/deployments").json())
+    ]
     assert left == []
 
 
@@ -248,8 +293,7 @@ def test_deployment_stops_with_its_owners_server_when_asked(hub, tokens, model_d
     assert hub.spawn("dave", {"gpu_milli": 0}).status_code in (201, 202)
     hub.wait_server("dave")
     dave = client(hub, token)
-    dave.create_deployment(path, {"name": "follows", "stop_with_server": True,
-                                  "gpu_milli": 100})
+    dave.create_deployment(path, {"name": "follows", "stop_with_server": True, "gpu_milli": 100})
     dave.create_deployment(path, {"name": "stays", "gpu_milli": 100})
     followed = wait_state(hub, token, "follows")
 
@@ -275,12 +319,13 @@ def test_deployments_are_in_the_openapi_document(hub):
 
 
 def test_a_replica_that_keeps_crashing_fails_the_deployment_and_frees_its_slice(
-        hub, tokens, model_dir, tmp_path):
+    hub, tokens, model_dir, tmp_path
+):
     """A model file the server cannot load: the replica exits at start, is restarted, and
     after MAX_CRASHES the deployment fails with the log's last lines and gives its slice back."""
     import shutil
 
-    from gpulab.service.deployments import MAX_CRASHES
+    from gpulab.backend.local_serving import MAX_CRASHES
 
     path, _ = model_dir
     broken = tmp_path / "broken"
@@ -293,6 +338,17 @@ def test_a_replica_that_keeps_crashing_fails_the_deployment_and_frees_its_slice(
     assert f"exited with code 1 ({MAX_CRASHES} times" in dep["message"]
     # The server's own error, from its log.
     assert "gpulab-serving: cannot load the model" in dep["message"], dep["message"]
+    # The replica's log, through the backend (a file here, the pod's log on Kubernetes).
+    logs = hub.gpulab("GET", "/deployments/crashy/logs", token=tokens["bob"])
+    assert logs.status_code == 200 and logs.headers["Content-Type"].startswith("text/plain")
+    assert "[gpulab] starting replica 0" in logs.text
+    assert "gpulab-serving: cannot load the model" in logs.text
+    assert (
+        hub.gpulab(
+            "GET", "/deployments/crashy/logs", token=tokens["bob"], params={"replica": "1"}
+        ).status_code
+        == 400
+    )
     assert hub.gpulab("GET", "/allocations", token=tokens["bob"]).json() == []
     assert replica_pids(hub, dep["id"]) == []
     # A failed deployment stays listed (with its reason) until it is stopped.

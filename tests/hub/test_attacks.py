@@ -1,6 +1,11 @@
 """What an attacker tries against a real hub, and what they get: bad input never hurts
 others, and the ledger holds.
 
+Route logic alone (bodies that do not parse, 400/413, caps, crafted archives) runs
+against the real gpulab service in this process with a fake hub API beside it
+(``service``, see ``support/service.py``); what needs servers, job ranks or replicas
+runs against a real hub (``hub``).
+
 Another user's token, no token, bytes that are not UTF-8, numbers JSON cannot
 carry, oversized bodies, .tar.xz bombs and crafted archives (``../`` names,
 links), thousands of ranks, loader variables, a fake all-reduce result, and
@@ -12,12 +17,14 @@ import json
 import lzma
 import os
 import tarfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import pytest_asyncio
 import requests
 from hubproc import RunningHub
+from support.service import running_service
+from support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -50,9 +57,28 @@ def tokens(hub):
     return {u: hub.create_user(u) for u in ("alice", "bob", "mallory")}
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def service(tmp_path_factory):
+    """The real gpulab service with the same caps, in this process; the hub's REST API
+    is a stand-in (support.service.FakeHubAPI)."""
+    async with running_service(tmp_path_factory.mktemp("attack-routes"), CONFIG) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def stokens(service):
+    """alice, bob and mallory on the in-process service."""
+    return {u: service.create_user(u) for u in ("alice", "bob", "mallory")}
+
+
 def raw(hub, method, path, token, body: bytes, content_type="application/json"):
-    return requests.request(method, f"{hub.api}{path}", data=body, timeout=120,
-                            headers={**hub.auth(token), "Content-Type": content_type})
+    return requests.request(
+        method,
+        f"{hub.api}{path}",
+        data=body,
+        timeout=120,
+        headers={**hub.auth(token), "Content-Type": content_type},
+    )
 
 
 def error_of(r) -> str:
@@ -65,18 +91,16 @@ def submit(hub, token, code, **fields):
 
 
 def wait_job(hub, token, job_id, states=("succeeded", "failed", "cancelled")):
-    return until(lambda: (lambda j: j if j["state"] in states else None)(
-        hub.gpulab("GET", f"/jobs/{job_id}", token=token).json()), f"job {job_id} {states}")
+    return until(
+        lambda: (lambda j: j if j["state"] in states else None)(
+            hub.gpulab("GET", f"/jobs/{job_id}", token=token).json()
+        ),
+        f"job {job_id} {states}",
+    )
 
 
 def until(predicate, what):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"not {what} after {WAIT_S}s")
+    return wait_until(predicate, what, timeout=WAIT_S)
 
 
 # -- archives ------------------------------------------------------------------------
@@ -118,18 +142,43 @@ def link_entry(name, target, kind):
 
 
 def upload(hub, token, archive: bytes, settings=None):
-    return requests.post(f"{hub.api}/deployments", headers=hub.auth(token), timeout=600,
-                         files={"spec": (None, json.dumps(settings or {"name": "m"})),
-                                "model": ("model.tar.xz", archive)})
+    return requests.post(
+        f"{hub.api}/deployments",
+        headers=hub.auth(token),
+        timeout=600,
+        files={
+            "spec": (None, json.dumps(settings or {"name": "m"})),
+            "model": ("model.tar.xz", archive),
+        },
+    )
 
 
-def leftovers(hub) -> list[str]:
+def leftovers(hub, live=None) -> list[str]:
     """Files of deployments that do not exist, and spooled uploads."""
-    live = {d["id"] for d in hub.gpulab("GET", "/deployments").json()}
+    if live is None:
+        live = {d["id"] for d in hub.gpulab("GET", "/deployments").json()}
     deps = hub.data_dir / "deployments"
     spool = hub.data_dir / "uploads"
     left = [d for d in (os.listdir(deps) if deps.exists() else []) if d not in live]
     return left + [f"uploads/{f}" for f in (os.listdir(spool) if spool.exists() else [])]
+
+
+async def leftovers_of(service) -> list[str]:
+    live = {d["id"] for d in (await service.request("GET", "/deployments")).json()}
+    return leftovers(service, live)
+
+
+async def upload_to(service, token, archive: bytes, settings=None):
+    return await service.request(
+        "POST",
+        "/deployments",
+        token,
+        timeout=600,
+        files={
+            "spec": (None, json.dumps(settings or {"name": "m"})),
+            "model": ("model.tar.xz", archive),
+        },
+    )
 
 
 # -- bad bytes, on every route ----------------------------------------------------------
@@ -144,72 +193,93 @@ BAD_BODIES = {
 
 
 @pytest.mark.parametrize("kind", BAD_BODIES)
-def test_undecodable_bodies_are_400_with_the_reason_on_every_route(hub, tokens, kind):
+async def test_undecodable_bodies_are_400_with_the_reason_on_every_route(service, stokens, kind):
     body, message = BAD_BODIES[kind]
     # The admin's token reaches every route's parsing (users are refused some earlier).
-    for method, path in [("POST", "/jobs"), ("POST", "/allocations"),
-                         ("POST", "/telemetry"), ("POST", "/telemetry/allreduce")]:
-        token = tokens["alice"] if path == "/jobs" else None
-        r = raw(hub, method, path, token, body)
+    for method, path in [
+        ("POST", "/jobs"),
+        ("POST", "/allocations"),
+        ("POST", "/telemetry"),
+        ("POST", "/telemetry/allreduce"),
+    ]:
+        token = stokens["alice"] if path == "/jobs" else None
+        r = await service.raw(method, path, token, body)
         assert r.status_code == 400, (method, path, r.status_code, r.text)
         assert message in error_of(r), (path, r.text)
 
 
-def test_nul_bytes_and_overlong_names_are_400(hub, tokens):
+async def test_nul_bytes_and_overlong_names_are_400(service, stokens):
     # PostgreSQL refuses NUL outright; on any database it names no row.
-    r = hub.gpulab("GET", "/jobs/a%00b", token=tokens["alice"])
+    r = await service.request("GET", "/jobs/a%00b", token=stokens["alice"])
     assert r.status_code == 400 and "NUL" in error_of(r)
     for owner in ("alice/\u0000", "x" * 300):
-        r = hub.gpulab("POST", "/allocations", json={"user": "alice", "owner_kind": "server",
-                                                     "owner": owner, "gpu_milli": 0})
+        r = await service.request(
+            "POST",
+            "/allocations",
+            json={"user": "alice", "owner_kind": "server", "owner": owner, "gpu_milli": 0},
+        )
         assert r.status_code == 400 and "at most 255 characters" in error_of(r)
 
 
-def test_oversized_bodies_are_413_and_none_of_them_is_kept(hub, tokens):
+async def test_oversized_bodies_are_413_and_none_of_them_is_kept(service, stokens):
     big = b'{"x": "' + b"a" * (2 << 20) + b'"}'
-    for method, path, token in [("POST", "/allocations", None), ("POST", "/jobs", "alice"),
-                                ("POST", "/telemetry/allreduce", None)]:
-        r = raw(hub, method, path, tokens.get(token), big if path != "/jobs" else big * 3)
+    for method, path, token in [
+        ("POST", "/allocations", None),
+        ("POST", "/jobs", "alice"),
+        ("POST", "/telemetry/allreduce", None),
+    ]:
+        r = await service.raw(method, path, stokens.get(token), big if path != "/jobs" else big * 3)
         assert r.status_code == 413, (path, r.status_code, r.text)
         assert "send less" in error_of(r)
-    r = raw(hub, "POST", "/deployments", tokens["alice"], os.urandom(2 << 20),
-            "multipart/form-data; boundary=xyz")
+    r = await service.raw(
+        "POST",
+        "/deployments",
+        stokens["alice"],
+        os.urandom(2 << 20),
+        "multipart/form-data; boundary=xyz",
+    )
     assert r.status_code == 413 and "max_upload_mib" in error_of(r)
     # Without a token it is still a 413 or 401, never a 5xx; and the service still answers.
-    r = requests.post(f"{hub.api}/allocations", data=big, timeout=60)
+    r = await service.request("POST", "/allocations", anonymous=True, data=big, timeout=60)
     assert r.status_code in (401, 413)
-    assert hub.gpulab("GET", "/inventory", token=tokens["alice"]).status_code == 200
+    assert (await service.request("GET", "/inventory", token=stokens["alice"])).status_code == 200
 
 
 # -- jobs ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("fields, status, message", [
-    ({"nodes": 8, "nproc_per_node": 8}, 400, "64 ranks"),  # CPU-only jobs too
-    ({"nodes": 64, "nproc_per_node": 64}, 400, "max_job_ranks"),
-    ({"timeout": -1}, 400, "'timeout' must be seconds"),
-    ({"timeout": 1e12}, 400, "'timeout' must be seconds"),
-    ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, 400, "env 'LD_PRELOAD' is refused"),
-    ({"env": {"PYTHONPATH": "/tmp"}}, 400, "env 'PYTHONPATH' is refused"),
-    ({"env": {"PATH": "/tmp"}}, 400, "env 'PATH' is refused"),
-    ({"env": {"GPULAB_GPU_MILLI": "1000"}}, 400, "env 'GPULAB_GPU_MILLI' is set by gpulab"),
-    ({"env": {"CUDA_VISIBLE_DEVICES": "0,1"}}, 400, "env 'CUDA_VISIBLE_DEVICES' is set by"),
-    ({"env": {"MASTER_ADDR": "10.0.0.1"}}, 400, "env 'MASTER_ADDR' is set by gpulab"),
-    ({"env": {"WORLD_SIZE": "1"}}, 400, "env 'WORLD_SIZE' is set by gpulab"),
-    ({"code": "x = 1\n" * 200_000}, 413, "'code' is over 1 MiB"),
-    ({"vars_b64": "A" * (1_600_000)}, 413, "max_job_vars_mib"),
-])
-def test_jobs_beyond_the_caps_are_refused_naming_the_limit(hub, tokens, fields, status,
-                                                            message):
-    before = hub.gpulab("GET", "/jobs", token=tokens["alice"]).json()
-    r = hub.gpulab("POST", "/jobs", token=tokens["alice"], json={"code": "print(1)", **fields})
+@pytest.mark.parametrize(
+    "fields, status, message",
+    [
+        ({"nodes": 8, "nproc_per_node": 8}, 400, "64 ranks"),  # CPU-only jobs too
+        ({"nodes": 64, "nproc_per_node": 64}, 400, "max_job_ranks"),
+        ({"timeout": -1}, 400, "'timeout' must be seconds"),
+        ({"timeout": 1e12}, 400, "'timeout' must be seconds"),
+        ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, 400, "env 'LD_PRELOAD' is refused"),
+        ({"env": {"PYTHONPATH": "/tmp"}}, 400, "env 'PYTHONPATH' is refused"),
+        ({"env": {"PATH": "/tmp"}}, 400, "env 'PATH' is refused"),
+        ({"env": {"GPULAB_GPU_MILLI": "1000"}}, 400, "env 'GPULAB_GPU_MILLI' is set by gpulab"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0,1"}}, 400, "env 'CUDA_VISIBLE_DEVICES' is set by"),
+        ({"env": {"MASTER_ADDR": "10.0.0.1"}}, 400, "env 'MASTER_ADDR' is set by gpulab"),
+        ({"env": {"WORLD_SIZE": "1"}}, 400, "env 'WORLD_SIZE' is set by gpulab"),
+        ({"code": "x = 1\n" * 200_000}, 413, "'code' is over 1 MiB"),
+        ({"vars_b64": "A" * (1_600_000)}, 413, "max_job_vars_mib"),
+    ],
+)
+async def test_jobs_beyond_the_caps_are_refused_naming_the_limit(
+    service, stokens, fields, status, message
+):
+    alice = stokens["alice"]
+    before = (await service.request("GET", "/jobs", token=alice)).json()
+    r = await service.request("POST", "/jobs", token=alice, json={"code": "print(1)", **fields})
     assert r.status_code == status, r.text
     assert message in error_of(r)
-    assert hub.gpulab("GET", "/jobs", token=tokens["alice"]).json() == before
+    assert (await service.request("GET", "/jobs", token=alice)).json() == before
 
 
 @pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e400"])
-def test_a_timeout_that_is_not_a_finite_number_is_refused(hub, tokens, literal):
-    r = raw(hub, "POST", "/jobs", tokens["alice"], b'{"code": "print(1)", "timeout": ' +
-            literal + b"}")
+async def test_a_timeout_that_is_not_a_finite_number_is_refused(service, stokens, literal):
+    r = await service.raw(
+        "POST", "/jobs", stokens["alice"], b'{"code": "print(1)", "timeout": ' + literal + b"}"
+    )
     assert r.status_code == 400 and "finite number" in error_of(r)
 
 
@@ -218,54 +288,79 @@ def test_strangers_and_anonymous_callers_see_nothing_of_a_job(hub, tokens):
     for path in (f"/jobs/{job['id']}", f"/jobs/{job['id']}/logs", f"/jobs/{job['id']}/out"):
         assert hub.gpulab("GET", path, token=tokens["mallory"]).status_code == 404
         assert requests.get(f"{hub.api}{path}", timeout=30).status_code == 401
-    assert hub.gpulab("DELETE", f"/jobs/{job['id']}", token=tokens["mallory"]).status_code \
-        == 404
+    assert hub.gpulab("DELETE", f"/jobs/{job['id']}", token=tokens["mallory"]).status_code == 404
     assert wait_job(hub, tokens["alice"], job["id"])["state"] == "succeeded"
 
 
 # -- uploads -----------------------------------------------------------------------------
-def test_a_tar_xz_bomb_is_refused_and_leaves_nothing(hub, tokens):
+async def test_a_tar_xz_bomb_is_refused_and_leaves_nothing(service, stokens):
     card = json.dumps(CARD).encode()
-    bomb = xz_archive(_xz_member("model.pt2", 3 << 30), _xz_member("model.json", len(card),
-                                                                    card))
+    bomb = xz_archive(_xz_member("model.pt2", 3 << 30), _xz_member("model.json", len(card), card))
     assert len(bomb) < 1 << 20  # 3 GiB of zeros in well under the compressed cap
-    r = upload(hub, tokens["mallory"], bomb)
+    r = await upload_to(service, stokens["mallory"], bomb)
     assert r.status_code == 413, r.text
     assert "expands to more than 1536 MiB" in error_of(r) and "max_model_mib" in error_of(r)
-    assert leftovers(hub) == []
-    assert hub.gpulab("GET", "/deployments", token=tokens["mallory"]).json() == []
+    assert await leftovers_of(service) == []
+    assert (await service.request("GET", "/deployments", token=stokens["mallory"])).json() == []
 
 
-@pytest.mark.parametrize("entries, message", [
-    ([file_entry("../model.pt2", b"x"), file_entry("model.json", b"{}")],
-     "'../model.pt2' points outside the archive"),
-    ([file_entry("/etc/model.json", b"{}"), file_entry("model.pt2", b"x")],
-     "'/etc/model.json' points outside"),
-    ([link_entry("model.pt2", "/etc/shadow", tarfile.SYMTYPE), file_entry("model.json", b"{}")],
-     "'model.pt2' is a symbolic link"),
-    ([file_entry("w", b"x"), link_entry("model.pt2", "w", tarfile.LNKTYPE),
-      file_entry("model.json", b"{}")], "'model.pt2' is a hard link"),
-    ([file_entry("model.pt2", b"x"), file_entry("model.pt2", b"y"),
-      file_entry("model.json", b"{}")], "holds model.pt2 twice"),
-])
-def test_crafted_archives_are_refused_by_name_and_leave_nothing(hub, tokens, entries, message):
-    r = upload(hub, tokens["mallory"], tar_of(entries))
+@pytest.mark.parametrize(
+    "entries, message",
+    [
+        (
+            [file_entry("../model.pt2", b"x"), file_entry("model.json", b"{}")],
+            "'../model.pt2' points outside the archive",
+        ),
+        (
+            [file_entry("/etc/model.json", b"{}"), file_entry("model.pt2", b"x")],
+            "'/etc/model.json' points outside",
+        ),
+        (
+            [
+                link_entry("model.pt2", "/etc/shadow", tarfile.SYMTYPE),
+                file_entry("model.json", b"{}"),
+            ],
+            "'model.pt2' is a symbolic link",
+        ),
+        (
+            [
+                file_entry("w", b"x"),
+                link_entry("model.pt2", "w", tarfile.LNKTYPE),
+                file_entry("model.json", b"{}"),
+            ],
+            "'model.pt2' is a hard link",
+        ),
+        (
+            [
+                file_entry("model.pt2", b"x"),
+                file_entry("model.pt2", b"y"),
+                file_entry("model.json", b"{}"),
+            ],
+            "holds model.pt2 twice",
+        ),
+    ],
+)
+async def test_crafted_archives_are_refused_by_name_and_leave_nothing(
+    service, stokens, entries, message
+):
+    r = await upload_to(service, stokens["mallory"], tar_of(entries))
     assert r.status_code == 400 and message in error_of(r), r.text
-    assert leftovers(hub) == []
+    assert await leftovers_of(service) == []
 
 
 def test_other_routes_answer_while_a_large_upload_is_unpacked(hub, tokens):
     card = json.dumps(CARD).encode()
     # 1 GiB of model.pt2 (under max_model_mib), refused only after unpacking: the
     # settings ask for more rows than the card allows.
-    archive = xz_archive(_xz_member("model.pt2", 1 << 30), _xz_member("model.json", len(card),
-                                                                       card))
+    archive = xz_archive(
+        _xz_member("model.pt2", 1 << 30), _xz_member("model.json", len(card), card)
+    )
     deps = hub.data_dir / "deployments"
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(upload, hub, tokens["bob"], archive,
-                              {"name": "slow", "max_batch_size": 64})
-        until(lambda: pending.done() or any(deps.glob("*/model/model.pt2")),
-              "unpacking model.pt2")
+        pending = pool.submit(
+            upload, hub, tokens["bob"], archive, {"name": "slow", "max_batch_size": 64}
+        )
+        until(lambda: pending.done() or any(deps.glob("*/model/model.pt2")), "unpacking model.pt2")
         answer = hub.gpulab("GET", "/inventory", token=tokens["alice"])
         answered_while_unpacking = not pending.done()
         r = pending.result()
@@ -303,14 +398,18 @@ def test_deployment_caps_and_a_live_deployments_slice(hub, tokens, model_archive
     assert r.status_code == 400 and "must be a JSON object" in error_of(r)
     r = raw(hub, "PATCH", "/deployments/one", tokens["alice"], b"[" + b"1," * (1 << 20) + b"1]")
     assert r.status_code == 413 and "send less" in error_of(r)
-    assert hub.gpulab("PATCH", "/deployments/one", token=tokens["mallory"],
-                      json={"share_users": ["mallory"]}).status_code == 404
-    [row] = hub.gpulab("GET", "/allocations", token=tokens["alice"],
-                       params={"owner_kind": "deployment"}).json()
+    assert (
+        hub.gpulab(
+            "PATCH", "/deployments/one", token=tokens["mallory"], json={"share_users": ["mallory"]}
+        ).status_code
+        == 404
+    )
+    [row] = hub.gpulab(
+        "GET", "/allocations", token=tokens["alice"], params={"owner_kind": "deployment"}
+    ).json()
     r = hub.gpulab("DELETE", f"/allocations/{row['id']}", token=tokens["alice"])
     assert r.status_code == 409 and "stop it" in error_of(r)
-    assert hub.gpulab("GET", f"/allocations/{row['id']}", token=tokens["alice"]).status_code \
-        == 200
+    assert hub.gpulab("GET", f"/allocations/{row['id']}", token=tokens["alice"]).status_code == 200
     assert hub.gpulab("DELETE", "/deployments/one", token=tokens["alice"]).status_code == 200
     assert hub.gpulab("GET", "/allocations", token=tokens["alice"]).json() == []
 
@@ -319,12 +418,17 @@ def test_a_running_jobs_slice_cannot_be_released_by_its_user(hub, tokens):
     code = "import time\nfrom gpulab.training import setup\nsetup()\ntime.sleep(600)\n"
     job = submit(hub, tokens["alice"], code, gpu_milli=250).json()
     wait_job(hub, tokens["alice"], job["id"], states=("running",))
-    [row] = hub.gpulab("GET", "/allocations", token=tokens["alice"],
-                       params={"owner_kind": "job"}).json()
+    [row] = hub.gpulab(
+        "GET", "/allocations", token=tokens["alice"], params={"owner_kind": "job"}
+    ).json()
     r = hub.gpulab("DELETE", f"/allocations/{row['id']}", token=tokens["alice"])
     assert r.status_code == 409 and f"DELETE /api/v1/jobs/{job['id']}" in error_of(r)
-    r = hub.gpulab("DELETE", "/allocations", token=tokens["alice"],
-                   params={"owner_kind": "job", "owner": row["owner"]})
+    r = hub.gpulab(
+        "DELETE",
+        "/allocations",
+        token=tokens["alice"],
+        params={"owner_kind": "job", "owner": row["owner"]},
+    )
     assert r.status_code == 409
     hub.gpulab("DELETE", f"/jobs/{job['id']}", token=tokens["alice"])
     assert hub.gpulab("GET", "/allocations", token=tokens["alice"]).json() == []
@@ -336,13 +440,16 @@ def test_a_running_servers_slice_is_not_double_booked(hub, tokens):
     [row] = hub.gpulab("GET", "/allocations", token=tokens["alice"]).json()
     r = hub.gpulab("DELETE", f"/allocations/{row['id']}", token=tokens["alice"])
     assert r.status_code == 409 and "stop the server to release its slice" in error_of(r)
-    r = hub.gpulab("DELETE", "/allocations", token=tokens["alice"],
-                   params={"owner_kind": "server", "owner": "alice/"})
+    r = hub.gpulab(
+        "DELETE",
+        "/allocations",
+        token=tokens["alice"],
+        params={"owner_kind": "server", "owner": "alice/"},
+    )
     assert r.status_code == 409
     assert hub.gpulab("GET", "/allocations", token=tokens["alice"]).json() == [row]
     # Another user cannot even see it.
-    assert hub.gpulab("DELETE", f"/allocations/{row['id']}", token=tokens["bob"]).status_code \
-        == 404
+    assert hub.gpulab("DELETE", f"/allocations/{row['id']}", token=tokens["bob"]).status_code == 404
 
     # An admin can release it (repairing the ledger); the check then finds the server
     # running without a slice, and says so to its owner and the admin only.
@@ -357,8 +464,9 @@ def test_a_running_servers_slice_is_not_double_booked(hub, tokens):
     assert "holds no slice" in item["message"]
     assert hub.gpulab("GET", "/ledger", token=tokens["bob"]).json()["lost"] == []
     assert any(x["owner"] == "alice/" for x in hub.gpulab("GET", "/ledger").json()["lost"])
-    metrics = requests.get(f"{hub.url}/services/gpulab/metrics", headers=hub.auth(),
-                           timeout=30).text
+    metrics = requests.get(
+        f"{hub.url}/services/gpulab/metrics", headers=hub.auth(), timeout=30
+    ).text
     assert 'gpulab_ledger_lost_owners{owner_kind="server"} 1.0' in metrics
     assert "alice/" in hub.log_tail(20000) and "holds no slice" in hub.log_tail(20000)
     hub.hub_api("DELETE", "/users/alice/server")
@@ -367,21 +475,31 @@ def test_a_running_servers_slice_is_not_double_booked(hub, tokens):
 
 
 # -- all-reduce results ------------------------------------------------------------------
-def test_allreduce_results_cannot_be_posted_by_users(hub, tokens):
-    fake = {"busbw_bytes_per_second": 9e18, "algbw_bytes_per_second": 9e18,
-            "size_bytes": 2**24, "world_size": 2, "backend": "gloo", "nodes": ["n1"]}
-    r = hub.gpulab("POST", "/telemetry/allreduce", token=tokens["mallory"], json=fake)
+async def test_allreduce_results_cannot_be_posted_by_users(service, stokens):
+    fake = {
+        "busbw_bytes_per_second": 9e18,
+        "algbw_bytes_per_second": 9e18,
+        "size_bytes": 2**24,
+        "world_size": 2,
+        "backend": "gloo",
+        "nodes": ["n1"],
+    }
+    r = await service.request("POST", "/telemetry/allreduce", token=stokens["mallory"], json=fake)
     assert r.status_code == 403 and "%gpulab nettest --nodes" in error_of(r)
     # Even an admin's post must be a plausible measurement.
-    r = hub.gpulab("POST", "/telemetry/allreduce", json=fake)
+    r = await service.request("POST", "/telemetry/allreduce", json=fake)
     assert r.status_code == 400 and "from 0 to 1e+13" in error_of(r)
     plausible = {**fake, "busbw_bytes_per_second": 1e9, "algbw_bytes_per_second": 1e9}
-    r = hub.gpulab("POST", "/telemetry/allreduce", json={**plausible, "nodes": 5})
+    r = await service.request("POST", "/telemetry/allreduce", json={**plausible, "nodes": 5})
     assert r.status_code == 400 and "'nodes' must be a list" in error_of(r)
-    r = raw(hub, "POST", "/telemetry/allreduce", None,
-            json.dumps(plausible).replace("16777216", "1e400").encode())
+    r = await service.raw(
+        "POST",
+        "/telemetry/allreduce",
+        None,
+        json.dumps(plausible).replace("16777216", "1e400").encode(),
+    )
     assert r.status_code == 400 and "out of range" in error_of(r)
-    shown = hub.gpulab("GET", "/telemetry").json()["allreduce"]
+    shown = (await service.request("GET", "/telemetry")).json()["allreduce"]
     assert not [x for x in shown if x["busbw_bytes_per_second"] > 1e13]
 
 
@@ -392,13 +510,18 @@ out = os.path.join(os.environ["GPULAB_JOB_DIR"], "out", "allreduce.json")
 """
 
 
-@pytest.mark.parametrize("write, why", [
-    ('json.dump({"busbw_bytes_per_second": 9e18, "algbw_bytes_per_second": 9e18, '
-     '"size_bytes": 1024, "world_size": 1, "backend": "gloo"}, open(out, "w"))',
-     "'algbw_bytes_per_second' must be a finite number from 0 to 1e+13"),
-    ('os.symlink(os.path.join(os.environ["GPULAB_JOB_DIR"], "spec.json"), out)', "Errno"),
-    ('open(out, "w").write("NaN")', "not a number"),
-])
+@pytest.mark.parametrize(
+    "write, why",
+    [
+        (
+            'json.dump({"busbw_bytes_per_second": 9e18, "algbw_bytes_per_second": 9e18, '
+            '"size_bytes": 1024, "world_size": 1, "backend": "gloo"}, open(out, "w"))',
+            "'algbw_bytes_per_second' must be a finite number from 0 to 1e+13",
+        ),
+        ('os.symlink(os.path.join(os.environ["GPULAB_JOB_DIR"], "spec.json"), out)', "Errno"),
+        ('open(out, "w").write("NaN")', "not a number"),
+    ],
+)
 def test_a_jobs_fake_allreduce_result_is_not_recorded(hub, tokens, write, why):
     job = submit(hub, tokens["mallory"], FAKE_RESULT.format(write=write)).json()
     assert wait_job(hub, tokens["mallory"], job["id"])["state"] == "succeeded"
@@ -409,23 +532,33 @@ def test_a_jobs_fake_allreduce_result_is_not_recorded(hub, tokens, write, why):
 
 
 def test_a_probe_jobs_result_is_recorded_for_its_owner(hub, tokens):
-    code = ("from gpulab.training import setup\n"
-            "from gpulab.training.allreduce_probe import run_probe\n"
-            "setup()\nresult = run_probe('64K', iters=3, warmup=1, record=True)\n")
+    code = (
+        "from gpulab.training import setup\n"
+        "from gpulab.training.allreduce_probe import run_probe\n"
+        "setup()\nresult = run_probe('64K', iters=3, warmup=1, record=True)\n"
+    )
     job = submit(hub, tokens["bob"], code, nproc_per_node=2, name="nettest").json()
     ended = wait_job(hub, tokens["bob"], job["id"])
-    assert ended["state"] == "succeeded", (ended, hub.gpulab(
-        "GET", f"/jobs/{job['id']}/logs", token=tokens["bob"]).text[-3000:])
-    [run] = [x for x in hub.gpulab("GET", "/telemetry", token=tokens["bob"]).json()["allreduce"]
-             if x.get("job_id") == job["id"]]
+    assert ended["state"] == "succeeded", (
+        ended,
+        hub.gpulab("GET", f"/jobs/{job['id']}/logs", token=tokens["bob"]).text[-3000:],
+    )
+    [run] = [
+        x
+        for x in hub.gpulab("GET", "/telemetry", token=tokens["bob"]).json()["allreduce"]
+        if x.get("job_id") == job["id"]
+    ]
     assert run["user"] == "bob" and run["world_size"] == 2 and run["size_bytes"] == 65536
     assert 0 < run["busbw_bytes_per_second"] < 1e13
-    assert not [x for x in hub.gpulab("GET", "/telemetry", token=tokens["alice"]).json()[
-        "allreduce"] if x.get("job_id") == job["id"]]
+    assert not [
+        x
+        for x in hub.gpulab("GET", "/telemetry", token=tokens["alice"]).json()["allreduce"]
+        if x.get("job_id") == job["id"]
+    ]
 
 
-def test_the_openapi_document_names_the_new_statuses_and_routes(hub):
-    paths = hub.gpulab("GET", "/openapi.json").json()["paths"]
+async def test_the_openapi_document_names_the_new_statuses_and_routes(service):
+    paths = (await service.request("GET", "/openapi.json")).json()["paths"]
     assert "/api/v1/ledger" in paths and "/api/v1/telemetry/allreduce" in paths
     assert "413" in paths["/api/v1/jobs"]["post"]["responses"]
     assert "413" in paths["/api/v1/deployments"]["post"]["responses"]

@@ -6,8 +6,11 @@ GPULAB = str(Path(sys.executable).with_name("gpulab"))
 
 
 def test_bad_gpu_spec_says_how_to_write_it(tmp_path):
-    r = subprocess.run([GPULAB, "up", "--data-dir", str(tmp_path), "--simulate-gpus", "2A100"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [GPULAB, "up", "--data-dir", str(tmp_path), "--simulate-gpus", "2A100"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "write COUNTxMODEL-MEMGB" in r.stderr
 
 

@@ -15,9 +15,11 @@ SLEEP = {"code": "import time\ntime.sleep(600)", "name": "sleeper"}
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("cpuquota"), simulate="1xA100-80GB",
-                   config="c.GpuLabService.user_cpu_quota = 2\n"
-                          "c.AccountLimits.cpu_floor = 1\n")
+    h = RunningHub(
+        tmp_path_factory.mktemp("cpuquota"),
+        simulate="1xA100-80GB",
+        config="c.GpuLabService.user_cpu_quota = 2\nc.AccountLimits.cpu_floor = 1\n",
+    )
     yield h
     for job in h.gpulab("GET", "/jobs").json():
         h.gpulab("DELETE", f"/jobs/{job['id']}")
@@ -33,7 +35,8 @@ def test_cpu_only_work_stops_at_the_users_cpu_quota(hub):
     assert more.status_code == 403
     assert more.json()["error"].startswith(
         "over your CPU quota: your CPU-only jobs and endpoints hold 2 core(s) and this asks "
-        "1 more; the quota is 2.")
+        "1 more; the quota is 2."
+    )
     files = {"spec": (None, '{"name": "cpu", "gpu_milli": 0}'), "model": ("m.tar", b"x")}
     refused = hub.gpulab("POST", "/deployments", token=alice, files=files)
     assert refused.status_code == 403 and "over your CPU quota" in refused.json()["error"]
@@ -46,8 +49,11 @@ def test_cpu_only_work_stops_at_the_users_cpu_quota(hub):
     # Cores come back when the job ends.
     assert hub.gpulab("DELETE", f"/jobs/{first.json()['id']}", token=alice).status_code == 200
     deadline = time.monotonic() + 120
-    while hub.gpulab("GET", f"/jobs/{first.json()['id']}", token=alice).json()["state"] \
-            not in ("cancelled", "failed", "succeeded"):
+    while hub.gpulab("GET", f"/jobs/{first.json()['id']}", token=alice).json()["state"] not in (
+        "cancelled",
+        "failed",
+        "succeeded",
+    ):
         assert time.monotonic() < deadline
         time.sleep(0.5)
     assert hub.gpulab("POST", "/jobs", token=alice, json=SLEEP).status_code == 201

@@ -1,9 +1,8 @@
 """Slices come back: a failed start and idle culling release them (real hub)."""
 
-import time
-
 import pytest
 from hubproc import RunningHub
+from support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -28,12 +27,7 @@ def hub(tmp_path_factory):
 
 
 def wait_for(predicate, timeout=180, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(1)
-    raise TimeoutError(f"timed out waiting for {what}")
+    wait_until(predicate, what, timeout, every=0.5)
 
 
 def test_failed_start_releases_the_slice(hub):
@@ -42,8 +36,10 @@ def test_failed_start_releases_the_slice(hub):
     # The hub may answer before the process has died (202) or after (500).
     assert r.status_code in (201, 202, 500), r.text
     hub.wait_server("failer", ready=False)
-    wait_for(lambda: hub.gpulab("GET", "/allocations", params={"user": "failer"}).json() == [],
-             what="failer's slice to be released")
+    wait_for(
+        lambda: hub.gpulab("GET", "/allocations", params={"user": "failer"}).json() == [],
+        what="failer's slice to be released",
+    )
     gpus = hub.gpulab("GET", "/inventory").json()["nodes"][0]["gpus"]
     assert all(g["allocated_milli"] == 0 for g in gpus)
 
@@ -55,16 +51,24 @@ def test_idle_culling_releases_the_slice(hub):
     assert len(hub.gpulab("GET", "/allocations", params={"user": "sleepy"}).json()) == 1
     # Nobody touches the server; the culler (10 s timeout) stops it.
     hub.wait_server("sleepy", ready=False, timeout=180)
-    wait_for(lambda: hub.gpulab("GET", "/allocations", params={"user": "sleepy"}).json() == [],
-             what="sleepy's slice to be released")
+    wait_for(
+        lambda: hub.gpulab("GET", "/allocations", params={"user": "sleepy"}).json() == [],
+        what="sleepy's slice to be released",
+    )
 
 
 def test_reconcile_releases_slices_of_servers_that_do_not_exist(hub):
     # An allocation for a server the hub has never heard of (as left by a hub
     # that died between allocating and starting): the service gives it back.
-    r = hub.gpulab("POST", "/allocations", json={"user": "ghost", "owner_kind": "server",
-                                                 "owner": "ghost/", "gpu_milli": 500})
+    r = hub.gpulab(
+        "POST",
+        "/allocations",
+        json={"user": "ghost", "owner_kind": "server", "owner": "ghost/", "gpu_milli": 500},
+    )
     assert r.status_code == 201
-    wait_for(lambda: hub.gpulab("GET", "/allocations", params={"user": "ghost"}).json() == [],
-             timeout=60, what="the ghost allocation to be reconciled away")
+    wait_for(
+        lambda: hub.gpulab("GET", "/allocations", params={"user": "ghost"}).json() == [],
+        timeout=60,
+        what="the ghost allocation to be reconciled away",
+    )
     assert "Released 1 allocation(s) of server ghost/" in hub.log_tail(200_000)

@@ -14,8 +14,10 @@ from gpulab.magics.status import slice_status
 from gpulab.spawner.form import DEMO_LOGIN_WARNING, render_form
 
 GPULAB = str(Path(sys.executable).with_name("gpulab"))
-AVAILABILITY = {"sizes": [{"milli": 0, "label": "No GPU", "available": True, "count": 0,
-                           "reason": ""}], "held_milli": 0}
+AVAILABILITY = {
+    "sizes": [{"milli": 0, "label": "No GPU", "available": True, "count": 0, "reason": ""}],
+    "held_milli": 0,
+}
 
 
 def hub_config(tmp_path, monkeypatch, demo: bool) -> Config:
@@ -37,7 +39,8 @@ def test_default_login_is_per_user_passwords(tmp_path, monkeypatch):
     c = hub_config(tmp_path, monkeypatch, demo=False)
     assert c.JupyterHub.authenticator_class == NATIVE
     assert c.GpuLabNativeAuthenticator.admin_password_file == str(
-        tmp_path / "data" / "admin-password")
+        tmp_path / "data" / "admin-password"
+    )
     assert (tmp_path / "data" / "admin-password").stat().st_mode & 0o777 == 0o600
     assert not (tmp_path / "data" / "user-password").exists()
     assert "user_password" not in c.SharedPasswordAuthenticator
@@ -77,8 +80,12 @@ def test_form_and_magic_warn_only_in_demo_mode():
 
 def run_banner(tmp_path, *flags) -> str:
     # `-- --help` makes jupyterhub print its help and exit after the banner.
-    r = subprocess.run([GPULAB, "up", "--data-dir", str(tmp_path), *flags, "--", "--help"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [GPULAB, "up", "--data-dir", str(tmp_path), *flags, "--", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     banner = r.stdout.split("  Overrides:", 1)[0]
     assert "gpulab is starting" in banner

@@ -29,13 +29,13 @@ def db(tmp_path):
 def start(db, password_file, **config):
     """What `gpulab up` does at hub start (auth_config.configure_auth)."""
     config = {"allow_all": True, "admin_users": {"admin"}, **config}
-    return GpuLabNativeAuthenticator(_deprecated_db_session=db,
-                                     admin_password_file=str(password_file), **config)
+    return GpuLabNativeAuthenticator(
+        _deprecated_db_session=db, admin_password_file=str(password_file), **config
+    )
 
 
 def login(auth, name, password):
-    user = asyncio.run(auth.get_authenticated_user(None, {"username": name,
-                                                          "password": password}))
+    user = asyncio.run(auth.get_authenticated_user(None, {"username": name, "password": password}))
     return user and user["name"]
 
 

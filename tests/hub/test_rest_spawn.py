@@ -3,20 +3,21 @@
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from hubproc import RunningHub
+from hubproc import fresh_user
+from support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
-CONFIG = """
-c.GpuLabService.user_quota_milli = {"capped": 250}
-"""
+#: Her quota is a quarter GPU: SHARED_HUB_CONFIG in tests/conftest.py.
+CAPPED = "capped-spawn"
+ALICE, BOB = fresh_user("alice"), fresh_user("bob")
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("hub"), simulate="2xA100-80GB", config=CONFIG)
-    yield h
-    h.stop()
+def hub(plain_hub):
+    """The session's shared hub (empty when this module starts; its servers stopped
+    at its end)."""
+    return plain_hub
 
 
 def stop_all(hub, users):
@@ -39,7 +40,7 @@ def test_twenty_concurrent_quarter_spawns_place_exactly_eight(hub):
         # Fails fast with a message that says why and what to do.
         assert r.status_code == 409
         assert "no GPU has room for 1/4 GPU" in r.json()["message"]
-    started = [u for u, r in zip(users, answers) if r.status_code in (201, 202)]
+    started = [u for u, r in zip(users, answers, strict=False) if r.status_code in (201, 202)]
     assert len(started) == 8
     for u in started:
         hub.wait_server(u)
@@ -63,13 +64,16 @@ def test_twenty_concurrent_quarter_spawns_place_exactly_eight(hub):
     assert hub.gpulab("GET", "/allocations").json() == []
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"gpu_milli": 300}, "unknown slice size gpu_milli=300"),
-    ({"gpu_milli": "a lot"}, "must be an integer"),
-    ({"gpu_milli": -250}, "cannot be negative"),
-    ({"gpus": 1}, "unknown option(s) gpus"),
-    ({"gpu_milli": 1500}, "not a whole number of GPUs"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"gpu_milli": 300}, "unknown slice size gpu_milli=300"),
+        ({"gpu_milli": "a lot"}, "must be an integer"),
+        ({"gpu_milli": -250}, "cannot be negative"),
+        ({"gpus": 1}, "unknown option(s) gpus"),
+        ({"gpu_milli": 1500}, "not a whole number of GPUs"),
+    ],
+)
 def test_bad_user_options_are_400_and_change_nothing(hub, options, message):
     hub.hub_api("POST", "/users/badinput")
     before = hub.gpulab("GET", "/allocations").json()
@@ -81,12 +85,12 @@ def test_bad_user_options_are_400_and_change_nothing(hub, options, message):
 
 
 def test_quota_exceeded_is_refused_with_the_reason(hub):
-    hub.hub_api("POST", "/users/capped")
-    r = hub.spawn("capped", {"gpu_milli": 500})
+    hub.hub_api("POST", f"/users/{CAPPED}")
+    r = hub.spawn(CAPPED, {"gpu_milli": 500})
     assert r.status_code == 403
     assert "over your quota" in r.json()["message"]
-    assert not hub.hub_api("GET", "/users/capped").json()["servers"]
-    assert hub.gpulab("GET", "/allocations", params={"user": "capped"}).json() == []
+    assert not hub.hub_api("GET", f"/users/{CAPPED}").json()["servers"]
+    assert hub.gpulab("GET", "/allocations", params={"user": CAPPED}).json() == []
 
 
 def test_group_quota_from_hub_group_properties(hub):
@@ -96,13 +100,15 @@ def test_group_quota_from_hub_group_properties(hub):
     r = hub.hub_api("PUT", "/groups/lab/properties", json={"gpulab_quota_milli": 250})
     assert r.status_code == 200, r.text
     # The service caches group lookups briefly; the availability route shows the quota.
-    import time
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        avail = hub.gpulab("GET", "/availability", params={"user": "g2"}).json()
-        if avail["quota_milli"] == 250:
-            break
-        time.sleep(1)
+    avail = wait_until(
+        lambda: (
+            (a := hub.gpulab("GET", "/availability", params={"user": "g2"}).json())["quota_milli"]
+            == 250
+            and a
+        ),
+        "the group quota to show for g2",
+        30,
+    )
     assert avail["quota_milli"] == 250
     assert hub.spawn("g1", {"gpu_milli": 250}).status_code in (201, 202)
     hub.wait_server("g1")
@@ -122,56 +128,70 @@ def test_no_gpu_server_holds_nothing(hub):
 
 
 def test_users_see_and_release_only_their_own(hub):
-    alice = hub.create_user("alice")
-    bob = hub.create_user("bob")
-    for u in ("alice", "bob"):
+    alice = hub.create_user(ALICE)
+    bob = hub.create_user(BOB)
+    for u in (ALICE, BOB):
         assert hub.spawn(u, {"gpu_milli": 100}).status_code in (201, 202)
-    for u in ("alice", "bob"):
+    for u in (ALICE, BOB):
         hub.wait_server(u)
     mine = hub.gpulab("GET", "/allocations", token=alice).json()
-    assert [a["user"] for a in mine] == ["alice"]
-    assert hub.gpulab("GET", "/allocations", token=alice, params={"user": "bob"}).status_code == 403
+    assert [a["user"] for a in mine] == [ALICE]
+    assert hub.gpulab("GET", "/allocations", token=alice, params={"user": BOB}).status_code == 403
     bobs = hub.gpulab("GET", "/allocations", token=bob).json()[0]
     # Another user's allocation is invisible: 404, and it stays.
     assert hub.gpulab("GET", f"/allocations/{bobs['id']}", token=alice).status_code == 404
     assert hub.gpulab("DELETE", f"/allocations/{bobs['id']}", token=alice).status_code == 404
-    r = hub.gpulab("DELETE", "/allocations", token=alice,
-                   params={"owner_kind": "server", "owner": "bob/"})
+    r = hub.gpulab(
+        "DELETE", "/allocations", token=alice, params={"owner_kind": "server", "owner": f"{BOB}/"}
+    )
     assert r.status_code == 404
     assert hub.gpulab("GET", f"/allocations/{bobs['id']}", token=bob).status_code == 200
-    assert hub.gpulab("GET", "/availability", token=alice, params={"user": "bob"}).status_code == 403
+    assert hub.gpulab("GET", "/availability", token=alice, params={"user": BOB}).status_code == 403
     # Users cannot allocate directly.
-    r = hub.gpulab("POST", "/allocations", token=alice,
-                   json={"user": "alice", "owner_kind": "job", "owner": "x", "gpu_milli": 100})
+    r = hub.gpulab(
+        "POST",
+        "/allocations",
+        token=alice,
+        json={"user": ALICE, "owner_kind": "job", "owner": "x", "gpu_milli": 100},
+    )
     assert r.status_code == 403
     # The admin sees everyone's and may release bob's.
     everyone = {a["user"] for a in hub.gpulab("GET", "/allocations").json()}
-    assert {"alice", "bob"} <= everyone
+    assert {ALICE, BOB} <= everyone
     r = hub.gpulab("DELETE", f"/allocations/{bobs['id']}")
     assert r.status_code == 200 and r.json()["released"][0]["id"] == bobs["id"]
-    stop_all(hub, ["alice", "bob"])
+    stop_all(hub, [ALICE, BOB])
 
 
 def test_unauthenticated_and_malformed_requests(hub):
     import requests
+
     r = requests.get(f"{hub.api}/allocations", timeout=30)
     assert r.status_code == 401 and "authentication required" in r.json()["error"]
-    r = requests.get(f"{hub.api}/inventory", headers={"Authorization": "token nonsense"},
-                     timeout=30)
+    r = requests.get(
+        f"{hub.api}/inventory", headers={"Authorization": "token nonsense"}, timeout=30
+    )
     assert r.status_code == 401
     r = hub.gpulab("POST", "/allocations", data=b"{not json")
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
-    r = hub.gpulab("POST", "/allocations",
-                   json={"user": "x", "owner_kind": "server", "owner": "x/", "gpu_milli": 7})
+    r = hub.gpulab(
+        "POST",
+        "/allocations",
+        json={"user": "x", "owner_kind": "server", "owner": "x/", "gpu_milli": 7},
+    )
     assert r.status_code == 400 and "unknown slice size" in r.json()["error"]
-    r = hub.gpulab("POST", "/allocations",
-                   json={"user": "x", "owner_kind": "boat", "owner": "x/", "gpu_milli": 250})
+    r = hub.gpulab(
+        "POST",
+        "/allocations",
+        json={"user": "x", "owner_kind": "boat", "owner": "x/", "gpu_milli": 250},
+    )
     assert r.status_code == 400
     r = hub.gpulab("DELETE", "/allocations")
     assert r.status_code == 400
     doc = hub.gpulab("GET", "/openapi.json").json()
     assert doc["openapi"].startswith("3.") and "/api/v1/allocations" in doc["paths"]
-    metrics = requests.get(f"{hub.url}/services/gpulab/metrics", headers=hub.auth(),
-                           timeout=30).text
+    metrics = requests.get(
+        f"{hub.url}/services/gpulab/metrics", headers=hub.auth(), timeout=30
+    ).text
     assert "gpulab_gpu_allocated_ratio" in metrics
     assert requests.get(f"{hub.url}/services/gpulab/metrics", timeout=30).status_code == 401

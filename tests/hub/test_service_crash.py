@@ -20,6 +20,7 @@ def hub(request, tmp_path):
     db_url = request.getfixturevalue("postgres_url") if request.param == "postgres" else ""
     if db_url:
         from sqlalchemy import create_engine, text
+
         eng = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
         with eng.begin() as c:
             c.execute(text("DROP TABLE IF EXISTS gpulab_allocations"))
@@ -51,7 +52,7 @@ def test_kill_service_mid_spawn(hub):
     # The hub notices the dead service and starts it again.
     hub.wait_service_restarted(pid)
 
-    for u, r in zip(second, answers):
+    for u, r in zip(second, answers, strict=False):
         if r.status_code in (201, 202):
             hub.wait_server(u)
     after = hub.gpulab("GET", "/allocations").json()
@@ -59,8 +60,11 @@ def test_kill_service_mid_spawn(hub):
     for aid, a in before.items():
         assert {**a} in after, f"allocation {aid} lost"
     # One allocation per running server, none duplicated, none leaked.
-    running = {u for u in first + second
-               if hub.hub_api("GET", f"/users/{u}").json()["servers"].get("", {}).get("ready")}
+    running = {
+        u
+        for u in first + second
+        if hub.hub_api("GET", f"/users/{u}").json()["servers"].get("", {}).get("ready")
+    }
     owners = [a["owner"] for a in after]
     assert len(owners) == len(set(owners))
     assert set(owners) == {f"{u}/" for u in running}

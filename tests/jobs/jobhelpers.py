@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import time
+from support.wait import wait_until
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+from gpulab.client.states import JOB_TERMINAL as TERMINAL
 
 
 def submit(hub, token: str, code: str, **fields):
@@ -12,28 +12,28 @@ def submit(hub, token: str, code: str, **fields):
 
 
 def wait_job(hub, token: str, job_id: str, states=TERMINAL, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    job = None
-    while time.monotonic() < deadline:
+    def reached():
         job = hub.gpulab("GET", f"/jobs/{job_id}", token=token).json()
-        if job["state"] in states:
-            return job
-        time.sleep(0.5)
-    logs = hub.gpulab("GET", f"/jobs/{job_id}/logs", token=token).text
-    raise TimeoutError(f"job {job_id} not {states} after {timeout}s: {job}\n{logs[-3000:]}\n"
-                       f"{hub.log_tail()}")
+        return job if job["state"] in states else None
+
+    def detail():
+        job = hub.gpulab("GET", f"/jobs/{job_id}", token=token).json()
+        logs = hub.gpulab("GET", f"/jobs/{job_id}/logs", token=token).text
+        return f"{job}\n{logs[-3000:]}\n{hub.log_tail()}"
+
+    return wait_until(reached, f"job {job_id} {tuple(states)}", timeout, detail=detail)
 
 
 def wait_metrics(hub, token: str, job_id: str, min_records: int, timeout: float = 300) -> list:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def enough():
         m = hub.gpulab("GET", f"/jobs/{job_id}/metrics", token=token).json()
         if len(m["records"]) >= min_records:
             return m["records"]
         if m["state"] in TERMINAL:
             raise AssertionError(f"job ended with {len(m['records'])} records")
-        time.sleep(0.5)
-    raise TimeoutError(f"fewer than {min_records} metrics records after {timeout}s")
+        return None
+
+    return wait_until(enough, f"{min_records} metrics records of job {job_id}", timeout)
 
 
 def pid_alive(pid: int) -> bool:

@@ -2,7 +2,6 @@
 
 import pytest
 
-from gpulab.db import jobs as jobs_db  # noqa: F401 - registers the table before make_engine
 from gpulab.db.engine import make_engine
 from gpulab.scheduler.inventory import parse_simulated
 from gpulab.scheduler.ledger import Ledger
@@ -14,14 +13,28 @@ from gpulab.scheduler.quota import Quotas
 @pytest.fixture
 def setup(tmp_path):
     engine = make_engine(f"sqlite:///{tmp_path}/q.sqlite")
-    ledger = Ledger(engine, parse_simulated("2xA100-80GB", node="n1"), get_policy("best-fit"),
-                    Quotas(user_milli={"capped": 1000}))
+    ledger = Ledger(
+        engine,
+        parse_simulated("2xA100-80GB", node="n1"),
+        get_policy("best-fit"),
+        Quotas(user_milli={"capped": 1000}),
+    )
     return JobQueue(engine), ledger
 
 
 def add(q, job_id, user="alice", ranks=1, milli=500, priority=0):
-    return q.add({"id": job_id, "user": user, "name": job_id, "priority": priority,
-                  "backend": "local", "nodes": 1, "nproc_per_node": ranks, "gpu_milli": milli})
+    return q.add(
+        {
+            "id": job_id,
+            "user": user,
+            "name": job_id,
+            "priority": priority,
+            "backend": "local",
+            "nodes": 1,
+            "nproc_per_node": ranks,
+            "gpu_milli": milli,
+        }
+    )
 
 
 def members(job):
@@ -59,7 +72,11 @@ def test_a_gang_gets_every_slice_or_none(setup):
     ledger.release("server", "x/")
     assert admit(q, ledger) == ["big"]
     assert sorted(a["owner"] for a in ledger.list(owner_kind="job")) == [
-        "big/0", "big/1", "big/2", "big/3"]
+        "big/0",
+        "big/1",
+        "big/2",
+        "big/3",
+    ]
 
 
 def test_waiting_for_quota_does_not_hold_up_others(setup):

@@ -26,15 +26,18 @@ def hub(tmp_path):
 
 
 def rank_pids(hub, job_id):
-    return [json.load(open(p))["pid"]
-            for p in glob.glob(str(hub.data_dir / "jobs" / job_id / "pids" / "*.json"))]
+    return [
+        json.load(open(p))["pid"]
+        for p in glob.glob(str(hub.data_dir / "jobs" / job_id / "pids" / "*.json"))
+    ]
 
 
 def test_running_jobs_survive_a_service_restart(hub):
     alice = hub.create_user("alice")
     gate = hub.data_dir / "go"
-    finishing = submit(hub, alice, LINEAR, nproc_per_node=2, gpu_milli=500,
-                       env={"STEPS": "30", "GATE": str(gate)}).json()
+    finishing = submit(
+        hub, alice, LINEAR, nproc_per_node=2, gpu_milli=500, env={"STEPS": "30", "GATE": str(gate)}
+    ).json()
     sleeping = submit(hub, alice, SLEEPS, gpu_milli=500).json()
     wait_metrics(hub, alice, finishing["id"], 5)  # now held at step 5 until the gate opens
     wait_metrics(hub, alice, sleeping["id"], 1)

@@ -5,16 +5,15 @@ and a user's ``JUPYTERHUB_API_TOKEN``.
 """
 
 import queue
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
-from hubproc import RunningHub
 from jobhelpers import wait_job
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -22,30 +21,30 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "train_distribute
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("nbhub"), simulate="2xA100-80GB")
-    yield h
-    for job in h.gpulab("GET", "/jobs", params={"state": "running"}).json():
-        h.gpulab("DELETE", f"/jobs/{job['id']}")
-    h.stop()
+def hub(plain_hub):
+    """The session's shared hub; this module's jobs stopped at its end."""
+    return plain_hub
 
 
 @pytest.fixture
 def kernel_env(hub, monkeypatch):
     """A fresh user; the kernel inherits this process's environment."""
+
     def make(user):
         token = hub.create_user(user)
         monkeypatch.setenv("GPULAB_API_URL", hub.api)
         monkeypatch.setenv("JUPYTERHUB_API_TOKEN", token)
         return token
+
     return make
 
 
 def run_cells(sources, tmp_path, timeout=600):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     return nb
 
 
@@ -58,24 +57,32 @@ def test_example_notebook_trains_and_brings_the_weights_back(hub, kernel_env, tm
     nb = nbformat.read(NOTEBOOK, as_version=4)
     saved = tmp_path / "notebook_model.pt"
     nb.cells.append(nbformat.v4.new_code_cell(f"torch.save(model.state_dict(), {str(saved)!r})"))
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     train = next(c for c in nb.cells if c.source.startswith("%%train_distributed"))
     out = text_of(train)
     assert "succeeded" in out and "`model` holds rank 0's value" in out, out
     # The cell showed the live view (progress bar, plot, logs) as widgets.
-    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
-               for o in train.outputs if o.output_type == "display_data")
+    assert any(
+        "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+        for o in train.outputs
+        if o.output_type == "display_data"
+    )
     check = nb.cells[-2]
     assert "Net: held-out loss" in text_of(check)
-    after, before = [float(x) for x in
-                     text_of(check).split("loss ")[1].replace("(untrained: ", "").rstrip(")\n").split()]
+    after, before = [
+        float(x)
+        for x in text_of(check).split("loss ")[1].replace("(untrained: ", "").rstrip(")\n").split()
+    ]
     assert after < before
 
     [job] = hub.gpulab("GET", "/jobs", token=token).json()
     assert job["state"] == "succeeded" and job["world_size"] == 2
-    losses = [r["loss"] for r in
-              hub.gpulab("GET", f"/jobs/{job['id']}/metrics", token=token).json()["records"]]
+    losses = [
+        r["loss"]
+        for r in hub.gpulab("GET", f"/jobs/{job['id']}/metrics", token=token).json()["records"]
+    ]
     assert len(losses) == 60 and sum(losses[-10:]) < sum(losses[:10])
     # The notebook's `model` holds exactly the weights rank 0 saved.
     ours = torch.load(saved)
@@ -87,15 +94,17 @@ def test_example_notebook_trains_and_brings_the_weights_back(hub, kernel_env, tm
 
 def test_failing_job_raises_naming_the_rank_and_stops_run_all(hub, kernel_env, tmp_path):
     kernel_env("nbfail")
-    cells = ["%load_ext gpulab.magics",
-             "import os; os.environ['GPULAB_DISPLAY'] = 'text'",
-             "%%train_distributed --nproc-per-node 2\n"
-             "from gpulab.training import setup\n"
-             "ctx = setup()\n"
-             "if ctx.rank == 1:\n"
-             "    raise ValueError('bad batch shape on purpose')\n"
-             "ctx.barrier()\n",
-             "print('this cell must not run')"]
+    cells = [
+        "%load_ext gpulab.magics",
+        "import os; os.environ['GPULAB_DISPLAY'] = 'text'",
+        "%%train_distributed --nproc-per-node 2\n"
+        "from gpulab.training import setup\n"
+        "ctx = setup()\n"
+        "if ctx.rank == 1:\n"
+        "    raise ValueError('bad batch shape on purpose')\n"
+        "ctx.barrier()\n",
+        "print('this cell must not run')",
+    ]
     with pytest.raises(CellExecutionError) as info:
         run_cells(cells, tmp_path)
     message = str(info.value)
@@ -105,35 +114,57 @@ def test_failing_job_raises_naming_the_rank_and_stops_run_all(hub, kernel_env, t
     assert "this cell must not run" not in message
 
 
-@pytest.mark.parametrize("flags, expected", [
-    ("--nodes 0", "--nodes 0: must be at least 1"),
-    ("--gpu lots", "--gpu 'lots': give GPUs per rank"),
-    ("--gpu 0.3", "unknown slice size gpu_milli=300"),
-    ("--amp fp8", "argument --amp: invalid choice: 'fp8'"),
-    ("--env NOEQUALS", "--env 'NOEQUALS': write NAME=value"),
-    ("--vars missing_thing", "no variable 'missing_thing' in the notebook"),
-    ("--comm-hook bf16 --nproc-per-node 2", "bf16 needs NCCL"),
-    ("--frobnicate", "unrecognized arguments: --frobnicate"),
-])
-def test_bad_flags_are_usage_errors_that_say_what_is_wrong(hub, kernel_env, tmp_path, flags,
-                                                          expected):
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ("--nodes 0", "--nodes 0: must be at least 1"),
+        ("--gpu lots", "--gpu 'lots': give GPUs per rank"),
+        ("--gpu 0.3", "unknown slice size gpu_milli=300"),
+        ("--amp fp8", "argument --amp: invalid choice: 'fp8'"),
+        ("--env NOEQUALS", "--env 'NOEQUALS': write NAME=value"),
+        ("--vars missing_thing", "no variable 'missing_thing' in the notebook"),
+        ("--comm-hook bf16 --nproc-per-node 2", "bf16 needs NCCL"),
+        ("--frobnicate", "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_flags_are_usage_errors_that_say_what_is_wrong(
+    hub, kernel_env, tmp_path, flags, expected
+):
     token = kernel_env("nbflags")
     with pytest.raises(CellExecutionError) as info:
-        run_cells(["%load_ext gpulab.magics", f"%%train_distributed {flags}\nprint(1)\n"],
-                  tmp_path)
+        run_cells(["%load_ext gpulab.magics", f"%%train_distributed {flags}\nprint(1)\n"], tmp_path)
     assert "UsageError" in str(info.value) and expected in str(info.value), str(info.value)
     assert hub.gpulab("GET", "/jobs", token=token).json() == []
 
 
 def test_help_lists_the_flags(hub, kernel_env, tmp_path):
     kernel_env("nbhelp")
-    nb = run_cells(["%load_ext gpulab.magics",
-                    "from IPython import get_ipython\n"
-                    "print(get_ipython().find_cell_magic('train_distributed').__doc__)"], tmp_path)
+    nb = run_cells(
+        [
+            "%load_ext gpulab.magics",
+            "from IPython import get_ipython\n"
+            "print(get_ipython().find_cell_magic('train_distributed').__doc__)",
+        ],
+        tmp_path,
+    )
     text = text_of(nb.cells[1])
-    for flag in ("--nodes", "--nproc-per-node", "--gpu", "--backend", "--max-restarts",
-                 "--checkpoint-every", "--amp", "--comm-hook", "--vars", "--env", "--out",
-                 "--name", "--detach", "--timeout", "--priority"):
+    for flag in (
+        "--nodes",
+        "--nproc-per-node",
+        "--gpu",
+        "--backend",
+        "--max-restarts",
+        "--checkpoint-every",
+        "--amp",
+        "--comm-hook",
+        "--vars",
+        "--env",
+        "--out",
+        "--name",
+        "--detach",
+        "--timeout",
+        "--priority",
+    ):
         assert flag in text, flag
 
 
@@ -144,16 +175,21 @@ def test_interrupting_the_cell_cancels_the_job(hub, kernel_env, tmp_path):
     km, kc = start_new_kernel(kernel_name="python3")
     try:
         kc.execute_interactive("%load_ext gpulab.magics", timeout=120)
-        msg_id = kc.execute("%%train_distributed --nproc-per-node 2 --gpu 0.5\n"
-                            "import time\nfrom gpulab.training import setup, report\n"
-                            "ctx = setup()\nfor s in range(100000):\n"
-                            "    time.sleep(0.2); report(step=s)\n")
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            jobs = hub.gpulab("GET", "/jobs", token=token).json()
-            if jobs and jobs[0]["state"] == "running":
-                break
-            time.sleep(0.5)
+        msg_id = kc.execute(
+            "%%train_distributed --nproc-per-node 2 --gpu 0.5\n"
+            "import time\nfrom gpulab.training import setup, report\n"
+            "ctx = setup()\nfor s in range(100000):\n"
+            "    time.sleep(0.2); report(step=s)\n"
+        )
+        jobs = wait_until(
+            lambda: (
+                (js := hub.gpulab("GET", "/jobs", token=token).json())
+                and js[0]["state"] == "running"
+                and js
+            ),
+            "the cell's job to be running",
+            300,
+        )
         job = jobs[0]
         wait_job(hub, token, job["id"], states=("running",))
         km.interrupt_kernel()

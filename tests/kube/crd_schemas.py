@@ -11,9 +11,11 @@ kubernetes-validate by the tests, wrapped in a Job or a Pod.
 
 _NAME = {"type": "string", "pattern": "^[a-z]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
 _STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-_METADATA = {"type": "object", "required": ["name"],
-             "properties": {"name": _NAME, "namespace": _NAME, "labels": _STR_MAP,
-                            "annotations": _STR_MAP}}
+_METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {"name": _NAME, "namespace": _NAME, "labels": _STR_MAP, "annotations": _STR_MAP},
+}
 _COUNT = {"type": "integer", "minimum": 0}
 
 JOBSET = {
@@ -29,30 +31,56 @@ JOBSET = {
             "required": ["replicatedJobs"],
             "additionalProperties": False,
             "properties": {
-                "replicatedJobs": {"type": "array", "minItems": 1, "items": {
-                    "type": "object", "required": ["name", "template"],
+                "replicatedJobs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "template"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": _NAME,
+                            "replicas": _COUNT,
+                            "dependsOn": {"type": "array"},
+                            "template": {
+                                "type": "object",
+                                "required": ["spec"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "metadata": {"type": "object"},
+                                    "spec": {"type": "object"},
+                                },
+                            },
+                        },
+                    },
+                },
+                "network": {
+                    "type": "object",
                     "additionalProperties": False,
                     "properties": {
-                        "name": _NAME, "replicas": _COUNT,
-                        "dependsOn": {"type": "array"},
-                        "template": {"type": "object", "required": ["spec"],
-                                     "additionalProperties": False,
-                                     "properties": {"metadata": {"type": "object"},
-                                                    "spec": {"type": "object"}}}}}},
-                "network": {"type": "object", "additionalProperties": False, "properties": {
-                    "enableDNSHostnames": {"type": "boolean"}, "subdomain": _NAME,
-                    "publishNotReadyAddresses": {"type": "boolean"}}},
-                "successPolicy": {"type": "object", "additionalProperties": False,
-                                  "required": ["operator"], "properties": {
-                                      "operator": {"enum": ["All", "Any"]},
-                                      "targetReplicatedJobs": {"type": "array",
-                                                               "items": {"type": "string"}}}},
-                "failurePolicy": {"type": "object", "additionalProperties": False,
-                                  "properties": {
-                                      "maxRestarts": {"type": "integer", "minimum": 0},
-                                      "restartStrategy": {"enum": ["Recreate",
-                                                                   "BlockingRecreate"]},
-                                      "rules": {"type": "array"}}},
+                        "enableDNSHostnames": {"type": "boolean"},
+                        "subdomain": _NAME,
+                        "publishNotReadyAddresses": {"type": "boolean"},
+                    },
+                },
+                "successPolicy": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["operator"],
+                    "properties": {
+                        "operator": {"enum": ["All", "Any"]},
+                        "targetReplicatedJobs": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "failurePolicy": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "maxRestarts": {"type": "integer", "minimum": 0},
+                        "restartStrategy": {"enum": ["Recreate", "BlockingRecreate"]},
+                        "rules": {"type": "array"},
+                    },
+                },
                 "startupPolicy": {"type": "object"},
                 "suspend": {"type": "boolean"},
                 "coordinator": {"type": "object"},
@@ -64,9 +92,20 @@ JOBSET = {
 }
 
 #: Fields of the predictor that KServe adds to a pod spec (ComponentExtensionSpec).
-KSERVE_COMPONENT_FIELDS = ("minReplicas", "maxReplicas", "scaleTarget", "scaleMetric",
-                           "containerConcurrency", "timeout", "canaryTrafficPercent",
-                           "logger", "batcher", "labels", "annotations", "deploymentStrategy")
+KSERVE_COMPONENT_FIELDS = (
+    "minReplicas",
+    "maxReplicas",
+    "scaleTarget",
+    "scaleMetric",
+    "containerConcurrency",
+    "timeout",
+    "canaryTrafficPercent",
+    "logger",
+    "batcher",
+    "labels",
+    "annotations",
+    "deploymentStrategy",
+)
 
 INFERENCE_SERVICE = {
     "type": "object",
@@ -77,18 +116,25 @@ INFERENCE_SERVICE = {
         "kind": {"const": "InferenceService"},
         "metadata": _METADATA,
         "spec": {
-            "type": "object", "required": ["predictor"], "additionalProperties": False,
+            "type": "object",
+            "required": ["predictor"],
+            "additionalProperties": False,
             "properties": {
                 "predictor": {
                     "type": "object",
                     "required": ["containers"],
                     "properties": {
-                        "minReplicas": _COUNT, "maxReplicas": _COUNT,
-                        "labels": _STR_MAP, "annotations": _STR_MAP,
+                        "minReplicas": _COUNT,
+                        "maxReplicas": _COUNT,
+                        "labels": _STR_MAP,
+                        "annotations": _STR_MAP,
                         # A custom predictor: exactly one serving container.
-                        "containers": {"type": "array", "minItems": 1, "maxItems": 1,
-                                       "items": {"type": "object",
-                                                 "required": ["name", "image"]}},
+                        "containers": {
+                            "type": "array",
+                            "minItems": 1,
+                            "maxItems": 1,
+                            "items": {"type": "object", "required": ["name", "image"]},
+                        },
                     },
                 },
                 "transformer": {"type": "object"},

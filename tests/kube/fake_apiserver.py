@@ -18,9 +18,18 @@ from aiohttp import web
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
-    return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                              "status": "Failure", "reason": reason, "message": message,
-                              "code": code}, status=code)
+    return web.json_response(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "reason": reason,
+            "message": message,
+            "code": code,
+        },
+        status=code,
+    )
 
 
 class FakeApiServer:
@@ -33,12 +42,20 @@ class FakeApiServer:
 
     # -- what tests use --------------------------------------------------------------
     def kubeconfig(self, path) -> str:
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-            "current-context": "fake",
-            "users": [{"name": "u", "user": {"token": "fake-token"}}]}))
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {"name": "fake", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}
+                    ],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+                    "current-context": "fake",
+                    "users": [{"name": "u", "user": {"token": "fake-token"}}],
+                }
+            )
+        )
         return str(path)
 
     def get(self, collection: str, name: str) -> dict | None:
@@ -48,7 +65,7 @@ class FakeApiServer:
         self.objects[f"{collection}/{name}"]["status"] = status
 
     # -- the server ------------------------------------------------------------------
-    async def start(self) -> "FakeApiServer":
+    async def start(self) -> FakeApiServer:
         app = web.Application()
         app.router.add_get("/apis", self._discovery)
         app.router.add_get("/apis/", self._discovery)
@@ -66,10 +83,20 @@ class FakeApiServer:
 
     async def _discovery(self, request):
         self.requests.append(("GET", "/apis", None))
-        return web.json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-            {"name": g, "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
-             "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"}}
-            for g in self.groups]})
+        return web.json_response(
+            {
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": [
+                    {
+                        "name": g,
+                        "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
+                        "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"},
+                    }
+                    for g in self.groups
+                ],
+            }
+        )
 
     async def _objects(self, request):
         path = "/" + request.match_info["path"]
@@ -81,7 +108,7 @@ class FakeApiServer:
                 return _status(409, "AlreadyExists", f"{key} already exists")
             self.objects[key] = {**body, "metadata": {**body["metadata"], "uid": key}}
             return web.json_response(self.objects[key], status=201)
-        key = path[:-len("/status")] if path.endswith("/status") else path
+        key = path[: -len("/status")] if path.endswith("/status") else path
         if key not in self.objects:
             return _status(404, "NotFound", f"{key} not found")
         if request.method == "GET":

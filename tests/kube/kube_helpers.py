@@ -6,8 +6,9 @@ import kubernetes_validate
 from kubernetes_validate.utils import all_versions, major_minor
 
 # The two most recent Kubernetes versions this kubernetes-validate knows.
-K8S_VERSIONS = sorted({major_minor(v) for v in all_versions()},
-                      key=lambda v: tuple(map(int, v.split("."))))[-2:]
+K8S_VERSIONS = sorted(
+    {major_minor(v) for v in all_versions()}, key=lambda v: tuple(map(int, v.split(".")))
+)[-2:]
 
 #: Custom resources: no schema ships for them; their fields are checked by literal tests.
 CRD_GROUPS = ("kueue.x-k8s.io/",)
@@ -21,7 +22,9 @@ def validate_strict(obj: dict) -> list[str]:
             used.append(kubernetes_validate.validate(obj, version, strict=True))
         except kubernetes_validate.ValidationError as e:
             name = (obj.get("metadata") or {}).get("name")
-            raise AssertionError(f"{obj.get('kind')}/{name} is invalid for Kubernetes "
-                                 f"{version}: {e.caught.message} at "
-                                 f"{'.'.join(map(str, e.caught.absolute_path))}") from None
+            raise AssertionError(
+                f"{obj.get('kind')}/{name} is invalid for Kubernetes "
+                f"{version}: {e.caught.message} at "
+                f"{'.'.join(map(str, e.caught.absolute_path))}"
+            ) from None
     return used

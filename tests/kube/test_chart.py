@@ -45,24 +45,36 @@ def render(chart, values, namespace="gpulab") -> dict[str, dict]:
 def test_all_options_render_and_validate(chart):
     objects = render(chart, ALL_ON)
     assert sorted(objects) == [
-        "ClusterRole/gpulab-gpulab-all-inventory", "ClusterRoleBinding/gpulab-gpulab-all-inventory",
-        "ConfigMap/gpulab-all-service", "ConfigMap/gpulab-hub-config",
-        "DaemonSet/gpulab-all-agent", "Deployment/gpulab-all", "LocalQueue/research",
-        "PersistentVolumeClaim/gpulab-all-data", "PersistentVolumeClaim/gpulab-all-jobs",
+        "ClusterRole/gpulab-gpulab-all-inventory",
+        "ClusterRoleBinding/gpulab-gpulab-all-inventory",
+        "ConfigMap/gpulab-all-service",
+        "ConfigMap/gpulab-hub-config",
+        "DaemonSet/gpulab-all-agent",
+        "Deployment/gpulab-all",
+        "LocalQueue/research",
+        "PersistentVolumeClaim/gpulab-all-data",
+        "PersistentVolumeClaim/gpulab-all-jobs",
         "PersistentVolumeClaim/gpulab-all-models",
         "PriorityClass/gpulab-notebook",
-        "Role/gpulab-all", "RoleBinding/gpulab-all", "Secret/gpulab-tokens",
-        "Service/gpulab-all", "ServiceAccount/gpulab-all",
-        "WorkloadPriorityClass/gpulab-high", "WorkloadPriorityClass/gpulab-low"]
+        "Role/gpulab-all",
+        "RoleBinding/gpulab-all",
+        "Secret/gpulab-tokens",
+        "Service/gpulab-all",
+        "ServiceAccount/gpulab-all",
+        "WorkloadPriorityClass/gpulab-high",
+        "WorkloadPriorityClass/gpulab-low",
+    ]
     for key, obj in objects.items():
         if obj["apiVersion"].startswith(CRD_GROUPS):
             continue  # no schema ships for custom resources; checked literally below
         assert validate_strict(obj) == K8S_VERSIONS, key
     queue = objects["LocalQueue/research"]
     assert queue == {
-        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+        "apiVersion": "kueue.x-k8s.io/v1beta1",
+        "kind": "LocalQueue",
         "metadata": {"name": "research", "labels": queue["metadata"]["labels"]},
-        "spec": {"clusterQueue": "gpu-cluster"}}
+        "spec": {"clusterQueue": "gpu-cluster"},
+    }
     high = objects["WorkloadPriorityClass/gpulab-high"]
     assert (high["value"], high["description"]) == (10000, "urgent")
 
@@ -80,22 +92,30 @@ def test_all_options_reach_the_objects(chart):
     agent = objects["DaemonSet/gpulab-all-agent"]["spec"]["template"]["spec"]
     assert agent["runtimeClassName"] == "nvidia"
     assert "--interval=2.5" in agent["containers"][0]["command"]
-    assert ("--service-url=http://gpulab-all.gpulab.svc:10101/services/gpulab/api/v1/telemetry"
-            in agent["containers"][0]["command"])
+    assert (
+        "--service-url=http://gpulab-all.gpulab.svc:10101/services/gpulab/api/v1/telemetry"
+        in agent["containers"][0]["command"]
+    )
     pvc = objects["PersistentVolumeClaim/gpulab-all-data"]
     assert pvc["spec"]["storageClassName"] == "fast-ssd"
     hub_values = json.loads(objects["ConfigMap/gpulab-hub-config"]["data"]["hub-values.json"])
     assert hub_values == {
-        "serviceName": "gpulab", "agentServiceName": "gpulab-agent",
+        "serviceName": "gpulab",
+        "agentServiceName": "gpulab-agent",
         "serviceUrl": "http://gpulab-all.gpulab.svc:10101",
         "apiUrl": "http://gpulab-all.gpulab.svc:10101/services/gpulab/api/v1",
         "publicApiUrl": "https://hub.example.org/services/gpulab/api/v1",
-        "enforcement": ALL_ON["enforcement"], "notebookPriorityClass": "gpulab-notebook"}
+        "enforcement": ALL_ON["enforcement"],
+        "notebookPriorityClass": "gpulab-notebook",
+    }
     service_values = service_values_of(objects, "gpulab-all")
     assert service_values["slices"] == ALL_ON["slices"]
     assert service_values["authenticatePrometheus"] is False
-    assert service_values["kueue"] == {"enabled": True, "localQueue": "research",
-                                       "defaultPriorityClass": "gpulab-low"}
+    assert service_values["kueue"] == {
+        "enabled": True,
+        "localQueue": "research",
+        "defaultPriorityClass": "gpulab-low",
+    }
 
 
 def service_values_of(objects: dict, release: str = "gpulab") -> dict:
@@ -113,47 +133,75 @@ def volume_mounts(objects: dict, deployment: str) -> tuple[dict, dict]:
 def test_kubernetes_jobs_get_a_shared_jobs_directory(chart):
     objects = render(chart, ALL_ON)
     pvc = objects["PersistentVolumeClaim/gpulab-all-jobs"]
-    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "nfs-rwx",
-                           "resources": {"requests": {"storage": "500Gi"}}}
+    assert pvc["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "storageClassName": "nfs-rwx",
+        "resources": {"requests": {"storage": "500Gi"}},
+    }
     # The service's <data-dir>/jobs is the claim (job pods mount it at the same path).
     mounts, volumes = volume_mounts(objects, "gpulab-all")
-    env = {e["name"]: e.get("value") for e in objects["Deployment/gpulab-all"]["spec"][
-        "template"]["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]: e.get("value")
+        for e in objects["Deployment/gpulab-all"]["spec"]["template"]["spec"]["containers"][0][
+            "env"
+        ]
+    }
     assert mounts["/srv/gpulab/jobs"] == "jobs" and env["GPULAB_DATA_DIR"] == "/srv/gpulab"
     assert volumes["jobs"]["persistentVolumeClaim"] == {"claimName": "gpulab-all-jobs"}
     assert mounts["/srv/gpulab"] == "data"  # the ledger's volume stays beside it
     service_values = service_values_of(objects, "gpulab-all")
     assert service_values["kubernetesJobs"] == {
-        "enabled": True, "namespace": "gpulab", "jobsPvc": "gpulab-all-jobs",
-        "useJobSet": "auto", "priorityClassName": "batch-low", "rdzvPort": 29500}
+        "enabled": True,
+        "namespace": "gpulab",
+        "jobsPvc": "gpulab-all-jobs",
+        "useJobSet": "auto",
+        "priorityClassName": "batch-low",
+        "rdzvPort": 29500,
+    }
     # The service's Role covers what the backend does with a job's objects.
     rules = objects["Role/gpulab-all"]["rules"]
 
     def allowed(group, resource, verbs):
-        return any(group in r["apiGroups"] and resource in r["resources"]
-                   and set(verbs) <= set(r["verbs"]) for r in rules)
+        return any(
+            group in r["apiGroups"] and resource in r["resources"] and set(verbs) <= set(r["verbs"])
+            for r in rules
+        )
 
     crud = ["get", "list", "watch", "create", "delete"]
-    for group, resource, verbs in [("batch", "jobs", crud), ("jobset.x-k8s.io", "jobsets", crud),
-                                   ("", "services", crud), ("", "pods", ["get", "list", "watch"]),
-                                   ("", "pods/log", ["get", "list"])]:
+    for group, resource, verbs in [
+        ("batch", "jobs", crud),
+        ("jobset.x-k8s.io", "jobsets", crud),
+        ("", "services", crud),
+        ("", "pods", ["get", "list", "watch"]),
+        ("", "pods/log", ["get", "list"]),
+    ]:
         assert allowed(group, resource, verbs), (group, resource)
 
 
 def test_kubernetes_jobs_on_an_existing_claim(chart):
-    values = {**HUB_OFF, "jobs": {"kubernetes": {"enabled": True, "useJobSet": False},
-                                  "storage": {"existingClaim": "team-nfs"}}}
+    values = {
+        **HUB_OFF,
+        "jobs": {
+            "kubernetes": {"enabled": True, "useJobSet": False},
+            "storage": {"existingClaim": "team-nfs"},
+        },
+    }
     objects = render(chart, values, namespace="research")
-    assert not [k for k in objects if k.startswith("PersistentVolumeClaim/")
-                and k != "PersistentVolumeClaim/gpulab-data"]
+    assert not [
+        k
+        for k in objects
+        if k.startswith("PersistentVolumeClaim/") and k != "PersistentVolumeClaim/gpulab-data"
+    ]
     mounts, volumes = volume_mounts(objects, "gpulab")
-    assert volumes[mounts["/srv/gpulab/jobs"]]["persistentVolumeClaim"] == {
-        "claimName": "team-nfs"}
+    assert volumes[mounts["/srv/gpulab/jobs"]]["persistentVolumeClaim"] == {"claimName": "team-nfs"}
     validate_strict(objects["Deployment/gpulab"])
     service_values = service_values_of(objects)
     jobs = service_values["kubernetesJobs"]
     assert (jobs["namespace"], jobs["jobsPvc"], jobs["useJobSet"]) == (
-        "research", "team-nfs", False)
+        "research",
+        "team-nfs",
+        False,
+    )
 
 
 def test_kubernetes_jobs_off_by_default(chart):
@@ -168,8 +216,11 @@ def test_kubernetes_jobs_off_by_default(chart):
 def test_kubernetes_deployments_get_a_shared_models_directory(chart):
     objects = render(chart, ALL_ON)
     pvc = objects["PersistentVolumeClaim/gpulab-all-models"]
-    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "nfs-rwx",
-                           "resources": {"requests": {"storage": "200Gi"}}}
+    assert pvc["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "storageClassName": "nfs-rwx",
+        "resources": {"requests": {"storage": "200Gi"}},
+    }
     assert pvc["metadata"]["labels"]["app.kubernetes.io/component"] == "models"
     # The service's <data-dir>/deployments is the claim (model-server pods mount it there too).
     mounts, volumes = volume_mounts(objects, "gpulab-all")
@@ -181,15 +232,20 @@ def test_kubernetes_deployments_get_a_shared_models_directory(chart):
     assert len({v["name"] for v in spec["volumes"]}) == len(spec["volumes"])
     service_values = service_values_of(objects, "gpulab-all")
     assert service_values["kubernetesDeployments"] == {
-        "enabled": True, "namespace": "gpulab", "modelsPvc": "gpulab-all-models",
+        "enabled": True,
+        "namespace": "gpulab",
+        "modelsPvc": "gpulab-all-models",
         "image": "registry.example.org/gpulab-singleuser:0.1.0-rc1",
-        "priorityClassName": "serving-high"}
+        "priorityClassName": "serving-high",
+    }
     # The service's Role covers what the backend does with an endpoint's objects.
     rules = objects["Role/gpulab-all"]["rules"]
 
     def allowed(group, resource, verbs):
-        return any(group in r["apiGroups"] and resource in r["resources"]
-                   and set(verbs) <= set(r["verbs"]) for r in rules)
+        return any(
+            group in r["apiGroups"] and resource in r["resources"] and set(verbs) <= set(r["verbs"])
+            for r in rules
+        )
 
     crud = ["create", "get", "list", "watch", "delete", "patch"]
     for group, resource in [("apps", "deployments"), ("", "services"), ("", "secrets")]:
@@ -198,21 +254,33 @@ def test_kubernetes_deployments_get_a_shared_models_directory(chart):
 
 
 def test_kubernetes_deployments_on_an_existing_claim(chart):
-    values = {**HUB_OFF, "deployments": {"kubernetes": {"enabled": True},
-                                         "storage": {"existingClaim": "team-models"}}}
+    values = {
+        **HUB_OFF,
+        "deployments": {
+            "kubernetes": {"enabled": True},
+            "storage": {"existingClaim": "team-models"},
+        },
+    }
     objects = render(chart, values, namespace="research")
-    assert not [k for k in objects if k.startswith("PersistentVolumeClaim/")
-                and k != "PersistentVolumeClaim/gpulab-data"]
+    assert not [
+        k
+        for k in objects
+        if k.startswith("PersistentVolumeClaim/") and k != "PersistentVolumeClaim/gpulab-data"
+    ]
     mounts, volumes = volume_mounts(objects, "gpulab")
     assert volumes[mounts["/srv/gpulab/deployments"]]["persistentVolumeClaim"] == {
-        "claimName": "team-models"}
+        "claimName": "team-models"
+    }
     assert "/srv/gpulab/jobs" not in mounts  # jobs stay off: each has its own switch
     validate_strict(objects["Deployment/gpulab"])
     service_values = service_values_of(objects)
     deployments = service_values["kubernetesDeployments"]
     # The default image is the notebook image (it has gpulab and torch).
     assert (deployments["namespace"], deployments["modelsPvc"], deployments["image"]) == (
-        "research", "team-models", "ghcr.io/gpulab/gpulab-singleuser:0.1.0")
+        "research",
+        "team-models",
+        "ghcr.io/gpulab/gpulab-singleuser:0.1.0",
+    )
     assert service_values["kubernetesJobs"]["enabled"] is False
 
 
@@ -227,8 +295,9 @@ def test_kubernetes_deployments_off_by_default(chart):
 
 def test_default_endpoint_image_is_the_notebook_image():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["deployments"]["kubernetes"]["image"] == values["jupyterhub"]["singleuser"][
-        "image"]
+    assert (
+        values["deployments"]["kubernetes"]["image"] == values["jupyterhub"]["singleuser"]["image"]
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -236,8 +305,7 @@ def test_defaults_render_for_every_backend(chart, backend):
     objects = render(chart, {**HUB_OFF, "enforcement": {"backend": backend}})
     assert "LocalQueue/gpulab" not in objects  # Kueue is off by default
     # The backend reaches only the hub's ConfigMap: validate everything once.
-    for obj in objects.values() if backend == "hami" else [
-            objects["ConfigMap/gpulab-hub-config"]]:
+    for obj in objects.values() if backend == "hami" else [objects["ConfigMap/gpulab-hub-config"]]:
         validate_strict(obj)
     hub_values = json.loads(objects["ConfigMap/gpulab-hub-config"]["data"]["hub-values.json"])
     assert hub_values["enforcement"] == {"backend": backend, "options": {}}
@@ -246,12 +314,25 @@ def test_defaults_render_for_every_backend(chart, backend):
 
 
 def test_minimal_install_without_agent_rbac_or_scraping(chart):
-    objects = render(chart, {**HUB_OFF, "agent": {"enabled": False}, "rbac": {"create": False},
-                             "prometheus": {"scrape": False},
-                             "service": {"persistence": {"enabled": False}},
-                             "notebookPriorityClass": {"create": False}})
+    objects = render(
+        chart,
+        {
+            **HUB_OFF,
+            "agent": {"enabled": False},
+            "rbac": {"create": False},
+            "prometheus": {"scrape": False},
+            "service": {"persistence": {"enabled": False}},
+            "notebookPriorityClass": {"create": False},
+        },
+    )
     assert sorted(k.split("/")[0] for k in objects) == [
-        "ConfigMap", "ConfigMap", "Deployment", "Secret", "Service", "ServiceAccount"]
+        "ConfigMap",
+        "ConfigMap",
+        "Deployment",
+        "Secret",
+        "Service",
+        "ServiceAccount",
+    ]
     for obj in objects.values():
         validate_strict(obj)
     template = objects["Deployment/gpulab"]["spec"]["template"]
@@ -269,7 +350,8 @@ def test_lint(values):
         problems = [m for m in report["messages"] if m["severity"] >= 2]
         # The only warning: the z2jh chart is not in charts/ (it cannot be downloaded here).
         assert [m["error"] for m in problems] == [
-            "chart directory is missing these dependencies: jupyterhub"]
+            "chart directory is missing these dependencies: jupyterhub"
+        ]
 
 
 def test_values_match_their_schema():
@@ -279,18 +361,29 @@ def test_values_match_their_schema():
     jsonschema.validate(ALL_ON, schema)
 
 
-@pytest.mark.parametrize("bad,message", [
-    ({"enforcement": {"backend": "nvshare"}}, "at '/enforcement/backend': value must be one of"),
-    ({"slices": {"sizes": [-250], "policy": "best-fit"}}, "at '/slices/sizes/0'"),
-    ({"service": {"port": 0}}, "at '/service/port'"),
-    ({"servce": {}}, "additional properties 'servce' not allowed"),
-    ({"jobs": {"kubernetes": {"useJobSet": "yes"}}}, "at '/jobs/kubernetes/useJobSet'"),
-    ({"jobs": {"storage": {"size": "lots"}}}, "at '/jobs/storage/size'"),
-    ({"deployments": {"storage": {"size": "lots"}}}, "at '/deployments/storage/size'"),
-    ({"deployments": {"kubernetes": {"image": {"name": ""}}}},
-     "at '/deployments/kubernetes/image/name'"),
-    ({"deployments": {"kubernetes": {"queue": "x"}}}, "additional properties 'queue' not allowed"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (
+            {"enforcement": {"backend": "nvshare"}},
+            "at '/enforcement/backend': value must be one of",
+        ),
+        ({"slices": {"sizes": [-250], "policy": "best-fit"}}, "at '/slices/sizes/0'"),
+        ({"service": {"port": 0}}, "at '/service/port'"),
+        ({"servce": {}}, "additional properties 'servce' not allowed"),
+        ({"jobs": {"kubernetes": {"useJobSet": "yes"}}}, "at '/jobs/kubernetes/useJobSet'"),
+        ({"jobs": {"storage": {"size": "lots"}}}, "at '/jobs/storage/size'"),
+        ({"deployments": {"storage": {"size": "lots"}}}, "at '/deployments/storage/size'"),
+        (
+            {"deployments": {"kubernetes": {"image": {"name": ""}}}},
+            "at '/deployments/kubernetes/image/name'",
+        ),
+        (
+            {"deployments": {"kubernetes": {"queue": "x"}}},
+            "additional properties 'queue' not allowed",
+        ),
+    ],
+)
 def test_schema_refuses_bad_values(chart, bad, message):
     with pytest.raises(helm.HelmError, match=message):
         chart.validate_schema({**HUB_OFF, **bad})
@@ -303,20 +396,31 @@ def test_z2jh_wiring_names_what_the_chart_creates():
     volume = next(v for v in hub["extraVolumes"] if v["name"] == "gpulab-hub-config")
     assert volume["configMap"]["name"] == integration["configMapName"]
     for var in ("GPULAB_SERVICE_TOKEN", "GPULAB_AGENT_TOKEN"):
-        assert hub["extraEnv"][var]["valueFrom"]["secretKeyRef"]["name"] == integration[
-            "tokenSecretName"]
+        assert (
+            hub["extraEnv"][var]["valueFrom"]["secretKeyRef"]["name"]
+            == integration["tokenSecretName"]
+        )
     mounts = {m["subPath"]: m["mountPath"] for m in hub["extraVolumeMounts"]}
     # z2jh's jupyterhub_config.py loads every *.py in jupyterhub_config.d.
     assert mounts["gpulab_hub_config.py"] == (
-        "/usr/local/etc/jupyterhub/jupyterhub_config.d/gpulab_hub_config.py")
+        "/usr/local/etc/jupyterhub/jupyterhub_config.d/gpulab_hub_config.py"
+    )
     assert mounts["hub-values.json"] == "/usr/local/etc/gpulab/hub-values.json"
     chart_yaml = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart_yaml["dependencies"] == [{
-        "name": "jupyterhub", "version": "^4.0.0",
-        "repository": "https://hub.jupyter.org/helm-chart/", "condition": "jupyterhub.enabled"}]
+    assert chart_yaml["dependencies"] == [
+        {
+            "name": "jupyterhub",
+            "version": "^4.0.0",
+            "repository": "https://hub.jupyter.org/helm-chart/",
+            "condition": "jupyterhub.enabled",
+        }
+    ]
     # Notebook pods reach the service directly; z2jh's egress policy must allow it.
-    for part in (values["jupyterhub"]["singleuser"], values["jupyterhub"]["hub"],
-                 values["jupyterhub"]["proxy"]["chp"]):
+    for part in (
+        values["jupyterhub"]["singleuser"],
+        values["jupyterhub"]["hub"],
+        values["jupyterhub"]["proxy"]["chp"],
+    ):
         rule = part["networkPolicy"]["egress"][0]
         selector = rule["to"][0]["podSelector"]["matchLabels"]
         assert selector["app.kubernetes.io/component"] == "service"

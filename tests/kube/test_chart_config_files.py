@@ -9,8 +9,8 @@ import pytest
 import yaml
 from traitlets.config import Config
 
-from gpulab.service.app import GpuLabService
 from gpulab.backend.kubernetes.serving import KubernetesServing
+from gpulab.service.app import GpuLabService
 from gpulab.service.deployments import DeploymentManager
 from gpulab.service.jobs import JobManager
 from gpulab.service.kube_jobs import kubernetes_backend
@@ -22,8 +22,9 @@ ALL_ON = yaml.safe_load((Path(__file__).parent / "values-all-on.yaml").read_text
 
 def rendered_data(values: dict, namespace: str = "hub") -> dict[str, str]:
     with helm.Chart.load(str(CHART)) as chart:
-        out = chart.render({"jupyterhub": {"enabled": False}, **values}, name="gpulab",
-                           namespace=namespace)
+        out = chart.render(
+            {"jupyterhub": {"enabled": False}, **values}, name="gpulab", namespace=namespace
+        )
     data = {}
     for name in ("configmap-hub.yaml", "configmap-service.yaml"):
         data.update(yaml.safe_load(out[f"gpulab/templates/{name}"])["data"])
@@ -46,9 +47,10 @@ def hub_config(tmp_path, monkeypatch):
     # What z2jh's jupyterhub_config.py has set by the time it loads jupyterhub_config.d.
     c = Config()
     c.JupyterHub.services = [{"name": "idle-culler", "command": ["cull"]}]
-    c.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", "read:groups"]},
-                               {"name": "jupyterhub-idle-culler", "services": ["idle-culler"],
-                                "scopes": ["list:users"]}]
+    c.JupyterHub.load_roles = [
+        {"name": "user", "scopes": ["self", "read:groups"]},
+        {"name": "jupyterhub-idle-culler", "services": ["idle-culler"], "scopes": ["list:users"]},
+    ]
     return run_config(data["gpulab_hub_config.py"], c)
 
 
@@ -76,9 +78,16 @@ async def test_hub_config_is_accepted_by_the_spawner(hub_config, offline_kubecon
 
 
 def test_service_config(tmp_path, monkeypatch):
-    data = rendered_data({"slices": {"sizes": [0, 250, 1000], "policy": "best-fit",
-                                     "defaultUserQuotaMilli": 1000,
-                                     "groupQuotaMilli": {"students": 2000}}})
+    data = rendered_data(
+        {
+            "slices": {
+                "sizes": [0, 250, 1000],
+                "policy": "best-fit",
+                "defaultUserQuotaMilli": 1000,
+                "groupQuotaMilli": {"students": 2000},
+            }
+        }
+    )
     values = tmp_path / "service-values.json"
     values.write_text(data["service-values.json"])
     monkeypatch.setenv("GPULAB_SERVICE_VALUES", str(values))
@@ -103,27 +112,43 @@ def service_config(tmp_path, monkeypatch, values: dict, namespace: str = "hub") 
 def test_service_config_turns_on_kubernetes_jobs(tmp_path, monkeypatch):
     c = service_config(tmp_path, monkeypatch, ALL_ON, namespace="research")
     assert c.GpuLabService.kubernetes_jobs == {
-        "namespace": "research", "jobs_pvc": "gpulab-all-jobs",
-        "enforcement": "mig", "enforcement_options": ALL_ON["enforcement"]["options"],
-        "queue": "research", "priority": "gpulab-low", "priority_class": "batch-low",
-        "use_jobset": "auto", "rdzv_port": 29500}
+        "namespace": "research",
+        "jobs_pvc": "gpulab-all-jobs",
+        "enforcement": "mig",
+        "enforcement_options": ALL_ON["enforcement"]["options"],
+        "queue": "research",
+        "priority": "gpulab-low",
+        "priority_class": "batch-low",
+        "use_jobset": "auto",
+        "rdzv_port": 29500,
+    }
     # The service builds its backend from exactly these settings.
     jobs_root = str(tmp_path / "data" / "jobs")
     backend = kubernetes_backend(c.GpuLabService.kubernetes_jobs, jobs_root, [])
     assert (backend.namespace, backend.use_jobset) == ("research", "auto")
     assert backend.options.jobs_pvc == "gpulab-all-jobs"
-    assert backend.options.labels == {"kueue.x-k8s.io/queue-name": "research",
-                                      "kueue.x-k8s.io/priority-class": "gpulab-low"}
+    assert backend.options.labels == {
+        "kueue.x-k8s.io/queue-name": "research",
+        "kueue.x-k8s.io/priority-class": "gpulab-low",
+    }
     assert (backend.options.priority_class, backend.options.rdzv_port) == ("batch-low", 29500)
 
 
 def test_service_config_kubernetes_jobs_without_kueue(tmp_path, monkeypatch):
-    c = service_config(tmp_path, monkeypatch, {
-        "enforcement": {"backend": "hami"},
-        "jobs": {"kubernetes": {"enabled": True}, "storage": {"existingClaim": "team-nfs"}}})
+    c = service_config(
+        tmp_path,
+        monkeypatch,
+        {
+            "enforcement": {"backend": "hami"},
+            "jobs": {"kubernetes": {"enabled": True}, "storage": {"existingClaim": "team-nfs"}},
+        },
+    )
     settings = c.GpuLabService.kubernetes_jobs
     assert (settings["namespace"], settings["jobs_pvc"], settings["enforcement"]) == (
-        "hub", "team-nfs", "hami")
+        "hub",
+        "team-nfs",
+        "hami",
+    )
     assert (settings["queue"], settings["priority"], settings["use_jobset"]) == ("", "", "auto")
     kubernetes_backend(settings, str(tmp_path / "jobs"), [])
 
@@ -136,28 +161,48 @@ def test_service_config_without_kubernetes_jobs(tmp_path, monkeypatch):
 def test_service_config_turns_on_kubernetes_deployments(tmp_path, monkeypatch):
     c = service_config(tmp_path, monkeypatch, ALL_ON, namespace="research")
     assert c.GpuLabService.kubernetes_deployments == {
-        "namespace": "research", "models_pvc": "gpulab-all-models",
+        "namespace": "research",
+        "models_pvc": "gpulab-all-models",
         "image": "registry.example.org/gpulab-singleuser:0.1.0-rc1",
-        "enforcement": "mig", "enforcement_options": ALL_ON["enforcement"]["options"],
-        "queue": "research", "priority": "gpulab-low", "priority_class": "serving-high"}
+        "enforcement": "mig",
+        "enforcement_options": ALL_ON["enforcement"]["options"],
+        "queue": "research",
+        "priority": "gpulab-low",
+        "priority_class": "serving-high",
+    }
 
 
 def test_service_config_kubernetes_deployments_without_kueue(tmp_path, monkeypatch):
-    c = service_config(tmp_path, monkeypatch, {
-        "enforcement": {"backend": "hami"},
-        "deployments": {"kubernetes": {"enabled": True},
-                        "storage": {"existingClaim": "team-models"}}})
+    c = service_config(
+        tmp_path,
+        monkeypatch,
+        {
+            "enforcement": {"backend": "hami"},
+            "deployments": {
+                "kubernetes": {"enabled": True},
+                "storage": {"existingClaim": "team-models"},
+            },
+        },
+    )
     assert c.GpuLabService.kubernetes_deployments == {
-        "namespace": "hub", "models_pvc": "team-models",
+        "namespace": "hub",
+        "models_pvc": "team-models",
         "image": "ghcr.io/gpulab/gpulab-singleuser:0.1.0",
-        "enforcement": "hami", "enforcement_options": {},
-        "queue": "", "priority": "", "priority_class": ""}
+        "enforcement": "hami",
+        "enforcement_options": {},
+        "queue": "",
+        "priority": "",
+        "priority_class": "",
+    }
     assert "kubernetes_jobs" not in c.GpuLabService  # jobs have their own switch
 
 
 def test_service_config_without_kubernetes_deployments(tmp_path, monkeypatch):
-    c = service_config(tmp_path, monkeypatch, {"kueue": {"enabled": True},
-                                               "jobs": {"kubernetes": {"enabled": True}}})
+    c = service_config(
+        tmp_path,
+        monkeypatch,
+        {"kueue": {"enabled": True}, "jobs": {"kubernetes": {"enabled": True}}},
+    )
     assert "kubernetes_deployments" not in c.GpuLabService
     assert "kubernetes_jobs" in c.GpuLabService
 
@@ -170,6 +215,10 @@ def started_service(tmp_path, monkeypatch, data: dict) -> GpuLabService:
     monkeypatch.setenv("GPULAB_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:9/hub/api")
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "unused")
+    # The chart counts the cluster's GPUs (inventory_source "kubernetes"), and no API
+    # server runs here: declared GPUs stand in (tests/kube/test_kube_inventory.py reads
+    # nodes from a fake API server). Without either, the service refuses to start.
+    monkeypatch.setenv("GPULAB_SIMULATE_GPUS", "1xA100-80GB")
     app = GpuLabService()
     app.initialize([f"--config={tmp_path / 'gpulab_config.py'}"])
     return app
@@ -185,9 +234,11 @@ def test_service_starts_from_the_chart_config(tmp_path, monkeypatch):
 
 def test_service_builds_the_kubernetes_backend_from_the_chart_config(tmp_path, monkeypatch):
     """With jobs.kubernetes on, the service's job manager has the backend, on <data-dir>/jobs."""
-    app = started_service(tmp_path, monkeypatch,
-                          rendered_data({"jobs": {"kubernetes": {"enabled": True}}},
-                                        namespace="research"))
+    app = started_service(
+        tmp_path,
+        monkeypatch,
+        rendered_data({"jobs": {"kubernetes": {"enabled": True}}}, namespace="research"),
+    )
     manager = JobManager(app)
     kube = manager.backends["kubernetes"]
     assert kube.namespace == "research" and kube.options.jobs_pvc == "gpulab-jobs"
@@ -197,9 +248,11 @@ def test_service_builds_the_kubernetes_backend_from_the_chart_config(tmp_path, m
 
 def test_service_serves_endpoints_on_kubernetes_from_the_chart_config(tmp_path, monkeypatch):
     """With deployments.kubernetes on, %deploy endpoints become Deployments in the namespace."""
-    app = started_service(tmp_path, monkeypatch,
-                          rendered_data({"deployments": {"kubernetes": {"enabled": True}}},
-                                        namespace="research"))
+    app = started_service(
+        tmp_path,
+        monkeypatch,
+        rendered_data({"deployments": {"kubernetes": {"enabled": True}}}, namespace="research"),
+    )
     serving = DeploymentManager(app).serving
     assert isinstance(serving, KubernetesServing) and serving.namespace == "research"
     assert serving.models_pvc == "gpulab-models" and serving.image.endswith(":0.1.0")

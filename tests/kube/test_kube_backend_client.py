@@ -28,8 +28,17 @@ def quarter_for(spec, allocations):
 
 
 def make_spec(**kw) -> JobSpec:
-    s = JobSpec(code="print(1)", nodes=2, gpu_milli=250, image="registry.example/gpulab:1",
-                id="f00dfeed0001", user="ann", max_restarts=2, backend="kubernetes", **kw)
+    s = JobSpec(
+        code="print(1)",
+        nodes=2,
+        gpu_milli=250,
+        image="registry.example/gpulab:1",
+        id="f00dfeed0001",
+        user="ann",
+        max_restarts=2,
+        backend="kubernetes",
+        **kw,
+    )
     s.validate()
     return s
 
@@ -40,9 +49,12 @@ async def cluster(tmp_path):
         server = await FakeApiServer(groups).start()
         jobs_root = str(tmp_path / "jobs")
         backend = KubernetesBackend(
-            jobs_root, namespace=NS, kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
+            jobs_root,
+            namespace=NS,
+            kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
             options=JobOptions(jobs_root=jobs_root, jobs_pvc="gpulab-jobs"),
-            pod_patch_for=quarter_for)
+            pod_patch_for=quarter_for,
+        )
         made.append((server, backend))
         return server, backend
 
@@ -58,15 +70,22 @@ async def test_start_sends_the_builders_objects_in_order(cluster):
     spec = make_spec()
     await backend.start(spec, [])
     posts = [(path, body) for method, path, body in server.requests if method == "POST"]
-    expected = job_objects(spec, JobOptions(jobs_root=backend.jobs_root, jobs_pvc="gpulab-jobs",
-                                            pod_patch=quarter_for(spec, [])))
+    expected = job_objects(
+        spec,
+        JobOptions(
+            jobs_root=backend.jobs_root, jobs_pvc="gpulab-jobs", pod_patch=quarter_for(spec, [])
+        ),
+    )
     # The Service first, so index 0's name resolves by the time any pod starts.
     assert posts == [(SERVICES, expected[0]), (JOBS, expected[1])]
     limits = posts[1][1]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == 1 and limits["nvidia.com/gpumem"] == 20480
     launch = json.load(open(backend.jobdir(spec.id).p("launch.json")))
-    assert (launch["kind"], launch["name"], launch["namespace"]) == ("Job", "gpulab-f00dfeed0001",
-                                                                    NS)
+    assert (launch["kind"], launch["name"], launch["namespace"]) == (
+        "Job",
+        "gpulab-f00dfeed0001",
+        NS,
+    )
     # Started twice (a service crash between create and launch.json): no error.
     await backend.start(spec, [])
 
@@ -83,8 +102,9 @@ async def test_poll_follows_the_job_conditions(cluster):
     status = await backend.poll(spec)
     assert (status.state, status.restarts) == ("running", 1)
 
-    server.set_status(JOBS, name, {"succeeded": 2, "conditions": [
-        {"type": "Complete", "status": "True"}]})
+    server.set_status(
+        JOBS, name, {"succeeded": 2, "conditions": [{"type": "Complete", "status": "True"}]}
+    )
     assert (await backend.poll(spec)).state == "succeeded"
     assert await backend.reattach(spec) is False
     # It reads the Job itself: the chart's Role grants jobs, not jobs/status.
@@ -97,16 +117,37 @@ async def test_a_failed_job_names_the_rank_that_failed(cluster):
     jd = backend.jobdir(spec.id)
     jd.write_inputs(spec)  # as the service does at submit
     await backend.start(spec, [])
-    server.set_status(JOBS, "gpulab-f00dfeed0001", {"failed": 3, "conditions": [
-        {"type": "Failed", "status": "True", "reason": "FailedIndexes",
-         "message": "Job has failed indexes"}]})
+    server.set_status(
+        JOBS,
+        "gpulab-f00dfeed0001",
+        {
+            "failed": 3,
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "FailedIndexes",
+                    "message": "Job has failed indexes",
+                }
+            ],
+        },
+    )
     status = await backend.poll(spec)
     assert status.state == "failed" and "FailedIndexes" in status.message
 
     # What the ranks wrote on the job volume is the root cause.
     with open(jd.p("errors", "rank1.json"), "w") as f:
-        json.dump({"rank": 1, "type": "ValueError", "message": "bad batch shape",
-                   "traceback": "...", "time": 1.0, "restart": 0}, f)
+        json.dump(
+            {
+                "rank": 1,
+                "type": "ValueError",
+                "message": "bad batch shape",
+                "traceback": "...",
+                "time": 1.0,
+                "restart": 0,
+            },
+            f,
+        )
     status = await backend.poll(spec)
     assert status.message == "rank 1 failed: ValueError: bad batch shape"
     assert status.error["rank"] == 1
@@ -131,14 +172,18 @@ async def test_jobset_when_the_crd_is_installed(cluster):
     spec = make_spec()
     await backend.start(spec, [])
     posts = [(path, body) for method, path, body in server.requests if method == "POST"]
-    expected = make_jobset(spec, JobOptions(jobs_root=backend.jobs_root,
-                                            jobs_pvc="gpulab-jobs",
-                                            pod_patch=quarter_for(spec, [])))
+    expected = make_jobset(
+        spec,
+        JobOptions(
+            jobs_root=backend.jobs_root, jobs_pvc="gpulab-jobs", pod_patch=quarter_for(spec, [])
+        ),
+    )
     assert posts == [(JOBSETS, expected)]
     name = "gpulab-f00dfeed0001"
     assert (await backend.poll(spec)).state == "running"
-    server.set_status(JOBSETS, name, {"restarts": 1, "conditions": [
-        {"type": "Completed", "status": "True"}]})
+    server.set_status(
+        JOBSETS, name, {"restarts": 1, "conditions": [{"type": "Completed", "status": "True"}]}
+    )
     status = await backend.poll(spec)
     assert (status.state, status.restarts) == ("succeeded", 1)
     await backend.cancel(spec)

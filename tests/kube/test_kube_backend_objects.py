@@ -22,8 +22,14 @@ from kube_helpers import K8S_VERSIONS, validate_strict
 from kubelet_sim import container_argv, container_env
 
 import gpulab.backend.kubernetes as kube
-from gpulab.backend.kubernetes import (JobOptions, job_objects, make_deployment,
-                                       make_inference_service, make_job, make_jobset)
+from gpulab.backend.kubernetes import (
+    JobOptions,
+    job_objects,
+    make_deployment,
+    make_inference_service,
+    make_job,
+    make_jobset,
+)
 from gpulab.backend.kubernetes.job import rdzv_host
 from gpulab.backend.kubernetes.jobset import jobset_rdzv_host
 from gpulab.backend.kubernetes.pods import INDEX_ANNOTATION, NODE_WRAPPER
@@ -35,8 +41,15 @@ JOBS = "/srv/gpulab/jobs"
 
 
 def spec(**kw) -> JobSpec:
-    fields = dict(code="print('hi')", nodes=2, nproc_per_node=1, image="registry.example/gpulab:1",
-                  id="a1b2c3d4e5f6", user="ann@example.org", max_restarts=3)
+    fields = dict(
+        code="print('hi')",
+        nodes=2,
+        nproc_per_node=1,
+        image="registry.example/gpulab:1",
+        id="a1b2c3d4e5f6",
+        user="ann@example.org",
+        max_restarts=3,
+    )
     fields.update(kw)
     s = JobSpec(**fields)
     s.validate()
@@ -67,22 +80,35 @@ def pod_view(job: dict, index: int, pod_ip: str = "10.0.0.9"):
     env = container_env(c, annotations={INDEX_ANNOTATION: str(index)}, pod_ip=pod_ip)
     argv = container_argv(c, env)
     assert argv[:4] == ["/bin/sh", "-c", NODE_WRAPPER, "gpulab-node"]
-    out = subprocess.run(["/bin/sh", "-c", NODE_WRAPPER, "gpulab-node", "printf", "%s\\n",
-                          *argv[4:]], env={"PET_NODE_RANK": env["PET_NODE_RANK"]},
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["/bin/sh", "-c", NODE_WRAPPER, "gpulab-node", "printf", "%s\\n", *argv[4:]],
+        env={"PET_NODE_RANK": env["PET_NODE_RANK"]},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return env, out.stdout.splitlines()
 
 
 # -- schemas -------------------------------------------------------------------------
 CASES = {
     "cpu": (spec(), options()),
-    "quarter-hami-kueue": (spec(gpu_milli=250, timeout=3600),
-                           options(pod_patch=quarter("hami"), priority_class="gpulab-jobs",
-                                   labels=queue_patch("job", "team-a", "low")["labels"])),
-    "quarter-mig-ckpt-pvc": (spec(gpu_milli=250, checkpoint_dir="/ckpt/a1b2c3d4e5f6"),
-                             options(pod_patch=quarter("mig"), checkpoint_pvc="gpulab-ckpt")),
-    "whole-gpus": (spec(gpu_milli=2000, nproc_per_node=2, nodes=4),
-                   options(ttl_seconds_after_finished=None)),
+    "quarter-hami-kueue": (
+        spec(gpu_milli=250, timeout=3600),
+        options(
+            pod_patch=quarter("hami"),
+            priority_class="gpulab-jobs",
+            labels=queue_patch("job", "team-a", "low")["labels"],
+        ),
+    ),
+    "quarter-mig-ckpt-pvc": (
+        spec(gpu_milli=250, checkpoint_dir="/ckpt/a1b2c3d4e5f6"),
+        options(pod_patch=quarter("mig"), checkpoint_pvc="gpulab-ckpt"),
+    ),
+    "whole-gpus": (
+        spec(gpu_milli=2000, nproc_per_node=2, nodes=4),
+        options(ttl_seconds_after_finished=None),
+    ),
 }
 
 
@@ -97,15 +123,26 @@ def test_jobset_validates_against_its_crd_and_core_schemas(case):
     js = make_jobset(*CASES[case])
     jsonschema.validate(js, JOBSET)
     for rjob in js["spec"]["replicatedJobs"]:
-        as_job = {"apiVersion": "batch/v1", "kind": "Job",
-                  "metadata": {"name": js["metadata"]["name"], **rjob["template"]["metadata"]},
-                  "spec": rjob["template"]["spec"]}
+        as_job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": js["metadata"]["name"], **rjob["template"]["metadata"]},
+            "spec": rjob["template"]["spec"],
+        }
         assert validate_strict(as_job) == K8S_VERSIONS
 
 
-ENDPOINT = dict(image="registry.example/gpulab:1", model_dir="/models/ann/mnist",
-                models_pvc="gpulab-models", models_root="/models", user="ann@example.org",
-                replicas=2, max_batch_size=16, max_latency_ms=2.5, max_queue=64)
+ENDPOINT = dict(
+    image="registry.example/gpulab:1",
+    model_dir="/models/ann/mnist",
+    models_pvc="gpulab-models",
+    models_root="/models",
+    user="ann@example.org",
+    replicas=2,
+    max_batch_size=16,
+    max_latency_ms=2.5,
+    max_queue=64,
+)
 
 
 @pytest.mark.parametrize("token_secret", ["", "gpulab-ep-mnist-token"])
@@ -114,12 +151,15 @@ def test_endpoint_objects_validate_strict(token_secret, backend):
     patch = quarter(backend) if backend else None
     for obj in make_deployment("mnist", token_secret=token_secret, pod_patch=patch, **ENDPOINT):
         assert validate_strict(obj) == K8S_VERSIONS
-    isvc = make_inference_service("mnist", token_secret=token_secret, pod_patch=patch,
-                                  **ENDPOINT)
+    isvc = make_inference_service("mnist", token_secret=token_secret, pod_patch=patch, **ENDPOINT)
     jsonschema.validate(isvc, INFERENCE_SERVICE)
     pred = isvc["spec"]["predictor"]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "predictor"},
-           "spec": {k: v for k, v in pred.items() if k not in KSERVE_COMPONENT_FIELDS}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "predictor"},
+        "spec": {k: v for k, v in pred.items() if k not in KSERVE_COMPONENT_FIELDS},
+    }
     assert validate_strict(pod) == K8S_VERSIONS
 
 
@@ -159,8 +199,11 @@ def test_index_1_rendezvous_at_index_0s_hostname():
         assert env["PET_NODE_RANK"] == str(i)
         assert f"--local-addr=10.0.0.{i + 10}" in argv
         assert f"--log-dir={JOBS}/{s.id}/torchrun/node{i}" in argv
-        assert argv[0] == "torchrun" and argv[-3:] == ["--module", "gpulab.training.runner",
-                                                       f"{JOBS}/{s.id}"]
+        assert argv[0] == "torchrun" and argv[-3:] == [
+            "--module",
+            "gpulab.training.runner",
+            f"{JOBS}/{s.id}",
+        ]
     # Only index 0 hosts the c10d store.
     assert "--rdzv-conf=is_host=1,timeout=120" in views[0][1]
     assert "--rdzv-conf=is_host=0,timeout=120" in views[1][1]
@@ -175,8 +218,12 @@ def test_pod_template_names_no_node():
 
 
 def test_node_wrapper_refuses_a_pod_without_an_index():
-    r = subprocess.run(["/bin/sh", "-c", NODE_WRAPPER, "gpulab-node", "true"],
-                       env={"PET_NODE_RANK": ""}, capture_output=True, text=True)
+    r = subprocess.run(
+        ["/bin/sh", "-c", NODE_WRAPPER, "gpulab-node", "true"],
+        env={"PET_NODE_RANK": ""},
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "Indexed Job" in r.stderr
 
 
@@ -186,8 +233,9 @@ def test_pet_variables_present():
     assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "4"
     assert env["PET_RDZV_BACKEND"] == "c10d" and env["PET_RDZV_ID"] == s.id
     assert env["PET_MAX_RESTARTS"] == "2" and env["PET_MASTER_PORT"] == "29400"
-    assert env["PET_NODE_RANK"] == {"fieldRef": {
-        "fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}
+    assert env["PET_NODE_RANK"] == {
+        "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}
+    }
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
@@ -200,8 +248,9 @@ def test_user_env_is_literal_after_the_kubelet():
 def test_job_volume_and_checkpoints():
     s = spec()
     pod = make_job(s, options())["spec"]["template"]["spec"]
-    assert pod["volumes"] == [{"name": "jobs", "persistentVolumeClaim": {
-        "claimName": "gpulab-jobs"}}]
+    assert pod["volumes"] == [
+        {"name": "jobs", "persistentVolumeClaim": {"claimName": "gpulab-jobs"}}
+    ]
     c = pod["containers"][0]
     assert c["volumeMounts"] == [{"name": "jobs", "mountPath": JOBS}]
     assert env_of(c)["GPULAB_CHECKPOINT_DIR"] == f"{JOBS}/{s.id}/checkpoints"
@@ -215,15 +264,21 @@ def test_job_volume_and_checkpoints():
         make_job(s, options())
 
 
-@pytest.mark.parametrize("backend, limits", [
-    ("hami", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20480, "nvidia.com/gpucores": 25}),
-    ("mig", {"nvidia.com/mig-2g.20gb": 1}),
-])
+@pytest.mark.parametrize(
+    "backend, limits",
+    [
+        ("hami", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20480, "nvidia.com/gpucores": 25}),
+        ("mig", {"nvidia.com/mig-2g.20gb": 1}),
+    ],
+)
 def test_quarter_slice_on_every_rank(backend, limits):
     s = spec(nodes=3, gpu_milli=250)
-    for obj in (make_job(s, options(pod_patch=quarter(backend))),
-                make_jobset(s, options(pod_patch=quarter(backend)))["spec"]["replicatedJobs"][0]
-                ["template"]):
+    for obj in (
+        make_job(s, options(pod_patch=quarter(backend))),
+        make_jobset(s, options(pod_patch=quarter(backend)))["spec"]["replicatedJobs"][0][
+            "template"
+        ],
+    ):
         # One template, so every index (every rank) carries the same slice.
         c = container(obj)
         assert c["resources"]["limits"] == limits
@@ -231,11 +286,18 @@ def test_quarter_slice_on_every_rank(backend, limits):
         assert env["GPULAB_GPU_MILLI"] == "250" and env["CUDA_VISIBLE_DEVICES"] == "0"
         assert env["GPULAB_NODE_GPUS"] == "0"
         tolerations = obj["spec"]["template"]["spec"]["tolerations"]
-        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
-            tolerations
+        assert {
+            "key": "nvidia.com/gpu",
+            "operator": "Exists",
+            "effect": "NoSchedule",
+        } in tolerations
     if backend == "hami":
-        assert make_job(s, options(pod_patch=quarter(backend)))["spec"]["template"]["spec"][
-            "schedulerName"] == "hami-scheduler"
+        assert (
+            make_job(s, options(pod_patch=quarter(backend)))["spec"]["template"]["spec"][
+                "schedulerName"
+            ]
+            == "hami-scheduler"
+        )
 
 
 def test_kueue_labels_and_priority():
@@ -255,12 +317,15 @@ def test_kueue_labels_and_priority():
     assert job["metadata"]["labels"]["gpulab.io/job-id"] == "a1b2c3d4e5f6"
 
 
-@pytest.mark.parametrize("kw, opts, message", [
-    ({"image": ""}, {}, "'image' is required"),
-    ({"id": ""}, {}, "no id yet"),
-    ({"id": "Has_Underscore"}, {}, "cannot name a Kubernetes Job"),
-    ({"id": "x" * 40}, {}, "cannot name a Kubernetes Job"),
-])
+@pytest.mark.parametrize(
+    "kw, opts, message",
+    [
+        ({"image": ""}, {}, "'image' is required"),
+        ({"id": ""}, {}, "no id yet"),
+        ({"id": "Has_Underscore"}, {}, "cannot name a Kubernetes Job"),
+        ({"id": "x" * 40}, {}, "cannot name a Kubernetes Job"),
+    ],
+)
 def test_bad_job_input_says_what_to_do(kw, opts, message):
     with pytest.raises(SpecError, match=message):
         make_job(spec(**kw), options(**opts))
@@ -279,8 +344,11 @@ def test_jobset_restarts_the_group_and_names_its_pods():
     js = make_jobset(s, options())
     name = js["metadata"]["name"]
     assert js["spec"]["failurePolicy"] == {"maxRestarts": 5}
-    assert js["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": name,
-                                     "publishNotReadyAddresses": True}
+    assert js["spec"]["network"] == {
+        "enableDNSHostnames": True,
+        "subdomain": name,
+        "publishNotReadyAddresses": True,
+    }
     [rjob] = js["spec"]["replicatedJobs"]
     assert rjob["replicas"] == 1
     job = rjob["template"]
@@ -302,23 +370,46 @@ def test_deployment_runs_the_model_server():
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels
     assert service["spec"]["selector"].items() <= labels
     c = pod["spec"]["containers"][0]
-    assert c["command"] == ["python", "-m", "gpulab.serving.server", "--model-dir",
-                            "/models/ann/mnist", "--ip", "0.0.0.0", "--port", "8080",
-                            "--max-batch-size", "16", "--max-latency-ms", "2.5",
-                            "--max-queue", "64"]
+    assert c["command"] == [
+        "python",
+        "-m",
+        "gpulab.serving.server",
+        "--model-dir",
+        "/models/ann/mnist",
+        "--ip",
+        "0.0.0.0",
+        "--port",
+        "8080",
+        "--max-batch-size",
+        "16",
+        "--max-latency-ms",
+        "2.5",
+        "--max-queue",
+        "64",
+    ]
     # Only this endpoint's directory of the models claim, at the same path.
-    assert c["volumeMounts"] == [{"name": "models", "mountPath": "/models/ann/mnist",
-                                  "subPath": "ann/mnist", "readOnly": True}]
+    assert c["volumeMounts"] == [
+        {
+            "name": "models",
+            "mountPath": "/models/ann/mnist",
+            "subPath": "ann/mnist",
+            "readOnly": True,
+        }
+    ]
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {
-        "claimName": "gpulab-models", "readOnly": True}
-    assert env_of(c)["GPULAB_SERVING_TOKEN"] == {"secretKeyRef": {"name": "ep-token",
-                                                                  "key": "token"}}
+        "claimName": "gpulab-models",
+        "readOnly": True,
+    }
+    assert env_of(c)["GPULAB_SERVING_TOKEN"] == {
+        "secretKeyRef": {"name": "ep-token", "key": "token"}
+    }
     # The ready route wants the token: the probe sends it from the container's environment.
     probe = " ".join(c["readinessProbe"]["exec"]["command"])
     assert "/v2/health/ready" in probe and "GPULAB_SERVING_TOKEN" in probe
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http",
-                                         "protocol": "TCP"}]
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
+    ]
 
     deployment, _ = make_deployment("mnist", **ENDPOINT)
     c = container(deployment)
@@ -346,14 +437,17 @@ def test_inference_service_predictor():
     assert pred["volumes"][0]["persistentVolumeClaim"]["claimName"] == "gpulab-models"
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"model_dir": "/elsewhere/m"}, "models volume"),
-    ({"image": ""}, "'image' is required"),
-    ({"replicas": -1}, "'replicas'"),
-    ({"max_batch_size": 0}, "'max_batch_size'"),
-    ({"max_latency_ms": -1}, "'max_latency_ms'"),
-    ({"models_pvc": ""}, "models_pvc"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"model_dir": "/elsewhere/m"}, "models volume"),
+        ({"image": ""}, "'image' is required"),
+        ({"replicas": -1}, "'replicas'"),
+        ({"max_batch_size": 0}, "'max_batch_size'"),
+        ({"max_latency_ms": -1}, "'max_latency_ms'"),
+        ({"models_pvc": ""}, "models_pvc"),
+    ],
+)
 def test_bad_endpoint_input_says_what_to_do(kw, message):
     args = {**ENDPOINT, **kw}
     with pytest.raises(SpecError, match=message):
@@ -388,6 +482,9 @@ def test_backend_does_not_import_the_spawner_or_load_a_kubeconfig_at_import():
                 assert not any(a.name.startswith("gpulab.spawner") for a in node.names), path
         # kubernetes_asyncio only inside functions: importing gpulab.backend needs no client.
         for node in top:
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
-                [a.name for a in node.names]
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+            )
             assert not any(n.startswith("kubernetes_asyncio") for n in names), path

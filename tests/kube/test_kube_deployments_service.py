@@ -9,12 +9,12 @@ all of it (and releases the slice) on stop.
 import asyncio
 import base64
 import threading
-import time
 
 import pytest
 import torch
 from fake_apiserver import FakeApiServer
 from hubproc import RunningHub
+from support.wait import wait_until
 
 from gpulab.client import Client
 from gpulab.serving.export import export_model
@@ -39,22 +39,18 @@ def api():
 def hub(tmp_path_factory, api):
     data = tmp_path_factory.mktemp("kubedeployhub")
     kubeconfig = api.kubeconfig(data / "kubeconfig")
-    config = (f"c.GpuLabService.kubernetes_deployments = {{'namespace': {NS!r}, "
-              f"'models_pvc': 'gpulab-models', 'image': 'registry.example/gpulab:1', "
-              f"'enforcement': 'hami', 'kubeconfig': {kubeconfig!r}}}\n")
+    config = (
+        f"c.GpuLabService.kubernetes_deployments = {{'namespace': {NS!r}, "
+        f"'models_pvc': 'gpulab-models', 'image': 'registry.example/gpulab:1', "
+        f"'enforcement': 'hami', 'kubeconfig': {kubeconfig!r}}}\n"
+    )
     h = RunningHub(data, simulate="2xA100-80GB", config=config)
     yield h
     h.stop()
 
 
 def wait(predicate, what):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, what, WAIT_S)
 
 
 def test_an_endpoint_becomes_kubernetes_objects_and_goes_away_on_stop(hub, api, tmp_path):
@@ -80,13 +76,18 @@ def test_an_endpoint_becomes_kubernetes_objects_and_goes_away_on_stop(hub, api, 
 
     assert kate.get_deployment("lin")["state"] == "starting"
     api.set_status(f"/apis/apps/v1/namespaces/{NS}/deployments", name, {"readyReplicas": 2})
-    dep = wait(lambda: (d := kate.get_deployment("lin"))["state"] == "running" and d,
-               "the deployment to be running")
+    dep = wait(
+        lambda: (d := kate.get_deployment("lin"))["state"] == "running" and d,
+        "the deployment to be running",
+    )
     assert dep["replicas_ready"] == 2 and dep["requests_per_second"] is None
 
     kate.stop_deployment("lin")
-    for collection in (f"/apis/apps/v1/namespaces/{NS}/deployments",
-                       f"/api/v1/namespaces/{NS}/services", f"/api/v1/namespaces/{NS}/secrets"):
+    for collection in (
+        f"/apis/apps/v1/namespaces/{NS}/deployments",
+        f"/api/v1/namespaces/{NS}/services",
+        f"/api/v1/namespaces/{NS}/secrets",
+    ):
         assert api.get(collection, name) is None and api.get(collection, f"{name}-token") is None
     assert hub.gpulab("GET", "/allocations", token=token).json() == []
     assert kate.list_deployments() == []

@@ -16,6 +16,7 @@ The namespaces, the veth pair, its private 10.x addresses and the hosts files
 exist only for the test and are deleted afterwards, also when it fails.
 """
 
+import contextlib
 import os
 import shutil
 import socket
@@ -44,13 +45,16 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 @pytest.fixture
 def cluster_dns(two_nodes):
     """Each pod's DNS names, as the cluster would answer them, inside both namespaces only."""
+
     def write(names_by_addr: dict[str, list[str]]):
         text = "127.0.0.1 localhost\n" + "".join(
-            f"{addr} {' '.join(names)}\n" for addr, names in names_by_addr.items())
+            f"{addr} {' '.join(names)}\n" for addr, names in names_by_addr.items()
+        )
         for ns, _, _ in two_nodes:
             os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
             with open(f"/etc/netns/{ns}/hosts", "w") as f:
                 f.write(text)
+
     had_netns_dir = os.path.isdir("/etc/netns")
     try:
         yield write
@@ -58,10 +62,9 @@ def cluster_dns(two_nodes):
         for ns, _, _ in two_nodes:
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
         if not had_netns_dir:
-            try:
+            # If it fails, someone else's namespace files are there now.
+            with contextlib.suppress(OSError):
                 os.rmdir("/etc/netns")
-            except OSError:  # someone else's namespace files are there now
-                pass
 
 
 def pods_of(kind: str, spec, options):
@@ -86,27 +89,42 @@ ENV = {"STEPS": "20"}
 def local_weights(tmp_path_factory):
     """The same training on the local backend: one node, two processes."""
     backend = LocalBackend(str(tmp_path_factory.mktemp("local") / "jobs"))
-    single, single_dir = run(backend, new_spec(LINEAR, nodes=1, nproc_per_node=2, out="model",
-                                               checkpoint_every=10, env=ENV))
+    single, single_dir = run(
+        backend,
+        new_spec(LINEAR, nodes=1, nproc_per_node=2, out="model", checkpoint_every=10, env=ENV),
+    )
     assert single.state == "succeeded", single
     return weights(single_dir)
 
 
 @pytest.mark.parametrize("kind", ["Job", "JobSet"])
-def test_indexed_job_pods_train_across_two_namespaces(tmp_path, two_nodes, cluster_dns, kind,
-                                                      local_weights):
+def test_indexed_job_pods_train_across_two_namespaces(
+    tmp_path, two_nodes, cluster_dns, kind, local_weights
+):
     backend = LocalBackend(str(tmp_path / "jobs"))
     env = ENV
-    spec = new_spec(SHOW_NETDEVS + LINEAR, nodes=2, nproc_per_node=1, out="model",
-                    checkpoint_every=10, env=env, backend="kubernetes", image="gpulab:test")
+    spec = new_spec(
+        SHOW_NETDEVS + LINEAR,
+        nodes=2,
+        nproc_per_node=1,
+        out="model",
+        checkpoint_every=10,
+        env=env,
+        backend="kubernetes",
+        image="gpulab:test",
+    )
     jd = prepare(backend, spec)
     options = JobOptions(jobs_root=backend.jobs_root, jobs_pvc="gpulab-jobs")
     template, host, pod_name = pods_of(kind, spec, options)
     container = template["spec"]["containers"][0]
 
     assert host == pod_name(0)
-    cluster_dns({addr: [pod_name(i), f"{pod_name(i)}.default.svc.cluster.local"]
-                 for i, (_, _, addr) in enumerate(two_nodes)})
+    cluster_dns(
+        {
+            addr: [pod_name(i), f"{pod_name(i)}.default.svc.cluster.local"]
+            for i, (_, _, addr) in enumerate(two_nodes)
+        }
+    )
     with pytest.raises(socket.gaierror):  # only the namespaces know the pods' names
         socket.getaddrinfo(host, None)
 
@@ -115,17 +133,22 @@ def test_indexed_job_pods_train_across_two_namespaces(tmp_path, two_nodes, clust
     base["PATH"] = os.path.dirname(sys.executable) + os.pathsep + base.get("PATH", "")
     procs, argvs = [], []
     for index, (ns, veth, addr) in enumerate(two_nodes):
-        pod_env = container_env(container, annotations={INDEX_ANNOTATION: str(index)},
-                                pod_ip=addr)
+        pod_env = container_env(container, annotations={INDEX_ANNOTATION: str(index)}, pod_ip=addr)
         # On a cluster the pod has one interface; here gloo must be told the veth's name.
         pod_env["GLOO_SOCKET_IFNAME"] = veth
         argv = container_argv(container, pod_env)
         argvs.append(argv)
         log = open(jd.p("logs", f"node{index}.log"), "wb")
-        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *argv],
-                                      env={**base, **pod_env}, cwd=container["workingDir"],
-                                      stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", ns, *argv],
+                env={**base, **pod_env},
+                cwd=container["workingDir"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         log.close()
     try:
         for p in procs:

@@ -8,18 +8,27 @@ import pytest
 from kube_helpers import validate_strict
 
 from gpulab.backend.spec import JobSpec, SpecError
-from gpulab.service.kube_jobs import kubernetes_backend
 from gpulab.scheduler.inventory import Gpu
+from gpulab.service.kube_jobs import kubernetes_backend
 
 JOBS = "/srv/gpulab/jobs"
-GPUS = [Gpu(uuid=f"GPU-{i}", index=i, model="H100-80GB", memory_mib=81920, node="gpu-1")
-        for i in range(2)]
+GPUS = [
+    Gpu(uuid=f"GPU-{i}", index=i, model="H100-80GB", memory_mib=81920, node="gpu-1")
+    for i in range(2)
+]
 
 
 def spec(**kw) -> JobSpec:
-    fields = dict(code="print('hi')", nodes=2, nproc_per_node=1, gpu_milli=250,
-                  image="registry.example/gpulab:1", id="f00dfeedbeef", user="ann",
-                  backend="kubernetes")
+    fields = dict(
+        code="print('hi')",
+        nodes=2,
+        nproc_per_node=1,
+        gpu_milli=250,
+        image="registry.example/gpulab:1",
+        id="f00dfeedbeef",
+        user="ann",
+        backend="kubernetes",
+    )
     fields.update(kw)
     s = JobSpec(**fields)
     s.validate()
@@ -27,16 +36,26 @@ def spec(**kw) -> JobSpec:
 
 
 def rows(s: JobSpec):
-    return [{"owner": f"{s.id}/{r}", "gpu_uuid": "GPU-0", "memory_mib": 20480}
-            for r in range(s.world_size)]
+    return [
+        {"owner": f"{s.id}/{r}", "gpu_uuid": "GPU-0", "memory_mib": 20480}
+        for r in range(s.world_size)
+    ]
 
 
-@pytest.mark.parametrize("enforcement,resource", [("hami", "nvidia.com/gpumem"),
-                                                  ("mig", "nvidia.com/mig-2g.20gb")])
+@pytest.mark.parametrize(
+    "enforcement,resource", [("hami", "nvidia.com/gpumem"), ("mig", "nvidia.com/mig-2g.20gb")]
+)
 def test_every_node_pod_holds_the_ledgers_slice(enforcement, resource):
-    backend = kubernetes_backend({"namespace": "ml", "jobs_pvc": "gpulab-jobs",
-                                  "enforcement": enforcement, "queue": "research"},
-                                 JOBS, GPUS)
+    backend = kubernetes_backend(
+        {
+            "namespace": "ml",
+            "jobs_pvc": "gpulab-jobs",
+            "enforcement": enforcement,
+            "queue": "research",
+        },
+        JOBS,
+        GPUS,
+    )
     s = spec()
     backend.check(s)
     service, job = backend.objects(s, rows(s), jobset=False)
@@ -62,5 +81,4 @@ def test_whole_gpus_per_node_and_refusals():
     with pytest.raises(SpecError, match="unknown key"):
         kubernetes_backend({"namespace": "ml", "jobs_pvc": "x", "colour": 1}, JOBS, GPUS)
     with pytest.raises(Exception, match="unknown enforcement backend"):
-        kubernetes_backend({"namespace": "ml", "jobs_pvc": "x", "enforcement": "magic"},
-                           JOBS, GPUS)
+        kubernetes_backend({"namespace": "ml", "jobs_pvc": "x", "enforcement": "magic"}, JOBS, GPUS)

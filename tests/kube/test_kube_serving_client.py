@@ -5,7 +5,10 @@ real ``kubernetes_asyncio`` client); the Deployment and Service are the real
 builder's output, the slice comes from the real enforcement backend (HAMi,
 a quarter of an 80 GiB card), and every object sent is validated against the
 Kubernetes schemas (``kubernetes-validate --strict``). The Deployment's
-``readyReplicas`` is set by the test, standing in for the Deployment controller.
+``readyReplicas`` is set by the test, standing in for the Deployment controller,
+and the pods and their logs (``PodsApiServer``) stand in for the kubelet. A
+Kubernetes API server cannot run on this machine; ``tests/kube/test_live_cluster.py``
+runs against a real one when ``GPULAB_TEST_KUBECONFIG`` is set.
 """
 
 import base64
@@ -15,12 +18,15 @@ import subprocess
 import sys
 
 import pytest
+from aiohttp import web
 from fake_apiserver import FakeApiServer
 from kube_helpers import validate_strict
 
 from gpulab.backend.kubernetes.deploy import TOKEN_ENV, make_deployment
 from gpulab.backend.kubernetes.serving import KubernetesServing
+from gpulab.backend.serving_base import ServingBackend
 from gpulab.enforcement.kube import GpuSlice, apply_to_pod, pod_slice_patch
+from gpulab.service.kube_serving import KEYS, kubernetes_serving, settings_from_dict
 
 NS = "gpulab"
 SECRETS = "/api/v1/namespaces/gpulab/secrets"
@@ -29,10 +35,70 @@ SERVICES = "/api/v1/namespaces/gpulab/services"
 IMAGE = "registry.example/gpulab:1"
 PVC = "gpulab-models"
 # Deployment ids are 12 hex characters and may start with a digit.
-DEP = {"id": "0a1b2c3d4e5f", "user": "ann", "name": "resnet", "replicas": 2, "gpu_milli": 250,
-       "max_batch_size": 16, "max_latency_ms": 4.0, "max_queue": 128}
+DEP = {
+    "id": "0a1b2c3d4e5f",
+    "user": "ann",
+    "name": "resnet",
+    "replicas": 2,
+    "gpu_milli": 250,
+    "max_batch_size": 16,
+    "max_latency_ms": 4.0,
+    "max_queue": 128,
+    "state": "starting",
+    "message": "",
+    "restarts": 0,
+}
+PODS = "/api/v1/namespaces/gpulab/pods"
 NAME = "gpulab-ep-d0a1b2c3d4e5f"
 ROWS = [{"owner": f"{DEP['id']}/{r}", "gpu_uuid": f"GPU-{r}", "milli": 250} for r in range(2)]
+
+
+class PodsApiServer(FakeApiServer):
+    """Also lists pods by label and serves their logs, as the kubelet would through the API."""
+
+    def __init__(self):
+        super().__init__()
+        self.logs: dict[str, str] = {}  # pod name -> its log
+
+    def add_pod(self, name: str, labels: dict, log: str | None = None) -> None:
+        self.objects[f"{PODS}/{name}"] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": labels},
+        }
+        if log is not None:
+            self.logs[name] = log
+
+    async def _objects(self, request):
+        path = "/" + request.match_info["path"]
+        if request.method == "GET" and path == PODS:
+            self.requests.append(("GET", f"{path}?{request.query_string}", None))
+            key, _, value = request.query.get("labelSelector", "").partition("=")
+            items = [
+                o
+                for k, o in self.objects.items()
+                if k.startswith(PODS + "/") and o["metadata"]["labels"].get(key) == value
+            ]
+            return web.json_response(
+                {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+            )
+        if request.method == "GET" and path.startswith(PODS + "/") and path.endswith("/log"):
+            name = path[len(PODS) + 1 : -len("/log")]
+            self.requests.append(("GET", f"{path}?{request.query_string}", None))
+            if name not in self.logs:
+                return web.json_response(
+                    {
+                        "kind": "Status",
+                        "code": 400,
+                        "message": f"container server in pod {name} is waiting to "
+                        f"start: ContainerCreating",
+                    },
+                    status=400,
+                )
+            lines = self.logs[name].splitlines(keepends=True)
+            tail = int(request.query.get("tailLines", len(lines)))
+            return web.Response(text="".join(lines[-tail:]))
+        return await super()._objects(request)
 
 
 def quarter_for(dep, rows):
@@ -42,10 +108,16 @@ def quarter_for(dep, rows):
 
 @pytest.fixture
 async def cluster(tmp_path):
-    server = await FakeApiServer().start()
-    serving = KubernetesServing(str(tmp_path / "deployments"), namespace=NS, models_pvc=PVC,
-                                image=IMAGE, kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
-                                pod_patch_for=quarter_for, priority_class="gpulab-serving")
+    server = await PodsApiServer().start()
+    serving = KubernetesServing(
+        str(tmp_path / "deployments"),
+        namespace=NS,
+        models_pvc=PVC,
+        image=IMAGE,
+        kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
+        pod_patch_for=quarter_for,
+        priority_class="gpulab-serving",
+    )
     serving.prepare(DEP["id"])
     yield server, serving
     await serving.close()
@@ -61,8 +133,10 @@ async def test_launch_sends_secret_deployment_service_in_order(cluster):
     await serving.launch(DEP, ROWS)
     sent = posts(server)
     assert [(path, body["kind"], body["metadata"]["name"]) for path, body in sent] == [
-        (SECRETS, "Secret", f"{NAME}-token"), (DEPLOYMENTS, "Deployment", NAME),
-        (SERVICES, "Service", NAME)]
+        (SECRETS, "Secret", f"{NAME}-token"),
+        (DEPLOYMENTS, "Deployment", NAME),
+        (SERVICES, "Service", NAME),
+    ]
     for _, body in sent:
         validate_strict(body)
         assert "namespace" not in body["metadata"] or body["metadata"]["namespace"] == NS
@@ -73,10 +147,20 @@ async def test_launch_sends_secret_deployment_service_in_order(cluster):
 
     # Exactly the builder's objects, with the slice patch and this deployment's files.
     expected = make_deployment(
-        "d0a1b2c3d4e5f", image=IMAGE, model_dir=serving.model_dir(DEP["id"]), models_pvc=PVC,
-        models_root=serving.root, user="ann", replicas=2, max_batch_size=16, max_latency_ms=4.0,
-        max_queue=128, token_secret=f"{NAME}-token", priority_class="gpulab-serving",
-        pod_patch=quarter_for(DEP, ROWS))
+        "d0a1b2c3d4e5f",
+        image=IMAGE,
+        model_dir=serving.model_dir(DEP["id"]),
+        models_pvc=PVC,
+        models_root=serving.root,
+        user="ann",
+        replicas=2,
+        max_batch_size=16,
+        max_latency_ms=4.0,
+        max_queue=128,
+        token_secret=f"{NAME}-token",
+        priority_class="gpulab-serving",
+        pod_patch=quarter_for(DEP, ROWS),
+    )
     assert [deployment, service] == expected
 
     assert deployment["spec"]["replicas"] == DEP["replicas"]
@@ -85,8 +169,14 @@ async def test_launch_sends_secret_deployment_service_in_order(cluster):
     token_env = next(e for e in container["env"] if e["name"] == TOKEN_ENV)
     assert token_env["valueFrom"]["secretKeyRef"] == {"name": f"{NAME}-token", "key": "token"}
     model_dir = serving.model_dir(DEP["id"])
-    assert container["volumeMounts"] == [{"name": "models", "mountPath": model_dir,
-                                          "subPath": f"{DEP['id']}/model", "readOnly": True}]
+    assert container["volumeMounts"] == [
+        {
+            "name": "models",
+            "mountPath": model_dir,
+            "subPath": f"{DEP['id']}/model",
+            "readOnly": True,
+        }
+    ]
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == PVC
     assert serving.model_dir(DEP["id"]) in container["command"]
     # The HAMi quarter slice is in the pod template.
@@ -135,8 +225,7 @@ async def test_stop_deletes_all_three_and_is_idempotent(cluster):
     deletes = {path: body for method, path, body in server.requests if method == "DELETE"}
     assert deletes[f"{DEPLOYMENTS}/{NAME}"]["propagationPolicy"] == "Foreground"
     assert f"{SERVICES}/{NAME}" in deletes and f"{SECRETS}/{NAME}-token" in deletes
-    for collection, name in ((DEPLOYMENTS, NAME), (SERVICES, NAME),
-                             (SECRETS, f"{NAME}-token")):
+    for collection, name in ((DEPLOYMENTS, NAME), (SERVICES, NAME), (SECRETS, f"{NAME}-token")):
         assert server.get(collection, name) is None
     assert await serving.ready(DEP) == 0
     await serving.stop(DEP)  # stopping what is gone is fine
@@ -154,21 +243,113 @@ async def test_stop_when_only_some_objects_exist(cluster):
 def test_files_as_local_serving(tmp_path):
     serving = KubernetesServing(str(tmp_path / "d"), namespace=NS, models_pvc=PVC, image=IMAGE)
     model_dir = serving.prepare("abc123abc123")
-    assert model_dir == serving.model_dir("abc123abc123") == \
-        os.path.join(serving.root, "abc123abc123", "model")
+    assert (
+        model_dir
+        == serving.model_dir("abc123abc123")
+        == os.path.join(serving.root, "abc123abc123", "model")
+    )
     assert os.path.isdir(model_dir)
     token_file = serving.path("abc123abc123", "token")
     assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
     assert len(serving.token("abc123abc123")) >= 32
-    assert serving.log_tail("abc123abc123", 0) == ""
-    assert serving.managed_restarts is True and serving.name == "kubernetes"
+    assert isinstance(serving, ServingBackend)
+    assert serving.restarts_replicas is True and serving.name == "kubernetes"
     serving.remove("abc123abc123")
     assert not os.path.exists(serving.path("abc123abc123"))
 
 
 def test_no_cluster_client_at_import_or_construction(tmp_path):
-    code = ("import sys; from gpulab.backend.kubernetes import KubernetesServing; "
-            f"KubernetesServing({str(tmp_path / 'd')!r}, namespace='n', models_pvc='p', "
-            "image='i'); assert 'kubernetes_asyncio' not in sys.modules, 'imported'")
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ,
-                                                                   "KUBECONFIG": "/nonexistent"})
+    code = (
+        "import sys; from gpulab.backend.kubernetes import KubernetesServing; "
+        f"KubernetesServing({str(tmp_path / 'd')!r}, namespace='n', models_pvc='p', "
+        "image='i'); assert 'kubernetes_asyncio' not in sys.modules, 'imported'"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env={**os.environ, "KUBECONFIG": "/nonexistent"}
+    )
+
+
+async def test_check_follows_ready_replicas_and_routes_to_the_service(cluster):
+    server, serving = cluster
+    await serving.adopt(DEP, ROWS)  # after a restart of the service: sent again, idempotent
+    health = await serving.check(DEP)
+    assert (health.ready, health.state, health.message) == (
+        0,
+        "starting",
+        "0 of 2 replica(s) ready",
+    )
+    assert serving.ready_urls(DEP) == []
+    server.set_status(DEPLOYMENTS, NAME, {"readyReplicas": 2})
+    health = await serving.check(DEP)
+    assert (health.ready, health.state, health.message) == (2, "running", "2 replica(s) ready")
+    assert serving.ready_urls(DEP) == [f"http://{NAME}.{NS}.svc:80"]
+    server.set_status(DEPLOYMENTS, NAME, {"readyReplicas": 1})
+    health = await serving.check({**DEP, "state": "running"})
+    assert (health.state, health.message) == ("degraded", "1 of 2 replica(s) ready")
+    # Behind a Service the replicas cannot be asked one by one: Prometheus scrapes them.
+    assert await serving.stats(DEP) is None
+    await serving.stop(DEP)
+    assert serving.ready_urls(DEP) == []
+
+
+async def test_logs_are_the_pods_logs(cluster):
+    """GET /deployments/{name}/logs on Kubernetes: the replica-th pod's log, via the API."""
+    server, serving = cluster
+    assert await serving.logs(DEP, 0) == ""  # no pods yet
+    label = {"gpulab.io/endpoint": "d0a1b2c3d4e5f"}
+    server.add_pod(f"{NAME}-7d9f-bbbbb", label, "loading model\nready on :8080\n")
+    server.add_pod(f"{NAME}-7d9f-aaaaa", label, '{"json": "line"}\n')
+    server.add_pod(f"{NAME}-7d9f-ccccc", label)  # its container has not started
+    server.add_pod(
+        "gpulab-ep-dffffffffffff-1-xxxxx",
+        {"gpulab.io/endpoint": "dffffffffffff"},
+        "another endpoint's\n",
+    )
+    # Pods in name order; the text exactly as the kubelet gave it (JSON lines too).
+    assert await serving.logs(DEP, 0) == '{"json": "line"}\n'
+    assert await serving.logs(DEP, 1) == "loading model\nready on :8080\n"
+    assert (await serving.logs(DEP, 1, max_bytes=6)) == ":8080\n"
+    assert await serving.logs(DEP, 2) == ""
+    assert await serving.logs(DEP, 3) == ""
+    listed = [p for m, p, _ in server.requests if m == "GET" and p.startswith(PODS + "?")]
+    assert listed and all("labelSelector=gpulab.io" in p for p in listed)
+    reads = [p for m, p, _ in server.requests if p.endswith("/log") or "/log?" in p]
+    assert reads and all("container=server" in p and "tailLines=" in p for p in reads)
+
+
+def test_settings_from_the_dict_of_old(tmp_path):
+    settings = settings_from_dict(
+        {
+            "namespace": NS,
+            "models_pvc": PVC,
+            "image": IMAGE,
+            "enforcement": "hami",
+            "queue": "",
+            "port": "9000",
+        }
+    )
+    assert (settings.namespace, settings.models_pvc, settings.port) == (NS, PVC, 9000)
+    serving = kubernetes_serving(settings, str(tmp_path / "d"), gpus=[])
+    assert isinstance(serving, KubernetesServing) and serving.port == 9000
+    with pytest.raises(ValueError, match="unknown key.*bogus.*known: .*namespace"):
+        settings_from_dict({"namespace": NS, "bogus": 1})
+    with pytest.raises(ValueError, match="'port'"):
+        settings_from_dict({"port": "eighty"})
+    with pytest.raises(ValueError, match="needs 'image'"):
+        kubernetes_serving(
+            settings_from_dict({"namespace": NS, "models_pvc": PVC}), str(tmp_path / "d"), gpus=[]
+        )
+    assert set(KEYS) >= {"namespace", "models_pvc", "image", "enforcement", "queue", "port"}
+
+
+def test_settings_from_config_with_the_dict_on_top():
+    from traitlets.config import Config, Configurable
+
+    c = Config()
+    c.KubernetesServingSettings.namespace = "from-config"
+    c.KubernetesServingSettings.image = IMAGE
+    service = Configurable(config=c)
+    settings = settings_from_dict({}, parent=service)
+    assert (settings.namespace, settings.image, settings.port) == ("from-config", IMAGE, 8080)
+    settings = settings_from_dict({"namespace": NS, "models_pvc": PVC}, parent=service)
+    assert (settings.namespace, settings.models_pvc, settings.image) == (NS, PVC, IMAGE)

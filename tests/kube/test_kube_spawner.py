@@ -20,24 +20,52 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from traitlets.config import Config
 
-from gpulab.spawner.kube import (FractionalKubeSpawner, normalize_user_options,
-                                 profiles_from_availability)
+from gpulab.spawner.kube import (
+    FractionalKubeSpawner,
+    normalize_user_options,
+    profiles_from_availability,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GPULAB_UPDATE_GOLDEN") == "1"
 BACKENDS = ["hami", "mig", "mps", "timeslice", "nvml-cgroup", "kai", "volcano"]
 GPU_UUID = "GPU-8f6e2a51-0b5c-4c8e-9d3a-1f0e2d3c4b5a"
 
-AVAILABILITY = {"user": "alice", "held_milli": 0, "quota_milli": None, "simulated": False,
-                "sizes": [
-                    {"milli": 0, "label": "no GPU", "count": 1, "available": True, "reason": None},
-                    {"milli": 250, "label": "1/4 GPU", "count": 6, "available": True,
-                     "reason": None},
-                    {"milli": 2000, "label": "2 GPUs", "count": 0, "available": False,
-                     "reason": "no node has 2 free GPUs"}]}
-INVENTORY = {"nodes": [{"name": "gpu-1", "gpus": [
-    {"uuid": GPU_UUID, "index": 0, "model": "NVIDIA-H100-80GB-HBM3", "memory_mib": 81559,
-     "allocated_milli": 250, "simulated": False, "mig_parent": None}]}]}
+AVAILABILITY = {
+    "user": "alice",
+    "held_milli": 0,
+    "quota_milli": None,
+    "simulated": False,
+    "sizes": [
+        {"milli": 0, "label": "no GPU", "count": 1, "available": True, "reason": None},
+        {"milli": 250, "label": "1/4 GPU", "count": 6, "available": True, "reason": None},
+        {
+            "milli": 2000,
+            "label": "2 GPUs",
+            "count": 0,
+            "available": False,
+            "reason": "no node has 2 free GPUs",
+        },
+    ],
+}
+INVENTORY = {
+    "nodes": [
+        {
+            "name": "gpu-1",
+            "gpus": [
+                {
+                    "uuid": GPU_UUID,
+                    "index": 0,
+                    "model": "NVIDIA-H100-80GB-HBM3",
+                    "memory_mib": 81559,
+                    "allocated_milli": 250,
+                    "simulated": False,
+                    "mig_parent": None,
+                }
+            ],
+        }
+    ]
+}
 
 
 class FakeService:
@@ -68,11 +96,24 @@ class Handler(web.RequestHandler):
             self.finish({"error": self.svc.refuse[1]})
             return
         milli = body["gpu_milli"]
-        rows = [] if milli == 0 else [{
-            "id": "a1", "user": body["user"], "owner_kind": "server", "owner": body["owner"],
-            "node": "gpu-1", "gpu_uuid": GPU_UUID, "milli": milli,
-            "memory_mib": 81559 * milli // 1000, "created": "2026-11-29T12:00:00+00:00",
-            "simulated": False}]
+        rows = (
+            []
+            if milli == 0
+            else [
+                {
+                    "id": "a1",
+                    "user": body["user"],
+                    "owner_kind": "server",
+                    "owner": body["owner"],
+                    "node": "gpu-1",
+                    "gpu_uuid": GPU_UUID,
+                    "milli": milli,
+                    "memory_mib": 81559 * milli // 1000,
+                    "created": "2026-11-29T12:00:00+00:00",
+                    "simulated": False,
+                }
+            ]
+        )
         self.set_status(201)
         self.finish(json.dumps(rows))
 
@@ -138,7 +179,8 @@ def make_spawner(service, backend="hami", **options) -> FractionalKubeSpawner:
     c.KubeSpawner.environment = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "TZ": "UTC"}
     c.FractionalKubeSpawner.gpulab_api_url = service.url
     c.FractionalKubeSpawner.gpulab_public_api_url = (
-        "http://gpulab.gpulab.svc:10101/services/gpulab/api/v1")
+        "http://gpulab.gpulab.svc:10101/services/gpulab/api/v1"
+    )
     c.FractionalKubeSpawner.gpulab_api_token = "service-token"
     c.FractionalKubeSpawner.enforcement = backend
     c.FractionalKubeSpawner.enforcement_options = options
@@ -183,8 +225,11 @@ async def test_quarter_gpu_golden_pod(service, kube, backend):
     assert env["CUDA_VISIBLE_DEVICES"] == "0"  # the operator's "0,1,2,3" is gone
     assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-1"}
     assert pod["spec"]["priorityClassName"] == "gpulab-notebook"
-    assert service.calls[0] == ("POST", "/services/gpulab/api/v1/allocations", {
-        "user": "alice", "owner_kind": "server", "owner": "alice/", "gpu_milli": 250})
+    assert service.calls[0] == (
+        "POST",
+        "/services/gpulab/api/v1/allocations",
+        {"user": "alice", "owner_kind": "server", "owner": "alice/", "gpu_milli": 250},
+    )
 
 
 async def test_failed_start_releases_and_leaves_nothing_behind(service, kube):
@@ -194,16 +239,21 @@ async def test_failed_start_releases_and_leaves_nothing_behind(service, kube):
     with pytest.raises(TimeoutError):
         await spawner.start()
     assert kube.pods[-1]["spec"]["containers"][0]["resources"]["limits"] == {
-        "nvidia.com/mig-2g.20gb": "1"}
+        "nvidia.com/mig-2g.20gb": "1"
+    }
     assert service.calls[-1] == (
-        "DELETE", "/services/gpulab/api/v1/allocations?owner_kind=server&owner=alice%2F", None)
+        "DELETE",
+        "/services/gpulab/api/v1/allocations?owner_kind=server&owner=alice%2F",
+        None,
+    )
 
     # The next spawn asks for no GPU: nothing of the failed slice survives.
     spawner.user_options = {"gpu_milli": 0}
     await spawner.start()
     pod = kube.pods[-1]
     assert "limits" not in pod["spec"]["containers"][0]["resources"] or not any(
-        k.startswith("nvidia.com/") for k in pod["spec"]["containers"][0]["resources"]["limits"])
+        k.startswith("nvidia.com/") for k in pod["spec"]["containers"][0]["resources"]["limits"]
+    )
     assert "nodeSelector" not in pod["spec"]
     assert "tolerations" not in pod["spec"]
     env = env_of(pod)
@@ -242,7 +292,9 @@ async def test_gpus_come_from_the_slice_alone(service, kube):
     await spawner.start()
     pod = kube.pods[-1]
     assert pod["spec"]["containers"][0]["resources"] == {
-        "limits": {"example.com/fpga": "1"}, "requests": {}}
+        "limits": {"example.com/fpga": "1"},
+        "requests": {},
+    }
     assert "gpu-fraction" not in pod["metadata"]["annotations"]
     assert pod["metadata"]["annotations"]["team"] == "vision"
     assert pod["spec"]["nodeSelector"] == {"pool": "big"}
@@ -251,8 +303,11 @@ async def test_gpus_come_from_the_slice_alone(service, kube):
     await spawner.start()
     pod = kube.pods[-1]
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {
-        "example.com/fpga": "1", "nvidia.com/gpu": "1", "nvidia.com/gpumem": "20389",
-        "nvidia.com/gpucores": "25"}
+        "example.com/fpga": "1",
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": "20389",
+        "nvidia.com/gpucores": "25",
+    }
     assert pod["spec"]["nodeSelector"] == {"pool": "big", "kubernetes.io/hostname": "gpu-1"}
 
 
@@ -273,12 +328,25 @@ async def test_form_profiles_from_live_availability(service, kube):
     spawner = make_spawner(service)
     profiles = await spawner.profile_list(spawner)
     assert profiles == [
-        {"display_name": "no GPU", "slug": "gpu-0", "description": "always available",
-         "default": False},
-        {"display_name": "1/4 GPU", "slug": "gpu-250", "description": "6 can be placed now",
-         "default": True},
-        {"display_name": "2 GPUs", "slug": "gpu-2000",
-         "description": "unavailable now: no node has 2 free GPUs", "default": False}]
+        {
+            "display_name": "no GPU",
+            "slug": "gpu-0",
+            "description": "always available",
+            "default": False,
+        },
+        {
+            "display_name": "1/4 GPU",
+            "slug": "gpu-250",
+            "description": "6 can be placed now",
+            "default": True,
+        },
+        {
+            "display_name": "2 GPUs",
+            "slug": "gpu-2000",
+            "description": "unavailable now: no node has 2 free GPUs",
+            "default": False,
+        },
+    ]
     assert service.calls == [("GET", "/services/gpulab/api/v1/availability?user=alice", None)]
     # Also after a REST spawn left {"gpu_milli": ...} in user_options.
     spawner.user_options = {"gpu_milli": 250}
@@ -293,7 +361,10 @@ async def test_z2jh_empty_profile_list_still_lists_slices(service, kube):
     c.FractionalKubeSpawner.gpulab_api_token = "service-token"
     spawner = FractionalKubeSpawner(config=c, user=User(), _mock=True)
     assert [p["slug"] for p in await spawner.profile_list(spawner)] == [
-        "gpu-0", "gpu-250", "gpu-2000"]
+        "gpu-0",
+        "gpu-250",
+        "gpu-2000",
+    ]
 
 
 async def test_options_from_form(service, offline_kubeconfig):

@@ -23,17 +23,17 @@ rendezvous name of index 0 and its port, the slice, the volumes.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
-import time
 
 import pytest
 from kube_helpers import validate_strict
+from support.wait import wait_until_async
 
 KUBECONFIG = os.environ.get("GPULAB_TEST_KUBECONFIG")
 pytestmark = pytest.mark.skipif(
-    not KUBECONFIG, reason="live-cluster suite not run: GPULAB_TEST_KUBECONFIG is not set")
+    not KUBECONFIG, reason="live-cluster suite not run: GPULAB_TEST_KUBECONFIG is not set"
+)
 
 IMAGE = os.environ.get("GPULAB_TEST_IMAGE", "python:3.11-slim")
 BACKEND = os.environ.get("GPULAB_TEST_ENFORCEMENT", "")
@@ -45,8 +45,11 @@ def the_slice():
 
     if not BACKEND:
         return 0, pod_slice_patch("hami", GpuSlice(0))
-    s = GpuSlice.of(250, int(os.environ.get("GPULAB_TEST_GPU_MEMORY_MIB", "0")),
-                    os.environ.get("GPULAB_TEST_GPU_MODEL", ""))
+    s = GpuSlice.of(
+        250,
+        int(os.environ.get("GPULAB_TEST_GPU_MEMORY_MIB", "0")),
+        os.environ.get("GPULAB_TEST_GPU_MODEL", ""),
+    )
     return 250, pod_slice_patch(BACKEND, s)
 
 
@@ -55,25 +58,29 @@ def pod_template(name: str, command: list[str], labels: dict | None = None) -> d
 
     _, patch = the_slice()
     template = {
-        "metadata": {"labels": {"app.kubernetes.io/name": "gpulab-test", "test": name,
-                                **(labels or {})}},
-        "spec": {"containers": [{
-            "name": "main", "image": IMAGE, "command": command,
-            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
-                          "limits": {"memory": "256Mi"}}}]}}
+        "metadata": {
+            "labels": {"app.kubernetes.io/name": "gpulab-test", "test": name, **(labels or {})}
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": IMAGE,
+                    "command": command,
+                    "resources": {
+                        "requests": {"cpu": "50m", "memory": "64Mi"},
+                        "limits": {"memory": "256Mi"},
+                    },
+                }
+            ]
+        },
+    }
     return apply_to_pod(template, patch)
 
 
 async def wait_for(what: str, check, timeout: float = TIMEOUT, every: float = 2.0):
     """Poll ``check()`` until it returns something truthy (a state, not a delay)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(every)
+    return await wait_until_async(check, what, timeout, every)
 
 
 @pytest.fixture(scope="module")
@@ -82,15 +89,19 @@ async def api():
 
     api_client = await config.new_client_from_config(config_file=KUBECONFIG)
     async with api_client:
-        yield {"core": client.CoreV1Api(api_client), "batch": client.BatchV1Api(api_client),
-               "apps": client.AppsV1Api(api_client)}
+        yield {
+            "core": client.CoreV1Api(api_client),
+            "batch": client.BatchV1Api(api_client),
+            "apps": client.AppsV1Api(api_client),
+        }
 
 
 @pytest.fixture(scope="module")
 async def namespace(api):
     name = f"gpulab-test-{secrets.token_hex(3)}"
-    await api["core"].create_namespace({"metadata": {"name": name,
-                                                     "labels": {"gpulab.io/test": "true"}}})
+    await api["core"].create_namespace(
+        {"metadata": {"name": name, "labels": {"gpulab.io/test": "true"}}}
+    )
     yield name
     await api["core"].delete_namespace(name)
 
@@ -98,13 +109,18 @@ async def namespace(api):
 async def test_spawn_notebook_pod(api, namespace):
     from kubespawner.objects import make_pod
 
-    from gpulab.spawner.kube import patch_pod_model
     from gpulab.enforcement.kube.kueue import queue_patch
+    from gpulab.spawner.kube import patch_pod_model
 
     milli, patch = the_slice()
-    pod = make_pod(name="jupyter-gpulab-test", cmd=["python", "-m", "http.server", "8888"],
-                   port=8888, image=IMAGE, env={**patch.env, "GPULAB_API_URL": "http://x"},
-                   labels={"app.kubernetes.io/name": "gpulab-test"})
+    pod = make_pod(
+        name="jupyter-gpulab-test",
+        cmd=["python", "-m", "http.server", "8888"],
+        port=8888,
+        image=IMAGE,
+        env={**patch.env, "GPULAB_API_URL": "http://x"},
+        labels={"app.kubernetes.io/name": "gpulab-test"},
+    )
     patch_pod_model(pod, patch, queue_patch("server", notebook_priority_class=""))
     await api["core"].create_namespaced_pod(namespace, pod)
 
@@ -122,12 +138,16 @@ async def test_job_runs_to_completion(api, namespace):
     from gpulab.enforcement.kube.kueue import queue_patch
 
     queueing = queue_patch("job", os.environ.get("GPULAB_TEST_KUEUE_QUEUE"), None)
-    template = pod_template("job", ["python", "-c",
-                                    "import os; print('milli', os.environ['GPULAB_GPU_MILLI'])"])
+    template = pod_template(
+        "job", ["python", "-c", "import os; print('milli', os.environ['GPULAB_GPU_MILLI'])"]
+    )
     template["spec"]["restartPolicy"] = "Never"
-    job = {"apiVersion": "batch/v1", "kind": "Job",
-           "metadata": {"name": "gpulab-test-job", "labels": queueing["labels"]},
-           "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 600, "template": template}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "gpulab-test-job", "labels": queueing["labels"]},
+        "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 600, "template": template},
+    }
     validate_strict(job)
     await api["batch"].create_namespaced_job(namespace, job)
 
@@ -147,14 +167,21 @@ async def test_endpoint_serves(api, namespace):
     template = pod_template("endpoint", ["python", "-m", "http.server", "8080"])
     template["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "name": "http"}]
     template["spec"]["containers"][0]["readinessProbe"] = {
-        "tcpSocket": {"port": "http"}, "periodSeconds": 2}
-    deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
-                  "metadata": {"name": "gpulab-test-endpoint"},
-                  "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                           "template": template}}
-    service = {"apiVersion": "v1", "kind": "Service",
-               "metadata": {"name": "gpulab-test-endpoint"},
-               "spec": {"selector": labels, "ports": [{"port": 80, "targetPort": "http"}]}}
+        "tcpSocket": {"port": "http"},
+        "periodSeconds": 2,
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "gpulab-test-endpoint"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "gpulab-test-endpoint"},
+        "spec": {"selector": labels, "ports": [{"port": 80, "targetPort": "http"}]},
+    }
     validate_strict(deployment)
     validate_strict(service)
     await api["apps"].create_namespaced_deployment(namespace, deployment)
@@ -193,8 +220,10 @@ else:
 JOBS_PVC = "gpulab-jobs"
 
 
-def stand_in(command: list[str] | None = None, keep_args=("--rdzv-endpoint=", "--rdzv-conf=",
-                                                        "--local-addr=")):
+def stand_in(
+    command: list[str] | None = None,
+    keep_args=("--rdzv-endpoint=", "--rdzv-conf=", "--local-addr="),
+):
     """A pod patch: the slice, and the container's torchrun swapped for the stand-in."""
     from gpulab.enforcement.kube import apply_to_pod
 
@@ -211,19 +240,22 @@ def stand_in(command: list[str] | None = None, keep_args=("--rdzv-endpoint=", "-
             for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
                 c.pop(probe, None)
             c["readinessProbe"] = {"tcpSocket": {"port": "http"}, "periodSeconds": 2}
-        c["resources"] = {**c.get("resources", {}),
-                          "requests": {"cpu": "50m", "memory": "64Mi"}}
+        c["resources"] = {**c.get("resources", {}), "requests": {"cpu": "50m", "memory": "64Mi"}}
         c["resources"].setdefault("limits", {})["memory"] = "256Mi"
         return template
+
     return apply
 
 
 @pytest.fixture(scope="module")
 async def jobs_pvc(api, namespace):
-    claim = {"metadata": {"name": JOBS_PVC},
-             "spec": {"accessModes": [os.environ.get("GPULAB_TEST_JOBS_ACCESS_MODE",
-                                                     "ReadWriteOnce")],
-                      "resources": {"requests": {"storage": "1Gi"}}}}
+    claim = {
+        "metadata": {"name": JOBS_PVC},
+        "spec": {
+            "accessModes": [os.environ.get("GPULAB_TEST_JOBS_ACCESS_MODE", "ReadWriteOnce")],
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
     if os.environ.get("GPULAB_TEST_STORAGE_CLASS"):
         claim["spec"]["storageClassName"] = os.environ["GPULAB_TEST_STORAGE_CLASS"]
     await api["core"].create_namespaced_persistent_volume_claim(namespace, claim)
@@ -241,12 +273,23 @@ async def test_backend_job_pods_rendezvous_by_name(api, namespace, jobs_pvc, tmp
     jobs_root = str(tmp_path)
     queue = queue_patch("job", os.environ.get("GPULAB_TEST_KUEUE_QUEUE"), None)["labels"]
     backend = KubernetesBackend(
-        jobs_root, namespace=namespace, kubeconfig=KUBECONFIG,
-        options=JobOptions(jobs_root=jobs_root, jobs_pvc=jobs_pvc, labels=queue,
-                           ttl_seconds_after_finished=600),
-        pod_patch_for=lambda spec, allocations: stand_in())
-    spec = JobSpec(code="# stand-in", nodes=2, image=IMAGE, id=secrets.token_hex(4),
-                   user="tester", max_restarts=1, backend="kubernetes")
+        jobs_root,
+        namespace=namespace,
+        kubeconfig=KUBECONFIG,
+        options=JobOptions(
+            jobs_root=jobs_root, jobs_pvc=jobs_pvc, labels=queue, ttl_seconds_after_finished=600
+        ),
+        pod_patch_for=lambda spec, allocations: stand_in(),
+    )
+    spec = JobSpec(
+        code="# stand-in",
+        nodes=2,
+        image=IMAGE,
+        id=secrets.token_hex(4),
+        user="tester",
+        max_restarts=1,
+        backend="kubernetes",
+    )
     spec.validate()
     try:
         await backend.start(spec, [])
@@ -258,11 +301,13 @@ async def test_backend_job_pods_rendezvous_by_name(api, namespace, jobs_pvc, tmp
 
         status = await wait_for("the two-node job to succeed", done)
         pods = await api["core"].list_namespaced_pod(
-            namespace, label_selector=f"gpulab.io/job-id={spec.id}")
+            namespace, label_selector=f"gpulab.io/job-id={spec.id}"
+        )
         logs = {}
         for p in pods.items:
-            logs[p.metadata.annotations["batch.kubernetes.io/job-completion-index"]] = \
-                await api["core"].read_namespaced_pod_log(p.metadata.name, namespace)
+            logs[p.metadata.annotations["batch.kubernetes.io/job-completion-index"]] = await api[
+                "core"
+            ].read_namespaced_pod_log(p.metadata.name, namespace)
         assert "node 0 is_host=1" in logs["0"] and "peer 1" in logs["0"], logs
         assert "node 1 is_host=0" in logs["1"], logs
         assert status.details["kind"] in ("Job", "JobSet")
@@ -276,37 +321,49 @@ async def test_backend_endpoint_objects_serve(api, namespace, jobs_pvc):
     from gpulab.backend.kubernetes import make_deployment
 
     deployment, service = make_deployment(
-        "live", image=IMAGE, model_dir="/models/live", models_pvc=jobs_pvc,
-        models_root="/models", user="tester", replicas=1, port=8080,
-        pod_patch=stand_in(["python", "-m", "http.server", "8080"]))
+        "live",
+        image=IMAGE,
+        model_dir="/models/live",
+        models_pvc=jobs_pvc,
+        models_root="/models",
+        user="tester",
+        replicas=1,
+        port=8080,
+        pod_patch=stand_in(["python", "-m", "http.server", "8080"]),
+    )
     validate_strict(deployment)
     validate_strict(service)
     name = deployment["metadata"]["name"]
     await api["apps"].create_namespaced_deployment(namespace, deployment)
     await api["core"].create_namespaced_service(namespace, service)
     try:
+
         async def ready():
             ep = await api["core"].read_namespaced_endpoints(name, namespace)
             return any(s.addresses for s in ep.subsets or [])
 
         await wait_for("the backend's endpoint to have a ready address", ready)
     finally:
-        await api["apps"].delete_namespaced_deployment(name, namespace,
-                                                       propagation_policy="Foreground")
+        await api["apps"].delete_namespaced_deployment(
+            name, namespace, propagation_policy="Foreground"
+        )
         await api["core"].delete_namespaced_service(name, namespace)
 
 
 async def test_cleanup_leaves_nothing(api, namespace):
     await api["apps"].delete_namespaced_deployment("gpulab-test-endpoint", namespace)
     await api["core"].delete_namespaced_service("gpulab-test-endpoint", namespace)
-    await api["batch"].delete_namespaced_job("gpulab-test-job", namespace,
-                                             propagation_policy="Foreground")
-    await api["core"].delete_namespaced_pod("jupyter-gpulab-test", namespace,
-                                            grace_period_seconds=0)
+    await api["batch"].delete_namespaced_job(
+        "gpulab-test-job", namespace, propagation_policy="Foreground"
+    )
+    await api["core"].delete_namespaced_pod(
+        "jupyter-gpulab-test", namespace, grace_period_seconds=0
+    )
 
     async def empty():
         pods = await api["core"].list_namespaced_pod(
-            namespace, label_selector="app.kubernetes.io/name=gpulab-test")
+            namespace, label_selector="app.kubernetes.io/name=gpulab-test"
+        )
         return not pods.items
 
     await wait_for("every test pod to be gone", empty)

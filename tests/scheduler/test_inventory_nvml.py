@@ -13,7 +13,7 @@ from fake_nvml import FakeDevice, FakeNvml  # noqa: E402
 
 from gpulab.scheduler import inventory  # noqa: E402
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def with_fake(monkeypatch, devices, init_error=None):
@@ -22,21 +22,30 @@ def with_fake(monkeypatch, devices, init_error=None):
 
 def test_whole_gpus_and_mig_devices(monkeypatch):
     h100 = FakeDevice("GPU-aaaa", "NVIDIA H100 80GB HBM3", 80 * GIB, 0)
-    mig = FakeDevice("GPU-bbbb", "NVIDIA H100 80GB HBM3", 80 * GIB, 0, mig={
-        0: FakeDevice("MIG-1111", "1g.10gb", 10 * GIB, 0),
-        3: FakeDevice("MIG-2222", "3g.40gb", 40 * GIB, 0)})
+    mig = FakeDevice(
+        "GPU-bbbb",
+        "NVIDIA H100 80GB HBM3",
+        80 * GIB,
+        0,
+        mig={
+            0: FakeDevice("MIG-1111", "1g.10gb", 10 * GIB, 0),
+            3: FakeDevice("MIG-2222", "3g.40gb", 40 * GIB, 0),
+        },
+    )
     with_fake(monkeypatch, [h100, mig])
     gpus, reason = inventory.nvml_inventory(node="n1")
     assert reason is None
     assert [(g.uuid, g.memory_mib, g.mig_parent) for g in gpus] == [
         ("GPU-aaaa", 80 * 1024, None),
         ("MIG-1111", 10 * 1024, "GPU-bbbb"),
-        ("MIG-2222", 40 * 1024, "GPU-bbbb")]
+        ("MIG-2222", 40 * 1024, "GPU-bbbb"),
+    ]
     assert [g.index for g in gpus] == [0, 1, 2] and not any(g.simulated for g in gpus)
 
 
 def test_driver_not_loaded_is_a_reason_not_a_crash(monkeypatch):
     import pynvml
+
     with_fake(monkeypatch, [], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
     gpus, reason = inventory.nvml_inventory()
     assert gpus == [] and "no NVIDIA driver" in reason

@@ -21,16 +21,24 @@ def db_url(request, tmp_path):
     url = request.getfixturevalue("postgres_url")
     # A fresh schema state per test: drop what an earlier test left.
     from sqlalchemy import create_engine, text
+
     eng = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
-    with eng.begin() as c:
-        c.execute(text("DROP TABLE IF EXISTS gpulab_allocations"))
+    with eng.begin() as c:  # the migrations build them again, from the version table down
+        for table in (
+            "gpulab_alembic_version",
+            "gpulab_allocations",
+            "gpulab_jobs",
+            "gpulab_deployments",
+        ):
+            c.execute(text(f"DROP TABLE IF EXISTS {table}"))
     eng.dispose()
     return url
 
 
 def make_ledger(url, spec="2xA100-80GB", quotas=None):
-    return Ledger(make_engine(url), parse_simulated(spec, node="n1"),
-                  get_policy("best-fit"), quotas)
+    return Ledger(
+        make_engine(url), parse_simulated(spec, node="n1"), get_policy("best-fit"), quotas
+    )
 
 
 def test_quarters_fill_one_gpu_before_the_next(db_url):
@@ -62,8 +70,7 @@ def test_allocation_is_idempotent_per_owner(db_url):
 
 
 def test_quota_user_and_group(db_url):
-    quotas = Quotas(default_user_milli=500, user_milli={"carol": 2000},
-                    group_milli={"lab": 750})
+    quotas = Quotas(default_user_milli=500, user_milli={"carol": 2000}, group_milli={"lab": 750})
     ledger = make_ledger(db_url, quotas=quotas)
     ledger.allocate("alice", "server", "alice/", 500)
     with pytest.raises(QuotaExceeded, match="over your quota: you hold 500"):
@@ -104,15 +111,18 @@ def test_two_processes_share_one_database(db_url, tmp_path):
         ok = 0
         for i in range(10):
             try:
-                ledger.allocate(f"p{{sys.argv[1]}}-{{i}}", "server", f"p{{sys.argv[1]}}-{{i}}/", 100)
+                owner = f"p{{sys.argv[1]}}-{{i}}"
+                ledger.allocate(owner, "server", owner + "/", 100)
                 ok += 1
             except NoCapacity:
                 pass
         print(ok)
     """)
     make_engine(db_url)  # create tables once, before the race
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(p)], stdout=subprocess.PIPE,
-                              text=True) for p in range(3)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(p)], stdout=subprocess.PIPE, text=True)
+        for p in range(3)
+    ]
     placed = sum(int(p.communicate(timeout=120)[0]) for p in procs)
     ledger = make_ledger(db_url)
     assert placed == 20  # 30 asked for 100 milli on 2 GPUs: room for 20
@@ -155,5 +165,6 @@ def test_gang_allocation_is_all_or_nothing(db_url):
     assert {r["owner"] for r in rows} == {"job1/0", "job1/1"}
     # A retry of the same gang returns what it holds, nothing more.
     assert len(ledger.allocate_gang("alice", "job", ranks[:2])) == 2
-    assert ledger.allocated_by_gpu() == {r["gpu_uuid"]: 1000 for r in rows} | \
-        {ledger.list(user="bob")[0]["gpu_uuid"]: 1000}
+    assert ledger.allocated_by_gpu() == {r["gpu_uuid"]: 1000 for r in rows} | {
+        ledger.list(user="bob")[0]["gpu_uuid"]: 1000
+    }

@@ -1,6 +1,5 @@
 """Placement policies on small hand-built clusters where the right answer is known."""
 
-import numpy as np
 import pytest
 
 from gpulab.scheduler.policy import Cluster, Placement, Request, get_policy, policy_names
@@ -11,7 +10,10 @@ ALL = ["random", "best-fit", "packing", "dot-product", "fgd", "gpulab"]
 def cluster(*nodes):
     """Nodes as (cpu cores, memory GiB, [GPU models]); returns a fresh Cluster."""
     return Cluster.build(
-        [(f"n{i}", cpu * 1000, mem * 1024, list(models)) for i, (cpu, mem, models) in enumerate(nodes)]
+        [
+            (f"n{i}", cpu * 1000, mem * 1024, list(models))
+            for i, (cpu, mem, models) in enumerate(nodes)
+        ]
     )
 
 
@@ -39,11 +41,24 @@ def test_gpu_spec_is_respected(name):
     c = cluster((32, 128, ["V100M16"] * 4), (32, 128, ["T4"] * 2), (32, 128, ["V100M32"] * 4))
     for seed in range(5):
         fresh = c.copy()
-        p = place(name, fresh, Request(gpu_milli=300, num_gpu=1, cpu_milli=1000,
-                                       gpu_models=frozenset({"T4"})), seed=seed)
+        p = place(
+            name,
+            fresh,
+            Request(gpu_milli=300, num_gpu=1, cpu_milli=1000, gpu_models=frozenset({"T4"})),
+            seed=seed,
+        )
         assert p.node == 1
-        p = place(name, fresh, Request(gpu_milli=1000, num_gpu=2, cpu_milli=1000,
-                                       gpu_models=frozenset({"V100M16", "V100M32"})), seed=seed)
+        p = place(
+            name,
+            fresh,
+            Request(
+                gpu_milli=1000,
+                num_gpu=2,
+                cpu_milli=1000,
+                gpu_models=frozenset({"V100M16", "V100M32"}),
+            ),
+            seed=seed,
+        )
         assert p.node in (0, 2)
 
 
@@ -76,7 +91,9 @@ def test_a_full_cluster_is_filled_exactly(name):
 def test_best_fit_fills_the_tightest_card_on_the_fullest_node():
     c = cluster((16, 64, ["A100"] * 2), (16, 64, ["A100"] * 2))
     c.gpu_free[1] = [1000, 300]  # node 1 is fuller; its second card is tight
-    assert place("best-fit", c, Request(gpu_milli=250, num_gpu=1, cpu_milli=1000)) == Placement(1, (1,))
+    assert place("best-fit", c, Request(gpu_milli=250, num_gpu=1, cpu_milli=1000)) == Placement(
+        1, (1,)
+    )
 
 
 def test_packing_prefers_a_shared_card_then_a_used_node():
@@ -96,7 +113,10 @@ def test_dot_product_sends_cpu_heavy_work_where_cpu_is_least_aligned():
 
 def test_random_spreads_but_stays_feasible():
     c = cluster(*[(16, 64, ["T4"] * 2)] * 6)
-    nodes = {get_policy("random", seed=s).place(c, Request(gpu_milli=500, num_gpu=1)).node for s in range(40)}
+    nodes = {
+        get_policy("random", seed=s).place(c, Request(gpu_milli=500, num_gpu=1)).node
+        for s in range(40)
+    }
     assert len(nodes) >= 4
 
 
@@ -122,8 +142,12 @@ def test_fgd_fills_a_hole_nothing_else_could_use():
 
 def test_fgd_is_deterministic_per_seed():
     c = cluster(*[(16, 64, ["T4"] * 2)] * 8)
-    picks = [get_policy("fgd", workload=_workload(500), seed=7).place(c, Request(gpu_milli=500, num_gpu=1))
-             for _ in range(2)]
+    picks = [
+        get_policy("fgd", workload=_workload(500), seed=7).place(
+            c, Request(gpu_milli=500, num_gpu=1)
+        )
+        for _ in range(2)
+    ]
     assert picks[0] == picks[1]
 
 
@@ -155,11 +179,16 @@ def test_gpulab_keeps_the_only_big_node_for_the_jobs_that_need_it():
     # Only node 0 can host the workload's 8-GPU, 120-CPU jobs; a 1-GPU task
     # that fits both goes to node 1 even when node 0 comes first in node order.
     c = cluster((128, 512, ["G3"] * 8), (96, 512, ["G2"] * 8))
-    workload = [Request(gpu_milli=1000, num_gpu=8, cpu_milli=120_000)] * 5 + \
-        [Request(gpu_milli=1000, num_gpu=1, cpu_milli=10_000)] * 50
+    workload = [Request(gpu_milli=1000, num_gpu=8, cpu_milli=120_000)] * 5 + [
+        Request(gpu_milli=1000, num_gpu=1, cpu_milli=10_000)
+    ] * 50
     for seed in range(6):
-        assert get_policy("gpulab", workload=workload, seed=seed).place(
-            c, Request(gpu_milli=1000, num_gpu=1, cpu_milli=10_000)).node == 1
+        assert (
+            get_policy("gpulab", workload=workload, seed=seed)
+            .place(c, Request(gpu_milli=1000, num_gpu=1, cpu_milli=10_000))
+            .node
+            == 1
+        )
 
 
 def test_policies_accept_the_ledger_call_from_threads():
@@ -168,7 +197,9 @@ def test_policies_accept_the_ledger_call_from_threads():
     policy = get_policy("gpulab")
     clusters = [Cluster.build([("n1", 1 << 40, 1 << 40, ["A100"] * 2)]) for _ in range(16)]
     with ThreadPoolExecutor(4) as pool:
-        picks = list(pool.map(lambda cl: policy.place(cl, Request(gpu_milli=250, num_gpu=1)), clusters))
+        picks = list(
+            pool.map(lambda cl: policy.place(cl, Request(gpu_milli=250, num_gpu=1)), clusters)
+        )
     assert all(p is not None and p.node == 0 for p in picks)
 
 
@@ -181,8 +212,13 @@ def test_gpulab_keeps_constrained_models_for_the_tasks_that_insist_on_them():
     # A few tasks accept only T4 (too few to enter FGD's typical mix); an
     # unconstrained task that fits both nodes goes to the other model.
     c = cluster((32, 128, ["T4"] * 2), (32, 128, ["G2"] * 2))
-    workload = [Request(gpu_milli=1000, num_gpu=1, cpu_milli=4000, gpu_models=frozenset({"T4"}))] * 4 + \
-        [Request(gpu_milli=1000, num_gpu=1, cpu_milli=4000)] * 96
+    workload = [
+        Request(gpu_milli=1000, num_gpu=1, cpu_milli=4000, gpu_models=frozenset({"T4"}))
+    ] * 4 + [Request(gpu_milli=1000, num_gpu=1, cpu_milli=4000)] * 96
     for seed in range(6):
-        assert get_policy("gpulab", workload=workload, seed=seed).place(
-            c, Request(gpu_milli=1000, num_gpu=1, cpu_milli=4000)).node == 1
+        assert (
+            get_policy("gpulab", workload=workload, seed=seed)
+            .place(c, Request(gpu_milli=1000, num_gpu=1, cpu_milli=4000))
+            .node
+            == 1
+        )

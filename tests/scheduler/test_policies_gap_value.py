@@ -1,7 +1,7 @@
 """gpulab's gap value: what a card's free milli is expected to waste in the end."""
 
-from gpulab.scheduler.policy import Cluster, Request, get_policy
 from gpulab.scheduler.policies.gap_value import GapValue
+from gpulab.scheduler.policy import Cluster, Request, get_policy
 
 
 def cards(free):
@@ -31,7 +31,9 @@ def test_gpulab_puts_a_slice_where_a_coming_size_completes_the_card():
     # Workload: 0.65 + 0.32 and 0.55 + 0.23 + 0.22 make full cards. A 0.23 slice
     # in the tighter 0.35 gap would strand 0.12 (and take a 0.32's place); in
     # the 0.45 gap it leaves exactly what a 0.22 slice fills.
-    workload = [Request(gpu_milli=m, num_gpu=1, cpu_milli=1000) for m in (650, 320, 550, 230, 220)] * 20
+    workload = [
+        Request(gpu_milli=m, num_gpu=1, cpu_milli=1000) for m in (650, 320, 550, 230, 220)
+    ] * 20
     c = cards([350, 450] + [1000] * 50)
     request = Request(gpu_milli=230, num_gpu=1, cpu_milli=1000)
     for seed in range(4):

@@ -2,8 +2,13 @@
 
 import numpy as np
 
+from gpulab.scheduler.policies.fragmentation import (
+    FragState,
+    TaskType,
+    TypicalMix,
+    cluster_frag_pct,
+)
 from gpulab.scheduler.policy import Cluster, Placement, Request
-from gpulab.scheduler.policies.fragmentation import FragState, TaskType, TypicalMix, cluster_frag_pct
 
 
 def test_node_fragmentation_by_hand():
@@ -27,9 +32,15 @@ def test_model_constraints_make_other_nodes_fragmented():
 
 def test_after_matches_recomputing_from_scratch():
     rng = np.random.default_rng(1)
-    mix = TypicalMix([TaskType(int(m), 1, int(cpu), None, float(w))
-                      for m, cpu, w in zip([160, 470, 810, 1000], [4000, 12000, 3000, 11000], [1, 3, 4, 6])]
-                     + [TaskType(1000, 2, 20000, None, 1.0)])
+    mix = TypicalMix(
+        [
+            TaskType(int(m), 1, int(cpu), None, float(w))
+            for m, cpu, w in zip(
+                [160, 470, 810, 1000], [4000, 12000, 3000, 11000], [1, 3, 4, 6], strict=False
+            )
+        ]
+        + [TaskType(1000, 2, 20000, None, 1.0)]
+    )
     c = Cluster.build([(f"n{i}", 96000, 1, ["G2"] * 8) for i in range(20)])
     c.gpu_free[:] = rng.choice([0, 190, 530, 1000], size=c.gpu_free.shape)
     c.cpu_free[:] = rng.integers(0, 96000, size=20)
@@ -37,7 +48,7 @@ def test_after_matches_recomputing_from_scratch():
     request = Request(gpu_milli=470, num_gpu=1, cpu_milli=5000)
     nodes, slots = np.nonzero(c.eligible_gpus(request) & c.feasible_nodes(request)[:, None])
     predicted = state.after(nodes, c.gpu_free[nodes, slots][:, None], 470, 5000)
-    for node, slot, value in zip(nodes, slots, predicted):
+    for node, slot, value in zip(nodes, slots, predicted, strict=False):
         trial = c.copy()
         trial.apply(Placement(int(node), (int(slot),)), request)
         assert np.isclose(FragState(mix, trial).frag[node], value)
@@ -55,8 +66,11 @@ def test_sync_only_recomputes_what_changed():
 
 
 def test_typical_mix_keeps_the_popular_shapes():
-    workload = [Request(gpu_milli=500, num_gpu=1)] * 90 + [Request(gpu_milli=300, num_gpu=1)] * 6 \
+    workload = (
+        [Request(gpu_milli=500, num_gpu=1)] * 90
+        + [Request(gpu_milli=300, num_gpu=1)] * 6
         + [Request(gpu_milli=100, num_gpu=1)] * 4
+    )
     mix = TypicalMix.from_workload(workload, popularity=0.95)
     assert [t.gpu_milli for t in mix.types] == [500, 300]
     assert np.isclose(sum(t.weight for t in mix.types), 1.0)

@@ -53,9 +53,20 @@ def run(targets):
     own = {}
     for path in targets.get("own", []):
         own[path] = attempt(lambda p=path: _read(p))
-    print("ATTACK-RESULT " + json.dumps({
-        "uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
-        "user": pwd.getpwuid(os.getuid()).pw_name, "results": results, "own": own}), flush=True)
+    print(
+        "ATTACK-RESULT "
+        + json.dumps(
+            {
+                "uid": os.getuid(),
+                "gid": os.getgid(),
+                "groups": os.getgroups(),
+                "user": pwd.getpwuid(os.getuid()).pw_name,
+                "results": results,
+                "own": own,
+            }
+        ),
+        flush=True,
+    )
 
 
 run(TARGETS)  # noqa: F821 (set by the sender)

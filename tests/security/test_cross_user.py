@@ -13,48 +13,50 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 import requests
 import torch
-from hubproc import RunningHub
+from hubproc import fresh_user
 from kernelexec import run_in_kernel
+from support.wait import wait_until
 
-from gpulab.enforcement.accounts import unix_name
 from gpulab.client import Client
+from gpulab.enforcement.accounts import unix_name
 from gpulab.serving.export import export_model
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0, reason="per-user accounts need root")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="per-user accounts need root"),
+]
+#: The users: names no other test of the session has (their accounts gpulab-<name>).
+ALICE, BOB = fresh_user("alice"), fresh_user("bob")
 WAIT_S = 240  # a bound on a loaded 2-core machine, not a sleep
 ATTACKS = (Path(__file__).with_name("attacks.py")).read_text()
-SECRETS = ("admin-token", "service-token", "proxy-token", "admin-password",
-           "jupyterhub_cookie_secret", "jupyterhub.sqlite", "gpulab.sqlite", "gpulab_config.py",
-           "ports.json")
+SECRETS = (
+    "admin-token",
+    "service-token",
+    "proxy-token",
+    "admin-password",
+    "jupyterhub_cookie_secret",
+    "jupyterhub.sqlite",
+    "gpulab.sqlite",
+    "gpulab_config.py",
+    "ports.json",
+)
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("isolation"), simulate="2xA100-80GB")
-    yield h
-    for dep in h.gpulab("GET", "/deployments").json():
-        h.gpulab("DELETE", f"/deployments/{dep['name']}", params={"user": dep["user"]})
-    for job in h.gpulab("GET", "/jobs").json():
-        h.gpulab("DELETE", f"/jobs/{job['id']}")
-    h.stop()
+def hub(plain_hub):
+    """The session's shared hub; this module's deployments, jobs and servers are
+    stopped at its end."""
+    return plain_hub
 
 
 def until(what, check, timeout=WAIT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(check, what, timeout)
 
 
 def procs_of(uid: int, needle: str) -> list[psutil.Process]:
@@ -79,9 +81,14 @@ def attack(run, targets: dict) -> dict:
 def run_as_job(hub, token, source: str) -> str:
     job = hub.gpulab("POST", "/jobs", token=token, json={"code": source, "name": "probe"}).json()
     assert "id" in job, job
-    done = until("the probe job", lambda: (j := hub.gpulab("GET", f"/jobs/{job['id']}",
-                                                           token=token).json())["state"]
-                 in ("succeeded", "failed") and j)
+    done = until(
+        "the probe job",
+        lambda: (
+            (j := hub.gpulab("GET", f"/jobs/{job['id']}", token=token).json())["state"]
+            in ("succeeded", "failed")
+            and j
+        ),
+    )
     logs = hub.gpulab("GET", f"/jobs/{job['id']}/logs", token=token).text
     assert done["state"] == "succeeded", f"{done}\n{logs}"
     return logs
@@ -91,92 +98,147 @@ def run_as_job(hub, token, source: str) -> str:
 def world(hub, tmp_path_factory):
     """alice and bob, each with a server; bob also with a kernel, a running job and
     a model replica: everything alice will go after."""
-    tokens = {u: hub.create_user(u) for u in ("alice", "bob")}
-    for user, milli in (("alice", 250), ("bob", 250)):
+    tokens = {u: hub.create_user(u) for u in (ALICE, BOB)}
+    for user, milli in ((ALICE, 250), (BOB, 250)):
         assert hub.spawn(user, {"gpu_milli": milli}).status_code in (201, 202)
-    for user in ("alice", "bob"):
+    for user in (ALICE, BOB):
         hub.wait_server(user)
-    uid = {u: pwd.getpwnam(unix_name(u)).pw_uid for u in ("alice", "bob")}
-    bob_server = f"{hub.url}/user/bob"
+    uid = {u: pwd.getpwnam(unix_name(u)).pw_uid for u in (ALICE, BOB)}
+    bob_server = f"{hub.url}/user/{BOB}"
 
     # bob keeps a secret in his home and leaves a kernel running.
-    run_in_kernel(bob_server, tokens["bob"],
-                  "import os; open(os.path.expanduser('~/secret.txt'), 'w').write('bob')")
-    r = requests.post(f"{bob_server}/api/kernels", json={},
-                      headers={"Authorization": f"token {tokens['bob']}"}, timeout=60)
+    run_in_kernel(
+        bob_server,
+        tokens[BOB],
+        "import os; open(os.path.expanduser('~/secret.txt'), 'w').write('bob')",
+    )
+    r = requests.post(
+        f"{bob_server}/api/kernels",
+        json={},
+        headers={"Authorization": f"token {tokens[BOB]}"},
+        timeout=60,
+    )
     assert r.status_code == 201, r.text
-    bob_kernel = until("bob's kernel", lambda: procs_of(uid["bob"], "ipykernel_launcher"))[0]
-    bob_lab = until("bob's server", lambda: procs_of(uid["bob"], "jupyterhub-singleuser"))[0]
+    bob_kernel = until("bob's kernel", lambda: procs_of(uid[BOB], "ipykernel_launcher"))[0]
+    bob_lab = until("bob's server", lambda: procs_of(uid[BOB], "jupyterhub-singleuser"))[0]
 
     # bob's job: one rank that waits.
-    job = hub.gpulab("POST", "/jobs", token=tokens["bob"],
-                     json={"code": "import time\ntime.sleep(900)", "name": "long"}).json()
-    until("bob's job running", lambda: hub.gpulab("GET", f"/jobs/{job['id']}",
-                                                   token=tokens["bob"]).json()["state"]
-          == "running")
+    job = hub.gpulab(
+        "POST",
+        "/jobs",
+        token=tokens[BOB],
+        json={"code": "import time\ntime.sleep(900)", "name": "long"},
+    ).json()
+    until(
+        "bob's job running",
+        lambda: (
+            hub.gpulab("GET", f"/jobs/{job['id']}", token=tokens[BOB]).json()["state"] == "running"
+        ),
+    )
     job_dir = hub.data_dir / "jobs" / job["id"]
-    bob_rank = until("bob's rank", lambda: procs_of(uid["bob"], "gpulab.training.runner"))[0]
+    bob_rank = until("bob's rank", lambda: procs_of(uid[BOB], "gpulab.training.runner"))[0]
 
     # bob's model replica.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))
     path = tmp_path_factory.mktemp("bobmodel")
     export_model(model.eval(), torch.randn(2, 4), str(path), name="m", max_batch_size=4)
-    dep = Client(hub.api, token=tokens["bob"]).create_deployment(
-        str(path), {"name": "bobmodel", "gpu_milli": 100})
-    until("bob's replica", lambda: hub.gpulab("GET", "/deployments/bobmodel",
-                                              token=tokens["bob"]).json()["replicas_ready"] == 1)
-    bob_replica = until("bob's replica process",
-                        lambda: procs_of(uid["bob"], "gpulab.serving.server"))[0]
+    dep = Client(hub.api, token=tokens[BOB]).create_deployment(
+        str(path), {"name": "bobmodel", "gpu_milli": 100}
+    )
+    until(
+        "bob's replica",
+        lambda: (
+            hub.gpulab("GET", "/deployments/bobmodel", token=tokens[BOB]).json()["replicas_ready"]
+            == 1
+        ),
+    )
+    bob_replica = until(
+        "bob's replica process", lambda: procs_of(uid[BOB], "gpulab.serving.server")
+    )[0]
     dep_dir = hub.data_dir / "deployments" / dep["id"]
 
     hub_proc = psutil.Process(hub.proc.pid)
     chp = [p for p in hub_proc.children() if "configurable-http-proxy" in " ".join(p.cmdline())]
     targets = {
-        "read": [*(str(hub.data_dir / s) for s in SECRETS),
-                 str(hub.home("bob") / "secret.txt"),
-                 str(job_dir / "cell.py"), str(job_dir / "spec.json"),
-                 str(job_dir / "logs" / "rank0.log"),
-                 str(dep_dir / "token"), str(dep_dir / "model" / "model.pt2")],
-        "list": [str(hub.data_dir), str(hub.home("bob")), str(job_dir),
-                 str(hub.data_dir / "jobs"), str(hub.data_dir / "deployments")],
-        "write": [str(hub.home("bob") / "planted.txt"), str(job_dir / "logs" / "planted.log"),
-                  str(hub.data_dir / "planted.txt")],
-        "environ": [bob_lab.pid, bob_kernel.pid, bob_rank.pid, bob_replica.pid,
-                    hub.proc.pid, hub.service_pid(), *(p.pid for p in chp)],
-        "signal": [bob_lab.pid, bob_kernel.pid, bob_rank.pid, bob_replica.pid,
-                   hub.proc.pid, hub.service_pid()],
+        "read": [
+            *(str(hub.data_dir / s) for s in SECRETS),
+            str(hub.home(BOB) / "secret.txt"),
+            str(job_dir / "cell.py"),
+            str(job_dir / "spec.json"),
+            str(job_dir / "logs" / "rank0.log"),
+            str(dep_dir / "token"),
+            str(dep_dir / "model" / "model.pt2"),
+        ],
+        "list": [
+            str(hub.data_dir),
+            str(hub.home(BOB)),
+            str(job_dir),
+            str(hub.data_dir / "jobs"),
+            str(hub.data_dir / "deployments"),
+        ],
+        "write": [
+            str(hub.home(BOB) / "planted.txt"),
+            str(job_dir / "logs" / "planted.log"),
+            str(hub.data_dir / "planted.txt"),
+        ],
+        "environ": [
+            bob_lab.pid,
+            bob_kernel.pid,
+            bob_rank.pid,
+            bob_replica.pid,
+            hub.proc.pid,
+            hub.service_pid(),
+            *(p.pid for p in chp),
+        ],
+        "signal": [
+            bob_lab.pid,
+            bob_kernel.pid,
+            bob_rank.pid,
+            bob_replica.pid,
+            hub.proc.pid,
+            hub.service_pid(),
+        ],
     }
     # Every target exists (seen as root), so "refused" below is a refusal, not a typo.
     for path in targets["read"] + targets["list"]:
         assert os.path.exists(path), path
-    return {"tokens": tokens, "uid": uid, "targets": targets, "job": job, "dep": dep,
-            "bob": {"server": bob_lab.pid, "rank": bob_rank.pid, "replica": bob_replica.pid}}
+    return {
+        "tokens": tokens,
+        "uid": uid,
+        "targets": targets,
+        "job": job,
+        "dep": dep,
+        BOB: {"server": bob_lab.pid, "rank": bob_rank.pid, "replica": bob_replica.pid},
+    }
 
 
 def assert_all_refused(result: dict, world: dict) -> None:
     allowed = {k: v for k, v in result["results"].items() if v != "refused"}
     assert not allowed, f"not refused: {allowed}"
-    assert result["uid"] == world["uid"]["alice"] and result["user"] == unix_name("alice")
+    assert result["uid"] == world["uid"][ALICE] and result["user"] == unix_name(ALICE)
     assert 0 not in result["groups"] and result["gid"] != 0
 
 
 def test_alices_kernel_reaches_nothing_of_bobs_or_the_hubs(hub, world):
-    own = str(hub.home("alice") / "mine.txt")
-    run_in_kernel(f"{hub.url}/user/alice", world["tokens"]["alice"],
-                  f"open({own!r}, 'w').write('alice')")
-    result = attack(lambda src: run_in_kernel(f"{hub.url}/user/alice", world["tokens"]["alice"],
-                                              src),
-                    {**world["targets"], "own": [own]})
+    own = str(hub.home(ALICE) / "mine.txt")
+    run_in_kernel(
+        f"{hub.url}/user/{ALICE}", world["tokens"][ALICE], f"open({own!r}, 'w').write('alice')"
+    )
+    result = attack(
+        lambda src: run_in_kernel(f"{hub.url}/user/{ALICE}", world["tokens"][ALICE], src),
+        {**world["targets"], "own": [own]},
+    )
     assert_all_refused(result, world)
     assert result["own"] == {own: "ALLOWED"}  # her own home works
-    assert os.stat(hub.home("alice")).st_mode & 0o777 == 0o700
-    assert os.stat(own).st_uid == world["uid"]["alice"]
+    assert os.stat(hub.home(ALICE)).st_mode & 0o777 == 0o700
+    assert os.stat(own).st_uid == world["uid"][ALICE]
 
 
 def test_alices_job_ranks_reach_nothing_of_bobs_or_the_hubs(hub, world):
-    logs = run_as_job(hub, world["tokens"]["alice"],
-                      f"TARGETS = {json.dumps(world['targets'])}\n{ATTACKS}")
+    logs = run_as_job(
+        hub, world["tokens"][ALICE], f"TARGETS = {json.dumps(world['targets'])}\n{ATTACKS}"
+    )
     line = next(ln for ln in logs.splitlines() if "ATTACK-RESULT " in ln)
     assert_all_refused(json.loads(line.split("ATTACK-RESULT ", 1)[1]), world)
 
@@ -184,17 +246,29 @@ def test_alices_job_ranks_reach_nothing_of_bobs_or_the_hubs(hub, world):
 def test_alices_replica_runs_as_alice_and_her_job_files_are_hers(hub, world, tmp_path):
     torch.manual_seed(1)
     path = tmp_path / "m"
-    export_model(torch.nn.Sequential(torch.nn.Linear(4, 2)).eval(), torch.randn(2, 4),
-                 str(path), name="m", max_batch_size=4)
-    alice = Client(hub.api, token=world["tokens"]["alice"])
+    export_model(
+        torch.nn.Sequential(torch.nn.Linear(4, 2)).eval(),
+        torch.randn(2, 4),
+        str(path),
+        name="m",
+        max_batch_size=4,
+    )
+    alice = Client(hub.api, token=world["tokens"][ALICE])
     dep = alice.create_deployment(str(path), {"name": "alicemodel", "gpu_milli": 0})
-    until("alice's replica", lambda: hub.gpulab("GET", "/deployments/alicemodel",
-                                                token=world["tokens"]["alice"]).json()
-          ["replicas_ready"] == 1)
-    replica = until("alice's replica process",
-                    lambda: procs_of(world["uid"]["alice"], "gpulab.serving.server"))
+    until(
+        "alice's replica",
+        lambda: (
+            hub.gpulab("GET", "/deployments/alicemodel", token=world["tokens"][ALICE]).json()[
+                "replicas_ready"
+            ]
+            == 1
+        ),
+    )
+    replica = until(
+        "alice's replica process", lambda: procs_of(world["uid"][ALICE], "gpulab.serving.server")
+    )
     creds = replica[0].uids(), replica[0].gids()
-    assert set(creds[0]) == {world["uid"]["alice"]} and 0 not in set(creds[1])
+    assert set(creds[0]) == {world["uid"][ALICE]} and 0 not in set(creds[1])
     dep_dir = hub.data_dir / "deployments" / dep["id"]
     st = os.stat(dep_dir)
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o750)  # root's; alice's group may read
@@ -202,7 +276,7 @@ def test_alices_replica_runs_as_alice_and_her_job_files_are_hers(hub, world, tmp
     # bob's job folder: root's, group bob's, nobody else.
     job_dir = hub.data_dir / "jobs" / world["job"]["id"]
     assert os.stat(job_dir).st_mode & 0o007 == 0
-    assert os.stat(job_dir / "logs").st_uid == world["uid"]["bob"]
+    assert os.stat(job_dir / "logs").st_uid == world["uid"][BOB]
 
 
 def memory_group(pid: int) -> str | None:
@@ -214,19 +288,20 @@ def memory_group(pid: int) -> str | None:
     return None
 
 
-@pytest.mark.skipif(not os.path.isdir("/sys/fs/cgroup/memory") or
-                    os.path.exists("/run/systemd/system"),
-                    reason="checks cgroup v1 directly (this kind of host; CI's too)")
+@pytest.mark.skipif(
+    not os.path.isdir("/sys/fs/cgroup/memory") or os.path.exists("/run/systemd/system"),
+    reason="checks cgroup v1 directly (this kind of host; CI's too)",
+)
 def test_bobs_server_rank_and_replica_are_held_to_limits_he_cannot_change(hub, world):
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for unit, pid in world["bob"].items():
+    for unit, pid in world[BOB].items():
         folder = memory_group(pid)
-        assert folder and f"/gpulab/{unix_name('bob')}/" in folder, (unit, folder)
+        assert folder and f"/gpulab/{unix_name(BOB)}/" in folder, (unit, folder)
         limit = int(Path(folder, "memory.limit_in_bytes").read_text())
         assert 0 < limit < host, (unit, limit)
         assert os.stat(Path(folder, "cgroup.procs")).st_uid == 0  # root's: he cannot leave
     # The server was started with the slice's limits, and says which in its environment.
-    env = hub.server_env("bob")
+    env = hub.server_env(BOB)
     assert env["GPULAB_LIMITS"].startswith("cgroup v1: ")
     assert env["GPULAB_GPU_ENFORCEMENT"] == "none: a simulated GPU"
 
@@ -235,14 +310,15 @@ def test_admins_still_see_and_manage_everything(hub, world):
     jobs = hub.gpulab("GET", "/jobs").json()  # the admin token
     assert world["job"]["id"] in {j["id"] for j in jobs}
     assert hub.gpulab("GET", f"/jobs/{world['job']['id']}/logs").status_code == 200
-    deps = hub.gpulab("GET", "/deployments", params={"user": "bob"}).json()
+    deps = hub.gpulab("GET", "/deployments", params={"user": BOB}).json()
     assert "bobmodel" in {d["name"] for d in deps}
     # alice's token gets nothing of bob's through the API either.
-    alice = world["tokens"]["alice"]
-    for method, path in (("GET", f"/jobs/{world['job']['id']}"),
-                         ("GET", f"/jobs/{world['job']['id']}/logs"),
-                         ("DELETE", f"/jobs/{world['job']['id']}")):
+    alice = world["tokens"][ALICE]
+    for method, path in (
+        ("GET", f"/jobs/{world['job']['id']}"),
+        ("GET", f"/jobs/{world['job']['id']}/logs"),
+        ("DELETE", f"/jobs/{world['job']['id']}"),
+    ):
         assert hub.gpulab(method, path, token=alice).status_code == 404
     r = hub.gpulab("DELETE", f"/jobs/{world['job']['id']}")
     assert r.status_code == 200, r.text
-

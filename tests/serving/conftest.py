@@ -16,8 +16,9 @@ START_TIMEOUT_S = 120  # a loaded 2-core machine imports torch slowly; a bound, 
 
 def tiny_mlp() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                               torch.nn.Linear(32, 4)).eval()
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    ).eval()
 
 
 def heavy_mlp() -> torch.nn.Module:
@@ -34,15 +35,30 @@ class ServerProcess:
 
     def __init__(self, model_dir: str, *flags: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpulab.serving.server", "--model-dir", model_dir,
-             "--port", "0", "--threads", "1", *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "gpulab.serving.server",
+                "--model-dir",
+                model_dir,
+                "--port",
+                "0",
+                "--threads",
+                "1",
+                *flags,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self._lines: queue.Queue = queue.Queue()
         self.stderr: list[str] = []
-        threading.Thread(target=self._pump, args=(self.proc.stdout, self._lines.put),
-                         daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr.append),
-                         daemon=True).start()
+        threading.Thread(
+            target=self._pump, args=(self.proc.stdout, self._lines.put), daemon=True
+        ).start()
+        threading.Thread(
+            target=self._pump, args=(self.proc.stderr, self.stderr.append), daemon=True
+        ).start()
         self.url = None
 
     @staticmethod
@@ -104,10 +120,24 @@ def servers(model_dirs):
       of large requests fills it.
     """
     procs = {
-        "batching": ServerProcess(model_dirs["tiny"], "--max-batch-size", "8",
-                                  "--max-latency-ms", "200", "--max-queue", "64"),
-        "overload": ServerProcess(model_dirs["heavy"], "--max-batch-size", "256",
-                                  "--max-latency-ms", "0", "--max-queue", "2"),
+        "batching": ServerProcess(
+            model_dirs["tiny"],
+            "--max-batch-size",
+            "8",
+            "--max-latency-ms",
+            "200",
+            "--max-queue",
+            "64",
+        ),
+        "overload": ServerProcess(
+            model_dirs["heavy"],
+            "--max-batch-size",
+            "256",
+            "--max-latency-ms",
+            "0",
+            "--max-queue",
+            "2",
+        ),
     }
     try:
         for p in procs.values():

@@ -42,7 +42,7 @@ async def test_each_request_gets_its_own_rows_back():
     await until(model.entered)
     model.gate.set()
     results = await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
-    for r, (doubled, first) in zip(requests, results):
+    for r, (doubled, first) in zip(requests, results, strict=False):
         np.testing.assert_array_equal(doubled, r * 2)
         np.testing.assert_array_equal(first, r[:, :1])
     assert sum(model.batches) == sum(r.shape[0] for r in requests)
@@ -57,7 +57,9 @@ async def test_full_queue_refuses_at_once():
     batcher.start()
     running = asyncio.ensure_future(batcher.submit([np.ones((1, 2), np.float32)]))
     await until(model.entered)  # the first request is in the model, not in the queue
-    queued = [asyncio.ensure_future(batcher.submit([np.ones((1, 2), np.float32)])) for _ in range(2)]
+    queued = [
+        asyncio.ensure_future(batcher.submit([np.ones((1, 2), np.float32)])) for _ in range(2)
+    ]
     await asyncio.sleep(0)  # let them enqueue (a scheduling step, not a timing guess)
     assert batcher.depth == 2
     with pytest.raises(QueueFull, match="queue full"):
@@ -89,8 +91,9 @@ async def test_a_model_error_reaches_every_request_of_the_batch():
 
     batcher = DynamicBatcher(broken, max_batch_size=4, max_queue_delay_ms=1, max_queue=8)
     batcher.start()
-    results = await asyncio.gather(*(batcher.submit([np.ones((1, 2), np.float32)]) for _ in range(3)),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(batcher.submit([np.ones((1, 2), np.float32)]) for _ in range(3)), return_exceptions=True
+    )
     assert all(isinstance(r, RuntimeError) and "boom" in str(r) for r in results)
     await batcher.stop()
 

@@ -12,18 +12,22 @@ ERROR_BOUND = {"int8-dynamic": 0.05, "int8-weight": 0.05, "int4-weight": 0.3, "f
 
 def model_and_example():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 32)).eval()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)
+    ).eval()
     return model, torch.randn(8, 64)
 
 
-@pytest.mark.parametrize("scheme,engine,expected_engine", [
-    ("int8-dynamic", "auto", "torch-ao"),
-    ("int8-dynamic", "torchao", "torchao"),
-    ("int8-weight", "auto", "torchao"),
-    ("int4-weight", "auto", "torchao"),
-    ("fp8-weight", "auto", "torchao"),
-])
+@pytest.mark.parametrize(
+    "scheme,engine,expected_engine",
+    [
+        ("int8-dynamic", "auto", "torch-ao"),
+        ("int8-dynamic", "torchao", "torchao"),
+        ("int8-weight", "auto", "torchao"),
+        ("int4-weight", "auto", "torchao"),
+        ("fp8-weight", "auto", "torchao"),
+    ],
+)
 def test_scheme_runs_on_cpu(scheme, engine, expected_engine):
     model, x = model_and_example()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -51,11 +55,14 @@ def test_fp8_dynamic_on_cpu_says_it_needs_a_recent_gpu():
         quantize(model, "fp8-dynamic", example=x)
 
 
-@pytest.mark.parametrize("scheme,engine,message", [
-    ("int8-weight", "torch-ao", "only does int8-dynamic"),
-    ("int2-magic", "auto", "unknown scheme"),
-    ("int8-dynamic", "tensorrt", "unknown engine"),
-])
+@pytest.mark.parametrize(
+    "scheme,engine,message",
+    [
+        ("int8-weight", "torch-ao", "only does int8-dynamic"),
+        ("int2-magic", "auto", "unknown scheme"),
+        ("int8-dynamic", "tensorrt", "unknown engine"),
+    ],
+)
 def test_impossible_combinations_are_refused(scheme, engine, message):
     model, x = model_and_example()
     with pytest.raises(QuantizeError, match=message):

@@ -14,8 +14,9 @@ def shell():
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "gpulab.magics")
     torch.manual_seed(0)
-    ip.user_ns["model"] = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                              torch.nn.Linear(64, 8)).eval()
+    ip.user_ns["model"] = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
+    ).eval()
     ip.user_ns["x"] = torch.randn(4, 32)
     yield ip
     InteractiveShell.clear_instance()
@@ -28,34 +29,59 @@ def run(shell, capsys, cell):
 
 
 def test_quantize_prints_the_table_and_binds_the_new_model(shell, capsys):
-    result, out = run(shell, capsys, "%quantize model --scheme int8-dynamic --example x --to qmodel --runs 3")
+    result, out = run(
+        shell, capsys, "%quantize model --scheme int8-dynamic --example x --to qmodel --runs 3"
+    )
     assert result.success, out
-    for expected in ("int8-dynamic with engine torch-ao on cpu", "size", "latency (median of 3)",
-                     "x smaller", "output error: max-abs", "relative", "stored in 'qmodel'"):
+    for expected in (
+        "int8-dynamic with engine torch-ao on cpu",
+        "size",
+        "latency (median of 3)",
+        "x smaller",
+        "output error: max-abs",
+        "relative",
+        "stored in 'qmodel'",
+    ):
         assert expected in out
     assert re.search(r"\d+\.\d\dx (faster|slower)", out)
     q = shell.user_ns["qmodel"]
     assert q is not shell.user_ns["model"]
-    torch.testing.assert_close(q(shell.user_ns["x"]), shell.user_ns["model"](shell.user_ns["x"]),
-                               atol=0.05, rtol=0.05)
+    torch.testing.assert_close(
+        q(shell.user_ns["x"]), shell.user_ns["model"](shell.user_ns["x"]), atol=0.05, rtol=0.05
+    )
 
 
 def test_engine_and_expression_example(shell, capsys):
-    result, out = run(shell, capsys,
-                      "%quantize model --scheme int8-weight --engine torchao --example x[:2] --to q8 --runs 2")
+    result, out = run(
+        shell,
+        capsys,
+        "%quantize model --scheme int8-weight --engine torchao --example x[:2] --to q8 --runs 2",
+    )
     assert result.success, out
     assert "int8-weight with engine torchao" in out and "q8" in shell.user_ns
 
 
-@pytest.mark.parametrize("line,message", [
-    ("%quantize model --scheme fp8-dynamic --example x --to q", "compute capability >= 8.9"),
-    ("%quantize model --scheme int8-weight --engine torch-ao --example x --to q", "only does int8-dynamic"),
-    ("%quantize model --scheme int3 --example x --to q", "invalid choice: 'int3'"),
-    ("%quantize model --example x --to q", "--scheme"),
-    ("%quantize missing --scheme int8-dynamic --example x --to q", "no variable 'missing'"),
-    ("%quantize model --scheme int8-dynamic --example nothing_here --to q", "could not be evaluated"),
-    ("%quantize model --scheme int8-dynamic --example x --to 9bad", "--to needs a variable name"),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("%quantize model --scheme fp8-dynamic --example x --to q", "compute capability >= 8.9"),
+        (
+            "%quantize model --scheme int8-weight --engine torch-ao --example x --to q",
+            "only does int8-dynamic",
+        ),
+        ("%quantize model --scheme int3 --example x --to q", "invalid choice: 'int3'"),
+        ("%quantize model --example x --to q", "--scheme"),
+        ("%quantize missing --scheme int8-dynamic --example x --to q", "no variable 'missing'"),
+        (
+            "%quantize model --scheme int8-dynamic --example nothing_here --to q",
+            "could not be evaluated",
+        ),
+        (
+            "%quantize model --scheme int8-dynamic --example x --to 9bad",
+            "--to needs a variable name",
+        ),
+    ],
+)
 def test_usage_errors_say_what_is_wrong(shell, capsys, line, message):
     result, out = run(shell, capsys, line)
     assert not result.success

@@ -13,8 +13,9 @@ TIMEOUT = 60  # seconds; a bound on every call, never a wait
 
 
 def client(url, concurrency=1):
-    return triton.InferenceServerClient(url, concurrency=concurrency,
-                                        connection_timeout=TIMEOUT, network_timeout=TIMEOUT)
+    return triton.InferenceServerClient(
+        url, concurrency=concurrency, connection_timeout=TIMEOUT, network_timeout=TIMEOUT
+    )
 
 
 def infer(c, model, x, binary=True, name="input", datatype="FP32"):
@@ -56,9 +57,12 @@ def test_outputs_match_the_model_in_process(servers, tiny_model, binary):
     c = client(servers["batching"].url)
     x = np.random.default_rng(0).standard_normal((3, 16), dtype=np.float32)
     result = infer(c, "tiny", x, binary=binary)
-    np.testing.assert_allclose(result.as_numpy("output"), reference(tiny_model, x),
-                               rtol=1e-5, atol=1e-6)
-    assert (result.get_output("output").get("parameters", {}).get("binary_data_size") is not None) == binary
+    np.testing.assert_allclose(
+        result.as_numpy("output"), reference(tiny_model, x), rtol=1e-5, atol=1e-6
+    )
+    assert (
+        result.get_output("output").get("parameters", {}).get("binary_data_size") is not None
+    ) == binary
 
 
 def test_default_request_gets_binary_outputs(servers, tiny_model):
@@ -69,7 +73,9 @@ def test_default_request_gets_binary_outputs(servers, tiny_model):
     inp.set_data_from_numpy(x)
     result = c.infer("tiny", [inp], request_id="req-7")
     assert result.get_response()["id"] == "req-7"
-    np.testing.assert_allclose(result.as_numpy("output"), reference(tiny_model, x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        result.as_numpy("output"), reference(tiny_model, x), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_gzip_request_body(servers, tiny_model):
@@ -78,7 +84,9 @@ def test_gzip_request_body(servers, tiny_model):
     inp = triton.InferInput("input", [1, 16], "FP32")
     inp.set_data_from_numpy(x)
     result = c.infer("tiny", [inp], request_compression_algorithm="gzip")
-    np.testing.assert_allclose(result.as_numpy("output"), reference(tiny_model, x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        result.as_numpy("output"), reference(tiny_model, x), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_concurrent_requests_are_batched(servers, tiny_model):
@@ -92,9 +100,13 @@ def test_concurrent_requests_are_batched(servers, tiny_model):
         inp = triton.InferInput("input", [1, 16], "FP32")
         inp.set_data_from_numpy(x)
         pending.append(c.async_infer("tiny", [inp]))
-    for x, p in zip(xs, pending):  # every caller gets its own rows back
-        np.testing.assert_allclose(p.get_result(timeout=TIMEOUT).as_numpy("output"),
-                                   reference(tiny_model, x), rtol=1e-5, atol=1e-6)
+    for x, p in zip(xs, pending, strict=False):  # every caller gets its own rows back
+        np.testing.assert_allclose(
+            p.get_result(timeout=TIMEOUT).as_numpy("output"),
+            reference(tiny_model, x),
+            rtol=1e-5,
+            atol=1e-6,
+        )
     c.close()
     batches = metric(url, "gpulab_serving_batch_size_count", {"model": "tiny"}) - batches_before
     # 16 one-row requests ran in fewer than 16 model calls: some batch held more than one.
@@ -134,10 +146,16 @@ def test_bad_requests_get_400_with_a_message_and_serving_goes_on(servers, tiny_m
     c = client(url)
     cases = [
         (lambda: infer(c, "tiny", np.zeros((2, 15), np.float32)), 400, "shape [2, 15]"),
-        (lambda: infer(c, "tiny", np.zeros((2, 16), np.float64), datatype="FP64"), 400,
-         "datatype 'FP64'"),
-        (lambda: infer(c, "tiny", np.zeros((2, 16), np.float32), name="pixels"), 400,
-         "unknown input 'pixels'"),
+        (
+            lambda: infer(c, "tiny", np.zeros((2, 16), np.float64), datatype="FP64"),
+            400,
+            "datatype 'FP64'",
+        ),
+        (
+            lambda: infer(c, "tiny", np.zeros((2, 16), np.float32), name="pixels"),
+            400,
+            "unknown input 'pixels'",
+        ),
         (lambda: infer(c, "tiny", np.zeros((9, 16), np.float32)), 400, "max batch size 8"),
         (lambda: infer(c, "nope", np.zeros((2, 16), np.float32)), 400, "unknown model 'nope'"),
     ]
@@ -149,17 +167,43 @@ def test_bad_requests_get_400_with_a_message_and_serving_goes_on(servers, tiny_m
     raw = [
         (b"{not json", {}, 400, "malformed JSON"),
         (b"[1, 2]", {}, 400, "JSON object"),
-        (json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
-                                 "data": [1.0] * 15}]}).encode(), {}, 400, "15 values"),
+        (
+            json.dumps(
+                {
+                    "inputs": [
+                        {"name": "input", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 15}
+                    ]
+                }
+            ).encode(),
+            {},
+            400,
+            "15 values",
+        ),
         (b'{"inputs": []}' + b"\0" * 8, {"Inference-Header-Content-Length": "14"}, 400, "inputs"),
-        (json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
-                                 "parameters": {"binary_data_size": 64}}]}).encode() + b"\0" * 10,
-         {"Inference-Header-Content-Length": "99"}, 400, ""),
+        (
+            json.dumps(
+                {
+                    "inputs": [
+                        {
+                            "name": "input",
+                            "datatype": "FP32",
+                            "shape": [1, 16],
+                            "parameters": {"binary_data_size": 64},
+                        }
+                    ]
+                }
+            ).encode()
+            + b"\0" * 10,
+            {"Inference-Header-Content-Length": "99"},
+            400,
+            "",
+        ),
         (b"\x1f\x8b garbage", {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
     ]
     for body, headers, status, message in raw:
-        r = requests.post(f"http://{url}/v2/models/tiny/infer", data=body, headers=headers,
-                          timeout=TIMEOUT)
+        r = requests.post(
+            f"http://{url}/v2/models/tiny/infer", data=body, headers=headers, timeout=TIMEOUT
+        )
         assert r.status_code == status, (body, r.text)
         assert message in r.json()["error"]
     r = requests.get(f"http://{url}/v2/models/nope", timeout=TIMEOUT)
@@ -169,7 +213,8 @@ def test_bad_requests_get_400_with_a_message_and_serving_goes_on(servers, tiny_m
 
     assert servers["batching"].alive()
     x = np.ones((1, 16), np.float32)
-    np.testing.assert_allclose(infer(c, "tiny", x).as_numpy("output"), reference(tiny_model, x),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        infer(c, "tiny", x).as_numpy("output"), reference(tiny_model, x), rtol=1e-5, atol=1e-6
+    )
     assert metric(url, "gpulab_serving_requests_total", {"model": "tiny", "code": "400"}) >= 9
     assert metric(url, "gpulab_serving_requests_total", {"model": "", "code": "400"}) >= 1

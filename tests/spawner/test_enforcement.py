@@ -32,8 +32,10 @@ def test_quarter_with_an_mps_daemon(tmp_path):
 
 
 def test_whole_gpus_get_no_fraction_and_simulated_enforces_nothing():
-    two = [{"gpu_uuid": "GPU-a", "milli": 1000, "memory_mib": 81920},
-           {"gpu_uuid": "GPU-b", "milli": 1000, "memory_mib": 81920}]
+    two = [
+        {"gpu_uuid": "GPU-a", "milli": 1000, "memory_mib": 81920},
+        {"gpu_uuid": "GPU-b", "milli": 1000, "memory_mib": 81920},
+    ]
     env = slice_env(two, simulated=False, mps_dir=None)
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b" and env["GPULAB_GPU_MILLI"] == "2000"
     assert "PYTORCH_CUDA_ALLOC_CONF" not in env
@@ -43,10 +45,16 @@ def test_whole_gpus_get_no_fraction_and_simulated_enforces_nothing():
 
 
 def test_user_set_enforcement_variables_are_stripped():
-    env = {"PATH": "/bin", "LD_PRELOAD": "/evil.so", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
-           "CUDA_VISIBLE_DEVICES": "0,1,2,3", "CUDA_DISABLE_CONTROL": "1",
-           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "GPULAB_GPU_MILLI": "8000",
-           "GPULAB_CACHE_DIR": "/cache"}
+    env = {
+        "PATH": "/bin",
+        "LD_PRELOAD": "/evil.so",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        "CUDA_DISABLE_CONTROL": "1",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "GPULAB_GPU_MILLI": "8000",
+        "GPULAB_CACHE_DIR": "/cache",
+    }
     assert strip_enforcement_vars(env) == {"PATH": "/bin", "GPULAB_CACHE_DIR": "/cache"}
 
 

@@ -2,24 +2,27 @@
 form per size, ``%gpulab`` in the server, both from the same figures."""
 
 from gpulab.enforcement.account_limits import AccountLimits
-from gpulab.magics.status import slice_status
 from gpulab.enforcement.slice_env import slice_env
+from gpulab.magics.status import slice_status
 from gpulab.spawner.form import render_form
 
 GIB = 2**30
-AVAILABILITY = {"sizes": [
-    {"milli": 0, "label": "No GPU", "available": True, "count": 0, "reason": ""},
-    {"milli": 250, "label": "1/4 GPU", "available": True, "count": 4, "reason": ""},
-    {"milli": 1000, "label": "1 GPU", "available": True, "count": 1, "reason": ""}],
-    "held_milli": 0}
+AVAILABILITY = {
+    "sizes": [
+        {"milli": 0, "label": "No GPU", "available": True, "count": 0, "reason": ""},
+        {"milli": 250, "label": "1/4 GPU", "available": True, "count": 4, "reason": ""},
+        {"milli": 1000, "label": "1 GPU", "available": True, "count": 1, "reason": ""},
+    ],
+    "held_milli": 0,
+}
 
 
 def test_limits_grow_with_the_slice_and_never_fall_below_the_floors():
-    limits = AccountLimits(cpu_per_gpu=8, memory_per_gpu=64 * GIB, cpu_floor=1,
-                           memory_floor=4 * GIB)
+    limits = AccountLimits(
+        cpu_per_gpu=8, memory_per_gpu=64 * GIB, cpu_floor=1, memory_floor=4 * GIB
+    )
     assert (limits.limits(0, 4).cpu_cores, limits.limits(0, 4).memory_bytes) == (1, 4 * GIB)
-    assert (limits.limits(250, 4).cpu_cores, limits.limits(250, 4).memory_bytes) == \
-        (2, 16 * GIB)
+    assert (limits.limits(250, 4).cpu_cores, limits.limits(250, 4).memory_bytes) == (2, 16 * GIB)
     assert limits.limits(1000, 4).cpu_cores == 8
     # A job node with 2 ranks of no GPU: twice the floors.
     assert limits.limits(0, 4, ranks=2).memory_bytes == 8 * GIB
@@ -37,8 +40,10 @@ def test_the_spawn_form_says_what_each_size_is_held_to():
 
 def test_gpulab_status_names_the_mechanism_and_the_limits():
     alloc = [{"gpu_uuid": "GPU-1", "milli": 250, "memory_mib": 20000}]
-    env = {**slice_env(alloc, simulated=False, mps_dir=None),
-           "GPULAB_LIMITS": "cgroup v1: 2 CPUs, 16 GiB, devices: /dev/nvidia0"}
+    env = {
+        **slice_env(alloc, simulated=False, mps_dir=None),
+        "GPULAB_LIMITS": "cgroup v1: 2 CPUs, 16 GiB, devices: /dev/nvidia0",
+    }
     status = slice_status(env)
     assert "Held by: PyTorch allocator limit: advice only" in status
     assert "Limits: cgroup v1: 2 CPUs, 16 GiB, devices: /dev/nvidia0" in status

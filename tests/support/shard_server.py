@@ -19,7 +19,7 @@ import time
 class _Handler(http.server.SimpleHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def __init__(self, *args, shard_server: "ShardServer", **kwargs):
+    def __init__(self, *args, shard_server: ShardServer, **kwargs):
         self.shard_server = shard_server
         super().__init__(*args, directory=shard_server.directory, **kwargs)
 
@@ -54,8 +54,9 @@ class ShardServer:
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         # A short poll interval so that shutting down does not wait half a second.
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,),
-                                        name="shard-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, args=(0.05,), name="shard-server", daemon=True
+        )
 
     @property
     def base_url(self) -> str:
@@ -82,7 +83,7 @@ class ShardServer:
             time.sleep(self.latency_s)
         return fail
 
-    def __enter__(self) -> "ShardServer":
+    def __enter__(self) -> ShardServer:
         self._thread.start()
         return self
 
@@ -92,8 +93,9 @@ class ShardServer:
         self._thread.join(timeout=10)
 
 
-def write_shards(directory: str, count: int, size: int, prefix: str = "shard-",
-                 seed: int = 0) -> list[str]:
+def write_shards(
+    directory: str, count: int, size: int, prefix: str = "shard-", seed: int = 0
+) -> list[str]:
     """Write ``count`` files of ``size`` random bytes; return their names."""
     import random
 

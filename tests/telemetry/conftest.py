@@ -18,12 +18,16 @@ class SinkHandler(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         with sink.lock:
             status = sink.script.pop(0) if sink.script else 200
-            sink.posts.append({"status": status, "headers": dict(self.headers),
-                               "body": json.loads(body)})
+            sink.posts.append(
+                {"status": status, "headers": dict(self.headers), "body": json.loads(body)}
+            )
             sink.lock.notify_all()
         # Echo the Authorization header in errors: the agent must not log it.
-        reply = json.dumps({"error": f"status {status} for {self.headers.get('Authorization')}"}
-                           if status >= 400 else {"ok": True}).encode()
+        reply = json.dumps(
+            {"error": f"status {status} for {self.headers.get('Authorization')}"}
+            if status >= 400
+            else {"ok": True}
+        ).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(reply)))
@@ -41,7 +45,8 @@ class Sink:
         self.lock = threading.Condition()
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SinkHandler)
         self.httpd.sink = self
-        self.url = "http://127.0.0.1:%d/services/gpulab/api/v1/telemetry" % self.httpd.server_port
+        port = self.httpd.server_port
+        self.url = f"http://127.0.0.1:{port}/services/gpulab/api/v1/telemetry"
 
     def delivered(self):
         return [p["body"] for p in self.posts if p["status"] < 300]
@@ -67,11 +72,14 @@ def sink():
 def hub_user_process():
     """A real process tree: a parent with JUPYTERHUB_USER=alice, a child without it."""
     env = {**os.environ, "JUPYTERHUB_USER": "alice"}
-    code = ("import subprocess, sys; "
-            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
-            "env={}); print(child.pid, flush=True); child.wait()")
-    parent = subprocess.Popen([sys.executable, "-c", code], env=env,
-                              stdout=subprocess.PIPE, text=True)
+    code = (
+        "import subprocess, sys; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+        "env={}); print(child.pid, flush=True); child.wait()"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True
+    )
     child_pid = int(parent.stdout.readline())
     yield parent.pid, child_pid
     os.kill(child_pid, 9)

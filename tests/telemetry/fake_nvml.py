@@ -26,13 +26,13 @@ class FakeDevice:
     name: str
     memory_total: int
     memory_used: int
-    gpu_util: int | None = 0            # percent; None = NotSupported
+    gpu_util: int | None = 0  # percent; None = NotSupported
     mem_util: int | None = 0
     temperature: int | None = 40
     power_mw: int | None = 100_000
     energy_mj: int | None = 1_000_000
     processes: list[tuple[int, int | None]] = field(default_factory=list)
-    mig: dict[int, "FakeDevice"] | None = None   # slot -> device; None = MIG off
+    mig: dict[int, FakeDevice] | None = None  # slot -> device; None = MIG off
     mig_slots: int = 7
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
@@ -83,8 +83,9 @@ class FakeNvml:
         return SimpleNamespace(gpu=_supported(d.gpu_util), memory=_supported(d.mem_util))
 
     def nvmlDeviceGetMemoryInfo(self, d):
-        return SimpleNamespace(total=d.memory_total, used=d.memory_used,
-                               free=d.memory_total - d.memory_used)
+        return SimpleNamespace(
+            total=d.memory_total, used=d.memory_used, free=d.memory_total - d.memory_used
+        )
 
     def nvmlDeviceGetTemperature(self, d, sensor):
         assert sensor == pynvml.NVML_TEMPERATURE_GPU

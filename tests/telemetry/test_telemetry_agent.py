@@ -25,8 +25,7 @@ def token_env(monkeypatch, tmp_path):
 
 def test_main_posts_samples_with_the_token(sink, caplog):
     caplog.set_level(logging.DEBUG)
-    rc = main(["--service-url", sink.url, "--count", "3", "--interval", "0.05",
-               "--node", "node-7"])
+    rc = main(["--service-url", sink.url, "--count", "3", "--interval", "0.05", "--node", "node-7"])
     assert rc == 0
     assert len(sink.posts) == 3
     for post in sink.posts:
@@ -44,8 +43,13 @@ def test_failures_are_retried_in_order_and_the_token_never_logged(sink, caplog):
     caplog.set_level(logging.DEBUG)
     sink.script = [503, 401]  # the 401 reply body echoes the token
     samples = iter(range(100))
-    agent = Agent(lambda: {"n": next(samples)}, HttpSender(sink.url, TOKEN, 10),
-                  interval_s=0.02, count=4, max_backoff_s=0.05)
+    agent = Agent(
+        lambda: {"n": next(samples)},
+        HttpSender(sink.url, TOKEN, 10),
+        interval_s=0.02,
+        count=4,
+        max_backoff_s=0.05,
+    )
     assert agent.run() == 0
     assert [b["n"] for b in sink.delivered()] == [0, 1, 2, 3]
     assert agent.sent == 4 and agent.dropped == 0
@@ -57,8 +61,13 @@ def test_failures_are_retried_in_order_and_the_token_never_logged(sink, caplog):
 def test_a_rejected_sample_is_dropped_not_retried(sink, caplog):
     sink.script = [200, 400]
     samples = iter(range(100))
-    agent = Agent(lambda: {"n": next(samples)}, HttpSender(sink.url, TOKEN, 10),
-                  interval_s=0.02, count=3, max_backoff_s=0.05)
+    agent = Agent(
+        lambda: {"n": next(samples)},
+        HttpSender(sink.url, TOKEN, 10),
+        interval_s=0.02,
+        count=3,
+        max_backoff_s=0.05,
+    )
     assert agent.run() == 0
     assert [b["n"] for b in sink.delivered()] == [0, 2]
     assert agent.dropped == 1
@@ -68,17 +77,29 @@ def test_a_rejected_sample_is_dropped_not_retried(sink, caplog):
 def test_an_unreachable_service_gives_up_after_the_last_sample(caplog):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        url = "http://127.0.0.1:%d/telemetry" % s.getsockname()[1]  # nothing listens
-    agent = Agent(lambda: {"n": 1}, HttpSender(url, TOKEN, 5),
-                  interval_s=0.01, count=2, backlog=5, max_backoff_s=0.02)
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/telemetry"  # nothing listens
+    agent = Agent(
+        lambda: {"n": 1},
+        HttpSender(url, TOKEN, 5),
+        interval_s=0.01,
+        count=2,
+        backlog=5,
+        max_backoff_s=0.02,
+    )
     assert agent.run() == 1
     assert len(agent.backlog) == 2
     assert "retrying" in caplog.text
 
 
 def test_the_backlog_is_bounded():
-    agent = Agent(lambda: {}, lambda s: (_ for _ in ()).throw(OSError("down")),
-                  interval_s=0.001, count=10, backlog=3, max_backoff_s=10)
+    agent = Agent(
+        lambda: {},
+        lambda s: (_ for _ in ()).throw(OSError("down")),
+        interval_s=0.001,
+        count=10,
+        backlog=3,
+        max_backoff_s=10,
+    )
     assert agent.run() == 1
     assert len(agent.backlog) == 3 and agent.dropped == 7
 
@@ -95,8 +116,10 @@ def test_usage_errors_return_a_status(capsys, monkeypatch):
 def test_token_file(sink, tmp_path, monkeypatch):
     monkeypatch.delenv("GPULAB_AGENT_TOKEN")
     (tmp_path / "token").write_text(TOKEN + "\n")
-    assert main(["--service-url", sink.url, "--count", "1",
-                 "--token-file", str(tmp_path / "token")]) == 0
+    assert (
+        main(["--service-url", sink.url, "--count", "1", "--token-file", str(tmp_path / "token")])
+        == 0
+    )
     assert sink.posts[0]["headers"]["Authorization"] == f"token {TOKEN}"
 
 
@@ -104,8 +127,19 @@ def test_token_file(sink, tmp_path, monkeypatch):
 def test_the_agent_process_stops_cleanly_on_sigterm(sink):
     env = {**os.environ, "GPULAB_AGENT_TOKEN": TOKEN}
     agent = subprocess.Popen(
-        [sys.executable, "-m", "gpulab.telemetry.agent", "--service-url", sink.url,
-         "--interval", "0.2"], env=env, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "gpulab.telemetry.agent",
+            "--service-url",
+            sink.url,
+            "--interval",
+            "0.2",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert sink.wait_for_posts(2, timeout=40)
         agent.send_signal(signal.SIGTERM)

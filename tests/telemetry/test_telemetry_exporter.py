@@ -2,6 +2,7 @@
 
 import os
 
+from fake_nvml import FakeDevice, FakeNvml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -12,8 +13,6 @@ from gpulab.telemetry.exporter import SampleCollector, render
 from gpulab.telemetry.nic import NicSampler
 from gpulab.telemetry.nvml import NvmlSampler
 from gpulab.telemetry.rdma import RdmaSampler
-
-from fake_nvml import FakeDevice, FakeNvml
 
 GiB = 2**30
 
@@ -39,23 +38,65 @@ def node_sample(tmp_path, user_pid=None):
     for _ in range(3):
         with cache.open(str(shard), cache_dir=cache_dir) as f:
             f.read()
-    mig = {0: FakeDevice("MIG-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20 * GiB, 4 * GiB,
-                         gpu_util=None, mem_util=None, temperature=None, power_mw=None,
-                         energy_mj=None, gpu_instance_id=1, compute_instance_id=0,
-                         processes=[(user_pid or os.getpid(), 3 * GiB)])}
-    fake = FakeNvml([
-        FakeDevice("GPU-aaaa", "NVIDIA H200", 141 * GiB, 30 * GiB, gpu_util=75,
-                   temperature=55, power_mw=None, energy_mj=5_000_000,
-                   processes=[(user_pid or os.getpid(), 30 * GiB)]),
-        FakeDevice("GPU-bbbb", "NVIDIA A100-SXM4-40GB", 40 * GiB, 4 * GiB, gpu_util=10,
-                   power_mw=250_500, mig=mig),
-    ])
-    sampler = NodeSampler(node="node-7", samplers={
-        "gpu": NvmlSampler(fake), "nic": NicSampler(), "rdma": RdmaSampler(),
-        "cache": CacheSampler(cache_dir)})
+    mig = {
+        0: FakeDevice(
+            "MIG-1111",
+            "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+            20 * GiB,
+            4 * GiB,
+            gpu_util=None,
+            mem_util=None,
+            temperature=None,
+            power_mw=None,
+            energy_mj=None,
+            gpu_instance_id=1,
+            compute_instance_id=0,
+            processes=[(user_pid or os.getpid(), 3 * GiB)],
+        )
+    }
+    fake = FakeNvml(
+        [
+            FakeDevice(
+                "GPU-aaaa",
+                "NVIDIA H200",
+                141 * GiB,
+                30 * GiB,
+                gpu_util=75,
+                temperature=55,
+                power_mw=None,
+                energy_mj=5_000_000,
+                processes=[(user_pid or os.getpid(), 30 * GiB)],
+            ),
+            FakeDevice(
+                "GPU-bbbb",
+                "NVIDIA A100-SXM4-40GB",
+                40 * GiB,
+                4 * GiB,
+                gpu_util=10,
+                power_mw=250_500,
+                mig=mig,
+            ),
+        ]
+    )
+    sampler = NodeSampler(
+        node="node-7",
+        samplers={
+            "gpu": NvmlSampler(fake),
+            "nic": NicSampler(),
+            "rdma": RdmaSampler(),
+            "cache": CacheSampler(cache_dir),
+        },
+    )
     sample = sampler.sample()
-    sample["allreduce"] = [{"job": "job-42", "backend": "gloo", "size_bytes": 2**26,
-                            "ranks": 2, "busbw_bytes_per_second": 1.5e9}]
+    sample["allreduce"] = [
+        {
+            "job": "job-42",
+            "backend": "gloo",
+            "size_bytes": 2**26,
+            "ranks": 2,
+            "busbw_bytes_per_second": 1.5e9,
+        }
+    ]
     return sample
 
 
@@ -63,8 +104,14 @@ def test_names_labels_and_values(tmp_path, hub_user_process):
     sample = node_sample(tmp_path, user_pid=hub_user_process[1])
     values, types = series(render([sample]).decode())
 
-    gpu0 = dict(hostname="node-7", gpu="0", UUID="GPU-aaaa", modelName="NVIDIA H200",
-                GPU_I_ID="", GPU_I_PROFILE="")
+    gpu0 = dict(
+        hostname="node-7",
+        gpu="0",
+        UUID="GPU-aaaa",
+        modelName="NVIDIA H200",
+        GPU_I_ID="",
+        GPU_I_PROFILE="",
+    )
     assert values[("gpulab_gpu_utilization_ratio", labels(**gpu0))] == 0.75
     assert values[("gpulab_gpu_memory_used_bytes", labels(**gpu0))] == 30 * GiB
     assert values[("gpulab_gpu_memory_total_bytes", labels(**gpu0))] == 141 * GiB
@@ -82,8 +129,15 @@ def test_names_labels_and_values(tmp_path, hub_user_process):
     mig = labels(**gpu1, GPU_I_ID="1", GPU_I_PROFILE="3g.20gb")
     assert values[("gpulab_gpu_memory_used_bytes", mig)] == 4 * GiB
     assert ("gpulab_gpu_utilization_ratio", mig) not in values
-    assert values[("gpulab_gpu_user_memory_used_bytes",
-                   labels(**gpu1, GPU_I_ID="1", GPU_I_PROFILE="3g.20gb", user="alice"))] == 3 * GiB
+    assert (
+        values[
+            (
+                "gpulab_gpu_user_memory_used_bytes",
+                labels(**gpu1, GPU_I_ID="1", GPU_I_PROFILE="3g.20gb", user="alice"),
+            )
+        ]
+        == 3 * GiB
+    )
 
     for nic in sample["nics"]:
         key = labels(hostname="node-7", device=nic["device"])
@@ -99,11 +153,19 @@ def test_names_labels_and_values(tmp_path, hub_user_process):
     assert values[("gpulab_dataset_cache_evictions_total", labels(hostname="node-7"))] == 0
     assert values[("gpulab_dataset_cache_used_bytes", labels(hostname="node-7"))] == 1000
 
-    assert values[("gpulab_allreduce_busbw_bytes_per_second",
-                   labels(hostname="node-7", job="job-42", backend="gloo",
-                          size_bytes=str(2**26)))] == 1.5e9
-    up = {src: values[("gpulab_telemetry_source_up", labels(hostname="node-7", source=src))]
-          for src in ("gpu", "nic", "rdma", "cache")}
+    assert (
+        values[
+            (
+                "gpulab_allreduce_busbw_bytes_per_second",
+                labels(hostname="node-7", job="job-42", backend="gloo", size_bytes=str(2**26)),
+            )
+        ]
+        == 1.5e9
+    )
+    up = {
+        src: values[("gpulab_telemetry_source_up", labels(hostname="node-7", source=src))]
+        for src in ("gpu", "nic", "rdma", "cache")
+    }
     assert up == {"gpu": 1, "nic": 1, "rdma": 0 if "rdma" in sample["missing"] else 1, "cache": 1}
 
 
@@ -128,17 +190,33 @@ def test_the_collector_follows_the_latest_samples(tmp_path):
     other = dict(sample, node="node-2")
     latest["node-2"] = other
     values, _ = series(generate_latest(registry).decode())
-    hosts = {dict(lbl)["hostname"] for name, lbl in values
-             if name == "gpulab_telemetry_sample_timestamp_seconds"}
+    hosts = {
+        dict(lbl)["hostname"]
+        for name, lbl in values
+        if name == "gpulab_telemetry_sample_timestamp_seconds"
+    }
     assert hosts == {"node-1", "node-2"}
 
 
 def test_malformed_readings_cost_only_their_own_series():
-    sample = {"version": 1, "ts": 1.0, "node": "n1", "missing": {},
-              "gpus": [{"index": 0, "uuid": "GPU-x", "utilization_ratio": "high",
-                        "memory_used_bytes": 5, "processes": [{"pid": 1}]}],
-              "nics": [{"device": "eth0", "rx_bytes": None, "tx_bytes": 7}, {}],
-              "rdma": [], "cache": {"hits": 1}}
+    sample = {
+        "version": 1,
+        "ts": 1.0,
+        "node": "n1",
+        "missing": {},
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": "GPU-x",
+                "utilization_ratio": "high",
+                "memory_used_bytes": 5,
+                "processes": [{"pid": 1}],
+            }
+        ],
+        "nics": [{"device": "eth0", "rx_bytes": None, "tx_bytes": 7}, {}],
+        "rdma": [],
+        "cache": {"hits": 1},
+    }
     values, _ = series(render([sample, {"not": "a sample"}]).decode())
     names = {name for name, _ in values}
     assert "gpulab_gpu_utilization_ratio" not in names

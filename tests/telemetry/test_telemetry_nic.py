@@ -42,11 +42,13 @@ def test_loopback_traffic_shows_in_counters_and_rates():
     first = {n["device"]: n for n in sampler.sample()}
     payload = 2_000_000
     with socket.create_server(("127.0.0.1", 0)) as server:
+
         def drain():
             conn, _ = server.accept()
             with conn:
                 while conn.recv(65536):
                     pass
+
         reader = threading.Thread(target=drain)
         reader.start()
         with socket.create_connection(server.getsockname()) as conn:
@@ -98,13 +100,41 @@ def test_counters_match_the_bytes_sent_between_namespaces(namespace_pair):
     (ns_a, veth_a), (ns_b, veth_b) = namespace_pair
     nbytes = 20_000_000
     receiver = subprocess.Popen(
-        ["ip", "netns", "exec", ns_b, sys.executable, HELPER, "recv", "10.231.7.2", "5001",
-         str(nbytes)], stdout=subprocess.PIPE, text=True)
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns_b,
+            sys.executable,
+            HELPER,
+            "recv",
+            "10.231.7.2",
+            "5001",
+            str(nbytes),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert receiver.stdout.readline().strip() == "listening"
         sender = subprocess.run(
-            ["ip", "netns", "exec", ns_a, sys.executable, HELPER, "send", "10.231.7.2", "5001",
-             str(nbytes)], capture_output=True, text=True, timeout=50, check=True)
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns_a,
+                sys.executable,
+                HELPER,
+                "send",
+                "10.231.7.2",
+                "5001",
+                str(nbytes),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=50,
+            check=True,
+        )
         received = json.loads(receiver.communicate(timeout=50)[0])
     finally:
         receiver.kill()

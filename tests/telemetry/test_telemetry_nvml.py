@@ -5,13 +5,12 @@ import os
 
 import pynvml
 import pytest
+from fake_nvml import FakeDevice, FakeNvml
 
 from gpulab.telemetry.collect import NodeSampler
 from gpulab.telemetry.nvml import NvmlSampler
 from gpulab.telemetry.procs import jupyterhub_user
 from gpulab.telemetry.sample import SourceMissing
-
-from fake_nvml import FakeDevice, FakeNvml
 
 GiB = 2**30
 
@@ -70,21 +69,50 @@ def test_processes_are_mapped_to_jupyterhub_users_through_proc(hub_user_process)
 
 
 def boards(parent_pid, child_pid):
-    whole = FakeDevice("GPU-aaaa", "NVIDIA H200", 141 * GiB, 30 * GiB, gpu_util=75,
-                       mem_util=20, temperature=55, power_mw=None, energy_mj=5_000_000,
-                       processes=[(parent_pid, 10 * GiB), (child_pid, 20 * GiB),
-                                  (2**22 + 12345, None)])
+    whole = FakeDevice(
+        "GPU-aaaa",
+        "NVIDIA H200",
+        141 * GiB,
+        30 * GiB,
+        gpu_util=75,
+        mem_util=20,
+        temperature=55,
+        power_mw=None,
+        energy_mj=5_000_000,
+        processes=[(parent_pid, 10 * GiB), (child_pid, 20 * GiB), (2**22 + 12345, None)],
+    )
     mig = {
-        0: FakeDevice("MIG-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20 * GiB, 4 * GiB,
-                      gpu_util=None, mem_util=None, temperature=None, power_mw=None,
-                      energy_mj=None, processes=[(child_pid, 4 * GiB)],
-                      gpu_instance_id=1, compute_instance_id=0),
-        2: FakeDevice("MIG-2222", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 5 * GiB, 0,
-                      gpu_util=None, mem_util=None, temperature=None, power_mw=None,
-                      energy_mj=None, gpu_instance_id=9, compute_instance_id=0),
+        0: FakeDevice(
+            "MIG-1111",
+            "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+            20 * GiB,
+            4 * GiB,
+            gpu_util=None,
+            mem_util=None,
+            temperature=None,
+            power_mw=None,
+            energy_mj=None,
+            processes=[(child_pid, 4 * GiB)],
+            gpu_instance_id=1,
+            compute_instance_id=0,
+        ),
+        2: FakeDevice(
+            "MIG-2222",
+            "NVIDIA A100-SXM4-40GB MIG 1g.5gb",
+            5 * GiB,
+            0,
+            gpu_util=None,
+            mem_util=None,
+            temperature=None,
+            power_mw=None,
+            energy_mj=None,
+            gpu_instance_id=9,
+            compute_instance_id=0,
+        ),
     }
-    partitioned = FakeDevice("GPU-bbbb", "NVIDIA A100-SXM4-40GB", 40 * GiB, 4 * GiB,
-                             gpu_util=10, temperature=35, mig=mig)
+    partitioned = FakeDevice(
+        "GPU-bbbb", "NVIDIA A100-SXM4-40GB", 40 * GiB, 4 * GiB, gpu_util=10, temperature=35, mig=mig
+    )
     return [whole, partitioned]
 
 
@@ -100,8 +128,10 @@ def test_gpus_mig_devices_and_errors_per_call(hub_user_process):
     assert whole["energy_joules"] == 5000.0
     # One unsupported call costs only its own field.
     assert whole["power_watts"] is None
-    assert whole["errors"] == {"power_watts": "NVMLError_NotSupported",
-                               "processes": "NVMLError_NotSupported"}
+    assert whole["errors"] == {
+        "power_watts": "NVMLError_NotSupported",
+        "processes": "NVMLError_NotSupported",
+    }
     users = {p["pid"]: p["user"] for p in whole["processes"]}
     parent, child = hub_user_process
     assert users[parent] == users[child] == "alice"

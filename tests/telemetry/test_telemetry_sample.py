@@ -24,9 +24,11 @@ def test_cache_counters_written_by_another_process_are_read(tmp_path):
     shard = tmp_path / "shard.bin"
     shard.write_bytes(b"y" * 5000)
     cache_dir = str(tmp_path / "cache")
-    code = ("import sys, gpulab.cache as c\n"
-            "for _ in range(4):\n"
-            "    c.open(sys.argv[1], cache_dir=sys.argv[2]).close()\n")
+    code = (
+        "import sys, gpulab.cache as c\n"
+        "for _ in range(4):\n"
+        "    c.open(sys.argv[1], cache_dir=sys.argv[2]).close()\n"
+    )
     subprocess.run([sys.executable, "-c", code, str(shard), cache_dir], check=True, timeout=60)
 
     sample = NodeSampler(cache_dir=cache_dir).sample()
@@ -53,10 +55,24 @@ def test_a_broken_sampler_costs_only_its_own_source():
 
 def test_validate_sample_names_each_problem():
     assert validate_sample([]) == ["a sample must be a JSON object"]
-    problems = validate_sample({"version": 2, "ts": "now", "node": "", "gpus": {},
-                                "nics": [], "rdma": [1], "cache": 3, "missing": {"gpu": 1}})
+    problems = validate_sample(
+        {
+            "version": 2,
+            "ts": "now",
+            "node": "",
+            "gpus": {},
+            "nics": [],
+            "rdma": [1],
+            "cache": 3,
+            "missing": {"gpu": 1},
+        }
+    )
     assert problems == [
-        "version must be 1", "ts must be unix seconds (a number)",
-        "node must be a non-empty string", "gpus must be a list of objects",
-        "rdma must be a list of objects", "cache must be an object or null",
-        "missing must map source names to reasons (strings)"]
+        "version must be 1",
+        "ts must be unix seconds (a number)",
+        "node must be a non-empty string",
+        "gpus must be a list of objects",
+        "rdma must be a list of objects",
+        "cache must be an object or null",
+        "missing must map source names to reasons (strings)",
+    ]

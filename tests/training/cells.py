@@ -4,7 +4,7 @@ Every step's data comes from a generator seeded by the step and rank, so a run
 resumed from a checkpoint sees the same data as an uninterrupted one.
 """
 
-LINEAR = '''
+LINEAR = """
 import os, time
 import torch
 from gpulab.training import setup, report, checkpoint
@@ -30,21 +30,21 @@ for step in checkpoint.resume_range(ctx, total_steps=steps, state={"model": mode
     if delay:
         time.sleep(delay)
 print(f"rank {ctx.rank}/{ctx.world_size} done, loss {loss.item():.4f}")
-'''
+"""
 
-FAILS_ON_RANK_1 = '''
+FAILS_ON_RANK_1 = """
 from gpulab.training import setup
 ctx = setup()
 if ctx.rank == 1:
     raise ValueError("bad batch shape on purpose")
 ctx.barrier()
-'''
+"""
 
-SLEEPS = '''
+SLEEPS = """
 import time
 from gpulab.training import setup, report
 ctx = setup()
 for step in range(100000):
     time.sleep(0.2)
     report(step=step)
-'''
+"""

@@ -13,7 +13,7 @@ from localrun import new_spec, run  # noqa: E402
 from gpulab.backend.local import LocalBackend  # noqa: E402
 from gpulab.backend.spec import SpecError  # noqa: E402
 
-ONE_PROCESS = '''
+ONE_PROCESS = """
 import json, sys, torch
 from gpulab.training import setup, report, checkpoint
 ctx = setup()
@@ -21,22 +21,27 @@ torch.manual_seed(0)
 model = ctx.wrap(torch.nn.Linear(2, 1))
 opt = torch.optim.Adam(model.parameters(), lr=0.1)
 seen = []
-for step in checkpoint.resume_range(ctx, total_steps=int(sys.argv[1]), state={"model": model, "opt": opt}):
+state = {"model": model, "opt": opt}
+for step in checkpoint.resume_range(ctx, total_steps=int(sys.argv[1]), state=state):
     seen.append(step)
     loss = model(torch.ones(1, 2)).pow(2).sum()
     opt.zero_grad(); loss.backward(); opt.step()
     report(loss=loss, samples=1)
 print(json.dumps({"seen": seen, "weight": model.weight.tolist(), "world": ctx.world_size,
                   "backend": ctx.backend, "device": str(ctx.device)}))
-'''
+"""
 
 
 def one_process(tmp_path, steps, **env):
     script = tmp_path / "train.py"
     script.write_text(ONE_PROCESS)
-    out = subprocess.run([sys.executable, str(script), str(steps)], capture_output=True,
-                         text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    out = subprocess.run(
+        [sys.executable, str(script), str(steps)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -50,8 +55,11 @@ def test_outside_a_job_it_runs_as_one_process_and_writes_nothing(tmp_path):
 
 def test_checkpoints_resume_where_the_last_run_stopped(tmp_path):
     job = tmp_path / "job"
-    env = {"GPULAB_JOB_DIR": str(job), "GPULAB_CHECKPOINT_DIR": str(job / "ckpt"),
-           "GPULAB_CHECKPOINT_EVERY": "4"}
+    env = {
+        "GPULAB_JOB_DIR": str(job),
+        "GPULAB_CHECKPOINT_DIR": str(job / "ckpt"),
+        "GPULAB_CHECKPOINT_EVERY": "4",
+    }
     first = one_process(tmp_path, 10, **env)
     assert first["seen"] == list(range(10))
     # Saved at 4, 8 and the end (10); the two newest are kept.
@@ -66,7 +74,7 @@ def test_checkpoints_resume_where_the_last_run_stopped(tmp_path):
     assert records[-1]["total_steps"] == 14 and isinstance(records[0]["loss"], float)
 
 
-HOOKED = '''
+HOOKED = """
 import os, torch
 from gpulab.training import setup, report, checkpoint
 ctx = setup()
@@ -84,14 +92,17 @@ for step in checkpoint.resume_range(ctx, total_steps=12, state={"model": model, 
     opt.zero_grad(); scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
     report(loss=loss.item())
 print("hook", model._get_ddp_logging_data().get("comm_hook"), "autocast", dtype, flush=True)
-'''
+"""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hook, amp, hook_name, dtype", [
-    ("powersgd", "bf16", "powerSGD_hook", "torch.bfloat16"),
-    ("fp16", "fp16", "fp16_compress_hook", "torch.float16"),
-])
+@pytest.mark.parametrize(
+    "hook, amp, hook_name, dtype",
+    [
+        ("powersgd", "bf16", "powerSGD_hook", "torch.bfloat16"),
+        ("fp16", "fp16", "fp16_compress_hook", "torch.float16"),
+    ],
+)
 def test_comm_hooks_and_amp_run_on_gloo(tmp_path, hook, amp, hook_name, dtype):
     backend = LocalBackend(str(tmp_path / "jobs"))
     status, jd = run(backend, new_spec(HOOKED, nproc_per_node=2, comm_hook=hook, amp=amp))

@@ -1,29 +1,38 @@
-"""One real hub for the widget tests: alice and bob each hold a real server's slice."""
-
-import time
+"""One real hub for the widget tests: alice and bob (user names of their own,
+``names``) each hold a real server's slice."""
 
 import pytest
-from hubproc import RunningHub
+from hubproc import RunningHub, fresh_user
+from support.wait import wait_until
 
 from gpulab.client import Client
 
 
 @pytest.fixture(scope="package")
 def hub(tmp_path_factory):
+    """A hub of their own: the dashboard's first answer backfills the service's whole
+    recent history, which on the session's shared hub (running since the first hub
+    test) is longer than the model keeps."""
     h = RunningHub(tmp_path_factory.mktemp("widgets-hub"), simulate="2xA100-80GB")
     yield h
     h.stop()
 
 
 @pytest.fixture(scope="package")
-def tokens(hub):
+def names():
+    """The hub user names of the tests' "alice" and "bob" (no other test has them)."""
+    return {"alice": fresh_user("alice"), "bob": fresh_user("bob"), "admin": "admin"}
+
+
+@pytest.fixture(scope="package")
+def tokens(hub, names):
     """API tokens of alice (holding 1/4 GPU) and bob (1/2 GPU), and the admin's."""
-    out = {name: hub.create_user(name) for name in ("alice", "bob")}
-    for name, milli in (("alice", 250), ("bob", 500)):
-        r = hub.spawn(name, {"gpu_milli": milli})
+    out = {who: hub.create_user(names[who]) for who in ("alice", "bob")}
+    for who, milli in (("alice", 250), ("bob", 500)):
+        r = hub.spawn(names[who], {"gpu_milli": milli})
         assert r.status_code in (201, 202), r.text
-    for name in ("alice", "bob"):
-        hub.wait_server(name)
+    for who in ("alice", "bob"):
+        hub.wait_server(names[who])
     out["admin"] = hub.admin_token
     return out
 
@@ -34,13 +43,7 @@ def clients(hub, tokens):
 
 
 def _wait_for(predicate, timeout=90.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+    return wait_until(predicate, what, timeout)
 
 
 @pytest.fixture(scope="session")

@@ -14,20 +14,30 @@ from gpulab.training.allreduce_probe import RESULT_PREFIX, bus_factor, parse_siz
 
 
 def torchrun(nproc, *args, timeout=300):
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", "-m", "gpulab.training.allreduce_probe", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "gpulab.training.allreduce_probe",
+        *args,
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_probe_reports_nccl_tests_bandwidths(nproc, tmp_path):
     out = tmp_path / "r.json"
-    p = torchrun(nproc, "--size", "64K,1M", "--iters", "5", "--warmup", "2",
-                 "--json-out", str(out))
+    p = torchrun(nproc, "--size", "64K,1M", "--iters", "5", "--warmup", "2", "--json-out", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
     results = json.loads(out.read_text())
-    printed = [json.loads(line[len(RESULT_PREFIX):]) for line in p.stdout.splitlines()
-               if line.startswith(RESULT_PREFIX)]
+    printed = [
+        json.loads(line[len(RESULT_PREFIX) :])
+        for line in p.stdout.splitlines()
+        if line.startswith(RESULT_PREFIX)
+    ]
     assert printed == results  # rank 0 only, once per size
     assert [r["size_bytes"] for r in results] == [65536, 2**20]
     for r in results:
@@ -35,14 +45,19 @@ def test_probe_reports_nccl_tests_bandwidths(nproc, tmp_path):
         assert r["time_s"] > 0
         # nccl-tests: algbw = size / time; busbw = algbw * 2(n-1)/n.
         assert math.isclose(r["algbw_bytes_per_second"], r["size_bytes"] / r["time_s"])
-        assert math.isclose(r["busbw_bytes_per_second"],
-                            r["algbw_bytes_per_second"] * 2 * (nproc - 1) / nproc)
+        assert math.isclose(
+            r["busbw_bytes_per_second"], r["algbw_bytes_per_second"] * 2 * (nproc - 1) / nproc
+        )
     assert bus_factor(3) == pytest.approx(4 / 3)
 
 
 def test_probe_refuses_to_run_outside_torchrun():
-    p = subprocess.run([sys.executable, "-m", "gpulab.training.allreduce_probe"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "gpulab.training.allreduce_probe"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and "torchrun" in p.stderr
     assert parse_size("64K") == 65536 and parse_size("1M") == 2**20
     with pytest.raises(ValueError, match="expected bytes"):
@@ -59,18 +74,21 @@ def shell(hub, tokens, monkeypatch):
     return ip
 
 
-def test_nettest_magic_measures_here_and_leaves_recording_to_jobs(shell, clients, capsys):
+def test_nettest_magic_measures_here_and_leaves_recording_to_jobs(shell, clients, names, capsys):
     shell.run_line_magic("gpulab", "nettest --size 256K --iters 5 --nproc 2")
     out = capsys.readouterr().out
     assert "busbw" in out and "algbw * 1.000" in out, out
     # Only a probe that ran as a job is recorded (the service reads it from the job).
     assert "not recorded: a probe on this server alone" in out and "--nodes 1" in out, out
-    assert not [r for r in clients["alice"].telemetry()["allreduce"]
-                if r["user"] == "alice" and not r.get("job_id")]
+    assert not [
+        r
+        for r in clients["alice"].telemetry()["allreduce"]
+        if r["user"] == names["alice"] and not r.get("job_id")
+    ]
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_nettest_across_nodes_runs_as_a_job_and_records(nproc, shell, clients, capsys):
+def test_nettest_across_nodes_runs_as_a_job_and_records(nproc, shell, clients, names, capsys):
     # nodes=2: two torchrun agents (c10d rendezvous) of a job through the service.
     shell.run_line_magic("gpulab", f"nettest --nodes 2 --nproc {nproc} --size 256K --iters 5")
     out = capsys.readouterr().out
@@ -81,22 +99,29 @@ def test_nettest_across_nodes_runs_as_a_job_and_records(nproc, shell, clients, c
     assert f"over {n} ranks on 2 node(s)" in out and "recorded" in out, out
     job = clients["alice"].get_job(m.group(1))
     assert job["name"] == "nettest" and job["state"] == "succeeded" and job["nodes"] == 2
-    assert job["user"] == "alice" and job["world_size"] == n
+    assert job["user"] == names["alice"] and job["world_size"] == n
     value = cloudpickle.loads(clients["alice"].job_output(job["id"]))  # rank 0's result
-    runs = [r for r in clients["alice"].telemetry()["allreduce"]
-            if r["user"] == "alice" and r["world_size"] == n and len(r["nodes"]) == 2]
+    runs = [
+        r
+        for r in clients["alice"].telemetry()["allreduce"]
+        if r["user"] == names["alice"] and r["world_size"] == n and len(r["nodes"]) == 2
+    ]
     assert runs, out
     run = runs[-1]
     assert run["size_bytes"] == 262144 and run["backend"] == "gloo"
     assert run["job_id"] == job["id"]  # the Network tab can say which job measured it
     # nccl-tests: busbw = algbw * 2(n-1)/n (1 for 2 ranks, 1.5 for 4).
     assert run["busbw_bytes_per_second"] == pytest.approx(
-        run["algbw_bytes_per_second"] * 2 * (n - 1) / n)
+        run["algbw_bytes_per_second"] * 2 * (n - 1) / n
+    )
     assert f"algbw * {2 * (n - 1) / n:.3f}" in out
-    assert {k: run[k] for k in ("busbw_bytes_per_second", "algbw_bytes_per_second",
-                                "nodes", "world_size")} == \
-        {k: value[k] for k in ("busbw_bytes_per_second", "algbw_bytes_per_second",
-                               "nodes", "world_size")}
+    assert {
+        k: run[k]
+        for k in ("busbw_bytes_per_second", "algbw_bytes_per_second", "nodes", "world_size")
+    } == {
+        k: value[k]
+        for k in ("busbw_bytes_per_second", "algbw_bytes_per_second", "nodes", "world_size")
+    }
     assert math.isclose(run["algbw_bytes_per_second"], 262144 / value["time_s"])
     # What was printed is what was recorded.
     assert f"busbw  {run['busbw_bytes_per_second'] / 1e9:.3f} GB/s" in out
@@ -125,8 +150,10 @@ def test_nettest_across_nodes_refused_or_bad(shell, capsys):
 def test_nettest_job_failure_prints_its_message(shell, clients, capsys):
     # A job that runs for seconds (torch's import, 1000 all-reduces) and may run
     # 0.5 s: the service stops it, and the magic prints why, with no traceback.
-    assert shell.run_line_magic(
-        "gpulab", "nettest --nodes 2 --size 64K --iters 1000 --timeout 0.5") is None
+    assert (
+        shell.run_line_magic("gpulab", "nettest --nodes 2 --size 64K --iters 1000 --timeout 0.5")
+        is None
+    )
     out = capsys.readouterr().out
     m = re.search(r"^nettest: job (\w+) failed: timed out after 0.5 s", out, re.M)
     assert m and "Traceback" not in out and "recorded" not in out, out
@@ -145,21 +172,23 @@ def test_help_and_bad_arguments(shell, capsys):
     assert "API:" in capsys.readouterr().out
 
 
-def test_dashboard_magic_shows_a_live_dashboard(shell, capsys, wait_for):
+def test_dashboard_magic_shows_a_live_dashboard(shell, capsys, wait_for, names):
     from ipywidgets.widgets.widget import _instances
 
     from gpulab.widgets import Dashboard
 
     before = {id(w) for w in _instances.values()}
     shell.run_line_magic("gpulab", "dashboard")
-    boards = [w for w in list(_instances.values())
-              if isinstance(w, Dashboard) and id(w) not in before]
+    boards = [
+        w for w in list(_instances.values()) if isinstance(w, Dashboard) and id(w) not in before
+    ]
     assert len(boards) == 1
     board = boards[0]
     try:
         wait_for(lambda: board.model.answers >= 1, what="the magic's dashboard to update")
         assert board.error is None
-        assert [s["user"] for s in board.model.slices] == ["alice"]  # alice's token, as served
+        # alice's token, as served
+        assert [s["user"] for s in board.model.slices] == [names["alice"]]
     finally:
         board.close()
     shell.run_line_magic("gpulab", "dashboard now")

@@ -19,10 +19,12 @@ def served(answer):
 
 def enough_history(client, wait_for, seconds=5.0):
     """An answer (since unset) whose samples span at least ``seconds``."""
+
     def ready():
         a = client.telemetry()
         ts = [t for v in served(a).values() for t in v]
         return a if ts and a["now"] - min(ts) >= seconds and len(ts) >= 5 else None
+
     return wait_for(ready, what=f"{seconds:g}s of samples on the service")
 
 
@@ -43,9 +45,14 @@ def test_first_answer_backfills_and_later_ones_only_add(clients, wait_for):
     assert m.cursor() == stamps[-1]
     assert m.ingest(answer) == 0  # overlapping answers add nothing twice
 
-    later = wait_for(lambda: (a := alice.telemetry(m.cursor())) and
-                     any(e["samples"] for e in a["nodes"].values()) and a,
-                     what="samples newer than the cursor")
+    later = wait_for(
+        lambda: (
+            (a := alice.telemetry(m.cursor()))
+            and any(e["samples"] for e in a["nodes"].values())
+            and a
+        ),
+        what="samples newer than the cursor",
+    )
     new = served(later)[node]
     assert new and min(new) > stamps[-1]
     m.ingest(later)
@@ -83,8 +90,10 @@ def test_missing_sources_say_why_instead_of_zeros(hub, clients, wait_for, tmp_pa
     notes = [n.text.replace("<br>", " ") for n in plot.notes]
     assert any("no GPU telemetry" in n and "no NVIDIA driver" in n for n in notes)
     # The simulated GPUs have no telemetry but their slices are real.
-    assert [t.key for t in plot.traces if t.key.endswith("held")] == \
-        [f"{node} GPU 0 held", f"{node} GPU 1 held"]
+    assert [t.key for t in plot.traces if t.key.endswith("held")] == [
+        f"{node} GPU 0 held",
+        f"{node} GPU 1 held",
+    ]
     status = status_line(m, "Cluster", None)
     assert escape(reason) in status and "simulated" in status
     assert "rdma missing" in status_line(m, "Network", None)
@@ -101,6 +110,7 @@ def test_missing_sources_say_why_instead_of_zeros(hub, clients, wait_for, tmp_pa
     def cache_reported():
         m.ingest(clients["alice"].telemetry(m.cursor()))
         return node in m.cache and "cache" not in m.missing[node]
+
     wait_for(cache_reported, what="the cache to be sampled")
     _, v = next((t, v) for n, t, v in m.series(m.cache) if n == node)
     assert math.isclose(v[-1, 0], 2 / 3)  # one miss, two hits
@@ -108,28 +118,37 @@ def test_missing_sources_say_why_instead_of_zeros(hub, clients, wait_for, tmp_pa
     assert "cache missing" not in status_line(m, "Cache", None)
 
 
-def test_slices_are_shown_as_served(clients):
+def test_slices_are_shown_as_served(clients, names):
+    alice, bob = names["alice"], names["bob"]
     models = {}
     for name in ("alice", "bob", "admin"):
         models[name] = TelemetryModel()
         models[name].ingest(clients[name].telemetry())
-    assert [(s["user"], s["milli"]) for s in models["alice"].slices] == [("alice", 250)]
-    assert [(s["user"], s["milli"]) for s in models["bob"].slices] == [("bob", 500)]
-    assert sorted((s["user"], s["milli"]) for s in models["admin"].slices) == \
-        [("alice", 250), ("bob", 500)]
+    assert [(s["user"], s["milli"]) for s in models["alice"].slices] == [(alice, 250)]
+    assert [(s["user"], s["milli"]) for s in models["bob"].slices] == [(bob, 500)]
+    assert sorted((s["user"], s["milli"]) for s in models["admin"].slices) == [
+        (alice, 250),
+        (bob, 500),
+    ]
     # Totals are everyone's, for everyone.
     for m in models.values():
         held = [g["allocated_milli"] for n in m.inventory["nodes"] for g in n["gpus"]]
         assert sum(held) == 750
-    mine = cluster_tables(models["alice"], "alice")
+    mine = cluster_tables(models["alice"], alice)
     assert "you 250" in mine and "bob" not in mine
     everyone = cluster_tables(models["admin"], "admin")
-    assert "alice 250" in everyone and "bob 500" in everyone
+    assert f"{alice} 250" in everyone and f"{bob} 500" in everyone
 
 
 def test_allreduce_results_reach_the_network_tab(clients):
-    result = {"busbw_bytes_per_second": 3.0e9, "algbw_bytes_per_second": 2.0e9,
-              "size_bytes": 2**24, "world_size": 4, "backend": "gloo", "nodes": ["n1", "n2"]}
+    result = {
+        "busbw_bytes_per_second": 3.0e9,
+        "algbw_bytes_per_second": 2.0e9,
+        "size_bytes": 2**24,
+        "world_size": 4,
+        "backend": "gloo",
+        "nodes": ["n1", "n2"],
+    }
     # Users' results come from their nettest jobs; only admins (and the service) post.
     with pytest.raises(GpuLabError) as refused:
         clients["alice"].report_allreduce(result)
@@ -138,8 +157,9 @@ def test_allreduce_results_reach_the_network_tab(clients):
     mine, bobs = TelemetryModel(), TelemetryModel()
     mine.ingest(clients["admin"].telemetry())
     bobs.ingest(clients["bob"].telemetry())
-    assert any(r["user"] == "admin" and r["busbw_bytes_per_second"] == 3.0e9
-               for r in mine.allreduce)
+    assert any(
+        r["user"] == "admin" and r["busbw_bytes_per_second"] == 3.0e9 for r in mine.allreduce
+    )
     assert not any(r["user"] == "admin" for r in bobs.allreduce)
     bus = next(t for t in network_plot(mine).traces if t.key == "all-reduce busbw")
     assert 3.0 in bus.y.tolist()  # GB/s
@@ -148,16 +168,37 @@ def test_allreduce_results_reach_the_network_tab(clients):
 
 def test_jobs_show_whatever_keys_they_carry():
     # The jobs feature fills `jobs`; until it does, a literal answer of that shape.
-    answer = {"now": 1000.0, "interval_s": 1.0, "nodes": {}, "inventory": {"nodes": []},
-              "slices": [], "free_sizes": {}, "allreduce": [],
-              "jobs": [{"id": "j1", "name": "bert", "user": "alice", "state": "running",
-                        "step": 10, "total_steps": 100, "loss": 2.5,
-                        "samples_per_second": 812.0},
-                       {"id": "j2", "state": "queued"}]}
+    answer = {
+        "now": 1000.0,
+        "interval_s": 1.0,
+        "nodes": {},
+        "inventory": {"nodes": []},
+        "slices": [],
+        "free_sizes": {},
+        "allreduce": [],
+        "jobs": [
+            {
+                "id": "j1",
+                "name": "bert",
+                "user": "alice",
+                "state": "running",
+                "step": 10,
+                "total_steps": 100,
+                "loss": 2.5,
+                "samples_per_second": 812.0,
+            },
+            {"id": "j2", "state": "queued"},
+        ],
+    }
     m = TelemetryModel()
     m.ingest(answer)
-    m.ingest({**answer, "now": 1001.0,
-              "jobs": [{**answer["jobs"][0], "step": 11, "loss": 2.25}, answer["jobs"][1]]})
+    m.ingest(
+        {
+            **answer,
+            "now": 1001.0,
+            "jobs": [{**answer["jobs"][0], "step": 11, "loss": 2.25}, answer["jobs"][1]],
+        }
+    )
     html = jobs_tables(m)
     for text in ("bert", "running", "queued", "2.2500", "812.0", "total_steps"):
         assert text in html

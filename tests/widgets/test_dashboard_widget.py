@@ -4,28 +4,34 @@ from gpulab.client import Client
 from gpulab.widgets import Dashboard
 
 
-def test_updates_from_its_thread_with_history_and_stops_on_close(clients, wait_for):
-    d = Dashboard(client=clients["alice"], user="alice")
+def test_updates_from_its_thread_with_history_and_stops_on_close(clients, names, wait_for):
+    d = Dashboard(client=clients["alice"], user=names["alice"])
     try:
         assert d.running
         wait_for(lambda: d.model.answers >= 1, what="the first answer")
         # A new dashboard starts with the service's recent history, not one point.
         assert max(len(r) for r in d.model.nics.values()) >= 3
         first = d.model.points()
-        wait_for(lambda: d.model.points() > first and d.model.answers >= 3,
-                 what="the updater to add points")
+        wait_for(
+            lambda: d.model.points() > first and d.model.answers >= 3,
+            what="the updater to add points",
+        )
         assert d.error is None
         cluster = d.figures["Cluster"].widget
-        wait_for(lambda: any(t.name.endswith("held") and len(t.x) for t in cluster.data),
-                 what="the Cluster figure to be drawn")
+        wait_for(
+            lambda: any(t.name.endswith("held") and len(t.x) for t in cluster.data),
+            what="the Cluster figure to be drawn",
+        )
         assert "no NVIDIA driver" in d._status["Cluster"].value
         assert "you 250" in d._tables["Cluster"].value
 
         # Hidden tabs are drawn when shown.
         d.tabs.selected_index = list(d.figures).index("Network")
         network = d.figures["Network"].widget
-        wait_for(lambda: any(len(t.x) > 1 for t in network.data if t.x is not None),
-                 what="the Network figure to be drawn")
+        wait_for(
+            lambda: any(len(t.x) > 1 for t in network.data if t.x is not None),
+            what="the Network figure to be drawn",
+        )
         d.draw_all()
         assert "no jobs to show" in d._status["Jobs"].value
     finally:
@@ -36,8 +42,7 @@ def test_updates_from_its_thread_with_history_and_stops_on_close(clients, wait_f
 def test_errors_show_in_the_status_line_not_raised(hub, wait_for, monkeypatch):
     d = Dashboard(client=Client(hub.api, token="not-a-valid-token"))
     try:
-        wait_for(lambda: "update failed" in d._status["Cluster"].value,
-                 what="the error to show")
+        wait_for(lambda: "update failed" in d._status["Cluster"].value, what="the error to show")
         assert d.running  # it keeps retrying
         assert d.error
     finally:

@@ -31,12 +31,20 @@ def _add_service(services, service):
 
 
 services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
-services = _add_service(services, {
-    "name": service_name, "url": gpulab["serviceUrl"], "api_token": service_token,
-    "display": True, "oauth_no_confirm": True})
+services = _add_service(
+    services,
+    {
+        "name": service_name,
+        "url": gpulab["serviceUrl"],
+        "api_token": service_token,
+        "display": True,
+        "oauth_no_confirm": True,
+    },
+)
 # The node agents push telemetry as their own service (no URL: API only).
-services = _add_service(services, {"name": agent_name,
-                                   "api_token": os.environ["GPULAB_AGENT_TOKEN"]})
+services = _add_service(
+    services, {"name": agent_name, "api_token": os.environ["GPULAB_AGENT_TOKEN"]}
+)
 c.JupyterHub.services = services
 
 existing_roles = c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else []
@@ -44,7 +52,15 @@ roles = {r["name"]: dict(r) for r in existing_roles}
 user = roles.setdefault("user", {"name": "user", "scopes": ["self"]})
 user["scopes"] = sorted(set(user.get("scopes") or ["self"]) | {access_service})
 roles["gpulab-service"] = {
-    "name": "gpulab-service", "services": [service_name],
-    "scopes": ["list:users", "read:users", "read:servers", "list:groups", "read:groups",
-               access_service]}
+    "name": "gpulab-service",
+    "services": [service_name],
+    "scopes": [
+        "list:users",
+        "read:users",
+        "read:servers",
+        "list:groups",
+        "read:groups",
+        access_service,
+    ],
+}
 c.JupyterHub.load_roles = list(roles.values())

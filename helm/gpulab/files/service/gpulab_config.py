@@ -28,10 +28,12 @@ def slice_and_queue() -> dict:
     kueue = gpulab.get("kueue") or {}
     queued = bool(kueue.get("enabled"))
     enforcement = gpulab["enforcement"]
-    return {"enforcement": enforcement["backend"],
-            "enforcement_options": enforcement.get("options") or {},
-            "queue": (kueue.get("localQueue") or "") if queued else "",
-            "priority": (kueue.get("defaultPriorityClass") or "") if queued else ""}
+    return {
+        "enforcement": enforcement["backend"],
+        "enforcement_options": enforcement.get("options") or {},
+        "queue": (kueue.get("localQueue") or "") if queued else "",
+        "priority": (kueue.get("defaultPriorityClass") or "") if queued else "",
+    }
 
 
 # Jobs with backend "kubernetes" run as Indexed Jobs/JobSets in the release's

@@ -1,0 +1,89 @@
+"""A configuration the service cannot work with stops it before it listens: one
+log line that says what to fix, exit code 1, the port never bound."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+OFFLINE_KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: offline, cluster: {server: "http://127.0.0.1:9"}}]
+contexts: [{name: offline, context: {cluster: offline, user: nobody}}]
+current-context: offline
+users: [{name: nobody, user: {token: never-used}}]
+"""
+
+CASES = {
+    "jobs key": (
+        'c.GpuLabService.kubernetes_jobs = {"namespace": "ml", "jobs_pvc": "x", "colour": "red"}',
+        "unknown key(s) colour",
+    ),
+    "jobs settings": ('c.GpuLabService.jobs_backend_class = "kubernetes"', "needs 'namespace'"),
+    "deployments key": (
+        'c.GpuLabService.kubernetes_deployments = {"namespace": "ml", "flavour": 1}',
+        "unknown key(s) flavour",
+    ),
+    "policy": ('c.GpuLabService.policy = "tightest"', "unknown placement policy 'tightest'"),
+    "inventory source": (
+        'c.GpuLabService.inventory_source = "kube"',
+        "inventory_source = 'kube' is not a source",
+    ),
+    "no cluster": (
+        'c.GpuLabService.inventory_source = "kubernetes"\n'
+        "c.KubernetesInventory.kubeconfig = {kubeconfig!r}",
+        "cluster's nodes cannot be listed",
+    ),
+    "backend class": (
+        'c.GpuLabService.jobs_backend_class = "gpulab.nowhere.Backend"',
+        "jobs_backend_class",
+    ),
+}
+
+
+@pytest.fixture
+def held_port():
+    """A port this test listens on: a service that got as far as listening would fail
+    with 'Address already in use' instead of the configuration message."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_configuration_stops_before_listening(case, tmp_path, held_port):
+    config, message = CASES[case]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(OFFLINE_KUBECONFIG)
+    config = config.replace("{kubeconfig!r}", repr(str(kubeconfig)))
+    (tmp_path / "gpulab_config.py").write_text(config + "\n")
+    env = {
+        **os.environ,
+        "GPULAB_DATA_DIR": str(tmp_path),
+        "GPULAB_SIMULATE_GPUS": "",
+        "JUPYTERHUB_API_URL": "http://127.0.0.1:9/hub/api",
+        "JUPYTERHUB_API_TOKEN": "not-used",
+        "KUBECONFIG": str(kubeconfig),
+        "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{held_port}",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpulab.service"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    [line] = [x for x in out.splitlines() if "Configuration error" in x]
+    assert message in line, out
+    assert "Traceback" not in out and "Address already in use" not in out, out
+    assert "gpulab service on" not in out, out

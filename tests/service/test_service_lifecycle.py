@@ -1,0 +1,110 @@
+"""The service is built in one place (initialize's ordered init_* steps), its managers
+are declared traits, every background task it starts ends with stop(), and backends are
+chosen by class settings (the old dict settings still select them, with a warning)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from gpulab.backend.kubernetes.backend import KubernetesBackend
+from gpulab.backend.local import LocalBackend
+from gpulab.scheduler.inventory import LocalInventory
+from gpulab.service.app import GpuLabService
+from gpulab.service.jobs import JobManager
+
+STEPS = [
+    "init_logging",
+    "init_db",
+    "init_ledger",
+    "init_jobs",
+    "init_deployments",
+    "init_telemetry",
+    "init_handlers",
+]
+
+
+@pytest.fixture
+def make_service(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPULAB_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("GPULAB_SIMULATE_GPUS", "2xA100-80GB")
+    monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:9/hub/api")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "unused")
+
+    def make(config: str = "") -> GpuLabService:
+        GpuLabService.clear_instance()
+        path = tmp_path / "gpulab_config.py"
+        path.write_text(config)
+        app = GpuLabService()
+        app.initialize([f"--config={path}"])
+        return app
+
+    return make
+
+
+def test_initialize_runs_the_steps_in_order(make_service, monkeypatch):
+    seen = []
+    for name in STEPS:
+        step = getattr(GpuLabService, name)
+        monkeypatch.setattr(
+            GpuLabService, name, lambda self, _s=step, _n=name: (seen.append(_n), _s(self))[1]
+        )
+    app = make_service()
+    assert seen == STEPS
+    assert isinstance(app.jobs, JobManager) and app.deployments is not None
+    assert app.telemetry is not None and app.tornado_app is not None and len(app.gpus) == 2
+    assert app.inventory_class is LocalInventory
+    for name in ("jobs", "deployments", "ledger", "telemetry", "sampler", "reconciler"):
+        assert name in GpuLabService.class_trait_names()
+
+
+def test_stop_ends_every_background_task(make_service):
+    app = make_service(
+        "c.GpuLabService.local_sampler = True\nc.GpuLabService.sample_interval = 0.05\n"
+    )
+
+    async def run():
+        before = asyncio.all_tasks()
+        await app.start_managers()
+        await asyncio.sleep(0.2)
+        started = asyncio.all_tasks() - before
+        assert {"gpulab-reconcile", "gpulab-job-queue", "gpulab-local-sampler"} <= {
+            t.get_name() for t in started
+        }
+        await app.stop()
+        await asyncio.sleep(0)
+        return [t for t in started if not t.done()]
+
+    assert asyncio.run(run()) == []
+
+
+def test_kubernetes_jobs_by_class_and_settings(make_service):
+    app = make_service(
+        'c.GpuLabService.jobs_backend_class = "kubernetes"\n'
+        'c.KubernetesJobsSettings.namespace = "research"\n'
+        'c.KubernetesJobsSettings.jobs_pvc = "team-jobs"\n'
+        'c.KubernetesJobsSettings.queue = "research"\n'
+    )
+    kube = app.jobs.backends["kubernetes"]
+    assert isinstance(kube, KubernetesBackend) and kube.namespace == "research"
+    assert kube.options.jobs_pvc == "team-jobs"
+    assert kube.options.labels["kueue.x-k8s.io/queue-name"] == "research"
+    assert isinstance(app.jobs.backends["local"], LocalBackend)  # every job's default
+
+
+def test_the_old_dict_still_selects_kubernetes_with_a_warning(make_service, caplog):
+    with caplog.at_level(logging.WARNING, logger="gpulab.service"):
+        app = make_service(
+            'c.GpuLabService.kubernetes_jobs = {"namespace": "ml", '
+            '"jobs_pvc": "gpulab-jobs", "rdzv_port": 29500}\n'
+        )
+    assert app.jobs_backend_class is KubernetesBackend
+    assert app.jobs.backends["kubernetes"].options.rdzv_port == 29500
+    assert "kubernetes_jobs is deprecated" in caplog.text
+
+
+def test_local_only_by_default(make_service):
+    app = make_service()
+    assert set(app.jobs.backends) == {"local"}

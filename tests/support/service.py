@@ -1,0 +1,263 @@
+"""The gpulab service in the test's own process, with a fake hub API beside it.
+
+For route logic (request validation, 400/413, caps, who may see what) that needs no
+real JupyterHub, no proxy and no single-user servers. The service is the real one
+(``gpulab.service.app.GpuLabService``: ``initialize()``, then ``make_app()``), served
+on a random port inside the test's event loop, with its real database, ledger and
+managers. Only the hub's REST API is a stand-in: :class:`FakeHubAPI`, a small
+tornado app that answers the few routes the service asks (``/api/user`` for a
+token, ``/api/users/{name}``, ``/api/users?state=active``, ``/api/groups``).
+
+Anything end-to-end (spawns, job ranks, replicas, the proxy, OAuth in a browser)
+belongs on a real hub (``hubproc.RunningHub``).
+
+Requests go through ``requests`` in a worker thread, so the service keeps serving
+on the test's loop meanwhile; tests using it are ``async``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import unquote
+
+import requests
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+from traitlets.config import Config
+
+SERVICE_NAME = "gpulab"
+PREFIX = "/services/gpulab/"
+SCOPES = [f"access:services!service={SERVICE_NAME}"]
+
+
+class FakeHubAPI:
+    """Stands in for JupyterHub's REST API: users, their tokens, groups, servers.
+
+    Not JupyterHub: it knows only what the gpulab service asks of the hub. Tokens it
+    hands out identify their user on ``GET /hub/api/user`` as the hub would, with the
+    scope to use the gpulab service.
+    """
+
+    def __init__(self) -> None:
+        self.users: dict[str, dict] = {}
+        self.groups: dict[str, dict] = {}
+        self.tokens: dict[str, dict] = {}
+        #: The service's own token: it identifies the service (internal caller).
+        self.service_token = secrets.token_hex(16)
+        self.tokens[self.service_token] = {"kind": "service", "name": SERVICE_NAME}
+
+    def add_user(self, name: str, admin: bool = False, groups=()) -> str:
+        """Create the user (if needed) and return a fresh API token of theirs."""
+        self.users.setdefault(
+            name,
+            {"kind": "user", "name": name, "admin": admin, "groups": list(groups), "servers": {}},
+        )
+        for g in groups:
+            self.groups.setdefault(g, {"name": g, "users": [], "properties": {}})
+            if name not in self.groups[g]["users"]:
+                self.groups[g]["users"].append(name)
+        token = secrets.token_hex(16)
+        self.tokens[token] = {"kind": "user", "name": name}
+        return token
+
+    def make_app(self) -> web.Application:
+        fake = self
+
+        class Handler(web.RequestHandler):
+            def write_json(self, data):
+                self.set_header("Content-Type", "application/json")
+                self.finish(json.dumps(data))
+
+            def page(self, items: list) -> list:
+                offset = int(self.get_argument("offset", "0"))
+                limit = int(self.get_argument("limit", "200"))
+                return items[offset : offset + limit]
+
+        class WhoAmI(Handler):
+            def get(self):
+                auth = self.request.headers.get("Authorization", "")
+                who = fake.tokens.get(auth.partition(" ")[2].strip())
+                if who is None:
+                    raise web.HTTPError(403)
+                model = (
+                    dict(fake.users.get(who["name"], who)) if who["kind"] == "user" else dict(who)
+                )
+                self.write_json({**model, "scopes": SCOPES})
+
+        class Users(Handler):
+            def get(self):
+                users = list(fake.users.values())
+                if self.get_argument("state", None) == "active":
+                    users = [u for u in users if u["servers"]]
+                self.write_json(self.page(users))
+
+        class User(Handler):
+            def get(self, name):
+                user = fake.users.get(unquote(name))
+                if user is None:
+                    raise web.HTTPError(404)
+                self.write_json(user)
+
+        class Groups(Handler):
+            def get(self):
+                self.write_json(self.page(list(fake.groups.values())))
+
+        return web.Application(
+            [
+                ("/hub/api/user", WhoAmI),
+                ("/hub/api/users", Users),
+                ("/hub/api/users/([^/]+)", User),
+                ("/hub/api/groups", Groups),
+            ]
+        )
+
+
+def _listen(app, **kw) -> tuple[HTTPServer, int]:
+    [sock] = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(app, **kw)
+    server.add_sockets([sock])
+    return server, sock.getsockname()[1]
+
+
+class InProcessService:
+    """A started service: ``url``/``api`` like :class:`hubproc.RunningHub`, and
+    ``request``/``raw`` to call it from an async test."""
+
+    def __init__(self, app, hub: FakeHubAPI, data_dir: Path, port: int):
+        self.app = app  # the GpuLabService
+        self.fake_hub = hub
+        self.data_dir = data_dir
+        self.url = f"http://127.0.0.1:{port}"
+        self.api = f"{self.url}{PREFIX}api/v1"
+        self.admin_token = hub.add_user("admin", admin=True)
+
+    def create_user(self, name: str, **kw) -> str:
+        return self.fake_hub.add_user(name, **kw)
+
+    def auth(self, token: str | None = None) -> dict:
+        return {"Authorization": f"token {token or self.admin_token}"}
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        token: str | None = None,
+        anonymous: bool = False,
+        headers_extra: dict | None = None,
+        **kw,
+    ) -> requests.Response:
+        """Like ``RunningHub.gpulab``: the admin's token unless another is given
+        (none at all with ``anonymous``)."""
+        headers = {} if anonymous else self.auth(token)
+        headers.update(headers_extra or {})
+        return await asyncio.to_thread(
+            requests.request,
+            method,
+            f"{self.api}{path}",
+            headers=headers,
+            timeout=kw.pop("timeout", 120),
+            **kw,
+        )
+
+    async def raw(
+        self,
+        method: str,
+        path: str,
+        token: str | None,
+        body: bytes,
+        content_type: str = "application/json",
+        **kw,
+    ) -> requests.Response:
+        """Send ``body`` as it is (bytes that are not JSON, not UTF-8, too many)."""
+        return await self.request(
+            method, path, token, data=body, headers_extra={"Content-Type": content_type}, **kw
+        )
+
+
+@contextlib.asynccontextmanager
+async def running_service(data_dir: Path, config: str = "", simulate: str = "2xA100-80GB"):
+    """Start the real gpulab service in this process, on a random port, with a fake hub
+    API; stop both (and every task the service started) on exit.
+
+    ``config`` is gpulab_config.py text (``c.GpuLabService.max_upload_mib = 1``...).
+    """
+    from jupyterhub.services.auth import HubOAuth
+
+    from gpulab.service.app import GpuLabService
+
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "gpulab_config.py").write_text(config)
+    hub = FakeHubAPI()
+    hub_server, hub_port = _listen(hub.make_app())
+    env = {
+        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",
+        "JUPYTERHUB_API_TOKEN": hub.service_token,
+        "JUPYTERHUB_SERVICE_NAME": SERVICE_NAME,
+        "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
+    }
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    tasks_before = asyncio.all_tasks()
+    server = svc = None
+    try:
+        cfg = Config()
+        cfg.GpuLabService.data_dir = str(data_dir)
+        cfg.GpuLabService.simulate_gpus = simulate
+        # Route logic needs no sampling of this machine.
+        cfg.GpuLabService.local_sampler = False
+        svc = GpuLabService(config=cfg)
+        svc.initialize([])
+        # The hub's OAuth helper is a singleton: a fresh one for this service's hub.
+        HubOAuth.clear_instance()
+        app = svc.make_app()
+        from gpulab.service.request_body import JSON_BODY_LIMIT
+
+        server, port = _listen(app, xheaders=True, max_body_size=JSON_BODY_LIMIT)
+        await _start_background(svc)
+        yield InProcessService(svc, hub, data_dir, port)
+    finally:
+        if server is not None:
+            server.stop()
+        hub_server.stop()
+        stop = getattr(svc, "stop", None) if svc is not None else None
+        if stop is not None:
+            result = stop()
+            if asyncio.iscoroutine(result):
+                await result
+        current = asyncio.current_task()
+        leftover = [t for t in asyncio.all_tasks() - tasks_before if t is not current]
+        for t in leftover:
+            t.cancel()
+        await asyncio.gather(*leftover, return_exceptions=True)
+        HubOAuth.clear_instance()
+        os.umask(umask)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+async def _start_background(svc) -> None:
+    """What the service starts once it listens: its managers' background work (the
+    reconciler against the fake hub, the job queue, the deployments). ``stop()``
+    ends it."""
+    start_managers = getattr(svc, "start_managers", None)
+    if start_managers is not None:
+        await start_managers()
+        return
+    # A service from before start_managers(): what its start() ran once listening.
+    from gpulab.service import deployments_api, jobs_api, telemetry_api
+
+    await jobs_api.start(svc)
+    await deployments_api.start(svc)
+    await telemetry_api.start(svc)

@@ -1,0 +1,100 @@
+"""The room map of docs/explanation/architecture.md holds: imports run one way.
+
+Read from the source with ``ast`` (nothing is imported), so a new import that
+breaks a rule fails here with the file, the line and the rule it broke.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "explanation" / "architecture.md"
+
+#: room -> the other gpulab rooms it may import (the table in architecture.md).
+ALLOWED = {
+    "db": set(),
+    "scheduler": {"db"},
+    "enforcement": {"scheduler"},
+    "backend": {"scheduler", "enforcement", "training"},
+    "service": {"db", "scheduler", "enforcement", "backend", "telemetry", "training"},
+    "spawner": {"scheduler", "enforcement"},
+    "hub_ext": {"spawner", "scheduler", "telemetry", "enforcement", "service"},
+    "training": set(),
+    "serving": set(),
+    "telemetry": {"cache"},
+    "cache": {"training"},
+    "client": set(),
+    "widgets": {"client"},
+    "magics": {"client", "widgets", "serving", "training"},
+}
+#: Inside a rank or a model server: never the hub.
+LIGHT_ROOMS = ("training", "serving")
+
+
+def imports(room: str):
+    """(file, line, module, names) for every import in a room's Python files."""
+    for path in sorted((ROOT / room).rglob("*.py")):
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield path, node.lineno, alias.name, []
+            elif isinstance(node, ast.ImportFrom):
+                module = ("." * node.level) + (node.module or "")
+                yield path, node.lineno, module, [a.name for a in node.names]
+
+
+def where(path: pathlib.Path, line: int) -> str:
+    return f"{path.relative_to(ROOT)}:{line}"
+
+
+def test_every_room_is_on_the_map():
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
+    assert packages == set(ALLOWED), (
+        "a room was added or removed: add it to docs/explanation/architecture.md and ALLOWED"
+    )
+    doc = DOC.read_text()
+    for room in ALLOWED:
+        assert f"| `{room}/` |" in doc, f"{room}/ is missing from the room table in {DOC.name}"
+
+
+@pytest.mark.parametrize("room", sorted(ALLOWED))
+def test_imports_run_one_way(room):
+    broken = []
+    for path, line, module, _ in imports(room):
+        m = re.match(r"gpulab\.(\w+)", module)
+        if m and m.group(1) != room and m.group(1) not in ALLOWED[room]:
+            broken.append(
+                f"{where(path, line)} imports {module}: {room}/ may import only "
+                f"{sorted(ALLOWED[room]) or 'no other room'}"
+            )
+    assert not broken, "\n".join(broken)
+
+
+def test_no_private_names_across_modules():
+    broken = []
+    for room in ALLOWED:
+        for path, line, module, names in imports(room):
+            if not (module.startswith(".") or module.startswith("gpulab")):
+                continue
+            for name in names:
+                if name.startswith("_") and not name.startswith("__"):
+                    broken.append(f"{where(path, line)} imports {name} from {module}")
+    assert not broken, "give these a public name:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("room", LIGHT_ROOMS)
+def test_ranks_and_model_servers_never_import_the_hub(room):
+    heavy = [
+        f"{where(p, ln)} imports {m}"
+        for p, ln, m, _ in imports(room)
+        if m.split(".")[0] in ("jupyterhub", "tornado.web", "sqlalchemy")
+        or m.startswith("gpulab.hub_ext")
+        or m.startswith("gpulab.service")
+    ]
+    assert not heavy, "\n".join(heavy)
