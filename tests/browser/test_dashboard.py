@@ -5,7 +5,7 @@ import os
 import re
 
 import pytest
-from hubproc import fresh_user
+from hubproc import RunningHub, fresh_user
 from logins import browser_log_in, sign_up_approved
 from playwright.sync_api import expect
 from support.wait import wait_until
@@ -29,9 +29,12 @@ USER = fresh_user("alice")
 
 
 @pytest.fixture(scope="module")
-def hub(plain_hub):
-    """The session's shared hub; this module's server is stopped at its end."""
-    return plain_hub
+def hub(tmp_path_factory):
+    """A hub of its own: the reload check below needs the service's telemetry history
+    to be shorter than the dashboard's window, which a long-lived shared hub's is not."""
+    h = RunningHub(tmp_path_factory.mktemp("dash-hub"), simulate="2xA100-80GB")
+    yield h
+    h.stop()
 
 
 def wait_page(page, predicate, timeout=180.0, what="the page"):
