@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from gpulab.enforcement.accounts import unreachable
+from gpulab.enforcement.accounts import separated, unreachable
 
 from .base import Backend, JobStatus
 from .failures import parse_summary, root_cause
@@ -98,12 +98,10 @@ class LocalBackend(Backend):
         self.real_gpus = real_gpus
         self.python = python
         self.home = home
-        #: :class:`~gpulab.enforcement.accounts.UserAccounts`, or None: run as the service.
-        self.accounts = accounts if accounts is not None and accounts.enabled else None
-        if self.accounts is not None:  # owners reach their own folder, nobody lists them
-            os.chmod(jobs_root, 0o711)
-        #: :class:`~gpulab.enforcement.account_limits.AccountLimits` for each node's ranks.
-        self.limits = limits if self.accounts is not None else None
+        #: :class:`~gpulab.enforcement.accounts.UserAccounts` and the
+        #: :class:`~gpulab.enforcement.account_limits.AccountLimits` for each node's
+        #: ranks, or None: run as the service.
+        self.accounts, self.limits = separated(jobs_root, accounts, limits)
         self.gpu_count = gpu_count
         self._children: dict[str, list[subprocess.Popen]] = {}
         self._failed_since: dict[str, float] = {}

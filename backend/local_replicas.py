@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 
+from gpulab.enforcement.accounts import separated
+
 from .deployment_dir import DeploymentDirs
 from .local import PASS_ENV, free_port
 
@@ -65,12 +67,10 @@ class LocalReplicas(DeploymentDirs):
         super().__init__(root)
         self.real_gpus = real_gpus
         self.python = python
-        #: :class:`~gpulab.enforcement.accounts.UserAccounts`, or None: run as the service.
-        self.accounts = accounts if accounts is not None and accounts.enabled else None
-        if self.accounts is not None:  # owners reach their own folder, nobody lists them
-            os.chmod(root, 0o711)
-        #: :class:`~gpulab.enforcement.account_limits.AccountLimits` for each replica.
-        self.limits = limits if self.accounts is not None else None
+        #: :class:`~gpulab.enforcement.accounts.UserAccounts` and the
+        #: :class:`~gpulab.enforcement.account_limits.AccountLimits` for each replica,
+        #: or None: run as the service.
+        self.accounts, self.limits = separated(root, accounts, limits)
         self.gpu_count = gpu_count
         self._children: dict[tuple[str, int], subprocess.Popen] = {}
 

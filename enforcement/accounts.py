@@ -269,3 +269,14 @@ def unreachable(path: str, execute: bool = False) -> str | None:
             f"{path}`"
         )
     return None
+
+
+def separated(root: str, accounts: UserAccounts | None, limits):
+    """``(accounts, limits)`` a backend runs users' processes with, both None when
+    accounts are off (everything runs as the service). With accounts, ``root`` (where
+    the backend keeps each job's or deployment's folder) becomes 0711: owners reach
+    their own folder, nobody lists them."""
+    if accounts is None or not accounts.enabled:
+        return None, None
+    os.chmod(root, 0o711)
+    return accounts, limits

@@ -189,16 +189,7 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
             options = check_backend(self.enforcement, self.enforcement_options)
         except EnforcementError as e:
             raise web.HTTPError(500, f"gpulab is misconfigured: {e}") from None
-        allocations = await self._client().request(
-            "POST",
-            "/allocations",
-            body={
-                "user": self.user.name,
-                "owner_kind": "server",
-                "owner": self._owner,
-                "gpu_milli": milli,
-            },
-        )
+        allocations = await self._allocate(milli)
         try:
             inventory = await self._client().request("GET", "/inventory") if allocations else {}
             the_slice = slice_from_allocations(allocations, inventory)

@@ -174,16 +174,7 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
 
     async def start(self):
         milli = parse_user_options(self.user_options)
-        allocations = await self._client().request(
-            "POST",
-            "/allocations",
-            body={
-                "user": self.user.name,
-                "owner_kind": "server",
-                "owner": self._owner,
-                "gpu_milli": milli,
-            },
-        )
+        allocations = await self._allocate(milli)
         self._slice = slice_env(
             allocations, any(a.get("simulated") for a in allocations), mps_pipe_directory()
         )

@@ -47,6 +47,19 @@ class GpuLabServiceMixin(LoggingConfigurable):
         finally:
             await self._release()
 
+    async def _allocate(self, milli: int) -> list[dict]:
+        """Ask the service for this server's slice; its ledger rows (none for 0)."""
+        return await self._client().request(
+            "POST",
+            "/allocations",
+            body={
+                "user": self.user.name,
+                "owner_kind": "server",
+                "owner": self._owner,
+                "gpu_milli": milli,
+            },
+        )
+
     async def _release(self) -> None:
         """Give the slice back. Waits briefly: when the hub shuts down, the service
         is already gone, and its reconciliation frees whatever a lost release
