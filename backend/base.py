@@ -18,6 +18,11 @@ of JupyterHub; the service's job manager calls these hooks:
     process. ``False`` if nothing of it is running (``poll`` then says how it ended).
 ``async cancel(spec)``
     Stop every process of the job and wait until they are gone.
+``async preempt(spec)``
+    Ask the ranks to checkpoint at their next step boundary and exit
+    (:mod:`gpulab.training.preemption`); returns at once. Only backends with
+    ``can_preempt`` are asked; the service kills what is left after the grace
+    period with ``cancel``. (On Kubernetes, Kueue preempts instead.)
 
 All backends share the job directory layout (:mod:`.jobdir`) for logs,
 metrics, errors, checkpoints and the ``--out`` value: ranks write files, the
@@ -44,6 +49,8 @@ class JobStatus:
 
 class Backend:
     name = "base"
+    #: Whether the service's scheduler may preempt this backend's jobs.
+    can_preempt = False
 
     def __init__(self, jobs_root: str):
         self.jobs_root = jobs_root
@@ -64,4 +71,7 @@ class Backend:
         raise NotImplementedError
 
     async def cancel(self, spec: JobSpec) -> None:
+        raise NotImplementedError
+
+    async def preempt(self, spec: JobSpec) -> None:
         raise NotImplementedError

@@ -11,6 +11,7 @@ Layout of ``<data_dir>/jobs/<id>/`` (on Kubernetes, the same tree on a shared vo
     checkpoints/                      torch.distributed.checkpoint steps + ``latest``
     out/value.pkl  out/state_dict.pt  the --out variable (rank 0)
     pids/rank<R>.json  pids/node<N>.exit  the ranks' pids; each node's exit code
+    pids/preempted.json               the step the ranks stopped at when preempted
     torchrun/                         torchrun's own per-node logs
 
 Everything here is plain files, so a restarted service picks up where it was.
@@ -40,6 +41,9 @@ _NODE_LOG = re.compile(r"node(\d+)\.log$")
 USER_DIRS = ("logs", "metrics", "errors", "checkpoints", "out", "pids", "torchrun")
 #: The one file both the service and the ranks append to.
 EVENTS = "events.log"
+#: Where rank 0 notes the step it stopped at for a preemption
+#: (:data:`gpulab.training.preemption.MARKER`).
+PREEMPTED = os.path.join("pids", "preempted.json")
 
 
 class JobDir:
@@ -176,6 +180,29 @@ class JobDir:
             with contextlib.suppress(AttributeError, TypeError, ValueError):
                 seen.append(int(info.get("restart", 0)))
         return max(seen)
+
+    # -- preemption -----------------------------------------------------------------
+    def checkpoint(self) -> dict | None:
+        """The newest complete checkpoint's ``{"step", "time"}``, if any."""
+        latest = self.read_user_json(os.path.join("checkpoints", "latest"))
+        return latest if isinstance(latest, dict) and isinstance(latest.get("step"), int) else None
+
+    def preempted_at(self) -> int | None:
+        """The step the ranks stopped at for a preemption (they checkpointed there)."""
+        marker = self.read_user_json(PREEMPTED)
+        step = marker.get("step") if isinstance(marker, dict) else None
+        return step if isinstance(step, int) else None
+
+    def reset_run(self) -> None:
+        """Forget how the last run went (pids, exit codes, launch), before it runs again.
+
+        Logs, metrics, events and checkpoints stay: the next run appends and resumes.
+        """
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.p("launch.json"))
+        for path in glob.glob(self.p("pids", "*")):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(path)  # a symlink is removed, never followed
 
     def out_path(self) -> str | None:
         path = self.p("out", "value.pkl")

@@ -83,6 +83,7 @@ def _alive(pid: int, marker: str, uid: int | None = None) -> bool:
 
 class LocalBackend(Backend):
     name = "local"
+    can_preempt = True
 
     def __init__(
         self,
@@ -317,6 +318,24 @@ class LocalBackend(Backend):
             if isinstance(pid, int) and pid > 1 and _alive(pid, jd.path, uid):
                 pids.append(pid)
         return pids
+
+    async def preempt(self, spec: JobSpec) -> None:
+        """Ask the ranks to stop at their next step boundary (SIGTERM; they checkpoint).
+
+        The ranks, not the agents: torchrun would stop its workers and fail. Before
+        the ranks have started there is nothing to save: the agents stop them.
+        """
+        jd = self.jobdir(spec.id)
+        pids = self._rank_pids(jd)
+        if pids:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            return
+        launch = jd.read_json("launch.json", {}) or {}
+        for node in launch.get("nodes", []):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(node["pgid"], signal.SIGTERM)
 
     async def cancel(self, spec: JobSpec, grace_s: float = 10.0) -> None:
         """SIGTERM the agents (they stop their workers), then SIGKILL whatever is left."""

@@ -78,7 +78,9 @@ class JobSpec:
     comm_hook: str = ""
     out: str = ""  # variable to send back to the notebook
     timeout: float = 0  # seconds of running before the job is stopped; 0 = none
-    priority: int = 0
+    priority: int = 0  # within its priority class: admins raise, users lower
+    priority_class: str = "batch"  # a job class (scheduler/priority.py); the service checks access
+    preemptible: bool = True  # False: never chosen to make room (--no-preempt)
     backend: str = "local"
     # Set by the service:
     id: str = ""
@@ -161,6 +163,12 @@ class JobSpec:
                 f"'timeout' must be seconds >= 0 (0 = none), a finite number up "
                 f"to {MAX_TIMEOUT_S}, got {self.timeout!r}"
             )
+        if not isinstance(self.priority_class, str) or not _NAME.match(self.priority_class):
+            raise SpecError(
+                f"'priority_class' must be a class name such as batch, got {self.priority_class!r}"
+            )
+        if not isinstance(self.preemptible, bool):
+            raise SpecError(f"'preemptible' must be true or false, got {self.preemptible!r}")
         if not isinstance(self.image, str) or len(self.image) > 1024:
             raise SpecError("'image' must be a container image name (a string)")
         if self.amp not in AMP_CHOICES:

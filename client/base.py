@@ -27,6 +27,7 @@ from .deployments import DeploymentsMixin
 from .errors import ConfigurationError, ServiceUnreachable, refused
 from .jobs import JobsMixin
 from .telemetry import TelemetryAPI
+from .usage import UsageAPI
 
 #: What aiohttp raises when no (whole) answer came: the client raises ServiceUnreachable.
 _NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -59,7 +60,7 @@ def run_sync(coro, timeout: float | None = None):
     return asyncio.run_coroutine_threadsafe(coro, _LoopThread.loop()).result(timeout)
 
 
-class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI):
+class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI, UsageAPI):
     def __init__(self, api_url: str | None = None, token: str | None = None, timeout: float = 60.0):
         self.api_url = (api_url or os.environ.get("GPULAB_API_URL") or "").rstrip("/")
         self._token = token or os.environ.get("JUPYTERHUB_API_TOKEN") or ""

@@ -7,7 +7,7 @@ what the queue and the API need. A change to it needs a revision in
 
 from __future__ import annotations
 
-from sqlalchemy import Column, DateTime, Index, Integer, String, Table, Text
+from sqlalchemy import Boolean, Column, DateTime, Index, Integer, String, Table, Text
 
 from .engine import metadata
 
@@ -33,6 +33,13 @@ jobs = Table(
     Column("message", Text, nullable=False, default=""),
     Column("error", Text),  # JSON: {"rank", "type", "message", "traceback"}
     Column("restarts", Integer, nullable=False, default=0),
+    # Preemption (scheduler/priority.py): the job's class, whether it may be
+    # chosen, how often it was, and while it is being stopped for someone,
+    # JSON {"for", "claim", "since", "deadline"} (so a restart finishes it).
+    Column("priority_class", String(63), nullable=False, default="batch"),
+    Column("preemptible", Boolean, nullable=False, default=True),
+    Column("preemptions", Integer, nullable=False, default=0),
+    Column("preempting", Text),
     Index("ix_jobs_state", "state"),
     Index("ix_jobs_user", "user"),
 )

@@ -233,11 +233,13 @@ class DeployMagics(Magics):
         deadline = time.monotonic() + WAIT_S
         shown = None
         while True:
-            now = (dep["state"], dep["replicas_ready"])
+            # "freeing a slice: ..." while batch jobs stop to make room, then replicas.
+            freeing = dep["message"] if dep["message"].startswith("freeing") else ""
+            now = (dep["state"], dep["replicas_ready"], freeing[:40])
             if now != shown:
                 print(
                     f"{dep['name']}: {dep['state']}, {dep['replicas_ready']}/"
-                    f"{dep['replicas']} replica(s) ready",
+                    f"{dep['replicas']} replica(s) ready" + (f" ({freeing})" if freeing else ""),
                     flush=True,
                 )
                 shown = now

@@ -121,6 +121,8 @@ def build_spec(args, cell: str, namespace: dict) -> dict:
         "out": args.out or "",
         "timeout": args.timeout or 0,
         "priority": args.priority,
+        "priority_class": args.priority_class,
+        "preemptible": not args.no_preempt,
         "image": args.image or "",
         "vars_b64": pickle_vars(args.vars, namespace),
     }
@@ -164,6 +166,16 @@ class TrainMagics(Magics):
     @argument("--detach", action="store_true", help="submit and return the job id at once")
     @argument("--timeout", type=float, help="stop the job after this many seconds running")
     @argument("--priority", type=int, default=0, help="queue priority; users may lower it (< 0)")
+    @argument(
+        "--priority-class",
+        default="batch",
+        help="priority class: batch (default), or a class an admin granted (batch-high)",
+    )
+    @argument(
+        "--no-preempt",
+        action="store_true",
+        help="never stop this job to make room for others (it may wait longer to start)",
+    )
     @cell_magic
     def train_distributed(self, line: str, cell: str):
         """Run this cell as a fault-tolerant PyTorch job (torchrun) on gpulab's GPUs.

@@ -21,8 +21,12 @@ def describe(job: dict) -> str:
         text += f", position {job.get('position')} in the queue"
         if job.get("message") and job["message"] != "queued":
             text += f" ({job['message']})"
+    if state == "running" and job.get("preempting"):
+        text += f" ({job['message']})"
     if job.get("restarts"):
         text += f"; restarted {job['restarts']} time(s) from the last checkpoint"
+    if job.get("preemptions"):
+        text += f"; preempted {job['preemptions']} time(s), resumed from its checkpoint"
     if state in ("failed", "cancelled") and job.get("message"):
         text += f": {job['message']}"
     return text

@@ -26,12 +26,14 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Engine
 
 from gpulab.db.engine import allocations, lock_for_write, utcnow, writer
+from gpulab.db.usage import usage
 
 from .async_ledger import AsyncLedger
 from .inventory import Gpu
 from .policy import Cluster, PlacementPolicy, Request
 from .quota import Quotas
 from .slices import MILLI_PER_GPU, label, shape_of
+from .usage import closed_row
 
 OWNER_KINDS = ("server", "job", "deployment")
 
@@ -302,9 +304,12 @@ class Ledger:
         with self._lock, self._writer.begin() as conn:
             lock_for_write(conn)
             cond = (allocations.c.owner_kind == owner_kind) & (allocations.c.owner == owner)
-            rows = [_row_to_dict(r) for r in conn.execute(select(allocations).where(cond))]
+            held = conn.execute(select(allocations).where(cond)).all()
             conn.execute(delete(allocations).where(cond))
-        return rows
+            if held:  # its GPU time, in the same transaction: never lost, never twice
+                now = utcnow()
+                conn.execute(insert(usage), [closed_row(r._mapping, now) for r in held])
+        return [_row_to_dict(r) for r in held]
 
     def release_id(self, alloc_id: str) -> dict | None:
         """Free one allocation row (and the rest of its owner's rows)."""

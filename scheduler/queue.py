@@ -1,4 +1,10 @@
-"""The job queue: priority first, then first come first served; all-or-nothing starts.
+"""The job queue: class and priority first, then fair share, then first come first
+served; all-or-nothing starts.
+
+The order is the caller's (:attr:`JobQueue.order`, a sort key per job row); the
+service orders by priority class, then the job's priority, then its owner's
+decayed GPU use (least first), then submit time. Without one: priority, then
+submit time.
 
 A job needs one slice per rank. :meth:`JobQueue.admit` walks the queued jobs
 in order and asks the ledger for each job's ranks as one gang
@@ -56,12 +62,23 @@ def _row(r) -> dict:
                 d[k] = d[k].replace(tzinfo=dt.UTC)
             d[k] = d[k].isoformat()
     d["error"] = json.loads(d["error"]) if d["error"] else None
+    d["preempting"] = json.loads(d["preempting"]) if d.get("preempting") else None
     return d
 
 
+#: How the message of a job sent back to the queue by a preemption begins.
+PREEMPTED = "preempted for "
+
+
+def submit_order(job: dict) -> tuple:
+    return (-job["priority"], job["submitted"], job["id"])
+
+
 class JobQueue:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, order: Callable[[list[dict]], Callable] | None = None):
         self.engine = engine
+        #: Given the queued rows, the sort key to order them by (read once per pass).
+        self.order = order or (lambda _rows: submit_order)
 
     # -- rows ----------------------------------------------------------------------
     def add(self, job: dict) -> dict:
@@ -92,8 +109,9 @@ class JobQueue:
             return [_row(r) for r in conn.execute(q)]
 
     def update(self, job_id: str, **values) -> None:
-        if "error" in values and values["error"] is not None:
-            values["error"] = json.dumps(values["error"])
+        for k in ("error", "preempting"):
+            if values.get(k) is not None:
+                values[k] = json.dumps(values[k])
         with self.engine.begin() as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
 
@@ -118,13 +136,10 @@ class JobQueue:
 
     # -- order -----------------------------------------------------------------------
     def queued(self) -> list[dict]:
-        q = (
-            select(jobs)
-            .where(jobs.c.state == "queued")
-            .order_by(jobs.c.priority.desc(), jobs.c.submitted, jobs.c.id)
-        )
+        """Queued jobs, the next to start first."""
         with self.engine.connect() as conn:
-            return [_row(r) for r in conn.execute(q)]
+            rows = [_row(r) for r in conn.execute(select(jobs).where(jobs.c.state == "queued"))]
+        return sorted(rows, key=self.order(rows))
 
     def position(self, job_id: str) -> int | None:
         """1 for the next job to start; None when the job is not queued."""
@@ -138,14 +153,16 @@ class JobQueue:
         ledger: Ledger,
         groups: Mapping[str, Mapping[str, set[str]]],
         members: Callable[[dict], list[tuple[str, int]]],
-    ) -> list[tuple[dict, list[dict]]]:
-        """Start what fits, in order; return ``(job, allocation rows)`` for each admitted.
+    ) -> tuple[list[tuple[dict, list[dict]]], dict | None]:
+        """Start what fits, in order: ``(job, allocation rows)`` for each admitted, and
+        the job that found no room (the head of what waits), if any.
 
         ``groups`` maps each queued job's user to their quota groups; ``members``
         gives a job's ``(owner, milli)`` per rank. Admitted jobs are marked
         ``running`` here, in the same pass, so no other pass admits them again.
         """
         admitted = []
+        blocked = None
         for job in self.queued():
             try:
                 rows = ledger.allocate_gang(
@@ -153,14 +170,21 @@ class JobQueue:
                 )
             except NoCapacity as e:
                 self._wait(job, f"waiting for free GPUs: {e}")
+                blocked = job
                 break
             except QuotaExceeded as e:
                 self._wait(job, f"waiting for quota: {e}")
                 continue
-            self.update(job["id"], state="running", started=utcnow(), message="starting")
+            self.start(job["id"])
             admitted.append((self.get(job["id"]), rows))
-        return admitted
+        return admitted, blocked
+
+    def start(self, job_id: str) -> None:
+        """Mark a job whose slices are placed as running."""
+        self.update(job_id, state="running", started=utcnow(), message="starting")
 
     def _wait(self, job: dict, reason: str) -> None:
+        if job["message"].startswith(PREEMPTED):
+            return  # says what it waits for and where it resumes: more than the reason
         if job["message"] != reason:
             self.update(job["id"], message=reason)

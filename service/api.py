@@ -71,8 +71,16 @@ class AllocationsHandler(APIHandler):
         try:
             rows = await self.gpulab.ledger.aio.allocate(user, owner_kind, owner, milli, groups)
         except NoCapacity as e:
-            result = "no_capacity"
-            raise web.HTTPError(409, str(e)) from None
+            claim = await self.gpulab.jobs.make_room(user, owner_kind, [(owner, milli)])
+            if claim is None:
+                result = "no_capacity"
+                raise web.HTTPError(409, str(e)) from None
+            # Preemptible jobs are stopping for this owner: ask again shortly.
+            result = "preempting"
+            self.write_json(
+                {"state": "freeing", "message": claim.message(), "retry_after": 1}, status=202
+            )
+            return
         except QuotaExceeded as e:
             result = "over_quota"
             raise web.HTTPError(403, str(e)) from None

@@ -46,7 +46,7 @@ from gpulab.scheduler.quota import Quotas
 from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
 from gpulab.telemetry import SampleCollector
 
-from . import api, deployments_api, jobs_api, ledger_guard, pages, telemetry_api
+from . import api, deployments_api, jobs_api, ledger_guard, pages, telemetry_api, usage_api
 from .auth import Identity
 from .backends import INVENTORIES, JOB_BACKENDS, SERVING_BACKENDS, ConfigError, NamedType
 from .hubapi import HubAPI
@@ -56,18 +56,19 @@ from .ledger_guard import LostSlices
 from .metrics import Metrics
 from .reconcile import Reconciler
 from .request_body import JSON_BODY_LIMIT
+from .sharing import SharingSettings
 from .telemetry_store import TelemetryStore
 
 log = logging.getLogger("gpulab.service")
 
-#: Group property that sets a group's quota in milli-GPU from the hub's admin page.
-GROUP_QUOTA_PROPERTY = "gpulab_quota_milli"
+#: The modules whose ``routes`` the service serves under its prefix (besides pages).
+ROUTE_MODULES = (api, jobs_api, deployments_api, telemetry_api, usage_api, ledger_guard)
 
 #: What one init step may raise that means "this configuration cannot work".
 CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
 
 
-class GpuLabService(Application):
+class GpuLabService(SharingSettings, Application):
     name = "gpulab-service"
     description = (
         "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."
@@ -204,8 +205,9 @@ class GpuLabService(Application):
     ).tag(config=True)
 
     group_quota_milli = Dict(
-        help="""Per-group quotas in milli-GPU (all members together). A hub group's
-        property `gpulab_quota_milli` sets it too; this setting wins.
+        help="""Per-group quotas (limits) in milli-GPU, all members together. A hub
+        group's property `gpulab_quota_milli` (or `gpulab_limit_milli`) sets it
+        too; this setting wins.
 
         c.GpuLabService.group_quota_milli = {"students": 2000}
         """,
@@ -454,8 +456,12 @@ class GpuLabService(Application):
                 self.default_user_quota_milli,
                 dict(self.user_quota_milli),
                 dict(self.group_quota_milli),
+                self.default_user_guaranteed_milli,
+                dict(self.user_guaranteed_milli),
+                dict(self.group_guaranteed_milli),
             ),
         )
+        self.priorities = self.make_priorities()
         self.metrics = Metrics(self)
         self.lost_slices = LostSlices(self)
         self.metrics.registry.register(self.lost_slices)
@@ -535,25 +541,6 @@ class GpuLabService(Application):
             groups=frozenset(user.get("groups") or []),
         )
 
-    async def groups_of(self, user: str) -> dict[str, set[str]]:
-        """The user's groups that carry a quota, with their members."""
-        quotas = await self.group_quotas()
-        found = {}
-        for g in await self.hub.groups():
-            if g["name"] in quotas and user in (g.get("users") or []):
-                found[g["name"]] = set(g.get("users") or [])
-        return found
-
-    async def group_quotas(self) -> dict[str, int]:
-        quotas: dict[str, int] = {}
-        for g in await self.hub.groups():
-            value = (g.get("properties") or {}).get(GROUP_QUOTA_PROPERTY)
-            if isinstance(value, int) and not isinstance(value, bool):
-                quotas[g["name"]] = value
-        quotas.update(self.group_quota_milli)
-        self.ledger.quotas.group_milli = quotas
-        return quotas
-
     def inventory(self) -> dict:
         held = self.ledger.allocated_by_gpu()
         nodes: dict[str, list[dict]] = {}
@@ -594,7 +581,14 @@ class GpuLabService(Application):
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
             *[
                 (url_path_join(p, path), handler)
-                for module in (api, jobs_api, deployments_api, telemetry_api, ledger_guard)
+                for module in (
+                    api,
+                    jobs_api,
+                    deployments_api,
+                    telemetry_api,
+                    usage_api,
+                    ledger_guard,
+                )
                 for path, handler in module.routes
             ],
             *[(url_path_join(p, path), handler) for path, handler in pages.routes],

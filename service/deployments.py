@@ -109,6 +109,11 @@ class DeploymentManager:
         self._by_name: dict[tuple[str, str], str] = {}  # (user, name) -> id
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        #: Deployments whose slices are being freed by preemption (not launched yet).
+        self.waiting: set[str] = set()
+        # The job loop places claims holding its own lock: launch in a task of ours,
+        # so the two managers' locks are never taken in opposite orders.
+        service.jobs.preemptor.on_placed["deployment"] = self._on_claim_placed
 
     def _record(self, row: dict) -> Deployment:
         rec = self._deps.get(row["id"])
@@ -210,8 +215,10 @@ class DeploymentManager:
             async with self._lock:
                 row, rows = await self._admit(who, dep_id, dep)
                 added = True
-                await self.serving.launch(row, rows)
                 rec = self._record(row)
+                if rows is None:  # batch jobs are stopping to make room: launched then
+                    return self.view(self.store.get(dep_id))
+                await self.serving.launch(row, rows)
         except BaseException:
             if not added:
                 self.serving.remove(dep_id)
@@ -234,17 +241,40 @@ class DeploymentManager:
             row = self.store.add({"id": dep_id, "user": who.name, **dep})
         except NameTaken:
             raise DeployRefused(409, f"you already have a deployment {dep['name']!r}") from None
+        members = [(o, dep["gpu_milli"]) for o in self._owners(row)]
         try:
             rows = await self.ledger.aio.allocate_gang(
-                who.name,
-                "deployment",
-                [(o, dep["gpu_milli"]) for o in self._owners(row)],
-                await self.service.groups_of(who.name),
+                who.name, "deployment", members, await self.service.groups_of(who.name)
             )
-        except (NoCapacity, QuotaExceeded, OwnerConflict) as e:
+        except NoCapacity as e:
+            claim = await self.service.jobs.make_room(who.name, "deployment", members)
+            if claim is None:
+                self.store.remove(dep_id)
+                raise DeployRefused(409, str(e)) from None
+            self.waiting.add(dep_id)
+            self.store.update(dep_id, message=claim.message())
+            return self.store.get(dep_id), None
+        except (QuotaExceeded, OwnerConflict) as e:
             self.store.remove(dep_id)
             raise DeployRefused(403 if isinstance(e, QuotaExceeded) else 409, str(e)) from None
         return row, rows
+
+    async def _on_claim_placed(self, claim, rows: list[dict]) -> None:
+        self._spawn(self.claim_placed(claim, rows))
+
+    async def claim_placed(self, claim, rows: list[dict]) -> None:
+        """The slices preemption freed for a waiting deployment are placed: launch it."""
+        dep_id = claim.members[0][0].split("/", 1)[0]
+        async with self._lock:
+            self.waiting.discard(dep_id)
+            row = self.store.get(dep_id)
+            if row is None or row["state"] == "failed":  # stopped while it waited
+                for owner, _ in claim.members:
+                    await self.ledger.aio.release("deployment", owner)
+                return
+            self.store.update(dep_id, message="starting replicas")
+            await self.serving.launch(self.store.get(dep_id), rows)
+            self._record(self.store.get(dep_id))
 
     # -- changing and stopping -----------------------------------------------------
     def share(self, dep: dict, body: dict) -> dict:
@@ -258,6 +288,7 @@ class DeploymentManager:
     async def stop_deployment(self, dep: dict, reason: str) -> dict:
         """Stop every replica, release the slices, forget the deployment."""
         async with self._lock:
+            self.waiting.discard(dep["id"])
             await self.serving.stop(dep)
             released = sum(
                 [len(await self.ledger.aio.release("deployment", o)) for o in self._owners(dep)]
@@ -328,6 +359,17 @@ class DeploymentManager:
             rec = self._record(dep)
             if dep["state"] == "failed":
                 continue
+            if not self._rows(dep) and dep["gpu_milli"]:
+                if self.service.jobs.preemptor.pending("deployment", self._owners(dep)[0]):
+                    self.waiting.add(dep["id"])  # still being made room for
+                else:
+                    self.store.update(
+                        dep["id"],
+                        state="failed",
+                        message="its GPUs were not freed before the service restarted; "
+                        "deploy it again",
+                    )
+                continue
             try:
                 # Idempotent: what a crash between placing and launching left out goes now.
                 await self.serving.adopt(dep, self._rows(dep))
@@ -361,7 +403,7 @@ class DeploymentManager:
                         self._drop(gone)
                     for dep in deps:
                         self._record(dep)
-                        if dep["state"] != "failed":
+                        if dep["state"] != "failed" and dep["id"] not in self.waiting:
                             await self._check(dep)
                 if time.monotonic() - last_stats > STATS_EVERY_S:
                     last_stats = time.monotonic()

@@ -1,11 +1,16 @@
 """The job manager: the queue, the ledger and the backends, composed.
 
-One loop (every second, or sooner when woken) does two things: it polls the
-running jobs (ended ones release their slices) and it admits queued jobs in
-order (:meth:`~gpulab.scheduler.queue.JobQueue.admit`), starting each on its
-backend. State lives in the database and in each job's directory, so a
-restarted service re-attaches (:meth:`JobManager.reattach`) to jobs whose
-torchrun is still running and learns how the others ended.
+One loop (every second, or sooner when woken) does three things: it polls the
+running jobs (ended ones release their slices; preempted ones go back to the
+queue), it places the claims that preemption made room for
+(:mod:`.preemption`), and it admits queued jobs in order
+(:meth:`~gpulab.scheduler.queue.JobQueue.admit`), starting each on its
+backend. When the job at the head finds no room and its class may preempt,
+it makes room the same way a server does.
+
+State lives in the database and in each job's directory, so a restarted
+service re-attaches (:meth:`JobManager.reattach`) to jobs whose torchrun is
+still running and learns how the others ended.
 """
 
 from __future__ import annotations
@@ -15,17 +20,21 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import time
 import uuid
 
 from gpulab.backend.base import Backend
 from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
 from gpulab.db.jobs import TERMINAL
-from gpulab.scheduler.queue import JobQueue, never_fits
+from gpulab.scheduler.priority import PriorityError
+from gpulab.scheduler.queue import PREEMPTED, JobQueue, never_fits
 from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, parse_gpu_milli
+from gpulab.scheduler.usage import decayed
 
 from .allreduce_results import record_from_job
 from .backends import job_backends
 from .cpu_quota import over_cpu_quota
+from .preemption import Preemptor
 from .tasks import KeptTask
 
 log = logging.getLogger("gpulab.service.jobs")
@@ -49,7 +58,9 @@ class JobManager:
     def __init__(self, service, backends: dict[str, Backend] | None = None):
         self.service = service
         self.ledger = service.ledger
-        self.queue = JobQueue(service.ledger.engine)
+        self.queue = JobQueue(service.ledger.engine, self._order)
+        self.preemptor = Preemptor(service, self)
+        self.preemptor.on_placed["job"] = self._claim_placed
         self.root = os.path.join(service.data_dir, "jobs")
         os.makedirs(self.root, exist_ok=True)
         # Built here, before the service listens: bad settings stop the start.
@@ -63,6 +74,7 @@ class JobManager:
     async def start(self) -> None:
         """Once the service listens: re-attach to running jobs, then run the queue."""
         try:
+            self.preemptor.restore()
             await self.reattach()
         except Exception:
             log.exception("Re-attaching to jobs")
@@ -99,6 +111,8 @@ class JobManager:
     def view(self, job: dict) -> dict:
         """The job as the API shows it."""
         out = dict(job)
+        # Whom a job is stopped for stays the service's: the owner sees that it is.
+        out["preempting"] = bool(job.get("preempting"))
         out["world_size"] = job["nodes"] * job["nproc_per_node"]
         out["position"] = self.queue.position(job["id"]) if job["state"] == "queued" else None
         out["has_out"] = bool(job["backend"] in self.backends and self.jobdir(job).out_path())
@@ -152,6 +166,13 @@ class JobManager:
                 f"priority {spec.priority}: users may lower their jobs' "
                 f"priority (down to -100); raising it is for admins",
             )
+        try:
+            klass = self.service.priorities.for_job(
+                spec.priority_class, who.admin, await self.service.granted_classes(who.name)
+            )
+        except PriorityError as e:
+            status = 403 if spec.priority_class in self.service.priorities.by_name else 400
+            raise JobRefused(status, str(e)) from None
         backend = self.backends.get(spec.backend)
         if backend is None:
             raise JobRefused(
@@ -184,6 +205,8 @@ class JobManager:
                 "user": who.name,
                 "name": spec.name,
                 "priority": spec.priority,
+                "priority_class": spec.priority_class,
+                "preemptible": spec.preemptible and klass.preemptible,
                 "backend": spec.backend,
                 "nodes": spec.nodes,
                 "nproc_per_node": spec.nproc_per_node,
@@ -244,6 +267,7 @@ class JobManager:
             try:
                 async with self._lock:
                     await self._poll_running()
+                    await self.preemptor.settle()
                     await self._admit()
             except Exception:  # the loop must outlive one bad job or a hub hiccup
                 log.exception("job loop")
@@ -271,6 +295,9 @@ class JobManager:
         spec = self.spec(job)
         backend = self.backends[job["backend"]]
         status = await backend.poll(spec)
+        if job["preempting"]:
+            await self._poll_preempting(job, spec, status)
+            return
         if status.restarts != job["restarts"]:
             self.queue.update(job["id"], restarts=status.restarts)
         if status.state == "running":
@@ -328,6 +355,117 @@ class JobManager:
             )
             self._wake.set()
 
+    # -- preemption ----------------------------------------------------------------------
+    def _order(self, queued: list[dict]):
+        """Class, then the job's priority, then its owner's decayed use, then submit time."""
+        priorities = self.service.priorities
+        use = (
+            decayed(self.ledger.engine, self.service.fair_share_half_life_seconds)
+            if len({j["user"] for j in queued}) > 1
+            else {}
+        )
+        return lambda j: (
+            -priorities.value(j["priority_class"], "job"),
+            -j["priority"],
+            round(use.get(j["user"], 0.0)),
+            j["submitted"],
+            j["id"],
+        )
+
+    async def preempt(self, job_id: str, claim) -> None:
+        """Ask a running job to checkpoint and stop for ``claim`` (within the grace)."""
+        job = self.queue.get(job_id)
+        grace = self.service.preemption_grace_seconds
+        self.queue.update(
+            job_id,
+            preempting={"claim": claim.to_json(), "deadline": claim.deadline},
+            message=(
+                f"preempting: saving a checkpoint at the next step to make room for "
+                f"{claim.what} (grace {grace:g} s)"
+            ),
+        )
+        spec = self.spec(job)
+        self.jobdir(job).event(
+            f"preempted for {claim.what}: SIGTERM to every rank; they save a checkpoint "
+            f"at the next step and stop (grace {grace:g} s), then the job waits in the queue"
+        )
+        await self.backends[job["backend"]].preempt(spec)
+
+    async def _poll_preempting(self, job: dict, spec: JobSpec, status) -> None:
+        """A job asked to stop: requeue it once it has (or kill it after the grace)."""
+        backend = self.backends[job["backend"]]
+        claim = job["preempting"]["claim"]
+        if status.state == "running":
+            if time.time() > job["preempting"]["deadline"]:
+                self.jobdir(job).event("the grace period ended: stopping what is left")
+                await backend.cancel(spec)
+                await self._requeue(job, spec, claim["what"])
+            return
+        jd = self.jobdir(job)
+        if status.state == "succeeded" and jd.preempted_at() is None:
+            # It finished within the grace period: nothing to resume.
+            await self._end(job, spec, "succeeded", "succeeded", restarts=status.restarts)
+            return
+        await self._requeue(job, spec, claim["what"])
+
+    async def _requeue(self, job: dict, spec: JobSpec, what: str) -> None:
+        jd = self.jobdir(job)
+        latest = jd.checkpoint()
+        resume = (
+            f"resumes from its checkpoint at step {latest['step']}"
+            if latest
+            else "it had no checkpoint yet and starts over"
+        )
+        message = f"{PREEMPTED}{what}; waits in the queue and {resume}"
+
+        def requeue() -> None:
+            for owner in spec.rank_owners():
+                self.ledger.release("job", owner)
+            self.queue.update(
+                job["id"],
+                state="queued",
+                started=None,
+                preempting=None,
+                preemptions=job["preemptions"] + 1,
+                message=message,
+            )
+
+        jd.reset_run()
+        await self.ledger.aio.run(requeue)
+        self._tails.pop(job["id"], None)
+        jd.event(message)
+        log.info("Job %s of %s preempted (%s)", job["id"], job["user"], message)
+        self._wake.set()
+
+    async def make_room(self, user: str, kind: str, members: list[tuple[str, int]]):
+        """Preempt for a server's or an endpoint's slices that found no room: the
+        claim, or None when nothing the kind's class may preempt would make room."""
+        klass = self.service.priorities.of_kind(kind)
+        what = {"server": "server", "deployment": "endpoint"}.get(kind, kind)
+        async with self._lock:
+            return await self.preemptor.make_room(
+                kind, user, members, klass.value, f"{_article(klass.name)} {what}"
+            )
+
+    async def _make_room_for(self, job: dict) -> None:
+        """The head of the queue found no room: preempt for it if its class may."""
+        priorities = self.service.priorities
+        klass = priorities.by_name.get(job["priority_class"]) or priorities.of_kind("job")
+        claim = await self.preemptor.make_room(
+            "job", job["user"], self._members(job), klass.value, f"{_article(klass.name)} job"
+        )
+        if claim is not None:
+            self.queue.update(job["id"], message=claim.message())
+
+    async def _claim_placed(self, claim, rows: list[dict]) -> None:
+        job = self.queue.get(claim.members[0][0].split("/", 1)[0])
+        if job is None or job["state"] != "queued":  # cancelled meanwhile
+            for owner, _ in claim.members:
+                await self.ledger.aio.release("job", owner)
+            return
+        self.queue.start(job["id"])
+        await self._start(self.queue.get(job["id"]), rows)
+
     def _members(self, job: dict) -> list[tuple[str, int]]:
         n = job["nodes"] * job["nproc_per_node"]
         return [(f"{job['id']}/{r}", job["gpu_milli"]) for r in range(n)]
@@ -337,9 +475,13 @@ class JobManager:
         if not queued:
             return
         groups = {u: await self.service.groups_of(u) for u in {j["user"] for j in queued}}
-        admitted = await self.ledger.aio.run(self.queue.admit, self.ledger, groups, self._members)
+        admitted, blocked = await self.ledger.aio.run(
+            self.queue.admit, self.ledger, groups, self._members
+        )
         for job, rows in admitted:
             await self._start(job, rows)
+        if blocked is not None and blocked["gpu_milli"]:
+            await self._make_room_for(blocked)
 
     async def _start(self, job: dict, rows: list[dict]) -> None:
         spec = self.spec(job)
@@ -384,3 +526,7 @@ class JobManager:
                 continue
             alive = await backend.reattach(spec)
             log.info("Job %s: %s", job["id"], "re-attached" if alive else "ended while away")
+
+
+def _article(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"

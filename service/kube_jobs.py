@@ -9,6 +9,13 @@ holds where and how::
     c.KubernetesJobsSettings.jobs_pvc = "gpulab-jobs"   # ReadWriteMany; holds <data-dir>/jobs
     c.KubernetesJobsSettings.enforcement = "hami"
     c.KubernetesJobsSettings.queue = "gpulab-jobs"      # optional: Kueue LocalQueue
+    c.KubernetesJobsSettings.priority_class_prefix = "gpulab-"  # each job's own class
+
+A job's pods get the PriorityClass of the job's own priority class,
+``gpulab-<class>`` (and, in a Kueue queue, the WorkloadPriorityClass of that name),
+when ``priority_class_prefix`` is set and the cluster has those objects (the Helm
+chart makes them). ``priority_class`` and ``priority``, when set, name one class
+for every job instead, as before (they win over the job's own).
 
 The older ``c.GpuLabService.kubernetes_jobs = {"namespace": ..., ...}`` (one
 dict, these names as keys) still works and does the same, with a warning.
@@ -21,14 +28,16 @@ gpulab that already knows how a pod holds a slice.
 
 from __future__ import annotations
 
-from traitlets import Bool, Dict, Enum, Int, Unicode, Union
+import math
+
+from traitlets import Bool, Dict, Enum, Float, Int, Unicode, Union
 from traitlets.config import Configurable
 
 from gpulab.backend.kubernetes.backend import KubernetesBackend
 from gpulab.backend.kubernetes.pods import JobOptions
 from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.enforcement.kube import GpuSlice, apply_to_pod, check_backend, pod_slice_patch
-from gpulab.enforcement.kube.kueue import queue_patch
+from gpulab.enforcement.kube.kueue import class_patch
 
 KEYS = {
     "namespace",
@@ -39,9 +48,11 @@ KEYS = {
     "queue",
     "priority",
     "priority_class",
+    "priority_class_prefix",
     "use_jobset",
     "kubeconfig",
     "rdzv_port",
+    "termination_grace_seconds",
 }
 
 
@@ -90,7 +101,9 @@ class KubernetesJobsSettings(Configurable):
 
     priority = Unicode(
         "",
-        help="""Kueue WorkloadPriorityClass of the jobs; empty: Kueue's default.
+        help="""Kueue WorkloadPriorityClass of every job, over each job's own
+        (<priority_class_prefix><class>); empty: each job's own, or Kueue's default
+        when priority_class_prefix is empty too.
 
         c.KubernetesJobsSettings.priority = "gpulab-low"
         """,
@@ -98,9 +111,22 @@ class KubernetesJobsSettings(Configurable):
 
     priority_class = Unicode(
         "",
-        help="""Kubernetes PriorityClass of the job pods; empty: the cluster's default.
+        help="""Kubernetes PriorityClass of every job's pods, over each job's own
+        (<priority_class_prefix><class>); empty: each job's own, or the cluster's
+        default when priority_class_prefix is empty too.
 
         c.KubernetesJobsSettings.priority_class = "batch-low"
+        """,
+    ).tag(config=True)
+
+    priority_class_prefix = Unicode(
+        "",
+        help="""Map each job's priority class (batch, batch-high...) to the cluster's
+        PriorityClass <prefix><class> and, in a Kueue queue, the WorkloadPriorityClass
+        of the same name. Those must exist (the Helm chart creates gpulab-<class> and
+        sets "gpulab-"). Empty: no per-class names.
+
+        c.KubernetesJobsSettings.priority_class_prefix = "gpulab-"
         """,
     ).tag(config=True)
 
@@ -140,6 +166,18 @@ class KubernetesJobsSettings(Configurable):
         """,
     ).tag(config=True)
 
+    termination_grace_seconds = Float(
+        None,
+        allow_none=True,
+        help="""Seconds a job's pods get from SIGTERM to SIGKILL when they are stopped or
+        preempted (by gpulab, Kueue or the kube-scheduler): their
+        terminationGracePeriodSeconds, rounded up. None: c.GpuLabService.preemption_grace_seconds
+        (when the service has it), else Kubernetes' default (30 s).
+
+        c.KubernetesJobsSettings.termination_grace_seconds = 120
+        """,
+    ).tag(config=True)
+
     def to_dict(self) -> dict:
         return {key: getattr(self, key) for key in sorted(KEYS)}
 
@@ -152,6 +190,9 @@ def jobs_settings(service) -> dict:
     if legacy:
         check_settings("c.GpuLabService.kubernetes_jobs", legacy, KEYS, ())
         settings.update(legacy)
+    if settings.get("termination_grace_seconds") is None:
+        # The grace gpulab gives a preempted job, as the pods' own.
+        settings["termination_grace_seconds"] = getattr(service, "preemption_grace_seconds", None)
     return settings
 
 
@@ -186,6 +227,15 @@ def check_settings(
     return enforcement, check_backend(enforcement, settings.get("enforcement_options"))
 
 
+def termination_grace(seconds) -> int | None:
+    """``terminationGracePeriodSeconds`` for a grace of ``seconds`` (whole, rounded up)."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+        raise SpecError(f"termination_grace_seconds must be seconds >= 0, got {seconds!r}")
+    return math.ceil(seconds)
+
+
 def kubernetes_backend(
     settings: dict, jobs_root: str, gpus, cls: type[KubernetesBackend] = KubernetesBackend
 ) -> KubernetesBackend:
@@ -205,14 +255,35 @@ def kubernetes_backend(
             by_uuid,
         )
 
-    labels = queue_patch("job", settings.get("queue"), settings.get("priority"))["labels"]
+    def class_options(work_class: str | None, preemptible: bool | None) -> dict:
+        # A job's own class: its PriorityClass, its Kueue WorkloadPriorityClass, and
+        # on KAI whether it may be preempted. Fixed names in the settings win.
+        patch = class_patch(
+            "job",
+            work_class,
+            queue=settings.get("queue") or None,
+            priority=settings.get("priority") or None,
+            priority_class=settings.get("priority_class") or None,
+            prefix=settings.get("priority_class_prefix") or "",
+            preemptible=preemptible,
+            kai=enforcement == "kai",
+        )
+        return {
+            "labels": patch["labels"],
+            "pod_labels": patch["pod_labels"],
+            "priority_class": patch["priority_class_name"] or "",
+        }
+
+    def options_for(spec: JobSpec) -> dict:
+        return class_options(spec.priority_class, spec.preemptible)
+
     options = JobOptions(
         jobs_root=jobs_root,
         jobs_pvc=settings["jobs_pvc"],
         checkpoint_pvc=settings.get("checkpoint_pvc", ""),
-        labels=labels,
-        priority_class=settings.get("priority_class", ""),
         rdzv_port=int(settings.get("rdzv_port", 29400)),
+        termination_grace_seconds=termination_grace(settings.get("termination_grace_seconds")),
+        **class_options(None, None),  # the default class's; each job's replace them
     )
     return cls(
         jobs_root,
@@ -221,4 +292,5 @@ def kubernetes_backend(
         kubeconfig=settings.get("kubeconfig") or None,
         use_jobset=settings.get("use_jobset", "auto"),
         pod_patch_for=pod_patch_for,
+        options_for=options_for,
     )

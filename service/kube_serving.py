@@ -29,7 +29,7 @@ from traitlets.config import Configurable
 
 from gpulab.backend.kubernetes.serving import KubernetesServing
 from gpulab.enforcement.kube import check_backend
-from gpulab.enforcement.kube.kueue import queue_patch
+from gpulab.enforcement.kube.kueue import class_patch
 
 from .kube_jobs import slice_pod_patch
 
@@ -85,18 +85,30 @@ class KubernetesServingSettings(Configurable):
     ).tag(config=True)
     priority = Unicode(
         "",
-        help="""A Kueue WorkloadPriorityClass for the replicas; empty for
-        the queue's default.
+        help="""A Kueue WorkloadPriorityClass for the replicas, over
+        <priority_class_prefix>serving; empty: that one, or the queue's default
+        when priority_class_prefix is empty too.
 
         c.KubernetesServingSettings.priority = "serving"
         """,
     ).tag(config=True)
     priority_class = Unicode(
         "",
-        help="""The pods' PriorityClass; empty for the cluster's
-        default.
+        help="""The pods' PriorityClass, over <priority_class_prefix>serving;
+        empty: that one, or the cluster's default when priority_class_prefix is
+        empty too.
 
         c.KubernetesServingSettings.priority_class = "gpulab-serving"
+        """,
+    ).tag(config=True)
+    priority_class_prefix = Unicode(
+        "",
+        help="""Give the replicas the PriorityClass of gpulab's serving class,
+        <prefix>serving, and in a Kueue queue the WorkloadPriorityClass of that
+        name. They must exist (the Helm chart creates gpulab-serving and sets
+        "gpulab-"). Empty: none.
+
+        c.KubernetesServingSettings.priority_class_prefix = "gpulab-"
         """,
     ).tag(config=True)
     kubeconfig = Unicode(
@@ -164,7 +176,13 @@ def kubernetes_serving(
     def pod_patch_for(dep: dict, rows: list[dict]):
         return slice_pod_patch(enforcement, options, dep["gpu_milli"], rows, by_uuid)
 
-    labels = queue_patch("deployment", settings.queue or None, settings.priority or None)["labels"]
+    queueing = class_patch(
+        "deployment",
+        queue=settings.queue or None,
+        priority=settings.priority or None,
+        priority_class=settings.priority_class or None,
+        prefix=settings.priority_class_prefix,
+    )
     return cls(
         root,
         namespace=settings.namespace,
@@ -172,7 +190,7 @@ def kubernetes_serving(
         image=settings.image,
         kubeconfig=settings.kubeconfig or None,
         pod_patch_for=pod_patch_for,
-        labels=labels,
-        priority_class=settings.priority_class,
+        labels=queueing["labels"],
+        priority_class=queueing["priority_class_name"] or "",
         port=settings.port,
     )

@@ -10,7 +10,9 @@ from collections import Counter
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from gpulab.scheduler.usage import totals
 
 
 class _LedgerCollector:
@@ -39,6 +41,19 @@ class _LedgerCollector:
         for kind in ("server", "job", "deployment"):
             count.add_metric([kind], by_kind.get(kind, 0))
         yield count
+        # GPU-seconds, by kind only: anyone with a token may scrape, and who used
+        # how much is for admins (GET /usage answers per user, group and kind).
+        used = CounterMetricFamily(
+            "gpulab_gpu_seconds",
+            "GPU time held by allocations, in GPU-seconds (a 1/4 GPU for 4 s is 1).",
+            labels=["kind"],
+        )
+        by_kind_s: Counter = Counter()
+        for (_user, kind), milli_seconds in totals(self.service.ledger.engine).items():
+            by_kind_s[kind] += milli_seconds / 1000
+        for kind in ("server", "job", "deployment"):
+            used.add_metric([kind], by_kind_s.get(kind, 0.0))
+        yield used
 
 
 class Metrics:

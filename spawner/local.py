@@ -172,6 +172,9 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
             args.append("--allow-root")  # only when nobody is separated anyway
         return args
 
+    def progress(self):
+        return self.freeing_progress()
+
     async def start(self):
         milli = parse_user_options(self.user_options)
         allocations = await self._allocate(milli)

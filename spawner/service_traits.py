@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from tornado import web
-from traitlets import Unicode
+from traitlets import Float, Unicode
 from traitlets.config import LoggingConfigurable
 
 from .service_client import ServiceClient
@@ -33,6 +36,16 @@ class GpuLabServiceMixin(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    gpulab_freeing_timeout = Float(
+        120.0,
+        help="""Seconds a start waits while the service frees a slice for it (batch jobs
+        saving a checkpoint to stop). Keep it above the service's
+        preemption_grace_seconds, and c.Spawner.start_timeout above both.
+
+        c.FractionalLocalSpawner.gpulab_freeing_timeout = 180
+        """,
+    ).tag(config=True)
+
     def _client(self) -> ServiceClient:
         return ServiceClient(self.gpulab_api_url, self.gpulab_api_token, log=self.log)
 
@@ -48,17 +61,47 @@ class GpuLabServiceMixin(LoggingConfigurable):
             await self._release()
 
     async def _allocate(self, milli: int) -> list[dict]:
-        """Ask the service for this server's slice; its ledger rows (none for 0)."""
-        return await self._client().request(
-            "POST",
-            "/allocations",
-            body={
-                "user": self.user.name,
-                "owner_kind": "server",
-                "owner": self._owner,
-                "gpu_milli": milli,
-            },
-        )
+        """Ask the service for this server's slice; its ledger rows (none for 0).
+
+        While preemptible jobs stop to make room the service answers "freeing"
+        (202); the start waits, and the spawn page shows why (:meth:`progress`).
+        """
+        body = {
+            "user": self.user.name,
+            "owner_kind": "server",
+            "owner": self._owner,
+            "gpu_milli": milli,
+        }
+        deadline = time.monotonic() + self.gpulab_freeing_timeout
+        self._gpulab_progress = []
+        while True:
+            answer = await self._client().request("POST", "/allocations", body=body)
+            if not (isinstance(answer, dict) and answer.get("state") == "freeing"):
+                return answer
+            self._progress_messages().append(answer["message"])
+            if time.monotonic() > deadline:
+                raise web.HTTPError(
+                    409,
+                    f"no GPU was freed within {self.gpulab_freeing_timeout:g} s; "
+                    f"try again, or pick a smaller slice",
+                )
+            await asyncio.sleep(float(answer.get("retry_after", 1)))
+
+    def _progress_messages(self) -> list[str]:
+        if getattr(self, "_gpulab_progress", None) is None:
+            self._gpulab_progress = []
+        return self._gpulab_progress
+
+    async def freeing_progress(self):
+        """Spawn-page events while a slice is freed for this start (the local spawner's
+        ``progress``; KubeSpawner keeps its own, the pod's events)."""
+        last = None
+        while True:
+            messages = self._progress_messages()
+            if messages and messages[-1] != last:
+                last = messages[-1]
+                yield {"progress": 30, "message": last}
+            await asyncio.sleep(1)
 
     async def _release(self) -> None:
         """Give the slice back. Waits briefly: when the hub shuts down, the service

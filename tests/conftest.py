@@ -16,6 +16,8 @@ SHARED_HUB_CONFIG = """
 # (half a GPU, shown on the spawn form).
 c.GpuLabService.user_quota_milli = {"capped-jobs": 500, "capped-spawn": 250,
                                     "alice-browser": 500}
+# tests/jobs/test_preemption.py: a user whose guarantee lets her reclaim a GPU.
+c.GpuLabService.user_guaranteed_milli = {"guaranteed-jobs": 1000}
 """
 
 

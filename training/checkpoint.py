@@ -20,7 +20,7 @@ import os
 import shutil
 import time
 
-from . import env
+from . import env, preemption
 from .metrics import set_progress
 
 LATEST = "latest"
@@ -150,10 +150,21 @@ def resume_range(ctx, total_steps: int, state: dict, every: int | None = None):
                 else "the start (no checkpoint yet)"
             )
             _event(f"restart {ctx.restart}: a rank stopped; every rank restarted from {where}")
+        elif loaded is not None and ctx.rank == 0:
+            _event(f"resumed from the checkpoint at step {start}")
     for step in range(start, total_steps):
         set_progress(step, total_steps)
         yield step
         done = step + 1
+        saved = False
         if root and every and (done % every == 0 or done == total_steps):
             save(ctx, done, state, root)
+            saved = True
+        if done < total_steps and preemption.agreed(ctx):
+            if root and not saved:
+                save(ctx, done, state, root)
+            preemption.record(ctx, done)
+            if ctx.rank == 0:
+                _event(f"preempted: saved a checkpoint at step {done}; the job waits in the queue")
+            raise preemption.Preempted(done)
     set_progress(total_steps, total_steps)

@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 
-from . import env
+from . import env, preemption
 
 
 def _redirect_output(job_dir: str, rank: int) -> None:
@@ -91,6 +91,7 @@ def run(job_dir: str) -> None:
     import cloudpickle
 
     rank = env.rank()
+    preemption.install()  # before the cell runs: SIGTERM waits for a step boundary
     _redirect_output(job_dir, rank)
     _write_json(
         os.path.join(job_dir, "pids", f"rank{rank}.json"),

@@ -1,10 +1,15 @@
-"""``Dashboard``: one live panel (ipywidgets) with Cluster, Cache, Network and Jobs tabs.
+"""``Dashboard``: one live panel (ipywidgets): Cluster, Cache, Network, Jobs and Usage tabs.
 
 One daemon thread polls ``GET /telemetry`` through ``gpulab.client`` about once a
-second and redraws; it keeps going while the kernel runs another cell, since
-widget messages go out from any thread. A lock guards the model and the
-figures (the tab-change handler draws too). Errors never raise into the
-notebook: they show in the status line and the thread retries with backoff.
+second and redraws; every ``usage_interval`` seconds (30) the same thread also
+asks ``GET /usage`` for the last 7 days' GPU-hours, by user and by kind, for the
+Usage tab (they change slowly). A usage failure (an older service without
+``/usage`` answers 404) is one line in that tab, not an update error: the
+telemetry tabs go on as before. The thread keeps going while the kernel runs
+another cell, since widget messages go out from any thread. A lock guards the
+model and the figures (the tab-change handler draws too). Errors never raise
+into the notebook: they show in the status line and the thread retries with
+backoff.
 ``close()`` stops the thread and closes the widgets.
 """
 
@@ -14,23 +19,34 @@ import os
 import threading
 import time
 import traceback
+from datetime import UTC, datetime, timedelta
 
 import ipywidgets as w
 
 from .figures import TABS, TabFigure
-from .model import TelemetryModel
-from .tables import cache_tables, cluster_tables, jobs_tables, network_tables, status_line
+from .model import USAGE_DAYS, TelemetryModel
+from .tables import (
+    cache_tables,
+    cluster_tables,
+    jobs_tables,
+    network_tables,
+    status_line,
+    usage_error,
+    usage_tables,
+)
 
 MAX_BACKOFF_S = 30.0
+USAGE_INTERVAL_S = 30.0
 
 
 class Dashboard(w.VBox):
-    """Live cluster, dataset-cache, network and jobs telemetry.
+    """Live cluster, dataset-cache, network and jobs telemetry, and GPU-hours used.
 
     ``Dashboard()`` in a server gpulab started needs no arguments. Elsewhere pass
     ``client=gpulab.client.Client(api_url, token=...)``. ``user`` is the name
     shown as "you" (default ``$JUPYTERHUB_USER``); ``max_age_s`` how much
-    history to keep; ``start=False`` leaves the updater off (call ``refresh()``).
+    history to keep; ``usage_interval`` the seconds between GPU-hours fetches;
+    ``start=False`` leaves the updater off (call ``refresh()``, ``refresh_usage()``).
     """
 
     def __init__(
@@ -40,8 +56,11 @@ class Dashboard(w.VBox):
         max_age_s: float = 600.0,
         user: str | None = None,
         start: bool = True,
+        usage_interval: float = USAGE_INTERVAL_S,
     ):
         self.interval = float(interval)
+        self.usage_interval = float(usage_interval)
+        self._usage_next = 0.0  # time.monotonic() of the next GPU-hours fetch
         self.user = user if user is not None else os.environ.get("JUPYTERHUB_USER")
         self.model = TelemetryModel(
             max_age_s=max_age_s, capacity=int(max_age_s / max(self.interval, 0.1)) + 60
@@ -58,7 +77,8 @@ class Dashboard(w.VBox):
         self.tabs.observe(self._on_tab, names="selected_index")
         header = w.HTML(
             "<b>gpulab</b> cluster telemetry "
-            "<span style='color:#666'>(updates about once a second)</span>"
+            "<span style='color:#666'>(updates about once a second; "
+            "GPU-hours every half minute)</span>"
         )
         super().__init__([header, self.tabs])
         self.add_class("gpulab-dashboard")
@@ -71,14 +91,21 @@ class Dashboard(w.VBox):
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def refresh(self) -> bool:
-        """Fetch once and redraw; False (and the reason in the status line) on failure."""
-        try:
-            if self._client is None:
-                from gpulab.client import Client
+    def _connect(self):
+        if self._client is None:
+            from gpulab.client import Client
 
-                self._client = Client()
-            answer = self._client.telemetry(self.model.cursor())
+            self._client = Client()
+        return self._client
+
+    def refresh(self) -> bool:
+        """Fetch once and redraw; False (and the reason in the status line) on failure.
+
+        GPU-hours are fetched too when ``usage_interval`` has passed since the last
+        try; how that went shows in the Usage tab and never in the return value.
+        """
+        try:
+            answer = self._connect().telemetry(self.model.cursor())
         except Exception as e:  # shown, not raised: a dashboard must not break a notebook
             with self._lock:
                 self.error = f"{type(e).__name__}: {e}"
@@ -93,6 +120,29 @@ class Dashboard(w.VBox):
                 self.error = "drawing failed: " + traceback.format_exc(limit=3)
                 self._draw_status()
                 return False
+        if time.monotonic() >= self._usage_next:
+            self.refresh_usage()
+        return True
+
+    def refresh_usage(self) -> bool:
+        """Fetch the last 7 days' GPU-hours (by user, by kind) now and redraw the Usage tab.
+
+        False on failure, whose one line (not a traceback) the Usage tab shows.
+        """
+        self._usage_next = time.monotonic() + self.usage_interval
+        since = (datetime.now(UTC) - timedelta(days=USAGE_DAYS)).isoformat()
+        try:
+            client = self._connect()
+            by_user = client.usage(since=since, group_by="user")
+            by_kind = client.usage(since=since, group_by="kind")
+        except Exception as e:  # shown in the tab: an older service has no /usage
+            with self._lock:
+                self.model.usage.fail(usage_error(e))
+                self._draw_usage()
+            return False
+        with self._lock:
+            self.model.usage.ingest(by_user, by_kind, time.time())
+            self._draw_usage()
         return True
 
     def _run(self) -> None:
@@ -129,6 +179,16 @@ class Dashboard(w.VBox):
             if widget.value != html:
                 widget.value = html
 
+    def _draw_usage(self) -> None:
+        """The Usage tab's status line; the rest too when it is shown (else when it is)."""
+        try:
+            if self._selected() == "Usage":
+                self._draw("Usage")
+                return
+        except Exception as e:  # never into the updater thread: it would stop
+            self.model.usage.fail(f"drawing the Usage tab failed: {type(e).__name__}: {e}")
+        self._draw_status()
+
     def _draw(self, tab: str) -> None:
         """Status of every tab; figure and tables of ``tab`` (hidden tabs redraw when shown)."""
         self._draw_status()
@@ -138,6 +198,7 @@ class Dashboard(w.VBox):
             "Cache": lambda: cache_tables(self.model),
             "Network": lambda: network_tables(self.model),
             "Jobs": lambda: jobs_tables(self.model),
+            "Usage": lambda: usage_tables(self.model, self.user),
         }[tab]()
         if self._tables[tab].value != html:
             self._tables[tab].value = html

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from .model import CACHE_COLUMNS, GPU_COLUMNS, JOB_COLUMNS, TelemetryModel
+from .model import CACHE_COLUMNS, GPU_COLUMNS, JOB_COLUMNS, USAGE_DAYS, TelemetryModel
 
 PALETTE = qualitative.Plotly
 GIB = 2.0**30
@@ -36,7 +36,7 @@ class Trace:
     group: str
     color: str
     dash: str = "solid"
-    kind: str = "lines"  # "lines", "lines+markers" or "bar"
+    kind: str = "lines"  # "lines", "lines+markers", "bar" or "hbar" (x: values, y: labels)
     legend: bool = True
 
 
@@ -96,7 +96,10 @@ class TabFigure:
         height: int,
         time_cells: list[tuple[int, int]],
         y_titles: dict[tuple[int, int], str],
+        value_x_titles: dict[tuple[int, int], str] | None = None,
     ):
+        """``value_x_titles``: cells of horizontal bars, the title of their value (x)
+        axis; their y axis holds labels and widens the margin to fit them."""
         base = make_subplots(
             rows=rows,
             cols=cols,
@@ -116,6 +119,9 @@ class TabFigure:
             base.update_xaxes(title_text="seconds ago", title_standoff=4, row=r, col=c)
         for (r, c), title in y_titles.items():
             base.update_yaxes(title_text=title, row=r, col=c)
+        for (r, c), title in (value_x_titles or {}).items():
+            base.update_xaxes(title_text=title, title_standoff=4, rangemode="tozero", row=r, col=c)
+            base.update_yaxes(automargin=True, row=r, col=c)
         self._base = base
         self._titles = tuple(base.layout.annotations)
         self.cells = [(r, c) for r in range(1, rows + 1) for c in range(1, cols + 1)]
@@ -165,6 +171,19 @@ class TabFigure:
 
     @staticmethod
     def _new_trace(t: Trace):
+        if t.kind == "hbar":
+            return go.Bar(
+                name=t.key,
+                x=t.x,
+                y=t.y,
+                orientation="h",
+                legendgroup=t.group,
+                showlegend=t.legend,
+                marker_color=t.color,
+                texttemplate="%{x:.2f}",
+                textposition="auto",
+                hovertemplate="%{y}: %{x:.2f} GPU-hours<extra></extra>",
+            )
         if t.kind == "bar":
             return go.Bar(
                 name=t.key,
@@ -467,9 +486,67 @@ def jobs_plot(m: TelemetryModel) -> Plot:
     return p
 
 
+# -- Usage ---------------------------------------------------------------------
+#: Users drawn as bars; the rest are one "N others" bar (the table lists everyone).
+USAGE_CHART_USERS = 10
+
+
+def usage_figure() -> TabFigure:
+    period = f"last {USAGE_DAYS} days"
+    return TabFigure(
+        [f"GPU-hours by user, {period}", f"GPU-hours by kind, {period}"],
+        rows=1,
+        cols=2,
+        height=380,
+        time_cells=[],
+        y_titles={},
+        value_x_titles={(1, 1): "GPU-hours", (1, 2): "GPU-hours"},
+    )
+
+
+def usage_plot(m: TelemetryModel) -> Plot:
+    """Horizontal bars, most GPU-hours on top; a note instead when there is nothing to draw."""
+    p, u = Plot(), m.usage
+    if u.error or u.fetched is None or u.empty:
+        if u.error:
+            text = html.escape(u.error)
+        elif u.fetched is None:
+            text = "GPU-hours not fetched yet"
+        else:
+            text = f"No GPU time used in the last {USAGE_DAYS} days"
+        p.notes += [Note(1, 1, text), Note(1, 2, text)]
+        return p
+    users = [(r["name"], r["gpu_hours"]) for r in u.by_user[:USAGE_CHART_USERS]]
+    rest = u.by_user[USAGE_CHART_USERS:]
+    if rest:
+        users.append((f"{len(rest)} others", sum(r["gpu_hours"] for r in rest)))
+    kinds = [(r["name"], r["gpu_hours"]) for r in u.kinds()]
+    for col, key, bars, color in (
+        (1, "by user", users, PALETTE[0]),
+        (2, "by kind", kinds, PALETTE[1]),
+    ):
+        bars = bars[::-1]  # plotly draws the first category at the bottom
+        x = np.array([hours for _, hours in bars], dtype=np.float64)
+        p.traces.append(
+            Trace(
+                f"GPU-hours {key}",
+                1,
+                col,
+                x,
+                [label for label, _ in bars],
+                key,
+                color,
+                kind="hbar",
+                legend=False,
+            )
+        )
+    return p
+
+
 TABS = {
     "Cluster": (cluster_figure, cluster_plot),
     "Cache": (cache_figure, cache_plot),
     "Network": (network_figure, network_plot),
     "Jobs": (jobs_figure, jobs_plot),
+    "Usage": (usage_figure, usage_plot),
 }

@@ -10,6 +10,10 @@ names; the model never widens or narrows that.
 A value a source did not report stays NaN (a gap in a plot), and a source a
 node lacks is listed in ``missing`` with the reason: the dashboard says "no
 GPU driver" rather than drawing zeros.
+
+GPU-hours (``GET /usage``) change slowly and are fetched apart from the
+telemetry, every half minute or so: ``TelemetryModel.usage`` (a ``UsageModel``)
+holds the latest answers by user and by kind, or why there are none.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ CACHE_COLUMNS = (
 )
 JOB_COLUMNS = ("step", "loss", "samples_per_second")
 SOURCES = ("gpu", "nic", "rdma", "cache")
+#: The kinds of holder GPU time is accounted to (``GET /usage?group_by=kind``).
+USAGE_KINDS = ("server", "job", "deployment")
+#: The Usage tab's period: the last this many days.
+USAGE_DAYS = 7
 
 #: A node whose newest sample is older than this (against the newest of any node)
 #: no longer holds back the ``since`` cursor: a dead agent must not make every
@@ -50,6 +58,75 @@ def _shown_nics(nics: list[dict]) -> list[dict]:
     if physical:
         return physical
     return [n for n in nics if n.get("device") != "lo" and n.get("operstate") == "up"]
+
+
+class UsageModel:
+    """The latest ``GET /usage`` answers (by user, by kind), or the one line saying why not.
+
+    Rows are kept as served: a user's answer holds their own row, an admin's
+    everyone's. ``fetched`` is the unix time of the last successful fetch;
+    ``error`` the last failure (cleared by the next success, which also keeps
+    the rows of an earlier success from being shown as current after a failure).
+    """
+
+    def __init__(self):
+        self.by_user: list[dict] = []
+        self.by_kind: list[dict] = []
+        self.since: str | None = None
+        self.until: str | None = None
+        self.fetched: float | None = None
+        self.error: str | None = None
+
+    def ingest(self, by_user: dict, by_kind: dict, when: float) -> None:
+        """Take the two answers of one fetch (``when``: unix seconds it was made)."""
+        self.by_user = _usage_rows(by_user, "user")
+        self.by_kind = _usage_rows(by_kind, "kind")
+        self.since = by_user.get("since")
+        self.until = by_user.get("until")
+        self.fetched = when
+        self.error = None
+
+    def fail(self, error: str) -> None:
+        self.by_user, self.by_kind = [], []
+        self.error = error
+
+    @property
+    def total_hours(self) -> float:
+        """Every row's GPU-hours (the larger sum, should the two groupings disagree)."""
+        return max(
+            sum(r["gpu_hours"] for r in self.by_user), sum(r["gpu_hours"] for r in self.by_kind)
+        )
+
+    @property
+    def empty(self) -> bool:
+        """Fetched, and no GPU time used in the period."""
+        return self.fetched is not None and self.error is None and not self.total_hours > 0
+
+    def kinds(self) -> list[dict]:
+        """By kind as served (most first), then every known kind that used nothing, at 0."""
+        seen = {r["name"] for r in self.by_kind}
+        zero = {"gpu_hours": 0.0, "allocations": 0}
+        return self.by_kind + [{"name": k, **zero} for k in USAGE_KINDS if k not in seen]
+
+
+def _usage_rows(answer: dict, key: str) -> list[dict]:
+    """``{"name", "gpu_hours", "allocations"}`` per served row, most GPU-hours first."""
+    key = str(answer.get("group_by") or key)
+    rows = []
+    for row in answer.get("rows") or []:
+        if not isinstance(row, dict):
+            continue
+        hours = number(row.get("gpu_hours"))
+        if math.isnan(hours):
+            hours = number(row.get("milli_gpu_seconds")) / 1000 / 3600
+        rows.append(
+            {
+                "name": str(row.get(key)),
+                "gpu_hours": 0.0 if math.isnan(hours) else hours,
+                "allocations": row.get("allocations"),
+            }
+        )
+    return sorted(rows, key=lambda r: -r["gpu_hours"])
 
 
 class TelemetryModel:
@@ -72,6 +149,7 @@ class TelemetryModel:
         self.now: float | None = None
         self.interval_s: float = 1.0
         self.answers = 0
+        self.usage = UsageModel()
         self._last_ts: dict[str, float] = {}
 
     # -- reading answers -------------------------------------------------------

@@ -10,10 +10,16 @@ import math
 import time
 from html import escape
 
-from .model import TelemetryModel
+from .model import USAGE_DAYS, TelemetryModel, UsageModel
 
 #: Which telemetry sources each tab draws (for its "missing" line).
-TAB_SOURCES = {"Cluster": ("gpu",), "Cache": ("cache",), "Network": ("nic", "rdma"), "Jobs": ()}
+TAB_SOURCES = {
+    "Cluster": ("gpu",),
+    "Cache": ("cache",),
+    "Network": ("nic", "rdma"),
+    "Jobs": (),
+    "Usage": (),
+}
 
 _TABLE = (
     '<table class="gpulab-table" style="border-collapse:collapse;font-size:12px;'
@@ -72,14 +78,57 @@ def status_line(m: TelemetryModel, tab: str, error: str | None) -> str:
         if m.now and not math.isnan(m.now)
         else "never"
     )
-    if not TAB_SOURCES[tab]:
+    if tab == "Jobs":
         parts.append(f"{len(m.jobs)} job(s) you may see" if m.jobs else "no jobs to show")
+    updated = f"updated {when}; {m.points()} points"
+    if tab == "Usage":
+        parts.append(usage_line(m.usage))
+        updated = f"GPU-hours updated {_clock(m.usage.fetched)}"
     lines = "<br>".join(parts) or "all sources reporting"
     return (
         f'<div class="gpulab-status" data-tab="{tab}" data-points="{m.points()}" '
         f'style="font-size:12px;line-height:1.4">{lines}'
-        f'<br><span style="color:#666">updated {when}; {m.points()} points</span></div>'
+        f'<br><span style="color:#666">{updated}</span></div>'
     )
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "never"
+
+
+def usage_error(err: BaseException) -> str:
+    """One short line for the Usage tab: why there are no GPU-hours (never a traceback)."""
+    status = getattr(err, "status", None)
+    if status == 404:
+        return (
+            "GPU-hours are not available: this gpulab service has no usage report "
+            "(404, older than GPU-hours accounting)"
+        )
+    text = " ".join(str(err).split()) or type(err).__name__
+    if len(text) > 160:
+        text = text[:159] + "…"
+    return (
+        f"GPU-hours are not available ({status}): {text}"
+        if status
+        else (f"GPU-hours are not available: {text}")
+    )
+
+
+def usage_line(u: UsageModel) -> str:
+    """The Usage tab's own line (HTML): the error, the empty message, or the total."""
+    if u.error:
+        return f'<span style="color:#b00020">{escape(u.error)}</span>'
+    if u.fetched is None:
+        return "GPU-hours not fetched yet"
+    if u.empty:
+        return f"<b>No GPU time used in the last {USAGE_DAYS} days</b>"
+    return f"<b>{_hours(u.total_hours)} GPU-hours</b> used in the last {USAGE_DAYS} days"
+
+
+def _hours(value: float) -> str:
+    if 0 < value < 0.005:
+        return "&lt;0.01"
+    return f"{value:,.2f}"
 
 
 def _holders(m: TelemetryModel, uuid: str, me: str | None) -> str:
@@ -223,3 +272,36 @@ def jobs_tables(m: TelemetryModel) -> str:
             )
         rows.append(row)
     return table("jobs", keys or ["jobs"], rows)
+
+
+#: Most user rows listed in the Usage tab's table.
+USAGE_TABLE_USERS = 50
+
+
+def usage_tables(m: TelemetryModel, me: str | None) -> str:
+    """By user (yours, or everyone's for an admin) and by kind; nothing when there are no
+    GPU-hours to list (the status line and the figure say why)."""
+    u = m.usage
+    if u.error or u.fetched is None or u.empty:
+        return ""
+    period = f"last {USAGE_DAYS} days"
+    users = u.by_user[:USAGE_TABLE_USERS]
+    whose = "yours" if all(r["name"] == me for r in u.by_user) else "everyone's"
+    more = len(u.by_user) - len(users)
+    caption = f"GPU-hours by user, {period} ({whose}" + (
+        f"; the top {len(users)} of {len(u.by_user)})" if more else ")"
+    )
+
+    def rows(entries: list[dict], mark_me: bool) -> list[list[str]]:
+        return [
+            [
+                escape(r["name"]) + (" (you)" if mark_me and r["name"] == me else ""),
+                _hours(r["gpu_hours"]),
+                escape("—" if r.get("allocations") is None else str(r["allocations"])),
+            ]
+            for r in entries
+        ]
+
+    return table(caption, ["user", "GPU-hours", "allocations"], rows(users, True)) + table(
+        f"GPU-hours by kind, {period}", ["kind", "GPU-hours", "allocations"], rows(u.kinds(), False)
+    )

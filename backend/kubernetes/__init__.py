@@ -14,10 +14,13 @@ The objects come from pure functions, one module per kind of work; the
 - :mod:`.serving`: :class:`KubernetesServing`, the model endpoints' I/O (a Secret, a
   Deployment and a Service per endpoint; ``kubernetes_asyncio`` imported when used).
 
-Slice enforcement and Kueue live in ``gpulab.spawner``, which ``backend/`` must
-not import: builders take ``pod_patch`` (a function of a pod template, e.g.
-``lambda t: apply_to_pod(t, pod_slice_patch("hami", GpuSlice.of(250, 81920)))``)
-and plain ``labels`` (``queue_patch("job", queue)["labels"]``) from the caller.
+Slice enforcement and Kueue live in ``gpulab.enforcement.kube``, and the builders
+take what they decide from the caller: ``pod_patch`` (a function of a pod template,
+e.g. ``lambda t: apply_to_pod(t, pod_slice_patch("hami", GpuSlice.of(250, 81920)))``),
+plain ``labels`` (``queue_patch("job", queue)["labels"]``) and ``priority_class``.
+What depends on a job's own priority class (its PriorityClass ``gpulab-<class>``,
+its Kueue WorkloadPriorityClass) comes per job through the backend's
+``options_for`` (built from ``gpulab.enforcement.kube.kueue.class_patch``).
 """
 
 from .deploy import make_deployment, make_inference_service

@@ -38,8 +38,11 @@ class KubernetesBackend(Backend, ApiClientHolder):
     ``options`` says where job directories live on the cluster (the PVC) and
     how jobs queue; ``pod_patch_for(spec, allocations)`` returns the pod patch
     holding a node's slice (the service builds it from
-    ``gpulab.enforcement.kube``), or None for none. ``use_jobset`` is
-    ``"auto"`` (when the CRD is installed), ``True`` or ``False``.
+    ``gpulab.enforcement.kube``), or None for none. ``options_for(spec)``
+    returns the :class:`JobOptions` fields that depend on the job itself (its
+    priority class: ``labels``, ``pod_labels``, ``priority_class``), which
+    replace ``options``' for that job; None: ``options`` for every job.
+    ``use_jobset`` is ``"auto"`` (when the CRD is installed), ``True`` or ``False``.
     """
 
     name = "kubernetes"
@@ -53,6 +56,7 @@ class KubernetesBackend(Backend, ApiClientHolder):
         kubeconfig: str | None = None,
         use_jobset: bool | str = "auto",
         pod_patch_for: Callable[[JobSpec, list], Callable | None] | None = None,
+        options_for: Callable[[JobSpec], dict] | None = None,
     ):
         super().__init__(jobs_root)
         if options.jobs_root != jobs_root:
@@ -65,6 +69,7 @@ class KubernetesBackend(Backend, ApiClientHolder):
         self.kubeconfig = kubeconfig
         self.use_jobset = use_jobset
         self.pod_patch_for = pod_patch_for
+        self.options_for = options_for
         self._groups: set[str] | None = None
 
     # -- the client (ApiClientHolder) ------------------------------------------------
@@ -100,9 +105,14 @@ class KubernetesBackend(Backend, ApiClientHolder):
                 "use --nproc-per-node 1 with a fraction of a GPU, or whole GPUs"
             )
 
+    def job_options(self, spec: JobSpec) -> JobOptions:
+        """``options`` with what depends on this job (its priority class) filled in."""
+        own = self.options_for(spec) if self.options_for else {}
+        return dataclasses.replace(self.options, **own) if own else self.options
+
     def objects(self, spec: JobSpec, allocations: list[dict], jobset: bool) -> list[dict]:
         patch = self.pod_patch_for(spec, allocations) if self.pod_patch_for else None
-        opts = dataclasses.replace(self.options, pod_patch=patch)
+        opts = dataclasses.replace(self.job_options(spec), pod_patch=patch)
         if jobset:
             return [jobset_mod.make_jobset(spec, opts)]
         return job_objects(spec, opts)

@@ -81,9 +81,13 @@ class JobOptions:
     """What a cluster adds to a job spec: where its files live, how it queues.
 
     ``jobs_root`` is the service's jobs directory, which ``jobs_pvc`` holds and
-    every pod mounts at the same path. ``labels`` go on the Job and its pods
-    (e.g. Kueue's ``kueue.x-k8s.io/queue-name``); ``pod_patch`` returns a pod
-    template holding the slice (from ``gpulab.enforcement.kube``).
+    every pod mounts at the same path. ``labels`` go on the Job (e.g. Kueue's
+    ``kueue.x-k8s.io/queue-name``), ``pod_labels`` on its pods only (e.g. KAI's
+    ``kai.scheduler/preemptibility``); ``priority_class`` is the pods'
+    PriorityClass; ``pod_patch`` returns a pod template holding the slice (from
+    ``gpulab.enforcement.kube``). What depends on the job's own priority class
+    comes per job from the backend's ``options_for`` (see
+    ``gpulab.enforcement.kube.kueue.class_patch``).
     """
 
     jobs_root: str
@@ -92,8 +96,12 @@ class JobOptions:
     rdzv_port: int = 29400
     launcher: tuple[str, ...] = ("torchrun",)
     labels: dict = field(default_factory=dict)
+    pod_labels: dict = field(default_factory=dict)
     priority_class: str = ""
     service_account: str = ""
+    #: The pods' terminationGracePeriodSeconds: SIGTERM (the ranks checkpoint at the
+    #: next step) to SIGKILL when Kueue, the kube-scheduler or gpulab stops them.
+    termination_grace_seconds: int | None = None
     ttl_seconds_after_finished: int | None = 3600
     pod_patch: Callable[[dict], dict] | None = None
 
@@ -222,9 +230,14 @@ def pod_template(spec: JobSpec, options: JobOptions, rdzv_host: str, subdomain: 
         pod_spec["priorityClassName"] = options.priority_class
     if options.service_account:
         pod_spec["serviceAccountName"] = options.service_account
+    if options.termination_grace_seconds is not None:
+        pod_spec["terminationGracePeriodSeconds"] = options.termination_grace_seconds
     # The user is named on the Job, not on its pods: enforcement drops every
     # gpulab.io/ annotation from a pod (they may grant GPUs).
-    template = {"metadata": {"labels": pod_labels(spec)}, "spec": pod_spec}
+    template = {
+        "metadata": {"labels": {**options.pod_labels, **pod_labels(spec)}},
+        "spec": pod_spec,
+    }
     if options.pod_patch is not None:
         template = options.pod_patch(template)
     return template

@@ -42,7 +42,7 @@ def members(job):
 
 
 def admit(q, ledger):
-    return [j["id"] for j, _ in q.admit(ledger, {}, members)]
+    return [j["id"] for j, _ in q.admit(ledger, {}, members)[0]]
 
 
 def test_priority_first_then_first_come(setup):

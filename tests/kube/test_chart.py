@@ -14,6 +14,7 @@ import helm_python as helm
 import jsonschema
 import pytest
 import yaml
+from crd_schemas import check_kueue
 from kube_helpers import CRD_GROUPS, K8S_VERSIONS, validate_strict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +46,7 @@ def render(chart, values, namespace="gpulab") -> dict[str, dict]:
 def test_all_options_render_and_validate(chart):
     objects = render(chart, ALL_ON)
     assert sorted(objects) == [
+        "ClusterQueue/gpu-cluster",
         "ClusterRole/gpulab-gpulab-all-inventory",
         "ClusterRoleBinding/gpulab-gpulab-all-inventory",
         "ConfigMap/gpulab-all-service",
@@ -55,18 +57,27 @@ def test_all_options_render_and_validate(chart):
         "PersistentVolumeClaim/gpulab-all-data",
         "PersistentVolumeClaim/gpulab-all-jobs",
         "PersistentVolumeClaim/gpulab-all-models",
+        "PriorityClass/gpulab-batch",
+        "PriorityClass/gpulab-batch-high",
         "PriorityClass/gpulab-notebook",
+        "PriorityClass/gpulab-scavenger",
+        "PriorityClass/gpulab-serving",
         "Role/gpulab-all",
         "RoleBinding/gpulab-all",
         "Secret/gpulab-tokens",
         "Service/gpulab-all",
         "ServiceAccount/gpulab-all",
+        "WorkloadPriorityClass/gpulab-batch",
+        "WorkloadPriorityClass/gpulab-batch-high",
         "WorkloadPriorityClass/gpulab-high",
         "WorkloadPriorityClass/gpulab-low",
+        "WorkloadPriorityClass/gpulab-scavenger",
+        "WorkloadPriorityClass/gpulab-serving",
     ]
     for key, obj in objects.items():
         if obj["apiVersion"].startswith(CRD_GROUPS):
-            continue  # no schema ships for custom resources; checked literally below
+            check_kueue(obj)  # no schema ships for custom resources: ours (crd_schemas)
+            continue
         assert validate_strict(obj) == K8S_VERSIONS, key
     queue = objects["LocalQueue/research"]
     assert queue == {
@@ -77,6 +88,19 @@ def test_all_options_render_and_validate(chart):
     }
     high = objects["WorkloadPriorityClass/gpulab-high"]
     assert (high["value"], high["description"]) == (10000, "urgent")
+    # Every class of the list is a PriorityClass and a WorkloadPriorityClass of one value.
+    for name, value in [("serving", 500), ("batch-high", 200), ("batch", 100), ("scavenger", 10)]:
+        assert objects[f"PriorityClass/gpulab-{name}"]["value"] == value
+        assert objects[f"WorkloadPriorityClass/gpulab-{name}"]["value"] == value
+    cq = objects["ClusterQueue/gpu-cluster"]["spec"]
+    assert cq["cohort"] == "research-cohort" and cq["queueingStrategy"] == "StrictFIFO"
+    assert cq["namespaceSelector"] == {"matchLabels": {"team": "research"}}
+    assert cq["preemption"] == {
+        "withinClusterQueue": "LowerPriority",
+        "reclaimWithinCohort": "Any",
+        "borrowWithinCohort": {"policy": "LowerPriority", "maxPriorityThreshold": 150},
+    }
+    assert "fairSharing" not in cq
 
 
 def test_all_options_reach_the_objects(chart):
@@ -116,6 +140,7 @@ def test_all_options_reach_the_objects(chart):
         "localQueue": "research",
         "defaultPriorityClass": "gpulab-low",
     }
+    assert service_values["priorityClasses"]["prefix"] == "gpulab-"
 
 
 def service_values_of(objects: dict, release: str = "gpulab") -> dict:
@@ -323,6 +348,7 @@ def test_minimal_install_without_agent_rbac_or_scraping(chart):
             "prometheus": {"scrape": False},
             "service": {"persistence": {"enabled": False}},
             "notebookPriorityClass": {"create": False},
+            "priorityClasses": {"create": False},
         },
     )
     assert sorted(k.split("/")[0] for k in objects) == [
@@ -340,6 +366,8 @@ def test_minimal_install_without_agent_rbac_or_scraping(chart):
     assert {"name": "data", "emptyDir": {}} in template["spec"]["volumes"]
     hub_values = json.loads(objects["ConfigMap/gpulab-hub-config"]["data"]["hub-values.json"])
     assert hub_values["notebookPriorityClass"] == ""
+    # No gpulab-<class> objects: pods name none (only priorityClassName, when set).
+    assert service_values_of(objects)["priorityClasses"]["prefix"] == ""
 
 
 @pytest.mark.parametrize("values", [ALL_ON, HUB_OFF], ids=["all-on", "defaults"])
@@ -381,6 +409,26 @@ def test_values_match_their_schema():
         (
             {"deployments": {"kubernetes": {"queue": "x"}}},
             "additional properties 'queue' not allowed",
+        ),
+        (
+            {
+                "priorityClasses": {
+                    "classes": [{"name": "batch", "value": 100, "preemptionPolicy": "Sometimes"}]
+                }
+            },
+            "at '/priorityClasses/classes/0/preemptionPolicy'",
+        ),
+        (
+            {"priorityClasses": {"classes": [{"name": "Batch", "value": 100}]}},
+            "at '/priorityClasses/classes/0/name'",
+        ),
+        (
+            {"priorityClasses": {"classes": [{"name": "top", "value": 2000000000}]}},
+            "at '/priorityClasses/classes/0/value'",
+        ),
+        (
+            {"kueue": {"clusterQueue": {"preemption": {"withinClusterQueue": "Any"}}}},
+            "at '/kueue/clusterQueue/preemption/withinClusterQueue'",
         ),
     ],
 )
@@ -424,3 +472,122 @@ def test_z2jh_wiring_names_what_the_chart_creates():
         rule = part["networkPolicy"]["egress"][0]
         selector = rule["to"][0]["podSelector"]["matchLabels"]
         assert selector["app.kubernetes.io/component"] == "service"
+
+
+# -- gpulab's priority classes ---------------------------------------------------------
+
+GPU_QUOTA = [
+    {
+        "coveredResources": ["nvidia.com/gpu"],
+        "flavors": [
+            {"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 16}]}
+        ],
+    }
+]
+
+
+def test_priority_classes_by_default(chart):
+    """One PriorityClass per gpulab class, the scheduler's values; interactive is the notebook's."""
+    objects = render(chart, HUB_OFF)
+    classes = {k: v for k, v in objects.items() if k.startswith("PriorityClass/")}
+    assert sorted(classes) == [
+        "PriorityClass/gpulab-batch",
+        "PriorityClass/gpulab-batch-high",
+        "PriorityClass/gpulab-notebook",
+        "PriorityClass/gpulab-serving",
+    ]
+    for obj in classes.values():
+        validate_strict(obj)
+    got = {
+        k.split("/")[1]: (v["value"], v["preemptionPolicy"], v["globalDefault"])
+        for k, v in classes.items()
+    }
+    assert got == {
+        # Servers' class as before (a PriorityClass's value cannot change in place).
+        "gpulab-notebook": (1000000, "Never", False),
+        "gpulab-serving": (500, "PreemptLowerPriority", False),
+        "gpulab-batch-high": (200, "PreemptLowerPriority", False),
+        # The lowest class evicts no one, not even pods without a PriorityClass.
+        "gpulab-batch": (100, "Never", False),
+    }
+    # The chart's defaults are gpulab's (scheduler/priority.py).
+    from gpulab.scheduler.priority import DEFAULT_CLASSES
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["priorityClasses"]["classes"]
+    assert [
+        (c["name"], c["value"], c["preemptible"], c.get("access", "everyone")) for c in values
+    ] == [(c.name, c.value, c.preemptible, c.access) for c in DEFAULT_CLASSES]
+    assert not [k for k in objects if k.startswith("WorkloadPriorityClass/")]  # Kueue is off
+    assert service_values_of(objects)["priorityClasses"]["prefix"] == "gpulab-"
+
+
+def test_kueue_gets_a_workload_priority_class_per_class(chart):
+    objects = render(chart, {**HUB_OFF, "kueue": {"enabled": True}})
+    wpcs = {k: v for k, v in objects.items() if k.startswith("WorkloadPriorityClass/")}
+    for obj in wpcs.values():
+        check_kueue(obj)
+    assert {k: v["value"] for k, v in wpcs.items()} == {
+        "WorkloadPriorityClass/gpulab-serving": 500,
+        "WorkloadPriorityClass/gpulab-batch-high": 200,
+        "WorkloadPriorityClass/gpulab-batch": 100,
+    }
+    for name in ("serving", "batch-high", "batch"):  # the same value as the PriorityClass
+        assert (
+            objects[f"PriorityClass/gpulab-{name}"]["value"]
+            == wpcs[f"WorkloadPriorityClass/gpulab-{name}"]["value"]
+        )
+    check_kueue(objects["LocalQueue/gpulab"])
+    assert "ClusterQueue/gpulab" not in objects  # a cluster admin's unless asked for
+    # No fixed WorkloadPriorityClass: each job its own class's.
+    assert service_values_of(objects)["kueue"]["defaultPriorityClass"] == ""
+
+
+def test_cluster_queue_shows_preemption_by_class(chart):
+    values = {
+        **HUB_OFF,
+        "kueue": {"enabled": True, "clusterQueue": {"create": True, "resourceGroups": GPU_QUOTA}},
+    }
+    objects = render(chart, values, namespace="research")
+    cq = objects["ClusterQueue/gpulab"]
+    check_kueue(cq)
+    assert cq["spec"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "research"}
+    }
+    assert "cohort" not in cq["spec"]
+    # Borrowing preempts up to the highest preemptible class (batch-high), never serving.
+    assert cq["spec"]["preemption"] == {
+        "withinClusterQueue": "LowerPriority",
+        "reclaimWithinCohort": "Any",
+        "borrowWithinCohort": {"policy": "LowerPriority", "maxPriorityThreshold": 200},
+    }
+    assert objects["LocalQueue/gpulab"]["spec"]["clusterQueue"] == "gpulab"
+
+
+def test_cluster_queue_with_fair_sharing_leaves_out_borrow_preemption(chart):
+    queue = {
+        "create": True,
+        "cohort": "lab",
+        "resourceGroups": GPU_QUOTA,
+        "fairSharing": {"weight": 2},
+    }
+    objects = render(chart, {**HUB_OFF, "kueue": {"enabled": True, "clusterQueue": queue}})
+    cq = objects["ClusterQueue/gpulab"]
+    check_kueue(cq)
+    assert cq["spec"]["fairSharing"] == {"weight": 2} and cq["spec"]["cohort"] == "lab"
+    assert cq["spec"]["preemption"] == {
+        "withinClusterQueue": "LowerPriority",
+        "reclaimWithinCohort": "Any",
+    }
+
+
+def test_cluster_queue_needs_quota(chart):
+    with pytest.raises(helm.HelmError, match="needs kueue.clusterQueue.resourceGroups"):
+        render(chart, {**HUB_OFF, "kueue": {"enabled": True, "clusterQueue": {"create": True}}})
+
+
+def test_priority_classes_can_be_left_to_the_admin(chart):
+    objects = render(
+        chart, {**HUB_OFF, "priorityClasses": {"create": False}, "kueue": {"enabled": True}}
+    )
+    assert [k for k in objects if "PriorityClass/" in k] == ["PriorityClass/gpulab-notebook"]
+    assert service_values_of(objects)["priorityClasses"]["prefix"] == ""

@@ -99,6 +99,10 @@ def test_service_config(tmp_path, monkeypatch):
     # Every setting the chart writes is one the service has.
     assert set(svc) <= set(GpuLabService.class_trait_names())
     assert svc.inventory_source == "kubernetes"
+    # The chart's priority classes are the service's: gpulab's defaults.
+    from gpulab.scheduler.priority import DEFAULT_CLASSES
+
+    assert svc.priority_classes == [c.to_dict() for c in DEFAULT_CLASSES]
 
 
 def service_config(tmp_path, monkeypatch, values: dict, namespace: str = "hub") -> Config:
@@ -119,6 +123,7 @@ def test_service_config_turns_on_kubernetes_jobs(tmp_path, monkeypatch):
         "queue": "research",
         "priority": "gpulab-low",
         "priority_class": "batch-low",
+        "priority_class_prefix": "gpulab-",
         "use_jobset": "auto",
         "rdzv_port": 29500,
     }
@@ -153,6 +158,46 @@ def test_service_config_kubernetes_jobs_without_kueue(tmp_path, monkeypatch):
     kubernetes_backend(settings, str(tmp_path / "jobs"), [])
 
 
+def job_pods(backend, **kw):
+    """(the Job's labels, its pods' PriorityClass and labels) of a job of ``kw``."""
+    from gpulab.backend.spec import JobSpec
+
+    spec = JobSpec(code="pass", image="registry.example/gpulab:1", id="abc123", **kw)
+    job = backend.objects(spec, [], jobset=False)[-1]
+    template = job["spec"]["template"]
+    return (
+        job["metadata"]["labels"],
+        template["spec"].get("priorityClassName"),
+        template["metadata"]["labels"],
+    )
+
+
+def test_chart_defaults_give_each_job_its_own_class(tmp_path, monkeypatch):
+    """Kueue on, nothing fixed: a batch-high job's pods are gpulab-batch-high, in Kueue too."""
+    c = service_config(
+        tmp_path,
+        monkeypatch,
+        {"kueue": {"enabled": True}, "jobs": {"kubernetes": {"enabled": True}}},
+    )
+    backend = kubernetes_backend(c.GpuLabService.kubernetes_jobs, str(tmp_path / "jobs"), [])
+    labels, priority_class, _ = job_pods(backend, priority_class="batch-high")
+    assert priority_class == "gpulab-batch-high"
+    assert labels["kueue.x-k8s.io/priority-class"] == "gpulab-batch-high"
+    assert labels["kueue.x-k8s.io/queue-name"] == "gpulab"
+    labels, priority_class, _ = job_pods(backend)
+    assert (priority_class, labels["kueue.x-k8s.io/priority-class"]) == ("gpulab-batch",) * 2
+
+
+def test_chart_fixed_classes_still_win(tmp_path, monkeypatch):
+    """jobs.kubernetes.priorityClassName and kueue.defaultWorkloadPriorityClass, when
+    set (the values of before), name one class for every job."""
+    c = service_config(tmp_path, monkeypatch, ALL_ON)
+    backend = kubernetes_backend(c.GpuLabService.kubernetes_jobs, str(tmp_path / "jobs"), [])
+    labels, priority_class, _ = job_pods(backend, priority_class="batch-high")
+    assert priority_class == "batch-low"
+    assert labels["kueue.x-k8s.io/priority-class"] == "gpulab-low"
+
+
 def test_service_config_without_kubernetes_jobs(tmp_path, monkeypatch):
     c = service_config(tmp_path, monkeypatch, {"kueue": {"enabled": True}})
     assert "kubernetes_jobs" not in c.GpuLabService
@@ -169,6 +214,7 @@ def test_service_config_turns_on_kubernetes_deployments(tmp_path, monkeypatch):
         "queue": "research",
         "priority": "gpulab-low",
         "priority_class": "serving-high",
+        "priority_class_prefix": "gpulab-",
     }
 
 
@@ -193,6 +239,7 @@ def test_service_config_kubernetes_deployments_without_kueue(tmp_path, monkeypat
         "queue": "",
         "priority": "",
         "priority_class": "",
+        "priority_class_prefix": "gpulab-",
     }
     assert "kubernetes_jobs" not in c.GpuLabService  # jobs have their own switch
 
@@ -227,6 +274,12 @@ def started_service(tmp_path, monkeypatch, data: dict) -> GpuLabService:
 def test_service_starts_from_the_chart_config(tmp_path, monkeypatch):
     """The service's own start-up reads the chart's file as the pod runs it."""
     app = started_service(tmp_path, monkeypatch, rendered_data({}))
+    assert [c["name"] for c in app.priority_classes] == [
+        "interactive",
+        "serving",
+        "batch-high",
+        "batch",
+    ]
     assert app.slice_sizes == [0, 100, 250, 500, 1000, 2000]
     assert app.local_sampler is False and app.authenticate_prometheus is False
     assert app.db_url == f"sqlite:///{tmp_path / 'data'}/gpulab.sqlite"
@@ -255,6 +308,7 @@ def test_service_serves_endpoints_on_kubernetes_from_the_chart_config(tmp_path, 
     )
     serving = DeploymentManager(app).serving
     assert isinstance(serving, KubernetesServing) and serving.namespace == "research"
+    assert serving.priority_class == "gpulab-serving"  # gpulab's serving class
     assert serving.models_pvc == "gpulab-models" and serving.image.endswith(":0.1.0")
     # The chart mounts the claim at <data-dir>/deployments, where the service writes models.
     assert serving.root == str(tmp_path / "data" / "deployments")

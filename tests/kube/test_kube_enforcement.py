@@ -12,7 +12,7 @@ from gpulab.enforcement.kube import (
     backend_names,
     pod_slice_patch,
 )
-from gpulab.enforcement.kube.kueue import queue_patch
+from gpulab.enforcement.kube.kueue import class_patch, queue_patch
 from gpulab.enforcement.kube.mig_profiles import card_key, snap
 
 H100 = 81559  # MiB, as GPU Feature Discovery reports an H100 80GB
@@ -338,3 +338,36 @@ def test_kueue_labels():
     }
     with pytest.raises(ValueError, match="owner_kind must be one of"):
         queue_patch("cronjob")
+
+
+def test_class_patch_names_each_class():
+    assert class_patch("job", "batch-high", queue="gpulab", preemptible=False) == {
+        "labels": {
+            "kueue.x-k8s.io/queue-name": "gpulab",
+            "kueue.x-k8s.io/priority-class": "gpulab-batch-high",
+        },
+        "pod_labels": {},  # Kueue has no per-workload switch; KAI has
+        "priority_class_name": "gpulab-batch-high",
+    }
+    # The kind's class by default; fixed names win; no queue: no Kueue labels.
+    assert class_patch("deployment")["priority_class_name"] == "gpulab-serving"
+    assert class_patch("job")["priority_class_name"] == "gpulab-batch"
+    fixed = class_patch("job", "batch", queue="q", priority="low", priority_class="mine")
+    assert fixed["labels"]["kueue.x-k8s.io/priority-class"] == "low"
+    assert fixed["priority_class_name"] == "mine"
+    assert class_patch("job", "batch", prefix="") == {
+        "labels": {},
+        "pod_labels": {},
+        "priority_class_name": None,
+    }
+    assert class_patch("job", preemptible=True, kai=True)["pod_labels"] == {
+        "kai.scheduler/preemptibility": "preemptible"
+    }
+    # Servers keep the notebook class and never queue.
+    assert class_patch("server", "batch", queue="q") == {
+        "labels": {},
+        "pod_labels": {},
+        "priority_class_name": "gpulab-notebook",
+    }
+    with pytest.raises(ValueError, match="owner_kind must be one of"):
+        class_patch("cronjob")

@@ -82,3 +82,112 @@ def test_whole_gpus_per_node_and_refusals():
         kubernetes_backend({"namespace": "ml", "jobs_pvc": "x", "colour": 1}, JOBS, GPUS)
     with pytest.raises(Exception, match="unknown enforcement backend"):
         kubernetes_backend({"namespace": "ml", "jobs_pvc": "x", "enforcement": "magic"}, JOBS, GPUS)
+
+
+def job_of(backend, jobset=False, **kw):
+    """The Job (or JobSet) of a job spec ``kw``, and its pod template."""
+    s = spec(**kw)
+    backend.check(s)
+    objects = backend.objects(s, rows(s), jobset=jobset)
+    if jobset:
+        [obj] = objects
+        return obj, obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    validate_strict(objects[-1])
+    return objects[-1], objects[-1]["spec"]["template"]
+
+
+KUEUE = {
+    "namespace": "ml",
+    "jobs_pvc": "gpulab-jobs",
+    "queue": "research",
+    "priority_class_prefix": "gpulab-",
+}
+
+
+@pytest.mark.parametrize("jobset", [False, True], ids=["job", "jobset"])
+def test_a_job_gets_its_own_class(jobset):
+    """--priority-class batch-high: the pods' PriorityClass and Kueue's class are its own."""
+    backend = kubernetes_backend(KUEUE, JOBS, GPUS)
+    job, pod = job_of(backend, jobset, priority_class="batch-high")
+    assert pod["spec"]["priorityClassName"] == "gpulab-batch-high"
+    # Kueue reads the Job's (JobSet's) labels; its pods carry none of Kueue's.
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "gpulab-batch-high"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research"
+    assert not [k for k in pod["metadata"]["labels"] if k.startswith("kueue.x-k8s.io/")]
+    # The next job, of the default class, is not touched by the first.
+    job, pod = job_of(backend, jobset)
+    assert pod["spec"]["priorityClassName"] == "gpulab-batch"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "gpulab-batch"
+
+
+def test_fixed_classes_win_over_the_jobs_own():
+    """priority_class / priority (the settings of before) name one class for every job."""
+    backend = kubernetes_backend(
+        {**KUEUE, "priority_class": "batch-low", "priority": "gpulab-low"}, JOBS, GPUS
+    )
+    job, pod = job_of(backend, priority_class="batch-high")
+    assert pod["spec"]["priorityClassName"] == "batch-low"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "gpulab-low"
+    # Only the PriorityClass fixed: Kueue still gets the job's own class.
+    backend = kubernetes_backend({**KUEUE, "priority_class": "batch-low"}, JOBS, GPUS)
+    job, pod = job_of(backend, priority_class="batch-high")
+    assert pod["spec"]["priorityClassName"] == "batch-low"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "gpulab-batch-high"
+
+
+def test_without_a_prefix_or_a_queue():
+    """No prefix (the cluster has no gpulab-<class>): nothing named, as before."""
+    backend = kubernetes_backend({"namespace": "ml", "jobs_pvc": "gpulab-jobs"}, JOBS, GPUS)
+    job, pod = job_of(backend, priority_class="batch-high")
+    assert "priorityClassName" not in pod["spec"]
+    assert not [k for k in job["metadata"]["labels"] if k.startswith("kueue.x-k8s.io/")]
+    # A prefix without Kueue: the PriorityClass only (the kube-scheduler preempts by it).
+    backend = kubernetes_backend({**KUEUE, "queue": ""}, JOBS, GPUS)
+    job, pod = job_of(backend, priority_class="batch-high")
+    assert pod["spec"]["priorityClassName"] == "gpulab-batch-high"
+    assert not [k for k in job["metadata"]["labels"] if k.startswith("kueue.x-k8s.io/")]
+
+
+@pytest.mark.parametrize("preemptible,label", [(True, "preemptible"), (False, "non-preemptible")])
+def test_kai_is_told_whether_a_job_may_be_preempted(preemptible, label):
+    """KAI takes a PriorityClass value >= 100 as non-preemptible unless its label says."""
+    backend = kubernetes_backend(
+        {**KUEUE, "queue": "", "enforcement": "kai", "enforcement_options": {"queue": "research"}},
+        JOBS,
+        GPUS,
+    )
+    _, pod = job_of(backend, preemptible=preemptible)
+    assert pod["metadata"]["labels"]["kai.scheduler/preemptibility"] == label
+    assert pod["metadata"]["labels"]["kai.scheduler/queue"] == "research"  # the slice's patch
+    # Other backends: no KAI label.
+    _, pod = job_of(kubernetes_backend(KUEUE, JOBS, GPUS), preemptible=False)
+    assert "kai.scheduler/preemptibility" not in pod["metadata"]["labels"]
+
+
+def test_pods_get_the_grace_to_checkpoint():
+    """terminationGracePeriodSeconds: the grace between SIGTERM (a checkpoint at the next
+    step) and SIGKILL, whoever stops the pods."""
+    backend = kubernetes_backend({**KUEUE, "termination_grace_seconds": 90.5}, JOBS, GPUS)
+    _, pod = job_of(backend)
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 91
+    _, pod = job_of(kubernetes_backend(KUEUE, JOBS, GPUS))
+    assert "terminationGracePeriodSeconds" not in pod["spec"]  # Kubernetes' 30 s
+    with pytest.raises(SpecError, match="termination_grace_seconds"):
+        kubernetes_backend({**KUEUE, "termination_grace_seconds": -1}, JOBS, GPUS)
+
+
+def test_the_grace_is_the_services_preemption_grace():
+    from traitlets import Float
+    from traitlets.config import Config, Configurable
+
+    from gpulab.service.kube_jobs import jobs_settings
+
+    class Service(Configurable):  # c.GpuLabService's two settings read here
+        preemption_grace_seconds = Float(30.0).tag(config=True)
+        kubernetes_jobs: dict = {}
+
+    c = Config()
+    c.Service.preemption_grace_seconds = 120.0
+    assert jobs_settings(Service(config=c))["termination_grace_seconds"] == 120.0
+    c.KubernetesJobsSettings.termination_grace_seconds = 10.0
+    assert jobs_settings(Service(config=c))["termination_grace_seconds"] == 10.0

@@ -353,3 +353,32 @@ def test_settings_from_config_with_the_dict_on_top():
     assert (settings.namespace, settings.image, settings.port) == ("from-config", IMAGE, 8080)
     settings = settings_from_dict({"namespace": NS, "models_pvc": PVC}, parent=service)
     assert (settings.namespace, settings.models_pvc, settings.image) == (NS, PVC, IMAGE)
+
+
+@pytest.mark.parametrize(
+    "extra,priority_class,kueue_class",
+    [
+        # gpulab's serving class, on the pods and (in a queue) in Kueue.
+        ({"priority_class_prefix": "gpulab-"}, "gpulab-serving", "gpulab-serving"),
+        # Fixed names win, as before classes existed.
+        (
+            {"priority_class_prefix": "gpulab-", "priority_class": "ours", "priority": "kq"},
+            "ours",
+            "kq",
+        ),
+        ({}, None, None),  # no per-class objects on the cluster: none named
+    ],
+)
+def test_replicas_get_the_serving_class(tmp_path, extra, priority_class, kueue_class):
+    settings = settings_from_dict(
+        {"namespace": NS, "models_pvc": PVC, "image": IMAGE, "queue": "gpulab", **extra}
+    )
+    serving = kubernetes_serving(settings, str(tmp_path), gpus=[])
+    serving.prepare(DEP["id"])
+    _, deployment, _ = serving.objects(DEP, ROWS)
+    validate_strict(deployment)
+    pod = deployment["spec"]["template"]
+    assert pod["spec"].get("priorityClassName") == priority_class
+    for obj in (deployment, pod):
+        assert obj["metadata"]["labels"].get("kueue.x-k8s.io/priority-class") == kueue_class
+        assert obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpulab"

@@ -22,14 +22,11 @@ def db_url(request, tmp_path):
     # A fresh schema state per test: drop what an earlier test left.
     from sqlalchemy import create_engine, text
 
+    from gpulab.db import migrate
+
     eng = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
     with eng.begin() as c:  # the migrations build them again, from the version table down
-        for table in (
-            "gpulab_alembic_version",
-            "gpulab_allocations",
-            "gpulab_jobs",
-            "gpulab_deployments",
-        ):
+        for table in ("gpulab_alembic_version", *migrate.target_metadata().tables):
             c.execute(text(f"DROP TABLE IF EXISTS {table}"))
     eng.dispose()
     return url

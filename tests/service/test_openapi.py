@@ -12,10 +12,9 @@ import re
 
 from tornado import web
 
-from gpulab.service import api, deployments_api, jobs_api, ledger_guard, telemetry_api
+from gpulab.service.app import ROUTE_MODULES
 from gpulab.service.openapi import openapi_document
 
-ROUTE_MODULES = (api, jobs_api, deployments_api, telemetry_api, ledger_guard)
 METHODS = ("get", "post", "put", "patch", "delete")
 
 

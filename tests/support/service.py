@@ -181,11 +181,15 @@ class InProcessService:
 
 
 @contextlib.asynccontextmanager
-async def running_service(data_dir: Path, config: str = "", simulate: str = "2xA100-80GB"):
+async def running_service(
+    data_dir: Path, config: str = "", simulate: str = "2xA100-80GB", fake_hub=None
+):
     """Start the real gpulab service in this process, on a random port, with a fake hub
     API; stop both (and every task the service started) on exit.
 
     ``config`` is gpulab_config.py text (``c.GpuLabService.max_upload_mib = 1``...).
+    ``fake_hub``: the :class:`FakeHubAPI` of an earlier service on the same data
+    dir, for a restart (the hub, its users and servers outlive the service).
     """
     from jupyterhub.services.auth import HubOAuth
 
@@ -194,7 +198,7 @@ async def running_service(data_dir: Path, config: str = "", simulate: str = "2xA
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "gpulab_config.py").write_text(config)
-    hub = FakeHubAPI()
+    hub = fake_hub or FakeHubAPI()
     hub_server, hub_port = _listen(hub.make_app())
     env = {
         "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",

@@ -55,3 +55,19 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "gpulab.modelsImage" -}}
 {{- printf "%s:%s" .Values.deployments.kubernetes.image.name .Values.deployments.kubernetes.image.tag -}}
 {{- end -}}
+
+{{/* The cluster objects (PriorityClass, WorkloadPriorityClass) of gpulab priority class <name>: gpulab-<name>. */}}
+{{- define "gpulab.priorityClassName" -}}
+{{- printf "gpulab-%s" . -}}
+{{- end -}}
+
+{{/* The highest value of a preemptible class (priorityClasses.classes); 0 when none is. */}}
+{{- define "gpulab.maxPreemptibleValue" -}}
+{{- $top := 0 -}}
+{{- range .Values.priorityClasses.classes -}}
+{{- if and .preemptible (gt (int .value) $top) -}}
+{{- $top = int .value -}}
+{{- end -}}
+{{- end -}}
+{{- $top -}}
+{{- end -}}

@@ -20,11 +20,23 @@ c.GpuLabService.local_sampler = False
 # GPUs come from the cluster's nodes (gpulab.scheduler.inventory_kube).
 c.GpuLabService.inventory_source = "kubernetes"
 c.GpuLabService.kubernetes_node_selector = gpulab.get("nodeLabelSelector") or ""
+# gpulab's priority classes: the same list the chart made PriorityClasses of.
+c.GpuLabService.priority_classes = [
+    {
+        "name": item["name"],
+        "value": int(item["value"]),
+        "preemptible": bool(item.get("preemptible", False)),
+        "access": item.get("access") or "everyone",
+    }
+    for item in (gpulab.get("priorityClasses") or {}).get("classes") or []
+]
 
 
 def slice_and_queue() -> dict:
     """What jobs and endpoints on Kubernetes share: how a pod holds its slice (the
-    chart's enforcement backend) and, with Kueue on, its queue and priority."""
+    chart's enforcement backend), with Kueue on its queue and a fixed priority (if
+    any), and the prefix of gpulab-<class>, the PriorityClass (and Kueue's
+    WorkloadPriorityClass) of each one's own class when the chart made them."""
     kueue = gpulab.get("kueue") or {}
     queued = bool(kueue.get("enabled"))
     enforcement = gpulab["enforcement"]
@@ -33,6 +45,7 @@ def slice_and_queue() -> dict:
         "enforcement_options": enforcement.get("options") or {},
         "queue": (kueue.get("localQueue") or "") if queued else "",
         "priority": (kueue.get("defaultPriorityClass") or "") if queued else "",
+        "priority_class_prefix": (gpulab.get("priorityClasses") or {}).get("prefix") or "",
     }
 
 

@@ -1,0 +1,155 @@
+"""GPU time used: milli-GPU-seconds per user, group and kind, and decayed usage.
+
+Two sources, never overlapping: released slices (the ``gpulab_usage`` table,
+written in the transaction that releases them) and slices still held (the
+allocations table, counted from ``created`` to now). A service restart loses
+nothing: a held slice's ``created`` is on disk, and its release writes its row.
+
+``decayed`` weighs past use by a half-life, the way KAI-Scheduler and Slurm's
+fair share do: a GPU-hour a half-life ago counts as half an hour now. The queue
+orders users of one class by it, least first.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+
+from gpulab.db.engine import allocations
+from gpulab.db.usage import usage
+
+GROUP_BYS = ("user", "group", "kind")
+#: Usage older than this many half-lives weighs under 0.1 %: not read.
+HALF_LIVES_READ = 10
+
+
+def _utc(t: dt.datetime) -> dt.datetime:
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t  # SQLite drops the zone
+
+
+def spans(engine: Engine, since: dt.datetime, until: dt.datetime) -> list[dict]:
+    """Every stretch a slice was held that overlaps ``[since, until)``.
+
+    ``{"id", "user", "kind", "milli", "start", "end"}``, clipped to the window;
+    held slices end at ``min(now, until)``.
+    """
+    now = dt.datetime.now(dt.UTC)
+    out = []
+    with engine.connect() as conn:
+        closed = conn.execute(
+            select(usage).where((usage.c.ended > since) & (usage.c.started < until))
+        ).all()
+        held = conn.execute(select(allocations).where(allocations.c.created < until)).all()
+    for r in closed:
+        out.append((r.id, r.user, r.owner_kind, r.milli, _utc(r.started), _utc(r.ended)))
+    for r in held:
+        out.append((r.id, r.user, r.owner_kind, r.milli, _utc(r.created), now))
+    clipped = []
+    for rid, user, kind, milli, start, end in out:
+        start, end = max(start, since), min(end, until)
+        if end > start:
+            clipped.append(
+                {"id": rid, "user": user, "kind": kind, "milli": milli, "start": start, "end": end}
+            )
+    return clipped
+
+
+def report(
+    engine: Engine,
+    since: dt.datetime,
+    until: dt.datetime,
+    group_by: str = "user",
+    users: Iterable[str] | None = None,
+    groups_of: Mapping[str, Iterable[str]] | None = None,
+) -> list[dict]:
+    """Rows ``{<group_by>, "milli_gpu_seconds", "gpu_hours", "allocations"}``, most first.
+
+    ``users`` limits the report to those users (None: everyone). ``groups_of``
+    maps a user to their groups, for ``group_by="group"``; a user in two
+    groups counts in both, and one in none under ``""``.
+    """
+    if group_by not in GROUP_BYS:
+        raise ValueError(f"group_by must be one of {', '.join(GROUP_BYS)}, got {group_by!r}")
+    wanted = set(users) if users is not None else None
+    totals: dict[str, float] = defaultdict(float)
+    counts: dict[str, set[str]] = defaultdict(set)
+    for s in spans(engine, since, until):
+        if wanted is not None and s["user"] not in wanted:
+            continue
+        if group_by == "user":
+            keys = [s["user"]]
+        elif group_by == "kind":
+            keys = [s["kind"]]
+        else:
+            keys = sorted((groups_of or {}).get(s["user"], ())) or [""]
+        amount = s["milli"] * (s["end"] - s["start"]).total_seconds()
+        for k in keys:
+            totals[k] += amount
+            counts[k].add(s["id"])
+    rows = [
+        {
+            group_by: k,
+            "milli_gpu_seconds": round(v),
+            "gpu_hours": round(v / 1000 / 3600, 6),
+            "allocations": len(counts[k]),
+        }
+        for k, v in totals.items()
+    ]
+    return sorted(rows, key=lambda r: (-r["milli_gpu_seconds"], r[group_by]))
+
+
+def totals(engine: Engine) -> dict[tuple[str, str], float]:
+    """All-time milli-GPU-seconds per ``(user, kind)``: the metrics counter."""
+    now = dt.datetime.now(dt.UTC)
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    with engine.connect() as conn:
+        for user, kind, ms in conn.execute(
+            select(usage.c.user, usage.c.owner_kind, func.sum(usage.c.milli_seconds)).group_by(
+                usage.c.user, usage.c.owner_kind
+            )
+        ):
+            out[(user, kind)] += float(ms or 0)
+        for r in conn.execute(select(allocations)):
+            out[(r.user, r.owner_kind)] += r.milli * max(
+                0.0, (now - _utc(r.created)).total_seconds()
+            )
+    return dict(out)
+
+
+def decayed(engine: Engine, half_life_s: float, now: dt.datetime | None = None) -> dict[str, float]:
+    """Milli-GPU-seconds per user, each second weighed by ``0.5 ** (age / half_life)``.
+
+    The integral of the weight over each span, so a long span counts fairly
+    however it is cut.
+    """
+    now = now or dt.datetime.now(dt.UTC)
+    since = now - dt.timedelta(seconds=half_life_s * HALF_LIVES_READ)
+    k = math.log(2) / half_life_s
+    out: dict[str, float] = defaultdict(float)
+    for s in spans(engine, since, now):
+        age_end = (now - s["end"]).total_seconds()
+        age_start = (now - s["start"]).total_seconds()
+        out[s["user"]] += s["milli"] * (math.exp(-k * age_end) - math.exp(-k * age_start)) / k
+    return dict(out)
+
+
+def closed_row(row: Mapping, ended: dt.datetime) -> dict:
+    """The usage row of an allocation row released at ``ended``."""
+    started = _utc(row["created"])
+    seconds = max(0.0, (ended - started).total_seconds())
+    return {
+        "id": row["id"],
+        "user": row["user"],
+        "owner_kind": row["owner_kind"],
+        "owner": row["owner"],
+        "gpu_uuid": row["gpu_uuid"],
+        "milli": row["milli"],
+        "started": started,
+        "ended": ended,
+        "milli_seconds": round(row["milli"] * seconds),
+    }

@@ -1,0 +1,145 @@
+"""How users share the GPUs: quotas, guarantees, priority classes, preemption, fair share.
+
+The settings live on :class:`SharingSettings`, which the service inherits, so
+they are set as ``c.GpuLabService.<name>``. Hub groups carry the same values as
+properties an admin sets on the hub's admin page; the config wins.
+"""
+
+from __future__ import annotations
+
+from traitlets import Dict, Float, Int, List
+from traitlets.config import Configurable
+
+from gpulab.scheduler.priority import PriorityClasses, PriorityError
+
+#: Group properties an admin may set on the hub's admin page.
+GROUP_QUOTA_PROPERTY = "gpulab_quota_milli"  # the group's limit
+GROUP_LIMIT_PROPERTY = "gpulab_limit_milli"  # the same, by the name the docs use
+GROUP_GUARANTEE_PROPERTY = "gpulab_guaranteed_milli"
+GROUP_CLASSES_PROPERTY = "gpulab_priority_classes"  # classes the members may use
+
+
+def _milli(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+class SharingSettings(Configurable):
+    preemption_grace_seconds = Float(
+        30.0,
+        help="""Seconds a preempted job gets between SIGTERM and SIGKILL. gpulab's
+        training library saves a checkpoint at the next step boundary and exits
+        within it; the job goes back to the queue and resumes from there.
+
+        c.GpuLabService.preemption_grace_seconds = 60
+        """,
+    ).tag(config=True)
+
+    priority_classes = List(
+        Dict(),
+        help="""Priority classes, as [{"name", "value", "preemptible", "access"}].
+        Higher values come first and may preempt preemptible work of lower ones.
+        It must keep `interactive` (servers), `serving` (endpoint replicas) and
+        `batch` (the jobs' default). `access: "granted"` classes need an admin
+        or a hub group whose property `gpulab_priority_classes` lists them.
+        Empty: interactive 1000, serving 500, batch-high 200 (granted), batch 100.
+
+        c.GpuLabService.priority_classes = [
+            {"name": "interactive", "value": 1000},
+            {"name": "serving", "value": 500},
+            {"name": "batch-high", "value": 200, "preemptible": True, "access": "granted"},
+            {"name": "batch", "value": 100, "preemptible": True},
+            {"name": "scavenger", "value": 50, "preemptible": True},
+        ]
+        """,
+    ).tag(config=True)
+
+    fair_share_half_life_seconds = Float(
+        7 * 86400.0,
+        help="""Half-life of past GPU use in the queue's fair share. Queued jobs of
+        one class start in order of their owner's decayed use, least first (a
+        GPU-hour one half-life ago weighs half as much as one now).
+
+        c.GpuLabService.fair_share_half_life_seconds = 86400
+        """,
+    ).tag(config=True)
+
+    default_user_guaranteed_milli = Int(
+        0,
+        help="""Milli-GPU each user gets back by preemption when they ask (unless
+        set per user). Above it a user borrows idle GPUs, and their preemptible
+        jobs there may be preempted by someone within their own guarantee.
+
+        c.GpuLabService.default_user_guaranteed_milli = 500
+        """,
+    ).tag(config=True)
+
+    user_guaranteed_milli = Dict(
+        help="""Per-user guarantees in milli-GPU.
+
+        c.GpuLabService.user_guaranteed_milli = {"alice": 2000}
+        """,
+    ).tag(config=True)
+
+    group_guaranteed_milli = Dict(
+        help="""Per-group guarantees in milli-GPU (all members together). A hub
+        group's property `gpulab_guaranteed_milli` sets it too; this setting wins.
+
+        c.GpuLabService.group_guaranteed_milli = {"vision-lab": 4000}
+        """,
+    ).tag(config=True)
+
+    def make_priorities(self) -> PriorityClasses:
+        """The configured classes, or the reason they cannot work."""
+        try:
+            return PriorityClasses.from_config(self.priority_classes)
+        except PriorityError as e:
+            raise ValueError(f"c.GpuLabService.priority_classes: {e}") from None
+
+    # -- what hub groups say --------------------------------------------------------
+    async def group_settings(self) -> dict[str, dict]:
+        """Per hub group: ``{"members", "limit", "guaranteed", "classes"}`` from its
+        properties and the config (the config wins). Also refreshes the ledger's."""
+        out = {}
+        for g in await self.hub.groups():
+            props = g.get("properties") or {}
+            limit = _milli(props.get(GROUP_QUOTA_PROPERTY))
+            if limit is None:
+                limit = _milli(props.get(GROUP_LIMIT_PROPERTY))
+            classes = props.get(GROUP_CLASSES_PROPERTY)
+            out[g["name"]] = {
+                "members": set(g.get("users") or []),
+                "limit": self.group_quota_milli.get(g["name"], limit),
+                "guaranteed": self.group_guaranteed_milli.get(
+                    g["name"], _milli(props.get(GROUP_GUARANTEE_PROPERTY))
+                ),
+                "classes": [c for c in classes if isinstance(c, str)]
+                if isinstance(classes, list)
+                else [],
+            }
+        quotas = self.ledger.quotas
+        quotas.group_milli = {
+            **{n: s["limit"] for n, s in out.items() if s["limit"] is not None},
+            **self.group_quota_milli,
+        }
+        quotas.group_guaranteed = {
+            **{n: s["guaranteed"] for n, s in out.items() if s["guaranteed"]},
+            **self.group_guaranteed_milli,
+        }
+        return out
+
+    async def groups_of(self, user: str) -> dict[str, set[str]]:
+        """The user's groups that carry a limit or a guarantee, with their members."""
+        return {
+            name: s["members"]
+            for name, s in (await self.group_settings()).items()
+            if user in s["members"] and (s["limit"] is not None or s["guaranteed"])
+        }
+
+    async def granted_classes(self, user: str) -> set[str]:
+        """Priority classes the user's groups grant them."""
+        return {
+            c
+            for s in (await self.group_settings()).values()
+            if user in s["members"]
+            for c in s["classes"]
+        }
