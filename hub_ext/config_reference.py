@@ -12,8 +12,8 @@ and gives a default of its own (``@default``). Every other inherited trait
 
 The classes are found in the source (any class of the rooms below with a
 ``config=True`` trait), so a new one shows here without being listed; a mixin
-whose traits reach users through a subclass (``GpuLabServiceMixin``) shows under
-that subclass.
+whose traits reach users through a subclass (``GpuLabServiceMixin``,
+``SharingSettings``) shows under that subclass.
 """
 
 from __future__ import annotations

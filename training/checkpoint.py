@@ -8,6 +8,10 @@ returned on every rank, so a rank killed mid-save leaves the previous one in
 force. A restarted job (torchrun restarts every rank after one dies) thus
 resumes at the step after the last complete checkpoint.
 
+After every step it also asks whether the job is being preempted
+(:mod:`.preemption`: SIGTERM, agreed across ranks); if so it saves a checkpoint
+at that step and the ranks exit, to resume from it when the job runs again.
+
 Resumed runs match uninterrupted ones when each step's randomness comes from
 the step number (e.g. ``torch.Generator().manual_seed(step)``), since the
 checkpoint holds model and optimizer state, not every RNG.
