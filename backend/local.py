@@ -64,7 +64,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _alive(pid: int, marker: str, uid: int | None = None) -> bool:
+def process_alive(pid: int, marker: str, uid: int | None = None) -> bool:
     """Is ``pid`` still our process (its command line names the job dir, and it
     runs as ``uid`` when given: a pid read from a user's file must not lead the
     service to signal anyone else's process)?"""
@@ -245,7 +245,7 @@ class LocalBackend(Backend):
             child = ours.get(node["pid"])
             # Our own child is asked directly: right after fork its command line
             # is still ours, so the marker test below would call it dead.
-            if (child.poll() is None) if child else _alive(node["pid"], jd.path, uid):
+            if (child.poll() is None) if child else process_alive(node["pid"], jd.path, uid):
                 states.append(None)
             else:
                 # The exit file is written right after torchrun ends; give it a look again.
@@ -315,7 +315,7 @@ class LocalBackend(Backend):
         for path in glob.glob(jd.p("pids", "rank*.json")):
             info = jd.read_user_json(os.path.relpath(path, jd.path))
             pid = info.get("pid") if isinstance(info, dict) else None
-            if isinstance(pid, int) and pid > 1 and _alive(pid, jd.path, uid):
+            if isinstance(pid, int) and pid > 1 and process_alive(pid, jd.path, uid):
                 pids.append(pid)
         return pids
 

@@ -35,21 +35,7 @@ import time
 from gpulab.enforcement.accounts import separated
 
 from .deployment_dir import DeploymentDirs
-from .local import PASS_ENV, free_port
-
-
-def process_alive(pid: int, marker: str) -> bool:
-    """Is ``pid`` still a live process whose command line names ``marker`` (a pid read
-    from a file must not lead the service to signal someone else's process)?"""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read()
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-    except OSError:
-        return False
-    return marker.encode() in cmd
+from .local import PASS_ENV, free_port, process_alive
 
 
 class LocalReplicas(DeploymentDirs):

@@ -425,19 +425,8 @@ print("NODES", json.dumps({"open": seen, "cuda_devices": count}))
 
 def _in_group(group, argv: list[str], clock: Clock, env: dict) -> dict | str:
     argv, kwargs = group.launch(argv)
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-        **kwargs,
-    )
-    try:
-        out, _ = proc.communicate(timeout=clock.budget(60))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    code, out = run_child(argv, clock.budget(60), env, **kwargs)
+    if code is None:
         return "timed out"
     for line in out.splitlines():
         if line.startswith("NODES "):

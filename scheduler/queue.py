@@ -141,12 +141,13 @@ class JobQueue:
             rows = [_row(r) for r in conn.execute(select(jobs).where(jobs.c.state == "queued"))]
         return sorted(rows, key=self.order(rows))
 
+    def positions(self) -> dict[str, int]:
+        """Queued job id -> its place in the queue (1 = the next to start)."""
+        return {job["id"]: i for i, job in enumerate(self.queued(), 1)}
+
     def position(self, job_id: str) -> int | None:
         """1 for the next job to start; None when the job is not queued."""
-        for i, job in enumerate(self.queued(), 1):
-            if job["id"] == job_id:
-                return i
-        return None
+        return self.positions().get(job_id)
 
     def admit(
         self,

@@ -188,31 +188,6 @@ class GpuLabService(SharingSettings, Application):
         """,
     ).tag(config=True)
 
-    default_user_quota_milli = Int(
-        None,
-        allow_none=True,
-        help="""Milli-GPU each user may hold at once, unless set per user. None: unlimited.
-
-        c.GpuLabService.default_user_quota_milli = 1000
-        """,
-    ).tag(config=True)
-
-    user_quota_milli = Dict(
-        help="""Per-user quotas in milli-GPU.
-
-        c.GpuLabService.user_quota_milli = {"alice": 4000}
-        """,
-    ).tag(config=True)
-
-    group_quota_milli = Dict(
-        help="""Per-group quotas (limits) in milli-GPU, all members together. A hub
-        group's property `gpulab_quota_milli` (or `gpulab_limit_milli`) sets it
-        too; this setting wins.
-
-        c.GpuLabService.group_quota_milli = {"students": 2000}
-        """,
-    ).tag(config=True)
-
     reconcile_interval = Float(
         60.0,
         help="""Seconds between checks that every server allocation still has a server,

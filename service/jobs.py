@@ -108,13 +108,17 @@ class JobManager:
     def jobdir(self, job: dict):
         return self.backends[job["backend"]].jobdir(job["id"])
 
-    def view(self, job: dict) -> dict:
-        """The job as the API shows it."""
+    def view(self, job: dict, positions: dict[str, int] | None = None) -> dict:
+        """The job as the API shows it (``positions``: the queue's, when the caller
+        shows many jobs and so orders the queue once)."""
         out = dict(job)
         # Whom a job is stopped for stays the service's: the owner sees that it is.
         out["preempting"] = bool(job.get("preempting"))
         out["world_size"] = job["nodes"] * job["nproc_per_node"]
-        out["position"] = self.queue.position(job["id"]) if job["state"] == "queued" else None
+        if job["state"] != "queued":
+            out["position"] = None
+        else:
+            out["position"] = (positions or self.queue.positions()).get(job["id"])
         out["has_out"] = bool(job["backend"] in self.backends and self.jobdir(job).out_path())
         return out
 

@@ -54,7 +54,8 @@ class JobsHandler(_JobHandler):
         if state is not None and state not in STATES:
             raise web.HTTPError(400, f"state must be one of {', '.join(STATES)}")
         rows = self.jobs.queue.list(user=user, states=(state,) if state else None)
-        self.write_json([self.jobs.view(j) for j in rows])
+        positions = self.jobs.queue.positions()
+        self.write_json([self.jobs.view(j, positions) for j in rows])
 
     async def post(self):
         who = self.require_identity()

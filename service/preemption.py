@@ -34,6 +34,8 @@ from gpulab.scheduler.preemption import Holder, Plan, choose_victims
 from gpulab.scheduler.quota import QuotaExceeded, Quotas
 from gpulab.scheduler.slices import MILLI_PER_GPU, shape_of
 
+from .sharing import groups_by_user
+
 log = logging.getLogger("gpulab.service.preemption")
 
 #: How long a claim may wait after its grace period before it is given up
@@ -136,7 +138,7 @@ class Preemptor:
             return self.claims[key]
         settings = await self.service.group_settings()
         plan = await self.service.ledger.aio.run(
-            self._plan, user, members, value, _groups_by_user(settings)
+            self._plan, user, members, value, groups_by_user(settings)
         )
         if plan is None:
             return None
@@ -251,14 +253,3 @@ class Preemptor:
 
 def _epoch(iso: str | None) -> float:
     return dt.datetime.fromisoformat(iso).timestamp() if iso else time.time()
-
-
-def _groups_by_user(settings: Mapping[str, dict]) -> dict[str, dict[str, set[str]]]:
-    """user -> {group: members} for the groups that carry a limit or a guarantee."""
-    out: dict[str, dict[str, set[str]]] = defaultdict(dict)
-    for name, s in settings.items():
-        if s["limit"] is None and not s["guaranteed"]:
-            continue
-        for member in s["members"]:
-            out[member][name] = s["members"]
-    return out

@@ -1,4 +1,5 @@
-"""How users share the GPUs: quotas, guarantees, priority classes, preemption, fair share.
+"""How users share the GPUs: limits (quotas), guarantees, priority classes, preemption,
+fair share.
 
 The settings live on :class:`SharingSettings`, which the service inherits, so
 they are set as ``c.GpuLabService.<name>``. Hub groups carry the same values as
@@ -6,6 +7,9 @@ properties an admin sets on the hub's admin page; the config wins.
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
 
 from traitlets import Dict, Float, Int, List
 from traitlets.config import Configurable
@@ -24,6 +28,31 @@ def _milli(value) -> int | None:
 
 
 class SharingSettings(Configurable):
+    default_user_quota_milli = Int(
+        None,
+        allow_none=True,
+        help="""Milli-GPU each user may hold at once, unless set per user. None: unlimited.
+
+        c.GpuLabService.default_user_quota_milli = 1000
+        """,
+    ).tag(config=True)
+
+    user_quota_milli = Dict(
+        help="""Per-user quotas in milli-GPU.
+
+        c.GpuLabService.user_quota_milli = {"alice": 4000}
+        """,
+    ).tag(config=True)
+
+    group_quota_milli = Dict(
+        help="""Per-group quotas (limits) in milli-GPU, all members together. A hub
+        group's property `gpulab_quota_milli` (or `gpulab_limit_milli`) sets it
+        too; this setting wins.
+
+        c.GpuLabService.group_quota_milli = {"students": 2000}
+        """,
+    ).tag(config=True)
+
     preemption_grace_seconds = Float(
         30.0,
         help="""Seconds a preempted job gets between SIGTERM and SIGKILL. gpulab's
@@ -129,11 +158,7 @@ class SharingSettings(Configurable):
 
     async def groups_of(self, user: str) -> dict[str, set[str]]:
         """The user's groups that carry a limit or a guarantee, with their members."""
-        return {
-            name: s["members"]
-            for name, s in (await self.group_settings()).items()
-            if user in s["members"] and (s["limit"] is not None or s["guaranteed"])
-        }
+        return groups_by_user(await self.group_settings()).get(user, {})
 
     async def granted_classes(self, user: str) -> set[str]:
         """Priority classes the user's groups grant them."""
@@ -143,3 +168,15 @@ class SharingSettings(Configurable):
             if user in s["members"]
             for c in s["classes"]
         }
+
+
+def groups_by_user(settings: Mapping[str, dict]) -> dict[str, dict[str, set[str]]]:
+    """user -> {group: members} for the groups that carry a limit or a guarantee,
+    from :meth:`SharingSettings.group_settings`."""
+    out: dict[str, dict[str, set[str]]] = defaultdict(dict)
+    for name, s in settings.items():
+        if s["limit"] is None and not s["guaranteed"]:
+            continue
+        for member in s["members"]:
+            out[member][name] = s["members"]
+    return dict(out)

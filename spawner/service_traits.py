@@ -78,7 +78,7 @@ class GpuLabServiceMixin(LoggingConfigurable):
             answer = await self._client().request("POST", "/allocations", body=body)
             if not (isinstance(answer, dict) and answer.get("state") == "freeing"):
                 return answer
-            self._progress_messages().append(answer["message"])
+            self._gpulab_progress.append(answer["message"])
             if time.monotonic() > deadline:
                 raise web.HTTPError(
                     409,
@@ -87,17 +87,12 @@ class GpuLabServiceMixin(LoggingConfigurable):
                 )
             await asyncio.sleep(float(answer.get("retry_after", 1)))
 
-    def _progress_messages(self) -> list[str]:
-        if getattr(self, "_gpulab_progress", None) is None:
-            self._gpulab_progress = []
-        return self._gpulab_progress
-
     async def freeing_progress(self):
         """Spawn-page events while a slice is freed for this start (the local spawner's
         ``progress``; KubeSpawner keeps its own, the pod's events)."""
         last = None
         while True:
-            messages = self._progress_messages()
+            messages = getattr(self, "_gpulab_progress", [])
             if messages and messages[-1] != last:
                 last = messages[-1]
                 yield {"progress": 30, "message": last}

@@ -13,24 +13,13 @@ import sqlite3
 import stat
 
 from gpulab.cache import stats as cache_stats
-from gpulab.cache.index import INDEX_NAME
+from gpulab.cache.index import COUNTERS, INDEX_NAME
 from gpulab.cache.settings import default_cache_dir
 
 from .sample import SourceMissing
 
-#: Counters that add up across users' caches.
-_SUMMED = (
-    "hits",
-    "misses",
-    "bytes_from_cache",
-    "bytes_from_remote",
-    "evictions",
-    "prefetch_ahead",
-    "corrupt",
-    "used",
-    "entries",
-    "capacity",
-)
+#: Figures that add up across users' caches: the index's counters and sizes.
+_SUMMED = (*COUNTERS, "used", "entries", "capacity")
 
 
 def _user_caches(cache_dir: str) -> list[str]:
