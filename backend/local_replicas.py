@@ -185,25 +185,28 @@ class LocalReplicas(DeploymentDirs):
             return ""
         return " | ".join(tail)
 
-    async def kill(self, dep: dict, grace_s: float = 10.0) -> None:
-        """SIGTERM every replica (queued requests are answered), then SIGKILL."""
-        dep_id, replicas = dep["id"], dep["replicas"]
-        pids = [self.record(dep_id, i)["pid"] for i in range(replicas) if self.alive(dep_id, i)]
+    async def kill(self, dep: dict, replicas: range, grace_s: float = 10.0) -> None:
+        """SIGTERM the ``replicas`` (queued requests are answered), then SIGKILL; their
+        records go (a scaled-away replica is not looked for again)."""
+        dep_id = dep["id"]
+        pids = [self.record(dep_id, i)["pid"] for i in replicas if self.alive(dep_id, i)]
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, sig)
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
-                if not any(self.alive(dep_id, i) for i in range(replicas)):
+                if not any(self.alive(dep_id, i) for i in replicas):
                     break
                 await asyncio.sleep(0.1)
             else:
                 continue
             break
-        for i in range(replicas):
+        for i in replicas:
             self._children.pop((dep_id, i), None)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(dep_id, f"replica{i}.json"))
         account = self.accounts.lookup(dep["user"]) if self.limits is not None else None
         if account is not None:
-            for i in range(replicas):
+            for i in replicas:
                 self.limits.remove(account.name, f"deploy-{dep_id}-r{i}")

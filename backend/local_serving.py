@@ -44,7 +44,6 @@ class Served:
 
     replicas: list[Replica]
     token: str | None = None
-    cursor: int = 0  # round robin over the ready replicas
 
 
 class LocalServing(LocalReplicas, ServingBackend):
@@ -59,7 +58,9 @@ class LocalServing(LocalReplicas, ServingBackend):
     def _state(self, dep: dict, rows: list[dict] | None = None) -> Served:
         served = self._served.get(dep["id"])
         if served is None:
-            served = self._served[dep["id"]] = Served([Replica() for _ in range(dep["replicas"])])
+            served = self._served[dep["id"]] = Served([])
+        while len(served.replicas) < dep["replicas"]:  # grown by the autoscaler
+            served.replicas.append(Replica())
         for row in rows or ():
             replica = int(row["owner"].rsplit("/", 1)[1])
             if replica < len(served.replicas):
@@ -75,6 +76,22 @@ class LocalServing(LocalReplicas, ServingBackend):
             except OSError:  # the next check launches it again
                 log.exception("Launching replica %d of %s", r, dep["id"])
 
+    async def scale(self, dep: dict, replicas: int, rows: list[dict]) -> None:
+        """Start replicas ``dep["replicas"]..replicas-1``, or stop those from ``replicas`` on."""
+        before = dep["replicas"]
+        if replicas > before:
+            self._state({**dep, "replicas": replicas}, rows)
+            for r in range(before, replicas):
+                try:
+                    self._start(dep, r)
+                except OSError:  # the next check launches it again
+                    log.exception("Launching replica %d of %s", r, dep["id"])
+            return
+        await self.kill(dep, range(replicas, before))
+        served = self._served.get(dep["id"])
+        if served is not None:
+            del served.replicas[replicas:]
+
     async def adopt(self, dep: dict, rows: list[dict]) -> None:
         # Live replicas are found by pid on the next check; dead ones started again.
         self._state(dep, rows)
@@ -89,7 +106,7 @@ class LocalServing(LocalReplicas, ServingBackend):
         served = self._state(dep)
         restarts, message = dep["restarts"], dep["message"]
         down = []
-        for r, rep in enumerate(served.replicas):
+        for r, rep in enumerate(served.replicas[: dep["replicas"]]):
             if self.alive(dep["id"], r):
                 if rep.port is None:
                     await self._probe(dep, r)
@@ -122,10 +139,10 @@ class LocalServing(LocalReplicas, ServingBackend):
             restarts += 1
             message = f"{what}; restarted it"
             self._start(dep, r)
-        ready = sum(rep.port is not None for rep in served.replicas)
+        ready = sum(rep.port is not None for rep in served.replicas[: dep["replicas"]])
         state = (
             "running"
-            if ready == dep["replicas"]
+            if ready >= dep["replicas"]
             else "degraded"
             if dep["state"] != "starting" or down
             else "starting"
@@ -169,17 +186,15 @@ class LocalServing(LocalReplicas, ServingBackend):
             return None
 
     # -- reading -------------------------------------------------------------------------
-    def ready_urls(self, dep: dict) -> list[str]:
-        """The ready replicas, rotated so calls spread over them."""
+    def ready_replicas(self, dep: dict) -> list[tuple[int, str]]:
         served = self._served.get(dep["id"])
         if served is None:
             return []
-        urls = [f"http://127.0.0.1:{rep.port}" for rep in served.replicas if rep.port]
-        if not urls:
-            return []
-        i = served.cursor % len(urls)
-        served.cursor = i + 1
-        return urls[i:] + urls[:i]
+        return [
+            (r, f"http://127.0.0.1:{rep.port}")
+            for r, rep in enumerate(served.replicas[: dep["replicas"]])
+            if rep.port
+        ]
 
     async def logs(self, dep: dict, replica: int, max_bytes: int = 256 * 1024) -> str:
         return await asyncio.to_thread(self._log_end, dep["id"], replica, max_bytes)
@@ -192,18 +207,10 @@ class LocalServing(LocalReplicas, ServingBackend):
         except FileNotFoundError:
             return ""
 
-    async def stats(self, dep: dict) -> list[str]:
-        texts = []
-        for rep in self._state(dep).replicas:
-            resp = rep.port and await self._get(dep, rep.port, "/metrics")
-            if resp and resp[0] == 200:
-                texts.append(resp[1].decode(errors="replace"))
-        return texts
-
     # -- stopping ----------------------------------------------------------------------
     async def stop(self, dep: dict) -> None:
         """SIGTERM every replica (queued requests are answered), then SIGKILL."""
-        await self.kill(dep)
+        await self.kill(dep, range(dep["replicas"]))
         self.forget(dep["id"])
 
     def forget(self, dep_id: str) -> None:

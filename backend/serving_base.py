@@ -1,12 +1,24 @@
 """The base class of serving backends: where a deployment's replicas run.
 
-A serving backend gets a deployment row (``id``, ``user``, ``replicas``,
-``gpu_milli`` and the batching settings) whose slices the ledger has already
-placed (one ledger owner ``<id>/<replica>`` each), and runs its replicas. It
-knows nothing of JupyterHub; the service's deployment manager calls these hooks:
+A serving backend runs the replicas of one *unit*: one version of a deployment.
+The unit is a dict (``id``, ``user``, ``name``, ``version``, ``replicas`` (how many
+run now), ``gpu_milli``, the batching settings, and the deployment's autoscaling
+settings ``min_replicas``, ``max_replicas``, ``target_inflight``,
+``scale_down_delay_s``) whose slices the ledger has already placed (one ledger
+owner ``<id>/<replica>`` each). Backends call it ``dep``. It knows nothing of
+JupyterHub; the service's deployment manager calls these hooks:
 
 ``async launch(dep, rows)``
-    Start the replicas. ``rows`` are the ledger rows of its slices. Returns quickly.
+    Start replicas ``0..replicas-1``. ``rows`` are the ledger rows of its slices.
+    Returns quickly.
+``async scale(dep, replicas, rows)``
+    Run ``replicas`` replicas from now on (``dep["replicas"]`` is the count before):
+    start the new ones (``rows``: their slices' ledger rows), or stop the highest
+    ones, letting the requests they hold finish. The manager stops sending calls
+    to a replica before it scales it away.
+``cluster_autoscales(dep) -> bool``
+    True where the platform (a HorizontalPodAutoscaler, KEDA) decides the count;
+    :meth:`check` then reports it in :attr:`Health.replicas` and the manager follows.
 ``async adopt(dep, rows)``
     After a restart of the service: pick up a deployment an earlier process
     launched (replicas outlive the service), sending again whatever a crash
@@ -16,8 +28,9 @@ knows nothing of JupyterHub; the service's deployment manager calls these hooks:
     deployment is in. A backend that does not restart its replicas itself
     (:attr:`restarts_replicas` False) restarts the ones that died here, and
     answers ``failed`` for one that keeps dying.
-``ready_urls(dep)``
-    Base URLs where ready replicas answer, in the order to try them.
+``ready_replicas(dep)``
+    ``[(replica, base URL)]`` of the replicas that answer ready (behind a Kubernetes
+    Service: one entry, the Service, numbered 0).
 ``async logs(dep, replica, max_bytes)``
     The end of one replica's log, as text ("" when there is none yet).
 ``async stats(dep)``
@@ -39,7 +52,7 @@ from dataclasses import dataclass
 from .deployment_dir import DeploymentDirs
 
 #: Deployment states, as the REST API shows them.
-STATES = ("starting", "running", "degraded", "failed")
+STATES = ("starting", "running", "degraded", "idle", "failed")
 
 
 @dataclass
@@ -50,6 +63,9 @@ class Health:
     state: str  # one of STATES
     message: str
     restarts: int = 0  # replica restarts so far (the row's count, plus this pass's)
+    #: Where the cluster decides the count (:meth:`ServingBackend.cluster_autoscales`):
+    #: how many replicas it runs now; None elsewhere.
+    replicas: int | None = None
 
 
 def follow_ready(dep: dict, ready: int) -> Health:
@@ -81,10 +97,16 @@ class ServingBackend(DeploymentDirs):
     async def adopt(self, dep: dict, rows: list[dict]) -> None:
         raise NotImplementedError
 
+    async def scale(self, dep: dict, replicas: int, rows: list[dict]) -> None:
+        raise NotImplementedError
+
+    def cluster_autoscales(self, dep: dict) -> bool:
+        return False
+
     async def check(self, dep: dict) -> Health:
         raise NotImplementedError
 
-    def ready_urls(self, dep: dict) -> list[str]:
+    def ready_replicas(self, dep: dict) -> list[tuple[int, str]]:
         raise NotImplementedError
 
     async def logs(self, dep: dict, replica: int, max_bytes: int = 256 * 1024) -> str:

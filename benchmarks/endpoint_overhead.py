@@ -1,47 +1,81 @@
-"""What the hub's login costs an endpoint: a deployed model called through the hub
-against the same replica called directly, same load, same run.
+"""What the hub's login costs an endpoint: a deployed model called through the hub,
+against the same replica called directly and against LitServe, same load, same run.
 
 Starts a real hub (``gpulab up``, simulated GPUs), deploys one MLP (one replica,
 dynamic batching) as a user, then drives the same closed-loop load (C clients,
 one-row requests, JSON or the binary extension) at
 
-* the anchor: the replica's own port on 127.0.0.1, with the replica's secret
-  (what the service itself sends it);
-* the endpoint URL under the hub, with the user's hub token: through
-  configurable-http-proxy, the service's authentication (the token's identity
-  is cached by the hub client for a minute) and its forward to the replica.
+* anchor 1, the replica directly: its own port on 127.0.0.1, with the replica's
+  secret (what the service itself sends it);
+* the hub path: the endpoint URL under the hub, with the user's hub token:
+  through configurable-http-proxy, the service's authentication (the token's
+  identity is cached by the hub client for a minute) and its forward to the
+  replica;
+* anchor 2, LitServe serving the same exported program with the same batch
+  settings and torch's default threads (as the replica), started for its turn
+  only, while the hub's deployment is idle (never two servers under load at once).
 
-Prints throughput and p50/p99 latency of both and their ratio.
+Machines are noisy, so the targets take turns: ``--rounds`` rounds, each running
+every target once (in a rotated order) with the same number of requests after a
+warmup. Prints per target the median throughput over the rounds, p50/p99 over
+all the latencies and the replica's mean batch size (from its
+``gpulab_serving_batch_size`` histogram), then the ratios hub / direct (goal:
+throughput >= 0.9x) and hub / LitServe (goal: throughput >= 1.2x).
 
-    python benchmarks/endpoint_overhead.py [--requests 1500] [--concurrency 32] [--binary]
+    python benchmarks/endpoint_overhead.py [--requests 3000] [--rounds 3]
+        [--concurrency 32] [--dims 512,4096,4096,10] [--no-litserve] [--binary]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import glob
 import json
 import os
+import re
+import statistics
 import sys
 import tempfile
 import time
 
 import numpy as np
+import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _hub import RunningHub, percentile  # noqa: E402
-from serving_batching import build_model, load, oip_request  # noqa: E402
+from serving_batching import (  # noqa: E402
+    build_model,
+    free_port,
+    litserve_command,
+    litserve_request,
+    load,
+    oip_request,
+    serving,
+)
+
+DIRECT = "replica directly (anchor 1)"
+HUB = "through the hub"
+LITSERVE = "LitServe (anchor 2)"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument(
+        "--requests", type=int, default=3000, help="per target and round (default 3000)"
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=0, help="default: 8 per client")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--dims", default="512,2048,2048,512")
+    parser.add_argument("--dims", default="512,4096,4096,10")
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-latency-ms", type=float, default=5.0)
+    parser.add_argument("--no-litserve", action="store_true", help="skip the LitServe anchor")
     parser.add_argument(
         "--binary",
         action="store_true",
-        help="OIP's binary-data extension (what tritonclient sends)",
+        help="OIP's binary-data extension (what tritonclient sends); LitServe is skipped",
     )
     args = parser.parse_args(argv)
 
@@ -50,10 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     dims = [int(d) for d in args.dims.split(",")]
     rng = np.random.default_rng(0)
     rows = [rng.standard_normal(dims[0], dtype=np.float32) for _ in range(64)]
-
-    bodies = [oip_request(rows[i % 64], args.binary) for i in range(args.requests)]
-    warm = bodies[: max(100, args.concurrency * 4)]
-    results = {}
+    n_warm = args.warmup or args.concurrency * 8
+    oip_bodies = [oip_request(rows[i % 64], args.binary) for i in range(args.requests)]
+    skipped = None
+    if args.no_litserve:
+        skipped = "--no-litserve"
+    elif args.binary:
+        skipped = "LitServe has no binary protocol (--binary)"
+    else:
+        try:
+            import litserve  # noqa: F401
+        except ImportError:
+            skipped = "litserve is not installed (make bench-deps)"
+    names = [DIRECT, HUB] + ([] if skipped else [LITSERVE])
+    runs = {name: [] for name in names}  # per round: {throughput, latencies, errors, batch}
     with tempfile.TemporaryDirectory(prefix="gpulab-bench-endpoint-") as work:
         hub = RunningHub(os.path.join(work, "hub"), simulate="2xA100-80GB")
         try:
@@ -63,59 +107,163 @@ def main(argv: list[str] | None = None) -> int:
             client = Client(hub.api, token=token)
             client.create_deployment(
                 model_dir,
-                {"name": "mlp", "gpu_milli": 250, "max_batch_size": 32, "max_latency_ms": 5},
+                {
+                    "name": "mlp",
+                    "gpu_milli": 250,
+                    "max_batch_size": args.max_batch_size,
+                    "max_latency_ms": args.max_latency_ms,
+                },
             )
             dep = wait_running(client, "mlp")
-            dep_dir = os.path.join(hub.data_dir, "deployments", dep["id"])
-            with open(os.path.join(dep_dir, "replica0.json")) as f:
-                port = json.load(f)["port"]
-            with open(os.path.join(dep_dir, "token")) as f:
-                secret = f.read().strip()
-            targets = {
-                "replica directly (anchor)": (
-                    f"http://127.0.0.1:{port}/v2/models/mlp/infer",
-                    f"Bearer {secret}",
-                ),
-                "through the hub": (
-                    f"{hub.url}{dep['path']}/v2/models/mlp/infer",
-                    f"token {token}",
-                ),
+            model = (dep.get("model") or {}).get("name") or "mlp"
+            # The hub's only deployment: its replica's port and secret are on disk.
+            port, secret = replica_address(os.path.join(hub.data_dir, "deployments"))
+            metrics = (f"http://127.0.0.1:{port}/metrics", {"Authorization": f"Bearer {secret}"})
+            endpoints = {
+                DIRECT: (f"http://127.0.0.1:{port}/v2/models/{model}/infer", f"Bearer {secret}"),
+                HUB: (f"{hub.url}{dep['path']}/v2/models/{model}/infer", f"token {token}"),
             }
-            for label, (url, auth) in targets.items():
-                signed = [(b, {**h, "Authorization": auth}) for b, h in bodies]
-                asyncio.run(
-                    load(
-                        url, [(b, {**h, "Authorization": auth}) for b, h in warm], args.concurrency
+            lit_bodies = [litserve_request(rows[i % 64]) for i in range(args.requests)]
+            for r in range(args.rounds):
+                order = names[r % len(names) :] + names[: r % len(names)]
+                for name in order:
+                    if name == LITSERVE:
+                        lit_port = free_port()
+                        base = f"http://127.0.0.1:{lit_port}"
+                        cmd = litserve_command(
+                            model_dir,
+                            lit_port,
+                            args.max_batch_size,
+                            args.max_latency_ms,
+                            threads=0,  # torch's default, as the replica
+                        )
+                        with serving(cmd, f"{base}/health"):
+                            run = measure(f"{base}/predict", lit_bodies, n_warm, args.concurrency)
+                    else:
+                        url, auth = endpoints[name]
+                        signed = [(b, {**h, "Authorization": auth}) for b, h in oip_bodies]
+                        run = measure(url, signed, n_warm, args.concurrency, metrics)
+                    runs[name].append(run)
+                    print(
+                        f"round {r + 1}/{args.rounds}: {name}: {run['throughput']:.1f} req/s",
+                        file=sys.stderr,
+                        flush=True,
                     )
-                )
-                seconds, latencies, errors = asyncio.run(load(url, signed, args.concurrency))
-                results[label] = {
-                    "throughput": len(signed) / seconds,
-                    "p50": percentile(latencies, 50),
-                    "p99": percentile(latencies, 99),
-                    "errors": errors,
-                }
             client.stop_deployment("mlp")
         finally:
             hub.stop()
 
     encoding = "binary-extension" if args.binary else "JSON"
     print(
-        f"MLP {args.dims}, one replica (max batch 32, 5 ms), {args.requests} one-row {encoding} "
-        f"requests, {args.concurrency} concurrent clients"
+        f"MLP {args.dims}, one replica (max batch {args.max_batch_size}, "
+        f"{args.max_latency_ms:g} ms), {args.concurrency} closed-loop clients, one-row "
+        f"{encoding} requests; {args.rounds} round(s), each target {args.requests} requests "
+        f"per round after {n_warm} warmup ones, targets in turn"
     )
-    print(f"{'target':28} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'errors':>7}")
-    for label, r in results.items():
-        print(
-            f"{label:28} {r['throughput']:9.1f} {r['p50'] * 1e3:9.1f} {r['p99'] * 1e3:9.1f} "
-            f"{r['errors']:7d}"
-        )
-    anchor, hub_r = results["replica directly (anchor)"], results["through the hub"]
     print(
-        f"through the hub vs directly: throughput {hub_r['throughput'] / anchor['throughput']:.2f}x, "
-        f"p50 {hub_r['p50'] / anchor['p50']:.2f}x, p99 {hub_r['p99'] / anchor['p99']:.2f}x"
+        f"{'target':28} {'req/s (median)':>14} {'per round':>22} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'errors':>7} {'batch':>6}"
     )
+    results = {name: combine(rs) for name, rs in runs.items()}
+    for name, r in results.items():
+        rounds = "/".join(f"{t:.0f}" for t in r["per_round"])
+        batch = "-" if r["batch"] is None else f"{r['batch']:.1f}"
+        print(
+            f"{name:28} {r['throughput']:14.1f} {rounds:>22} {r['p50'] * 1e3:8.1f} "
+            f"{r['p99'] * 1e3:8.1f} {r['errors']:7d} {batch:>6}"
+        )
+    for name, r in results.items():
+        for (status, answer), n in r["failures"].most_common(3):
+            print(f"  {name}: {n} failed calls: {status} {answer}")
+    if skipped:
+        print(f"LitServe skipped: {skipped}")
+    hub_r = results[HUB]
+    for name, goal in ((DIRECT, 0.9), (LITSERVE, 1.2)):
+        other = results.get(name)
+        if other is None:
+            continue
+        ratio = hub_r["throughput"] / other["throughput"]
+        print(
+            f"hub / {name.split(' (')[0]}: throughput {ratio:.2f}x (goal >= {goal}x: "
+            f"{'met' if ratio >= goal else 'not met'}), p50 {hub_r['p50'] / other['p50']:.2f}x, "
+            f"p99 {hub_r['p99'] / other['p99']:.2f}x"
+        )
     return 0
+
+
+def measure(url: str, bodies, n_warm: int, concurrency: int, metrics=None) -> dict:
+    """Warm up, then one closed-loop run of `bodies`; with `metrics` (the replica's
+    /metrics URL and headers), the mean batch size the replica ran meanwhile."""
+    asyncio.run(load(url, bodies[:n_warm], concurrency))
+    before = batch_sums(*metrics) if metrics else None
+    failures = collections.Counter()
+    seconds, latencies, errors = asyncio.run(load(url, bodies, concurrency, failures=failures))
+    batch = None
+    if before is not None:
+        after = batch_sums(*metrics)
+        if after is not None and after[1] > before[1]:
+            batch = (after[0] - before[0]) / (after[1] - before[1])
+    return {
+        "throughput": len(bodies) / seconds,
+        "latencies": latencies,
+        "errors": errors,
+        "batch": batch,
+        "failures": failures,
+    }
+
+
+def combine(rounds: list[dict]) -> dict:
+    latencies = [x for r in rounds for x in r["latencies"]]
+    batches = [r["batch"] for r in rounds if r["batch"] is not None]
+    per_round = [r["throughput"] for r in rounds]
+    failures = collections.Counter()
+    for r in rounds:
+        failures.update(r["failures"])
+    return {
+        "failures": failures,
+        "throughput": statistics.median(per_round),
+        "per_round": per_round,
+        "p50": percentile(latencies, 50),
+        "p99": percentile(latencies, 99),
+        "errors": sum(r["errors"] for r in rounds),
+        "batch": statistics.mean(batches) if batches else None,
+    }
+
+
+_BATCH = re.compile(r"^gpulab_serving_batch_size_(sum|count)(?:\{[^}]*\})? (\S+)$", re.M)
+
+
+def batch_sums(url: str, headers: dict) -> tuple[float, float] | None:
+    """(rows, batches) the replica has run so far, from its batch-size histogram."""
+    try:
+        text = requests.get(url, headers=headers, timeout=10).text
+    except requests.RequestException:
+        return None
+    found = {"sum": 0.0, "count": 0.0}
+    for kind, value in _BATCH.findall(text):
+        found[kind] += float(value)
+    return found["sum"], found["count"]
+
+
+def replica_address(root: str) -> tuple[int, str]:
+    """(port, secret) of the first replica found under `root` (a deployment's
+    directory, or the deployments' directory of a hub with one deployment): its
+    ``replica<N>.json`` and the ``token`` beside it or in a folder above."""
+    for record in sorted(glob.glob(os.path.join(root, "**", "replica*.json"), recursive=True)):
+        try:
+            with open(record) as f:
+                port = json.load(f)["port"]
+        except (OSError, ValueError, KeyError):
+            continue
+        folder = os.path.dirname(record)
+        while True:
+            if os.path.exists(os.path.join(folder, "token")):
+                with open(os.path.join(folder, "token")) as f:
+                    return port, f.read().strip()
+            if os.path.samefile(folder, root):
+                break
+            folder = os.path.dirname(folder)
+    raise RuntimeError(f"no replica with a port and a token under {root}")
 
 
 def wait_running(client, name: str, timeout: float = 300) -> dict:

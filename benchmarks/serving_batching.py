@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -97,6 +99,11 @@ def oip_request(row: np.ndarray, binary: bool) -> tuple[bytes, dict]:
     }
 
 
+def litserve_request(row: np.ndarray) -> tuple[bytes, dict]:
+    """The same row as a LitServe ``/predict`` request (body, headers)."""
+    return json.dumps({"input": np.asarray(row, dtype=np.float32).tolist()}).encode(), JSON_HEADERS
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,28 +127,48 @@ async def wait_ready(url: str, proc: subprocess.Popen) -> None:
 
 
 async def load(
-    url: str, bodies: list[tuple[bytes, dict]], concurrency: int
+    url: str,
+    bodies: list[tuple[bytes, dict]],
+    concurrency: int,
+    duration: float | None = None,
+    failures: collections.Counter | None = None,
 ) -> tuple[float, list[float], int]:
-    """Closed loop: `concurrency` clients send `bodies` (body, headers) in turn;
-    returns (seconds, latencies, errors)."""
+    """Closed loop: `concurrency` clients send `bodies` (body, headers) in turn, each
+    once; or, with `duration` (seconds), over and over until that time is up.
+    Returns (seconds, latencies, errors); a request that fails to connect or whose
+    answer is not 200 is an error (no latency kept for a failed connection), counted
+    in `failures` if given by status (or exception name) with its first answer:
+    ``{(404, 'unknown model...'): 3}``."""
     latencies: list[float] = []
     errors = 0
-    next_body = iter(bodies)
+    next_body = iter(bodies) if duration is None else itertools.cycle(bodies)
     connector = aiohttp.TCPConnector(limit=concurrency)
 
-    async def client(session):
+    async def client(session, stop_at):
         nonlocal errors
         for body, headers in next_body:
+            if stop_at is not None and time.perf_counter() >= stop_at:
+                return
             start = time.perf_counter()
-            async with session.post(url, data=body, headers=headers) as r:
-                await r.read()
-                if r.status != 200:
-                    errors += 1
+            try:
+                async with session.post(url, data=body, headers=headers) as r:
+                    answer = await r.read()
+                    if r.status != 200:
+                        errors += 1
+                        if failures is not None:
+                            failures[r.status, answer[:200].decode(errors="replace")] += 1
+            except (TimeoutError, aiohttp.ClientError) as e:
+                errors += 1
+                if failures is not None:
+                    failures[type(e).__name__, str(e)[:200]] += 1
+                await asyncio.sleep(0.01)  # a refused connection answers at once
+                continue
             latencies.append(time.perf_counter() - start)
 
     async with aiohttp.ClientSession(connector=connector) as session:
         start = time.perf_counter()
-        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        stop_at = None if duration is None else start + duration
+        await asyncio.gather(*(client(session, stop_at) for _ in range(concurrency)))
         return time.perf_counter() - start, latencies, errors
 
 
@@ -158,7 +185,10 @@ def stop_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_server(cmd: list[str], ready_url: str, infer_url: str, bodies, warmup, concurrency):
+@contextlib.contextmanager
+def serving(cmd: list[str], ready_url: str):
+    """A server started from `cmd` in a session of its own, ready (its `ready_url`
+    answers 200) inside the block, stopped with all its processes after it."""
     log = tempfile.TemporaryFile("w+")  # noqa: SIM115
     # A session of its own: LitServe forks workers that outlive a SIGTERM to their parent.
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -169,18 +199,46 @@ def run_server(cmd: list[str], ready_url: str, infer_url: str, bodies, warmup, c
             log.seek(0)
             print(log.read()[-3000:], file=sys.stderr)
             raise
-        asyncio.run(load(infer_url, warmup, concurrency))
-        seconds, latencies, errors = asyncio.run(load(infer_url, bodies, concurrency))
+        yield proc
     finally:
         stop_group(proc)
         log.close()
-    latencies.sort()
+
+
+def summary(seconds: float, latencies: list[float], errors: int, requests: int) -> dict:
+    latencies = sorted(latencies)
     return {
-        "throughput": len(bodies) / seconds,
+        "throughput": requests / seconds,
         "p50": statistics.median(latencies),
         "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         "errors": errors,
     }
+
+
+def run_server(cmd: list[str], ready_url: str, infer_url: str, bodies, warmup, concurrency):
+    with serving(cmd, ready_url):
+        asyncio.run(load(infer_url, warmup, concurrency))
+        seconds, latencies, errors = asyncio.run(load(infer_url, bodies, concurrency))
+    return summary(seconds, latencies, errors, len(bodies))
+
+
+def litserve_command(
+    model_dir: str, port: int, max_batch_size: int, max_latency_ms: float, threads: int = 1
+) -> list[str]:
+    """The command line of a LitServe server of the exported program in `model_dir` on
+    127.0.0.1:`port` (readiness at ``/health``, calls at ``/predict`` with
+    ``{"input": row}``); `threads` torch threads, 0 for torch's default."""
+    return [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--litserve-child",
+        model_dir,
+        str(port),
+        str(max_batch_size),
+        str(max_latency_ms / 1000),
+        "--litserve-threads",
+        str(threads),
+    ]
 
 
 try:
@@ -194,16 +252,18 @@ if ls is not None:
         """LitServe's side: the same exported program. At module level, so its workers can
         unpickle it."""
 
-        def __init__(self, model_dir: str, **kwargs):
+        def __init__(self, model_dir: str, threads: int = 1, **kwargs):
             super().__init__(**kwargs)
             self.model_dir = model_dir
+            self.threads = threads
 
         def setup(self, device):
             import torch
 
             from gpulab.serving.export import load_model
 
-            torch.set_num_threads(1)
+            if self.threads:
+                torch.set_num_threads(self.threads)
             self.model = load_model(self.model_dir)
 
         def decode_request(self, request):
@@ -228,11 +288,15 @@ if ls is not None:
             return {"output": output.tolist()}
 
 
-def litserve_child(model_dir: str, port: int, max_batch_size: int, batch_timeout: float) -> None:
+def litserve_child(
+    model_dir: str, port: int, max_batch_size: int, batch_timeout: float, threads: int = 1
+) -> None:
     """Runs in its own process: LitServe serving the same exported program."""
     if ls is None:
         raise SystemExit("litserve is not installed: pip install litserve (or --skip-litserve)")
-    api = ExportedMLP(model_dir, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+    api = ExportedMLP(
+        model_dir, threads=threads, max_batch_size=max_batch_size, batch_timeout=batch_timeout
+    )
     server = ls.LitServer(api, accelerator="cpu", workers_per_device=1)
     server.run(host="127.0.0.1", port=port, log_level="warning", generate_client_file=False)
 
@@ -257,10 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--litserve-child", nargs=4, metavar=("DIR", "PORT", "B", "TIMEOUT"), help=argparse.SUPPRESS
     )
+    parser.add_argument("--litserve-threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.litserve_child:
         d, port, b, timeout = args.litserve_child
-        litserve_child(d, int(port), int(b), float(timeout))
+        litserve_child(d, int(port), int(b), float(timeout), args.litserve_threads)
         return 0
 
     dims = [int(d) for d in args.dims.split(",")]
@@ -271,11 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     def oip(row):
         return oip_request(np.asarray(row, dtype=np.float32), args.binary)
 
-    def lit(row):
-        return json.dumps({"input": row}).encode(), JSON_HEADERS
-
     oip_bodies = [oip(rows[i % 64]) for i in range(args.requests)]
-    lit_bodies = [lit(rows[i % 64]) for i in range(args.requests)]
+    lit_bodies = [litserve_request(rows[i % 64]) for i in range(args.requests)]
     results = {}
     with tempfile.TemporaryDirectory(prefix="gpulab-bench-") as work:
         model_dir = os.path.join(work, "mlp")
@@ -317,15 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             base = f"http://127.0.0.1:{port}"
             results["LitServe, same batch settings"] = run_server(
-                [
-                    sys.executable,
-                    os.path.abspath(__file__),
-                    "--litserve-child",
-                    model_dir,
-                    str(port),
-                    str(args.max_batch_size),
-                    str(args.max_latency_ms / 1000),
-                ],
+                litserve_command(model_dir, port, args.max_batch_size, args.max_latency_ms),
                 f"{base}/health",
                 f"{base}/predict",
                 lit_bodies,

@@ -27,6 +27,10 @@ def __getattr__(name: str):
         from . import base
 
         return getattr(base, name)
+    if name == "Endpoint":
+        from .endpoint import Endpoint
+
+        return Endpoint
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -41,6 +45,7 @@ __all__ = [
     "BadRequest",
     "Client",
     "ConfigurationError",
+    "Endpoint",
     "Conflict",
     "GpuLabError",
     "NotFound",

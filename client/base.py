@@ -144,6 +144,22 @@ class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI, UsageAPI):
         except _NO_ANSWER as e:
             raise self.unreachable(e) from e
 
+    async def call_endpoint(self, endpoint_path: str, path: str, body: bytes) -> dict:
+        """POST a JSON body to ``path`` under an endpoint (``GET /models``' ``path``)."""
+        url = self.endpoint_url({"path": endpoint_path}) + "/" + path
+        headers = {**self.headers, "Content-Type": "application/json"}
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self.timeout) as s,
+                s.post(url, data=body, headers=headers) as r,
+            ):
+                data = await r.read()
+                if r.status >= 400:
+                    raise refused(r.status, _error_message(data, r.reason))
+        except _NO_ANSWER as e:
+            raise self.unreachable(e) from e
+        return json.loads(data)
+
     async def inventory(self) -> dict:
         return await self.request("GET", "/inventory")
 

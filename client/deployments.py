@@ -64,3 +64,15 @@ class DeploymentsMixin:
             f"/deployments/{name}/logs", {"replica": replica, "user": user}
         )
         return data.decode(errors="replace")
+
+    async def promote_deployment(self, name: str, user: str | None = None) -> dict:
+        """The canary takes every call; the old version stops."""
+        return await self.request("POST", f"/deployments/{name}/promote", query={"user": user})
+
+    async def rollback_deployment(self, name: str, user: str | None = None) -> dict:
+        """The stable version takes every call again; the canary stops."""
+        return await self.request("POST", f"/deployments/{name}/rollback", query={"user": user})
+
+    async def models(self) -> list[dict]:
+        """The catalog: every endpoint you may call (yours and those shared with you)."""
+        return await self.request("GET", "/models")

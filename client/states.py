@@ -17,7 +17,7 @@ JOB_ACTIVE = ("queued", "running")
 #: ``starting``: replicas launched, not all ready yet; ``running``: every replica
 #: answers ready; ``degraded``: some replica is down and being restarted;
 #: ``failed``: replicas kept crashing, the slices are released.
-DEPLOYMENT_STATES = ("starting", "running", "degraded", "failed")
+DEPLOYMENT_STATES = ("starting", "running", "degraded", "idle", "failed")
 #: A deployment in one of these needs a look (its ``message`` says why).
 DEPLOYMENT_UNHEALTHY = ("degraded", "failed")
 

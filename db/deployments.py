@@ -1,9 +1,14 @@
-"""The deployments table: one row per model endpoint, from create to stop.
+"""The deployments tables: one row per model endpoint, one per version of it.
 
-The model files and the replicas' process records live in the deployment's
-directory; the row holds what the API and the restart loop need. A stopped
-deployment's row is deleted (its slices were released in the same step), so a
-name can be used again. A change to it needs a revision in
+A deployment (``gpulab_deployments``) is the endpoint a caller names: owner,
+name, sharing, and how many replicas each version may run (``replicas`` is the
+least, ``max_replicas`` the most; equal for a fixed count). Its versions
+(``gpulab_deployment_versions``) are what runs: a model, the batching settings,
+the share of calls it gets (``weight``, 0-100) and how many replicas it runs
+now. Version 1's id is the deployment's id. The model files and the replicas'
+process records live in each version's directory (named by the version's id).
+A stopped deployment's rows are deleted (its slices were released in the same
+step), so a name can be used again. A change here needs a revision in
 ``migrations/versions`` (see :mod:`.migrate`).
 """
 
@@ -33,8 +38,9 @@ from .engine import metadata, utcnow
 
 # "starting": replicas launched, not all ready yet; "running": every replica
 # answers ready; "degraded": some replica is down and being restarted;
+# "idle": scaled to zero (min_replicas 0), the next call starts a replica;
 # "failed": replicas kept crashing, the slices are released.
-STATES = ("starting", "running", "degraded", "failed")
+STATES = ("starting", "running", "degraded", "idle", "failed")
 
 deployments = Table(
     "gpulab_deployments",
@@ -43,8 +49,13 @@ deployments = Table(
     Column("user", String(255), nullable=False),
     Column("name", String(63), nullable=False),
     Column("state", String(16), nullable=False),
-    Column("replicas", Integer, nullable=False),
-    Column("gpu_milli", Integer, nullable=False),  # per replica
+    Column("replicas", Integer, nullable=False),  # the least each version runs
+    Column("max_replicas", Integer, nullable=False),
+    Column("target_inflight", Float, nullable=False),  # requests in flight per replica
+    Column("scale_down_delay_s", Float, nullable=False),
+    # Roll a canary back when its error rate passes the stable's by this (0-1); None: never.
+    Column("rollback_margin", Float),
+    Column("gpu_milli", Integer, nullable=False),  # per replica, of new versions
     Column("max_batch_size", Integer, nullable=False),
     Column("max_latency_ms", Float, nullable=False),
     Column("max_queue", Integer, nullable=False),
@@ -58,7 +69,29 @@ deployments = Table(
     Index("ix_deployments_user", "user"),
 )
 
+versions = Table(
+    "gpulab_deployment_versions",
+    metadata,
+    Column("id", String(32), primary_key=True),  # its directory and ledger owners' prefix
+    Column("deployment_id", String(32), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("weight", Integer, nullable=False),  # share of calls, 0-100
+    Column("replicas", Integer, nullable=False),  # running now (the autoscaler's count)
+    Column("gpu_milli", Integer, nullable=False),
+    Column("max_batch_size", Integer, nullable=False),
+    Column("max_latency_ms", Float, nullable=False),
+    Column("max_queue", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("message", Text, nullable=False, default=""),
+    Column("restarts", Integer, nullable=False, default=0),
+    Column("created", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("deployment_id", "version", name="one_version_number_per_deployment"),
+    Index("ix_versions_deployment", "deployment_id"),
+)
+
 _JSON = ("share_users", "share_groups")
+#: What a version takes from its deployment when none is given.
+UNIT_SETTINGS = ("gpu_milli", "max_batch_size", "max_latency_ms", "max_queue")
 
 
 def _row(r) -> dict:
@@ -66,6 +99,12 @@ def _row(r) -> dict:
     d["created"] = d["created"].isoformat()
     for k in _JSON:
         d[k] = json.loads(d[k] or "[]")
+    return d
+
+
+def _version(r) -> dict:
+    d = dict(r._mapping)
+    d["created"] = d["created"].isoformat()
     return d
 
 
@@ -78,12 +117,15 @@ class DeploymentStore:
         self.engine = engine
 
     def add(self, dep: dict) -> dict:
+        """A new deployment and its version 1 (same id), in one transaction."""
         row = {
             "state": "starting",
             "message": "starting",
             "restarts": 0,
             "created": utcnow(),
             "stop_with_server": False,
+            "max_replicas": dep["replicas"],
+            "rollback_margin": None,
             **dep,
         }
         for k in _JSON:
@@ -97,7 +139,80 @@ class DeploymentStore:
             if taken:
                 raise NameTaken(row["name"])
             conn.execute(insert(deployments), [row])
+            conn.execute(
+                insert(versions),
+                [
+                    {
+                        "id": row["id"],
+                        "deployment_id": row["id"],
+                        "version": 1,
+                        "weight": 100,
+                        "replicas": row["replicas"],
+                        "state": "starting",
+                        "message": "starting",
+                        "restarts": 0,
+                        "created": row["created"],
+                        **{k: row[k] for k in UNIT_SETTINGS},
+                    }
+                ],
+            )
         return self.get(row["id"])
+
+    # -- versions --------------------------------------------------------------------
+    def add_version(self, dep_id: str, version_id: str, weight: int, settings: dict) -> dict:
+        """Version ``n+1`` of a deployment (``settings``: UNIT_SETTINGS and ``replicas``)."""
+        with self.engine.begin() as conn:
+            last = conn.execute(
+                select(versions.c.version)
+                .where(versions.c.deployment_id == dep_id)
+                .order_by(versions.c.version.desc())
+            ).first()
+            conn.execute(
+                insert(versions),
+                [
+                    {
+                        "id": version_id,
+                        "deployment_id": dep_id,
+                        "version": (last[0] if last else 0) + 1,
+                        "weight": weight,
+                        "state": "starting",
+                        "message": "starting",
+                        "restarts": 0,
+                        "created": utcnow(),
+                        **settings,
+                    }
+                ],
+            )
+        return self.version(version_id)
+
+    def version(self, version_id: str) -> dict | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(select(versions).where(versions.c.id == version_id)).first()
+        return _version(r) if r else None
+
+    def versions(self, dep_id: str | None = None) -> list[dict]:
+        """A deployment's versions (all deployments' with None), oldest first."""
+        q = select(versions).order_by(versions.c.deployment_id, versions.c.version)
+        if dep_id is not None:
+            q = q.where(versions.c.deployment_id == dep_id)
+        with self.engine.connect() as conn:
+            return [_version(r) for r in conn.execute(q)]
+
+    def update_version(self, version_id: str, **values) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(versions).where(versions.c.id == version_id).values(**values))
+
+    def set_weights(self, weights: dict[str, int]) -> None:
+        """Several versions' weights at once (a promotion or a rollback)."""
+        with self.engine.begin() as conn:
+            for version_id, weight in weights.items():
+                conn.execute(
+                    update(versions).where(versions.c.id == version_id).values(weight=weight)
+                )
+
+    def remove_version(self, version_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(versions).where(versions.c.id == version_id))
 
     def get(self, dep_id: str) -> dict | None:
         with self.engine.connect() as conn:
@@ -129,4 +244,5 @@ class DeploymentStore:
 
     def remove(self, dep_id: str) -> bool:
         with self.engine.begin() as conn:
+            conn.execute(delete(versions).where(versions.c.deployment_id == dep_id))
             return conn.execute(delete(deployments).where(deployments.c.id == dep_id)).rowcount == 1

@@ -127,7 +127,8 @@ def configure(c, s: Settings) -> None:
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.proxy_api_port}"
     c.ConfigurableHTTPProxy.command = [find_proxy()]
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
-    c.ConfigurableHTTPProxy.auth_token = secret_file(data / "proxy-token")
+    proxy_token = secret_file(data / "proxy-token")
+    c.ConfigurableHTTPProxy.auth_token = proxy_token
 
     # Logins (per-user passwords, or --demo's shared one) are set up by
     # auth_config.configure_auth at the end, once servers and services exist.
@@ -158,7 +159,13 @@ def configure(c, s: Settings) -> None:
     # the service's sampler.
     cache_dir = str(data / "dataset-cache")
     c.FractionalLocalSpawner.cache_root = cache_dir
-    service_env = {**s.to_env(), "GPULAB_CACHE_DIR": cache_dir}
+    service_env = {
+        **s.to_env(),
+        "GPULAB_CACHE_DIR": cache_dir,
+        # The service routes endpoint calls from the proxy to its endpoint router.
+        "GPULAB_PROXY_API_URL": f"http://127.0.0.1:{s.proxy_api_port}",
+        "CONFIGPROXY_AUTH_TOKEN": proxy_token,
+    }
     services = [
         {
             "name": SERVICE_NAME,

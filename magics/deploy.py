@@ -1,7 +1,9 @@
 """``%deploy``: serve a model from the notebook as an authenticated OIP v2 endpoint.
 
     %deploy qmodel --name sentiment --example x --max-batch-size 32 --max-latency-ms 5 \
-        --gpu 0.25 --replicas 2
+        --gpu 0.25 --replicas 1:4 --scale-down-delay 300
+    %deploy qmodel2 --name sentiment --example x --canary 10 [--auto-rollback 5]
+    %deploy --promote sentiment        (or --rollback sentiment)
     %deploy --list
     %deploy --stop sentiment
 
@@ -9,6 +11,11 @@ The model is exported here, in the kernel (``torch.export``, dynamic batch),
 uploaded to the gpulab service, which places a slice per replica and starts
 the model servers; the magic waits until they answer, then prints the URL, a
 curl line and a ``tritonclient`` snippet. Calls need a hub token.
+
+``--replicas MIN:MAX`` lets the service add replicas when calls in flight pass
+``--target-inflight`` per replica and remove them ``--scale-down-delay`` seconds
+after they are no longer needed; ``MIN`` 0 gives every slice back when idle (the
+next call then waits for a cold start).
 """
 
 from __future__ import annotations
@@ -83,23 +90,59 @@ def usage_lines(dep: dict, url: str, example_arrays: list) -> str:
     )
 
 
+def _num(value, fmt: str) -> str:
+    return format(value, fmt) if value is not None else "-"
+
+
+def parse_replicas(text: str) -> tuple[int, int]:
+    """``N`` (a fixed count) or ``MIN:MAX`` (autoscaling)."""
+    low, sep, high = text.partition(":")
+    try:
+        lo, hi = int(low), int(high) if sep else int(low)
+    except ValueError:
+        raise UsageError(
+            f"--replicas {text!r}: give a count (2) or a range MIN:MAX (0:4)"
+        ) from None
+    if lo < 0 or hi < max(lo, 1):
+        raise UsageError(f"--replicas {text!r}: need 0 <= MIN <= MAX and MAX >= 1")
+    return lo, hi
+
+
 def list_table(deps: list[dict]) -> str:
     if not deps:
         return "no deployments (start one with %deploy MODEL --name NAME --example X)"
     head = (
-        f"{'name':<20} {'user':<12} {'state':<9} {'replicas':>8} {'gpu':>6} "
+        f"{'name':<20} {'user':<12} {'state':<9} {'replicas':>8} {'range':>6} {'gpu':>6} "
         f"{'req/s':>7} {'p99 ms':>7}  path"
     )
     lines = [head, "-" * len(head)]
     for d in deps:
-        p99, rps = d.get("p99_latency_ms"), d.get("requests_per_second")
+        low, high = d.get("min_replicas", d["replicas"]), d.get("max_replicas", d["replicas"])
         lines.append(
             f"{d['name']:<20} {d['user']:<12} {d['state']:<9} "
-            f"{d['replicas_ready']:>3}/{d['replicas']:<4} {d['gpu_milli'] / 1000:>6g} "
-            f"{(f'{rps:.1f}' if rps is not None else '-'):>7} "
-            f"{(f'{p99:.1f}' if p99 is not None else '-'):>7}  {d['path']}"
+            f"{d['replicas_ready']:>3}/{d['replicas']:<4} {f'{low}:{high}':>6} "
+            f"{d['gpu_milli'] / 1000:>6g} {_num(d.get('requests_per_second'), '.1f'):>7} "
+            f"{_num(d.get('p99_latency_ms'), '.1f'):>7}  {d['path']}"
         )
-        if d["state"] in ("failed", "degraded"):
+        versions = d.get("versions") or []
+        if len(versions) > 1:
+            for v in versions:
+                lines.append(
+                    f"    v{v['version']:<3} {v['weight']:>3}% of calls  {v['state']:<9} "
+                    f"{v['replicas_ready']}/{v['replicas']} ready  "
+                    f"{v['requests_total']} calls, {v['errors_total']} errors, "
+                    f"p99 {_num(v['p99_latency_ms'], '.1f')} ms"
+                )
+        for v in versions:
+            shown = v["state"] in ("failed", "degraded", "idle") or "wants" in v["message"]
+            if shown or v["message"].startswith("freeing"):
+                lines.append(f"    v{v['version']}: {v['message']}")
+            if v.get("last_cold_start_s") is not None:
+                lines.append(
+                    f"    v{v['version']}: {v['cold_starts']} cold start(s), the last "
+                    f"took {v['last_cold_start_s']:.1f} s"
+                )
+        if not versions and d["state"] in ("failed", "degraded"):
             lines.append(f"    {d['message']}")
     return "\n".join(lines)
 
@@ -128,10 +171,43 @@ class DeployMagics(Magics):
         default=256,
         help="requests allowed to wait; beyond it callers get 429 (default 256)",
     )
-    @argument("--gpu", default="0", help="GPU per replica: 0 (CPU), 0.1, 1/4, 0.5, 1...; default 0")
     @argument(
-        "--replicas", type=int, default=1, help="model servers behind the endpoint (default 1)"
+        "--gpu", default=None, help="GPU per replica: 0 (CPU), 0.1, 1/4, 0.5, 1...; default 0"
     )
+    @argument(
+        "--replicas",
+        default="1",
+        help="model servers behind the endpoint: a count (2), or MIN:MAX to scale with "
+        "the calls in flight (0:4; MIN 0 frees every slice when idle). Default 1",
+    )
+    @argument(
+        "--target-inflight",
+        type=float,
+        default=None,
+        help="calls in flight per replica the autoscaler aims for (default: the batch size)",
+    )
+    @argument(
+        "--scale-down-delay",
+        type=float,
+        default=None,
+        help="seconds a replica stays after it is no longer needed (default 300)",
+    )
+    @argument(
+        "--canary",
+        type=int,
+        metavar="PERCENT",
+        help="start this model as a new version of the existing endpoint --name, "
+        "with PERCENT of the calls",
+    )
+    @argument(
+        "--auto-rollback",
+        type=float,
+        metavar="POINTS",
+        help="roll a canary back by itself when its error rate passes the stable "
+        "version's by POINTS percentage points",
+    )
+    @argument("--promote", metavar="NAME", help="give endpoint NAME's canary every call")
+    @argument("--rollback", metavar="NAME", help="give endpoint NAME's stable version every call")
     @argument("--share-with", default="", help="comma-separated users who may call it too")
     @argument("--share-groups", default="", help="comma-separated hub groups who may call it too")
     @argument(
@@ -167,6 +243,18 @@ class DeployMagics(Magics):
                     f"slice(s) released"
                 )
                 return
+            if args.promote or args.rollback:
+                name = args.promote or args.rollback
+                if args.promote:
+                    dep = client.promote_deployment(name)
+                else:
+                    dep = client.rollback_deployment(name)
+                (v,) = dep["versions"]
+                print(
+                    f"{name}: version {v['version']} takes every call; the other "
+                    f"version stopped and its slices were released"
+                )
+                return
             return self._deploy(client, args)
         except GpuLabError as e:
             raise UsageError(f"gpulab service: {e}") from None
@@ -179,20 +267,7 @@ class DeployMagics(Magics):
             )
         ns = self.shell.user_ns
         example = model_and_example(ns, args.model, args.example)
-        if args.replicas < 1:
-            raise UsageError("--replicas must be at least 1")
-        settings = {
-            "name": args.name,
-            "replicas": args.replicas,
-            "gpu_milli": parse_gpu(args.gpu),
-            "max_batch_size": args.max_batch_size,
-            "max_latency_ms": args.max_latency_ms,
-            "max_queue": args.max_queue,
-            "share_users": _csv(args.share_with),
-            "share_groups": _csv(args.share_groups),
-        }
-        if args.stop_with_server is not None:
-            settings["stop_with_server"] = args.stop_with_server
+        settings = self._settings(args)
 
         from gpulab.client import GpuLabError
         from gpulab.serving.export import ExportError, export_model
@@ -212,7 +287,7 @@ class DeployMagics(Magics):
                 )
             except ExportError as e:
                 raise UsageError(str(e)) from None
-            if args.replace:
+            if args.replace and args.canary is None:
                 try:
                     client.stop_deployment(args.name)
                     print(f"stopped the previous {args.name}", flush=True)
@@ -221,32 +296,76 @@ class DeployMagics(Magics):
                         raise
             print("uploading and starting...", flush=True)
             dep = client.create_deployment(model_dir, settings)
-        dep = self._wait(client, dep)
+        dep = self._wait(client, dep, canary=args.canary is not None)
         url = client.endpoint_url(dep)
         tensors = example if isinstance(example, (tuple, list)) else (example,)
         print(usage_lines(dep, url, [t.detach().cpu().numpy() for t in tensors]))
         return None
 
     @staticmethod
-    def _wait(client, dep: dict) -> dict:
-        """Poll until every replica answers (or the deployment fails); show each change."""
+    def _settings(args) -> dict:
+        """The spec sent with the model: a new deployment's, or a canary's."""
+        batching = {
+            "max_batch_size": args.max_batch_size,
+            "max_latency_ms": args.max_latency_ms,
+            "max_queue": args.max_queue,
+        }
+        if args.canary is not None:
+            if not 1 <= args.canary <= 99:
+                raise UsageError("--canary takes a percentage of calls from 1 to 99")
+            settings = {"name": args.name, "canary": args.canary, **batching}
+            if args.gpu is not None:
+                settings["gpu_milli"] = parse_gpu(args.gpu)
+            return settings
+        low, high = parse_replicas(args.replicas)
+        settings = {
+            "name": args.name,
+            "min_replicas": low,
+            "max_replicas": high,
+            "gpu_milli": parse_gpu(args.gpu or "0"),
+            **batching,
+            "share_users": _csv(args.share_with),
+            "share_groups": _csv(args.share_groups),
+        }
+        for key, value in (
+            ("target_inflight", args.target_inflight),
+            ("scale_down_delay_s", args.scale_down_delay),
+            ("rollback_margin", None if args.auto_rollback is None else args.auto_rollback / 100),
+            ("stop_with_server", args.stop_with_server),
+        ):
+            if value is not None:
+                settings[key] = value
+        return settings
+
+    @staticmethod
+    def _wait(client, dep: dict, canary: bool = False) -> dict:
+        """Poll until every replica of the new version answers (or it fails); show
+        each change."""
         deadline = time.monotonic() + WAIT_S
         shown = None
         while True:
+            v = dep["versions"][-1] if dep.get("versions") else dep
+            label = f"{dep['name']} version {v.get('version', 1)}" if canary else dep["name"]
             # "freeing a slice: ..." while batch jobs stop to make room, then replicas.
-            freeing = dep["message"] if dep["message"].startswith("freeing") else ""
-            now = (dep["state"], dep["replicas_ready"], freeing[:40])
+            freeing = v["message"] if v["message"].startswith("freeing") else ""
+            now = (v["state"], v["replicas_ready"], freeing[:40])
             if now != shown:
                 print(
-                    f"{dep['name']}: {dep['state']}, {dep['replicas_ready']}/"
-                    f"{dep['replicas']} replica(s) ready" + (f" ({freeing})" if freeing else ""),
+                    f"{label}: {v['state']}, {v['replicas_ready']}/"
+                    f"{v['replicas']} replica(s) ready" + (f" ({freeing})" if freeing else ""),
                     flush=True,
                 )
                 shown = now
-            if dep["state"] == "running":
+            if v["state"] == "running":
+                if canary:
+                    print(
+                        f"{dep['name']}: version {v['version']} gets {v['weight']}% of "
+                        f"calls; %deploy --promote {dep['name']} or --rollback {dep['name']}",
+                        flush=True,
+                    )
                 return dep
-            if dep["state"] == "failed":
-                raise UsageError(f"deployment {dep['name']} failed: {dep['message']}")
+            if v["state"] == "failed":
+                raise UsageError(f"{label} failed: {v['message']}")
             if time.monotonic() > deadline:
                 raise UsageError(
                     f"{dep['name']} is not ready after {WAIT_S:g} s "

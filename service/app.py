@@ -261,6 +261,55 @@ class GpuLabService(SharingSettings, Application):
         """,
     ).tag(config=True)
 
+    endpoint_cold_start_seconds = Float(
+        180.0,
+        help="""How long a call to an endpoint scaled to zero (`%deploy --replicas 0:N`)
+        waits for its first replica to answer before it gets 503 with Retry-After.
+
+        c.GpuLabService.endpoint_cold_start_seconds = 300
+        """,
+    ).tag(config=True)
+
+    proxy_api_url = Unicode(
+        help="""The REST API of the hub's configurable-http-proxy. With it (and the
+        proxy's token in the service's environment as CONFIGPROXY_AUTH_TOKEN) the service
+        routes endpoint calls from the proxy to its endpoint router, a lighter front door
+        than its own routes; without it the service's routes answer them. `gpulab up`
+        sets both; default: $GPULAB_PROXY_API_URL.
+
+        c.GpuLabService.proxy_api_url = "http://proxy-api:8001"
+        """,
+    ).tag(config=True)
+
+    @default("proxy_api_url")
+    def _default_proxy_api_url(self):
+        return os.environ.get("GPULAB_PROXY_API_URL", "")
+
+    endpoint_router_ip = Unicode(
+        "127.0.0.1",
+        help="""Where the endpoint router listens (see proxy_api_url).
+
+        c.GpuLabService.endpoint_router_ip = "0.0.0.0"
+        """,
+    ).tag(config=True)
+
+    endpoint_router_port = Int(
+        0,
+        help="""The endpoint router's port; 0: one the system picks.
+
+        c.GpuLabService.endpoint_router_port = 8082
+        """,
+    ).tag(config=True)
+
+    endpoint_router_url = Unicode(
+        "",
+        help="""The URL the proxy sends endpoint calls to, where it differs from
+        http://<endpoint_router_ip>:<port> (another host, a Kubernetes Service).
+
+        c.GpuLabService.endpoint_router_url = "http://gpulab-service:8082"
+        """,
+    ).tag(config=True)
+
     max_model_mib = Int(
         4096,
         help="""Largest model a `%deploy` upload may unpack to, in MiB (model.pt2 and

@@ -16,10 +16,17 @@ NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
 PRINCIPAL = re.compile(r"^[^/\s\x00]{1,255}$")
 DEFAULT_MAX_BATCH = 32
 
+DEFAULT_SCALE_DOWN_DELAY_S = 300.0
+
 #: What a client may set, with the defaults.
 SETTINGS = {
     "name": None,
-    "replicas": 1,
+    "replicas": None,  # a fixed count: min_replicas = max_replicas = replicas
+    "min_replicas": None,
+    "max_replicas": None,
+    "target_inflight": None,  # default: the batch size
+    "scale_down_delay_s": DEFAULT_SCALE_DOWN_DELAY_S,
+    "rollback_margin": None,
     "gpu_milli": 0,
     "max_batch_size": None,
     "max_latency_ms": 5.0,
@@ -30,6 +37,8 @@ SETTINGS = {
 }
 #: What PATCH may change.
 SHARING = ("share_users", "share_groups", "stop_with_server")
+#: What a new version (``canary``) may set; the rest is the deployment's.
+CANARY = ("name", "canary", "gpu_milli", "max_batch_size", "max_latency_ms", "max_queue")
 
 
 class DeployRefused(Exception):
@@ -104,40 +113,106 @@ def check_create(service, user: str, settings: dict) -> dict:
             f"or '-' (starting and ending with a letter or digit), "
             f"got {name!r}",
         )
-    cap = service.max_deployment_replicas
-    if isinstance(body["replicas"], int) and body["replicas"] > cap:
-        raise DeployRefused(
-            400,
-            f"'replicas' {body['replicas']} is more than the {cap} one "
-            f"deployment may have; an admin can raise "
-            f"c.GpuLabService.max_deployment_replicas",
-        )
+    low, high = check_replicas(service, body)
     dep = {
         "name": name,
-        "replicas": _number(body, "replicas", 1, cap),
-        "max_batch_size": (
-            None if body["max_batch_size"] is None else _number(body, "max_batch_size", 1, 4096)
+        "replicas": low,
+        "max_replicas": high,
+        "target_inflight": (
+            None
+            if body["target_inflight"] is None
+            else _number(body, "target_inflight", 0.1, 100_000, float)
         ),
-        "max_latency_ms": _number(body, "max_latency_ms", 0, 10_000, float),
-        "max_queue": _number(body, "max_queue", 1, 100_000),
+        "scale_down_delay_s": _number(body, "scale_down_delay_s", 0, 7 * 86400, float),
+        "rollback_margin": (
+            None
+            if body["rollback_margin"] is None
+            else _number(body, "rollback_margin", 0, 1, float)
+        ),
+        **check_unit(service, body),
         "stop_with_server": service.deployments_stop_with_server,
         **check_sharing({k: body[k] for k in SHARING if body[k] is not None}),
     }
-    try:
-        dep["gpu_milli"] = parse_gpu_milli(body["gpu_milli"], tuple(service.slice_sizes))
-    except SliceError as e:
-        raise DeployRefused(400, str(e)) from None
     if not dep["gpu_milli"]:
-        reason = over_cpu_quota(service, user, dep["replicas"])
+        reason = over_cpu_quota(service, user, high)
         if reason:
             raise DeployRefused(403, reason)
     return dep
 
 
+def check_replicas(service, body: dict) -> tuple[int, int]:
+    """``(min, max)`` replicas from ``replicas`` (fixed) or ``min_replicas``/``max_replicas``."""
+    cap = service.max_deployment_replicas
+    for key in ("replicas", "max_replicas"):
+        if isinstance(body[key], int) and body[key] > cap:
+            raise DeployRefused(
+                400,
+                f"{key!r} {body[key]} is more than the {cap} one deployment may "
+                f"have; an admin can raise c.GpuLabService.max_deployment_replicas",
+            )
+    ranged = body["min_replicas"] is not None or body["max_replicas"] is not None
+    if body["replicas"] is not None:
+        if ranged:
+            raise DeployRefused(
+                400,
+                "give either 'replicas' (a fixed count) or 'min_replicas' and "
+                "'max_replicas' (autoscaling), not both",
+            )
+        n = _number(body, "replicas", 1, cap)
+        return n, n
+    if not ranged:
+        return 1, 1
+    low = 1 if body["min_replicas"] is None else _number(body, "min_replicas", 0, cap)
+    high = max(low, 1) if body["max_replicas"] is None else _number(body, "max_replicas", 1, cap)
+    if high < low:
+        raise DeployRefused(
+            400,
+            f"'max_replicas' {high} is below 'min_replicas' {low}; give MIN:MAX with MIN <= MAX",
+        )
+    return low, high
+
+
+def check_unit(service, body: dict) -> dict:
+    """What one version runs with: its slice and its batching settings."""
+    unit = {
+        "max_batch_size": (
+            None if body["max_batch_size"] is None else _number(body, "max_batch_size", 1, 4096)
+        ),
+        "max_latency_ms": _number(body, "max_latency_ms", 0, 10_000, float),
+        "max_queue": _number(body, "max_queue", 1, 100_000),
+    }
+    try:
+        unit["gpu_milli"] = parse_gpu_milli(body["gpu_milli"], tuple(service.slice_sizes))
+    except SliceError as e:
+        raise DeployRefused(400, str(e)) from None
+    return unit
+
+
+def check_canary(service, dep: dict, settings: dict) -> tuple[int, dict]:
+    """``(weight, unit settings)`` of a new version of ``dep``; what is not given is
+    the deployment's."""
+    unknown = set(settings) - set(CANARY)
+    if unknown:
+        raise DeployRefused(
+            400,
+            f"a canary takes only {', '.join(CANARY[2:])} besides name and canary; "
+            f"not {', '.join(sorted(unknown))} (replicas and sharing are the deployment's)",
+        )
+    weight = _number(settings, "canary", 1, 99)
+    base = {k: dep[k] for k in ("gpu_milli", "max_batch_size", "max_latency_ms", "max_queue")}
+    unit = check_unit(service, {**base, **{k: v for k, v in settings.items() if k in base}})
+    if "max_batch_size" not in settings:
+        unit["max_batch_size"] = None  # follows the new model (check_batch)
+    return weight, unit
+
+
 def check_batch(dep: dict, card: dict) -> None:
-    """Fit ``max_batch_size`` to the model's card: default 32, or what the model takes."""
+    """Fit ``max_batch_size`` to the model's card: default 32, or what the model takes;
+    the autoscaling target defaults to it (a replica is busy when a batch is full)."""
     if dep["max_batch_size"] is None:
         dep["max_batch_size"] = min(DEFAULT_MAX_BATCH, card["max_batch_size"])
+    if dep.get("target_inflight", 0) is None:
+        dep["target_inflight"] = float(dep["max_batch_size"])
     if dep["max_batch_size"] > card["max_batch_size"]:
         raise DeployRefused(
             400,

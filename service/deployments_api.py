@@ -3,18 +3,28 @@
 Management (owner and admins; to anyone else a deployment does not exist)::
 
     GET    api/v1/deployments[?user=]            list
-    POST   api/v1/deployments                    multipart: "spec" (JSON) + "model" (tar)
-    GET    api/v1/deployments/{name}[?user=]     one, with requests/s and p99
+    POST   api/v1/deployments                    multipart: "spec" (JSON) + "model" (tar);
+                                                 with "canary": P in the spec, a new
+                                                 version of an existing deployment
+    GET    api/v1/deployments/{name}[?user=]     one, with its versions, requests/s, p99
     PATCH  api/v1/deployments/{name}[?user=]     sharing, stop_with_server
     DELETE api/v1/deployments/{name}[?user=]     stop, release the slices
-    GET    api/v1/deployments/{name}/logs[?replica=0]
+    POST   api/v1/deployments/{name}/promote     the canary takes every call
+    POST   api/v1/deployments/{name}/rollback    the stable version takes every call
+    GET    api/v1/deployments/{name}/logs[?replica=0&version=N]
+
+The catalog (any user: the endpoints they may call)::
+
+    GET    api/v1/models
 
 The endpoint (OIP v2; owner, admins and those it is shared with)::
 
     <hub>/services/gpulab/endpoints/{user}/{name}/v2/...
 
-is forwarded to a ready replica with the replicas' own secret; the caller's
-hub token never reaches the model server.
+is answered by the endpoint router (:mod:`.endpoint_router`) where the hub's
+proxy routes to it, else by :class:`EndpointHandler` here; both forward to a
+ready replica with the replicas' own secret: the caller's hub token never
+reaches the model server.
 """
 
 from __future__ import annotations
@@ -25,19 +35,12 @@ from tornado import web
 
 from .auth import APIHandler
 from .deployments import DeploymentManager, DeployRefused, upload_spool
+from .endpoint_calls import CallRefused
+from .endpoint_router import FORWARD_RESPONSE, forwarded_headers
 from .request_body import parse_json_object
 from .uploads import MultipartUpload, boundary_of
 
 log = logging.getLogger("gpulab.service.deployments")
-
-#: Request and response headers an OIP v2 exchange needs; nothing else crosses.
-FORWARD_REQUEST = (
-    "Content-Type",
-    "Content-Encoding",
-    "Accept-Encoding",
-    "Inference-Header-Content-Length",
-)
-FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
 
 
 class _DeploymentHandler(APIHandler):
@@ -126,6 +129,61 @@ class DeploymentsHandler(_DeploymentHandler):
         self.write_json(dep, status=201)
 
 
+class PromoteHandler(_DeploymentHandler):
+    """``POST .../promote``."""
+
+    action = "promote"
+
+    async def post(self, name):
+        dep = self.find(name)
+        try:
+            if self.action == "promote":
+                self.write_json(await self.deployments.promote(dep))
+            else:
+                who = self.identity
+                by = "its owner" if who.name == dep["user"] else f"{who.kind} {who.name}"
+                self.write_json(await self.deployments.rollback(dep, f"rolled back by {by}"))
+        except DeployRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+
+
+class RollbackHandler(PromoteHandler):
+    """``POST .../rollback``."""
+
+    action = "rollback"
+
+
+class ModelsHandler(_DeploymentHandler):
+    """The catalog: every endpoint the caller may call, theirs and those shared with them."""
+
+    def get(self):
+        who = self.require_identity()
+        manager = self.deployments
+        out = []
+        for dep in manager.store.list():
+            if not manager.can_use(who, dep):
+                continue
+            view = manager.view(dep)
+            model = view["model"] or {}
+            out.append(
+                {
+                    "owner": dep["user"],
+                    "name": dep["name"],
+                    "endpoint": f"{dep['user']}/{dep['name']}",
+                    "path": view["path"],
+                    "state": view["state"],
+                    "shared": dep["user"] != who.name,
+                    "inputs": model.get("inputs"),
+                    "outputs": model.get("outputs"),
+                    "versions": [
+                        {"version": v["version"], "weight": v["weight"], "state": v["state"]}
+                        for v in view["versions"]
+                    ],
+                }
+            )
+        self.write_json(out)
+
+
 class DeploymentHandler(_DeploymentHandler):
     def get(self, name):
         self.write_json(self.deployments.view(self.find(name)))
@@ -153,11 +211,18 @@ class DeploymentLogsHandler(_DeploymentHandler):
         dep = self.find(name)
         try:
             replica = int(self.get_argument("replica", "0"))
+            version = self.get_argument("version", None)
+            version = None if version is None else int(version)
         except ValueError:
-            raise web.HTTPError(400, "replica must be an integer") from None
-        if not 0 <= replica < dep["replicas"]:
-            raise web.HTTPError(400, f"replica must be from 0 to {dep['replicas'] - 1}")
-        self.finish(await self.deployments.logs(dep, replica))
+            raise web.HTTPError(400, "replica and version must be integers") from None
+        try:
+            vrow = self.deployments.find_version(dep, version)
+        except DeployRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        most = max(vrow["replicas"], dep["max_replicas"])
+        if not 0 <= replica < most:
+            raise web.HTTPError(400, f"replica must be from 0 to {most - 1}")
+        self.finish(await self.deployments.logs(dep, vrow, replica))
 
 
 class EndpointHandler(_DeploymentHandler):
@@ -198,18 +263,19 @@ class EndpointHandler(_DeploymentHandler):
     async def _forward(self, user: str, name: str, path: str) -> None:
         dep = self._target(user, name)
         query = f"?{self.request.query}" if self.request.query else ""
-        headers = {h: self.request.headers[h] for h in FORWARD_REQUEST if h in self.request.headers}
         body = self.raw_body() if self.request.method == "POST" else None
-        answer = await self.deployments.forward(
-            dep, self.request.method, path + query, headers, body
-        )
-        if answer is None:
-            self.set_header("Retry-After", "2")
-            raise web.HTTPError(
-                503,
-                f"no replica of {user}/{name} is ready (state: "
-                f"{dep['state']}: {dep['message']}); try again shortly",
+        try:
+            answer = await self.deployments.call(
+                dep,
+                self.request.method,
+                path + query,
+                forwarded_headers(self.request.headers),
+                body,
             )
+        except CallRefused as e:
+            if e.retry_after is not None:
+                self.set_header("Retry-After", str(e.retry_after))
+            raise web.HTTPError(e.status, str(e)) from None
         status, reason, resp_headers, resp_body = answer
         self.set_status(status, reason)
         for h in FORWARD_RESPONSE:
@@ -222,6 +288,9 @@ routes = [
     (r"api/v1/deployments", DeploymentsHandler),
     (r"api/v1/deployments/([^/]+)", DeploymentHandler),
     (r"api/v1/deployments/([^/]+)/logs", DeploymentLogsHandler),
+    (r"api/v1/deployments/([^/]+)/promote", PromoteHandler),
+    (r"api/v1/deployments/([^/]+)/rollback", RollbackHandler),
+    (r"api/v1/models", ModelsHandler),
     (r"endpoints/([^/]+)/([^/]+)/(.*)", EndpointHandler),
 ]
 

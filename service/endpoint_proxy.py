@@ -24,24 +24,25 @@ class EndpointProxy:
                 connector=aiohttp.TCPConnector(limit=512),
                 auto_decompress=False,
                 timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S),
+                # No cookies kept between callers.
+                cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
             )
         return self._session
 
     async def forward(
-        self, urls: list[str], token: str, method: str, path: str, headers: dict, body: bytes | None
+        self, base: str, token: str, method: str, path: str, headers: dict, body: bytes | None
     ):
-        """Send one call to the first of ``urls`` that takes it (on a refused connection,
-        the next): ``(status, reason, headers, body)``, or None when none answers."""
+        """Send one call to the replica at ``base``: ``(status, reason, headers, body)``,
+        or None when it refuses the connection (it just went away)."""
         headers = {**headers, "Authorization": f"Bearer {token}"}
-        for base in urls:
-            try:
-                async with self.session.request(
-                    method, f"{base}/{path}", headers=headers, data=body
-                ) as resp:
-                    return resp.status, resp.reason, resp.headers, await resp.read()
-            except aiohttp.ClientConnectionError:
-                continue  # that replica just went away; try the next
-        return None
+        try:
+            async with self.session.request(
+                method, f"{base}/{path}", headers=headers, data=body
+            ) as resp:
+                return resp.status, resp.reason, resp.headers, await resp.read()
+        except aiohttp.ClientConnectionError:
+            return None
 
     async def close(self) -> None:
         if self._session is not None:

@@ -24,10 +24,10 @@ replica, so quotas and the cluster's free slices count them.
 
 from __future__ import annotations
 
-from traitlets import Dict, Integer, TraitError, Unicode
+from traitlets import Dict, Integer, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
-from gpulab.backend.kubernetes.serving import KubernetesServing
+from gpulab.backend.kubernetes.serving import AUTOSCALERS, KubernetesServing
 from gpulab.enforcement.kube import check_backend
 from gpulab.enforcement.kube.kueue import class_patch
 
@@ -125,6 +125,39 @@ class KubernetesServingSettings(Configurable):
         c.KubernetesServingSettings.port = 8080
         """,
     ).tag(config=True)
+    autoscaler = Unicode(
+        "service",
+        help="""Who scales an endpoint between its MIN and MAX replicas
+        (%deploy --replicas MIN:MAX) on the calls in flight per replica:
+        "service" (the gpulab service itself, setting the Deployment's
+        spec.replicas; scales to zero), "hpa" (a HorizontalPodAutoscaler on the
+        External metric gpulab_endpoint_inflight_requests, which the cluster's
+        external metrics API must serve, e.g. prometheus-adapter; never below one
+        replica) or "keda" (a KEDA ScaledObject asking Prometheus at
+        prometheus_url; scales to zero). See
+        docs/howto/endpoint-autoscaling-kubernetes.md.
+
+        c.KubernetesServingSettings.autoscaler = "keda"
+        """,
+    ).tag(config=True)
+    prometheus_url = Unicode(
+        "",
+        help="""The Prometheus KEDA asks for the calls in flight (required with
+        autoscaler "keda"); it must scrape <hub>/services/gpulab/metrics.
+
+        c.KubernetesServingSettings.prometheus_url = "http://prometheus-operated.monitoring.svc:9090"
+        """,
+    ).tag(config=True)
+
+    @validate("autoscaler")
+    def _valid_autoscaler(self, proposal):
+        value = proposal["value"]
+        if value not in AUTOSCALERS:
+            raise TraitError(
+                f"c.KubernetesServingSettings.autoscaler = {value!r}: use one of "
+                f"{', '.join(repr(a) for a in AUTOSCALERS)}"
+            )
+        return value
 
 
 #: The keys c.GpuLabService.kubernetes_deployments may hold.
@@ -169,6 +202,12 @@ def kubernetes_serving(
                 f"c.KubernetesServingSettings.{key} (or that key of "
                 f"c.GpuLabService.kubernetes_deployments)"
             )
+    if settings.autoscaler == "keda" and not settings.prometheus_url:
+        raise ValueError(
+            "c.KubernetesServingSettings.autoscaler = 'keda' asks Prometheus for the calls "
+            "in flight: set c.KubernetesServingSettings.prometheus_url (the Prometheus that "
+            "scrapes <hub>/services/gpulab/metrics), or use autoscaler 'service'"
+        )
     enforcement = settings.enforcement or "hami"
     options = check_backend(enforcement, settings.enforcement_options or None)
     by_uuid = {g.uuid: g for g in gpus}
@@ -193,4 +232,6 @@ def kubernetes_serving(
         labels=queueing["labels"],
         priority_class=queueing["priority_class_name"] or "",
         port=settings.port,
+        autoscaler=settings.autoscaler,
+        prometheus_url=settings.prometheus_url,
     )

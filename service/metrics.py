@@ -56,10 +56,45 @@ class _LedgerCollector:
         yield used
 
 
+class _EndpointCollector:
+    """Calls at the endpoint router, per version of each endpoint (ids, not names):
+    what the autoscaler sees, and what a HorizontalPodAutoscaler or KEDA reads."""
+
+    def __init__(self, service):
+        self.service = service
+
+    def collect(self):
+        labels = ["deployment", "version", "unit"]
+        inflight = GaugeMetricFamily(
+            "gpulab_endpoint_inflight_requests",
+            "Calls in flight at the endpoint router (waiting for a cold start included).",
+            labels=labels,
+        )
+        replicas = GaugeMetricFamily(
+            "gpulab_endpoint_replicas", "Replicas a version runs now.", labels=labels
+        )
+        calls = CounterMetricFamily(
+            "gpulab_endpoint_requests",
+            "Calls answered through the endpoint router, by outcome (error: 5xx or none).",
+            labels=[*labels, "outcome"],
+        )
+        manager = getattr(self.service, "deployments", None)
+        for unit in manager.units_traffic() if manager is not None else ():
+            key = [unit["deployment"], str(unit["version"]), unit["unit"]]
+            inflight.add_metric(key, unit["inflight"])
+            replicas.add_metric(key, unit["replicas"])
+            calls.add_metric([*key, "ok"], unit["calls"] - unit["errors"])
+            calls.add_metric([*key, "error"], unit["errors"])
+        yield inflight
+        yield replicas
+        yield calls
+
+
 class Metrics:
     def __init__(self, service):
         self.registry = CollectorRegistry()
         self.registry.register(_LedgerCollector(service))
+        self.registry.register(_EndpointCollector(service))
         self.placements = PromCounter(
             "gpulab_placement_requests",
             "Placement requests by result.",

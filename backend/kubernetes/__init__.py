@@ -11,6 +11,8 @@ The objects come from pure functions, one module per kind of work; the
 - :mod:`.jobset`: ``make_jobset(spec, options)`` when the JobSet CRD is installed;
 - :mod:`.deploy`: ``make_deployment(...) -> [Deployment, Service]`` and, when
   KServe is installed, ``make_inference_service(...)``;
+- :mod:`.autoscale`: ``make_hpa(name, dep)`` and ``make_scaled_object(name, dep, ...)``,
+  an endpoint's autoscaler when the cluster decides its count (HPA or KEDA);
 - :mod:`.serving`: :class:`KubernetesServing`, the model endpoints' I/O (a Secret, a
   Deployment and a Service per endpoint; ``kubernetes_asyncio`` imported when used).
 
@@ -23,6 +25,7 @@ its Kueue WorkloadPriorityClass) comes per job through the backend's
 ``options_for`` (built from ``gpulab.enforcement.kube.kueue.class_patch``).
 """
 
+from .autoscale import make_hpa, make_scaled_object
 from .deploy import make_deployment, make_inference_service
 from .job import job_objects, make_headless_service, make_job
 from .jobset import make_jobset
@@ -36,7 +39,9 @@ __all__ = [
     "job_objects",
     "make_deployment",
     "make_headless_service",
+    "make_hpa",
     "make_inference_service",
     "make_job",
     "make_jobset",
+    "make_scaled_object",
 ]

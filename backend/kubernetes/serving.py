@@ -18,6 +18,14 @@ only asks how many are ready; calls go to the Service, which spreads them. A
 replica's log is its pod's (the pods of the endpoint, by name: replica ``i`` is
 the ``i``-th). ``kubernetes_asyncio`` is imported when the cluster is first
 needed, never at import.
+
+How many replicas run is the Deployment's ``spec.replicas``. With the service's own
+autoscaler (``autoscaler="service"``, the default) :meth:`~KubernetesServing.scale`
+patches it. With ``"hpa"`` or ``"keda"`` the cluster decides for a unit whose
+``min_replicas`` and ``max_replicas`` differ: :meth:`~KubernetesServing.launch` also
+makes a HorizontalPodAutoscaler or a KEDA ScaledObject of the Deployment's name
+(:mod:`.autoscale`), :meth:`~KubernetesServing.check` reports the count it chose, and
+:meth:`~KubernetesServing.stop` deletes it first.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from collections.abc import Callable
 
 from ..serving_base import Health, ServingBackend, follow_ready
 from .apiclient import ApiClientHolder
+from .autoscale import KEDA_GROUP, KEDA_PLURAL, KEDA_VERSION, make_hpa, make_scaled_object
 from .deploy import ENDPOINT_LABEL, endpoint_name, make_deployment
 from .pods import COMMON_LABELS, USER_ANNOTATION
 
@@ -37,6 +46,8 @@ STOP_WAIT_S = 120.0
 #: The most log lines asked of a pod (the bytes are cut to what was asked after).
 LOG_LINES = 5000
 CONTAINER = "server"
+#: Who decides how many replicas an endpoint runs (``KubernetesServingSettings.autoscaler``).
+AUTOSCALERS = ("service", "hpa", "keda")
 
 
 class KubernetesServing(ApiClientHolder, ServingBackend):
@@ -45,7 +56,9 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
     ``pod_patch_for(dep, rows)`` returns the pod patch holding the replicas'
     slice (the service builds it from ``gpulab.enforcement.kube`` and the
     ledger rows), or None for none; ``labels`` go on the Deployment, the Service
-    and the pods (e.g. Kueue's queue label).
+    and the pods (e.g. Kueue's queue label). ``autoscaler`` is one of
+    :data:`AUTOSCALERS`; ``"keda"`` needs ``prometheus_url`` (where KEDA asks
+    for the calls in flight).
     """
 
     name = "kubernetes"
@@ -63,7 +76,15 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
         labels: dict | None = None,
         priority_class: str = "",
         port: int = 8080,
+        autoscaler: str = "service",
+        prometheus_url: str = "",
     ):
+        if autoscaler not in AUTOSCALERS:
+            raise ValueError(f"autoscaler {autoscaler!r}: use one of {', '.join(AUTOSCALERS)}")
+        if autoscaler == "keda" and not prometheus_url:
+            raise ValueError(
+                "autoscaler 'keda' asks Prometheus for the calls in flight: give prometheus_url"
+            )
         super().__init__(root)
         self.namespace = namespace
         self.models_pvc = models_pvc
@@ -73,6 +94,8 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
         self.labels = dict(labels or {})
         self.priority_class = priority_class
         self.port = port
+        self.autoscaler = autoscaler
+        self.prometheus_url = prometheus_url
         self._ready: dict[str, int] = {}  # dep id -> ready replicas, as of the last check
 
     # -- names ---------------------------------------------------------------------------
@@ -135,22 +158,45 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
             ),
         ]
 
+    def cluster_autoscales(self, dep: dict) -> bool:
+        """True where a HorizontalPodAutoscaler or KEDA decides the count: ``autoscaler``
+        is ``"hpa"`` or ``"keda"`` and the unit's count may move."""
+        low = dep.get("min_replicas", dep["replicas"])
+        return self.autoscaler in ("hpa", "keda") and low != dep.get("max_replicas", low)
+
+    def autoscaler_object(self, dep: dict) -> dict | None:
+        """The unit's HorizontalPodAutoscaler or ScaledObject; None where the service scales."""
+        if not self.cluster_autoscales(dep):
+            return None
+        name = self.object_name(dep)
+        if self.autoscaler == "hpa":
+            return make_hpa(name, dep)
+        return make_scaled_object(name, dep, prometheus_url=self.prometheus_url)
+
     # -- cluster I/O ---------------------------------------------------------------------
     async def launch(self, dep: dict, rows: list[dict]) -> None:
-        """Create the Secret, the Deployment and the Service.
+        """Create the Secret, the Deployment and the Service, then the autoscaler (if any).
 
         What is already there (a launch repeated after a restart of the service) is
-        replaced: the Secret and the Deployment take the new token and spec; the
-        Service, whose selector and ports follow from the name alone, is kept.
+        replaced: the Secret, the Deployment and the autoscaler take the new token and
+        spec; the Service, whose selector and ports follow from the name alone, is
+        kept. Where the cluster decides the count, a replaced Deployment keeps the
+        count it runs. An autoscaler left from an earlier launch of a unit that no
+        longer autoscales is deleted.
         """
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
         objects = self.objects(dep, rows)
+        scaler = self.autoscaler_object(dep)  # built first: bad settings send nothing
         api = await self.api()
         core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
         ns = self.namespace
+        autoscales = scaler is not None
         for obj in objects:
+            if obj["kind"] == "Deployment" and autoscales and self.autoscaler == "hpa":
+                # An HPA does nothing to a Deployment at zero replicas: start it at one.
+                obj["spec"]["replicas"] = max(1, obj["spec"]["replicas"])
             name, kind = obj["metadata"]["name"], obj["kind"]
             create, replace = {
                 "Secret": (core.create_namespaced_secret, core.replace_namespaced_secret),
@@ -165,8 +211,82 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
             except ApiException as e:
                 if e.status != 409:
                     raise
-                if replace is not None:
-                    await replace(name, ns, obj)
+                if replace is None:
+                    continue
+                if kind == "Deployment" and autoscales:
+                    # The autoscaler's count, not the one the unit was launched with.
+                    found = await self._read(dep)
+                    if found is not None and found.spec is not None:
+                        kept = int(found.spec.replicas or 0)
+                        floor = 1 if self.autoscaler == "hpa" else 0
+                        obj["spec"]["replicas"] = max(floor, kept)
+                await replace(name, ns, obj)
+        if scaler is not None:
+            await self._put_autoscaler(scaler)
+        elif self.autoscaler in ("hpa", "keda"):
+            await self._delete_autoscaler(dep)
+
+    async def _put_autoscaler(self, obj: dict) -> None:
+        """Create ``obj`` (an HPA or a ScaledObject), or replace the one of its name."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        api, ns, name = await self.api(), self.namespace, obj["metadata"]["name"]
+        if obj["kind"] == "HorizontalPodAutoscaler":
+            hpa = client.AutoscalingV2Api(api)
+            try:
+                await hpa.create_namespaced_horizontal_pod_autoscaler(ns, obj)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                await hpa.replace_namespaced_horizontal_pod_autoscaler(name, ns, obj)
+            return
+        custom = client.CustomObjectsApi(api)
+        where = (KEDA_GROUP, KEDA_VERSION, ns, KEDA_PLURAL)
+        try:
+            await custom.create_namespaced_custom_object(*where, obj)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            # A custom resource is replaced only at the version read: no unconditional update.
+            found = await custom.get_namespaced_custom_object(*where, name)
+            version = (found.get("metadata") or {}).get("resourceVersion")
+            meta = {**obj["metadata"], **({"resourceVersion": version} if version else {})}
+            await custom.replace_namespaced_custom_object(*where, name, {**obj, "metadata": meta})
+
+    async def _delete_autoscaler(self, dep: dict) -> None:
+        """Delete the unit's HPA or ScaledObject (whichever ``autoscaler`` makes); gone is fine."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        api, ns, name = await self.api(), self.namespace, self.object_name(dep)
+        try:
+            if self.autoscaler == "hpa":
+                await client.AutoscalingV2Api(api).delete_namespaced_horizontal_pod_autoscaler(
+                    name, ns
+                )
+            elif self.autoscaler == "keda":
+                await client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                    KEDA_GROUP, KEDA_VERSION, ns, KEDA_PLURAL, name
+                )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    async def scale(self, dep: dict, replicas: int, rows: list[dict]) -> None:
+        """Set the Deployment's ``spec.replicas`` (a merge patch); the Deployment controller
+        starts or stops pods. Every replica's pod has the same template, so ``rows`` (the
+        new replicas' slices) change nothing here."""
+        from kubernetes_asyncio import client
+
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
+        await client.AppsV1Api(await self.api()).patch_namespaced_deployment(
+            self.object_name(dep),
+            self.namespace,
+            {"spec": {"replicas": replicas}},
+            _content_type="application/merge-patch+json",
+        )
 
     async def adopt(self, dep: dict, rows: list[dict]) -> None:
         await self.launch(dep, rows)
@@ -194,11 +314,23 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
         return int(found.status.ready_replicas or 0)
 
     async def check(self, dep: dict) -> Health:
-        ready = self._ready[dep["id"]] = await self.ready(dep)
-        return follow_ready(dep, ready)
+        """How many replicas are ready; where the cluster decides the count, also that count
+        (the Deployment's ``spec.replicas``), against which "running" is judged."""
+        if not self.cluster_autoscales(dep):
+            ready = self._ready[dep["id"]] = await self.ready(dep)
+            return follow_ready(dep, ready)
+        found = await self._read(dep)
+        ready = int((found.status.ready_replicas or 0) if found and found.status else 0)
+        self._ready[dep["id"]] = ready
+        running = found.spec.replicas if found and found.spec else None
+        replicas = dep["replicas"] if running is None else int(running)
+        health = follow_ready({**dep, "replicas": replicas}, ready)
+        health.replicas = replicas
+        return health
 
-    def ready_urls(self, dep: dict) -> list[str]:
-        return [self.url(dep)] if self._ready.get(dep["id"]) else []
+    def ready_replicas(self, dep: dict) -> list[tuple[int, str]]:
+        """The Service, as replica 0, once a replica behind it is ready: it spreads the calls."""
+        return [(0, self.url(dep))] if self._ready.get(dep["id"]) else []
 
     def forget(self, dep_id: str) -> None:
         self._ready.pop(dep_id, None)
@@ -242,12 +374,13 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
         return data[-max_bytes:].decode(errors="replace")
 
     async def stop(self, dep: dict, wait_s: float = STOP_WAIT_S) -> None:
-        """Delete the Deployment (in the foreground: its pods go first), the Service and the
-        Secret, then wait (up to ``wait_s``) until the Deployment is gone. What is already
-        gone is fine."""
+        """Delete the autoscaler (so that it scales nothing back up), the Deployment (in the
+        foreground: its pods go first), the Service and the Secret, then wait (up to
+        ``wait_s``) until the Deployment is gone. What is already gone is fine."""
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
+        await self._delete_autoscaler(dep)
         api = await self.api()
         core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
         name, ns = self.object_name(dep), self.namespace

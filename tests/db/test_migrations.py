@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 
 from gpulab.db import migrate
-from gpulab.db.deployments import deployments
+from gpulab.db.deployments import deployments, versions
 from gpulab.db.engine import allocations, make_engine
 from gpulab.db.jobs import jobs
 
@@ -144,7 +144,14 @@ ADDED_LATER = {
         "preemptible": True,
         "preemptions": 0,
         "preempting": None,
-    }
+    },
+    # d1's fixed count (2) and its batch size (8) as the target.
+    "gpulab_deployments": {
+        "max_replicas": 2,
+        "target_inflight": 8.0,
+        "scale_down_delay_s": 300.0,
+        "rollback_margin": None,
+    },
 }
 
 
@@ -186,6 +193,11 @@ def test_database_from_before_migrations_is_adopted_with_its_rows(db_url):
             assert _same(got[table.name][0], as_adopted(table, want)), table.name
         assert revision_at(engine) == [migrate.head()]
         assert schema_diff(engine) == []
+        # The deployment became version 1 of itself, with every call and its count.
+        with engine.connect() as conn:
+            (version,) = [dict(r._mapping) for r in conn.execute(select(versions))]
+        assert (version["id"], version["deployment_id"], version["version"]) == ("d1", "d1", 1)
+        assert (version["weight"], version["replicas"], version["max_batch_size"]) == (100, 2, 8)
     finally:
         engine.dispose()
 

@@ -53,8 +53,16 @@ def test_notebook_trains_quantizes_deploys_and_calls(hub, tmp_path, monkeypatch)
     diff = float(re.search(r"max \|served - notebook\| = (\S+)", call).group(1))
     assert diff < 1e-4 and "same predictions: True" in call
 
-    listing = cells["%deploy --list"]
-    assert re.search(r"sentiment\s+nbdeploy\s+running\s+2/2\s+0.25", listing), listing
+    # The canary: started beside, 20% of the calls, listed per version, promoted.
+    canary = cells["%deploy model --name sentiment --example x --canary 20 --gpu 0.25"]
+    assert "sentiment: version 2 gets 20% of calls" in canary, canary
+    both = [c for c in nb.cells if c.source == "%deploy --list"][0]
+    assert re.search(r"v1\s+80% of calls\s+running", text_of(both)), text_of(both)
+    assert re.search(r"v2\s+20% of calls\s+running", text_of(both)), text_of(both)
+    assert "version 2 takes every call" in cells["%deploy --promote sentiment"]
+
+    listing = cells["%deploy --list"]  # the last one: after the promotion
+    assert re.search(r"sentiment\s+nbdeploy\s+running\s+2/2\s+2:3\s+0.25", listing), listing
 
     allocs = __import__("json").loads(
         next(v for k, v in cells.items() if k == "import json").split("ALLOC ", 1)[1]
@@ -103,7 +111,7 @@ def test_the_printed_curl_line_works(hub, monkeypatch, tmp_path):
 
     with capture_output() as out:
         ip.run_line_magic("deploy", "--list")
-    assert re.search(r"lin\s+curler\s+running\s+1/1", out.stdout), out.stdout
+    assert re.search(r"lin\s+curler\s+running\s+1/1\s+1:1", out.stdout), out.stdout
     # Usage errors say what to do; the service's refusals come back as messages.
     with pytest.raises(Exception, match="usage: %deploy MODEL"):
         ip.run_line_magic("deploy", "m --name nope")

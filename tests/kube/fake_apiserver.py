@@ -2,10 +2,11 @@
 
 It speaks enough of the REST API for the backend's real ``kubernetes_asyncio``
 client, over real HTTP: discovery (``GET /apis``), and create / read / delete
-of namespaced objects under any collection path, and their replacement
-(``PUT``). It stores what it is sent, records every request, answers 404 and
-409 with ``Status`` objects as the real one does, and lets a test set an
-object's ``status`` (the controllers' part). It runs no controllers and checks
+of namespaced objects under any collection path, their replacement
+(``PUT``) and JSON merge patches (``PATCH``, RFC 7386). It stores what it is
+sent, records every request, answers 404 and 409 with ``Status`` objects as
+the real one does, and lets a test set an object's ``status`` (the
+controllers' part). It runs no controllers and checks
 no schemas.
 """
 
@@ -15,6 +16,19 @@ import json
 import socket
 
 from aiohttp import web
+
+
+def merge_patch(target, patch):
+    """``target`` with the JSON merge patch ``patch`` applied (RFC 7386)."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
@@ -122,6 +136,13 @@ class FakeApiServer:
             self.objects[key] = {**body, "metadata": {**body["metadata"], "uid": key}}
             if "status" in old:
                 self.objects[key]["status"] = old["status"]
+            return web.json_response(self.objects[key])
+        if request.method == "PATCH":
+            kind = request.content_type
+            if kind != "application/merge-patch+json":
+                return _status(415, "UnsupportedMediaType", f"this server merges only, not {kind}")
+            old = self.objects[key]
+            self.objects[key] = {**merge_patch(old, body), "metadata": old["metadata"]}
             return web.json_response(self.objects[key])
         if request.method == "DELETE":
             # Foreground deletion would wait for the pods; this server has none.

@@ -262,6 +262,8 @@ def test_kubernetes_deployments_get_a_shared_models_directory(chart):
         "modelsPvc": "gpulab-all-models",
         "image": "registry.example.org/gpulab-singleuser:0.1.0-rc1",
         "priorityClassName": "serving-high",
+        "autoscaler": "keda",
+        "prometheusUrl": "http://prometheus-operated.monitoring.svc:9090",
     }
     # The service's Role covers what the backend does with an endpoint's objects.
     rules = objects["Role/gpulab-all"]["rules"]
@@ -276,6 +278,47 @@ def test_kubernetes_deployments_get_a_shared_models_directory(chart):
     for group, resource in [("apps", "deployments"), ("", "services"), ("", "secrets")]:
         assert allowed(group, resource, crud), (group, resource)
     assert allowed("", "pods", ["get", "list", "watch"])
+
+
+def role_allows(objects: dict, role: str, group: str, resource: str, verbs: list[str]) -> bool:
+    return any(
+        group in r["apiGroups"] and resource in r["resources"] and set(verbs) <= set(r["verbs"])
+        for r in objects[f"Role/{role}"]["rules"]
+    )
+
+
+AUTOSCALER_VERBS = ["get", "create", "update", "patch", "delete"]
+
+
+@pytest.mark.parametrize("autoscaler", ["service", "hpa", "keda"])
+def test_endpoint_autoscaler_gets_its_rights_only_when_chosen(chart, autoscaler):
+    """The service's Role may make HPAs or ScaledObjects only where it is told to make them."""
+    endpoints = {"enabled": True, "autoscaler": autoscaler}
+    if autoscaler == "keda":
+        endpoints["prometheusUrl"] = "http://prometheus.monitoring.svc:9090"
+    objects = render(chart, {**HUB_OFF, "deployments": {"kubernetes": endpoints}})
+    validate_strict(objects["Role/gpulab"])
+    verbs = AUTOSCALER_VERBS
+    hpa = role_allows(objects, "gpulab", "autoscaling", "horizontalpodautoscalers", verbs)
+    keda = role_allows(objects, "gpulab", "keda.sh", "scaledobjects", verbs)
+    assert (hpa, keda) == (autoscaler == "hpa", autoscaler == "keda")
+    # Every autoscaler scales through the Deployment: the service patches its replicas.
+    assert role_allows(objects, "gpulab", "apps", "deployments", ["get", "patch"])
+    deployments = service_values_of(objects)["kubernetesDeployments"]
+    assert deployments["autoscaler"] == autoscaler
+    assert deployments["prometheusUrl"] == endpoints.get("prometheusUrl", "")
+
+
+def test_endpoint_autoscaler_rights_stay_off_with_endpoints_off(chart):
+    objects = render(chart, {**HUB_OFF, "deployments": {"kubernetes": {"autoscaler": "hpa"}}})
+    assert not role_allows(objects, "gpulab", "autoscaling", "horizontalpodautoscalers", ["get"])
+    assert service_values_of(objects)["kubernetesDeployments"]["enabled"] is False
+
+
+def test_keda_needs_prometheus(chart):
+    values = {**HUB_OFF, "deployments": {"kubernetes": {"enabled": True, "autoscaler": "keda"}}}
+    with pytest.raises(helm.HelmError, match="set deployments.kubernetes.prometheusUrl"):
+        render(chart, values)
 
 
 def test_kubernetes_deployments_on_an_existing_claim(chart):
@@ -409,6 +452,10 @@ def test_values_match_their_schema():
         (
             {"deployments": {"kubernetes": {"queue": "x"}}},
             "additional properties 'queue' not allowed",
+        ),
+        (
+            {"deployments": {"kubernetes": {"autoscaler": "knative"}}},
+            "at '/deployments/kubernetes/autoscaler'",
         ),
         (
             {

@@ -215,6 +215,8 @@ def test_service_config_turns_on_kubernetes_deployments(tmp_path, monkeypatch):
         "priority": "gpulab-low",
         "priority_class": "serving-high",
         "priority_class_prefix": "gpulab-",
+        "autoscaler": "keda",
+        "prometheus_url": "http://prometheus-operated.monitoring.svc:9090",
     }
 
 
@@ -240,6 +242,8 @@ def test_service_config_kubernetes_deployments_without_kueue(tmp_path, monkeypat
         "priority": "",
         "priority_class": "",
         "priority_class_prefix": "gpulab-",
+        "autoscaler": "service",
+        "prometheus_url": "",
     }
     assert "kubernetes_jobs" not in c.GpuLabService  # jobs have their own switch
 
@@ -312,3 +316,20 @@ def test_service_serves_endpoints_on_kubernetes_from_the_chart_config(tmp_path, 
     assert serving.models_pvc == "gpulab-models" and serving.image.endswith(":0.1.0")
     # The chart mounts the claim at <data-dir>/deployments, where the service writes models.
     assert serving.root == str(tmp_path / "data" / "deployments")
+
+
+def test_service_autoscales_endpoints_the_way_the_chart_says(tmp_path, monkeypatch):
+    """deployments.kubernetes.autoscaler reaches the serving backend, with its Prometheus."""
+    endpoints = {
+        "enabled": True,
+        "autoscaler": "keda",
+        "prometheusUrl": "http://prometheus.monitoring.svc:9090",
+    }
+    app = started_service(
+        tmp_path, monkeypatch, rendered_data({"deployments": {"kubernetes": endpoints}})
+    )
+    serving = DeploymentManager(app).serving
+    assert (serving.autoscaler, serving.prometheus_url) == (
+        "keda",
+        "http://prometheus.monitoring.svc:9090",
+    )

@@ -80,7 +80,9 @@ def test_an_endpoint_becomes_kubernetes_objects_and_goes_away_on_stop(hub, api, 
         lambda: (d := kate.get_deployment("lin"))["state"] == "running" and d,
         "the deployment to be running",
     )
-    assert dep["replicas_ready"] == 2 and dep["requests_per_second"] is None
+    # Traffic is counted at the service's router, on Kubernetes too: none yet.
+    assert dep["replicas_ready"] == 2 and dep["requests_total"] == 0
+    assert dep["versions"][0]["replicas"] == 2
 
     kate.stop_deployment("lin")
     for collection in (

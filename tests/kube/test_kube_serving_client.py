@@ -278,18 +278,19 @@ async def test_check_follows_ready_replicas_and_routes_to_the_service(cluster):
         "starting",
         "0 of 2 replica(s) ready",
     )
-    assert serving.ready_urls(DEP) == []
+    assert serving.ready_replicas(DEP) == []
     server.set_status(DEPLOYMENTS, NAME, {"readyReplicas": 2})
     health = await serving.check(DEP)
     assert (health.ready, health.state, health.message) == (2, "running", "2 replica(s) ready")
-    assert serving.ready_urls(DEP) == [f"http://{NAME}.{NS}.svc:80"]
+    # One entry, the Service (numbered 0): it spreads the calls over the replicas.
+    assert serving.ready_replicas(DEP) == [(0, f"http://{NAME}.{NS}.svc:80")]
     server.set_status(DEPLOYMENTS, NAME, {"readyReplicas": 1})
     health = await serving.check({**DEP, "state": "running"})
     assert (health.state, health.message) == ("degraded", "1 of 2 replica(s) ready")
     # Behind a Service the replicas cannot be asked one by one: Prometheus scrapes them.
     assert await serving.stats(DEP) is None
     await serving.stop(DEP)
-    assert serving.ready_urls(DEP) == []
+    assert serving.ready_replicas(DEP) == []
 
 
 async def test_logs_are_the_pods_logs(cluster):

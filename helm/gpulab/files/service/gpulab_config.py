@@ -74,4 +74,7 @@ if deployments.get("enabled"):
         "image": deployments["image"],
         **slice_and_queue(),
         "priority_class": deployments.get("priorityClassName") or "",
+        # Who scales endpoints between MIN and MAX: the service, an HPA or KEDA.
+        "autoscaler": deployments.get("autoscaler") or "service",
+        "prometheus_url": deployments.get("prometheusUrl") or "",
     }
