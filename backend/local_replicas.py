@@ -37,6 +37,9 @@ from gpulab.enforcement.accounts import separated
 from .deployment_dir import DeploymentDirs
 from .local import PASS_ENV, free_port, process_alive
 
+#: The nice value of a replica until it answers ready (0: none).
+STARTING_NICE = 10
+
 
 class LocalReplicas(DeploymentDirs):
     """The replica processes of every deployment under ``root``."""
@@ -145,12 +148,26 @@ class LocalReplicas(DeploymentDirs):
                 **run_as,
             )
         self._children[(dep_id, replica)] = proc
+        if STARTING_NICE and os.geteuid() == 0:
+            # Starting (imports, loading the model) at a lower priority, so a replica
+            # being added does not take the CPU from those answering calls; back to
+            # normal once it answers ready (``serving_priority``). Only root may raise it
+            # again, so only root lowers it. The whole group: threads inherit it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.setpriority(os.PRIO_PGRP, proc.pid, STARTING_NICE)
         record = {"pid": proc.pid, "port": port, "started": time.time()}
         tmp = self.path(dep_id, f"replica{replica}.json.tmp")
         with open(tmp, "w") as f:
             json.dump(record, f)
         os.replace(tmp, self.path(dep_id, f"replica{replica}.json"))
         return record
+
+    @staticmethod
+    def serving_priority(pid: int) -> None:
+        """A replica answers ready: back to the normal CPU priority, every thread."""
+        if STARTING_NICE and os.geteuid() == 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.setpriority(os.PRIO_PGRP, pid, 0)
 
     def record(self, dep_id: str, replica: int) -> dict | None:
         try:
@@ -185,12 +202,17 @@ class LocalReplicas(DeploymentDirs):
             return ""
         return " | ".join(tail)
 
-    async def kill(self, dep: dict, replicas: range, grace_s: float = 10.0) -> None:
+    async def kill(
+        self, dep: dict, replicas: range, grace_s: float = 10.0, drained: bool = False
+    ) -> None:
         """SIGTERM the ``replicas`` (queued requests are answered), then SIGKILL; their
-        records go (a scaled-away replica is not looked for again)."""
+        records go (a scaled-away replica is not looked for again). ``drained``: they
+        hold no request, so SIGKILL at once (an interpreter's orderly exit costs CPU the
+        replicas still serving need)."""
         dep_id = dep["id"]
         pids = [self.record(dep_id, i)["pid"] for i in replicas if self.alive(dep_id, i)]
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        steps = ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0))
+        for sig, wait in steps[1:] if drained else steps:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, sig)

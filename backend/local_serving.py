@@ -87,7 +87,7 @@ class LocalServing(LocalReplicas, ServingBackend):
                 except OSError:  # the next check launches it again
                     log.exception("Launching replica %d of %s", r, dep["id"])
             return
-        await self.kill(dep, range(replicas, before))
+        await self.kill(dep, range(replicas, before), drained=True)
         served = self._served.get(dep["id"])
         if served is not None:
             del served.replicas[replicas:]
@@ -160,6 +160,7 @@ class LocalServing(LocalReplicas, ServingBackend):
         resp = await self._get(dep, rec["port"], "/v2/health/ready")
         if resp is not None and resp[0] == 200:
             self._state(dep).replicas[replica].port = rec["port"]
+            self.serving_priority(rec["pid"])
 
     @property
     def session(self) -> aiohttp.ClientSession:

@@ -147,7 +147,9 @@ class DeploymentStore:
                         "deployment_id": row["id"],
                         "version": 1,
                         "weight": 100,
-                        "replicas": row["replicas"],
+                        # At least one, even with min_replicas 0: a model that does not
+                        # load fails at deploy time, not at the first call.
+                        "replicas": max(row["replicas"], 1),
                         "state": "starting",
                         "message": "starting",
                         "restarts": 0,

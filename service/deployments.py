@@ -161,6 +161,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             unit = rec.units.get(vrow["id"])
             if unit is None:
                 unit = rec.units[vrow["id"]] = Unit(vrow, self._scaler(row))
+                unit.scaler.changed(time.monotonic())  # the delay counts from now
             unit.row = vrow
             self._configure(unit.scaler, row)
         for gone in set(rec.units) - {v["id"] for v in versions}:
@@ -204,7 +205,9 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
     @staticmethod
     def owners(vrow: dict, replicas: range | None = None) -> list[str]:
         """The ledger owners of a version's replicas (all it runs, or ``replicas``)."""
-        return [f"{vrow['id']}/{r}" for r in (replicas or range(vrow["replicas"]))]
+        if replicas is None:
+            replicas = range(vrow["replicas"])
+        return [f"{vrow['id']}/{r}" for r in replicas]
 
     def _rows(self, vrow: dict) -> list[dict]:
         return [
@@ -224,7 +227,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         return {k: card.get(k) for k in ("name", "inputs", "outputs", "max_batch_size")}
 
     def view(self, dep: dict) -> dict:
-        rec = self._deps.get(dep["id"]) or self._record(dep)
+        rec = self._record(dep)  # the versions as stored now (a claim's message, a promotion)
         units = rec.by_version()
         versions = [self._version_view(dep, u) for u in units]
         stable = versions[0] if versions else None

@@ -217,6 +217,7 @@ def test_scales_to_zero_and_a_cold_call_succeeds(hub, users, models):
             "gpu_milli": 250,
         },
     )
+    assert dep["replicas"] == 1  # one replica at first: the model is known to load
     idle = wait_for(
         hub,
         token,
