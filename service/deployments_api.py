@@ -238,18 +238,10 @@ class EndpointHandler(_DeploymentHandler):
         self.set_header("Cache-Control", "no-store")
 
     def _target(self, user: str, name: str) -> dict:
-        who = self.require_identity()
-        dep = self.deployments.endpoint(user, name)
-        if dep is not None and self.deployments.can_use(who, dep):
-            return dep
-        if dep is None and who.can_act_for(user):
-            raise web.HTTPError(404, f"no deployment {name!r} of {user}")
-        # Not telling a stranger whether it exists.
-        raise web.HTTPError(
-            403,
-            f"{who.kind} {who.name} may not call endpoint {user}/{name}: "
-            f"it does not exist or is not shared with you",
-        )
+        try:
+            return self.deployments.callable_endpoint(self.require_identity(), user, name)
+        except CallRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
 
     async def get(self, user, name, path):
         await self._forward(user, name, path)

@@ -45,6 +45,20 @@ class CallsMixin:
             self._record(dep)
         return dep
 
+    def callable_endpoint(self, who, user: str, name: str) -> dict:
+        """The deployment ``who`` may call as ``user/name``; CallRefused 404 for the
+        caller's own that does not exist, else 403 (a stranger is not told which)."""
+        dep = self.endpoint(user, name)
+        if dep is not None and self.can_use(who, dep):
+            return dep
+        if dep is None and who.can_act_for(user):
+            raise CallRefused(404, f"no deployment {name!r} of {user}")
+        raise CallRefused(
+            403,
+            f"{who.kind} {who.name} may not call endpoint {user}/{name}: "
+            f"it does not exist or is not shared with you",
+        )
+
     def _choose(self, dep: dict, path: str):
         """``(unit, path to send)``: the version the path names, or one by weight."""
         rec = self._deps[dep["id"]]

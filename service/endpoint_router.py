@@ -219,16 +219,7 @@ class EndpointRouter:
         if request.method not in ("GET", "POST", "HEAD"):
             raise Denied(405, f"endpoints answer GET, HEAD and POST, not {request.method}")
         who = await self._identify(token.strip())
-        dep = self.manager.endpoint(user, name)
-        if dep is None or not self.manager.can_use(who, dep):
-            if dep is None and who.can_act_for(user):
-                raise Denied(404, f"no deployment {name!r} of {user}")
-            # Not telling a stranger whether it exists.
-            raise Denied(
-                403,
-                f"{who.kind} {who.name} may not call endpoint {user}/{name}: "
-                f"it does not exist or is not shared with you",
-            )
+        dep = self.manager.callable_endpoint(who, user, name)
         length = request.content_length
         if length is not None and length > self.service.max_upload_mib * 2**20:
             return self._too_large()
