@@ -342,18 +342,24 @@ class LocalBackend(Backend):
         jd = self.jobdir(spec.id)
         launch = jd.read_json("launch.json", {}) or {}
         groups = [n["pgid"] for n in launch.get("nodes", [])]
+        # A rank seen once stays watched until it is gone: a process tearing down
+        # its memory after SIGKILL already reads an empty command line, so
+        # _rank_pids no longer names it while it still runs.
+        ranks = set(self._rank_pids(jd))
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             for pgid in groups:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, sig)
             if sig == signal.SIGKILL:
-                for pid in self._rank_pids(jd):
+                ranks |= set(self._rank_pids(jd))
+                for pid in ranks:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 self._reap(spec.id)
-                if not any(_group_alive(g) for g in groups) and not self._rank_pids(jd):
+                ranks = {p for p in ranks | set(self._rank_pids(jd)) if _running(p)}
+                if not any(_group_alive(g) for g in groups) and not ranks:
                     self._children.pop(spec.id, None)
                     self._remove_groups(spec)
                     return
@@ -361,6 +367,15 @@ class LocalBackend(Backend):
         self._reap(spec.id)
         self._children.pop(spec.id, None)
         self._remove_groups(spec)
+
+
+def _running(pid: int) -> bool:
+    """Does ``pid`` exist and is it not a zombie?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _group_alive(pgid: int) -> bool:
