@@ -23,6 +23,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 
+from .alerts import AlertsAPI
 from .deployments import DeploymentsMixin
 from .errors import ConfigurationError, ServiceUnreachable, refused
 from .jobs import JobsMixin
@@ -60,7 +61,7 @@ def run_sync(coro, timeout: float | None = None):
     return asyncio.run_coroutine_threadsafe(coro, _LoopThread.loop()).result(timeout)
 
 
-class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI, UsageAPI):
+class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI, UsageAPI, AlertsAPI):
     def __init__(self, api_url: str | None = None, token: str | None = None, timeout: float = 60.0):
         self.api_url = (api_url or os.environ.get("GPULAB_API_URL") or "").rstrip("/")
         self._token = token or os.environ.get("JUPYTERHUB_API_TOKEN") or ""

@@ -6,6 +6,8 @@ same method, blocking::
     gl.usage()                                  # last 7 days, by user
     gl.usage(group_by="kind")                   # server / job / deployment
     gl.usage(since="2026-11-01T00:00:00+00:00", until=datetime.now(timezone.utc))
+    gl.usage(bucket="day")                      # one row per UTC day and user
+    gl.usage(format="csv")                      # the same rows as CSV text
 
 Admins get every user's rows, a user only their own.
 """
@@ -33,7 +35,9 @@ class UsageAPI:
         since: datetime | str | None = None,
         until: datetime | str | None = None,
         group_by: str = "user",
-    ) -> dict:
+        format: str = "json",
+        bucket: str | None = None,
+    ) -> dict | str:
         """GPU-hours used between ``since`` and ``until``, grouped by ``"user"``, ``"group"``
         or ``"kind"`` (``server``, ``job``, ``deployment``).
 
@@ -45,11 +49,16 @@ class UsageAPI:
                        "milli_gpu_seconds": 4500000, "allocations": 3}]}
 
         Each row's key is named after ``group_by``; rows come most GPU-hours
-        first. A service older than usage accounting answers 404
-        (:class:`~.errors.NotFound`).
+        first. ``bucket="day"`` cuts the window per UTC calendar day: each row
+        also has ``"day": "2026-11-30"``, rows come day by day. ``format="csv"``
+        returns the service's CSV text instead (a header line, then the rows,
+        ``day`` first when bucketed). A service older than usage accounting
+        answers 404 (:class:`~.errors.NotFound`).
         """
-        return await self.request(
-            "GET",
-            "/usage",
-            query={"since": iso(since), "until": iso(until), "group_by": group_by},
-        )
+        query = {"since": iso(since), "until": iso(until), "group_by": group_by, "bucket": bucket}
+        if format == "csv":
+            data = await self.read_bytes("/usage", query={**query, "format": "csv"})
+            return data.decode("utf-8")
+        if format != "json":
+            raise ValueError(f"format must be json or csv, got {format!r}")
+        return await self.request("GET", "/usage", query=query)

@@ -186,6 +186,8 @@ def configure(c, s: Settings) -> None:
                 "list:users",
                 "read:users",
                 "read:servers",
+                # stops servers whose GPU idles (c.GpuLabService.gpu_idle_cull_seconds)
+                "delete:servers",
                 "list:groups",
                 "read:groups",
                 f"access:services!service={SERVICE_NAME}",
@@ -214,6 +216,11 @@ def configure(c, s: Settings) -> None:
         )
     c.JupyterHub.services = services
     c.JupyterHub.load_roles = roles
+
+    from .audit_hook import configure_audit
+
+    # Logins, server starts and stops, admin actions: the hub's request log records them.
+    configure_audit(c, api_url, service_token, SERVICE_NAME)
 
     from .auth_config import configure_auth  # it imports this module
 

@@ -1,6 +1,7 @@
-"""``%gpulab``: this server's slice (status), the magics (help), and subcommands.
+"""``%gpulab``: this server's slice and alerts (status), the magics (help), and subcommands.
 
-``%gpulab dashboard`` and ``%gpulab nettest`` live in :mod:`.dashboard`.
+``%gpulab dashboard`` lives in :mod:`.dashboard`, ``%gpulab nettest`` in
+:mod:`.nettest`, ``%gpulab alerts`` (and the status's alert line) in :mod:`.alerts`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ import os
 from IPython.core.magic import Magics, line_magic, magics_class
 
 HELP = """gpulab magics
-  %gpulab            this server's GPU slice and the gpulab API address
+  %gpulab            this server's GPU slice, the gpulab API address, and the
+                     alerts firing now (one line: how many, which)
   %gpulab help       this text
-  %gpulab dashboard  live Cluster / Cache / Network / Jobs panel
+  %gpulab dashboard  live Cluster / Cache / Network / Jobs / Alerts / Usage panel
                      (same as: from gpulab.widgets import Dashboard; Dashboard())
+  %gpulab alerts [--all]
+                     the alerts firing now, as a table (--all: also those
+                     resolved in the last 24 h, with how long they lasted)
   %gpulab nettest [--size BYTES] [--iters N] [--nproc N] [--warmup N] [--no-report]
                      all-reduce probe under torchrun (gloo on CPU, NCCL on GPUs):
                      prints algbw = size/time and busbw = algbw*2(n-1)/n (nccl-tests)
@@ -69,15 +74,25 @@ class GpuLabMagics(Magics):
         if command in ("help", "-h", "--help"):
             print(HELP)
             return
-        if command in ("dashboard", "nettest"):
-            from . import dashboard, nettest
+        if command in ("dashboard", "nettest", "alerts"):
+            from . import alerts, dashboard, nettest
 
             if command == "dashboard":
                 dashboard.dashboard(rest)
+            elif command == "alerts":
+                alerts.alerts(rest)
             else:
                 nettest.nettest(rest)
             return
         if line.strip():
             print(f"unknown %gpulab command {line.strip()!r}\n\n{HELP}")
             return
-        print(slice_status(dict(os.environ)))
+        env = dict(os.environ)
+        print(slice_status(env))
+        from .alerts import status_alerts
+
+        alert_line = status_alerts(env)
+        if alert_line is not None:
+            from IPython.display import display
+
+            display(alert_line)

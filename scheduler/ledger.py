@@ -9,6 +9,11 @@ answer (the service died mid-request) never gets a second slice.
 
 The calls block (on the database's write lock, at worst for SQLite's 30 s
 timeout); code on an event loop awaits them through :attr:`Ledger.aio`.
+
+A *cordoned* GPU (:meth:`Ledger.cordon`: an XID, ECC errors, lost, or an admin's
+choice; table ``gpulab_gpu_cordons``) takes no new slice: every placement, and what
+``availability``/``free_sizes`` count, sees it as full. What it already holds stays
+until its owner moves or stops. Cordoning a GPU with MIG on cordons its MIG devices.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Engine
 
 from gpulab.db.engine import allocations, lock_for_write, utcnow, writer
+from gpulab.db.operations import gpu_cordons
 from gpulab.db.usage import usage
 
 from .async_ledger import AsyncLedger
@@ -47,6 +53,22 @@ class NoCapacity(Exception):
 
 class OwnerConflict(Exception):
     """The owner already holds a slice of a different size."""
+
+
+class UnknownGpu(LookupError):
+    """No GPU (or MIG parent) of the inventory has that UUID."""
+
+
+def _cordon_dict(row) -> dict:
+    since = row.since
+    if since.tzinfo is None:  # SQLite drops the zone; we only ever store UTC
+        since = since.replace(tzinfo=dt.UTC)
+    return {
+        "reason": row.reason,
+        "by": row.by,
+        "since": since.isoformat().replace("+00:00", "Z"),
+        "node": row.node,
+    }
 
 
 @dataclass(frozen=True)
@@ -143,8 +165,61 @@ class Ledger:
                 return {g: int(m) for g, m in c.execute(q)}
         return {g: int(m) for g, m in conn.execute(q)}
 
-    def cluster(self, held: Mapping[str, int]) -> tuple[Cluster, list[list[Gpu]]]:
-        """The free-resource view of the inventory, given milli held per GPU."""
+    def cordons(self, conn=None) -> dict[str, dict]:
+        """Cordoned GPUs: UUID -> {"reason", "by", "since" (ISO 8601, UTC), "node"}."""
+        q = select(gpu_cordons).order_by(gpu_cordons.c.since)
+        if conn is None:
+            with self.engine.connect() as c:
+                return {r.gpu_uuid: _cordon_dict(r) for r in c.execute(q)}
+        return {r.gpu_uuid: _cordon_dict(r) for r in conn.execute(q)}
+
+    def cordon_of(self, gpu: Gpu, cordons: Mapping[str, dict]) -> dict | None:
+        """The cordon that keeps ``gpu`` out of placement (its own or its MIG parent's)."""
+        return cordons.get(gpu.uuid) or (cordons.get(gpu.mig_parent) if gpu.mig_parent else None)
+
+    def _node_of(self, gpu_uuid: str) -> str:
+        for gpu in self.gpus:
+            if gpu_uuid in (gpu.uuid, gpu.mig_parent):
+                return gpu.node
+        raise UnknownGpu(
+            f"no GPU {gpu_uuid} in the inventory; GET /api/v1/inventory lists the GPUs' UUIDs"
+        )
+
+    def cordon(self, gpu_uuid: str, reason: str, by: str) -> tuple[dict, bool]:
+        """Take a GPU out of placement. Returns (its cordon, whether this call made it):
+        a GPU already cordoned keeps its first reason. Raises :class:`UnknownGpu`."""
+        node = self._node_of(gpu_uuid)
+        with self._lock, self._writer.begin() as conn:
+            lock_for_write(conn)
+            cond = gpu_cordons.c.gpu_uuid == gpu_uuid
+            row = conn.execute(select(gpu_cordons).where(cond)).first()
+            if row is not None:
+                return _cordon_dict(row), False
+            conn.execute(
+                insert(gpu_cordons).values(
+                    gpu_uuid=gpu_uuid, node=node, reason=reason, by=by, since=utcnow()
+                )
+            )
+            return _cordon_dict(conn.execute(select(gpu_cordons).where(cond)).one()), True
+
+    def uncordon(self, gpu_uuid: str) -> dict | None:
+        """Return a GPU to placement; the cordon it had, or None if it had none.
+        Raises :class:`UnknownGpu`."""
+        self._node_of(gpu_uuid)
+        with self._lock, self._writer.begin() as conn:
+            lock_for_write(conn)
+            cond = gpu_cordons.c.gpu_uuid == gpu_uuid
+            row = conn.execute(select(gpu_cordons).where(cond)).first()
+            conn.execute(delete(gpu_cordons).where(cond))
+        return _cordon_dict(row) if row is not None else None
+
+    def cluster(
+        self, held: Mapping[str, int], cordons: Mapping[str, dict] | None = None
+    ) -> tuple[Cluster, list[list[Gpu]]]:
+        """The free-resource view of the inventory, given milli held per GPU; a
+        cordoned GPU (``cordons``, default: the ledger's now) has no room."""
+        if cordons is None:
+            cordons = self.cordons()
         by_node: dict[str, list[Gpu]] = defaultdict(list)
         for gpu in self.gpus:
             by_node[gpu.node].append(gpu)
@@ -158,7 +233,10 @@ class Ledger:
         )
         for i, node_gpus in enumerate(slots):
             for j, gpu in enumerate(node_gpus):
-                cluster.gpu_free[i, j] = MILLI_PER_GPU - held.get(gpu.uuid, 0)
+                if self.cordon_of(gpu, cordons) is None:
+                    cluster.gpu_free[i, j] = MILLI_PER_GPU - held.get(gpu.uuid, 0)
+                else:
+                    cluster.gpu_free[i, j] = 0
         return cluster, slots
 
     def availability(
@@ -168,7 +246,9 @@ class Ledger:
         groups = groups or {}
         held = self.allocated_by_gpu()
         usage = self.usage()
-        cluster, _ = self.cluster(held)
+        cordons = self.cordons()
+        cluster, _ = self.cluster(held, cordons)
+        out_of_service = sum(1 for g in self.gpus if self.cordon_of(g, cordons) is not None)
         remaining = self.quotas.remaining(user, usage, groups)
         out = []
         for milli in sizes:
@@ -183,6 +263,11 @@ class Ledger:
                     if cluster.gpu_exists.any()
                     else "this node has no GPUs"
                 )
+                if out_of_service:
+                    reason += (
+                        f" ({out_of_service} of {len(self.gpus)} GPU(s) cordoned: out of "
+                        f"service until an admin uncordons them)"
+                    )
             if remaining is not None:
                 by_quota = remaining // milli
                 fit = min(fit, by_quota)
@@ -254,7 +339,8 @@ class Ledger:
             if not todo:
                 return kept
             self.quotas.check(user, sum(m for _, m in todo), self.usage(conn), groups or {})
-            cluster, slots = self.cluster(self.allocated_by_gpu(conn))
+            cordons = self.cordons(conn)
+            cluster, slots = self.cluster(self.allocated_by_gpu(conn), cordons)
             now = utcnow()
             rows = []
             for owner, milli in todo:
@@ -262,7 +348,9 @@ class Ledger:
                 request = Request(gpu_milli=shape.milli_per_gpu, num_gpu=shape.num_gpus)
                 placement = self.policy.place(cluster, request)
                 if placement is None:
-                    raise NoCapacity(self._no_capacity_message(cluster, milli, len(todo)))
+                    raise NoCapacity(
+                        self._no_capacity_message(cluster, milli, len(todo), len(cordons))
+                    )
                 cluster.apply(placement, request)
                 for g in placement.gpus:
                     gpu = slots[placement.node][g]
@@ -283,11 +371,14 @@ class Ledger:
             conn.execute(insert(allocations), rows)
         return kept + [{**r, "created": r["created"].isoformat()} for r in rows]
 
-    def _no_capacity_message(self, cluster: Cluster, milli: int, gang: int = 1) -> str:
+    def _no_capacity_message(
+        self, cluster: Cluster, milli: int, gang: int = 1, cordoned: int = 0
+    ) -> str:
         if not cluster.gpu_exists.any():
             return "no GPUs are known to the scheduler; ask for gpu_milli=0 or add GPUs"
         best = int(cluster.gpu_free.max())
         whole = int(((cluster.gpu_free == MILLI_PER_GPU) & cluster.gpu_exists).sum())
+        out = f" ({cordoned} cordoned GPU(s) take no new work)" if cordoned else ""
         what = (
             f"{gang} x {label(milli)} ({milli} milli-GPU each)"
             if gang > 1
@@ -295,7 +386,7 @@ class Ledger:
         )
         return (
             f"no GPU has room for {what} right now: "
-            f"the largest free share is {best} milli and {whole} GPUs are fully free; "
+            f"the largest free share is {best} milli and {whole} GPUs are fully free{out}; "
             f"pick a smaller slice or try again when others stop"
         )
 

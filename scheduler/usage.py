@@ -24,6 +24,8 @@ from gpulab.db.engine import allocations
 from gpulab.db.usage import usage
 
 GROUP_BYS = ("user", "group", "kind")
+#: How ``report`` may cut the window: ``"day"``, per UTC calendar day.
+BUCKETS = ("day",)
 #: Usage older than this many half-lives weighs under 0.1 %: not read.
 HALF_LIVES_READ = 10
 
@@ -66,18 +68,25 @@ def report(
     group_by: str = "user",
     users: Iterable[str] | None = None,
     groups_of: Mapping[str, Iterable[str]] | None = None,
+    bucket: str | None = None,
 ) -> list[dict]:
     """Rows ``{<group_by>, "milli_gpu_seconds", "gpu_hours", "allocations"}``, most first.
 
     ``users`` limits the report to those users (None: everyone). ``groups_of``
     maps a user to their groups, for ``group_by="group"``; a user in two
     groups counts in both, and one in none under ``""``.
+
+    ``bucket="day"`` cuts every span at UTC midnight: each row then also has
+    ``"day"`` (``"2026-11-30"``), rows come day by day, most first within a
+    day, and a slice held across midnight counts in both days' ``allocations``.
     """
     if group_by not in GROUP_BYS:
         raise ValueError(f"group_by must be one of {', '.join(GROUP_BYS)}, got {group_by!r}")
+    if bucket is not None and bucket not in BUCKETS:
+        raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}, got {bucket!r}")
     wanted = set(users) if users is not None else None
-    totals: dict[str, float] = defaultdict(float)
-    counts: dict[str, set[str]] = defaultdict(set)
+    totals: dict[tuple[str, str], float] = defaultdict(float)
+    counts: dict[tuple[str, str], set[str]] = defaultdict(set)
     for s in spans(engine, since, until):
         if wanted is not None and s["user"] not in wanted:
             continue
@@ -87,20 +96,35 @@ def report(
             keys = [s["kind"]]
         else:
             keys = sorted((groups_of or {}).get(s["user"], ())) or [""]
-        amount = s["milli"] * (s["end"] - s["start"]).total_seconds()
-        for k in keys:
-            totals[k] += amount
-            counts[k].add(s["id"])
+        pieces = _days(s["start"], s["end"]) if bucket else [("", s["start"], s["end"])]
+        for day, start, end in pieces:
+            amount = s["milli"] * (end - start).total_seconds()
+            for k in keys:
+                totals[(day, k)] += amount
+                counts[(day, k)].add(s["id"])
     rows = [
         {
+            **({"day": day} if bucket else {}),
             group_by: k,
             "milli_gpu_seconds": round(v),
             "gpu_hours": round(v / 1000 / 3600, 6),
-            "allocations": len(counts[k]),
+            "allocations": len(counts[(day, k)]),
         }
-        for k, v in totals.items()
+        for (day, k), v in totals.items()
     ]
-    return sorted(rows, key=lambda r: (-r["milli_gpu_seconds"], r[group_by]))
+    return sorted(rows, key=lambda r: (r.get("day", ""), -r["milli_gpu_seconds"], r[group_by]))
+
+
+def _days(start: dt.datetime, end: dt.datetime) -> list[tuple[str, dt.datetime, dt.datetime]]:
+    """``[start, end)`` cut at UTC midnights: ``(day, piece_start, piece_end)``."""
+    out = []
+    start, end = start.astimezone(dt.UTC), end.astimezone(dt.UTC)
+    while start < end:
+        midnight = dt.datetime.combine(start.date() + dt.timedelta(days=1), dt.time(), dt.UTC)
+        piece_end = min(end, midnight)
+        out.append((start.date().isoformat(), start, piece_end))
+        start = piece_end
+    return out
 
 
 def totals(engine: Engine) -> dict[tuple[str, str], float]:

@@ -6,6 +6,7 @@ first (:class:`.auth.APIHandler`) and users only ever see their own rows.
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 from tornado import web
@@ -15,6 +16,7 @@ from gpulab.scheduler.quota import QuotaExceeded
 from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 
 from .auth import APIHandler
+from .gpus_api import public_cordon
 from .ledger_guard import refuse_live_release
 from .openapi import openapi_document
 
@@ -33,6 +35,8 @@ def _string(body: dict, key: str) -> str:
 
 
 class AllocationsHandler(APIHandler):
+    audit_actions = {"POST": "allocation.create", "DELETE": "allocation.release"}
+
     async def get(self):
         user = self.listed_user("allocations")
         self.write_json(
@@ -55,6 +59,7 @@ class AllocationsHandler(APIHandler):
         owner = _string(body, "owner")
         if owner_kind not in OWNER_KINDS:
             raise web.HTTPError(400, f"owner_kind must be one of {', '.join(OWNER_KINDS)}")
+        self.audit_subject, self.audit_user = owner, user
         if not (who.internal or who.admin):
             raise web.HTTPError(
                 403,
@@ -89,8 +94,16 @@ class AllocationsHandler(APIHandler):
             raise web.HTTPError(409, str(e)) from None
         finally:
             self.gpulab.metrics.observe_placement(result, time.perf_counter() - started)
+        if self._placed_now(rows):  # not an owner's retry that got its rows back
+            await self.audit(
+                "allocation.create", owner, user=user, kind=owner_kind, gpu_milli=milli
+            )
         simulated = {g.uuid for g in self.gpulab.gpus if g.simulated}
         self.write_json([{**r, "simulated": r["gpu_uuid"] in simulated} for r in rows], status=201)
+
+    def _placed_now(self, rows: list[dict]) -> bool:
+        began = time.time() - self.request.request_time()
+        return any(dt.datetime.fromisoformat(r["created"]).timestamp() >= began for r in rows)
 
     async def delete(self):
         """Release everything one owner holds: ``?owner_kind=server&owner=alice/``."""
@@ -103,12 +116,16 @@ class AllocationsHandler(APIHandler):
         if held:
             await refuse_live_release(self.gpulab, who, owner_kind, owner)
         released = await self.gpulab.ledger.aio.release(owner_kind, owner) if held else []
+        if released:
+            await self.audit("allocation.release", owner, user=held[0]["user"], kind=owner_kind)
         if owner_kind == "server" and who.internal:  # the hub's spawner: the server stopped
             await self.gpulab.server_stopped(owner)
         self.write_json({"released": released})
 
 
 class AllocationHandler(APIHandler):
+    audit_actions = {"DELETE": "allocation.release"}
+
     async def _find(self, alloc_id: str) -> dict:
         who = self.require_identity()
         row = await self.gpulab.ledger.aio.get(alloc_id)
@@ -124,6 +141,10 @@ class AllocationHandler(APIHandler):
         row = await self._find(alloc_id)
         await refuse_live_release(self.gpulab, self.identity, row["owner_kind"], row["owner"])
         released = await self.gpulab.ledger.aio.release(row["owner_kind"], row["owner"])
+        if released:
+            await self.audit(
+                "allocation.release", row["owner"], user=row["user"], kind=row["owner_kind"]
+            )
         self.write_json({"released": released})
 
 
@@ -138,6 +159,7 @@ class AvailabilityHandler(APIHandler):
         groups = await self.gpulab.groups_of(user)
         sizes = await self.gpulab.ledger.aio.availability(user, self.gpulab.slice_sizes, groups)
         usage = (await self.gpulab.ledger.aio.usage()).get(user, 0)
+        cordons = await self.gpulab.ledger.aio.run(self.gpulab.ledger.cordons)
         self.write_json(
             {
                 "user": user,
@@ -145,6 +167,12 @@ class AvailabilityHandler(APIHandler):
                 "quota_milli": self.gpulab.ledger.quotas.remaining(user, {}, groups),
                 "simulated": any(g.simulated for g in self.gpulab.gpus),
                 "sizes": [s.to_dict() for s in sizes],
+                # GPUs out of service (self-healing or an admin): the sizes leave them out.
+                "cordoned": [
+                    {"uuid": g.uuid, "index": g.index, "node": g.node, **public_cordon(c)}
+                    for g in self.gpulab.gpus
+                    if (c := self.gpulab.ledger.cordon_of(g, cordons)) is not None
+                ],
             }
         )
 

@@ -46,7 +46,22 @@ from gpulab.scheduler.quota import Quotas
 from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
 from gpulab.telemetry import SampleCollector
 
-from . import api, deployments_api, jobs_api, ledger_guard, pages, telemetry_api, usage_api
+from . import (
+    alerts_api,
+    api,
+    audit_api,
+    deployments_api,
+    gpus_api,
+    jobs_api,
+    ledger_guard,
+    pages,
+    telemetry_api,
+    usage_api,
+)
+from .alert_actions import AlertActions
+from .alert_rules import DEFAULTS as ALERT_DEFAULTS
+from .alerts import AlertEngine
+from .audit import LOOPBACK, AuditLog
 from .auth import Identity
 from .backends import INVENTORIES, JOB_BACKENDS, SERVING_BACKENDS, ConfigError, NamedType
 from .hubapi import HubAPI
@@ -54,15 +69,27 @@ from .jobs import JobManager
 from .kube_jobs import KubernetesJobsSettings
 from .ledger_guard import LostSlices
 from .metrics import Metrics
+from .ops_metrics import OpsCollector
 from .reconcile import Reconciler
 from .request_body import JSON_BODY_LIMIT
+from .self_healing import SelfHealing
 from .sharing import SharingSettings
 from .telemetry_store import TelemetryStore
 
 log = logging.getLogger("gpulab.service")
 
 #: The modules whose ``routes`` the service serves under its prefix (besides pages).
-ROUTE_MODULES = (api, jobs_api, deployments_api, telemetry_api, usage_api, ledger_guard)
+ROUTE_MODULES = (
+    api,
+    jobs_api,
+    deployments_api,
+    telemetry_api,
+    usage_api,
+    ledger_guard,
+    audit_api,
+    alerts_api,
+    gpus_api,
+)
 
 #: What one init step may raise that means "this configuration cannot work".
 CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
@@ -365,6 +392,128 @@ class GpuLabService(SharingSettings, Application):
         """,
     ).tag(config=True)
 
+    audit_retention_days = Float(
+        365.0,
+        help="""Days the audit trail (GET /api/v1/audit) keeps an entry; older ones are
+        deleted once an hour. 0: keep every entry forever.
+
+        c.GpuLabService.audit_retention_days = 730
+        """,
+    ).tag(config=True)
+
+    audit_trusted_proxies = List(
+        Unicode(),
+        list(LOOPBACK),
+        help="""Addresses (or networks) of the proxies in front of the hub and the service,
+        whose X-Forwarded-For the audit trail believes when it records where a change
+        came from. Default: this machine (the embedded hub's proxy). On Kubernetes, add
+        the pods' network, and an ingress's address if one is in front.
+
+        c.GpuLabService.audit_trusted_proxies = ["127.0.0.0/8", "::1/128", "10.0.0.0/8"]
+        """,
+    ).tag(config=True)
+
+    job_stall_seconds = Float(
+        ALERT_DEFAULTS.job_stall_seconds,
+        help="""Seconds a running job may go without a report() from its rank 0 (or,
+        before its first, since it started) before the JobStalled alert fires for its
+        owner (GET /api/v1/alerts).
+
+        c.GpuLabService.job_stall_seconds = 1800
+        """,
+    ).tag(config=True)
+
+    alert_interval_seconds = Float(
+        15.0,
+        help="""Seconds between two evaluations of the alert rules by the service
+        (docs/howto/alerts.md).
+
+        c.GpuLabService.alert_interval_seconds = 30
+        """,
+    ).tag(config=True)
+
+    alert_webhook_url = Unicode(
+        "",
+        help="""Where to POST each alert that fires or resolves, as Alertmanager's webhook
+        JSON (version 4); empty: nowhere. Retried with backoff; the URL is never logged
+        beyond its host, so it may carry a token.
+
+        c.GpuLabService.alert_webhook_url = "https://hooks.example.org/gpulab?token=..."
+        """,
+    ).tag(config=True)
+
+    alert_gpu_temperature_celsius = Float(
+        ALERT_DEFAULTS.alert_gpu_temperature_celsius,
+        help="""GpuTemperatureHigh fires when a GPU stays at or above this many °C for 5 min.
+
+        c.GpuLabService.alert_gpu_temperature_celsius = 80
+        """,
+    ).tag(config=True)
+
+    alert_endpoint_error_ratio = Float(
+        ALERT_DEFAULTS.alert_endpoint_error_ratio,
+        help="""EndpointErrorRateHigh fires when more than this share (0-1) of an endpoint
+        version's calls fail (5xx, or no replica answered) over a minute, for 2 min.
+
+        c.GpuLabService.alert_endpoint_error_ratio = 0.01
+        """,
+    ).tag(config=True)
+
+    alert_endpoint_p99_ms = Float(
+        ALERT_DEFAULTS.alert_endpoint_p99_ms,
+        help="""EndpointLatencyHigh fires when an endpoint version's p99 latency over a
+        minute stays above this many milliseconds for 5 min.
+
+        c.GpuLabService.alert_endpoint_p99_ms = 500
+        """,
+    ).tag(config=True)
+
+    alert_slice_idle_seconds = Float(
+        ALERT_DEFAULTS.alert_slice_idle_seconds,
+        help="""SliceIdle fires (for the holder) when a slice's GPU stays below 1%
+        utilisation for this many seconds (real GPUs only: simulated ones report none).
+
+        c.GpuLabService.alert_slice_idle_seconds = 7200
+        """,
+    ).tag(config=True)
+
+    alert_quota_used_ratio = Float(
+        ALERT_DEFAULTS.alert_quota_used_ratio,
+        help="""QuotaNearlyUsed fires (for the user) when their allocations hold at least
+        this share (0-1) of their milli-GPU quota for 5 min.
+
+        c.GpuLabService.alert_quota_used_ratio = 0.8
+        """,
+    ).tag(config=True)
+
+    alert_disk_used_ratio = Float(
+        ALERT_DEFAULTS.alert_disk_used_ratio,
+        help="""DiskNearlyFull fires when the disk of the data dir or of the dataset cache
+        ($GPULAB_CACHE_DIR) is at least this share (0-1) full for 5 min.
+
+        c.GpuLabService.alert_disk_used_ratio = 0.95
+        """,
+    ).tag(config=True)
+
+    job_stall_restarts = Int(
+        0,
+        help="""How often a stalled job (JobStalled: no report() for job_stall_seconds) is
+        restarted from its latest checkpoint before it is left to its owner. 0: never.
+
+        c.GpuLabService.job_stall_restarts = 2
+        """,
+    ).tag(config=True)
+
+    gpu_idle_cull_seconds = Float(
+        0.0,
+        help="""Stop a server this many seconds after SliceIdle warned its owner that its
+        GPU slice sits idle (alert_slice_idle_seconds below 1% utilisation), unless the
+        GPU got busy meanwhile. 0: never (the warning only). Needs real GPUs.
+
+        c.GpuLabService.gpu_idle_cull_seconds = 1800
+        """,
+    ).tag(config=True)
+
     config_file = Unicode(
         help="Python config file to load. Default: <data-dir>/gpulab_config.py if it exists."
     ).tag(config=True)
@@ -382,11 +531,16 @@ class GpuLabService(SharingSettings, Application):
     ledger = Instance(Ledger, allow_none=True)
     metrics = Instance(Metrics, allow_none=True)
     lost_slices = Instance(LostSlices, allow_none=True)
+    audit = Instance(AuditLog, allow_none=True)
+    alerts = Instance(AlertEngine, allow_none=True)
+    alert_actions = Instance(AlertActions, allow_none=True)
     reconciler = Instance(Reconciler, allow_none=True)
     jobs = Instance(JobManager, allow_none=True)
     deployments = Instance("gpulab.service.deployments.DeploymentManager", allow_none=True)
     telemetry = Instance(TelemetryStore, allow_none=True)
     sampler = Instance(telemetry_api.LocalSampler, allow_none=True)
+    #: Cordons GPUs that fault and moves their jobs (self_healing.py).
+    healer = Instance(SelfHealing, allow_none=True)
     tornado_app = Instance(web.Application, allow_none=True)
     hub = Instance(HubAPI)
     #: Who users' job ranks and model replicas run as (c.UserAccounts settings).
@@ -435,9 +589,11 @@ class GpuLabService(SharingSettings, Application):
             self.init_logging,
             self.init_db,
             self.init_ledger,
+            self.init_audit,
             self.init_jobs,
             self.init_deployments,
             self.init_telemetry,
+            self.init_alerts,
             self.init_handlers,
         ):
             try:
@@ -491,6 +647,15 @@ class GpuLabService(SharingSettings, Application):
         self.metrics.registry.register(self.lost_slices)
         self.reconciler = Reconciler(self)
 
+    def init_audit(self):
+        """The audit trail; its writes share the ledger's threads."""
+        self.audit = AuditLog(
+            self.engine,
+            run=self.ledger.aio.run,
+            retention_days=self.audit_retention_days,
+            trusted_proxies=self.audit_trusted_proxies,
+        )
+
     def _inventory_class(self) -> type:
         if "inventory_class" in self.config.GpuLabService:
             return self.inventory_class
@@ -514,10 +679,6 @@ class GpuLabService(SharingSettings, Application):
             self._deprecated_shortcut(
                 "kubernetes_deployments", "serving_backend_class", "c.KubernetesServingSettings"
             )
-        kube = self.traits()["serving_backend_class"].validate(self, "kubernetes")
-        if issubclass(self.serving_backend_class, kube):
-            # The manager's serving_backend() reads this switch of the Kubernetes settings.
-            self.config.KubernetesServingSettings.enabled = True
         self.deployments = deployments_api.make_manager(self)
 
     def _deprecated_shortcut(self, old: str, trait: str, instead: str) -> None:
@@ -543,6 +704,29 @@ class GpuLabService(SharingSettings, Application):
         self.telemetry = TelemetryStore()
         self.metrics.registry.register(SampleCollector(self.telemetry.latest_for_export))
         self.sampler = telemetry_api.LocalSampler(self) if self.local_sampler else None
+        self.healer = SelfHealing(self)
+
+    def init_alerts(self):
+        """The alert engine (its rules read the settings above) and the metrics the
+        chart's PrometheusRule reads."""
+        for name in (
+            "job_stall_seconds",
+            "alert_interval_seconds",
+            "alert_slice_idle_seconds",
+            "alert_endpoint_p99_ms",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(
+                    f"c.GpuLabService.{name} must be positive, got {getattr(self, name)}"
+                )
+        self.alerts = AlertEngine(self)
+        for name in ("job_stall_restarts", "gpu_idle_cull_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"c.GpuLabService.{name} must be 0 (off) or more, got {getattr(self, name)}"
+                )
+        self.alert_actions = AlertActions(self)
+        self.metrics.registry.register(OpsCollector(self.alerts))
 
     def init_handlers(self):
         for name in ("JUPYTERHUB_API_URL", "JUPYTERHUB_API_TOKEN"):
@@ -567,9 +751,13 @@ class GpuLabService(SharingSettings, Application):
 
     def inventory(self) -> dict:
         held = self.ledger.allocated_by_gpu()
+        cordons = self.ledger.cordons()
         nodes: dict[str, list[dict]] = {}
         for gpu in self.gpus:
-            nodes.setdefault(gpu.node, []).append(self._gpu_json(gpu, held))
+            cordoned = gpus_api.public_cordon(self.ledger.cordon_of(gpu, cordons))
+            nodes.setdefault(gpu.node, []).append(
+                {**self._gpu_json(gpu, held), "cordoned": cordoned}
+            )
         if not nodes:
             nodes[self.node_name] = []
         return {
@@ -605,14 +793,7 @@ class GpuLabService(SharingSettings, Application):
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
             *[
                 (url_path_join(p, path), handler)
-                for module in (
-                    api,
-                    jobs_api,
-                    deployments_api,
-                    telemetry_api,
-                    usage_api,
-                    ledger_guard,
-                )
+                for module in ROUTE_MODULES
                 for path, handler in module.routes
             ],
             *[(url_path_join(p, path), handler) for path, handler in pages.routes],
@@ -625,7 +806,18 @@ class GpuLabService(SharingSettings, Application):
     def managers(self) -> list:
         """What has background work, in start order (stop runs in reverse)."""
         return [
-            m for m in (self.reconciler, self.jobs, self.deployments, self.sampler) if m is not None
+            m
+            for m in (
+                self.audit,
+                self.reconciler,
+                self.jobs,
+                self.deployments,
+                self.healer,
+                self.sampler,
+                self.alerts,
+                self.alert_actions,
+            )
+            if m is not None
         ]
 
     async def start_managers(self) -> None:

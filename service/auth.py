@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
+from .audit import LOOPBACK, client_source
 from .request_body import BoundedBody
 
 log = logging.getLogger("gpulab.service")
@@ -77,9 +78,23 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         )
 
 
+def actor_kind(who: Identity) -> str:
+    """How the audit trail names the kind of caller (:mod:`.audit`)."""
+    if who.kind == "service":
+        return "service"
+    return "admin" if who.admin else "user"
+
+
 @web.stream_request_body
 class APIHandler(BoundedBody, BaseHandler):
     """JSON routes. Bodies stream in and are bounded per route (:mod:`.request_body`)."""
+
+    #: The audit action a refused (403) request of each method is recorded as
+    #: (``{"POST": "job.submit"}``); the subject is the path's arguments, unless the
+    #: handler has set ``audit_subject`` (and ``audit_user``, whose thing it was).
+    audit_actions: dict[str, str] = {}
+    audit_subject: str | None = None
+    audit_user: str | None = None
 
     async def prepare(self):
         # Refuse an oversized body before asking the hub who sent it.
@@ -112,7 +127,53 @@ class APIHandler(BoundedBody, BaseHandler):
             user = who.name
         return user
 
+    def audit_source(self) -> str:
+        """The client's address: the peer, or what trusted proxies forwarded for."""
+        address = getattr(getattr(self.request.connection, "context", None), "address", None)
+        peer = address[0] if isinstance(address, tuple) and address else self.request.remote_ip
+        trusted = getattr(getattr(self.gpulab, "audit", None), "trusted_proxies", LOOPBACK)
+        return client_source(peer, self.request.headers.get("X-Forwarded-For"), trusted)
+
+    def _audit_fields(self, user: str | None) -> dict:
+        who = getattr(self, "identity", None)
+        if who is not None:
+            actor, kind = who.name, actor_kind(who)
+        else:
+            model = getattr(self, "_forbidden_model", None) or {}
+            actor = model.get("name") or "anonymous"
+            kind = "service" if model.get("kind") == "service" else "user"
+        return {
+            "actor": actor,
+            "actor_kind": kind,
+            "user": user if user is not None else self.get_argument("user", None) or actor,
+            "source": self.audit_source(),
+        }
+
+    async def audit(self, action: str, subject, *, user: str | None = None, result="ok", **detail):
+        """Record a change this request made (committed before the route answers).
+        ``user``: whose thing it is (default: ``?user=`` or the caller's own)."""
+        trail = getattr(self.gpulab, "audit", None)
+        if trail is not None:
+            await trail.record(
+                action, str(subject), result=result, **self._audit_fields(user), **detail
+            )
+
+    def _audit_refusal(self) -> None:
+        action = self.audit_actions.get(self.request.method)
+        trail = getattr(self.gpulab, "audit", None)
+        if action is None or trail is None:
+            return
+        subject = "/".join(a for a in self.path_args if isinstance(a, str))
+        subject = subject or self.get_argument("owner", None) or self.request.path
+        subject = self.audit_subject or subject
+        trail.record_soon(action, subject, result="denied", **self._audit_fields(self.audit_user))
+
     def write_error(self, status_code: int, **kwargs) -> None:
+        if status_code == 403:
+            try:
+                self._audit_refusal()
+            except Exception:  # the refusal is answered whatever the trail does
+                log.exception("Could not record a refused %s", self.request.method)
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = getattr(exc, "log_message", None) or self._reason
         if isinstance(exc, web.HTTPError) and exc.log_message:

@@ -67,6 +67,7 @@ class DeploymentsHandler(_DeploymentHandler):
     """``POST``: the model streams to a spool file as it arrives (:mod:`.uploads`)."""
 
     body_setting = "max_upload_mib"
+    audit_actions = {"POST": "deployment.create"}
 
     def body_limit(self) -> int:
         if self.request.method == "POST":
@@ -126,6 +127,16 @@ class DeploymentsHandler(_DeploymentHandler):
                 raise web.HTTPError(e.status, str(e)) from None
         finally:
             self.upload.cleanup()
+        canary = "canary" in settings
+        await self.audit(
+            "deployment.update" if canary else "deployment.create",
+            f"{dep['user']}/{dep['name']}",
+            user=dep["user"],
+            canary=settings.get("canary"),
+            version=dep["versions"][-1].get("version") if canary and dep.get("versions") else None,
+            gpu_milli=dep.get("gpu_milli"),
+            replicas=dep.get("min_replicas"),
+        )
         self.write_json(dep, status=201)
 
 
@@ -133,24 +144,28 @@ class PromoteHandler(_DeploymentHandler):
     """``POST .../promote``."""
 
     action = "promote"
+    audit_actions = {"POST": "deployment.promote"}
 
     async def post(self, name):
         dep = self.find(name)
         try:
             if self.action == "promote":
-                self.write_json(await self.deployments.promote(dep))
+                view = await self.deployments.promote(dep)
             else:
                 who = self.identity
                 by = "its owner" if who.name == dep["user"] else f"{who.kind} {who.name}"
-                self.write_json(await self.deployments.rollback(dep, f"rolled back by {by}"))
+                view = await self.deployments.rollback(dep, f"rolled back by {by}")
         except DeployRefused as e:
             raise web.HTTPError(e.status, str(e)) from None
+        await self.audit(f"deployment.{self.action}", f"{dep['user']}/{name}", user=dep["user"])
+        self.write_json(view)
 
 
 class RollbackHandler(PromoteHandler):
     """``POST .../rollback``."""
 
     action = "rollback"
+    audit_actions = {"POST": "deployment.rollback"}
 
 
 class ModelsHandler(_DeploymentHandler):
@@ -185,21 +200,36 @@ class ModelsHandler(_DeploymentHandler):
 
 
 class DeploymentHandler(_DeploymentHandler):
+    audit_actions = {"PATCH": "deployment.update", "DELETE": "deployment.delete"}
+
     def get(self, name):
         self.write_json(self.deployments.view(self.find(name)))
 
-    def patch(self, name):
+    async def patch(self, name):
         dep = self.find(name)
+        body = self.json_body()
         try:
-            self.write_json(self.deployments.share(dep, self.json_body()))
+            view = self.deployments.share(dep, body)
         except DeployRefused as e:
             raise web.HTTPError(e.status, str(e)) from None
+        shared = {"share_users", "share_groups"} & set(body)
+        await self.audit(
+            "deployment.share" if shared else "deployment.update",
+            f"{dep['user']}/{name}",
+            user=dep["user"],
+            **{
+                k: body[k] for k in ("share_users", "share_groups", "stop_with_server") if k in body
+            },
+        )
+        self.write_json(view)
 
     async def delete(self, name):
         dep = self.find(name)
         who = self.identity
         by = "its owner" if who.name == dep["user"] else f"{who.kind} {who.name}"
-        self.write_json(await self.deployments.stop_deployment(dep, f"stopped by {by}"))
+        view = await self.deployments.stop_deployment(dep, f"stopped by {by}")
+        await self.audit("deployment.delete", f"{dep['user']}/{name}", user=dep["user"])
+        self.write_json(view)
 
 
 class DeploymentLogsHandler(_DeploymentHandler):

@@ -77,3 +77,21 @@ class HubAPI:
                 return {}
             raise
         return user.get("servers") or {}
+
+    async def stop_server(self, user: str, server: str = "") -> None:
+        """Ask the hub to stop a server (needs the delete:servers scope); a server that
+        is already gone is not an error."""
+        path = f"/users/{quote(user, safe='')}/server"
+        if server:
+            path += f"s/{quote(server, safe='')}"
+        req = HTTPRequest(
+            f"{self.api_url}{path}",
+            method="DELETE",
+            headers={"Authorization": f"token {self._token}"},
+            request_timeout=60,
+        )
+        try:
+            await AsyncHTTPClient().fetch(req)
+        except HTTPClientError as e:
+            if e.code != 404:
+                raise

@@ -34,7 +34,7 @@ from gpulab.scheduler.usage import decayed
 from .allreduce_results import record_from_job
 from .backends import job_backends
 from .cpu_quota import over_cpu_quota
-from .preemption import Preemptor
+from .preemption import Claim, Preemptor
 from .tasks import KeptTask
 
 log = logging.getLogger("gpulab.service.jobs")
@@ -499,6 +499,53 @@ class JobManager:
         except Exception as e:
             log.exception("Starting job %s", job["id"])
             await self._end(job, spec, "failed", f"could not start: {e}")
+
+    # -- moving a job (self-healing) -----------------------------------------------------
+    async def move(self, job_id: str, what: str, why: str) -> bool:
+        """Checkpoint a running job at its next step and requeue it, e.g. off a cordoned
+        GPU: the preemption path, with a claim for the job itself, so it is placed again
+        (where placement allows) once it has stopped. ``what`` ends "preempted for ...";
+        ``why`` is the one line its event log and message start with. Backends that
+        cannot be preempted are restarted (:meth:`restart`). False if it is not running
+        or already stopping."""
+        async with self._lock:
+            job = self.queue.get(job_id)
+            backend = self.backends.get(job["backend"]) if job is not None else None
+            if backend is None or job["state"] != "running" or job["preempting"]:
+                return False
+            if not backend.can_preempt:
+                await self._restart(job, what, why)
+                return True
+            klass = self.service.priorities.by_name.get(job["priority_class"])
+            value = (klass or self.service.priorities.of_kind("job")).value
+            grace = self.service.preemption_grace_seconds
+            claim = Claim(
+                "job", job["user"], self._members(job), value, what, [job_id], time.time() + grace
+            )
+            self.jobdir(job).event(f"{why}; the job saves a checkpoint and moves")
+            self.preemptor.claims[claim.key] = claim
+            await self.preempt(job_id, claim)
+            self.queue.update(
+                job_id,
+                message=f"{why}; saving a checkpoint at the next step to move (grace {grace:g} s)",
+            )
+            return True
+
+    async def restart(self, job_id: str, what: str, why: str) -> bool:
+        """Stop a running job's processes now and requeue it (it resumes from its latest
+        checkpoint), e.g. one that stalled. False if it is not running."""
+        async with self._lock:
+            job = self.queue.get(job_id)
+            if job is None or job["state"] != "running" or job["backend"] not in self.backends:
+                return False
+            await self._restart(job, what, why)
+            return True
+
+    async def _restart(self, job: dict, what: str, why: str) -> None:
+        spec = self.spec(job)
+        self.jobdir(job).event(f"{why}; stopping its processes to restart it")
+        await self.backends[job["backend"]].cancel(spec)
+        await self._requeue(job, spec, what)
 
     # -- cancelling ----------------------------------------------------------------------
     async def cancel(self, job: dict, reason: str = "cancelled") -> dict:

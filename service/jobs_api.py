@@ -41,6 +41,7 @@ class _JobHandler(APIHandler):
 
 class JobsHandler(_JobHandler):
     body_setting = "max_job_vars_mib"
+    audit_actions = {"POST": "job.submit"}
 
     def body_limit(self) -> int:
         if self.request.method != "POST":
@@ -63,6 +64,14 @@ class JobsHandler(_JobHandler):
             job = await self.jobs.submit(who, self.json_body())
         except JobRefused as e:
             raise web.HTTPError(e.status, str(e)) from None
+        await self.audit(
+            "job.submit",
+            job["id"],
+            name=job.get("name"),
+            gpu_milli=job.get("gpu_milli"),
+            ranks=job.get("nodes", 1) * job.get("nproc_per_node", 1),
+            backend=job.get("backend"),
+        )
         self.write_json(job, status=201)
 
 
@@ -75,7 +84,9 @@ class JobHandler(_JobHandler):
         job = self.find(job_id)
         who = self.identity
         by = "its owner" if who.name == job["user"] else f"{who.kind} {who.name}"
-        self.write_json(await self.jobs.cancel(job, f"cancelled by {by}"))
+        view = await self.jobs.cancel(job, f"cancelled by {by}")
+        await self.audit("job.cancel", job_id, user=job["user"], name=job.get("name"))
+        self.write_json(view)
 
 
 class JobLogsHandler(_JobHandler):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 
 class TelemetryStore:
@@ -18,6 +19,8 @@ class TelemetryStore:
         self._max_samples = max_samples
         self._allreduce: deque = deque(maxlen=max_allreduce)
         self._lock = threading.Lock()
+        #: Called with each sample once it is stored (the self-healing judges it).
+        self.listeners: list[Callable[[dict], None]] = []
 
     def add(self, sample: dict) -> None:
         with self._lock:
@@ -27,6 +30,8 @@ class TelemetryStore:
             for result in sample.get("allreduce") or []:
                 self._allreduce.append({**result, "node": sample["node"], "user": None})
             self._trim(q)
+        for listener in self.listeners:
+            listener(sample)
 
     def _trim(self, q: deque) -> None:
         cutoff = time.time() - self.max_age_s

@@ -2,7 +2,8 @@
 
 Users see their own use only (by kind or by their groups, their share of
 them); admins see everyone's. Time comes from :mod:`gpulab.scheduler.usage`:
-released slices from the usage table, held slices up to now.
+released slices from the usage table, held slices up to now. ``bucket=day``
+adds a ``day`` column: the same time, cut per UTC calendar day.
 """
 
 from __future__ import annotations
@@ -13,24 +14,13 @@ import io
 
 from tornado import web
 
-from gpulab.scheduler.usage import GROUP_BYS, report
+from gpulab.scheduler.usage import BUCKETS, GROUP_BYS, report
 
 from .auth import APIHandler
+from .query_args import time_arg
 
 #: The default window: the last week.
 DEFAULT_DAYS = 7
-
-
-def _when(value: str | None, name: str) -> dt.datetime | None:
-    if value is None or value == "":
-        return None
-    try:
-        t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise web.HTTPError(
-            400, f"'{name}' must be an ISO 8601 time such as 2026-12-01T00:00:00Z, got {value!r}"
-        ) from None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
 
 
 class UsageHandler(APIHandler):
@@ -42,8 +32,14 @@ class UsageHandler(APIHandler):
         fmt = self.get_argument("format", "json")
         if fmt not in ("json", "csv"):
             raise web.HTTPError(400, "format must be json or csv")
-        until = _when(self.get_argument("until", None), "until") or dt.datetime.now(dt.UTC)
-        since = _when(self.get_argument("since", None), "since") or until - dt.timedelta(
+        bucket = self.get_argument("bucket", None) or None
+        if bucket is not None and bucket not in BUCKETS:
+            choices = " or ".join(BUCKETS)
+            raise web.HTTPError(
+                400, f"bucket must be {choices}, or left out for one row per {group_by}"
+            )
+        until = time_arg("until", self.get_argument("until", None)) or dt.datetime.now(dt.UTC)
+        since = time_arg("since", self.get_argument("since", None)) or until - dt.timedelta(
             days=DEFAULT_DAYS
         )
         if since >= until:
@@ -63,12 +59,20 @@ class UsageHandler(APIHandler):
             group_by,
             None if user is None else [user],
             groups_of,
+            bucket,
         )
         if fmt == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             out = io.StringIO()
             writer = csv.DictWriter(
-                out, [group_by, "gpu_hours", "milli_gpu_seconds", "allocations"]
+                out,
+                [
+                    *(["day"] if bucket else []),
+                    group_by,
+                    "gpu_hours",
+                    "milli_gpu_seconds",
+                    "allocations",
+                ],
             )
             writer.writeheader()
             writer.writerows(rows)
@@ -79,6 +83,7 @@ class UsageHandler(APIHandler):
                 "since": since.isoformat(),
                 "until": until.isoformat(),
                 "group_by": group_by,
+                "bucket": bucket,
                 "rows": rows,
             }
         )

@@ -65,6 +65,13 @@ def render_form(
         if quota is not None
         else f"You hold {held} milli-GPU."
     )
+    out = availability.get("cordoned") or []
+    if out:
+        note += (
+            f" {len(out)} GPU(s) out of service (cordoned), not counted above: "
+            + "; ".join(f"GPU {c['index']} on {c['node']}: {c['reason']}" for c in out)
+            + "."
+        )
     sim = (
         " <em>These GPUs are simulated: nothing is enforced.</em>"
         if availability.get("simulated")

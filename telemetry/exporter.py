@@ -6,6 +6,12 @@ series carry its parent's ``gpu`` and ``UUID`` plus ``GPU_I_ID`` and
 ``GPU_I_PROFILE`` (empty for a whole GPU, which Prometheus treats as absent).
 Values a device could not report are left out rather than exported as 0.
 
+GPU health (whole GPUs only; the fields of :mod:`.gpu_health`):
+``gpulab_gpu_xid_errors_total`` and ``gpulab_gpu_ecc_uncorrected_errors_total``
+(counters), ``gpulab_gpu_last_xid`` (the latest XID code, 0 before any, like
+``DCGM_FI_DEV_XID_ERRORS``) and ``gpulab_gpu_lost`` (0/1). Whether the service
+has cordoned a GPU (``gpulab_gpu_cordoned``) is the ledger's, exported by the service.
+
 The service registers ``SampleCollector(latest_samples)``; ``render(samples)``
 gives the text format in one call.
 """
@@ -42,6 +48,35 @@ GPU_METRICS = [
         "energy_joules",
         "Energy used since the driver was loaded.",
         "counter",
+    ),
+]
+
+
+# (metric name, sample field, help, kind): whole GPUs only.
+GPU_HEALTH_METRICS = [
+    (
+        "gpulab_gpu_xid_errors",
+        "xid_errors_total",
+        "Critical XID events NVML reported for the GPU since the sampler started.",
+        "counter",
+    ),
+    (
+        "gpulab_gpu_last_xid",
+        "last_xid",
+        "Code of the GPU's latest critical XID event (0: none yet), like DCGM_FI_DEV_XID_ERRORS.",
+        "gauge",
+    ),
+    (
+        "gpulab_gpu_ecc_uncorrected_errors",
+        "ecc_uncorrected_errors_total",
+        "Uncorrectable (double-bit) ECC errors since the driver loaded (volatile count).",
+        "counter",
+    ),
+    (
+        "gpulab_gpu_lost",
+        "lost",
+        "1 when NVML answers GpuIsLost for the GPU (fallen off the bus), else 0.",
+        "gauge",
     ),
 ]
 
@@ -131,6 +166,15 @@ class SampleCollector:
             for user, used in sorted(totals.items()):
                 per_user.add_metric(labels + [user], used)
         yield per_user
+        whole = [(labels, gpu) for labels, gpu in rows if not labels[4]]
+        for name, field, help_text, kind in GPU_HEALTH_METRICS:
+            family = _family(name, help_text, GPU_LABELS, kind)
+            for labels, gpu in whole:
+                value = gpu.get(field)
+                if isinstance(value, bool):  # lost: a flag, exported as 0/1
+                    value = int(value)
+                _add(family, labels, value)
+            yield family
 
     def _network_metrics(self, samples: list[dict]) -> Iterator[Metric]:
         nic_rx = CounterMetricFamily(

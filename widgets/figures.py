@@ -543,10 +543,13 @@ def usage_plot(m: TelemetryModel) -> Plot:
     return p
 
 
+#: The dashboard's tabs in order: (figure, plot) each; the Alerts tab has no figure
+#: (None, None): it is a list (``tables.alerts_tables``).
 TABS = {
     "Cluster": (cluster_figure, cluster_plot),
     "Cache": (cache_figure, cache_plot),
     "Network": (network_figure, network_plot),
     "Jobs": (jobs_figure, jobs_plot),
+    "Alerts": (None, None),
     "Usage": (usage_figure, usage_plot),
 }

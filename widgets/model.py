@@ -14,11 +14,15 @@ GPU driver" rather than drawing zeros.
 GPU-hours (``GET /usage``) change slowly and are fetched apart from the
 telemetry, every half minute or so: ``TelemetryModel.usage`` (a ``UsageModel``)
 holds the latest answers by user and by kind, or why there are none.
+
+Alerts (``GET /alerts``, the last 24 h, firing and resolved) are fetched on the
+same thread every few seconds: ``TelemetryModel.alerts`` (an ``AlertsModel``).
 """
 
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 from .history import Ring, number
 
@@ -45,6 +49,11 @@ SOURCES = ("gpu", "nic", "rdma", "cache")
 USAGE_KINDS = ("server", "job", "deployment")
 #: The Usage tab's period: the last this many days.
 USAGE_DAYS = 7
+
+#: The Alerts tab's period: alerts that fired or resolved in the last this many hours.
+ALERT_HOURS = 24
+#: Severities, worst first (the service's words), and their colours in the dashboard.
+ALERT_SEVERITIES = ("critical", "warning", "info")
 
 #: A node whose newest sample is older than this (against the newest of any node)
 #: no longer holds back the ``since`` cursor: a dead agent must not make every
@@ -129,6 +138,78 @@ def _usage_rows(answer: dict, key: str) -> list[dict]:
     return sorted(rows, key=lambda r: -r["gpu_hours"])
 
 
+def _unix(value) -> float | None:
+    """An ISO 8601 time of the service (``...Z`` or with an offset) as unix seconds."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t.timestamp() if t.tzinfo else None
+
+
+class AlertsModel:
+    """The latest ``GET /alerts`` answer (the last ``ALERT_HOURS``), or the one line why not.
+
+    Alerts are kept as served (a user's: about their own things; an admin's:
+    every alert), each with ``since_ts`` and ``resolved_ts`` (unix seconds or
+    None) added. ``firing`` is the service's count of firing alerts; ``fetched``
+    the unix time of the last successful fetch; ``error`` the last failure, which
+    clears the alerts (an earlier answer is not shown as current).
+    """
+
+    def __init__(self):
+        self.alerts: list[dict] = []
+        self.firing: int = 0
+        self.fetched: float | None = None
+        self.error: str | None = None
+
+    def ingest(self, answer: dict, when: float) -> None:
+        rows = [a for a in (answer or {}).get("alerts") or [] if isinstance(a, dict)]
+        self.alerts = [
+            {**a, "since_ts": _unix(a.get("since")), "resolved_ts": _unix(a.get("resolved_at"))}
+            for a in rows
+        ]
+        count = (answer or {}).get("firing")
+        self.firing = (
+            count
+            if isinstance(count, int) and not isinstance(count, bool)
+            else len(self.firing_alerts())
+        )
+        self.fetched = when
+        self.error = None
+
+    def fail(self, error: str) -> None:
+        self.alerts, self.firing = [], 0
+        self.error = error
+
+    @property
+    def empty(self) -> bool:
+        """Fetched, and no alert fired or resolved in the period."""
+        return self.fetched is not None and self.error is None and not self.alerts
+
+    def firing_alerts(self) -> list[dict]:
+        """Those that fire now: the worst severity first, then the newest."""
+        rank = {s: i for i, s in enumerate(ALERT_SEVERITIES)}
+        return sorted(
+            (a for a in self.alerts if a.get("state") == "firing"),
+            key=lambda a: (rank.get(a.get("severity"), len(rank)), -(a["since_ts"] or 0)),
+        )
+
+    def resolved_alerts(self) -> list[dict]:
+        """Those that resolved, the most recently resolved first."""
+        return sorted(
+            (a for a in self.alerts if a.get("state") == "resolved"),
+            key=lambda a: -(a["resolved_ts"] or a["since_ts"] or 0),
+        )
+
+    def worst(self) -> str | None:
+        """The worst severity among the firing alerts (None: none fires)."""
+        firing = self.firing_alerts()
+        return str(firing[0].get("severity")) if firing else None
+
+
 class TelemetryModel:
     def __init__(self, max_age_s: float = 600.0, capacity: int = 900):
         self.max_age_s = float(max_age_s)
@@ -150,6 +231,7 @@ class TelemetryModel:
         self.interval_s: float = 1.0
         self.answers = 0
         self.usage = UsageModel()
+        self.alerts = AlertsModel()
         self._last_ts: dict[str, float] = {}
 
     # -- reading answers -------------------------------------------------------

@@ -1,7 +1,10 @@
 """Small HTML pieces beside the figures: status lines and tables, from a ``TelemetryModel``.
 
 Rows are shown as served: a user's answer only holds their own slices, so the
-"held by" column names only them; an admin's holds everyone's.
+"held by" column names only them; an admin's holds everyone's. The same goes for
+alerts: a user's are about their own things, an admin's also name the owner.
+The alert pieces here serve the dashboard's Alerts tab and ``%gpulab`` alike
+(``alerts_summary``, ``alerts_text``: plain text for the magic).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import math
 import time
 from html import escape
 
-from .model import USAGE_DAYS, TelemetryModel, UsageModel
+from .model import ALERT_HOURS, USAGE_DAYS, AlertsModel, TelemetryModel, UsageModel
 
 #: Which telemetry sources each tab draws (for its "missing" line).
 TAB_SOURCES = {
@@ -18,6 +21,7 @@ TAB_SOURCES = {
     "Cache": ("cache",),
     "Network": ("nic", "rdma"),
     "Jobs": (),
+    "Alerts": (),
     "Usage": (),
 }
 
@@ -84,6 +88,9 @@ def status_line(m: TelemetryModel, tab: str, error: str | None) -> str:
     if tab == "Usage":
         parts.append(usage_line(m.usage))
         updated = f"GPU-hours updated {_clock(m.usage.fetched)}"
+    if tab == "Alerts":
+        parts.append(alerts_line(m.alerts))
+        updated = f"alerts updated {_clock(m.alerts.fetched)}"
     lines = "<br>".join(parts) or "all sources reporting"
     return (
         f'<div class="gpulab-status" data-tab="{tab}" data-points="{m.points()}" '
@@ -305,3 +312,271 @@ def usage_tables(m: TelemetryModel, me: str | None) -> str:
     return table(caption, ["user", "GPU-hours", "allocations"], rows(users, True)) + table(
         f"GPU-hours by kind, {period}", ["kind", "GPU-hours", "allocations"], rows(u.kinds(), False)
     )
+
+
+# -- Alerts --------------------------------------------------------------------
+#: A severity's colour: critical red, warning amber, info blue; resolved alerts are grey.
+SEVERITY_COLORS = {"critical": "#b00020", "warning": "#e69500", "info": "#1565c0"}
+RESOLVED_COLOR = "#888"
+#: The header marker's (background, text) colours, by the worst firing severity.
+_MARKER_COLORS = {
+    "critical": ("#b00020", "#fff"),
+    "warning": ("#ffb300", "#3b2500"),
+    "info": ("#1565c0", "#fff"),
+}
+#: Most resolved alerts listed (the newest); the status line counts them all.
+ALERTS_TABLE_RESOLVED = 50
+#: Alerts named in the one-line summary before "and N more".
+SUMMARY_NAMES = 3
+EMPTY_ALERTS = f"No alerts in the last {ALERT_HOURS} h"
+
+
+def how_long(seconds: float | None) -> str:
+    """A duration in words a glance can read: ``45 s``, ``5 min``, ``2 h 5 min``, ``3 d 4 h``."""
+    if seconds is None or math.isnan(seconds):
+        return "—"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        h, minutes = divmod(s // 60, 60)
+        return f"{h} h {minutes} min" if minutes else f"{h} h"
+    d, h = divmod(s // 3600, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+def ago(t: float | None, now: float) -> str:
+    """``5 min ago`` for unix time ``t``; ``just now`` under 10 s."""
+    if t is None:
+        return "—"
+    if now - t < 10:
+        return "just now"
+    return f"{how_long(now - t)} ago"
+
+
+def _utc(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t is not None else "unknown"
+
+
+def subject_text(a: dict, short: bool = False) -> str:
+    """``job 3f2a1b9c0d1e``, ``deployment llm``; a GPU's uuid as it is (``GPU-...``).
+
+    ``short``: a subject longer than 16 characters is cut to its first 12 and ``…``.
+    """
+    kind, subject = str(a.get("subject_kind") or ""), str(a.get("subject") or "")
+    if short and len(subject) > 16:
+        subject = subject[:12] + "…"
+    if not kind or subject.lower().startswith(kind.lower()):
+        return subject
+    return f"{kind} {subject}"
+
+
+def alerts_title(am: AlertsModel) -> str:
+    """The tab's title: ``Alerts (2)`` while 2 fire, else ``Alerts``."""
+    return f"Alerts ({am.firing})" if am.firing else "Alerts"
+
+
+def _counts(am: AlertsModel) -> str:
+    """``1 critical, 1 warning`` of the firing alerts."""
+    n: dict[str, int] = {}
+    for a in am.firing_alerts():
+        n[str(a.get("severity"))] = n.get(str(a.get("severity")), 0) + 1
+    return ", ".join(f"{v} {k}" for k, v in n.items())
+
+
+def _firing_words(count: int) -> str:
+    return f"{count} alert{'s' if count != 1 else ''} firing"
+
+
+def alerts_marker(am: AlertsModel) -> str:
+    """The header's badge while alerts fire (red: a critical one; amber: a warning), else ''."""
+    worst = am.worst()
+    if not am.firing or worst is None:
+        return ""
+    bg, fg = _MARKER_COLORS.get(worst, _MARKER_COLORS["info"])
+    return (
+        f'<span class="gpulab-alert-marker" data-severity="{escape(worst)}" '
+        f'title="{escape(_counts(am))}; the Alerts tab lists them" '
+        f'style="margin-left:10px;padding:1px 8px;border-radius:9px;background:{bg};'
+        f'color:{fg};font-weight:600;font-size:12px;white-space:nowrap">'
+        f"● {_firing_words(am.firing)}</span>"
+    )
+
+
+def alerts_line(am: AlertsModel) -> str:
+    """The Alerts tab's own line (HTML): the error, the empty message, or the counts."""
+    if am.error:
+        return f'<span style="color:#b00020">{escape(am.error)}</span>'
+    if am.fetched is None:
+        return "alerts not fetched yet"
+    if am.empty:
+        return f"<b>{EMPTY_ALERTS}</b>"
+    resolved = len(am.resolved_alerts())
+    firing = (
+        f"<b>{_firing_words(am.firing)}</b> ({escape(_counts(am))})"
+        if am.firing
+        else "<b>No alerts firing</b>"
+    )
+    return f"{firing}; {resolved} resolved in the last {ALERT_HOURS} h"
+
+
+def alerts_error(err: BaseException) -> str:
+    """One short line for the Alerts tab: why there are no alerts (never a traceback)."""
+    status = getattr(err, "status", None)
+    if status == 404:
+        return (
+            "alerts are not available: this gpulab service has no alerts (404, older than alerts)"
+        )
+    text = " ".join(str(err).split()) or type(err).__name__
+    if len(text) > 160:
+        text = text[:159] + "…"
+    why = f" ({status})" if status else ""
+    return f"alerts are not available{why}: {text}"
+
+
+def _severity_cell(a: dict, resolved: bool) -> str:
+    severity = str(a.get("severity") or "—")
+    color = RESOLVED_COLOR if resolved else SEVERITY_COLORS.get(severity, RESOLVED_COLOR)
+    return (
+        f'<span style="white-space:nowrap"><span class="gpulab-severity" '
+        f'data-severity="{escape(severity)}" style="color:{color}">●</span> '
+        f"{escape(severity)}</span>"
+    )
+
+
+def _nowrap(html: str, title: str | None = None) -> str:
+    tip = f' title="{escape(title)}"' if title else ""
+    return f'<span style="white-space:nowrap"{tip}>{html}</span>'
+
+
+def _owner(a: dict, me: str | None) -> str:
+    owner = a.get("owner")
+    if owner is None:
+        return _nowrap("— (shared)")
+    return _nowrap(escape(str(owner)) + (" (you)" if owner == me else ""))
+
+
+def _show_owner(am: AlertsModel, me: str | None) -> bool:
+    """An admin's answer holds alerts of others or about shared things: name the owner."""
+    return any(a.get("owner") != me for a in am.alerts)
+
+
+def alerts_tables(am: AlertsModel, me: str | None, now: float | None = None) -> str:
+    """Firing alerts (worst first), then the resolved ones greyed with how long they lasted;
+    the empty state when none fired in the period; nothing before the first fetch or on an
+    error (the status line says why)."""
+    if am.error or am.fetched is None:
+        return ""
+    if am.empty:
+        return (
+            '<div class="gpulab-alerts-empty" style="margin:8px 0;padding:10px 14px;'
+            "border:1px solid #cde5cf;background:#f3faf3;color:#2e5e31;font-size:13px;"
+            f'display:inline-block"><b>{EMPTY_ALERTS}.</b> Alerts about your jobs, '
+            "endpoints and servers (an admin's also about GPUs, nodes and disks) are "
+            "listed here when they fire.</div>"
+        )
+    now = time.time() if now is None else now
+    owner = _show_owner(am, me)
+
+    def cells(a: dict, resolved: bool) -> list[str]:
+        row = [
+            _severity_cell(a, resolved),
+            _nowrap(f"<b>{escape(str(a.get('name')))}</b>"),
+            escape(subject_text(a)),
+        ]
+        if owner:
+            row.append(_owner(a, me))
+        if resolved:
+            row += [
+                _nowrap(ago(a["resolved_ts"], now), _utc(a["resolved_ts"])),
+                _nowrap(
+                    how_long(
+                        a["resolved_ts"] - a["since_ts"]
+                        if a["resolved_ts"] is not None and a["since_ts"] is not None
+                        else None
+                    )
+                ),
+            ]
+        else:
+            row.append(_nowrap(ago(a["since_ts"], now), _utc(a["since_ts"])))
+        row.append(escape(str(a.get("message") or "")))
+        if resolved:
+            row = [f'<span style="color:{RESOLVED_COLOR}">{c}</span>' for c in row]
+        return row
+
+    who = ["owner"] if owner else []
+    firing = am.firing_alerts()
+    out = (
+        table(
+            "firing now (worst first)",
+            ["severity", "alert", "subject", *who, "since", "message"],
+            [cells(a, False) for a in firing],
+        )
+        if firing
+        else '<div style="font-size:12px;margin:4px 0"><b>No alerts firing.</b></div>'
+    )
+    resolved = am.resolved_alerts()
+    if resolved:
+        shown = resolved[:ALERTS_TABLE_RESOLVED]
+        more = len(resolved) - len(shown)
+        caption = f"resolved in the last {ALERT_HOURS} h (most recent first" + (
+            f"; the newest {len(shown)} of {len(resolved)})" if more else ")"
+        )
+        out += "<br>" + table(
+            caption,
+            ["severity", "alert", "subject", *who, "resolved", "lasted", "message"],
+            [cells(a, True) for a in shown],
+        )
+    return f'<div class="gpulab-alerts">{out}</div>'
+
+
+def alerts_summary(am: AlertsModel) -> str:
+    """One line of plain text: ``2 alerts firing: JobStalled (job 3f2a1b9c0d1e), ...``."""
+    if am.error:
+        return am.error
+    if am.fetched is None:
+        return "alerts not fetched yet"
+    firing = am.firing_alerts()
+    if not am.firing or not firing:
+        resolved = len(am.resolved_alerts())
+        if not resolved:
+            return EMPTY_ALERTS
+        return f"No alerts firing ({resolved} resolved in the last {ALERT_HOURS} h)"
+    names = [f"{a.get('name')} ({subject_text(a, short=True)})" for a in firing[:SUMMARY_NAMES]]
+    if len(firing) > SUMMARY_NAMES:
+        names.append(f"and {len(firing) - SUMMARY_NAMES} more")
+    return f"{_firing_words(am.firing)}: " + ", ".join(names)
+
+
+def alerts_text(am: AlertsModel, me: str | None, now: float | None = None) -> str:
+    """The alerts as a plain-text table (firing first, then resolved), for ``%gpulab alerts``."""
+    now = time.time() if now is None else now
+    owner = _show_owner(am, me)
+    rows = []
+    for a in am.firing_alerts() + am.resolved_alerts():
+        resolved = a.get("state") == "resolved"
+        lasted = (
+            how_long(a["resolved_ts"] - a["since_ts"])
+            if resolved and a["resolved_ts"] is not None and a["since_ts"] is not None
+            else ""
+        )
+        when = (
+            f"resolved {ago(a['resolved_ts'], now)}, lasted {lasted}"
+            if resolved
+            else f"since {ago(a['since_ts'], now)}"
+        )
+        row = [str(a.get("severity")), str(a.get("state")), str(a.get("name")), subject_text(a)]
+        if owner:
+            row.append("(shared)" if a.get("owner") is None else str(a.get("owner")))
+        rows.append([*row, when, str(a.get("message") or "")])
+    who = ["owner"] if owner else []
+    head = ["severity", "state", "alert", "subject", *who, "when", "message"]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
+
+    out = [line(head), "-" * len(line(head)), *[line(r) for r in rows]]
+    return "\n".join(x.rstrip() for x in out)

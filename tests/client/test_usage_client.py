@@ -18,6 +18,9 @@ ANSWER = {
 }
 
 
+CSV = "day,user,gpu_hours,milli_gpu_seconds,allocations\n2026-11-30,alice,1.25,4500000,3\n"
+
+
 @pytest.fixture
 def service():
     """Answers ``/api/usage`` with ANSWER and records each query; ``/old/usage`` is a
@@ -26,6 +29,8 @@ def service():
 
     async def usage(request):
         seen.append(dict(request.query))
+        if request.query.get("format") == "csv":
+            return web.Response(text=CSV, content_type="text/csv")
         if request.query.get("group_by") == "nope":
             return web.json_response({"error": "group_by must be user, group or kind"}, status=400)
         return web.json_response(ANSWER)
@@ -66,6 +71,16 @@ def test_usage_sends_times_as_iso_8601(service):
     ]
     gl.run_sync(c.aio.usage(until - timedelta(days=1), group_by="group"), timeout=30)
     assert seen[-1] == {"since": "2026-11-30T00:00:00+00:00", "group_by": "group"}
+
+
+def test_usage_as_csv_per_day_returns_the_text_the_service_sent(service):
+    url, seen = service
+    c = gl.Client(f"{url}/api", token="t")
+    assert c.usage(group_by="user", bucket="day", format="csv") == CSV
+    assert seen == [{"group_by": "user", "bucket": "day", "format": "csv"}]
+    with pytest.raises(ValueError, match="format must be json or csv"):
+        c.usage(format="xlsx")
+    assert len(seen) == 1  # nothing sent
 
 
 def test_a_naive_datetime_is_local_time_sent_with_its_offset():

@@ -19,6 +19,7 @@ STEPS = [
     "init_logging",
     "init_db",
     "init_ledger",
+    "init_audit",
     "init_jobs",
     "init_deployments",
     "init_telemetry",

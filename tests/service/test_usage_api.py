@@ -93,6 +93,40 @@ async def test_usage_adds_up_across_a_restart_by_user_group_and_kind(tmp_path):
         assert float(line.split()[-1]) >= (500 * alice_s + 250 * bob_s) / 1000 - 1
 
 
+async def test_usage_per_day_adds_up_to_the_window_and_users_see_their_own(tmp_path):
+    async with running_service(tmp_path / "svc") as svc:
+        svc.create_user("carol", groups=["lab"])
+        dave = svc.create_user("dave", groups=["lab"])
+        running(svc, "carol", "dave")
+        await allocate(svc, "carol", "carol/", 500)
+        await allocate(svc, "dave", "dave/", 250)
+        await asyncio.sleep(1.0)
+        # One fixed window for every call: held slices count up to its end.
+        until = dt.datetime.now(dt.UTC)
+        window = {"since": (until - dt.timedelta(hours=1)).isoformat(), "until": until.isoformat()}
+
+        whole = (await svc.request("GET", "/usage", params=window)).json()
+        per_day = (await svc.request("GET", "/usage", params={**window, "bucket": "day"})).json()
+        assert (whole["bucket"], per_day["bucket"]) == (None, "day")
+        days = {(until - dt.timedelta(hours=1)).date().isoformat(), until.date().isoformat()}
+        assert per_day["rows"] and {r["day"] for r in per_day["rows"]} <= days
+        for row in whole["rows"]:
+            split = [r for r in per_day["rows"] if r["user"] == row["user"]]
+            assert sum(r["milli_gpu_seconds"] for r in split) == pytest.approx(
+                row["milli_gpu_seconds"], abs=len(split)
+            )
+        assert {r["user"] for r in whole["rows"]} == {"carol", "dave"}
+
+        by_group = {**window, "bucket": "day", "group_by": "group", "format": "csv"}
+        csv = await svc.request("GET", "/usage", params=by_group)
+        lines = csv.text.splitlines()
+        assert lines[0] == "day,group,gpu_hours,milli_gpu_seconds,allocations"
+        assert {line.split(",")[1] for line in lines[1:]} == {"lab"}
+
+        mine = await svc.request("GET", "/usage", token=dave, params={**window, "bucket": "day"})
+        assert {r["user"] for r in mine.json()["rows"]} == {"dave"}
+
+
 @pytest.mark.parametrize(
     "params, message",
     [
@@ -103,6 +137,7 @@ async def test_usage_adds_up_across_a_restart_by_user_group_and_kind(tmp_path):
             {"since": "2026-12-02T00:00:00Z", "until": "2026-12-01T00:00:00Z"},
             "'since' must be before",
         ),
+        ({"bucket": "week"}, "bucket must be day, or left out for one row per user"),
     ],
 )
 async def test_bad_usage_queries_say_what_is_wrong(tmp_path, params, message):

@@ -41,7 +41,7 @@ class FakeHubAPI:
 
     Not JupyterHub: it knows only what the gpulab service asks of the hub. Tokens it
     hands out identify their user on ``GET /hub/api/user`` as the hub would, with the
-    scope to use the gpulab service.
+    scope to use the gpulab service. Stopping a server only forgets it (``stopped``).
     """
 
     def __init__(self) -> None:
@@ -51,6 +51,8 @@ class FakeHubAPI:
         #: The service's own token: it identifies the service (internal caller).
         self.service_token = secrets.token_hex(16)
         self.tokens[self.service_token] = {"kind": "service", "name": SERVICE_NAME}
+        #: Servers stopped through the API ("user/name"), oldest first.
+        self.stopped: list[str] = []
 
     def add_user(self, name: str, admin: bool = False, groups=()) -> str:
         """Create the user (if needed) and return a fresh API token of theirs."""
@@ -108,12 +110,22 @@ class FakeHubAPI:
             def get(self):
                 self.write_json(self.page(list(fake.groups.values())))
 
+        class Server(Handler):
+            def delete(self, name, server=""):
+                user = fake.users.get(unquote(name))
+                if user is None or user["servers"].pop(unquote(server or ""), None) is None:
+                    raise web.HTTPError(404)
+                fake.stopped.append(f"{unquote(name)}/{unquote(server or '')}")
+                self.set_status(204)
+
         return web.Application(
             [
                 ("/hub/api/user", WhoAmI),
                 ("/hub/api/users", Users),
                 ("/hub/api/users/([^/]+)", User),
                 ("/hub/api/groups", Groups),
+                ("/hub/api/users/([^/]+)/server", Server),
+                ("/hub/api/users/([^/]+)/servers/([^/]+)", Server),
             ]
         )
 

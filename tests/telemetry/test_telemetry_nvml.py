@@ -131,7 +131,12 @@ def test_gpus_mig_devices_and_errors_per_call(hub_user_process):
     assert whole["errors"] == {
         "power_watts": "NVMLError_NotSupported",
         "processes": "NVMLError_NotSupported",
+        # This stand-in has no event or ECC functions (tests/support/fake_nvml.py has).
+        "xids": "NVMLError_FunctionNotFound",
+        "ecc_uncorrected_errors_total": "NVMLError_FunctionNotFound",
     }
+    assert whole["xids"] is None and whole["ecc_uncorrected_errors_total"] is None
+    assert whole["lost"] is False
     users = {p["pid"]: p["user"] for p in whole["processes"]}
     parent, child = hub_user_process
     assert users[parent] == users[child] == "alice"

@@ -58,9 +58,16 @@ roles["gpulab-service"] = {
         "list:users",
         "read:users",
         "read:servers",
+        # stops servers whose GPU idles (c.GpuLabService.gpu_idle_cull_seconds)
+        "delete:servers",
         "list:groups",
         "read:groups",
         access_service,
     ],
 }
 c.JupyterHub.load_roles = list(roles.values())
+
+# The audit trail's hub events (logins, server starts and stops, admin actions).
+from gpulab.hub_ext.audit_hook import configure_audit  # noqa: E402
+
+configure_audit(c, gpulab["apiUrl"], service_token, service_name)

@@ -1,0 +1,108 @@
+"""``%gpulab alerts [--all]`` and the alert line of ``%gpulab``'s status.
+
+The alerts come from the service (``GET /alerts`` through :mod:`gpulab.client`);
+their wording and tables are the dashboard's Alerts tab's
+(:mod:`gpulab.widgets.tables`), so a notebook says the same thing in both places.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from html import escape
+
+ALERTS_USAGE = (
+    "usage: %gpulab alerts [--all]   (the alerts firing now; "
+    "--all: also those resolved in the last 24 h)"
+)
+#: Seconds ``%gpulab`` waits for the alerts before saying it could not get them.
+STATUS_TIMEOUT_S = 10.0
+
+
+def _fetch(state: str, timeout: float | None = None):
+    """An ``AlertsModel`` holding the answer, or the one line why there is none."""
+    from gpulab.client import Client
+    from gpulab.widgets.model import ALERT_HOURS, AlertsModel
+    from gpulab.widgets.tables import alerts_error
+
+    m = AlertsModel()
+    try:
+        client = Client(timeout=timeout) if timeout else Client()
+        since = None
+        if state == "all":
+            since = time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - ALERT_HOURS * 3600)
+            )
+        m.ingest(client.alerts(state=state, since=since), time.time())
+    except Exception as e:  # GpuLabError, or a broken answer: a line, never a traceback
+        m.fail(alerts_error(e))
+    return m
+
+
+class _Shown:
+    """Text for a terminal, HTML for a notebook (IPython picks)."""
+
+    def __init__(self, text: str, html: str):
+        self.text, self.html = text, html
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+
+def status_alerts(env: dict[str, str]) -> _Shown | None:
+    """The one alert line of ``%gpulab`` (None outside a server gpulab started)."""
+    if not env.get("GPULAB_API_URL"):
+        return None
+    from gpulab.widgets.tables import alerts_marker, alerts_summary
+
+    m = _fetch("all", timeout=STATUS_TIMEOUT_S)
+    summary = alerts_summary(m)
+    if m.error:
+        text = summary[:1].upper() + summary[1:]
+        return _Shown(text, f'<span style="color:#b00020">{escape(text)}</span>')
+    worst = m.worst()
+    if not m.firing or worst is None:
+        return _Shown(f"Alerts: {summary}", f"<b>Alerts:</b> {escape(summary)}")
+    names = summary.partition(": ")[2]
+    return _Shown(
+        f"Alerts: [{worst}] {summary}  (%gpulab alerts lists them)",
+        f"<b>Alerts:</b>{alerts_marker(m)} {escape(names)} "
+        "<span style='color:#666'>(%gpulab alerts lists them)</span>",
+    )
+
+
+def alerts(line: str):
+    """The ``%gpulab alerts [--all]`` subcommand: the alerts as a table."""
+    from IPython.display import display
+
+    from gpulab.widgets.tables import EMPTY_ALERTS, alerts_line, alerts_tables, alerts_text
+
+    args = line.split()
+    if any(a != "--all" for a in args):
+        print(f"unknown argument(s) {' '.join(a for a in args if a != '--all')}\n{ALERTS_USAGE}")
+        return None
+    every = bool(args)
+    m = _fetch("all" if every else "firing")
+    if m.error:
+        print(m.error)
+        return None
+    if not m.alerts:
+        print(
+            EMPTY_ALERTS
+            if every
+            else "No alerts firing (%gpulab alerts --all also lists those resolved "
+            "in the last 24 h)"
+        )
+        return None
+    me = os.environ.get("JUPYTERHUB_USER")
+    head = alerts_line(m)
+    display(
+        _Shown(
+            alerts_text(m, me),
+            f'<div style="font-size:12px">{head}</div>{alerts_tables(m, me)}',
+        )
+    )
+    return None
