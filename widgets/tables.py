@@ -412,7 +412,7 @@ def alerts_line(am: AlertsModel) -> str:
     if am.fetched is None:
         return "alerts not fetched yet"
     if am.empty:
-        return f"<b>{EMPTY_ALERTS}</b>"
+        return "<b>No alerts firing</b>"  # the tab's box says the rest
     resolved = len(am.resolved_alerts())
     firing = (
         f"<b>{_firing_words(am.firing)}</b> ({escape(_counts(am))})"

@@ -211,7 +211,7 @@ async def test_no_alerts_says_so_and_shows_no_badge(tmp_path):
         try:
             assert d.tabs.get_title(list(TABS).index("Alerts")) == "Alerts"
             assert "gpulab-alert-marker" not in d.header.value
-            assert EMPTY in d._status["Alerts"].value
+            assert "No alerts firing" in d._status["Alerts"].value
             assert EMPTY in d._tables["Alerts"].value
             assert "gpulab-alerts-empty" in d._tables["Alerts"].value
             assert "<table" not in d._tables["Alerts"].value
