@@ -140,7 +140,7 @@ async def test_a_stalled_job_is_restarted_and_resumes_from_its_checkpoint(tmp_pa
     on after the restart."""
     gate = tmp_path / "go"
     config = CONFIG + (
-        "c.GpuLabService.job_stall_seconds = 5\nc.GpuLabService.job_stall_restarts = 1\n"
+        "c.GpuLabService.job_stall_seconds = 10\nc.GpuLabService.job_stall_restarts = 1\n"
     )
     async with running_service(tmp_path / "svc", config) as svc:
         carol = svc.create_user("carol")

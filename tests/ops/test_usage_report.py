@@ -39,6 +39,7 @@ def usage(plain_hub):
         assert r.status_code == 200, r.text
     since = datetime.now(UTC) - timedelta(seconds=1)
     ids = []
+    began = time.monotonic()
     for user, kind, milli in ((alice, "job", 500), (bob, "deployment", 250)):
         body = {"user": user, "owner_kind": kind, "owner": f"{user}-{kind}/0", "gpu_milli": milli}
         r = hub.gpulab("POST", "/allocations", json=body)
@@ -47,6 +48,7 @@ def usage(plain_hub):
     time.sleep(HELD_S)
     for alloc_id in ids:
         assert hub.gpulab("DELETE", f"/allocations/{alloc_id}").status_code == 200
+    held_at_most = time.monotonic() - began
     until = datetime.now(UTC) + timedelta(seconds=1)
     window = {"since": since.isoformat(), "until": until.isoformat()}
     yield {
@@ -57,6 +59,7 @@ def usage(plain_hub):
         "ops": ops,
         "tokens": tokens,
         "window": window,
+        "held_at_most": held_at_most,
     }
     for group in (lab, ops):
         hub.hub_api("DELETE", f"/groups/{group}")
@@ -142,9 +145,13 @@ def test_the_admin_report_shows_each_user_group_kind_and_day(
     hub, alice, bob, window = usage["hub"], usage["alice"], usage["bob"], usage["window"]
     api = hub.gpulab("GET", "/usage", params=window).json()["rows"]
     hours = {r["user"]: r["gpu_hours"] for r in api}
-    # Plausible: half a GPU and a quarter GPU, each for about HELD_S seconds.
-    assert hours[alice] == pytest.approx(0.5 * HELD_S / 3600, rel=0.25)
-    assert hours[bob] == pytest.approx(0.25 * HELD_S / 3600, rel=0.25)
+    # Half a GPU and a quarter GPU, each held at least HELD_S seconds and at most
+    # as long as the requests took from the first placement to the last release.
+    most = usage["held_at_most"]
+    used = {r["user"]: r["milli_gpu_seconds"] for r in api}  # whole milli-GPU-seconds
+    assert 500 * HELD_S <= used[alice] <= 500 * most + 1, (used, most)
+    assert 250 * HELD_S <= used[bob] <= 250 * most + 1, (used, most)
+    assert hours[alice] == pytest.approx(used[alice] / 1000 / 3600, abs=1e-6)
 
     nb = run_report(hub, hub.admin_token, window, tmp_path / "admin", monkeypatch)
     nbformat.write(nb, Path(artifacts_dir) / "usage-report-admin.ipynb")  # to look at
