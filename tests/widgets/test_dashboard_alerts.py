@@ -228,7 +228,7 @@ async def test_the_badge_follows_the_alerts_on_the_dashboards_own_poll(tmp_path)
         title = lambda: d.tabs.get_title(list(TABS).index("Alerts"))  # noqa: E731
 
         async def until(check, what):
-            for _ in range(200):
+            for _ in range(600):  # a minute: the poll runs on a thread of a busy machine
                 if check():
                     return
                 await asyncio.sleep(0.1)
