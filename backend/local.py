@@ -73,12 +73,9 @@ def process_alive(pid: int, marker: str, uid: int | None = None) -> bool:
             return False
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read()
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
     except OSError:
         return False
-    return marker.encode() in cmd
+    return _running(pid) and marker.encode() in cmd
 
 
 class LocalBackend(Backend):
@@ -369,24 +366,25 @@ class LocalBackend(Backend):
         self._remove_groups(spec)
 
 
-def _running(pid: int) -> bool:
-    """Does ``pid`` exist and is it not a zombie?"""
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first, the
+    process group third), or None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return False
+        return None
+
+
+def _running(pid: int) -> bool:
+    """Does ``pid`` exist and is it not a zombie?"""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def _group_alive(pgid: int) -> bool:
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False

@@ -16,14 +16,17 @@ class HubAPI:
         self.cache_seconds = cache_seconds
         self._cache: dict[str, tuple[float, object]] = {}
 
-    async def _get(self, path: str):
+    async def _fetch(self, path: str, method: str = "GET", timeout: float = 30):
         req = HTTPRequest(
             f"{self.api_url}{path}",
+            method=method,
             headers={"Authorization": f"token {self._token}"},
-            request_timeout=30,
+            request_timeout=timeout,
         )
-        resp = await AsyncHTTPClient().fetch(req)
-        return json.loads(resp.body)
+        return await AsyncHTTPClient().fetch(req)
+
+    async def _get(self, path: str):
+        return json.loads((await self._fetch(path)).body)
 
     async def _get_all(self, path: str, page: int = 200) -> list:
         # The hub pages long lists (api_page_default_limit); walk every page.
@@ -84,14 +87,8 @@ class HubAPI:
         path = f"/users/{quote(user, safe='')}/server"
         if server:
             path += f"s/{quote(server, safe='')}"
-        req = HTTPRequest(
-            f"{self.api_url}{path}",
-            method="DELETE",
-            headers={"Authorization": f"token {self._token}"},
-            request_timeout=60,
-        )
         try:
-            await AsyncHTTPClient().fetch(req)
+            await self._fetch(path, "DELETE", timeout=60)
         except HTTPClientError as e:
             if e.code != 404:
                 raise
