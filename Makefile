@@ -11,15 +11,16 @@ GPUS    ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo 2xA100-80GB)
 ARGS    ?=
 PYTEST_ARGS ?=
 
-.PHONY: up test lint deps venv-base reach system-deps bench-deps gpu-check clean
+.PHONY: up test lint deps venv-base reach system-deps bench-deps gpu-check clean lab
 
 # Debian packages the tests drive for real: Chromium (browser tests), PostgreSQL
 # (database option), iproute2 (network namespaces), curl (the %deploy notebook
-# runs the curl line it prints). Installed when run as root.
+# runs the curl line it prints), slurm-wlm and munge (the Slurm backend's tests
+# run a throwaway cluster: `gpulab slurm-sandbox`). Installed when run as root.
 system-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  missing=""; \
-	  for p in chromium postgresql iproute2 curl; do \
+	  for p in chromium postgresql iproute2 curl slurm-wlm munge; do \
 	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \
@@ -53,7 +54,37 @@ $(CHP): package.json
 	npm install --no-audit --no-fund
 	touch $@
 
-deps: venv-base $(STAMP) $(CHP)
+deps: venv-base $(STAMP) $(CHP) lab
+
+# The JupyterLab extension (lab/): the TypeScript in lab/js built into the prebuilt
+# labextension lab/labextension (as a wheel ships it: users build nothing), copied
+# into the venv's JupyterLab, and the server extension enabled in the venv. Rebuilt
+# only when lab/js changes (the stamp), so `make test` does not rebuild each time.
+LAB_JS       := lab/js
+LAB_NODE     := $(LAB_JS)/node_modules/.installed
+LAB_BUILT    := lab/labextension/.built
+LAB_SOURCES  := $(wildcard $(LAB_JS)/src/*.ts $(LAB_JS)/style/*) $(LAB_JS)/tsconfig.json
+LAB_DEST     := $(VENV)/share/jupyter/labextensions/@gpulab/lab
+LAB_SERVER   := $(VENV)/etc/jupyter/jupyter_server_config.d/gpulab.json
+
+$(LAB_NODE): $(LAB_JS)/package.json
+	cd $(LAB_JS) && npm install --no-audit --no-fund
+	touch $@
+
+# jupyter-builder (JupyterLab's build tool, in the venv) runs node from lab/js.
+$(LAB_BUILT): $(LAB_NODE) $(LAB_SOURCES) | $(STAMP)
+	cd $(LAB_JS) && node_modules/.bin/tsc && PATH="$(abspath $(VENV))/bin:$$PATH" jupyter-builder build .
+	touch $@
+
+# A copy, not a link: `pip install -e` writes the wheel's data files to the same place.
+$(LAB_DEST)/.built: $(LAB_BUILT)
+	rm -rf $(LAB_DEST) && mkdir -p $(dir $(LAB_DEST))
+	cp -r lab/labextension $(LAB_DEST)
+
+$(LAB_SERVER): lab/jupyter-config/gpulab.json | $(STAMP)
+	mkdir -p $(dir $@) && cp $< $@
+
+lab: $(LAB_DEST)/.built $(LAB_SERVER)
 
 up: deps reach
 	$(VENV)/bin/gpulab up $(if $(GPUS),--simulate-gpus $(GPUS)) $(ARGS)
@@ -88,4 +119,4 @@ gpu-check:
 	timeout -k 10 470 $(if $(wildcard $(PY)),$(PY),python3) benchmarks/gpu_check.py --deadline 450
 
 clean:
-	rm -rf $(VENV) node_modules .gpulab
+	rm -rf $(VENV) node_modules .gpulab lab/labextension lab/js/node_modules lab/js/lib

@@ -51,6 +51,9 @@ class Backend:
     name = "base"
     #: Whether the service's scheduler may preempt this backend's jobs.
     can_preempt = False
+    #: Whether each node rank of a job runs on a machine of its own (then the
+    #: ledger places node ranks on distinct inventory nodes).
+    nodes_apart = False
 
     def __init__(self, jobs_root: str):
         self.jobs_root = jobs_root

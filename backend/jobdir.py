@@ -37,6 +37,8 @@ from .spec import JobSpec
 
 _RANK_LOG = re.compile(r"rank(\d+)\.log$")
 _NODE_LOG = re.compile(r"node(\d+)\.log$")
+#: A checkpoint's folder (:func:`gpulab.training.checkpoint.save`): ``step_00000010``.
+_STEP_DIR = re.compile(r"^step_(\d+)$")
 #: Folders the ranks write; the owner's once the job is handed over.
 USER_DIRS = ("logs", "metrics", "errors", "checkpoints", "out", "pids", "torchrun")
 #: The one file both the service and the ranks append to.
@@ -186,6 +188,18 @@ class JobDir:
         """The newest complete checkpoint's ``{"step", "time"}``, if any."""
         latest = self.read_user_json(os.path.join("checkpoints", "latest"))
         return latest if isinstance(latest, dict) and isinstance(latest.get("step"), int) else None
+
+    def checkpoint_steps(self) -> list[int]:
+        """Steps of the complete checkpoints still on disk (the newest few), oldest first."""
+        latest = self.checkpoint()
+        if latest is None:
+            return []
+        try:
+            names = os.listdir(self.p("checkpoints"))
+        except OSError:
+            return [latest["step"]]
+        steps = {int(m.group(1)) for n in names if (m := _STEP_DIR.match(n))}
+        return sorted(s for s in steps | {latest["step"]} if s <= latest["step"])
 
     def preempted_at(self) -> int | None:
         """The step the ranks stopped at for a preemption (they checkpointed there)."""

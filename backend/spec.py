@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 AMP_CHOICES = ("", "bf16", "fp16")
 COMM_HOOK_CHOICES = ("", "powersgd", "fp16", "bf16")
-BACKENDS = ("local", "kubernetes")
+BACKENDS = ("local", "kubernetes", "slurm")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

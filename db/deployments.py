@@ -34,7 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 
-from .engine import metadata, utcnow
+from .engine import metadata, utcnow, writer
 
 # "starting": replicas launched, not all ready yet; "running": every replica
 # answers ready; "degraded": some replica is down and being restarted;
@@ -130,7 +130,9 @@ class DeploymentStore:
         }
         for k in _JSON:
             row[k] = json.dumps(sorted(row.get(k) or []))
-        with self.engine.begin() as conn:
+        # A writer from BEGIN: SQLite refuses at once (no busy wait) to turn this
+        # read-then-insert into a write while the job queue writes.
+        with writer(self.engine).begin() as conn:
             taken = conn.execute(
                 select(deployments.c.id).where(
                     (deployments.c.user == row["user"]) & (deployments.c.name == row["name"])

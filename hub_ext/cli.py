@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpulab.spawner.form import DEMO_LOGIN_ENV
 
+from . import slurm_cli
 from .auth_config import login_banner
 from .hub_config import Settings
 
@@ -96,7 +97,9 @@ gpulab is starting at {settings.public_url}/
         flush=True,
     )
     env = {**os.environ, **settings.to_env(), DEMO_LOGIN_ENV: "1" if args.demo else "0"}
-    argv = [sys.executable, "-m", "jupyterhub", "-f", str(HUB_CONFIG)] + args.hub_args
+    # JupyterHub, stopping user servers before the gpulab service (hub_app.py).
+    argv = [sys.executable, "-m", "gpulab.hub_ext.hub_app", "-f", str(HUB_CONFIG)]
+    argv += args.hub_args
     os.chdir(data_dir)
     os.execvpe(argv[0], argv, env)
     return 0  # not reached
@@ -170,6 +173,7 @@ def parser() -> argparse.ArgumentParser:
     a = sub.add_parser("agent", help="run the node agent that pushes telemetry to the service")
     a.add_argument("rest", nargs=argparse.REMAINDER)
     a.set_defaults(func=agent)
+    slurm_cli.add_parser(sub)
     return p
 
 

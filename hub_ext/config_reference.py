@@ -186,9 +186,21 @@ def sections() -> list[Section]:
         if isinstance(cls, type) and issubclass(cls, Configurable):
             classes[name] = cls
     real = [c for c in classes.values() if isinstance(c, type)]
-    # A mixin's traits show under the classes users configure.
-    shown = [c for c in real if not any(o is not c and issubclass(o, c) for o in real)]
-    out = [Section(c, _description(c), own_settings(c)) for c in shown]
+    # A mixin's traits show under the classes users configure. A class users configure
+    # themselves (FIRST) keeps its section when another extends it (FractionalSlurmSpawner
+    # extends FractionalLocalSpawner); the extension then lists only what it adds.
+    shown = [
+        c
+        for c in real
+        if c.__name__ in FIRST or not any(o is not c and issubclass(o, c) for o in real)
+    ]
+
+    def added(c: type) -> list[Setting]:
+        parents = [p for p in shown if p is not c and issubclass(c, p)]
+        theirs = {n for p in parents for n in p.class_traits(config=True)}
+        return [s for s in own_settings(c) if s.name not in theirs]
+
+    out = [Section(c, _description(c), added(c)) for c in shown]
     out += [s for s in classes.values() if isinstance(s, Section)]
     out = [s for s in out if s.settings or s.missing]
 

@@ -4,7 +4,7 @@
         --gpu 0.25 --replicas 1:4 --scale-down-delay 300
     %deploy qmodel2 --name sentiment --example x --canary 10 [--auto-rollback 5]
     %deploy --promote sentiment        (or --rollback sentiment)
-    %deploy --list
+    %deploy --list                     (refreshes in place for 10 min; --once: not)
     %deploy --stop sentiment
 
 The model is exported here, in the kernel (``torch.export``, dynamic batch),
@@ -28,6 +28,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from gpulab.client.units import gpu_label
+
+from .deploy_live import LiveTable, did_you_mean
 from .quantize import model_and_example
 from .train import parse_gpu
 
@@ -112,8 +115,8 @@ def list_table(deps: list[dict]) -> str:
     if not deps:
         return "no deployments (start one with %deploy MODEL --name NAME --example X)"
     head = (
-        f"{'name':<20} {'user':<12} {'state':<9} {'replicas':>8} {'range':>6} {'gpu':>6} "
-        f"{'req/s':>7} {'p99 ms':>7}  path"
+        f"{'name':<20} {'user':<12} {'state':<9} {'ready':>8} {'range':>6} "
+        f"{'GPU per replica':>15} {'req/s':>7} {'p99 ms':>7}  path"
     )
     lines = [head, "-" * len(head)]
     for d in deps:
@@ -121,7 +124,7 @@ def list_table(deps: list[dict]) -> str:
         lines.append(
             f"{d['name']:<20} {d['user']:<12} {d['state']:<9} "
             f"{d['replicas_ready']:>3}/{d['replicas']:<4} {f'{low}:{high}':>6} "
-            f"{d['gpu_milli'] / 1000:>6g} {_num(d.get('requests_per_second'), '.1f'):>7} "
+            f"{gpu_label(d['gpu_milli']):>15} {_num(d.get('requests_per_second'), '.1f'):>7} "
             f"{_num(d.get('p99_latency_ms'), '.1f'):>7}  {d['path']}"
         )
         versions = d.get("versions") or []
@@ -223,7 +226,13 @@ class DeployMagics(Magics):
         help="keep the endpoint when this server stops (overrides the site default)",
     )
     @argument("--replace", action="store_true", help="stop an endpoint of the same name first")
-    @argument("--list", action="store_true", help="list your endpoints (admins: everyone's)")
+    @argument(
+        "--list",
+        action="store_true",
+        help="list your endpoints (admins: everyone's); the table refreshes in place every "
+        "5 s for 10 minutes (until the next --list)",
+    )
+    @argument("--once", action="store_true", help="with --list: show the table once")
     @argument("--stop", metavar="NAME", help="stop endpoint NAME and free its slices")
     @line_magic
     def deploy(self, line: str = ""):
@@ -234,8 +243,11 @@ class DeployMagics(Magics):
         try:
             client = Client()
             if args.list:
-                print(list_table(client.list_deployments()))
+                self._list(client, once=args.once)
                 return
+            named = args.stop or args.promote or args.rollback
+            if named:
+                self._check_name(client, named)
             if args.stop:
                 dep = client.stop_deployment(args.stop)
                 print(
@@ -258,6 +270,21 @@ class DeployMagics(Magics):
             return self._deploy(client, args)
         except GpuLabError as e:
             raise UsageError(f"gpulab service: {e}") from None
+
+    def _list(self, client, once: bool) -> None:
+        """The table; in a kernel, kept current in place (``deploy_live.LiveTable``)."""
+        if once or getattr(self.shell, "kernel", None) is None:
+            print(list_table(client.list_deployments()))  # a terminal: no display updates
+            return
+        LiveTable(lambda: list_table(client.list_deployments())).show()
+
+    @staticmethod
+    def _check_name(client, name: str) -> None:
+        """An unknown name is refused with the close ones (``did you mean``) before the
+        service is asked to act on it."""
+        names = [d["name"] for d in client.list_deployments()]
+        if name not in names:
+            raise UsageError(did_you_mean("deployment", name, names))
 
     def _deploy(self, client, args):
         if not args.model or not args.name or not args.example:

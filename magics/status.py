@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 
 from IPython.core.magic import Magics, line_magic, magics_class
+
+from gpulab.client.units import gpu_label
 
 HELP = """gpulab magics
   %gpulab            this server's GPU slice, the gpulab API address, and the
@@ -33,9 +36,13 @@ HELP = """gpulab magics
   %deploy NAME --name ENDPOINT --example X [--gpu 0.25 --replicas 2 ...]
                      serve a model as an OIP v2 endpoint behind hub login (%deploy? for more)
   %deploy --list     your endpoints: state, replicas, requests/s, p99 latency
+                     (refreshes in place every 5 s for 10 min; --once: not)
   %deploy --stop ENDPOINT   stop it and free its slices
 """
 
+
+#: The subcommands of %gpulab (an unknown one is answered with the closest).
+COMMANDS = ("help", "dashboard", "alerts", "nettest")
 
 # The same sentence as the spawn form's (gpulab.spawner.form); magics reach the
 # platform only over HTTP, so the words are kept here too.
@@ -50,7 +57,7 @@ def slice_status(env: dict[str, str]) -> str:
     if not milli:
         gpu = "no GPU slice"
     else:
-        gpu = f"{milli} milli-GPU ({milli / 1000:g} GPU) on {env.get('GPULAB_GPU_UUID')}"
+        gpu = f"{gpu_label(milli)} on {env.get('GPULAB_GPU_UUID')}"
         if env.get("GPULAB_GPU_SIMULATED"):
             gpu += " (simulated: nothing enforced)"
     api = env.get("GPULAB_API_URL") or "not set (this server was not started by gpulab)"
@@ -85,7 +92,9 @@ class GpuLabMagics(Magics):
                 nettest.nettest(rest)
             return
         if line.strip():
-            print(f"unknown %gpulab command {line.strip()!r}\n\n{HELP}")
+            close = difflib.get_close_matches(command, COMMANDS, n=1)
+            hint = f" Did you mean %gpulab {close[0]}?" if close else ""
+            print(f"unknown %gpulab command {line.strip()!r}.{hint}\n\n{HELP}")
             return
         env = dict(os.environ)
         print(slice_status(env))

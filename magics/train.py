@@ -23,18 +23,14 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from gpulab.client.states import JOB_TERMINAL as TERMINAL
 
 from .train_display import make_display
+from .train_failure import TrainingJobFailed, failure_lines, hint
 
 POLL_S = 1.0
 #: Polls between full job reads (restarts, queue position) while the state holds.
 JOB_EVERY = 5
 
 
-class TrainingJobFailed(RuntimeError):
-    """The job failed; the message names the rank and its root cause."""
-
-    def __init__(self, job: dict, message: str):
-        super().__init__(message)
-        self.job = job
+__all__ = ["TrainMagics", "TrainingJobFailed", "TrainingJobRefused"]
 
 
 class TrainingJobRefused(RuntimeError):
@@ -68,13 +64,17 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
     return env
 
 
+def var_names(names: str | None) -> list[str]:
+    return [n.strip() for n in (names or "").split(",") if n.strip()]
+
+
 def pickle_vars(names: str | None, namespace: dict) -> str:
     if not names:
         return ""
     import cloudpickle
 
     chosen = {}
-    for name in [n.strip() for n in names.split(",") if n.strip()]:
+    for name in var_names(names):
         if name not in namespace:
             raise UsageError(
                 f"--vars {name}: no variable {name!r} in the notebook; "
@@ -136,7 +136,7 @@ class TrainMagics(Magics):
     @argument("--gpu", default="0", help="GPUs per rank: 0 (CPU), 0.5, 1/4, 1, 2...; default 0")
     @argument(
         "--backend",
-        choices=("local", "kubernetes"),
+        choices=("local", "kubernetes", "slurm"),
         default="local",
         help="where the ranks run; default local",
     )
@@ -215,9 +215,17 @@ class TrainMagics(Magics):
                 f"follow it with gpulab.client.Client().get_job({job['id']!r})"
             )
             return job["id"]
-        return self._watch(client, job, args.out)
+        job = self._watch(client, job, args.out)
+        if job is not None:
+            why = hint(
+                job.get("error") or {}, var_names(args.vars), self.shell.user_ns, job["gpu_milli"]
+            )
+            # Raised, so that "Run All" stops here; IPython prints only these lines.
+            raise TrainingJobFailed(job, failure_lines(job, why))
+        return None
 
-    def _watch(self, client, job: dict, out: str | None):
+    def _watch(self, client, job: dict, out: str | None) -> dict | None:
+        """Follow the job to its end; None if it succeeded, else the ended job."""
         from gpulab.client import run_sync
 
         job_id = job["id"]
@@ -236,6 +244,7 @@ class TrainMagics(Magics):
                 m = client.job_metrics(job_id, cursor)
                 cursor = m["cursor"]
                 display.metrics(m["records"])
+                display.checkpoints(m.get("checkpoints"))
                 # The metrics answer carries the state; the full job (queue position,
                 # restarts) is asked for when that changes and every few seconds.
                 if m["state"] != job["state"] or polls % JOB_EVERY == 0:
@@ -250,17 +259,21 @@ class TrainMagics(Magics):
                 if job["state"] in TERMINAL:
                     break
                 time.sleep(POLL_S)
+            # What the ranks wrote after the last read (final steps, the last checkpoint).
+            with contextlib.suppress(Exception):
+                m = client.job_metrics(job_id, cursor)
+                display.metrics(m["records"])
+                display.checkpoints(m.get("checkpoints"))
         except KeyboardInterrupt:
             if follower is not None:
                 follower.cancel()
             job = run_sync(client.aio.cancel_job(job_id), timeout=60)
             if display is not None:
                 display.status(job)
+                display.finish(job)
             print(f"job {job_id} cancelled (interrupted)")
             raise
-        finally:
-            if display is not None:
-                display.close()
+        display.finish(job)
         took = time.monotonic() - started
         if job["state"] == "succeeded":
             note = f"job {job_id} succeeded in {took:.1f} s ({job['world_size']} rank(s)"
@@ -272,12 +285,7 @@ class TrainMagics(Magics):
                 note += f"; `{out}` holds rank 0's value"
             print(note)
             return None
-        error = job.get("error") or {}
-        text = f"job {job_id} {job['state']}: {job['message']}"
-        if error.get("traceback"):
-            display.error(f"rank {error.get('rank')}:\n{error['traceback']}")
-            text += f"\n\nrank {error.get('rank')} traceback:\n{error['traceback']}"
-        raise TrainingJobFailed(job, text)
+        return job
 
 
 def drain_queue(q: queue.Queue) -> list[str]:

@@ -1,17 +1,34 @@
 """How a running job looks in the notebook: widgets in a frontend, text elsewhere.
 
 Both faces take the same calls from ``%%train_distributed``'s watch loop:
-``status(job)``, ``metrics(records)``, ``logs(lines)``, ``error(text)``.
-A failed rank's error goes above the logs, so the cause is the first thing read.
+``status(job)``, ``metrics(records)``, ``checkpoints(steps)``, ``logs(lines)``,
+and ``finish(job)`` once it has ended. The failure itself (root cause, hint) is
+the exception the magic raises (:mod:`.train_failure`), told once, not here.
+
+Widgets keep no state in a saved notebook, so on ``finish`` each live part is
+replaced (same ``display_id``) by a static copy: a summary with the final
+metrics, the chart as plotly's mime bundle (JupyterLab draws it again after a
+reload), and the logs folded in a ``<details>``.
 """
 
 from __future__ import annotations
 
 import html
 import os
+import re
+import time
+import uuid
 from collections import deque
 
 LOG_LINES_SHOWN = 200
+#: Log lines the finished cell keeps (folded); the rest: ``Client().job_logs(id)``.
+LOG_LINES_KEPT = 1000
+_NODE = re.compile(r"^\[node\d+\] ")
+#: The start of torchrun's own report of a failed rank (its agent's log): the
+#: traceback of ChildFailedError and the "Root Cause" box repeat the rank's error.
+_TORCHRUN_DUMP = re.compile(
+    r"failed \(exitcode: |Traceback \(most recent call last\)|ChildFailedError"
+)
 
 
 def describe(job: dict) -> str:
@@ -27,12 +44,36 @@ def describe(job: dict) -> str:
         text += f"; restarted {job['restarts']} time(s) from the last checkpoint"
     if job.get("preemptions"):
         text += f"; preempted {job['preemptions']} time(s), resumed from its checkpoint"
-    if state in ("failed", "cancelled") and job.get("message"):
+    # A rank's error is told once, by the exception the magic raises.
+    if state in ("failed", "cancelled") and job.get("message") and not job.get("error"):
         text += f": {job['message']}"
     return text
 
 
-class _Rates:
+class TorchrunDumpFilter:
+    """Drops each torchrun agent's failure dump from the streamed log lines.
+
+    Once a ``[nodeN]`` line starts torchrun's report of a failed worker, the rest
+    of that agent's lines are its ChildFailedError traceback and summary, which
+    repeat the rank's own traceback (already streamed as ``[rN]``). They stay in
+    the full logs (``Client().job_logs(id)``).
+    """
+
+    def __init__(self):
+        self.dumping: set[str] = set()
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        kept = []
+        for line in lines:
+            m = _NODE.match(line)
+            if m and (m.group(0) in self.dumping or _TORCHRUN_DUMP.search(line)):
+                self.dumping.add(m.group(0))
+                continue
+            kept.append(line)
+        return kept
+
+
+class Rates:
     """Turns report() records into points: step, loss, lr, samples/s."""
 
     def __init__(self, world_size: int):
@@ -41,6 +82,7 @@ class _Rates:
         self.step = None
         self.total = None
         self.points: dict[str, list] = {"step": [], "loss": [], "lr": [], "throughput": []}
+        self.checkpoints: list[int] = []
 
     def add(self, records: list[dict]) -> None:
         for r in records:
@@ -69,14 +111,44 @@ class _Rates:
                 parts.append(fmt.format(sum(vals) / len(vals) if key == "throughput" else vals[-1]))
         return ", ".join(parts)
 
+    def add_checkpoints(self, steps: list[int] | None) -> bool:
+        """Remember checkpoint steps (the service shows the newest few); True if new."""
+        new = sorted(set(steps or []) - set(self.checkpoints))
+        self.checkpoints = sorted(self.checkpoints + new)
+        return bool(new)
+
+    def final(self) -> list[tuple[str, str]]:
+        """(name, value) of the last reported metrics, for the finished cell's table."""
+        if self.step is None:
+            return []
+        rows = [("steps", f"{self.step + 1}" + (f" / {self.total}" if self.total else ""))]
+        for key, name, fmt in (
+            ("loss", "final loss", "{:.4g}"),
+            ("lr", "learning rate", "{:.3g}"),
+            ("throughput", "samples/s", "{:.0f}"),
+        ):
+            vals = [v for v in self.points[key] if isinstance(v, (int, float))]
+            if vals:
+                value = sum(vals[-5:]) / len(vals[-5:]) if key == "throughput" else vals[-1]
+                rows.append((name, fmt.format(value)))
+        if self.checkpoints:
+            rows.append(("checkpoints", ", ".join(str(c) for c in self.checkpoints[-8:])))
+        return rows
+
+
+def elapsed(started: float) -> str:
+    return f"{time.monotonic() - started:.1f} s"
+
 
 class TextDisplay:
-    """Plain text: status changes, a progress line now and then, every log line."""
+    """Plain text: status changes, a progress line now and then, every log line
+    (but torchrun's failure dump), and the final metrics."""
 
     def __init__(self, world_size: int):
-        self.rates = _Rates(world_size)
+        self.rates = Rates(world_size)
         self.last_status = None
         self.last_tenth = -1
+        self.drop_dump = TorchrunDumpFilter()
 
     def status(self, job: dict) -> None:
         text = describe(job)
@@ -92,53 +164,52 @@ class TextDisplay:
                 self.last_tenth = tenth
                 print(self.rates.summary(), flush=True)
 
+    def checkpoints(self, steps: list[int] | None) -> None:
+        self.rates.add_checkpoints(steps)
+
     def logs(self, lines: list[str]) -> None:
-        for line in lines:
+        for line in self.drop_dump(lines):
             print(line, flush=True)
 
-    def error(self, text: str) -> None:
-        print(text, flush=True)
-
-    def close(self) -> None:
-        pass
+    def finish(self, job: dict) -> None:
+        if job["state"] == "succeeded" and self.rates.checkpoints:
+            print(f"checkpoints after steps {', '.join(map(str, self.rates.checkpoints))}")
 
 
 class WidgetDisplay:
-    """Progress bar, live loss / lr / throughput plot, error box, ranks' logs."""
+    """Summary line with progress bar, live loss / lr / throughput chart, ranks' logs;
+    each part replaced by a static copy when the job ends."""
 
     def __init__(self, world_size: int):
         import ipywidgets as w
         from IPython.display import display
 
-        self.rates = _Rates(world_size)
+        self.started = time.monotonic()
+        self.rates = Rates(world_size)
+        self.ids = {
+            part: f"gpulab-train-{part}-{uuid.uuid4().hex}" for part in ("head", "fig", "log")
+        }
         self.title = w.HTML()
         self.bar = w.IntProgress(
             value=0, min=0, max=1, description="steps", layout=w.Layout(width="60%")
         )
         self.numbers = w.HTML()
-        self.err = w.HTML()
         self.log = w.HTML(layout=w.Layout(max_height="300px", overflow="auto"))
         self.lines: deque[str] = deque(maxlen=LOG_LINES_SHOWN)
+        self.kept: deque[str] = deque(maxlen=LOG_LINES_KEPT)
+        self.seen_lines = 0
         self.fig = self._figure()
-        parts = [self.title, w.HBox([self.bar, self.numbers])]
+        display(w.VBox([self.title, w.HBox([self.bar, self.numbers])]), display_id=self.ids["head"])
         if self.fig is not None:
-            parts.append(self.fig)
-        self.box = w.VBox(parts + [self.err, self.log])
-        display(self.box)
+            display(self.fig, display_id=self.ids["fig"])
+        display(self.log, display_id=self.ids["log"])
 
     @staticmethod
     def _figure():
         try:
-            import plotly.graph_objects as go
-            from plotly.subplots import make_subplots
+            from gpulab.widgets.training import training_figure
 
-            fig = go.FigureWidget(
-                make_subplots(rows=1, cols=3, subplot_titles=("loss", "lr", "samples/s"))
-            )
-            for col in (1, 2, 3):
-                fig.add_scatter(x=[], y=[], mode="lines", row=1, col=col, showlegend=False)
-            fig.update_layout(height=250, margin=dict(l=30, r=10, t=30, b=20))
-            return fig
+            return training_figure(widget=True)
         except Exception:  # plotly's widget needs anywidget; the rest still works
             return None
 
@@ -153,22 +224,72 @@ class WidgetDisplay:
             self.bar.max = self.rates.total
             self.bar.value = min(self.rates.step + 1, self.rates.total)
         self.numbers.value = html.escape(self.rates.summary())
+        self._redraw()
+
+    def checkpoints(self, steps: list[int] | None) -> None:
+        if self.rates.add_checkpoints(steps):
+            self._redraw()
+
+    def _redraw(self) -> None:
         if self.fig is not None:
-            p = self.rates.points
+            from gpulab.widgets.training import fill
+
             with self.fig.batch_update():
-                for trace, key in zip(self.fig.data, ("loss", "lr", "throughput"), strict=False):
-                    trace.x, trace.y = p["step"], p[key]
+                fill(self.fig, self.rates.points, self.rates.checkpoints)
 
     def logs(self, lines: list[str]) -> None:
         if lines:
+            self.seen_lines += len(lines)
             self.lines.extend(lines)
+            self.kept.extend(lines)
             self.log.value = "<pre>" + html.escape("\n".join(self.lines)) + "</pre>"
 
-    def error(self, text: str) -> None:
-        self.err.value = f"<pre style='color:#b00'>{html.escape(text)}</pre>"
+    def finish(self, job: dict) -> None:
+        """Replace the live parts by what a saved notebook can show again."""
+        from IPython.display import update_display
 
-    def close(self) -> None:
-        pass
+        summary = f"{describe(job)} after {elapsed(self.started)}"
+        rows = self.rates.final()
+        table = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+            f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
+            for k, v in rows
+        )
+        head = f"<div class='gpulab-train-summary'><b>{html.escape(summary)}</b>"
+        if table:
+            head += f"<table class='gpulab-train-final'>{table}</table>"
+        plain = summary + "".join(f"\n{k}: {v}" for k, v in rows)
+        update_display(
+            {"text/html": head + "</div>", "text/plain": plain},
+            raw=True,
+            display_id=self.ids["head"],
+        )
+        if self.fig is not None:
+            if self.rates.points["step"]:
+                from gpulab.widgets.training import static_bundle
+
+                bundle = static_bundle(self.rates.points, self.rates.checkpoints, plain)
+            else:  # nothing to draw: no empty chart in the saved notebook
+                bundle = {"text/plain": ""}
+            update_display(bundle, raw=True, display_id=self.ids["fig"])
+        shown = len(self.kept)
+        more = (
+            f" (the last {shown} of {self.seen_lines}; all: Client().job_logs({job['id']!r}))"
+            if self.seen_lines > shown
+            else ""
+        )
+        logs = (
+            f"<details class='gpulab-train-logs'><summary>logs: {shown} lines{html.escape(more)}"
+            f"</summary><pre>{html.escape(chr(10).join(self.kept))}</pre></details>"
+        )
+        update_display(
+            {
+                "text/html": logs,
+                "text/plain": f"logs: {shown} lines (Client().job_logs({job['id']!r}))",
+            },
+            raw=True,
+            display_id=self.ids["log"],
+        )
 
 
 def make_display(world_size: int):

@@ -309,10 +309,15 @@ class Ledger:
         owner_kind: str,
         members: list[tuple[str, int]],
         groups: Mapping[str, set[str]] | None = None,
+        node_groups: list[int] | None = None,
     ) -> list[dict]:
         """Place several owners at once, all or none (the ranks of one job).
 
         Owners that already hold their slice keep it (idempotent retries).
+        ``node_groups`` (one per member, e.g. each rank's node rank) keeps members of
+        one group on one node and different groups on different nodes: a backend
+        that runs each node rank on its own machine (Slurm) gets the nodes the
+        ledger counted.
         """
         if owner_kind not in OWNER_KINDS:
             raise ValueError(f"owner_kind must be one of {OWNER_KINDS}, got {owner_kind!r}")
@@ -341,17 +346,27 @@ class Ledger:
             self.quotas.check(user, sum(m for _, m in todo), self.usage(conn), groups or {})
             cordons = self.cordons(conn)
             cluster, slots = self.cluster(self.allocated_by_gpu(conn), cordons)
+            group_of = dict(zip((o for o, _ in members), node_groups or (), strict=False))
+            group_node = {
+                group_of[r["owner"]]: cluster.node_names.index(r["node"])
+                for r in kept
+                if r["owner"] in group_of and r["node"] in cluster.node_names
+            }
             now = utcnow()
             rows = []
             for owner, milli in todo:
                 shape = shape_of(milli)
                 request = Request(gpu_milli=shape.milli_per_gpu, num_gpu=shape.num_gpus)
-                placement = self.policy.place(cluster, request)
+                group = group_of.get(owner)
+                view = cluster if group is None else _nodes_for(cluster, group, group_node)
+                placement = self.policy.place(view, request)
                 if placement is None:
                     raise NoCapacity(
                         self._no_capacity_message(cluster, milli, len(todo), len(cordons))
                     )
                 cluster.apply(placement, request)
+                if group is not None:
+                    group_node[group] = placement.node
                 for g in placement.gpus:
                     gpu = slots[placement.node][g]
                     rows.append(
@@ -417,3 +432,15 @@ class Ledger:
         for owner in sorted(stale):
             released += self.release(owner_kind, owner)
         return released
+
+
+def _nodes_for(cluster: Cluster, group: int, group_node: Mapping[int, int]) -> Cluster:
+    """The cluster as a member of node group ``group`` may see it: only its group's
+    node once the group has one, else only nodes no other group holds."""
+    pinned = group_node.get(group)
+    taken = {n for g, n in group_node.items() if g != group}
+    view = cluster.copy()
+    for n in range(len(view.node_names)):
+        if (pinned is not None and n != pinned) or (pinned is None and n in taken):
+            view.gpu_free[n, :] = 0
+    return view

@@ -154,20 +154,23 @@ class JobQueue:
         ledger: Ledger,
         groups: Mapping[str, Mapping[str, set[str]]],
         members: Callable[[dict], list[tuple[str, int]]],
+        node_groups: Callable[[dict], list[int] | None] = lambda job: None,
     ) -> tuple[list[tuple[dict, list[dict]]], dict | None]:
         """Start what fits, in order: ``(job, allocation rows)`` for each admitted, and
         the job that found no room (the head of what waits), if any.
 
         ``groups`` maps each queued job's user to their quota groups; ``members``
-        gives a job's ``(owner, milli)`` per rank. Admitted jobs are marked
-        ``running`` here, in the same pass, so no other pass admits them again.
+        gives a job's ``(owner, milli)`` per rank; ``node_groups`` its ranks' node
+        ranks when they must land on distinct nodes (see ``Ledger.allocate_gang``).
+        Admitted jobs are marked ``running`` here, in the same pass, so no other pass
+        admits them again.
         """
         admitted = []
         blocked = None
         for job in self.queued():
             try:
                 rows = ledger.allocate_gang(
-                    job["user"], "job", members(job), groups.get(job["user"], {})
+                    job["user"], "job", members(job), groups.get(job["user"], {}), node_groups(job)
                 )
             except NoCapacity as e:
                 self._wait(job, f"waiting for free GPUs: {e}")

@@ -171,11 +171,12 @@ class GpuLabService(SharingSettings, Application):
         JOB_BACKENDS,
         klass="gpulab.backend.base.Backend",
         help="""Where jobs run besides "local" (every job's default): "kubernetes"
-        (Indexed Jobs; c.KubernetesJobsSettings says where) or an import path of a
+        (Indexed Jobs; c.KubernetesJobsSettings says where), "slurm" (one sbatch
+        allocation per job; c.SlurmSite says which cluster) or an import path of a
         gpulab.backend.base.Backend with a classmethod from_service(service, jobs_root).
-        Jobs choose it by its name (%%train_distributed --backend kubernetes).
+        Jobs choose it by its name (%%train_distributed --backend slurm).
 
-        c.GpuLabService.jobs_backend_class = "kubernetes"
+        c.GpuLabService.jobs_backend_class = "slurm"
         """,
     ).tag(config=True)
 

@@ -2,7 +2,7 @@
 
 ``c.GpuLabService.jobs_backend_class``, ``serving_backend_class`` and
 ``inventory_class`` are :class:`NamedType` traits: a class, its import path, or a
-short name (``"local"``, ``"kubernetes"``). This module builds the job backends
+short name (``"local"``, ``"kubernetes"``, ``"slurm"``). This module builds the job backends
 from them; the serving backend is the deployment manager's to build.
 """
 
@@ -22,6 +22,7 @@ class ConfigError(Exception):
 JOB_BACKENDS = {
     "local": "gpulab.backend.local.LocalBackend",
     "kubernetes": "gpulab.backend.kubernetes.backend.KubernetesBackend",
+    "slurm": "gpulab.backend.slurm.SlurmBackend",
 }
 SERVING_BACKENDS = {
     "local": "gpulab.backend.local_serving.LocalServing",
@@ -30,6 +31,7 @@ SERVING_BACKENDS = {
 INVENTORIES = {
     "local": "gpulab.scheduler.inventory.LocalInventory",
     "kubernetes": "gpulab.scheduler.inventory_kube.KubernetesInventory",
+    "slurm": "gpulab.backend.slurm_inventory.SlurmInventory",
 }
 
 

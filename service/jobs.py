@@ -474,13 +474,20 @@ class JobManager:
         n = job["nodes"] * job["nproc_per_node"]
         return [(f"{job['id']}/{r}", job["gpu_milli"]) for r in range(n)]
 
+    def _node_groups(self, job: dict) -> list[int] | None:
+        """Each rank's node rank, for backends whose node ranks run on distinct nodes."""
+        backend = self.backends.get(job["backend"])
+        if not getattr(backend, "nodes_apart", False) or job["nodes"] < 2:
+            return None
+        return [r // job["nproc_per_node"] for r in range(job["nodes"] * job["nproc_per_node"])]
+
     async def _admit(self) -> None:
         queued = self.queue.queued()
         if not queued:
             return
         groups = {u: await self.service.groups_of(u) for u in {j["user"] for j in queued}}
         admitted, blocked = await self.ledger.aio.run(
-            self.queue.admit, self.ledger, groups, self._members
+            self.queue.admit, self.ledger, groups, self._members, self._node_groups
         )
         for job, rows in admitted:
             await self._start(job, rows)

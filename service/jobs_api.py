@@ -134,8 +134,16 @@ class JobMetricsHandler(_JobHandler):
             cursor = int(self.get_argument("cursor", "0"))
         except ValueError:
             raise web.HTTPError(400, "rank and cursor must be integers") from None
-        records, cursor = self.jobs.jobdir(job).metrics(rank, max(0, cursor))
-        self.write_json({"records": records, "cursor": cursor, "state": job["state"]})
+        jd = self.jobs.jobdir(job)
+        records, cursor = jd.metrics(rank, max(0, cursor))
+        self.write_json(
+            {
+                "records": records,
+                "cursor": cursor,
+                "state": job["state"],
+                "checkpoints": jd.checkpoint_steps(),
+            }
+        )
 
 
 class JobOutHandler(_JobHandler):

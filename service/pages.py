@@ -1,27 +1,54 @@
-"""The gpulab page of the hub: GPUs and allocations, for people (admins see all)."""
+"""The gpulab page of the hub (``/services/gpulab/``), in the hub's own look.
+
+It extends JupyterHub's ``page.html`` (navigation bar, styles, dark mode) from
+the installed jupyterhub package; the styles and scripts come from the hub's
+``/hub/static/``. Users see their own allocations, jobs and endpoints; admins
+see everyone's.
+"""
 
 from __future__ import annotations
 
-from html import escape
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader, select_autoescape
+from jupyterhub._data import DATA_FILES_PATH
 
 from .auth import BaseHandler
+from .page_views import allocation_rows, endpoint_rows, gpu_rows, job_rows
 
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
-table { border-collapse: collapse; margin-bottom: 2rem; }
-th, td { border: 1px solid #ccc; padding: .3rem .7rem; text-align: left; }
-th { background: #f3f3f3; }
-.sim { color: #a60; }
-"""
+#: gpulab's page templates, then JupyterHub's (``page.html``; also as ``templates/...``).
+HUB_TEMPLATES = os.path.join(DATA_FILES_PATH, "templates")
+PAGE_TEMPLATES = str(Path(__file__).with_name("page_templates"))
+
+#: Bootstrap colours of job and endpoint states.
+STATE_COLORS = {
+    "queued": "secondary",
+    "running": "primary",
+    "ready": "success",
+    "succeeded": "success",
+    "starting": "info",
+    "failed": "danger",
+    "cancelled": "dark",
+    "preempted": "warning",
+    "stopped": "dark",
+}
 
 
-def _table(headers: list[str], rows: list[list[object]]) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = (
-        "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-        or f"<tr><td colspan={len(headers)}>none</td></tr>"
+def page_environment() -> Environment:
+    loader = ChoiceLoader(
+        [
+            FileSystemLoader(PAGE_TEMPLATES),
+            PrefixLoader({"templates": FileSystemLoader(HUB_TEMPLATES)}, "/"),
+            FileSystemLoader(HUB_TEMPLATES),
+        ]
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return Environment(loader=loader, autoescape=select_autoescape(default=True))
+
+
+ENV = page_environment()
 
 
 class HomeHandler(BaseHandler):
@@ -31,50 +58,43 @@ class HomeHandler(BaseHandler):
                 return self.redirect(self.get_login_url())
             self.require_identity()
         who = self.identity
-        inv = self.gpulab.inventory()
-        gpu_rows = [
-            [
-                n["name"],
-                g["index"],
-                g["model"],
-                g["uuid"],
-                g["memory_mib"],
-                f"{g['allocated_milli']} / 1000",
-                "simulated" if g["simulated"] else "",
-            ]
-            for n in inv["nodes"]
-            for g in n["gpus"]
-        ]
-        allocs = self.gpulab.ledger.list(user=None if who.admin else who.name)
-        alloc_rows = [
-            [
-                a["user"],
-                a["owner_kind"],
-                a["owner"],
-                a["node"],
-                a["gpu_index"],
-                a["milli"],
-                a["memory_mib"],
-                a["created"],
-            ]
-            for a in allocs
-        ]
-        scope = "every user's allocations (you are an admin)" if who.admin else "your allocations"
-        note = f"<p>No GPUs: {escape(inv['reason'])}</p>" if inv.get("reason") else ""
-        self.set_header("Content-Type", "text/html; charset=utf-8")
-        hub_home = escape(self.hub_auth.hub_host + self.hub_auth.hub_prefix) + "home"
-        gpu_table = _table(
-            ["node", "GPU", "model", "UUID", "memory MiB", "allocated milli", ""], gpu_rows
+        only = None if who.admin else who.name
+        gpulab = self.gpulab
+        inventory = gpulab.inventory()
+        hub_prefix = self.hub_auth.hub_prefix  # "/hub/"
+        base = hub_prefix[: -len("hub/")] if hub_prefix.endswith("hub/") else "/"
+        public = f"{self.request.protocol}://{self.request.host}"
+        html = ENV.get_template("gpulab.html").render(
+            # What JupyterHub's page.html reads (its handlers' template_namespace).
+            base_url=hub_prefix,
+            prefix=base,
+            user=SimpleNamespace(
+                name=who.name, json_escaped_name=json.dumps(who.name)[1:-1], admin=who.admin
+            ),
+            static_url=lambda path, include_version=True: f"{hub_prefix}static/{path}",
+            logout_url=f"{hub_prefix}logout",
+            login_url=f"{hub_prefix}login",
+            parsed_scopes={"admin-ui"} if who.admin else set(),
+            services=[SimpleNamespace(name="gpulab", href=gpulab.prefix)],
+            admin_access=who.admin,
+            no_spawner_check=True,
+            xsrf_token="",
+            version_hash="",
+            # The page itself.
+            scope="You are an admin: everyone's allocations, jobs and endpoints."
+            if who.admin
+            else "Your allocations, jobs and endpoints.",
+            api_url=f"{gpulab.prefix}api/v1/",
+            inventory_reason=inventory.get("reason"),
+            simulated=any(g["simulated"] for n in inventory["nodes"] for g in n["gpus"]),
+            gpus=gpu_rows(inventory),
+            allocations=allocation_rows(gpulab, gpulab.ledger.list(user=only), only),
+            jobs=job_rows(gpulab, only),
+            endpoints=endpoint_rows(gpulab, only, public),
+            state_colors=STATE_COLORS,
         )
-        self.finish(f"""<!doctype html><html><head><meta charset="utf-8">
-<title>gpulab</title><style>{_STYLE}</style></head><body>
-<h1>gpulab</h1><p>Signed in as <b>{escape(who.name)}</b>.
-<a href="{hub_home}">Back to the hub</a></p>
-<h2>GPUs</h2>{note}{gpu_table}
-<h2>Allocations: {escape(scope)}</h2>
-{_table(["user", "kind", "owner", "node", "GPU", "milli", "memory MiB", "since"], alloc_rows)}
-<p>API: <code>{escape(self.gpulab.prefix)}api/v1/openapi.json</code></p>
-</body></html>""")
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(html)
 
 
 routes = [(r"", HomeHandler)]

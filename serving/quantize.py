@@ -247,15 +247,30 @@ def _call(model, example):
 
 
 def median_latency(model: torch.nn.Module, example, runs: int = 20, warmup: int = 3) -> float:
+    return paired_latency([model], example, runs, warmup)[0]
+
+
+def paired_latency(
+    models: list[torch.nn.Module], example, runs: int = 20, warmup: int = 3
+) -> list[float]:
+    """The median seconds per call of each model on ``example``, runs interleaved.
+
+    Each round calls every model once, in turn: on a machine others share, a burst of
+    load then slows both alike instead of whichever model happened to be timed
+    during it (timing all of one, then all of the other, reported one model 3x
+    "slower" when only its neighbours had changed).
+    """
+    times: list[list[float]] = [[] for _ in models]
     with torch.inference_mode():
         for _ in range(warmup):
-            _call(model, example)
-        times = []
+            for model in models:
+                _call(model, example)
         for _ in range(runs):
-            start = time.perf_counter()
-            _call(model, example)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+            for model, spent in zip(models, times, strict=True):
+                start = time.perf_counter()
+                _call(model, example)
+                spent.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def quantize(
@@ -292,13 +307,14 @@ def quantize(
         [(g.float() - r.float()).flatten() for g, r in zip(got, reference, strict=False)]
     )
     ref = torch.cat([r.float().flatten() for r in reference])
+    before_s, after_s = paired_latency([model, quantized], example, runs)
     return QuantizeReport(
         scheme=scheme,
         engine=engine,
         size_before=serialized_size(model),
         size_after=serialized_size(quantized),
-        latency_before_s=median_latency(model, example, runs),
-        latency_after_s=median_latency(quantized, example, runs),
+        latency_before_s=before_s,
+        latency_after_s=after_s,
         max_abs_error=diff.abs().max().item() if diff.numel() else 0.0,
         relative_error=(diff.norm() / ref.norm()).item() if ref.norm() > 0 else diff.norm().item(),
         runs=runs,

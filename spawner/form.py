@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 from html import escape
+
+from gpulab.scheduler.slices import MILLI_PER_GPU, label
+
+from .placement import gib
 
 #: Set to "1" by `gpulab up --demo` in the hub's, the servers' and the service's environment.
 DEMO_LOGIN_ENV = "GPULAB_DEMO_LOGIN"
@@ -24,14 +29,57 @@ def _demo_login_html() -> str:
     )
 
 
+_MILLI_AMOUNT = re.compile(r"(\d+) milli-GPUs?")
+
+
+def in_fractions(text: str) -> str:
+    """The service's reasons say amounts in milli-GPU; people read fractions."""
+    return _MILLI_AMOUNT.sub(lambda m: label(int(m.group(1))), text)
+
+
+def size_detail(milli: int, inventory: dict | None) -> str:
+    """What a size gives: ``A100-80GB · 20 GiB`` (the cards it fits on now; every
+    card when none has room), ``A100-80GB · 20 GiB or T4-16GB · 4 GiB`` when the
+    cards differ. Empty for no GPU or no inventory."""
+    if not milli or not inventory:
+        return ""
+    cards = [
+        g
+        for n in inventory.get("nodes", [])
+        for g in n.get("gpus", [])
+        if not g.get("cordoned") and not g.get("mig_parent")
+    ]
+    share = min(milli, MILLI_PER_GPU)
+    count = max(1, milli // MILLI_PER_GPU)
+    room = [g for g in cards if MILLI_PER_GPU - int(g.get("allocated_milli") or 0) >= share]
+    kinds: dict[str, int] = {}
+    for g in room or cards:
+        kinds.setdefault(str(g.get("model") or "GPU"), int(g.get("memory_mib") or 0))
+    return " or ".join(
+        f"{model} · {gib(memory * share // MILLI_PER_GPU * count)}"
+        for model, memory in kinds.items()
+    )
+
+
+def size_title(size: dict, inventory: dict | None) -> str:
+    """``1/4 GPU · A100-80GB · 20 GiB``; ``no GPU``."""
+    name = size.get("label") or label(size["milli"])
+    detail = size_detail(size["milli"], inventory)
+    return f"{name} · {detail}" if detail else name
+
+
 def render_form(
-    availability: dict, demo: bool | None = None, limits: dict[int, str] | None = None
+    availability: dict,
+    demo: bool | None = None,
+    limits: dict[int, str] | None = None,
+    inventory: dict | None = None,
 ) -> str:
     """HTML for the hub's spawn page from the service's availability answer.
 
     ``demo`` (default: read from the hub's environment) puts the demo-login
     warning on top; ``limits`` (slice milli -> "cgroup v1: 1 CPU, 2.7 GiB, ...")
-    says what each size's server is held to.
+    says what each size's server is held to; ``inventory`` (the service's
+    ``/inventory``) names the GPU model and memory each size gives.
     """
     rows = []
     default = next((s["milli"] for s in availability["sizes"] if s["available"] and s["milli"]), 0)
@@ -45,11 +93,12 @@ def render_form(
         elif s["available"]:
             status = f"{s['count']} can be placed now"
         else:
-            status = escape(s["reason"] or "unavailable")
+            status = escape(in_fractions(s["reason"] or "unavailable"))
         rows.append(
             f'<div class="radio{" disabled" if disabled else ""}">'
             f'<label for="{ident}"><input type="radio" name="gpu_milli" id="{ident}" '
-            f'value="{milli}"{checked}{disabled}> <strong>{escape(s["label"])}</strong> '
+            f'value="{milli}"{checked}{disabled}> '
+            f'<strong class="gpulab-size">{escape(size_title(s, inventory))}</strong> '
             f'<span class="text-muted gpulab-status">({status})</span>'
             + (
                 f'<br><small class="text-muted gpulab-limits">{escape(limits[milli])}</small>'
@@ -60,16 +109,15 @@ def render_form(
         )
     quota = availability.get("quota_milli")
     held = availability.get("held_milli", 0)
-    note = (
-        f"You hold {held} milli-GPU; your quota is {quota}."
-        if quota is not None
-        else f"You hold {held} milli-GPU."
-    )
+    note = f"You hold {label(held) if held else 'no GPU'}"
+    if quota is not None:
+        note += f"; your quota is {label(quota) if quota else '0 GPUs'}"
+    note += "."
     out = availability.get("cordoned") or []
     if out:
         note += (
             f" {len(out)} GPU(s) out of service (cordoned), not counted above: "
-            + "; ".join(f"GPU {c['index']} on {c['node']}: {c['reason']}" for c in out)
+            + "; ".join(f"GPU #{c['index']} on {c['node']}: {c['reason']}" for c in out)
             + "."
         )
     sim = (

@@ -35,7 +35,9 @@ from gpulab.enforcement.kube.kueue import queue_patch
 from gpulab.enforcement.slice_env import strip_enforcement_vars
 from gpulab.scheduler.slices import SliceError, label, parse_gpu_milli
 
+from .form import in_fractions, size_title
 from .local import parse_user_options
+from .placement import STARTING_LAB, kube_enforcement, placement_of
 from .service_traits import GpuLabServiceMixin
 
 PROFILE_PREFIX = "gpu-"
@@ -60,7 +62,7 @@ def normalize_user_options(options: object) -> object:
     return options
 
 
-def profiles_from_availability(availability: dict) -> list[dict]:
+def profiles_from_availability(availability: dict, inventory: dict | None = None) -> list[dict]:
     """KubeSpawner profiles, one per slice size, from the service's availability answer.
 
     Sizes that cannot be placed now stay listed with the reason (the service
@@ -76,10 +78,10 @@ def profiles_from_availability(availability: dict) -> list[dict]:
         elif s["available"]:
             status = f"{s['count']} can be placed now"
         else:
-            status = f"unavailable now: {s.get('reason') or 'no capacity'}"
+            status = f"unavailable now: {in_fractions(s.get('reason') or 'no capacity')}"
         profiles.append(
             {
-                "display_name": s.get("label") or label(milli),
+                "display_name": size_title(s, inventory),
                 "slug": profile_slug(milli),
                 "description": status,
                 "default": milli == default,
@@ -161,7 +163,8 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
         availability = await self._client().request(
             "GET", "/availability", query={"user": self.user.name}
         )
-        return profiles_from_availability(availability)
+        inventory = await self._client().request("GET", "/inventory")
+        return profiles_from_availability(availability, inventory)
 
     def _slice_options_from_form(self, formdata) -> dict:
         value = (formdata.get("gpu_milli") or [None])[0]
@@ -181,7 +184,16 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
 
     def start(self):
         self._slice_patch = None  # nothing of an earlier spawn survives
+        self.begin_progress()
         return super().start()
+
+    async def progress(self):
+        """gpulab's events (placement, enforcement) first, then KubeSpawner's own:
+        the pod's scheduling and image pull events."""
+        async for event in self.gpulab_progress(until=STARTING_LAB):
+            yield event
+        async for event in super().progress():
+            yield event
 
     async def _start(self):
         milli = parse_user_options(normalize_user_options(self.user_options))
@@ -198,12 +210,16 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
             except EnforcementError as e:
                 raise web.HTTPError(409, f"cannot hold {label(milli)} here: {e}") from None
             self.log.info(
-                "%s holds %s milli-GPU on %s via %s",
+                "%s holds %s on %s via %s",
                 self._owner,
-                milli,
+                label(milli),
                 the_slice.node or "no GPU",
                 self.enforcement,
             )
+            self.gpulab_placement = placement_of(milli, allocations, inventory)
+            self.report_progress(40, self.gpulab_placement.sentence())
+            self.report_progress(50, kube_enforcement(self.enforcement, the_slice.simulated, milli))
+            self.report_progress(60, STARTING_LAB)
             return await super()._start()
         except BaseException:
             await self._release()

@@ -30,9 +30,10 @@ from gpulab.enforcement.account_limits import AccountLimits
 from gpulab.enforcement.accounts import Account, UserAccounts, unreachable
 from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
 from gpulab.enforcement.slice_env import mps_pipe_directory, slice_env, strip_enforcement_vars
-from gpulab.scheduler.slices import SliceError, parse_gpu_milli
+from gpulab.scheduler.slices import SliceError, label, parse_gpu_milli
 
 from .form import render_form
+from .placement import STARTING_LAB, local_enforcement, placement_of
 from .service_traits import GpuLabServiceMixin
 
 
@@ -82,15 +83,15 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
             "GET", "/availability", query={"user": self.user.name}
         )
         limits = None
+        inventory = await self._client().request("GET", "/inventory")
         if self._accounts().enabled:
-            inventory = await self._client().request("GET", "/inventory")
             gpu_count = sum(len(n["gpus"]) for n in inventory["nodes"])
             held = AccountLimits(config=self.config)
             limits = {
                 s["milli"]: held.cgroups().describe(held.limits(s["milli"], gpu_count))
                 for s in availability["sizes"]
             }
-        return render_form(availability, limits=limits)
+        return render_form(availability, limits=limits, inventory=inventory)
 
     def options_from_form(self, formdata):
         values = formdata.get("gpu_milli") or ["0"]
@@ -173,21 +174,25 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
         return args
 
     def progress(self):
-        return self.freeing_progress()
+        return self.gpulab_progress()
 
     async def start(self):
+        self.begin_progress()
         milli = parse_user_options(self.user_options)
         allocations = await self._allocate(milli)
-        self._slice = slice_env(
-            allocations, any(a.get("simulated") for a in allocations), mps_pipe_directory()
-        )
+        simulated = any(a.get("simulated") for a in allocations)
+        mps_dir = mps_pipe_directory()
+        self._slice = slice_env(allocations, simulated, mps_dir)
         self.log.info(
-            "%s holds %s milli-GPU on %s",
+            "%s holds %s on %s",
             self._owner,
-            milli,
+            label(milli),
             self._slice.get("GPULAB_GPU_UUID") or "no GPU",
         )
         try:
+            inventory = await self._client().request("GET", "/inventory") if allocations else {}
+            self.gpulab_placement = placement_of(milli, allocations, inventory)
+            self.report_progress(40, self.gpulab_placement.sentence())
             accounts = self._accounts()
             if accounts.enabled:
                 problem = unreachable(
@@ -201,7 +206,14 @@ class FractionalLocalSpawner(GpuLabServiceMixin, SimpleLocalProcessSpawner):
                     None, accounts.ensure, self.user.name
                 )
                 await self._hold_to_limits(milli, allocations)
+            self.report_progress(
+                50,
+                local_enforcement(
+                    allocations, simulated, bool(mps_dir), self._slice.get("GPULAB_LIMITS", "")
+                ),
+            )
             self._write_kernelspec()
+            self.report_progress(60, STARTING_LAB)
             return await super().start()
         except BaseException:
             await self._remove_group()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from tornado import web
 from traitlets import Float, Unicode
 from traitlets.config import LoggingConfigurable
 
+from .placement import Placement
 from .service_client import ServiceClient
 
 
@@ -46,6 +48,24 @@ class GpuLabServiceMixin(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    #: Where this server's slice went (the admin page's "GPU slices"); kept in the
+    #: hub's state so a restarted hub still shows it. None: not started by gpulab.
+    gpulab_placement: Placement | None = None
+
+    def get_state(self):
+        state = super().get_state()
+        if self.gpulab_placement is not None:
+            state["gpulab_placement"] = self.gpulab_placement.to_state()
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.gpulab_placement = Placement.from_state(state.get("gpulab_placement"))
+
+    def clear_state(self):
+        super().clear_state()
+        self.gpulab_placement = None
+
     def _client(self) -> ServiceClient:
         return ServiceClient(self.gpulab_api_url, self.gpulab_api_token, log=self.log)
 
@@ -73,12 +93,13 @@ class GpuLabServiceMixin(LoggingConfigurable):
             "gpu_milli": milli,
         }
         deadline = time.monotonic() + self.gpulab_freeing_timeout
-        self._gpulab_progress = []
         while True:
             answer = await self._client().request("POST", "/allocations", body=body)
             if not (isinstance(answer, dict) and answer.get("state") == "freeing"):
                 return answer
-            self._gpulab_progress.append(answer["message"])
+            said = getattr(self, "_gpulab_events", [])
+            if not said or said[-1]["message"] != answer["message"]:
+                self.report_progress(30, answer["message"])
             if time.monotonic() > deadline:
                 raise web.HTTPError(
                     409,
@@ -87,16 +108,46 @@ class GpuLabServiceMixin(LoggingConfigurable):
                 )
             await asyncio.sleep(float(answer.get("retry_after", 1)))
 
-    async def freeing_progress(self):
-        """Spawn-page events while a slice is freed for this start (the local spawner's
-        ``progress``; KubeSpawner keeps its own, the pod's events)."""
-        last = None
+    def begin_progress(self) -> None:
+        """A new start: the spawn page shows none of an earlier start's events."""
+        self._gpulab_events = []
+        self._gpulab_events_changed = asyncio.Event()
+
+    def report_progress(self, progress: int, message: str) -> None:
+        """Add an event to the spawn page (``/hub/spawn-pending/<name>``) and the hub's
+        progress API: where the slice went, what holds it, what starts next."""
+        if not hasattr(self, "_gpulab_events"):
+            self.begin_progress()
+        self._gpulab_events.append({"progress": progress, "message": message})
+        self._gpulab_events_changed.set()
+
+    async def gpulab_progress(self, until: str | None = None):
+        """This start's events from the first on (every reader of the progress API
+        gets them all): "waiting for GPU to free", "Placed 1/4 GPU on ...",
+        "Enforced by: ...", then ``until`` (a message after which the caller's own
+        events follow). The hub stops reading once the start is done."""
+        seen = 0
         while True:
-            messages = getattr(self, "_gpulab_progress", [])
-            if messages and messages[-1] != last:
-                last = messages[-1]
-                yield {"progress": 30, "message": last}
-            await asyncio.sleep(1)
+            events = getattr(self, "_gpulab_events", [])
+            while seen < len(events):
+                event = events[seen]
+                seen += 1
+                yield event
+                if until is not None and event["message"] == until:
+                    return
+            changed = getattr(self, "_gpulab_events_changed", None)
+            if changed is None:
+                await asyncio.sleep(0.5)  # no start has begun yet
+                continue
+            changed.clear()
+            if seen < len(getattr(self, "_gpulab_events", [])):
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=1)
+
+    def freeing_progress(self):
+        """The spawn page's events from gpulab (kept name: the local spawner's progress)."""
+        return self.gpulab_progress()
 
     async def _release(self) -> None:
         """Give the slice back. Waits briefly: when the hub shuts down, the service

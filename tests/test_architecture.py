@@ -22,8 +22,8 @@ ALLOWED = {
     "enforcement": {"scheduler"},
     "backend": {"scheduler", "enforcement", "training"},
     "service": {"db", "scheduler", "enforcement", "backend", "telemetry", "training"},
-    "spawner": {"scheduler", "enforcement"},
-    "hub_ext": {"spawner", "scheduler", "telemetry", "enforcement", "service"},
+    "spawner": {"scheduler", "enforcement", "backend"},
+    "hub_ext": {"spawner", "scheduler", "telemetry", "enforcement", "service", "backend"},
     "training": set(),
     "serving": set(),
     "telemetry": {"cache"},
@@ -31,6 +31,11 @@ ALLOWED = {
     "client": set(),
     "widgets": {"client"},
     "magics": {"client", "widgets", "serving", "training"},
+    "lab": {"client"},
+}
+#: Rooms allowed into another only through a few named modules: (room, other) -> modules.
+NARROW = {
+    ("spawner", "backend"): {"gpulab.backend.slurm_site", "gpulab.backend.slurm_inventory"},
 }
 #: Inside a rank or a model server: never the hub.
 LIGHT_ROOMS = ("training", "serving")
@@ -73,6 +78,18 @@ def test_imports_run_one_way(room):
                 f"{where(path, line)} imports {module}: {room}/ may import only "
                 f"{sorted(ALLOWED[room]) or 'no other room'}"
             )
+    assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize("pair", sorted(NARROW))
+def test_narrow_doors_stay_narrow(pair):
+    room, other = pair
+    broken = [
+        f"{where(path, line)} imports {module}: {room}/ may import from {other}/ only "
+        f"{sorted(NARROW[pair])}"
+        for path, line, module, _ in imports(room)
+        if module.startswith(f"gpulab.{other}") and module not in NARROW[pair]
+    ]
     assert not broken, "\n".join(broken)
 
 

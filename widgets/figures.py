@@ -1,8 +1,11 @@
-"""One plotly ``FigureWidget`` per tab, with subplots, redrawn from a ``TelemetryModel``.
+"""One plotly ``FigureWidget`` per tab, with subplots, redrawn from a ``TelemetryModel``
+(the Cluster tab has two, ``Panels``: GPU telemetry, which a machine without it hides,
+and the slices).
 
 Each tab's ``*_plot(model)`` says what should be drawn: a list of ``Trace``
 (numpy x/y per subplot) and ``Note``s (text written inside a subplot, e.g. why
-it is empty). ``TabFigure.draw`` makes the widget match: it builds a new widget only
+it is empty), or ``hidden`` (nothing at all to draw: the tab's notice says why, once).
+``TabFigure.draw`` makes the widget match: it builds a new widget only
 when the set of series or notes changed (a GPU or job appeared) and otherwise
 assigns the arrays inside one ``batch_update``, so the browser gets one message
 per tab per tick.
@@ -11,7 +14,6 @@ per tab per tick.
 from __future__ import annotations
 
 import html
-import textwrap
 from dataclasses import dataclass, field
 
 import ipywidgets as w
@@ -19,6 +21,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
+
+from gpulab.client.units import MILLI_PER_GPU
 
 from .model import CACHE_COLUMNS, GPU_COLUMNS, JOB_COLUMNS, USAGE_DAYS, TelemetryModel
 
@@ -49,8 +53,12 @@ class Note:
 
 @dataclass
 class Plot:
+    """What one figure shows; ``hidden``: nothing to draw at all, so no figure is shown
+    (the tab's status line says why, once, instead of a note in every subplot)."""
+
     traces: list[Trace] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
+    hidden: bool = False
 
 
 def ago(m: TelemetryModel, t) -> np.ndarray:
@@ -65,16 +73,6 @@ def ago(m: TelemetryModel, t) -> np.ndarray:
 
 def _color(colors: dict, group: str) -> str:
     return colors.setdefault(group, PALETTE[len(colors) % len(PALETTE)])
-
-
-def _reasons(by_node: dict[str, str], width: int = 48) -> str:
-    """Why a source is missing, wrapped to fit inside a subplot (the status line has it all)."""
-    lines = []
-    for node, reason in list(by_node.items())[:3]:
-        lines += textwrap.wrap(f"{node}: {reason}", width, max_lines=3, placeholder=" …")
-    if len(by_node) > 3:
-        lines.append(f"and {len(by_node) - 3} more node(s)")
-    return "<br>".join(html.escape(line) for line in lines)
 
 
 class TabFigure:
@@ -97,9 +95,12 @@ class TabFigure:
         time_cells: list[tuple[int, int]],
         y_titles: dict[tuple[int, int], str],
         value_x_titles: dict[tuple[int, int], str] | None = None,
+        y_axes: dict[tuple[int, int], dict] | None = None,
+        legend_y: float = -0.08,
     ):
         """``value_x_titles``: cells of horizontal bars, the title of their value (x)
-        axis; their y axis holds labels and widens the margin to fit them."""
+        axis; their y axis holds labels and widens the margin to fit them. ``y_axes``:
+        more y-axis settings per cell (ticks, range)."""
         base = make_subplots(
             rows=rows,
             cols=cols,
@@ -113,7 +114,7 @@ class TabFigure:
             margin=dict(l=60, r=20, t=40, b=40),
             uirevision="gpulab",
             template="plotly_white",
-            legend=dict(orientation="h", y=-0.08, font=dict(size=10)),
+            legend=dict(orientation="h", y=legend_y, font=dict(size=10)),
         )
         for r, c in time_cells:
             base.update_xaxes(title_text="seconds ago", title_standoff=4, row=r, col=c)
@@ -122,6 +123,8 @@ class TabFigure:
         for (r, c), title in (value_x_titles or {}).items():
             base.update_xaxes(title_text=title, title_standoff=4, rangemode="tozero", row=r, col=c)
             base.update_yaxes(automargin=True, row=r, col=c)
+        for (r, c), settings in (y_axes or {}).items():
+            base.update_yaxes(row=r, col=c, **settings)
         self._base = base
         self._titles = tuple(base.layout.annotations)
         self.cells = [(r, c) for r in range(1, rows + 1) for c in range(1, cols + 1)]
@@ -131,6 +134,16 @@ class TabFigure:
         self.view = w.VBox([self.widget])
 
     def draw(self, plot: Plot) -> None:
+        if plot.hidden:
+            # Out of the page and closed, not display:none (plotly lays out a hidden
+            # graph at zero size), nor an open model no view shows (a page reload
+            # restores every open model). Shown again, it is rebuilt.
+            if self.widget is not None:
+                self.view.children = ()
+                self.widget.close()
+                self.widget = None
+                self._keys = self._notes = None
+            return
         # plotly.js draws no axes for a subplot without traces: an empty trace per
         # cell keeps every subplot drawn (notes are placed on the page by domain).
         cells = [
@@ -163,11 +176,17 @@ class TabFigure:
             fig.update_yaxes(visible=(r, c) not in noted, row=r, col=c)
         old, self.widget = self.widget, go.FigureWidget(fig)
         self.view.children = (self.widget,)
-        old.close()
+        if old is not None:
+            old.close()
 
     def close(self) -> None:
-        self.widget.close()
+        if self.widget is not None:
+            self.widget.close()
         self.view.close()
+
+    @property
+    def shown(self) -> bool:
+        return self.widget is not None
 
     @staticmethod
     def _new_trace(t: Trace):
@@ -223,33 +242,65 @@ class TabFigure:
         )
 
 
+class Panels:
+    """Figures stacked in one tab, each drawn from its own ``Plot`` (and hidden alone):
+    the Cluster tab's GPU telemetry goes away on a machine without it, its slices stay."""
+
+    def __init__(self, parts: list[TabFigure]):
+        self.parts = parts
+        self.view = w.VBox([p.view for p in parts])
+
+    def draw(self, plots: list[Plot]) -> None:
+        for part, plot in zip(self.parts, plots, strict=True):
+            part.draw(plot)
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
+        self.view.close()
+
+
 # -- Cluster -------------------------------------------------------------------
-def cluster_figure() -> TabFigure:
-    return TabFigure(
+#: Ticks of the "held" chart: the fractions slices come in.
+HELD_TICKS = [0.0, 0.25, 0.5, 0.75, 1.0]
+HELD_TEXT = ["0", "1/4", "1/2", "3/4", "1"]
+
+
+def cluster_figure() -> Panels:
+    gpus = TabFigure(
         [
             "GPU utilisation (%)",
             "GPU memory used / total (GiB)",
             "GPU temperature (°C)",
             "GPU power (W)",
-            "slices held per GPU (milli-GPU)",
-            "free slice sizes now (count per node)",
         ],
-        rows=3,
+        rows=2,
         cols=2,
-        height=720,
-        time_cells=[(1, 1), (1, 2), (2, 1), (2, 2), (3, 1)],
-        y_titles={
-            (1, 1): "%",
-            (1, 2): "GiB",
-            (2, 1): "°C",
-            (2, 2): "W",
-            (3, 1): "milli-GPU",
-            (3, 2): "slices",
-        },
+        height=500,
+        time_cells=[(1, 1), (1, 2), (2, 1), (2, 2)],
+        y_titles={(1, 1): "%", (1, 2): "GiB", (2, 1): "°C", (2, 2): "W"},
     )
+    slices = TabFigure(
+        ["share of each GPU held", "free slice sizes now (count per node)"],
+        rows=1,
+        cols=2,
+        height=340,
+        legend_y=-0.3,  # below the x axis title of a one-row figure
+        time_cells=[(1, 1)],
+        y_titles={(1, 1): "GPU", (1, 2): "slices"},
+        y_axes={(1, 1): dict(range=[0, 1.05], tickvals=HELD_TICKS, ticktext=HELD_TEXT)},
+    )
+    return Panels([gpus, slices])
 
 
-def cluster_plot(m: TelemetryModel) -> Plot:
+def cluster_plot(m: TelemetryModel) -> list[Plot]:
+    """[GPU telemetry, slices]: the first hidden when no node reports GPU telemetry."""
+    return [gpu_plot(m), slices_plot(m)]
+
+
+def gpu_plot(m: TelemetryModel) -> Plot:
+    """Utilisation, memory, temperature, power per GPU; hidden without GPU telemetry (the
+    Cluster tab's notice says why once, rather than an error in each of four charts)."""
     p, colors = Plot(), {}
     cells = {
         "utilization_ratio": (1, 1, 100.0),
@@ -270,25 +321,31 @@ def cluster_plot(m: TelemetryModel) -> Plot:
             first = False
         total = v[:, GPU_COLUMNS.index("memory_total_bytes")] / GIB
         p.traces.append(Trace(f"{group} total", 1, 2, x, total, group, color, "dot", legend=False))
+    p.hidden = not p.traces
+    return p
+
+
+def slices_plot(m: TelemetryModel) -> Plot:
+    """The share of each GPU held (0..1, as fractions) and the slice sizes free per node."""
+    p, colors = Plot(), {}
     for (node, gpu), t, v in m.series(m.allocated):
         group = f"{node} {gpu}"
         p.traces.append(
             Trace(
                 f"{group} held",
-                3,
+                1,
                 1,
                 ago(m, t),
-                v[:, 0],
+                v[:, 0] / MILLI_PER_GPU,
                 group,
                 _color(colors, group),
-                legend=not m.gpus,
             )
         )
     for node, sizes in sorted(m.free_sizes.items()):
         p.traces.append(
             Trace(
                 f"{node} free",
-                3,
+                1,
                 2,
                 [s.get("label") for s in sizes],
                 np.array([float(s.get("count", 0)) for s in sizes]),
@@ -297,21 +354,8 @@ def cluster_plot(m: TelemetryModel) -> Plot:
                 kind="bar",
             )
         )
-    if not m.gpus:
-        missing = m.missing_sources("gpu").get("gpu")
-        simulated = sum(
-            1
-            for n in m.inventory.get("nodes") or []
-            for g in n.get("gpus") or []
-            if g.get("simulated")
-        )
-        text = "no GPU telemetry" + (f"<br>{_reasons(missing)}" if missing else "")
-        if simulated:
-            text += f"<br>({simulated} simulated GPU(s): nothing to measure)"
-        for r, c in ((1, 1), (1, 2), (2, 1), (2, 2)):
-            p.notes.append(Note(r, c, text))
     if not m.allocated:
-        p.notes.append(Note(3, 1, "no GPUs in the inventory"))
+        p.notes.append(Note(1, 1, "no GPUs in the inventory"))
     return p
 
 
@@ -360,11 +404,8 @@ def cache_plot(m: TelemetryModel) -> Plot:
                     legend=i == 0,
                 )
             )
-    if not m.cache:
-        missing = m.missing_sources("cache").get("cache")
-        text = "no dataset cache telemetry" + (f"<br>{_reasons(missing)}" if missing else "")
-        for r, c in ((1, 1), (1, 2), (2, 1), (2, 2)):
-            p.notes.append(Note(r, c, text))
+    # No cache reports: no charts (the tab's notice says why, once).
+    p.hidden = not m.cache
     return p
 
 
@@ -396,12 +437,9 @@ def network_plot(m: TelemetryModel) -> Plot:
             )
     for row, source, what in ((1, "nic", "NIC"), (2, "rdma", "RDMA")):
         if not (m.nics if row == 1 else m.rdma):
-            missing = m.missing_sources(source).get(source)
-            p.notes.append(
-                Note(
-                    row, 1, f"no {what} telemetry" + (f"<br>{_reasons(missing)}" if missing else "")
-                )
-            )
+            # The reason, in full, is in the status line above the charts.
+            why = " (why: see above)" if m.missing_sources(source).get(source) else ""
+            p.notes.append(Note(row, 1, f"no {what} telemetry{why}"))
     since = m.window_start()
     runs = [r for r in m.allreduce if since is None or float(r.get("ts", 0)) > since]
     if runs:

@@ -13,6 +13,8 @@ import math
 import time
 from html import escape
 
+from gpulab.client.units import gpu_label, holders
+
 from .model import ALERT_HOURS, USAGE_DAYS, AlertsModel, TelemetryModel, UsageModel
 
 #: Which telemetry sources each tab draws (for its "missing" line).
@@ -59,10 +61,62 @@ def table(caption: str, headers: list[str], rows: list[list[str]]) -> str:
     )
 
 
+#: The notice box of a tab whose charts have nothing to draw (shown once, above them).
+_NOTICE = (
+    '<div class="gpulab-notice" data-source="{source}" style="margin:2px 0 6px;'
+    "padding:8px 12px;border:1px solid #f0d9b5;background:#fff8ec;color:#5b3a00;"
+    'font-size:13px;line-height:1.45;max-width:900px">{text}</div>'
+)
+
+
+def _why(by_node: dict[str, str]) -> str:
+    """``<reason>`` for one node (it is "this machine"), else ``node: reason; ...``."""
+    if len(by_node) == 1:
+        return escape(next(iter(by_node.values())))
+    return "; ".join(f"{escape(n)}: {escape(r)}" for n, r in by_node.items())
+
+
+def notice(m: TelemetryModel, tab: str) -> str:
+    """The one notice (HTML) a tab shows instead of empty charts, or ''.
+
+    Cluster: no node reports GPU telemetry; Cache: no node's dataset cache reports.
+    The reason is each node's, in full (the agent's words), said once.
+    """
+    if not m.answers:
+        return ""
+    if tab == "Cluster" and not m.gpus:
+        missing = m.missing_sources("gpu").get("gpu") or {}
+        where = "on this machine" if len(m.missing) <= 1 else "on any node"
+        why = f": {_why(missing)}" if missing else ""
+        return _NOTICE.format(
+            source="gpu",
+            text=f"<b>No GPU telemetry {where}</b>{why}. "
+            "GPU charts appear when a node agent reports NVML data.",
+        )
+    if tab == "Cache" and not m.cache:
+        missing = m.missing_sources("cache").get("cache") or {}
+        where = "on this machine" if len(m.missing) <= 1 else "on any node"
+        why = f": {_why(missing)}" if missing else ""
+        # The service's reason usually says already when the cache appears.
+        when = (
+            ""
+            if "gpulab.cache" in why
+            else (" Cache charts appear when a process reads data through gpulab.cache.")
+        )
+        return _NOTICE.format(
+            source="cache", text=f"<b>No dataset cache reports {where}</b>{why}.{when}"
+        )
+    return ""
+
+
 def status_line(m: TelemetryModel, tab: str, error: str | None) -> str:
-    """Which sources this tab lacks and why; the last fetch error; when it last updated."""
+    """This tab's notice (no data at all), or which sources some nodes lack and why; the
+    last fetch error; when it last updated."""
     parts = []
+    box = notice(m, tab)
     for source, by_node in m.missing_sources(*TAB_SOURCES[tab]).items():
+        if box:  # the notice says it already
+            break
         for node, reason in by_node.items():
             parts.append(f"<b>{escape(source)} missing on {escape(node)}</b>: {escape(reason)}")
     if tab == "Cluster" and any(
@@ -91,11 +145,11 @@ def status_line(m: TelemetryModel, tab: str, error: str | None) -> str:
     if tab == "Alerts":
         parts.append(alerts_line(m.alerts))
         updated = f"alerts updated {_clock(m.alerts.fetched)}"
-    lines = "<br>".join(parts) or "all sources reporting"
+    lines = "<br>".join(parts) or ("" if box else "all sources reporting")
     return (
         f'<div class="gpulab-status" data-tab="{tab}" data-points="{m.points()}" '
-        f'style="font-size:12px;line-height:1.4">{lines}'
-        f'<br><span style="color:#666">{updated}</span></div>'
+        f'style="font-size:12px;line-height:1.4">{box}{lines}'
+        f'{"<br>" if lines else ""}<span style="color:#666">{updated}</span></div>'
     )
 
 
@@ -139,12 +193,17 @@ def _hours(value: float) -> str:
 
 
 def _holders(m: TelemetryModel, uuid: str, me: str | None) -> str:
-    names = []
-    for s in m.slices:
-        if s.get("gpu_uuid") == uuid:
-            who = "you" if s.get("user") == me else str(s.get("user"))
-            names.append(f"{escape(who)} {s.get('milli')}")
-    return ", ".join(names)
+    """One entry per holder of the GPU's slices, summed: ``you · 1/4 GPU, bob · 1/2 GPU``."""
+    mine = [s for s in m.slices if s.get("gpu_uuid") == uuid]
+    return ", ".join(_nowrap(escape(h)) for h in holders(mine, me))
+
+
+def _held(milli) -> str:
+    """The share of a GPU held, as people read it: ``1/4 GPU``; ``—`` for none."""
+    try:
+        return "—" if not milli else escape(gpu_label(int(milli)))
+    except (TypeError, ValueError):
+        return "—"
 
 
 def cluster_tables(m: TelemetryModel, me: str | None) -> str:
@@ -161,7 +220,7 @@ def cluster_tables(m: TelemetryModel, me: str | None) -> str:
                     escape(str(node.get("name"))),
                     escape(str(g.get("index"))),
                     escape(str(g.get("model"))) + (" (simulated)" if g.get("simulated") else ""),
-                    f"{g.get('allocated_milli', 0)} / 1000",
+                    _held(g.get("allocated_milli")),
                     _holders(m, g.get("uuid"), me),
                     _fmt(s.get("utilization_ratio"), " %", 100, 0),
                     f"{_fmt(used, '', 2**-30)} / {_fmt(g.get('memory_mib'), ' GiB', 1 / 1024)}",
@@ -171,7 +230,17 @@ def cluster_tables(m: TelemetryModel, me: str | None) -> str:
             )
     gpus = table(
         "GPUs (held: every user's total; held by: the slices you may see)",
-        ["node", "GPU", "model", "held milli", "held by", "util", "memory", "temp", "power"],
+        [
+            "node",
+            "GPU",
+            "model",
+            "held",
+            "held by",
+            "GPU utilisation",
+            "GPU memory used / total",
+            "temperature",
+            "power",
+        ],
         rows,
     )
     sizes = sorted(
@@ -190,7 +259,7 @@ def cluster_tables(m: TelemetryModel, me: str | None) -> str:
     )
     slices = table(
         "slices" + (" (yours)" if all(s.get("user") == me for s in m.slices) else " (everyone's)"),
-        ["user", "kind", "owner", "node", "GPU", "milli"],
+        ["user", "held for", "name", "node", "GPU", "size"],
         [
             [
                 escape("you" if s.get("user") == me else str(s.get("user"))),
@@ -198,7 +267,7 @@ def cluster_tables(m: TelemetryModel, me: str | None) -> str:
                 escape(str(s.get("owner"))),
                 escape(str(s.get("node"))),
                 escape(str(s.get("gpu_index"))),
-                escape(str(s.get("milli"))),
+                _held(s.get("milli")),
             ]
             for s in m.slices
         ],
@@ -207,6 +276,7 @@ def cluster_tables(m: TelemetryModel, me: str | None) -> str:
 
 
 def cache_tables(m: TelemetryModel) -> str:
+    """The latest cache figures per node; nothing when no cache reports (the notice says)."""
     rows = []
     for node, sample in sorted(m.latest.items()):
         c = sample.get("cache")
@@ -226,20 +296,24 @@ def cache_tables(m: TelemetryModel) -> str:
                 f"{_fmt(c.get('capacity'), ' GiB', 2**-30, 2)}",
             ]
         )
-    return table(
-        "dataset cache per node (latest)",
-        [
-            "node",
-            "hit ratio",
-            "hits",
-            "misses",
-            "from cache",
-            "from remote",
-            "prefetched ahead",
-            "evictions",
-            "used / capacity",
-        ],
-        rows,
+    return (
+        table(
+            "dataset cache per node (latest)",
+            [
+                "node",
+                "hit ratio",
+                "hits",
+                "misses",
+                "from cache",
+                "from remote",
+                "prefetched ahead",
+                "evictions",
+                "used / capacity",
+            ],
+            rows,
+        )
+        if rows
+        else ""
     )
 
 
@@ -264,9 +338,21 @@ def network_tables(m: TelemetryModel) -> str:
     )
 
 
+#: The jobs table's columns (API field: header people read), in order.
+JOB_HEADERS = {
+    "id": "job",
+    "name": "name",
+    "user": "user",
+    "state": "state",
+    "step": "step",
+    "total_steps": "of steps",
+    "loss": "loss",
+    "samples_per_second": "samples/s",
+}
+
+
 def jobs_tables(m: TelemetryModel) -> str:
-    preferred = ["id", "name", "user", "state", "step", "total_steps", "loss", "samples_per_second"]
-    keys = [k for k in preferred if any(k in j for j in m.jobs)]
+    keys = [k for k in JOB_HEADERS if any(k in j for j in m.jobs)]
     rows = []
     for j in m.jobs:
         row = []
@@ -278,7 +364,7 @@ def jobs_tables(m: TelemetryModel) -> str:
                 else escape("—" if v is None else str(v))
             )
         rows.append(row)
-    return table("jobs", keys or ["jobs"], rows)
+    return table("jobs", [JOB_HEADERS[k] for k in keys] or ["jobs"], rows)
 
 
 #: Most user rows listed in the Usage tab's table.

@@ -1,4 +1,5 @@
-"""A person's path through the real hub in a real Chromium: log in, pick 1/4, use it.
+"""A person's path through the real hub in a real Chromium: log in, pick 1/4, watch the
+spawn page say where it went, use it; the admin sees it on the hub's admin page.
 
 alice has her own account (signed up, approved by the admin): the default login."""
 
@@ -6,7 +7,7 @@ import os
 import re
 
 import pytest
-from hubproc import fresh_user
+from hubproc import fresh_user, let_accounts_reach
 from logins import admin_password, browser_log_in, sign_up_approved
 from playwright.sync_api import expect
 
@@ -20,7 +21,11 @@ HOLDER = fresh_user("holder")
 
 @pytest.fixture(scope="module")
 def hub(plain_hub):
-    """The session's shared hub (empty when this module starts)."""
+    """The session's shared hub (empty when this module starts), its data dir reachable
+    by users' accounts again: another pytest session on this machine resets its
+    temporary root to 0700 when it starts."""
+    if plain_hub.accounts:
+        let_accounts_reach(plain_hub.data_dir)
     return plain_hub
 
 
@@ -36,16 +41,36 @@ def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_d
     browser_log_in(page, hub, ALICE, "alices own long password")
     page.wait_for_url(re.compile(r".*/hub/spawn.*"))
     form = page.locator("fieldset.gpulab-slices")
-    expect(form).to_contain_text("1/4 GPU")
-    # 1 free GPU left: four quarters would fit, alice's quota (500) allows two.
+    # Each size names the card and the memory it gives; one unit: the fraction.
+    expect(page.locator("label[for=gpulab-slice-250]")).to_contain_text(
+        "1/4 GPU · A100-80GB · 20 GiB"
+    )
+    expect(page.locator("label[for=gpulab-slice-500]")).to_contain_text(
+        "1/2 GPU · A100-80GB · 40 GiB"
+    )
+    # 1 free GPU left: four quarters would fit, alice's quota (1/2 GPU) allows two.
     expect(page.locator("label[for=gpulab-slice-250]")).to_contain_text("2 can be placed now")
     expect(page.locator("#gpulab-slice-2000")).to_be_disabled()
-    expect(page.locator("label[for=gpulab-slice-2000]")).to_contain_text("over your quota")
+    expect(page.locator("label[for=gpulab-slice-2000]")).to_contain_text(
+        "over your quota (1/2 GPU left)"
+    )
     expect(page.locator("label[for=gpulab-slice-1000]")).to_contain_text("over your quota")
+    expect(form).to_contain_text("your quota is 1/2 GPU")
+    expect(form).not_to_contain_text("milli")
     page.screenshot(path=os.path.join(artifacts_dir, "spawn-form.png"), full_page=True)
 
     page.check("#gpulab-slice-250")
     page.click("input[type=submit], button[type=submit]")
+    # The spawn page says where the slice went and what holds it, while JupyterLab starts.
+    page.wait_for_url(re.compile(rf".*/hub/spawn-pending/{re.escape(ALICE)}.*"))
+    page.locator("#progress-details").evaluate("d => d.open = true")
+    log = page.locator("#progress-log")
+    placed = re.compile(r"Placed 1/4 GPU on A100-80GB #[01] of node \S+ \(20 GiB\)")
+    expect(log).to_contain_text(placed)
+    expect(log).to_contain_text("Enforced by: PyTorch memory limit + CUDA_VISIBLE_DEVICES")
+    expect(log).to_contain_text("(simulated GPU: nothing enforced)")
+    expect(log).to_contain_text("Starting JupyterLab…")
+    page.screenshot(path=os.path.join(artifacts_dir, "spawn-progress.png"), full_page=True)
     page.wait_for_url(re.compile(rf".*/user/{re.escape(ALICE)}/lab.*"), timeout=240_000)
 
     page.locator(".jp-LauncherCard", has_text="Python 3 (gpulab)").first.click()
@@ -62,17 +87,26 @@ def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_d
     # The magics were loaded by gpulab's kernelspec, no %load_ext needed.
     page.keyboard.type("%gpulab")
     page.keyboard.press("Shift+Enter")
-    expect(page.locator(".jp-OutputArea-output").nth(1)).to_contain_text("GPU: 250 milli-GPU")
+    expect(page.locator(".jp-OutputArea-output").nth(1)).to_contain_text(
+        re.compile(r"GPU: .*1/4 GPU")
+    )
     page.screenshot(path=os.path.join(artifacts_dir, "lab-slice.png"))
     page.close()
 
-    # The admin sees alice's slice on the gpulab page of the hub.
-    admin = browser.new_context().new_page()
+    # The admin sees every running server's slice on the hub's admin page, no row to open.
+    admin = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
     admin.set_default_timeout(120_000)
     browser_log_in(admin, hub, "admin", admin_password(hub))
     admin.wait_for_url(re.compile(r".*/(hub|user)/.*"))
-    admin.goto(f"{hub.url}/services/gpulab/")
-    expect(admin.locator("h2", has_text="every user's allocations")).to_be_visible()
-    expect(admin.locator("table").nth(1)).to_contain_text(f"{ALICE}/")
-    expect(admin.locator("table").nth(1)).to_contain_text(f"{HOLDER}/")
+    admin.goto(f"{hub.url}/hub/admin")
+    slices = admin.locator("#gpulab-slices")
+    alice_row = slices.locator("tr", has_text=ALICE)
+    expect(alice_row).to_contain_text("1/4 GPU")
+    expect(alice_row).to_contain_text(re.compile(r"A100-80GB #[01]"))
+    expect(alice_row).to_contain_text("20 GiB")
+    node = hub.gpulab("GET", "/allocations", params={"user": ALICE}).json()[0]["node"]
+    expect(alice_row).to_contain_text(node)
+    expect(slices.locator("tr", has_text=HOLDER)).to_contain_text("1 GPU")
+    # JupyterHub's own user list is still there below it.
+    expect(admin.locator("#react-admin-hook")).to_contain_text(ALICE)
     admin.screenshot(path=os.path.join(artifacts_dir, "admin-page.png"), full_page=True)

@@ -20,7 +20,12 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "deploy.ipynb"
 
 
 def text_of(cell) -> str:
-    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+    """Printed text and plain-text displays (``%deploy --list`` is one, kept current)."""
+    return "".join(
+        o.get("text", "") if o.output_type == "stream" else o.get("data", {}).get("text/plain", "")
+        for o in cell.outputs
+        if o.output_type in ("stream", "display_data")
+    )
 
 
 def test_notebook_trains_quantizes_deploys_and_calls(hub, tmp_path, monkeypatch):
@@ -62,7 +67,7 @@ def test_notebook_trains_quantizes_deploys_and_calls(hub, tmp_path, monkeypatch)
     assert "version 2 takes every call" in cells["%deploy --promote sentiment"]
 
     listing = cells["%deploy --list"]  # the last one: after the promotion
-    assert re.search(r"sentiment\s+nbdeploy\s+running\s+2/2\s+2:3\s+0.25", listing), listing
+    assert re.search(r"sentiment\s+nbdeploy\s+running\s+2/2\s+2:3\s+1/4 GPU", listing), listing
 
     allocs = __import__("json").loads(
         next(v for k, v in cells.items() if k == "import json").split("ALLOC ", 1)[1]
@@ -120,5 +125,5 @@ def test_the_printed_curl_line_works(hub, monkeypatch, tmp_path):
     with capture_output() as out:
         ip.run_line_magic("deploy", "--stop lin")
     assert "stopped lin" in out.stdout
-    with pytest.raises(Exception, match="no deployment 'lin'"):
+    with pytest.raises(Exception, match="No deployment named 'lin'. You have none"):
         ip.run_line_magic("deploy", "--stop lin")

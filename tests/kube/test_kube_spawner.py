@@ -335,19 +335,23 @@ async def test_form_profiles_from_live_availability(service, kube):
             "default": False,
         },
         {
-            "display_name": "1/4 GPU",
+            # The model and memory each size gives, from the live inventory.
+            "display_name": "1/4 GPU · NVIDIA-H100-80GB-HBM3 · 19.9 GiB",
             "slug": "gpu-250",
             "description": "6 can be placed now",
             "default": True,
         },
         {
-            "display_name": "2 GPUs",
+            "display_name": "2 GPUs · NVIDIA-H100-80GB-HBM3 · 159 GiB",
             "slug": "gpu-2000",
             "description": "unavailable now: no node has 2 free GPUs",
             "default": False,
         },
     ]
-    assert service.calls == [("GET", "/services/gpulab/api/v1/availability?user=alice", None)]
+    assert service.calls == [
+        ("GET", "/services/gpulab/api/v1/availability?user=alice", None),
+        ("GET", "/services/gpulab/api/v1/inventory", None),
+    ]
     # Also after a REST spawn left {"gpu_milli": ...} in user_options.
     spawner.user_options = {"gpu_milli": 250}
     html = await spawner._render_options_form_dynamically(spawner)
@@ -381,3 +385,17 @@ def test_user_options_from_rest_and_form():
     assert normalize_user_options({"gpu_milli": 250}) == {"gpu_milli": 250}
     assert normalize_user_options({"profile": "gpu-1000"}) == {"gpu_milli": "1000"}
     assert profiles_from_availability({"sizes": []}) == []
+
+
+async def test_spawn_page_events_say_where_the_slice_went(service, kube):
+    spawner = make_spawner(service, "hami")
+    spawner.events_enabled = False  # no Kubernetes API here: KubeSpawner's own pod events end
+    spawner.user_options = {"gpu_milli": 250}
+    await spawner.start()
+    events = [e["message"] async for e in spawner.progress()]
+    assert events == [
+        "Placed 1/4 GPU on NVIDIA-H100-80GB-HBM3 #0 of node gpu-1 (19.9 GiB)",
+        "Enforced by: the hami backend (pod limits, annotations, node pinning)",
+        "Starting JupyterLab…",
+    ]
+    assert spawner.get_state()["gpulab_placement"]["node"] == "gpu-1"

@@ -165,3 +165,24 @@ def test_gang_allocation_is_all_or_nothing(db_url):
     assert ledger.allocated_by_gpu() == {r["gpu_uuid"]: 1000 for r in rows} | {
         ledger.list(user="bob")[0]["gpu_uuid"]: 1000
     }
+
+
+def test_node_groups_put_each_node_rank_on_a_node_of_its_own(tmp_path):
+    # Two nodes of two GPUs; best-fit alone would pack a 2-node job onto one node.
+    gpus = parse_simulated("2xA100-80GB", node="n1") + parse_simulated("2xA100-80GB", node="n2")
+    ledger = Ledger(make_engine(f"sqlite:///{tmp_path}/l.db"), gpus, get_policy("best-fit"))
+    ranks = [(f"job1/{r}", 250) for r in range(4)]  # 2 nodes x 2 ranks
+    packed = ledger.allocate_gang("alice", "job", ranks[:2])
+    assert len({r["node"] for r in packed}) == 1  # what the local backend gets
+    ledger.release("job", "job1/0"), ledger.release("job", "job1/1")
+    rows = ledger.allocate_gang("alice", "job", ranks, node_groups=[0, 0, 1, 1])
+    node = {r["owner"]: r["node"] for r in rows}
+    assert node["job1/0"] == node["job1/1"] != node["job1/2"] == node["job1/3"]
+    # A retry keeps the rows and their nodes.
+    again = ledger.allocate_gang("alice", "job", ranks, node_groups=[0, 0, 1, 1])
+    assert {r["owner"]: r["node"] for r in again} == node
+    # Three node ranks cannot fit on two nodes, whatever room each has.
+    three = [(f"job2/{r}", 100) for r in range(3)]
+    with pytest.raises(NoCapacity):
+        ledger.allocate_gang("bob", "job", three, node_groups=[0, 1, 2])
+    assert ledger.list(user="bob") == []

@@ -10,7 +10,7 @@ import gpulab.cache
 from gpulab.client import GpuLabError
 from gpulab.widgets import TelemetryModel
 from gpulab.widgets.figures import cache_plot, cluster_plot, jobs_plot, network_plot
-from gpulab.widgets.tables import cluster_tables, jobs_tables, status_line
+from gpulab.widgets.tables import cache_tables, cluster_tables, jobs_tables, status_line
 
 
 def served(answer):
@@ -86,19 +86,22 @@ def test_missing_sources_say_why_instead_of_zeros(hub, clients, wait_for, tmp_pa
     assert "no NVIDIA driver" in reason  # this machine has no GPU
     assert m.missing_sources("gpu") == {"gpu": {node: reason}}
     assert not m.gpus  # nothing drawn for the GPUs, not a flat zero line
-    plot = cluster_plot(m)
-    notes = [n.text.replace("<br>", " ") for n in plot.notes]
-    assert any("no GPU telemetry" in n and "no NVIDIA driver" in n for n in notes)
-    # The simulated GPUs have no telemetry but their slices are real.
-    assert [t.key for t in plot.traces if t.key.endswith("held")] == [
+    gpus, slices = cluster_plot(m)
+    # No GPU charts at all, rather than the same error in each of them ...
+    assert gpus.hidden and not gpus.traces and not gpus.notes
+    # ... but the simulated GPUs' slices are real.
+    assert [t.key for t in slices.traces if t.key.endswith("held")] == [
         f"{node} GPU 0 held",
         f"{node} GPU 1 held",
     ]
     status = status_line(m, "Cluster", None)
-    assert escape(reason) in status and "simulated" in status
+    assert "No GPU telemetry on this machine" in status and "simulated" in status
+    assert status.count(escape(reason)) == 1  # the reason once, in full
     assert "rdma missing" in status_line(m, "Network", None)
-    assert "cache missing" in status_line(m, "Cache", None)
-    assert any("no dataset cache" in n.text for n in cache_plot(m).notes)
+    cache_status = status_line(m, "Cache", None)
+    assert "No dataset cache reports on this machine" in cache_status
+    assert cache_status.count(escape(entry["missing"]["cache"])) == 1
+    assert cache_plot(m).hidden and cache_tables(m) == ""
 
     # Reading a file through the node's dataset cache makes the source appear.
     shard = tmp_path / "shard.bin"
@@ -114,8 +117,9 @@ def test_missing_sources_say_why_instead_of_zeros(hub, clients, wait_for, tmp_pa
     wait_for(cache_reported, what="the cache to be sampled")
     _, v = next((t, v) for n, t, v in m.series(m.cache) if n == node)
     assert math.isclose(v[-1, 0], 2 / 3)  # one miss, two hits
-    assert not cache_plot(m).notes
-    assert "cache missing" not in status_line(m, "Cache", None)
+    assert not cache_plot(m).notes and not cache_plot(m).hidden
+    assert "No dataset cache" not in status_line(m, "Cache", None)
+    assert "hit ratio" in cache_tables(m)
 
 
 def test_slices_are_shown_as_served(clients, names):
@@ -135,9 +139,9 @@ def test_slices_are_shown_as_served(clients, names):
         held = [g["allocated_milli"] for n in m.inventory["nodes"] for g in n["gpus"]]
         assert sum(held) == 750
     mine = cluster_tables(models["alice"], alice)
-    assert "you 250" in mine and "bob" not in mine
+    assert "you · 1/4 GPU" in mine and bob not in mine
     everyone = cluster_tables(models["admin"], "admin")
-    assert f"{alice} 250" in everyone and f"{bob} 500" in everyone
+    assert f"{alice} · 1/4 GPU" in everyone and f"{bob} · 1/2 GPU" in everyone
 
 
 def test_allreduce_results_reach_the_network_tab(clients):
@@ -200,8 +204,9 @@ def test_jobs_show_whatever_keys_they_carry():
         }
     )
     html = jobs_tables(m)
-    for text in ("bert", "running", "queued", "2.2500", "812.0", "total_steps"):
+    for text in ("bert", "running", "queued", "2.2500", "812.0", ">of steps<", ">samples/s<"):
         assert text in html
+    assert "total_steps" not in html and "samples_per_second" not in html
     plot = jobs_plot(m)
     loss = next(t for t in plot.traces if t.key == "bert")
     assert loss.x.tolist() == [-1.0, 0.0] and loss.y.tolist() == [2.5, 2.25]

@@ -17,13 +17,15 @@ def test_updates_from_its_thread_with_history_and_stops_on_close(clients, names,
             what="the updater to add points",
         )
         assert d.error is None
-        cluster = d.figures["Cluster"].widget
+        gpus, slices = d.figures["Cluster"].parts
+        cluster = slices.widget
         wait_for(
             lambda: any(t.name.endswith("held") and len(t.x) for t in cluster.data),
             what="the Cluster figure to be drawn",
         )
         assert "no NVIDIA driver" in d._status["Cluster"].value
-        assert "you 250" in d._tables["Cluster"].value
+        assert not gpus.shown  # no GPU telemetry here: no GPU charts, one notice
+        assert "you · 1/4 GPU" in d._tables["Cluster"].value
 
         # Hidden tabs are drawn when shown.
         d.tabs.selected_index = list(d.figures).index("Network")

@@ -42,7 +42,7 @@ async def test_status_shows_one_alert_line_with_the_badge(tmp_path, shell, capsy
         seed(svc, ALERTS)
         as_user(monkeypatch, svc, alice)
         out = await gpulab(shell, capsys)
-        assert "GPU: 250 milli-GPU" in out and f"API: {svc.api}" in out, out
+        assert "GPU: 1/4 GPU on " in out and f"API: {svc.api}" in out, out
         lines = [x for x in out.splitlines() if x.startswith("Alerts:")]
         assert lines == [
             "Alerts: [critical] 1 alert firing: JobStalled (job 3f2a1b9c0d1e)  "
@@ -73,7 +73,7 @@ async def test_status_says_when_there_are_none_or_it_cannot_ask(
         port = s.getsockname()[1]
     monkeypatch.setenv("GPULAB_API_URL", f"http://127.0.0.1:{port}/services/gpulab/api/v1")
     out = await gpulab(shell, capsys)
-    assert "GPU: 250 milli-GPU" in out, out
+    assert "GPU: 1/4 GPU on " in out, out
     assert "Alerts are not available: no answer from the gpulab service" in out, out
     assert "Traceback" not in out
     # Outside a server gpulab started: no API, no alert line.

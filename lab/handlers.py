@@ -1,0 +1,146 @@
+"""The server extension's routes under ``<base_url>/gpulab/``.
+
+- ``GET gpulab/slice``: this server's slice in words (:mod:`.slice_info`), with the
+  GPU model from the service's inventory and the memory in use when measurable.
+- ``GET|POST|DELETE gpulab/api/v1/<path>``: the gpulab service's REST API, called
+  with this server's hub token (:mod:`.service_proxy`).
+
+Both are jupyter_server ``APIHandler`` s behind ``@web.authenticated``: only whoever
+may use this server (its owner, through the hub's login) reaches them, and
+jupyter_server checks XSRF on cookie-authenticated POST and DELETE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from .gpu_memory import used_mib
+from .service_proxy import HUB_DOWN_HINT, ServiceError, call_service, error_text, safe_path
+from .settings import GpuLabLab
+from .slice_info import describe, read_slice
+
+
+class GpuLabHandler(APIHandler):
+    def initialize(self, lab: GpuLabLab):
+        self.lab = lab
+
+    def write_error(self, status_code, **kwargs):
+        # {"error": ...} as the gpulab service answers, not jupyter_server's {"message"}.
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = getattr(exc, "log_message", None) or self._reason
+        self.finish(json.dumps({"error": message}))
+
+    def fail(self, status: int, message: str):
+        self.set_status(status)
+        self.finish(json.dumps({"error": message}))
+
+    async def service(self, method: str, path: str, query: str = "", body: bytes | None = None):
+        return await call_service(
+            method,
+            path,
+            query,
+            body,
+            connect_timeout=self.lab.connect_timeout,
+            request_timeout=self.lab.request_timeout,
+        )
+
+
+class SliceHandler(GpuLabHandler):
+    # The status bar polls this every few seconds: that is not the user at work, and
+    # must not keep an idle server from being culled.
+    _track_activity = False
+
+    #: uuid -> the inventory's GPU, and when it was read (one dict per server process).
+    models: dict[str, dict] = {}
+    models_read = 0.0
+
+    async def gpu_models(self) -> tuple[dict[str, dict], str | None]:
+        cls = type(self)
+        if cls.models and time.monotonic() - cls.models_read < self.lab.inventory_ttl:
+            return cls.models, None
+        try:
+            answer = await self.service("GET", "inventory")
+        except ServiceError as e:
+            return cls.models, e.message
+        if answer.status != 200:
+            return cls.models, error_text(answer.body, "inventory refused")
+        cls.models = {
+            g["uuid"]: g for node in answer.json().get("nodes", []) for g in node.get("gpus", [])
+        }
+        cls.models_read = time.monotonic()
+        return cls.models, None
+
+    @web.authenticated
+    async def get(self):
+        s = read_slice(dict(os.environ))
+        models, problem = (await self.gpu_models()) if s["managed"] and s["gpus"] else ({}, None)
+        used, note = await asyncio.to_thread(used_mib, s["gpus"], s["simulated"])
+        out = describe(s, models, used, note)
+        out["service_problem"] = problem
+        self.finish(out)
+
+
+class ProxyHandler(GpuLabHandler):
+    async def forward(self, method: str, path: str):
+        # The panel polls with GET; only what the user does (POST, DELETE) is activity.
+        self._track_activity = method != "GET"
+        target = safe_path(path)
+        if target is None:
+            return self.fail(400, f"not a gpulab API path: {path!r}")
+        if self.get_argument("follow", "").lower() in ("1", "true", "yes"):
+            return self.fail(400, "follow=true streams forever: poll the logs instead")
+        body = self.request.body if method in ("POST", "PATCH") else None
+        if body is not None and len(body) > self.lab.max_body_bytes:
+            return self.fail(
+                413,
+                f"request body of {len(body)} bytes is over the {self.lab.max_body_bytes} "
+                "bytes this server passes on",
+            )
+        try:
+            answer = await self.service(method, target, self.request.query, body or None)
+        except ServiceError as e:
+            return self.fail(e.status, e.message)
+        self.set_status(answer.status)
+        if answer.status >= 400 and "json" not in answer.content_type:
+            # The hub's proxy answers 503 with an HTML page when the service is down.
+            text = error_text(answer.body, "error")
+            if answer.status in (502, 503):
+                text = f"gpulab service unreachable ({answer.status}) — {HUB_DOWN_HINT}"
+            return self.fail(answer.status, text)
+        # APIHandler.finish sets the type it is given (JSON unless told).
+        self.finish(answer.body, set_content_type=answer.content_type or "application/json")
+
+    @web.authenticated
+    async def get(self, path):
+        await self.forward("GET", path)
+
+    @web.authenticated
+    async def post(self, path):
+        await self.forward("POST", path)
+
+    @web.authenticated
+    async def delete(self, path):
+        await self.forward("DELETE", path)
+
+
+def setup_handlers(serverapp) -> None:
+    """Add the routes to a jupyter_server's web application."""
+    lab = GpuLabLab(parent=serverapp)
+    web_app = serverapp.web_app
+    base = url_path_join(web_app.settings["base_url"], "gpulab")
+    kw = {"lab": lab}
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "slice"), SliceHandler, kw),
+            (url_path_join(base, "api/v1/(.+)"), ProxyHandler, kw),
+        ],
+    )
+    serverapp.log.info("gpulab: JupyterLab routes under %s", base)

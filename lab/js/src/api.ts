@@ -1,0 +1,77 @@
+// Calls to this server's gpulab routes (lab/handlers.py). The browser holds no
+// token: jupyter_server's own login cookie and XSRF header authenticate it, and the
+// server calls the gpulab service with its hub token.
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+export const UNREACHABLE =
+  'gpulab service unreachable — is the hub running?';
+
+async function send(
+  path: string,
+  init: RequestInit = {},
+  asText = false
+): Promise<any> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'gpulab', path);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (err) {
+    // No answer from this server itself (it stopped, or the network went).
+    throw new Error('this Jupyter server does not answer — is it still running?');
+  }
+  const text = await response.text();
+  if (!response.ok) {
+    let message = text.slice(0, 300) || response.statusText;
+    try {
+      const data = JSON.parse(text);
+      message = data.error || data.message || message;
+    } catch {
+      if (response.status === 404) {
+        message =
+          'gpulab server extension not enabled here (jupyter server extension enable gpulab.lab)';
+      }
+    }
+    throw new Error(message);
+  }
+  if (asText) {
+    return text;
+  }
+  return text ? JSON.parse(text) : null;
+}
+
+/** GET gpulab/api/v1/<path>: the service's JSON. */
+export function apiGet(path: string): Promise<any> {
+  return send(URLExt.join('api/v1', path));
+}
+
+/** GET gpulab/api/v1/<path> as text (job logs). */
+export function apiText(path: string): Promise<string> {
+  return send(URLExt.join('api/v1', path), {}, true);
+}
+
+export function apiDelete(path: string): Promise<any> {
+  return send(URLExt.join('api/v1', path), { method: 'DELETE' });
+}
+
+/** This server's slice (GET gpulab/slice). */
+export interface ISlice {
+  managed: boolean;
+  milli: number;
+  gpus: string[];
+  model: string | null;
+  memory_limit_mib: number | null;
+  memory_used_mib: number | null;
+  memory_note: string;
+  simulated: boolean;
+  enforcement: string | null;
+  short: string | null;
+  limits: string | null;
+  text: string;
+  service_problem: string | null;
+}
+
+export function getSlice(): Promise<ISlice> {
+  return send('slice');
+}

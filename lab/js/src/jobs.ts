@@ -1,0 +1,175 @@
+// Jobs: the user's training jobs, their progress (step/total from report()),
+// logs on demand and Cancel with a confirmation.
+import { Dialog, showDialog } from '@jupyterlab/apputils';
+
+import { apiDelete, apiGet, apiText } from './api';
+import { ago, el, Section } from './section';
+
+const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
+const LOG_LINES = 200;
+
+interface IProgress {
+  cursor: number;
+  step: number | null;
+  total: number | null;
+}
+
+export class JobsSection extends Section {
+  constructor() {
+    super('jobs', 'Jobs');
+  }
+
+  protected async load(): Promise<void> {
+    const jobs: any[] = await apiGet('jobs');
+    jobs.sort((a, b) => {
+      const live = Number(TERMINAL.has(a.state)) - Number(TERMINAL.has(b.state));
+      return live || String(b.submitted).localeCompare(String(a.submitted));
+    });
+    await Promise.all(
+      jobs.filter(j => j.state === 'running').map(j => this.readProgress(j.id))
+    );
+    if (!jobs.length) {
+      this.empty(
+        'No jobs yet. Start one from a notebook with %%train_distributed.'
+      );
+      return;
+    }
+    const list = el('div', 'gpulab-list');
+    for (const job of jobs.slice(0, 50)) {
+      list.append(this.row(job));
+    }
+    this.body.replaceChildren(list);
+    for (const id of this._logsOpen) {
+      void this.showLogs(id);
+    }
+  }
+
+  private async readProgress(id: string): Promise<void> {
+    const p = this._progress.get(id) || { cursor: 0, step: null, total: null };
+    const m = await apiGet(`jobs/${encodeURIComponent(id)}/metrics?rank=0&cursor=${p.cursor}`);
+    for (const r of m.records || []) {
+      if (r.step !== undefined && r.step !== null) {
+        p.step = r.step;
+      }
+      if (r.total_steps !== undefined && r.total_steps !== null) {
+        p.total = r.total_steps;
+      }
+    }
+    if (typeof m.cursor === 'number') {
+      p.cursor = m.cursor;
+    }
+    this._progress.set(id, p);
+  }
+
+  private row(job: any): HTMLElement {
+    const row = el('div', 'gpulab-row gpulab-job');
+    row.dataset.jobId = job.id;
+    row.dataset.state = job.state;
+    const head = el('div', 'gpulab-row-head');
+    head.append(
+      el('span', 'gpulab-name', job.name || job.id),
+      el('span', `gpulab-state gpulab-state-${job.state}`, job.state)
+    );
+    row.append(head);
+
+    const facts: string[] = [job.id];
+    const p = this._progress.get(job.id);
+    if (job.state === 'running' && p && p.step !== null) {
+      facts.push(p.total ? `step ${p.step}/${p.total}` : `step ${p.step}`);
+    }
+    if (job.state === 'queued' && job.position) {
+      facts.push(`#${job.position} in the queue`);
+    }
+    facts.push(`${job.world_size || 1} rank(s), ${job.gpu_milli} milli-GPU each`);
+    facts.push(TERMINAL.has(job.state) ? `ended ${ago(job.finished)}` : `submitted ${ago(job.submitted)}`);
+    row.append(el('div', 'gpulab-facts gpulab-progress', facts.join(' · ')));
+    if (job.error && job.error.message) {
+      row.append(
+        el('div', 'gpulab-error', `rank ${job.error.rank}: ${job.error.type}: ${job.error.message}`)
+      );
+    } else if (job.message && job.state !== 'running') {
+      row.append(el('div', 'gpulab-message', job.message));
+    }
+
+    const actions = el('div', 'gpulab-actions');
+    const logs = el('button', 'jp-Button jp-mod-styled jp-mod-reject gpulab-logs-button', 'Logs');
+    logs.onclick = () => this.toggleLogs(job.id);
+    actions.append(logs);
+    if (!TERMINAL.has(job.state)) {
+      const cancel = el('button', 'jp-Button jp-mod-styled jp-mod-warn gpulab-cancel-button', 'Cancel');
+      cancel.onclick = () => void this.cancel(job);
+      actions.append(cancel);
+    }
+    row.append(actions);
+    const pre = el('pre', 'gpulab-logs');
+    pre.hidden = !this._logsOpen.has(job.id);
+    pre.textContent = this._logs.get(job.id) || '';
+    row.append(pre);
+    return row;
+  }
+
+  private toggleLogs(id: string): void {
+    if (this._logsOpen.has(id)) {
+      this._logsOpen.delete(id);
+    } else {
+      this._logsOpen.add(id);
+    }
+    const pre = this.node.querySelector(
+      `.gpulab-job[data-job-id="${CSS.escape(id)}"] .gpulab-logs`
+    ) as HTMLPreElement | null;
+    if (pre) {
+      pre.hidden = !this._logsOpen.has(id);
+    }
+    if (this._logsOpen.has(id)) {
+      void this.showLogs(id);
+    }
+  }
+
+  private async showLogs(id: string): Promise<void> {
+    let text: string;
+    try {
+      text = await apiText(`jobs/${encodeURIComponent(id)}/logs`);
+    } catch (err) {
+      text = `logs not available: ${(err as Error).message}`;
+    }
+    const lines = text.split('\n');
+    text = lines.slice(-LOG_LINES).join('\n') || '(no output yet)';
+    this._logs.set(id, text);
+    const pre = this.node.querySelector(
+      `.gpulab-job[data-job-id="${CSS.escape(id)}"] .gpulab-logs`
+    ) as HTMLPreElement | null;
+    if (pre) {
+      const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      pre.textContent = text;
+      if (atEnd) {
+        pre.scrollTop = pre.scrollHeight;
+      }
+    }
+  }
+
+  private async cancel(job: any): Promise<void> {
+    const answer = await showDialog({
+      title: 'Cancel this job?',
+      body: `${job.name || job.id} stops on every rank and its GPU slices are released.`,
+      buttons: [
+        Dialog.cancelButton({ label: 'Keep it running' }),
+        Dialog.warnButton({ label: 'Cancel job' })
+      ]
+    });
+    if (!answer.button.accept) {
+      return;
+    }
+    try {
+      await apiDelete(`jobs/${encodeURIComponent(job.id)}`);
+    } catch (err) {
+      this.problem.textContent = `cancel failed: ${(err as Error).message}`;
+      this.problem.hidden = false;
+      return;
+    }
+    await this.refresh();
+  }
+
+  private _progress = new Map<string, IProgress>();
+  private _logsOpen = new Set<string>();
+  private _logs = new Map<string, string>();
+}

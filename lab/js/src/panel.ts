@@ -1,0 +1,35 @@
+// The gpulab side panel: Jobs, Endpoints, Alerts and Usage as tabs.
+import { TabPanel } from '@lumino/widgets';
+
+import { AlertsSection } from './alerts';
+import { EndpointsSection } from './endpoints';
+import { JobsSection } from './jobs';
+import { Section } from './section';
+import { UsageSection } from './usage';
+
+export const SECTIONS: { [key: string]: () => Section } = {
+  jobs: () => new JobsSection(),
+  endpoints: () => new EndpointsSection(),
+  alerts: () => new AlertsSection(),
+  usage: () => new UsageSection()
+};
+
+export class GpuLabPanel extends TabPanel {
+  constructor() {
+    super({ tabPlacement: 'top', tabsMovable: false });
+    this.id = 'gpulab-panel';
+    this.addClass('gpulab-Panel');
+    this.title.caption = 'gpulab: jobs, endpoints, alerts, usage';
+    for (const key of Object.keys(SECTIONS)) {
+      this.addWidget(SECTIONS[key]());
+    }
+  }
+
+  /** Show one section ("jobs", "endpoints", "alerts", "usage"). */
+  select(key: string): void {
+    const i = this.widgets.findIndex(w => (w as Section).key === key);
+    if (i >= 0) {
+      this.currentIndex = i;
+    }
+  }
+}

@@ -1,0 +1,155 @@
+"""A failed ``%%train_distributed`` job, told in a few lines: the root cause once.
+
+The job's ``error`` (``{"rank", "type", "message", "traceback"}``, chosen by the
+service) names the rank and its exception; the rank's traceback runs through
+torchrun and gpulab's runner before it reaches the user's code. Here we keep the
+user's own frames (the cell's lines, their own modules), add a hint for the
+common mistakes (a notebook name not sent with ``--vars``, a package missing
+where the ranks run, a slice out of GPU memory) and say where the full logs are.
+
+:class:`TrainingJobFailed` renders as those lines (IPython honours
+``_render_traceback_``), not as a traceback through this package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+import types
+
+_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.*)$')
+_NAME = re.compile(r"name '(?P<name>[A-Za-z_][A-Za-z0-9_]*)' is not defined")
+_MODULE = re.compile(r"No module named '(?P<module>[^']+)'")
+#: The file the ranks run the cell from (``<job dir>/cell.py``).
+CELL_FILE = "cell.py"
+RED, BOLD, RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
+
+
+def _internal_roots() -> tuple[str, ...]:
+    """Where Python, installed packages and gpulab's rank code live: not the user's."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    for room in ("gpulab.training", "gpulab.serving"):
+        try:
+            spec = importlib.util.find_spec(room)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            roots.add(os.path.join(location, ""))
+    return tuple(r for r in roots if r)
+
+
+def user_frames(traceback: str) -> list[tuple[str, int, str, str]]:
+    """``(file, line, function, source)`` of the frames in ``traceback`` that are the
+    user's: the cell and files outside Python, site-packages and gpulab.
+
+    Chained exceptions ("During handling...") are read from the last one only.
+    """
+    last = traceback.rsplit("Traceback (most recent call last):", 1)[-1]
+    lines = last.splitlines()
+    internal = _internal_roots()
+    frames = []
+    for i, line in enumerate(lines):
+        m = _FRAME.match(line)
+        if not m:
+            continue
+        path = m.group("file")
+        source = (
+            lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith("    ") else ""
+        )
+        if os.path.basename(path) == CELL_FILE:
+            frames.append(("cell", int(m.group("line")), m.group("func"), source))
+        elif not (
+            path.startswith("<")
+            or "site-packages" in path
+            or "dist-packages" in path
+            or path.startswith(internal)
+        ):
+            frames.append((path, int(m.group("line")), m.group("func"), source))
+    return frames
+
+
+def hint(error: dict, sent_vars: list[str], namespace: dict, gpu_milli: int = 0) -> str | None:
+    """One sentence for a mistake we recognise in the rank's error, else None."""
+    kind, message = error.get("type") or "", error.get("message") or ""
+    if kind == "NameError" and (m := _NAME.search(message)):
+        name = m.group("name")
+        if isinstance(namespace.get(name), types.ModuleType):
+            module = namespace[name].__name__
+            spelled = f"import {module}" + (f" as {name}" if name != module else "")
+            return (
+                f"`{name}` is imported in this notebook, not in the cell: "
+                f"add `{spelled}` to the cell"
+            )
+        if name in namespace and name not in sent_vars:
+            flag = ",".join([*sent_vars, name])
+            return (
+                f"`{name}` is defined in this notebook but was not sent to the job: "
+                f"add `--vars {flag}`"
+            )
+    if kind == "ModuleNotFoundError" and (m := _MODULE.search(message)):
+        top = m.group("module").split(".")[0]
+        here = importlib.util.find_spec(top) is not None
+        return (
+            f"the ranks cannot import `{top}`: it is "
+            + ("installed in this notebook's environment but " if here else "")
+            + "not installed where the job runs; ask your admin to add it to the job "
+            "environment (or pick an --image that has it)"
+        )
+    if kind == "OutOfMemoryError" or "CUDA out of memory" in message:
+        size = f" of {gpu_milli / 1000:g} GPU" if gpu_milli else ""
+        return (
+            f"the rank ran out of GPU memory: its slice{size} is a memory limit; use a "
+            f"smaller batch, --amp bf16, or ask for more with --gpu"
+        )
+    return None
+
+
+def logs_hint(job_id: str) -> str:
+    return f"full logs: print(Client().job_logs({job_id!r}))  (from gpulab.client import Client)"
+
+
+def failure_lines(job: dict, hint_text: str | None) -> list[str]:
+    """The few lines a failed (or cancelled) job shows: what, where, why, and the logs."""
+    error = job.get("error") or {}
+    lines = []
+    if error.get("type"):
+        head = (
+            f"TrainingJobFailed: job {job['id']} {job['state']}: rank {error.get('rank')} "
+            f"raised {error['type']}: {error.get('message')}"
+        )
+        lines.append(f"{RED}{BOLD}{head}{RESET}")
+        frames = user_frames(error.get("traceback") or "")
+        for path, line, func, source in frames[-6:]:
+            # The ranks run the cell without its %%train_distributed line: +1 is
+            # the line as the notebook numbers it.
+            where = (
+                f"cell, line {line + 1}" if path == "cell" else f"{path}, line {line}, in {func}"
+            )
+            lines.append(f"  {where}")
+            if source:
+                lines.append(f"    {source}")
+    else:
+        head = f"TrainingJobFailed: job {job['id']} {job['state']}: {job.get('message')}"
+        lines.append(f"{RED}{BOLD}{head}{RESET}")
+    if hint_text:
+        lines.append(f"hint: {hint_text}")
+    lines.append(logs_hint(job["id"]))
+    return lines
+
+
+class TrainingJobFailed(RuntimeError):
+    """The job failed; the message names the rank and its root cause.
+
+    IPython shows :meth:`_render_traceback_` instead of a traceback through
+    gpulab's magics: the cause, the user's frames, a hint, where the logs are.
+    """
+
+    def __init__(self, job: dict, lines: list[str]):
+        self.job = job
+        self.lines = lines
+        super().__init__(re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(lines)))
+
+    def _render_traceback_(self) -> list[str]:
+        return list(self.lines)

@@ -1,0 +1,369 @@
+"""FractionalSlurmSpawner: the user's JupyterLab as a Slurm job, held to its slice.
+
+Use it with ``c.JupyterHub.spawner_class = "gpulab-slurm"`` (and
+``c.SlurmSite.*``, ``c.GpuLabService.inventory_class = "slurm"``; see
+docs/howto/slurm.md). The model is batchspawner's: a server is a batch job.
+What gpulab adds is the slice:
+
+1. ``start`` asks the gpulab service for the slice (as ``gpulab-local`` does);
+   the ledger picks the node and GPU.
+2. It writes a job folder in the user's home (shared filesystem, mode 0700,
+   owned by the user): ``env.sh`` with the server's environment (JupyterHub's
+   API token among it, so it never goes on a command line: ``/proc/*/cmdline``
+   is world-readable) and ``job.sh``, which picks a free port on the node,
+   writes it to ``port`` and execs ``jupyterhub-singleuser``.
+3. It submits ``job.sh`` as the user's Unix account (``sbatch --uid --gid``,
+   ``--export=NIL``: none of the hub's environment travels), pinned to the
+   ledger's node (``--nodelist``) with the slice as GRES (``--gres=shard:K``,
+   see :mod:`gpulab.backend.slurm_inventory`).
+4. Once the job runs and has written its port, the server's URL is the node's
+   address (from ``sinfo``) and that port.
+
+``poll`` is the Slurm job's state; ``stop`` is ``scancel`` and the slice's
+release. The Slurm job id is kept in the hub's state, so a restarted hub
+finds the running server again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import shlex
+import shutil
+import time
+
+from tornado import web
+from traitlets import Float, List, Unicode
+
+from gpulab.backend.slurm_inventory import PoolError, SlurmInventory
+from gpulab.backend.slurm_site import ACTIVE_STATES, SlurmError, SlurmSite
+from gpulab.enforcement.accounts import Account
+from gpulab.enforcement.slice_env import slice_env
+from gpulab.scheduler.slices import label
+
+from .local import FractionalLocalSpawner, parse_user_options
+from .placement import STARTING_LAB, placement_of
+
+#: Variables Slurm sets for the job itself: the server keeps Slurm's values.
+SLURM_OWNS = ("CUDA_VISIBLE_DEVICES",)
+_JOB_SH = """#!/bin/sh
+# Written by gpulab's FractionalSlurmSpawner: one JupyterLab server as a Slurm job.
+set -e
+cd {job_dir}  # sbatch runs a copy of this script from its spool
+# Slurm's GPU choice for the job (unset without --gres: then no GPU at all).
+gpus="${{CUDA_VISIBLE_DEVICES-}}"
+set -a
+. ./env.sh
+set +a
+export CUDA_VISIBLE_DEVICES="$gpus"
+port=$({python} -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+export JUPYTERHUB_SERVICE_URL="http://0.0.0.0:$port$JUPYTERHUB_SERVICE_PREFIX"
+echo "$port" > port.tmp && mv port.tmp port
+cd "$HOME"
+exec {command}
+"""
+
+
+def env_file(env: dict[str, str]) -> str:
+    """``export NAME='value'`` lines a POSIX shell sources (names it cannot take are left out)."""
+    lines = [
+        f"{name}={shlex.quote(value)}"
+        for name, value in sorted(env.items())
+        if name.isidentifier() and name not in SLURM_OWNS
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def sandbox_settings(info: dict) -> str:
+    """Lines of ``gpulab_config.py`` that run users' servers on a sandbox as Slurm jobs.
+
+    ``info``: ``data_dir``, ``slurm_conf``, ``controller_address`` (the bridge address
+    the nodes reach this machine at), ``nodes``, and ``spawner`` (``gpulab
+    slurm-sandbox up --spawner``). The spawner is off by default: its lines come
+    commented out, as a note of how to switch it on; the inventory's are always on.
+    Servers on the nodes reach the hub's API (it listens on the bridge too), not the
+    public URL: the magics and widgets in such a server cannot reach the gpulab
+    service in the sandbox.
+    """
+    addr = info["controller_address"]
+    inventory = [
+        f"c.SlurmSite.slurm_conf = {info['slurm_conf']!r}",
+        'c.GpuLabService.inventory_class = "slurm"',
+        'c.SlurmInventory.gpu_model = "A100-80GB"',
+        "c.SlurmInventory.simulated = True",
+    ]
+    spawner = [
+        'c.JupyterHub.spawner_class = "gpulab-slurm"',
+        f"c.JupyterHub.hub_ip = {addr!r}",
+        f"c.JupyterHub.hub_connect_ip = {addr!r}",
+    ]
+    if info.get("spawner"):
+        head = "# Servers as Slurm jobs on the sandbox (gpulab.spawner.slurm.sandbox_settings)"
+        return "\n".join([*inventory, head, *spawner, ""])
+    head = "# Servers as Slurm jobs (off; `gpulab slurm-sandbox up --spawner` writes these):"
+    return "\n".join([*inventory, head, *(f"# {line}" for line in spawner), ""])
+
+
+class FractionalSlurmSpawner(FractionalLocalSpawner):
+    """A JupyterLab server as a Slurm batch job on the node the ledger chose.
+
+    Settings of ``c.FractionalLocalSpawner`` (the gpulab service's URL and token,
+    the kernel folder, the cache) apply here too.
+    """
+
+    unix_user_template = Unicode(
+        "",
+        help="""The Unix account a hub user's server runs as on the cluster
+        ({username} is the hub name); it must exist on the nodes (LDAP...). Default
+        "": gpulab's own accounts (c.UserAccounts, created on this host; the sandbox's
+        nodes share it).
+
+        c.FractionalSlurmSpawner.unix_user_template = "{username}"
+        """,
+    ).tag(config=True)
+
+    sbatch_args = List(
+        Unicode(),
+        help="""More sbatch options for every server's job (time limit, memory, account).
+
+        c.FractionalSlurmSpawner.sbatch_args = ["--time=08:00:00", "--mem=8G", "--account=lab"]
+        """,
+    ).tag(config=True)
+
+    slurm_poll_seconds = Float(
+        0.5,
+        help="""How often a start asks Slurm whether the server's job runs yet.
+
+        c.FractionalSlurmSpawner.slurm_poll_seconds = 2
+        """,
+    ).tag(config=True)
+
+    #: The server's Slurm job (kept in the hub's state).
+    slurm_job_id: str = ""
+    slurm_job_dir: str = ""
+
+    def site(self) -> SlurmSite:
+        return SlurmSite(parent=self)
+
+    # -- who and where -----------------------------------------------------------------
+    async def _cluster_account(self) -> Account:
+        if self.unix_user_template:
+            name = self.unix_user_template.format(username=self.user.name)
+            try:
+                pw = pwd.getpwnam(name)
+            except KeyError:
+                raise web.HTTPError(
+                    500,
+                    f"{self.user.name}'s Unix account {name!r} does not exist here; create it "
+                    f"(the nodes need it too) or fix "
+                    f"c.FractionalSlurmSpawner.unix_user_template",
+                ) from None
+            return Account(name, pw.pw_uid, pw.pw_gid, (), pw.pw_dir, pw.pw_shell or "/bin/sh")
+        accounts = self._accounts()
+        if not accounts.enabled:
+            raise web.HTTPError(
+                500,
+                "servers on Slurm run as their users' accounts: run the hub as root with "
+                "c.UserAccounts.enabled, or set c.FractionalSlurmSpawner.unix_user_template",
+            )
+        return await asyncio.get_running_loop().run_in_executor(
+            None, accounts.ensure, self.user.name
+        )
+
+    def _make_job_dir(self, account: Account) -> str:
+        """``~/.gpulab/slurm/<server>``: 0700, the user's, emptied of an earlier start."""
+        top = os.path.join(account.home, ".gpulab")
+        path = os.path.join(top, "slurm", self.name or "default")
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(account.home, mode=0o700, exist_ok=True)
+        for folder in (account.home, top, os.path.dirname(path), path):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            os.chown(folder, account.uid, account.gid)
+        return path
+
+    def _write(self, path: str, text: str, mode: int, account: Account) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chown(path, account.uid, account.gid)
+        os.chmod(path, mode)
+
+    # -- the server's life ----------------------------------------------------------------
+    async def start(self):
+        self.begin_progress()
+        self.slurm_job_id = ""  # a failed start must never cancel an earlier job
+        milli = parse_user_options(self.user_options)
+        allocations = await self._allocate(milli)
+        try:
+            site = self.site()
+            nodes = {n["name"]: n for n in await site.nodes()}
+            node = allocations[0]["node"] if allocations else ""
+            gres = ""
+            if node:
+                if node not in nodes:
+                    raise web.HTTPError(
+                        503, f"the ledger placed the slice on {node}, which Slurm does not list"
+                    )
+                try:
+                    gres = SlurmInventory(parent=self).gres_request(nodes[node]["gres"], milli)
+                except PoolError as e:
+                    raise web.HTTPError(400, str(e)) from None
+            self._slice = slice_env(allocations, any(a.get("simulated") for a in allocations), None)
+            if gres and "GPULAB_GPU_SIMULATED" not in self._slice:
+                self._slice["GPULAB_GPU_ENFORCEMENT"] = (
+                    f"Slurm --gres={gres} (the card: CUDA_VISIBLE_DEVICES and the site's "
+                    f"cgroup ConstrainDevices; the share: advice only)"
+                )
+            inventory = await self._client().request("GET", "/inventory") if allocations else {}
+            self.gpulab_placement = placement_of(milli, allocations, inventory)
+            self.report_progress(40, self.gpulab_placement.sentence())
+            self.account = await self._cluster_account()
+            self._write_kernelspec()
+            await self._submit(site, node, gres, milli)
+            self.report_progress(60, STARTING_LAB)
+            return await self._wait_running(site, nodes)
+        except BaseException:
+            await self._cancel()
+            await self._release()
+            raise
+
+    async def _submit(self, site: SlurmSite, node: str, gres: str, milli: int) -> None:
+        account = self.account
+        self.slurm_job_dir = job_dir = await asyncio.get_running_loop().run_in_executor(
+            None, self._make_job_dir, account
+        )
+        env = self.get_env()
+        command = " ".join(shlex.quote(a) for a in [*self.cmd, *self.get_args()])
+        python = shlex.quote(self._python())
+        self._write(os.path.join(job_dir, "env.sh"), env_file(env), 0o600, account)
+        self._write(
+            os.path.join(job_dir, "job.sh"),
+            _JOB_SH.format(python=python, command=command, job_dir=shlex.quote(job_dir)),
+            0o700,
+            account,
+        )
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--uid={account.uid}",
+            f"--gid={account.gid}",
+            "--export=NIL",
+            f"--job-name=gpulab-server-{self.user.name}",
+            f"--comment=gpulab-server:{self._owner}",
+            f"--chdir={job_dir}",
+            f"--output={job_dir}/slurm-%j.out",
+            "--nodes=1",
+            "--ntasks=1",
+        ]
+        if site.partition:
+            argv.append(f"--partition={site.partition}")
+        if node:
+            argv.append(f"--nodelist={node}")
+        if gres:
+            argv.append(f"--gres={gres}")
+        argv += [*self.sbatch_args, os.path.join(job_dir, "job.sh")]
+        try:
+            out = await site.run(argv)
+        except SlurmError as e:
+            raise web.HTTPError(503, f"Slurm did not take the server's job: {e}") from None
+        self.slurm_job_id = out.strip().split(";")[0]
+        self.log.info(
+            "%s: Slurm job %s on %s (%s, %s) as %s",
+            self._owner,
+            self.slurm_job_id,
+            node or "any node",
+            label(milli),
+            gres or "no GPU",
+            account.name,
+        )
+
+    def _python(self) -> str:
+        """The Python next to the server's command (the venv's), to pick a port."""
+        cmd = self.cmd[0] if self.cmd else ""
+        candidate = os.path.join(os.path.dirname(cmd), "python3") if os.path.isabs(cmd) else ""
+        return candidate if candidate and os.path.exists(candidate) else "python3"
+
+    async def _wait_running(self, site: SlurmSite, nodes: dict[str, dict]):
+        """Until the job runs and has written its port: the server's (address, port)."""
+        port_file = os.path.join(self.slurm_job_dir, "port")
+        said = ""
+        while True:
+            job = await site.job(self.slurm_job_id)
+            state = (job or {}).get("state", "GONE")
+            if state not in ACTIVE_STATES:
+                raise web.HTTPError(
+                    500,
+                    f"the server's Slurm job {self.slurm_job_id} ended ({state}) before "
+                    f"JupyterLab started: {self._job_log_tail()}",
+                )
+            if state == "PENDING" and job.get("reason") and job["reason"] != said:
+                said = job["reason"]
+                self.report_progress(55, f"Waiting in Slurm's queue ({said})")
+            if state == "RUNNING" and os.path.exists(port_file):
+                with open(port_file) as f:
+                    port = int(f.read().strip())
+                node = job["nodes"]
+                address = (nodes.get(node) or {}).get("address") or node
+                self.report_progress(
+                    80, f"JupyterLab starts on Slurm node {node} (job {self.slurm_job_id})"
+                )
+                return address, port
+            await asyncio.sleep(self.slurm_poll_seconds)
+
+    def _job_log_tail(self) -> str:
+        path = os.path.join(self.slurm_job_dir, f"slurm-{self.slurm_job_id}.out")
+        try:
+            with open(path, errors="replace") as f:
+                return f.read()[-1500:] or "(its log is empty)"
+        except OSError:
+            return f"(no log at {path})"
+
+    async def poll(self):
+        if not self.slurm_job_id:
+            return 0
+        try:
+            job = await self.site().job(self.slurm_job_id)
+        except SlurmError as e:  # the controller is busy or down: not a dead server
+            self.log.warning("Cannot ask Slurm about job %s: %s", self.slurm_job_id, e)
+            return None
+        if job and job["state"] in ACTIVE_STATES:
+            return None
+        return 1
+
+    async def _cancel(self) -> None:
+        if not self.slurm_job_id:
+            return
+        site = self.site()
+        await site.cancel(self.slurm_job_id)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            job = await site.job(self.slurm_job_id)
+            if not job or job["state"] not in ACTIVE_STATES:
+                return
+            await asyncio.sleep(0.5)
+        self.log.warning("Slurm job %s still not ended 30 s after scancel", self.slurm_job_id)
+
+    async def stop(self, now=False):
+        try:
+            await self._cancel()
+        finally:
+            await self._release()
+
+    # -- what a restarted hub needs ------------------------------------------------------
+    def get_state(self):
+        state = super().get_state()
+        if self.slurm_job_id:
+            state["slurm_job_id"] = self.slurm_job_id
+            state["slurm_job_dir"] = self.slurm_job_dir
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.slurm_job_id = state.get("slurm_job_id", "")
+        self.slurm_job_dir = state.get("slurm_job_dir", "")
+
+    def clear_state(self):
+        super().clear_state()
+        self.slurm_job_id = ""
+        self.slurm_job_dir = ""

@@ -1,0 +1,169 @@
+"""The hub's pages about slices, on the real shared hub: the progress events of a spawn
+through JupyterHub's REST progress API, and the gpulab page in a real Chromium with the
+hub's look, a real torchrun job and a real model-server deployment listed by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+
+import pytest
+import requests
+import torch
+from hubproc import fresh_user, let_accounts_reach
+from logins import admin_password, browser_log_in
+from playwright.sync_api import expect
+from support.wait import wait_until
+
+from gpulab.client import Client
+from gpulab.serving.export import export_model
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+USER = fresh_user("pages")
+#: A job that keeps its slice until cancelled.
+SLEEPS = """
+import time
+from gpulab.training import setup, report
+ctx = setup()
+for step in range(100000):
+    time.sleep(0.2)
+    report(step=step)
+"""
+
+
+@pytest.fixture
+def hub(plain_hub):
+    """The session's shared hub (cleared when this module ends), its data dir reachable
+    by users' accounts again: another pytest session on this machine resets its
+    temporary root to 0700 when it starts."""
+    if plain_hub.accounts:
+        let_accounts_reach(plain_hub.data_dir)
+    return plain_hub
+
+
+@pytest.fixture(scope="module")
+def token(plain_hub):
+    return plain_hub.create_user(USER)
+
+
+def progress_events(hub, user: str) -> list[dict]:
+    """Read ``/hub/api/users/{user}/server/progress`` (server-sent events) to the end."""
+    events = []
+    with requests.get(
+        f"{hub.url}/hub/api/users/{user}/server/progress",
+        headers=hub.auth(),
+        stream=True,
+        timeout=300,
+    ) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                event = json.loads(line[len("data:") :])
+                events.append(event)
+                if event.get("ready") or event.get("failed"):
+                    break
+    return events
+
+
+def test_progress_api_says_where_the_slice_went(hub, token):
+    answers = []
+    spawn = threading.Thread(target=lambda: answers.append(hub.spawn(USER, {"gpu_milli": 100})))
+    spawn.start()
+
+    def pending():
+        server = (hub.hub_api("GET", f"/users/{USER}").json().get("servers") or {}).get("")
+        return server if server and (server.get("pending") or server.get("ready")) else None
+
+    assert wait_until(pending, f"{USER}'s spawn to begin", 120).get("pending") == "spawn", (
+        "the server was ready before the progress API could be read"
+    )
+    messages = [e.get("message", "") for e in progress_events(hub, USER)]
+    spawn.join()
+    assert answers[0].status_code in (201, 202), answers[0].text
+    text = "\n".join(messages)
+    placed = re.search(r"Placed 1/10 GPU on A100-80GB #([01]) of node (\S+) \(8 GiB\)", text)
+    assert placed, text
+    row = hub.gpulab("GET", "/allocations", params={"user": USER}).json()[0]
+    assert (int(placed.group(1)), placed.group(2)) == (row["gpu_index"], row["node"])
+    enforced = [m for m in messages if m.startswith("Enforced by: ")]
+    assert enforced and "PyTorch memory limit + CUDA_VISIBLE_DEVICES" in enforced[0], text
+    assert enforced[0].endswith("(simulated GPU: nothing enforced)"), text
+    # In the order they happen, before the hub's own "ready".
+    order = [messages.index(m) for m in (placed.group(0), enforced[0], "Starting JupyterLab…")]
+    assert order == sorted(order), text
+    hub.wait_server(USER)
+
+
+def test_service_page_lists_jobs_and_endpoints_by_name(
+    hub, token, browser, artifacts_dir, tmp_path
+):
+    r = hub.gpulab(
+        "POST",
+        "/jobs",
+        token=token,
+        json={"code": SLEEPS, "name": "browser-train", "gpu_milli": 100},
+    )
+    assert r.status_code == 201, r.text
+    job = r.json()
+    torch.manual_seed(0)
+    model_dir = tmp_path / "model"
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3)).eval()
+    export_model(model, torch.randn(2, 4), str(model_dir), name="m", max_batch_size=4)
+    dep = Client(hub.api, token=token).create_deployment(
+        str(model_dir), {"name": "tiny-linear", "gpu_milli": 100}
+    )
+
+    def all_running():
+        j = hub.gpulab("GET", f"/jobs/{job['id']}", token=token).json()
+        d = hub.gpulab("GET", "/deployments/tiny-linear", token=token).json()
+        if j["state"] in ("failed", "cancelled", "succeeded"):
+            raise AssertionError(f"the job ended: {j}")
+        return j["state"] == "running" and d.get("replicas_ready") == 1
+
+    wait_until(all_running, "the job running and the endpoint ready", 300, detail=hub.log_tail)
+    owners = [a["owner"] for a in hub.gpulab("GET", "/allocations", token=token).json()]
+
+    page = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
+    page.set_default_timeout(120_000)
+    browser_log_in(page, hub, "admin", admin_password(hub))
+    page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
+    styles = []
+    page.on(
+        "response",
+        lambda resp: styles.append(resp.status) if resp.url.endswith("style.min.css") else None,
+    )
+    page.goto(f"{hub.url}/services/gpulab/")
+    # The hub's look: its navigation bar and its stylesheet, served by the hub.
+    expect(page.locator("nav.navbar")).to_contain_text("Home")
+    expect(page.locator("nav.navbar")).to_contain_text("Admin")
+    assert styles and styles[0] == 200
+    assert (
+        page.evaluate("getComputedStyle(document.querySelector('table')).borderCollapse")
+        == "collapse"
+    )
+
+    allocations = page.locator("table.gpulab-allocations")
+    expect(allocations).to_contain_text(f"{USER}'s server")
+    expect(allocations).to_contain_text("job browser-train (rank 0)")
+    expect(allocations).to_contain_text("tiny-linear version 1 (replica 0)")
+    expect(allocations).to_contain_text("1/10 GPU")
+    for owner in owners:
+        if not owner.startswith(f"{USER}/"):
+            expect(allocations).not_to_contain_text(owner)
+    job_row = page.locator(f"#job-{job['id']}")
+    expect(job_row).to_contain_text("browser-train")
+    expect(job_row).to_contain_text("running")
+    expect(job_row).to_contain_text(USER)
+    submitted = job_row.locator("time")
+    expect(submitted).to_have_text(re.compile(r"just now|\d+ min ago"))
+    assert re.match(r"\d{4}-\d\d-\d\dT", submitted.get_attribute("title"))
+    endpoint = page.locator(f"#endpoint-{dep['id']}")
+    expect(endpoint).to_contain_text("tiny-linear")
+    expect(endpoint).to_contain_text(f"/services/gpulab/endpoints/{USER}/tiny-linear")
+    expect(endpoint).to_contain_text("1 / 1")
+    expect(page.locator("body")).not_to_contain_text("milli")
+    page.screenshot(path=os.path.join(artifacts_dir, "service-page.png"), full_page=True)
+    page.close()

@@ -1,0 +1,223 @@
+"""gpulab inside JupyterLab, in a real Chromium against the shared hub: the slice in
+the status bar, the side panel's jobs (progress, logs, cancel) and endpoints (URL,
+copy curl), a section docked in the main area; and the server extension's proxy
+closed to every other user's token."""
+
+import os
+import re
+import sys
+
+import pytest
+import requests
+import torch
+
+# The job helpers and the training cells live beside the job and training tests.
+for folder in ("jobs", "training"):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", folder))
+
+from cells import LINEAR
+from hubproc import fresh_user
+from jobhelpers import submit, wait_job
+from logins import browser_log_in, log_in, sign_up_approved
+from playwright.sync_api import expect
+from support.wait import wait_until
+
+from gpulab.client import Client
+from gpulab.serving.export import export_model
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+USER = fresh_user("lab")
+OTHER = fresh_user("lab-other")
+PASSWORD = "labs own long password"
+ENDPOINT = "labtiny"
+
+
+@pytest.fixture(scope="module")
+def hub(plain_hub):
+    return plain_hub
+
+
+@pytest.fixture(scope="module")
+def tokens(hub):
+    tokens = {u: hub.create_user(u) for u in (USER, OTHER)}
+    # JupyterLab's "get notified about news?" toast would cover the screenshots.
+    hub.write_home_file(
+        USER,
+        ".jupyter/lab/user-settings/@jupyterlab/apputils-extension/"
+        "notification.jupyterlab-settings",
+        '{"fetchNews": "false"}',
+    )
+    assert hub.spawn(USER, {"gpu_milli": 250}).status_code in (201, 202)
+    hub.wait_server(USER)
+    sign_up_approved(hub, USER, PASSWORD)
+    return tokens
+
+
+def test_the_proxy_answers_only_whoever_may_use_the_server(hub, tokens):
+    """Another user's hub token does not reach the owner's gpulab routes; the
+    owner's does, and the service then answers as the owner."""
+    base = f"{hub.url}/user/{USER}/gpulab"
+    for path in ("/slice", "/api/v1/jobs", "/api/v1/allocations"):
+        r = requests.get(
+            base + path,
+            headers={"Authorization": f"token {tokens[OTHER]}"},
+            allow_redirects=False,
+            timeout=60,
+        )
+        assert r.status_code == 403, (path, r.status_code, r.text[:300])
+        r = requests.get(base + path, allow_redirects=False, timeout=60)
+        assert r.status_code in (302, 403), (path, r.status_code, r.text[:300])
+    r = requests.get(
+        base + "/api/v1/allocations",
+        headers={"Authorization": f"token {tokens[USER]}"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text[:300]
+    assert {a["user"] for a in r.json()} == {USER}
+
+    # The owner's own login cookie, as a page on another site could send it: reading
+    # works, but a POST without JupyterLab's XSRF header is refused (no job started).
+    s = log_in(hub, USER, PASSWORD)
+    assert s.get(f"{hub.url}/user/{USER}/lab", timeout=120).ok  # OAuth sets the cookie
+    assert s.get(base + "/slice", timeout=60).json()["milli"] == 250
+    r = s.post(base + "/api/v1/jobs", json={"code": "print(1)"}, timeout=60)
+    assert r.status_code == 403, (r.status_code, r.text[:300])
+    assert hub.gpulab("GET", "/jobs", token=tokens[USER]).json() == []
+
+
+def open_lab(browser, hub):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=hub.url)
+    page = context.new_page()
+    page.set_default_timeout(120_000)
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    # A failed call of the extension logs only "Failed to load resource": keep the URL.
+    page.on(
+        "response",
+        lambda r: (
+            errors.append(f"{r.status} {r.url}")
+            if r.status >= 400 and "/gpulab/" in r.url and f"/user/{USER}/" in r.url
+            else None
+        ),
+    )
+    browser_log_in(page, hub, USER, PASSWORD)
+    page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
+    page.goto(f"{hub.url}/user/{USER}/lab")
+    return context, page, errors
+
+
+def progress_text(page, job_id):
+    row = page.locator(f'.gpulab-job[data-job-id="{job_id}"]')
+    return row.locator(".gpulab-progress").inner_text()
+
+
+def test_status_bar_and_panel_show_jobs_and_endpoints(
+    browser, hub, tokens, artifacts_dir, tmp_path
+):
+    context, page, errors = open_lab(browser, hub)
+
+    # The status bar: the slice in words, from the server's own environment.
+    status = page.locator(".gpulab-SliceStatus")
+    expect(status.locator(".gpulab-SliceStatus-text")).to_have_text(
+        "1/4 A100-80GB · 20 GiB · simulated", timeout=120_000
+    )
+    assert "held by: none: a simulated GPU" in status.get_attribute("title")
+    bar = page.locator("#jp-main-statusbar").bounding_box()
+    page.screenshot(
+        path=os.path.join(artifacts_dir, "lab-statusbar.png"),
+        clip={"x": 0, "y": bar["y"], "width": 600, "height": bar["height"]},
+    )
+    # Loading JupyterLab with the extension logs no error (a dialog would also block).
+    assert not errors, errors
+    expect(page.locator(".jp-Dialog")).to_have_count(0)
+
+    # A training job of the user's, slow enough to be seen running.
+    job = submit(
+        hub,
+        tokens[USER],
+        LINEAR,
+        name="lab-visible",
+        gpu_milli=250,
+        env={"STEPS": "400", "STEP_DELAY": "0.5"},
+    ).json()
+    wait_job(hub, tokens[USER], job["id"], states=("running",))
+
+    # Clicking the status bar opens the panel on its Jobs section.
+    status.click()
+    panel = page.locator("#gpulab-panel")
+    expect(panel).to_be_visible()
+    row = panel.locator(f'.gpulab-job[data-job-id="{job["id"]}"]')
+    expect(row.locator(".gpulab-state")).to_have_text("running", timeout=60_000)
+    expect(row.locator(".gpulab-name")).to_have_text("lab-visible")
+    expect(row.locator(".gpulab-progress")).to_contain_text("/400", timeout=120_000)
+    first = progress_text(page, job["id"])
+    later = wait_until(
+        lambda: (t := progress_text(page, job["id"])) != first and t,
+        "the job's progress to move in the panel",
+        120,
+        detail=lambda: f"still {first!r}",
+    )
+    steps = [int(re.search(r"step (\d+)/400", t).group(1)) for t in (first, later)]
+    assert steps[1] > steps[0], (first, later)
+
+    # Its logs, fetched through the server's proxy.
+    row.locator(".gpulab-logs-button").click()
+    logs = row.locator(".gpulab-logs")
+    expect(logs).to_be_visible()
+    expect(logs).to_contain_text("[", timeout=60_000)
+    assert "logs not available" not in logs.inner_text()
+    panel.screenshot(path=os.path.join(artifacts_dir, "lab-panel-jobs.png"))
+
+    # Cancel asks first; "Keep it running" keeps it, "Cancel job" cancels it.
+    row.locator(".gpulab-cancel-button").click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("Cancel this job?")
+    dialog.locator("button", has_text="Keep it running").click()
+    expect(dialog).to_have_count(0)
+    assert hub.gpulab("GET", f"/jobs/{job['id']}", token=tokens[USER]).json()["state"] == "running"
+    row.locator(".gpulab-cancel-button").click()
+    dialog.locator("button", has_text="Cancel job").click()
+    expect(row.locator(".gpulab-state")).to_have_text("cancelled", timeout=120_000)
+    assert hub.gpulab("GET", f"/jobs/{job['id']}", token=tokens[USER]).json()["state"] == (
+        "cancelled"
+    )
+
+    # An endpoint of the user's: its URL and the curl line %deploy prints.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    export_model(model.eval(), torch.randn(2, 4), str(tmp_path / "model"), name="m")
+    Client(hub.api, token=tokens[USER]).create_deployment(
+        str(tmp_path / "model"), {"name": ENDPOINT, "replicas": 1, "gpu_milli": 250}
+    )
+    panel.locator(".lm-TabBar-tab", has_text="Endpoints").click()
+    endpoint = panel.locator(f'.gpulab-endpoint[data-name="{ENDPOINT}"]')
+    url = f"{hub.url}/services/gpulab/endpoints/{USER}/{ENDPOINT}"
+    expect(endpoint.locator(".gpulab-url")).to_have_text(url, timeout=60_000)
+    expect(endpoint.locator(".gpulab-state")).to_have_text("running", timeout=240_000)
+    expect(endpoint).to_contain_text("req/s")
+    endpoint.locator(".gpulab-copy-curl").click()
+    expect(endpoint.locator(".gpulab-copy-curl")).to_have_text("Copied")
+    curl = page.evaluate("navigator.clipboard.readText()")
+    assert curl.startswith('curl -H "Authorization: token $JUPYTERHUB_API_TOKEN" '), curl
+    assert curl.rstrip().endswith(f"{url}/v2/models/{ENDPOINT}/infer"), curl
+    assert '"shape": [1, 4], "datatype": "FP32", "data": [0.0, 0.0, 0.0, 0.0]' in curl, curl
+    panel.screenshot(path=os.path.join(artifacts_dir, "lab-panel-endpoints.png"))
+
+    # Alerts and Usage answer in words (an empty state or rows), not an error.
+    for tab, words in (("Alerts", r"No alerts in the last 24 h|firing now"), ("Usage", r"GPU")):
+        panel.locator(".lm-TabBar-tab", has_text=tab).click()
+        section = panel.locator(f".gpulab-Section-{tab.lower()}")
+        expect(section.locator(".gpulab-body")).to_contain_text(re.compile(words))
+        expect(section.locator(".gpulab-problem")).to_be_hidden()
+
+    # A section opens in the main area from the palette, where it can be docked.
+    page.keyboard.press("Control+Shift+C")
+    page.keyboard.type("gpulab: Open Jobs in a tab")
+    page.keyboard.press("Enter")
+    docked = page.locator(".gpulab-MainArea")
+    expect(docked.locator(f'.gpulab-job[data-job-id="{job["id"]}"]')).to_contain_text("cancelled")
+    assert not errors, errors
+    context.close()

@@ -1,0 +1,275 @@
+"""Training jobs on the Slurm backend, through the real service, on a 2-node sandbox.
+
+The service is the in-process one (tests/support/service.py) running as root, so
+every hub user gets a Unix account of their own (``gpulab-<name>``) and the
+jobs are submitted for it (``sbatch --uid --gid``). Each job is one Slurm job
+across both nodes (``srun`` starts one torchrun agent per node).
+"""
+
+import json
+import os
+import pwd
+import signal
+import subprocess
+
+import pytest
+import torch
+from cells import FAILS_ON_RANK_1, LINEAR
+from slurmhelpers import needs_slurm, service_config
+from support.service import running_service
+from support.wait import wait_until_async
+
+from gpulab.backend.slurm_sandbox import env as sandbox_env
+
+pytestmark = [needs_slurm, pytest.mark.slow, pytest.mark.netns]
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+async def wait_job(svc, token, job_id, states=TERMINAL, timeout=240):
+    async def reached():
+        job = (await svc.request("GET", f"/jobs/{job_id}", token)).json()
+        return job if job["state"] in states else None
+
+    try:
+        return await wait_until_async(reached, f"job {job_id} in {states}", timeout, every=0.3)
+    except AssertionError:
+        logs = (await svc.request("GET", f"/jobs/{job_id}/logs", token)).text
+        raise AssertionError(f"job {job_id} did not reach {states}:\n{logs[-3000:]}") from None
+
+
+def squeue(sandbox, *args, user=None) -> str:
+    argv = ["squeue", "-h", *args]
+    if user:
+        argv = ["runuser", "-u", user, "--", *argv]
+    env = {**os.environ, **sandbox_env(sandbox["data_dir"])}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr  # an empty list must mean "no jobs"
+    return done.stdout
+
+
+def jobdir(svc, job_id):
+    return svc.data_dir / "jobs" / job_id
+
+
+async def submit(svc, token, **fields):
+    body = {"code": LINEAR, "backend": "slurm", "nodes": 2, "nproc_per_node": 1, **fields}
+    r = await svc.request("POST", "/jobs", token, json=body)
+    assert r.status_code in (200, 201), r.text
+    return r.json()
+
+
+@pytest.fixture
+async def svc(slurm_base, sandbox):
+    async with running_service(slurm_base / "service", service_config(sandbox), simulate="") as s:
+        yield s
+
+
+# Each rank says who and where it runs (its log is logs/rank<R>.log).
+WHO = """
+import getpass, os, socket
+leaked = sorted(k for k in os.environ if k.startswith(("JUPYTERHUB_", "GPULAB_API")))
+print(f"whoami {getpass.getuser()} on {socket.gethostname()} leaked={leaked}", flush=True)
+"""
+# A quarter GPU per rank: 5 of the sandbox's 20 shards per GPU.
+FIELDS = dict(out="model", checkpoint_every=10, gpu_milli=250, env={"STEPS": "20"})
+#: The local backend's weights of FIELDS, for the tests that compare with them.
+LOCAL_WEIGHTS: dict = {}
+
+
+def who(jd, rank) -> str:
+    for line in (jd / "logs" / f"rank{rank}.log").read_text().splitlines():
+        if line.startswith("whoami "):
+            return line
+    raise AssertionError(f"rank {rank} did not say who it is")
+
+
+async def metrics_at_least(svc, token, job_id, n, timeout=180):
+    async def enough():
+        m = (await svc.request("GET", f"/jobs/{job_id}/metrics", token)).json()
+        assert m["state"] not in TERMINAL, m["state"]
+        return m["records"] if len(m["records"]) >= n else None
+
+    return await wait_until_async(enough, f"{n} metrics of job {job_id}", timeout, every=0.3)
+
+
+async def test_two_node_job_is_one_slurm_job_with_the_local_weights(svc, sandbox):
+    alice = svc.create_user("alice")
+    job = await submit(svc, alice, code=WHO + LINEAR, **FIELDS)
+    local = await submit(svc, alice, **{**FIELDS, "backend": "local"})
+    done = await wait_job(svc, alice, job["id"])
+    assert done["state"] == "succeeded", done
+    assert (await wait_job(svc, alice, local["id"]))["state"] == "succeeded"
+
+    jd = jobdir(svc, job["id"])
+    slurm_id = (jd / "slurm" / "job_id").read_text().strip()
+    launch = json.loads((jd / "launch.json").read_text())
+    assert launch["slurm_job_id"] == slurm_id
+    # Both nodes in one allocation, a quarter GPU (5 shards of 20) per node's rank.
+    assert "--nodes=2" in launch["sbatch"] and "--gres=shard:5" in launch["sbatch"]
+    # One allocation across both nodes: each node's agent logged under one Slurm job id.
+    for node in (0, 1):
+        assert (jd / "pids" / f"node{node}.exit").read_text().strip() == "0"
+    # The two ranks ran on the two sandbox nodes, as alice's account, and those are
+    # the nodes the ledger placed the node ranks on (sbatch --nodelist).
+    nodes = sorted(n["name"] for n in sandbox["nodes"])
+    assert sorted(json.loads((jd / "nodes.json").read_text())) == nodes
+    assert sorted(who(jd, r).split()[3] for r in (0, 1)) == nodes
+    assert {who(jd, r).split()[1] for r in (0, 1)} == {"gpulab-alice"}
+    # Only PASS_ENV and the job's own variables: none of the service's tokens.
+    assert {who(jd, r).split()[4] for r in (0, 1)} == {"leaked=[]"}
+    LOCAL_WEIGHTS.update(torch.load(jobdir(svc, local["id"]) / "out" / "state_dict.pt"))
+    assert_same_weights(torch.load(jd / "out" / "state_dict.pt"), LOCAL_WEIGHTS)
+
+
+def assert_same_weights(got, want):
+    assert want and got.keys() == want.keys()
+    for k in got:
+        assert torch.equal(got[k], want[k]), k
+
+
+async def test_killed_rank_on_node_1_restarts_from_the_checkpoint(svc, sandbox):
+    if not LOCAL_WEIGHTS:
+        pytest.skip("needs the local weights of the first test")
+    alice = svc.create_user("alice")
+    fields = {**FIELDS, "env": {**FIELDS["env"], "STEP_DELAY": "0.3"}, "max_restarts": 2}
+    job = await submit(svc, alice, **fields)
+    jd = jobdir(svc, job["id"])
+
+    async def checkpointed():
+        latest = jd / "checkpoints" / "latest"
+        return latest.exists() and json.loads(latest.read_text()).get("step", 0) >= 10
+
+    await wait_until_async(checkpointed, "a checkpoint at step 10", 180, every=0.2)
+    pid = json.loads((jd / "pids" / "rank1.json").read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    done = await wait_job(svc, alice, job["id"])
+    assert done["state"] == "succeeded", done
+    assert done["restarts"] == 1, done
+    # Resumed, not started over: the weights are those of an uninterrupted run.
+    assert_same_weights(torch.load(jd / "out" / "state_dict.pt"), LOCAL_WEIGHTS)
+
+
+async def test_a_failing_rank_fails_the_slurm_job_with_its_root_cause(svc, sandbox):
+    alice = svc.create_user("alice")
+    job = await submit(svc, alice, code=FAILS_ON_RANK_1)
+    done = await wait_job(svc, alice, job["id"])
+    assert done["state"] == "failed", done
+    assert "rank 1 failed: ValueError: bad batch shape on purpose" in done["message"], done
+    slurm_id = (jobdir(svc, job["id"]) / "slurm" / "job_id").read_text().strip()
+    assert squeue(sandbox, "-j", slurm_id, "-o", "%i").strip() == ""
+
+
+async def test_only_the_owner_sees_and_cancels_and_cancel_leaves_no_slurm_job(
+    svc, sandbox, slurm_base
+):
+    alice, bob = svc.create_user("alice"), svc.create_user("bob")
+    gate = slurm_base / "gate-never"  # never opened: the job waits at step 5
+    job = await submit(svc, alice, env={"STEPS": "30", "GATE": str(gate)})
+    await metrics_at_least(svc, alice, job["id"], 5)
+    jd = jobdir(svc, job["id"])
+    slurm_id = (jd / "slurm" / "job_id").read_text().strip()
+
+    # The ranks run as alice's account, on both nodes.
+    uid = pwd.getpwnam("gpulab-alice").pw_uid
+    for rank in (0, 1):
+        pid = json.loads((jd / "pids" / f"rank{rank}.json").read_text())["pid"]
+        status = open(f"/proc/{pid}/status").read()
+        assert f"Uid:\t{uid}\t" in status, status
+    # Slurm shows it to alice only (PrivateData=jobs) ...
+    assert slurm_id in squeue(sandbox, "-o", "%i", user="gpulab-alice").split()
+    svc.app.accounts.ensure("bob")
+    assert squeue(sandbox, "-o", "%i", user="gpulab-bob").split() == []
+    # ... and so does gpulab.
+    assert (await svc.request("GET", f"/jobs/{job['id']}", bob)).status_code == 404
+    assert (await svc.request("DELETE", f"/jobs/{job['id']}", bob)).status_code in (403, 404)
+    assert job["id"] not in [j["id"] for j in (await svc.request("GET", "/jobs", bob)).json()]
+    # bob's own scancel is refused by Slurm too.
+    refused = subprocess.run(
+        ["runuser", "-u", "gpulab-bob", "--", "scancel", slurm_id],
+        env={**os.environ, **sandbox_env(sandbox["data_dir"])},
+        capture_output=True,
+        text=True,
+    )
+    assert squeue(sandbox, "-j", slurm_id, "-o", "%T").strip() == "RUNNING", refused.stderr
+
+    r = await svc.request("DELETE", f"/jobs/{job['id']}", alice)
+    assert r.status_code in (200, 202, 204), r.text
+    done = await wait_job(svc, alice, job["id"])
+    assert done["state"] == "cancelled", done
+
+    async def gone():
+        return squeue(sandbox, "-j", slurm_id, "-o", "%i").strip() == ""
+
+    await wait_until_async(gone, f"Slurm job {slurm_id} gone from squeue", 60, every=0.2)
+    assert squeue(sandbox, "-o", "%i %j").strip() == ""
+
+
+async def test_a_restarted_service_reattaches_by_slurm_job_id(sandbox, slurm_base, caplog):
+    data = slurm_base / "restart"
+    gate = slurm_base / "gate-restart"
+    async with running_service(data, service_config(sandbox), simulate="") as first:
+        alice = first.create_user("alice")
+        job = await submit(first, alice, env={"STEPS": "12", "GATE": str(gate)})
+        await metrics_at_least(first, alice, job["id"], 5)
+        hub = first.fake_hub
+    # No service now; the Slurm job runs on, held at step 5.
+    slurm_id = (data / "jobs" / job["id"] / "slurm" / "job_id").read_text().strip()
+    assert squeue(sandbox, "-j", slurm_id, "-o", "%T").strip() == "RUNNING"
+    caplog.set_level("INFO", logger="gpulab.service.jobs")
+    async with running_service(data, service_config(sandbox), simulate="", fake_hub=hub) as second:
+        assert f"Job {job['id']}: re-attached" in caplog.text
+        gate.touch()
+        done = await wait_job(second, alice, job["id"])
+        assert done["state"] == "succeeded", done
+        metrics = (await second.request("GET", f"/jobs/{job['id']}/metrics", alice)).json()
+        assert len(metrics["records"]) == 12
+    # The same Slurm job all along: nothing was submitted again.
+    assert (data / "jobs" / job["id"] / "slurm" / "job_id").read_text().strip() == slurm_id
+
+
+async def test_preempt_makes_the_ranks_checkpoint_and_stop(sandbox, slurm_base):
+    """The backend alone (the service's preemption path calls exactly this): SIGTERM
+    to the ranks through a step of the job on each node, run as the owner; they agree
+    on a step, checkpoint there and exit cleanly, and rank 0 notes the step."""
+    from gpulab.backend.jobdir import JobDir
+    from gpulab.backend.slurm import SlurmBackend
+    from gpulab.backend.slurm_site import SlurmSite
+    from gpulab.backend.spec import JobSpec
+    from gpulab.enforcement.accounts import UserAccounts
+
+    root = slurm_base / "preempt-jobs"
+    root.mkdir()
+    site = SlurmSite(slurm_conf=sandbox_env(sandbox["data_dir"])["SLURM_CONF"])
+    # As the service runs it as root: the ranks, and the preempting step, as the owner.
+    backend = SlurmBackend(str(root), site, accounts=UserAccounts())
+    spec = JobSpec(
+        code=LINEAR, nodes=2, nproc_per_node=1, backend="slurm", env={"STEP_DELAY": "0.3"}
+    )
+    spec.id, spec.user = "preempt0001", "alice"
+    spec.validate()
+    jd = JobDir(str(root), spec.id)
+    root.joinpath(spec.id).mkdir()
+    spec.checkpoint_dir = jd.p("checkpoints")
+    jd.write_inputs(spec)
+    await backend.start(spec, [])
+    try:
+
+        async def stepping():
+            path = root / spec.id / "metrics" / "rank0.jsonl"
+            return path.exists() and len(path.read_text().splitlines()) >= 3
+
+        await wait_until_async(stepping, "3 steps", 180, every=0.2)
+        await backend.preempt(spec)
+
+        async def ended():
+            status = await backend.poll(spec)
+            return status if status.state != "running" else None
+
+        status = await wait_until_async(ended, "the job to stop", 120, every=0.2)
+    finally:
+        await backend.cancel(spec)
+    assert status.state == "succeeded", status
+    step = jd.preempted_at()
+    assert step is not None and step < 30, step  # stopped early, at a step boundary
+    assert jd.checkpoint()["step"] == step

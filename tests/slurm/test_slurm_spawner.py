@@ -1,0 +1,218 @@
+"""Users' servers as Slurm jobs: a real hub (`gpulab up` with the sandbox's settings
+from ``gpulab.spawner.slurm.sandbox_settings``) spawns a 1/4-GPU server that runs as
+a Slurm job on the node the ledger chose, as the user's Unix account, and the hub
+reaches it through the proxy; stopping it leaves no Slurm job and no allocation.
+
+Real Slurm, real namespaces as nodes, real JupyterHub and single-user server. The
+GPUs are GRES without hardware (this machine has none).
+"""
+
+import os
+import signal
+import stat
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from hubproc import RunningHub, fresh_user
+from slurmhelpers import needs_slurm
+from support.wait import wait_until
+
+from gpulab.backend.slurm_sandbox import env as sandbox_env
+from gpulab.enforcement.accounts import unix_name
+from gpulab.spawner.slurm import env_file, sandbox_settings
+
+pytestmark = [needs_slurm, pytest.mark.slow, pytest.mark.netns]
+
+
+def squeue(sandbox) -> list[dict]:
+    env = {**os.environ, **sandbox_env(sandbox["data_dir"])}
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i|%T|%N|%u|%b|%k"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    keys = ("id", "state", "node", "user", "gres", "comment")
+    return [
+        dict(zip(keys, line.split("|"), strict=True)) for line in out.splitlines() if line.strip()
+    ]
+
+
+@pytest.fixture(scope="module")
+def slurm_hub(sandbox, slurm_base):
+    info = {
+        "data_dir": sandbox["data_dir"],
+        "slurm_conf": sandbox_env(sandbox["data_dir"])["SLURM_CONF"],
+        "controller_address": sandbox["ctl_addr"],
+        "nodes": [{"name": n["name"], "address": n["addr"]} for n in sandbox["nodes"]],
+        "spawner": True,
+    }
+    # The spawner is off unless asked for: its lines come commented out.
+    off = sandbox_settings({**info, "spawner": False})
+    assert '# c.JupyterHub.spawner_class = "gpulab-slurm"' in off.splitlines()
+    assert 'c.GpuLabService.inventory_class = "slurm"' in off.splitlines()
+    # Servers outlive a hub restart (the last test restarts it and re-attaches).
+    config = sandbox_settings(info) + "c.JupyterHub.cleanup_servers = False\n"
+    hub = RunningHub(slurm_base / "hub", simulate="", config=config)
+    try:
+        yield hub
+    finally:
+        hub.stop()
+
+
+def server_process(user: str) -> psutil.Process:
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            env = p.info["environ"] or {}
+            cmd = " ".join(p.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if env.get("JUPYTERHUB_USER") == user and "jupyterhub-singleuser" in cmd:
+            return p
+    raise LookupError(f"no server process for {user}")
+
+
+def test_env_file_quotes_every_value_and_leaves_slurms_gpus_alone():
+    text = env_file({"A": "it's $HOME", "CUDA_VISIBLE_DEVICES": "GPU-x", "bad-name": "x"})
+    assert text == "A='it'\"'\"'s $HOME'\n"
+    out = subprocess.run(
+        ["sh", "-c", f'set -a\n{text}echo "$A"'], capture_output=True, text=True
+    ).stdout
+    assert out == "it's $HOME\n"
+
+
+def server_jobs(sandbox, user: str) -> list[dict]:
+    return [j for j in squeue(sandbox) if j["comment"] == f"gpulab-server:{user}/"]
+
+
+def status(hub, user: str, token: str) -> requests.Response:
+    return requests.get(
+        f"{hub.url}/user/{user}/api/status",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
+
+
+def test_a_quarter_gpu_server_runs_as_a_slurm_job_of_the_user(slurm_hub, sandbox):
+    hub = slurm_hub
+    user = fresh_user("slurm")
+    token = hub.create_user(user)
+    node_names = {n["name"] for n in sandbox["nodes"]}
+    inventory = hub.gpulab("GET", "/inventory").json()
+    assert {n["name"] for n in inventory["nodes"]} == node_names
+
+    r = hub.spawn(user, {"gpu_milli": 250})
+    assert r.status_code in (201, 202), r.text
+    try:
+        hub.wait_server(user, timeout=240)
+    except AssertionError:
+        raise AssertionError(f"server did not start:\n{hub.log_tail(6000)}") from None
+
+    # The ledger placed a quarter of one GPU on a sandbox node...
+    rows = [a for a in hub.gpulab("GET", "/allocations").json() if a["user"] == user]
+    assert [(a["owner_kind"], a["milli"]) for a in rows] == [("server", 250)]
+    node = rows[0]["node"]
+    assert node in node_names
+
+    # ...and Slurm runs the server there, as the user's account, holding that share.
+    account = unix_name(user)
+    jobs = server_jobs(sandbox, user)
+    assert len(jobs) == 1, squeue(sandbox)
+    job = jobs[0]
+    assert (job["state"], job["node"], job["user"]) == ("RUNNING", node, account)
+    assert job["gres"] == "gres:shard:5"  # 40 shards over 2 GPUs: 20 per GPU, 1/4 = 5
+
+    proc = server_process(user)
+    assert proc.username() == account
+    env = proc.environ()
+    assert env["GPULAB_GPU_MILLI"] == "250"
+    assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")  # Slurm's choice, not the ledger's UUID
+    assert env["JUPYTERHUB_SERVICE_URL"].startswith("http://0.0.0.0:")
+    # The node's namespace: the server's hostname is the Slurm node's.
+    assert Path(f"/proc/{proc.pid}/root/etc/hostname").exists()
+    uts = subprocess.run(
+        ["nsenter", "-t", str(proc.pid), "-u", "hostname"], capture_output=True, text=True
+    ).stdout.strip()
+    assert uts == node
+
+    # The hub's API token travels in a file only the user reads, never on a command line.
+    api_token = env["JUPYTERHUB_API_TOKEN"]
+    job_dir = Path(hub.home(user)) / ".gpulab" / "slurm" / "default"
+    st = (job_dir / "env.sh").stat()
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == proc.uids().real
+    for p in psutil.process_iter(["cmdline"]):
+        assert api_token not in " ".join(p.info["cmdline"] or []), p
+
+    # The hub reaches it through the proxy.
+    r = status(hub, user, token)
+    assert r.status_code == 200, r.text
+    assert "started" in r.json()
+
+    # Stop: no Slurm job, no allocation.
+    r = hub.hub_api("DELETE", f"/users/{user}/server")
+    assert r.status_code in (202, 204), r.text
+    hub.wait_server(user, ready=False)
+    wait_until(
+        lambda: not [j for j in squeue(sandbox) if j["comment"] == f"gpulab-server:{user}/"],
+        "the server's Slurm job to be gone",
+        timeout=60,
+        detail=lambda: str(squeue(sandbox)),
+    )
+    assert [a for a in hub.gpulab("GET", "/allocations").json() if a["user"] == user] == []
+    with pytest.raises(LookupError):
+        server_process(user)
+
+
+def test_two_gpus_on_a_shard_partition_are_refused_and_nothing_is_kept(slurm_hub, sandbox):
+    hub = slurm_hub
+    user = fresh_user("slurm")
+    hub.create_user(user)
+    r = hub.spawn(user, {"gpu_milli": 2000})
+    assert r.status_code == 400, r.text
+    assert "cannot be held with shards" in r.json()["message"]
+    hub.wait_server(user, ready=False)
+    assert [a for a in hub.gpulab("GET", "/allocations").json() if a["user"] == user] == []
+    assert server_jobs(sandbox, user) == []
+
+
+def test_a_restarted_hub_finds_the_server_by_its_slurm_job(slurm_hub, sandbox):
+    # Last in the module: it stops the module's hub and runs a new one on its data dir.
+    hub = slurm_hub
+    user = fresh_user("slurm")
+    token = hub.create_user(user)
+    r = hub.spawn(user, {"gpu_milli": 500})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server(user, timeout=240)
+    (job,) = server_jobs(sandbox, user)
+    pid = server_process(user).pid
+
+    # The hub goes away (cleanup_servers is off): the Slurm job stays.
+    hub.proc.send_signal(signal.SIGTERM)
+    hub.proc.wait(timeout=120)
+    assert [j["id"] for j in server_jobs(sandbox, user)] == [job["id"]]
+
+    again = RunningHub(
+        hub.data_dir, simulate="", config=(hub.data_dir / "gpulab_config.py").read_text()
+    )
+    try:
+        model = again.wait_server(user, timeout=120)
+        assert model["servers"][""]["ready"]
+        r = status(again, user, token)
+        assert r.status_code == 200, r.text
+        assert server_process(user).pid == pid  # the same server, not a new one
+        assert [
+            a["milli"] for a in again.gpulab("GET", "/allocations").json() if a["user"] == user
+        ] == [500]
+
+        again.hub_api("DELETE", f"/users/{user}/server")
+        again.wait_server(user, ready=False)
+        wait_until(
+            lambda: not server_jobs(sandbox, user), "the server's Slurm job to be gone", timeout=60
+        )
+        assert [a for a in again.gpulab("GET", "/allocations").json() if a["user"] == user] == []
+    finally:
+        again.stop()
