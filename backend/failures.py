@@ -13,6 +13,7 @@ precise time and the traceback) is earliest, then torchrun's choice.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 _BLOCK = re.compile(r"^\[\d+\]:\n((?:  .*\n?)+)", re.M)
@@ -71,3 +72,14 @@ def root_cause(failures: list[dict], rank_errors: list[dict]) -> dict | None:
         "traceback": tb,
         "error_file": None,
     }
+
+
+def job_root_cause(jd, nodes: int, restarts: int) -> dict | None:
+    """The root cause of a failed job (``jd`` a :class:`~.jobdir.JobDir`): torchrun's
+    summaries in each node's log and the ranks' own records of this restart."""
+    failures = []
+    for n in range(nodes):
+        with contextlib.suppress(OSError):
+            failures += parse_summary(jd.read_user(f"logs/node{n}.log").decode(errors="replace"))
+    last = [e for e in jd.errors() if e.get("restart", 0) == restarts]
+    return root_cause(failures, last)

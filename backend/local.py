@@ -31,7 +31,7 @@ import time
 from gpulab.enforcement.accounts import separated, unreachable
 
 from .base import Backend, JobStatus
-from .failures import parse_summary, root_cause
+from .failures import job_root_cause
 from .render import render_node, torchrun_argv
 from .spec import JobSpec, SpecError
 
@@ -270,14 +270,7 @@ class LocalBackend(Backend):
         if all(s == 0 for s in states):
             return JobStatus("succeeded", exit_code=0, restarts=restarts)
         code = next(s for s in states if s != 0)
-        failures = []
-        for n in range(len(states)):
-            with contextlib.suppress(OSError):
-                failures += parse_summary(
-                    jd.read_user(f"logs/node{n}.log").decode(errors="replace")
-                )
-        last = [e for e in jd.errors() if e.get("restart", 0) == restarts]
-        error = root_cause(failures, last)
+        error = job_root_cause(jd, len(states), restarts)
         if error:
             return JobStatus(
                 "failed",

@@ -42,7 +42,7 @@ from gpulab.enforcement.accounts import separated, unreachable
 from gpulab.scheduler.slices import MILLI_PER_GPU
 
 from .base import Backend, JobStatus
-from .failures import parse_summary, root_cause
+from .failures import job_root_cause
 from .local import PASS_ENV
 from .render import render_node, torchrun_argv
 from .slurm_inventory import (
@@ -301,14 +301,7 @@ class SlurmBackend(Backend):
             # One node failed; srun --kill-on-bad-exit ends the others. Wait for that.
             return JobStatus("running", restarts=restarts, details=details)
         code = next((c for c in codes if c not in (None, 0)), -9)
-        failures = []
-        for n in range(spec.nodes):
-            with contextlib.suppress(OSError):
-                failures += parse_summary(
-                    jd.read_user(f"logs/node{n}.log").decode(errors="replace")
-                )
-        last = [e for e in jd.errors() if e.get("restart", 0) == restarts]
-        error = root_cause(failures, last)
+        error = job_root_cause(jd, spec.nodes, restarts)
         if error:
             return JobStatus(
                 "failed",

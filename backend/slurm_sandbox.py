@@ -160,6 +160,10 @@ def _spawn(argv: list[str], log: Path) -> int:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # slurmd makes each job's spool folder (with the batch script the owner's
+            # account runs) under its umask: a private one (077, as the gpulab service
+            # sets) would leave users' jobs unable to run their own script.
+            umask=0o022,
         )
     return proc.pid
 
@@ -208,6 +212,18 @@ def start(
     timeout: float = 60,
 ) -> dict:
     """Bring the sandbox up (or return the state of the one already up there)."""
+    # Its folders (config, spool, munge socket) must be reachable by users' jobs,
+    # whatever umask the caller runs with (the gpulab service uses 077).
+    umask = os.umask(0o022)
+    try:
+        return _start(data_dir, nodes, gpus_spec, cpus=cpus, timeout=timeout)
+    finally:
+        os.umask(umask)
+
+
+def _start(
+    data_dir: str | os.PathLike, nodes: int, gpus_spec: str | None, *, cpus: int, timeout: float
+) -> dict:
     if os.geteuid() != 0:
         raise PermissionError("the Slurm sandbox needs root (namespaces, daemons as root)")
     for tool in ("munged", "slurmctld", "slurmd", "srun", "ip", "unshare", "nsenter"):

@@ -58,3 +58,12 @@ def plain_hub(shared_hub):
     module is left running and the ledger is empty again."""
     yield shared_hub
     shared_hub.clear()
+
+
+@pytest.fixture(autouse=True)
+def usual_umask():
+    """Each test starts with the usual umask 022. The service and the hub set 077 for
+    their own files (in-process in some tests); left over, it would make the next
+    test's folders unreachable for the users' accounts its jobs run as."""
+    os.umask(0o022)
+    yield

@@ -113,7 +113,7 @@ async def test_two_node_job_is_one_slurm_job_with_the_local_weights(svc, sandbox
     # The two ranks ran on the two sandbox nodes, as alice's account, and those are
     # the nodes the ledger placed the node ranks on (sbatch --nodelist).
     nodes = sorted(n["name"] for n in sandbox["nodes"])
-    assert sorted(json.loads((jd / "nodes.json").read_text())) == nodes
+    assert sorted(json.loads((jd / "slurm" / "nodes.json").read_text())) == nodes
     assert sorted(who(jd, r).split()[3] for r in (0, 1)) == nodes
     assert {who(jd, r).split()[1] for r in (0, 1)} == {"gpulab-alice"}
     # Only PASS_ENV and the job's own variables: none of the service's tokens.
