@@ -28,7 +28,7 @@ from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
 from gpulab.db.jobs import TERMINAL
 from gpulab.scheduler.priority import PriorityError
 from gpulab.scheduler.queue import PREEMPTED, JobQueue, never_fits
-from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, parse_gpu_milli
+from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, label, parse_gpu_milli
 from gpulab.scheduler.usage import decayed
 
 from .allreduce_results import record_from_job
@@ -218,7 +218,7 @@ class JobManager:
                 "message": "queued",
             }
         )
-        jd.event(f"job {spec.id} queued: {spec.world_size} rank(s) x {spec.gpu_milli} milli-GPU")
+        jd.event(f"job {spec.id} queued: {spec.world_size} rank(s) x {label(spec.gpu_milli)}")
         self._wake.set()
         return self.view(job)
 
@@ -342,11 +342,15 @@ class JobManager:
 
     async def _end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
         self._tails.pop(job["id"], None)
+        current = self.queue.get(job["id"])
+        if current is not None and current["state"] not in TERMINAL:
+            # Before the row ends: a reader following the log stops once it sees the
+            # end, and must find this line there.
+            self.jobdir(job).event(f"job {state}: {message}")
         released = await self.ledger.aio.run(
             self._finish, job, spec.rank_owners(), state, message, values
         )
         if released is not None:
-            self.jobdir(job).event(f"job {state}: {message}")
             if state == "succeeded":  # a nettest probe's result, read from the job itself
                 record_from_job(self.service, job, self.jobdir(job))
             log.info(

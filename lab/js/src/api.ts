@@ -75,3 +75,23 @@ export interface ISlice {
 export function getSlice(): Promise<ISlice> {
   return send('slice');
 }
+
+/**
+ * A slice in the one unit people read: "1/4 GPU", "2 GPUs", "no GPU" (the same
+ * words as gpulab.client.units.gpu_label; milli-GPU stays in API fields).
+ */
+export function gpuLabel(milli: number): string {
+  if (!milli) {
+    return 'no GPU';
+  }
+  if (milli % 1000 === 0) {
+    const n = milli / 1000;
+    return n === 1 ? '1 GPU' : `${n} GPUs`;
+  }
+  for (const d of [2, 3, 4, 5, 8, 10, 20]) {
+    if ((milli * d) % 1000 === 0) {
+      return `${(milli * d) / 1000}/${d} GPU`;
+    }
+  }
+  return `${Number((milli / 1000).toPrecision(3))} GPU`;
+}

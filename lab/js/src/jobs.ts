@@ -2,7 +2,7 @@
 // logs on demand and Cancel with a confirmation.
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 
-import { apiDelete, apiGet, apiText } from './api';
+import { apiDelete, apiGet, apiText, gpuLabel } from './api';
 import { ago, el, Section } from './section';
 
 const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
@@ -80,7 +80,11 @@ export class JobsSection extends Section {
     if (job.state === 'queued' && job.position) {
       facts.push(`#${job.position} in the queue`);
     }
-    facts.push(`${job.world_size || 1} rank(s), ${job.gpu_milli} milli-GPU each`);
+    facts.push(
+      job.gpu_milli
+        ? `${job.world_size || 1} rank(s), ${gpuLabel(job.gpu_milli)} each`
+        : `${job.world_size || 1} rank(s), CPU only`
+    );
     facts.push(TERMINAL.has(job.state) ? `ended ${ago(job.finished)}` : `submitted ${ago(job.submitted)}`);
     row.append(el('div', 'gpulab-facts gpulab-progress', facts.join(' · ')));
     if (job.error && job.error.message) {

@@ -3,7 +3,7 @@
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
-import { getSlice, ISlice } from './api';
+import { getSlice, gpuLabel, ISlice } from './api';
 
 const REFRESH_MS = 5000;
 
@@ -45,7 +45,7 @@ export class SliceStatus extends Widget {
     this.node.dataset.milli = String(slice.milli);
     const lines = [
       slice.milli
-        ? `${slice.milli} milli-GPU on ${slice.gpus.join(', ')}`
+        ? `${gpuLabel(slice.milli)} on ${slice.gpus.join(', ')}`
         : 'no GPU in this server’s slice',
       slice.enforcement ? `held by: ${slice.enforcement}` : '',
       slice.memory_note ? `memory in use: ${slice.memory_note}` : '',
