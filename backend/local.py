@@ -64,6 +64,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+async def owner_account(accounts, python: str, jobs_root: str, user: str, jd):
+    """The job owner's account (made if new), with the job dir ``jd`` handed over to
+    it; None when accounts are off. Raises if that account could not run the ranks."""
+    if accounts is None:
+        return None
+    problem = unreachable(python, execute=True) or unreachable(jobs_root)
+    if problem:
+        raise RuntimeError(f"the ranks cannot run as {user}'s account: {problem}")
+    account = await asyncio.get_running_loop().run_in_executor(None, accounts.ensure, user)
+    jd.hand_over(account.uid, account.gid)
+    return account
+
+
 def process_alive(pid: int, marker: str, uid: int | None = None) -> bool:
     """Is ``pid`` still our process (its command line names the job dir, and it
     runs as ``uid`` when given: a pid read from a user's file must not lead the
@@ -138,15 +151,7 @@ class LocalBackend(Backend):
     async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
         jd = self.jobdir(spec.id)
         os.makedirs(jd.p("logs"), exist_ok=True)
-        account = None
-        if self.accounts is not None:
-            problem = unreachable(self.python, execute=True) or unreachable(self.jobs_root)
-            if problem:
-                raise RuntimeError(f"the ranks cannot run as {spec.user}'s account: {problem}")
-            account = await asyncio.get_running_loop().run_in_executor(
-                None, self.accounts.ensure, spec.user
-            )
-            jd.hand_over(account.uid, account.gid)
+        account = await owner_account(self.accounts, self.python, self.jobs_root, spec.user, jd)
         port = free_port()
         nodes = []
         procs = []

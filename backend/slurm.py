@@ -38,12 +38,12 @@ import shlex
 import sys
 import time
 
-from gpulab.enforcement.accounts import separated, unreachable
+from gpulab.enforcement.accounts import separated
 from gpulab.scheduler.slices import MILLI_PER_GPU
 
 from .base import Backend, JobStatus
 from .failures import job_root_cause
-from .local import PASS_ENV
+from .local import PASS_ENV, owner_account
 from .render import render_node, torchrun_argv
 from .slurm_inventory import (
     SHARD_POOL,
@@ -140,15 +140,7 @@ class SlurmBackend(Backend):
     async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
         jd = self.jobdir(spec.id)
         os.makedirs(jd.p("logs"), exist_ok=True)
-        account = None
-        if self.accounts is not None:
-            problem = unreachable(self.python, execute=True) or unreachable(self.jobs_root)
-            if problem:
-                raise RuntimeError(f"the ranks cannot run as {spec.user}'s account: {problem}")
-            account = await asyncio.get_running_loop().run_in_executor(
-                None, self.accounts.ensure, spec.user
-            )
-            jd.hand_over(account.uid, account.gid)
+        account = await owner_account(self.accounts, self.python, self.jobs_root, spec.user, jd)
         # Which Slurm node each node rank runs on: where the ledger put its ranks.
         by_rank = {int(a["owner"].rsplit("/", 1)[1]): a for a in allocations}
         placed: list[str] = []
