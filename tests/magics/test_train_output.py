@@ -11,15 +11,17 @@ import os
 
 from IPython.core.interactiveshell import InteractiveShell
 
+import gpulab.training.runner
 from gpulab.backend.jobdir import JobDir
 from gpulab.magics.train_display import Rates, TorchrunDumpFilter
 from gpulab.magics.train_failure import TrainingJobFailed, failure_lines, hint, user_frames
 from gpulab.widgets.training import WAITING, static_bundle
 
 # What the service gave for a 2-rank job whose cell used a notebook class without --vars.
+# The runner's frame names wherever gpulab is installed (a checkout's path differs by machine).
 TRACEBACK = (
     "Traceback (most recent call last):\n"
-    '  File "/work/main/training/runner.py", line 111, in run\n'
+    f'  File "{gpulab.training.runner.__file__}", line 111, in run\n'
     "    exec(code, namespace)\n"
     '  File "/srv/gpulab/jobs/b1b1ae73e689/cell.py", line 4, in <module>\n'
     "    model = ctx.wrap(Net())\n"
