@@ -106,8 +106,12 @@ reach:
 lint: venv-base $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
+# The suite runs in TEST_WORKERS processes, a test file per process at a time (its
+# module fixtures, a hub or a Slurm sandbox, start once): `make test TEST_WORKERS=0`
+# runs it in one process.
+TEST_WORKERS ?= 2
 test: system-deps deps reach lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 bench-deps: deps
 	$(PY) -m pip install -q -e '.[torch,test,bench]'

@@ -171,7 +171,7 @@ class SlurmBackend(Backend):
                 node,
                 job_dir=jd.path,
                 rdzv_host="@HEAD@",
-                rdzv_port="@PORT@",  # the launcher derives it from the Slurm job id
+                rdzv_port="@PORT@",  # node rank 0's launcher picks a free one
                 local_addr="@SELF@",
                 node_gpus=gpus_of[node],
                 launcher=torchrun_argv(self.python),

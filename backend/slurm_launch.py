@@ -9,7 +9,9 @@ backend rendered every node at submit (:mod:`.render`) into
 ``@HEAD@``  the node that hosts the rendezvous store (``$GPULAB_RDZV_HOST``,
             set by the batch script);
 ``@SELF@``  this node's own host name (torchrun's ``--local-addr``);
-``@PORT@``  the rendezvous port, derived from the Slurm job id.
+``@PORT@``  the rendezvous port: node rank 0 takes a free port of its host and
+            writes it to ``pids/rdzv-port.<job id>.<restart>``; the other nodes
+            read it there (the job dir is on a filesystem every node shares).
 
 ``slurm/nodes.json`` maps Slurm node names to node ranks (where the ledger put
 each node's slices); without an entry the node rank is ``$SLURM_NODEID``.
@@ -32,14 +34,54 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
-#: Rendezvous ports are 29500 + (Slurm job id mod this): two jobs sharing a node
-#: get different ports unless their ids are this far apart.
-PORT_SPAN = 2000
+#: How long the other nodes wait for node rank 0's rendezvous port. srun starts
+#: the nodes' launchers together; a shared filesystem may show the file late.
+PORT_WAIT_S = 120.0
 
 
-def rdzv_port(slurm_job_id: str) -> int:
-    return 29500 + int(slurm_job_id or 0) % PORT_SPAN
+class NoPort(RuntimeError):
+    """Node rank 0 wrote no rendezvous port in time."""
+
+
+def port_file(job_dir: str) -> str:
+    """Where node rank 0 writes the port: per Slurm job and requeue (a requeued job
+    keeps its id and must not read the port of its previous run)."""
+    job = os.environ.get("SLURM_JOB_ID", "0")
+    restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+    return os.path.join(job_dir, "pids", f"rdzv-port.{job}.{restart}")
+
+
+def rendezvous_port(job_dir: str, rank: int, wait_s: float | None = None) -> int:
+    """Node rank 0 asks its kernel for a free port; the others wait for it. A fixed or
+    derived port could already be taken on a shared node (another user's torchrun
+    listens on 29500 by default)."""
+    path = port_file(job_dir)
+    wait_s = PORT_WAIT_S if wait_s is None else wait_s
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{port}\n")
+        os.replace(path + ".tmp", path)
+        return port
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            if text.isdigit():
+                return int(text)
+        except FileNotFoundError:
+            pass
+        if time.monotonic() > deadline:
+            raise NoPort(
+                f"node rank 0 wrote no rendezvous port to {path} within {wait_s:.0f} s: "
+                "did it start, and do all nodes see the job dir (a shared filesystem)?"
+            )
+        time.sleep(0.2)
 
 
 def node_rank(job_dir: str) -> int:
@@ -64,18 +106,26 @@ def launch(job_dir: str) -> int:
     rank = node_rank(job_dir)
     with open(os.path.join(job_dir, "slurm", f"node{rank}.json")) as f:
         node = json.load(f)
+    # Made by the hand-over to the owner's account; without accounts, by the first user.
+    os.makedirs(os.path.join(job_dir, "pids"), exist_ok=True)
+    log = os.open(
+        os.path.join(job_dir, "logs", f"node{rank}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    )
+    try:
+        port = rendezvous_port(job_dir, rank)
+    except NoPort as e:
+        os.write(log, f"gpulab: {e}\n".encode())
+        os.close(log)
+        return _exited(job_dir, rank, 1)
     values = {
         "@HEAD@": os.environ.get("GPULAB_RDZV_HOST") or socket.gethostname(),
         "@SELF@": socket.gethostname(),
-        "@PORT@": str(rdzv_port(os.environ.get("SLURM_JOB_ID", "0"))),
+        "@PORT@": str(port),
     }
     argv = [fill(a, values) for a in node["argv"]]
     # Only what the backend chose (PASS_ENV, the account's HOME/USER, render_node's
     # variables): nothing of the batch environment leaks into user code.
     env = {k: fill(v, values) for k, v in node["env"].items()}
-    log = os.open(
-        os.path.join(job_dir, "logs", f"node{rank}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
-    )
     proc = subprocess.Popen(
         argv, env=env, cwd=job_dir, stdin=subprocess.DEVNULL, stdout=log, stderr=log
     )
@@ -86,7 +136,11 @@ def launch(job_dir: str) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    code = proc.wait()
+    return _exited(job_dir, rank, proc.wait())
+
+
+def _exited(job_dir: str, rank: int, code: int) -> int:
+    """Write this node's exit code where the service reads it; srun's exit status."""
     exit_file = os.path.join(job_dir, "pids", f"node{rank}.exit")
     with open(exit_file + ".tmp", "w") as f:
         f.write(f"{code}\n")

@@ -221,6 +221,25 @@ def start(
         os.umask(umask)
 
 
+#: Unix socket paths are at most 108 bytes, the final NUL included.
+SOCKET_PATH_MAX = 107
+
+
+def check_socket_room(data: Path, nodes: int) -> None:
+    """slurmstepd listens on ``spool/<node>/<node>_<job>.<step>`` under the data dir;
+    if that path is too long for a Unix socket every step fails with "Unspecified
+    error". Count the longest: a 5-digit tag, 8-digit job ids, the batch step's id."""
+    node = f"sb{'0' * 5}n{nodes - 1}"
+    longest = len(f"{data}/spool/{node}/{node}_{'9' * 8}.{2**32 - 5}")
+    if longest > SOCKET_PATH_MAX:
+        room = len(str(data)) - (longest - SOCKET_PATH_MAX)
+        raise ValueError(
+            f"the data dir {data} is {len(str(data))} characters long: Slurm's sockets "
+            f"under it would not fit a Unix socket path; use one of at most {room} "
+            "characters, e.g. /var/tmp/gpulab-slurm"
+        )
+
+
 def _start(
     data_dir: str | os.PathLike, nodes: int, gpus_spec: str | None, *, cpus: int, timeout: float
 ) -> dict:
@@ -230,6 +249,7 @@ def _start(
         if not shutil.which(tool):
             raise FileNotFoundError(f"{tool} not found: apt-get install -y slurm-wlm munge")
     data = Path(data_dir).resolve()
+    check_socket_room(data, nodes)
     existing = load_state(data)
     if existing and existing.get("up") and running(existing):
         return existing

@@ -33,9 +33,9 @@ class JobsMixin:
             "GET", f"/jobs/{job_id}/metrics", query={"cursor": cursor, "rank": rank}
         )
 
-    async def job_logs(self, job_id: str, rank: int | None = None) -> str:
-        """Every log line so far, prefixed ``[r0]``, ``[r1]``..."""
-        return "\n".join([line async for line in self._log_lines(job_id, False, rank)])
+    async def job_logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
+        """Every log line so far (the last ``tail`` lines), prefixed ``[r0]``, ``[r1]``..."""
+        return "\n".join([line async for line in self._log_lines(job_id, False, rank, tail)])
 
     def follow_job_logs(self, job_id: str, rank: int | None = None) -> AsyncIterator[str]:
         """Log lines as they are written, until the job ends."""
@@ -58,8 +58,10 @@ class JobsMixin:
             except ServiceUnreachable:
                 await asyncio.sleep(min(1 + attempt, 5))
 
-    async def _log_lines(self, job_id: str, follow: bool, rank: int | None):
-        query = {"follow": "1" if follow else None, "rank": rank}
+    async def _log_lines(
+        self, job_id: str, follow: bool, rank: int | None, tail: int | None = None
+    ):
+        query = {"follow": "1" if follow else None, "rank": rank, "tail": tail}
         async for line in self.stream_lines(f"/jobs/{job_id}/logs", query):
             yield line
 

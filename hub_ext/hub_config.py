@@ -17,11 +17,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab.spawner.admin_slices import slices_template_var
+from gpulab.hub_ext.admin_page import show_slices_on_admin_page
 
 SERVICE_NAME = "gpulab"
-#: gpulab's versions of hub pages (admin.html), found before JupyterHub's own.
-HUB_PAGES = str(Path(__file__).with_name("templates") / "hub_pages")
 ADMIN_USER = "admin"
 
 
@@ -147,9 +145,7 @@ def configure(c, s: Settings) -> None:
     c.FractionalLocalSpawner.gpulab_api_token = service_token
     c.FractionalLocalSpawner.home_dir_template = str(data / "home" / "{username}")
     c.FractionalLocalSpawner.kernel_dir = str(data / "jupyter")
-    # The admin page with every running server's GPU slice above the user list.
-    c.JupyterHub.template_paths = [HUB_PAGES]
-    c.JupyterHub.template_vars = {"gpulab_slices": slices_template_var}
+    show_slices_on_admin_page(c)
     c.Spawner.default_url = "/lab"
     c.Spawner.cmd = [str(Path(sys.executable).with_name("jupyterhub-singleuser"))]
     # Servers start slowly on a busy small machine; a dead one is noticed by poll.

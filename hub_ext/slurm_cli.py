@@ -134,6 +134,10 @@ def up(args: argparse.Namespace) -> int:
         raise SandboxError(str(e)) from None
     if args.nodes < 1:
         raise SandboxError("--nodes must be 1 or more")
+    try:
+        slurm_sandbox.check_socket_room(sandbox, args.nodes)
+    except ValueError as e:
+        raise SandboxError(f"--data-dir: {e}") from None
     data_dir.mkdir(parents=True, exist_ok=True)
     # Users' jobs run as their own accounts and must reach the munge socket and
     # slurm.conf: the data dir is passable (gpulab up makes it 0711 as root too).

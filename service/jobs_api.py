@@ -21,6 +21,8 @@ from .jobs import JobManager, JobRefused
 
 #: How often a following log stream looks for new lines.
 FOLLOW_POLL_S = 0.5
+#: The most lines ``?tail=`` may ask for (all lines: leave ``tail`` out).
+MAX_TAIL_LINES = 100_000
 
 
 class _JobHandler(APIHandler):
@@ -92,7 +94,8 @@ class JobHandler(_JobHandler):
 class JobLogsHandler(_JobHandler):
     """``text/plain`` lines, each prefixed ``[r<rank>]``, ``[node<n>]`` or ``[gpulab]``.
 
-    ``?follow=1`` streams (chunked) until the job ends; ``?rank=R`` only that rank.
+    ``?follow=1`` streams (chunked) until the job ends; ``?rank=R`` only that rank;
+    ``?tail=N`` starts with the last N lines so far (like ``kubectl logs --tail``).
     """
 
     def set_default_headers(self):
@@ -107,12 +110,15 @@ class JobLogsHandler(_JobHandler):
             rank = int(rank) if rank is not None else None
         except ValueError:
             raise web.HTTPError(400, f"rank must be an integer, got {rank!r}") from None
+        last = self._tail_lines()
         tail = LogTail(self.jobs.jobdir(job), rank)
         try:
             while True:
                 # Ask first, read second: lines written before the job ended are not lost.
                 ended = self.jobs.queue.get(job_id)["state"] in TERMINAL
                 lines = tail.read(final=ended)
+                if last is not None:
+                    lines, last = lines[-last:], None  # only the first read is cut
                 if lines:
                     self.write("\n".join(lines) + "\n")
                     await self.flush()
@@ -122,6 +128,18 @@ class JobLogsHandler(_JobHandler):
         except StreamClosedError:
             return  # the reader went away
         self.finish()
+
+    def _tail_lines(self) -> int | None:
+        value = self.get_argument("tail", None)
+        if value is None:
+            return None
+        if not value.isdigit() or not 1 <= int(value) <= MAX_TAIL_LINES:
+            raise web.HTTPError(
+                400,
+                f"tail must be a number of lines from 1 to {MAX_TAIL_LINES}, got {value[:20]!r}"
+                " (leave it out for every line)",
+            )
+        return int(value)
 
 
 class JobMetricsHandler(_JobHandler):

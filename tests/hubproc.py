@@ -34,7 +34,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-_names = itertools.count(1)
+# Under pytest-xdist each worker counts from its own thousand (gw1: alice-1001...): the
+# workers' hubs are apart, but their users' Unix accounts would be the same.
+_names = itertools.count(1 + 1000 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0))
 
 
 def fresh_user(prefix: str = "user") -> str:

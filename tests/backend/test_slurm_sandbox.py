@@ -9,6 +9,8 @@ root or without the packages. The GPUs are simulated GRES (no GPU here).
 import os
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 from support.wait import wait_until
@@ -53,12 +55,34 @@ def links():
     return subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
 
 
-def test_two_namespace_nodes_run_srun_and_stop_leaves_nothing(tmp_path):
+@pytest.fixture
+def short_dir():
+    """Slurm's step sockets live under the data dir: pytest's tmp_path (longer still
+    under pytest-xdist) leaves them too little of a socket path's 108 bytes."""
+    path = tempfile.mkdtemp(prefix="gpulab-sb-", dir="/var/tmp")
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def needs_root_and_slurm():
     if os.geteuid() != 0:
         pytest.skip("the Slurm sandbox needs root (namespaces, daemons)")
     if not (shutil.which("slurmctld") and shutil.which("munged")):
         pytest.skip("apt-get install -y slurm-wlm munge")
-    data = tmp_path / "slurm"
+
+
+def test_a_data_dir_too_long_for_slurms_sockets_is_refused_before_anything_starts(short_dir):
+    needs_root_and_slurm()
+    data = short_dir / ("d" * 60)
+    before = netns_list()
+    with pytest.raises(ValueError, match="at most [0-9]+ characters, e.g. /var/tmp/gpulab-slurm"):
+        slurm_sandbox.start(data, nodes=2)
+    assert not data.exists() and netns_list() == before
+
+
+def test_two_namespace_nodes_run_srun_and_stop_leaves_nothing(short_dir):
+    needs_root_and_slurm()
+    data = short_dir / "slurm"
     try:
         state = slurm_sandbox.start(data, nodes=2, gpus_spec="gpu:2,shard:8")
         # A second start finds it up and changes nothing.

@@ -76,6 +76,20 @@ def test_two_rank_job_trains_reports_and_returns_out(hub, alice):
     assert "[gpulab] job started: 2 rank(s) on GPU(s)" in logs
     only_r1 = hub.gpulab("GET", f"/jobs/{job['id']}/logs", token=alice, params={"rank": 1}).text
     assert "[r1]" in only_r1 and "[r0]" not in only_r1
+    # The last lines only (what the lab's panel shows), and a clear 400 for a bad count.
+    every = logs.splitlines()
+    for n in (1, 3):
+        last = hub.gpulab("GET", f"/jobs/{job['id']}/logs", token=alice, params={"tail": n})
+        assert last.text.splitlines() == every[-n:]
+    assert (
+        hub.gpulab(
+            "GET", f"/jobs/{job['id']}/logs", token=alice, params={"tail": 100_000}
+        ).text.splitlines()
+        == every
+    )
+    for bad in ("0", "-2", "x", "1e3"):
+        r = hub.gpulab("GET", f"/jobs/{job['id']}/logs", token=alice, params={"tail": bad})
+        assert r.status_code == 400 and "tail must be a number of lines" in r.text, (bad, r.text)
 
     m = hub.gpulab("GET", f"/jobs/{job['id']}/metrics", token=alice).json()
     losses = [rec["loss"] for rec in m["records"]]

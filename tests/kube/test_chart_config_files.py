@@ -10,10 +10,12 @@ import yaml
 from traitlets.config import Config
 
 from gpulab.backend.kubernetes.serving import KubernetesServing
+from gpulab.hub_ext.admin_page import HUB_PAGES, show_slices_on_admin_page
 from gpulab.service.app import GpuLabService
 from gpulab.service.deployments import DeploymentManager
 from gpulab.service.jobs import JobManager
 from gpulab.service.kube_jobs import kubernetes_backend
+from gpulab.spawner.admin_slices import slices_template_var
 from gpulab.spawner.kube import FractionalKubeSpawner
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "gpulab"
@@ -70,6 +72,22 @@ def test_hub_config_wires_the_spawner_and_services(hub_config):
     assert roles["user"]["scopes"] == ["access:services!service=gpulab", "read:groups", "self"]
     assert "jupyterhub-idle-culler" in roles
     assert roles["gpulab-service"]["services"] == ["gpulab"]
+
+
+def test_hub_config_shows_slices_on_the_admin_page(hub_config):
+    """The chart's hub gets the admin page's "GPU slices" table that `gpulab up` has
+    (tests/browser/test_hub_pages.py looks at it there), after a site's own pages."""
+    c = hub_config
+    assert c.JupyterHub.template_paths[-1] == HUB_PAGES
+    assert (Path(HUB_PAGES) / "admin.html").is_file()
+    assert c.JupyterHub.template_vars["gpulab_slices"] is slices_template_var
+    site = Config()
+    site.JupyterHub.template_paths = ["/etc/site-pages"]
+    site.JupyterHub.template_vars = {"org": "ACME"}
+    show_slices_on_admin_page(site)
+    show_slices_on_admin_page(site)
+    assert site.JupyterHub.template_paths == ["/etc/site-pages", HUB_PAGES]
+    assert set(site.JupyterHub.template_vars) == {"org", "gpulab_slices"}
 
 
 async def test_hub_config_is_accepted_by_the_spawner(hub_config, offline_kubeconfig):

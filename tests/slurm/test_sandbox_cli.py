@@ -87,3 +87,11 @@ def test_up_explains_a_bad_gpu_spec(slurm_base):
     bad = gpulab("slurm-sandbox", "up", "--gpus", "shard:4", "--data-dir", str(slurm_base / "x"))
     assert bad.returncode == 1
     assert "shard needs gpu" in bad.stderr
+
+
+def test_up_refuses_a_data_dir_too_long_for_slurms_sockets(slurm_base):
+    long_dir = slurm_base / ("d" * 60)
+    up = gpulab("slurm-sandbox", "up", "--nodes", "2", "--data-dir", str(long_dir))
+    assert up.returncode == 1
+    assert "--data-dir: the data dir" in up.stderr and "e.g. /var/tmp/gpulab-slurm" in up.stderr
+    assert "Traceback" not in up.stderr and not long_dir.exists()

@@ -132,12 +132,12 @@ export class JobsSection extends Section {
   private async showLogs(id: string): Promise<void> {
     let text: string;
     try {
-      text = await apiText(`jobs/${encodeURIComponent(id)}/logs`);
+      // Only the lines shown travel: a long job's whole log is not re-sent every poll.
+      text = await apiText(`jobs/${encodeURIComponent(id)}/logs?tail=${LOG_LINES}`);
     } catch (err) {
       text = `logs not available: ${(err as Error).message}`;
     }
-    const lines = text.split('\n');
-    text = lines.slice(-LOG_LINES).join('\n') || '(no output yet)';
+    text = text.replace(/\n$/, '') || '(no output yet)';
     this._logs.set(id, text);
     const pre = this.node.querySelector(
       `.gpulab-job[data-job-id="${CSS.escape(id)}"] .gpulab-logs`

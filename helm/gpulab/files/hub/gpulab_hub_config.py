@@ -67,6 +67,11 @@ roles["gpulab-service"] = {
 }
 c.JupyterHub.load_roles = list(roles.values())
 
+# The admin page's "GPU slices" table, above JupyterHub's user list.
+from gpulab.hub_ext.admin_page import show_slices_on_admin_page  # noqa: E402
+
+show_slices_on_admin_page(c)
+
 # The audit trail's hub events (logins, server starts and stops, admin actions).
 from gpulab.hub_ext.audit_hook import configure_audit  # noqa: E402
 
