@@ -24,6 +24,7 @@ import tempfile
 import time
 
 from gpulab.client.states import JOB_TERMINAL as TERMINAL
+from gpulab.client.units import gpu_label
 
 NETTEST_USAGE = (
     "%gpulab nettest [--size BYTES] [--iters N] [--nproc N] [--warmup N] "
@@ -195,7 +196,7 @@ def run_job_probe(client, args: argparse.Namespace) -> tuple[dict, dict]:
     job_id = job["id"]
     print(
         f"job {job_id} ({JOB_NAME}): {spec['nodes']} node(s) x {spec['nproc_per_node']} "
-        f"rank(s) per node, {spec['gpu_milli']} milli-GPU per rank; {_state(job)}",
+        f"rank(s) per node, {gpu_label(spec['gpu_milli'])} per rank; {_state(job)}",
         flush=True,
     )
     try:

@@ -19,6 +19,8 @@ import re
 import sys
 import types
 
+from gpulab.client.units import gpu_label
+
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.*)$')
 _NAME = re.compile(r"name '(?P<name>[A-Za-z_][A-Za-z0-9_]*)' is not defined")
 _MODULE = re.compile(r"No module named '(?P<module>[^']+)'")
@@ -98,7 +100,7 @@ def hint(error: dict, sent_vars: list[str], namespace: dict, gpu_milli: int = 0)
             "environment (or pick an --image that has it)"
         )
     if kind == "OutOfMemoryError" or "CUDA out of memory" in message:
-        size = f" of {gpu_milli / 1000:g} GPU" if gpu_milli else ""
+        size = f" of {gpu_label(gpu_milli)}" if gpu_milli else ""
         return (
             f"the rank ran out of GPU memory: its slice{size} is a memory limit; use a "
             f"smaller batch, --amp bf16, or ask for more with --gpu"

@@ -90,8 +90,8 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
     expect(notice).to_contain_text("No GPU telemetry on this machine", timeout=60_000)
     expect(notice).to_contain_text("no NVIDIA driver")
     expect(board.locator(".gpulab-notice:visible")).to_have_count(1)  # not one per chart
-    expect(board).to_contain_text("you · 1/4 GPU")
-    expect(board.locator("th", has_text="GPU memory used / total")).to_have_count(1)
+    expect(board).to_contain_text("you · 1/4 GPU", timeout=60_000)
+    expect(board.locator("th", has_text="GPU memory used / total")).to_have_count(1, timeout=60_000)
     wait_page(page, lambda s: s["points"] > 0, what="points in the plot")
     assert "…" not in board.inner_text()
     board.screenshot(path=os.path.join(artifacts_dir, "dashboard-cluster.png"))

@@ -74,7 +74,7 @@ def test_hints_for_common_mistakes():
         hint(missing, [], {})
     )
     oom = {"type": "OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate 2 GiB"}
-    assert "slice of 0.25 GPU is a memory limit" in hint(oom, [], {}, gpu_milli=250)
+    assert "slice of 1/4 GPU is a memory limit" in hint(oom, [], {}, gpu_milli=250)
     assert hint({"type": "ValueError", "message": "bad"}, [], ns) is None
 
 

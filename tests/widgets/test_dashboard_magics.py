@@ -94,7 +94,11 @@ def test_nettest_across_nodes_runs_as_a_job_and_records(nproc, shell, clients, n
     out = capsys.readouterr().out
     print(out)  # the figures, for whoever reads the test log
     n = 2 * nproc
-    m = re.search(rf"^job (\w+) \(nettest\): 2 node\(s\) x {nproc} rank\(s\) per node", out, re.M)
+    m = re.search(
+        rf"^job (\w+) \(nettest\): 2 node\(s\) x {nproc} rank\(s\) per node, no GPU per rank",
+        out,
+        re.M,
+    )
     assert m, out
     assert f"over {n} ranks on 2 node(s)" in out and "recorded" in out, out
     job = clients["alice"].get_job(m.group(1))
