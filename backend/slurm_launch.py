@@ -72,7 +72,7 @@ def rendezvous_port(job_dir: str, rank: int, wait_s: float | None = None) -> int
         try:
             with open(path) as f:
                 text = f.read().strip()
-            if text.isdigit():
+            if text.isascii() and text.isdigit() and len(text) <= 5:
                 return int(text)
         except FileNotFoundError:
             pass

@@ -133,7 +133,10 @@ class JobLogsHandler(_JobHandler):
         value = self.get_argument("tail", None)
         if value is None:
             return None
-        if not value.isdigit() or not 1 <= int(value) <= MAX_TAIL_LINES:
+        # ASCII digits only, and few ("²" is a digit to str.isdigit; int() refuses
+        # strings of more than 4300 digits).
+        plain = value.isascii() and value.isdigit() and len(value) <= 6
+        if not plain or not 1 <= int(value) <= MAX_TAIL_LINES:
             raise web.HTTPError(
                 400,
                 f"tail must be a number of lines from 1 to {MAX_TAIL_LINES}, got {value[:20]!r}"

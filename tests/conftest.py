@@ -7,7 +7,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from hubproc import RunningHub  # noqa: E402
-from pg import postgres_server  # noqa: E402
+from pg import fresh_database, postgres_server  # noqa: E402
 
 #: The shared hub's settings: those of every module that uses it, for users of its own.
 SHARED_HUB_CONFIG = """
@@ -25,6 +25,13 @@ c.GpuLabService.user_guaranteed_milli = {"guaranteed-jobs": 1000}
 def postgres_url():
     """A real PostgreSQL server for the whole session."""
     with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_db(postgres_url):
+    """An empty PostgreSQL database of this test's own (on the session's server)."""
+    with fresh_database(postgres_url) as url:
         yield url
 
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from contextlib import contextmanager
 
 
@@ -86,3 +87,27 @@ def postgres_server():
         except subprocess.TimeoutExpired:
             proc.kill()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The server's ``postgresql://`` URL for SQLAlchemy's psycopg 3 driver."""
+    return url.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+@contextmanager
+def fresh_database(server_url: str):
+    """An empty database of its own on ``server_url``'s server; yield its URL; drop it
+    after. Tests that share a server (one per pytest process) never see each other's
+    tables or migration state."""
+    from sqlalchemy import create_engine, text
+
+    name = f"gpulab_t_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(sqlalchemy_url(server_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server_url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -8,12 +8,12 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from pg import sqlalchemy_url
 from sqlalchemy import (
     Column,
     Index,
@@ -84,25 +84,12 @@ ROWS = {
 }
 
 
-def _sa_url(url: str) -> str:
-    return url.replace("postgresql://", "postgresql+psycopg://", 1)
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request, tmp_path):
     """An empty database of its own per test."""
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/gpulab.sqlite"
-        return
-    server = request.getfixturevalue("postgres_url")
-    name = f"gpulab_mig_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(_sa_url(server), isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    yield server.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as c:
-        c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+        return f"sqlite:///{tmp_path}/gpulab.sqlite"
+    return request.getfixturevalue("postgres_db")
 
 
 def schema_diff(engine, metadata=None) -> list:
@@ -170,7 +157,7 @@ def baseline_tables() -> dict[str, Table]:
 
 def make_pre_migration_database(url: str, tables) -> None:
     """What ``metadata.create_all`` made before there were migrations, with a row each."""
-    plain = create_engine(_sa_url(url))
+    plain = create_engine(sqlalchemy_url(url))
     old = baseline_tables()
     with plain.begin() as conn:
         for table in tables:

@@ -17,14 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def hub(request, tmp_path):
-    db_url = request.getfixturevalue("postgres_url") if request.param == "postgres" else ""
-    if db_url:
-        from sqlalchemy import create_engine, text
-
-        eng = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
-        with eng.begin() as c:
-            c.execute(text("DROP TABLE IF EXISTS gpulab_allocations"))
-        eng.dispose()
+    db_url = request.getfixturevalue("postgres_db") if request.param == "postgres" else ""
     h = RunningHub(tmp_path / "hub", simulate="2xA100-80GB", db_url=db_url)
     yield h
     h.stop()

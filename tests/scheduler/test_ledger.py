@@ -18,18 +18,7 @@ from gpulab.scheduler.quota import QuotaExceeded, Quotas
 def db_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/ledger.sqlite"
-    url = request.getfixturevalue("postgres_url")
-    # A fresh schema state per test: drop what an earlier test left.
-    from sqlalchemy import create_engine, text
-
-    from gpulab.db import migrate
-
-    eng = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
-    with eng.begin() as c:  # the migrations build them again, from the version table down
-        for table in ("gpulab_alembic_version", *migrate.target_metadata().tables):
-            c.execute(text(f"DROP TABLE IF EXISTS {table}"))
-    eng.dispose()
-    return url
+    return request.getfixturevalue("postgres_db")  # empty, of this test's own
 
 
 def make_ledger(url, spec="2xA100-80GB", quotas=None):
