@@ -16,11 +16,12 @@ PYTEST_ARGS ?=
 # Debian packages the tests drive for real: Chromium (browser tests), PostgreSQL
 # (database option), iproute2 (network namespaces), curl (the %deploy notebook
 # runs the curl line it prints), slurm-wlm and munge (the Slurm backend's tests
-# run a throwaway cluster: `gpulab slurm-sandbox`). Installed when run as root.
+# run a throwaway cluster: `gpulab slurm-sandbox`), slirp4netns (outbound network
+# for a job's own network namespace). Installed when run as root.
 system-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  missing=""; \
-	  for p in chromium postgresql iproute2 curl slurm-wlm munge; do \
+	  for p in chromium postgresql iproute2 curl slurm-wlm munge slirp4netns; do \
 	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \

@@ -80,6 +80,8 @@ def job_root_cause(jd, nodes: int, restarts: int) -> dict | None:
     failures = []
     for n in range(nodes):
         with contextlib.suppress(OSError):
-            failures += parse_summary(jd.read_user(f"logs/node{n}.log").decode(errors="replace"))
+            failures += parse_summary(
+                jd.read_user_end(f"logs/node{n}.log").decode(errors="replace")
+            )
     last = [e for e in jd.errors() if e.get("restart", 0) == restarts]
     return root_cause(failures, last)

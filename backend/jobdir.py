@@ -3,6 +3,7 @@
 Layout of ``<data_dir>/jobs/<id>/`` (on Kubernetes, the same tree on a shared volume)::
 
     spec.json  cell.py  vars.pkl      what to run (written at submit)
+    rdzv.secret                       the rendezvous secret (:mod:`gpulab.training.rendezvous`)
     launch.json                       how it was started
     events.log                        lines for the user ("restart 1: ...")
     logs/rank<R>.log  logs/node<N>.log  each rank's output; each torchrun agent's
@@ -31,6 +32,7 @@ import glob
 import json
 import os
 import re
+import secrets
 import stat
 
 from .spec import JobSpec
@@ -46,6 +48,9 @@ EVENTS = "events.log"
 #: Where rank 0 notes the step it stopped at for a preemption
 #: (:data:`gpulab.training.preemption.MARKER`).
 PREEMPTED = os.path.join("pids", "preempted.json")
+#: The job's rendezvous secret: ``0600`` the service's, ``root:<owner's private
+#: group> 0640`` once handed over, so only the owner's ranks read it.
+RDZV_SECRET = "rdzv.secret"
 
 
 class JobDir:
@@ -127,6 +132,15 @@ class JobDir:
             f.seek(offset)
             return f.read() if limit is None else f.read(limit)
 
+    def read_user_end(self, name: str, limit: int = 1 << 20) -> bytes:
+        """The last ``limit`` bytes of a ranks' file (a log may be any size)."""
+        fd = self.open_user(name)
+        try:
+            size = os.fstat(fd).st_size
+            return os.pread(fd, min(size, limit), max(0, size - limit))
+        finally:
+            os.close(fd)
+
     # -- inputs ------------------------------------------------------------------
     def write_inputs(self, spec: JobSpec) -> None:
         for sub in ("logs", "metrics", "errors", "checkpoints", "out"):
@@ -136,7 +150,17 @@ class JobDir:
         if spec.vars_b64:
             with open(self.p("vars.pkl"), "wb") as f:
                 f.write(spec.vars_bytes)
+        self.write_rdzv_secret()
         self.write_json("spec.json", spec.to_dict())
+
+    def write_rdzv_secret(self) -> None:
+        """A fresh secret for the job's rendezvous, if it has none (a requeue keeps it)."""
+        try:
+            fd = os.open(self.p(RDZV_SECRET), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
 
     def spec(self) -> JobSpec:
         return JobSpec.from_dict(self.read_json("spec.json"))
@@ -253,27 +277,145 @@ class JobDir:
         )
 
 
+#: The most bytes one read of a job's logs returns (a whole-log read, or a tail of
+#: long lines); what is older is skipped with a note saying so.
+MAX_READ_BYTES = 8 << 20
+#: Blocks a tail is read in, from the end of the file back.
+TAIL_BLOCK = 64 << 10
+
+
 class LogTail:
-    """Reads new complete lines from all of a job's logs, each with its prefix."""
+    """Reads new complete lines from all of a job's logs, each with its prefix.
+
+    Reads are bounded (:data:`MAX_READ_BYTES` per call, from the end when there is
+    more) and ``tail`` reads a file backwards, block by block, never all of it. A
+    log cut by :mod:`gpulab.training.log_cap` (a new inode whose first line says how
+    many bytes it dropped) is followed on from where the reader was.
+    """
 
     def __init__(self, jobdir: JobDir, rank: int | None = None):
         self.jobdir = jobdir
         self.rank = rank
         self.offsets: dict[str, int] = {}
+        self.inodes: dict[str, int] = {}
 
-    def read(self, final: bool = False) -> list[str]:
-        """New lines since the last call; ``final`` also returns an unterminated last line."""
-        lines = []
-        for prefix, path in self.jobdir.log_sources():
-            if self.rank is not None and prefix != f"[r{self.rank}] ":
-                continue
-            offset = self.offsets.get(path, 0)
+    def _sources(self) -> list[tuple[str, str]]:
+        return [
+            (prefix, path)
+            for prefix, path in self.jobdir.log_sources()
+            if self.rank is None or prefix == f"[r{self.rank}] "
+        ]
+
+    def read(self, final: bool = False, tail: int | None = None) -> list[str]:
+        """New lines since the last call; ``final`` also returns an unterminated last
+        line; ``tail``: of what is there, only the last ``tail`` lines (first call)."""
+        opened = []
+        for prefix, path in self._sources():
             try:
-                data = self.jobdir.read_user(os.path.relpath(path, self.jobdir.path), offset)
+                fd = self.jobdir.open_user(os.path.relpath(path, self.jobdir.path))
             except OSError:
                 continue
-            end = len(data) if final else data.rfind(b"\n") + 1
-            self.offsets[path] = offset + end
-            for raw in data[:end].splitlines():
-                lines.append(prefix + raw.decode(errors="replace"))
+            opened.append((prefix, path, fd))
+        try:
+            if tail is not None:
+                return self._tail(opened, final, tail)
+            lines = []
+            for prefix, path, fd in opened:
+                lines += self._new(prefix, path, fd, final)
+            return lines
+        finally:
+            for _, _, fd in opened:
+                os.close(fd)
+
+    def _start(self, path: str, fd: int) -> int:
+        """Where to go on reading ``path``: the last offset, moved over a cut."""
+        st = os.fstat(fd)
+        offset = self.offsets.get(path, 0)
+        seen = self.inodes.get(path)
+        self.inodes[path] = st.st_ino
+        if seen is not None and seen != st.st_ino:
+            from gpulab.training.log_cap import dropped_of
+
+            first = os.pread(fd, 200, 0)
+            line = first[: first.find(b"\n") + 1]
+            dropped = dropped_of(line)
+            moved = dropped is not None and offset >= dropped
+            offset = len(line) + offset - dropped if moved else 0
+        return min(offset, st.st_size)
+
+    def _new(self, prefix: str, path: str, fd: int, final: bool) -> list[str]:
+        offset = self._start(path, fd)
+        size = os.fstat(fd).st_size
+        skipped = size - offset > MAX_READ_BYTES
+        if skipped:
+            offset = size - MAX_READ_BYTES
+        data = os.pread(fd, size - offset, offset)
+        end = len(data) if final else data.rfind(b"\n") + 1
+        self.offsets[path] = offset + end
+        body = data[:end]
+        lines = []
+        if skipped:
+            cut = body.find(b"\n") + 1  # from the start of a line
+            body = body[cut:]
+            lines.append(f"{prefix}[gpulab] {_mib(offset + cut)} of this log skipped")
+        lines += [prefix + raw.decode(errors="replace") for raw in body.splitlines()]
         return lines
+
+    def _tail(self, opened, final: bool, n: int) -> list[str]:
+        """The last ``n`` lines over all sources (in their order), read from the ends."""
+        found: list[list[str]] = []
+        budget = MAX_READ_BYTES
+        for prefix, path, fd in reversed(opened):
+            size = os.fstat(fd).st_size
+            self._start(path, fd)
+            end = size if final else _last_newline(fd, size)
+            self.offsets[path] = end
+            if n <= 0 or budget <= 0:
+                continue
+            raws, used, complete = _last_lines(fd, end, n, budget)
+            budget -= used
+            lines = [prefix + raw.decode(errors="replace") for raw in raws]
+            if not complete:
+                lines.insert(0, f"{prefix}[gpulab] older lines skipped: over {_mib(used)}")
+            n -= len(raws)
+            found.append(lines)
+        return [line for lines in reversed(found) for line in lines]
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _last_newline(fd: int, size: int) -> int:
+    """The offset after the last newline before ``size`` (0 if none in the last
+    :data:`MAX_READ_BYTES`: a line still being written waits)."""
+    pos = size
+    while pos > 0 and size - pos < MAX_READ_BYTES:
+        start = max(0, pos - TAIL_BLOCK)
+        block = os.pread(fd, pos - start, start)
+        i = block.rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        pos = start
+    return 0 if pos == 0 else size
+
+
+def _last_lines(fd: int, end: int, n: int, budget: int) -> tuple[list[bytes], int, bool]:
+    """The last ``n`` lines before ``end``, reading back in blocks and at most
+    ``budget`` bytes; ``(lines, bytes read, whether the first line is whole)``."""
+    chunks: list[bytes] = []
+    newlines = 0
+    pos = end
+    while pos > 0 and newlines < n and end - pos < budget:
+        start = max(0, pos - TAIL_BLOCK, end - budget)
+        block = os.pread(fd, pos - start, start)
+        # A newline ending the data closes the last line; it starts none.
+        newlines += block.count(b"\n", 0, len(block) - (1 if pos == end else 0))
+        chunks.append(block)
+        pos = start
+    lines = b"".join(reversed(chunks)).splitlines()
+    whole = pos == 0 or newlines >= n
+    if not whole:
+        lines = lines[1:]  # it began before what the budget let us read
+    # With n newlines read, the first (maybe partial) line is not among the last n.
+    return lines[-n:], end - pos, whole

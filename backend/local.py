@@ -7,6 +7,11 @@ writes torchrun's exit code to ``pids/node<N>.exit`` when it ends: a service tha
 re-attached (and so is not the parent) still learns how the job ended.
 ``launch.json`` holds the pids and process groups.
 
+With per-user accounts each job's nodes run in a network namespace of the job's
+own (:mod:`.job_network`, ``c.JobNetwork``): the rendezvous is on 127.0.0.1 there
+and gloo on ``lo``, so nothing the job listens on is reachable from the host's
+namespace or any other. The namespace goes when the job ends, fails or is cancelled.
+
 With per-user accounts (:class:`gpulab.enforcement.accounts.UserAccounts`) the
 agents and their ranks run as the job owner's account, with the owner's home,
 and write only the folders :meth:`JobDir.hand_over` gives them.
@@ -32,6 +37,9 @@ from gpulab.enforcement.accounts import separated, unreachable
 
 from .base import Backend, JobStatus
 from .failures import job_root_cause
+from .job_network import PRIVATE_RDZV_PORT, JobNetwork, Network
+from .job_network import delete as delete_network
+from .log_pipe import DEFAULT_LOG_MAX_BYTES
 from .render import render_node, torchrun_argv
 from .spec import JobSpec, SpecError
 
@@ -104,6 +112,8 @@ class LocalBackend(Backend):
         accounts=None,
         limits=None,
         gpu_count: int = 0,
+        network: JobNetwork | None = None,
+        log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
     ):
         super().__init__(jobs_root)
         self.real_gpus = real_gpus
@@ -114,6 +124,10 @@ class LocalBackend(Backend):
         #: ranks, or None: run as the service.
         self.accounts, self.limits = separated(jobs_root, accounts, limits)
         self.gpu_count = gpu_count
+        #: Each node's and rank's log is kept under this (0: not capped).
+        self.log_max_bytes = log_max_bytes
+        #: Which network each job's nodes run in (c.JobNetwork settings).
+        self.network = network or JobNetwork()
         self._children: dict[str, list[subprocess.Popen]] = {}
         self._failed_since: dict[str, float] = {}
 
@@ -130,7 +144,12 @@ class LocalBackend(Backend):
         env["HOME"] = self.home or jobdir.path
         return env
 
-    def node_launches(self, spec: JobSpec, allocations: list[dict], port: int):
+    def node_launches(
+        self, spec: JobSpec, allocations: list[dict], port: int, private: bool = False
+    ):
+        """Each node's launch; ``private``: in the job's own network namespace, where
+        the agents' and the ranks' stores and gloo use its loopback (the host's name
+        would resolve to an address the namespace does not have)."""
         jd = self.jobdir(spec.id)
         by_rank = {}
         for a in allocations:
@@ -144,6 +163,8 @@ class LocalBackend(Backend):
                 job_dir=jd.path,
                 rdzv_host="127.0.0.1",
                 rdzv_port=port,
+                local_addr="127.0.0.1" if private else None,
+                ifname="lo" if private else None,
                 node_gpus=gpus,
                 launcher=torchrun_argv(self.python),
             )
@@ -152,17 +173,37 @@ class LocalBackend(Backend):
         jd = self.jobdir(spec.id)
         os.makedirs(jd.p("logs"), exist_ok=True)
         account = await owner_account(self.accounts, self.python, self.jobs_root, spec.user, jd)
-        port = free_port()
+        network = await asyncio.get_running_loop().run_in_executor(
+            None, self.network.open, spec.id, account is not None, jd.p("network.log")
+        )
+        if network.note:
+            jd.event(network.note)
+        try:
+            self._launch(spec, allocations, jd, account, network)
+        except BaseException:
+            # Nothing of a half-made start stays: the agents it made, their groups,
+            # the job's network.
+            for proc in self._children.pop(spec.id, []):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            await self._release(spec)
+            raise
+
+    def _launch(self, spec: JobSpec, allocations: list[dict], jd, account, network: Network):
+        port = PRIVATE_RDZV_PORT if network.private else free_port()
         nodes = []
         procs = []
-        for launch in self.node_launches(spec, allocations, port):
+        self._children[spec.id] = procs
+        for launch in self.node_launches(spec, allocations, port, network.private):
             env = {
                 **self._base_env(jd),
                 **(account.env() if account else {}),
                 **launch.env,
                 "GPULAB_EXIT_FILE": jd.p("pids", f"node{launch.node_rank}.exit"),
+                "GPULAB_LOG_MAX_BYTES": str(self.log_max_bytes),  # the ranks' logs too
             }
-            argv = ["/bin/sh", "-c", _WRAPPER, "gpulab-node", *launch.argv]
+            argv = self._node_argv(jd, launch.node_rank, launch.argv)
             run_as = account.popen_kwargs() if account else {}
             group = self._node_group(spec, account, launch.node_rank, allocations)
             if group is not None:
@@ -171,7 +212,7 @@ class LocalBackend(Backend):
                 f"logs/node{launch.node_rank}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT
             )
             try:
-                proc = subprocess.Popen(
+                proc = network.popen(
                     argv,
                     env=env,
                     cwd=jd.path,
@@ -187,11 +228,31 @@ class LocalBackend(Backend):
             nodes.append(
                 {"node": launch.node_rank, "pid": proc.pid, "pgid": proc.pid, "argv": launch.argv}
             )
-        self._children[spec.id] = procs
         jd.write_json(
             "launch.json",
-            {"backend": self.name, "rdzv_port": port, "started": time.time(), "nodes": nodes},
+            {
+                "backend": self.name,
+                "rdzv_port": port,
+                "network": network.record(),
+                "started": time.time(),
+                "nodes": nodes,
+            },
         )
+
+    def _node_argv(self, jd, node: int, agent: list[str]) -> list[str]:
+        """The agent under its log writer (:mod:`gpulab.training.log_cap`), which keeps
+        ``logs/node<N>.log`` under ``log_max_bytes`` and writes the exit code once all
+        the agent's output is in the log; under ``/bin/sh`` when logs are not capped."""
+        if not self.log_max_bytes:
+            return ["/bin/sh", "-c", _WRAPPER, "gpulab-node", *agent]
+        return [
+            *(self.python, "-m", "gpulab.training.log_cap"),
+            *("--max-bytes", str(self.log_max_bytes)),
+            *("--exit-file", jd.p("pids", f"node{node}.exit")),
+            jd.p("logs", f"node{node}.log"),
+            "--",
+            *agent,
+        ]
 
     def _node_group(self, spec: JobSpec, account, node: int, allocations: list[dict]):
         """The cgroup of one node's agent and ranks (the limits of its ranks' slices)."""
@@ -216,13 +277,17 @@ class LocalBackend(Backend):
             gpu_devices=devices,
         )
 
-    def _remove_groups(self, spec: JobSpec) -> None:
-        if self.limits is None:
-            return
-        account = self.accounts.lookup(spec.user)
-        if account is not None:
-            for node in range(spec.nodes):
-                self.limits.remove(account.name, f"job-{spec.id}-node{node}")
+    async def _release(self, spec: JobSpec) -> None:
+        """What the job held on the host once its processes are gone: its nodes'
+        cgroups and its network namespace (found by the job's id: a service that
+        re-attached, or a start that failed half-way, has the same)."""
+        if self.limits is not None:
+            account = self.accounts.lookup(spec.user)
+            if account is not None:
+                for node in range(spec.nodes):
+                    self.limits.remove(account.name, f"job-{spec.id}-node{node}")
+        if self.accounts is not None:
+            await asyncio.get_running_loop().run_in_executor(None, delete_network, spec.id)
 
     # -- watching -----------------------------------------------------------------
     def _reap(self, job_id: str) -> None:
@@ -262,6 +327,7 @@ class LocalBackend(Backend):
         states = self._node_states(spec)
         restarts = jd.restarts()
         if not states:
+            await self._release(spec)
             return JobStatus("failed", message="the job was never started", restarts=restarts)
         if any(s is None for s in states):
             if any(s not in (None, 0) for s in states):
@@ -271,7 +337,7 @@ class LocalBackend(Backend):
             return JobStatus("running", restarts=restarts)
         self._failed_since.pop(spec.id, None)
         self._children.pop(spec.id, None)
-        self._remove_groups(spec)
+        await self._release(spec)
         if all(s == 0 for s in states):
             return JobStatus("succeeded", exit_code=0, restarts=restarts)
         code = next(s for s in states if s != 0)
@@ -295,7 +361,7 @@ class LocalBackend(Backend):
     @staticmethod
     def _tail(jd, name: str, n: int = 3) -> str:
         try:
-            text = jd.read_user(name).decode(errors="replace")
+            text = jd.read_user_end(name, 64 << 10).decode(errors="replace")
         except OSError:
             return ""
         lines = [ln.strip() for ln in text.splitlines()[-n:] if ln.strip()]
@@ -356,12 +422,12 @@ class LocalBackend(Backend):
                 ranks = {p for p in ranks | set(self._rank_pids(jd)) if _running(p)}
                 if not any(_group_alive(g) for g in groups) and not ranks:
                     self._children.pop(spec.id, None)
-                    self._remove_groups(spec)
+                    await self._release(spec)
                     return
                 await asyncio.sleep(0.1)
         self._reap(spec.id)
         self._children.pop(spec.id, None)
-        self._remove_groups(spec)
+        await self._release(spec)
 
 
 def _stat(pid: int | str) -> list[str] | None:

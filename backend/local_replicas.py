@@ -7,11 +7,14 @@ A deployment's directory holds::
 
     model/            model.pt2 + model.json (gpulab.serving.export)
     token             the secret the replicas want in ``Authorization: Bearer``
-    replica<N>.json   {"pid", "port", "started"} of the replica's latest process
+    replica<N>.json   {"pid", "socket", "started"} of the replica's latest process
     logs/replica<N>.log
 
-The replicas listen on 127.0.0.1 only, behind the service's authenticated
-endpoint; the token keeps other processes of the host out as well.
+The replicas listen on Unix sockets the service binds in a folder only its own
+account (root) enters (:mod:`.replica_sockets`): no other account of the host can
+connect to them, behind the service's authenticated endpoint. Their token is a
+second lock (defense in depth). A record of an older service that names a
+``port`` instead is still followed (``http://127.0.0.1:<port>``).
 
 With per-user accounts the replicas run as the owner's account: the directory
 is ``root:<owner's group> 0750``, the model readable by that group, and the
@@ -35,7 +38,10 @@ import time
 from gpulab.enforcement.accounts import separated
 
 from .deployment_dir import DeploymentDirs
-from .local import PASS_ENV, free_port, process_alive
+from .local import PASS_ENV, process_alive
+from .log_pipe import DEFAULT_LOG_MAX_BYTES, capped_log
+from .replica_http import unix_address
+from .replica_sockets import ReplicaSockets
 
 #: The nice value of a replica until it answers ready (0: none).
 STARTING_NICE = 10
@@ -52,6 +58,7 @@ class LocalReplicas(DeploymentDirs):
         accounts=None,
         limits=None,
         gpu_count: int = 0,
+        log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
     ):
         super().__init__(root)
         self.real_gpus = real_gpus
@@ -61,6 +68,10 @@ class LocalReplicas(DeploymentDirs):
         #: or None: run as the service.
         self.accounts, self.limits = separated(root, accounts, limits)
         self.gpu_count = gpu_count
+        #: Each replica's log is kept under this (0: not capped).
+        self.log_max_bytes = log_max_bytes
+        self._writers: list[subprocess.Popen] = []
+        self.sockets = ReplicaSockets(root)
         self._children: dict[tuple[str, int], subprocess.Popen] = {}
 
     # -- the directory -----------------------------------------------------------
@@ -79,11 +90,14 @@ class LocalReplicas(DeploymentDirs):
             os.chown(path, 0, gid)
             os.chmod(path, 0o750)
 
+    def remove(self, dep_id: str) -> None:
+        self.sockets.remove(dep_id)
+        super().remove(dep_id)
+
     # -- replicas ----------------------------------------------------------------
     def start_replica(self, dep: dict, replica: int, gpu_uuid: str | None = None) -> dict:
-        """Launch one replica on a free port; returns its record (pid, port)."""
+        """Launch one replica on its socket; returns its record (pid, socket)."""
         dep_id = dep["id"]
-        port = free_port()
         env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
         run_as, group = {}, None
         env.update(HOME=self.path(dep_id))
@@ -115,38 +129,44 @@ class LocalReplicas(DeploymentDirs):
             env["PYTORCH_CUDA_ALLOC_CONF"] = (
                 f"per_process_memory_fraction:{dep['gpu_milli'] / 1000:g}"
             )
-        argv = [
-            self.python,
-            "-m",
-            "gpulab.serving.server",
-            "--model-dir",
-            self.model_dir(dep_id),
-            "--ip",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--max-batch-size",
-            str(dep["max_batch_size"]),
-            "--max-latency-ms",
-            f"{dep['max_latency_ms']:g}",
-            "--max-queue",
-            str(dep["max_queue"]),
-        ]
-        if group is not None:
-            argv, run_as = group.launch(argv, **run_as)
-        with open(self.log_path(dep_id, replica), "ab") as log:
-            log.write(f"[gpulab] starting replica {replica} on port {port}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=self.path(dep_id),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                **run_as,
-            )
+        path = self.sockets.path(dep_id, replica)
+        # Bound here, listened on by the replica once it serves; our copy closes right
+        # after the start (a dead replica's socket must refuse connections, not queue them).
+        with self.sockets.bind(dep_id, replica) as sock:
+            argv = [
+                self.python,
+                "-m",
+                "gpulab.serving.server",
+                "--model-dir",
+                self.model_dir(dep_id),
+                "--listen-fd",
+                str(sock.fileno()),
+                "--max-batch-size",
+                str(dep["max_batch_size"]),
+                "--max-latency-ms",
+                f"{dep['max_latency_ms']:g}",
+                "--max-queue",
+                str(dep["max_queue"]),
+            ]
+            if group is not None:
+                argv, run_as = group.launch(argv, **run_as)
+            with open(self.log_path(dep_id, replica), "ab") as log:
+                log.write(f"[gpulab] starting replica {replica} on unix:{path}\n".encode())
+            log = self._log(dep_id, replica)
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=self.path(dep_id),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(sock.fileno(),),
+                    **run_as,
+                )
+            finally:
+                os.close(log)
         self._children[(dep_id, replica)] = proc
         if STARTING_NICE and os.geteuid() == 0:
             # Starting (imports, loading the model) at a lower priority, so a replica
@@ -155,7 +175,7 @@ class LocalReplicas(DeploymentDirs):
             # again, so only root lowers it. The whole group: threads inherit it.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.setpriority(os.PRIO_PGRP, proc.pid, STARTING_NICE)
-        record = {"pid": proc.pid, "port": port, "started": time.time()}
+        record = {"pid": proc.pid, "socket": path, "started": time.time()}
         tmp = self.path(dep_id, f"replica{replica}.json.tmp")
         with open(tmp, "w") as f:
             json.dump(record, f)
@@ -176,6 +196,14 @@ class LocalReplicas(DeploymentDirs):
         except (OSError, ValueError):
             return None
 
+    @staticmethod
+    def address(record: dict) -> str:
+        """Where the replica of ``record`` answers: ``unix:<socket>``, or the port on
+        127.0.0.1 of a replica an older service started."""
+        if "socket" in record:
+            return unix_address(record["socket"])
+        return f"http://127.0.0.1:{int(record['port'])}"
+
     def alive(self, dep_id: str, replica: int) -> bool:
         rec = self.record(dep_id, replica)
         if rec is None:
@@ -190,14 +218,26 @@ class LocalReplicas(DeploymentDirs):
         child = self._children.get((dep_id, replica))
         return child.poll() if child is not None else None
 
+    def _log(self, dep_id: str, replica: int) -> int:
+        """The replica's stdout: a pipe into its capped log, written as the service
+        (the log is root's); finished writers are reaped here."""
+        path = self.log_path(dep_id, replica)
+        if not self.log_max_bytes:
+            return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._writers = [w for w in self._writers if w.poll() is None]
+        env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+        return capped_log(path, self.log_max_bytes, self.python, env, None, self._writers)
+
     def log_path(self, dep_id: str, replica: int) -> str:
         return self.path(dep_id, "logs", f"replica{replica}.log")
 
     def log_tail(self, dep_id: str, replica: int, lines: int = 5) -> str:
         """The last ``lines`` lines of a replica's log, on one line (for messages)."""
         try:
-            with open(self.log_path(dep_id, replica), errors="replace") as f:
-                tail = [ln.rstrip() for ln in f.readlines()[-lines:] if ln.strip()]
+            with open(self.log_path(dep_id, replica), "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - (64 << 10)))  # the end is enough
+                text = f.read().decode(errors="replace")
+            tail = [ln.rstrip() for ln in text.splitlines()[-lines:] if ln.strip()]
         except OSError:
             return ""
         return " | ".join(tail)
@@ -226,6 +266,7 @@ class LocalReplicas(DeploymentDirs):
             break
         for i in replicas:
             self._children.pop((dep_id, i), None)
+            self.sockets.unlink(dep_id, i)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path(dep_id, f"replica{i}.json"))
         account = self.accounts.lookup(dep["user"]) if self.limits is not None else None

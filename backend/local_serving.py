@@ -3,7 +3,7 @@ backend that keeps its replicas running itself.
 
 :class:`LocalServing` starts and kills replicas through :class:`~.local_replicas.LocalReplicas`
 and supervises them on every :meth:`~LocalServing.check`: a replica whose process is
-gone is started again (on a new port); one that dies ``MAX_CRASHES`` times within
+gone is started again (on a fresh socket); one that dies ``MAX_CRASHES`` times within
 ``CRASH_WINDOW_S`` fails its deployment. A replica counts as ready once its
 ``/v2/health/ready`` answers 200; calls then go to the ready ones in turn.
 After a restart of the service the replicas are found again by pid
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from .local_replicas import LocalReplicas
+from .replica_http import ReplicaSessions
 from .serving_base import Health, ServingBackend
 
 log = logging.getLogger("gpulab.backend.local_serving")
@@ -34,7 +35,7 @@ PROBE_TIMEOUT_S = 2.0
 @dataclass
 class Replica:
     gpu_uuid: str | None = None  # the card of its slice, or None for none
-    port: int | None = None  # set while it answers ready
+    address: str | None = None  # where it answers (unix:<socket>), set once it is ready
     crashes: list[float] = field(default_factory=list)  # monotonic times it died
 
 
@@ -53,7 +54,9 @@ class LocalServing(LocalReplicas, ServingBackend):
     def __init__(self, root: str, **kwargs):
         super().__init__(root, **kwargs)
         self._served: dict[str, Served] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self._sessions = ReplicaSessions(
+            lambda connector: aiohttp.ClientSession(connector=connector)
+        )
 
     def _state(self, dep: dict, rows: list[dict] | None = None) -> Served:
         served = self._served.get(dep["id"])
@@ -98,7 +101,7 @@ class LocalServing(LocalReplicas, ServingBackend):
 
     def _start(self, dep: dict, replica: int) -> None:
         rep = self._state(dep).replicas[replica]
-        rep.port = None
+        rep.address = None
         self.start_replica(dep, replica, rep.gpu_uuid)
 
     # -- supervising -----------------------------------------------------------------
@@ -108,7 +111,7 @@ class LocalServing(LocalReplicas, ServingBackend):
         down = []
         for r, rep in enumerate(served.replicas[: dep["replicas"]]):
             if self.alive(dep["id"], r):
-                if rep.port is None:
+                if rep.address is None:
                     await self._probe(dep, r)
             else:
                 down.append(r)
@@ -121,7 +124,7 @@ class LocalServing(LocalReplicas, ServingBackend):
             code = self.exit_code(dep["id"], r)
             now = time.monotonic()
             rep.crashes = [t for t in rep.crashes if now - t < CRASH_WINDOW_S] + [now]
-            rep.port = None
+            rep.address = None
             what = f"replica {r} exited" + (f" with code {code}" if code is not None else "")
             if len(rep.crashes) >= MAX_CRASHES:
                 log.warning("Deployment %s/%s failed: %s", dep["user"], dep["name"], tail)
@@ -139,7 +142,7 @@ class LocalServing(LocalReplicas, ServingBackend):
             restarts += 1
             message = f"{what}; restarted it"
             self._start(dep, r)
-        ready = sum(rep.port is not None for rep in served.replicas[: dep["replicas"]])
+        ready = sum(rep.address is not None for rep in served.replicas[: dep["replicas"]])
         state = (
             "running"
             if ready >= dep["replicas"]
@@ -157,16 +160,11 @@ class LocalServing(LocalReplicas, ServingBackend):
         rec = self.record(dep["id"], replica)
         if rec is None:
             return
-        resp = await self._get(dep, rec["port"], "/v2/health/ready")
+        address = self.address(rec)
+        resp = await self._get(dep, address, "/v2/health/ready")
         if resp is not None and resp[0] == 200:
-            self._state(dep).replicas[replica].port = rec["port"]
+            self._state(dep).replicas[replica].address = address
             self.serving_priority(rec["pid"])
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        return self._session
 
     def _token(self, dep: dict) -> str:
         served = self._state(dep)
@@ -174,11 +172,12 @@ class LocalServing(LocalReplicas, ServingBackend):
             served.token = self.token(dep["id"])
         return served.token
 
-    async def _get(self, dep: dict, port: int, path: str):
+    async def _get(self, dep: dict, address: str, path: str):
         """``(status, body)`` of a GET to one replica, or None if it does not answer."""
+        session, base = await self._sessions.get(address)
         try:
-            async with self.session.get(
-                f"http://127.0.0.1:{port}{path}",
+            async with session.get(
+                f"{base}{path}",
                 timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
                 headers={"Authorization": f"Bearer {self._token(dep)}"},
             ) as resp:
@@ -192,9 +191,9 @@ class LocalServing(LocalReplicas, ServingBackend):
         if served is None:
             return []
         return [
-            (r, f"http://127.0.0.1:{rep.port}")
+            (r, rep.address)
             for r, rep in enumerate(served.replicas[: dep["replicas"]])
-            if rep.port
+            if rep.address
         ]
 
     async def logs(self, dep: dict, replica: int, max_bytes: int = 256 * 1024) -> str:
@@ -218,6 +217,4 @@ class LocalServing(LocalReplicas, ServingBackend):
         self._served.pop(dep_id, None)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._sessions.close()

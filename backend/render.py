@@ -1,8 +1,11 @@
 """The command line and environment of one node of a job: pure functions.
 
-Every backend renders the same thing: torchrun with c10d rendezvous, started
-once per node, running ``python -m gpulab.training.runner <job_dir>`` in each
-of its processes. The ``PET_*`` variables say the same as the flags, so a
+Every backend renders the same thing: torchrun (``python -m
+gpulab.training.launch``) with gpulab's signed c10d rendezvous
+(``--rdzv-backend=gpulab``, :mod:`gpulab.training.rendezvous`: a state not
+signed with the job's secret, ``<job_dir>/rdzv.secret``, is never unpickled),
+started once per node, running ``python -m gpulab.training.runner <job_dir>``
+in each of its processes. The ``PET_*`` variables say the same as the flags, so a
 Kubeflow runtime (which sets ``PET_NNODES``, ``PET_NODE_RANK``...) and torchrun
 agree. Across hosts (network namespaces, pods) torchrun needs the node's own
 address (``--local-addr``), to be told which node hosts the rendezvous store
@@ -17,7 +20,11 @@ from dataclasses import dataclass
 
 from gpulab.training import env as rank_env
 
+from .jobdir import RDZV_SECRET
 from .spec import JobSpec
+
+#: torchrun's name of gpulab's rendezvous (:data:`gpulab.training.rendezvous.NAME`).
+RDZV_BACKEND = "gpulab"
 
 
 @dataclass(frozen=True)
@@ -28,8 +35,9 @@ class NodeLaunch:
 
 
 def torchrun_argv(python: str = sys.executable) -> list[str]:
-    # The module form runs the torchrun of the interpreter that has gpulab installed.
-    return [python, "-m", "torch.distributed.run"]
+    # The module form runs the torchrun of the interpreter that has gpulab installed;
+    # gpulab's launcher is torchrun with ``--rdzv-backend=gpulab`` registered.
+    return [python, "-m", "gpulab.training.launch"]
 
 
 def render_node(
@@ -48,7 +56,7 @@ def render_node(
 
     ``node_gpus`` are the device UUIDs of this node's ranks, in local-rank order
     (empty on CPU or simulated GPUs). ``launcher`` replaces ``python -m
-    torch.distributed.run`` (e.g. ``["torchrun"]`` in a container image).
+    gpulab.training.launch`` (it must register the ``gpulab`` rendezvous too).
     """
     if not 0 <= node_rank < spec.nodes:
         raise ValueError(f"node_rank {node_rank} outside 0..{spec.nodes - 1}")
@@ -58,7 +66,7 @@ def render_node(
         *(launcher or torchrun_argv()),
         f"--nnodes={spec.nodes}",
         f"--nproc-per-node={spec.nproc_per_node}",
-        "--rdzv-backend=c10d",
+        f"--rdzv-backend={RDZV_BACKEND}",
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={spec.id or spec.name}",
         f"--rdzv-conf=is_host={is_host},timeout=120",
@@ -73,7 +81,7 @@ def render_node(
         "PET_NNODES": str(spec.nodes),
         "PET_NPROC_PER_NODE": str(spec.nproc_per_node),
         "PET_NODE_RANK": str(node_rank),
-        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_BACKEND": RDZV_BACKEND,
         "PET_RDZV_ENDPOINT": endpoint,
         "PET_RDZV_ID": spec.id or spec.name,
         "PET_MAX_RESTARTS": str(spec.max_restarts),
@@ -92,6 +100,9 @@ def render_node(
         rank_env.OUT: spec.out,
         rank_env.NODE_GPUS: ",".join(node_gpus or []),
         rank_env.GPU_MILLI: str(spec.gpu_milli),
+        # The path, never the secret (every account sees a command line); the
+        # file is the owner's only. Kubernetes gives the secret itself instead.
+        rank_env.RDZV_SECRET_FILE: f"{job_dir}/{RDZV_SECRET}",
     }
     if ifname:
         env["GLOO_SOCKET_IFNAME"] = ifname

@@ -29,8 +29,9 @@ JupyterHub; the service's deployment manager calls these hooks:
     (:attr:`restarts_replicas` False) restarts the ones that died here, and
     answers ``failed`` for one that keeps dying.
 ``ready_replicas(dep)``
-    ``[(replica, base URL)]`` of the replicas that answer ready (behind a Kubernetes
-    Service: one entry, the Service, numbered 0).
+    ``[(replica, address)]`` of the replicas that answer ready: a base URL (behind a
+    Kubernetes Service: one entry, the Service, numbered 0) or ``unix:<socket path>``
+    (local replicas, :mod:`.replica_http`).
 ``async logs(dep, replica, max_bytes)``
     The end of one replica's log, as text ("" when there is none yet).
 ``async stats(dep)``

@@ -26,6 +26,12 @@ their ``squeue`` shows the job (``PrivateData=jobs`` hides it from others) and t
 job dir is handed over as for local jobs. The ranks get only :data:`.local.PASS_ENV`
 and the account's variables (``--export=NONE``, then the node file's environment),
 never the service's tokens.
+
+The nodes' agents rendezvous with gpulab's signed c10d (``--rdzv-backend=gpulab``,
+:mod:`gpulab.training.rendezvous`) under the job's secret, ``JOB/rdzv.secret``
+(``root:<owner's private group> 0640`` once handed over: the owner's ranks read it
+on every node through the shared filesystem); the node files name it, never its value.
+Node rank 0's agent binds the store to its node's address.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from gpulab.scheduler.slices import MILLI_PER_GPU
 from .base import Backend, JobStatus
 from .failures import job_root_cause
 from .local import PASS_ENV, owner_account
+from .log_pipe import DEFAULT_LOG_MAX_BYTES
 from .render import render_node, torchrun_argv
 from .slurm_inventory import (
     SHARD_POOL,
@@ -74,8 +81,10 @@ class SlurmBackend(Backend):
         accounts=None,
         real_gpus: bool = False,
         pool: str = SHARD_POOL,
+        log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
     ):
         super().__init__(jobs_root)
+        self.log_max_bytes = log_max_bytes
         self.site = site or SlurmSite()
         self.python = python
         self.accounts, _ = separated(jobs_root, accounts, None)
@@ -96,6 +105,7 @@ class SlurmBackend(Backend):
             accounts=service.accounts,
             real_gpus=any(not g.simulated for g in service.gpus),
             pool=SlurmInventory(parent=service).pool(),
+            log_max_bytes=service.job_log_max_bytes,
         )
 
     # -- the Slurm job id, kept in the job dir -------------------------------------------
@@ -140,6 +150,7 @@ class SlurmBackend(Backend):
     async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
         jd = self.jobdir(spec.id)
         os.makedirs(jd.p("logs"), exist_ok=True)
+        jd.write_rdzv_secret()  # made at submit; a job queued before gpulab made one gets one
         account = await owner_account(self.accounts, self.python, self.jobs_root, spec.user, jd)
         # Which Slurm node each node rank runs on: where the ledger put its ranks.
         by_rank = {int(a["owner"].rsplit("/", 1)[1]): a for a in allocations}
@@ -176,7 +187,9 @@ class SlurmBackend(Backend):
                 node_gpus=gpus_of[node],
                 launcher=torchrun_argv(self.python),
             )
-            node_file = {"argv": launch.argv, "env": {**base, **launch.env}}
+            # The agent's log and the ranks' kept under the cap (slurm_launch, the runner).
+            caps = {"GPULAB_LOG_MAX_BYTES": str(self.log_max_bytes)}
+            node_file = {"argv": launch.argv, "env": {**base, **launch.env, **caps}}
             self._write(jd, f"node{node}.json", node_file)
         self._write(jd, "nodes.json", {name: r for r, name in enumerate(nodelist)})
         head = nodelist[0] if nodelist else ""
@@ -357,7 +370,7 @@ class SlurmBackend(Backend):
 
 def _tail(jd, name: str, n: int = 3) -> str:
     try:
-        text = jd.read_user(name).decode(errors="replace")
+        text = jd.read_user_end(name, 64 << 10).decode(errors="replace")
     except OSError:
         return ""
     lines = [ln.strip() for ln in text.splitlines()[-n:] if ln.strip()]

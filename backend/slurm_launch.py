@@ -34,7 +34,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+
+from gpulab.training.log_cap import CappedLog, copy
 
 #: How long the other nodes wait for node rank 0's rendezvous port. srun starts
 #: the nodes' launchers together; a shared filesystem may show the file late.
@@ -126,17 +129,35 @@ def launch(job_dir: str) -> int:
     # Only what the backend chose (PASS_ENV, the account's HOME/USER, render_node's
     # variables): nothing of the batch environment leaks into user code.
     env = {k: fill(v, values) for k, v in node["env"].items()}
+    cap = int(env.get("GPULAB_LOG_MAX_BYTES") or 0)
+    out = subprocess.PIPE if cap else log
     proc = subprocess.Popen(
-        argv, env=env, cwd=job_dir, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        argv,
+        env=env,
+        cwd=job_dir,
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT if cap else log,
     )
     os.close(log)
+    copier = None
+    if cap:
+        # The agent's output kept under the cap (gpulab.training.log_cap), copied here.
+        capped = CappedLog(os.path.join(job_dir, "logs", f"node{rank}.log"), cap)
+        copier = threading.Thread(
+            target=copy, args=(proc.stdout.fileno(), capped, proc), daemon=True
+        )
+        copier.start()
 
     def forward(signum, _frame):
         proc.send_signal(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    return _exited(job_dir, rank, proc.wait())
+    code = proc.wait()
+    if copier is not None:
+        copier.join()  # copy() stops a few seconds after the agent at the latest
+    return _exited(job_dir, rank, code)
 
 
 def _exited(job_dir: str, rank: int, code: int) -> int:

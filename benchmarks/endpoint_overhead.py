@@ -32,16 +32,17 @@ import argparse
 import asyncio
 import collections
 import glob
+import http.client
 import json
 import os
 import re
+import socket
 import statistics
 import sys
 import tempfile
 import time
 
 import numpy as np
-import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _hub import RunningHub, percentile  # noqa: E402
@@ -116,12 +117,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             dep = wait_running(client, "mlp")
             model = (dep.get("model") or {}).get("name") or "mlp"
-            # The hub's only deployment: its replica's port and secret are on disk.
-            port, secret = replica_address(os.path.join(hub.data_dir, "deployments"))
-            metrics = (f"http://127.0.0.1:{port}/metrics", {"Authorization": f"Bearer {secret}"})
+            # The hub's only deployment: its replica's socket and secret are on disk
+            # (root's, as this benchmark runs: the router reaches replicas the same way).
+            sock, secret = replica_address(os.path.join(hub.data_dir, "deployments"))
+            metrics = (sock, {"Authorization": f"Bearer {secret}"})
             endpoints = {
-                DIRECT: (f"http://127.0.0.1:{port}/v2/models/{model}/infer", f"Bearer {secret}"),
-                HUB: (f"{hub.url}{dep['path']}/v2/models/{model}/infer", f"token {token}"),
+                DIRECT: (f"http://localhost/v2/models/{model}/infer", f"Bearer {secret}", sock),
+                HUB: (f"{hub.url}{dep['path']}/v2/models/{model}/infer", f"token {token}", None),
             }
             lit_bodies = [litserve_request(rows[i % 64]) for i in range(args.requests)]
             for r in range(args.rounds):
@@ -140,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                         with serving(cmd, f"{base}/health"):
                             run = measure(f"{base}/predict", lit_bodies, n_warm, args.concurrency)
                     else:
-                        url, auth = endpoints[name]
+                        url, auth, sock = endpoints[name]
                         signed = [(b, {**h, "Authorization": auth}) for b, h in oip_bodies]
-                        run = measure(url, signed, n_warm, args.concurrency, metrics)
+                        run = measure(url, signed, n_warm, args.concurrency, metrics, sock)
                     runs[name].append(run)
                     print(
                         f"round {r + 1}/{args.rounds}: {name}: {run['throughput']:.1f} req/s",
@@ -191,13 +193,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure(url: str, bodies, n_warm: int, concurrency: int, metrics=None) -> dict:
-    """Warm up, then one closed-loop run of `bodies`; with `metrics` (the replica's
-    /metrics URL and headers), the mean batch size the replica ran meanwhile."""
-    asyncio.run(load(url, bodies[:n_warm], concurrency))
+def measure(
+    url: str, bodies, n_warm: int, concurrency: int, metrics=None, unix_socket=None
+) -> dict:
+    """Warm up, then one closed-loop run of `bodies` (to `unix_socket` when given);
+    with `metrics` (the replica's socket and headers), the mean batch size the
+    replica ran meanwhile."""
+    asyncio.run(load(url, bodies[:n_warm], concurrency, unix_socket=unix_socket))
     before = batch_sums(*metrics) if metrics else None
     failures = collections.Counter()
-    seconds, latencies, errors = asyncio.run(load(url, bodies, concurrency, failures=failures))
+    seconds, latencies, errors = asyncio.run(
+        load(url, bodies, concurrency, failures=failures, unix_socket=unix_socket)
+    )
     batch = None
     if before is not None:
         after = batch_sums(*metrics)
@@ -233,37 +240,55 @@ def combine(rounds: list[dict]) -> dict:
 _BATCH = re.compile(r"^gpulab_serving_batch_size_(sum|count)(?:\{[^}]*\})? (\S+)$", re.M)
 
 
-def batch_sums(url: str, headers: dict) -> tuple[float, float] | None:
-    """(rows, batches) the replica has run so far, from its batch-size histogram."""
+def batch_sums(socket_path: str, headers: dict) -> tuple[float, float] | None:
+    """(rows, batches) the replica has run so far, from its batch-size histogram
+    (its /metrics, on the replica's socket)."""
+    conn = UnixHTTPConnection(socket_path)
     try:
-        text = requests.get(url, headers=headers, timeout=10).text
-    except requests.RequestException:
+        conn.request("GET", "/metrics", headers=headers)
+        text = conn.getresponse().read().decode(errors="replace")
+    except OSError:
         return None
+    finally:
+        conn.close()
     found = {"sum": 0.0, "count": 0.0}
     for kind, value in _BATCH.findall(text):
         found[kind] += float(value)
     return found["sum"], found["count"]
 
 
-def replica_address(root: str) -> tuple[int, str]:
-    """(port, secret) of the first replica found under `root` (a deployment's
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over a Unix socket: a local replica listens on one, no TCP port."""
+
+    def __init__(self, path: str, timeout: float = 10):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+def replica_address(root: str) -> tuple[str, str]:
+    """(socket path, secret) of the first replica found under `root` (a deployment's
     directory, or the deployments' directory of a hub with one deployment): its
     ``replica<N>.json`` and the ``token`` beside it or in a folder above."""
     for record in sorted(glob.glob(os.path.join(root, "**", "replica*.json"), recursive=True)):
         try:
             with open(record) as f:
-                port = json.load(f)["port"]
+                path = json.load(f)["socket"]
         except (OSError, ValueError, KeyError):
             continue
         folder = os.path.dirname(record)
         while True:
             if os.path.exists(os.path.join(folder, "token")):
                 with open(os.path.join(folder, "token")) as f:
-                    return port, f.read().strip()
+                    return path, f.read().strip()
             if os.path.samefile(folder, root):
                 break
             folder = os.path.dirname(folder)
-    raise RuntimeError(f"no replica with a port and a token under {root}")
+    raise RuntimeError(f"no replica with a socket and a token under {root}")
 
 
 def wait_running(client, name: str, timeout: float = 300) -> dict:

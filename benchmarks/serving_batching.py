@@ -132,17 +132,23 @@ async def load(
     concurrency: int,
     duration: float | None = None,
     failures: collections.Counter | None = None,
+    unix_socket: str | None = None,
 ) -> tuple[float, list[float], int]:
     """Closed loop: `concurrency` clients send `bodies` (body, headers) in turn, each
     once; or, with `duration` (seconds), over and over until that time is up.
     Returns (seconds, latencies, errors); a request that fails to connect or whose
     answer is not 200 is an error (no latency kept for a failed connection), counted
     in `failures` if given by status (or exception name) with its first answer:
-    ``{(404, 'unknown model...'): 3}``."""
+    ``{(404, 'unknown model...'): 3}``. With `unix_socket`, every request goes to the
+    server on that socket (a local replica listens on one), `url` naming only the path."""
     latencies: list[float] = []
     errors = 0
     next_body = iter(bodies) if duration is None else itertools.cycle(bodies)
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    connector = (
+        aiohttp.UnixConnector(path=unix_socket, limit=concurrency)
+        if unix_socket
+        else aiohttp.TCPConnector(limit=concurrency)
+    )
 
     async def client(session, stop_at):
         nonlocal errors

@@ -1,15 +1,21 @@
-"""CPU, memory and device limits for what an account runs: a server, a job's
-node (torchrun and its ranks) or a model replica.
+"""CPU, memory, process and device limits for what an account runs: a server, a
+job's node (torchrun and its ranks) or a model replica.
 
 Proportional to the slice (``cpu_per_gpu``, ``memory_per_gpu``; by default
-the host divided among its GPUs), never below the floors, held by the host's
-own mechanism (:mod:`gpulab.enforcement.cgroups`: systemd, cgroup v2 or v1). A
-slice on real GPUs also gets a device rule: only its own cards. Settings, in
-``<data-dir>/gpulab_config.py`` (the hub and the service both read them)::
+the host divided among its GPUs), never below the floors, at most ``pids_max``
+processes, held by the host's own mechanism (:mod:`gpulab.enforcement.cgroups`:
+systemd, cgroup v2 or v1). A slice on real GPUs also gets a device rule: only its
+own cards. Settings, in ``<data-dir>/gpulab_config.py`` (the hub and the service
+both read them)::
 
     c.AccountLimits.cpu_per_gpu = 8
     c.AccountLimits.memory_per_gpu = 64 * 2**30
     c.AccountLimits.memory_floor = 4 * 2**30
+    c.AccountLimits.pids_max = 4096
+
+The service also holds each user to their quota (``quota_cpu``, ``quota_memory``,
+from ``c.GpuLabService.user_cpu_quota`` and ``user_memory_quota``): no group of
+theirs gets more, and the account's groups together are held to it.
 """
 
 from __future__ import annotations
@@ -22,12 +28,20 @@ from traitlets import Bool, Float, Int, Unicode
 from traitlets.config import Configurable
 
 from .cgroups import CgroupError, Cgroups, Group
-from .limits import DEFAULT_CPU_FLOOR, DEFAULT_MEMORY_FLOOR, host_share_per_gpu, limits_for_slice
+from .limits import (
+    DEFAULT_CPU_FLOOR,
+    DEFAULT_MEMORY_FLOOR,
+    DEFAULT_PIDS,
+    Limits,
+    capped,
+    host_share_per_gpu,
+    limits_for_slice,
+)
 
 log = logging.getLogger("gpulab.limits")
 
 
-def _host_memory() -> int:
+def host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
@@ -86,6 +100,21 @@ class AccountLimits(Configurable):
         """,
     ).tag(config=True)
 
+    pids_max = Int(
+        DEFAULT_PIDS,
+        help="""Most processes and threads one server, job node or model replica may
+        have at once (a fork bomb gets EAGAIN there, not the host's process table).
+        0: not limited.
+
+        c.AccountLimits.pids_max = 8192
+        """,
+    ).tag(config=True)
+
+    #: The user's quota, set by the service (c.GpuLabService.user_cpu_quota and
+    #: user_memory_quota): no group gets more; 0: none (the hub's own instance).
+    quota_cpu = Float(0.0)
+    quota_memory = Int(0)
+
     _cgroups: Cgroups | None = None
 
     def cgroups(self) -> Cgroups:
@@ -99,9 +128,21 @@ class AccountLimits(Configurable):
         gpu_count: int,
         ranks: int = 1,
         gpu_devices: Sequence[str] | None = None,
-    ):
-        """The limits of ``ranks`` processes with ``gpu_milli`` each."""
-        cpu, memory = host_share_per_gpu(os.cpu_count() or 1, _host_memory(), max(gpu_count, 1))
+    ) -> Limits:
+        """The limits of ``ranks`` processes with ``gpu_milli`` each, within the quota."""
+        asked = self.asked(gpu_milli, gpu_count, ranks, gpu_devices)
+        # Never more than the user's quota (nor, by its default, than the host has).
+        return capped(asked, self.quota_cpu, self.quota_memory)
+
+    def asked(
+        self,
+        gpu_milli: int,
+        gpu_count: int,
+        ranks: int = 1,
+        gpu_devices: Sequence[str] | None = None,
+    ) -> Limits:
+        """What ``ranks`` processes with ``gpu_milli`` each ask, before the quota."""
+        cpu, memory = host_share_per_gpu(os.cpu_count() or 1, host_memory(), max(gpu_count, 1))
         one = limits_for_slice(
             gpu_milli,
             self.cpu_per_gpu or cpu,
@@ -110,13 +151,16 @@ class AccountLimits(Configurable):
             memory_floor=self.memory_floor,
             gpu_devices=gpu_devices,
         )
-        if ranks == 1:
-            return one
-        return type(one)(
+        return Limits(
             cpu_cores=one.cpu_cores and round(one.cpu_cores * ranks, 3),
             memory_bytes=one.memory_bytes and one.memory_bytes * ranks,
             devices=one.devices,
+            pids=self.pids_max or None,
         )
+
+    def quota(self) -> Limits:
+        """What one account's groups are held to together."""
+        return Limits(self.quota_cpu or None, self.quota_memory or None, None)
 
     def group(
         self,
@@ -130,12 +174,25 @@ class AccountLimits(Configurable):
         """A group ``<account>/<unit>`` with the slice's limits, or None (and a warning)
         when the host cannot hold them: the work still runs, unlimited."""
         try:
-            return self.cgroups().create(
+            notes = self._hold(account_name)
+            group = self.cgroups().create(
                 f"{account_name}/{unit}", self.limits(gpu_milli, gpu_count, ranks, gpu_devices)
             )
+            group.notes += [n for n in notes if n not in group.notes]
+            return group
         except (CgroupError, OSError, ValueError) as e:
             log.warning("No limits for %s/%s: %s", account_name, unit, e)
             return None
+
+    def _hold(self, account_name: str) -> list[str]:
+        if self.quota().unlimited:
+            return []
+        try:
+            return self.cgroups().hold(account_name, self.quota())
+        except (CgroupError, OSError) as e:
+            # e.g. v1 refuses a CPU quota below one a running group of the account has.
+            log.warning("The quota of %s is not held: %s", account_name, e)
+            return [f"the account's quota is not held: {e}"]
 
     def remove(self, account_name: str, unit: str) -> None:
         """Remove a group (killing what is left in it); quietly, if it is gone."""

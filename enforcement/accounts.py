@@ -9,11 +9,12 @@ processes as that account, so the kernel's own permissions keep users out of
 each other's homes, processes (``/proc/<pid>/environ``, signals) and of the
 hub's state.
 
-Names follow The Littlest JupyterHub's rule, made unambiguous: a hub name made
-only of ``[a-z0-9-]`` that fits is used as it is; any other name (unicode,
-``_``, ``.``, too long) is cut to its safe characters and ends in ``_<hash>``.
-A plain name never contains ``_``, so a hashed name can never be claimed by
-another hub user typing it literally.
+Names follow The Littlest JupyterHub's rule, made collision-free
+(:mod:`gpulab.enforcement.account_names`): a hub name made only of
+``[a-z0-9-]`` that fits is used as it is; any other name (unicode, ``_``,
+``.``, too long) becomes ``<prefix>_<120 bits of its SHA-256>``. Every account
+records the hub name it was made for in its comment, and an account recorded
+for another hub user is refused, never shared.
 
 Both the hub (spawner) and the gpulab service read the same settings, from
 ``<data-dir>/gpulab_config.py``::
@@ -25,7 +26,6 @@ Both the hub (spawner) and the gpulab service read the same settings, from
 from __future__ import annotations
 
 import grp
-import hashlib
 import os
 import pwd
 import re
@@ -37,26 +37,28 @@ from dataclasses import dataclass
 from traitlets import Bool, Unicode, default, validate
 from traitlets.config import Configurable
 
-#: Linux (useradd) accepts names up to 32 characters.
-MAX_NAME = 32
-_PLAIN = re.compile(r"[a-z0-9-]+")
-_UNSAFE = re.compile(r"[^a-z0-9-]")
-_HASH_LEN = 8
+from .account_names import (
+    MAX_NAME,
+    account_record,
+    is_plain,
+    legacy_unix_name,
+    recorded_for,
+    unix_name,
+)
+
+__all__ = [
+    "MAX_NAME",
+    "Account",
+    "AccountError",
+    "UserAccounts",
+    "separated",
+    "unix_name",
+    "unreachable",
+]
 
 
 class AccountError(RuntimeError):
     """An account could not be found or made; the message says why and what to do."""
-
-
-def unix_name(hub_name: str, prefix: str = "gpulab-") -> str:
-    """The account name for a hub user (pure; the same on every host)."""
-    plain = prefix + hub_name
-    if _PLAIN.fullmatch(hub_name) and len(plain) <= MAX_NAME:
-        return plain
-    digest = hashlib.sha256(hub_name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_LEN]
-    keep = MAX_NAME - len(prefix) - 1 - _HASH_LEN
-    safe = _UNSAFE.sub("", hub_name.lower())[: max(keep, 0)]
-    return f"{prefix}{safe}_{digest}"
 
 
 @dataclass(frozen=True)
@@ -155,19 +157,40 @@ class UserAccounts(Configurable):
         return os.path.join(self.home_root, self.name_for(hub_name))
 
     def lookup(self, hub_name: str) -> Account | None:
-        """The existing account of a hub user, or None."""
+        """The existing account of a hub user, or None.
+
+        Raises :class:`AccountError` if the account of that name was made for
+        another hub user (or, for a hashed name, not by gpulab): it is never
+        shared. An account the earlier naming rule made is found when its record
+        names exactly this hub user.
+        """
         name = self.name_for(hub_name)
-        try:
-            pw = pwd.getpwnam(name)
-        except KeyError:
-            return None
+        pw = _getpw(name)
+        if pw is not None:
+            owner = recorded_for(pw.pw_gecos, hub_name)
+            if owner is False or (owner is None and not is_plain(hub_name, self.prefix)):
+                whose = "another hub user's" if owner is False else "not made by gpulab"
+                # The message reaches the user's spawn page: it names no one else.
+                raise AccountError(
+                    f"the Unix account {name} for {hub_name!r} exists but is {whose}: "
+                    f"remove it (userdel {name}) if it is stale, or rename this hub user"
+                )
+            return self._account(pw)
+        legacy = legacy_unix_name(hub_name, self.prefix)
+        pw = _getpw(legacy) if legacy != name else None
+        if pw is not None and recorded_for(pw.pw_gecos, hub_name):
+            return self._account(pw)
+        return None
+
+    def _account(self, pw: pwd.struct_passwd) -> Account:
+        name = pw.pw_name
         groups = tuple(g for g in os.getgrouplist(name, pw.pw_gid) if g != pw.pw_gid)
         return Account(
             name=name,
             uid=pw.pw_uid,
             gid=pw.pw_gid,
             groups=groups,
-            home=self.home_for(hub_name),
+            home=os.path.join(self.home_root, name),
             shell=pw.pw_shell or self.shell,
         )
 
@@ -194,7 +217,7 @@ class UserAccounts(Configurable):
                         "--groups",
                         self.group,
                         "--comment",
-                        f"gpulab user {hub_name}"[:200],
+                        account_record(hub_name),
                         name,
                     ],
                     capture_output=True,
@@ -235,6 +258,13 @@ class UserAccounts(Configurable):
             return
         os.chown(account.home, account.uid, account.gid)
         os.chmod(account.home, 0o700)
+
+
+def _getpw(name: str) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        return None
 
 
 def unreachable(path: str, execute: bool = False) -> str | None:

@@ -145,6 +145,17 @@ class FsCgroups(Cgroups):
     def _make(self, dirs: dict[str, str], limits: Limits) -> list[str]:
         raise NotImplementedError
 
+    def hold(self, name: str, limits: Limits) -> list[str]:
+        """Hold everything under ``name`` (an account's groups together) to the CPU,
+        memory and process caps of ``limits``; notes on what is not held."""
+        dirs = self._dirs(name)
+        for d in dict.fromkeys(dirs.values()):
+            os.makedirs(d, exist_ok=True)
+        return self._hold(dirs, limits)
+
+    def _hold(self, dirs: dict[str, str], limits: Limits) -> list[str]:
+        return self._make(dirs, Limits(limits.cpu_cores, limits.memory_bytes, None, limits.pids))
+
     def prune(self, dirs: list[str]) -> None:
         """Remove the empty parents of removed groups, up to (not including) ``gpulab``."""
         bases = set(self.bases.values())
@@ -172,7 +183,7 @@ class V1Cgroups(FsCgroups):
                 where = parent if parent is not None else own.get(c, "/")
                 bases[c] = os.path.join(cgroup_dir(mountpoint, root, where), kw["root"])
         if not bases:
-            return "no cpu, memory or devices hierarchy is mounted"
+            return "no cpu, memory, devices or pids hierarchy is mounted"
         base_dir = os.path.dirname(next(iter(bases.values())))
         if not os.access(base_dir, os.W_OK):
             return f"{base_dir} is not writable (mounted read-only?)"
@@ -186,11 +197,7 @@ class V1Cgroups(FsCgroups):
         for d in dict.fromkeys(dirs.values()):
             os.makedirs(d, exist_ok=True)
         if "cpu" in dirs:
-            quota = (
-                -1 if limits.cpu_cores is None else max(1000, int(limits.cpu_cores * CFS_PERIOD_US))
-            )
-            write_text(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(CFS_PERIOD_US))
-            write_text(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
+            notes += _v1_cpu(dirs["cpu"], limits.cpu_cores)
         elif limits.cpu_cores is not None:
             notes.append("CPU not held: no cpu controller")
         if "memory" in dirs:
@@ -201,6 +208,22 @@ class V1Cgroups(FsCgroups):
             notes += self._devices(dirs["devices"], limits.devices)
         elif limits.devices is not None:
             notes.append("devices not held: no devices controller")
+        if "pids" in dirs:
+            write_text(os.path.join(dirs["pids"], "pids.max"), _pids(limits.pids))
+        elif limits.pids is not None:
+            notes.append("processes not held: no pids controller")
+        return notes
+
+    def _hold(self, dirs: dict[str, str], limits: Limits) -> list[str]:
+        # CPU, memory and processes only: a devices rule cannot change on a group
+        # with children (v1 refuses), and the account's groups carry their own.
+        notes = []
+        if "cpu" in dirs:
+            notes += _v1_cpu(dirs["cpu"], limits.cpu_cores)
+        if "memory" in dirs:
+            _v1_memory(dirs["memory"], -1 if limits.memory_bytes is None else limits.memory_bytes)
+        if "pids" in dirs:
+            write_text(os.path.join(dirs["pids"], "pids.max"), _pids(limits.pids))
         return notes
 
     def _devices(self, d: str, allowed: tuple[str, ...] | None) -> list[str]:
@@ -250,6 +273,32 @@ def _v1_whitelisted(listing: str, node: DeviceNode) -> bool:
     return False
 
 
+def _pids(value: int | None) -> str:
+    return "max" if value is None else str(value)
+
+
+def _v1_cpu(d: str, cores: float | None) -> list[str]:
+    """Set the CFS quota. v1 refuses a quota above the parent's (EINVAL): then the
+    parent's (the account's quota), said in a note."""
+    quota = -1 if cores is None else max(1000, int(cores * CFS_PERIOD_US))
+    write_text(os.path.join(d, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
+    try:
+        write_text(os.path.join(d, "cpu.cfs_quota_us"), str(quota))
+        return []
+    except CgroupError as exc:
+        parent = os.path.dirname(d)
+        try:
+            above = int(read_text(os.path.join(parent, "cpu.cfs_quota_us")))
+            period = int(read_text(os.path.join(parent, "cpu.cfs_period_us")))
+        except (OSError, ValueError):
+            raise exc from None
+        if exc.errno != errno.EINVAL or above <= 0:
+            raise
+        held = above * CFS_PERIOD_US // period
+        write_text(os.path.join(d, "cpu.cfs_quota_us"), str(held))
+        return [f"CPU held at the account's quota of {held / CFS_PERIOD_US:g}"]
+
+
 def _v1_memory(d: str, value: int) -> None:
     """Set the memory cap, swap included; memsw must never be below the plain limit."""
     limit = os.path.join(d, "memory.limit_in_bytes")
@@ -267,7 +316,7 @@ def _v1_memory(d: str, value: int) -> None:
 
 class V2Cgroups(FsCgroups):
     kind = "cgroup2"
-    WANTED = ("cpu", "memory")
+    WANTED = ("cpu", "memory", "pids")
     controllers: list[str] = []  # of WANTED, those the parent cgroup offers
 
     @classmethod
@@ -283,7 +332,7 @@ class V2Cgroups(FsCgroups):
             available = read_text(os.path.join(base_parent, "cgroup.controllers")).split()
         except OSError:
             return f"{base_parent} does not exist; create it or correct parent="
-        if not any(c in available for c in cls.WANTED):
+        if not any(c in available for c in ("cpu", "memory")):
             return (
                 f"{base_parent} has no cpu or memory controller (bound to cgroup v1 "
                 "hierarchies, or not delegated)"
@@ -333,6 +382,11 @@ class V2Cgroups(FsCgroups):
             write_text(os.path.join(leaf, "memory.max"), value)
             if os.path.exists(os.path.join(leaf, "memory.swap.max")):
                 write_text(os.path.join(leaf, "memory.swap.max"), "max" if value == "max" else "0")
+        if limits.pids is not None and "pids" not in self.controllers:
+            notes.append("processes not held: no pids controller")
+        elif "pids" in self.controllers:
+            value = "max" if limits.pids is None else str(limits.pids)
+            write_text(os.path.join(leaf, "pids.max"), value)
         if limits.devices is not None and denied_nodes(self.gpu_nodes(), limits.devices):
             notes.append(
                 "devices not held: cgroup v2 without systemd has no device files; "

@@ -11,15 +11,17 @@ systemd     systemd is PID 1 and gpulab is root         a transient scope per gr
                                                         ``systemd-run --scope`` (as
                                                         systemdspawner does): ``CPUQuota``,
                                                         ``MemoryMax``, ``MemorySwapMax=0``,
+                                                        ``TasksMax``,
                                                         ``DevicePolicy=closed`` + ``DeviceAllow``
 cgroup2     a unified hierarchy with cpu and memory     ``<hub's cgroup>/gpulab/<account>/<unit>``:
             controllers we may delegate                 ``cpu.max``, ``memory.max``,
                                                         ``memory.swap.max=0``; no device rule
                                                         (cgroup v2 wants an eBPF program)
 cgroup1     per-controller hierarchies (cpu, memory,    ``<controller>/<hub's cgroup>/gpulab/
-            devices), gpulab is root                    <account>/<unit>``: ``cpu.cfs_quota_us``,
+            devices, pids), gpulab is root              <account>/<unit>``: ``cpu.cfs_quota_us``,
                                                         ``memory.limit_in_bytes`` (+ ``memsw``),
-                                                        ``devices.deny`` for other cards
+                                                        ``devices.deny`` for other cards,
+                                                        ``pids.max``
 none        none of these                               nothing; ``describe()`` says why
 ==========  ==========================================  =====================================
 
@@ -66,7 +68,7 @@ from .gpu_nodes import DeviceNode, host_gpu_nodes, node_of
 from .limits import Limits, format_limits
 
 CFS_PERIOD_US = 100_000
-V1_CONTROLLERS = ("cpu", "memory", "devices")
+V1_CONTROLLERS = ("cpu", "memory", "devices", "pids")
 KNOWN_V1 = frozenset(
     {
         "cpu",
@@ -249,6 +251,11 @@ class Cgroups:
     def open(self, name: str) -> Group:
         """The group ``name`` as it is now (limits unknown): to remove it after a restart."""
         return self.create(name, Limits(None, None, None))
+
+    def hold(self, name: str, limits: Limits) -> list[str]:
+        """Hold all groups under ``name`` (one account's) together to ``limits``' CPU,
+        memory and processes; what is not held, and why."""
+        return [self.reason or "not enforced"]
 
     def describe(self, limits: Limits | None = None) -> str:
         """What ``create(…, limits)`` would hold, for the spawn form and ``%gpulab``."""

@@ -50,6 +50,8 @@ def systemd_properties(
         props.append(f"CPUQuota={round(limits.cpu_cores * 100, 1):g}%")
     if limits.memory_bytes is not None:
         props += [f"MemoryMax={limits.memory_bytes}", "MemorySwapMax=0"]
+    if limits.pids is not None:
+        props.append(f"TasksMax={limits.pids}")
     if limits.devices is not None:
         denied = denied_nodes(host_nodes, limits.devices)
         closed = {n.major for n in denied}
@@ -68,6 +70,19 @@ def systemd_properties(
             ):
                 props.append(f"DeviceAllow={node.path} rw")
     return props
+
+
+def slice_dropin(limits: Limits) -> str:
+    """A drop-in for an account's slice: its groups' CPU, memory and tasks together."""
+    lines = ["# Written by gpulab: the account's quota (c.GpuLabService.user_cpu_quota ...)"]
+    lines.append("[Slice]")
+    if limits.cpu_cores is not None:
+        lines.append(f"CPUQuota={round(limits.cpu_cores * 100, 1):g}%")
+    if limits.memory_bytes is not None:
+        lines += [f"MemoryMax={limits.memory_bytes}", "MemorySwapMax=0"]
+    if limits.pids is not None:
+        lines.append(f"TasksMax={limits.pids}")
+    return "\n".join(lines) + "\n"
 
 
 class SystemdGroup(Group):
@@ -172,3 +187,25 @@ class SystemdCgroups(Cgroups):
 
     def open(self, name: str) -> Group:
         return SystemdGroup(self, name, Limits(None, None, None), [])
+
+    #: Where the account slices' drop-ins go (runtime: gone at reboot, as the scopes).
+    dropin_root = "/run/systemd/system"
+
+    def hold(self, name: str, limits: Limits) -> list[str]:
+        slice_name, _ = systemd_units(self.root, name)
+        folder = os.path.join(self.dropin_root, f"{slice_name}.d")
+        path = os.path.join(folder, "50-gpulab-quota.conf")
+        text = slice_dropin(limits)
+        try:
+            if read_text(path) == text:
+                return []
+        except OSError:
+            pass
+        os.makedirs(folder, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+        done = subprocess.run(["systemctl", "daemon-reload"], capture_output=True, text=True)
+        if done.returncode:
+            return [f"account quota not held: systemctl daemon-reload: {done.stderr.strip()}"]
+        return []

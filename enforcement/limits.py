@@ -5,6 +5,10 @@ A slice of GPU brings its share of the host with it: ``cpu_per_gpu`` cores and
 below a floor (a server without a GPU gets the floor). The GPU device nodes it
 may open are the slice's own; every other card's node is denied.
 
+Every group also has a ceiling on its processes and threads (``pids``): a
+fork bomb stops at it with ``EAGAIN`` instead of filling the host's process
+table.
+
 ``Limits`` says what to hold a process group to; ``gpulab.enforcement.cgroups``
 applies it. ``None`` in a field means "not limited"; ``devices=()`` means "no
 GPU device at all", which is different from ``devices=None`` ("leave devices
@@ -22,6 +26,10 @@ DEFAULT_CPU_FLOOR = 1.0
 DEFAULT_MEMORY_FLOOR = 2 * GIB
 #: Leave 1/HOST_MEMORY_RESERVE_DIVISOR of the host's memory to the hub, the service and the kernel.
 HOST_MEMORY_RESERVE_DIVISOR = 10
+#: Processes and threads one server, job node or replica may have at once. A torch
+#: rank has some 50-150 threads (OpenMP, gloo, data loader workers); JupyterLab with
+#: a few kernels a few hundred; a fork bomb stops here, far below the kernel's limit.
+DEFAULT_PIDS = 4096
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,7 @@ class Limits:
     cpu_cores: float | None  # CFS quota in cores (0.5 = half a core); None: not limited
     memory_bytes: int | None  # hard cap, swap included; None: not limited
     devices: tuple[str, ...] | None  # GPU device nodes allowed; None: not limited
+    pids: int | None = None  # processes and threads at once; None: not limited
 
     def __post_init__(self):
         if self.cpu_cores is not None and not self.cpu_cores > 0:
@@ -37,6 +46,8 @@ class Limits:
             raise ValueError(
                 f"memory_bytes must be at least 1 MiB or None, not {self.memory_bytes!r}"
             )
+        if self.pids is not None and self.pids < 1:
+            raise ValueError(f"pids must be 1 or more or None, not {self.pids!r}")
         if self.devices is not None:
             bad = [d for d in self.devices if not d.startswith("/dev/")]
             if bad:
@@ -44,7 +55,12 @@ class Limits:
 
     @property
     def unlimited(self) -> bool:
-        return self.cpu_cores is None and self.memory_bytes is None and self.devices is None
+        return (
+            self.cpu_cores is None
+            and self.memory_bytes is None
+            and self.devices is None
+            and self.pids is None
+        )
 
 
 def limits_for_slice(
@@ -87,6 +103,30 @@ def host_share_per_gpu(
     return round(cpu_count / gpu_count, 3), usable // gpu_count
 
 
+def host_user_quota(cpu_count: int, memory_bytes: int) -> tuple[float, int]:
+    """Default per-user quota ``(cores, bytes)``: the host's cores (CPU time is shared,
+    so a user may use all of it when nobody else does) and its memory less the
+    reserve kept for the hub, the service and the kernel (memory is not shared)."""
+    return float(max(cpu_count, 1)), memory_bytes - memory_bytes // HOST_MEMORY_RESERVE_DIVISOR
+
+
+def capped(limits: Limits, cpu_cores: float | None, memory_bytes: int | None) -> Limits:
+    """``limits`` with CPU and memory no higher than ``cpu_cores`` / ``memory_bytes``
+    (a quota; None or 0: no cap). An unlimited resource becomes the cap."""
+
+    def low(value, cap):
+        if not cap:
+            return value
+        return cap if value is None else min(value, cap)
+
+    return Limits(
+        cpu_cores=low(limits.cpu_cores, cpu_cores),
+        memory_bytes=low(limits.memory_bytes, memory_bytes),
+        devices=limits.devices,
+        pids=limits.pids,
+    )
+
+
 def format_cpu(cores: float | None) -> str:
     if cores is None:
         return "CPU not limited"
@@ -109,11 +149,13 @@ def format_devices(devices: tuple[str, ...] | None) -> str:
 
 
 def format_limits(limits: Limits) -> str:
-    """``2 CPUs, 8 GiB, devices: /dev/nvidia0`` (for the spawn form and ``%gpulab``)."""
-    return ", ".join(
-        (
-            format_cpu(limits.cpu_cores),
-            format_bytes(limits.memory_bytes),
-            format_devices(limits.devices),
-        )
-    )
+    """``2 CPUs, 8 GiB, devices: /dev/nvidia0, 4096 processes`` (for the spawn form and
+    ``%gpulab``); the process cap only when there is one."""
+    parts = [
+        format_cpu(limits.cpu_cores),
+        format_bytes(limits.memory_bytes),
+        format_devices(limits.devices),
+    ]
+    if limits.pids is not None:
+        parts.append(f"{limits.pids} processes")
+    return ", ".join(parts)

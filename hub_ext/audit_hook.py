@@ -39,6 +39,7 @@ from urllib.parse import unquote
 from jupyterhub.log import log_request as jupyterhub_log_request
 from tornado import web
 
+from gpulab.enforcement.peer_account import platform_peer
 from gpulab.spawner.service_client import ServiceClient
 
 log = logging.getLogger("gpulab.hub_ext.audit")
@@ -319,8 +320,23 @@ def _describe(handler, action: str, args: dict, status: int) -> dict | None:
         "result": result,
         "peer": _peer(handler),
         "forwarded_for": handler.request.headers.get("X-Forwarded-For"),
+        # Whether the peer is the hub's proxy (this account's socket) or a user's kernel
+        # on the same loopback: only the proxy's X-Forwarded-For is believed.
+        "peer_is_platform": _peer_is_platform(handler),
         "detail": {k: v for k, v in detail.items() if v is not None},
     }
+
+
+def _peer_is_platform(handler) -> bool | None:
+    connection = handler.request.connection
+    address = getattr(getattr(connection, "context", None), "address", None)
+    sock = getattr(getattr(connection, "stream", None), "socket", None)
+    if not isinstance(address, tuple) or sock is None:
+        return None
+    try:
+        return platform_peer(address, sock.getsockname())
+    except OSError:
+        return None
 
 
 def _peer(handler) -> str:

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from gpulab.spawner.form import DEMO_LOGIN_ENV
 
-from . import slurm_cli
+from . import single_account, slurm_cli
 from .auth_config import login_banner
 from .hub_config import Settings
+from .leftover_processes import end_leftovers
 
 HUB_CONFIG = Path(__file__).with_name("jupyterhub_config.py")
 
@@ -69,9 +70,15 @@ def up(args: argparse.Namespace) -> int:
     if args.help_all:
         print(help_all())
         return 0
+    refused = single_account.refusal(os.geteuid() == 0, args.single_account)
+    if refused:
+        print(f"gpulab up: {refused}", file=sys.stderr)
+        return 2
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
+    # A hub killed without its shutdown leaves its service, culler and proxy running.
+    end_leftovers(data_dir, shown_as=args.data_dir)
     settings = Settings(
         data_dir=data_dir,
         ip=args.ip,
@@ -158,6 +165,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="workshops: one shared password (in <data-dir>/user-password) logs in "
         "as any user name; default: per-user passwords with admin approval",
+    )
+    u.add_argument(
+        "--single-account",
+        action="store_true",
+        help="without root: start anyway, every user's code running as this account "
+        "(a one-person hub; users are not separated on this host, and the banner, "
+        "spawn form and %%gpulab say so)",
     )
     u.add_argument(
         "--help-all",

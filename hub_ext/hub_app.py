@@ -9,20 +9,61 @@ while the service still answers; then JupyterHub stops the services and the prox
 
 A second Ctrl-C while it stops is noted, not acted on: a shutdown started twice
 tears the event loop down under the first one.
+
+A managed service that dies is noticed when JupyterHub next polls it, up to 30 s
+(``Spawner.poll_interval``) later; until the hub starts it again every endpoint call
+gets a 503 (the endpoint router runs in the service). Here the hub looks every
+second at services that had run a while, so a crash of the gpulab service costs a
+few seconds; one that dies soon after its start keeps JupyterHub's 30 s pace rather
+than a restart every second.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
+import time
 
 from jupyterhub.app import JupyterHub
+from tornado.ioloop import PeriodicCallback
+
+#: How often the hub looks whether a managed service still runs.
+SERVICE_POLL_S = 1.0
+#: A service that ran at least this long is restarted at once when it dies.
+QUICK_RESTART_AFTER_S = 30.0
 
 
 class GpuLabHub(JupyterHub):
     """JupyterHub whose shutdown stops user servers before the services."""
 
     _stopping = False
+
+    async def start(self):
+        await super().start()
+        self._service_started: dict[int, float] = {}
+        watch = PeriodicCallback(self.poll_services, 1e3 * SERVICE_POLL_S)
+        self._periodic_callbacks["gpulab_poll_services"] = watch
+        watch.start()
+
+    async def poll_services(self) -> None:
+        """Let JupyterHub notice now (and restart) a service that died after running a
+        while; the notice is JupyterHub's own (``poll_and_notify``), only sooner."""
+        if self._stopping:
+            return
+        now = time.monotonic()
+        running = set()
+        for service in list(self._service_map.values()):
+            proc = service.spawner.proc if service.managed and service.spawner else None
+            if proc is None:
+                continue
+            running.add(proc.pid)
+            started = self._service_started.setdefault(proc.pid, now)
+            if now - started >= QUICK_RESTART_AFTER_S and proc.poll() is not None:
+                self._service_started[proc.pid] = math.inf  # noticed: once is enough
+                await service.spawner.poll_and_notify()
+        for pid in set(self._service_started) - running:
+            del self._service_started[pid]
 
     async def shutdown_cancel_tasks(self, sig=None):
         if self._stopping:
@@ -32,6 +73,7 @@ class GpuLabHub(JupyterHub):
         await super().shutdown_cancel_tasks(sig)
 
     async def cleanup(self):
+        self._stopping = True  # no restart of the services JupyterHub now stops
         if self.cleanup_servers:
             await self.stop_servers()
         await super().cleanup()  # services and the proxy; no server is left to stop

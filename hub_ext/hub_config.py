@@ -208,6 +208,8 @@ def configure(c, s: Settings) -> None:
                     f"--timeout={s.cull_idle_timeout}",
                     f"--cull-every={max(5, min(60, s.cull_idle_timeout // 2))}",
                 ],
+                # How the next `gpulab up` on this data dir knows it for its own.
+                "environment": {"GPULAB_DATA_DIR": str(data)},
             }
         )
         roles.append(

@@ -9,3 +9,9 @@ configure(c, settings)
 _override = settings.data_dir / "gpulab_config.py"
 if _override.exists():
     load_subconfig(str(_override))  # noqa: F821
+
+# Where one Unix account runs everyone's code (no root, or accounts turned off above),
+# the banner, the spawn form and %gpulab say so.
+from gpulab.hub_ext.single_account import say_single_account  # noqa: E402
+
+say_single_account(c)

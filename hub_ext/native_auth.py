@@ -12,6 +12,18 @@ database) and cannot log in until an admin authorizes them at
   and a Cyrillic look-alike of ``alice`` is refused at sign-up;
 - pre-authorizes nobody at sign-up: NativeAuthenticator would authorize a
   sign-up under any name in ``admin_users`` that has no record yet;
+- refuses a sign-up under a name a hub user already has (in any case or
+  Unicode form that normalises to it), so nobody can sign up as an existing
+  user and wait for an admin to approve it; the Authorize page marks any
+  record whose name is a hub user's;
+- makes Discard drop only the pending sign-up record: NativeAuthenticator also
+  deleted the hub user of that name, whose server then ran on as an orphan
+  with its slice released;
+- stops a deleted user's gpulab jobs and endpoints before the record goes
+  (:mod:`~gpulab.hub_ext.user_removal`);
+- counts failed logins per client address, not per user name
+  (:mod:`~gpulab.hub_ext.login_limits`), so wrong passwords typed for the
+  admin lock out the one who typed them, not the admin;
 - shows NativeAuthenticator's links (Change password, Authorize users) in
   the hub's navigation bar, and its Authorize page with JupyterHub 6's styles
   (``templates/``);
@@ -28,15 +40,19 @@ Settings, in ``<data-dir>/gpulab_config.py``::
 from __future__ import annotations
 
 import asyncio
+import hmac
+import math
 import re
 import unicodedata
 from pathlib import Path
 
 import bcrypt
 from jinja2 import ChoiceLoader, FileSystemLoader
+from jupyterhub import orm
 from jupyterhub.scopes import needs_scope
 from nativeauthenticator import NativeAuthenticator
 from nativeauthenticator.handlers import (
+    AuthorizationAreaHandler,
     ChangePasswordAdminHandler,
     ChangePasswordHandler,
     DiscardHandler,
@@ -48,7 +64,10 @@ from nativeauthenticator.orm import UserInfo
 from tornado import web
 from tornado.escape import url_escape
 from tornado.httputil import url_concat
-from traitlets import Unicode, default
+from traitlets import Integer, Unicode, default
+
+from .login_limits import SourceLockout, login_source
+from .user_removal import refuse_while_servers_run, service_client_for, stop_work
 
 TEMPLATES = str(Path(__file__).with_name("templates"))
 #: bcrypt reads at most 72 bytes; bcrypt >= 5 raises on longer input.
@@ -90,13 +109,15 @@ class _FormChecks:
 
 
 class _SameSiteOnly:
-    """These links change state on GET: honour them only from the hub's own pages
-    (or a typed address), so a link elsewhere cannot make an admin approve a sign-up."""
+    """These links change state on GET: honour them only with the ``_xsrf`` token the
+    Authorize page puts in them (JupyterHub's, tied to the admin's login session), so
+    a link or form elsewhere cannot make an admin approve or discard a sign-up.
+    (A ``Sec-Fetch-Site`` check alone passes whatever sends no such header.)"""
 
     async def prepare(self):
         await super().prepare()
-        site = self.request.headers.get("Sec-Fetch-Site", "same-origin")
-        if site not in ("same-origin", "none"):
+        sent = self.get_argument("_xsrf", "")
+        if not sent or not hmac.compare_digest(sent.encode(), self.xsrf_token):
             raise web.HTTPError(403, "Open this from the hub's own Authorize page.")
 
     @needs_scope("admin:users")
@@ -147,8 +168,14 @@ class GpuLabLoginHandler(_FormChecks, LoginHandler):
             self.redirect(self.get_next_url(user))
             return
         error = "Invalid username or password."
+        source = await asyncio.to_thread(login_source, self.request)
+        wait = self.authenticator.lockout.seconds_locked(source)
         info = self.authenticator.get_user(data["username"])
-        if (
+        if wait:
+            error = (
+                f"Too many failed logins from your address: try again in {math.ceil(wait)} seconds."
+            )
+        elif (
             info is not None
             and not info.is_authorized
             and await password_matches(info, data["password"])
@@ -159,7 +186,50 @@ class GpuLabLoginHandler(_FormChecks, LoginHandler):
 
 
 class GpuLabSignUpHandler(_FormChecks, SignUpHandler):
-    pass
+    """NativeAuthenticator's sign-up, refusing names a hub user or a sign-up has."""
+
+    async def post(self):
+        auth = self.authenticator
+        name = self.get_body_argument("username", "", strip=False)
+        if not (auth.enable_signup and name and auth.name_taken(name)):
+            return await super().post()
+        self.set_status(409)
+        html = await self.render_template(
+            "signup.html",
+            ask_email=auth.ask_email_on_signup,
+            result_message=(
+                f"The name {auth.normalize_username(name)} is already in use: choose another one."
+            ),
+            alert="alert-danger",
+            two_factor_auth=auth.allow_2fa,
+            recaptcha_key=auth.recaptcha_key,
+            tos=auth.tos,
+        )
+        self.finish(html)
+
+
+class GpuLabAuthorizationAreaHandler(AuthorizationAreaHandler):
+    """The Authorize page, saying which records carry the name of a hub user
+    (an admin approving one gives that sign-up's password the user's account)."""
+
+    @needs_scope("admin:users")
+    async def get(self):
+        records = self.db.query(UserInfo).all()
+        hub_users = {}
+        for info in records:
+            user = self.find_user(info.username)
+            if user is not None:
+                hub_users[info.username] = {
+                    "created": user.created,
+                    "server": bool(user.active),
+                }
+        html = await self.render_template(
+            "authorization-area.html",
+            ask_email=self.authenticator.ask_email_on_signup,
+            users=records,
+            hub_users=hub_users,
+        )
+        self.finish(html)
 
 
 class GpuLabChangePasswordHandler(_FormChecks, ChangePasswordHandler):
@@ -175,7 +245,24 @@ class GpuLabToggleAuthorizationHandler(_SameSiteOnly, ToggleAuthorizationHandler
 
 
 class GpuLabDiscardHandler(_SameSiteOnly, DiscardHandler):
-    pass
+    """Discard drops the pending sign-up record and nothing else.
+
+    NativeAuthenticator's also deleted the hub user of that name: a user an
+    admin had created, or one with a running server, vanished from the hub
+    while the server ran on and its slice was released (the GPU then given
+    twice). Deleting a hub user is the admin page's (or the REST API's) job,
+    which stops their server first.
+    """
+
+    @needs_scope("admin:users")
+    async def get(self, name):
+        info = self.authenticator.get_user(name)
+        if info is None:
+            raise web.HTTPError(404, f"No sign-up named {name!r}.")
+        if not info.is_authorized:
+            self.db.delete(info)
+            self.db.commit()
+        self.redirect(self.hub.base_url + "authorize")
 
 
 _HARDENED = {
@@ -185,6 +272,7 @@ _HARDENED = {
     ChangePasswordAdminHandler: GpuLabChangePasswordAdminHandler,
     ToggleAuthorizationHandler: GpuLabToggleAuthorizationHandler,
     DiscardHandler: GpuLabDiscardHandler,
+    AuthorizationAreaHandler: GpuLabAuthorizationAreaHandler,
 }
 
 
@@ -208,6 +296,26 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
         c.GpuLabNativeAuthenticator.admin_password_file = "/srv/gpulab/admin-password"
         """,
     )
+    allowed_failed_logins = Integer(
+        10,
+        config=True,
+        help="""Failed logins from one address before that address must wait
+        seconds_before_next_try. Counted per client address (through the hub's
+        proxy), not per user name, so nobody can lock another user out; the
+        right password does not get in while the address waits. 0: no limit.
+
+        c.GpuLabNativeAuthenticator.allowed_failed_logins = 5
+        """,
+    )
+    seconds_before_next_try = Integer(
+        60,
+        config=True,
+        help="""How long an address waits after allowed_failed_logins failed
+        logins; its count is forgotten once it has failed nothing for this long.
+
+        c.GpuLabNativeAuthenticator.seconds_before_next_try = 300
+        """,
+    )
 
     @default("username_pattern")
     def _ascii_names(self):
@@ -227,14 +335,6 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
     def _refuse_common(self):
         return True
 
-    @default("allowed_failed_logins")
-    def _lockout_after(self):
-        return 10
-
-    @default("seconds_before_next_try")
-    def _lockout_seconds(self):
-        return 60
-
     @default("db")
     def _hub_session(self):
         # The record table lives in the hub's database and NativeAuthenticator's
@@ -245,6 +345,7 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.lockout = SourceLockout(self.allowed_failed_logins, self.seconds_before_next_try)
         self.seed_admin()
 
     def normalize_username(self, username: str) -> str:
@@ -258,23 +359,60 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
     def is_password_strong(self, password: str) -> bool:
         return not _too_long(password) and super().is_password_strong(password)
 
+    def name_taken(self, username: str) -> bool:
+        """Whether a sign-up record or a hub user has this name, in any form the
+        hub normalises to the same name."""
+        name = self.normalize_username(username)
+        if self.get_user(name) is not None:
+            return True
+        # Hub users made through the REST API keep their name as given ("Bob").
+        return any(
+            existing == name or self.normalize_username(existing) == name
+            for (existing,) in self.db.query(orm.User.name)
+        )
+
+    def create_user(self, username, password, **kwargs):
+        if self.name_taken(username):
+            return None
+        return super().create_user(username, password, **kwargs)
+
     async def authenticate(self, handler, data):
-        # NativeAuthenticator's, with bcrypt off the hub's event loop.
+        # NativeAuthenticator's, with bcrypt off the hub's event loop and failures
+        # counted per address (login_limits), not per name.
+        source = await asyncio.to_thread(login_source, handler.request) if handler else ""
+        if self.lockout.seconds_locked(source):
+            return None
         username = self.normalize_username(data.get("username", ""))
         password = data.get("password", "")
         info = self.get_user(username)
-        if info is None or _too_long(password):
-            return None
-        if self.allowed_failed_logins and self.is_blocked(username):
-            return None
-        valid = info.is_authorized and await password_matches(info, password)
+        valid = (
+            info is not None
+            and not _too_long(password)
+            and info.is_authorized
+            and await password_matches(info, password)
+        )
         if valid and info.has_2fa:
             valid = info.is_valid_token(data.get("2fa"))
         if valid:
-            self.successful_login(username)
             return username
-        self.add_login_attempt(username)
+        self.lockout.failed(source)
         return None
+
+    async def delete_user(self, user):
+        # The hub has stopped the user's server; their jobs and endpoints stop
+        # before their record goes (user_removal), or the deletion stops.
+        refuse_while_servers_run(user)
+        client = service_client_for(user)
+        if client is not None:
+            jobs, deployments = await stop_work(client, user.name)
+            if jobs or deployments:
+                self.log.info(
+                    "Deleting %s: cancelled %d jobs, stopped %d endpoints",
+                    user.name,
+                    jobs,
+                    deployments,
+                )
+        return super().delete_user(user)
 
     def seed_admin(self) -> None:
         """Create or update admin_name's record from admin_password_file, authorized."""

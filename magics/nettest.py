@@ -17,7 +17,9 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +27,7 @@ import time
 
 from gpulab.client.states import JOB_TERMINAL as TERMINAL
 from gpulab.client.units import gpu_label
+from gpulab.training import env as rank_env
 
 NETTEST_USAGE = (
     "%gpulab nettest [--size BYTES] [--iters N] [--nproc N] [--warmup N] "
@@ -138,15 +141,29 @@ def default_nproc() -> int:
     return 2
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_probe(size: str, iters: int, nproc: int, warmup: int = 5, timeout: float = 600.0) -> dict:
     """Run the probe under torchrun on this machine; return rank 0's result."""
     with tempfile.TemporaryDirectory(prefix="gpulab-nettest-") as tmp:
         out = os.path.join(tmp, "result.json")
+        # Not --standalone: its c10d store would listen on every interface and
+        # unpickle what anyone writes there. gpulab's signed rendezvous on
+        # loopback only, under a secret this kernel alone holds (its environment).
         argv = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
-            "--standalone",
+            "gpulab.training.launch",
+            "--nnodes=1",
+            f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+            "--rdzv-backend=gpulab",
+            f"--rdzv-id=nettest-{secrets.token_hex(4)}",
+            "--rdzv-conf=is_host=1",
+            "--local-addr=127.0.0.1",
             f"--nproc-per-node={nproc}",
             "-m",
             "gpulab.training.allreduce_probe",
@@ -160,7 +177,12 @@ def run_probe(size: str, iters: int, nproc: int, warmup: int = 5, timeout: float
             out,
         ]
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+            env = {
+                **os.environ,
+                rank_env.RDZV_SECRET: secrets.token_hex(32),
+                "GLOO_SOCKET_IFNAME": "lo",
+            }
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             raise NettestError(
                 f"the probe took longer than {timeout:g} s; try a smaller --size or fewer --iters"

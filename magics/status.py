@@ -50,6 +50,10 @@ DEMO_LOGIN_WARNING = (
     "Demo login: anyone with the shared password can log in as any user. "
     "Restart without --demo for per-user accounts."
 )
+# The spawn form's too (gpulab.spawner.form.SINGLE_ACCOUNT_WARNING).
+SINGLE_ACCOUNT_WARNING = (
+    "Single account: every user's code runs as {account}; users are not separated on this host."
+)
 
 
 def slice_status(env: dict[str, str]) -> str:
@@ -69,6 +73,8 @@ def slice_status(env: dict[str, str]) -> str:
     status += f"\nAPI: {api}"
     if env.get("GPULAB_DEMO_LOGIN") == "1":
         status += f"\n{DEMO_LOGIN_WARNING}"
+    if env.get("GPULAB_SINGLE_ACCOUNT"):
+        status += "\n" + SINGLE_ACCOUNT_WARNING.format(account=env["GPULAB_SINGLE_ACCOUNT"])
     return status
 
 

@@ -34,7 +34,16 @@ def _string(body: dict, key: str) -> str:
     return value
 
 
-class AllocationsHandler(APIHandler):
+class ReleaseMixin:
+    def force(self) -> bool:
+        """``?force=1``: an admin's release stops the owner that still holds the slice."""
+        value = self.get_argument("force", "0").lower()
+        if value not in ("0", "1", "true", "false"):
+            raise web.HTTPError(400, f"force must be 1 or 0, not {value!r}")
+        return value in ("1", "true")
+
+
+class AllocationsHandler(ReleaseMixin, APIHandler):
     audit_actions = {"POST": "allocation.create", "DELETE": "allocation.release"}
 
     async def get(self):
@@ -113,17 +122,24 @@ class AllocationsHandler(APIHandler):
         held = await self.gpulab.ledger.aio.list(owner_kind=owner_kind, owner=owner)
         if held and not who.can_act_for(held[0]["user"]):
             raise web.HTTPError(404, f"no allocations for {owner_kind} {owner!r}")
+        stopped = None
         if held:
-            await refuse_live_release(self.gpulab, who, owner_kind, owner)
+            stopped = await refuse_live_release(
+                self.gpulab, who, owner_kind, owner, force=self.force()
+            )
         released = await self.gpulab.ledger.aio.release(owner_kind, owner) if held else []
-        if released:
-            await self.audit("allocation.release", owner, user=held[0]["user"], kind=owner_kind)
+        if stopped:  # stopping it may have released its rows already (the spawner)
+            released = released or held
+        if released or stopped:
+            await self.audit(
+                "allocation.release", owner, user=held[0]["user"], kind=owner_kind, stopped=stopped
+            )
         if owner_kind == "server" and who.internal:  # the hub's spawner: the server stopped
             await self.gpulab.server_stopped(owner)
-        self.write_json({"released": released})
+        self.write_json({"released": released, "stopped": stopped})
 
 
-class AllocationHandler(APIHandler):
+class AllocationHandler(ReleaseMixin, APIHandler):
     audit_actions = {"DELETE": "allocation.release"}
 
     async def _find(self, alloc_id: str) -> dict:
@@ -139,13 +155,23 @@ class AllocationHandler(APIHandler):
 
     async def delete(self, alloc_id):
         row = await self._find(alloc_id)
-        await refuse_live_release(self.gpulab, self.identity, row["owner_kind"], row["owner"])
-        released = await self.gpulab.ledger.aio.release(row["owner_kind"], row["owner"])
-        if released:
+        kind, owner = row["owner_kind"], row["owner"]
+        held = await self.gpulab.ledger.aio.list(owner_kind=kind, owner=owner)
+        stopped = await refuse_live_release(
+            self.gpulab, self.identity, kind, owner, force=self.force()
+        )
+        released = await self.gpulab.ledger.aio.release(kind, owner)
+        if stopped:  # stopping it may have released its rows already (the spawner)
+            released = released or held
+        if released or stopped:
             await self.audit(
-                "allocation.release", row["owner"], user=row["user"], kind=row["owner_kind"]
+                "allocation.release",
+                row["owner"],
+                user=row["user"],
+                kind=row["owner_kind"],
+                stopped=stopped,
             )
-        self.write_json({"released": released})
+        self.write_json({"released": released, "stopped": stopped})
 
 
 class AvailabilityHandler(APIHandler):
@@ -183,15 +209,47 @@ class OpenAPIHandler(APIHandler):
         self.write_json(openapi_document(self.gpulab.prefix))
 
 
+#: JupyterHub's scope for reading metrics: a token with it (Prometheus') reads every series.
+METRICS_SCOPE = "read:metrics"
+
+
 class MetricsHandler(APIHandler):
+    """Prometheus text. Series of one job or endpoint go to admins, the service and
+    tokens with ``read:metrics`` (even without the service's access scope, as the
+    hub's own ``/hub/metrics``); a user gets the cluster's series and their own.
+    Where ``authenticate_prometheus`` is off (the Helm chart's annotation scrape), a
+    call without a token gets every series straight at the service's port, and the
+    cluster's only through the hub's proxy (which adds X-Forwarded-For)."""
+
     def set_default_headers(self):
         self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 
     def get(self):
-        if self.gpulab.authenticate_prometheus:
-            self.require_identity()
+        who = self.identity
+        scopes = (self.hub_model or {}).get("scopes") or ()
+        if (who is not None and (who.admin or who.internal)) or METRICS_SCOPE in scopes:
+            mine = None
+        elif who is not None:
+            mine = self._ids_of(who.name)
+        elif self.gpulab.authenticate_prometheus:
+            self.require_identity()  # 401, or 403 naming the missing scope
+        elif "X-Forwarded-For" in self.request.headers:
+            mine = frozenset()  # through the hub's proxy, which any user reaches
+        else:
+            # Straight to the service's port: the scraper inside the cluster, where
+            # the network keeps users' pods off this port (z2jh's egress policy).
+            mine = None
         self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.finish(self.gpulab.metrics.render())
+        self.finish(self.gpulab.metrics.render(mine))
+
+    def _ids_of(self, user: str) -> frozenset[str]:
+        """The ids of the user's jobs and endpoints (the owner labels' values)."""
+        ids: set[str] = set()
+        if self.gpulab.jobs is not None:
+            ids |= {j["id"] for j in self.gpulab.jobs.queue.list(user=user)}
+        if self.gpulab.deployments is not None:
+            ids |= {d["id"] for d in self.gpulab.deployments.store.list(user=user)}
+        return frozenset(ids)
 
 
 routes = [

@@ -34,10 +34,12 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Float, Instance, Int, List, TraitError, Unicode, default
 from traitlets.config import Application, PyFileConfigLoader
 
+from gpulab.backend.log_pipe import DEFAULT_LOG_MAX_BYTES
 from gpulab.backend.spec import SpecError
 from gpulab.db.engine import make_engine
-from gpulab.enforcement.account_limits import AccountLimits
+from gpulab.enforcement.account_limits import AccountLimits, host_memory
 from gpulab.enforcement.accounts import UserAccounts
+from gpulab.enforcement.limits import host_user_quota
 from gpulab.scheduler.inventory import Gpu, InventoryError
 from gpulab.scheduler.inventory_kube import KubernetesInventory
 from gpulab.scheduler.ledger import Ledger
@@ -62,8 +64,15 @@ from .alert_actions import AlertActions
 from .alert_rules import DEFAULTS as ALERT_DEFAULTS
 from .alerts import AlertEngine
 from .audit import LOOPBACK, AuditLog
-from .auth import Identity
-from .backends import INVENTORIES, JOB_BACKENDS, SERVING_BACKENDS, ConfigError, NamedType
+from .auth import TOKEN_CACHE_S, Identity, TokenAnswers
+from .backends import (
+    INVENTORIES,
+    JOB_BACKENDS,
+    SERVING_BACKENDS,
+    ConfigError,
+    NamedType,
+    refuse_local_user_code,
+)
 from .hubapi import HubAPI
 from .jobs import JobManager
 from .kube_jobs import KubernetesJobsSettings
@@ -190,6 +199,21 @@ class GpuLabService(SharingSettings, Application):
         """,
     ).tag(config=True)
 
+    user_code_in_service = Bool(
+        True,
+        help="""Whether users' code may run beside the service: job ranks on the "local"
+        backend and replicas on the "local" serving backend are processes on the
+        service's own machine (with `gpulab up` as root, each as its user's Unix
+        account). The Helm chart turns it off: its service pod holds the hub tokens and
+        the database, so jobs and endpoints run as pods of their own; a job for the
+        "local" backend is then refused with the fix, and a local jobs or serving
+        backend class stops the service's start (chart value
+        service.allowUserCodeInServicePod: true turns it back on).
+
+        c.GpuLabService.user_code_in_service = False
+        """,
+    ).tag(config=True)
+
     kubernetes_node_selector = Unicode(
         "",
         help="""Label selector of the Kubernetes nodes whose GPUs are counted.
@@ -228,7 +252,12 @@ class GpuLabService(SharingSettings, Application):
 
     authenticate_prometheus = Bool(
         True,
-        help="""Require a hub token for /metrics (as JupyterHub does for its own).
+        help="""Require a hub token for /metrics (as JupyterHub does for its own). Every
+        series needs an admin or a token with JupyterHub's read:metrics scope (give
+        Prometheus one); a user's token reads the cluster's series and those of the
+        user's own jobs and endpoints. Off: a call without a token reads every series
+        straight at the service's port, and the cluster's only through the hub's proxy
+        (the Helm chart's annotation scrape; keep users off the service's port).
 
         c.GpuLabService.authenticate_prometheus = False
         """,
@@ -357,14 +386,46 @@ class GpuLabService(SharingSettings, Application):
     ).tag(config=True)
 
     user_cpu_quota = Float(
-        0.0,
-        help="""CPU cores one user's CPU-only jobs and endpoints may hold at once (each of
-        their processes counts c.AccountLimits.cpu_floor cores, queued jobs included).
-        0: no CPU quota. GPU work is bounded by the milli-GPU quotas instead.
+        help="""CPU cores one user's work on this host (jobs of the local backend,
+        local endpoints' replicas) may use at once. Held by the kernel: no job node
+        or replica gets more (not ranks x c.AccountLimits.cpu_floor), and all of the
+        user's groups together are held to it. A job asking more than
+        cpu_overcommit times it is refused at submit. Default: the host's cores.
+        0: no CPU quota.
 
         c.GpuLabService.user_cpu_quota = 8
         """,
     ).tag(config=True)
+
+    user_memory_quota = Int(
+        help="""Memory in bytes one user's work on this host may use at once, held as
+        user_cpu_quota is; a job whose ranks' memory (c.AccountLimits.memory_floor or
+        their slices' share each) is over it is refused at submit. Default: the
+        host's memory less a tenth (kept for the hub, the service and the kernel).
+        0: no memory quota.
+
+        c.GpuLabService.user_memory_quota = 64 * 2**30
+        """,
+    ).tag(config=True)
+
+    cpu_overcommit = Float(
+        4.0,
+        help="""How many times their CPU quota one job or deployment of a user may ask
+        (ranks x c.AccountLimits.cpu_floor): CPU time is shared, so ranks beyond the
+        quota run slower rather than fail, up to this (OpenStack's default CPU
+        allocation ratio is 4 too).
+
+        c.GpuLabService.cpu_overcommit = 1
+        """,
+    ).tag(config=True)
+
+    @default("user_cpu_quota")
+    def _user_cpu_quota(self):
+        return host_user_quota(os.cpu_count() or 1, host_memory())[0]
+
+    @default("user_memory_quota")
+    def _user_memory_quota(self):
+        return host_user_quota(os.cpu_count() or 1, host_memory())[1]
 
     max_user_deployments = Int(
         5,
@@ -380,6 +441,17 @@ class GpuLabService(SharingSettings, Application):
         each rank is a process on a node of the cluster.
 
         c.GpuLabService.max_job_ranks = 256
+        """,
+    ).tag(config=True)
+
+    job_log_max_bytes = Int(
+        DEFAULT_LOG_MAX_BYTES,
+        help="""Most bytes each log of a job (each node's and each rank's) and of an
+        endpoint's replica keeps on disk. Past it the older half is dropped and the
+        log says so on its first line ("[gpulab] log over 64 MiB: older lines
+        dropped"). 0: not capped.
+
+        c.GpuLabService.job_log_max_bytes = 256 * 2**20
         """,
     ).tag(config=True)
 
@@ -561,7 +633,9 @@ class GpuLabService(SharingSettings, Application):
 
     @default("account_limits")
     def _account_limits(self):
-        return AccountLimits(parent=self)
+        return AccountLimits(
+            parent=self, quota_cpu=self.user_cpu_quota, quota_memory=self.user_memory_quota
+        )
 
     @default("service_name")
     def _service_name(self):
@@ -673,6 +747,7 @@ class GpuLabService(SharingSettings, Application):
             self._deprecated_shortcut(
                 "kubernetes_jobs", "jobs_backend_class", "c.KubernetesJobsSettings"
             )
+        # job_backends() stops the start on a local backend where user code may not run.
         self.jobs = JobManager(self)
 
     def init_deployments(self):
@@ -680,6 +755,7 @@ class GpuLabService(SharingSettings, Application):
             self._deprecated_shortcut(
                 "kubernetes_deployments", "serving_backend_class", "c.KubernetesServingSettings"
             )
+        refuse_local_user_code(self, "serving_backend_class")
         self.deployments = deployments_api.make_manager(self)
 
     def _deprecated_shortcut(self, old: str, trait: str, instead: str) -> None:
@@ -788,7 +864,9 @@ class GpuLabService(SharingSettings, Application):
         token = os.environ["JUPYTERHUB_API_TOKEN"]
         cookie_secret = hmac.new(token.encode(), b"gpulab-cookie", hashlib.sha256).hexdigest()
         # The handlers' mixin uses the HubOAuth singleton; configure it once here.
-        hub_auth = HubOAuth.instance(api_token=token, cache_max_age=60)
+        hub_auth = HubOAuth.instance(
+            api_token=token, cache_max_age=TOKEN_CACHE_S, cache=TokenAnswers(TOKEN_CACHE_S)
+        )
         p = self.prefix
         routes = [
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),

@@ -18,7 +18,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from .audit import ACTION_PATTERN, ACTOR_KINDS, RESULTS, AuditFilters, AuditLog, client_source
-from .auth import APIHandler
+from .auth import TOKEN_EVENTS, APIHandler, forget_tokens_of
 from .query_args import time_arg
 
 MAX_LIMIT = 1000
@@ -72,7 +72,7 @@ class AuditHandler(APIHandler):
             )
         for name in ("since", "until"):
             value = arg(name, None)
-            if value:
+            if value is not None:
                 setattr(f, name, time_arg(name, value))
         if f.since and f.until and f.since >= f.until:
             raise web.HTTPError(400, "since must be before until")
@@ -104,7 +104,7 @@ class AuditHandler(APIHandler):
 
     async def post(self):
         """The hub's events: ``{"entries": [{ts, actor, actor_kind, user, action,
-        subject, result, peer, forwarded_for, detail}]}``."""
+        subject, result, peer, forwarded_for, peer_is_platform, detail}]}``."""
         who = self.require_identity()
         if not who.internal:
             raise web.HTTPError(
@@ -117,9 +117,10 @@ class AuditHandler(APIHandler):
         checked = [self._entry(e) for e in entries]
         ids = []
         for kwargs in checked:
-            ids.append(
-                await self.trail.record(kwargs.pop("action"), kwargs.pop("subject"), **kwargs)
-            )
+            action = kwargs.pop("action")
+            if action in TOKEN_EVENTS and kwargs.get("user") and kwargs["result"] == "ok":
+                forget_tokens_of(self.gpulab, kwargs["user"])  # a revoked token: now
+            ids.append(await self.trail.record(action, kwargs.pop("subject"), **kwargs))
         self.write_json({"ids": ids}, status=201)
 
     def _entry(self, e) -> dict:
@@ -148,6 +149,7 @@ class AuditHandler(APIHandler):
             raise web.HTTPError(400, "entry detail must be a JSON object")
         peer = e.get("peer") or "unknown"
         forwarded = e.get("forwarded_for")
+        platform = e.get("peer_is_platform")  # the hub looked its peer's socket up
         return {
             "action": action,
             "subject": text("subject"),
@@ -160,6 +162,7 @@ class AuditHandler(APIHandler):
                 str(peer),
                 forwarded if isinstance(forwarded, str) else None,
                 self.trail.trusted_proxies,
+                peer_is_platform=platform if isinstance(platform, bool) else None,
             ),
             **{f"{k}": v for k, v in detail.items() if k not in _RESERVED},
         }

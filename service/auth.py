@@ -11,21 +11,75 @@ Three kinds of caller:
   to allocate on behalf of any user;
 - admins (``admin`` in the hub's user model): see and act on everything;
 - users: see and act on their own things only.
+
+A revoked token stops working in time (:class:`TokenAnswers`): a request that
+changes something (POST, PUT, PATCH, DELETE) always asks the hub afresh; one that
+only reads reuses the hub's answer for at most :data:`TOKEN_CACHE_S` seconds, and
+the hub's ``token.delete`` event drops the user's answers at once
+(:func:`forget_tokens_of`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from jupyterhub.services.auth import HubOAuthenticated
+from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, _ExpiringDict
 from tornado import web
+
+from gpulab.enforcement.peer_account import platform_peer
 
 from .audit import LOOPBACK, client_source
 from .request_body import BoundedBody
 
 log = logging.getLogger("gpulab.service")
+
+#: Seconds the hub's answer for a token is reused by requests that change nothing
+#: (and by the endpoint router): how long a revoked token may still read.
+TOKEN_CACHE_S = 5
+#: Methods that change nothing; any other asks the hub about its token every time.
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+#: Set while a request that changes something is identified (see TokenAnswers).
+_asks_afresh: ContextVar[bool] = ContextVar("gpulab_token_asks_afresh", default=False)
+
+
+class TokenAnswers(_ExpiringDict):
+    """The hub's answers about tokens (``HubOAuth.cache``), kept ``max_age`` seconds,
+    but never used for a request that changes something: the hub is asked again
+    (and the fresh answer kept), so a token revoked a moment ago cannot cancel a
+    job or release a slice. JupyterHub's own cache is this dict's parent class."""
+
+    def __getitem__(self, key):
+        if _asks_afresh.get():
+            raise KeyError(key)  # the caller asks the hub, then stores the answer
+        return super().__getitem__(key)
+
+    def forget(self, name: str) -> int:
+        """Drop every answer that named ``name`` (a token of theirs was revoked)."""
+        keys = [
+            k for k, v in list(self.values.items()) if isinstance(v, dict) and v.get("name") == name
+        ]
+        for key in keys:
+            self.pop(key, None)
+        return len(keys)
+
+
+#: The hub's events after which a user's cached token answers are dropped at once.
+TOKEN_EVENTS = frozenset({"token.delete", "user.delete"})
+
+
+def forget_tokens_of(service, name: str) -> None:
+    """The hub revoked a token of ``name`` (or removed them): the service's answers
+    about their tokens go now, not TOKEN_CACHE_S later (the hub says so through its
+    audit events, :mod:`gpulab.hub_ext.audit_hook`)."""
+    if HubOAuth.initialized() and isinstance(HubOAuth.instance().cache, TokenAnswers):
+        HubOAuth.instance().cache.forget(name)
+    router = getattr(getattr(service, "deployments", None), "router", None)
+    if router is not None:
+        router.tokens.forget(name)
 
 
 @dataclass(frozen=True)
@@ -50,7 +104,13 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     async def prepare(self):
         self.identity: Identity | None = None
         self._forbidden_model = None
-        model = await self.hub_auth.get_user(self, sync=False)
+        afresh = _asks_afresh.set(self.changes_state())
+        try:
+            model = await self.hub_auth.get_user(self, sync=False)
+        finally:
+            _asks_afresh.reset(afresh)
+        #: The hub's model of the caller (with the token's ``scopes``), or None.
+        self.hub_model: dict | None = model or None
         if model:
             if not self.hub_auth.check_scopes(self.hub_scopes, model):
                 # Authenticated, but the token may not use this service.
@@ -60,6 +120,27 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
     def get_current_user(self):
         return self.identity
+
+    def changes_state(self) -> bool:
+        """Whether this request may change something: then its token is checked with
+        the hub itself, never a cached answer. (An endpoint call only reads.)"""
+        return self.request.method not in READ_METHODS
+
+    def allowed_methods(self) -> list[str]:
+        """The methods this route answers: its 405 says them in ``Allow`` (RFC 9110)."""
+        return [
+            m
+            for m in HTTP_METHODS
+            if getattr(type(self), m.lower()) is not getattr(web.RequestHandler, m.lower())
+        ]
+
+    def set_allow(self, status_code: int) -> None:
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        self.set_allow(status_code)
+        super().write_error(status_code, **kwargs)
 
     def require_identity(self) -> Identity:
         if self.identity is not None:
@@ -128,11 +209,31 @@ class APIHandler(BoundedBody, BaseHandler):
         return user
 
     def audit_source(self) -> str:
-        """The client's address: the peer, or what trusted proxies forwarded for."""
+        """The client's address: the peer, or what trusted proxies forwarded for (a
+        peer on this machine only when it is the platform's own account: the hub's
+        proxy, never a user's kernel)."""
         address = getattr(getattr(self.request.connection, "context", None), "address", None)
         peer = address[0] if isinstance(address, tuple) and address else self.request.remote_ip
         trusted = getattr(getattr(self.gpulab, "audit", None), "trusted_proxies", LOOPBACK)
-        return client_source(peer, self.request.headers.get("X-Forwarded-For"), trusted)
+        forwarded = self.request.headers.get("X-Forwarded-For")
+        platform = None
+        if forwarded and isinstance(address, tuple):
+            # Looked up once per connection (the proxy keeps its connections open):
+            # reading /proc/net/tcp takes milliseconds on a busy host.
+            stream = getattr(self.request.connection, "stream", None)
+            platform = getattr(stream, "gpulab_peer_is_platform", "unknown")
+            if platform == "unknown":
+                platform = platform_peer(address, self._local_address())
+                if stream is not None:
+                    stream.gpulab_peer_is_platform = platform
+        return client_source(peer, forwarded, trusted, peer_is_platform=platform)
+
+    def _local_address(self) -> tuple | None:
+        sock = getattr(getattr(self.request.connection, "stream", None), "socket", None)
+        try:
+            return sock.getsockname() if sock is not None else None
+        except OSError:
+            return None
 
     def _audit_fields(self, user: str | None) -> dict:
         who = getattr(self, "identity", None)
@@ -169,6 +270,7 @@ class APIHandler(BoundedBody, BaseHandler):
         trail.record_soon(action, subject, result="denied", **self._audit_fields(self.audit_user))
 
     def write_error(self, status_code: int, **kwargs) -> None:
+        self.set_allow(status_code)
         if status_code == 403:
             try:
                 self._audit_refusal()

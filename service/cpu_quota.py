@@ -1,49 +1,50 @@
-"""A per-user CPU quota for work without a GPU slice.
+"""A user's CPU and memory quota: what their work may use at once, on by default.
 
-GPU work is bounded by the ledger's milli-GPU quotas; CPU-only job ranks and
-CPU-only model replicas hold no slice, so without this one user could fill
-the host's cores. Each such process counts the cores its cgroup gets
-(``c.AccountLimits.cpu_floor``) from submit (queued jobs too) until it ends.
-``c.GpuLabService.user_cpu_quota = 0`` (the default) leaves it off.
+``c.GpuLabService.user_cpu_quota`` (default: the host's cores) and
+``user_memory_quota`` (default: the host's memory less a tenth, kept for the hub,
+the service and the kernel) are held by the kernel, not counted here: every group
+of the user's (a job node, a replica) is capped at the quota instead of asking
+ranks x floor, and the account's groups together are held to it
+(:meth:`gpulab.enforcement.account_limits.AccountLimits.quota`).
+
+What is checked here is the ask of one job or deployment, at submit: CPU time
+is shared, so ranks beyond the quota run slower, up to ``cpu_overcommit`` times
+the quota; memory is not shared, so the ranks' floors must fit the memory quota.
+A job that could never run within them is refused with the fix (403).
 """
 
 from __future__ import annotations
 
-from gpulab.db.jobs import TERMINAL
+from gpulab.enforcement.limits import format_bytes
 
 
-def cpu_held(service, user: str) -> float:
-    """Cores held by the user's CPU-only jobs (queued or running) and replicas."""
-    per = service.account_limits.cpu_floor
-    ranks = 0
-    jobs = getattr(service, "jobs", None)
-    if jobs is not None:
-        ranks += sum(
-            j["nodes"] * j["nproc_per_node"]
-            for j in jobs.queue.list(user=user)
-            if not j["gpu_milli"] and j["state"] not in TERMINAL
-        )
-    deployments = getattr(service, "deployments", None)
-    if deployments is not None:
-        ranks += sum(
-            d["replicas"]
-            for d in deployments.store.list(user=user)
-            if not d["gpu_milli"] and d["state"] not in ("failed", "stopped")
-        )
-    return ranks * per
+def per_process(service, gpu_milli: int) -> tuple[float, int]:
+    """The cores and bytes one rank or replica of ``gpu_milli`` asks (its group's
+    limits before the quota; the floors where the host gives no per-GPU share)."""
+    limits = service.account_limits
+    one = limits.asked(gpu_milli, len(service.gpus))
+    return one.cpu_cores or limits.cpu_floor, one.memory_bytes or limits.memory_floor
 
 
-def over_cpu_quota(service, user: str, processes: int) -> str | None:
-    """Why ``processes`` more CPU-only processes would pass the user's quota, or None."""
+def over_quota(service, user: str, processes: int, gpu_milli: int, what: str) -> str | None:
+    """Why ``processes`` ranks (or replicas) of ``gpu_milli`` cannot run within the
+    user's quota, or None. ``what`` names them ("ranks", "replicas")."""
+    cpu_each, memory_each = per_process(service, gpu_milli)
+    asks = f"{processes} {what} need" if processes != 1 else f"1 {what.rstrip('s')} needs"
     quota = service.user_cpu_quota
-    if not quota:
-        return None
-    asked = processes * service.account_limits.cpu_floor
-    held = cpu_held(service, user)
-    if held + asked <= quota:
-        return None
-    return (
-        f"over your CPU quota: your CPU-only jobs and endpoints hold {held:g} core(s) and "
-        f"this asks {asked:g} more; the quota is {quota:g}. Stop some first, ask for a GPU "
-        f"slice, or ask an admin to raise c.GpuLabService.user_cpu_quota"
-    )
+    cpu = processes * cpu_each
+    if quota and cpu > quota * service.cpu_overcommit:
+        return (
+            f"{asks} {cpu:g} CPUs; your quota is {quota:g} "
+            f"(up to {quota * service.cpu_overcommit:g} shared): use fewer {what} "
+            f"or ask an admin to raise c.GpuLabService.user_cpu_quota"
+        )
+    memory_quota = service.user_memory_quota
+    memory = processes * memory_each
+    if memory_quota and memory > memory_quota:
+        return (
+            f"{asks} {format_bytes(memory)} of memory "
+            f"({format_bytes(memory_each)} each); your quota is {format_bytes(memory_quota)}: "
+            f"use fewer {what} or ask an admin to raise c.GpuLabService.user_memory_quota"
+        )
+    return None

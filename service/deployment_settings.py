@@ -10,7 +10,7 @@ import re
 
 from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 
-from .cpu_quota import over_cpu_quota
+from .cpu_quota import over_quota
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
 PRINCIPAL = re.compile(r"^[^/\s\x00]{1,255}$")
@@ -133,8 +133,11 @@ def check_create(service, user: str, settings: dict) -> dict:
         "stop_with_server": service.deployments_stop_with_server,
         **check_sharing({k: body[k] for k in SHARING if body[k] is not None}),
     }
-    if not dep["gpu_milli"]:
-        reason = over_cpu_quota(service, user, high)
+    local = getattr(service.serving_backend_class, "name", None) == "local"
+    if local and not dep["gpu_milli"]:
+        # The quota is this host's (a Kubernetes replica is a pod of its own); GPU
+        # replicas are bounded by the GPUs first (409 when they cannot be placed).
+        reason = over_quota(service, user, high, dep["gpu_milli"], "replicas")
         if reason:
             raise DeployRefused(403, reason)
     return dep

@@ -43,6 +43,8 @@ from .deployment_versions import VersionsMixin
 from .endpoint_calls import CallsMixin
 from .endpoint_proxy import EndpointProxy
 from .endpoint_router import EndpointRouter
+from .endpoint_standby import StandbyProcess
+from .endpoint_table import EndpointTable
 from .endpoint_traffic import UnitTraffic, WeightedChoice, quantile_ms
 from .model_archive import ArchiveRefused, unpack_model
 
@@ -83,6 +85,7 @@ def serving_backend(service) -> ServingBackend:
             accounts=service.accounts,
             limits=service.account_limits,
             gpu_count=len(service.gpus),
+            log_max_bytes=service.job_log_max_bytes,
         )
     if hasattr(cls, "from_service"):  # a site's own backend builds itself
         return cls.from_service(service, root)
@@ -137,6 +140,10 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         self.serving = serving if serving is not None else serving_backend(service)
         self.proxy = EndpointProxy()
         self.router = EndpointRouter(service, self)
+        #: The endpoint table and the standby router that answers from it while this
+        #: service is down (:mod:`.endpoint_standby`); None: no standby.
+        self.table: EndpointTable | None = None
+        self.standby: StandbyProcess | None = None
         self._deps: dict[str, Deployment] = {}
         self._by_name: dict[tuple[str, str], str] = {}  # (user, name) -> id
         self._lock = asyncio.Lock()
@@ -298,14 +305,6 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             for unit in list(rec.units.values())
         ]
 
-    def can_use(self, who, dep: dict) -> bool:
-        """Owner, admins, and those it is shared with (by name or group)."""
-        return (
-            who.can_act_for(dep["user"])
-            or who.name in dep["share_users"]
-            or bool(who.groups & set(dep["share_groups"]))
-        )
-
     def find_version(self, dep: dict, number: int | None) -> dict:
         """A version row by number (None: the stable one, the oldest)."""
         versions = self.store.versions(dep["id"])
@@ -460,6 +459,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             self.store.update(dep["id"], **values)
         dep = self.store.get(dep["id"])
         self._record(dep)  # who may call it changes now
+        self._wake.set()  # and in the standby's table at the next pass
         return self.view(dep)
 
     async def stop_deployment(self, dep: dict, reason: str) -> dict:
@@ -470,6 +470,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
                 released += await self._stop_version(dep, vrow)
             self.store.remove(dep["id"])
             self._drop(dep["id"])
+            self._wake.set()  # out of the standby's table at the next pass
         log.info(
             "Deployment %s/%s stopped (%s); released %d slice(s)",
             dep["user"],
@@ -544,6 +545,22 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
                 log.exception("Adopting the replicas of version %s", vrow["id"])
         self._spawn(self.loop())
         await self.router.start()
+        # A standby takes over the router's socket if this process dies; not where the
+        # proxy comes from elsewhere (Kubernetes) or the port is fixed (the next
+        # service could not bind it).
+        if self.router.socket is not None and not (
+            self.service.endpoint_router_url or self.service.endpoint_router_port
+        ):
+            await self._start_standby()
+
+    async def _start_standby(self) -> None:
+        self.table = EndpointTable(self.service)
+        self.standby = StandbyProcess(self.service.data_dir)
+        try:
+            await asyncio.to_thread(self.table.write, self.endpoint_table())
+            await asyncio.to_thread(self.standby.replace, os.getpid(), self.router.socket.fileno())
+        except Exception:  # the service runs without one: endpoints stop with it, as before
+            log.exception("Starting the standby endpoint router")
 
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -553,6 +570,8 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
     async def stop(self) -> None:
         """The service stops: cancel every task started here and close connections. The
         replicas keep running; the next service adopts them."""
+        if self.standby is not None:  # first: it would answer on our socket once we are gone
+            await asyncio.to_thread(self.standby.stop)
         await self.router.stop()
         tasks = list(self._tasks)
         for task in tasks:
@@ -590,6 +609,8 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
                 if unit.row["state"] != "failed":
                     self.autoscale(dep, unit, now)
             await self.check_rollback(dep, rec)
+        if self.table is not None:
+            await asyncio.to_thread(self.table.write, self.endpoint_table())
 
     async def _check(self, dep: dict, unit: Unit) -> None:
         vrow = unit.row

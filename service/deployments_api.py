@@ -264,6 +264,9 @@ class EndpointHandler(_DeploymentHandler):
     def body_limit(self) -> int:
         return self.gpulab.max_upload_mib * 2**20
 
+    def changes_state(self) -> bool:
+        return False  # a call (POST .../infer) reads: its token may be a cached answer
+
     def set_default_headers(self):
         self.set_header("Cache-Control", "no-store")
 

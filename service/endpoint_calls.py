@@ -21,6 +21,8 @@ import contextlib
 import re
 import time
 
+from .endpoint_table import DEPLOYMENT_FIELDS, VERSION_FIELDS
+
 #: ``v2/models/<name>/versions/<n>/<rest>``: the version the caller asks for.
 VERSIONED = re.compile(r"^(v2/models/[^/]+)/versions/([^/]+)(/.*)?$")
 
@@ -44,6 +46,15 @@ class CallsMixin:
         if dep is not None:
             self._record(dep)
         return dep
+
+    @staticmethod
+    def can_use(who, dep: dict) -> bool:
+        """Owner, admins, and those it is shared with (by name or group)."""
+        return (
+            who.can_act_for(dep["user"])
+            or who.name in dep["share_users"]
+            or bool(who.groups & set(dep["share_groups"]))
+        )
 
     def callable_endpoint(self, who, user: str, name: str) -> dict:
         """The deployment ``who`` may call as ``user/name``; CallRefused 404 for the
@@ -93,6 +104,32 @@ class CallsMixin:
         if unit.token is None:
             unit.token = self.serving.token(unit.row["id"])
         return unit.token
+
+    def endpoint_table(self) -> list[dict]:
+        """Every endpoint as a call sees it now: the rows' fields a call reads, and
+        per version its ready replicas ``[index, address]`` and their token (for the
+        standby router, :mod:`.endpoint_table`)."""
+        out = []
+        for rec in list(self._deps.values()):
+            dep = rec.row
+            versions = []
+            for unit in rec.by_version():
+                ready = self._ready(dep, unit) if unit.row["state"] != "failed" else []
+                token = None
+                if ready:
+                    try:
+                        token = self._token(unit)
+                    except OSError:  # its files are being removed: no call goes there
+                        ready = []
+                versions.append(
+                    {
+                        **{k: unit.row[k] for k in VERSION_FIELDS},
+                        "ready": [list(r) for r in ready],
+                        "token": token,
+                    }
+                )
+            out.append({**{k: dep[k] for k in DEPLOYMENT_FIELDS}, "versions": versions})
+        return out
 
     async def call(self, dep: dict, method: str, path: str, headers: dict, body: bytes | None):
         """Forward one call: ``(status, reason, headers, body)``; CallRefused if no

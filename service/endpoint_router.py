@@ -3,7 +3,7 @@
 Endpoint calls are many and small; the service's Tornado routes cost about a
 millisecond of CPU each (routing, the handler machinery, the access log). The
 router is a bare aiohttp server in the same process that does only what a call
-needs: check the caller's hub token (answers cached for ``TOKEN_TTL_S``), check
+needs: check the caller's hub token (answers cached for ``TOKEN_TTL_S``, 5 s), check
 the caller may use the endpoint (owner, admins, shared users and groups), and
 hand the call to :meth:`~.endpoint_calls.CallsMixin.call`.
 
@@ -29,12 +29,14 @@ from urllib.parse import unquote
 import aiohttp
 from aiohttp import web
 
+from .auth import TOKEN_CACHE_S
 from .endpoint_calls import CallRefused
 
 log = logging.getLogger("gpulab.service.endpoint_router")
 
-#: How long a token's answer (who, or invalid) is reused.
-TOKEN_TTL_S = 60.0
+#: How long a token's answer (who, or invalid) is reused: a revoked token stops
+#: working here within this (the service's read cache, :data:`.auth.TOKEN_CACHE_S`).
+TOKEN_TTL_S = float(TOKEN_CACHE_S)
 BAD_TOKEN_TTL_S = 10.0
 TOKEN_CACHE_SIZE = 10_000
 #: How often the proxy's route table is checked for ours.
@@ -81,9 +83,17 @@ class TokenCache:
         ttl = TOKEN_TTL_S if identity is not None else BAD_TOKEN_TTL_S
         self._answers[token] = (identity, self.clock() + ttl)
 
+    def forget(self, name: str) -> None:
+        """Drop the answers for ``name``'s tokens (one was revoked at the hub)."""
+        self._answers = {
+            t: a for t, a in self._answers.items() if getattr(a[0], "name", None) != name
+        }
+
 
 def error(status: int, message: str, retry_after: int | None = None) -> web.Response:
     headers = {"Cache-Control": "no-store"}
+    if status == 405:
+        headers["Allow"] = "GET, HEAD, POST"
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
     return web.Response(
@@ -102,6 +112,7 @@ class EndpointRouter:
         self.tokens = TokenCache()
         self.prefix = service.prefix.rstrip("/") + "/endpoints/"
         self.url: str | None = None  # where the proxy reaches the router
+        self.socket = None  # the one it listens on (a standby takes it over: endpoint_standby)
         self._runner: web.ServerRunner | None = None
         self._keeper: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -124,7 +135,8 @@ class EndpointRouter:
             self._runner, self.service.endpoint_router_ip, self.service.endpoint_router_port
         )
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # the port the system chose
+        self.socket = site._server.sockets[0]
+        port = self.socket.getsockname()[1]  # the port the system chose
         self.url = self.service.endpoint_router_url or (
             f"http://{self.service.endpoint_router_ip}:{port}"
         )
@@ -243,7 +255,9 @@ class EndpointRouter:
             if isinstance(who, Denied):
                 raise who
             return who
-        model = await self.hub_auth.user_for_token(token, sync=False)
+        # The hub itself, not HubOAuth's cache: this cache is the only one, so a
+        # revoked token is refused within TOKEN_TTL_S.
+        model = await self.hub_auth.user_for_token(token, use_cache=False, sync=False)
         if not model:
             self.tokens.put(token, None)
             raise Denied(401, "invalid token: create one on the hub's token page")

@@ -24,6 +24,7 @@ import time
 import uuid
 
 from gpulab.backend.base import Backend
+from gpulab.backend.local import LocalBackend
 from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
 from gpulab.db.jobs import TERMINAL
 from gpulab.scheduler.priority import PriorityError
@@ -33,7 +34,7 @@ from gpulab.scheduler.usage import decayed
 
 from .allreduce_results import record_from_job
 from .backends import job_backends
-from .cpu_quota import over_cpu_quota
+from .cpu_quota import over_quota
 from .preemption import Claim, Preemptor
 from .tasks import KeptTask
 
@@ -192,8 +193,9 @@ class JobManager:
         total = spec.gpu_milli * spec.world_size
         groups = await self.service.groups_of(who.name)
         reason = never_fits(self.ledger.quotas, who.name, total, groups)
-        if not reason and not spec.gpu_milli:
-            reason = over_cpu_quota(self.service, who.name, spec.world_size)
+        if not reason and isinstance(backend, LocalBackend):
+            # The quota is this host's; Slurm and Kubernetes nodes have their own.
+            reason = over_quota(self.service, who.name, spec.world_size, spec.gpu_milli, "ranks")
         if reason:
             raise JobRefused(403, reason)
 

@@ -95,7 +95,9 @@ class JobLogsHandler(_JobHandler):
     """``text/plain`` lines, each prefixed ``[r<rank>]``, ``[node<n>]`` or ``[gpulab]``.
 
     ``?follow=1`` streams (chunked) until the job ends; ``?rank=R`` only that rank;
-    ``?tail=N`` starts with the last N lines so far (like ``kubectl logs --tail``).
+    ``?tail=N`` starts with the last N lines so far (like ``kubectl logs --tail``),
+    read from the ends of the files. A read returns at most 8 MiB (older lines are
+    skipped, with a line saying so): ``tail`` or follow for the rest.
     """
 
     def set_default_headers(self):
@@ -112,13 +114,14 @@ class JobLogsHandler(_JobHandler):
             raise web.HTTPError(400, f"rank must be an integer, got {rank!r}") from None
         last = self._tail_lines()
         tail = LogTail(self.jobs.jobdir(job), rank)
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 # Ask first, read second: lines written before the job ended are not lost.
                 ended = self.jobs.queue.get(job_id)["state"] in TERMINAL
-                lines = tail.read(final=ended)
-                if last is not None:
-                    lines, last = lines[-last:], None  # only the first read is cut
+                # Off the event loop: a read of a big log must not stall other requests.
+                lines = await loop.run_in_executor(None, tail.read, ended, last)
+                last = None  # only the first read is cut
                 if lines:
                     self.write("\n".join(lines) + "\n")
                     await self.flush()

@@ -2,6 +2,14 @@
 
 GPU series carry DCGM's labels (``hostname``, ``gpu``, ``UUID``, ``modelName``)
 so they join with dcgm-exporter's. No user names appear in labels.
+
+Who reads what (:meth:`Metrics.render`): series of one job or endpoint (a label
+in :data:`OWNER_LABELS`: its id) say what a user runs and how busy it is, so
+admins and tokens with JupyterHub's ``read:metrics`` scope (Prometheus) read
+every series; a user reads the cluster's series and those of their own jobs and
+endpoints. Without a token (only where ``authenticate_prometheus = False``, the
+Helm chart's annotation scrape): every series straight at the service's port, the
+cluster's only through the hub's proxy (which any user reaches).
 """
 
 from __future__ import annotations
@@ -11,8 +19,31 @@ from collections import Counter
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from gpulab.scheduler.usage import totals
+
+#: Labels whose value is one user's job or endpoint id (``job``: a nettest job's
+#: all-reduce result).
+OWNER_LABELS = ("job_id", "deployment", "job")
+
+
+class _OwnersView:
+    """A registry read as one caller may: a series with an :data:`OWNER_LABELS`
+    label only when ``mine`` holds its value."""
+
+    def __init__(self, registry: CollectorRegistry, mine: frozenset[str]):
+        self.registry = registry
+        self.mine = mine
+
+    def _visible(self, labels: dict) -> bool:
+        return all(labels[k] in self.mine for k in OWNER_LABELS if k in labels)
+
+    def collect(self):
+        for family in self.registry.collect():
+            kept = Metric(family.name, family.documentation, family.type, family.unit)
+            kept.samples = [s for s in family.samples if self._visible(s.labels)]
+            yield kept
 
 
 class _LedgerCollector:
@@ -41,8 +72,8 @@ class _LedgerCollector:
         for kind in ("server", "job", "deployment"):
             count.add_metric([kind], by_kind.get(kind, 0))
         yield count
-        # GPU-seconds, by kind only: anyone with a token may scrape, and who used
-        # how much is for admins (GET /usage answers per user, group and kind).
+        # GPU-seconds, by kind only: users read this series too, and who used how
+        # much is for admins (GET /usage answers per user, group and kind).
         used = CounterMetricFamily(
             "gpulab_gpu_seconds",
             "GPU time held by allocations, in GPU-seconds (a 1/4 GPU for 4 s is 1).",
@@ -112,5 +143,9 @@ class Metrics:
         self.placements.labels(result).inc()
         self.placement_seconds.observe(seconds)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, mine: frozenset[str] | None = None) -> bytes:
+        """Every series (``mine`` None), or the cluster's and those of the jobs and
+        endpoints whose ids ``mine`` holds."""
+        if mine is None:
+            return generate_latest(self.registry)
+        return generate_latest(_OwnersView(self.registry, frozenset(mine)))

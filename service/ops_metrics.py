@@ -4,9 +4,10 @@ They come from the alert engine's latest :class:`~.alert_rules.Facts` snapshot,
 so Prometheus and the service judge the same numbers (at most one
 ``alert_interval_seconds`` old). Jobs and endpoints are labelled by id
 (``job_id``; ``deployment``, ``version`` as in ``gpulab_endpoint_*``), never by
-``job`` (Prometheus' own target label), and never by user: anyone with a hub
-token may scrape ``/metrics``, and who holds what is for admins (``GET
-/api/v1/alerts`` names the users near their quota; here they are only counted).
+``job`` (Prometheus' own target label), and never by user: a user reads the
+series of their own jobs and endpoints only (:mod:`.metrics`), and who holds what
+is for admins (``GET /api/v1/alerts`` names the users near their quota; here they
+are only counted).
 
 The GPU health series (``gpulab_gpu_xid_errors_total``, ``gpulab_gpu_lost``...)
 are the exporter's (:mod:`gpulab.telemetry.exporter`).

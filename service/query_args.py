@@ -9,9 +9,16 @@ from tornado import web
 
 def time_arg(name: str, value: str | None) -> dt.datetime | None:
     """``value`` as a UTC time: ISO 8601 (a date, or a time with or without a zone; UTC
-    if none) or Unix seconds. None when absent; a 400 that says the forms otherwise."""
-    if value is None or value == "":
+    if none) or Unix seconds. None when absent; a 400 that says the forms otherwise (an
+    empty ``since=`` too: it would silently mean the default)."""
+    if value is None:
         return None
+    if not value.strip():
+        raise web.HTTPError(
+            400,
+            f"'{name}' is empty: give an ISO 8601 time such as 2026-12-01T12:00:00Z or Unix "
+            f"seconds, or leave {name}= out",
+        )
     try:
         return dt.datetime.fromtimestamp(float(value), dt.UTC)
     except (ValueError, OverflowError, OSError):

@@ -6,13 +6,16 @@ being kept, and so that the model upload can go straight to disk
 (:mod:`.uploads`). Bad bytes are bad
 input: a body that is not UTF-8, not JSON, not an object, or that holds
 numbers JSON cannot carry (NaN, Infinity, 1e400) is a 400 that says so, never
-a 500.
+a 500; so is a denormal number (``1e-320``) or one that underflows to 0
+(``1e-400``), and an object that names a key twice (which value would count
+differs between parsers).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 
 from tornado import web
 
@@ -34,15 +37,35 @@ def too_large(what: str, size: int | None, limit: int, setting: str = "") -> web
     )
 
 
+#: The range of a number a body may hold: 0, or a size a double keeps exactly to its
+#: 15 digits (below sys.float_info.min a double is denormal and loses digits).
+NUMBER_RANGE = f"0 or between {sys.float_info.min:.3g} and {sys.float_info.max:.3g} in size"
+
+
 def _refuse_constant(name: str):
     raise ValueError(f"{name} is not a JSON number; send a finite number")
 
 
-def _finite_float(text: str) -> float:
+def _normal_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):  # 1e400 parses to inf
-        raise ValueError(f"{text} is out of range; send a finite number")
+        raise ValueError(f"{text} is out of range, not a finite number; send {NUMBER_RANGE}")
+    digits = text.lower().partition("e")[0]
+    if (value != 0 and abs(value) < sys.float_info.min) or (
+        value == 0 and any(d in "123456789" for d in digits)  # 1e-400 parses to 0.0
+    ):
+        raise ValueError(f"{text} is too small to be a number here; send {NUMBER_RANGE}")
     return value
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            # Which one would win differs between parsers; say so instead of guessing.
+            raise ValueError(f"the key {key!r} appears twice in one object; send it once")
+        out[key] = value
+    return out
 
 
 def parse_json_object(raw: bytes | str, what: str = "request body") -> dict:
@@ -55,7 +78,12 @@ def parse_json_object(raw: bytes | str, what: str = "request body") -> dict:
                 400, f"{what} is not UTF-8 text (byte {e.start}); send JSON encoded as UTF-8"
             ) from None
     try:
-        body = json.loads(raw or "{}", parse_constant=_refuse_constant, parse_float=_finite_float)
+        body = json.loads(
+            raw or "{}",
+            parse_constant=_refuse_constant,
+            parse_float=_normal_float,
+            object_pairs_hook=_unique_keys,
+        )
     except json.JSONDecodeError as e:
         raise web.HTTPError(400, f"{what} is not valid JSON: {e}") from None
     except ValueError as e:  # NaN/Infinity, 1e400, an integer of thousands of digits
@@ -91,12 +119,18 @@ class BoundedBody:
     def check_body_size(self) -> None:
         self._chunks: list[bytes] = []
         self._refusal: web.HTTPError | None = None
+        self._received = 0
         limit = self.body_limit()
-        # Tornado stops reading past this (a chunked body without a length).
-        self.request.connection.set_max_body_size(limit)
         length = self.request.headers.get("Content-Length")
         if length is None:
+            # A chunked body says its size only as it comes: read up to DRAIN_LIMIT past
+            # the limit (data_received refuses it with a 413 once it is over), after
+            # which tornado hangs up (a bare 400). A route that reads its body itself
+            # (the model upload) keeps tornado's cut at the limit.
+            counts = type(self).data_received is BoundedBody.data_received
+            self.request.connection.set_max_body_size(limit + DRAIN_LIMIT if counts else limit)
             return
+        self.request.connection.set_max_body_size(limit)
         try:
             size = int(length)
         except ValueError:
@@ -114,6 +148,13 @@ class BoundedBody:
         self._chunks.clear()
 
     def data_received(self, chunk: bytes) -> None:
+        self._received += len(chunk)
+        if self._refusal is None and self._received > self.body_limit():
+            self.refuse_after_body(
+                too_large(
+                    f"the {self.request.method} body", None, self.body_limit(), self.body_setting
+                )
+            )
         if self._refusal is None:
             self._chunks.append(chunk)
 

@@ -64,7 +64,7 @@ class TelemetryHandler(APIHandler):
         who = self.require_identity()
         since = self.get_argument("since", None)
         try:
-            since = float(since) if since not in (None, "") else None
+            since = float(since) if since is not None else None
             if since is not None and not math.isfinite(since):
                 raise ValueError
         except ValueError:

@@ -1,7 +1,8 @@
 """The model server: Open Inference Protocol v2 over REST, with dynamic batching.
 
     python -m gpulab.serving.server --model-dir DIR [--ip 127.0.0.1] [--port 8000]
-        [--max-batch-size 32] [--max-latency-ms 5] [--max-queue 256] [--threads N]
+        [--listen-fd N] [--max-batch-size 32] [--max-latency-ms 5] [--max-queue 256]
+        [--threads N]
 
 Routes (OIP v2 plus Prometheus):
 
@@ -17,10 +18,16 @@ this server does not have included (as Triton answers); the metadata of such a
 model and unknown routes 404; a full queue 429. When ``GPULAB_SERVING_TOKEN``
 is set (the gpulab service sets it for the replicas it starts, and is then the
 only caller), every route but ``/v2/health/live`` wants ``Authorization: Bearer
-<token>`` and answers 401 without it: the port is reachable by anyone on the
-host, the hub's login is not. The model runs in a thread, so the event loop keeps answering health
+<token>`` and answers 401 without it (defense in depth: the hub's login is
+not here). The model runs in a thread, so the event loop keeps answering health
 checks and refusing overload while a batch computes. With ``--port 0`` the
 port is chosen by the system; the ``listening on`` line printed at start says it.
+
+``--listen-fd N`` serves on a socket the parent bound and handed over (socket
+activation, as systemd does); the server listens on it once the model is loaded.
+The gpulab service binds each local replica's Unix socket in a folder only root
+can enter, so no other account of the host can connect to the replica, not even
+its owner's other processes.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import hmac
 import json
 import os
 import signal
+import socket
 import sys
 import time
 import zlib
@@ -49,6 +57,8 @@ from .oip import OIP_TO_NUMPY, BadRequest, decode_request, encode_response, mode
 
 SERVER_NAME = "gpulab-serving"
 SERVER_VERSION = "0.1.0"
+#: Connections an inherited socket lets wait to be accepted (capped by somaxconn).
+LISTEN_BACKLOG = 1024
 
 
 class ModelServer:
@@ -303,6 +313,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--port", type=int, default=8000, help="port; 0 picks a free one (default 8000)"
     )
     parser.add_argument(
+        "--listen-fd",
+        type=int,
+        default=None,
+        help="serve on this inherited listening socket (a Unix socket the gpulab "
+        "service bound) instead of --ip/--port",
+    )
+    parser.add_argument(
         "--max-batch-size",
         type=int,
         default=32,
@@ -335,6 +352,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def listening_sockets(args: argparse.Namespace) -> tuple[list[socket.socket], str]:
+    """The sockets to serve on and where they are, in words (``unix:PATH`` or a URL)."""
+    if args.listen_fd is None:
+        sockets = bind_sockets(args.port, args.ip)
+        return sockets, f"http://{args.ip}:{sockets[0].getsockname()[1]}"
+    try:
+        sock = socket.socket(fileno=args.listen_fd)
+    except OSError as exc:
+        raise ValueError(f"--listen-fd {args.listen_fd} is not an open socket: {exc}") from None
+    # The parent bound it and left the listening to us: connections made before the
+    # model is loaded are refused, not left waiting (readiness probes fail fast).
+    sock.listen(LISTEN_BACKLOG)
+    sock.setblocking(False)
+    name = sock.getsockname()
+    if sock.family == socket.AF_UNIX:
+        return [sock], f"unix:{name.decode() if isinstance(name, bytes) else name}"
+    return [sock], f"http://{name[0]}:{name[1]}"
+
+
 async def serve(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -354,15 +390,11 @@ async def serve(args: argparse.Namespace) -> None:
         token=os.environ.pop("GPULAB_SERVING_TOKEN", ""),
     )
     server.warm_up()
-    sockets = bind_sockets(args.port, args.ip)
+    sockets, where = listening_sockets(args)
     http = HTTPServer(server.app(), max_body_size=int(args.max_body_mib * 2**20))
     http.add_sockets(sockets)
     server.start()
-    port = sockets[0].getsockname()[1]
-    print(
-        f"{SERVER_NAME}: model {server.card.name!r} listening on http://{args.ip}:{port}",
-        flush=True,
-    )
+    print(f"{SERVER_NAME}: model {server.card.name!r} listening on {where}", flush=True)
 
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

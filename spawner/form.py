@@ -22,6 +22,26 @@ def demo_login(env=os.environ) -> bool:
     return env.get(DEMO_LOGIN_ENV) == "1"
 
 
+#: The Unix account every user's code runs as, where users have no accounts of their
+#: own (`gpulab up --single-account`, or c.UserAccounts.enabled = False); set by the
+#: hub's configuration in its own and the servers' environment.
+SINGLE_ACCOUNT_ENV = "GPULAB_SINGLE_ACCOUNT"
+SINGLE_ACCOUNT_WARNING = (
+    "Single account: every user's code runs as {account}; users are not separated on this host."
+)
+
+
+def single_account(env=os.environ) -> str:
+    """The shared account's name, or "" where each user has an account of their own."""
+    return env.get(SINGLE_ACCOUNT_ENV, "")
+
+
+def _single_account_html(account: str) -> str:
+    head, _, rest = SINGLE_ACCOUNT_WARNING.partition(": ")
+    account_html = f'<code class="text-nowrap">{escape(account)}</code>'
+    return f"<strong>{escape(head)}:</strong> " + escape(rest).replace("{account}", account_html)
+
+
 def _demo_login_html() -> str:
     head, _, rest = escape(DEMO_LOGIN_WARNING).partition(": ")
     return f"<strong>{head}:</strong> " + rest.replace(
@@ -73,12 +93,14 @@ def render_form(
     demo: bool | None = None,
     limits: dict[int, str] | None = None,
     inventory: dict | None = None,
+    shared_account: str | None = None,
 ) -> str:
     """HTML for the hub's spawn page from the service's availability answer.
 
     ``demo`` (default: read from the hub's environment) puts the demo-login
-    warning on top; ``limits`` (slice milli -> "cgroup v1: 1 CPU, 2.7 GiB, ...")
-    says what each size's server is held to; ``inventory`` (the service's
+    warning on top, ``shared_account`` (the same) the single-account one;
+    ``limits`` (slice milli -> "cgroup v1: 1 CPU, 2.7 GiB, ...") says what each
+    size's server is held to; ``inventory`` (the service's
     ``/inventory``) names the GPU model and memory each size gives.
     """
     rows = []
@@ -133,6 +155,13 @@ def render_form(
         if demo
         else ""
     )
+    if shared_account is None:
+        shared_account = single_account()
+    if shared_account:
+        warning += (
+            f'<div class="alert alert-warning gpulab-single-account" role="alert">'
+            f"{_single_account_html(shared_account)}</div>"
+        )
     return (
         f'{warning}<fieldset class="gpulab-slices"><legend>GPU slice</legend>'
         f'{"".join(rows)}<p class="help-block">{escape(note)}{sim}</p></fieldset>'

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -65,19 +66,26 @@ class RunningHub:
         db_url: str = "",
         cull_idle_timeout: int = 3600,
         demo: bool = False,
+        run_as: str = "",
     ):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.accounts = os.geteuid() == 0
-        if self.accounts:
+        # run_as: `gpulab up` as that (non-root) account, which then runs everyone's code.
+        self.accounts = os.geteuid() == 0 and not run_as
+        if os.geteuid() == 0:
             let_accounts_reach(self.data_dir)
         homes = f"c.UserAccounts.home_root = {str(self.data_dir / 'home')!r}\n"
         (self.data_dir / "gpulab_config.py").write_text(homes + config)
+        if run_as:
+            for path in (self.data_dir, self.data_dir / "gpulab_config.py"):
+                shutil.chown(path, run_as)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api = f"{self.url}/services/gpulab/api/v1"
         self.log_path = self.data_dir / "hub.log"
+        as_account = ["runuser", "-u", run_as, "--", "env", f"HOME={self.data_dir}"]
         argv = [
+            *(as_account if run_as else []),
             GPULAB,
             "up",
             "--port",
@@ -93,7 +101,11 @@ class RunningHub:
             argv += ["--db-url", db_url]
         if demo:
             argv += ["--demo"]
+        if not self.accounts:
+            argv += ["--single-account"]  # not root: everyone runs as this account
         self._log = open(self.log_path, "ab")
+        if run_as:
+            shutil.chown(self.log_path, run_as)  # the hub makes its log private: it must own it
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -175,7 +187,7 @@ class RunningHub:
             # Rows a test made by hand (POST /allocations) have nothing to stop: the
             # admin releases them, as an operator repairing the ledger would.
             for row in self.gpulab("GET", "/allocations").json():
-                self.gpulab("DELETE", f"/allocations/{row['id']}")
+                self.gpulab("DELETE", f"/allocations/{row['id']}", params={"force": "1"})
         wait_until(
             lambda: self.gpulab("GET", "/allocations").json() == [],
             "the ledger to hold nothing after clearing the hub",

@@ -7,6 +7,7 @@ browser where the test is about the browser.
 
 from __future__ import annotations
 
+import html
 import re
 
 import requests
@@ -36,10 +37,19 @@ def sign_up(hub, name: str, password: str) -> requests.Response:
     )
 
 
+def page_link(page: str, action: str, name: str) -> str:
+    """The href of the Authorize page's ``action`` button (``authorize``, ``discard``)
+    for the sign-up ``name``: the path with the page's ``_xsrf`` token, as clicked."""
+    found = re.search(rf'href="([^"]*/{action}/{re.escape(name)}\?_xsrf=[^"]+)"', page)
+    assert found, f"no {action} link for {name} on the Authorize page"
+    return html.unescape(found.group(1))
+
+
 def toggle_approval(hub, name: str) -> None:
     """What the admin's Authorize/Unauthorize button does (a hub page: cookie, no token)."""
     admin = log_in(hub, "admin", admin_password(hub))
-    r = admin.get(f"{hub.url}/hub/authorize/{name}", allow_redirects=False, timeout=30)
+    page = admin.get(f"{hub.url}/hub/authorize", timeout=30).text
+    r = admin.get(hub.url + page_link(page, "authorize", name), allow_redirects=False, timeout=30)
     assert r.status_code == 302, (r.status_code, r.text[-500:])
 
 

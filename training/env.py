@@ -15,6 +15,11 @@ OUT = "GPULAB_OUT"
 NODE_GPUS = "GPULAB_NODE_GPUS"
 #: Share of its GPU each rank may use, in milli-GPU (1000 = whole card).
 GPU_MILLI = "GPULAB_GPU_MILLI"
+#: The job's rendezvous secret itself (Kubernetes: from the job's Secret), or
+#: the file that holds it (local and Slurm: ``<job dir>/rdzv.secret``, the owner's
+#: only); see :mod:`gpulab.training.rendezvous`.
+RDZV_SECRET = "GPULAB_RDZV_SECRET"
+RDZV_SECRET_FILE = "GPULAB_RDZV_SECRET_FILE"
 
 #: The all-reduce probe's result, in the job's ``out/`` dir (rank 0 writes it; the
 #: service reads it when the job succeeds and shows it on the Network tab).

@@ -23,7 +23,8 @@ from . import env, preemption
 def _redirect_output(job_dir: str, rank: int) -> None:
     path = os.path.join(job_dir, "logs", f"rank{rank}.log")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    cap = int(os.environ.get("GPULAB_LOG_MAX_BYTES") or 0)
+    fd = _capped(path, cap) if cap else os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
     # fd-level, so C extensions' output (gloo, NCCL warnings) lands there too.
@@ -32,6 +33,41 @@ def _redirect_output(job_dir: str, rank: int) -> None:
     os.close(fd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _capped(path: str, max_bytes: int) -> int:
+    """A pipe into ``log_cap`` (the rank's log kept under ``max_bytes``); its write end."""
+    import subprocess
+
+    global _WRITER
+    read_end, write_end = os.pipe()
+    _WRITER = subprocess.Popen(
+        [sys.executable, "-m", "gpulab.training.log_cap", "--max-bytes", str(max_bytes), path],
+        stdin=read_end,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    os.close(read_end)
+    return write_end
+
+
+_WRITER = None
+
+
+def finish_output(timeout: float = 5.0) -> None:
+    """Before the rank exits: all its output into the log (the writer ends when the
+    pipe closes; a process the cell left behind may hold it, hence the bound)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _WRITER is None:
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    with contextlib.suppress(Exception):
+        _WRITER.wait(timeout)
 
 
 def _write_json(path: str, data) -> None:
@@ -117,8 +153,7 @@ def run(job_dir: str) -> None:
             return
         record_failure(job_dir, rank, e)
         traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        finish_output()
         os._exit(1)
     finally:
         import torch.distributed as dist
@@ -139,6 +174,5 @@ if __name__ == "__main__":
     import logging
 
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    finish_output()
     os._exit(0)

@@ -9,6 +9,9 @@ The objects come from pure functions, one module per kind of work; the
 - :mod:`.job`: ``make_job(spec, options) -> dict`` (an Indexed Job) and its headless
   Service; ``job_objects`` gives both, in the order to create them;
 - :mod:`.jobset`: ``make_jobset(spec, options)`` when the JobSet CRD is installed;
+- :mod:`.isolation`: ``make_job_secret`` (the rendezvous secret) and
+  ``make_job_network_policy`` (ingress from the job's own pods only), made
+  before a job's pods and owned by its Job;
 - :mod:`.deploy`: ``make_deployment(...) -> [Deployment, Service]`` and, when
   KServe is installed, ``make_inference_service(...)``;
 - :mod:`.autoscale`: ``make_hpa(name, dep)`` and ``make_scaled_object(name, dep, ...)``,
@@ -27,6 +30,7 @@ its Kueue WorkloadPriorityClass) comes per job through the backend's
 
 from .autoscale import make_hpa, make_scaled_object
 from .deploy import make_deployment, make_inference_service
+from .isolation import guard_objects, make_job_network_policy, make_job_secret
 from .job import job_objects, make_headless_service, make_job
 from .jobset import make_jobset
 from .pods import JobOptions, job_name
@@ -35,6 +39,7 @@ from .serving import KubernetesServing
 __all__ = [
     "JobOptions",
     "KubernetesServing",
+    "guard_objects",
     "job_name",
     "job_objects",
     "make_deployment",
@@ -42,6 +47,8 @@ __all__ = [
     "make_hpa",
     "make_inference_service",
     "make_job",
+    "make_job_network_policy",
+    "make_job_secret",
     "make_jobset",
     "make_scaled_object",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import secrets
 import time
 from collections.abc import Callable
 
@@ -25,8 +26,9 @@ from ..base import Backend, JobStatus
 from ..spec import JobSpec, SpecError
 from . import jobset as jobset_mod
 from .apiclient import ApiClientHolder
+from .isolation import guard_objects, owned_by
 from .job import job_objects
-from .pods import JobOptions, check_spec, job_name
+from .pods import JobOptions, check_spec, job_name, rdzv_secret_name
 
 #: How long ``cancel`` waits for the cluster to remove a job's pods.
 CANCEL_WAIT_S = 120.0
@@ -118,6 +120,8 @@ class KubernetesBackend(Backend, ApiClientHolder):
         return job_objects(spec, opts)
 
     async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
+        """The job's Secret and NetworkPolicy first (so no pod starts without them),
+        then its Service and Job (or JobSet), which becomes their owner."""
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -126,20 +130,37 @@ class KubernetesBackend(Backend, ApiClientHolder):
         os.makedirs(self.jobdir(spec.id).p("logs"), exist_ok=True)
         api = await self.api()
         jobset = await self._jobset(spec)
+        guards = guard_objects(spec, self.job_options(spec), secrets.token_hex(32))
         objects = self.objects(spec, allocations, jobset)
-        for obj in objects:
+        core, net = client.CoreV1Api(api), client.NetworkingV1Api(api)
+        created = None
+        for obj in guards + objects:
             try:
-                if obj["kind"] == "Service":
-                    await client.CoreV1Api(api).create_namespaced_service(self.namespace, obj)
+                if obj["kind"] == "Secret":
+                    await core.create_namespaced_secret(self.namespace, obj)
+                elif obj["kind"] == "NetworkPolicy":
+                    await net.create_namespaced_network_policy(self.namespace, obj)
+                elif obj["kind"] == "Service":
+                    await core.create_namespaced_service(self.namespace, obj)
                 elif obj["kind"] == "Job":
-                    await client.BatchV1Api(api).create_namespaced_job(self.namespace, obj)
+                    job = await client.BatchV1Api(api).create_namespaced_job(self.namespace, obj)
+                    created = api.sanitize_for_serialization(job)
                 else:
-                    await client.CustomObjectsApi(api).create_namespaced_custom_object(
+                    created = await client.CustomObjectsApi(api).create_namespaced_custom_object(
                         jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, obj
                     )
             except ApiException as e:
                 if e.status != 409:  # already there: a start repeated after a crash
                     raise
+        if created and (created.get("metadata") or {}).get("uid"):
+            # Deleted with the job, however it goes (cancel, ttlSecondsAfterFinished).
+            merge = "application/merge-patch+json"
+            await core.patch_namespaced_secret(
+                rdzv_secret_name(spec), self.namespace, owned_by(created), _content_type=merge
+            )
+            await net.patch_namespaced_network_policy(
+                job_name(spec), self.namespace, owned_by(created), _content_type=merge
+            )
         self.jobdir(spec.id).write_json(
             "launch.json",
             {
@@ -245,6 +266,12 @@ class KubernetesBackend(Backend, ApiClientHolder):
                 client.BatchV1Api(api).delete_namespaced_job(name, self.namespace, body=body),
                 client.CoreV1Api(api).delete_namespaced_service(name, self.namespace),
             ]
+        # Owned by the job, so gone with it; deleted here too, for a job started
+        # before it owned them.
+        deletes += [
+            client.CoreV1Api(api).delete_namespaced_secret(rdzv_secret_name(spec), self.namespace),
+            client.NetworkingV1Api(api).delete_namespaced_network_policy(name, self.namespace),
+        ]
         for delete in deletes:
             try:
                 await delete

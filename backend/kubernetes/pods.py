@@ -27,8 +27,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpulab.training import env as rank_env
+
 from ..jobdir import JobDir
-from ..render import render_node
+from ..render import render_node, torchrun_argv
 from ..spec import JobSpec, SpecError
 
 #: The pod annotation (and label) where the Job controller puts a pod's index.
@@ -39,6 +41,8 @@ USER_ANNOTATION = "gpulab.io/user"
 COMMON_LABELS = {"app.kubernetes.io/name": "gpulab", "app.kubernetes.io/managed-by": "gpulab"}
 CONTAINER = "node"
 RDZV_PORT_NAME = "c10d"
+#: The key of the job's Secret (:func:`rdzv_secret_name`) that holds its rendezvous secret.
+RDZV_SECRET_KEY = "rdzv-secret"
 
 # Runs as `sh -c NODE_WRAPPER gpulab-node torchrun ARGS...`: rewrites the one
 # `--rdzv-conf=is_host=?,...` argument for this pod's index, then execs torchrun
@@ -71,6 +75,11 @@ def job_name(spec: JobSpec) -> str:
     return name
 
 
+def rdzv_secret_name(spec: JobSpec) -> str:
+    """The job's Secret (:mod:`.isolation`): ``gpulab-<job id>-rdzv``."""
+    return f"{job_name(spec)}-rdzv"
+
+
 def escape(value: str) -> str:
     """``value`` as a literal in container args or env (the kubelet reads ``$$`` as ``$``)."""
     return value.replace("$", "$$")
@@ -94,7 +103,8 @@ class JobOptions:
     jobs_pvc: str
     checkpoint_pvc: str = ""  # a claim of its own for spec.checkpoint_dir, if outside jobs_root
     rdzv_port: int = 29400
-    launcher: tuple[str, ...] = ("torchrun",)
+    #: torchrun with gpulab's signed rendezvous registered (``--rdzv-backend=gpulab``).
+    launcher: tuple[str, ...] = tuple(torchrun_argv("python"))
     labels: dict = field(default_factory=dict)
     pod_labels: dict = field(default_factory=dict)
     priority_class: str = ""
@@ -195,7 +205,16 @@ def node_container(spec: JobSpec, options: JobOptions, rdzv_host: str) -> dict:
         },
         {"name": POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
-    env += [{"name": k, "value": escape(v)} for k, v in launch.env.items() if k != "PET_NODE_RANK"]
+    # The rendezvous secret from the job's Secret, not a file on the jobs volume
+    # (which other users' pods mount too).
+    env.append(
+        {
+            "name": rank_env.RDZV_SECRET,
+            "valueFrom": {"secretKeyRef": {"name": rdzv_secret_name(spec), "key": RDZV_SECRET_KEY}},
+        }
+    )
+    skip = ("PET_NODE_RANK", rank_env.RDZV_SECRET_FILE)
+    env += [{"name": k, "value": escape(v)} for k, v in launch.env.items() if k not in skip]
     return {
         "name": CONTAINER,
         "image": spec.image,

@@ -9,8 +9,10 @@ at the same path (``root``)::
     <root>/<dep_id>/model/   model.pt2 + model.json (gpulab.serving.export)
     <root>/<dep_id>/token    the replicas' secret (0600); the pods get it from a Secret
 
-A deployment becomes three objects, created in this order: a Secret
-``gpulab-ep-d<id>-token`` (key ``token``), then the Deployment and the Service from
+A deployment becomes four objects, created in this order: a Secret
+``gpulab-ep-d<id>-token`` (key ``token``), a NetworkPolicy ``gpulab-ep-d<id>`` (calls
+to the replicas only from the router's pods, :mod:`.isolation`), then the Deployment
+and the Service from
 the pure builder :func:`~.deploy.make_deployment`, named ``gpulab-ep-d<id>``
 (deployment ids are hex and may start with a digit; Kubernetes names may not).
 Kubernetes restarts replicas (``restarts_replicas``), so :meth:`~KubernetesServing.check`
@@ -39,6 +41,7 @@ from ..serving_base import Health, ServingBackend, follow_ready
 from .apiclient import ApiClientHolder
 from .autoscale import KEDA_GROUP, KEDA_PLURAL, KEDA_VERSION, make_hpa, make_scaled_object
 from .deploy import ENDPOINT_LABEL, endpoint_name, make_deployment
+from .isolation import make_endpoint_network_policy
 from .pods import COMMON_LABELS, USER_ANNOTATION
 
 #: How long ``stop`` waits for the cluster to remove an endpoint's pods.
@@ -78,6 +81,7 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
         port: int = 8080,
         autoscaler: str = "service",
         prometheus_url: str = "",
+        router_pod_labels: dict | None = None,
     ):
         if autoscaler not in AUTOSCALERS:
             raise ValueError(f"autoscaler {autoscaler!r}: use one of {', '.join(AUTOSCALERS)}")
@@ -96,6 +100,8 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
         self.port = port
         self.autoscaler = autoscaler
         self.prometheus_url = prometheus_url
+        #: The pods the replicas take calls from (None: the chart's service pod).
+        self.router_pod_labels = router_pod_labels
         self._ready: dict[str, int] = {}  # dep id -> ready replicas, as of the last check
 
     # -- names ---------------------------------------------------------------------------
@@ -134,11 +140,25 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
             "data": {"token": base64.b64encode(token.encode()).decode()},
         }
 
+    def network_policy(self, dep: dict) -> dict:
+        """Calls to the replicas only from the router's pods."""
+        return make_endpoint_network_policy(
+            self.k8s_name(dep),
+            port=self.port,
+            router_pod_labels=self.router_pod_labels,
+            labels={
+                **COMMON_LABELS,
+                "app.kubernetes.io/component": "endpoint",
+                ENDPOINT_LABEL: self.k8s_name(dep),
+            },
+        )
+
     def objects(self, dep: dict, rows: list[dict]) -> list[dict]:
-        """``[Secret, Deployment, Service]``, in the order to create them."""
+        """``[Secret, NetworkPolicy, Deployment, Service]``, in the order to create them."""
         patch = self.pod_patch_for(dep, rows) if self.pod_patch_for else None
         return [
             self.secret(dep),
+            self.network_policy(dep),
             *make_deployment(
                 self.k8s_name(dep),
                 image=self.image,
@@ -191,6 +211,7 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
         scaler = self.autoscaler_object(dep)  # built first: bad settings send nothing
         api = await self.api()
         core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        net = client.NetworkingV1Api(api)
         ns = self.namespace
         autoscales = scaler is not None
         for obj in objects:
@@ -200,6 +221,10 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
             name, kind = obj["metadata"]["name"], obj["kind"]
             create, replace = {
                 "Secret": (core.create_namespaced_secret, core.replace_namespaced_secret),
+                "NetworkPolicy": (
+                    net.create_namespaced_network_policy,
+                    net.replace_namespaced_network_policy,
+                ),
                 "Deployment": (
                     apps.create_namespaced_deployment,
                     apps.replace_namespaced_deployment,
@@ -389,6 +414,7 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
             lambda: apps.delete_namespaced_deployment(name, ns, body=body),
             lambda: core.delete_namespaced_service(name, ns),
             lambda: core.delete_namespaced_secret(self.secret_name(dep), ns),
+            lambda: client.NetworkingV1Api(api).delete_namespaced_network_policy(name, ns),
         ):
             try:
                 await delete()

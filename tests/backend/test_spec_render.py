@@ -78,7 +78,7 @@ def test_node_0_hosts_the_rendezvous_and_the_pet_variables_agree():
         "torchrun",
         "--nnodes=2",
         "--nproc-per-node=2",
-        "--rdzv-backend=c10d",
+        "--rdzv-backend=gpulab",
         "--rdzv-endpoint=10.0.0.1:29400",
         "--rdzv-id=abc123",
         "--rdzv-conf=is_host=1,timeout=120",
@@ -94,7 +94,7 @@ def test_node_0_hosts_the_rendezvous_and_the_pet_variables_agree():
         "PET_NNODES": "2",
         "PET_NPROC_PER_NODE": "2",
         "PET_NODE_RANK": "0",
-        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_BACKEND": "gpulab",
         "PET_RDZV_ENDPOINT": "10.0.0.1:29400",
         "PET_RDZV_ID": "abc123",
         "PET_MAX_RESTARTS": "3",
@@ -108,6 +108,9 @@ def test_node_0_hosts_the_rendezvous_and_the_pet_variables_agree():
     assert n0.env["GPULAB_CHECKPOINT_EVERY"] == "50"
     assert n0.env["GPULAB_AMP"] == "bf16" and n0.env["GPULAB_COMM_HOOK"] == "powersgd"
     assert n0.env["GPULAB_OUT"] == "model" and n0.env["FOO"] == "bar"
+    # The rendezvous secret's file, never the secret itself.
+    assert n0.env["GPULAB_RDZV_SECRET_FILE"] == "/jobs/abc123/rdzv.secret"
+    assert "GPULAB_RDZV_SECRET" not in n0.env
 
 
 def test_node_1_joins_as_a_guest_from_its_own_address():
@@ -120,7 +123,7 @@ def test_node_1_joins_as_a_guest_from_its_own_address():
         local_addr="10.0.0.2",
         ifname="eth1",
     )
-    assert n1.argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert n1.argv[:3] == [sys.executable, "-m", "gpulab.training.launch"]
     assert "--rdzv-conf=is_host=0,timeout=120" in n1.argv
     assert "--local-addr=10.0.0.2" in n1.argv
     assert n1.env["PET_NODE_RANK"] == "1" and n1.env["GLOO_SOCKET_IFNAME"] == "eth1"

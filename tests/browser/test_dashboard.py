@@ -67,6 +67,8 @@ def quiet_lab(hub, user):
 
 
 def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, artifacts_dir):
+    # Signed up first: a sign-up under a name the hub already has is refused.
+    sign_up_approved(hub, USER, "alices own long password")
     hub.create_user(USER)
     quiet_lab(hub, USER)
     assert hub.spawn(USER, {"gpu_milli": 250}).status_code in (201, 202)
@@ -74,7 +76,6 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
 
     page = browser.new_page(viewport={"width": 1400, "height": 1500})
     page.set_default_timeout(120_000)
-    sign_up_approved(hub, USER, "alices own long password")
     browser_log_in(page, hub, USER, "alices own long password")
     page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
     page.goto(f"{hub.url}/user/{USER}/lab")

@@ -40,6 +40,8 @@ def hub(plain_hub):
 
 @pytest.fixture(scope="module")
 def tokens(hub):
+    # Signed up first: a sign-up under a name the hub already has is refused.
+    sign_up_approved(hub, USER, PASSWORD)
     tokens = {u: hub.create_user(u) for u in (USER, OTHER)}
     # JupyterLab's "get notified about news?" toast would cover the screenshots.
     hub.write_home_file(
@@ -50,7 +52,6 @@ def tokens(hub):
     )
     assert hub.spawn(USER, {"gpu_milli": 250}).status_code in (201, 202)
     hub.wait_server(USER)
-    sign_up_approved(hub, USER, PASSWORD)
     return tokens
 
 

@@ -67,6 +67,8 @@ def hub(plain_hub):
 @pytest.fixture(scope="module")
 def server(hub):
     """USER's server; the notebooks are put in their home before the spawn."""
+    # Signed up first: a sign-up under a name the hub already has is refused.
+    sign_up_approved(hub, USER, PASSWORD)
     hub.create_user(USER)
     hub.write_home_file(
         USER,
@@ -82,7 +84,6 @@ def server(hub):
         hub.write_home_file(USER, name, nbformat.writes(nb))
     assert hub.spawn(USER, {"gpu_milli": 0}).status_code in (201, 202)
     hub.wait_server(USER)
-    sign_up_approved(hub, USER, PASSWORD)
     return USER
 
 

@@ -130,19 +130,17 @@ def test_tritonclient_calls_the_endpoint_through_the_hub(hub, tokens, model_dir)
     np.testing.assert_allclose(
         infer(hub, "alice", "tiny", x, hub.admin_token), expected, rtol=1e-5, atol=1e-6
     )
-    # The replicas themselves refuse callers without their secret (other processes on the host).
+    # The replicas themselves refuse callers without their secret, even root here (only
+    # the service's account reaches their sockets: tests/security/test_replica_network.py).
     import json
 
-    port = json.loads((hub.data_dir / "deployments" / dep["id"] / "replica0.json").read_text())[
-        "port"
-    ]
-    r = requests.post(
-        f"http://127.0.0.1:{port}/v2/models/tiny/infer",
-        timeout=60,
-        headers=hub.auth(tokens["alice"]),
-        json={},
+    from support.unix_http import unix_request
+
+    record = json.loads((hub.data_dir / "deployments" / dep["id"] / "replica0.json").read_text())
+    status, body = unix_request(
+        record["socket"], "POST", "/v2/models/tiny/infer", hub.auth(tokens["alice"]), {}
     )
-    assert r.status_code == 401 and "endpoint URL" in r.json()["error"]
+    assert status == 401 and "endpoint URL" in body["error"]
     # Bob sees none of it through the API either.
     assert hub.gpulab("GET", "/deployments", token=tokens["bob"]).json() == []
     r = hub.gpulab("GET", "/deployments/tiny", token=tokens["bob"], params={"user": "alice"})

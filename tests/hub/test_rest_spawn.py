@@ -155,10 +155,13 @@ def test_users_see_and_release_only_their_own(hub):
         json={"user": ALICE, "owner_kind": "job", "owner": "x", "gpu_milli": 100},
     )
     assert r.status_code == 403
-    # The admin sees everyone's and may release bob's.
+    # The admin sees everyone's and may release bob's: told that his server holds it,
+    # and with force=1 the server is stopped first.
     everyone = {a["user"] for a in hub.gpulab("GET", "/allocations").json()}
     assert {ALICE, BOB} <= everyone
     r = hub.gpulab("DELETE", f"/allocations/{bobs['id']}")
+    assert r.status_code == 409 and "?force=1" in r.json()["error"]
+    r = hub.gpulab("DELETE", f"/allocations/{bobs['id']}", params={"force": "1"})
     assert r.status_code == 200 and r.json()["released"][0]["id"] == bobs["id"]
     stop_all(hub, [ALICE, BOB])
 

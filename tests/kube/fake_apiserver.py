@@ -142,7 +142,10 @@ class FakeApiServer:
             if kind != "application/merge-patch+json":
                 return _status(415, "UnsupportedMediaType", f"this server merges only, not {kind}")
             old = self.objects[key]
-            self.objects[key] = {**merge_patch(old, body), "metadata": old["metadata"]}
+            # Metadata merges too (labels, ownerReferences), but never its name or uid.
+            meta = merge_patch(old["metadata"], body.get("metadata") or {})
+            meta.update(name=old["metadata"]["name"], uid=old["metadata"]["uid"])
+            self.objects[key] = {**merge_patch(old, body), "metadata": meta}
             return web.json_response(self.objects[key])
         if request.method == "DELETE":
             # Foreground deletion would wait for the pods; this server has none.

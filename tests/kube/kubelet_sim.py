@@ -25,11 +25,18 @@ def expand(text: str, env: dict[str, str]) -> str:
     return _REF.sub(sub, text)
 
 
-def container_env(container: dict, *, annotations: dict, pod_ip: str) -> dict[str, str]:
+def container_env(
+    container: dict, *, annotations: dict, pod_ip: str, secrets: dict | None = None
+) -> dict[str, str]:
+    """``secrets``: ``{secret name: {key: value}}``, the Secrets the pod may name."""
     env: dict[str, str] = {}
     for e in container.get("env", []):
         if "value" in e:
             env[e["name"]] = expand(e["value"], env)
+            continue
+        if "secretKeyRef" in e["valueFrom"]:
+            ref = e["valueFrom"]["secretKeyRef"]
+            env[e["name"]] = (secrets or {})[ref["name"]][ref["key"]]
             continue
         path = e["valueFrom"]["fieldRef"]["fieldPath"]
         if path == "status.podIP":

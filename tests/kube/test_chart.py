@@ -197,6 +197,9 @@ def test_kubernetes_jobs_get_a_shared_jobs_directory(chart):
         ("batch", "jobs", crud),
         ("jobset.x-k8s.io", "jobsets", crud),
         ("", "services", crud),
+        # The job's rendezvous Secret and NetworkPolicy, made owned by the Job (patch).
+        ("", "secrets", [*crud, "patch"]),
+        ("networking.k8s.io", "networkpolicies", [*crud, "patch"]),
         ("", "pods", ["get", "list", "watch"]),
         ("", "pods/log", ["get", "list"]),
     ]:
@@ -212,10 +215,10 @@ def test_kubernetes_jobs_on_an_existing_claim(chart):
         },
     }
     objects = render(chart, values, namespace="research")
-    assert not [
-        k
-        for k in objects
-        if k.startswith("PersistentVolumeClaim/") and k != "PersistentVolumeClaim/gpulab-data"
+    # The chart's own claims: the ledger's and the models' (endpoints are on too).
+    assert sorted(k for k in objects if k.startswith("PersistentVolumeClaim/")) == [
+        "PersistentVolumeClaim/gpulab-data",
+        "PersistentVolumeClaim/gpulab-models",
     ]
     mounts, volumes = volume_mounts(objects, "gpulab")
     assert volumes[mounts["/srv/gpulab/jobs"]]["persistentVolumeClaim"] == {"claimName": "team-nfs"}
@@ -229,13 +232,38 @@ def test_kubernetes_jobs_on_an_existing_claim(chart):
     )
 
 
-def test_kubernetes_jobs_off_by_default(chart):
+def test_jobs_and_endpoints_are_pods_of_their_own_by_default(chart):
+    """The service pod holds the hub's tokens and gpulab's database: by default no
+    user code runs in it. Jobs and endpoints are pods on their shared claims, and the
+    service is told that nothing of a user's may run beside it."""
     objects = render(chart, HUB_OFF)
-    assert "PersistentVolumeClaim/gpulab-jobs" not in objects
-    mounts, volumes = volume_mounts(objects, "gpulab")
-    assert "/srv/gpulab/jobs" not in mounts and "jobs" not in volumes
+    assert {"PersistentVolumeClaim/gpulab-jobs", "PersistentVolumeClaim/gpulab-models"} <= set(
+        objects
+    )
+    mounts, _ = volume_mounts(objects, "gpulab")
+    assert (mounts["/srv/gpulab/jobs"], mounts["/srv/gpulab/deployments"]) == ("jobs", "models")
     service_values = service_values_of(objects)
-    assert service_values["kubernetesJobs"]["enabled"] is False
+    assert service_values["kubernetesJobs"]["enabled"] is True
+    assert service_values["kubernetesDeployments"]["enabled"] is True
+    assert service_values["userCodeInServicePod"] is False
+
+
+@pytest.mark.parametrize("part", ["jobs", "deployments"])
+def test_user_code_in_the_service_pod_only_where_the_installer_accepts_it(chart, part):
+    """Turning jobs or endpoints on Kubernetes off would run them in the service pod:
+    the install stops with the fix, unless service.allowUserCodeInServicePod says yes."""
+    values = {**HUB_OFF, part: {"kubernetes": {"enabled": False}}}
+    with pytest.raises(
+        helm.HelmError,
+        match=rf"{part}\.kubernetes\.enabled is false: .* service pod, .*; set it true "
+        rf".* service\.allowUserCodeInServicePod: true",
+    ):
+        render(chart, values)
+    objects = render(chart, {**values, "service": {"allowUserCodeInServicePod": True}})
+    service_values = service_values_of(objects)
+    assert service_values["userCodeInServicePod"] is True
+    key = {"jobs": "kubernetesJobs", "deployments": "kubernetesDeployments"}[part]
+    assert service_values[key]["enabled"] is False
 
 
 def test_kubernetes_deployments_get_a_shared_models_directory(chart):
@@ -310,7 +338,12 @@ def test_endpoint_autoscaler_gets_its_rights_only_when_chosen(chart, autoscaler)
 
 
 def test_endpoint_autoscaler_rights_stay_off_with_endpoints_off(chart):
-    objects = render(chart, {**HUB_OFF, "deployments": {"kubernetes": {"autoscaler": "hpa"}}})
+    values = {
+        **HUB_OFF,
+        "service": {"allowUserCodeInServicePod": True},
+        "deployments": {"kubernetes": {"enabled": False, "autoscaler": "hpa"}},
+    }
+    objects = render(chart, values)
     assert not role_allows(objects, "gpulab", "autoscaling", "horizontalpodautoscalers", ["get"])
     assert service_values_of(objects)["kubernetesDeployments"]["enabled"] is False
 
@@ -330,16 +363,16 @@ def test_kubernetes_deployments_on_an_existing_claim(chart):
         },
     }
     objects = render(chart, values, namespace="research")
-    assert not [
-        k
-        for k in objects
-        if k.startswith("PersistentVolumeClaim/") and k != "PersistentVolumeClaim/gpulab-data"
+    # The chart's own claims: the ledger's and the jobs' (jobs are on too).
+    assert sorted(k for k in objects if k.startswith("PersistentVolumeClaim/")) == [
+        "PersistentVolumeClaim/gpulab-data",
+        "PersistentVolumeClaim/gpulab-jobs",
     ]
     mounts, volumes = volume_mounts(objects, "gpulab")
     assert volumes[mounts["/srv/gpulab/deployments"]]["persistentVolumeClaim"] == {
         "claimName": "team-models"
     }
-    assert "/srv/gpulab/jobs" not in mounts  # jobs stay off: each has its own switch
+    assert mounts["/srv/gpulab/jobs"] == "jobs"  # each has its own claim
     validate_strict(objects["Deployment/gpulab"])
     service_values = service_values_of(objects)
     deployments = service_values["kubernetesDeployments"]
@@ -349,16 +382,6 @@ def test_kubernetes_deployments_on_an_existing_claim(chart):
         "team-models",
         "ghcr.io/gpulab/gpulab-singleuser:0.1.0",
     )
-    assert service_values["kubernetesJobs"]["enabled"] is False
-
-
-def test_kubernetes_deployments_off_by_default(chart):
-    objects = render(chart, HUB_OFF)
-    assert "PersistentVolumeClaim/gpulab-models" not in objects
-    mounts, volumes = volume_mounts(objects, "gpulab")
-    assert "/srv/gpulab/deployments" not in mounts and "models" not in volumes
-    service_values = service_values_of(objects)
-    assert service_values["kubernetesDeployments"]["enabled"] is False
 
 
 def test_default_endpoint_image_is_the_notebook_image():
@@ -398,6 +421,9 @@ def test_minimal_install_without_agent_rbac_or_scraping(chart):
         "ConfigMap",
         "ConfigMap",
         "Deployment",
+        # The jobs' and the models' shared claims: job and model-server pods mount them.
+        "PersistentVolumeClaim",
+        "PersistentVolumeClaim",
         "Secret",
         "Service",
         "ServiceAccount",

@@ -217,8 +217,17 @@ def test_chart_fixed_classes_still_win(tmp_path, monkeypatch):
 
 
 def test_service_config_without_kubernetes_jobs(tmp_path, monkeypatch):
-    c = service_config(tmp_path, monkeypatch, {"kueue": {"enabled": True}})
+    c = service_config(
+        tmp_path,
+        monkeypatch,
+        {
+            "kueue": {"enabled": True},
+            "service": {"allowUserCodeInServicePod": True},
+            "jobs": {"kubernetes": {"enabled": False}},
+        },
+    )
     assert "kubernetes_jobs" not in c.GpuLabService
+    assert c.GpuLabService.user_code_in_service is True
 
 
 def test_service_config_turns_on_kubernetes_deployments(tmp_path, monkeypatch):
@@ -263,14 +272,18 @@ def test_service_config_kubernetes_deployments_without_kueue(tmp_path, monkeypat
         "autoscaler": "service",
         "prometheus_url": "",
     }
-    assert "kubernetes_jobs" not in c.GpuLabService  # jobs have their own switch
+    assert "kubernetes_jobs" in c.GpuLabService  # jobs have their own switch, on by default
 
 
 def test_service_config_without_kubernetes_deployments(tmp_path, monkeypatch):
     c = service_config(
         tmp_path,
         monkeypatch,
-        {"kueue": {"enabled": True}, "jobs": {"kubernetes": {"enabled": True}}},
+        {
+            "kueue": {"enabled": True},
+            "service": {"allowUserCodeInServicePod": True},
+            "deployments": {"kubernetes": {"enabled": False}},
+        },
     )
     assert "kubernetes_deployments" not in c.GpuLabService
     assert "kubernetes_jobs" in c.GpuLabService

@@ -69,7 +69,8 @@ async def test_start_sends_the_builders_objects_in_order(cluster):
     server, backend = await cluster()
     spec = make_spec()
     await backend.start(spec, [])
-    posts = [(path, body) for method, path, body in server.requests if method == "POST"]
+    # The job's Secret and NetworkPolicy come first (tests/kube/test_kube_job_isolation.py).
+    posts = [(p, b) for m, p, b in server.requests if m == "POST" and p in (SERVICES, JOBS)]
     expected = job_objects(
         spec,
         JobOptions(
@@ -171,7 +172,7 @@ async def test_jobset_when_the_crd_is_installed(cluster):
     server, backend = await cluster(groups=("batch", "apps", "jobset.x-k8s.io"))
     spec = make_spec()
     await backend.start(spec, [])
-    posts = [(path, body) for method, path, body in server.requests if method == "POST"]
+    posts = [(p, b) for m, p, b in server.requests if m == "POST" and p == JOBSETS]
     expected = make_jobset(
         spec,
         JobOptions(

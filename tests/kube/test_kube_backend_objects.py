@@ -77,7 +77,14 @@ def env_of(c: dict) -> dict:
 def pod_view(job: dict, index: int, pod_ip: str = "10.0.0.9"):
     """(env, argv after the node wrapper) of the pod with completion index ``index``."""
     c = container(job)
-    env = container_env(c, annotations={INDEX_ANNOTATION: str(index)}, pod_ip=pod_ip)
+    # The Secrets the pod names (the job's, ``make_job_secret``), as the kubelet reads them.
+    refs = [
+        e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})
+    ]
+    secrets = {r["name"]: {r["key"]: "f" * 64} for r in refs}
+    env = container_env(
+        c, annotations={INDEX_ANNOTATION: str(index)}, pod_ip=pod_ip, secrets=secrets
+    )
     argv = container_argv(c, env)
     assert argv[:4] == ["/bin/sh", "-c", NODE_WRAPPER, "gpulab-node"]
     out = subprocess.run(
@@ -199,7 +206,7 @@ def test_index_1_rendezvous_at_index_0s_hostname():
         assert env["PET_NODE_RANK"] == str(i)
         assert f"--local-addr=10.0.0.{i + 10}" in argv
         assert f"--log-dir={JOBS}/{s.id}/torchrun/node{i}" in argv
-        assert argv[0] == "torchrun" and argv[-3:] == [
+        assert argv[:3] == ["python", "-m", "gpulab.training.launch"] and argv[-3:] == [
             "--module",
             "gpulab.training.runner",
             f"{JOBS}/{s.id}",
@@ -231,7 +238,7 @@ def test_pet_variables_present():
     s = spec(nodes=2, nproc_per_node=4, max_restarts=2)
     env = env_of(container(make_job(s, options())))
     assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "4"
-    assert env["PET_RDZV_BACKEND"] == "c10d" and env["PET_RDZV_ID"] == s.id
+    assert env["PET_RDZV_BACKEND"] == "gpulab" and env["PET_RDZV_ID"] == s.id
     assert env["PET_MAX_RESTARTS"] == "2" and env["PET_MASTER_PORT"] == "29400"
     assert env["PET_NODE_RANK"] == {
         "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}

@@ -33,7 +33,12 @@ from kubelet_sim import container_argv, container_env  # noqa: E402
 from localrun import new_spec, prepare, run, weights  # noqa: E402
 from test_two_nodes_netns import SHOW_NETDEVS, two_nodes  # noqa: E402,F401  (a fixture)
 
-from gpulab.backend.kubernetes import JobOptions, make_job, make_jobset  # noqa: E402
+from gpulab.backend.kubernetes import (  # noqa: E402
+    JobOptions,
+    make_job,
+    make_job_secret,
+    make_jobset,
+)
 from gpulab.backend.kubernetes.job import rdzv_host  # noqa: E402
 from gpulab.backend.kubernetes.jobset import jobset_rdzv_host  # noqa: E402
 from gpulab.backend.kubernetes.pods import INDEX_ANNOTATION  # noqa: E402
@@ -128,12 +133,19 @@ def test_indexed_job_pods_train_across_two_namespaces(
     with pytest.raises(socket.gaierror):  # only the namespaces know the pods' names
         socket.getaddrinfo(host, None)
 
+    secret = make_job_secret(spec, options, "s" * 64)
+    secrets = {secret["metadata"]["name"]: secret["stringData"]}
     # The image's PATH: torchrun is the one installed with gpulab.
     base = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     base["PATH"] = os.path.dirname(sys.executable) + os.pathsep + base.get("PATH", "")
     procs, argvs = [], []
     for index, (ns, veth, addr) in enumerate(two_nodes):
-        pod_env = container_env(container, annotations={INDEX_ANNOTATION: str(index)}, pod_ip=addr)
+        pod_env = container_env(
+            container,
+            annotations={INDEX_ANNOTATION: str(index)},
+            pod_ip=addr,
+            secrets=secrets,  # the job's Secret, as the kubelet reads it
+        )
         # On a cluster the pod has one interface; here gloo must be told the veth's name.
         pod_env["GLOO_SOCKET_IFNAME"] = veth
         argv = container_argv(container, pod_env)

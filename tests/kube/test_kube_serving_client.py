@@ -32,6 +32,7 @@ NS = "gpulab"
 SECRETS = "/api/v1/namespaces/gpulab/secrets"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/gpulab/deployments"
 SERVICES = "/api/v1/namespaces/gpulab/services"
+POLICIES = "/apis/networking.k8s.io/v1/namespaces/gpulab/networkpolicies"
 IMAGE = "registry.example/gpulab:1"
 PVC = "gpulab-models"
 # Deployment ids are 12 hex characters and may start with a digit.
@@ -134,6 +135,7 @@ async def test_launch_sends_secret_deployment_service_in_order(cluster):
     sent = posts(server)
     assert [(path, body["kind"], body["metadata"]["name"]) for path, body in sent] == [
         (SECRETS, "Secret", f"{NAME}-token"),
+        (POLICIES, "NetworkPolicy", NAME),
         (DEPLOYMENTS, "Deployment", NAME),
         (SERVICES, "Service", NAME),
     ]
@@ -141,7 +143,27 @@ async def test_launch_sends_secret_deployment_service_in_order(cluster):
         validate_strict(body)
         assert "namespace" not in body["metadata"] or body["metadata"]["namespace"] == NS
 
-    secret, deployment, service = (body for _, body in sent)
+    secret, policy, deployment, service = (body for _, body in sent)
+    # Calls to the replicas only from the service's (the router's) pods.
+    assert policy["spec"] == {
+        "podSelector": {"matchLabels": {"gpulab.io/endpoint": "d0a1b2c3d4e5f"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {
+                "from": [
+                    {
+                        "podSelector": {
+                            "matchLabels": {
+                                "app.kubernetes.io/name": "gpulab",
+                                "app.kubernetes.io/component": "service",
+                            }
+                        }
+                    }
+                ],
+                "ports": [{"protocol": "TCP", "port": 8080}],
+            }
+        ],
+    }
     assert base64.b64decode(secret["data"]["token"]).decode() == serving.token(DEP["id"])
     assert secret["metadata"]["annotations"]["gpulab.io/user"] == "ann"
 
@@ -195,7 +217,11 @@ async def test_a_second_launch_replaces_what_is_there(cluster):
     serving.prepare(DEP["id"])
     await serving.launch({**DEP, "replicas": 3}, ROWS)
     puts = [(path, body["kind"]) for method, path, body in server.requests if method == "PUT"]
-    assert puts == [(f"{SECRETS}/{NAME}-token", "Secret"), (f"{DEPLOYMENTS}/{NAME}", "Deployment")]
+    assert puts == [
+        (f"{SECRETS}/{NAME}-token", "Secret"),
+        (f"{POLICIES}/{NAME}", "NetworkPolicy"),
+        (f"{DEPLOYMENTS}/{NAME}", "Deployment"),
+    ]
     stored = server.get(SECRETS, f"{NAME}-token")
     assert base64.b64decode(stored["data"]["token"]).decode() == serving.token(DEP["id"])
     assert server.get(DEPLOYMENTS, NAME)["spec"]["replicas"] == 3
@@ -225,7 +251,8 @@ async def test_stop_deletes_all_three_and_is_idempotent(cluster):
     deletes = {path: body for method, path, body in server.requests if method == "DELETE"}
     assert deletes[f"{DEPLOYMENTS}/{NAME}"]["propagationPolicy"] == "Foreground"
     assert f"{SERVICES}/{NAME}" in deletes and f"{SECRETS}/{NAME}-token" in deletes
-    for collection, name in ((DEPLOYMENTS, NAME), (SERVICES, NAME), (SECRETS, f"{NAME}-token")):
+    gone = ((DEPLOYMENTS, NAME), (SERVICES, NAME), (SECRETS, f"{NAME}-token"), (POLICIES, NAME))
+    for collection, name in gone:
         assert server.get(collection, name) is None
     assert await serving.ready(DEP) == 0
     await serving.stop(DEP)  # stopping what is gone is fine
@@ -376,7 +403,7 @@ def test_replicas_get_the_serving_class(tmp_path, extra, priority_class, kueue_c
     )
     serving = kubernetes_serving(settings, str(tmp_path), gpus=[])
     serving.prepare(DEP["id"])
-    _, deployment, _ = serving.objects(DEP, ROWS)
+    _, _, deployment, _ = serving.objects(DEP, ROWS)
     validate_strict(deployment)
     pod = deployment["spec"]["template"]
     assert pod["spec"].get("priorityClassName") == priority_class

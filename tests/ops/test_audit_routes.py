@@ -203,6 +203,8 @@ async def test_only_the_hubs_token_records_hub_events(tmp_path):
             "peer": "127.0.0.1",
             # The client wrote the first hop; the proxy on 127.0.0.1 added the second.
             "forwarded_for": "6.6.6.6, 203.0.113.7",
+            # The hub found its peer's socket to be its own account's: the proxy.
+            "peer_is_platform": True,
             "detail": {"gpu_milli": 250, "token": "never kept"},
         }
         r = await svc.request("POST", "/audit", token=alice, json={"entries": [event]})
@@ -215,15 +217,25 @@ async def test_only_the_hubs_token_records_hub_events(tmp_path):
         assert e["ts"] == "2026-01-02T03:04:05+00:00"
         assert e["source"] == "203.0.113.7"
         assert e["detail"] == {"gpu_milli": 250}
+        # A peer on loopback that is not the proxy (a user's kernel): its header is its own.
+        for platform in (False, None):
+            kernel = {**event, "subject": f"kernel-{platform}", "peer_is_platform": platform}
+            r = await svc.request("POST", "/audit", token=hub, json={"entries": [kernel]})
+            assert r.status_code == 201, r.text
+            [k] = [x for x in await entries(svc, alice) if x["subject"] == kernel["subject"]]
+            assert k["source"] == "127.0.0.1"
         for bad in ({**event, "action": "Bad Name"}, {**event, "result": "?"}, "x"):
             r = await svc.request("POST", "/audit", token=hub, json={"entries": [bad]})
             assert r.status_code == 400, r.text
-        assert len(await entries(svc)) == 1  # alice's forged one is not there
+        assert len(await entries(svc)) == 3  # alice's forged one is not there
 
 
 def test_the_client_address_is_the_last_untrusted_hop():
     assert client_source("203.0.113.9", "6.6.6.6") == "203.0.113.9"  # no proxy: the peer
-    assert client_source("127.0.0.1", "6.6.6.6, 203.0.113.7") == "203.0.113.7"
+    # Through the hub's proxy (a loopback peer whose socket is the platform's own).
+    assert client_source("127.0.0.1", "6.6.6.6, 203.0.113.7", peer_is_platform=True) == (
+        "203.0.113.7"
+    )
     assert client_source("127.0.0.1", None) == "127.0.0.1"
     assert client_source("10.1.2.3", "198.51.100.4, 10.0.0.5", ["127.0.0.1/8", "10.0.0.0/8"]) == (
         "198.51.100.4"

@@ -43,6 +43,18 @@ CASES = {
         'c.GpuLabService.jobs_backend_class = "gpulab.nowhere.Backend"',
         "jobs_backend_class",
     ),
+    # The chart's service pod runs no user code; a local backend there is a mistake.
+    "local jobs without user code here": (
+        "c.GpuLabService.user_code_in_service = False",
+        "jobs_backend_class is 'local' but c.GpuLabService.user_code_in_service is False: "
+        "jobs' ranks would run in the service's own pod",
+    ),
+    "local endpoints without user code here": (
+        "c.GpuLabService.user_code_in_service = False\n"
+        'c.GpuLabService.kubernetes_jobs = {"namespace": "ml", "jobs_pvc": "x"}',
+        "serving_backend_class is 'local' but c.GpuLabService.user_code_in_service is "
+        "False: endpoints' replicas would run in the service's own pod",
+    ),
 }
 
 

@@ -17,6 +17,10 @@ c.GpuLabService.group_quota_milli = slices.get("groupQuotaMilli") or {}
 c.GpuLabService.authenticate_prometheus = bool(gpulab["authenticatePrometheus"])
 # Node agents sample the GPU nodes; the service's own pod has no GPU.
 c.GpuLabService.local_sampler = False
+# The service pod holds the hub's tokens and the database: jobs and endpoints
+# run as pods of their own, and a job for the "local" backend is refused
+# (unless the installer set service.allowUserCodeInServicePod).
+c.GpuLabService.user_code_in_service = bool(gpulab.get("userCodeInServicePod", False))
 # GPUs come from the cluster's nodes (gpulab.scheduler.inventory_kube).
 c.GpuLabService.inventory_source = "kubernetes"
 c.GpuLabService.kubernetes_node_selector = gpulab.get("nodeLabelSelector") or ""

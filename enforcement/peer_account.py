@@ -1,0 +1,81 @@
+"""Which Unix account holds the other end of a TCP connection on this machine.
+
+The hub's proxy and every user's kernel reach the hub and the service from the
+same loopback address, so an address alone cannot say whether a request came
+through the proxy (whose ``X-Forwarded-For`` is worth believing) or straight
+from a user's kernel (whose header is whatever the user wrote). The kernel
+knows: ``/proc/net/tcp`` (and ``tcp6``) lists every socket of this network
+namespace with the uid that made it. A connection counts as the platform's own
+when the socket at its other end is open (established, held by a process) and
+was made by the account this process runs as: the proxy runs as the hub's
+account, users' kernels as their own (``gpulab-<name>``, with root).
+
+Without per-user accounts everything runs as one account, and this cannot tell
+a kernel from the proxy; gpulab says so at start (single-account mode).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import struct
+
+#: ``st`` of an established connection in /proc/net/tcp.
+_ESTABLISHED = "01"
+_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def _address(text: str):
+    """``0100007F:1F90`` (or 32 hex digits for IPv6) -> (ip_address, port)."""
+    host, _, port = text.partition(":")
+    if len(host) == 8:
+        packed = struct.pack("<I", int(host, 16))
+        ip = ipaddress.ip_address(socket.inet_ntop(socket.AF_INET, packed))
+    else:
+        words = [int(host[i : i + 8], 16) for i in range(0, 32, 8)]
+        ip = ipaddress.ip_address(socket.inet_ntop(socket.AF_INET6, struct.pack("<4I", *words)))
+    return _plain(ip), int(port, 16)
+
+
+def _plain(ip):
+    """An IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) as the IPv4 address it is."""
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return mapped if mapped is not None else ip
+
+
+def peer_uid(peer: tuple[str, int], local: tuple[str, int], tables=_TABLES) -> int | None:
+    """The uid of the open socket at ``peer`` connected to ``local`` (both
+    ``(address, port)`` as this end sees them), or None when no such socket is
+    open here (another machine, another namespace, or already closed)."""
+    want = ((_plain(ipaddress.ip_address(peer[0])), peer[1]),)
+    want += ((_plain(ipaddress.ip_address(local[0])), local[1]),)
+    for table in tables:
+        try:
+            with open(table) as f:
+                next(f, None)  # the header
+                for line in f:
+                    if f":{peer[1]:04X} " not in line or f":{local[1]:04X} " not in line:
+                        continue  # most lines: parse only those with both ports
+                    fields = line.split()
+                    if len(fields) < 10 or fields[3] != _ESTABLISHED or fields[9] == "0":
+                        continue  # closing sockets keep no owner (inode 0, uid 0)
+                    if (_address(fields[1]), _address(fields[2])) == want:
+                        return int(fields[7])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def platform_peer(peer: tuple[str, int] | None, local: tuple[str, int] | None) -> bool | None:
+    """Whether the other end of this connection is a process of this machine running
+    as this process's own account (the hub's proxy, the hub, the service): True;
+    another account's (a user's kernel): False; None when it is not a socket of this
+    machine (a remote client or proxy), or cannot be told."""
+    if not peer or not local:
+        return None
+    try:
+        uid = peer_uid(peer[:2], local[:2])
+    except ValueError:
+        return None
+    return None if uid is None else uid == os.geteuid()

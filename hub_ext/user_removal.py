@@ -1,0 +1,79 @@
+"""A hub user is deleted only after their gpulab work has stopped.
+
+JupyterHub stops a user's default server before it deletes them
+(``DELETE /hub/api/users/<name>``, which the admin page sends), then calls the
+authenticator's ``delete_user``; a server still starting, or a named one, it
+leaves running (:func:`refuse_while_servers_run` refuses those). The gpulab
+service does not hear of it either: the user's training jobs and endpoints
+would run on, under an account nobody owns, holding GPUs nobody can free from
+the hub. So the authenticator's ``delete_user`` calls :func:`stop_work`
+first: every job of the user that has
+not ended is cancelled and every deployment stopped (the service stops the
+processes, then releases their slices), and the deletion goes on only when the
+service lists none of them any more. If something is left (or the service does
+not answer) the deletion stops with a 409 (503) that says what is left.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from tornado import web
+
+from gpulab.spawner.service_client import ServiceClient
+from gpulab.spawner.service_traits import GpuLabServiceMixin
+
+#: Job states that still run or wait to (``gpulab.client.states.JOB_ACTIVE``).
+ACTIVE_JOB_STATES = ("queued", "running")
+
+
+def service_client_for(user) -> ServiceClient | None:
+    """The service as the user's spawner reaches it, or None when the hub's
+    spawner is not a gpulab one (then gpulab holds no work of theirs)."""
+    spawner = user.spawner
+    if not isinstance(spawner, GpuLabServiceMixin) or not spawner.gpulab_api_url:
+        return None
+    return ServiceClient(
+        spawner.gpulab_api_url, spawner.gpulab_api_token, retry_seconds=10, log=spawner.log
+    )
+
+
+def refuse_while_servers_run(user) -> None:
+    """409 if a server of the user is still starting or running.
+
+    JupyterHub stops only a *ready* default server before deleting a user: one
+    still starting (or a named one) would run on after its user is gone."""
+    busy = sorted(s.name or "default" for s in user.spawners.values() if s.active)
+    if busy:
+        raise web.HTTPError(
+            409,
+            f"{user.name}'s server ({', '.join(busy)}) is starting or running: "
+            f"stop it, then delete {user.name}",
+        )
+
+
+async def _left(client: ServiceClient, name: str) -> tuple[list[dict], list[dict]]:
+    jobs = await client.request("GET", "/jobs", query={"user": name}) or []
+    deployments = await client.request("GET", "/deployments", query={"user": name}) or []
+    active = [j for j in jobs if j.get("state") in ACTIVE_JOB_STATES]
+    return active, deployments
+
+
+async def stop_work(client: ServiceClient, name: str) -> tuple[int, int]:
+    """Cancel ``name``'s jobs and stop their deployments; (jobs, deployments) stopped.
+
+    Raises ``HTTPError(409)`` if any is still there afterwards."""
+    jobs, deployments = await _left(client, name)
+    for job in jobs:
+        await client.request("DELETE", f"/jobs/{quote(str(job['id']), safe='')}")
+    for dep in deployments:
+        path = f"/deployments/{quote(dep['name'], safe='')}"
+        await client.request("DELETE", path, query={"user": name})
+    jobs_left, deployments_left = await _left(client, name)
+    if jobs_left or deployments_left:
+        raise web.HTTPError(
+            409,
+            f"{name} still has {len(jobs_left)} jobs and {len(deployments_left)} endpoints "
+            f"running: stop them first (DELETE /jobs/<id>, /deployments/<name>?user={name})",
+        )
+    return len(jobs), len(deployments)

@@ -1,0 +1,200 @@
+"""Sign-up, Discard, deleting a user and failed logins on a real hub, as an attacker
+and an admin would try them (issue 24's High and Medium findings):
+
+- a sign-up under an existing hub user's name was accepted and looked ordinary
+  on /hub/authorize;
+- Discard on such a sign-up deleted the hub user, whose server ran on as an
+  orphan with its slice released (the GPU then given twice);
+- deleting a user left their training jobs running;
+- 11 wrong admin passwords locked the admin out.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+import requests
+import torch
+from hubproc import fresh_user
+from logins import XSRF, admin_password, log_in, page_link, sign_up
+from requests.adapters import HTTPAdapter
+from support.wait import wait_until
+
+from gpulab.client import Client
+from gpulab.serving.export import export_model
+
+pytestmark = pytest.mark.slow
+
+PASSWORD = "a long password of theirs"
+#: A job that runs until cancelled (tests/training/cells.py's SLEEPS).
+SLEEPS = """
+import time
+from gpulab.training import setup, report
+ctx = setup()
+for step in range(100000):
+    time.sleep(0.2)
+    report(step=step)
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(plain_hub):
+    return plain_hub
+
+
+@pytest.fixture(scope="module")
+def admin(hub):
+    s = log_in(hub, "admin", admin_password(hub))
+    assert logged_in(s)
+    return s
+
+
+def logged_in(session: requests.Session) -> bool:
+    return any(c.name.startswith("jupyterhub-hub-login") for c in session.cookies)
+
+
+def authorize_page(hub, admin) -> str:
+    r = admin.get(f"{hub.url}/hub/authorize", timeout=30)
+    r.raise_for_status()
+    return r.text
+
+
+def test_a_sign_up_under_an_existing_hub_users_name_is_refused(hub, admin):
+    existing = fresh_user("made-by-admin")
+    hub.create_user(existing)  # the admin page's "Add users"
+    for name in (existing, existing.upper()):
+        r = sign_up(hub, name, PASSWORD)
+        assert r.status_code == 409, (r.status_code, r.text[-500:])
+        assert f"The name {existing} is already in use" in r.text
+    assert f'id="{existing}"' not in authorize_page(hub, admin)
+
+
+def test_discard_drops_the_sign_up_only_and_the_user_keeps_their_server(hub, admin):
+    # A sign-up waits; then the admin makes a hub user of that name, who starts a
+    # server with a slice (the order that still lets the two meet).
+    name = fresh_user("signed-up")
+    assert "sent to the admin" in sign_up(hub, name, PASSWORD).text
+    hub.create_user(name)
+    assert hub.spawn(name, {"gpu_milli": 250}).status_code in (201, 202)
+    hub.wait_server(name)
+    page = authorize_page(hub, admin)
+    row = page[page.index(f'id="{name}"') :].split("</tr>", 1)[0]
+    assert "existing-hub-user" in row and "server running" in row
+
+    r = admin.get(hub.url + page_link(page, "discard", name), allow_redirects=False, timeout=30)
+    assert r.status_code == 302, (r.status_code, r.text[-500:])
+
+    assert f'id="{name}"' not in authorize_page(hub, admin)  # the sign-up is gone
+    user = hub.hub_api("GET", f"/users/{name}")
+    assert user.status_code == 200, "Discard deleted the hub user"
+    assert user.json()["servers"][""]["ready"]
+    held = [a for a in hub.gpulab("GET", "/allocations").json() if a["user"] == name]
+    assert [(a["owner_kind"], a["milli"]) for a in held] == [("server", 250)]
+    hub.hub_api("DELETE", f"/users/{name}/server")
+    hub.wait_server(name, ready=False)
+
+
+def replica_pids(hub, dep_id: str) -> list[int]:
+    marker = str(hub.data_dir / "deployments" / dep_id)
+    pids = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.NoSuchProcess:
+            continue
+        if "gpulab.serving.server" in cmd and marker in cmd:
+            pids.append(p.info["pid"])
+    return pids
+
+
+def test_deleting_a_user_stops_their_jobs_and_endpoints_first(hub, tmp_path):
+    name = fresh_user("leaving")
+    token = hub.create_user(name)
+    job = hub.gpulab("POST", "/jobs", token=token, json={"code": SLEEPS, "gpu_milli": 250})
+    assert job.status_code in (200, 201), job.text
+    job_id = job.json()["id"]
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    export_model(model.eval(), torch.randn(2, 4), str(tmp_path), name="m", max_batch_size=4)
+    dep = Client(hub.api, token=token).create_deployment(
+        str(tmp_path), {"name": "leaving-endpoint", "gpu_milli": 100}
+    )
+    wait_until(
+        lambda: (
+            hub.gpulab("GET", f"/jobs/{job_id}").json()["state"] == "running"
+            and replica_pids(hub, dep["id"])
+        ),
+        f"{name}'s job and endpoint running",
+        detail=hub.log_tail,
+    )
+
+    r = hub.hub_api("DELETE", f"/users/{name}")
+    assert r.status_code == 204, r.text
+
+    assert hub.hub_api("GET", f"/users/{name}").status_code == 404
+    assert hub.gpulab("GET", f"/jobs/{job_id}").json()["state"] == "cancelled"
+    assert hub.gpulab("GET", "/deployments", params={"user": name}).json() == []
+    assert replica_pids(hub, dep["id"]) == []
+    assert not [a for a in hub.gpulab("GET", "/allocations").json() if a["user"] == name]
+
+
+def test_a_user_whose_server_is_still_starting_is_not_deleted(hub):
+    """JupyterHub stops only a ready server before deleting its user; one still
+    starting would run on, and its slice with it."""
+    name = fresh_user("starting")
+    hub.create_user(name)
+    # The hub answers a spawn once the server is up (or after 10 s): ask in the
+    # background and delete while it starts.
+    with ThreadPoolExecutor(1) as pool:
+        spawned = pool.submit(hub.spawn, name, {"gpu_milli": 250})
+
+        def state():
+            server = (hub.hub_api("GET", f"/users/{name}").json().get("servers") or {}).get("")
+            return server and (server["pending"] or ("ready" if server["ready"] else None))
+
+        if wait_until(state, f"{name}'s server starting") != "spawn":
+            pytest.skip("the server was ready before the deletion could be tried")
+        r = hub.hub_api("DELETE", f"/users/{name}")
+        assert spawned.result().status_code in (201, 202)
+    assert r.status_code == 409, r.text
+    assert f"{name}'s server (default) is starting or running" in r.json()["message"]
+    hub.wait_server(name)  # still theirs, and it starts
+    assert hub.hub_api("DELETE", f"/users/{name}").status_code == 204
+    assert not [a for a in hub.gpulab("GET", "/allocations").json() if a["user"] == name]
+
+
+class FromAddress(HTTPAdapter):
+    """Connections from another loopback address: another client, as the proxy sees it."""
+
+    def __init__(self, address: str):
+        self.address = address
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs):
+        kwargs["source_address"] = (self.address, 0)
+        super().init_poolmanager(*args, **kwargs)
+
+
+def log_in_from(hub, address: str, name: str, password: str):
+    s = requests.Session()
+    s.mount("http://", FromAddress(address))
+    xsrf = XSRF.search(s.get(f"{hub.url}/hub/login", timeout=30).text).group(1)
+    r = s.post(
+        f"{hub.url}/hub/login",
+        data={"_xsrf": xsrf, "username": name, "password": password},
+        timeout=30,
+    )
+    return s, r
+
+
+def test_wrong_admin_passwords_lock_the_attackers_address_not_the_admin(hub):
+    attacker = "127.0.0.2"
+    for i in range(11):
+        s, r = log_in_from(hub, attacker, "admin", f"wrong guess {i}")
+        assert r.status_code == 403 and not logged_in(s)
+    # The admin, from another address, gets in at once.
+    s, _ = log_in_from(hub, "127.0.0.1", "admin", admin_password(hub))
+    assert logged_in(s)
+    # The attacker's address waits, even with the right password, and is told so.
+    s, r = log_in_from(hub, attacker, "admin", admin_password(hub))
+    assert not logged_in(s)
+    assert "Too many failed logins from your address" in r.text

@@ -1,0 +1,205 @@
+"""Bad requests get the answer HTTP and the docs promise (issue 24's Low findings),
+on the real service in-process (a stand-in hub API, :mod:`support.service`): 405s
+say what is allowed, an oversized chunked body is a JSON 413, an empty ``since=``,
+a denormal number and a key given twice are 400s that say so.
+
+Also here, without a hub: which series of ``/metrics`` a caller who may not see
+every job reads, and whose socket a loopback connection is (the audit source).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import subprocess
+import sys
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from support.service import running_service
+
+from gpulab.enforcement.peer_account import platform_peer
+from gpulab.service.audit import client_source
+from gpulab.service.request_body import JSON_BODY_LIMIT
+
+
+@pytest.fixture
+async def svc(tmp_path):
+    async with running_service(tmp_path / "svc") as service:
+        yield service
+
+
+def error_of(r) -> str:
+    return r.json()["error"]
+
+
+async def test_a_405_says_which_methods_the_route_answers(svc):
+    r = await svc.request("PUT", "/allocations")
+    assert r.status_code == 405
+    assert r.headers["Allow"] == "GET, POST, DELETE"
+    assert "error" in r.json()
+    r = await svc.request("POST", "/inventory")
+    assert r.status_code == 405 and r.headers["Allow"] == "GET"
+
+
+async def test_a_chunked_body_over_the_limit_is_a_json_413(svc):
+    def chunks():  # no Content-Length: requests sends it chunked
+        for _ in range(2 * JSON_BODY_LIMIT // 65536 + 1):
+            yield b" " * 65536
+
+    r = await svc.request(
+        "POST", "/allocations", data=chunks(), headers_extra={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 413, (r.status_code, r.text[:200])
+    assert "is larger than the 1 MiB this route takes" in error_of(r)
+    # Under the limit, chunked is read as usual.
+    small = iter([b'{"user": "a", "owner_kind": "server",', b' "owner": "a/", "gpu_milli": 250}'])
+    r = await svc.request("POST", "/allocations", data=small)
+    assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/usage?since=", "/usage?until=", "/audit?since=", "/alerts?since=", "/telemetry?since="],
+)
+async def test_an_empty_time_is_refused_with_the_format(svc, path):
+    r = await svc.request("GET", path)
+    assert r.status_code == 400, (path, r.status_code, r.text)
+    assert "since" in error_of(r) or "until" in error_of(r)
+    assert "Unix seconds" in error_of(r) or "unix seconds" in error_of(r)
+
+
+@pytest.mark.parametrize("number", ["1e-320", "-4.9e-324", "1e-400", "2.5e-310"])
+async def test_a_denormal_or_vanishing_number_is_refused_with_the_range(svc, number):
+    alice = svc.create_user("alice")
+    body = f'{{"code": "print(1)", "timeout": {number}}}'.encode()
+    r = await svc.raw("POST", "/jobs", alice, body)
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert number in error_of(r) and "between 2.23e-308 and 1.8e+308" in error_of(r)
+
+
+async def test_ordinary_numbers_still_pass(svc):
+    alice = svc.create_user("alice")
+    r = await svc.raw("POST", "/jobs", alice, b'{"code": "print(1)", "timeout": 1e-3, "x": 0.0}')
+    assert r.status_code == 400 and "unknown" in error_of(r).lower() and "x" in error_of(r)
+
+
+@pytest.mark.parametrize(
+    "body, key",
+    [
+        (b'{"code": "print(1)", "code": "import os"}', "code"),
+        (b'{"code": "print(1)", "env": {"A": "1", "A": "2"}}', "A"),
+    ],
+)
+async def test_a_key_given_twice_is_refused_by_name(svc, body, key):
+    alice = svc.create_user("alice")
+    r = await svc.raw("POST", "/jobs", alice, body)
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert f"the key {key!r} appears twice" in error_of(r)
+
+
+# -- /metrics for callers who may not see every job --------------------------------------
+class _Owned:
+    def collect(self):
+        g = GaugeMetricFamily("gpulab_t", "t", labels=["job_id"])
+        g.add_metric(["job-a"], 1)
+        g.add_metric(["job-b"], 2)
+        yield g
+        d = GaugeMetricFamily("gpulab_d", "d", labels=["deployment", "version"])
+        d.add_metric(["dep-a", "1"], 3)
+        yield d
+        c = GaugeMetricFamily("gpulab_c", "cluster", labels=["hostname"])
+        c.add_metric(["node"], 4)
+        yield c
+
+
+def test_metrics_show_a_caller_only_their_own_jobs_and_endpoints():
+    from gpulab.service.metrics import Metrics
+
+    m = Metrics.__new__(Metrics)  # the service's Metrics, with only these series
+    m.registry = CollectorRegistry()
+    m.registry.register(_Owned())
+    full = m.render().decode()
+    assert 'job_id="job-a"' in full and 'job_id="job-b"' in full and "dep-a" in full
+    mine = m.render(frozenset({"job-a"})).decode()
+    assert 'job_id="job-a"' in mine and "job-b" not in mine and "dep-a" not in mine
+    assert 'gpulab_c{hostname="node"} 4.0' in mine
+    anonymous = m.render(frozenset()).decode()
+    assert "job-a" not in anonymous and "dep-a" not in anonymous
+    assert "# TYPE gpulab_t gauge" in anonymous  # the names stay, empty
+
+
+async def test_metrics_without_a_token_through_the_proxy_show_no_ones_jobs(tmp_path):
+    config = "c.GpuLabService.authenticate_prometheus = False\n"
+    async with running_service(tmp_path / "svc", config=config) as svc:
+        svc.app.metrics.registry.register(_Owned())
+        bob = svc.create_user("bob")
+        # Straight at the service's port (Prometheus inside the cluster): every series.
+        direct = (await svc.request("GET", "/../../metrics", anonymous=True)).text
+        assert 'job_id="job-a"' in direct and "dep-a" in direct
+        # Through the hub's proxy (it adds X-Forwarded-For), or with a user's token:
+        # the cluster's series, no one else's jobs or endpoints.
+        forwarded = {"X-Forwarded-For": "127.0.0.1"}
+        for r in (
+            await svc.request("GET", "/../../metrics", anonymous=True, headers_extra=forwarded),
+            await svc.request("GET", "/../../metrics", token=bob),
+        ):
+            assert r.status_code == 200
+            assert "job-a" not in r.text and "dep-a" not in r.text
+            assert 'gpulab_c{hostname="node"} 4.0' in r.text
+        admin = (await svc.request("GET", "/../../metrics")).text
+        assert 'job_id="job-b"' in admin
+
+
+# -- the audit source --------------------------------------------------------------------
+def test_x_forwarded_for_counts_only_from_the_platforms_own_socket():
+    # A user's kernel straight to the service: its header is its own invention.
+    assert client_source("127.0.0.1", "6.6.6.6", peer_is_platform=False) == "127.0.0.1"
+    # Through the hub's proxy, which appended the kernel's 127.0.0.1.
+    assert client_source("127.0.0.1", "6.6.6.6, 127.0.0.1", peer_is_platform=True) == "127.0.0.1"
+    # A browser elsewhere, through the proxy.
+    assert client_source("127.0.0.1", "6.6.6.6, 203.0.113.7", peer_is_platform=True) == (
+        "203.0.113.7"
+    )
+    # A loopback peer nobody looked up is not believed.
+    assert client_source("127.0.0.1", "6.6.6.6") == "127.0.0.1"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another account's socket needs root")
+def test_a_loopback_peer_is_told_apart_by_its_account():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        own = socket.create_connection(("127.0.0.1", port))
+        conn, peer = server.accept()
+        assert platform_peer(peer, conn.getsockname()) is True
+        own.close()
+        conn.close()
+
+        nobody = pwd.getpwnam("nobody")
+        code = (
+            "import socket, sys\n"
+            f"s = socket.create_connection(('127.0.0.1', {port}))\n"
+            "sys.stdout.write('connected\\n'); sys.stdout.flush(); sys.stdin.read()\n"
+        )
+        other = subprocess.Popen(
+            [sys.executable, "-c", code],
+            user=nobody.pw_uid,
+            group=nobody.pw_gid,
+            cwd="/",
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert other.stdout.readline() == "connected\n"
+            conn, peer = server.accept()
+            assert platform_peer(peer, conn.getsockname()) is False
+            conn.close()
+        finally:
+            other.stdin.close()
+            other.wait(timeout=60)
+    assert platform_peer(("203.0.113.7", 4242), ("127.0.0.1", port)) is None
