@@ -64,7 +64,7 @@ from .alert_actions import AlertActions
 from .alert_rules import DEFAULTS as ALERT_DEFAULTS
 from .alerts import AlertEngine
 from .audit import LOOPBACK, AuditLog
-from .auth import TOKEN_CACHE_S, Identity, TokenAnswers
+from .auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
 from .backends import (
     INVENTORIES,
     JOB_BACKENDS,
@@ -816,15 +816,7 @@ class GpuLabService(SharingSettings, Application):
 
     # -- identities and groups ---------------------------------------------------
     async def identify(self, model: dict) -> Identity:
-        if model.get("kind") == "service":
-            return Identity(model["name"], "service", internal=model["name"] == self.service_name)
-        user = await self.hub.user(model["name"]) or {}
-        return Identity(
-            model["name"],
-            "user",
-            admin=bool(user.get("admin")),
-            groups=frozenset(user.get("groups") or []),
-        )
+        return await identity_of(model, self.hub, self.service_name)
 
     def inventory(self) -> dict:
         held = self.ledger.allocated_by_gpu()

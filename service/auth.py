@@ -94,6 +94,20 @@ class Identity:
         return self.internal or self.admin or (self.kind == "user" and self.name == user)
 
 
+async def identity_of(model: dict, hub, service_name: str) -> Identity:
+    """Who the hub's token model is: a service (the internal one is gpulab's own), or
+    a user with the admin flag and groups the hub (``hub``, a ``HubAPI``) says."""
+    if model.get("kind") == "service":
+        return Identity(model["name"], "service", internal=model["name"] == service_name)
+    user = await hub.user(model["name"]) or {}
+    return Identity(
+        model["name"],
+        "user",
+        admin=bool(user.get("admin")),
+        groups=frozenset(user.get("groups") or []),
+    )
+
+
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
     """Identifies the caller in :meth:`prepare`; JSON errors for API routes."""
 

@@ -53,7 +53,7 @@ import aiohttp
 from aiohttp import web
 from jupyterhub.services.auth import HubAuth
 
-from .auth import TOKEN_CACHE_S, Identity
+from .auth import TOKEN_CACHE_S, Identity, identity_of
 from .endpoint_calls import CallRefused, CallsMixin
 from .endpoint_proxy import EndpointProxy
 from .endpoint_router import EndpointRouter, error
@@ -146,15 +146,7 @@ class StandbyService:
         self.service_name = service_name
 
     async def identify(self, model: dict) -> Identity:
-        if model.get("kind") == "service":
-            return Identity(model["name"], "service", internal=model["name"] == self.service_name)
-        user = await self.hub.user(model["name"]) or {}
-        return Identity(
-            model["name"],
-            "user",
-            admin=bool(user.get("admin")),
-            groups=frozenset(user.get("groups") or []),
-        )
+        return await identity_of(model, self.hub, self.service_name)
 
 
 class StandbyRouter(EndpointRouter):
