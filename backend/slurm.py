@@ -23,9 +23,11 @@ same way (:mod:`.failures`).
 With per-user accounts (:class:`gpulab.enforcement.accounts.UserAccounts`) root
 submits for the owner (``sbatch --uid --gid``): Slurm runs the ranks as the owner,
 their ``squeue`` shows the job (``PrivateData=jobs`` hides it from others) and the
-job dir is handed over as for local jobs. The ranks get only :data:`.local.PASS_ENV`
-and the account's variables (``--export=NONE``, then the node file's environment),
-never the service's tokens.
+job dir is handed over as for local jobs. The ranks get only :data:`.local.PASS_ENV`,
+the account's variables (``--export=NONE``, then the node file's environment) and
+Slurm's own ``SLURM_*`` variables of their node's task (``SLURM_JOB_ID``,
+``SLURM_NODEID``, ``SLURM_JOB_NODELIST``...; :mod:`.slurm_launch`), never the
+service's tokens.
 
 The nodes' agents rendezvous with gpulab's signed c10d (``--rdzv-backend=gpulab``,
 :mod:`gpulab.training.rendezvous`) under the job's secret, ``JOB/rdzv.secret``
@@ -99,11 +101,14 @@ class SlurmBackend(Backend):
     def from_service(cls, service, root: str) -> SlurmBackend:
         """Built by the service (``c.GpuLabService.jobs_backend_class = "slurm"``);
         Slurm itself is ``c.SlurmSite.*``."""
+        pools = getattr(service, "site_pools", None)
+        mine = pools.of_kind(cls.name) if pools is not None else None
+        gpus = mine.gpus if mine is not None else service.gpus  # the Slurm pool's own
         return cls(
             root,
             SlurmSite(parent=service),
             accounts=service.accounts,
-            real_gpus=any(not g.simulated for g in service.gpus),
+            real_gpus=any(not g.simulated for g in gpus),
             pool=SlurmInventory(parent=service).pool(),
             log_max_bytes=service.job_log_max_bytes,
         )

@@ -16,6 +16,15 @@ backend rendered every node at submit (:mod:`.render`) into
 ``slurm/nodes.json`` maps Slurm node names to node ranks (where the ledger put
 each node's slices); without an entry the node rank is ``$SLURM_NODEID``.
 
+torchrun, and so every rank, gets the node file's environment plus the
+``SLURM_*`` variables srun gave this launcher that describe the job and the node
+(``SLURM_JOB_ID``, ``SLURM_NODEID``, ``SLURM_JOB_NODELIST``, ``SLURM_SUBMIT_DIR``...),
+not those of its task (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``...): the
+launcher is one task per node while the ranks are torchrun's, so those would name
+the wrong rank and world, and libraries that read them first (Lightning's Slurm
+detection) would take them over ``RANK``/``WORLD_SIZE``. The node file wins on a
+clash; nothing else of the batch environment is passed on.
+
 The agent's output goes to ``logs/node<R>.log`` and its exit code to
 ``pids/node<R>.exit``, as with the local backend, so the service reads a Slurm
 job like a local one. The launcher stays torchrun's parent to write that file;
@@ -105,6 +114,35 @@ def fill(text: str, values: dict[str, str]) -> str:
     return text
 
 
+#: Slurm's variables of the launcher's task (one per node), not of a rank: kept from
+#: the ranks, whose rank and world are torchrun's.
+TASK_VARIABLES = frozenset(
+    {
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_NTASKS",
+        "SLURM_NPROCS",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_TASKS_PER_NODE",
+        "SLURM_STEP_NUM_TASKS",
+        "SLURM_STEP_TASKS_PER_NODE",
+        "SLURM_TASK_PID",
+        "SLURM_GTIDS",
+    }
+)
+
+
+def rank_env(node_env: dict[str, str], ours, values: dict[str, str]) -> dict[str, str]:
+    """torchrun's environment: Slurm's own ``SLURM_*`` variables of this task (the
+    job id, node id, node list... users name scratch paths and logs by them), under
+    what the backend chose (PASS_ENV, the account's HOME/USER, render_node's
+    variables), which wins on a clash. Nothing else of the batch environment: it is
+    the service's and must not reach user code."""
+    env = {k: v for k, v in ours.items() if k.startswith("SLURM_") and k not in TASK_VARIABLES}
+    env.update({k: fill(v, values) for k, v in node_env.items()})
+    return env
+
+
 def launch(job_dir: str) -> int:
     rank = node_rank(job_dir)
     with open(os.path.join(job_dir, "slurm", f"node{rank}.json")) as f:
@@ -126,9 +164,7 @@ def launch(job_dir: str) -> int:
         "@PORT@": str(port),
     }
     argv = [fill(a, values) for a in node["argv"]]
-    # Only what the backend chose (PASS_ENV, the account's HOME/USER, render_node's
-    # variables): nothing of the batch environment leaks into user code.
-    env = {k: fill(v, values) for k, v in node["env"].items()}
+    env = rank_env(node["env"], os.environ, values)
     cap = int(env.get("GPULAB_LOG_MAX_BYTES") or 0)
     out = subprocess.PIPE if cap else log
     proc = subprocess.Popen(

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 AMP_CHOICES = ("", "bf16", "fp16")
 COMM_HOOK_CHOICES = ("", "powersgd", "fp16", "bf16")
-BACKENDS = ("local", "kubernetes", "slurm")
+_WHERE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -81,7 +81,10 @@ class JobSpec:
     priority: int = 0  # within its priority class: admins raise, users lower
     priority_class: str = "batch"  # a job class (scheduler/priority.py); the service checks access
     preemptible: bool = True  # False: never chosen to make room (--no-preempt)
-    backend: str = "local"
+    # Where it runs: a pool of the site, "auto" (the first with room), or a backend's
+    # kind (its pool); "" for both: the site's default (the service decides).
+    backend: str = ""
+    pool: str = ""
     # Set by the service:
     id: str = ""
     user: str = ""
@@ -175,8 +178,13 @@ class JobSpec:
             raise SpecError(f"'amp' must be bf16 or fp16, got {self.amp!r}")
         if self.comm_hook not in COMM_HOOK_CHOICES:
             raise SpecError(f"'comm_hook' must be powersgd, fp16 or bf16, got {self.comm_hook!r}")
-        if self.backend not in BACKENDS:
-            raise SpecError(f"'backend' must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        for key in ("backend", "pool"):
+            value = getattr(self, key)
+            if not isinstance(value, str) or (value and not _WHERE.match(value)):
+                raise SpecError(
+                    f"'{key}' must be a name like {'slurm' if key == 'backend' else 'box'} "
+                    f"or left out (the site's default), got {value!r}"
+                )
         if not isinstance(self.out, str) or (self.out and not _IDENT.match(self.out)):
             raise SpecError(f"'out' must be a Python variable name, got {self.out!r}")
         if not isinstance(self.env, dict):

@@ -170,6 +170,10 @@ class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI, UsageAPI, AlertsAPI
     async def availability(self) -> dict:
         return await self.request("GET", "/availability")
 
+    async def pools(self) -> dict:
+        """The site's pools in the order ``auto`` tries them, with their free slices."""
+        return await self.request("GET", "/pools")
+
 
 def _error_message(data: bytes, reason: str | None) -> str:
     """The service's ``{"error": ...}``, else the start of whatever it answered."""

@@ -23,6 +23,9 @@ jobs = Table(
     Column("state", String(16), nullable=False),
     Column("priority", Integer, nullable=False, default=0),
     Column("backend", String(32), nullable=False),
+    # The site's pool it runs in (c.GpuLabService.pools); NULL for jobs of before
+    # pools, whose backend's kind names it.
+    Column("pool", String(32)),
     Column("nodes", Integer, nullable=False),
     Column("nproc_per_node", Integer, nullable=False),
     Column("gpu_milli", Integer, nullable=False),  # per rank

@@ -1,11 +1,14 @@
 """``gpulab slurm-sandbox up|down``: a throwaway Slurm cluster on this machine for gpulab.
 
-``up --nodes N [--gpus SPEC] --data-dir DIR`` starts munge, ``slurmctld`` and one
-``slurmd`` per node in network namespaces (:mod:`gpulab.backend.slurm_sandbox`)
-under ``DIR/slurm/`` and writes ``DIR/gpulab_config.py`` so that ``gpulab up
---data-dir DIR`` runs jobs (and, with the Slurm spawner, servers) on it. The
-daemons keep running after the command exits; ``down --data-dir DIR`` stops them
-and removes the namespaces, links and ``DIR/slurm/``.
+``up --nodes N [--gpus SPEC] [--spawner] [--hybrid] --data-dir DIR`` starts munge,
+``slurmctld`` and one ``slurmd`` per node in network namespaces
+(:mod:`gpulab.backend.slurm_sandbox`) under ``DIR/slurm/`` and writes
+``DIR/gpulab_config.py`` so that ``gpulab up --data-dir DIR`` runs jobs (and, with
+the Slurm spawner, servers) on it. With ``--hybrid`` the site is two pools, the box
+(its GPUs from ``gpulab up --simulate-gpus``) first and the Slurm cluster second,
+so the cluster takes what does not fit on the box. The daemons keep running after
+the command exits; ``down --data-dir DIR`` stops them and removes the namespaces,
+links and ``DIR/slurm/``.
 
 The config file is gpulab's usual override file (the hub and the service both
 read it). ``up`` writes it between two marker lines and ``down`` removes that
@@ -28,6 +31,15 @@ SANDBOX_DIR = "slurm"
 CONFIG = "gpulab_config.py"
 BEGIN = "# --- gpulab slurm-sandbox: begin (written by `gpulab slurm-sandbox up`) ---"
 END = "# --- gpulab slurm-sandbox: end ---"
+#: ``--hybrid``: the box first (``auto`` tries it first), the Slurm cluster takes the
+#: overflow. Endpoints go to the first pool with a serving backend: the box.
+HYBRID_POOLS = (
+    {"name": "box", "inventory": "local", "jobs": "local", "serving": "local"},
+    {"name": "slurm", "inventory": "slurm", "jobs": "slurm"},
+)
+#: What ``gpulab up`` is told to simulate on the box of a hybrid site (one GPU, so a
+#: demo fills it with one job and sees the next one go to Slurm).
+HYBRID_BOX_GPUS = "1xA100-80GB"
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "ip", "nsenter", "unshare")
 
 
@@ -42,8 +54,31 @@ def _module_exists(name: str) -> bool:
         return False
 
 
-def config_text(state: dict) -> str:
-    """The lines of ``gpulab_config.py`` that point gpulab at this sandbox."""
+def _pools_lines() -> list[str]:
+    """``c.GpuLabService.pools = [...]``, one pool a line (an admin edits it by hand)."""
+    rows = [
+        "    {" + ", ".join(f'"{k}": "{v}"' for k, v in pool.items()) + "},"
+        for pool in HYBRID_POOLS
+    ]
+    return [
+        "# Two pools: the box first, then the Slurm cluster (`auto` tries them in this order).",
+        "c.GpuLabService.pools = [",
+        *rows,
+        "]",
+    ]
+
+
+def _single_backend(line: str) -> bool:
+    """A line that picks the site's one inventory or jobs backend: with pools each pool
+    names its own, so a hybrid config leaves these out."""
+    return line.lstrip("# ").startswith(
+        ("c.GpuLabService.inventory_class", "c.GpuLabService.jobs_backend_class")
+    )
+
+
+def config_text(state: dict, hybrid: bool = False) -> str:
+    """The lines of ``gpulab_config.py`` that point gpulab at this sandbox; with
+    ``hybrid``, a site of two pools (:data:`HYBRID_POOLS`)."""
     data = Path(state["data_dir"])
     conf = data / "etc" / "slurm.conf"
     lines = [
@@ -70,6 +105,12 @@ def config_text(state: dict) -> str:
             "spawner": bool(state.get("spawner")),
         }
         lines.append(settings(info).rstrip("\n"))
+    if hybrid:
+        lines = [line for line in "\n".join(lines).split("\n") if not _single_backend(line)]
+        pools = _pools_lines()
+        if state.get("spawner"):  # servers are Slurm jobs: their slices are the cluster's
+            pools.append('c.GpuLabService.server_pool = "slurm"')
+        lines[2:2] = pools
     lines.append(END)
     return "\n".join(lines) + "\n"
 
@@ -86,12 +127,12 @@ def _without_block(text: str) -> str:
     return "".join(out)
 
 
-def write_config(data_dir: Path, state: dict) -> Path:
+def write_config(data_dir: Path, state: dict, hybrid: bool = False) -> Path:
     path = data_dir / CONFIG
     old = _without_block(path.read_text()) if path.exists() else ""
     if old and not old.endswith("\n"):
         old += "\n"
-    path.write_text(old + config_text(state))
+    path.write_text(old + config_text(state, hybrid=hybrid))
     return path
 
 
@@ -149,7 +190,12 @@ def up(args: argparse.Namespace) -> int:
         state = slurm_sandbox.start(sandbox, args.nodes, gres)
     except (RuntimeError, OSError) as e:
         raise SandboxError(f"the sandbox did not start: {e}") from None
-    config = write_config(data_dir, {**state, "spawner": args.spawner})
+    hybrid = args.hybrid
+    config = write_config(data_dir, {**state, "spawner": args.spawner}, hybrid=hybrid)
+    start = f"gpulab up --data-dir {args.data_dir}"
+    if hybrid:
+        start += f" --simulate-gpus {HYBRID_BOX_GPUS}"
+    pools = "\n  pools: box (this machine, first), then slurm (the nodes)" if hybrid else ""
     conf = slurm_sandbox.env(sandbox)["SLURM_CONF"]
     nodes = "\n".join(f"    {n['name']}  {n['addr']}  {gres or 'no GPUs'}" for n in state["nodes"])
     print(
@@ -158,9 +204,9 @@ controller {state["ctl_addr"]}:{state["ctl_port"]}
   nodes:
 {nodes}
   files: {sandbox} (logs in {sandbox / "log"})
-  gpulab settings written to {config}
+  gpulab settings written to {config}{pools}
 
-Start gpulab on it:     gpulab up --data-dir {args.data_dir}
+Start gpulab on it:     {start}
 Use Slurm directly:     SLURM_CONF={conf} sinfo
 Remove it all:          gpulab slurm-sandbox down --data-dir {args.data_dir}""",
         flush=True,
@@ -212,6 +258,12 @@ def add_parser(sub) -> None:
         "--spawner",
         action="store_true",
         help="also start users' servers as Slurm jobs (the gpulab-slurm spawner)",
+    )
+    u.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="a site of two pools: this machine (the box, its GPUs from `gpulab up "
+        "--simulate-gpus SPEC`) first, the Slurm cluster second for what does not fit",
     )
     u.add_argument(
         "--data-dir",

@@ -31,7 +31,7 @@ from gpulab.training import env as rank_env
 
 NETTEST_USAGE = (
     "%gpulab nettest [--size BYTES] [--iters N] [--nproc N] [--warmup N] "
-    "[--nodes N [--gpu G] [--backend local|kubernetes]] [--timeout S] [--no-report]"
+    "[--nodes N [--gpu G] [--pool NAME] [--backend KIND]] [--timeout S] [--no-report]"
 )
 JOB_NAME = "nettest"
 POLL_S = 0.5
@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--nodes", type=int, default=None)
     p.add_argument("--gpu", default="0")
-    p.add_argument("--backend", default="local")
+    p.add_argument("--backend", default="")  # "": the site's; see %%train_distributed
+    p.add_argument("--pool", default="")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--no-report", action="store_true")
     return p
@@ -95,9 +96,9 @@ def parse_nettest(line: str) -> argparse.Namespace:
         )
     args.size_bytes = max(sizes)
     if args.nodes is None:
-        if args.gpu != "0" or args.backend != "local":
+        if args.gpu != "0" or args.backend or args.pool:
             raise NettestError(
-                "--gpu and --backend go with --nodes (a job through the "
+                "--gpu, --pool and --backend go with --nodes (a job through the "
                 f"gpulab service)\nusage: {NETTEST_USAGE}"
             )
         return args
@@ -124,6 +125,7 @@ def job_spec(args: argparse.Namespace) -> dict:
         "nproc_per_node": args.nproc or 1,
         "gpu_milli": args.gpu_milli,
         "backend": args.backend,
+        "pool": args.pool,
         "out": "result",
         "timeout": args.timeout,
     }

@@ -19,6 +19,8 @@ HELP = """gpulab magics
   %gpulab help       this text
   %gpulab dashboard  live Cluster / Cache / Network / Jobs / Alerts / Usage panel
                      (same as: from gpulab.widgets import Dashboard; Dashboard())
+  %gpulab pools      where this site's GPUs are: each pool, its backend and
+                     free slices, in the order jobs without --pool try them
   %gpulab alerts [--all]
                      the alerts firing now, as a table (--all: also those
                      resolved in the last 24 h, with how long they lasted)
@@ -42,7 +44,7 @@ HELP = """gpulab magics
 
 
 #: The subcommands of %gpulab (an unknown one is answered with the closest).
-COMMANDS = ("help", "dashboard", "alerts", "nettest")
+COMMANDS = ("help", "dashboard", "alerts", "nettest", "pools")
 
 # The same sentence as the spawn form's (gpulab.spawner.form); magics reach the
 # platform only over HTTP, so the words are kept here too.
@@ -87,10 +89,12 @@ class GpuLabMagics(Magics):
         if command in ("help", "-h", "--help"):
             print(HELP)
             return
-        if command in ("dashboard", "nettest", "alerts"):
-            from . import alerts, dashboard, nettest
+        if command in ("dashboard", "nettest", "alerts", "pools"):
+            from . import alerts, dashboard, nettest, pools
 
-            if command == "dashboard":
+            if command == "pools":
+                pools.pools(rest)
+            elif command == "dashboard":
                 dashboard.dashboard(rest)
             elif command == "alerts":
                 alerts.alerts(rest)
@@ -104,6 +108,11 @@ class GpuLabMagics(Magics):
             return
         env = dict(os.environ)
         print(slice_status(env))
+        from .pools import status_line
+
+        pools_line = status_line(env)
+        if pools_line is not None:
+            print(pools_line)
         from .alerts import status_alerts
 
         alert_line = status_alerts(env)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
 import queue
 import re
 import time
@@ -113,6 +114,7 @@ def build_spec(args, cell: str, namespace: dict) -> dict:
         "nproc_per_node": args.nproc_per_node,
         "gpu_milli": parse_gpu(args.gpu),
         "backend": args.backend,
+        "pool": args.pool,
         "max_restarts": args.max_restarts,
         "checkpoint_every": args.checkpoint_every,
         "amp": args.amp or "",
@@ -123,7 +125,10 @@ def build_spec(args, cell: str, namespace: dict) -> dict:
         "priority": args.priority,
         "priority_class": args.priority_class,
         "preemptible": not args.no_preempt,
-        "image": args.image or "",
+        # On Kubernetes the ranks run the notebook's own image unless told otherwise.
+        "image": args.image
+        or os.environ.get("JUPYTER_IMAGE_SPEC")
+        or os.environ.get("JUPYTER_IMAGE", ""),
         "vars_b64": pickle_vars(args.vars, namespace),
     }
 
@@ -135,10 +140,15 @@ class TrainMagics(Magics):
     @argument("--nproc-per-node", type=int, default=1, help="processes (ranks) per node; default 1")
     @argument("--gpu", default="0", help="GPUs per rank: 0 (CPU), 0.5, 1/4, 1, 2...; default 0")
     @argument(
+        "--pool",
+        default="",
+        help="the pool the ranks run in (%%gpulab pools lists them) or auto (the first "
+        "with room); default: the site's",
+    )
+    @argument(
         "--backend",
-        choices=("local", "kubernetes", "slurm"),
-        default="local",
-        help="where the ranks run; default local",
+        default="",
+        help="local, slurm or kubernetes: the site's pool of that kind; default: the site's",
     )
     @argument(
         "--max-restarts",

@@ -34,6 +34,13 @@ _TORCHRUN_DUMP = re.compile(
 def describe(job: dict) -> str:
     state = job["state"]
     text = f"job {job['id']} ({job['name']}): {state}"
+    pool = job.get("pool")
+    if state != "queued" and pool and pool not in ("local", "auto"):
+        text += f" on pool {pool}"  # a site of several places: where it went
+    if job.get("slurm_job_id"):
+        text += f" (Slurm job {job['slurm_job_id']})"
+    if state == "running" and (job.get("message") or "").startswith("starting on pool"):
+        text += f": {job['message'].split(': ', 1)[1]}"  # why not the first pool
     if state == "queued":
         text += f", position {job.get('position')} in the queue"
         if job.get("message") and job["message"] != "queued":

@@ -34,9 +34,13 @@ POOL_SIZE = 4
 class AsyncLedger:
     """:class:`~.ledger.Ledger`'s database calls as coroutines; the rest is on ``.sync``."""
 
-    def __init__(self, ledger: Ledger, max_workers: int = POOL_SIZE):
+    def __init__(self, ledger: Ledger, max_workers: int = POOL_SIZE, threads=None):
         self.sync = ledger
-        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="gpulab-ledger")
+        self._pool = threads or ThreadPoolExecutor(max_workers, thread_name_prefix="gpulab-ledger")
+
+    def over(self, ledger: Ledger) -> AsyncLedger:
+        """The same threads for another view of the ledger (one pool's)."""
+        return AsyncLedger(ledger, threads=self._pool)
 
     # In-memory parts, no database: read them directly.
     @property

@@ -34,6 +34,10 @@ class Gpu:
     node: str
     simulated: bool = False
     mig_parent: str | None = None  # the physical GPU's UUID for a MIG device
+    #: The site's pool the GPU is in (c.GpuLabService.pools): the box, a Slurm or a
+    #: Kubernetes cluster. A job runs where its slices are, so a pool's GPUs only
+    #: take work of the pool's own backend.
+    pool: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)

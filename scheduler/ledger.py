@@ -18,6 +18,7 @@ until its owner moves or stops. Cordoning a GPU with MIG on cordons its MIG devi
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import functools
 import threading
@@ -123,11 +124,28 @@ class Ledger:
         # In-process writers queue here before they queue on the database lock,
         # so threads of one service do not spin on SQLite's busy timeout.
         self._lock = threading.Lock()
+        self._views: dict[str, Ledger] = {}
 
     @functools.cached_property
     def aio(self) -> AsyncLedger:
         """This ledger for the event loop: the same calls, awaited, on a few threads."""
         return AsyncLedger(self)
+
+    def pool(self, name: str | None) -> Ledger:
+        """The ledger as one pool of the site sees it (``None``: the whole site):
+        placements, availability and free sizes count only the pool's GPUs, while
+        quotas, cordons and what is held stay the site's (one quota over every pool).
+        The view shares the database lock and threads."""
+        if name is None:
+            return self
+        view = self._views.get(name)
+        if view is None:
+            view = copy.copy(self)
+            view.gpus = [g for g in self.gpus if g.pool == name]
+            view._views = {}
+            view.__dict__["aio"] = self.aio.over(view)
+            self._views[name] = view
+        return view
 
     # -- reading ---------------------------------------------------------------
     def list(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Engine
@@ -68,6 +69,31 @@ def _row(r) -> dict:
 
 #: How the message of a job sent back to the queue by a preemption begins.
 PREEMPTED = "preempted for "
+
+
+@dataclass
+class Place:
+    """A pool a queued job may start in: its name, the ledger as the pool sees it,
+    the job's node groups there and the pool's backend kind."""
+
+    pool: str
+    ledger: Ledger
+    node_groups: list[int] | None = None
+    kind: str = ""
+
+
+def _full(full: list[tuple[str, str]]) -> str:
+    if len(full) == 1:
+        return full[0][1]
+    return "; ".join(f"pool {pool}: {why}" for pool, why in full)
+
+
+def _overflow(pool: str, full: list[tuple[str, str]]) -> str:
+    """Why a job starts in a later pool: the ones before it had no room."""
+    if not full:
+        return ""
+    before = ", ".join(p for p, _ in full)
+    return f"starting on pool {pool}: pool {before} had no room ({full[0][1].split(':')[0]})"
 
 
 def submit_order(job: dict) -> tuple:
@@ -155,6 +181,7 @@ class JobQueue:
         groups: Mapping[str, Mapping[str, set[str]]],
         members: Callable[[dict], list[tuple[str, int]]],
         node_groups: Callable[[dict], list[int] | None] = lambda job: None,
+        places: Callable[[dict], list[Place]] | None = None,
     ) -> tuple[list[tuple[dict, list[dict]]], dict | None]:
         """Start what fits, in order: ``(job, allocation rows)`` for each admitted, and
         the job that found no room (the head of what waits), if any.
@@ -162,30 +189,50 @@ class JobQueue:
         ``groups`` maps each queued job's user to their quota groups; ``members``
         gives a job's ``(owner, milli)`` per rank; ``node_groups`` its ranks' node
         ranks when they must land on distinct nodes (see ``Ledger.allocate_gang``).
-        Admitted jobs are marked ``running`` here, in the same pass, so no other pass
-        admits them again.
+        ``places`` gives the pools a job may run in, in the order to try them (the
+        first with room takes it; its name goes in the row's ``pool``); without it,
+        ``ledger`` itself. Admitted jobs are marked ``running`` here, in the same pass,
+        so no other pass admits them again.
         """
         admitted = []
         blocked = None
         for job in self.queued():
+            tries = places(job) if places else [Place("", ledger, node_groups(job))]
+            if not tries:  # its pools are gone (the site changed): it holds up no one
+                self._wait(job, "no pool of this site can run it now; cancel it and submit again")
+                continue
+            full: list[tuple[str, str]] = []
             try:
-                rows = ledger.allocate_gang(
-                    job["user"], "job", members(job), groups.get(job["user"], {}), node_groups(job)
-                )
-            except NoCapacity as e:
-                self._wait(job, f"waiting for free GPUs: {e}")
-                blocked = job
-                break
+                for place in tries:
+                    try:
+                        rows = place.ledger.allocate_gang(
+                            job["user"],
+                            "job",
+                            members(job),
+                            groups.get(job["user"], {}),
+                            place.node_groups,
+                        )
+                        break
+                    except NoCapacity as e:
+                        full.append((place.pool, str(e)))
+                else:
+                    self._wait(job, "waiting for free GPUs: " + _full(full))
+                    blocked = job
+                    break
             except QuotaExceeded as e:
                 self._wait(job, f"waiting for quota: {e}")
                 continue
-            self.start(job["id"])
+            self.start(job["id"], place.pool, place.kind, _overflow(place.pool, full))
             admitted.append((self.get(job["id"]), rows))
         return admitted, blocked
 
-    def start(self, job_id: str) -> None:
-        """Mark a job whose slices are placed as running."""
-        self.update(job_id, state="running", started=utcnow(), message="starting")
+    def start(self, job_id: str, pool: str = "", kind: str = "", message: str = "") -> None:
+        """Mark a job whose slices are placed (in ``pool``, of backend ``kind``) as
+        running; ``message`` says why there, when the pool is not its first choice."""
+        values = {"pool": pool, "backend": kind} if pool else {}
+        self.update(
+            job_id, state="running", started=utcnow(), message=message or "starting", **values
+        )
 
     def _wait(self, job: dict, reason: str) -> None:
         if job["message"].startswith(PREEMPTED):

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 from gpulab.db.engine import allocations
 from gpulab.db.usage import usage
 
-GROUP_BYS = ("user", "group", "kind")
+GROUP_BYS = ("user", "group", "kind", "pool")
 #: How ``report`` may cut the window: ``"day"``, per UTC calendar day.
 BUCKETS = ("day",)
 #: Usage older than this many half-lives weighs under 0.1 %: not read.
@@ -37,7 +37,7 @@ def _utc(t: dt.datetime) -> dt.datetime:
 def spans(engine: Engine, since: dt.datetime, until: dt.datetime) -> list[dict]:
     """Every stretch a slice was held that overlaps ``[since, until)``.
 
-    ``{"id", "user", "kind", "milli", "start", "end"}``, clipped to the window;
+    ``{"id", "user", "kind", "gpu_uuid", "milli", "start", "end"}``, clipped to the window;
     held slices end at ``min(now, until)``.
     """
     now = dt.datetime.now(dt.UTC)
@@ -48,15 +48,25 @@ def spans(engine: Engine, since: dt.datetime, until: dt.datetime) -> list[dict]:
         ).all()
         held = conn.execute(select(allocations).where(allocations.c.created < until)).all()
     for r in closed:
-        out.append((r.id, r.user, r.owner_kind, r.milli, _utc(r.started), _utc(r.ended)))
+        out.append(
+            (r.id, r.user, r.owner_kind, r.gpu_uuid, r.milli, _utc(r.started), _utc(r.ended))
+        )
     for r in held:
-        out.append((r.id, r.user, r.owner_kind, r.milli, _utc(r.created), now))
+        out.append((r.id, r.user, r.owner_kind, r.gpu_uuid, r.milli, _utc(r.created), now))
     clipped = []
-    for rid, user, kind, milli, start, end in out:
+    for rid, user, kind, gpu, milli, start, end in out:
         start, end = max(start, since), min(end, until)
         if end > start:
             clipped.append(
-                {"id": rid, "user": user, "kind": kind, "milli": milli, "start": start, "end": end}
+                {
+                    "id": rid,
+                    "user": user,
+                    "kind": kind,
+                    "gpu_uuid": gpu,
+                    "milli": milli,
+                    "start": start,
+                    "end": end,
+                }
             )
     return clipped
 
@@ -69,12 +79,14 @@ def report(
     users: Iterable[str] | None = None,
     groups_of: Mapping[str, Iterable[str]] | None = None,
     bucket: str | None = None,
+    pool_of: Mapping[str, str] | None = None,
 ) -> list[dict]:
     """Rows ``{<group_by>, "milli_gpu_seconds", "gpu_hours", "allocations"}``, most first.
 
     ``users`` limits the report to those users (None: everyone). ``groups_of``
     maps a user to their groups, for ``group_by="group"``; a user in two
-    groups counts in both, and one in none under ``""``.
+    groups counts in both, and one in none under ``""``. ``pool_of`` maps a GPU's UUID
+    to its pool, for ``group_by="pool"``; a GPU no pool lists now counts under ``""``.
 
     ``bucket="day"`` cuts every span at UTC midnight: each row then also has
     ``"day"`` (``"2026-11-30"``), rows come day by day, most first within a
@@ -94,6 +106,8 @@ def report(
             keys = [s["user"]]
         elif group_by == "kind":
             keys = [s["kind"]]
+        elif group_by == "pool":
+            keys = [(pool_of or {}).get(s["gpu_uuid"], "")]
         else:
             keys = sorted((groups_of or {}).get(s["user"], ())) or [""]
         pieces = _days(s["start"], s["end"]) if bucket else [("", s["start"], s["end"])]

@@ -180,7 +180,7 @@ class FactsBuilder:
             started = _ts(job["started"]) or _ts(job["submitted"])
             key = (job["id"], job["started"] or "")
             cursor, last = self._cursors.get(key, (0, None))
-            if job["backend"] in manager.backends:
+            if manager.backend_of(job) is not None:
                 try:
                     records, cursor = manager.jobdir(job).metrics(0, cursor)
                 except OSError:

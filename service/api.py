@@ -83,7 +83,8 @@ class AllocationsHandler(ReleaseMixin, APIHandler):
         started = time.perf_counter()
         result = "placed"
         try:
-            rows = await self.gpulab.ledger.aio.allocate(user, owner_kind, owner, milli, groups)
+            place = self.gpulab.ledger_for(owner_kind)
+            rows = await place.aio.allocate(user, owner_kind, owner, milli, groups)
         except NoCapacity as e:
             claim = await self.gpulab.jobs.make_room(user, owner_kind, [(owner, milli)])
             if claim is None:
@@ -183,7 +184,9 @@ class AvailabilityHandler(APIHandler):
         if not who.can_act_for(user):
             raise web.HTTPError(403, "you can only ask about your own availability")
         groups = await self.gpulab.groups_of(user)
-        sizes = await self.gpulab.ledger.aio.availability(user, self.gpulab.slice_sizes, groups)
+        # What the spawn form offers: the pool servers start in.
+        place = self.gpulab.ledger_for("server")
+        sizes = await place.aio.availability(user, self.gpulab.slice_sizes, groups)
         usage = (await self.gpulab.ledger.aio.usage()).get(user, 0)
         cordons = await self.gpulab.ledger.aio.run(self.gpulab.ledger.cordons)
         self.write_json(

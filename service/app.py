@@ -56,7 +56,9 @@ from . import (
     gpus_api,
     jobs_api,
     ledger_guard,
+    listen_addresses,
     pages,
+    pools_api,
     telemetry_api,
     usage_api,
 )
@@ -79,6 +81,7 @@ from .kube_jobs import KubernetesJobsSettings
 from .ledger_guard import LostSlices
 from .metrics import Metrics
 from .ops_metrics import OpsCollector
+from .pools import Pools, load_gpus, read_pools
 from .reconcile import Reconciler
 from .request_body import JSON_BODY_LIMIT
 from .self_healing import SelfHealing
@@ -98,6 +101,7 @@ ROUTE_MODULES = (
     audit_api,
     alerts_api,
     gpus_api,
+    pools_api,
 )
 
 #: What one init step may raise that means "this configuration cannot work".
@@ -179,13 +183,43 @@ class GpuLabService(SharingSettings, Application):
     jobs_backend_class = NamedType(
         JOB_BACKENDS,
         klass="gpulab.backend.base.Backend",
-        help="""Where jobs run besides "local" (every job's default): "kubernetes"
-        (Indexed Jobs; c.KubernetesJobsSettings says where), "slurm" (one sbatch
-        allocation per job; c.SlurmSite says which cluster) or an import path of a
+        help="""Where this site's jobs run (a job that names no backend runs here):
+        "local" (torchrun on the service's machine), "kubernetes" (Indexed Jobs;
+        c.KubernetesJobsSettings says where), "slurm" (one sbatch allocation per job;
+        c.SlurmSite says which cluster) or an import path of a
         gpulab.backend.base.Backend with a classmethod from_service(service, jobs_root).
-        Jobs choose it by its name (%%train_distributed --backend slurm).
+        A site of several places sets c.GpuLabService.pools instead.
 
         c.GpuLabService.jobs_backend_class = "slurm"
+        """,
+    ).tag(config=True)
+
+    pools = List(
+        Dict(),
+        help="""The places where this site's GPUs are, in the order jobs try them: each
+        a dict with "name", "inventory" and "jobs" (local, slurm, kubernetes or an
+        import path) and optionally "serving" (endpoints run in the first pool that has
+        it) and "simulate" (a declared inventory). A job that names no pool runs on
+        the first with room ("auto"); the ledger, quotas, usage and the dashboard see
+        every pool. Empty: one pool from inventory_class, jobs_backend_class and
+        serving_backend_class, named after the job backend.
+
+        c.GpuLabService.pools = [
+            {"name": "box", "inventory": "local", "jobs": "local", "serving": "local"},
+            {"name": "slurm", "inventory": "slurm", "jobs": "slurm"},
+        ]
+        """,
+    ).tag(config=True)
+
+    extra_listen_ips = List(Unicode(), help=listen_addresses.HELP).tag(config=True)
+
+    server_pool = Unicode(
+        "",
+        help="""The pool users' servers take their slices in ("" = the first pool): the
+        one the spawner starts servers on (the box for gpulab-local, the Slurm pool
+        for gpulab-slurm).
+
+        c.GpuLabService.server_pool = "slurm"
         """,
     ).tag(config=True)
 
@@ -599,6 +633,7 @@ class GpuLabService(SharingSettings, Application):
 
     # -- what initialize() builds (not configuration) -----------------------------------
     gpus = List(Instance(Gpu))
+    site_pools = Instance(Pools, allow_none=True)
     inventory_reason = Unicode(None, allow_none=True)
     engine = Instance("sqlalchemy.engine.Engine", allow_none=True)
     ledger = Instance(Ledger, allow_none=True)
@@ -696,11 +731,21 @@ class GpuLabService(SharingSettings, Application):
             policy = get_policy(self.policy)
         except ValueError as e:  # an unknown name; the message says which exist
             raise ConfigError(f"c.GpuLabService.policy: {e}") from None
-        cls = self._inventory_class()
-        kwargs = {"node": self.node_name, "simulate": self.simulate_gpus}
-        if issubclass(cls, KubernetesInventory) and self.kubernetes_node_selector:
-            kwargs["label_selector"] = self.kubernetes_node_selector
-        self.gpus, self.inventory_reason = cls(parent=self, **kwargs).load()
+        if self.kubernetes_jobs:
+            self._deprecated_shortcut(
+                "kubernetes_jobs", "jobs_backend_class", "c.KubernetesJobsSettings"
+            )
+        if self.kubernetes_deployments:
+            self._deprecated_shortcut(
+                "kubernetes_deployments", "serving_backend_class", "c.KubernetesServingSettings"
+            )
+        self.site_pools = Pools(read_pools(self))
+        if self.server_pool and self.server_pool not in self.site_pools.by_name:
+            raise ConfigError(
+                f"c.GpuLabService.server_pool = {self.server_pool!r} is not a pool; "
+                f"this site's pools: {self.site_pools.names()}"
+            )
+        self.gpus, self.inventory_reason = load_gpus(self, self.site_pools.list)
         if self.inventory_reason:
             log.warning("No GPUs: %s. Only gpu_milli=0 can be placed.", self.inventory_reason)
         self.ledger = Ledger(
@@ -743,19 +788,12 @@ class GpuLabService(SharingSettings, Application):
         return self.traits()["inventory_class"].validate(self, self.inventory_source)
 
     def init_jobs(self):
-        if self.kubernetes_jobs:
-            self._deprecated_shortcut(
-                "kubernetes_jobs", "jobs_backend_class", "c.KubernetesJobsSettings"
-            )
         # job_backends() stops the start on a local backend where user code may not run.
         self.jobs = JobManager(self)
 
     def init_deployments(self):
-        if self.kubernetes_deployments:
-            self._deprecated_shortcut(
-                "kubernetes_deployments", "serving_backend_class", "c.KubernetesServingSettings"
-            )
-        refuse_local_user_code(self, "serving_backend_class")
+        serving = self.site_pools.serving() if self.pools else None
+        refuse_local_user_code(self, "serving_backend_class", serving and serving.serving)
         self.deployments = deployments_api.make_manager(self)
 
     def _deprecated_shortcut(self, old: str, trait: str, instead: str) -> None:
@@ -806,6 +844,7 @@ class GpuLabService(SharingSettings, Application):
         self.metrics.registry.register(OpsCollector(self.alerts))
 
     def init_handlers(self):
+        listen_addresses.check_addresses(self.extra_listen_ips)  # a bad one: ConfigError
         for name in ("JUPYTERHUB_API_URL", "JUPYTERHUB_API_TOKEN"):
             if not os.environ.get(name):
                 raise ConfigError(
@@ -822,17 +861,39 @@ class GpuLabService(SharingSettings, Application):
         held = self.ledger.allocated_by_gpu()
         cordons = self.ledger.cordons()
         nodes: dict[str, list[dict]] = {}
+        pool_of: dict[str, str] = {}
         for gpu in self.gpus:
             cordoned = gpus_api.public_cordon(self.ledger.cordon_of(gpu, cordons))
             nodes.setdefault(gpu.node, []).append(
                 {**self._gpu_json(gpu, held), "cordoned": cordoned}
             )
+            pool_of[gpu.node] = gpu.pool
         if not nodes:
             nodes[self.node_name] = []
         return {
-            "nodes": [{"name": n, "gpus": g} for n, g in nodes.items()],
+            "nodes": [
+                {"name": n, "pool": pool_of.get(n, self.server_pool_name), "gpus": g}
+                for n, g in nodes.items()
+            ],
             "reason": self.inventory_reason,
         }
+
+    @property
+    def server_pool_name(self) -> str:
+        """The pool servers take their slices in (c.GpuLabService.server_pool)."""
+        return self.server_pool or self.site_pools.list[0].name
+
+    def pool_for(self, kind: str) -> str:
+        """The pool a server's or an endpoint's slices go to: the server pool, or the
+        pool endpoints run in."""
+        if kind == "deployment":
+            serving = self.site_pools.serving()
+            return serving.name if serving else self.server_pool_name
+        return self.server_pool_name
+
+    def ledger_for(self, kind: str) -> Ledger:
+        """The ledger as a server's or an endpoint's placement sees it."""
+        return self.ledger.pool(self.pool_for(kind))
 
     @staticmethod
     def _gpu_json(gpu: Gpu, held: dict[str, int]) -> dict:
@@ -914,6 +975,7 @@ class GpuLabService(SharingSettings, Application):
             self.tornado_app or self.make_app(), xheaders=True, max_body_size=JSON_BODY_LIMIT
         )
         server.listen(url.port, url.hostname)
+        listen_addresses.listen_extra(server, url.port, self, url.hostname)
         log.info(
             "gpulab service on %s (prefix %s), %d GPU(s), database %s",
             url.geturl(),

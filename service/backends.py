@@ -61,18 +61,20 @@ _LOCAL_USER_CODE = {
 }
 
 
-def refuse_local_user_code(service, trait: str) -> None:
+def refuse_local_user_code(service, trait: str, cls: type | None = None) -> None:
     """Stop the start where ``c.GpuLabService.user_code_in_service`` is off (the chart's
-    service pod) but ``trait`` still names a local backend: its work would be processes
-    in the service's own pod, beside the hub tokens and the database."""
+    service pod) but ``trait`` (or a pool's ``cls`` of that trait) is a local backend:
+    its work would be processes in the service's own pod, beside the hub tokens and
+    the database."""
     if service.user_code_in_service:
         return
     local = service.traits()[trait].validate(service, "local")
-    if not issubclass(getattr(service, trait), local):
+    if not issubclass(cls or getattr(service, trait), local):
         return
     what, chart = _LOCAL_USER_CODE[trait]
+    where = f"c.GpuLabService.{trait} is" if cls is None else "a pool's backend is"
     raise ConfigError(
-        f"c.GpuLabService.{trait} is 'local' but c.GpuLabService.user_code_in_service "
+        f"{where} 'local' but c.GpuLabService.user_code_in_service "
         f"is False: {what} would run in the service's own pod, beside its tokens and "
         f"database; set {trait} = 'kubernetes' (chart: {chart}), or accept user code "
         f"there with user_code_in_service = True (chart: "
@@ -80,30 +82,16 @@ def refuse_local_user_code(service, trait: str) -> None:
     )
 
 
-#: How the refusal of a local job names where this site's jobs run instead, and the
-#: service's own place.
-_SITE_JOBS = {
-    "kubernetes": ("as Kubernetes pods", "the service pod"),
-    "slurm": ("on its Slurm cluster", "the service's machine"),
-}
-
-
 class NoLocalJobs(Backend):
-    """The "local" backend where the service's machine runs no user code (the chart's
-    service pod). A job for it is refused at submit with the backend to use; a job of
-    an earlier local run (its directory survives) reads as before and reports as
-    ended, since nothing of it can be running here."""
+    """Jobs of an earlier local run on a site that has no local pool now (their
+    directories survive): they read as before and report as ended, since nothing of
+    them can be running here. New jobs never come here (the pools refuse them)."""
 
     name = "local"
 
-    def __init__(self, jobs_root: str, site_backend: str):
+    def __init__(self, jobs_root: str):
         super().__init__(jobs_root)
-        where, here = _SITE_JOBS.get(
-            site_backend, (f"on its {site_backend} backend", "the service's machine")
-        )
-        self.refusal = (
-            f"this site runs jobs {where}; {here} runs no user code (use --backend {site_backend})"
-        )
+        self.refusal = "this site has no local pool now; the job cannot run here"
 
     def check(self, spec: JobSpec) -> None:
         raise SpecError(self.refusal)
@@ -125,37 +113,35 @@ class NoLocalJobs(Backend):
 
 
 def job_backends(service, root: str) -> dict[str, Backend]:
-    """The backends jobs can name (JobSpec.backend): always "local" (the default of
-    every job), and the configured class under its own name when it is another.
-    Without user code beside the service, "local" only refuses (:class:`NoLocalJobs`)."""
-    refuse_local_user_code(service, "jobs_backend_class")
-    local = dict(
-        real_gpus=any(not g.simulated for g in service.gpus),
-        accounts=service.accounts,
-        limits=service.account_limits,
-        gpu_count=len(service.gpus),
-        network=JobNetwork(parent=service),
-        log_max_bytes=service.job_log_max_bytes,
-    )
-    cls = service.jobs_backend_class
+    """The job backend of each pool of the site (``service.site_pools``), under the
+    pool's name. A local one only where user code may run beside the service."""
+    return {pool.name: pool_backend(service, pool, root) for pool in service.site_pools.list}
+
+
+def pool_backend(service, pool, root: str) -> Backend:
+    cls = pool.jobs
     if issubclass(cls, LocalBackend):
-        return {"local": cls(root, **local)}
-    if service.user_code_in_service:
-        backends: dict[str, Backend] = {"local": LocalBackend(root, **local)}
-    else:
-        backends = {"local": NoLocalJobs(root, cls.name)}
+        # Named as the site set it: the trait, or a pool of c.GpuLabService.pools.
+        refuse_local_user_code(service, "jobs_backend_class", cls if service.pools else None)
+        return cls(
+            root,
+            real_gpus=any(not g.simulated for g in pool.gpus),
+            accounts=service.accounts,
+            limits=service.account_limits,
+            gpu_count=len(pool.gpus),
+            network=JobNetwork(parent=service),
+            log_max_bytes=service.job_log_max_bytes,
+        )
     from gpulab.backend.kubernetes.backend import KubernetesBackend
 
     if issubclass(cls, KubernetesBackend):
         from .kube_jobs import jobs_settings, kubernetes_backend
 
-        backends[cls.name] = kubernetes_backend(jobs_settings(service), root, service.gpus, cls=cls)
-    elif hasattr(cls, "from_service"):  # a site's own backend builds itself
-        backends[cls.name] = cls.from_service(service, root)
-    else:
-        raise ConfigError(
-            f"c.GpuLabService.jobs_backend_class = {_name(cls)!r}: the service "
-            f"cannot build it; give the class a classmethod "
-            f"from_service(service, jobs_root)"
-        )
-    return backends
+        return kubernetes_backend(jobs_settings(service), root, pool.gpus, cls=cls)
+    if hasattr(cls, "from_service"):  # a site's own backend builds itself
+        return cls.from_service(service, root)
+    raise ConfigError(
+        f"c.GpuLabService.jobs_backend_class = {_name(cls)!r}: the service "
+        f"cannot build it; give the class a classmethod "
+        f"from_service(service, jobs_root)"
+    )

@@ -76,15 +76,20 @@ def serving_backend(service) -> ServingBackend:
     cls = getattr(service, "serving_backend_class", None) or (
         KubernetesServing if legacy else LocalServing
     )
+    gpus = service.gpus
+    pools = getattr(service, "site_pools", None)
+    serving = pools.serving() if pools is not None else None
+    if serving is not None:  # the pool endpoints run in, and its GPUs
+        cls, gpus = serving.serving, serving.gpus
     if issubclass(cls, KubernetesServing):
-        return kubernetes_serving(settings, root, service.gpus, cls=cls)
+        return kubernetes_serving(settings, root, gpus, cls=cls)
     if issubclass(cls, LocalServing):
         return cls(
             root,
-            real_gpus=any(not g.simulated for g in service.gpus),
+            real_gpus=any(not g.simulated for g in gpus),
             accounts=service.accounts,
             limits=service.account_limits,
-            gpu_count=len(service.gpus),
+            gpu_count=len(gpus),
             log_max_bytes=service.job_log_max_bytes,
         )
     if hasattr(cls, "from_service"):  # a site's own backend builds itself
@@ -135,7 +140,8 @@ class Deployment:
 class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
     def __init__(self, service, serving: ServingBackend | None = None):
         self.service = service
-        self.ledger = service.ledger
+        # Endpoints are placed on the GPUs of the pool they run in.
+        self.ledger = service.ledger_for("deployment")
         self.store = DeploymentStore(service.ledger.engine)
         self.serving = serving if serving is not None else serving_backend(service)
         self.proxy = EndpointProxy()

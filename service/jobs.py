@@ -24,17 +24,19 @@ import time
 import uuid
 
 from gpulab.backend.base import Backend
+from gpulab.backend.jobdir import JobDir
 from gpulab.backend.local import LocalBackend
 from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
 from gpulab.db.jobs import TERMINAL
 from gpulab.scheduler.priority import PriorityError
-from gpulab.scheduler.queue import PREEMPTED, JobQueue, never_fits
+from gpulab.scheduler.queue import PREEMPTED, JobQueue, Place, never_fits
 from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, label, parse_gpu_milli
 from gpulab.scheduler.usage import decayed
 
 from .allreduce_results import record_from_job
-from .backends import job_backends
+from .backends import NoLocalJobs, job_backends
 from .cpu_quota import over_quota
+from .pools import AUTO, Pool, PoolRefused
 from .preemption import Claim, Preemptor
 from .tasks import KeptTask
 
@@ -64,11 +66,17 @@ class JobManager:
         self.preemptor.on_placed["job"] = self._claim_placed
         self.root = os.path.join(service.data_dir, "jobs")
         os.makedirs(self.root, exist_ok=True)
+        self.pools = service.site_pools
         # Built here, before the service listens: bad settings stop the start.
+        #: Each pool's backend, by the pool's name.
         self.backends = backends or job_backends(service, self.root)
+        #: Jobs of an earlier local run on a site without a local pool now.
+        self._legacy = NoLocalJobs(self.root)
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._tails: dict[str, tuple[int, list[dict]]] = {}
+        #: Queued ``auto`` jobs: the pools each may start in (from its spec, once).
+        self._auto: dict[str, list[str]] = {}
         self._loop = KeptTask("gpulab-job-queue", self.loop)
 
     # -- running -----------------------------------------------------------------------
@@ -103,11 +111,27 @@ class JobManager:
                     log.exception("Closing the %s backend", backend.name)
 
     # -- reading -----------------------------------------------------------------------
-    def spec(self, job: dict) -> JobSpec:
-        return self.backends[job["backend"]].jobdir(job["id"]).spec()
+    def backend_of(self, job: dict) -> Backend | None:
+        """The backend of the pool a job runs in (None while an ``auto`` job waits)."""
+        pool = job.get("pool")
+        if not pool:  # a job of before pools: its backend's kind names the pool
+            found = self.pools.of_kind(job["backend"])
+            if found is None:
+                return self._legacy if job["backend"] == "local" else None
+            pool = found.name
+        return self.backends.get(pool)
 
-    def jobdir(self, job: dict):
-        return self.backends[job["backend"]].jobdir(job["id"])
+    def _backend(self, job: dict) -> Backend:
+        backend = self.backend_of(job)
+        if backend is None:
+            raise LookupError(f"job {job['id']}: no backend for pool {job.get('pool')!r}")
+        return backend
+
+    def spec(self, job: dict) -> JobSpec:
+        return self.jobdir(job).spec()
+
+    def jobdir(self, job: dict) -> JobDir:
+        return JobDir(self.root, job["id"])
 
     def view(self, job: dict, positions: dict[str, int] | None = None) -> dict:
         """The job as the API shows it (``positions``: the queue's, when the caller
@@ -120,8 +144,21 @@ class JobManager:
             out["position"] = None
         else:
             out["position"] = (positions or self.queue.positions()).get(job["id"])
-        out["has_out"] = bool(job["backend"] in self.backends and self.jobdir(job).out_path())
+        out["has_out"] = bool(self.jobdir(job).out_path())
+        if not out.get("pool"):
+            found = self.pools.of_kind(job["backend"])
+            out["pool"] = found.name if found else job["backend"]
+        if job["backend"] == "slurm" and job["state"] != "queued":
+            out["slurm_job_id"] = self._slurm_id(job)
         return out
+
+    def _slurm_id(self, job: dict) -> str | None:
+        """The Slurm job id its backend kept (users find it in squeue and sacct)."""
+        try:
+            with open(self.jobdir(job).p("slurm", "job_id")) as f:
+                return f.read(32).strip() or None
+        except OSError:
+            return None
 
     def summaries(self, user: str | None) -> list[dict]:
         """Queued and running jobs with their latest step, loss and throughput.
@@ -131,7 +168,7 @@ class JobManager:
         out = []
         for job in self.queue.list(user=user, states=("queued", "running")):
             item = {k: job[k] for k in ("id", "name", "user", "state")}
-            if job["state"] == "running" and job["backend"] in self.backends:
+            if job["state"] == "running" and self.backend_of(job) is not None:
                 item.update(self._latest_progress(job))
             out.append(item)
         return out
@@ -178,30 +215,21 @@ class JobManager:
         except PriorityError as e:
             status = 403 if spec.priority_class in self.service.priorities.by_name else 400
             raise JobRefused(status, str(e)) from None
-        backend = self.backends.get(spec.backend)
-        if backend is None:
-            raise JobRefused(
-                400,
-                f"the {spec.backend} backend is not configured on this "
-                f"service; use one of: {', '.join(self.backends)}",
-            )
-        try:
-            backend.check(spec)
-        except SpecError as e:
-            raise JobRefused(400, str(e)) from None
-        self._check_capacity(spec)
+        # The backends' checks may name the job (a Kubernetes Job's name is its id).
+        spec.id = uuid.uuid4().hex[:12]
+        spec.user = who.name
+        places = self._places_for(spec)
         total = spec.gpu_milli * spec.world_size
         groups = await self.service.groups_of(who.name)
         reason = never_fits(self.ledger.quotas, who.name, total, groups)
-        if not reason and isinstance(backend, LocalBackend):
+        if not reason and all(isinstance(self.backends[p.name], LocalBackend) for p in places):
             # The quota is this host's; Slurm and Kubernetes nodes have their own.
             reason = over_quota(self.service, who.name, spec.world_size, spec.gpu_milli, "ranks")
         if reason:
             raise JobRefused(403, reason)
+        pool = places[0].name if len(places) == 1 else AUTO
 
-        spec.id = uuid.uuid4().hex[:12]
-        spec.user = who.name
-        jd = backend.jobdir(spec.id)
+        jd = JobDir(self.root, spec.id)
         os.makedirs(jd.path)
         spec.checkpoint_dir = jd.p("checkpoints")
         jd.write_inputs(spec)
@@ -213,14 +241,21 @@ class JobManager:
                 "priority": spec.priority,
                 "priority_class": spec.priority_class,
                 "preemptible": spec.preemptible and klass.preemptible,
-                "backend": spec.backend,
+                "backend": places[0].kind if len(places) == 1 else "",
+                "pool": pool,
                 "nodes": spec.nodes,
                 "nproc_per_node": spec.nproc_per_node,
                 "gpu_milli": spec.gpu_milli,
                 "message": "queued",
             }
         )
-        jd.event(f"job {spec.id} queued: {spec.world_size} rank(s) x {label(spec.gpu_milli)}")
+        where = (
+            f"pool {pool}" if pool != AUTO else f"the first pool with room ({self.pools.names()})"
+        )
+        jd.event(
+            f"job {spec.id} queued: {spec.world_size} rank(s) x {label(spec.gpu_milli)}, "
+            f"for {where}"
+        )
         self._wake.set()
         return self.view(job)
 
@@ -246,11 +281,36 @@ class JobManager:
                 f"c.GpuLabService.max_job_vars_mib)",
             )
 
-    def _check_capacity(self, spec: JobSpec) -> None:
-        """Refuse what this cluster could never place, rather than queue it forever."""
+    def _places_for(self, spec: JobSpec) -> list[Pool]:
+        """The pools the job may run in, in the site's order: those it names (or all),
+        less those whose backend cannot run it or that could never place it."""
+        try:
+            pools = self.pools.for_job(spec.pool, spec.backend)
+        except PoolRefused as e:
+            raise JobRefused(400, str(e)) from None
+        fits, refusals = [], []
+        for pool in pools:
+            try:
+                self.backends[pool.name].check(spec)
+                self._check_capacity(spec, pool.gpus)
+            except SpecError as e:
+                refusals.append((400, pool, str(e)))
+                continue
+            except JobRefused as e:
+                refusals.append((e.status, pool, str(e)))
+                continue
+            fits.append(pool)
+        if fits:
+            return fits
+        status, _, message = refusals[0]
+        if len(refusals) > 1:
+            message = "; ".join(f"pool {p.name}: {m}" for _, p, m in refusals)
+        raise JobRefused(status, message)
+
+    def _check_capacity(self, spec: JobSpec, gpus) -> None:
+        """Refuse what this pool could never place, rather than queue it forever."""
         if not spec.gpu_milli:
             return
-        gpus = self.service.gpus
         if not gpus:
             raise JobRefused(409, "this cluster has no GPUs; submit with --gpu 0 (CPU ranks)")
         per_rank = max(1, spec.gpu_milli // MILLI_PER_GPU)
@@ -270,6 +330,8 @@ class JobManager:
     # -- the loop ----------------------------------------------------------------------
     async def loop(self) -> None:
         while True:
+            # Cleared before the pass: a submit during it wakes the next one at once.
+            self._wake.clear()
             try:
                 async with self._lock:
                     await self._poll_running()
@@ -277,7 +339,6 @@ class JobManager:
                     await self._admit()
             except Exception:  # the loop must outlive one bad job or a hub hiccup
                 log.exception("job loop")
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), TICK_S)
 
@@ -287,8 +348,8 @@ class JobManager:
                 await self._poll_one(job)
             except Exception as e:  # one broken job must not stop the others
                 log.exception("Polling job %s", job["id"])
-                if job["backend"] not in self.backends or not os.path.exists(
-                    self.backends[job["backend"]].jobdir(job["id"]).p("spec.json")
+                if self.backend_of(job) is None or not os.path.exists(
+                    self.jobdir(job).p("spec.json")
                 ):
                     owners = [
                         f"{job['id']}/{r}" for r in range(job["nodes"] * job["nproc_per_node"])
@@ -299,7 +360,7 @@ class JobManager:
 
     async def _poll_one(self, job: dict) -> None:
         spec = self.spec(job)
-        backend = self.backends[job["backend"]]
+        backend = self._backend(job)
         status = await backend.poll(spec)
         if job["preempting"]:
             await self._poll_preempting(job, spec, status)
@@ -399,11 +460,11 @@ class JobManager:
             f"preempted for {claim.what}: SIGTERM to every rank; they save a checkpoint "
             f"at the next step and stop (grace {grace:g} s), then the job waits in the queue"
         )
-        await self.backends[job["backend"]].preempt(spec)
+        await self._backend(job).preempt(spec)
 
     async def _poll_preempting(self, job: dict, spec: JobSpec, status) -> None:
         """A job asked to stop: requeue it once it has (or kill it after the grace)."""
-        backend = self.backends[job["backend"]]
+        backend = self._backend(job)
         claim = job["preempting"]["claim"]
         if status.state == "running":
             if time.time() > job["preempting"]["deadline"]:
@@ -438,8 +499,10 @@ class JobManager:
                 preempting=None,
                 preemptions=job["preemptions"] + 1,
                 message=message,
+                **back_to,
             )
 
+        back_to = self._requested(job)
         jd.reset_run()
         await self.ledger.aio.run(requeue)
         self._tails.pop(job["id"], None)
@@ -448,21 +511,36 @@ class JobManager:
         self._wake.set()
 
     async def make_room(self, user: str, kind: str, members: list[tuple[str, int]]):
-        """Preempt for a server's or an endpoint's slices that found no room: the
-        claim, or None when nothing the kind's class may preempt would make room."""
+        """Preempt for a server's or an endpoint's slices that found no room in the
+        pool they go to: the claim, or None when nothing the kind's class may preempt
+        would make room."""
         klass = self.service.priorities.of_kind(kind)
         what = {"server": "server", "deployment": "endpoint"}.get(kind, kind)
         async with self._lock:
             return await self.preemptor.make_room(
-                kind, user, members, klass.value, f"{_article(klass.name)} {what}"
+                kind,
+                user,
+                members,
+                klass.value,
+                f"{_article(klass.name)} {what}",
+                self.service.pool_for(kind),
             )
 
     async def _make_room_for(self, job: dict) -> None:
-        """The head of the queue found no room: preempt for it if its class may."""
+        """The head of the queue found no room: preempt for it, in the first pool it
+        may run in, if its class may."""
         priorities = self.service.priorities
         klass = priorities.by_name.get(job["priority_class"]) or priorities.of_kind("job")
+        pools = self._candidates(job)
+        if not pools:
+            return
         claim = await self.preemptor.make_room(
-            "job", job["user"], self._members(job), klass.value, f"{_article(klass.name)} job"
+            "job",
+            job["user"],
+            self._members(job),
+            klass.value,
+            f"{_article(klass.name)} job",
+            pools[0],
         )
         if claim is not None:
             self.queue.update(job["id"], message=claim.message())
@@ -473,16 +551,60 @@ class JobManager:
             for owner, _ in claim.members:
                 await self.ledger.aio.release("job", owner)
             return
-        self.queue.start(job["id"])
+        pool = claim.pool or (self._candidates(job) or [""])[0]
+        kind = self.pools.by_name[pool].kind if pool in self.pools.by_name else ""
+        self.queue.start(job["id"], pool, kind)
         await self._start(self.queue.get(job["id"]), rows)
+
+    # -- pools -------------------------------------------------------------------------
+    def _candidates(self, job: dict) -> list[str]:
+        """The pools a queued job may start in, in order: the one it names, or for
+        ``auto`` those that could run it (worked out again after a restart)."""
+        pool = job.get("pool")
+        if pool and pool != AUTO:
+            return [pool] if pool in self.backends else []
+        if not pool:  # a job of before pools
+            found = self.pools.of_kind(job["backend"])
+            return [found.name] if found else []
+        cached = self._auto.get(job["id"])
+        if cached is None:
+            try:
+                cached = [p.name for p in self._places_for(self.spec(job))]
+            except (JobRefused, OSError, ValueError) as e:
+                log.warning("Job %s fits no pool now: %s", job["id"], e)
+                cached = []
+            self._auto[job["id"]] = cached
+        return cached
+
+    def _places(self, job: dict) -> list[Place]:
+        return [
+            Place(
+                name,
+                self.ledger.pool(name),
+                self._node_groups(job, name),
+                self.pools.by_name[name].kind,
+            )
+            for name in self._candidates(job)
+        ]
+
+    def _requested(self, job: dict) -> dict:
+        """The row's pool as submitted: a requeued ``auto`` job may start anywhere again
+        (its checkpoints are in its job dir, which every pool reads)."""
+        try:
+            spec = self.spec(job)
+        except (OSError, ValueError):
+            return {}
+        if len(self.pools.list) > 1 and spec.pool in ("", AUTO) and not spec.backend:
+            return {"pool": AUTO, "backend": ""}
+        return {}
 
     def _members(self, job: dict) -> list[tuple[str, int]]:
         n = job["nodes"] * job["nproc_per_node"]
         return [(f"{job['id']}/{r}", job["gpu_milli"]) for r in range(n)]
 
-    def _node_groups(self, job: dict) -> list[int] | None:
+    def _node_groups(self, job: dict, pool: str) -> list[int] | None:
         """Each rank's node rank, for backends whose node ranks run on distinct nodes."""
-        backend = self.backends.get(job["backend"])
+        backend = self.backends.get(pool)
         if not getattr(backend, "nodes_apart", False) or job["nodes"] < 2:
             return None
         return [r // job["nproc_per_node"] for r in range(job["nodes"] * job["nproc_per_node"])]
@@ -493,7 +615,7 @@ class JobManager:
             return
         groups = {u: await self.service.groups_of(u) for u in {j["user"] for j in queued}}
         admitted, blocked = await self.ledger.aio.run(
-            self.queue.admit, self.ledger, groups, self._members, self._node_groups
+            self.queue.admit, self.ledger, groups, self._members, places=self._places
         )
         for job, rows in admitted:
             await self._start(job, rows)
@@ -502,13 +624,17 @@ class JobManager:
 
     async def _start(self, job: dict, rows: list[dict]) -> None:
         spec = self.spec(job)
+        self._auto.pop(job["id"], None)
         where = sorted({f"{r['node']}:{r['gpu_index']}" for r in rows})
+        pool = f" in pool {job['pool']}" if job.get("pool") and len(self.pools.list) > 1 else ""
+        why = job["message"].split(": ", 1)[1] if job["message"].startswith("starting on") else ""
         self.jobdir(job).event(
-            f"job started: {spec.world_size} rank(s)"
+            f"job started{pool}: {spec.world_size} rank(s)"
             + (f" on GPU(s) {', '.join(where)}" if where else " on CPU")
+            + (f" ({why})" if why else "")
         )
         try:
-            await self.backends[job["backend"]].start(spec, rows)
+            await self._backend(job).start(spec, rows)
         except Exception as e:
             log.exception("Starting job %s", job["id"])
             await self._end(job, spec, "failed", f"could not start: {e}")
@@ -523,7 +649,7 @@ class JobManager:
         or already stopping."""
         async with self._lock:
             job = self.queue.get(job_id)
-            backend = self.backends.get(job["backend"]) if job is not None else None
+            backend = self.backend_of(job) if job is not None else None
             if backend is None or job["state"] != "running" or job["preempting"]:
                 return False
             if not backend.can_preempt:
@@ -533,7 +659,14 @@ class JobManager:
             value = (klass or self.service.priorities.of_kind("job")).value
             grace = self.service.preemption_grace_seconds
             claim = Claim(
-                "job", job["user"], self._members(job), value, what, [job_id], time.time() + grace
+                "job",
+                job["user"],
+                self._members(job),
+                value,
+                what,
+                [job_id],
+                time.time() + grace,
+                job.get("pool") or "",
             )
             self.jobdir(job).event(f"{why}; the job saves a checkpoint and moves")
             self.preemptor.claims[claim.key] = claim
@@ -549,7 +682,7 @@ class JobManager:
         checkpoint), e.g. one that stalled. False if it is not running."""
         async with self._lock:
             job = self.queue.get(job_id)
-            if job is None or job["state"] != "running" or job["backend"] not in self.backends:
+            if job is None or job["state"] != "running" or self.backend_of(job) is None:
                 return False
             await self._restart(job, what, why)
             return True
@@ -557,7 +690,7 @@ class JobManager:
     async def _restart(self, job: dict, what: str, why: str) -> None:
         spec = self.spec(job)
         self.jobdir(job).event(f"{why}; stopping its processes to restart it")
-        await self.backends[job["backend"]].cancel(spec)
+        await self._backend(job).cancel(spec)
         await self._requeue(job, spec, what)
 
     # -- cancelling ----------------------------------------------------------------------
@@ -568,7 +701,7 @@ class JobManager:
                 return self.view(job)
             spec = self.spec(job)
             if job["state"] == "running":
-                await self.backends[job["backend"]].cancel(spec)
+                await self._backend(job).cancel(spec)
             await self._end(job, spec, "cancelled", reason)
         return self.view(self.queue.get(job["id"]))
 
@@ -576,7 +709,7 @@ class JobManager:
     async def reattach(self) -> None:
         """After a restart: keep watching running jobs; start admitted ones never launched."""
         for job in self.queue.list(states=("running",)):
-            backend = self.backends.get(job["backend"])
+            backend = self.backend_of(job)
             if backend is None:
                 continue
             spec = self.spec(job)

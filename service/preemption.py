@@ -52,6 +52,7 @@ class Claim:
     what: str  # for messages, without names: "an interactive server"
     victims: list[str]  # job ids
     deadline: float  # epoch seconds: the victims' grace ends
+    pool: str = ""  # the pool whose GPUs it is placed on ("" = any: before pools)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -127,9 +128,16 @@ class Preemptor:
 
     # -- choosing ------------------------------------------------------------------
     async def make_room(
-        self, kind: str, user: str, members: list[tuple[str, int]], value: int, what: str
+        self,
+        kind: str,
+        user: str,
+        members: list[tuple[str, int]],
+        value: int,
+        what: str,
+        pool: str = "",
     ) -> Claim | None:
-        """Preempt victims for a request that found no room; None if none would do.
+        """Preempt victims in ``pool`` for a request that found no room there; None if
+        none would do.
 
         Call with the job manager's lock held.
         """
@@ -138,7 +146,7 @@ class Preemptor:
             return self.claims[key]
         settings = await self.service.group_settings()
         plan = await self.service.ledger.aio.run(
-            self._plan, user, members, value, groups_by_user(settings)
+            self._plan, user, members, value, groups_by_user(settings), pool
         )
         if plan is None:
             return None
@@ -151,6 +159,7 @@ class Preemptor:
             what,
             [v.key for v in plan.victims],
             time.time() + grace,
+            pool,
         )
         self.claims[key] = claim
         for victim in plan.victims:
@@ -171,8 +180,10 @@ class Preemptor:
         members: list[tuple[str, int]],
         value: int,
         groups_by_user: Mapping[str, dict[str, set[str]]],
+        pool: str = "",
     ) -> Plan | None:
-        ledger = self.service.ledger
+        # Victims only in the pool: slices freed elsewhere would not help.
+        ledger = self.service.ledger.pool(pool or None)
         quotas: Quotas = ledger.quotas
         requests = requests_of(members)
         if not requests:
@@ -193,7 +204,7 @@ class Preemptor:
         holders = []
         now = time.time()
         for job in self.jobs.queue.list(states=("running",)):
-            backend = self.jobs.backends.get(job["backend"])
+            backend = self.jobs.backend_of(job)
             rows = by_job.get(job["id"])
             if backend is None or not backend.can_preempt or not rows:
                 continue
@@ -239,7 +250,7 @@ class Preemptor:
     async def _place(self, claim: Claim) -> None:
         svc = self.service
         try:
-            rows = await svc.ledger.aio.allocate_gang(
+            rows = await svc.ledger.pool(claim.pool or None).aio.allocate_gang(
                 claim.user, claim.kind, claim.members, await svc.groups_of(claim.user)
             )
         except (NoCapacity, QuotaExceeded, OwnerConflict) as e:

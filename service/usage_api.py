@@ -1,4 +1,4 @@
-"""``GET /api/v1/usage``: GPU time per user, group or kind, as JSON or CSV.
+"""``GET /api/v1/usage``: GPU time per user, group, kind or pool, as JSON or CSV.
 
 Users see their own use only (by kind or by their groups, their share of
 them); admins see everyone's. Time comes from :mod:`gpulab.scheduler.usage`:
@@ -60,6 +60,7 @@ class UsageHandler(APIHandler):
             None if user is None else [user],
             groups_of,
             bucket,
+            {g.uuid: g.pool for g in self.gpulab.gpus},
         )
         if fmt == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")

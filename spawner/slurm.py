@@ -32,6 +32,7 @@ import pwd
 import shlex
 import shutil
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 from tornado import web
 from traitlets import Float, List, Unicode
@@ -82,9 +83,12 @@ def sandbox_settings(info: dict) -> str:
     the nodes reach this machine at), ``nodes``, and ``spawner`` (``gpulab
     slurm-sandbox up --spawner``). The spawner is off by default: its lines come
     commented out, as a note of how to switch it on; the inventory's are always on.
-    Servers on the nodes reach the hub's API (it listens on the bridge too), not the
-    public URL: the magics and widgets in such a server cannot reach the gpulab
-    service in the sandbox.
+    Servers on the nodes reach the hub's API and the gpulab service on the bridge
+    (their loopback is their own, so the public URL on 127.0.0.1 is not this
+    machine's there): the hub listens there (``hub_ip``), and so does the service
+    (``extra_listen_ips``, on its own port, which the ``gpulab up`` of the data dir
+    picks); the servers' GPULAB_API_URL is that address with the service's port
+    (``gpulab_connect_ip``), so the magics and widgets work on the nodes.
     """
     addr = info["controller_address"]
     inventory = [
@@ -97,12 +101,25 @@ def sandbox_settings(info: dict) -> str:
         'c.JupyterHub.spawner_class = "gpulab-slurm"',
         f"c.JupyterHub.hub_ip = {addr!r}",
         f"c.JupyterHub.hub_connect_ip = {addr!r}",
+        f"c.GpuLabService.extra_listen_ips = [{addr!r}]",
+        f"c.FractionalSlurmSpawner.gpulab_connect_ip = {addr!r}",
     ]
     if info.get("spawner"):
         head = "# Servers as Slurm jobs on the sandbox (gpulab.spawner.slurm.sandbox_settings)"
         return "\n".join([*inventory, head, *spawner, ""])
     head = "# Servers as Slurm jobs (off; `gpulab slurm-sandbox up --spawner` writes these):"
     return "\n".join([*inventory, head, *(f"# {line}" for line in spawner), ""])
+
+
+def api_url_at(url: str, ip: str) -> str:
+    """``url`` with ``ip`` for its host, its port and path kept: the service's own
+    URL (its port is the one ``gpulab up`` picked) as the nodes reach it."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise ValueError(f"gpulab_api_url {url!r} names no host: set it to the service's URL")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = f"[{ip}]" if ":" in ip else ip
+    return urlunsplit((parts.scheme, f"{host}:{port}", parts.path, "", ""))
 
 
 class FractionalSlurmSpawner(FractionalLocalSpawner):
@@ -139,12 +156,31 @@ class FractionalSlurmSpawner(FractionalLocalSpawner):
         """,
     ).tag(config=True)
 
+    gpulab_connect_ip = Unicode(
+        "",
+        help="""The address the nodes reach the gpulab service at, where the public
+        URL (gpulab_public_api_url) does not reach from them. With it a server's
+        GPULAB_API_URL is gpulab_api_url with this address for its host (the same
+        port and path); the service must listen there too
+        (c.GpuLabService.extra_listen_ips). The Slurm sandbox sets both to its
+        bridge's address. Default "": gpulab_public_api_url.
+
+        c.FractionalSlurmSpawner.gpulab_connect_ip = "10.77.0.1"
+        """,
+    ).tag(config=True)
+
     #: The server's Slurm job (kept in the hub's state).
     slurm_job_id: str = ""
     slurm_job_dir: str = ""
 
     def site(self) -> SlurmSite:
         return SlurmSite(parent=self)
+
+    def get_env(self):
+        env = super().get_env()
+        if self.gpulab_connect_ip:
+            env["GPULAB_API_URL"] = api_url_at(self.gpulab_api_url, self.gpulab_connect_ip)
+        return env
 
     # -- who and where -----------------------------------------------------------------
     async def _cluster_account(self) -> Account:

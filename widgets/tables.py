@@ -247,14 +247,24 @@ def cluster_tables(m: TelemetryModel, me: str | None) -> str:
         {(s.get("milli"), s.get("label")) for v in m.free_sizes.values() for s in v},
         key=lambda s: s[0] or 0,
     )
+    # A site of several pools (the box, a Slurm or Kubernetes cluster): say whose node.
+    pool_of = {
+        n.get("name"): n.get("pool") for n in m.inventory.get("nodes") or [] if n.get("pool")
+    }
+    pooled = len(set(pool_of.values())) > 1
+    order = sorted(m.free_sizes, key=lambda n: (str(pool_of.get(n, "")), n) if pooled else n)
     free_rows = [
         [escape(node)]
-        + [str({s.get("milli"): s.get("count") for s in v}.get(milli, "—")) for milli, _ in sizes]
-        for node, v in sorted(m.free_sizes.items())
+        + ([escape(str(pool_of.get(node, "")))] if pooled else [])
+        + [
+            str({s.get("milli"): s.get("count") for s in m.free_sizes[node]}.get(milli, "—"))
+            for milli, _ in sizes
+        ]
+        for node in order
     ]
     free = table(
         "free slice sizes per node (how many fit now)",
-        ["node"] + [str(label) for _, label in sizes],
+        ["node"] + (["pool"] if pooled else []) + [str(label) for _, label in sizes],
         free_rows,
     )
     slices = table(

@@ -207,12 +207,20 @@ def test_status_bar_and_panel_show_jobs_and_endpoints(
     assert '"shape": [1, 4], "datatype": "FP32", "data": [0.0, 0.0, 0.0, 0.0]' in curl, curl
     panel.screenshot(path=os.path.join(artifacts_dir, "lab-panel-endpoints.png"))
 
-    # Alerts and Usage answer in words (an empty state or rows), not an error.
-    for tab, words in (("Alerts", r"No alerts in the last 24 h|firing now"), ("Usage", r"GPU")):
+    # Alerts, Usage and Pools answer in words (an empty state or rows), not an error.
+    for tab, words in (
+        ("Alerts", r"No alerts in the last 24 h|firing now"),
+        ("Usage", r"GPU"),
+        ("Pools", r"Jobs run on pool \w+\."),
+    ):
         panel.locator(".lm-TabBar-tab", has_text=tab).click()
         section = panel.locator(f".gpulab-Section-{tab.lower()}")
         expect(section.locator(".gpulab-body")).to_contain_text(re.compile(words))
         expect(section.locator(".gpulab-problem")).to_be_hidden()
+    # The pool's row: its GPUs and the free slices of each size.
+    pools = panel.locator(".gpulab-Section-pools tr")
+    expect(pools.nth(1)).to_contain_text(re.compile(r"local\s*local\s*\d+"))
+    panel.screenshot(path=os.path.join(artifacts_dir, "lab-panel-pools.png"))
 
     # A section opens in the main area from the palette, where it can be docked.
     page.keyboard.press("Control+Shift+C")

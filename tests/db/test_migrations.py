@@ -131,6 +131,7 @@ ADDED_LATER = {
         "preemptible": True,
         "preemptions": 0,
         "preempting": None,
+        "pool": None,  # a job of before pools: its backend's kind names its pool
     },
     # d1's fixed count (2) and its batch size (8) as the target.
     "gpulab_deployments": {

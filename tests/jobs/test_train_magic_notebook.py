@@ -205,6 +205,7 @@ def test_help_lists_the_flags(hub, kernel_env, tmp_path):
         "--nproc-per-node",
         "--gpu",
         "--backend",
+        "--pool",
         "--max-restarts",
         "--checkpoint-every",
         "--amp",

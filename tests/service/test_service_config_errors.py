@@ -43,6 +43,18 @@ CASES = {
         'c.GpuLabService.jobs_backend_class = "gpulab.nowhere.Backend"',
         "jobs_backend_class",
     ),
+    "pool name": (
+        'c.GpuLabService.pools = [{"name": "Big Box", "jobs": "local"}]',
+        "c.GpuLabService.pools[0]['name'] = 'Big Box': give 1-32 lowercase letters",
+    ),
+    "pool key": (
+        'c.GpuLabService.pools = [{"name": "box", "jobs": "local", "gpus": 2}]',
+        "c.GpuLabService.pools[0] has unknown key(s) gpus",
+    ),
+    "server pool": (
+        'c.GpuLabService.server_pool = "slurm"',
+        "c.GpuLabService.server_pool = 'slurm' is not a pool; this site's pools: local",
+    ),
     # The chart's service pod runs no user code; a local backend there is a mistake.
     "local jobs without user code here": (
         "c.GpuLabService.user_code_in_service = False",

@@ -10,7 +10,6 @@ import logging
 import pytest
 
 from gpulab.backend.kubernetes.backend import KubernetesBackend
-from gpulab.backend.local import LocalBackend
 from gpulab.scheduler.inventory import LocalInventory
 from gpulab.service.app import GpuLabService
 from gpulab.service.jobs import JobManager
@@ -92,7 +91,9 @@ def test_kubernetes_jobs_by_class_and_settings(make_service):
     assert isinstance(kube, KubernetesBackend) and kube.namespace == "research"
     assert kube.options.jobs_pvc == "team-jobs"
     assert kube.options.labels["kueue.x-k8s.io/queue-name"] == "research"
-    assert isinstance(app.jobs.backends["local"], LocalBackend)  # every job's default
+    # The site's backend is its one pool: no local jobs beside it.
+    assert set(app.jobs.backends) == {"kubernetes"}
+    assert app.site_pools.default == "kubernetes"
 
 
 def test_the_old_dict_still_selects_kubernetes_with_a_warning(make_service, caplog):

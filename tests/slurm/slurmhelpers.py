@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support.wait import wait_until_async
 
 needs_slurm = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("slurmctld") or not shutil.which("munged"),
@@ -21,3 +22,20 @@ def service_config(sandbox: dict) -> str:
         'c.GpuLabService.inventory_class = "slurm"\n'
         "c.SlurmInventory.simulated = True\n"
     )
+
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+async def wait_job(svc, token, job_id, states=TERMINAL, timeout=240):
+    """The job once it is in one of ``states``; its logs in the error if it never is."""
+
+    async def reached():
+        job = (await svc.request("GET", f"/jobs/{job_id}", token)).json()
+        return job if job["state"] in states else None
+
+    try:
+        return await wait_until_async(reached, f"job {job_id} in {states}", timeout, every=0.2)
+    except AssertionError:
+        logs = (await svc.request("GET", f"/jobs/{job_id}/logs", token)).text
+        raise AssertionError(f"job {job_id} did not reach {states}:\n{logs[-3000:]}") from None

@@ -15,27 +15,14 @@ import subprocess
 import pytest
 import torch
 from cells import FAILS_ON_RANK_1, LINEAR
-from slurmhelpers import needs_slurm, service_config
+from slurmhelpers import TERMINAL, needs_slurm, service_config, wait_job
 from support.service import running_service
 from support.wait import wait_until_async
 
 from gpulab.backend.slurm_sandbox import env as sandbox_env
+from gpulab.hub_ext.slurm_cli import config_text
 
 pytestmark = [needs_slurm, pytest.mark.slow, pytest.mark.netns]
-
-TERMINAL = ("succeeded", "failed", "cancelled")
-
-
-async def wait_job(svc, token, job_id, states=TERMINAL, timeout=240):
-    async def reached():
-        job = (await svc.request("GET", f"/jobs/{job_id}", token)).json()
-        return job if job["state"] in states else None
-
-    try:
-        return await wait_until_async(reached, f"job {job_id} in {states}", timeout, every=0.3)
-    except AssertionError:
-        logs = (await svc.request("GET", f"/jobs/{job_id}/logs", token)).text
-        raise AssertionError(f"job {job_id} did not reach {states}:\n{logs[-3000:]}") from None
 
 
 def squeue(sandbox, *args, user=None) -> str:
@@ -53,7 +40,8 @@ def jobdir(svc, job_id):
 
 
 async def submit(svc, token, **fields):
-    body = {"code": LINEAR, "backend": "slurm", "nodes": 2, "nproc_per_node": 1, **fields}
+    # No backend named: the site's (Slurm) is every job's default.
+    body = {"code": LINEAR, "nodes": 2, "nproc_per_node": 1, **fields}
     r = await svc.request("POST", "/jobs", token, json=body)
     assert r.status_code in (200, 201), r.text
     return r.json()
@@ -93,16 +81,28 @@ async def metrics_at_least(svc, token, job_id, n, timeout=180):
     return await wait_until_async(enough, f"{n} metrics of job {job_id}", timeout, every=0.3)
 
 
-async def test_two_node_job_is_one_slurm_job_with_the_local_weights(svc, sandbox):
-    alice = svc.create_user("alice")
-    job = await submit(svc, alice, code=WHO + LINEAR, **FIELDS)
-    local = await submit(svc, alice, **{**FIELDS, "backend": "local"})
-    done = await wait_job(svc, alice, job["id"])
-    assert done["state"] == "succeeded", done
-    assert (await wait_job(svc, alice, local["id"]))["state"] == "succeeded"
+async def test_two_node_job_is_one_slurm_job_with_the_local_weights(sandbox, slurm_base):
+    # A site of the box and the cluster (`slurm-sandbox up --hybrid`): the same job on
+    # each pool, in one service (a second in-process service beside the module's
+    # would cancel its tasks when it stops).
+    data = slurm_base / "hybrid"
+    data.mkdir()
+    os.chmod(data, 0o755)  # the ranks' accounts pass through it
+    async with running_service(data, config_text(sandbox, hybrid=True)) as svc:
+        alice = svc.create_user("alice")
+        job = await submit(svc, alice, code=WHO + LINEAR, pool="slurm", **FIELDS)
+        local = await submit(svc, alice, pool="box", **FIELDS)
+        done = await wait_job(svc, alice, job["id"])
+        assert done["state"] == "succeeded", done
+        assert (await wait_job(svc, alice, local["id"]))["state"] == "succeeded"
+        LOCAL_WEIGHTS.update(torch.load(jobdir(svc, local["id"]) / "out" / "state_dict.pt"))
+        check_the_slurm_job(svc, done, sandbox)
 
+
+def check_the_slurm_job(svc, job, sandbox):
     jd = jobdir(svc, job["id"])
     slurm_id = (jd / "slurm" / "job_id").read_text().strip()
+    assert job["slurm_job_id"] == slurm_id  # the job listing names the Slurm job
     launch = json.loads((jd / "launch.json").read_text())
     assert launch["slurm_job_id"] == slurm_id
     # Both nodes in one allocation, a quarter GPU (5 shards of 20) per node's rank.
@@ -118,7 +118,6 @@ async def test_two_node_job_is_one_slurm_job_with_the_local_weights(svc, sandbox
     assert {who(jd, r).split()[1] for r in (0, 1)} == {"gpulab-alice"}
     # Only PASS_ENV and the job's own variables: none of the service's tokens.
     assert {who(jd, r).split()[4] for r in (0, 1)} == {"leaked=[]"}
-    LOCAL_WEIGHTS.update(torch.load(jobdir(svc, local["id"]) / "out" / "state_dict.pt"))
     assert_same_weights(torch.load(jd / "out" / "state_dict.pt"), LOCAL_WEIGHTS)
 
 
@@ -148,6 +147,44 @@ async def test_killed_rank_on_node_1_restarts_from_the_checkpoint(svc, sandbox):
     assert done["restarts"] == 1, done
     # Resumed, not started over: the weights are those of an uninterrupted run.
     assert_same_weights(torch.load(jd / "out" / "state_dict.pt"), LOCAL_WEIGHTS)
+
+
+# Each rank says what Slurm told its node's task (srun's SLURM_* variables).
+SLURM_VARS = """
+import json, os, socket
+names = ("SLURM_JOB_ID", "SLURM_NODEID", "SLURM_JOB_NODELIST", "SLURM_CLUSTER_NAME",
+         "SLURM_PROCID", "SLURM_NTASKS")
+seen = {k: os.environ.get(k) for k in names}
+seen.update(rank=int(os.environ["RANK"]), host=socket.gethostname())
+print("slurmenv " + json.dumps(seen), flush=True)
+"""
+
+
+async def test_ranks_see_slurms_variables_under_the_node_files(svc, sandbox):
+    alice = svc.create_user("alice")
+    # The job's own variables are the node file's: they win over Slurm's.
+    job = await submit(svc, alice, code=SLURM_VARS, env={"SLURM_CLUSTER_NAME": "mine"})
+    done = await wait_job(svc, alice, job["id"])
+    assert done["state"] == "succeeded", done
+    jd = jobdir(svc, job["id"])
+    slurm_id = (jd / "slurm" / "job_id").read_text().strip()
+    seen = []
+    for rank in (0, 1):
+        lines = (jd / "logs" / f"rank{rank}.log").read_text().splitlines()
+        (line,) = [ln for ln in lines if ln.startswith("slurmenv ")]
+        seen.append(json.loads(line.split(" ", 1)[1]))
+    assert [s["rank"] for s in seen] == [0, 1]
+    assert {s["SLURM_JOB_ID"] for s in seen} == {slurm_id}
+    # Each rank has its own node's id: Slurm numbers the job's nodes in name order.
+    names = sorted(n["name"] for n in sandbox["nodes"])
+    by_host = sorted((s["host"], s["SLURM_NODEID"]) for s in seen)
+    assert by_host == [(names[0], "0"), (names[1], "1")], seen
+    nodelist = {s["SLURM_JOB_NODELIST"] for s in seen}
+    assert len(nodelist) == 1 and nodelist.pop(), seen
+    assert {s["SLURM_CLUSTER_NAME"] for s in seen} == {"mine"}
+    # Not the launcher's task's rank and world (torchrun's RANK/WORLD_SIZE are the
+    # ranks'): Lightning would read these first and take the wrong rank.
+    assert {(s["SLURM_PROCID"], s["SLURM_NTASKS"]) for s in seen} == {(None, None)}
 
 
 async def test_a_failing_rank_fails_the_slurm_job_with_its_root_cause(svc, sandbox):

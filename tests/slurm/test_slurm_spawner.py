@@ -7,7 +7,9 @@ Real Slurm, real namespaces as nodes, real JupyterHub and single-user server. Th
 GPUs are GRES without hardware (this machine has none).
 """
 
+import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -17,6 +19,7 @@ import psutil
 import pytest
 import requests
 from hubproc import RunningHub, fresh_user
+from kernelexec import run_in_kernel
 from slurmhelpers import needs_slurm
 from support.wait import wait_until
 
@@ -55,8 +58,18 @@ def slurm_hub(sandbox, slurm_base):
     off = sandbox_settings({**info, "spawner": False})
     assert '# c.JupyterHub.spawner_class = "gpulab-slurm"' in off.splitlines()
     assert 'c.GpuLabService.inventory_class = "slurm"' in off.splitlines()
-    # Servers outlive a hub restart (the last test restarts it and re-attaches).
-    config = sandbox_settings(info) + "c.JupyterHub.cleanup_servers = False\n"
+    addr = sandbox["ctl_addr"]
+    on = sandbox_settings(info).splitlines()
+    # The nodes reach the service on the bridge, as they reach the hub's API.
+    assert f"c.GpuLabService.extra_listen_ips = [{addr!r}]" in on
+    assert f"c.FractionalSlurmSpawner.gpulab_connect_ip = {addr!r}" in on
+    # Servers outlive a hub restart (the last test restarts it and re-attaches). Jobs
+    # run on Slurm too, as `gpulab slurm-sandbox up` configures them.
+    config = (
+        sandbox_settings(info)
+        + 'c.GpuLabService.jobs_backend_class = "slurm"\n'
+        + "c.JupyterHub.cleanup_servers = False\n"
+    )
     hub = RunningHub(slurm_base / "hub", simulate="", config=config)
     try:
         yield hub
@@ -177,6 +190,88 @@ def test_two_gpus_on_a_shard_partition_are_refused_and_nothing_is_kept(slurm_hub
     hub.wait_server(user, ready=False)
     assert [a for a in hub.gpulab("GET", "/allocations").json() if a["user"] == user] == []
     assert server_jobs(sandbox, user) == []
+
+
+#: Run in the kernel of a server on a Slurm node: %gpulab's status, a request with no
+#: token, and %%train_distributed across both nodes (the site's backend: no --backend).
+ON_A_NODE = """
+import json, os, urllib.error, urllib.request
+from IPython.utils.capture import capture_output
+
+api = os.environ["GPULAB_API_URL"]
+with capture_output() as status:
+    get_ipython().run_line_magic("gpulab", "")
+print("STATUS " + json.dumps([status.stdout, *(o.data["text/plain"] for o in status.outputs)]))
+try:
+    urllib.request.urlopen(api + "/inventory", timeout=30)
+    print("ANONYMOUS 200")
+except urllib.error.HTTPError as e:
+    print("ANONYMOUS", e.code)
+cell = "import os\\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\\n"
+get_ipython().run_cell_magic("train_distributed", TRAIN_FLAGS, cell)
+token = {"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"]}
+with urllib.request.urlopen(urllib.request.Request(api + "/jobs", headers=token)) as r:
+    (job,) = [j for j in json.load(r) if j["name"] == "on-slurm"]
+print("JOB", job["id"])
+# A forwarded-for header from a node: not believed (the audit keeps the node's address).
+spoof = {**token, "X-Forwarded-For": "203.0.113.9"}
+req = urllib.request.Request(api + "/jobs/" + job["id"], method="DELETE", headers=spoof)
+urllib.request.urlopen(req, timeout=30).close()
+"""
+TRAIN_FLAGS = "--nodes 2 --gpu 0 --name on-slurm"
+
+
+def test_magics_in_a_server_on_a_slurm_node_reach_the_service(slurm_hub, sandbox):
+    hub = slurm_hub
+    user = fresh_user("slurm")
+    token = hub.create_user(user)
+    r = hub.spawn(user, {"gpu_milli": 0})
+    assert r.status_code in (201, 202), r.text
+    try:
+        hub.wait_server(user, timeout=240)
+    except AssertionError:
+        raise AssertionError(f"server did not start:\n{hub.log_tail(6000)}") from None
+    (server_job,) = server_jobs(sandbox, user)
+    node_addr = {n["name"]: n["addr"] for n in sandbox["nodes"]}[server_job["node"]]
+    env = server_process(user).environ()
+    api = env["GPULAB_API_URL"]
+    # The bridge, on the service's own port (gpulab up's), not the public 127.0.0.1 URL.
+    port = json.loads((hub.data_dir / "ports.json").read_text())["service_port"]
+    assert api == f"http://{sandbox['ctl_addr']}:{port}/services/gpulab/api/v1", api
+
+    code = f"TRAIN_FLAGS = {TRAIN_FLAGS!r}\n{ON_A_NODE}"
+    try:
+        out = run_in_kernel(f"{hub.url}/user/{user}", token, code, timeout=300)
+    except RuntimeError:
+        raise AssertionError(f"the cell failed; hub log:\n{hub.log_tail(4000)}") from None
+    lines = out.splitlines()
+    status = json.loads(next(ln for ln in lines if ln.startswith("STATUS "))[7:])
+    said = "\n".join(status)
+    assert f"API: {api}" in said, said
+    # The alert line came from the service: "Alerts: ...", not "Alerts are not available".
+    assert any(part.startswith("Alerts: ") for part in status), said
+    # And where this site's GPUs are: the one Slurm pool, with its free slices.
+    assert re.search(r"^Pools: slurm .*1/4 GPU x\d+", said, re.M), said
+    # The service still wants a token on the bridge.
+    assert "ANONYMOUS 401" in lines, out
+    said_job = [ln[4:] for ln in lines if ln.startswith("JOB ")]
+    assert said_job, out  # the magic said why it did not submit
+    job_id = said_job[0]
+    assert f"job {job_id} succeeded" in out, out
+
+    job = hub.gpulab("GET", f"/jobs/{job_id}", token=token).json()
+    assert (job["state"], job["world_size"]) == ("succeeded", 2), job
+    # The site's backend, without --backend: a Slurm job.
+    assert (job["backend"], job["pool"], job["slurm_job_id"].isdigit()) == ("slurm", "slurm", True)
+    logs = hub.gpulab("GET", f"/jobs/{job_id}/logs", token=token).text
+    assert "rank 0 of 2" in logs and "rank 1 of 2" in logs, logs
+
+    # A peer on the bridge is not a trusted proxy: its X-Forwarded-For is not believed.
+    entries = hub.gpulab("GET", f"/audit?action=job.cancel&subject={job_id}").json()["entries"]
+    assert [e["source"] for e in entries] == [node_addr], entries
+
+    hub.hub_api("DELETE", f"/users/{user}/server")
+    hub.wait_server(user, ready=False)
 
 
 def test_a_restarted_hub_finds_the_server_by_its_slurm_job(slurm_hub, sandbox):

@@ -140,7 +140,7 @@ def test_nettest_across_nodes_refused_or_bad(shell, capsys):
     shell.run_line_magic("gpulab", "nettest --nodes 2 --gpu 1/3")
     assert "usage: %gpulab nettest" in capsys.readouterr().out
     shell.run_line_magic("gpulab", "nettest --gpu 1")  # --gpu without --nodes
-    assert "--gpu and --backend go with --nodes" in capsys.readouterr().out
+    assert "--gpu, --pool and --backend go with --nodes" in capsys.readouterr().out
     # The service refuses what the cluster could never hold: a message, no traceback.
     shell.run_line_magic("gpulab", "nettest --nodes 2 --gpu 2")
     out = capsys.readouterr().out

@@ -54,7 +54,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       jobs: 'Jobs',
       endpoints: 'Endpoints',
       alerts: 'Alerts',
-      usage: 'Usage'
+      usage: 'Usage',
+      pools: 'Pools'
     };
     app.commands.addCommand(OPEN_SECTION, {
       label: (args: any) => `gpulab: Open ${names[String(args.section)] || 'section'} in a tab`,

@@ -1,9 +1,10 @@
-// The gpulab side panel: Jobs, Endpoints, Alerts and Usage as tabs.
+// The gpulab side panel: Jobs, Endpoints, Alerts, Usage and Pools as tabs.
 import { TabPanel } from '@lumino/widgets';
 
 import { AlertsSection } from './alerts';
 import { EndpointsSection } from './endpoints';
 import { JobsSection } from './jobs';
+import { PoolsSection } from './pools';
 import { Section } from './section';
 import { UsageSection } from './usage';
 
@@ -11,7 +12,8 @@ export const SECTIONS: { [key: string]: () => Section } = {
   jobs: () => new JobsSection(),
   endpoints: () => new EndpointsSection(),
   alerts: () => new AlertsSection(),
-  usage: () => new UsageSection()
+  usage: () => new UsageSection(),
+  pools: () => new PoolsSection()
 };
 
 export class GpuLabPanel extends TabPanel {
@@ -19,13 +21,13 @@ export class GpuLabPanel extends TabPanel {
     super({ tabPlacement: 'top', tabsMovable: false });
     this.id = 'gpulab-panel';
     this.addClass('gpulab-Panel');
-    this.title.caption = 'gpulab: jobs, endpoints, alerts, usage';
+    this.title.caption = 'gpulab: jobs, endpoints, alerts, usage, pools';
     for (const key of Object.keys(SECTIONS)) {
       this.addWidget(SECTIONS[key]());
     }
   }
 
-  /** Show one section ("jobs", "endpoints", "alerts", "usage"). */
+  /** Show one section ("jobs", "endpoints", "alerts", "usage", "pools"). */
   select(key: string): void {
     const i = this.widgets.findIndex(w => (w as Section).key === key);
     if (i >= 0) {
