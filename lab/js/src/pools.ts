@@ -30,9 +30,10 @@ export class PoolsSection extends Section {
         ? 'A job without --pool runs on the first pool with room, in this order.'
         : `Jobs run on pool ${data.default}.`;
     box.append(el('div', 'gpulab-total', how));
+    box.append(el('div', 'gpulab-note', 'Slices free now, by size (GPU):'));
     const table = el('table', 'gpulab-table');
     const head = el('tr');
-    ['pool', 'backend', 'GPUs', ...sizes.map(s => `${s.label} free`)].forEach(h =>
+    ['pool', 'backend', 'GPUs', ...sizes.map(s => s.label.replace(/ GPUs?$/, ''))].forEach(h =>
       head.append(el('th', '', h))
     );
     table.append(head);
