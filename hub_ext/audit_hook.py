@@ -53,7 +53,7 @@ RETRY_S = 2.0
 _NAME = r"(?P<name>[^/]+)"
 _SERVER = r"(?:/server|/servers/(?P<server>[^/]+))"
 
-#: (method, path under /hub/, action). Actions in :mod:`gpulab.service.audit`.
+#: (method, path under /hub/, action). Actions in :mod:`gpulab.service.operations.audit`.
 RULES = [
     ("POST", r"login", "login"),
     ("GET", r"oauth_callback", "login"),
@@ -150,7 +150,7 @@ def log_request(handler) -> None:
 
 def _recorded_by_the_service(entry: dict) -> bool:
     # The gpulab service stops GPU-idle servers itself and records that with the
-    # reason (service/alert_actions.py): once is enough.
+    # reason (service/operations/actions.py): once is enough.
     return (
         entry.get("actor_kind") == "service"
         and entry.get("action") == "server.stop"

@@ -52,7 +52,7 @@ def kind_of(argv: list[str]) -> str | None:
     modules = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-m"}
     if "gpulab.service" in modules:
         # `-m gpulab.service endpoint-standby ...`: the router that answers while the
-        # service is down (gpulab.service.endpoint_standby).
+        # service is down (gpulab.service.endpoints.standby).
         standby = "endpoint-standby" in argv
         return "the standby endpoint router" if standby else "the gpulab service"
     if "jupyterhub_idle_culler" in modules:

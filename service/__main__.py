@@ -1,10 +1,10 @@
 import sys
 
-if sys.argv[1:2] == ["endpoint-standby"]:  # the standby endpoint router (endpoint_standby.py)
-    from .endpoint_standby import main
+if sys.argv[1:2] == ["endpoint-standby"]:  # the standby endpoint router (endpoints/standby.py)
+    from gpulab.service.endpoints.standby import main
 
     main(sys.argv[2:])
 else:
-    from .app import main
+    from gpulab.service.app import main
 
     main()

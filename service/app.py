@@ -10,7 +10,7 @@ configuration, e.g.::
 
 It is built in one place, :meth:`GpuLabService.initialize`, as an ordered list of
 ``init_*`` steps; a setting it cannot work with stops it there, before anything
-listens (:class:`~.backends.ConfigError`: one log line, exit code 1). ``start()``
+listens (:class:`~gpulab.service.jobs.backends.ConfigError`: one log line, exit code 1). ``start()``
 listens, then starts each manager's background work; ``stop()`` ends all of it.
 """
 
@@ -46,28 +46,21 @@ from gpulab.scheduler.ledger import Ledger
 from gpulab.scheduler.policy import get_policy
 from gpulab.scheduler.quota import Quotas
 from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
-from gpulab.telemetry import SampleCollector
-
-from . import (
-    alerts_api,
-    api,
-    audit_api,
-    deployments_api,
-    gpus_api,
-    jobs_api,
-    ledger_guard,
-    listen_addresses,
-    pages,
-    pools_api,
-    telemetry_api,
-    usage_api,
-)
-from .alert_actions import AlertActions
-from .alert_rules import DEFAULTS as ALERT_DEFAULTS
-from .alerts import AlertEngine
-from .audit import LOOPBACK, AuditLog
-from .auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
-from .backends import (
+from gpulab.service import listen_addresses
+from gpulab.service.api import alerts as alerts_api
+from gpulab.service.api import allocations as api
+from gpulab.service.api import audit as audit_api
+from gpulab.service.api import deployments as deployments_api
+from gpulab.service.api import gpus as gpus_api
+from gpulab.service.api import jobs as jobs_api
+from gpulab.service.api import pages
+from gpulab.service.api import pools as pools_api
+from gpulab.service.api import telemetry as telemetry_api
+from gpulab.service.api import usage as usage_api
+from gpulab.service.api.request_body import JSON_BODY_LIMIT
+from gpulab.service.auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
+from gpulab.service.hubapi import HubAPI
+from gpulab.service.jobs.backends import (
     INVENTORIES,
     JOB_BACKENDS,
     SERVING_BACKENDS,
@@ -75,18 +68,22 @@ from .backends import (
     NamedType,
     refuse_local_user_code,
 )
-from .hubapi import HubAPI
-from .jobs import JobManager
-from .kube_jobs import KubernetesJobsSettings
-from .ledger_guard import LostSlices
-from .metrics import Metrics
-from .ops_metrics import OpsCollector
-from .pools import Pools, load_gpus, read_pools
-from .reconcile import Reconciler
-from .request_body import JSON_BODY_LIMIT
-from .self_healing import SelfHealing
-from .sharing import SharingSettings
-from .telemetry_store import TelemetryStore
+from gpulab.service.jobs.kubernetes import KubernetesJobsSettings
+from gpulab.service.jobs.manager import JobManager
+from gpulab.service.jobs.pools import Pools, load_gpus, read_pools
+from gpulab.service.operations import ledger_guard
+from gpulab.service.operations.actions import AlertActions
+from gpulab.service.operations.alerts import AlertEngine
+from gpulab.service.operations.audit import LOOPBACK, AuditLog
+from gpulab.service.operations.ledger_guard import LostSlices
+from gpulab.service.operations.metrics import OpsCollector
+from gpulab.service.operations.reconcile import Reconciler
+from gpulab.service.operations.rules import DEFAULTS as ALERT_DEFAULTS
+from gpulab.service.operations.self_healing import SelfHealing
+from gpulab.service.sharing import SharingSettings
+from gpulab.service.telemetry.metrics import Metrics
+from gpulab.service.telemetry.store import TelemetryStore
+from gpulab.telemetry import SampleCollector
 
 log = logging.getLogger("gpulab.service")
 
@@ -326,7 +323,7 @@ class GpuLabService(SharingSettings, Application):
     kubernetes_deployments = Dict(
         help="""Deprecated shortcut for serving_backend_class = "kubernetes" with these
         settings: `%deploy` endpoints as a Deployment + Service each in this namespace
-        (instead of processes on the service's machine); see gpulab.service.kube_serving.
+        (instead of processes on the service's machine); see gpulab.service.endpoints.kubernetes.
 
         c.GpuLabService.kubernetes_deployments = {"namespace": "gpulab",
             "models_pvc": "gpulab-models", "image": "example.org/gpulab:1", "enforcement": "hami"}
@@ -644,10 +641,10 @@ class GpuLabService(SharingSettings, Application):
     alert_actions = Instance(AlertActions, allow_none=True)
     reconciler = Instance(Reconciler, allow_none=True)
     jobs = Instance(JobManager, allow_none=True)
-    deployments = Instance("gpulab.service.deployments.DeploymentManager", allow_none=True)
+    deployments = Instance("gpulab.service.endpoints.manager.DeploymentManager", allow_none=True)
     telemetry = Instance(TelemetryStore, allow_none=True)
     sampler = Instance(telemetry_api.LocalSampler, allow_none=True)
-    #: Cordons GPUs that fault and moves their jobs (self_healing.py).
+    #: Cordons GPUs that fault and moves their jobs (operations/self_healing.py).
     healer = Instance(SelfHealing, allow_none=True)
     tornado_app = Instance(web.Application, allow_none=True)
     hub = Instance(HubAPI)

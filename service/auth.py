@@ -30,9 +30,8 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, _ExpiringDict
 from tornado import web
 
 from gpulab.enforcement.peer_account import platform_peer
-
-from .audit import LOOPBACK, client_source
-from .request_body import BoundedBody
+from gpulab.service.api.request_body import BoundedBody
+from gpulab.service.operations.audit import LOOPBACK, client_source
 
 log = logging.getLogger("gpulab.service")
 
@@ -174,7 +173,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
 
 def actor_kind(who: Identity) -> str:
-    """How the audit trail names the kind of caller (:mod:`.audit`)."""
+    """How the audit trail names the kind of caller (:mod:`gpulab.service.operations.audit`)."""
     if who.kind == "service":
         return "service"
     return "admin" if who.admin else "user"
@@ -182,7 +181,8 @@ def actor_kind(who: Identity) -> str:
 
 @web.stream_request_body
 class APIHandler(BoundedBody, BaseHandler):
-    """JSON routes. Bodies stream in and are bounded per route (:mod:`.request_body`)."""
+    """JSON routes. Bodies stream in and are bounded per route
+    (:mod:`gpulab.service.api.request_body`)."""
 
     #: The audit action a refused (403) request of each method is recorded as
     #: (``{"POST": "job.submit"}``); the subject is the path's arguments, unless the

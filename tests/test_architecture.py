@@ -37,6 +37,16 @@ ALLOWED = {
 NARROW = {
     ("spawner", "backend"): {"gpulab.backend.slurm_site", "gpulab.backend.slurm_inventory"},
 }
+#: service/'s own rooms -> the others it may import ("app": service/'s top-level
+#: modules, the app and what every room shares: auth, the hub's API, kept tasks).
+SERVICE_ROOMS = {
+    "app": {"api", "jobs", "endpoints", "operations", "telemetry"},
+    "api": {"app", "jobs", "endpoints", "operations", "telemetry"},
+    "jobs": {"app", "telemetry"},
+    "endpoints": {"app", "jobs"},
+    "operations": {"app"},
+    "telemetry": {"app"},
+}
 #: Inside a rank or a model server: never the hub.
 LIGHT_ROOMS = ("training", "serving")
 
@@ -115,3 +125,45 @@ def test_ranks_and_model_servers_never_import_the_hub(room):
         or m.startswith("gpulab.service")
     ]
     assert not heavy, "\n".join(heavy)
+
+
+def service_room(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT / "service").parts
+    return parts[0] if len(parts) > 1 else "app"
+
+
+def imported_service_rooms(module: str, names: list[str]) -> set[str]:
+    """The service rooms an import reaches (``from gpulab.service.jobs import manager``
+    reaches jobs; ``from gpulab.service import auth`` the app)."""
+    parts = module.split(".")
+    if parts[:2] != ["gpulab", "service"]:
+        return set()
+    if len(parts) > 2:
+        return {parts[2] if parts[2] in SERVICE_ROOMS else "app"}
+    return {n if n in SERVICE_ROOMS else "app" for n in names}
+
+
+def test_every_service_room_is_on_the_map():
+    rooms = {p.parent.name for p in (ROOT / "service").glob("*/__init__.py")}
+    assert rooms == set(SERVICE_ROOMS) - {"app"}, (
+        "a room of service/ was added or removed: add it to SERVICE_ROOMS and to the "
+        f"service table in {DOC.name}"
+    )
+    doc = DOC.read_text()
+    for room in rooms:
+        assert f"| `service/{room}/` |" in doc, f"service/{room}/ is missing from {DOC.name}"
+        init = ROOT / "service" / room / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{init} says what it holds"
+
+
+def test_service_rooms_import_one_way():
+    broken = []
+    for path, line, module, names in imports("service"):
+        here = service_room(path)
+        for there in imported_service_rooms(module, names) - {here}:
+            if there not in SERVICE_ROOMS[here]:
+                broken.append(
+                    f"{where(path, line)} imports {module}: service/{here}/ may import "
+                    f"only {sorted(SERVICE_ROOMS[here])} of service/'s rooms"
+                )
+    assert not broken, "\n".join(broken)

@@ -1,15 +1,15 @@
 """The router's arithmetic: the autoscaler's rule, the split between versions, the
-in-flight average and the last minute's p99 (gpulab.service.autoscale and
-gpulab.service.endpoint_traffic). Pure functions and a fake clock; the live
+in-flight average and the last minute's p99 (gpulab.service.endpoints.autoscale and
+gpulab.service.endpoints.traffic). Pure functions and a fake clock; the live
 behaviour is in test_endpoint_scaling.py."""
 
 from collections import Counter
 
 import pytest
 
-from gpulab.service.autoscale import UP_WINDOW_S, Autoscaler, needed
-from gpulab.service.deployment_versions import rollback_reason
-from gpulab.service.endpoint_traffic import UnitTraffic, WeightedChoice, quantile_ms
+from gpulab.service.endpoints.autoscale import UP_WINDOW_S, Autoscaler, needed
+from gpulab.service.endpoints.traffic import UnitTraffic, WeightedChoice, quantile_ms
+from gpulab.service.endpoints.versions import rollback_reason
 
 
 class Clock:

@@ -23,8 +23,8 @@ from hubproc import fresh_user
 from support.wait import wait_until
 
 from gpulab.client import Client
-from gpulab.service.endpoint_standby import PIDFILE
-from gpulab.service.endpoint_table import TABLE_NAME, read_table
+from gpulab.service.endpoints.standby import PIDFILE
+from gpulab.service.endpoints.table import TABLE_NAME, read_table
 from gpulab.serving.export import export_model
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ from traitlets.config import Config
 from gpulab.backend.kubernetes.serving import KubernetesServing
 from gpulab.hub_ext.admin_page import HUB_PAGES, show_slices_on_admin_page
 from gpulab.service.app import GpuLabService
-from gpulab.service.deployments import DeploymentManager
-from gpulab.service.jobs import JobManager
-from gpulab.service.kube_jobs import kubernetes_backend
+from gpulab.service.endpoints.manager import DeploymentManager
+from gpulab.service.jobs.kubernetes import kubernetes_backend
+from gpulab.service.jobs.manager import JobManager
 from gpulab.spawner.admin_slices import slices_template_var
 from gpulab.spawner.kube import FractionalKubeSpawner
 

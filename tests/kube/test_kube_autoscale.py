@@ -21,7 +21,7 @@ from traitlets.config import Config
 from gpulab.backend.kubernetes.autoscale import make_hpa, make_scaled_object, quantity
 from gpulab.backend.kubernetes.serving import KubernetesServing
 from gpulab.backend.spec import SpecError
-from gpulab.service.kube_serving import (
+from gpulab.service.endpoints.kubernetes import (
     KubernetesServingSettings,
     kubernetes_serving,
     settings_from_dict,

@@ -9,7 +9,7 @@ from kube_helpers import validate_strict
 
 from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.scheduler.inventory import Gpu
-from gpulab.service.kube_jobs import kubernetes_backend
+from gpulab.service.jobs.kubernetes import kubernetes_backend
 
 JOBS = "/srv/gpulab/jobs"
 GPUS = [
@@ -180,7 +180,7 @@ def test_the_grace_is_the_services_preemption_grace():
     from traitlets import Float
     from traitlets.config import Config, Configurable
 
-    from gpulab.service.kube_jobs import jobs_settings
+    from gpulab.service.jobs.kubernetes import jobs_settings
 
     class Service(Configurable):  # c.GpuLabService's two settings read here
         preemption_grace_seconds = Float(30.0).tag(config=True)

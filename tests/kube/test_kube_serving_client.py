@@ -26,7 +26,7 @@ from gpulab.backend.kubernetes.deploy import TOKEN_ENV, make_deployment
 from gpulab.backend.kubernetes.serving import KubernetesServing
 from gpulab.backend.serving_base import ServingBackend
 from gpulab.enforcement.kube import GpuSlice, apply_to_pod, pod_slice_patch
-from gpulab.service.kube_serving import KEYS, kubernetes_serving, settings_from_dict
+from gpulab.service.endpoints.kubernetes import KEYS, kubernetes_serving, settings_from_dict
 
 NS = "gpulab"
 SECRETS = "/api/v1/namespaces/gpulab/secrets"

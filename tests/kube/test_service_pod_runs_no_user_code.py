@@ -22,7 +22,7 @@ from test_chart_config_files import rendered_data
 from gpulab.backend.kubernetes.backend import KubernetesBackend
 from gpulab.backend.kubernetes.serving import KubernetesServing
 from gpulab.backend.spec import JobSpec
-from gpulab.service.backends import NoLocalJobs
+from gpulab.service.jobs.backends import NoLocalJobs
 
 pytestmark = pytest.mark.asyncio
 

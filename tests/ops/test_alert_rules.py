@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.service.alert_rules import Facts, Thresholds, duration, rules
-from gpulab.service.alert_webhook import redact
+from gpulab.service.operations.rules import Facts, Thresholds, duration, rules
+from gpulab.service.operations.webhook import redact
 
 NOW = 1_800_000_000.0
 UUID = "GPU-11111111-0000-0000-0000-000000000000"

@@ -4,7 +4,7 @@ Operator's CRD schema (prometheusrule_schema.py: kubernetes-validate has none fo
 with its metadata checked by kubernetes-validate, every expression parsed by a PromQL
 parser (the ``promql-parser`` package, Prometheus' grammar), the names equal to the
 service's, and the committed rules file equal to a fresh ``python -m
-gpulab.service.alert_rules``.
+gpulab.service.operations.rules``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import yaml
 from kube.kube_helpers import K8S_VERSIONS, validate_strict
 from prometheusrule_schema import PROMETHEUS_RULE
 
-from gpulab.service.alert_rules import RULE_NAMES, Thresholds, prometheus_rules, rules
+from gpulab.service.operations.rules import RULE_NAMES, Thresholds, prometheus_rules, rules
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "gpulab"
@@ -129,14 +129,14 @@ def test_the_chart_and_the_service_name_the_same_rules(rendered):
 
 def test_the_committed_rules_file_is_fresh():
     fresh = subprocess.run(
-        [sys.executable, "-m", "gpulab.service.alert_rules"],
+        [sys.executable, "-m", "gpulab.service.operations.rules"],
         capture_output=True,
         text=True,
         check=True,
         cwd=ROOT,
     ).stdout
     assert RULES_FILE.read_text() == fresh, (
-        "regenerate it: python -m gpulab.service.alert_rules > "
+        "regenerate it: python -m gpulab.service.operations.rules > "
         "helm/gpulab/files/alerts/prometheus-rules.yaml"
     )
     assert yaml.safe_load(fresh) == prometheus_rules()

@@ -21,7 +21,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from gpulab.db.operations import alerts as alerts_table
-from gpulab.service.backends import ConfigError
+from gpulab.service.jobs.backends import ConfigError
 
 pytestmark = pytest.mark.asyncio
 

@@ -14,7 +14,7 @@ import torch
 from support.service import running_service
 
 from gpulab.client.deployments import pack_model_dir
-from gpulab.service.audit import client_source
+from gpulab.service.operations.audit import client_source
 from gpulab.serving.export import export_model
 
 
@@ -260,7 +260,7 @@ async def test_old_entries_are_pruned_by_the_retention_setting(tmp_path):
 
 def test_every_action_is_documented():
     from gpulab.hub_ext.audit_hook import RULES
-    from gpulab.service.audit import ACTIONS
+    from gpulab.service.operations.audit import ACTIONS
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "howto" / "audit.md").read_text()
     for action in ACTIONS:
@@ -270,7 +270,7 @@ def test_every_action_is_documented():
 
 def test_a_bad_trusted_proxy_stops_the_start(tmp_path, monkeypatch):
     from gpulab.service.app import GpuLabService
-    from gpulab.service.backends import ConfigError
+    from gpulab.service.jobs.backends import ConfigError
 
     monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:9/hub/api")
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "unused")

@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 
 from gpulab.service.auth import Identity
-from gpulab.service.endpoint_calls import CallRefused
-from gpulab.service.endpoint_standby import Standby, TableManager
-from gpulab.service.endpoint_table import EndpointTable, read_table, table_path
+from gpulab.service.endpoints.calls import CallRefused
+from gpulab.service.endpoints.standby import Standby, TableManager
+from gpulab.service.endpoints.table import EndpointTable, read_table, table_path
 
 
 class Service:

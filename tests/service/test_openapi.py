@@ -12,8 +12,8 @@ import re
 
 from tornado import web
 
+from gpulab.service.api.openapi import openapi_document
 from gpulab.service.app import ROUTE_MODULES
-from gpulab.service.openapi import openapi_document
 
 METHODS = ("get", "post", "put", "patch", "delete")
 

@@ -16,7 +16,7 @@ import torch
 from support.service import PREFIX, running_service
 
 from gpulab.client.base import AsyncClient
-from gpulab.service.page_views import ago
+from gpulab.service.api.page_views import ago
 from gpulab.serving.export import export_model
 
 #: Ranks and replicas run as the service's own account (no per-user accounts in tmp).

@@ -21,8 +21,8 @@ from prometheus_client.core import GaugeMetricFamily
 from support.service import running_service
 
 from gpulab.enforcement.peer_account import platform_peer
-from gpulab.service.audit import client_source
-from gpulab.service.request_body import JSON_BODY_LIMIT
+from gpulab.service.api.request_body import JSON_BODY_LIMIT
+from gpulab.service.operations.audit import client_source
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ class _Owned:
 
 
 def test_metrics_show_a_caller_only_their_own_jobs_and_endpoints():
-    from gpulab.service.metrics import Metrics
+    from gpulab.service.telemetry.metrics import Metrics
 
     m = Metrics.__new__(Metrics)  # the service's Metrics, with only these series
     m.registry = CollectorRegistry()

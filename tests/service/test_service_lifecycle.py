@@ -12,7 +12,7 @@ import pytest
 from gpulab.backend.kubernetes.backend import KubernetesBackend
 from gpulab.scheduler.inventory import LocalInventory
 from gpulab.service.app import GpuLabService
-from gpulab.service.jobs import JobManager
+from gpulab.service.jobs.manager import JobManager
 
 STEPS = [
     "init_logging",

@@ -235,7 +235,7 @@ async def running_service(
         # The hub's OAuth helper is a singleton: a fresh one for this service's hub.
         HubOAuth.clear_instance()
         app = svc.make_app()
-        from gpulab.service.request_body import JSON_BODY_LIMIT
+        from gpulab.service.api.request_body import JSON_BODY_LIMIT
 
         server, port = _listen(app, xheaders=True, max_body_size=JSON_BODY_LIMIT)
         await _start_background(svc)
@@ -272,7 +272,9 @@ async def _start_background(svc) -> None:
         await start_managers()
         return
     # A service from before start_managers(): what its start() ran once listening.
-    from gpulab.service import deployments_api, jobs_api, telemetry_api
+    from gpulab.service.api import deployments as deployments_api
+    from gpulab.service.api import jobs as jobs_api
+    from gpulab.service.api import telemetry as telemetry_api
 
     await jobs_api.start(svc)
     await deployments_api.start(svc)

@@ -1,0 +1,335 @@
+"""Routes for model endpoints: ``/api/v1/deployments`` and the endpoints themselves.
+
+Management (owner and admins; to anyone else a deployment does not exist)::
+
+    GET    api/v1/deployments[?user=]            list
+    POST   api/v1/deployments                    multipart: "spec" (JSON) + "model" (tar);
+                                                 with "canary": P in the spec, a new
+                                                 version of an existing deployment
+    GET    api/v1/deployments/{name}[?user=]     one, with its versions, requests/s, p99
+    PATCH  api/v1/deployments/{name}[?user=]     sharing, stop_with_server
+    DELETE api/v1/deployments/{name}[?user=]     stop, release the slices
+    POST   api/v1/deployments/{name}/promote     the canary takes every call
+    POST   api/v1/deployments/{name}/rollback    the stable version takes every call
+    GET    api/v1/deployments/{name}/logs[?replica=0&version=N]
+
+The catalog (any user: the endpoints they may call)::
+
+    GET    api/v1/models
+
+The endpoint (OIP v2; owner, admins and those it is shared with)::
+
+    <hub>/services/gpulab/endpoints/{user}/{name}/v2/...
+
+is answered by the endpoint router (:mod:`gpulab.service.endpoints.router`) where the hub's
+proxy routes to it, else by :class:`EndpointHandler` here; both forward to a
+ready replica with the replicas' own secret: the caller's hub token never
+reaches the model server.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tornado import web
+
+from gpulab.service.api.request_body import parse_json_object
+from gpulab.service.auth import APIHandler
+from gpulab.service.endpoints.calls import CallRefused
+from gpulab.service.endpoints.manager import DeploymentManager, DeployRefused, upload_spool
+from gpulab.service.endpoints.router import FORWARD_RESPONSE, forwarded_headers
+from gpulab.service.endpoints.uploads import MultipartUpload, boundary_of
+
+log = logging.getLogger("gpulab.service.endpoints.manager")
+
+
+class _DeploymentHandler(APIHandler):
+    @property
+    def deployments(self) -> DeploymentManager:
+        manager = getattr(self.gpulab, "deployments", None)
+        if manager is None:
+            raise web.HTTPError(503, "the deployment manager is still starting; try again")
+        return manager
+
+    def find(self, name: str) -> dict:
+        """The caller's deployment ``name`` (admins: ``?user=``'s)."""
+        who = self.require_identity()
+        user = self.get_argument("user", None) or who.name
+        dep = self.deployments.store.find(user, name)
+        if dep is None or not who.can_act_for(dep["user"]):
+            raise web.HTTPError(
+                404, f"no deployment {name!r}" + (f" of {user}" if user != who.name else "")
+            )
+        return dep
+
+
+class DeploymentsHandler(_DeploymentHandler):
+    """``POST``: the model streams to a spool file as it arrives
+    (:mod:`gpulab.service.endpoints.uploads`)."""
+
+    body_setting = "max_upload_mib"
+    audit_actions = {"POST": "deployment.create"}
+
+    def body_limit(self) -> int:
+        if self.request.method == "POST":
+            return self.gpulab.max_upload_mib * 2**20
+        return super().body_limit()
+
+    async def prepare(self):
+        self.upload = None
+        await super().prepare()
+        if self.request.method != "POST" or self._refusal is not None:
+            return
+        # Everything that can be refused is decided before a byte of the upload is
+        # kept (the body is then dropped as it comes, and the refusal answered).
+        try:
+            who = self.require_identity()
+            self.deployments.check_may_deploy(who)
+            boundary = boundary_of(self.request.headers.get("Content-Type", ""))
+        except DeployRefused as e:
+            self.refuse_after_body(web.HTTPError(e.status, str(e)))
+            return
+        except web.HTTPError as e:
+            self.refuse_after_body(e)
+            return
+        self.upload = MultipartUpload(
+            boundary, upload_spool(self.gpulab), "model", self.body_limit(), self.body_setting
+        )
+
+    def data_received(self, chunk: bytes) -> None:
+        if self.upload is not None:
+            self.upload.feed(chunk)
+
+    def on_connection_close(self):
+        if self.upload is not None:  # the client went away mid-upload
+            self.upload.cleanup()
+
+    def get(self):
+        user = self.listed_user("deployments")
+        self.write_json([self.deployments.view(d) for d in self.deployments.store.list(user=user)])
+
+    async def post(self):
+        self.raise_refusal()
+        who = self.require_identity()
+        try:
+            self.upload.finish()
+            spec = self.upload.fields.get("spec")
+            if spec is None or self.upload.file_path is None:
+                raise web.HTTPError(
+                    400,
+                    "send multipart/form-data with a 'spec' field (JSON "
+                    "settings) and a 'model' file (a tar of the exported "
+                    "model directory); %deploy does this for you",
+                )
+            settings = parse_json_object(spec, "'spec'")
+            try:
+                dep = await self.deployments.create(who, settings, self.upload.file_path)
+            except DeployRefused as e:
+                raise web.HTTPError(e.status, str(e)) from None
+        finally:
+            self.upload.cleanup()
+        canary = "canary" in settings
+        await self.audit(
+            "deployment.update" if canary else "deployment.create",
+            f"{dep['user']}/{dep['name']}",
+            user=dep["user"],
+            canary=settings.get("canary"),
+            version=dep["versions"][-1].get("version") if canary and dep.get("versions") else None,
+            gpu_milli=dep.get("gpu_milli"),
+            replicas=dep.get("min_replicas"),
+        )
+        self.write_json(dep, status=201)
+
+
+class PromoteHandler(_DeploymentHandler):
+    """``POST .../promote``."""
+
+    action = "promote"
+    audit_actions = {"POST": "deployment.promote"}
+
+    async def post(self, name):
+        dep = self.find(name)
+        try:
+            if self.action == "promote":
+                view = await self.deployments.promote(dep)
+            else:
+                who = self.identity
+                by = "its owner" if who.name == dep["user"] else f"{who.kind} {who.name}"
+                view = await self.deployments.rollback(dep, f"rolled back by {by}")
+        except DeployRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        await self.audit(f"deployment.{self.action}", f"{dep['user']}/{name}", user=dep["user"])
+        self.write_json(view)
+
+
+class RollbackHandler(PromoteHandler):
+    """``POST .../rollback``."""
+
+    action = "rollback"
+    audit_actions = {"POST": "deployment.rollback"}
+
+
+class ModelsHandler(_DeploymentHandler):
+    """The catalog: every endpoint the caller may call, theirs and those shared with them."""
+
+    def get(self):
+        who = self.require_identity()
+        manager = self.deployments
+        out = []
+        for dep in manager.store.list():
+            if not manager.can_use(who, dep):
+                continue
+            view = manager.view(dep)
+            model = view["model"] or {}
+            out.append(
+                {
+                    "owner": dep["user"],
+                    "name": dep["name"],
+                    "endpoint": f"{dep['user']}/{dep['name']}",
+                    "path": view["path"],
+                    "state": view["state"],
+                    "shared": dep["user"] != who.name,
+                    "inputs": model.get("inputs"),
+                    "outputs": model.get("outputs"),
+                    "versions": [
+                        {"version": v["version"], "weight": v["weight"], "state": v["state"]}
+                        for v in view["versions"]
+                    ],
+                }
+            )
+        self.write_json(out)
+
+
+class DeploymentHandler(_DeploymentHandler):
+    audit_actions = {"PATCH": "deployment.update", "DELETE": "deployment.delete"}
+
+    def get(self, name):
+        self.write_json(self.deployments.view(self.find(name)))
+
+    async def patch(self, name):
+        dep = self.find(name)
+        body = self.json_body()
+        try:
+            view = self.deployments.share(dep, body)
+        except DeployRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        shared = {"share_users", "share_groups"} & set(body)
+        await self.audit(
+            "deployment.share" if shared else "deployment.update",
+            f"{dep['user']}/{name}",
+            user=dep["user"],
+            **{
+                k: body[k] for k in ("share_users", "share_groups", "stop_with_server") if k in body
+            },
+        )
+        self.write_json(view)
+
+    async def delete(self, name):
+        dep = self.find(name)
+        who = self.identity
+        by = "its owner" if who.name == dep["user"] else f"{who.kind} {who.name}"
+        view = await self.deployments.stop_deployment(dep, f"stopped by {by}")
+        await self.audit("deployment.delete", f"{dep['user']}/{name}", user=dep["user"])
+        self.write_json(view)
+
+
+class DeploymentLogsHandler(_DeploymentHandler):
+    def set_default_headers(self):
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+
+    async def get(self, name):
+        dep = self.find(name)
+        try:
+            replica = int(self.get_argument("replica", "0"))
+            version = self.get_argument("version", None)
+            version = None if version is None else int(version)
+        except ValueError:
+            raise web.HTTPError(400, "replica and version must be integers") from None
+        try:
+            vrow = self.deployments.find_version(dep, version)
+        except DeployRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        most = max(vrow["replicas"], dep["max_replicas"])
+        if not 0 <= replica < most:
+            raise web.HTTPError(400, f"replica must be from 0 to {most - 1}")
+        self.finish(await self.deployments.logs(dep, vrow, replica))
+
+
+class EndpointHandler(_DeploymentHandler):
+    """The authenticated front of a deployment: forwards OIP v2 calls to a replica."""
+
+    SUPPORTED_METHODS = ("GET", "POST", "HEAD")
+    body_setting = "max_upload_mib"
+
+    def body_limit(self) -> int:
+        return self.gpulab.max_upload_mib * 2**20
+
+    def changes_state(self) -> bool:
+        return False  # a call (POST .../infer) reads: its token may be a cached answer
+
+    def set_default_headers(self):
+        self.set_header("Cache-Control", "no-store")
+
+    def _target(self, user: str, name: str) -> dict:
+        try:
+            return self.deployments.callable_endpoint(self.require_identity(), user, name)
+        except CallRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+
+    async def get(self, user, name, path):
+        await self._forward(user, name, path)
+
+    async def head(self, user, name, path):
+        await self._forward(user, name, path)
+
+    async def post(self, user, name, path):
+        await self._forward(user, name, path)
+
+    async def _forward(self, user: str, name: str, path: str) -> None:
+        dep = self._target(user, name)
+        query = f"?{self.request.query}" if self.request.query else ""
+        body = self.raw_body() if self.request.method == "POST" else None
+        try:
+            answer = await self.deployments.call(
+                dep,
+                self.request.method,
+                path + query,
+                forwarded_headers(self.request.headers),
+                body,
+            )
+        except CallRefused as e:
+            if e.retry_after is not None:
+                self.set_header("Retry-After", str(e.retry_after))
+            raise web.HTTPError(e.status, str(e)) from None
+        status, reason, resp_headers, resp_body = answer
+        self.set_status(status, reason)
+        for h in FORWARD_RESPONSE:
+            if h in resp_headers:
+                self.set_header(h, resp_headers[h])
+        self.finish(resp_body)
+
+
+routes = [
+    (r"api/v1/deployments", DeploymentsHandler),
+    (r"api/v1/deployments/([^/]+)", DeploymentHandler),
+    (r"api/v1/deployments/([^/]+)/logs", DeploymentLogsHandler),
+    (r"api/v1/deployments/([^/]+)/promote", PromoteHandler),
+    (r"api/v1/deployments/([^/]+)/rollback", RollbackHandler),
+    (r"api/v1/models", ModelsHandler),
+    (r"endpoints/([^/]+)/([^/]+)/(.*)", EndpointHandler),
+]
+
+
+def make_manager(service, serving=None) -> DeploymentManager:
+    """The deployment manager of ``service``, on ``serving`` (default: the backend its
+    settings choose). Configuration errors (ValueError) surface here, before anything
+    listens; ``await manager.start()`` once the service listens."""
+    return DeploymentManager(service, serving)
+
+
+async def start(service) -> None:
+    """Make the manager, then start it (for a service that does not make it itself)."""
+    manager = getattr(service, "deployments", None) or make_manager(service)
+    service.deployments = manager
+    await manager.start()

@@ -1,0 +1,199 @@
+"""Routes for training jobs (``/api/v1/jobs``); the work is the service's
+:class:`~gpulab.service.jobs.manager.JobManager` (``GpuLabService.jobs``).
+
+Only a job's owner and admins see a job; to anyone else it does not exist
+(404), like another user's allocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from gpulab.backend.jobdir import LogTail
+from gpulab.backend.spec import MAX_CODE_BYTES
+from gpulab.db.jobs import STATES, TERMINAL
+from gpulab.service.auth import APIHandler
+from gpulab.service.jobs.manager import JobManager, JobRefused
+
+#: How often a following log stream looks for new lines.
+FOLLOW_POLL_S = 0.5
+#: The most lines ``?tail=`` may ask for (all lines: leave ``tail`` out).
+MAX_TAIL_LINES = 100_000
+
+
+class _JobHandler(APIHandler):
+    @property
+    def jobs(self) -> JobManager:
+        manager = self.gpulab.jobs
+        if manager is None:  # an app made by make_app() without initialize()
+            raise web.HTTPError(503, "the job manager is not running; try again")
+        return manager
+
+    def find(self, job_id: str) -> dict:
+        who = self.require_identity()
+        job = self.jobs.queue.get(job_id)
+        if job is None or not who.can_act_for(job["user"]):
+            raise web.HTTPError(404, f"no job {job_id!r}")
+        return job
+
+
+class JobsHandler(_JobHandler):
+    body_setting = "max_job_vars_mib"
+    audit_actions = {"POST": "job.submit"}
+
+    def body_limit(self) -> int:
+        if self.request.method != "POST":
+            return super().body_limit()
+        # The variables travel base64-encoded (4/3) beside the cell and the settings.
+        return self.gpulab.max_job_vars_mib * 2**20 * 4 // 3 + MAX_CODE_BYTES * 2 + (1 << 20)
+
+    def get(self):
+        user = self.listed_user("jobs")
+        state = self.get_argument("state", None)
+        if state is not None and state not in STATES:
+            raise web.HTTPError(400, f"state must be one of {', '.join(STATES)}")
+        rows = self.jobs.queue.list(user=user, states=(state,) if state else None)
+        positions = self.jobs.queue.positions()
+        self.write_json([self.jobs.view(j, positions) for j in rows])
+
+    async def post(self):
+        who = self.require_identity()
+        try:
+            job = await self.jobs.submit(who, self.json_body())
+        except JobRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        await self.audit(
+            "job.submit",
+            job["id"],
+            name=job.get("name"),
+            gpu_milli=job.get("gpu_milli"),
+            ranks=job.get("nodes", 1) * job.get("nproc_per_node", 1),
+            backend=job.get("backend"),
+        )
+        self.write_json(job, status=201)
+
+
+class JobHandler(_JobHandler):
+    def get(self, job_id):
+        self.write_json(self.jobs.view(self.find(job_id)))
+
+    async def delete(self, job_id):
+        """Cancel: stop every rank, release the slices. A finished job stays as it ended."""
+        job = self.find(job_id)
+        who = self.identity
+        by = "its owner" if who.name == job["user"] else f"{who.kind} {who.name}"
+        view = await self.jobs.cancel(job, f"cancelled by {by}")
+        await self.audit("job.cancel", job_id, user=job["user"], name=job.get("name"))
+        self.write_json(view)
+
+
+class JobLogsHandler(_JobHandler):
+    """``text/plain`` lines, each prefixed ``[r<rank>]``, ``[node<n>]`` or ``[gpulab]``.
+
+    ``?follow=1`` streams (chunked) until the job ends; ``?rank=R`` only that rank;
+    ``?tail=N`` starts with the last N lines so far (like ``kubectl logs --tail``),
+    read from the ends of the files. A read returns at most 8 MiB (older lines are
+    skipped, with a line saying so): ``tail`` or follow for the rest.
+    """
+
+    def set_default_headers(self):
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+
+    async def get(self, job_id):
+        job = self.find(job_id)
+        follow = self.get_argument("follow", "0").lower() in ("1", "true", "yes")
+        rank = self.get_argument("rank", None)
+        try:
+            rank = int(rank) if rank is not None else None
+        except ValueError:
+            raise web.HTTPError(400, f"rank must be an integer, got {rank!r}") from None
+        last = self._tail_lines()
+        tail = LogTail(self.jobs.jobdir(job), rank)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                # Ask first, read second: lines written before the job ended are not lost.
+                ended = self.jobs.queue.get(job_id)["state"] in TERMINAL
+                # Off the event loop: a read of a big log must not stall other requests.
+                lines = await loop.run_in_executor(None, tail.read, ended, last)
+                last = None  # only the first read is cut
+                if lines:
+                    self.write("\n".join(lines) + "\n")
+                    await self.flush()
+                if ended or not follow:
+                    break
+                await asyncio.sleep(FOLLOW_POLL_S)
+        except StreamClosedError:
+            return  # the reader went away
+        self.finish()
+
+    def _tail_lines(self) -> int | None:
+        value = self.get_argument("tail", None)
+        if value is None:
+            return None
+        # ASCII digits only, and few ("²" is a digit to str.isdigit; int() refuses
+        # strings of more than 4300 digits).
+        plain = value.isascii() and value.isdigit() and len(value) <= 6
+        if not plain or not 1 <= int(value) <= MAX_TAIL_LINES:
+            raise web.HTTPError(
+                400,
+                f"tail must be a number of lines from 1 to {MAX_TAIL_LINES}, got {value[:20]!r}"
+                " (leave it out for every line)",
+            )
+        return int(value)
+
+
+class JobMetricsHandler(_JobHandler):
+    """``report()`` records of one rank (default 0) from ``?cursor=`` on."""
+
+    def get(self, job_id):
+        job = self.find(job_id)
+        try:
+            rank = int(self.get_argument("rank", "0"))
+            cursor = int(self.get_argument("cursor", "0"))
+        except ValueError:
+            raise web.HTTPError(400, "rank and cursor must be integers") from None
+        jd = self.jobs.jobdir(job)
+        records, cursor = jd.metrics(rank, max(0, cursor))
+        self.write_json(
+            {
+                "records": records,
+                "cursor": cursor,
+                "state": job["state"],
+                "checkpoints": jd.checkpoint_steps(),
+            }
+        )
+
+
+class JobOutHandler(_JobHandler):
+    """The ``--out`` value: cloudpickle bytes written by rank 0."""
+
+    def get(self, job_id):
+        job = self.find(job_id)
+        path = self.jobs.jobdir(job).out_path()
+        if path is None:
+            raise web.HTTPError(
+                404,
+                f"job {job_id} has no --out value" + ("" if job["state"] in TERMINAL else " yet"),
+            )
+        try:
+            data = self.jobs.jobdir(job).read_user("out/value.pkl")
+        except OSError:
+            raise web.HTTPError(
+                404, f"job {job_id}'s --out value is not a plain file of the job's own"
+            ) from None
+        self.set_header("Content-Type", "application/octet-stream")
+        self.finish(data)
+
+
+routes = [
+    (r"api/v1/jobs", JobsHandler),
+    (r"api/v1/jobs/([^/]+)", JobHandler),
+    (r"api/v1/jobs/([^/]+)/logs", JobLogsHandler),
+    (r"api/v1/jobs/([^/]+)/metrics", JobMetricsHandler),
+    (r"api/v1/jobs/([^/]+)/out", JobOutHandler),
+]

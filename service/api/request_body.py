@@ -1,0 +1,170 @@
+"""Request bodies: read as they arrive, never more than a route takes, parsed in one place.
+
+Every API route streams its body (``tornado.web.stream_request_body``) so that
+a body over the route's limit is refused with a JSON 413 without a byte of it
+being kept, and so that the model upload can go straight to disk
+(:mod:`gpulab.service.endpoints.uploads`). Bad bytes are bad
+input: a body that is not UTF-8, not JSON, not an object, or that holds
+numbers JSON cannot carry (NaN, Infinity, 1e400) is a 400 that says so, never
+a 500; so is a denormal number (``1e-320``) or one that underflows to 0
+(``1e-400``), and an object that names a key twice (which value would count
+differs between parsers).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from tornado import web
+
+#: What a JSON route takes unless it says otherwise (allocations, sharing, probes).
+JSON_BODY_LIMIT = 1 << 20
+#: How far past its limit a body is still read (and dropped) to answer 413 cleanly.
+DRAIN_LIMIT = 256 << 20
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.3g} MiB" if n >= 2**20 else f"{n / 2**10:.3g} KiB"
+
+
+def too_large(what: str, size: int | None, limit: int, setting: str = "") -> web.HTTPError:
+    sent = f" ({mib(size)})" if size is not None else ""
+    fix = f"; an admin can raise c.GpuLabService.{setting}" if setting else ""
+    return web.HTTPError(
+        413, f"{what}{sent} is larger than the {mib(limit)} this route takes: send less{fix}"
+    )
+
+
+#: The range of a number a body may hold: 0, or a size a double keeps exactly to its
+#: 15 digits (below sys.float_info.min a double is denormal and loses digits).
+NUMBER_RANGE = f"0 or between {sys.float_info.min:.3g} and {sys.float_info.max:.3g} in size"
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number; send a finite number")
+
+
+def _normal_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to inf
+        raise ValueError(f"{text} is out of range, not a finite number; send {NUMBER_RANGE}")
+    digits = text.lower().partition("e")[0]
+    if (value != 0 and abs(value) < sys.float_info.min) or (
+        value == 0 and any(d in "123456789" for d in digits)  # 1e-400 parses to 0.0
+    ):
+        raise ValueError(f"{text} is too small to be a number here; send {NUMBER_RANGE}")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            # Which one would win differs between parsers; say so instead of guessing.
+            raise ValueError(f"the key {key!r} appears twice in one object; send it once")
+        out[key] = value
+    return out
+
+
+def parse_json_object(raw: bytes | str, what: str = "request body") -> dict:
+    """``raw`` as a JSON object, or a 400 saying what is wrong with it."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise web.HTTPError(
+                400, f"{what} is not UTF-8 text (byte {e.start}); send JSON encoded as UTF-8"
+            ) from None
+    try:
+        body = json.loads(
+            raw or "{}",
+            parse_constant=_refuse_constant,
+            parse_float=_normal_float,
+            object_pairs_hook=_unique_keys,
+        )
+    except json.JSONDecodeError as e:
+        raise web.HTTPError(400, f"{what} is not valid JSON: {e}") from None
+    except ValueError as e:  # NaN/Infinity, 1e400, an integer of thousands of digits
+        raise web.HTTPError(400, f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise web.HTTPError(400, f"{what} is not valid JSON: nested too deeply") from None
+    if not isinstance(body, dict):
+        raise web.HTTPError(
+            400, f"{what} must be a JSON object ({{...}}), not {type(body).__name__}"
+        )
+    return body
+
+
+class BoundedBody:
+    """Mixin of streaming handlers: buffers at most :meth:`body_limit` bytes.
+
+    Call :meth:`check_body_size` in ``prepare``; read with :meth:`raw_body` or
+    :meth:`json_body` (a route that streams its body elsewhere, the model
+    upload, overrides ``data_received`` and calls :meth:`raise_refusal`).
+
+    A body that is refused (over the limit; an upload refused before it is
+    read) is read and dropped, then answered: a server that answers and hangs
+    up mid-body makes the hub's proxy report its own 503 instead of the reason.
+    Past :data:`DRAIN_LIMIT` over the limit it is answered at once.
+    """
+
+    #: The trait (of GpuLabService) that sets this route's limit, named in the 413.
+    body_setting = ""
+
+    def body_limit(self) -> int:
+        return JSON_BODY_LIMIT
+
+    def check_body_size(self) -> None:
+        self._chunks: list[bytes] = []
+        self._refusal: web.HTTPError | None = None
+        self._received = 0
+        limit = self.body_limit()
+        length = self.request.headers.get("Content-Length")
+        if length is None:
+            # A chunked body says its size only as it comes: read up to DRAIN_LIMIT past
+            # the limit (data_received refuses it with a 413 once it is over), after
+            # which tornado hangs up (a bare 400). A route that reads its body itself
+            # (the model upload) keeps tornado's cut at the limit.
+            counts = type(self).data_received is BoundedBody.data_received
+            self.request.connection.set_max_body_size(limit + DRAIN_LIMIT if counts else limit)
+            return
+        self.request.connection.set_max_body_size(limit)
+        try:
+            size = int(length)
+        except ValueError:
+            raise web.HTTPError(400, f"Content-Length {length!r} is not a number") from None
+        if size > limit:
+            error = too_large(f"the {self.request.method} body", size, limit, self.body_setting)
+            if size > limit + DRAIN_LIMIT:
+                raise error  # answering now closes the connection with the body unread
+            self.request.connection.set_max_body_size(size)
+            self.refuse_after_body(error)
+
+    def refuse_after_body(self, error: web.HTTPError) -> None:
+        """Answer ``error`` once the body is in, keeping none of it."""
+        self._refusal = error
+        self._chunks.clear()
+
+    def data_received(self, chunk: bytes) -> None:
+        self._received += len(chunk)
+        if self._refusal is None and self._received > self.body_limit():
+            self.refuse_after_body(
+                too_large(
+                    f"the {self.request.method} body", None, self.body_limit(), self.body_setting
+                )
+            )
+        if self._refusal is None:
+            self._chunks.append(chunk)
+
+    def raise_refusal(self) -> None:
+        if self._refusal is not None:
+            raise self._refusal
+
+    def raw_body(self) -> bytes:
+        self.raise_refusal()
+        return b"".join(self._chunks)
+
+    def json_body(self) -> dict:
+        return parse_json_object(self.raw_body())

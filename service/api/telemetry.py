@@ -1,0 +1,197 @@
+"""Telemetry routes (``/api/v1/telemetry``) and the embedded local sampler.
+
+The store (``GpuLabService.telemetry``) and :class:`LocalSampler` are made by
+the service's ``init_telemetry``; the sampler runs between its start() and stop().
+
+Agents POST one sample per request (shape: ``gpulab.telemetry.sample``); in
+the embedded default the service samples its own node every second instead.
+``GET /telemetry?since=`` serves what the dashboard shows, under the same
+visibility rules as allocations: a user sees their own slices, processes and
+jobs plus totals; an admin sees everyone's, with names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import math
+import os
+import time
+
+from tornado import web
+
+from gpulab.service.auth import APIHandler, Identity
+from gpulab.service.tasks import KeptTask
+from gpulab.service.telemetry.allreduce import BadResult
+from gpulab.service.telemetry.allreduce import validate as validate_allreduce
+from gpulab.service.telemetry.store import TelemetryStore
+from gpulab.telemetry import NodeSampler, validate_sample
+
+log = logging.getLogger("gpulab.service")
+
+#: Services other than gpulab that may push samples (an agent's own service token).
+AGENT_SERVICE = "gpulab-agent"
+
+
+def _visible_sample(sample: dict, who: Identity) -> dict:
+    """Hide other users' names on GPU processes from non-admins."""
+    if who.admin or who.internal:
+        return sample
+    out = copy.deepcopy(sample)
+    for gpu in out.get("gpus") or []:
+        for proc in gpu.get("processes") or []:
+            if proc.get("user") != who.name:
+                proc.update(
+                    {
+                        "user": None,
+                        "unix_user": None,
+                        "pid": None,
+                        "cmdline": None,
+                        "other_user": True,
+                    }
+                )
+    return out
+
+
+class TelemetryHandler(APIHandler):
+    def body_limit(self) -> int:
+        # A node's sample lists every GPU process; agents are trusted, not unbounded.
+        return 8 << 20
+
+    def get(self):
+        who = self.require_identity()
+        since = self.get_argument("since", None)
+        try:
+            since = float(since) if since is not None else None
+            if since is not None and not math.isfinite(since):
+                raise ValueError
+        except ValueError:
+            raise web.HTTPError(
+                400, "'since' must be unix seconds, e.g. since=1764400000.5"
+            ) from None
+        svc = self.gpulab
+        store: TelemetryStore = svc.telemetry
+        mine = None if (who.admin or who.internal) else who.name
+        nodes = {}
+        for node, samples in store.since(since).items():
+            nodes[node] = {
+                "samples": [_visible_sample(s, who) for s in samples],
+                "missing": (samples[-1] if samples else (store.latest_for(node) or {})).get(
+                    "missing", {}
+                ),
+            }
+        slices = [
+            {
+                k: a[k]
+                for k in (
+                    "user",
+                    "owner_kind",
+                    "owner",
+                    "node",
+                    "gpu_uuid",
+                    "gpu_index",
+                    "milli",
+                    "memory_mib",
+                )
+            }
+            for a in svc.ledger.list(user=mine)
+        ]
+        free = svc.ledger.free_sizes(svc.slice_sizes)
+        allreduce = [r for r in store.allreduce() if mine is None or r.get("user") in (None, mine)]
+        jobs = svc.jobs.summaries(mine) if svc.jobs is not None else []
+        self.write_json(
+            {
+                "now": time.time(),
+                "interval_s": svc.sample_interval,
+                "nodes": nodes,
+                "you": {"name": who.name, "admin": who.admin},
+                "inventory": svc.inventory(),
+                "slices": slices,
+                "free_sizes": free,
+                "jobs": jobs,
+                "allreduce": allreduce,
+            }
+        )
+
+    def post(self):
+        """An agent's sample. Only gpulab itself, the agent service and admins may push."""
+        who = self.require_identity()
+        if not (who.internal or who.admin or (who.kind == "service" and who.name == AGENT_SERVICE)):
+            raise web.HTTPError(
+                403, f"only the {AGENT_SERVICE} service or an admin may push samples"
+            )
+        sample = self.json_body()
+        problems = validate_sample(sample)
+        if problems:
+            raise web.HTTPError(400, "bad sample: " + "; ".join(problems))
+        self.gpulab.telemetry.add(sample)
+        self.write_json({"stored": True}, status=201)
+
+
+class AllreduceHandler(APIHandler):
+    """An all-reduce result from an admin or the service itself.
+
+    Users' results come from their probe jobs (``%gpulab nettest``), which the
+    service reads when the job succeeds (:mod:`gpulab.service.telemetry.allreduce`); a number a
+    user could simply post would be shown to everyone by ``/metrics``.
+    """
+
+    def post(self):
+        who = self.require_identity()
+        if not (who.internal or who.admin):
+            raise web.HTTPError(
+                403,
+                "all-reduce results are recorded from nettest jobs, not posted: run "
+                "%gpulab nettest --nodes 1 (or more) and the service records the job's "
+                "result when it succeeds",
+            )
+        body = self.json_body()
+        try:
+            result = validate_allreduce({k: v for k, v in body.items() if k != "job_id"})
+        except BadResult as e:
+            raise web.HTTPError(400, f"bad all-reduce result: {e}") from None
+        job_id = body.get("job_id")
+        record = {
+            "ts": time.time(),
+            "user": who.name,
+            **result,
+            "node": (result["nodes"] or [self.gpulab.node_name])[0],
+            "job_id": job_id[:64] if isinstance(job_id, str) and job_id else None,
+        }
+        self.gpulab.telemetry.add_allreduce(record)
+        self.write_json(record, status=201)
+
+
+routes = [
+    (r"api/v1/telemetry", TelemetryHandler),
+    (r"api/v1/telemetry/allreduce", AllreduceHandler),
+]
+
+
+class LocalSampler:
+    """Samples this node every ``sample_interval`` seconds, off the event loop
+    (c.GpuLabService.local_sampler; off where `gpulab agent` runs on every node)."""
+
+    def __init__(self, service):
+        self.service = service
+        self.sampler = NodeSampler(
+            node=service.node_name, cache_dir=os.environ.get("GPULAB_CACHE_DIR") or None
+        )
+        self._loop = KeptTask("gpulab-local-sampler", self.loop)
+
+    async def start(self) -> None:
+        self._loop.start()
+
+    async def stop(self) -> None:
+        await self._loop.stop()
+
+    async def loop(self) -> None:
+        while True:
+            try:
+                sample = await asyncio.to_thread(self.sampler.sample)
+                sample["allreduce"] = []
+                self.service.telemetry.add(sample)
+            except Exception:
+                log.exception("local telemetry sample failed")
+            await asyncio.sleep(self.service.sample_interval)

@@ -1,0 +1,92 @@
+"""``GET /api/v1/usage``: GPU time per user, group, kind or pool, as JSON or CSV.
+
+Users see their own use only (by kind or by their groups, their share of
+them); admins see everyone's. Time comes from :mod:`gpulab.scheduler.usage`:
+released slices from the usage table, held slices up to now. ``bucket=day``
+adds a ``day`` column: the same time, cut per UTC calendar day.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+
+from tornado import web
+
+from gpulab.scheduler.usage import BUCKETS, GROUP_BYS, report
+from gpulab.service.api.query_args import time_arg
+from gpulab.service.auth import APIHandler
+
+#: The default window: the last week.
+DEFAULT_DAYS = 7
+
+
+class UsageHandler(APIHandler):
+    async def get(self):
+        user = self.listed_user("usage")
+        group_by = self.get_argument("group_by", "user")
+        if group_by not in GROUP_BYS:
+            raise web.HTTPError(400, f"group_by must be one of {', '.join(GROUP_BYS)}")
+        fmt = self.get_argument("format", "json")
+        if fmt not in ("json", "csv"):
+            raise web.HTTPError(400, "format must be json or csv")
+        bucket = self.get_argument("bucket", None) or None
+        if bucket is not None and bucket not in BUCKETS:
+            choices = " or ".join(BUCKETS)
+            raise web.HTTPError(
+                400, f"bucket must be {choices}, or left out for one row per {group_by}"
+            )
+        until = time_arg("until", self.get_argument("until", None)) or dt.datetime.now(dt.UTC)
+        since = time_arg("since", self.get_argument("since", None)) or until - dt.timedelta(
+            days=DEFAULT_DAYS
+        )
+        if since >= until:
+            raise web.HTTPError(400, "'since' must be before 'until'")
+        groups_of = None
+        if group_by == "group":
+            settings = await self.gpulab.group_settings()
+            groups_of = {}
+            for name, s in settings.items():
+                for member in s["members"]:
+                    groups_of.setdefault(member, []).append(name)
+        rows = await self.gpulab.ledger.aio.run(
+            report,
+            self.gpulab.ledger.engine,
+            since,
+            until,
+            group_by,
+            None if user is None else [user],
+            groups_of,
+            bucket,
+            {g.uuid: g.pool for g in self.gpulab.gpus},
+        )
+        if fmt == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            out = io.StringIO()
+            writer = csv.DictWriter(
+                out,
+                [
+                    *(["day"] if bucket else []),
+                    group_by,
+                    "gpu_hours",
+                    "milli_gpu_seconds",
+                    "allocations",
+                ],
+            )
+            writer.writeheader()
+            writer.writerows(rows)
+            self.finish(out.getvalue())
+            return
+        self.write_json(
+            {
+                "since": since.isoformat(),
+                "until": until.isoformat(),
+                "group_by": group_by,
+                "bucket": bucket,
+                "rows": rows,
+            }
+        )
+
+
+routes = [(r"api/v1/usage", UsageHandler)]

@@ -1,0 +1,701 @@
+"""The deployment manager: model endpoints placed by the ledger, run by a serving backend.
+
+A deployment is what callers name (``<owner>/<name>``); it has one or two
+*versions* (a stable one and a canary), each a model directory and a number of
+replicas that the autoscaler (:mod:`gpulab.service.endpoints.scaling`) moves between the
+deployment's ``min_replicas`` and ``max_replicas``. Each replica holds a slice
+(ledger owner ``<version id>/<replica>``, kind ``deployment``). Where the
+replicas run is the serving backend's business (:mod:`gpulab.backend.serving_base`:
+processes on this machine, or Deployments on Kubernetes); it gets one version at
+a time, as a *unit* dict (:meth:`DeploymentManager.unit`). One loop (every
+second) asks the backend how each version is, writes it to the tables and lets
+the autoscaler act; a version that fails gives its slices back. Replicas
+outlive a restart of the service, which adopts them again in
+:meth:`DeploymentManager.start`.
+
+Checking what clients send lives in :mod:`gpulab.service.endpoints.settings`, calls from
+clients in :mod:`gpulab.service.endpoints.calls`, versions (canary, promote, rollback) in
+:mod:`gpulab.service.endpoints.versions`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from gpulab.backend.local_serving import LocalServing
+from gpulab.backend.serving_base import ServingBackend
+from gpulab.db.deployments import DeploymentStore, NameTaken
+from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
+from gpulab.scheduler.quota import QuotaExceeded
+from gpulab.service.endpoints.autoscale import Autoscaler
+from gpulab.service.endpoints.calls import CallsMixin
+from gpulab.service.endpoints.model_archive import ArchiveRefused, unpack_model
+from gpulab.service.endpoints.proxy import EndpointProxy
+from gpulab.service.endpoints.router import EndpointRouter
+from gpulab.service.endpoints.scaling import ScalingMixin
+from gpulab.service.endpoints.settings import DeployRefused, check_batch, check_create, check_patch
+from gpulab.service.endpoints.standby import StandbyProcess
+from gpulab.service.endpoints.table import EndpointTable
+from gpulab.service.endpoints.traffic import UnitTraffic, WeightedChoice, quantile_ms
+from gpulab.service.endpoints.versions import VersionsMixin
+
+log = logging.getLogger("gpulab.service.endpoints.manager")
+
+TICK_S = 1.0
+LOG_BYTES = 256 * 1024
+
+__all__ = ["DeployRefused", "Deployment", "DeploymentManager", "serving_backend"]
+
+
+def upload_spool(service) -> str:
+    """Where model uploads are written while they arrive (private to the service)."""
+    return os.path.join(service.data_dir, "uploads")
+
+
+def serving_backend(service) -> ServingBackend:
+    """The backend ``c.GpuLabService.serving_backend_class`` names (processes on this
+    machine by default; Kubernetes with
+    :class:`~gpulab.service.endpoints.kubernetes.KubernetesServingSettings`,
+    or where the deprecated ``c.GpuLabService.kubernetes_deployments`` is set).
+    ValueError for settings it cannot start with."""
+    from gpulab.backend.kubernetes.serving import KubernetesServing
+    from gpulab.service.endpoints.kubernetes import kubernetes_serving, settings_from_dict
+
+    root = os.path.join(service.data_dir, "deployments")
+    legacy = dict(getattr(service, "kubernetes_deployments", None) or {})
+    settings = settings_from_dict(legacy, parent=service)
+    cls = getattr(service, "serving_backend_class", None) or (
+        KubernetesServing if legacy else LocalServing
+    )
+    gpus = service.gpus
+    pools = getattr(service, "site_pools", None)
+    serving = pools.serving() if pools is not None else None
+    if serving is not None:  # the pool endpoints run in, and its GPUs
+        cls, gpus = serving.serving, serving.gpus
+    if issubclass(cls, KubernetesServing):
+        return kubernetes_serving(settings, root, gpus, cls=cls)
+    if issubclass(cls, LocalServing):
+        return cls(
+            root,
+            real_gpus=any(not g.simulated for g in gpus),
+            accounts=service.accounts,
+            limits=service.account_limits,
+            gpu_count=len(gpus),
+            log_max_bytes=service.job_log_max_bytes,
+        )
+    if hasattr(cls, "from_service"):  # a site's own backend builds itself
+        return cls.from_service(service, root)
+    raise ValueError(
+        f"c.GpuLabService.serving_backend_class = {cls.__module__}."
+        f"{cls.__qualname__}: the service cannot build it; give the class a "
+        f"classmethod from_service(service, root) returning a ServingBackend"
+    )
+
+
+def _write_json(path: str, value) -> None:
+    with open(path, "w") as f:
+        json.dump(value, f)
+
+
+@dataclass
+class Unit:
+    """What the manager keeps in memory of one version."""
+
+    row: dict  # the version's row, as of the last loop pass
+    scaler: Autoscaler
+    traffic: UnitTraffic = field(default_factory=UnitTraffic)
+    ready: int = 0
+    token: str | None = None
+    #: Replicas from this index on get no new calls (being scaled away); None: all do.
+    draining_from: int | None = None
+    scaling: bool = False  # a scale step is under way (in a task of its own)
+    blocked: str = ""  # why it runs fewer replicas than the autoscaler wants
+    tried_at: float = 0.0  # when it last asked the ledger for more
+    cold_starts: int = 0
+    last_cold_start_s: float | None = None
+    became_ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class Deployment:
+    """What the manager keeps in memory of one deployment."""
+
+    row: dict  # as of the last loop pass (the endpoint's per-call lookup, off the database)
+    units: dict[str, Unit] = field(default_factory=dict)  # version id -> Unit
+    choice: WeightedChoice = field(default_factory=WeightedChoice)
+
+    def by_version(self) -> list[Unit]:
+        return sorted(self.units.values(), key=lambda u: u.row["version"])
+
+
+class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
+    def __init__(self, service, serving: ServingBackend | None = None):
+        self.service = service
+        # Endpoints are placed on the GPUs of the pool they run in.
+        self.ledger = service.ledger_for("deployment")
+        self.store = DeploymentStore(service.ledger.engine)
+        self.serving = serving if serving is not None else serving_backend(service)
+        self.proxy = EndpointProxy()
+        self.router = EndpointRouter(service, self)
+        #: The endpoint table and the standby router that answers from it while this
+        #: service is down (:mod:`gpulab.service.endpoints.standby`); None: no standby.
+        self.table: EndpointTable | None = None
+        self.standby: StandbyProcess | None = None
+        self._deps: dict[str, Deployment] = {}
+        self._by_name: dict[tuple[str, str], str] = {}  # (user, name) -> id
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+        self._wake = asyncio.Event()  # a call waits for a cold start: act now
+        #: Versions whose slices are being freed by preemption (not launched yet).
+        self.waiting: set[str] = set()
+        # The job loop places claims holding its own lock: launch in a task of ours,
+        # so the two managers' locks are never taken in opposite orders.
+        service.jobs.preemptor.on_placed["deployment"] = self._on_claim_placed
+
+    # -- memory ------------------------------------------------------------------------
+    def _record(self, row: dict, versions: list[dict] | None = None) -> Deployment:
+        rec = self._deps.get(row["id"])
+        if rec is None:
+            rec = self._deps[row["id"]] = Deployment(row)
+        rec.row = row
+        self._by_name[(row["user"], row["name"])] = row["id"]
+        if versions is None:
+            versions = self.store.versions(row["id"])
+        for vrow in versions:
+            unit = rec.units.get(vrow["id"])
+            if unit is None:
+                unit = rec.units[vrow["id"]] = Unit(vrow, self._scaler(row))
+                unit.scaler.changed(time.monotonic())  # the delay counts from now
+            unit.row = vrow
+            self._configure(unit.scaler, row)
+        for gone in set(rec.units) - {v["id"] for v in versions}:
+            del rec.units[gone]
+        return rec
+
+    @staticmethod
+    def _scaler(row: dict) -> Autoscaler:
+        return Autoscaler(
+            row["replicas"], row["max_replicas"], row["target_inflight"], row["scale_down_delay_s"]
+        )
+
+    @staticmethod
+    def _configure(scaler: Autoscaler, row: dict) -> None:
+        scaler.min_replicas, scaler.max_replicas = row["replicas"], row["max_replicas"]
+        scaler.target_inflight = row["target_inflight"]
+        scaler.scale_down_delay_s = row["scale_down_delay_s"]
+
+    def _drop(self, dep_id: str) -> None:
+        rec = self._deps.pop(dep_id, None)
+        if rec is None:
+            return
+        if self._by_name.get((rec.row["user"], rec.row["name"])) == dep_id:
+            del self._by_name[(rec.row["user"], rec.row["name"])]
+        for version_id in rec.units:
+            self.serving.forget(version_id)
+
+    def unit(self, dep: dict, vrow: dict) -> dict:
+        """The dict a serving backend runs: the version, with its deployment's owner,
+        name and autoscaling settings."""
+        return {
+            **vrow,
+            "user": dep["user"],
+            "name": dep["name"],
+            "min_replicas": dep["replicas"],
+            "max_replicas": dep["max_replicas"],
+            "target_inflight": dep["target_inflight"],
+            "scale_down_delay_s": dep["scale_down_delay_s"],
+        }
+
+    @staticmethod
+    def owners(vrow: dict, replicas: range | None = None) -> list[str]:
+        """The ledger owners of a version's replicas (all it runs, or ``replicas``)."""
+        if replicas is None:
+            replicas = range(vrow["replicas"])
+        return [f"{vrow['id']}/{r}" for r in replicas]
+
+    def _rows(self, vrow: dict) -> list[dict]:
+        return [
+            r for o in self.owners(vrow) for r in self.ledger.list(owner_kind="deployment", owner=o)
+        ]
+
+    # -- reading -----------------------------------------------------------------------
+    def path(self, dep: dict) -> str:
+        return f"{self.service.prefix.rstrip('/')}/endpoints/{dep['user']}/{dep['name']}"
+
+    def card(self, version_id: str) -> dict | None:
+        try:
+            with open(os.path.join(self.serving.model_dir(version_id), "model.json")) as f:
+                card = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return {k: card.get(k) for k in ("name", "inputs", "outputs", "max_batch_size")}
+
+    def view(self, dep: dict) -> dict:
+        rec = self._record(dep)  # the versions as stored now (a claim's message, a promotion)
+        units = rec.by_version()
+        versions = [self._version_view(dep, u) for u in units]
+        stable = versions[0] if versions else None
+        out = dict(dep)
+        out["path"] = self.path(dep)
+        out["min_replicas"] = dep["replicas"]
+        out["replicas"] = sum(v["replicas"] for v in versions)
+        out["replicas_ready"] = sum(v["replicas_ready"] for v in versions)
+        out["restarts"] = sum(v["restarts"] for v in versions)
+        if stable is not None and dep["state"] != "failed":
+            out["state"], out["message"] = stable["state"], stable["message"]
+        out["model"] = stable["model"] if stable else None
+        windows = [u.traffic.window() for u in units]
+        merged: dict[float, float] = {}
+        for w in windows:
+            for le, n in w["cumulative"].items():
+                merged[le] = merged.get(le, 0) + n
+        out["requests_total"] = sum(u.traffic.calls_total for u in units)
+        out["requests_per_second"] = sum(w["requests_per_second"] for w in windows)
+        out["p99_latency_ms"] = quantile_ms(merged, 0.99) if merged else None
+        out["gpus"] = [r["gpu_uuid"] for u in units for r in self._rows(u.row)]
+        out["versions"] = versions
+        return out
+
+    def _version_view(self, dep: dict, unit: Unit) -> dict:
+        v = unit.row
+        window = unit.traffic.window()
+        message = v["message"]
+        if unit.blocked and v["state"] != "failed":
+            message = f"{message}; {unit.blocked}"
+        return {
+            "version": v["version"],
+            "weight": v["weight"],
+            "state": v["state"],
+            "message": message,
+            "replicas": v["replicas"],
+            "replicas_ready": unit.ready if v["state"] != "failed" else 0,
+            "inflight": unit.traffic.busy(),
+            "gpu_milli": v["gpu_milli"],
+            "max_batch_size": v["max_batch_size"],
+            "max_latency_ms": v["max_latency_ms"],
+            "max_queue": v["max_queue"],
+            "restarts": v["restarts"],
+            "created": v["created"],
+            "model": self.card(v["id"]),
+            "requests_total": unit.traffic.calls_total,
+            "errors_total": unit.traffic.errors_total,
+            "requests_per_second": window["requests_per_second"],
+            "error_rate": window["error_rate"],
+            "p99_latency_ms": window["p99_latency_ms"],
+            "cold_starts": unit.cold_starts,
+            "last_cold_start_s": unit.last_cold_start_s,
+        }
+
+    def units_traffic(self) -> list[dict]:
+        """Every version's calls now, for the metrics (ids only)."""
+        return [
+            {
+                "deployment": dep_id,
+                "version": unit.row["version"],
+                "unit": unit.row["id"],
+                "inflight": unit.traffic.busy(),
+                "replicas": unit.row["replicas"],
+                "calls": unit.traffic.calls_total,
+                "errors": unit.traffic.errors_total,
+            }
+            for dep_id, rec in list(self._deps.items())
+            for unit in list(rec.units.values())
+        ]
+
+    def find_version(self, dep: dict, number: int | None) -> dict:
+        """A version row by number (None: the stable one, the oldest)."""
+        versions = self.store.versions(dep["id"])
+        if number is None:
+            return versions[0]
+        for v in versions:
+            if v["version"] == number:
+                return v
+        raise DeployRefused(
+            404,
+            f"{dep['name']} has no version {number}; it has "
+            f"{', '.join(str(v['version']) for v in versions)}",
+        )
+
+    async def logs(self, dep: dict, vrow: dict, replica: int) -> str:
+        """The end of one replica's log (its pod's, on Kubernetes)."""
+        return await self.serving.logs(self.unit(dep, vrow), replica, LOG_BYTES)
+
+    # -- creating ------------------------------------------------------------------
+    def check_may_deploy(self, who) -> None:
+        """What can be refused before a byte of the upload is read."""
+        if who.kind != "user":
+            raise DeployRefused(403, "deployments are made by users (with a user's token)")
+
+    def _check_count(self, who) -> None:
+        cap = self.service.max_user_deployments
+        held = len(self.store.list(user=who.name))
+        if held >= cap:
+            raise DeployRefused(
+                403,
+                f"you have {held} deployment(s), the most one user may "
+                f"have ({cap}); stop one first (%deploy --stop NAME)",
+            )
+
+    async def create(self, who, settings: dict, model_tar: str) -> dict:
+        """A new deployment, or a canary version of one (``canary`` in ``settings``).
+        ``model_tar``: the path of the uploaded archive (the caller removes it)."""
+        self.check_may_deploy(who)
+        if "canary" in settings:
+            return await self.add_canary(who, settings, model_tar)
+        self._check_count(who)
+        dep = check_create(self.service, who.name, settings)
+        name = dep["name"]
+        if self.store.find(who.name, name):
+            raise DeployRefused(
+                409,
+                f"you already have a deployment {name!r}; stop it first "
+                f"(%deploy --stop {name}), pick another name, or add a new "
+                f"version beside it (%deploy ... --canary PERCENT)",
+            )
+        dep_id = uuid.uuid4().hex[:12]
+        await self._unpack(dep_id, model_tar, dep)
+        try:
+            async with self._lock:
+                self._check_count(who)  # again: another upload may have finished first
+                try:
+                    row = self.store.add({"id": dep_id, "user": who.name, **dep})
+                except NameTaken:
+                    raise DeployRefused(409, f"you already have a deployment {name!r}") from None
+                rec = self._record(row)
+                try:
+                    await self._place_new_version(row, rec.units[dep_id].row)
+                except DeployRefused:
+                    self.store.remove(dep_id)
+                    self._drop(dep_id)
+                    raise
+        except BaseException:
+            if self.store.get(dep_id) is None:
+                self.serving.remove(dep_id)
+            raise
+        log.info(
+            "Deployment %s/%s (%s): %d..%d replica(s) x %d milli-GPU",
+            who.name,
+            name,
+            dep_id,
+            dep["replicas"],
+            dep["max_replicas"],
+            dep["gpu_milli"],
+        )
+        return self.view(self.store.get(dep_id))
+
+    async def _unpack(self, version_id: str, model_tar: str, unit: dict) -> None:
+        """The uploaded model into the version's directory; the batch size checked."""
+        model_dir = self.serving.prepare(version_id)
+        try:
+            try:
+                # Decompressing can take seconds: off the event loop, so others are answered.
+                card = await asyncio.get_running_loop().run_in_executor(
+                    None,
+                    unpack_model,
+                    model_tar,
+                    model_dir,
+                    self.service.max_model_mib * 2**20,
+                    "max_model_mib",
+                )
+            except ArchiveRefused as e:
+                raise DeployRefused(e.status, str(e)) from None
+            check_batch(unit, card)
+            card["name"] = unit["name"]  # the endpoint's model is called by the deployment's name
+            await asyncio.to_thread(_write_json, os.path.join(model_dir, "model.json"), card)
+        except BaseException:
+            self.serving.remove(version_id)
+            raise
+
+    async def _place_new_version(self, dep: dict, vrow: dict) -> None:
+        """Place the slices of a new version's first replicas and launch them, or
+        wait for preemption to free them. DeployRefused when neither."""
+        members = [(o, vrow["gpu_milli"]) for o in self.owners(vrow)] if vrow["gpu_milli"] else []
+        rows: list[dict] = []
+        if members:
+            try:
+                rows = await self.ledger.aio.allocate_gang(
+                    dep["user"], "deployment", members, await self.service.groups_of(dep["user"])
+                )
+            except NoCapacity as e:
+                claim = await self.service.jobs.make_room(dep["user"], "deployment", members)
+                if claim is None:
+                    raise DeployRefused(409, str(e)) from None
+                self.waiting.add(vrow["id"])
+                self.store.update_version(vrow["id"], message=claim.message())
+                return
+            except (QuotaExceeded, OwnerConflict) as e:
+                raise DeployRefused(403 if isinstance(e, QuotaExceeded) else 409, str(e)) from None
+        await self.serving.launch(self.unit(dep, vrow), rows)
+
+    async def _on_claim_placed(self, claim, rows: list[dict]) -> None:
+        self._spawn(self.claim_placed(claim, rows))
+
+    async def claim_placed(self, claim, rows: list[dict]) -> None:
+        """The slices preemption freed are placed: launch the new version, or the
+        replica the autoscaler was waiting for."""
+        version_id = claim.members[0][0].split("/", 1)[0]
+        async with self._lock:
+            vrow = self.store.version(version_id)
+            dep = self.store.get(vrow["deployment_id"]) if vrow else None
+            if version_id in self.waiting:
+                self.waiting.discard(version_id)
+                if dep is not None and vrow["state"] != "failed":
+                    self.store.update_version(version_id, message="starting replicas")
+                    await self.serving.launch(self.unit(dep, self.store.version(version_id)), rows)
+                    self._record(dep)
+                    return
+            elif dep is not None and await self.grow_with(dep, vrow, claim.members, rows):
+                return
+            for owner, _ in claim.members:  # stopped or scaled down while it waited
+                await self.ledger.aio.release("deployment", owner)
+
+    # -- changing and stopping -----------------------------------------------------
+    def share(self, dep: dict, body: dict) -> dict:
+        values = check_patch(body)
+        if values:
+            self.store.update(dep["id"], **values)
+        dep = self.store.get(dep["id"])
+        self._record(dep)  # who may call it changes now
+        self._wake.set()  # and in the standby's table at the next pass
+        return self.view(dep)
+
+    async def stop_deployment(self, dep: dict, reason: str) -> dict:
+        """Stop every replica of every version, release the slices, forget it."""
+        async with self._lock:
+            released = 0
+            for vrow in self.store.versions(dep["id"]):
+                released += await self._stop_version(dep, vrow)
+            self.store.remove(dep["id"])
+            self._drop(dep["id"])
+            self._wake.set()  # out of the standby's table at the next pass
+        log.info(
+            "Deployment %s/%s stopped (%s); released %d slice(s)",
+            dep["user"],
+            dep["name"],
+            reason,
+            released,
+        )
+        return {
+            **dep,
+            "state": "stopped",
+            "message": reason,
+            "replicas_ready": 0,
+            "path": self.path(dep),
+        }
+
+    async def _stop_version(self, dep: dict, vrow: dict) -> int:
+        """Stop a version's replicas, release its slices, remove its files; slices freed."""
+        self.waiting.discard(vrow["id"])
+        await self.serving.stop(self.unit(dep, vrow))
+        released = 0
+        for owner in self.owners(vrow, range(max(vrow["replicas"], dep["max_replicas"]))):
+            released += len(await self.ledger.aio.release("deployment", owner))
+        self.serving.remove(vrow["id"])
+        return released
+
+    async def server_stopped(self, owner: str) -> None:
+        """The hub stopped a server: stop its user's deployments that asked to follow it."""
+        user, _, server_name = owner.partition("/")
+        if server_name:  # only the default server stands for its user
+            return
+        for dep in self.store.list(user=user):
+            if dep["stop_with_server"]:
+                await self.stop_deployment(dep, f"{user}'s server stopped")
+
+    # -- the loop --------------------------------------------------------------------
+    async def start(self) -> None:
+        """After a (re)start: clear cut-short uploads, drop slices of versions that no
+        longer exist, adopt the replicas of the rest, then keep them running."""
+        shutil.rmtree(upload_spool(self.service), ignore_errors=True)  # none in flight yet
+        deps = {d["id"]: d for d in self.store.list()}
+        versions = self.store.versions()
+        owners = {
+            o
+            for v in versions
+            if v["state"] != "failed" and v["deployment_id"] in deps
+            for o in self.owners(v)
+        }
+        for row in await self.ledger.aio.reconcile("deployment", owners):
+            log.warning("Released slice %s of a replica that no longer exists", row["owner"])
+        for dep in deps.values():
+            self._record(dep, [v for v in versions if v["deployment_id"] == dep["id"]])
+        for vrow in versions:
+            dep = deps.get(vrow["deployment_id"])
+            if dep is None or vrow["state"] == "failed" or vrow["replicas"] == 0:
+                continue
+            if not self._rows(vrow) and vrow["gpu_milli"]:
+                if self.service.jobs.preemptor.pending("deployment", self.owners(vrow)[0]):
+                    self.waiting.add(vrow["id"])  # still being made room for
+                else:
+                    self.store.update_version(
+                        vrow["id"],
+                        state="failed",
+                        weight=0,
+                        message="its GPUs were not freed before the service restarted; "
+                        "deploy it again",
+                    )
+                continue
+            try:
+                # Idempotent: what a crash between placing and launching left out goes now.
+                await self.serving.adopt(self.unit(dep, vrow), self._rows(vrow))
+            except Exception:
+                log.exception("Adopting the replicas of version %s", vrow["id"])
+        self._spawn(self.loop())
+        await self.router.start()
+        # A standby takes over the router's socket if this process dies; not where the
+        # proxy comes from elsewhere (Kubernetes) or the port is fixed (the next
+        # service could not bind it).
+        if self.router.socket is not None and not (
+            self.service.endpoint_router_url or self.service.endpoint_router_port
+        ):
+            await self._start_standby()
+
+    async def _start_standby(self) -> None:
+        self.table = EndpointTable(self.service)
+        self.standby = StandbyProcess(self.service.data_dir)
+        try:
+            await asyncio.to_thread(self.table.write, self.endpoint_table())
+            await asyncio.to_thread(self.standby.replace, os.getpid(), self.router.socket.fileno())
+        except Exception:  # the service runs without one: endpoints stop with it, as before
+            log.exception("Starting the standby endpoint router")
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        """The service stops: cancel every task started here and close connections. The
+        replicas keep running; the next service adopts them."""
+        if self.standby is not None:  # first: it would answer on our socket once we are gone
+            await asyncio.to_thread(self.standby.stop)
+        await self.router.stop()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.proxy.close()
+        await self.serving.close()
+
+    async def loop(self) -> None:
+        while True:
+            try:
+                async with self._lock:
+                    await self._pass()
+            except Exception:  # the loop must outlive one bad deployment
+                log.exception("deployment loop")
+            # Quicker while a call waits for a cold start: it is answered sooner.
+            tick = 0.2 if self.cold_waiting() else TICK_S
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), tick)
+
+    async def _pass(self) -> None:
+        deps = self.store.list()
+        versions = self.store.versions()
+        for gone in set(self._deps) - {d["id"] for d in deps}:
+            self._drop(gone)
+        now = time.monotonic()
+        for dep in deps:
+            rec = self._record(dep, [v for v in versions if v["deployment_id"] == dep["id"]])
+            for unit in rec.by_version():
+                vrow = unit.row
+                if vrow["state"] == "failed" or vrow["id"] in self.waiting:
+                    continue
+                await self._check(dep, unit)
+                if unit.row["state"] != "failed":
+                    self.autoscale(dep, unit, now)
+            await self.check_rollback(dep, rec)
+        if self.table is not None:
+            await asyncio.to_thread(self.table.write, self.endpoint_table())
+
+    async def _check(self, dep: dict, unit: Unit) -> None:
+        vrow = unit.row
+        cluster = self.serving.cluster_autoscales(self.unit(dep, vrow))
+        if vrow["replicas"] == 0 and not cluster:  # scaled to zero: nothing runs to ask
+            unit.ready = 0
+            unit.became_ready.clear()
+            changes = {"state": "idle", "message": "scaled to zero; the next call starts a replica"}
+        elif unit.scaling and unit.draining_from is not None:
+            return  # replicas are being stopped; asked again once they are
+        else:
+            health = await self.serving.check(self.unit(dep, vrow))
+            unit.ready = min(health.ready, vrow["replicas"])
+            if unit.ready:
+                unit.became_ready.set()
+            else:
+                unit.became_ready.clear()
+            if health.state == "failed":
+                await self.fail_version(dep, unit, health.message, health.restarts)
+                return
+            changes = {
+                "state": health.state,
+                "message": health.message,
+                "restarts": health.restarts,
+            }
+            if cluster and health.replicas is not None and health.replicas != vrow["replicas"]:
+                # The cluster's autoscaler decided: the ledger follows (best effort:
+                # there the cluster's scheduler, not the ledger, places the pods).
+                await self._follow_cluster(dep, vrow, health.replicas)
+                changes["replicas"] = health.replicas
+        changes = {k: v for k, v in changes.items() if vrow[k] != v}
+        if changes:
+            self.store.update_version(vrow["id"], **changes)
+            vrow.update(changes)
+            if vrow["version"] == min(
+                u.row["version"] for u in self._deps[dep["id"]].units.values()
+            ):
+                mirror = {k: changes[k] for k in ("state", "message") if k in changes}
+                if mirror:
+                    self.store.update(dep["id"], **mirror)
+
+    async def _follow_cluster(self, dep: dict, vrow: dict, replicas: int) -> None:
+        have = vrow["replicas"]
+        for owner in self.owners(vrow, range(replicas, have)):
+            await self.ledger.aio.release("deployment", owner)
+        if not vrow["gpu_milli"]:
+            return
+        groups = await self.service.groups_of(dep["user"])
+        for owner in self.owners(vrow, range(have, replicas)):
+            try:
+                await self.ledger.aio.allocate(
+                    dep["user"], "deployment", owner, vrow["gpu_milli"], groups
+                )
+            except (NoCapacity, QuotaExceeded, OwnerConflict) as e:
+                log.warning("The cluster runs replica %s beyond the ledger: %s", owner, e)
+
+    async def fail_version(self, dep: dict, unit: Unit, message: str, restarts: int) -> None:
+        """A version's replicas keep crashing: stop them, free their slices, send its
+        calls to the other version (if there is one)."""
+        vrow = unit.row
+        await self.serving.stop(self.unit(dep, vrow))
+        unit.ready = 0
+        for owner in self.owners(vrow):
+            await self.ledger.aio.release("deployment", owner)
+        self.store.update_version(
+            vrow["id"], state="failed", weight=0, message=message, restarts=restarts
+        )
+        others = [
+            u
+            for u in self._deps[dep["id"]].units.values()
+            if u is not unit and u.row["state"] != "failed"
+        ]
+        if others:
+            self.store.set_weights({others[0].row["id"]: 100})
+            log.warning(
+                "Deployment %s/%s: version %d failed; version %d takes every call",
+                dep["user"],
+                dep["name"],
+                vrow["version"],
+                others[0].row["version"],
+            )
+        else:
+            self.store.update(dep["id"], state="failed", message=message, restarts=restarts)

@@ -1,0 +1,296 @@
+"""The endpoint router: the fast front door of every endpoint, behind the hub's proxy.
+
+Endpoint calls are many and small; the service's Tornado routes cost about a
+millisecond of CPU each (routing, the handler machinery, the access log). The
+router is a bare aiohttp server in the same process that does only what a call
+needs: check the caller's hub token (answers cached for ``TOKEN_TTL_S``, 5 s), check
+the caller may use the endpoint (owner, admins, shared users and groups), and
+hand the call to :meth:`~gpulab.service.endpoints.calls.CallsMixin.call`.
+
+The hub's configurable-http-proxy sends it the calls: at start the router adds a
+route for ``<prefix>endpoints`` (a longer prefix than the service's own route)
+through the proxy's REST API, keeps it there (the proxy may restart), and takes
+it away when the service stops, so calls fall back to the service's own
+endpoint route. Calls without a token (a browser's hub cookie) go to that route
+too. Without ``c.GpuLabService.proxy_api_url`` (and ``CONFIGPROXY_AUTH_TOKEN``)
+there is no router; the service's route answers every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from urllib.parse import unquote
+
+import aiohttp
+from aiohttp import web
+
+from gpulab.service.auth import TOKEN_CACHE_S
+from gpulab.service.endpoints.calls import CallRefused
+
+log = logging.getLogger("gpulab.service.endpoints.router")
+
+#: How long a token's answer (who, or invalid) is reused: a revoked token stops
+#: working here within this (the service's read cache, :data:`.auth.TOKEN_CACHE_S`).
+TOKEN_TTL_S = float(TOKEN_CACHE_S)
+BAD_TOKEN_TTL_S = 10.0
+TOKEN_CACHE_SIZE = 10_000
+#: How often the proxy's route table is checked for ours.
+ROUTE_CHECK_S = 15.0
+#: Request and response headers an OIP v2 exchange needs; nothing else crosses.
+FORWARD_REQUEST = (
+    "Content-Type",
+    "Content-Encoding",
+    "Accept-Encoding",
+    "Inference-Header-Content-Length",
+)
+FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
+
+
+def forwarded_headers(headers) -> dict:
+    return {h: headers[h] for h in FORWARD_REQUEST if h in headers}
+
+
+class Denied(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class TokenCache:
+    """token -> (identity or None, expiry), bounded."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self._answers: dict[str, tuple[object, float]] = {}
+
+    def get(self, token: str):
+        hit = self._answers.get(token)
+        if hit is None or hit[1] < self.clock():
+            return None, False
+        return hit[0], True
+
+    def put(self, token: str, identity) -> None:
+        if len(self._answers) >= TOKEN_CACHE_SIZE:
+            now = self.clock()
+            self._answers = {t: a for t, a in self._answers.items() if a[1] >= now}
+            if len(self._answers) >= TOKEN_CACHE_SIZE:
+                self._answers.clear()
+        ttl = TOKEN_TTL_S if identity is not None else BAD_TOKEN_TTL_S
+        self._answers[token] = (identity, self.clock() + ttl)
+
+    def forget(self, name: str) -> None:
+        """Drop the answers for ``name``'s tokens (one was revoked at the hub)."""
+        self._answers = {
+            t: a for t, a in self._answers.items() if getattr(a[0], "name", None) != name
+        }
+
+
+def error(status: int, message: str, retry_after: int | None = None) -> web.Response:
+    headers = {"Cache-Control": "no-store"}
+    if status == 405:
+        headers["Allow"] = "GET, HEAD, POST"
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return web.Response(
+        status=status,
+        body=json.dumps({"error": message}).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+class EndpointRouter:
+    def __init__(self, service, manager, hub_auth=None):
+        self.service = service
+        self.manager = manager
+        self.hub_auth = hub_auth
+        self.tokens = TokenCache()
+        self.prefix = service.prefix.rstrip("/") + "/endpoints/"
+        self.url: str | None = None  # where the proxy reaches the router
+        self.socket = None  # the one it listens on (a standby takes it over: endpoints/standby.py)
+        self._runner: web.ServerRunner | None = None
+        self._keeper: asyncio.Task | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- running -----------------------------------------------------------------------
+    async def start(self) -> None:
+        api = self.service.proxy_api_url
+        if not api or not os.environ.get("CONFIGPROXY_AUTH_TOKEN"):
+            log.info("No proxy API (c.GpuLabService.proxy_api_url): endpoints via the service")
+            return
+        if self.hub_auth is None:
+            from jupyterhub.services.auth import HubOAuth
+
+            self.hub_auth = HubOAuth.instance()  # the one the service's routes use
+        limit = self.service.max_upload_mib * 2**20
+        server = web.Server(self.handle, client_max_size=limit)
+        self._runner = web.ServerRunner(server, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner, self.service.endpoint_router_ip, self.service.endpoint_router_port
+        )
+        await site.start()
+        self.socket = site._server.sockets[0]
+        port = self.socket.getsockname()[1]  # the port the system chose
+        self.url = self.service.endpoint_router_url or (
+            f"http://{self.service.endpoint_router_ip}:{port}"
+        )
+        self._session = aiohttp.ClientSession(
+            auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+        )
+        await self._keep_route_once()
+        self._keeper = asyncio.ensure_future(self._keep_route())
+        log.info("Endpoint router on %s, routed from %s", self.url, self.prefix)
+
+    async def stop(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+        if self._session is not None:
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                await self._proxy_api("DELETE")  # calls fall back to the service's route
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- the proxy's route -------------------------------------------------------------
+    def _routespec(self) -> str:
+        return self.prefix.rstrip("/")
+
+    async def _proxy_api(self, method: str, body: dict | None = None):
+        url = f"{self.service.proxy_api_url.rstrip('/')}/api/routes{self._routespec()}"
+        headers = {"Authorization": f"token {os.environ['CONFIGPROXY_AUTH_TOKEN']}"}
+        async with self._session.request(
+            method, url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
+        ) as resp:
+            return resp.status, await resp.read()
+
+    async def _keep_route_once(self) -> None:
+        try:
+            status, data = await self._proxy_api("GET")
+            route = json.loads(data) if status == 200 and data.strip() else None
+            if not route or route.get("target") != self.url:
+                status, data = await self._proxy_api("POST", {"target": self.url, "gpulab": True})
+                if status >= 300:
+                    log.warning("The proxy refused the endpoint route: %s %s", status, data[:200])
+                else:
+                    log.info("Proxy route %s -> %s", self._routespec(), self.url)
+        except (aiohttp.ClientError, OSError, ValueError) as e:
+            log.warning("Cannot reach the proxy API to route endpoints: %s", e)
+
+    async def _keep_route(self) -> None:
+        while True:
+            await asyncio.sleep(ROUTE_CHECK_S)
+            await self._keep_route_once()
+
+    # -- calls -------------------------------------------------------------------------
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            return await self._handle(request)
+        except Denied as e:
+            return error(e.status, str(e))
+        except CallRefused as e:
+            return error(e.status, str(e), e.retry_after)
+        except web.HTTPRequestEntityTooLarge:
+            return self._too_large()
+        except Exception:
+            log.exception("endpoint call %s", request.path)
+            return error(500, "internal error in the gpulab service; see its log")
+
+    def _too_large(self) -> web.Response:
+        return error(
+            413,
+            f"the request is larger than {self.service.max_upload_mib} MiB; an admin "
+            f"can raise c.GpuLabService.max_upload_mib",
+        )
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        auth = request.headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() not in ("token", "bearer") or not token.strip():
+            return await self._via_service(request)  # a browser's cookie, or nothing
+        raw = request.raw_path
+        path, _, query = raw.partition("?")
+        if not path.startswith(self.prefix):
+            raise Denied(404, "not an endpoint path")
+        parts = path[len(self.prefix) :].split("/", 2)
+        if len(parts) < 3:
+            raise Denied(404, "call <hub>/services/gpulab/endpoints/<owner>/<name>/v2/...")
+        try:
+            user, name = unquote(parts[0], errors="strict"), unquote(parts[1], errors="strict")
+        except UnicodeDecodeError:
+            raise Denied(400, "the owner or name in the URL is not UTF-8") from None
+        if "\x00" in user + name + parts[2]:
+            raise Denied(400, "the URL path holds a NUL byte (%00)")
+        if request.method not in ("GET", "POST", "HEAD"):
+            raise Denied(405, f"endpoints answer GET, HEAD and POST, not {request.method}")
+        who = await self._identify(token.strip())
+        dep = self.manager.callable_endpoint(who, user, name)
+        length = request.content_length
+        if length is not None and length > self.service.max_upload_mib * 2**20:
+            return self._too_large()
+        body = await request.read() if request.method == "POST" else None
+        status, reason, headers, data = await self.manager.call(
+            dep,
+            request.method,
+            parts[2] + (f"?{query}" if query else ""),
+            forwarded_headers(request.headers),
+            body,
+        )
+        out = {h: headers[h] for h in FORWARD_RESPONSE if h in headers}
+        out["Cache-Control"] = "no-store"
+        return web.Response(status=status, reason=reason, body=data, headers=out)
+
+    async def _identify(self, token: str):
+        who, known = self.tokens.get(token)
+        if known:
+            if who is None:
+                raise Denied(401, "invalid token: create one on the hub's token page")
+            if isinstance(who, Denied):
+                raise who
+            return who
+        # The hub itself, not HubOAuth's cache: this cache is the only one, so a
+        # revoked token is refused within TOKEN_TTL_S.
+        model = await self.hub_auth.user_for_token(token, use_cache=False, sync=False)
+        if not model:
+            self.tokens.put(token, None)
+            raise Denied(401, "invalid token: create one on the hub's token page")
+        if not self.hub_auth.check_scopes(self.hub_auth.access_scopes, model):
+            denied = Denied(
+                403,
+                f"{model.get('kind', 'user')} {model.get('name')} may not use the gpulab "
+                f"service: the token lacks the scope access:services!service=gpulab",
+            )
+            self.tokens.put(token, denied)
+            raise denied
+        who = await self.service.identify(model)
+        self.tokens.put(token, who)
+        return who
+
+    async def _via_service(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Hand the call as it is to the service's own endpoint route (cookie logins,
+        and the 401 for no credentials)."""
+        base = os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101").rstrip("/")
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in ("host", "content-length", "transfer-encoding", "connection")
+        }
+        body = await request.read() if request.method == "POST" else None
+        async with self._session.request(
+            request.method, base + request.raw_path, headers=headers, data=body
+        ) as resp:
+            data = await resp.read()
+            out = {
+                k: v
+                for k, v in resp.headers.items()
+                if k.lower()
+                not in ("content-length", "transfer-encoding", "connection", "server", "date")
+            }
+            return web.Response(status=resp.status, reason=resp.reason, body=data, headers=out)

@@ -1,0 +1,165 @@
+"""Growing and shrinking a version's replicas: the autoscaler's decisions carried out.
+
+Part of :class:`~gpulab.service.endpoints.manager.DeploymentManager`. Every pass of its loop hands
+each version's traffic to :class:`~gpulab.service.endpoints.autoscale.Autoscaler`; a change runs in
+a
+task of its own, so calls and other versions are not held up:
+
+* **up**: one slice per new replica from the ledger, under the owner's quota,
+  as the ``serving`` class. When none is free, batch jobs may be preempted for
+  it (a claim, as for a new endpoint); otherwise the version runs what it has
+  and says why (``%deploy --list``), and the next pass tries again.
+* **down**: the highest replicas first get no new calls, then the calls they
+  hold finish (up to ``DRAIN_S``), then they stop and their slices go back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
+from gpulab.scheduler.quota import QuotaExceeded
+
+log = logging.getLogger("gpulab.service.endpoints.manager")
+
+#: The longest a replica being scaled away may take to finish the calls it holds.
+DRAIN_S = 30.0
+#: How often a version that found no free slice asks the ledger again.
+RETRY_S = 5.0
+
+
+def log_scaled(dep: dict, vrow: dict, before: int, after: int) -> None:
+    log.info(
+        "Deployment %s/%s version %d: %d -> %d replica(s)",
+        dep["user"],
+        dep["name"],
+        vrow["version"],
+        before,
+        after,
+    )
+
+
+class ScalingMixin:
+    def cold_waiting(self) -> bool:
+        """Some call waits for a replica of a version that runs none ready."""
+        return any(
+            u.traffic.waiting and not u.ready for d in self._deps.values() for u in d.units.values()
+        )
+
+    def autoscale(self, dep: dict, unit, now: float) -> None:
+        """One second of the autoscaler for one version: observe, decide, act."""
+        vrow = unit.row
+        unit.scaler.observe(now, unit.traffic.sample())
+        if unit.scaling or self.serving.cluster_autoscales(self.unit(dep, vrow)):
+            return
+        if self.service.jobs.preemptor.pending("deployment", f"{vrow['id']}/{vrow['replicas']}"):
+            return  # a slice is being freed for the next replica
+        want = unit.scaler.decide(now, vrow["replicas"], unit.traffic.waiting)
+        if want == vrow["replicas"]:
+            unit.blocked = ""
+            return
+        cold = vrow["replicas"] == 0 and unit.traffic.waiting
+        if want > vrow["replicas"] and unit.blocked and not cold and now - unit.tried_at < RETRY_S:
+            return  # found no slice a moment ago: ask the ledger again in a while
+        unit.tried_at = now
+        unit.scaling = True
+        self._spawn(self._scale(dep, unit, want))
+
+    async def _scale(self, dep: dict, unit, want: int) -> None:
+        try:
+            if want > unit.row["replicas"]:
+                await self._grow(dep, unit, want)
+            else:
+                await self._shrink(dep, unit, want)
+        except Exception:
+            log.exception(
+                "Scaling version %s of %s/%s", unit.row["version"], dep["user"], dep["name"]
+            )
+        finally:
+            unit.scaling = False
+            unit.draining_from = None
+
+    async def _grow(self, dep: dict, unit, want: int) -> None:
+        vrow = unit.row
+        have = vrow["replicas"]
+        rows: list[dict] = []
+        reason = ""
+        if vrow["gpu_milli"]:
+            groups = await self.service.groups_of(dep["user"])
+            for owner in self.owners(vrow, range(have, want)):
+                try:
+                    rows += await self.ledger.aio.allocate(
+                        dep["user"], "deployment", owner, vrow["gpu_milli"], groups
+                    )
+                except NoCapacity as e:
+                    reason = f"no free slice for more ({e})"
+                    if not rows:
+                        claim = await self.service.jobs.make_room(
+                            dep["user"], "deployment", [(owner, vrow["gpu_milli"])]
+                        )
+                        if claim is not None:
+                            reason = claim.message()
+                    break
+                except (QuotaExceeded, OwnerConflict) as e:
+                    reason = str(e)
+                    break
+        placed = have + (len(rows) if vrow["gpu_milli"] else want - have)
+        unit.blocked = f"wants {want} replica(s), runs {placed}: {reason}" if reason else ""
+        if placed > have:
+            await self._launch_more(dep, unit, placed, rows)
+
+    async def _launch_more(self, dep: dict, unit, placed: int, rows: list[dict]) -> None:
+        async with self._lock:
+            vrow = self.store.version(unit.row["id"])
+            if vrow is None or vrow["state"] == "failed":  # stopped meanwhile
+                for row in rows:
+                    await self.ledger.aio.release("deployment", row["owner"])
+                return
+            have = vrow["replicas"]
+            self.store.update_version(vrow["id"], replicas=placed)
+            if have == 0:
+                self.store.update_version(vrow["id"], state="starting", message="cold start")
+            await self.serving.scale(self.unit(dep, vrow), placed, rows)
+            unit.row = self.store.version(vrow["id"])
+            unit.scaler.changed(time.monotonic())
+        log_scaled(dep, vrow, have, placed)
+
+    async def grow_with(self, dep: dict, vrow: dict, members, rows: list[dict]) -> bool:
+        """A claim placed the slice the autoscaler waited for: launch that replica.
+        False when the version no longer wants it (its slices are then released)."""
+        replica = int(members[0][0].rsplit("/", 1)[1])
+        rec = self._deps.get(dep["id"])
+        unit = rec.units.get(vrow["id"]) if rec else None
+        if unit is None or vrow["state"] == "failed" or replica != vrow["replicas"]:
+            return False
+        self.store.update_version(vrow["id"], replicas=replica + 1)
+        await self.serving.scale(self.unit(dep, vrow), replica + 1, rows)
+        unit.row = self.store.version(vrow["id"])
+        unit.blocked = ""
+        unit.scaler.changed(time.monotonic())
+        return True
+
+    async def _shrink(self, dep: dict, unit, want: int) -> None:
+        vrow = unit.row
+        have = vrow["replicas"]
+        unit.draining_from = want  # no new calls to the replicas going away
+        deadline = time.monotonic() + DRAIN_S
+        while time.monotonic() < deadline and any(
+            unit.traffic.inflight.get(r) for r in range(want, have)
+        ):
+            await asyncio.sleep(0.05)
+        async with self._lock:
+            current = self.store.version(vrow["id"])
+            if current is None or current["state"] == "failed":
+                return
+            await self.serving.scale(self.unit(dep, current), want, [])
+            for owner in self.owners(current, range(want, have)):
+                await self.ledger.aio.release("deployment", owner)
+            self.store.update_version(vrow["id"], replicas=want)
+            unit.row = self.store.version(vrow["id"])
+            unit.scaler.changed(time.monotonic())
+            if want < unit.ready:
+                unit.ready = want
+        log_scaled(dep, vrow, have, want)

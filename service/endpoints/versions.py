@@ -1,0 +1,175 @@
+"""Versions of an endpoint: a canary beside the stable version, promotion, rollback.
+
+Part of :class:`~gpulab.service.endpoints.manager.DeploymentManager`. ``%deploy NEW --name X
+--canary P`` uploads a new model as version n+1 of ``X`` with weight P; the
+stable version keeps 100-P. One canary at a time. Promoting gives the canary
+every call and stops the old version once the calls it holds are answered;
+rolling back does the reverse. With ``rollback_margin`` set, the loop rolls a
+canary back by itself when, over the last minute and at least
+``ROLLBACK_MIN_CALLS`` of its calls, its error rate passes the stable
+version's by more than the margin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from gpulab.service.endpoints.settings import DeployRefused, check_canary
+
+log = logging.getLogger("gpulab.service.endpoints.manager")
+
+ROLLBACK_MIN_CALLS = 20
+#: The longest an old version waits for the calls it holds before it is stopped.
+RETIRE_DRAIN_S = 30.0
+
+
+def rollback_reason(stable: dict, canary: dict, margin: float, stable_version: int) -> str | None:
+    """Why a canary should be rolled back (its window's error rate passes the stable
+    version's by more than ``margin``, over enough calls), or None."""
+    if canary["calls"] < ROLLBACK_MIN_CALLS:
+        return None
+    if canary["error_rate"] <= stable["error_rate"] + margin:
+        return None
+    return (
+        f"rolled back automatically: {canary['error_rate']:.0%} of its calls "
+        f"failed against {stable['error_rate']:.0%} for version "
+        f"{stable_version} (margin {margin:.0%})"
+    )
+
+
+class VersionsMixin:
+    async def add_canary(self, who, settings: dict, model_tar: str) -> dict:
+        name = settings.get("name")
+        dep = self.store.find(who.name, name) if isinstance(name, str) else None
+        if dep is None:
+            raise DeployRefused(
+                404,
+                f"you have no deployment {name!r} to add a canary to; deploy it "
+                f"first without --canary",
+            )
+        weight, unit = check_canary(self.service, dep, settings)
+        if len(self.store.versions(dep["id"])) > 1:
+            raise DeployRefused(
+                409,
+                f"{dep['name']} already has a canary; promote it "
+                f"(%deploy --promote {dep['name']}) or roll it back "
+                f"(%deploy --rollback {dep['name']}) first",
+            )
+        version_id = uuid.uuid4().hex[:12]
+        unit["name"] = dep["name"]
+        await self._unpack(version_id, model_tar, unit)
+        del unit["name"]
+        try:
+            async with self._lock:
+                if len(self.store.versions(dep["id"])) > 1:
+                    raise DeployRefused(409, f"{dep['name']} already has a canary")
+                stable = self.store.versions(dep["id"])[0]
+                vrow = self.store.add_version(
+                    dep["id"], version_id, weight, {**unit, "replicas": max(dep["replicas"], 1)}
+                )
+                try:
+                    await self._place_new_version(dep, vrow)
+                except DeployRefused:
+                    self.store.remove_version(version_id)
+                    raise
+                self.store.set_weights({stable["id"]: 100 - weight})
+                self._record(self.store.get(dep["id"]))
+        except BaseException:
+            if self.store.version(version_id) is None:
+                self.serving.remove(version_id)
+            raise
+        log.info(
+            "Deployment %s/%s: version %d beside version %d, %d%% of calls",
+            dep["user"],
+            dep["name"],
+            vrow["version"],
+            stable["version"],
+            weight,
+        )
+        return self.view(self.store.get(dep["id"]))
+
+    def _pair(self, dep: dict) -> tuple[dict, dict]:
+        versions = self.store.versions(dep["id"])
+        if len(versions) < 2:
+            raise DeployRefused(
+                409,
+                f"{dep['name']} has no canary; add one with "
+                f"%deploy MODEL --name {dep['name']} --canary PERCENT",
+            )
+        return versions[0], versions[1]
+
+    async def promote(self, dep: dict) -> dict:
+        """The canary takes every call; the old version stops."""
+        async with self._lock:
+            old, new = self._pair(dep)
+            if new["state"] == "failed":
+                raise DeployRefused(
+                    409,
+                    f"version {new['version']} of {dep['name']} failed "
+                    f"({new['message']}); roll it back instead",
+                )
+            self.store.set_weights({new["id"]: 100, old["id"]: 0})
+            # New versions of this deployment start from the promoted one's settings.
+            self.store.update(
+                dep["id"],
+                **{
+                    k: new[k]
+                    for k in ("gpu_milli", "max_batch_size", "max_latency_ms", "max_queue")
+                },
+            )
+        await self._retire(dep, old, f"version {new['version']} promoted")
+        return self.view(self.store.get(dep["id"]))
+
+    async def rollback(self, dep: dict, reason: str = "rolled back") -> dict:
+        """The stable version takes every call again; the canary stops."""
+        async with self._lock:
+            old, new = self._pair(dep)
+            self.store.set_weights({old["id"]: 100, new["id"]: 0})
+            self.store.update_version(
+                old["id"], message=f"takes every call: version {new['version']} {reason}"
+            )
+        await self._retire(dep, new, reason)
+        return self.view(self.store.get(dep["id"]))
+
+    async def _retire(self, dep: dict, vrow: dict, reason: str) -> None:
+        """Stop a version that gets no more calls, once the calls it holds are answered."""
+        rec = self._deps.get(dep["id"])
+        unit = rec.units.get(vrow["id"]) if rec else None
+        if unit is not None:
+            unit.draining_from = 0
+            deadline = time.monotonic() + RETIRE_DRAIN_S
+            while unit.traffic.busy() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        async with self._lock:
+            current = self.store.version(vrow["id"])
+            if current is None:
+                return
+            released = await self._stop_version(dep, current)
+            self.store.remove_version(vrow["id"])
+            self._record(self.store.get(dep["id"]))
+        log.info(
+            "Deployment %s/%s: version %d stopped (%s); released %d slice(s)",
+            dep["user"],
+            dep["name"],
+            vrow["version"],
+            reason,
+            released,
+        )
+
+    async def check_rollback(self, dep: dict, rec) -> None:
+        """Roll the canary back when its errors pass the stable version's by the margin."""
+        margin = dep["rollback_margin"]
+        units = rec.by_version()
+        if margin is None or len(units) < 2 or units[1].row["weight"] == 0:
+            return
+        reason = rollback_reason(
+            units[0].traffic.window(), units[1].traffic.window(), margin, units[0].row["version"]
+        )
+        if reason is not None:
+            log.warning("Deployment %s/%s: canary %s", dep["user"], dep["name"], reason)
+            # Not under the loop's lock (the rollback takes it): in a task of its own.
+            units[1].row["weight"] = 0
+            self._spawn(self.rollback(dep, reason))

@@ -1,0 +1,147 @@
+"""Which classes do the service's work, chosen by configuration.
+
+``c.GpuLabService.jobs_backend_class``, ``serving_backend_class`` and
+``inventory_class`` are :class:`NamedType` traits: a class, its import path, or a
+short name (``"local"``, ``"kubernetes"``, ``"slurm"``). This module builds the job backends
+from them; the serving backend is the deployment manager's to build.
+"""
+
+from __future__ import annotations
+
+from traitlets import Type
+
+from gpulab.backend.base import Backend, JobStatus
+from gpulab.backend.job_network import JobNetwork
+from gpulab.backend.local import LocalBackend
+from gpulab.backend.spec import JobSpec, SpecError
+
+
+class ConfigError(Exception):
+    """A setting the service cannot start with. ``main()`` logs it on one line and
+    exits 1 before anything listens, so the hub's log says what to fix."""
+
+
+JOB_BACKENDS = {
+    "local": "gpulab.backend.local.LocalBackend",
+    "kubernetes": "gpulab.backend.kubernetes.backend.KubernetesBackend",
+    "slurm": "gpulab.backend.slurm.SlurmBackend",
+}
+SERVING_BACKENDS = {
+    "local": "gpulab.backend.local_serving.LocalServing",
+    "kubernetes": "gpulab.backend.kubernetes.serving.KubernetesServing",
+}
+INVENTORIES = {
+    "local": "gpulab.scheduler.inventory.LocalInventory",
+    "kubernetes": "gpulab.scheduler.inventory_kube.KubernetesInventory",
+    "slurm": "gpulab.backend.slurm_inventory.SlurmInventory",
+}
+
+
+class NamedType(Type):
+    """A ``Type`` trait that also takes one of a few short names."""
+
+    def __init__(self, names: dict[str, str], default: str = "local", **kwargs):
+        self.names = names
+        super().__init__(names[default], **kwargs)
+
+    def validate(self, obj, value):
+        if isinstance(value, str):
+            value = self.names.get(value, value)
+        return super().validate(obj, value)
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+#: What runs user code beside the service, and the chart value that gives it pods.
+_LOCAL_USER_CODE = {
+    "jobs_backend_class": ("jobs' ranks", "jobs.kubernetes.enabled: true"),
+    "serving_backend_class": ("endpoints' replicas", "deployments.kubernetes.enabled: true"),
+}
+
+
+def refuse_local_user_code(service, trait: str, cls: type | None = None) -> None:
+    """Stop the start where ``c.GpuLabService.user_code_in_service`` is off (the chart's
+    service pod) but ``trait`` (or a pool's ``cls`` of that trait) is a local backend:
+    its work would be processes in the service's own pod, beside the hub tokens and
+    the database."""
+    if service.user_code_in_service:
+        return
+    local = service.traits()[trait].validate(service, "local")
+    if not issubclass(cls or getattr(service, trait), local):
+        return
+    what, chart = _LOCAL_USER_CODE[trait]
+    where = f"c.GpuLabService.{trait} is" if cls is None else "a pool's backend is"
+    raise ConfigError(
+        f"{where} 'local' but c.GpuLabService.user_code_in_service "
+        f"is False: {what} would run in the service's own pod, beside its tokens and "
+        f"database; set {trait} = 'kubernetes' (chart: {chart}), or accept user code "
+        f"there with user_code_in_service = True (chart: "
+        f"service.allowUserCodeInServicePod: true)"
+    )
+
+
+class NoLocalJobs(Backend):
+    """Jobs of an earlier local run on a site that has no local pool now (their
+    directories survive): they read as before and report as ended, since nothing of
+    them can be running here. New jobs never come here (the pools refuse them)."""
+
+    name = "local"
+
+    def __init__(self, jobs_root: str):
+        super().__init__(jobs_root)
+        self.refusal = "this site has no local pool now; the job cannot run here"
+
+    def check(self, spec: JobSpec) -> None:
+        raise SpecError(self.refusal)
+
+    async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
+        raise SpecError(self.refusal)  # check() stops it first; never a process here
+
+    async def poll(self, spec: JobSpec) -> JobStatus:
+        return JobStatus("failed", message=self.refusal)
+
+    async def reattach(self, spec: JobSpec) -> bool:
+        return False
+
+    async def cancel(self, spec: JobSpec) -> None:
+        pass
+
+    async def preempt(self, spec: JobSpec) -> None:
+        pass
+
+
+def job_backends(service, root: str) -> dict[str, Backend]:
+    """The job backend of each pool of the site (``service.site_pools``), under the
+    pool's name. A local one only where user code may run beside the service."""
+    return {pool.name: pool_backend(service, pool, root) for pool in service.site_pools.list}
+
+
+def pool_backend(service, pool, root: str) -> Backend:
+    cls = pool.jobs
+    if issubclass(cls, LocalBackend):
+        # Named as the site set it: the trait, or a pool of c.GpuLabService.pools.
+        refuse_local_user_code(service, "jobs_backend_class", cls if service.pools else None)
+        return cls(
+            root,
+            real_gpus=any(not g.simulated for g in pool.gpus),
+            accounts=service.accounts,
+            limits=service.account_limits,
+            gpu_count=len(pool.gpus),
+            network=JobNetwork(parent=service),
+            log_max_bytes=service.job_log_max_bytes,
+        )
+    from gpulab.backend.kubernetes.backend import KubernetesBackend
+
+    if issubclass(cls, KubernetesBackend):
+        from gpulab.service.jobs.kubernetes import jobs_settings, kubernetes_backend
+
+        return kubernetes_backend(jobs_settings(service), root, pool.gpus, cls=cls)
+    if hasattr(cls, "from_service"):  # a site's own backend builds itself
+        return cls.from_service(service, root)
+    raise ConfigError(
+        f"c.GpuLabService.jobs_backend_class = {_name(cls)!r}: the service "
+        f"cannot build it; give the class a classmethod "
+        f"from_service(service, jobs_root)"
+    )

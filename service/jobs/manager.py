@@ -1,0 +1,728 @@
+"""The job manager: the queue, the ledger and the backends, composed.
+
+One loop (every second, or sooner when woken) does three things: it polls the
+running jobs (ended ones release their slices; preempted ones go back to the
+queue), it places the claims that preemption made room for
+(:mod:`gpulab.service.jobs.preemption`), and it admits queued jobs in order
+(:meth:`~gpulab.scheduler.queue.JobQueue.admit`), starting each on its
+backend. When the job at the head finds no room and its class may preempt,
+it makes room the same way a server does.
+
+State lives in the database and in each job's directory, so a restarted
+service re-attaches (:meth:`JobManager.reattach`) to jobs whose torchrun is
+still running and learns how the others ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import time
+import uuid
+
+from gpulab.backend.base import Backend
+from gpulab.backend.jobdir import JobDir
+from gpulab.backend.local import LocalBackend
+from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
+from gpulab.db.jobs import TERMINAL
+from gpulab.scheduler.priority import PriorityError
+from gpulab.scheduler.queue import PREEMPTED, JobQueue, Place, never_fits
+from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, label, parse_gpu_milli
+from gpulab.scheduler.usage import decayed
+from gpulab.service.jobs.backends import NoLocalJobs, job_backends
+from gpulab.service.jobs.cpu_quota import over_quota
+from gpulab.service.jobs.pools import AUTO, Pool, PoolRefused
+from gpulab.service.jobs.preemption import Claim, Preemptor
+from gpulab.service.tasks import KeptTask
+from gpulab.service.telemetry.allreduce import record_from_job
+
+log = logging.getLogger("gpulab.service.jobs.manager")
+
+#: Fields of a job spec the service fills in; a client may not send them.
+SERVICE_FIELDS = ("id", "user", "checkpoint_dir")
+TICK_S = 1.0
+#: How long stop() lets a pass of the loop finish before cutting it short.
+STOP_GRACE_S = 10.0
+
+
+class JobRefused(Exception):
+    """Submit refused; ``status`` is the HTTP code to answer with."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class JobManager:
+    def __init__(self, service, backends: dict[str, Backend] | None = None):
+        self.service = service
+        self.ledger = service.ledger
+        self.queue = JobQueue(service.ledger.engine, self._order)
+        self.preemptor = Preemptor(service, self)
+        self.preemptor.on_placed["job"] = self._claim_placed
+        self.root = os.path.join(service.data_dir, "jobs")
+        os.makedirs(self.root, exist_ok=True)
+        self.pools = service.site_pools
+        # Built here, before the service listens: bad settings stop the start.
+        #: Each pool's backend, by the pool's name.
+        self.backends = backends or job_backends(service, self.root)
+        #: Jobs of an earlier local run on a site without a local pool now.
+        self._legacy = NoLocalJobs(self.root)
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._tails: dict[str, tuple[int, list[dict]]] = {}
+        #: Queued ``auto`` jobs: the pools each may start in (from its spec, once).
+        self._auto: dict[str, list[str]] = {}
+        self._loop = KeptTask("gpulab-job-queue", self.loop)
+
+    # -- running -----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Once the service listens: re-attach to running jobs, then run the queue."""
+        try:
+            self.preemptor.restore()
+            await self.reattach()
+        except Exception:
+            log.exception("Re-attaching to jobs")
+        self._loop.start()
+
+    async def stop(self) -> None:
+        """End the queue loop between passes (jobs themselves run on: a restarted
+        service re-attaches to them), then close the backends' API clients."""
+        try:
+            await asyncio.wait_for(self._lock.acquire(), STOP_GRACE_S)
+            held = True
+        except TimeoutError:
+            held = False  # a pass is stuck (a hung backend call): cut it short
+        try:
+            await self._loop.stop()
+        finally:
+            if held:
+                self._lock.release()
+        for backend in self.backends.values():
+            close = getattr(backend, "close", None)  # Kubernetes backends hold a client
+            if close is not None:
+                try:
+                    await close()
+                except Exception:
+                    log.exception("Closing the %s backend", backend.name)
+
+    # -- reading -----------------------------------------------------------------------
+    def backend_of(self, job: dict) -> Backend | None:
+        """The backend of the pool a job runs in (None while an ``auto`` job waits)."""
+        pool = job.get("pool")
+        if not pool:  # a job of before pools: its backend's kind names the pool
+            found = self.pools.of_kind(job["backend"])
+            if found is None:
+                return self._legacy if job["backend"] == "local" else None
+            pool = found.name
+        return self.backends.get(pool)
+
+    def _backend(self, job: dict) -> Backend:
+        backend = self.backend_of(job)
+        if backend is None:
+            raise LookupError(f"job {job['id']}: no backend for pool {job.get('pool')!r}")
+        return backend
+
+    def spec(self, job: dict) -> JobSpec:
+        return self.jobdir(job).spec()
+
+    def jobdir(self, job: dict) -> JobDir:
+        return JobDir(self.root, job["id"])
+
+    def view(self, job: dict, positions: dict[str, int] | None = None) -> dict:
+        """The job as the API shows it (``positions``: the queue's, when the caller
+        shows many jobs and so orders the queue once)."""
+        out = dict(job)
+        # Whom a job is stopped for stays the service's: the owner sees that it is.
+        out["preempting"] = bool(job.get("preempting"))
+        out["world_size"] = job["nodes"] * job["nproc_per_node"]
+        if job["state"] != "queued":
+            out["position"] = None
+        else:
+            out["position"] = (positions or self.queue.positions()).get(job["id"])
+        out["has_out"] = bool(self.jobdir(job).out_path())
+        if not out.get("pool"):
+            found = self.pools.of_kind(job["backend"])
+            out["pool"] = found.name if found else job["backend"]
+        if job["backend"] == "slurm" and job["state"] != "queued":
+            out["slurm_job_id"] = self._slurm_id(job)
+        return out
+
+    def _slurm_id(self, job: dict) -> str | None:
+        """The Slurm job id its backend kept (users find it in squeue and sacct)."""
+        try:
+            with open(self.jobdir(job).p("slurm", "job_id")) as f:
+                return f.read(32).strip() or None
+        except OSError:
+            return None
+
+    def summaries(self, user: str | None) -> list[dict]:
+        """Queued and running jobs with their latest step, loss and throughput.
+
+        For the dashboard's Jobs tab; ``user=None`` means every user's (admins).
+        """
+        out = []
+        for job in self.queue.list(user=user, states=("queued", "running")):
+            item = {k: job[k] for k in ("id", "name", "user", "state")}
+            if job["state"] == "running" and self.backend_of(job) is not None:
+                item.update(self._latest_progress(job))
+            out.append(item)
+        return out
+
+    def _latest_progress(self, job: dict) -> dict:
+        # Rank 0's report() records, read incrementally: a cursor per job.
+        cursor, tail = self._tails.get(job["id"], (0, []))
+        records, cursor = self.jobdir(job).metrics(0, cursor)
+        tail = (tail + records)[-2:]
+        self._tails[job["id"]] = (cursor, tail)
+        if not tail:
+            return {}
+        last = tail[-1]
+        progress = {k: last[k] for k in ("step", "total_steps", "loss", "lr") if k in last}
+        if len(tail) == 2 and "samples" in last and last["time"] > tail[0]["time"]:
+            progress["samples_per_second"] = last["samples"] / (last["time"] - tail[0]["time"])
+        return progress
+
+    # -- submitting ----------------------------------------------------------------------
+    async def submit(self, who, body: dict) -> dict:
+        if who.kind != "user":
+            raise JobRefused(403, "jobs are submitted by users (with a user's token)")
+        sent = sorted(set(body) & set(SERVICE_FIELDS))
+        if sent:
+            raise JobRefused(400, f"field(s) set by the service, not the client: {', '.join(sent)}")
+        try:
+            spec = JobSpec.from_dict(body)
+            parse_gpu_milli(spec.gpu_milli, tuple(self.service.slice_sizes))
+        except SpecTooLarge as e:
+            raise JobRefused(413, str(e)) from None
+        except (SpecError, SliceError, TypeError) as e:
+            raise JobRefused(400, str(e)) from None
+        self._check_limits(spec)
+        if spec.priority > 0 and not who.admin:
+            raise JobRefused(
+                403,
+                f"priority {spec.priority}: users may lower their jobs' "
+                f"priority (down to -100); raising it is for admins",
+            )
+        try:
+            klass = self.service.priorities.for_job(
+                spec.priority_class, who.admin, await self.service.granted_classes(who.name)
+            )
+        except PriorityError as e:
+            status = 403 if spec.priority_class in self.service.priorities.by_name else 400
+            raise JobRefused(status, str(e)) from None
+        # The backends' checks may name the job (a Kubernetes Job's name is its id).
+        spec.id = uuid.uuid4().hex[:12]
+        spec.user = who.name
+        places = self._places_for(spec)
+        total = spec.gpu_milli * spec.world_size
+        groups = await self.service.groups_of(who.name)
+        reason = never_fits(self.ledger.quotas, who.name, total, groups)
+        if not reason and all(isinstance(self.backends[p.name], LocalBackend) for p in places):
+            # The quota is this host's; Slurm and Kubernetes nodes have their own.
+            reason = over_quota(self.service, who.name, spec.world_size, spec.gpu_milli, "ranks")
+        if reason:
+            raise JobRefused(403, reason)
+        pool = places[0].name if len(places) == 1 else AUTO
+
+        jd = JobDir(self.root, spec.id)
+        os.makedirs(jd.path)
+        spec.checkpoint_dir = jd.p("checkpoints")
+        jd.write_inputs(spec)
+        job = self.queue.add(
+            {
+                "id": spec.id,
+                "user": who.name,
+                "name": spec.name,
+                "priority": spec.priority,
+                "priority_class": spec.priority_class,
+                "preemptible": spec.preemptible and klass.preemptible,
+                "backend": places[0].kind if len(places) == 1 else "",
+                "pool": pool,
+                "nodes": spec.nodes,
+                "nproc_per_node": spec.nproc_per_node,
+                "gpu_milli": spec.gpu_milli,
+                "message": "queued",
+            }
+        )
+        where = (
+            f"pool {pool}" if pool != AUTO else f"the first pool with room ({self.pools.names()})"
+        )
+        jd.event(
+            f"job {spec.id} queued: {spec.world_size} rank(s) x {label(spec.gpu_milli)}, "
+            f"for {where}"
+        )
+        self._wake.set()
+        return self.view(job)
+
+    def _check_limits(self, spec: JobSpec) -> None:
+        """The site's caps: every rank is a process somewhere, GPU or not."""
+        cap = self.service.max_job_ranks
+        if spec.world_size > cap:
+            raise JobRefused(
+                400,
+                f"the job asks for {spec.world_size} ranks ({spec.nodes} "
+                f"node(s) x {spec.nproc_per_node}); at most {cap} per job "
+                f"here: use fewer --nodes or --nproc-per-node (an admin can "
+                f"raise c.GpuLabService.max_job_ranks)",
+            )
+        limit = self.service.max_job_vars_mib * 2**20
+        if spec.vars_size > limit:
+            raise JobRefused(
+                413,
+                f"the job's variables are {spec.vars_size / 2**20:.1f} MiB "
+                f"(pickled), over the {self.service.max_job_vars_mib} MiB a "
+                f"job may carry; save large data to a file or dataset the "
+                f"ranks read (an admin can raise "
+                f"c.GpuLabService.max_job_vars_mib)",
+            )
+
+    def _places_for(self, spec: JobSpec) -> list[Pool]:
+        """The pools the job may run in, in the site's order: those it names (or all),
+        less those whose backend cannot run it or that could never place it."""
+        try:
+            pools = self.pools.for_job(spec.pool, spec.backend)
+        except PoolRefused as e:
+            raise JobRefused(400, str(e)) from None
+        fits, refusals = [], []
+        for pool in pools:
+            try:
+                self.backends[pool.name].check(spec)
+                self._check_capacity(spec, pool.gpus)
+            except SpecError as e:
+                refusals.append((400, pool, str(e)))
+                continue
+            except JobRefused as e:
+                refusals.append((e.status, pool, str(e)))
+                continue
+            fits.append(pool)
+        if fits:
+            return fits
+        status, _, message = refusals[0]
+        if len(refusals) > 1:
+            message = "; ".join(f"pool {p.name}: {m}" for _, p, m in refusals)
+        raise JobRefused(status, message)
+
+    def _check_capacity(self, spec: JobSpec, gpus) -> None:
+        """Refuse what this pool could never place, rather than queue it forever."""
+        if not spec.gpu_milli:
+            return
+        if not gpus:
+            raise JobRefused(409, "this cluster has no GPUs; submit with --gpu 0 (CPU ranks)")
+        per_rank = max(1, spec.gpu_milli // MILLI_PER_GPU)
+        per_node = {}
+        for g in gpus:
+            per_node[g.node] = per_node.get(g.node, 0) + 1
+        if per_rank > max(per_node.values()):
+            raise JobRefused(409, f"a rank asks for {per_rank} GPUs but no node has that many")
+        if spec.gpu_milli * spec.world_size > MILLI_PER_GPU * len(gpus):
+            raise JobRefused(
+                409,
+                f"the job needs {spec.gpu_milli * spec.world_size} milli-GPU "
+                f"in all but the cluster has {len(gpus)} GPU(s); use fewer "
+                f"ranks or a smaller --gpu",
+            )
+
+    # -- the loop ----------------------------------------------------------------------
+    async def loop(self) -> None:
+        while True:
+            # Cleared before the pass: a submit during it wakes the next one at once.
+            self._wake.clear()
+            try:
+                async with self._lock:
+                    await self._poll_running()
+                    await self.preemptor.settle()
+                    await self._admit()
+            except Exception:  # the loop must outlive one bad job or a hub hiccup
+                log.exception("job loop")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), TICK_S)
+
+    async def _poll_running(self) -> None:
+        for job in self.queue.list(states=("running",)):
+            try:
+                await self._poll_one(job)
+            except Exception as e:  # one broken job must not stop the others
+                log.exception("Polling job %s", job["id"])
+                if self.backend_of(job) is None or not os.path.exists(
+                    self.jobdir(job).p("spec.json")
+                ):
+                    owners = [
+                        f"{job['id']}/{r}" for r in range(job["nodes"] * job["nproc_per_node"])
+                    ]
+                    await self.ledger.aio.run(
+                        self._finish, job, owners, "failed", f"lost its job directory: {e}", {}
+                    )
+
+    async def _poll_one(self, job: dict) -> None:
+        spec = self.spec(job)
+        backend = self._backend(job)
+        status = await backend.poll(spec)
+        if job["preempting"]:
+            await self._poll_preempting(job, spec, status)
+            return
+        if status.restarts != job["restarts"]:
+            self.queue.update(job["id"], restarts=status.restarts)
+        if status.state == "running":
+            if job["message"] == "starting":
+                self.queue.update(job["id"], message="running")
+            if spec.timeout and job["started"] and self._age(job) > spec.timeout:
+                await backend.cancel(spec)
+                await self._end(
+                    job,
+                    spec,
+                    "failed",
+                    f"timed out after {spec.timeout:g} s (--timeout)",
+                    restarts=status.restarts,
+                )
+            return
+        await self._end(
+            job,
+            spec,
+            status.state,
+            status.message or status.state,
+            error=status.error,
+            restarts=status.restarts,
+        )
+
+    @staticmethod
+    def _age(job: dict) -> float:
+        started = dt.datetime.fromisoformat(job["started"])
+        return (dt.datetime.now(dt.UTC) - started).total_seconds()
+
+    def _finish(
+        self, job: dict, owners: list[str], state: str, message: str, values: dict
+    ) -> int | None:
+        """The job's row ends and its slices go back (in the ledger's threads: SQLite
+        may wait for another writer). None if the job had already ended."""
+        if not self.queue.finish(job["id"], state, message, **values):
+            return None
+        return sum(len(self.ledger.release("job", o)) for o in owners)
+
+    async def _end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
+        self._tails.pop(job["id"], None)
+        current = self.queue.get(job["id"])
+        if current is not None and current["state"] not in TERMINAL:
+            # Before the row ends: a reader following the log stops once it sees the
+            # end, and must find this line there.
+            self.jobdir(job).event(f"job {state}: {message}")
+        released = await self.ledger.aio.run(
+            self._finish, job, spec.rank_owners(), state, message, values
+        )
+        if released is not None:
+            if state == "succeeded":  # a nettest probe's result, read from the job itself
+                record_from_job(self.service, job, self.jobdir(job))
+            log.info(
+                "Job %s of %s %s (%s); released %d slice(s)",
+                job["id"],
+                job["user"],
+                state,
+                message,
+                released,
+            )
+            self._wake.set()
+
+    # -- preemption ----------------------------------------------------------------------
+    def _order(self, queued: list[dict]):
+        """Class, then the job's priority, then its owner's decayed use, then submit time."""
+        priorities = self.service.priorities
+        use = (
+            decayed(self.ledger.engine, self.service.fair_share_half_life_seconds)
+            if len({j["user"] for j in queued}) > 1
+            else {}
+        )
+        return lambda j: (
+            -priorities.value(j["priority_class"], "job"),
+            -j["priority"],
+            round(use.get(j["user"], 0.0)),
+            j["submitted"],
+            j["id"],
+        )
+
+    async def preempt(self, job_id: str, claim) -> None:
+        """Ask a running job to checkpoint and stop for ``claim`` (within the grace)."""
+        job = self.queue.get(job_id)
+        grace = self.service.preemption_grace_seconds
+        self.queue.update(
+            job_id,
+            preempting={"claim": claim.to_json(), "deadline": claim.deadline},
+            message=(
+                f"preempting: saving a checkpoint at the next step to make room for "
+                f"{claim.what} (grace {grace:g} s)"
+            ),
+        )
+        spec = self.spec(job)
+        self.jobdir(job).event(
+            f"preempted for {claim.what}: SIGTERM to every rank; they save a checkpoint "
+            f"at the next step and stop (grace {grace:g} s), then the job waits in the queue"
+        )
+        await self._backend(job).preempt(spec)
+
+    async def _poll_preempting(self, job: dict, spec: JobSpec, status) -> None:
+        """A job asked to stop: requeue it once it has (or kill it after the grace)."""
+        backend = self._backend(job)
+        claim = job["preempting"]["claim"]
+        if status.state == "running":
+            if time.time() > job["preempting"]["deadline"]:
+                self.jobdir(job).event("the grace period ended: stopping what is left")
+                await backend.cancel(spec)
+                await self._requeue(job, spec, claim["what"])
+            return
+        jd = self.jobdir(job)
+        if status.state == "succeeded" and jd.preempted_at() is None:
+            # It finished within the grace period: nothing to resume.
+            await self._end(job, spec, "succeeded", "succeeded", restarts=status.restarts)
+            return
+        await self._requeue(job, spec, claim["what"])
+
+    async def _requeue(self, job: dict, spec: JobSpec, what: str) -> None:
+        jd = self.jobdir(job)
+        latest = jd.checkpoint()
+        resume = (
+            f"resumes from its checkpoint at step {latest['step']}"
+            if latest
+            else "it had no checkpoint yet and starts over"
+        )
+        message = f"{PREEMPTED}{what}; waits in the queue and {resume}"
+
+        def requeue() -> None:
+            for owner in spec.rank_owners():
+                self.ledger.release("job", owner)
+            self.queue.update(
+                job["id"],
+                state="queued",
+                started=None,
+                preempting=None,
+                preemptions=job["preemptions"] + 1,
+                message=message,
+                **back_to,
+            )
+
+        back_to = self._requested(job)
+        jd.reset_run()
+        await self.ledger.aio.run(requeue)
+        self._tails.pop(job["id"], None)
+        jd.event(message)
+        log.info("Job %s of %s preempted (%s)", job["id"], job["user"], message)
+        self._wake.set()
+
+    async def make_room(self, user: str, kind: str, members: list[tuple[str, int]]):
+        """Preempt for a server's or an endpoint's slices that found no room in the
+        pool they go to: the claim, or None when nothing the kind's class may preempt
+        would make room."""
+        klass = self.service.priorities.of_kind(kind)
+        what = {"server": "server", "deployment": "endpoint"}.get(kind, kind)
+        async with self._lock:
+            return await self.preemptor.make_room(
+                kind,
+                user,
+                members,
+                klass.value,
+                f"{_article(klass.name)} {what}",
+                self.service.pool_for(kind),
+            )
+
+    async def _make_room_for(self, job: dict) -> None:
+        """The head of the queue found no room: preempt for it, in the first pool it
+        may run in, if its class may."""
+        priorities = self.service.priorities
+        klass = priorities.by_name.get(job["priority_class"]) or priorities.of_kind("job")
+        pools = self._candidates(job)
+        if not pools:
+            return
+        claim = await self.preemptor.make_room(
+            "job",
+            job["user"],
+            self._members(job),
+            klass.value,
+            f"{_article(klass.name)} job",
+            pools[0],
+        )
+        if claim is not None:
+            self.queue.update(job["id"], message=claim.message())
+
+    async def _claim_placed(self, claim, rows: list[dict]) -> None:
+        job = self.queue.get(claim.members[0][0].split("/", 1)[0])
+        if job is None or job["state"] != "queued":  # cancelled meanwhile
+            for owner, _ in claim.members:
+                await self.ledger.aio.release("job", owner)
+            return
+        pool = claim.pool or (self._candidates(job) or [""])[0]
+        kind = self.pools.by_name[pool].kind if pool in self.pools.by_name else ""
+        self.queue.start(job["id"], pool, kind)
+        await self._start(self.queue.get(job["id"]), rows)
+
+    # -- pools -------------------------------------------------------------------------
+    def _candidates(self, job: dict) -> list[str]:
+        """The pools a queued job may start in, in order: the one it names, or for
+        ``auto`` those that could run it (worked out again after a restart)."""
+        pool = job.get("pool")
+        if pool and pool != AUTO:
+            return [pool] if pool in self.backends else []
+        if not pool:  # a job of before pools
+            found = self.pools.of_kind(job["backend"])
+            return [found.name] if found else []
+        cached = self._auto.get(job["id"])
+        if cached is None:
+            try:
+                cached = [p.name for p in self._places_for(self.spec(job))]
+            except (JobRefused, OSError, ValueError) as e:
+                log.warning("Job %s fits no pool now: %s", job["id"], e)
+                cached = []
+            self._auto[job["id"]] = cached
+        return cached
+
+    def _places(self, job: dict) -> list[Place]:
+        return [
+            Place(
+                name,
+                self.ledger.pool(name),
+                self._node_groups(job, name),
+                self.pools.by_name[name].kind,
+            )
+            for name in self._candidates(job)
+        ]
+
+    def _requested(self, job: dict) -> dict:
+        """The row's pool as submitted: a requeued ``auto`` job may start anywhere again
+        (its checkpoints are in its job dir, which every pool reads)."""
+        try:
+            spec = self.spec(job)
+        except (OSError, ValueError):
+            return {}
+        if len(self.pools.list) > 1 and spec.pool in ("", AUTO) and not spec.backend:
+            return {"pool": AUTO, "backend": ""}
+        return {}
+
+    def _members(self, job: dict) -> list[tuple[str, int]]:
+        n = job["nodes"] * job["nproc_per_node"]
+        return [(f"{job['id']}/{r}", job["gpu_milli"]) for r in range(n)]
+
+    def _node_groups(self, job: dict, pool: str) -> list[int] | None:
+        """Each rank's node rank, for backends whose node ranks run on distinct nodes."""
+        backend = self.backends.get(pool)
+        if not getattr(backend, "nodes_apart", False) or job["nodes"] < 2:
+            return None
+        return [r // job["nproc_per_node"] for r in range(job["nodes"] * job["nproc_per_node"])]
+
+    async def _admit(self) -> None:
+        queued = self.queue.queued()
+        if not queued:
+            return
+        groups = {u: await self.service.groups_of(u) for u in {j["user"] for j in queued}}
+        admitted, blocked = await self.ledger.aio.run(
+            self.queue.admit, self.ledger, groups, self._members, places=self._places
+        )
+        for job, rows in admitted:
+            await self._start(job, rows)
+        if blocked is not None and blocked["gpu_milli"]:
+            await self._make_room_for(blocked)
+
+    async def _start(self, job: dict, rows: list[dict]) -> None:
+        spec = self.spec(job)
+        self._auto.pop(job["id"], None)
+        where = sorted({f"{r['node']}:{r['gpu_index']}" for r in rows})
+        pool = f" in pool {job['pool']}" if job.get("pool") and len(self.pools.list) > 1 else ""
+        why = job["message"].split(": ", 1)[1] if job["message"].startswith("starting on") else ""
+        self.jobdir(job).event(
+            f"job started{pool}: {spec.world_size} rank(s)"
+            + (f" on GPU(s) {', '.join(where)}" if where else " on CPU")
+            + (f" ({why})" if why else "")
+        )
+        try:
+            await self._backend(job).start(spec, rows)
+        except Exception as e:
+            log.exception("Starting job %s", job["id"])
+            await self._end(job, spec, "failed", f"could not start: {e}")
+
+    # -- moving a job (self-healing) -----------------------------------------------------
+    async def move(self, job_id: str, what: str, why: str) -> bool:
+        """Checkpoint a running job at its next step and requeue it, e.g. off a cordoned
+        GPU: the preemption path, with a claim for the job itself, so it is placed again
+        (where placement allows) once it has stopped. ``what`` ends "preempted for ...";
+        ``why`` is the one line its event log and message start with. Backends that
+        cannot be preempted are restarted (:meth:`restart`). False if it is not running
+        or already stopping."""
+        async with self._lock:
+            job = self.queue.get(job_id)
+            backend = self.backend_of(job) if job is not None else None
+            if backend is None or job["state"] != "running" or job["preempting"]:
+                return False
+            if not backend.can_preempt:
+                await self._restart(job, what, why)
+                return True
+            klass = self.service.priorities.by_name.get(job["priority_class"])
+            value = (klass or self.service.priorities.of_kind("job")).value
+            grace = self.service.preemption_grace_seconds
+            claim = Claim(
+                "job",
+                job["user"],
+                self._members(job),
+                value,
+                what,
+                [job_id],
+                time.time() + grace,
+                job.get("pool") or "",
+            )
+            self.jobdir(job).event(f"{why}; the job saves a checkpoint and moves")
+            self.preemptor.claims[claim.key] = claim
+            await self.preempt(job_id, claim)
+            self.queue.update(
+                job_id,
+                message=f"{why}; saving a checkpoint at the next step to move (grace {grace:g} s)",
+            )
+            return True
+
+    async def restart(self, job_id: str, what: str, why: str) -> bool:
+        """Stop a running job's processes now and requeue it (it resumes from its latest
+        checkpoint), e.g. one that stalled. False if it is not running."""
+        async with self._lock:
+            job = self.queue.get(job_id)
+            if job is None or job["state"] != "running" or self.backend_of(job) is None:
+                return False
+            await self._restart(job, what, why)
+            return True
+
+    async def _restart(self, job: dict, what: str, why: str) -> None:
+        spec = self.spec(job)
+        self.jobdir(job).event(f"{why}; stopping its processes to restart it")
+        await self._backend(job).cancel(spec)
+        await self._requeue(job, spec, what)
+
+    # -- cancelling ----------------------------------------------------------------------
+    async def cancel(self, job: dict, reason: str = "cancelled") -> dict:
+        async with self._lock:
+            job = self.queue.get(job["id"])
+            if job["state"] in TERMINAL:
+                return self.view(job)
+            spec = self.spec(job)
+            if job["state"] == "running":
+                await self._backend(job).cancel(spec)
+            await self._end(job, spec, "cancelled", reason)
+        return self.view(self.queue.get(job["id"]))
+
+    # -- restarting ----------------------------------------------------------------------
+    async def reattach(self) -> None:
+        """After a restart: keep watching running jobs; start admitted ones never launched."""
+        for job in self.queue.list(states=("running",)):
+            backend = self.backend_of(job)
+            if backend is None:
+                continue
+            spec = self.spec(job)
+            if not os.path.exists(backend.jobdir(job["id"]).p("launch.json")):
+                rows = [
+                    r
+                    for o in spec.rank_owners()
+                    for r in self.ledger.list(owner_kind="job", owner=o)
+                ]
+                await self._start(job, rows)
+                continue
+            alive = await backend.reattach(spec)
+            log.info("Job %s: %s", job["id"], "re-attached" if alive else "ended while away")
+
+
+def _article(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"

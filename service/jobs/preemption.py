@@ -1,0 +1,265 @@
+"""Making room: claims for a slice, the victims chosen for them, and placing the claim.
+
+When a server, an endpoint's replicas or a job of a higher class cannot be
+placed, :meth:`Preemptor.make_room` looks for victims among the preemptible
+jobs it may take from (:func:`eligible`), with the scheduler's
+:func:`~gpulab.scheduler.preemption.choose_victims`. Each victim is asked to
+checkpoint and stop (:meth:`JobManager.preempt`); the request becomes a
+*claim*. The job loop requeues victims as they stop and then places the claim
+(:meth:`Preemptor.settle`), before any queued job can take the room. The
+spawner and ``%deploy`` see the claim as "freeing a slice" until it is placed.
+
+Claims are kept on the victims' rows (``preempting``), so a restarted service
+finishes what it started.
+
+Who may take from whom (the rules of Kueue and KAI-Scheduler):
+
+- a higher class takes from lower classes, as long as the victim's owner is
+  borrowing (above their guarantee) or is the requester themselves;
+- a user within their guarantee reclaims from borrowers of the same or lower class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+
+from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
+from gpulab.scheduler.policy import Request
+from gpulab.scheduler.preemption import Holder, Plan, choose_victims
+from gpulab.scheduler.quota import QuotaExceeded, Quotas
+from gpulab.scheduler.slices import MILLI_PER_GPU, shape_of
+from gpulab.service.sharing import groups_by_user
+
+log = logging.getLogger("gpulab.service.jobs.preemption")
+
+#: How long a claim may wait after its grace period before it is given up
+#: (a victim that will not die; the requester asks again and gets a new plan).
+CLAIM_SLACK_S = 60.0
+
+
+@dataclasses.dataclass
+class Claim:
+    kind: str  # server, deployment or job
+    user: str
+    members: list[tuple[str, int]]  # (owner, milli), as the ledger takes them
+    value: int  # the requester's class value
+    what: str  # for messages, without names: "an interactive server"
+    victims: list[str]  # job ids
+    deadline: float  # epoch seconds: the victims' grace ends
+    pool: str = ""  # the pool whose GPUs it is placed on ("" = any: before pools)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.kind, self.members[0][0])
+
+    def message(self) -> str:
+        left = max(0, round(self.deadline - time.time()))
+        n = len(self.victims)
+        return (
+            f"freeing a slice: {n} batch job{'s' if n != 1 else ''} "
+            f"{'are' if n != 1 else 'is'} saving a checkpoint to make room "
+            f"(up to {left} s more)"
+        )
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> Claim:
+        d = dict(data)
+        d["members"] = [tuple(m) for m in d["members"]]
+        return cls(**d)
+
+
+def requests_of(members: list[tuple[str, int]]) -> list[Request]:
+    out = []
+    for _, milli in members:
+        if milli:
+            shape = shape_of(milli)
+            out.append(Request(gpu_milli=shape.milli_per_gpu, num_gpu=shape.num_gpus))
+    return out
+
+
+def eligible(
+    victim: Mapping,
+    victim_value: int,
+    user: str,
+    value: int,
+    reclaiming: bool,
+    borrowing: Callable[[str], bool],
+) -> bool:
+    """May a request of ``user`` at class ``value`` take ``victim`` (a job row)?"""
+    if not victim["preemptible"] or victim.get("preempting"):
+        return False
+    if victim_value < value and (victim["user"] == user or borrowing(victim["user"])):
+        return True
+    return (
+        reclaiming
+        and victim_value <= value
+        and victim["user"] != user
+        and borrowing(victim["user"])
+    )
+
+
+class Preemptor:
+    def __init__(self, service, jobs):
+        self.service = service
+        self.jobs = jobs
+        self.claims: dict[tuple[str, str], Claim] = {}
+        #: Called with (claim, ledger rows) when a claim of that kind is placed.
+        self.on_placed: dict[str, Callable] = {}
+
+    # -- restarting ----------------------------------------------------------------
+    def restore(self) -> None:
+        """Claims of victims still stopping when the service stopped."""
+        for job in self.jobs.queue.list(states=("running",)):
+            if job.get("preempting"):
+                claim = Claim.from_json(job["preempting"]["claim"])
+                self.claims.setdefault(claim.key, claim)
+
+    def pending(self, kind: str, owner: str) -> Claim | None:
+        return self.claims.get((kind, owner))
+
+    # -- choosing ------------------------------------------------------------------
+    async def make_room(
+        self,
+        kind: str,
+        user: str,
+        members: list[tuple[str, int]],
+        value: int,
+        what: str,
+        pool: str = "",
+    ) -> Claim | None:
+        """Preempt victims in ``pool`` for a request that found no room there; None if
+        none would do.
+
+        Call with the job manager's lock held.
+        """
+        key = (kind, members[0][0])
+        if key in self.claims:
+            return self.claims[key]
+        settings = await self.service.group_settings()
+        plan = await self.service.ledger.aio.run(
+            self._plan, user, members, value, groups_by_user(settings), pool
+        )
+        if plan is None:
+            return None
+        grace = self.service.preemption_grace_seconds
+        claim = Claim(
+            kind,
+            user,
+            list(members),
+            value,
+            what,
+            [v.key for v in plan.victims],
+            time.time() + grace,
+            pool,
+        )
+        self.claims[key] = claim
+        for victim in plan.victims:
+            await self.jobs.preempt(victim.key, claim)
+        log.info(
+            "Preempting %s for %s of %s (%.0f GPU-seconds at risk, %d milli freed)",
+            ", ".join(claim.victims),
+            what,
+            user,
+            plan.at_risk,
+            plan.freed_milli,
+        )
+        return claim
+
+    def _plan(
+        self,
+        user: str,
+        members: list[tuple[str, int]],
+        value: int,
+        groups_by_user: Mapping[str, dict[str, set[str]]],
+        pool: str = "",
+    ) -> Plan | None:
+        # Victims only in the pool: slices freed elsewhere would not help.
+        ledger = self.service.ledger.pool(pool or None)
+        quotas: Quotas = ledger.quotas
+        requests = requests_of(members)
+        if not requests:
+            return None
+        usage = ledger.usage()
+        total = sum(m for _, m in members)
+        reclaiming = quotas.within_guarantee(user, total, usage, groups_by_user.get(user, {}))
+
+        def borrowing(u: str) -> bool:
+            return quotas.borrowing(u, usage, groups_by_user.get(u, {}))
+
+        cluster, slots = ledger.cluster(ledger.allocated_by_gpu())
+        where = {g.uuid: (i, j) for i, node in enumerate(slots) for j, g in enumerate(node)}
+        by_job: dict[str, list[dict]] = defaultdict(list)
+        for a in ledger.list(owner_kind="job"):
+            by_job[a["owner"].split("/", 1)[0]].append(a)
+        priorities = self.service.priorities
+        holders = []
+        now = time.time()
+        for job in self.jobs.queue.list(states=("running",)):
+            backend = self.jobs.backend_of(job)
+            rows = by_job.get(job["id"])
+            if backend is None or not backend.can_preempt or not rows:
+                continue
+            if any(a["gpu_uuid"] not in where for a in rows):
+                continue  # on a GPU the inventory no longer lists: freeing it helps no one
+            victim_value = priorities.value(job["priority_class"], "job")
+            if not eligible(job, victim_value, user, value, reclaiming, borrowing):
+                continue
+            holders.append(
+                Holder(
+                    key=job["id"],
+                    user=job["user"],
+                    priority=victim_value,
+                    slices=tuple((*where[a["gpu_uuid"]], a["milli"]) for a in rows),
+                    at_risk=self.at_risk(job, rows, now),
+                    started=_epoch(job["started"]),
+                )
+            )
+        return choose_victims(cluster, requests, holders, ledger.policy)
+
+    def at_risk(self, job: Mapping, rows: list[dict], now: float) -> float:
+        """GPU-seconds of the job's work since its last checkpoint (or its start)."""
+        since = _epoch(job["started"])
+        latest = self.jobs.jobdir(job).checkpoint()
+        if latest and isinstance(latest.get("time"), (int, float)):
+            since = max(since, float(latest["time"]))
+        return max(0.0, now - since) * sum(a["milli"] for a in rows) / MILLI_PER_GPU
+
+    # -- placing -------------------------------------------------------------------
+    async def settle(self) -> None:
+        """Place every claim whose victims have all stopped (in the job loop)."""
+        running = {j["id"]: j for j in self.jobs.queue.list(states=("running",))}
+        for key, claim in list(self.claims.items()):
+            waiting = [v for v in claim.victims if v in running and running[v].get("preempting")]
+            if waiting:
+                if time.time() > claim.deadline + CLAIM_SLACK_S:
+                    log.warning("Giving up claim %s: victims %s did not stop", key, waiting)
+                    del self.claims[key]
+                continue
+            del self.claims[key]
+            await self._place(claim)
+
+    async def _place(self, claim: Claim) -> None:
+        svc = self.service
+        try:
+            rows = await svc.ledger.pool(claim.pool or None).aio.allocate_gang(
+                claim.user, claim.kind, claim.members, await svc.groups_of(claim.user)
+            )
+        except (NoCapacity, QuotaExceeded, OwnerConflict) as e:
+            # The room went elsewhere or the request changed: the requester asks again.
+            log.warning("Could not place the claim of %s %s: %s", claim.kind, claim.key[1], e)
+            return
+        hook = self.on_placed.get(claim.kind)
+        if hook is not None:
+            await hook(claim, rows)
+
+
+def _epoch(iso: str | None) -> float:
+    return dt.datetime.fromisoformat(iso).timestamp() if iso else time.time()

@@ -1,0 +1,311 @@
+"""The alert engine: the rules of :mod:`gpulab.service.operations.rules`, evaluated by the service
+itself.
+
+Every ``c.GpuLabService.alert_interval_seconds`` it takes a
+:class:`~gpulab.service.operations.rules.Facts` snapshot
+(:class:`~gpulab.service.operations.facts.FactsBuilder`) and
+runs every rule on it. A finding must hold for its rule's ``for`` before it
+*fires*; a fired alert is a row of ``gpulab_alerts`` (one per episode) that
+*resolves* at the first round its finding is gone. Rows outlive a restart: the
+engine reloads the unresolved ones on start and resolves, at its first round,
+those whose cause has gone meanwhile. A rule that raises is logged and its open
+alerts are left as they are for that round.
+
+Others hear of each change through :meth:`AlertEngine.subscribe` (self-healing,
+for one): ``callback("fired" | "resolved", alert)``, where ``alert`` has the
+shape of ``GET /alerts``; a coroutine callback runs as a task of its own, and a
+callback that raises is logged. With ``c.GpuLabService.alert_webhook_url`` each
+change is also POSTed as Alertmanager's webhook JSON (:mod:`gpulab.service.operations.webhook`).
+Resolved rows older than :data:`KEEP_RESOLVED_DAYS` days are pruned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import inspect
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from sqlalchemy import and_, delete, insert, or_, select, update
+
+from gpulab.db.engine import writer
+from gpulab.db.operations import alerts as alerts_table
+from gpulab.service.operations.facts import FactsBuilder
+from gpulab.service.operations.rules import Facts, Finding, Rule, Thresholds, rules
+from gpulab.service.operations.webhook import AlertWebhook
+from gpulab.service.tasks import KeptTask
+
+log = logging.getLogger("gpulab.service.operations.alerts")
+
+KEEP_RESOLVED_DAYS = 30
+PRUNE_EVERY_S = 3600
+#: Most rows one listing returns (the newest).
+LIST_LIMIT = 1000
+STATES = ("firing", "resolved", "all")
+
+
+def iso(ts: dt.datetime | None) -> str | None:
+    """``2026-12-01T10:00:00Z`` (UTC, seconds)."""
+    if ts is None:
+        return None
+    if ts.tzinfo is None:  # SQLite drops the zone; gpulab stores UTC
+        ts = ts.replace(tzinfo=dt.UTC)
+    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def alert_json(row) -> dict:
+    """A ``gpulab_alerts`` row as ``GET /alerts`` shows it."""
+    r = row._mapping if hasattr(row, "_mapping") else row
+    try:
+        labels = json.loads(r["labels"] or "{}")
+    except ValueError:
+        labels = {}
+    return {
+        "id": r["id"],
+        "name": r["name"],
+        "severity": r["severity"],
+        "state": "resolved" if r["resolved_at"] is not None else "firing",
+        "subject_kind": r["subject_kind"],
+        "subject": r["subject"],
+        "owner": r["owner"],
+        "since": iso(r["since"]),
+        "resolved_at": iso(r["resolved_at"]),
+        "message": r["message"],
+        "labels": labels,
+    }
+
+
+def list_alerts(
+    engine, owner: str | None, state: str = "all", since: dt.datetime | None = None
+) -> tuple[list[dict], int]:
+    """Alerts that fired at some time after ``since`` (still firing, or resolved
+    after it), newest first, of ``owner`` (None: everyone's); and how many of that
+    owner's fire now."""
+    t = alerts_table
+    q = select(t).order_by(t.c.since.desc(), t.c.id.desc()).limit(LIST_LIMIT)
+    count = select(t.c.id).where(t.c.resolved_at.is_(None))
+    if owner is not None:
+        q = q.where(t.c.owner == owner)
+        count = count.where(t.c.owner == owner)
+    if since is not None:
+        q = q.where(or_(t.c.resolved_at.is_(None), t.c.resolved_at >= since))
+    if state == "firing":
+        q = q.where(t.c.resolved_at.is_(None))
+    elif state == "resolved":
+        q = q.where(t.c.resolved_at.is_not(None))
+    with engine.connect() as conn:
+        rows = [alert_json(r) for r in conn.execute(q)]
+        firing = len(conn.execute(count).all())
+    return rows, firing
+
+
+class AlertEngine:
+    def __init__(self, service, clock=time.time):
+        self.service = service
+        self.engine = service.engine
+        self.clock = clock
+        self.interval = float(service.alert_interval_seconds)
+        self.thresholds = Thresholds.from_service(service)
+        self.rules: list[Rule] = rules(self.thresholds)
+        self.by_name = {r.name: r for r in self.rules}
+        self.builder = FactsBuilder(service, clock)
+        self.webhook = (
+            AlertWebhook(service.alert_webhook_url, external_url=self._external_url())
+            if service.alert_webhook_url
+            else None
+        )
+        #: The latest snapshot (for the metrics the chart's rules read).
+        self.last_facts: Facts | None = None
+        self._open: dict[str, dict] = {}  # key -> the firing alert
+        self._pending: dict[str, float] = {}  # key -> when its finding was first seen
+        self._subscribers: list[Callable] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._pruned_at = 0.0
+        self._loop = KeptTask("gpulab-alerts", self.loop)
+
+    def _external_url(self) -> str:
+        # The hub's public origin, where it is known; the prefix carries any base_url.
+        public = urlsplit(os.environ.get("JUPYTERHUB_PUBLIC_URL", ""))
+        origin = f"{public.scheme}://{public.netloc}" if public.netloc else ""
+        return f"{origin}{self.service.prefix.rstrip('/')}/api/v1/alerts"
+
+    # -- running ---------------------------------------------------------------------
+    async def start(self) -> None:
+        """Reload the alerts still firing (a restart), then evaluate every interval."""
+        try:
+            rows = await asyncio.to_thread(self._load_open)
+            self._open = {r.key: alert_json(r) | {"_key": r.key} for r in rows}
+        except Exception:
+            log.exception("Reloading open alerts")
+        if self.webhook is not None:
+            self.webhook.start()
+        self._loop.start()
+
+    async def stop(self) -> None:
+        await self._loop.stop()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.webhook is not None:
+            await self.webhook.stop()
+
+    async def loop(self) -> None:
+        while True:
+            try:
+                await self.evaluate()
+            except Exception:  # the loop outlives a bad round (a database hiccup)
+                log.exception("alert evaluation")
+            await asyncio.sleep(self.interval)
+
+    def subscribe(self, callback: Callable) -> Callable[[], None]:
+        """``callback(event, alert)`` on each change; returns the unsubscribe call."""
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback)
+
+    def firing(self) -> list[dict]:
+        """The alerts firing now (the service's memory of them)."""
+        return [_public(a) for a in self._open.values()]
+
+    # -- one round -------------------------------------------------------------------
+    async def evaluate(self) -> None:
+        facts = await self.builder.build()
+        self.last_facts = facts
+        now = facts.now
+        found: dict[str, tuple[Rule, Finding]] = {}
+        broken: set[str] = set()
+        for rule in self.rules:
+            try:
+                for finding in rule.evaluate(facts):
+                    found[f"{rule.name}|{finding.subject}"] = (rule, finding)
+            except Exception:
+                log.exception("Alert rule %s", rule.name)
+                broken.add(rule.name)
+        for key in set(self._pending) - set(found):
+            del self._pending[key]
+        fire, changed = [], []
+        for key, (rule, finding) in found.items():
+            alert = self._open.get(key)
+            if alert is not None:
+                if (alert["message"], alert["labels"], alert["owner"]) != (
+                    finding.message,
+                    finding.labels,
+                    finding.owner,
+                ):
+                    changed.append((alert, finding))
+                continue
+            first = self._pending.setdefault(key, now)
+            if now - first >= rule.for_s:
+                fire.append((key, rule, finding, first))
+        resolve = [
+            a for key, a in self._open.items() if key not in found and a["name"] not in broken
+        ]
+        if not (fire or changed or resolve) and now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        fired, resolved = await asyncio.to_thread(self._write, now, fire, changed, resolve)
+        for alert in fired:
+            self._pending.pop(alert["_key"], None)
+            self._open[alert["_key"]] = alert
+            self._notify("fired", alert)
+        for alert in resolved:
+            self._open.pop(alert["_key"], None)
+            self._notify("resolved", alert)
+
+    # -- the table -----------------------------------------------------------------------
+    def _load_open(self) -> list:
+        with self.engine.connect() as conn:
+            return conn.execute(
+                select(alerts_table).where(alerts_table.c.resolved_at.is_(None))
+            ).all()
+
+    def _write(self, now: float, fire: list, changed: list, resolve: list):
+        t = alerts_table
+        at = dt.datetime.fromtimestamp(now, dt.UTC)
+        fired, resolved = [], []
+        with writer(self.engine).begin() as conn:
+            for key, rule, f, first in fire:
+                since = dt.datetime.fromtimestamp(first, dt.UTC)
+                row = {
+                    "key": key[:400],
+                    "name": rule.name,
+                    "severity": rule.severity,
+                    "subject_kind": f.subject_kind,
+                    "subject": f.subject[:255],
+                    "owner": f.owner,
+                    "message": f.message,
+                    "labels": json.dumps(f.labels),
+                    "since": since,
+                    "resolved_at": None,
+                    "updated": at,
+                }
+                # At most one unresolved row per key (another service, a race).
+                conn.execute(
+                    update(t)
+                    .where(and_(t.c.key == row["key"], t.c.resolved_at.is_(None)))
+                    .values(resolved_at=at, updated=at)
+                )
+                row["id"] = conn.execute(insert(t).values(**row)).inserted_primary_key[0]
+                fired.append(alert_json(row) | {"_key": key})
+            for alert, f in changed:
+                conn.execute(
+                    update(t)
+                    .where(t.c.id == alert["id"])
+                    .values(
+                        message=f.message, labels=json.dumps(f.labels), owner=f.owner, updated=at
+                    )
+                )
+                alert.update(message=f.message, labels=f.labels, owner=f.owner)
+            for alert in resolve:
+                conn.execute(
+                    update(t).where(t.c.id == alert["id"]).values(resolved_at=at, updated=at)
+                )
+                resolved.append(alert | {"state": "resolved", "resolved_at": iso(at)})
+            if now - self._pruned_at >= PRUNE_EVERY_S:
+                self._pruned_at = now
+                cutoff = at - dt.timedelta(days=KEEP_RESOLVED_DAYS)
+                gone = conn.execute(
+                    delete(t).where(and_(t.c.resolved_at.is_not(None), t.c.resolved_at < cutoff))
+                ).rowcount
+                if gone:
+                    log.info(
+                        "Pruned %d alert(s) resolved over %d days ago", gone, KEEP_RESOLVED_DAYS
+                    )
+        return fired, resolved
+
+    # -- telling others ------------------------------------------------------------------
+    def _notify(self, event: str, alert: dict) -> None:
+        public = _public(alert)
+        log.info(
+            "Alert %s %s: %s (%s)", public["name"], event, public["subject"], public["message"]
+        )
+        if self.webhook is not None:
+            rule = self.by_name.get(public["name"])
+            self.webhook.send(event, public, rule.description if rule else "")
+        for callback in list(self._subscribers):
+            try:
+                result = callback(event, dict(public))
+            except Exception:
+                log.exception("Alert subscriber %r", callback)
+                continue
+            if inspect.isawaitable(result):
+                task = asyncio.ensure_future(self._guard(callback, result))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _guard(callback, awaitable) -> None:
+        try:
+            await awaitable
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("Alert subscriber %r", callback)
+
+
+def _public(alert: dict) -> dict:
+    return {k: v for k, v in alert.items() if not k.startswith("_")}

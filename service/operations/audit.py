@@ -1,0 +1,392 @@
+"""The audit trail: who changed what, when, from where, and how it ended.
+
+One row per change in ``gpulab_audit`` (:mod:`gpulab.db.operations`). The service's
+own change routes record through ``APIHandler.audit`` (:mod:`.auth`); the hub's
+events (logins, server starts and stops, admin actions on users and groups) come
+from the hub's request hook (:mod:`gpulab.hub_ext.audit_hook`) through
+``POST /api/v1/audit``. Other parts of the service call :meth:`AuditLog.record`
+directly, e.g. ``await service.audit.record("gpu.cordon", uuid, actor="gpulab",
+actor_kind="system", reason="xid 79")``.
+
+A route's entry is committed before the route answers, so a ``kill -9`` of the
+service right after an answer loses nothing. Writes run on the ledger's threads,
+off the event loop. Entries older than ``c.GpuLabService.audit_retention_days``
+are deleted once an hour (0: kept forever).
+
+Actions (``result`` is ``ok``, ``denied`` for refused attempts, or ``failed``):
+
+======================  ==========================================================
+login                   a login at the hub (failed logins: ``denied``)
+server.start            a single-user server started (by its user or an admin)
+server.stop             a server stopped through the hub (by its user, an admin,
+                        or a service such as the idle culler), or by gpulab itself
+                        when its GPU idled (gpu_idle_cull_seconds; with the reason)
+allocation.create       a slice allocated through ``POST /allocations``
+allocation.release      slices released through ``DELETE /allocations``
+job.submit / job.cancel a training job
+job.restart             gpulab restarted a stalled job (job_stall_restarts)
+deployment.create       a new endpoint
+deployment.update       a new (canary) version, or its settings changed
+deployment.share        who may call it changed
+deployment.promote      the canary took all the traffic
+deployment.rollback     the stable version took all the traffic back
+deployment.delete       an endpoint stopped
+gpu.cordon / .uncordon  a GPU taken out of placement / put back
+user.create / .delete   hub users (admins)
+user.admin              a user's admin flag changed
+user.update             other changes of a user (their name)
+user.authorize          an admin approved (or revoked) a sign-up
+user.discard            an admin discarded a sign-up
+token.create / .delete  hub API tokens (the token itself is never kept)
+group.create / .delete  hub groups
+group.change            members added or removed, or properties (quotas) set
+hub.shutdown            the hub was shut down through its API
+======================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import functools
+import ipaddress
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import delete, insert, or_, select
+from sqlalchemy.engine import Engine
+
+from gpulab.db.engine import writer
+from gpulab.db.operations import audit
+
+log = logging.getLogger("gpulab.service.operations.audit")
+
+#: Every action name the service and the hub record (see the module's table).
+ACTIONS = (
+    "login",
+    "server.start",
+    "server.stop",
+    "allocation.create",
+    "allocation.release",
+    "job.submit",
+    "job.cancel",
+    "job.restart",
+    "deployment.create",
+    "deployment.update",
+    "deployment.share",
+    "deployment.promote",
+    "deployment.rollback",
+    "deployment.delete",
+    "gpu.cordon",
+    "gpu.uncordon",
+    "user.create",
+    "user.delete",
+    "user.admin",
+    "user.update",
+    "user.authorize",
+    "user.discard",
+    "token.create",
+    "token.delete",
+    "group.create",
+    "group.delete",
+    "group.change",
+    "hub.shutdown",
+)
+ACTOR_KINDS = ("user", "admin", "service", "system")
+RESULTS = ("ok", "denied", "failed")
+#: What an action name looks like (others' code may add names of its own).
+ACTION_PATTERN = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*\Z")
+
+#: Largest ``detail`` kept, as JSON; bigger values are cut.
+MAX_DETAIL_CHARS = 2000
+#: Keys never kept in ``detail``, whatever a caller passes.
+SECRET_KEY = re.compile(r"token|password|secret|authorization|cookie|api_key", re.I)
+PRUNE_EVERY_S = 3600.0
+#: Rows a ``format=jsonl`` export reads per database round trip.
+EXPORT_BATCH = 1000
+
+#: Proxies trusted to append the client's address to X-Forwarded-For by default:
+#: this machine (configurable-http-proxy in the embedded hub). A loopback peer is
+#: believed only when its socket is the platform's own account's (a user's kernel
+#: is on loopback too): see :func:`client_source`.
+LOOPBACK = ("127.0.0.0/8", "::1/128")
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def clean_detail(detail: dict) -> str:
+    """``detail`` as a small JSON object: secrets' keys dropped, long values cut."""
+    out = {}
+    for key, value in detail.items():
+        if value is None or SECRET_KEY.search(str(key)):
+            continue
+        if not isinstance(value, str | int | float | bool | list | dict):
+            value = str(value)
+        out[str(key)[:64]] = value
+    text = json.dumps(out, default=str, ensure_ascii=False, sort_keys=True)
+    if len(text) > MAX_DETAIL_CHARS:
+        short = {
+            k: (v if len(json.dumps(v, default=str)) <= 200 else "...") for k, v in out.items()
+        }
+        text = json.dumps(short, default=str, ensure_ascii=False, sort_keys=True)
+        if len(text) > MAX_DETAIL_CHARS:
+            text = json.dumps({"truncated": True})
+    return text
+
+
+def proxy_networks(trusted: Iterable[str]) -> tuple:
+    """Parsed networks of trusted proxies; ValueError names a bad one."""
+    out = []
+    for n in trusted:
+        try:
+            out.append(ipaddress.ip_network(n, strict=False))
+        except ValueError:
+            raise ValueError(
+                f"c.GpuLabService.audit_trusted_proxies: {n!r} is not an address or "
+                f"network (write it like 10.0.0.0/8 or 127.0.0.1)"
+            ) from None
+    return tuple(out)
+
+
+def client_source(
+    peer: str,
+    forwarded_for: str | None,
+    trusted: Iterable = LOOPBACK,
+    peer_is_platform: bool | None = None,
+) -> str:
+    """The client's address: ``peer`` (who connected), or, while that is a trusted
+    proxy, the hop it says it got the request from (X-Forwarded-For read from the
+    right). The left end is whatever the client wrote, so it counts only when every
+    hop after it is a trusted proxy.
+
+    A hop is a trusted proxy when its address is in ``trusted``, but a loopback
+    address never is by address alone: every user's kernel connects from loopback
+    too. The peer on loopback is trusted only with ``peer_is_platform`` True (its
+    socket belongs to the platform's own account, :mod:`gpulab.enforcement.peer_account`:
+    the hub's proxy), and a loopback hop inside X-Forwarded-For (what the proxy saw:
+    a process of this machine, any user's) ends the walk. ``peer_is_platform``
+    False (another account's socket on this machine) trusts nothing."""
+    nets = [n if not isinstance(n, str) else ipaddress.ip_network(n, strict=False) for n in trusted]
+
+    def is_trusted(addr: str, platform: bool | None) -> bool:
+        try:
+            ip = ipaddress.ip_address(addr)
+        except ValueError:
+            return False
+        ip = getattr(ip, "ipv4_mapped", None) or ip
+        if platform is False or (ip.is_loopback and not platform):
+            return False
+        return any(ip in n for n in nets if n.version == ip.version)
+
+    current = peer or "unknown"
+    trusted_now = is_trusted(current, peer_is_platform)
+    hops = [h.strip() for h in (forwarded_for or "").split(",") if h.strip()]
+    while hops and trusted_now:
+        candidate = hops.pop()
+        try:
+            ipaddress.ip_address(candidate)
+        except ValueError:
+            break  # not an address: stop at the last one that was
+        current = candidate
+        trusted_now = is_trusted(current, None)
+    return current[:255]
+
+
+@dataclass
+class AuditFilters:
+    """What ``GET /audit`` narrows to; None: any."""
+
+    user: str | None = None
+    actor: str | None = None
+    action: str | None = None  # exact, or a prefix ending in ".*" ("deployment.*")
+    subject: str | None = None
+    result: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+
+
+def row_json(row) -> dict:
+    d = dict(row._mapping)
+    d["ts"] = _utc(d["ts"]).isoformat()
+    try:
+        d["detail"] = json.loads(d["detail"])
+    except ValueError:
+        d["detail"] = {}
+    return d
+
+
+class AuditLog:
+    """Append and read the audit trail. ``run`` runs blocking calls off the event loop
+    (the ledger's ``aio.run``; default: a thread of asyncio's)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        run: Callable | None = None,
+        retention_days: float = 365,
+        trusted_proxies: Iterable[str] = LOOPBACK,
+    ):
+        self.engine = engine
+        self._writer = writer(engine)
+        self._run = run
+        self.retention_days = retention_days
+        self.trusted_proxies = proxy_networks(trusted_proxies)
+        self._task: asyncio.Task | None = None
+        self._soon: set[asyncio.Task] = set()
+
+    async def _off_loop(self, fn, *args, **kwargs):
+        if self._run is not None:
+            return await self._run(fn, *args, **kwargs)
+        return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
+
+    # -- writing -------------------------------------------------------------------------
+    def record_sync(
+        self,
+        action: str,
+        subject: str,
+        *,
+        actor: str = "gpulab",
+        actor_kind: str = "system",
+        user: str | None = None,
+        source: str = "gpulab",
+        result: str = "ok",
+        ts: dt.datetime | None = None,
+        **detail,
+    ) -> int:
+        """Append one entry and commit it; its id. Blocks (use :meth:`record` on a loop)."""
+        if not ACTION_PATTERN.match(action) or len(action) > 64:
+            raise ValueError(f"audit action {action!r} is not a dotted lower-case name")
+        if actor_kind not in ACTOR_KINDS:
+            raise ValueError(f"actor_kind must be one of {', '.join(ACTOR_KINDS)}")
+        if result not in RESULTS:
+            raise ValueError(f"result must be one of {', '.join(RESULTS)}")
+        values = {
+            "ts": _utc(ts) if ts is not None else dt.datetime.now(dt.UTC),
+            "actor": str(actor)[:255] or "unknown",
+            "actor_kind": actor_kind,
+            "user": None if user is None else str(user)[:255],
+            "action": action,
+            "subject": str(subject)[:255] or "-",
+            "source": str(source)[:255] or "unknown",
+            "result": result,
+            "detail": clean_detail(detail),
+        }
+        with self._writer.begin() as conn:
+            return conn.execute(insert(audit).values(**values)).inserted_primary_key[0]
+
+    async def record(self, action: str, subject: str, **kwargs) -> int | None:
+        """:meth:`record_sync` off the event loop. The trail never breaks the change it
+        describes: a failed write is logged (with the entry) and None returned."""
+        try:
+            return await self._off_loop(self.record_sync, action, subject, **kwargs)
+        except ValueError:
+            raise
+        except Exception:
+            log.exception("Could not write the audit entry %s %s %s", action, subject, kwargs)
+            return None
+
+    def record_soon(self, action: str, subject: str, **kwargs) -> asyncio.Task:
+        """:meth:`record` without waiting (where the answer cannot wait: an error page
+        already on its way). :meth:`stop` waits for what is still being written."""
+        task = asyncio.ensure_future(self.record(action, subject, **kwargs))
+        self._soon.add(task)
+        task.add_done_callback(self._soon.discard)
+        return task
+
+    # -- reading -------------------------------------------------------------------------
+    def _select(self, viewer, filters: AuditFilters):
+        q = select(audit)
+        if viewer is not None and not (viewer.admin or viewer.internal):
+            q = q.where(or_(audit.c.user == viewer.name, audit.c.actor == viewer.name))
+        f = filters
+        if f.user is not None:
+            q = q.where(audit.c.user == f.user)
+        if f.actor is not None:
+            q = q.where(audit.c.actor == f.actor)
+        if f.action is not None:
+            if f.action.endswith(".*"):
+                q = q.where(audit.c.action.startswith(f.action[:-1], autoescape=True))
+            else:
+                q = q.where(audit.c.action == f.action)
+        if f.subject is not None:
+            q = q.where(audit.c.subject == f.subject)
+        if f.result is not None:
+            q = q.where(audit.c.result == f.result)
+        if f.since is not None:
+            q = q.where(audit.c.ts >= f.since)
+        if f.until is not None:
+            q = q.where(audit.c.ts < f.until)
+        return q.order_by(audit.c.id.desc())
+
+    def query_sync(
+        self, viewer, filters: AuditFilters, limit: int = 100, before_id: int | None = None
+    ) -> tuple[list[dict], int | None]:
+        """Entries ``viewer`` may read (users: theirs, as owner or actor; admins and
+        None: all), newest first; and the ``before_id`` of the next page (None: last)."""
+        q = self._select(viewer, filters)
+        if before_id is not None:
+            q = q.where(audit.c.id < before_id)
+        with self.engine.connect() as conn:
+            rows = [row_json(r) for r in conn.execute(q.limit(limit + 1))]
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return rows, (rows[-1]["id"] if more and rows else None)
+
+    async def query(
+        self, viewer, filters: AuditFilters, limit: int = 100, before_id: int | None = None
+    ) -> tuple[list[dict], int | None]:
+        return await self._off_loop(self.query_sync, viewer, filters, limit, before_id)
+
+    async def export(self, viewer, filters: AuditFilters) -> AsyncIterator[list[dict]]:
+        """Every matching entry, newest first, in batches (for the JSON-lines export)."""
+        before = None
+        while True:
+            rows, before = await self.query(viewer, filters, EXPORT_BATCH, before)
+            if rows:
+                yield rows
+            if before is None:
+                return
+
+    # -- retention -----------------------------------------------------------------------
+    def prune_sync(self, now: dt.datetime | None = None) -> int:
+        """Delete entries older than the retention; how many went."""
+        if not self.retention_days or self.retention_days <= 0:
+            return 0
+        cutoff = (now or dt.datetime.now(dt.UTC)) - dt.timedelta(days=self.retention_days)
+        with self._writer.begin() as conn:
+            return conn.execute(delete(audit).where(audit.c.ts < cutoff)).rowcount or 0
+
+    async def _prune_loop(self) -> None:
+        while True:
+            try:
+                gone = await self._off_loop(self.prune_sync)
+                if gone:
+                    log.info(
+                        "Audit: deleted %d entr%s older than %g day(s)",
+                        gone,
+                        "y" if gone == 1 else "ies",
+                        self.retention_days,
+                    )
+            except Exception:
+                log.exception("Pruning the audit trail failed; trying again in an hour")
+            await asyncio.sleep(PRUNE_EVERY_S)
+
+    async def start(self) -> None:
+        if self._task is None and self.retention_days and self.retention_days > 0:
+            self._task = asyncio.ensure_future(self._prune_loop())
+            self._task.set_name("gpulab-audit-prune")
+
+    async def stop(self) -> None:
+        if self._soon:
+            await asyncio.gather(*self._soon, return_exceptions=True)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

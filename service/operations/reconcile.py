@@ -1,0 +1,60 @@
+"""Keeping the ledger true: the service's reconcile loop.
+
+Every ``reconcile_interval`` seconds: release server allocations whose server is
+gone (the hub says it is not running), then look for live owners that lost
+their slice (:class:`~gpulab.service.operations.ledger_guard.LostSlices`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+
+from gpulab.db.engine import utcnow
+from gpulab.service.tasks import KeptTask
+
+log = logging.getLogger("gpulab.service")
+
+
+class Reconciler:
+    def __init__(self, service):
+        self.service = service
+        self._loop = KeptTask("gpulab-reconcile", self.loop)
+
+    async def start(self) -> None:
+        self._loop.start()
+
+    async def stop(self) -> None:
+        await self._loop.stop()
+
+    async def reconcile_servers(self) -> None:
+        """Release server allocations whose server is gone (hub says not active)."""
+        svc = self.service
+        started = utcnow()
+        alive = await svc.hub.active_servers()
+        # Only allocations made before we asked: a spawn that allocated after
+        # the hub answered is alive even though the answer does not list it.
+        stale = [
+            a
+            for a in await svc.ledger.aio.list(owner_kind="server")
+            if a["owner"] not in alive and dt.datetime.fromisoformat(a["created"]) < started
+        ]
+        for owner in sorted({a["owner"] for a in stale}):
+            released = await svc.ledger.aio.release("server", owner)
+            log.warning(
+                "Released %d allocation(s) of server %s: it is not running", len(released), owner
+            )
+            await svc.server_stopped(owner)
+
+    async def loop(self) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await self.reconcile_servers()
+                await self.service.lost_slices.check()
+                delay = self.service.reconcile_interval
+            except Exception as e:  # the hub may still be starting
+                log.warning("Could not reconcile with the hub yet: %s", e)
+                delay = min(max(delay * 2, 1.0), self.service.reconcile_interval)
+            await asyncio.sleep(delay)
