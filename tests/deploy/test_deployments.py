@@ -15,6 +15,7 @@ import pytest
 import requests
 import torch
 import tritonclient.http as httpclient
+from support.wait import wait_until
 from tritonclient.utils import InferenceServerException
 
 from gpulab.client import Client, GpuLabError
@@ -43,13 +44,13 @@ def client(hub, token) -> Client:
 
 
 def wait_state(hub, token, name, state="running", **cond):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
+    def reached():
         dep = hub.gpulab("GET", f"/deployments/{name}", token=token).json()
         if dep.get("state") == state and all(dep.get(k) == v for k, v in cond.items()):
             return dep
-        time.sleep(0.5)
-    raise AssertionError(f"{name} not {state} {cond}: {dep}\n{hub.log_tail()}")
+        return None
+
+    return wait_until(reached, f"{name} {state} {cond}", WAIT_S, 0.5, detail=hub.log_tail)
 
 
 def replica_pids(hub, dep_id):
@@ -188,13 +189,12 @@ def test_tritonclient_calls_the_endpoint_through_the_hub(hub, tokens, model_dir)
     )
 
     # The listing shows traffic: requests/s and p99 from the replicas' metrics.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def traffic():
         [listed] = alice.list_deployments()
-        if listed["requests_total"] >= 10:
-            break
-        time.sleep(1)
-    assert listed["requests_total"] >= 10 and listed["replicas_ready"] == 2
+        return listed if listed["requests_total"] >= 10 else None
+
+    listed = wait_until(traffic, "10 requests in the listing", 60, 1)
+    assert listed["replicas_ready"] == 2
 
     # Stop: replicas gone, slices released, the endpoint no longer there.
     stopped = alice.stop_deployment("tiny")

@@ -199,9 +199,12 @@ def test_a_full_cluster_queues_jobs_in_priority_order(hub, alice):
     first = submit(hub, alice, LINEAR, gpu_milli=500, env={"STEPS": "3"}).json()
     low = submit(hub, alice, LINEAR, gpu_milli=500, env={"STEPS": "3"}, priority=-5).json()
     second = submit(hub, alice, LINEAR, gpu_milli=500, env={"STEPS": "3"}).json()
-    import time
 
-    time.sleep(3)  # a few passes of the queue loop; nothing may start
+    def head_waits():  # the queue loop has tried the head of the queue: it has no room
+        job = hub.gpulab("GET", f"/jobs/{first['id']}", token=alice).json()
+        return "waiting for free GPUs" in job["message"]
+
+    wait_until(head_waits, "the queue loop to try the first queued job", 60)
     states = {j["id"]: j for j in hub.gpulab("GET", "/jobs", token=alice).json()}
     assert [states[j["id"]]["position"] for j in (first, second, low)] == [1, 2, 3]
     assert all(states[j["id"]]["state"] == "queued" for j in (first, second, low))

@@ -8,7 +8,6 @@ them are pushed to the service's telemetry route as a node agent would send them
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import logging
@@ -16,6 +15,7 @@ import time
 
 import pytest
 from support.service import running_service
+from support.wait import wait_until_async
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
@@ -48,16 +48,7 @@ print("fine")
 
 async def until(check, what: str, timeout: float = WAIT_S, every: float = 0.3):
     """Await ``check()`` (sync or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if asyncio.iscoroutine(last):
-            last = await last
-        if last:
-            return last
-        await asyncio.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}; last seen: {last!r}")
+    return await wait_until_async(check, what, timeout, every)
 
 
 async def alerts(svc, token=None, **params) -> dict:

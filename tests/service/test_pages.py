@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import re
-import time
 
 import pytest
 import requests
 import torch
 from support.service import PREFIX, running_service
+from support.wait import wait_until_async
 
 from gpulab.client.base import AsyncClient
 from gpulab.service.api.page_views import ago
@@ -34,14 +34,7 @@ for step in range(100000):
 
 
 async def until(check, what: str):
-    deadline = time.monotonic() + WAIT_S
-    last = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last seen: {last!r}")
+    return await wait_until_async(check, what, WAIT_S, every=0.3)
 
 
 async def page(svc, token: str) -> str:

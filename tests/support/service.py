@@ -244,11 +244,8 @@ async def running_service(
         if server is not None:
             server.stop()
         hub_server.stop()
-        stop = getattr(svc, "stop", None) if svc is not None else None
-        if stop is not None:
-            result = stop()
-            if asyncio.iscoroutine(result):
-                await result
+        if svc is not None:
+            await svc.stop()
         current = asyncio.current_task()
         leftover = [t for t in asyncio.all_tasks() - tasks_before if t is not current]
         for t in leftover:
@@ -267,15 +264,4 @@ async def _start_background(svc) -> None:
     """What the service starts once it listens: its managers' background work (the
     reconciler against the fake hub, the job queue, the deployments). ``stop()``
     ends it."""
-    start_managers = getattr(svc, "start_managers", None)
-    if start_managers is not None:
-        await start_managers()
-        return
-    # A service from before start_managers(): what its start() ran once listening.
-    from gpulab.service.api import deployments as deployments_api
-    from gpulab.service.api import jobs as jobs_api
-    from gpulab.service.api import telemetry as telemetry_api
-
-    await jobs_api.start(svc)
-    await deployments_api.start(svc)
-    await telemetry_api.start(svc)
+    await svc.start_managers()
