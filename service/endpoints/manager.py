@@ -46,6 +46,7 @@ from gpulab.service.endpoints.standby import StandbyProcess
 from gpulab.service.endpoints.table import EndpointTable
 from gpulab.service.endpoints.traffic import UnitTraffic, WeightedChoice, quantile_ms
 from gpulab.service.endpoints.versions import VersionsMixin
+from gpulab.service.tasks import KeptTask
 
 log = logging.getLogger("gpulab.service.endpoints.manager")
 
@@ -154,6 +155,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._wake = asyncio.Event()  # a call waits for a cold start: act now
+        self._loop = KeptTask("gpulab-deployments", self.loop)
         #: Versions whose slices are being freed by preemption (not launched yet).
         self.waiting: set[str] = set()
         # The job loop places claims holding its own lock: launch in a task of ours,
@@ -548,7 +550,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
                 await self.serving.adopt(self.unit(dep, vrow), self._rows(vrow))
             except Exception:
                 log.exception("Adopting the replicas of version %s", vrow["id"])
-        self._spawn(self.loop())
+        self._loop.start()
         await self.router.start()
         # A standby takes over the router's socket if this process dies; not where the
         # proxy comes from elsewhere (Kubernetes) or the port is fixed (the next
@@ -578,6 +580,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         if self.standby is not None:  # first: it would answer on our socket once we are gone
             await asyncio.to_thread(self.standby.stop)
         await self.router.stop()
+        await self._loop.stop()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -587,6 +590,8 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
 
     async def loop(self) -> None:
         while True:
+            # Cleared before the pass: a wake during it starts the next one at once.
+            self._wake.clear()
             try:
                 async with self._lock:
                     await self._pass()
@@ -594,7 +599,6 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
                 log.exception("deployment loop")
             # Quicker while a call waits for a cold start: it is answered sooner.
             tick = 0.2 if self.cold_waiting() else TICK_S
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), tick)
 

@@ -31,6 +31,7 @@ from aiohttp import web
 
 from gpulab.service.auth import TOKEN_CACHE_S
 from gpulab.service.endpoints.calls import CallRefused
+from gpulab.service.tasks import KeptTask
 
 log = logging.getLogger("gpulab.service.endpoints.router")
 
@@ -114,7 +115,7 @@ class EndpointRouter:
         self.url: str | None = None  # where the proxy reaches the router
         self.socket = None  # the one it listens on (a standby takes it over: endpoints/standby.py)
         self._runner: web.ServerRunner | None = None
-        self._keeper: asyncio.Task | None = None
+        self._keeper = KeptTask("gpulab-endpoint-route", self._keep_route)
         self._session: aiohttp.ClientSession | None = None
 
     # -- running -----------------------------------------------------------------------
@@ -144,14 +145,11 @@ class EndpointRouter:
             auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
         )
         await self._keep_route_once()
-        self._keeper = asyncio.ensure_future(self._keep_route())
+        self._keeper.start()
         log.info("Endpoint router on %s, routed from %s", self.url, self.prefix)
 
     async def stop(self) -> None:
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+        await self._keeper.stop()
         if self._session is not None:
             with contextlib.suppress(aiohttp.ClientError, OSError):
                 await self._proxy_api("DELETE")  # calls fall back to the service's route

@@ -47,7 +47,6 @@ hub.shutdown            the hub was shut down through its API
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import functools
 import ipaddress
@@ -62,6 +61,7 @@ from sqlalchemy.engine import Engine
 
 from gpulab.db.engine import writer
 from gpulab.db.operations import audit
+from gpulab.service.tasks import KeptTask
 
 log = logging.getLogger("gpulab.service.operations.audit")
 
@@ -237,7 +237,7 @@ class AuditLog:
         self._run = run
         self.retention_days = retention_days
         self.trusted_proxies = proxy_networks(trusted_proxies)
-        self._task: asyncio.Task | None = None
+        self._pruner = KeptTask("gpulab-audit-prune", self._prune_loop)
         self._soon: set[asyncio.Task] = set()
 
     async def _off_loop(self, fn, *args, **kwargs):
@@ -378,15 +378,10 @@ class AuditLog:
             await asyncio.sleep(PRUNE_EVERY_S)
 
     async def start(self) -> None:
-        if self._task is None and self.retention_days and self.retention_days > 0:
-            self._task = asyncio.ensure_future(self._prune_loop())
-            self._task.set_name("gpulab-audit-prune")
+        if self.retention_days and self.retention_days > 0:
+            self._pruner.start()
 
     async def stop(self) -> None:
         if self._soon:
             await asyncio.gather(*self._soon, return_exceptions=True)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._pruner.stop()
