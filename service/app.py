@@ -60,14 +60,7 @@ from gpulab.service.api import usage as usage_api
 from gpulab.service.api.request_body import JSON_BODY_LIMIT
 from gpulab.service.auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
 from gpulab.service.hubapi import HubAPI
-from gpulab.service.jobs.backends import (
-    INVENTORIES,
-    JOB_BACKENDS,
-    SERVING_BACKENDS,
-    ConfigError,
-    NamedType,
-    refuse_local_user_code,
-)
+from gpulab.service.jobs.backends import ConfigError, refuse_local_user_code
 from gpulab.service.jobs.kubernetes import KubernetesJobsSettings
 from gpulab.service.jobs.manager import JobManager
 from gpulab.service.jobs.pools import Pools, load_gpus, read_pools
@@ -80,6 +73,7 @@ from gpulab.service.operations.metrics import OpsCollector
 from gpulab.service.operations.reconcile import Reconciler
 from gpulab.service.operations.rules import DEFAULTS as ALERT_DEFAULTS
 from gpulab.service.operations.self_healing import SelfHealing
+from gpulab.service.plugins import INVENTORIES, JOB_BACKENDS, SERVING_BACKENDS, NamedType
 from gpulab.service.sharing import SharingSettings
 from gpulab.service.telemetry.metrics import Metrics
 from gpulab.service.telemetry.store import TelemetryStore

@@ -1,14 +1,14 @@
-"""Which classes do the service's work, chosen by configuration.
+"""The job backend of each pool, built from the classes the settings name.
 
 ``c.GpuLabService.jobs_backend_class``, ``serving_backend_class`` and
-``inventory_class`` are :class:`NamedType` traits: a class, its import path, or a
-short name (``"local"``, ``"kubernetes"``, ``"slurm"``). This module builds the job backends
-from them; the serving backend is the deployment manager's to build.
+``inventory_class`` (and each pool's keys) are
+:class:`~gpulab.service.plugins.NamedType` traits: a class, its import path, or a
+plug-in's short name (``"local"``, ``"kubernetes"``, ``"slurm"``, or a site's own entry
+point). This module builds the job backends from them; the serving backend is the
+deployment manager's to build.
 """
 
 from __future__ import annotations
-
-from traitlets import Type
 
 from gpulab.backend.base import Backend, JobStatus
 from gpulab.backend.job_network import JobNetwork
@@ -19,35 +19,6 @@ from gpulab.backend.spec import JobSpec, SpecError
 class ConfigError(Exception):
     """A setting the service cannot start with. ``main()`` logs it on one line and
     exits 1 before anything listens, so the hub's log says what to fix."""
-
-
-JOB_BACKENDS = {
-    "local": "gpulab.backend.local.LocalBackend",
-    "kubernetes": "gpulab.backend.kubernetes.backend.KubernetesBackend",
-    "slurm": "gpulab.backend.slurm.SlurmBackend",
-}
-SERVING_BACKENDS = {
-    "local": "gpulab.backend.local_serving.LocalServing",
-    "kubernetes": "gpulab.backend.kubernetes.serving.KubernetesServing",
-}
-INVENTORIES = {
-    "local": "gpulab.scheduler.inventory.LocalInventory",
-    "kubernetes": "gpulab.scheduler.inventory_kube.KubernetesInventory",
-    "slurm": "gpulab.backend.slurm_inventory.SlurmInventory",
-}
-
-
-class NamedType(Type):
-    """A ``Type`` trait that also takes one of a few short names."""
-
-    def __init__(self, names: dict[str, str], default: str = "local", **kwargs):
-        self.names = names
-        super().__init__(names[default], **kwargs)
-
-    def validate(self, obj, value):
-        if isinstance(value, str):
-            value = self.names.get(value, value)
-        return super().validate(obj, value)
 
 
 def _name(cls: type) -> str:

@@ -27,7 +27,8 @@ import re
 from dataclasses import dataclass, field
 
 from gpulab.scheduler.inventory import Gpu
-from gpulab.service.jobs.backends import INVENTORIES, JOB_BACKENDS, SERVING_BACKENDS, ConfigError
+from gpulab.service.jobs.backends import ConfigError
+from gpulab.service.plugins import INVENTORIES, JOB_BACKENDS, SERVING_BACKENDS
 
 #: What a job may name instead of a pool: the first pool with room.
 AUTO = "auto"

@@ -12,6 +12,7 @@ import pytest
 from gpulab.backend.kubernetes.backend import KubernetesBackend
 from gpulab.scheduler.inventory import LocalInventory
 from gpulab.service.app import GpuLabService
+from gpulab.service.jobs.backends import ConfigError
 from gpulab.service.jobs.manager import JobManager
 
 STEPS = [
@@ -110,3 +111,27 @@ def test_the_old_dict_still_selects_kubernetes_with_a_warning(make_service, capl
 def test_local_only_by_default(make_service):
     app = make_service()
     assert set(app.jobs.backends) == {"local"}
+
+
+def test_a_sites_own_backend_is_a_class_and_an_entry_point(make_service, tmp_path, monkeypatch):
+    """A package of the site's, installed beside gpulab (here: a module and its
+    dist-info on sys.path, as pip lays them out), adds a job backend to the
+    ``gpulab.jobs_backends`` entry point group; settings then name it like gpulab's own."""
+    site = tmp_path / "site-packages"
+    (site / "labsite-1.0.dist-info").mkdir(parents=True)
+    (site / "labsite-1.0.dist-info" / "METADATA").write_text("Name: labsite\nVersion: 1.0\n")
+    (site / "labsite-1.0.dist-info" / "entry_points.txt").write_text(
+        "[gpulab.jobs_backends]\nlabcluster = labsite_backend:LabCluster\n"
+    )
+    (site / "labsite_backend.py").write_text(
+        "from gpulab.backend.local import LocalBackend\n\n\n"
+        "class LabCluster(LocalBackend):\n    name = 'labcluster'\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    app = make_service('c.GpuLabService.pools = [{"name": "lab", "jobs": "labcluster"}]\n')
+    backend = app.jobs.backends["lab"]
+    assert type(backend).__name__ == "LabCluster" and app.site_pools.list[0].kind == "labcluster"
+    app = make_service('c.GpuLabService.jobs_backend_class = "labcluster"\n')
+    assert set(app.jobs.backends) == {"labcluster"}
+    with pytest.raises(ConfigError, match="'labcluster'"):  # the names it offers include it
+        make_service('c.GpuLabService.pools = [{"name": "lab", "jobs": "nowhere"}]\n')
