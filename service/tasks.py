@@ -30,6 +30,18 @@ class KeptTask:
         task, self.task = self.task, None
         if task is None or task.done():
             return
-        task.cancel()
+        # Until it ends: on Python 3.11 ``asyncio.wait_for`` swallows a cancel that
+        # arrives as its inner wait completes, and the loop would go on forever.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1)
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def wait_for_wake(wake: asyncio.Event, timeout: float) -> None:
+    """Until ``wake`` is set or ``timeout`` seconds pass; a cancel always propagates
+    (``asyncio.wait_for`` may swallow one on Python 3.11)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await wake.wait()

@@ -21,7 +21,6 @@ clients in :mod:`gpulab.service.endpoints.calls`, versions (canary, promote, rol
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -46,7 +45,7 @@ from gpulab.service.endpoints.standby import StandbyProcess
 from gpulab.service.endpoints.table import EndpointTable
 from gpulab.service.endpoints.traffic import UnitTraffic, WeightedChoice, quantile_ms
 from gpulab.service.endpoints.versions import VersionsMixin
-from gpulab.service.tasks import KeptTask
+from gpulab.service.tasks import KeptTask, wait_for_wake
 
 log = logging.getLogger("gpulab.service.endpoints.manager")
 
@@ -599,8 +598,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
                 log.exception("deployment loop")
             # Quicker while a call waits for a cold start: it is answered sooner.
             tick = 0.2 if self.cold_waiting() else TICK_S
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), tick)
+            await wait_for_wake(self._wake, tick)
 
     async def _pass(self) -> None:
         deps = self.store.list()

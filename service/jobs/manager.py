@@ -16,7 +16,6 @@ still running and learns how the others ended.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import os
@@ -36,7 +35,7 @@ from gpulab.service.jobs.backends import NoLocalJobs, job_backends
 from gpulab.service.jobs.cpu_quota import over_quota
 from gpulab.service.jobs.pools import AUTO, Pool, PoolRefused
 from gpulab.service.jobs.preemption import Claim, Preemptor
-from gpulab.service.tasks import KeptTask
+from gpulab.service.tasks import KeptTask, wait_for_wake
 from gpulab.service.telemetry.allreduce import record_from_job
 
 log = logging.getLogger("gpulab.service.jobs.manager")
@@ -338,8 +337,7 @@ class JobManager:
                     await self._admit()
             except Exception:  # the loop must outlive one bad job or a hub hiccup
                 log.exception("job loop")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
+            await wait_for_wake(self._wake, TICK_S)
 
     async def _poll_running(self) -> None:
         for job in self.queue.list(states=("running",)):
