@@ -115,9 +115,13 @@ class SlurmBackend(Backend):
 
     # -- the Slurm job id, kept in the job dir -------------------------------------------
     def slurm_id(self, spec: JobSpec) -> str | None:
+        return self.slurm_job_id(spec.id)
+
+    def slurm_job_id(self, job_id: str) -> str | None:
+        """The Slurm job id kept in the job dir (None before sbatch answered)."""
         try:
-            with open(self.jobdir(spec.id).p("slurm", "job_id")) as f:
-                return f.read().strip() or None
+            with open(self.jobdir(job_id).p("slurm", "job_id")) as f:
+                return f.read(32).strip() or None
         except OSError:
             return None
 

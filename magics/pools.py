@@ -7,8 +7,7 @@ in that order, and how many slices of each size each has free now.
 
 from __future__ import annotations
 
-#: How long ``%gpulab`` waits for the pools before it says it could not ask.
-STATUS_TIMEOUT_S = 10.0
+from .alerts import STATUS_TIMEOUT_S  # %gpulab waits as long for each of its lines
 
 
 def _fetch(timeout: float | None = None) -> dict:

@@ -146,17 +146,10 @@ class JobManager:
         if not out.get("pool"):
             found = self.pools.of_kind(job["backend"])
             out["pool"] = found.name if found else job["backend"]
-        if job["backend"] == "slurm" and job["state"] != "queued":
-            out["slurm_job_id"] = self._slurm_id(job)
+        slurm_job_id = getattr(self.backend_of(job), "slurm_job_id", None)
+        if slurm_job_id is not None and job["state"] != "queued":
+            out["slurm_job_id"] = slurm_job_id(job["id"])  # for squeue and sacct
         return out
-
-    def _slurm_id(self, job: dict) -> str | None:
-        """The Slurm job id its backend kept (users find it in squeue and sacct)."""
-        try:
-            with open(self.jobdir(job).p("slurm", "job_id")) as f:
-                return f.read(32).strip() or None
-        except OSError:
-            return None
 
     def summaries(self, user: str | None) -> list[dict]:
         """Queued and running jobs with their latest step, loss and throughput.
