@@ -387,11 +387,13 @@ class JobManager:
     def _finish(
         self, job: dict, owners: list[str], state: str, message: str, values: dict
     ) -> int | None:
-        """The job's row ends and its slices go back (in the ledger's threads: SQLite
-        may wait for another writer). None if the job had already ended."""
+        """The job's slices go back, then its row ends (in the ledger's threads: SQLite
+        may wait for another writer). In that order, a reader who sees the job ended
+        finds its slices free. None if the job had already ended."""
+        released = sum(len(self.ledger.release("job", o)) for o in owners)
         if not self.queue.finish(job["id"], state, message, **values):
             return None
-        return sum(len(self.ledger.release("job", o)) for o in owners)
+        return released
 
     async def _end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
         self._tails.pop(job["id"], None)
