@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .jobdir import JobDir
+from .plugin import Plugin
 from .spec import JobSpec
 
 
@@ -47,7 +48,10 @@ class JobStatus:
     details: dict = field(default_factory=dict)
 
 
-class Backend:
+class Backend(Plugin):
+    """A job backend: ``root`` is the service's jobs directory. Its settings are its
+    own traits (:mod:`.plugin`)."""
+
     name = "base"
     #: Whether the service's scheduler may preempt this backend's jobs.
     can_preempt = False
@@ -55,8 +59,9 @@ class Backend:
     #: ledger places node ranks on distinct inventory nodes).
     nodes_apart = False
 
-    def __init__(self, jobs_root: str):
-        self.jobs_root = jobs_root
+    @property
+    def jobs_root(self) -> str:
+        return self.root
 
     def jobdir(self, job_id: str) -> JobDir:
         return JobDir(self.jobs_root, job_id)

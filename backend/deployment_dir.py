@@ -17,9 +17,9 @@ MODEL_FILES = ("model.pt2", "model.json")
 
 
 class DeploymentDirs:
-    def __init__(self, root: str):
-        self.root = root
-        os.makedirs(root, exist_ok=True)
+    """The folders under ``self.root`` (the serving backend's, :mod:`.serving_base`)."""
+
+    root: str
 
     def path(self, dep_id: str, *parts: str) -> str:
         return os.path.join(self.root, dep_id, *parts)

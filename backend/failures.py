@@ -85,3 +85,29 @@ def job_root_cause(jd, nodes: int, restarts: int) -> dict | None:
             )
     last = [e for e in jd.errors() if e.get("restart", 0) == restarts]
     return root_cause(failures, last)
+
+
+#: The log of node rank 0's launcher (torchrun's own words when no rank says more).
+NODE0_LOG = "logs/node0.log"
+
+
+def last_lines(jd, name: str, n: int = 3) -> str:
+    """The last ``n`` lines of a job's log file, on one line (empty if it has none)."""
+    try:
+        text = jd.read_user_end(name, 64 << 10).decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in text.splitlines()[-n:] if ln.strip()]
+    return " | ".join(lines)
+
+
+def failure(jd, nodes: int, restarts: int, code: int, ended: str, logs: list[str], **status):
+    """The fields of a failed job's status: the rank that raised and what (its root
+    cause), else ``ended`` and the last lines of the first of ``logs`` that has any."""
+    error = job_root_cause(jd, nodes, restarts)
+    if error:
+        message = f"rank {error['rank']} failed: {error['type']}: {error['message']}"
+        return dict(exit_code=code, restarts=restarts, error=error, message=message, **status)
+    tail = next((t for t in (last_lines(jd, name) for name in logs) if t), "")
+    message = ended + (f": {tail}" if tail else "")
+    return dict(exit_code=code, restarts=restarts, message=message, **status)

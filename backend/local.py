@@ -30,16 +30,16 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
+
+from traitlets import Instance, Int, Unicode, default
 
 from gpulab.enforcement.accounts import separated, unreachable
 
 from .base import Backend, JobStatus
-from .failures import job_root_cause
+from .failures import NODE0_LOG, failure
 from .job_network import PRIVATE_RDZV_PORT, JobNetwork, Network
 from .job_network import delete as delete_network
-from .log_pipe import DEFAULT_LOG_MAX_BYTES
 from .render import render_node, torchrun_argv
 from .spec import JobSpec, SpecError
 
@@ -100,34 +100,30 @@ def process_alive(pid: int, marker: str, uid: int | None = None) -> bool:
 
 
 class LocalBackend(Backend):
+    """torchrun on the service's machine. Settings: ``c.JobNetwork`` (the nodes'
+    network); the rest comes from the service (:mod:`.plugin`)."""
+
     name = "local"
     can_preempt = True
 
-    def __init__(
-        self,
-        jobs_root: str,
-        real_gpus: bool = False,
-        python: str = sys.executable,
-        home: str | None = None,
-        accounts=None,
-        limits=None,
-        gpu_count: int = 0,
-        network: JobNetwork | None = None,
-        log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
-    ):
-        super().__init__(jobs_root)
-        self.real_gpus = real_gpus
-        self.python = python
-        self.home = home
+    home = Unicode(None, allow_none=True, help="The ranks' HOME; None: the job's folder.")
+    gpu_count = Int(help="How many GPUs the machine has (the pool's).")
+    network = Instance(JobNetwork, help="Which network each job's nodes run in.")
+
+    @default("gpu_count")
+    def _pool_size(self) -> int:
+        return len(self.gpus)
+
+    @default("network")
+    def _job_network(self) -> JobNetwork:
+        return JobNetwork(parent=self)
+
+    def __init__(self, root: str | None = None, **kwargs):
+        super().__init__(root, **kwargs)
         #: :class:`~gpulab.enforcement.accounts.UserAccounts` and the
         #: :class:`~gpulab.enforcement.account_limits.AccountLimits` for each node's
         #: ranks, or None: run as the service.
-        self.accounts, self.limits = separated(jobs_root, accounts, limits)
-        self.gpu_count = gpu_count
-        #: Each node's and rank's log is kept under this (0: not capped).
-        self.log_max_bytes = log_max_bytes
-        #: Which network each job's nodes run in (c.JobNetwork settings).
-        self.network = network or JobNetwork()
+        self.accounts, self.limits = separated(self.root, self.accounts, self.limits)
         self._children: dict[str, list[subprocess.Popen]] = {}
         self._failed_since: dict[str, float] = {}
 
@@ -341,31 +337,8 @@ class LocalBackend(Backend):
         if all(s == 0 for s in states):
             return JobStatus("succeeded", exit_code=0, restarts=restarts)
         code = next(s for s in states if s != 0)
-        error = job_root_cause(jd, len(states), restarts)
-        if error:
-            return JobStatus(
-                "failed",
-                exit_code=code,
-                restarts=restarts,
-                error=error,
-                message=f"rank {error['rank']} failed: {error['type']}: {error['message']}",
-            )
-        tail = self._tail(jd, "logs/node0.log")
-        return JobStatus(
-            "failed",
-            exit_code=code,
-            restarts=restarts,
-            message=f"torchrun exited with code {code}" + (f": {tail}" if tail else ""),
-        )
-
-    @staticmethod
-    def _tail(jd, name: str, n: int = 3) -> str:
-        try:
-            text = jd.read_user_end(name, 64 << 10).decode(errors="replace")
-        except OSError:
-            return ""
-        lines = [ln.strip() for ln in text.splitlines()[-n:] if ln.strip()]
-        return " | ".join(lines)
+        ended = f"torchrun exited with code {code}"
+        return JobStatus("failed", **failure(jd, len(states), restarts, code, ended, [NODE0_LOG]))
 
     # -- stopping -----------------------------------------------------------------
     def _rank_pids(self, jd) -> list[int]:

@@ -32,46 +32,39 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
+
+from traitlets import Int, default
 
 from gpulab.enforcement.accounts import separated
 
-from .deployment_dir import DeploymentDirs
 from .local import PASS_ENV, process_alive
-from .log_pipe import DEFAULT_LOG_MAX_BYTES, capped_log
+from .log_pipe import capped_log
 from .replica_http import unix_address
 from .replica_sockets import ReplicaSockets
+from .serving_base import ServingBackend
 
 #: The nice value of a replica until it answers ready (0: none).
 STARTING_NICE = 10
 
 
-class LocalReplicas(DeploymentDirs):
+class LocalReplicas(ServingBackend):
     """The replica processes of every deployment under ``root``."""
 
-    def __init__(
-        self,
-        root: str,
-        real_gpus: bool = False,
-        python: str = sys.executable,
-        accounts=None,
-        limits=None,
-        gpu_count: int = 0,
-        log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
-    ):
-        super().__init__(root)
-        self.real_gpus = real_gpus
-        self.python = python
+    gpu_count = Int(help="How many GPUs the machine has (the pool's).")
+
+    @default("gpu_count")
+    def _pool_size(self) -> int:
+        return len(self.gpus)
+
+    def __init__(self, root: str | None = None, **kwargs):
+        super().__init__(root, **kwargs)
         #: :class:`~gpulab.enforcement.accounts.UserAccounts` and the
         #: :class:`~gpulab.enforcement.account_limits.AccountLimits` for each replica,
         #: or None: run as the service.
-        self.accounts, self.limits = separated(root, accounts, limits)
-        self.gpu_count = gpu_count
-        #: Each replica's log is kept under this (0: not capped).
-        self.log_max_bytes = log_max_bytes
+        self.accounts, self.limits = separated(self.root, self.accounts, self.limits)
         self._writers: list[subprocess.Popen] = []
-        self.sockets = ReplicaSockets(root)
+        self.sockets = ReplicaSockets(self.root)
         self._children: dict[tuple[str, int], subprocess.Popen] = {}
 
     # -- the directory -----------------------------------------------------------

@@ -22,7 +22,7 @@ import aiohttp
 
 from .local_replicas import LocalReplicas
 from .replica_http import ReplicaSessions
-from .serving_base import Health, ServingBackend
+from .serving_base import Health
 
 log = logging.getLogger("gpulab.backend.local_serving")
 
@@ -47,11 +47,11 @@ class Served:
     token: str | None = None
 
 
-class LocalServing(LocalReplicas, ServingBackend):
+class LocalServing(LocalReplicas):
     name = "local"
     restarts_replicas = False  # check() does
 
-    def __init__(self, root: str, **kwargs):
+    def __init__(self, root: str | None = None, **kwargs):
         super().__init__(root, **kwargs)
         self._served: dict[str, Served] = {}
         self._sessions = ReplicaSessions(

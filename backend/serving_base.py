@@ -48,9 +48,11 @@ Every backend keeps a deployment's files the same way (:mod:`.deployment_dir`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from .deployment_dir import DeploymentDirs
+from .plugin import Plugin
 
 #: Deployment states, as the REST API shows them.
 STATES = ("starting", "running", "degraded", "idle", "failed")
@@ -86,11 +88,18 @@ def follow_ready(dep: dict, ready: int) -> Health:
     return Health(ready, state, message, dep["restarts"])
 
 
-class ServingBackend(DeploymentDirs):
+class ServingBackend(Plugin, DeploymentDirs):
+    """A serving backend: ``root`` is the service's deployments directory. Its
+    settings are its own traits (:mod:`.plugin`)."""
+
     name = "base"
     #: True where the platform restarts replicas that die (Kubernetes' Deployment
     #: controller); False where :meth:`check` does it.
     restarts_replicas = False
+
+    def __init__(self, root: str | None = None, **kwargs):
+        super().__init__(root, **kwargs)
+        os.makedirs(self.root, exist_ok=True)
 
     async def launch(self, dep: dict, rows: list[dict]) -> None:
         raise NotImplementedError

@@ -43,16 +43,16 @@ import contextlib
 import json
 import os
 import shlex
-import sys
 import time
+
+from traitlets import Instance, Unicode, default
 
 from gpulab.enforcement.accounts import separated
 from gpulab.scheduler.slices import MILLI_PER_GPU
 
 from .base import Backend, JobStatus
-from .failures import job_root_cause
+from .failures import NODE0_LOG, failure
 from .local import PASS_ENV, owner_account
-from .log_pipe import DEFAULT_LOG_MAX_BYTES
 from .render import render_node, torchrun_argv
 from .slurm_inventory import (
     SHARD_POOL,
@@ -74,44 +74,24 @@ class SlurmBackend(Backend):
     #: Each node rank runs on a node of its own: the ledger places them apart.
     nodes_apart = True
 
-    def __init__(
-        self,
-        jobs_root: str,
-        site: SlurmSite | None = None,
-        *,
-        python: str = sys.executable,
-        accounts=None,
-        real_gpus: bool = False,
-        pool: str = SHARD_POOL,
-        log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
-    ):
-        super().__init__(jobs_root)
-        self.log_max_bytes = log_max_bytes
-        self.site = site or SlurmSite()
-        self.python = python
-        self.accounts, _ = separated(jobs_root, accounts, None)
-        self.real_gpus = real_gpus
-        #: Shards of one GPU per slice (the default), or whole GPUs: the
-        #: inventory's rule (c.SlurmInventory.whole_gpus), so Slurm holds what the
-        #: ledger placed.
-        self.pool = pool
-        self._node_gres: dict[str, dict] | None = None
+    site = Instance(SlurmSite, help="The Slurm cluster (c.SlurmSite).")
+    pool = Unicode(
+        help="""Shards of one GPU per slice, or whole GPUs: the inventory's rule
+        (c.SlurmInventory.whole_gpus), so Slurm holds what the ledger placed."""
+    )
 
-    @classmethod
-    def from_service(cls, service, root: str) -> SlurmBackend:
-        """Built by the service (``c.GpuLabService.jobs_backend_class = "slurm"``);
-        Slurm itself is ``c.SlurmSite.*``."""
-        pools = getattr(service, "site_pools", None)
-        mine = pools.of_kind(cls.name) if pools is not None else None
-        gpus = mine.gpus if mine is not None else service.gpus  # the Slurm pool's own
-        return cls(
-            root,
-            SlurmSite(parent=service),
-            accounts=service.accounts,
-            real_gpus=any(not g.simulated for g in gpus),
-            pool=SlurmInventory(parent=service).pool(),
-            log_max_bytes=service.job_log_max_bytes,
-        )
+    @default("site")
+    def _configured_site(self) -> SlurmSite:
+        return SlurmSite(parent=self)
+
+    @default("pool")
+    def _inventory_rule(self) -> str:
+        return SlurmInventory(parent=self).pool()
+
+    def __init__(self, root: str | None = None, **kwargs):
+        super().__init__(root, **kwargs)
+        self.accounts, _ = separated(self.root, self.accounts, None)
+        self._node_gres: dict[str, dict] | None = None
 
     # -- the Slurm job id, kept in the job dir -------------------------------------------
     def slurm_id(self, spec: JobSpec) -> str | None:
@@ -315,23 +295,10 @@ class SlurmBackend(Backend):
             # One node failed; srun --kill-on-bad-exit ends the others. Wait for that.
             return JobStatus("running", restarts=restarts, details=details)
         code = next((c for c in codes if c not in (None, 0)), -9)
-        error = job_root_cause(jd, spec.nodes, restarts)
-        if error:
-            return JobStatus(
-                "failed",
-                exit_code=code,
-                restarts=restarts,
-                error=error,
-                message=f"rank {error['rank']} failed: {error['type']}: {error['message']}",
-                details=details,
-            )
-        tail = _tail(jd, "logs/node0.log") or _tail(jd, f"logs/slurm-{job_id}.out")
+        ended = f"Slurm job {job_id} ended {state}"
+        logs = [NODE0_LOG, f"logs/slurm-{job_id}.out"]
         return JobStatus(
-            "failed",
-            exit_code=code,
-            restarts=restarts,
-            message=f"Slurm job {job_id} ended {state}" + (f": {tail}" if tail else ""),
-            details=details,
+            "failed", **failure(jd, spec.nodes, restarts, code, ended, logs, details=details)
         )
 
     # -- stopping --------------------------------------------------------------------------
@@ -375,12 +342,3 @@ class SlurmBackend(Backend):
             if info is None or info["state"] not in ACTIVE_STATES:
                 return
             await asyncio.sleep(0.2)
-
-
-def _tail(jd, name: str, n: int = 3) -> str:
-    try:
-        text = jd.read_user_end(name, 64 << 10).decode(errors="replace")
-    except OSError:
-        return ""
-    lines = [ln.strip() for ln in text.splitlines()[-n:] if ln.strip()]
-    return " | ".join(lines)

@@ -40,9 +40,10 @@ import subprocess
 
 from traitlets import Bool, Dict, Int, Unicode
 
-from gpulab.scheduler.inventory import Gpu, Inventory, InventoryError, load_inventory
+from gpulab.scheduler.inventory import Gpu, Inventory, InventoryError
 from gpulab.scheduler.slices import MILLI_PER_GPU
 
+from .local_inventory import load_inventory
 from .slurm_site import SlurmSite, parse_gres
 
 #: Node states (``state`` or ``state_flags`` of ``sinfo --json``) that take no work.

@@ -32,37 +32,17 @@ import time
 import uuid
 from pathlib import Path
 
+from _workload import WORKLOAD, step_times
+
 from gpulab.backend import slurm_sandbox
 from gpulab.backend.local import LocalBackend
 from gpulab.backend.slurm import SlurmBackend
 from gpulab.backend.slurm_site import SlurmSite
 from gpulab.backend.spec import JobSpec
 
-WORKLOAD = """
-import os, time, torch
-from gpulab.training import setup, report, checkpoint
-ctx = setup()
-torch.manual_seed(0)
-model = ctx.wrap(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                                     torch.nn.Linear(512, 256), torch.nn.ReLU(),
-                                     torch.nn.Linear(256, 1)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-times = open(os.environ["BENCH_TIMES"], "a", buffering=1) if ctx.rank == 0 else None
-for step in checkpoint.resume_range(ctx, total_steps=int(os.environ["BENCH_STEPS"]), state={"model": model}):
-    g = torch.Generator().manual_seed(step * 2 + ctx.rank)
-    x = torch.randn(256, 256, generator=g)
-    loss = model(x).pow(2).mean()
-    opt.zero_grad(); loss.backward(); opt.step()
-    report(loss=loss.item(), samples=256)
-    if times:
-        times.write(f"{time.time()}\\n")
-"""
-WARMUP = 10
-
 
 def summarise(t0: float, times_file: Path) -> dict:
-    stamps = [float(x) for x in times_file.read_text().split()]
-    gaps = [b - a for a, b in zip(stamps[WARMUP:], stamps[WARMUP + 1 :], strict=False)]
+    stamps, gaps = step_times(times_file)
     return {
         "first_step_s": round(stamps[0] - t0, 3),
         "step_ms": round(1000 * statistics.mean(gaps), 2),
@@ -123,7 +103,7 @@ async def bench(args, tmp: Path, slurm_conf: str) -> dict:
     jobs = tmp / "jobs"
     jobs.mkdir()
     local = LocalBackend(str(jobs))
-    slurm = SlurmBackend(str(jobs), SlurmSite(slurm_conf=slurm_conf))
+    slurm = SlurmBackend(str(jobs), site=SlurmSite(slurm_conf=slurm_conf))
     results: dict[str, list] = {"local": [], "slurm": []}
     for i in range(args.rounds):
         # Alternate which goes first, so a trend in the machine's load hits both.

@@ -25,6 +25,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
+from . import clock
+
 metadata = MetaData()
 
 allocations = Table(
@@ -51,7 +53,8 @@ _PG_LOCK_KEY = 0x67_70_75_6C  # "gpul"
 
 
 def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    """Now in UTC, from gpulab's one clock (:mod:`.clock`: a test may fake it)."""
+    return clock.utcnow()
 
 
 def make_engine(url: str) -> Engine:

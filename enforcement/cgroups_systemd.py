@@ -45,13 +45,7 @@ def systemd_properties(
     ``/proc/devices`` stays allowed except those holding a GPU node the slice
     may not open; the slice's own nodes are allowed one by one.
     """
-    props = []
-    if limits.cpu_cores is not None:
-        props.append(f"CPUQuota={round(limits.cpu_cores * 100, 1):g}%")
-    if limits.memory_bytes is not None:
-        props += [f"MemoryMax={limits.memory_bytes}", "MemorySwapMax=0"]
-    if limits.pids is not None:
-        props.append(f"TasksMax={limits.pids}")
+    props = quota_properties(limits)
     if limits.devices is not None:
         denied = denied_nodes(host_nodes, limits.devices)
         closed = {n.major for n in denied}
@@ -75,14 +69,20 @@ def systemd_properties(
 def slice_dropin(limits: Limits) -> str:
     """A drop-in for an account's slice: its groups' CPU, memory and tasks together."""
     lines = ["# Written by gpulab: the account's quota (c.GpuLabService.user_cpu_quota ...)"]
-    lines.append("[Slice]")
-    if limits.cpu_cores is not None:
-        lines.append(f"CPUQuota={round(limits.cpu_cores * 100, 1):g}%")
-    if limits.memory_bytes is not None:
-        lines += [f"MemoryMax={limits.memory_bytes}", "MemorySwapMax=0"]
-    if limits.pids is not None:
-        lines.append(f"TasksMax={limits.pids}")
+    lines += ["[Slice]", *quota_properties(limits)]
     return "\n".join(lines) + "\n"
+
+
+def quota_properties(limits: Limits) -> list[str]:
+    """systemd's words for the CPU, memory and tasks of ``limits`` (no swap beyond)."""
+    props = []
+    if limits.cpu_cores is not None:
+        props.append(f"CPUQuota={round(limits.cpu_cores * 100, 1):g}%")
+    if limits.memory_bytes is not None:
+        props += [f"MemoryMax={limits.memory_bytes}", "MemorySwapMax=0"]
+    if limits.pids is not None:
+        props.append(f"TasksMax={limits.pids}")
+    return props
 
 
 class SystemdGroup(Group):

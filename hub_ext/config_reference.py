@@ -13,7 +13,12 @@ and gives a default of its own (``@default``). Every other inherited trait
 The classes are found in the source (any class of the rooms below with a
 ``config=True`` trait), so a new one shows here without being listed; a mixin
 whose traits reach users through a subclass (``GpuLabServiceMixin``,
-``SharingSettings``) shows under that subclass.
+``SharingSettings``, the spawners' base ``FractionalHostSpawner``) shows under that
+subclass.
+
+The JupyterLab server extension's classes (``lab/``) are settings of each user's
+server (jupyter_server's configuration), not of the hub's file: they come last,
+each section saying where its settings go.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from traitlets.config import Configurable
 
 #: Rooms whose classes configure the platform (the others run in users' kernels).
 ROOMS = ("service", "spawner", "enforcement", "backend", "hub_ext", "scheduler", "telemetry", "db")
+#: Rooms whose classes configure each user's JupyterLab server (jupyter_server), not the hub.
+SERVER_ROOMS = ("lab",)
 #: The order classes are shown in; others follow, by name.
 FIRST = (
     "GpuLabService",
@@ -65,6 +72,25 @@ class Section:
     def name(self) -> str:
         return self.cls if isinstance(self.cls, str) else self.cls.__name__
 
+    @property
+    def in_server(self) -> bool:
+        """A setting of each user's JupyterLab server (``SERVER_ROOMS``), not the hub's."""
+        module = "" if isinstance(self.cls, str) else self.cls.__module__
+        return module.partition(".")[2].partition(".")[0] in SERVER_ROOMS
+
+    def where(self) -> str:
+        """For a server's section: where its settings go (the hub's file does not reach it)."""
+        if not self.in_server:
+            return ""
+        first = self.settings[0] if self.settings else None
+        example = f"--{self.name}.{first.name}={first.default}" if first else ""
+        return (
+            "Settings of each user's JupyterLab server (the server extension `gpulab.lab`), "
+            "not of gpulab_config.py: set them in `jupyter_server_config.py` where the "
+            "servers run (e.g. `<venv>/etc/jupyter/`), or on every server's command line "
+            f'through the hub: `c.Spawner.args = ["{example}"]`.'
+        )
+
 
 def _is_gpulab(obj) -> bool:
     return (getattr(obj, "__module__", "") or "").startswith("gpulab.")
@@ -85,15 +111,19 @@ def _has_config_trait(node: ast.ClassDef) -> bool:
 
 
 def discover() -> list[tuple[str, str]]:
-    """``(module, class name)`` of every class in ``ROOMS`` with a ``config=True`` trait."""
-    found = []
-    for room in ROOMS:
+    """``(module, class name)`` of every class in ``ROOMS`` and ``SERVER_ROOMS`` with a
+    ``config=True`` trait, and the classes of ``FIRST``."""
+    classes: list[tuple[str, ast.ClassDef]] = []
+    for room in ROOMS + SERVER_ROOMS:
         spec = importlib.util.find_spec(f"gpulab.{room}")
         if spec is None or not spec.submodule_search_locations:
             continue
         for folder in spec.submodule_search_locations:
             for dirpath, dirnames, filenames in os.walk(folder):
-                dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+                # Packages only: lab/js (TypeScript, node_modules) holds no settings.
+                dirnames[:] = sorted(
+                    d for d in dirnames if os.path.exists(os.path.join(dirpath, d, "__init__.py"))
+                )
                 for name in sorted(filenames):
                     if not name.endswith(".py"):
                         continue
@@ -103,12 +133,12 @@ def discover() -> list[tuple[str, str]]:
                     module = module.removesuffix(".__init__")
                     with open(path, encoding="utf-8") as f:
                         tree = ast.parse(f.read(), path)
-                    found += [
-                        (module, node.name)
-                        for node in tree.body
-                        if isinstance(node, ast.ClassDef) and _has_config_trait(node)
+                    classes += [
+                        (module, node) for node in tree.body if isinstance(node, ast.ClassDef)
                     ]
-    return found
+    # The classes users name (FIRST) show even when their settings are all inherited
+    # (FractionalLocalSpawner's come from FractionalHostSpawner).
+    return [(m, node.name) for m, node in classes if _has_config_trait(node) or node.name in FIRST]
 
 
 def _default_of(cls: type, name: str, trait) -> tuple[str, bool]:
@@ -175,7 +205,8 @@ def _description(cls: type) -> str:
 
 
 def sections() -> list[Section]:
-    """Every gpulab class with settings, in ``FIRST`` order, then by name."""
+    """Every gpulab class with settings, in ``FIRST`` order, then by name; the servers'
+    (``SERVER_ROOMS``) last."""
     classes: dict[str, type | Section] = {}
     for module, name in discover():
         try:
@@ -186,9 +217,10 @@ def sections() -> list[Section]:
         if isinstance(cls, type) and issubclass(cls, Configurable):
             classes[name] = cls
     real = [c for c in classes.values() if isinstance(c, type)]
-    # A mixin's traits show under the classes users configure. A class users configure
-    # themselves (FIRST) keeps its section when another extends it (FractionalSlurmSpawner
-    # extends FractionalLocalSpawner); the extension then lists only what it adds.
+    # A mixin's or a shared base's traits show under the classes users configure
+    # (FractionalHostSpawner's under the local and the Slurm spawner). A class users
+    # configure themselves (FIRST) keeps its section when another extends it; the
+    # extension then lists only what it adds.
     shown = [
         c
         for c in real
@@ -205,7 +237,7 @@ def sections() -> list[Section]:
     out = [s for s in out if s.settings or s.missing]
 
     def order(s: Section):
-        return (FIRST.index(s.name) if s.name in FIRST else len(FIRST), s.name)
+        return (s.in_server, FIRST.index(s.name) if s.name in FIRST else len(FIRST), s.name)
 
     return sorted(out, key=order)
 
@@ -243,7 +275,8 @@ def as_config_file(secs: list[Section] | None = None) -> str:
     secs = sections() if secs is None else secs
     lines = [
         "# gpulab's settings, for <data-dir>/gpulab_config.py (read by the hub and the",
-        "# gpulab service). JupyterHub's own settings: jupyterhub --help-all.",
+        "# gpulab service). JupyterHub's own settings: jupyterhub --help-all. The last",
+        "# sections are the users' JupyterLab servers' settings; each says where they go.",
         "",
     ]
     for s in secs:
@@ -256,6 +289,8 @@ def as_config_file(secs: list[Section] | None = None) -> str:
             continue
         if s.description:
             lines += _commented(s.description, "# ", "# ") + [""]
+        if s.where():
+            lines += _commented(s.where(), "# ", "# ") + [""]
         for t in s.settings:
             text = _summary(t) if t.inherited_from else t.help
             if text:
@@ -295,6 +330,8 @@ def as_markdown(secs: list[Section] | None = None) -> str:
         "`gpulab up --help-all` prints the same. Settings that gpulab's classes inherit",
         "from JupyterHub, KubeSpawner or NativeAuthenticator are listed only where gpulab",
         "gives them a default of its own; the rest are in those projects' documentation.",
+        "The last sections are settings of each user's JupyterLab server (jupyter_server's",
+        "configuration); each says where they go.",
         "",
     ]
     lines += [f"- [`{s.name}`](#{s.name.lower()})" for s in secs] + [""]
@@ -307,6 +344,8 @@ def as_markdown(secs: list[Section] | None = None) -> str:
         lines += [f"`{cls.__module__}.{cls.__name__}`", ""]
         if s.description:
             lines += [s.description, ""]
+        if s.where():
+            lines += [s.where(), ""]
         for t in s.settings:
             lines += [f"### `c.{s.name}.{t.name}`", ""]
             meta = (

@@ -13,9 +13,9 @@ tears the event loop down under the first one.
 A managed service that dies is noticed when JupyterHub next polls it, up to 30 s
 (``Spawner.poll_interval``) later; until the hub starts it again every endpoint call
 gets a 503 (the endpoint router runs in the service). Here the hub looks every
-second at services that had run a while, so a crash of the gpulab service costs a
-few seconds; one that dies soon after its start keeps JupyterHub's 30 s pace rather
-than a restart every second.
+second at services that had run a while (``c.GpuLabHub.quick_restart_after_seconds``),
+so a crash of the gpulab service costs a few seconds; one that dies soon after its
+start keeps JupyterHub's 30 s pace rather than a restart every second.
 """
 
 from __future__ import annotations
@@ -27,15 +27,29 @@ import time
 
 from jupyterhub.app import JupyterHub
 from tornado.ioloop import PeriodicCallback
+from traitlets import Float
 
 #: How often the hub looks whether a managed service still runs.
 SERVICE_POLL_S = 1.0
-#: A service that ran at least this long is restarted at once when it dies.
+#: A service that ran at least this long is restarted at once when it dies (the default).
 QUICK_RESTART_AFTER_S = 30.0
 
 
 class GpuLabHub(JupyterHub):
     """JupyterHub whose shutdown stops user servers before the services."""
+
+    quick_restart_after_seconds = Float(
+        QUICK_RESTART_AFTER_S,
+        config=True,
+        help="""A managed service (the gpulab service) that dies after running at least
+        this many seconds is restarted within a second; one that dies sooner after its
+        start waits for JupyterHub's own poll (every 30 s), so a service that cannot
+        start is not restarted every second. Tests that kill a young service set it
+        lower.
+
+        c.GpuLabHub.quick_restart_after_seconds = 30
+        """,
+    )
 
     _stopping = False
 
@@ -59,7 +73,7 @@ class GpuLabHub(JupyterHub):
                 continue
             running.add(proc.pid)
             started = self._service_started.setdefault(proc.pid, now)
-            if now - started >= QUICK_RESTART_AFTER_S and proc.poll() is not None:
+            if now - started >= self.quick_restart_after_seconds and proc.poll() is not None:
                 self._service_started[proc.pid] = math.inf  # noticed: once is enough
                 await service.spawner.poll_and_notify()
         for pid in set(self._service_started) - running:

@@ -17,8 +17,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab.hub_ext.admin_page import show_slices_on_admin_page
-
 SERVICE_NAME = "gpulab"
 ADMIN_USER = "admin"
 
@@ -138,30 +136,23 @@ def configure(c, s: Settings) -> None:
 
     api_url = f"http://127.0.0.1:{s.service_port}/services/{SERVICE_NAME}/api/v1"
     c.JupyterHub.spawner_class = "gpulab-local"
-    c.FractionalLocalSpawner.gpulab_api_url = api_url
-    c.FractionalLocalSpawner.gpulab_public_api_url = (
-        f"{s.public_url}/services/{SERVICE_NAME}/api/v1"
-    )
-    c.FractionalLocalSpawner.gpulab_api_token = service_token
+    # What the local and the Slurm spawner share (`gpulab slurm-sandbox up --spawner`
+    # switches to the latter); the home folders only the local one's.
+    c.FractionalHostSpawner.gpulab_api_url = api_url
+    c.FractionalHostSpawner.gpulab_public_api_url = f"{s.public_url}/services/{SERVICE_NAME}/api/v1"
+    c.FractionalHostSpawner.gpulab_api_token = service_token
+    c.FractionalHostSpawner.kernel_dir = str(data / "jupyter")
     c.FractionalLocalSpawner.home_dir_template = str(data / "home" / "{username}")
-    c.FractionalLocalSpawner.kernel_dir = str(data / "jupyter")
-    show_slices_on_admin_page(c)
     c.Spawner.default_url = "/lab"
     c.Spawner.cmd = [str(Path(sys.executable).with_name("jupyterhub-singleuser"))]
     # Servers start slowly on a busy small machine; a dead one is noticed by poll.
     c.Spawner.start_timeout = 180
     c.Spawner.http_timeout = 120
-    # Servers' own tokens may call the gpulab API as their user (magics, widgets).
-    c.Spawner.server_token_scopes = [
-        "users:activity!user",
-        "access:servers!server",
-        f"access:services!service={SERVICE_NAME}",
-    ]
 
     # One dataset cache per node, shared by every user's server and read by
     # the service's sampler.
     cache_dir = str(data / "dataset-cache")
-    c.FractionalLocalSpawner.cache_root = cache_dir
+    c.FractionalHostSpawner.cache_root = cache_dir
     service_env = {
         **s.to_env(),
         "GPULAB_CACHE_DIR": cache_dir,
@@ -169,36 +160,23 @@ def configure(c, s: Settings) -> None:
         "GPULAB_PROXY_API_URL": f"http://127.0.0.1:{s.proxy_api_port}",
         "CONFIGPROXY_AUTH_TOKEN": proxy_token,
     }
-    services = [
-        {
-            "name": SERVICE_NAME,
-            "url": f"http://127.0.0.1:{s.service_port}",
-            "command": [sys.executable, "-m", "gpulab.service"],
-            "api_token": service_token,
-            "environment": service_env,
-            "display": True,
-            "oauth_no_confirm": True,
-        }
-    ]
-    roles = [
-        {"name": "user", "scopes": ["self", f"access:services!service={SERVICE_NAME}"]},
-        {
-            "name": "gpulab-service",
-            "services": [SERVICE_NAME],
-            "scopes": [
-                "list:users",
-                "read:users",
-                "read:servers",
-                # stops servers whose GPU idles (c.GpuLabService.gpu_idle_cull_seconds)
-                "delete:servers",
-                "list:groups",
-                "read:groups",
-                f"access:services!service={SERVICE_NAME}",
-            ],
-        },
-    ]
+    # It imports JupyterHub (the audit hook): only once a hub is configured.
+    from .gpulab_hub import add_gpulab_to_hub, add_role, add_service
+
+    add_gpulab_to_hub(
+        c,
+        service_name=SERVICE_NAME,
+        service_url=f"http://127.0.0.1:{s.service_port}",
+        api_url=api_url,
+        service_token=service_token,
+        # The hub starts the service (and restarts it). The service samples this
+        # machine itself: no node agents, so no agent service.
+        service_command=[sys.executable, "-m", "gpulab.service"],
+        service_environment=service_env,
+    )
     if s.cull_idle_timeout > 0:
-        services.append(
+        add_service(
+            c,
             {
                 "name": "idle-culler",
                 "command": [
@@ -210,22 +188,16 @@ def configure(c, s: Settings) -> None:
                 ],
                 # How the next `gpulab up` on this data dir knows it for its own.
                 "environment": {"GPULAB_DATA_DIR": str(data)},
-            }
+            },
         )
-        roles.append(
+        add_role(
+            c,
             {
                 "name": "idle-culler",
                 "services": ["idle-culler"],
                 "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
-            }
+            },
         )
-    c.JupyterHub.services = services
-    c.JupyterHub.load_roles = roles
-
-    from .audit_hook import configure_audit
-
-    # Logins, server starts and stops, admin actions: the hub's request log records them.
-    configure_audit(c, api_url, service_token, SERVICE_NAME)
 
     from .auth_config import configure_auth  # it imports this module
 

@@ -15,20 +15,15 @@ rows back (the ledger is idempotent per owner).
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import functools
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
+
+from gpulab.db.threads import POOL_SIZE, DbThreads
 
 if TYPE_CHECKING:
     from .ledger import Ledger, SizeAvailability
 
 T = TypeVar("T")
-
-#: Threads per ledger: reads run side by side, writes queue on the ledger's lock.
-POOL_SIZE = 4
 
 
 class AsyncLedger:
@@ -36,11 +31,11 @@ class AsyncLedger:
 
     def __init__(self, ledger: Ledger, max_workers: int = POOL_SIZE, threads=None):
         self.sync = ledger
-        self._pool = threads or ThreadPoolExecutor(max_workers, thread_name_prefix="gpulab-ledger")
+        self._threads = threads or DbThreads("gpulab-ledger", max_workers)
 
     def over(self, ledger: Ledger) -> AsyncLedger:
         """The same threads for another view of the ledger (one pool's)."""
-        return AsyncLedger(ledger, threads=self._pool)
+        return AsyncLedger(ledger, threads=self._threads)
 
     # In-memory parts, no database: read them directly.
     @property
@@ -54,8 +49,7 @@ class AsyncLedger:
     async def run(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """Run any blocking work that writes through the ledger on its threads (the job
         queue's ``admit``, which places several jobs in one pass)."""
-        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        return await self._threads.run(fn, *args, **kwargs)
 
     # -- reading ---------------------------------------------------------------
     async def list(
@@ -111,4 +105,4 @@ class AsyncLedger:
 
     def close(self) -> None:
         """Stop the threads once the calls in flight are done (no new calls after)."""
-        self._pool.shutdown(wait=False)
+        self._threads.close()

@@ -1,14 +1,16 @@
-"""What GPUs a node has: read from NVML, or declared for a machine without GPUs.
+"""What the ledger knows of a GPU (:class:`Gpu`), the interface of the inventories
+that list them (:class:`Inventory`), and GPUs declared for a machine without any.
 
 A simulated inventory comes from a spec like ``2xA100-80GB`` or
 ``1xH200-141GB,4xT4-16GB``; every GPU it declares is marked ``simulated`` and
-nothing is enforced on it. A real inventory lists each physical GPU, or each
-MIG device where MIG is on (a MIG device is what a slice is placed on then).
+nothing is enforced on it. The inventories themselves (this machine's NVML, a
+Kubernetes cluster's nodes, a Slurm cluster's GRES) read the world, so they live in
+``backend/``: :mod:`gpulab.backend.local_inventory`,
+:mod:`gpulab.backend.kubernetes.inventory`, :mod:`gpulab.backend.slurm_inventory`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import re
@@ -87,79 +89,6 @@ def parse_simulated(spec: str, node: str | None = None) -> list[Gpu]:
     return gpus
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def nvml_inventory(node: str | None = None) -> tuple[list[Gpu], str | None]:
-    """Read GPUs from NVML. Returns ``(gpus, reason)``; reason says why none.
-
-    MIG devices replace their parent GPU in the list: with MIG on, slices are
-    placed on MIG instances, and each is addressed by its own ``MIG-`` UUID.
-    """
-    node = node or socket.gethostname()
-    try:
-        import pynvml
-    except ImportError:
-        return [], "nvidia-ml-py is not installed"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        return [], f"no NVIDIA driver ({type(e).__name__}: {e})"
-    gpus: list[Gpu] = []
-    try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-            model = _text(pynvml.nvmlDeviceGetName(handle))
-            memory_mib = pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024)
-            migs = _mig_devices(pynvml, handle)
-            if not migs:
-                gpus.append(Gpu(uuid, len(gpus), model, memory_mib, node))
-            for mig_uuid, mig_mem in migs:
-                gpus.append(
-                    Gpu(mig_uuid, len(gpus), f"{model} MIG", mig_mem, node, mig_parent=uuid)
-                )
-    except pynvml.NVMLError as e:
-        log.warning("NVML failed while listing GPUs: %s", e)
-        return gpus, f"NVML error while listing GPUs: {e}"
-    finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
-    return gpus, None if gpus else "the NVIDIA driver reports no GPUs"
-
-
-def _mig_devices(pynvml, handle) -> list[tuple[str, int]]:
-    try:
-        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
-    except pynvml.NVMLError:
-        return []  # NotSupported on cards without MIG
-    if current != pynvml.NVML_DEVICE_MIG_ENABLE:
-        return []
-    found = []
-    for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-        try:
-            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
-        except pynvml.NVMLError:
-            continue  # an empty MIG slot
-        found.append(
-            (
-                _text(pynvml.nvmlDeviceGetUUID(mig)),
-                pynvml.nvmlDeviceGetMemoryInfo(mig).total // (1024 * 1024),
-            )
-        )
-    return found
-
-
-def load_inventory(
-    simulate: str | None = None, node: str | None = None
-) -> tuple[list[Gpu], str | None]:
-    """The node's GPUs: the simulated spec when given, else NVML."""
-    if simulate:
-        return parse_simulated(simulate, node), None
-    return nvml_inventory(node)
-
-
 class Inventory(LoggingConfigurable):
     """Where the GPUs the ledger places slices on come from (the service's
     ``c.GpuLabService.inventory_class``). ``load()`` runs once, before the service
@@ -175,10 +104,3 @@ class Inventory(LoggingConfigurable):
     def load(self) -> tuple[list[Gpu], str | None]:
         """``(gpus, reason)``: reason says why there are none (not an error)."""
         raise NotImplementedError
-
-
-class LocalInventory(Inventory):
-    """This machine's GPUs from NVML, or the simulated spec. The embedded default."""
-
-    def load(self) -> tuple[list[Gpu], str | None]:
-        return load_inventory(self.simulate or None, node=self.node or None)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
+from gpulab.db import clock
 from gpulab.db.engine import allocations
 from gpulab.db.usage import usage
 
@@ -40,7 +41,7 @@ def spans(engine: Engine, since: dt.datetime, until: dt.datetime) -> list[dict]:
     ``{"id", "user", "kind", "gpu_uuid", "milli", "start", "end"}``, clipped to the window;
     held slices end at ``min(now, until)``.
     """
-    now = dt.datetime.now(dt.UTC)
+    now = clock.utcnow()
     out = []
     with engine.connect() as conn:
         closed = conn.execute(
@@ -143,7 +144,7 @@ def _days(start: dt.datetime, end: dt.datetime) -> list[tuple[str, dt.datetime, 
 
 def totals(engine: Engine) -> dict[tuple[str, str], float]:
     """All-time milli-GPU-seconds per ``(user, kind)``: the metrics counter."""
-    now = dt.datetime.now(dt.UTC)
+    now = clock.utcnow()
     out: dict[tuple[str, str], float] = defaultdict(float)
     with engine.connect() as conn:
         for user, kind, ms in conn.execute(
@@ -165,7 +166,7 @@ def decayed(engine: Engine, half_life_s: float, now: dt.datetime | None = None) 
     The integral of the weight over each span, so a long span counts fairly
     however it is cut.
     """
-    now = now or dt.datetime.now(dt.UTC)
+    now = now or clock.utcnow()
     since = now - dt.timedelta(seconds=half_life_s * HALF_LIVES_READ)
     k = math.log(2) / half_life_s
     out: dict[str, float] = defaultdict(float)

@@ -34,14 +34,17 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Float, Instance, Int, List, TraitError, Unicode, default
 from traitlets.config import Application, PyFileConfigLoader
 
+from gpulab.backend.kubernetes.inventory import KubernetesInventory
+from gpulab.backend.kubernetes.job_settings import KubernetesJobsSettings
+from gpulab.backend.kubernetes.serving_settings import KubernetesServingSettings
 from gpulab.backend.log_pipe import DEFAULT_LOG_MAX_BYTES
 from gpulab.backend.spec import SpecError
 from gpulab.db.engine import make_engine
+from gpulab.db.threads import DbThreads
 from gpulab.enforcement.account_limits import AccountLimits, host_memory
 from gpulab.enforcement.accounts import UserAccounts
 from gpulab.enforcement.limits import host_user_quota
 from gpulab.scheduler.inventory import Gpu, InventoryError
-from gpulab.scheduler.inventory_kube import KubernetesInventory
 from gpulab.scheduler.ledger import Ledger
 from gpulab.scheduler.policy import get_policy
 from gpulab.scheduler.quota import Quotas
@@ -53,6 +56,7 @@ from gpulab.service.api import audit as audit_api
 from gpulab.service.api import deployments as deployments_api
 from gpulab.service.api import gpus as gpus_api
 from gpulab.service.api import jobs as jobs_api
+from gpulab.service.api import ledger as ledger_api
 from gpulab.service.api import pages
 from gpulab.service.api import pools as pools_api
 from gpulab.service.api import telemetry as telemetry_api
@@ -60,21 +64,26 @@ from gpulab.service.api import usage as usage_api
 from gpulab.service.api.request_body import JSON_BODY_LIMIT
 from gpulab.service.auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
 from gpulab.service.hubapi import HubAPI
-from gpulab.service.jobs.backends import ConfigError, refuse_local_user_code
-from gpulab.service.jobs.kubernetes import KubernetesJobsSettings
+from gpulab.service.jobs.backends import refuse_local_user_code
 from gpulab.service.jobs.manager import JobManager
 from gpulab.service.jobs.pools import Pools, load_gpus, read_pools
-from gpulab.service.operations import ledger_guard
 from gpulab.service.operations.actions import AlertActions
 from gpulab.service.operations.alerts import AlertEngine
 from gpulab.service.operations.audit import LOOPBACK, AuditLog
-from gpulab.service.operations.ledger_guard import LostSlices
+from gpulab.service.operations.lost_slices import LostSlices
 from gpulab.service.operations.metrics import OpsCollector
 from gpulab.service.operations.reconcile import Reconciler
 from gpulab.service.operations.rules import DEFAULTS as ALERT_DEFAULTS
 from gpulab.service.operations.self_healing import SelfHealing
-from gpulab.service.plugins import INVENTORIES, JOB_BACKENDS, SERVING_BACKENDS, NamedType
+from gpulab.service.plugins import (
+    INVENTORIES,
+    JOB_BACKENDS,
+    SERVING_BACKENDS,
+    ConfigError,
+    NamedType,
+)
 from gpulab.service.sharing import SharingSettings
+from gpulab.service.telemetry.local_sampler import LocalSampler
 from gpulab.service.telemetry.metrics import Metrics
 from gpulab.service.telemetry.store import TelemetryStore
 from gpulab.telemetry import SampleCollector
@@ -88,7 +97,7 @@ ROUTE_MODULES = (
     deployments_api,
     telemetry_api,
     usage_api,
-    ledger_guard,
+    ledger_api,
     audit_api,
     alerts_api,
     gpus_api,
@@ -105,7 +114,13 @@ class GpuLabService(SharingSettings, Application):
         "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."
     )
     # Settings of these classes go in the same config file (and show in --help-all).
-    classes = [KubernetesJobsSettings, KubernetesInventory, UserAccounts, AccountLimits]
+    classes = [
+        KubernetesJobsSettings,
+        KubernetesServingSettings,
+        KubernetesInventory,
+        UserAccounts,
+        AccountLimits,
+    ]
 
     data_dir = Unicode(
         help="""Where the service keeps its database. Set by `gpulab up --data-dir`.
@@ -177,8 +192,8 @@ class GpuLabService(SharingSettings, Application):
         help="""Where this site's jobs run (a job that names no backend runs here):
         "local" (torchrun on the service's machine), "kubernetes" (Indexed Jobs;
         c.KubernetesJobsSettings says where), "slurm" (one sbatch allocation per job;
-        c.SlurmSite says which cluster) or an import path of a
-        gpulab.backend.base.Backend with a classmethod from_service(service, jobs_root).
+        c.SlurmSite says which cluster), a site's own entry point, or an import path of
+        a gpulab.backend.base.Backend (its settings are its own traits).
         A site of several places sets c.GpuLabService.pools instead.
 
         c.GpuLabService.jobs_backend_class = "slurm"
@@ -216,7 +231,7 @@ class GpuLabService(SharingSettings, Application):
 
     serving_backend_class = NamedType(
         SERVING_BACKENDS,
-        klass="gpulab.backend.deployment_dir.DeploymentDirs",
+        klass="gpulab.backend.serving_base.ServingBackend",
         help="""Where `%deploy` endpoints' replicas run: "local" (processes on the
         service's machine), "kubernetes" (a Deployment and a Service each) or an import path.
 
@@ -317,7 +332,7 @@ class GpuLabService(SharingSettings, Application):
     kubernetes_deployments = Dict(
         help="""Deprecated shortcut for serving_backend_class = "kubernetes" with these
         settings: `%deploy` endpoints as a Deployment + Service each in this namespace
-        (instead of processes on the service's machine); see gpulab.service.endpoints.kubernetes.
+        (instead of processes on the service's machine); see c.KubernetesServingSettings.
 
         c.GpuLabService.kubernetes_deployments = {"namespace": "gpulab",
             "models_pvc": "gpulab-models", "image": "example.org/gpulab:1", "enforcement": "hami"}
@@ -628,6 +643,7 @@ class GpuLabService(SharingSettings, Application):
     inventory_reason = Unicode(None, allow_none=True)
     engine = Instance("sqlalchemy.engine.Engine", allow_none=True)
     ledger = Instance(Ledger, allow_none=True)
+    db_threads = Instance(DbThreads, allow_none=True)
     metrics = Instance(Metrics, allow_none=True)
     lost_slices = Instance(LostSlices, allow_none=True)
     audit = Instance(AuditLog, allow_none=True)
@@ -637,7 +653,7 @@ class GpuLabService(SharingSettings, Application):
     jobs = Instance(JobManager, allow_none=True)
     deployments = Instance("gpulab.service.endpoints.manager.DeploymentManager", allow_none=True)
     telemetry = Instance(TelemetryStore, allow_none=True)
-    sampler = Instance(telemetry_api.LocalSampler, allow_none=True)
+    sampler = Instance(LocalSampler, allow_none=True)
     #: Cordons GPUs that fault and moves their jobs (operations/self_healing.py).
     healer = Instance(SelfHealing, allow_none=True)
     tornado_app = Instance(web.Application, allow_none=True)
@@ -715,6 +731,8 @@ class GpuLabService(SharingSettings, Application):
         os.umask(0o077)
         os.makedirs(self.data_dir, exist_ok=True)
         self.engine = make_engine(self.db_url)
+        #: Where the audit trail, alerts and usage query (the ledger has its own).
+        self.db_threads = DbThreads()
 
     def init_ledger(self):
         """The inventory (from inventory_class), the ledger over it, and what watches it."""
@@ -759,10 +777,10 @@ class GpuLabService(SharingSettings, Application):
         self.reconciler = Reconciler(self)
 
     def init_audit(self):
-        """The audit trail; its writes share the ledger's threads."""
+        """The audit trail; its writes run on the service's database threads."""
         self.audit = AuditLog(
             self.engine,
-            run=self.ledger.aio.run,
+            run=self.db_threads.run,
             retention_days=self.audit_retention_days,
             trusted_proxies=self.audit_trusted_proxies,
         )
@@ -809,7 +827,7 @@ class GpuLabService(SharingSettings, Application):
     def init_telemetry(self):
         self.telemetry = TelemetryStore()
         self.metrics.registry.register(SampleCollector(self.telemetry.latest_for_export))
-        self.sampler = telemetry_api.LocalSampler(self) if self.local_sampler else None
+        self.sampler = LocalSampler(self) if self.local_sampler else None
         self.healer = SelfHealing(self)
 
     def init_alerts(self):
@@ -957,6 +975,8 @@ class GpuLabService(SharingSettings, Application):
                 log.exception("Stopping %s", type(manager).__name__)
         if self.ledger is not None:
             self.ledger.aio.close()  # its threads: after the managers, which use them
+        if self.db_threads is not None:
+            self.db_threads.close()
 
     async def serve(self) -> None:
         """Listen, start the managers, run until SIGINT/SIGTERM, then stop()."""

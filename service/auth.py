@@ -76,9 +76,8 @@ def forget_tokens_of(service, name: str) -> None:
     audit events, :mod:`gpulab.hub_ext.audit_hook`)."""
     if HubOAuth.initialized() and isinstance(HubOAuth.instance().cache, TokenAnswers):
         HubOAuth.instance().cache.forget(name)
-    router = getattr(getattr(service, "deployments", None), "router", None)
-    if router is not None:
-        router.tokens.forget(name)
+    if service.deployments is not None:
+        service.deployments.router.tokens.forget(name)
 
 
 @dataclass(frozen=True)
@@ -228,7 +227,8 @@ class APIHandler(BoundedBody, BaseHandler):
         proxy, never a user's kernel)."""
         address = getattr(getattr(self.request.connection, "context", None), "address", None)
         peer = address[0] if isinstance(address, tuple) and address else self.request.remote_ip
-        trusted = getattr(getattr(self.gpulab, "audit", None), "trusted_proxies", LOOPBACK)
+        trail = self.gpulab.audit
+        trusted = trail.trusted_proxies if trail is not None else LOOPBACK
         forwarded = self.request.headers.get("X-Forwarded-For")
         platform = None
         if forwarded and isinstance(address, tuple):
@@ -267,7 +267,7 @@ class APIHandler(BoundedBody, BaseHandler):
     async def audit(self, action: str, subject, *, user: str | None = None, result="ok", **detail):
         """Record a change this request made (committed before the route answers).
         ``user``: whose thing it is (default: ``?user=`` or the caller's own)."""
-        trail = getattr(self.gpulab, "audit", None)
+        trail = self.gpulab.audit
         if trail is not None:
             await trail.record(
                 action, str(subject), result=result, **self._audit_fields(user), **detail
@@ -275,7 +275,7 @@ class APIHandler(BoundedBody, BaseHandler):
 
     def _audit_refusal(self) -> None:
         action = self.audit_actions.get(self.request.method)
-        trail = getattr(self.gpulab, "audit", None)
+        trail = self.gpulab.audit
         if action is None or trail is None:
             return
         subject = "/".join(a for a in self.path_args if isinstance(a, str))

@@ -36,9 +36,9 @@ from gpulab.enforcement.slice_env import strip_enforcement_vars
 from gpulab.scheduler.slices import SliceError, label, parse_gpu_milli
 
 from .form import in_fractions, size_title
-from .local import parse_user_options
 from .placement import STARTING_LAB, kube_enforcement, placement_of
 from .service_traits import GpuLabServiceMixin
+from .user_options import parse_user_options
 
 PROFILE_PREFIX = "gpu-"
 

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tornado import web
 from traitlets import Float, List, Unicode
+from traitlets.config import Config
 
 from gpulab.backend.slurm_inventory import PoolError, SlurmInventory
 from gpulab.backend.slurm_site import ACTIVE_STATES, SlurmError, SlurmSite
@@ -43,8 +44,9 @@ from gpulab.enforcement.accounts import Account
 from gpulab.enforcement.slice_env import slice_env
 from gpulab.scheduler.slices import label
 
-from .local import FractionalLocalSpawner, parse_user_options
-from .placement import STARTING_LAB, placement_of
+from .host import FractionalHostSpawner
+from .placement import STARTING_LAB
+from .user_options import parse_user_options
 
 #: Variables Slurm sets for the job itself: the server keeps Slurm's values.
 SLURM_OWNS = ("CUDA_VISIBLE_DEVICES",)
@@ -122,11 +124,18 @@ def api_url_at(url: str, ip: str) -> str:
     return urlunsplit((parts.scheme, f"{host}:{port}", parts.path, "", ""))
 
 
-class FractionalSlurmSpawner(FractionalLocalSpawner):
+#: The section this spawner took its shared settings from when it derived from the local
+#: spawner; a site's ``c.FractionalLocalSpawner.gpulab_api_url``... still reaches it.
+LOCAL_SECTION = "FractionalLocalSpawner"
+
+
+class FractionalSlurmSpawner(FractionalHostSpawner):
     """A JupyterLab server as a Slurm batch job on the node the ledger chose.
 
-    Settings of ``c.FractionalLocalSpawner`` (the gpulab service's URL and token,
-    the kernel folder, the cache) apply here too.
+    It shares ``c.FractionalHostSpawner.*`` with the local spawner (the gpulab
+    service's URL and token, the kernel folder, the cache); of
+    ``c.FractionalLocalSpawner.*`` it still takes those shared settings (it derived
+    from that class once), below its own ``c.FractionalSlurmSpawner.*``.
     """
 
     unix_user_template = Unicode(
@@ -173,11 +182,25 @@ class FractionalSlurmSpawner(FractionalLocalSpawner):
     slurm_job_id: str = ""
     slurm_job_dir: str = ""
 
+    def _find_my_config(self, cfg):
+        # traitlets merges the sections of the class's bases, then its own. The local
+        # spawner's shared settings rank between them; its others (a local process's)
+        # are not this spawner's, left out rather than warned about on every start.
+        mine = super()._find_my_config(cfg)
+        if not cfg._has_section(LOCAL_SECTION):
+            return mine
+        name = type(self).__name__
+        own = cfg[name] if cfg._has_section(name) else {}
+        ours = self.traits(config=True)
+        shared = {k: v for k, v in cfg[LOCAL_SECTION].items() if k in ours and k not in own}
+        mine.merge(Config(shared))
+        return mine
+
     def site(self) -> SlurmSite:
         return SlurmSite(parent=self)
 
     def get_env(self):
-        env = super().get_env()
+        env = super().get_env()  # the account's HOME, USER, SHELL among it
         if self.gpulab_connect_ip:
             env["GPULAB_API_URL"] = api_url_at(self.gpulab_api_url, self.gpulab_connect_ip)
         return env
@@ -251,9 +274,7 @@ class FractionalSlurmSpawner(FractionalLocalSpawner):
                     f"Slurm --gres={gres} (the card: CUDA_VISIBLE_DEVICES and the site's "
                     f"cgroup ConstrainDevices; the share: advice only)"
                 )
-            inventory = await self._client().request("GET", "/inventory") if allocations else {}
-            self.gpulab_placement = placement_of(milli, allocations, inventory)
-            self.report_progress(40, self.gpulab_placement.sentence())
+            await self.show_placement(milli, allocations)
             self.account = await self._cluster_account()
             self._write_kernelspec()
             await self._submit(site, node, gres, milli)

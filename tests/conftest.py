@@ -16,8 +16,14 @@ SHARED_HUB_CONFIG = """
 # (half a GPU, shown on the spawn form).
 c.GpuLabService.user_quota_milli = {"capped-jobs": 500, "capped-spawn": 250,
                                     "alice-browser": 500}
-# tests/jobs/test_preemption.py: a user whose guarantee lets her reclaim a GPU.
+# tests/jobs/test_preemption.py: a user whose guarantee lets her reclaim a GPU; victims
+# that never checkpoint (SLEEPS) are killed when the grace ends, which need not be 30 s
+# (a checkpointing one saves at its next step, within a second).
 c.GpuLabService.user_guaranteed_milli = {"guaranteed-jobs": 1000}
+c.GpuLabService.preemption_grace_seconds = 10
+# tests/deploy/test_endpoints_survive_service_restart.py kills the service a few seconds
+# after the hub restarted it: the hub restarts it again at once, not at its 30 s poll.
+c.GpuLabHub.quick_restart_after_seconds = 1
 """
 
 

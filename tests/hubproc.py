@@ -29,6 +29,20 @@ from gpulab.enforcement.accounts import UserAccounts, unix_name
 GPULAB = str(Path(sys.executable).with_name("gpulab"))
 
 
+def replica_pids(hub, dep_id: str) -> list[int]:
+    """The pids of a deployment's model-server processes on this machine."""
+    marker = str(hub.data_dir / "deployments" / dep_id)
+    pids = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.NoSuchProcess:
+            continue
+        if "gpulab.serving.server" in cmd and marker in cmd:
+            pids.append(p.info["pid"])
+    return sorted(pids)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

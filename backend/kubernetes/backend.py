@@ -18,7 +18,8 @@ import dataclasses
 import os
 import secrets
 import time
-from collections.abc import Callable
+
+from traitlets import Callable, Instance, default
 
 from gpulab.scheduler.slices import MILLI_PER_GPU
 
@@ -28,50 +29,54 @@ from . import jobset as jobset_mod
 from .apiclient import ApiClientHolder
 from .isolation import guard_objects, owned_by
 from .job import job_objects
+from .job_settings import KubernetesJobsSettings
 from .pods import JobOptions, check_spec, job_name, rdzv_secret_name
 
 #: How long ``cancel`` waits for the cluster to remove a job's pods.
 CANCEL_WAIT_S = 120.0
 
 
-class KubernetesBackend(Backend, ApiClientHolder):
-    """Jobs as Indexed Jobs (or JobSets) in one namespace.
+class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
+    """Jobs as Indexed Jobs (or JobSets) in one namespace; the settings are
+    :class:`~.job_settings.KubernetesJobsSettings` (``c.KubernetesJobsSettings.*``).
 
-    ``options`` says where job directories live on the cluster (the PVC) and
-    how jobs queue; ``pod_patch_for(spec, allocations)`` returns the pod patch
-    holding a node's slice (the service builds it from
-    ``gpulab.enforcement.kube``), or None for none. ``options_for(spec)``
-    returns the :class:`JobOptions` fields that depend on the job itself (its
-    priority class: ``labels``, ``pod_labels``, ``priority_class``), which
-    replace ``options``' for that job; None: ``options`` for every job.
-    ``use_jobset`` is ``"auto"`` (when the CRD is installed), ``True`` or ``False``.
+    A test or a site may hand over what the settings would make: ``options`` (where
+    job directories live on the cluster, how jobs queue), ``pod_patch_for(spec,
+    allocations)`` (the pod patch holding a node's slice, or None for none) and
+    ``options_for(spec)`` (the :class:`JobOptions` fields that depend on the job's
+    own priority class: ``labels``, ``pod_labels``, ``priority_class``).
     """
 
     name = "kubernetes"
 
-    def __init__(
-        self,
-        jobs_root: str,
-        *,
-        namespace: str,
-        options: JobOptions,
-        kubeconfig: str | None = None,
-        use_jobset: bool | str = "auto",
-        pod_patch_for: Callable[[JobSpec, list], Callable | None] | None = None,
-        options_for: Callable[[JobSpec], dict] | None = None,
-    ):
-        super().__init__(jobs_root)
-        if options.jobs_root != jobs_root:
+    options = Instance(JobOptions, help="What every job's objects get.")
+    pod_patch_for = Callable(
+        allow_none=True, help="(spec, allocations) -> the pod patch of a node's slice."
+    )
+    options_for = Callable(
+        allow_none=True, help="spec -> the JobOptions fields of the job's own class."
+    )
+
+    @default("options")
+    def _from_settings(self) -> JobOptions:
+        return self.base_options()
+
+    @default("pod_patch_for")
+    def _settings_patch(self):
+        return self.settings_pod_patch
+
+    @default("options_for")
+    def _class_of(self):
+        return lambda spec: self.class_options(spec.priority_class, spec.preemptible)
+
+    def __init__(self, root: str | None = None, **kwargs):
+        super().__init__(root, **kwargs)
+        given = kwargs.get("options")
+        if given is not None and given.jobs_root != self.root:
             raise SpecError(
-                f"options.jobs_root ({options.jobs_root}) must be the service's "
-                f"jobs directory ({jobs_root}): pods mount it at the same path"
+                f"options.jobs_root ({given.jobs_root}) must be the service's "
+                f"jobs directory ({self.root}): pods mount it at the same path"
             )
-        self.namespace = namespace
-        self.options = options
-        self.kubeconfig = kubeconfig
-        self.use_jobset = use_jobset
-        self.pod_patch_for = pod_patch_for
-        self.options_for = options_for
         self._groups: set[str] | None = None
 
     # -- the client (ApiClientHolder) ------------------------------------------------

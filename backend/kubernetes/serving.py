@@ -35,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Callable
+
+from traitlets import Callable, Dict, default
 
 from ..serving_base import Health, ServingBackend, follow_ready
 from .apiclient import ApiClientHolder
@@ -43,65 +44,41 @@ from .autoscale import KEDA_GROUP, KEDA_PLURAL, KEDA_VERSION, make_hpa, make_sca
 from .deploy import ENDPOINT_LABEL, endpoint_name, make_deployment
 from .isolation import make_endpoint_network_policy
 from .pods import COMMON_LABELS, USER_ANNOTATION
+from .serving_settings import KubernetesServingSettings
 
 #: How long ``stop`` waits for the cluster to remove an endpoint's pods.
 STOP_WAIT_S = 120.0
 #: The most log lines asked of a pod (the bytes are cut to what was asked after).
 LOG_LINES = 5000
 CONTAINER = "server"
-#: Who decides how many replicas an endpoint runs (``KubernetesServingSettings.autoscaler``).
-AUTOSCALERS = ("service", "hpa", "keda")
 
 
-class KubernetesServing(ApiClientHolder, ServingBackend):
-    """An endpoint's replicas as a Deployment behind a Service in one namespace.
+class KubernetesServing(KubernetesServingSettings, ApiClientHolder, ServingBackend):
+    """An endpoint's replicas as a Deployment behind a Service in one namespace; the
+    settings are :class:`~.serving_settings.KubernetesServingSettings`.
 
-    ``pod_patch_for(dep, rows)`` returns the pod patch holding the replicas'
-    slice (the service builds it from ``gpulab.enforcement.kube`` and the
-    ledger rows), or None for none; ``labels`` go on the Deployment, the Service
-    and the pods (e.g. Kueue's queue label). ``autoscaler`` is one of
-    :data:`AUTOSCALERS`; ``"keda"`` needs ``prometheus_url`` (where KEDA asks
-    for the calls in flight).
+    ``pod_patch_for(dep, rows)`` returns the pod patch holding the replicas' slice
+    (by default the enforcement backend's for the card the ledger chose), or None
+    for none. ``autoscaler`` is one of :data:`AUTOSCALERS`; ``"keda"`` needs
+    ``prometheus_url`` (where KEDA asks for the calls in flight).
     """
 
     name = "kubernetes"
     restarts_replicas = True  # the Deployment controller does
 
-    def __init__(
-        self,
-        root: str,
-        *,
-        namespace: str,
-        models_pvc: str,
-        image: str,
-        kubeconfig: str | None = None,
-        pod_patch_for: Callable[[dict, list[dict]], Callable[[dict], dict] | None] | None = None,
-        labels: dict | None = None,
-        priority_class: str = "",
-        port: int = 8080,
-        autoscaler: str = "service",
-        prometheus_url: str = "",
-        router_pod_labels: dict | None = None,
-    ):
-        if autoscaler not in AUTOSCALERS:
-            raise ValueError(f"autoscaler {autoscaler!r}: use one of {', '.join(AUTOSCALERS)}")
-        if autoscaler == "keda" and not prometheus_url:
-            raise ValueError(
-                "autoscaler 'keda' asks Prometheus for the calls in flight: give prometheus_url"
-            )
-        super().__init__(root)
-        self.namespace = namespace
-        self.models_pvc = models_pvc
-        self.image = image
-        self.kubeconfig = kubeconfig
-        self.pod_patch_for = pod_patch_for
-        self.labels = dict(labels or {})
-        self.priority_class = priority_class
-        self.port = port
-        self.autoscaler = autoscaler
-        self.prometheus_url = prometheus_url
-        #: The pods the replicas take calls from (None: the chart's service pod).
-        self.router_pod_labels = router_pod_labels
+    pod_patch_for = Callable(
+        allow_none=True, help="(dep, rows) -> the pod patch of a replica's slice."
+    )
+    router_pod_labels = Dict(
+        None, allow_none=True, help="The pods calls may come from (None: the chart's service pod)."
+    )
+
+    @default("pod_patch_for")
+    def _settings_patch(self):
+        return self.settings_pod_patch
+
+    def __init__(self, root: str | None = None, **kwargs):
+        super().__init__(root, **kwargs)
         self._ready: dict[str, int] = {}  # dep id -> ready replicas, as of the last check
 
     # -- names ---------------------------------------------------------------------------
@@ -156,6 +133,7 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
     def objects(self, dep: dict, rows: list[dict]) -> list[dict]:
         """``[Secret, NetworkPolicy, Deployment, Service]``, in the order to create them."""
         patch = self.pod_patch_for(dep, rows) if self.pod_patch_for else None
+        queueing = self.queueing()
         return [
             self.secret(dep),
             self.network_policy(dep),
@@ -172,8 +150,8 @@ class KubernetesServing(ApiClientHolder, ServingBackend):
                 max_queue=dep["max_queue"],
                 port=self.port,
                 token_secret=self.secret_name(dep),
-                labels=self.labels or None,
-                priority_class=self.priority_class,
+                labels=queueing["labels"] or None,
+                priority_class=queueing["priority_class_name"] or "",
                 pod_patch=patch,
             ),
         ]

@@ -191,3 +191,15 @@ def check_options(
 
 def with_env(patch: SlicePatch, **env: str) -> SlicePatch:
     return replace(patch, env={**patch.env, **env})
+
+
+def whole_gpus(s: GpuSlice, resource: str = "nvidia.com/gpu", **fields) -> SlicePatch:
+    """Whole cards: a plain request of ``resource``, nothing shared to enforce."""
+    return SlicePatch(limits={resource: s.num_gpus}, env=slice_env(s), **placement(s), **fields)
+
+
+def capped_env(s: GpuSlice) -> dict:
+    """The slice's environment with PyTorch's allocator held to its share of the card
+    (where the platform shares the card but does not cap its memory)."""
+    fraction = f"per_process_memory_fraction:{s.milli_per_gpu / 1000:.3f}"
+    return slice_env(s, PYTORCH_CUDA_ALLOC_CONF=fraction)

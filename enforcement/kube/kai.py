@@ -9,7 +9,7 @@ cap. Whole cards are plain ``nvidia.com/gpu`` requests under KAI.
 
 from __future__ import annotations
 
-from .base import GpuSlice, SlicePatch, placement, slice_env
+from .base import GpuSlice, SlicePatch, capped_env, placement, whole_gpus
 
 NAME = "kai"
 DEFAULTS = {
@@ -21,12 +21,13 @@ DEFAULTS = {
 
 def patch(s: GpuSlice, options: dict) -> SlicePatch:
     labels = {options["queue_label"]: options["queue"]} if options["queue"] else {}
-    common = dict(labels=labels, scheduler_name=options["scheduler_name"], **placement(s))
+    common = dict(labels=labels, scheduler_name=options["scheduler_name"])
     if not s.fractional:
-        return SlicePatch(limits={"nvidia.com/gpu": s.num_gpus}, env=slice_env(s), **common)
-    env = slice_env(
-        s, PYTORCH_CUDA_ALLOC_CONF=f"per_process_memory_fraction:{s.milli_per_gpu / 1000:.3f}"
-    )
+        return whole_gpus(s, **common)
+    env = capped_env(s)
     return SlicePatch(
-        annotations={"gpu-fraction": f"{s.milli_per_gpu / 1000:g}"}, env=env, **common
+        annotations={"gpu-fraction": f"{s.milli_per_gpu / 1000:g}"},
+        env=env,
+        **common,
+        **placement(s),
     )

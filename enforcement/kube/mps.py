@@ -11,7 +11,7 @@ the card. Whole cards are asked for as plain ``nvidia.com/gpu``.
 
 from __future__ import annotations
 
-from .base import GpuSlice, SlicePatch, placement, slice_env
+from .base import GpuSlice, SlicePatch, placement, slice_env, whole_gpus
 
 NAME = "mps"
 DEFAULTS = {"shared_resource": "nvidia.com/gpu.shared", "whole_resource": "nvidia.com/gpu"}
@@ -19,9 +19,7 @@ DEFAULTS = {"shared_resource": "nvidia.com/gpu.shared", "whole_resource": "nvidi
 
 def patch(s: GpuSlice, options: dict) -> SlicePatch:
     if not s.fractional:
-        return SlicePatch(
-            limits={options["whole_resource"]: s.num_gpus}, env=slice_env(s), **placement(s)
-        )
+        return whole_gpus(s, options["whole_resource"])
     env = slice_env(
         s,
         CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(s.core_percent),

@@ -11,7 +11,7 @@ allocator cap is set too, so well-behaved code never meets the enforcer.
 
 from __future__ import annotations
 
-from .base import GpuSlice, SlicePatch, placement, slice_env
+from .base import GpuSlice, SlicePatch, capped_env, placement, whole_gpus
 
 NAME = "nvml-cgroup"
 DEFAULTS = {
@@ -23,9 +23,7 @@ DEFAULTS = {
 
 def patch(s: GpuSlice, options: dict) -> SlicePatch:
     if not s.fractional:
-        return SlicePatch(
-            limits={options["whole_resource"]: s.num_gpus}, env=slice_env(s), **placement(s)
-        )
+        return whole_gpus(s, options["whole_resource"])
     p = options["annotation_prefix"]
     annotations = {
         f"{p}/gpu-milli": str(s.milli),
@@ -34,9 +32,7 @@ def patch(s: GpuSlice, options: dict) -> SlicePatch:
     }
     if s.gpu_uuids:
         annotations[f"{p}/gpu-uuid"] = ",".join(s.gpu_uuids)
-    env = slice_env(
-        s, PYTORCH_CUDA_ALLOC_CONF=f"per_process_memory_fraction:{s.milli_per_gpu / 1000:.3f}"
-    )
+    env = capped_env(s)
     return SlicePatch(
         limits={options["shared_resource"]: 1}, annotations=annotations, env=env, **placement(s)
     )

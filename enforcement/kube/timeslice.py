@@ -9,7 +9,7 @@ PyTorch and nothing else.
 
 from __future__ import annotations
 
-from .base import GpuSlice, SlicePatch, placement, slice_env
+from .base import GpuSlice, SlicePatch, capped_env, placement, whole_gpus
 
 NAME = "timeslice"
 DEFAULTS = {"shared_resource": "nvidia.com/gpu.shared", "whole_resource": "nvidia.com/gpu"}
@@ -17,10 +17,6 @@ DEFAULTS = {"shared_resource": "nvidia.com/gpu.shared", "whole_resource": "nvidi
 
 def patch(s: GpuSlice, options: dict) -> SlicePatch:
     if not s.fractional:
-        return SlicePatch(
-            limits={options["whole_resource"]: s.num_gpus}, env=slice_env(s), **placement(s)
-        )
-    env = slice_env(
-        s, PYTORCH_CUDA_ALLOC_CONF=f"per_process_memory_fraction:{s.milli_per_gpu / 1000:.3f}"
-    )
+        return whole_gpus(s, options["whole_resource"])
+    env = capped_env(s)
     return SlicePatch(limits={options["shared_resource"]: 1}, env=env, **placement(s))

@@ -31,7 +31,7 @@ class AlertsHandler(APIHandler):
             dt.datetime.now(dt.UTC) - dt.timedelta(hours=DEFAULT_HOURS)
         )
         owner = None if (who.admin or who.internal) else who.name
-        alerts, firing = await self.gpulab.ledger.aio.run(
+        alerts, firing = await self.gpulab.db_threads.run(
             list_alerts, self.gpulab.engine, owner, state, since
         )
         self.write_json({"alerts": alerts, "firing": firing})

@@ -81,20 +81,27 @@ class AllocationsHandler(ReleaseMixin, APIHandler):
         groups = await self.gpulab.groups_of(user)
         started = time.perf_counter()
         result = "placed"
+        place = self.gpulab.ledger_for(owner_kind)
         try:
-            place = self.gpulab.ledger_for(owner_kind)
             rows = await place.aio.allocate(user, owner_kind, owner, milli, groups)
         except NoCapacity as e:
             claim = await self.gpulab.jobs.make_room(user, owner_kind, [(owner, milli)])
             if claim is None:
-                result = "no_capacity"
-                raise web.HTTPError(409, str(e)) from None
-            # Preemptible jobs are stopping for this owner: ask again shortly.
-            result = "preempting"
-            self.write_json(
-                {"state": "freeing", "message": claim.message(), "retry_after": 1}, status=202
-            )
-            return
+                # The room may have come meanwhile: a claim for this owner placed (its
+                # rows are the owner's now) or a victim gone. Ask once more first.
+                try:
+                    rows = await place.aio.allocate(user, owner_kind, owner, milli, groups)
+                except NoCapacity:
+                    result = "no_capacity"
+                    raise web.HTTPError(409, str(e)) from None
+            else:
+                # Preemptible jobs are stopping for this owner: ask again shortly.
+                result = "preempting"
+                self.write_json(
+                    {"state": "freeing", "message": claim.message(), "retry_after": 1},
+                    status=202,
+                )
+                return
         except QuotaExceeded as e:
             result = "over_quota"
             raise web.HTTPError(403, str(e)) from None

@@ -37,7 +37,7 @@ MAX_POSTED = 500
 class AuditHandler(APIHandler):
     @property
     def trail(self) -> AuditLog:
-        trail = getattr(self.gpulab, "audit", None)
+        trail = self.gpulab.audit
         if trail is None:
             raise web.HTTPError(503, "the audit trail is not running; try again")
         return trail

@@ -46,7 +46,7 @@ log = logging.getLogger("gpulab.service.endpoints.manager")
 class _DeploymentHandler(APIHandler):
     @property
     def deployments(self) -> DeploymentManager:
-        manager = getattr(self.gpulab, "deployments", None)
+        manager = self.gpulab.deployments
         if manager is None:
             raise web.HTTPError(503, "the deployment manager is still starting; try again")
         return manager
@@ -330,6 +330,6 @@ def make_manager(service, serving=None) -> DeploymentManager:
 
 async def start(service) -> None:
     """Make the manager, then start it (for a service that does not make it itself)."""
-    manager = getattr(service, "deployments", None) or make_manager(service)
+    manager = service.deployments or make_manager(service)
     service.deployments = manager
     await manager.start()

@@ -1,7 +1,8 @@
-"""Telemetry routes (``/api/v1/telemetry``) and the embedded local sampler.
+"""Telemetry routes (``/api/v1/telemetry``).
 
-The store (``GpuLabService.telemetry``) and :class:`LocalSampler` are made by
-the service's ``init_telemetry``; the sampler runs between its start() and stop().
+The store (``GpuLabService.telemetry``) and the local sampler
+(:mod:`gpulab.service.telemetry.local_sampler`) are made by the service's
+``init_telemetry``.
 
 Agents POST one sample per request (shape: ``gpulab.telemetry.sample``); in
 the embedded default the service samples its own node every second instead.
@@ -12,21 +13,18 @@ jobs plus totals; an admin sees everyone's, with names.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import logging
 import math
-import os
 import time
 
 from tornado import web
 
 from gpulab.service.auth import APIHandler, Identity
-from gpulab.service.tasks import KeptTask
 from gpulab.service.telemetry.allreduce import BadResult
 from gpulab.service.telemetry.allreduce import validate as validate_allreduce
 from gpulab.service.telemetry.store import TelemetryStore
-from gpulab.telemetry import NodeSampler, validate_sample
+from gpulab.telemetry import validate_sample
 
 log = logging.getLogger("gpulab.service")
 
@@ -167,31 +165,3 @@ routes = [
     (r"api/v1/telemetry", TelemetryHandler),
     (r"api/v1/telemetry/allreduce", AllreduceHandler),
 ]
-
-
-class LocalSampler:
-    """Samples this node every ``sample_interval`` seconds, off the event loop
-    (c.GpuLabService.local_sampler; off where `gpulab agent` runs on every node)."""
-
-    def __init__(self, service):
-        self.service = service
-        self.sampler = NodeSampler(
-            node=service.node_name, cache_dir=os.environ.get("GPULAB_CACHE_DIR") or None
-        )
-        self._loop = KeptTask("gpulab-local-sampler", self.loop)
-
-    async def start(self) -> None:
-        self._loop.start()
-
-    async def stop(self) -> None:
-        await self._loop.stop()
-
-    async def loop(self) -> None:
-        while True:
-            try:
-                sample = await asyncio.to_thread(self.sampler.sample)
-                sample["allreduce"] = []
-                self.service.telemetry.add(sample)
-            except Exception:
-                log.exception("local telemetry sample failed")
-            await asyncio.sleep(self.service.sample_interval)

@@ -14,6 +14,7 @@ import io
 
 from tornado import web
 
+from gpulab.db import clock
 from gpulab.scheduler.usage import BUCKETS, GROUP_BYS, report
 from gpulab.service.api.query_args import time_arg
 from gpulab.service.auth import APIHandler
@@ -37,7 +38,7 @@ class UsageHandler(APIHandler):
             raise web.HTTPError(
                 400, f"bucket must be {choices}, or left out for one row per {group_by}"
             )
-        until = time_arg("until", self.get_argument("until", None)) or dt.datetime.now(dt.UTC)
+        until = time_arg("until", self.get_argument("until", None)) or clock.utcnow()
         since = time_arg("since", self.get_argument("since", None)) or until - dt.timedelta(
             days=DEFAULT_DAYS
         )
@@ -50,7 +51,7 @@ class UsageHandler(APIHandler):
             for name, s in settings.items():
                 for member in s["members"]:
                     groups_of.setdefault(member, []).append(name)
-        rows = await self.gpulab.ledger.aio.run(
+        rows = await self.gpulab.db_threads.run(
             report,
             self.gpulab.ledger.engine,
             since,

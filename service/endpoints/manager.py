@@ -25,12 +25,11 @@ import json
 import logging
 import os
 import shutil
-import time
 import uuid
 from dataclasses import dataclass, field
 
-from gpulab.backend.local_serving import LocalServing
 from gpulab.backend.serving_base import ServingBackend
+from gpulab.db import clock as gpulab_clock
 from gpulab.db.deployments import DeploymentStore, NameTaken
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
@@ -45,6 +44,7 @@ from gpulab.service.endpoints.standby import StandbyProcess
 from gpulab.service.endpoints.table import EndpointTable
 from gpulab.service.endpoints.traffic import UnitTraffic, WeightedChoice, quantile_ms
 from gpulab.service.endpoints.versions import VersionsMixin
+from gpulab.service.plugins import build
 from gpulab.service.tasks import KeptTask, wait_for_wake
 
 log = logging.getLogger("gpulab.service.endpoints.manager")
@@ -63,40 +63,22 @@ def upload_spool(service) -> str:
 def serving_backend(service) -> ServingBackend:
     """The backend ``c.GpuLabService.serving_backend_class`` names (processes on this
     machine by default; Kubernetes with
-    :class:`~gpulab.service.endpoints.kubernetes.KubernetesServingSettings`,
-    or where the deprecated ``c.GpuLabService.kubernetes_deployments`` is set).
-    ValueError for settings it cannot start with."""
+    :class:`~gpulab.backend.kubernetes.serving_settings.KubernetesServingSettings`,
+    or where the deprecated ``c.GpuLabService.kubernetes_deployments`` is set), built
+    the one way (:func:`gpulab.service.plugins.build`)."""
     from gpulab.backend.kubernetes.serving import KubernetesServing
-    from gpulab.service.endpoints.kubernetes import kubernetes_serving, settings_from_dict
 
-    root = os.path.join(service.data_dir, "deployments")
-    legacy = dict(getattr(service, "kubernetes_deployments", None) or {})
-    settings = settings_from_dict(legacy, parent=service)
-    cls = getattr(service, "serving_backend_class", None) or (
-        KubernetesServing if legacy else LocalServing
-    )
-    gpus = service.gpus
-    pools = getattr(service, "site_pools", None)
-    serving = pools.serving() if pools is not None else None
+    legacy = dict(service.kubernetes_deployments)  # it selected the class at init
+    cls, gpus = service.serving_backend_class, service.gpus
+    serving = service.site_pools.serving()
     if serving is not None:  # the pool endpoints run in, and its GPUs
         cls, gpus = serving.serving, serving.gpus
-    if issubclass(cls, KubernetesServing):
-        return kubernetes_serving(settings, root, gpus, cls=cls)
-    if issubclass(cls, LocalServing):
-        return cls(
-            root,
-            real_gpus=any(not g.simulated for g in gpus),
-            accounts=service.accounts,
-            limits=service.account_limits,
-            gpu_count=len(gpus),
-            log_max_bytes=service.job_log_max_bytes,
-        )
-    if hasattr(cls, "from_service"):  # a site's own backend builds itself
-        return cls.from_service(service, root)
-    raise ValueError(
-        f"c.GpuLabService.serving_backend_class = {cls.__module__}."
-        f"{cls.__qualname__}: the service cannot build it; give the class a "
-        f"classmethod from_service(service, root) returning a ServingBackend"
+    return build(
+        cls,
+        service,
+        root=os.path.join(service.data_dir, "deployments"),
+        gpus=gpus,
+        shortcut=("kubernetes_deployments", legacy) if issubclass(cls, KubernetesServing) else None,
     )
 
 
@@ -174,7 +156,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             unit = rec.units.get(vrow["id"])
             if unit is None:
                 unit = rec.units[vrow["id"]] = Unit(vrow, self._scaler(row))
-                unit.scaler.changed(time.monotonic())  # the delay counts from now
+                unit.scaler.changed(gpulab_clock.monotonic())  # the delay counts from now
             unit.row = vrow
             self._configure(unit.scaler, row)
         for gone in set(rec.units) - {v["id"] for v in versions}:
@@ -605,7 +587,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         versions = self.store.versions()
         for gone in set(self._deps) - {d["id"] for d in deps}:
             self._drop(gone)
-        now = time.monotonic()
+        now = gpulab_clock.monotonic()  # the autoscaler's time: a test may fake it
         for dep in deps:
             rec = self._record(dep, [v for v in versions if v["deployment_id"] == dep["id"]])
             for unit in rec.by_version():

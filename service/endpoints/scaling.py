@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 
+from gpulab.db import clock as gpulab_clock
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
 
@@ -123,7 +124,7 @@ class ScalingMixin:
                 self.store.update_version(vrow["id"], state="starting", message="cold start")
             await self.serving.scale(self.unit(dep, vrow), placed, rows)
             unit.row = self.store.version(vrow["id"])
-            unit.scaler.changed(time.monotonic())
+            unit.scaler.changed(gpulab_clock.monotonic())
         log_scaled(dep, vrow, have, placed)
 
     async def grow_with(self, dep: dict, vrow: dict, members, rows: list[dict]) -> bool:
@@ -138,13 +139,14 @@ class ScalingMixin:
         await self.serving.scale(self.unit(dep, vrow), replica + 1, rows)
         unit.row = self.store.version(vrow["id"])
         unit.blocked = ""
-        unit.scaler.changed(time.monotonic())
+        unit.scaler.changed(gpulab_clock.monotonic())
         return True
 
     async def _shrink(self, dep: dict, unit, want: int) -> None:
         vrow = unit.row
         have = vrow["replicas"]
         unit.draining_from = want  # no new calls to the replicas going away
+        # Real time: the calls being drained are real, a fake clock must not cut them off.
         deadline = time.monotonic() + DRAIN_S
         while time.monotonic() < deadline and any(
             unit.traffic.inflight.get(r) for r in range(want, have)
@@ -159,7 +161,7 @@ class ScalingMixin:
                 await self.ledger.aio.release("deployment", owner)
             self.store.update_version(vrow["id"], replicas=want)
             unit.row = self.store.version(vrow["id"])
-            unit.scaler.changed(time.monotonic())
+            unit.scaler.changed(gpulab_clock.monotonic())
             if want < unit.ready:
                 unit.ready = want
         log_scaled(dep, vrow, have, want)

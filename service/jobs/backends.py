@@ -4,26 +4,18 @@
 ``inventory_class`` (and each pool's keys) are
 :class:`~gpulab.service.plugins.NamedType` traits: a class, its import path, or a
 plug-in's short name (``"local"``, ``"kubernetes"``, ``"slurm"``, or a site's own entry
-point). This module builds the job backends from them; the serving backend is the
-deployment manager's to build.
+point). This module builds the job backends from them, each the one way
+(:func:`gpulab.service.plugins.build`); the serving backend is the deployment
+manager's to build.
 """
 
 from __future__ import annotations
 
 from gpulab.backend.base import Backend, JobStatus
-from gpulab.backend.job_network import JobNetwork
+from gpulab.backend.kubernetes.backend import KubernetesBackend
 from gpulab.backend.local import LocalBackend
 from gpulab.backend.spec import JobSpec, SpecError
-
-
-class ConfigError(Exception):
-    """A setting the service cannot start with. ``main()`` logs it on one line and
-    exits 1 before anything listens, so the hub's log says what to fix."""
-
-
-def _name(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
+from gpulab.service.plugins import ConfigError, build
 
 #: What runs user code beside the service, and the chart value that gives it pods.
 _LOCAL_USER_CODE = {
@@ -60,9 +52,7 @@ class NoLocalJobs(Backend):
 
     name = "local"
 
-    def __init__(self, jobs_root: str):
-        super().__init__(jobs_root)
-        self.refusal = "this site has no local pool now; the job cannot run here"
+    refusal = "this site has no local pool now; the job cannot run here"
 
     def check(self, spec: JobSpec) -> None:
         raise SpecError(self.refusal)
@@ -94,25 +84,11 @@ def pool_backend(service, pool, root: str) -> Backend:
     if issubclass(cls, LocalBackend):
         # Named as the site set it: the trait, or a pool of c.GpuLabService.pools.
         refuse_local_user_code(service, "jobs_backend_class", cls if service.pools else None)
-        return cls(
-            root,
-            real_gpus=any(not g.simulated for g in pool.gpus),
-            accounts=service.accounts,
-            limits=service.account_limits,
-            gpu_count=len(pool.gpus),
-            network=JobNetwork(parent=service),
-            log_max_bytes=service.job_log_max_bytes,
-        )
-    from gpulab.backend.kubernetes.backend import KubernetesBackend
-
-    if issubclass(cls, KubernetesBackend):
-        from gpulab.service.jobs.kubernetes import jobs_settings, kubernetes_backend
-
-        return kubernetes_backend(jobs_settings(service), root, pool.gpus, cls=cls)
-    if hasattr(cls, "from_service"):  # a site's own backend builds itself
-        return cls.from_service(service, root)
-    raise ConfigError(
-        f"c.GpuLabService.jobs_backend_class = {_name(cls)!r}: the service "
-        f"cannot build it; give the class a classmethod "
-        f"from_service(service, jobs_root)"
+    shortcut = ("kubernetes_jobs", service.kubernetes_jobs)
+    return build(
+        cls,
+        service,
+        root=root,
+        gpus=pool.gpus,
+        shortcut=shortcut if issubclass(cls, KubernetesBackend) else None,
     )

@@ -26,6 +26,7 @@ from gpulab.backend.base import Backend
 from gpulab.backend.jobdir import JobDir
 from gpulab.backend.local import LocalBackend
 from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
+from gpulab.db import clock
 from gpulab.db.jobs import TERMINAL
 from gpulab.scheduler.priority import PriorityError
 from gpulab.scheduler.queue import PREEMPTED, JobQueue, Place, never_fits
@@ -382,7 +383,7 @@ class JobManager:
     @staticmethod
     def _age(job: dict) -> float:
         started = dt.datetime.fromisoformat(job["started"])
-        return (dt.datetime.now(dt.UTC) - started).total_seconds()
+        return (clock.utcnow() - started).total_seconds()
 
     def _finish(
         self, job: dict, owners: list[str], state: str, message: str, values: dict

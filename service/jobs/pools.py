@@ -27,8 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpulab.scheduler.inventory import Gpu
-from gpulab.service.jobs.backends import ConfigError
-from gpulab.service.plugins import INVENTORIES, JOB_BACKENDS, SERVING_BACKENDS
+from gpulab.service.plugins import INVENTORIES, JOB_BACKENDS, SERVING_BACKENDS, ConfigError
 
 #: What a job may name instead of a pool: the first pool with room.
 AUTO = "auto"
@@ -160,8 +159,8 @@ def _kind_of(jobs: type) -> str:
 def load_gpus(service, pools: list[Pool]) -> tuple[list[Gpu], str | None]:
     """Each pool's inventory, loaded and tagged with the pool's name; the site's GPUs
     and why there are none (if so). A node in two pools stops the start."""
-    from gpulab.scheduler.inventory import LocalInventory
-    from gpulab.scheduler.inventory_kube import KubernetesInventory
+    from gpulab.backend.kubernetes.inventory import KubernetesInventory
+    from gpulab.backend.local_inventory import LocalInventory
 
     site: list[Gpu] = []
     owner: dict[str, str] = {}

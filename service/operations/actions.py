@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import time
 
+from gpulab.db import clock as gpulab_clock
 from gpulab.service.tasks import KeptTask
 
 log = logging.getLogger("gpulab.service.operations.actions")
@@ -36,7 +36,7 @@ def _epoch(iso: str | None) -> float:
 
 
 class AlertActions:
-    def __init__(self, service, clock=time.time):
+    def __init__(self, service, clock=gpulab_clock.now):
         self.service = service
         self.clock = clock
         self.stall_restarts = int(service.job_stall_restarts)
@@ -83,13 +83,16 @@ class AlertActions:
     async def cull(self) -> list[str]:
         """Stop every server whose SliceIdle warning is older than the setting."""
         stopped = []
+        # An alert's "since" is when its finding was first seen; it fired once the
+        # finding had held for the rule's duration, and the warning counts from then.
+        held_for = self.service.alerts.by_name["SliceIdle"].for_s
         for alert in self.service.alerts.firing():
             server = alert["subject"]
             if (
                 alert["name"] != "SliceIdle"
                 or alert["subject_kind"] != "server"
                 or server in self._stopping
-                or self.clock() - _epoch(alert["since"]) < self.cull_seconds
+                or self.clock() - (_epoch(alert["since"]) + held_for) < self.cull_seconds
             ):
                 continue
             user, _, name = server.partition("/")

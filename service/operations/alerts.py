@@ -27,12 +27,12 @@ import inspect
 import json
 import logging
 import os
-import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from sqlalchemy import and_, delete, insert, or_, select, update
 
+from gpulab.db import clock as gpulab_clock
 from gpulab.db.engine import writer
 from gpulab.db.operations import alerts as alerts_table
 from gpulab.service.operations.facts import FactsBuilder
@@ -105,7 +105,7 @@ def list_alerts(
 
 
 class AlertEngine:
-    def __init__(self, service, clock=time.time):
+    def __init__(self, service, clock=gpulab_clock.now):
         self.service = service
         self.engine = service.engine
         self.clock = clock
@@ -138,7 +138,7 @@ class AlertEngine:
     async def start(self) -> None:
         """Reload the alerts still firing (a restart), then evaluate every interval."""
         try:
-            rows = await asyncio.to_thread(self._load_open)
+            rows = await self.service.db_threads.run(self._load_open)
             self._open = {r.key: alert_json(r) | {"_key": r.key} for r in rows}
         except Exception:
             log.exception("Reloading open alerts")
@@ -207,7 +207,9 @@ class AlertEngine:
         ]
         if not (fire or changed or resolve) and now - self._pruned_at < PRUNE_EVERY_S:
             return
-        fired, resolved = await asyncio.to_thread(self._write, now, fire, changed, resolve)
+        fired, resolved = await self.service.db_threads.run(
+            self._write, now, fire, changed, resolve
+        )
         for alert in fired:
             self._pending.pop(alert["_key"], None)
             self._open[alert["_key"]] = alert

@@ -12,15 +12,14 @@ the deployment manager's in-memory state is read on it.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import os
-import time
 from collections import deque
 
 from sqlalchemy import and_, select
 
+from gpulab.db import clock as gpulab_clock
 from gpulab.db.jobs import jobs as jobs_table
 from gpulab.service.operations.rules import (
     GPU_FAULT_HOLD_S,
@@ -72,7 +71,7 @@ class _Restarts:
 
 
 class FactsBuilder:
-    def __init__(self, service, clock=time.time):
+    def __init__(self, service, clock=gpulab_clock.now):
         self.service = service
         self.clock = clock
         self._nodes: dict[str, float] = {}  # node -> ts of its newest sample
@@ -85,7 +84,7 @@ class FactsBuilder:
     async def build(self) -> Facts:
         now = self.clock()
         versions = self._versions(now)  # the manager's memory: on the event loop
-        facts = await asyncio.to_thread(self._build, now)
+        facts = await self.service.db_threads.run(self._build, now)
         facts.versions = versions
         return facts
 

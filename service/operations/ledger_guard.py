@@ -10,33 +10,24 @@ owner (the slice goes with it); admins are told what holds it and may add
 ``?force=1``, which stops the owner first (server through the hub, job
 cancelled, deployment stopped) and then releases.
 
-:class:`LostSlices` runs with the reconcile loop and looks the other way: a
-running server, running job or deployment whose slice rows are gone (released
-by an admin, or lost to a bug) is logged and listed at ``GET /api/v1/ledger``
-(users: their own; admins: all) and counted in ``gpulab_ledger_lost_owners``.
-An owner counts as lost only when two passes in a row find it so: the moment
-between placing a new owner and recording it is not a loss.
+The other way round (a live owner whose slice is gone) is
+:mod:`gpulab.service.operations.lost_slices`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 
-from prometheus_client.core import GaugeMetricFamily
 from tornado import web
 
-from gpulab.scheduler.ledger import OWNER_KINDS
-from gpulab.scheduler.slices import SliceError, parse_gpu_milli
-from gpulab.service.auth import APIHandler, Identity
+from gpulab.service.auth import Identity
 
 log = logging.getLogger("gpulab.service")
 
 #: How long a forced release waits for the hub to stop a server, in seconds.
 STOP_WAIT_S = 120.0
 #: The spawn form on Kubernetes names a size as a profile slug, ``gpu-250``.
-_PROFILE_PREFIX = "gpu-"
 
 
 async def refuse_live_release(
@@ -126,120 +117,3 @@ async def _gone(check, what: str, timeout: float = STOP_WAIT_S) -> None:
                 409, f"waited {timeout:.0f} s for {what}; it is still stopping: try again"
             )
         await asyncio.sleep(0.5)
-
-
-def _server_milli(model: dict) -> int:
-    options = model.get("user_options") or {}
-    value = options.get("gpu_milli")
-    profile = options.get("profile")
-    if value is None and isinstance(profile, str) and profile.startswith(_PROFILE_PREFIX):
-        value = profile[len(_PROFILE_PREFIX) :]
-    try:
-        return parse_gpu_milli(value if value is not None else 0)
-    except SliceError:
-        return 0
-
-
-class LostSlices:
-    """Live owners that hold no slice, as of the last reconcile pass."""
-
-    def __init__(self, service):
-        self.service = service
-        self.checked: str | None = None
-        self.lost: list[dict] = []
-        self._suspects: dict[tuple[str, str], dict] = {}
-
-    async def check(self) -> list[dict]:
-        svc = self.service
-        servers = await svc.hub.active_server_models()
-        # After the hub's answer: a server that stopped meanwhile has no row, but
-        # it is no longer in the next pass's answer either.
-        held = {(a["owner_kind"], a["owner"]) for a in await svc.ledger.aio.list()}
-        found = {}
-        for owner, model in servers.items():
-            milli = _server_milli(model)
-            if (
-                milli
-                and model.get("ready")
-                and not model.get("pending")
-                and ("server", owner) not in held
-            ):
-                found[("server", owner)] = {
-                    "owner_kind": "server",
-                    "owner": owner,
-                    "user": owner.split("/")[0],
-                    "milli": milli,
-                    "message": f"server {owner} is running with {milli} "
-                    f"milli-GPU but holds no slice",
-                }
-        for job in svc.jobs.queue.list(states=("running",)) if svc.jobs is not None else []:
-            missing = [
-                r
-                for r in range(job["nodes"] * job["nproc_per_node"])
-                if job["gpu_milli"] and ("job", f"{job['id']}/{r}") not in held
-            ]
-            if missing:
-                found[("job", job["id"])] = {
-                    "owner_kind": "job",
-                    "owner": job["id"],
-                    "user": job["user"],
-                    "milli": job["gpu_milli"] * len(missing),
-                    "message": f"job {job['id']} is running but rank(s) "
-                    f"{', '.join(map(str, missing))} hold no slice",
-                }
-        deployments = svc.deployments
-        for dep in deployments.store.list() if deployments is not None else []:
-            missing = [
-                r
-                for r in range(dep["replicas"])
-                if dep["gpu_milli"]
-                and dep["state"] != "failed"
-                and ("deployment", f"{dep['id']}/{r}") not in held
-            ]
-            if missing:
-                found[("deployment", dep["id"])] = {
-                    "owner_kind": "deployment",
-                    "owner": dep["id"],
-                    "user": dep["user"],
-                    "milli": dep["gpu_milli"] * len(missing),
-                    "message": f"deployment {dep['user']}/{dep['name']} is {dep['state']} but "
-                    f"replica(s) {', '.join(map(str, missing))} hold no slice",
-                }
-        confirmed = [v for k, v in found.items() if k in self._suspects]
-        known = {(x["owner_kind"], x["owner"]) for x in self.lost}
-        for item in confirmed:
-            if (item["owner_kind"], item["owner"]) not in known:
-                log.warning(
-                    "Ledger: %s; its GPU may be given to someone else. Stop and "
-                    "start it again to place it anew.",
-                    item["message"],
-                )
-        self._suspects = found
-        self.lost = confirmed
-        self.checked = dt.datetime.now(dt.UTC).isoformat()
-        return confirmed
-
-    def collect(self):
-        gauge = GaugeMetricFamily(
-            "gpulab_ledger_lost_owners",
-            "Live servers, jobs and deployments that hold no slice.",
-            labels=["owner_kind"],
-        )
-        for kind in OWNER_KINDS:
-            gauge.add_metric([kind], sum(x["owner_kind"] == kind for x in self.lost))
-        yield gauge
-
-
-class LedgerHandler(APIHandler):
-    def get(self):
-        user = self.listed_user("ledger findings")
-        check: LostSlices = self.gpulab.lost_slices
-        self.write_json(
-            {
-                "checked": check.checked,
-                "lost": [x for x in check.lost if user is None or x["user"] == user],
-            }
-        )
-
-
-routes = [(r"api/v1/ledger", LedgerHandler)]

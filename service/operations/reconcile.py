@@ -2,7 +2,7 @@
 
 Every ``reconcile_interval`` seconds: release server allocations whose server is
 gone (the hub says it is not running), then look for live owners that lost
-their slice (:class:`~gpulab.service.operations.ledger_guard.LostSlices`).
+their slice (:class:`~gpulab.service.operations.lost_slices.LostSlices`).
 """
 
 from __future__ import annotations

@@ -82,6 +82,8 @@ class SelfHealing:
         self.service = service
         self._pending: deque[dict] = deque(maxlen=MAX_PENDING)
         self._previous: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU before
+        #: Samples judged so far (a test knows from it that the healer has caught up).
+        self.judged = 0
         self._unknown: set[str] = set()  # GPUs not in the inventory, logged once
         self._left: set[tuple[str, str, str]] = set()  # servers/replicas left, logged once
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -118,6 +120,7 @@ class SelfHealing:
                     await self.judge(sample)
                 except Exception:  # one bad sample must not stop the healing
                     log.exception("Judging the sample of %s", sample.get("node"))
+                self.judged += 1
 
     # -- judging -----------------------------------------------------------------------
     async def judge(self, sample: dict) -> list[str]:

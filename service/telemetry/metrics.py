@@ -109,7 +109,7 @@ class _EndpointCollector:
             "Calls answered through the endpoint router, by outcome (error: 5xx or none).",
             labels=[*labels, "outcome"],
         )
-        manager = getattr(self.service, "deployments", None)
+        manager = self.service.deployments
         for unit in manager.units_traffic() if manager is not None else ():
             key = [unit["deployment"], str(unit["version"]), unit["unit"]]
             inflight.add_metric(key, unit["inflight"])

@@ -20,8 +20,10 @@ def test_short_step_load_scales_up_and_is_reported():
             str(SCRIPT),
             "--fixed",
             "3",
+            # B long enough for the autoscaler (a look a second) to add replicas and
+            # its mean to show them; A and C only need rows of their own.
             "--phases",
-            "3,10,8",
+            "2,6,2",
             "--warmup",
             "0",
             "--scale-down-delay",

@@ -30,6 +30,15 @@ READ_PAGE = """() => {
 
 #: The user who opens the dashboard: a name no other test of the session has.
 USER = fresh_user("alice")
+#: The busy cell waits for this file in the user's home: the test writes it once it
+#: has seen the plot grow while the cell runs.
+GATE = "go-on"
+
+# Every plotly graph shown on the dashboard's tab drawn by plotly (its layout and its
+# SVG there): a tab's graph is drawn when the tab is shown.
+DRAWN = """() => Array.from(document.querySelectorAll('.gpulab-dashboard .js-plotly-plot'))
+  .filter(gd => gd.offsetParent !== null)
+  .every(gd => gd._fullLayout && gd.querySelector('.main-svg .cartesianlayer'))"""
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +106,9 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
     assert "…" not in board.inner_text()
     board.screenshot(path=os.path.join(artifacts_dir, "dashboard-cluster.png"))
 
-    run_cell(page, "import time; time.sleep(8)")
+    # A busy cell: it runs until the test has seen the plot grow meanwhile.
+    gate = hub.home(USER) / GATE
+    run_cell(page, f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.2)")
     busy = wait_page(
         page,
         lambda s: len(s["prompts"]) >= 2 and "*" in s["prompts"][1],
@@ -116,6 +127,7 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
     )
     assert grown["points"] > busy["points"]
     board.screenshot(path=os.path.join(artifacts_dir, "dashboard-while-busy.png"))
+    hub.write_home_file(USER, GATE, "")
     wait_page(
         page, lambda s: "*" not in s["prompts"][1], timeout=60, what="the sleeping cell to finish"
     )
@@ -128,7 +140,7 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
     ):
         board.locator(".lm-TabBar-tab", has_text=tab).click()
         expect(board).to_contain_text(text, timeout=60_000)
-        page.wait_for_timeout(1500)  # let plotly finish laying out the newly shown graph
+        page.wait_for_function(DRAWN)  # the newly shown graph drawn, for the picture
         assert "…" not in board.inner_text(), f"text cut short on the {tab} tab"
         board.screenshot(path=os.path.join(artifacts_dir, f"dashboard-{tab.lower()}.png"))
 

@@ -118,6 +118,22 @@ def progress_text(page, job_id):
 def test_status_bar_and_panel_show_jobs_and_endpoints(
     browser, hub, tokens, artifacts_dir, tmp_path
 ):
+    # A training job of the user's, slow enough to be seen running, and an endpoint:
+    # both start (torch's import, a model server) while JupyterLab loads.
+    job = submit(
+        hub,
+        tokens[USER],
+        LINEAR,
+        name="lab-visible",
+        gpu_milli=250,
+        env={"STEPS": "400", "STEP_DELAY": "0.5"},
+    ).json()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    export_model(model.eval(), torch.randn(2, 4), str(tmp_path / "model"), name="m")
+    Client(hub.api, token=tokens[USER]).create_deployment(
+        str(tmp_path / "model"), {"name": ENDPOINT, "replicas": 1, "gpu_milli": 250}
+    )
     context, page, errors = open_lab(browser, hub)
 
     # The status bar: the slice in words, from the server's own environment.
@@ -135,15 +151,6 @@ def test_status_bar_and_panel_show_jobs_and_endpoints(
     assert not errors, errors
     expect(page.locator(".jp-Dialog")).to_have_count(0)
 
-    # A training job of the user's, slow enough to be seen running.
-    job = submit(
-        hub,
-        tokens[USER],
-        LINEAR,
-        name="lab-visible",
-        gpu_milli=250,
-        env={"STEPS": "400", "STEP_DELAY": "0.5"},
-    ).json()
     wait_job(hub, tokens[USER], job["id"], states=("running",))
 
     # Clicking the status bar opens the panel on its Jobs section.
@@ -186,13 +193,7 @@ def test_status_bar_and_panel_show_jobs_and_endpoints(
         "cancelled"
     )
 
-    # An endpoint of the user's: its URL and the curl line %deploy prints.
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
-    export_model(model.eval(), torch.randn(2, 4), str(tmp_path / "model"), name="m")
-    Client(hub.api, token=tokens[USER]).create_deployment(
-        str(tmp_path / "model"), {"name": ENDPOINT, "replicas": 1, "gpu_milli": 250}
-    )
+    # The endpoint of the user's: its URL and the curl line %deploy prints.
     panel.locator(".lm-TabBar-tab", has_text="Endpoints").click()
     endpoint = panel.locator(f'.gpulab-endpoint[data-name="{ENDPOINT}"]')
     url = f"{hub.url}/services/gpulab/endpoints/{USER}/{ENDPOINT}"

@@ -5,11 +5,13 @@ alice has her own account (signed up, approved by the admin): the default login.
 
 import os
 import re
+import threading
 
 import pytest
 from hubproc import fresh_user, let_accounts_reach
 from logins import admin_password, browser_log_in, sign_up_approved
 from playwright.sync_api import expect
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -30,14 +32,22 @@ def hub(plain_hub):
 
 
 def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_dir):
-    # Someone else already holds a whole GPU, so the form has something to say.
+    # Someone else already holds a whole GPU, so the form has something to say. The
+    # form reads the ledger: the holder's slice is what it needs, not their JupyterLab
+    # (which starts meanwhile; the admin page below waits for it).
     hub.hub_api("POST", f"/users/{HOLDER}")
-    assert hub.spawn(HOLDER, {"gpu_milli": 1000}).status_code in (201, 202)
-    hub.wait_server(HOLDER)
+    spawned = []
+    holder = threading.Thread(target=lambda: spawned.append(hub.spawn(HOLDER, {"gpu_milli": 1000})))
+    holder.start()
+    sign_up_approved(hub, ALICE, "alices own long password")
+    wait_until(
+        lambda: hub.gpulab("GET", "/allocations", params={"user": HOLDER}).json(),
+        f"{HOLDER}'s slice in the ledger",
+        timeout=120,
+    )
 
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(120_000)
-    sign_up_approved(hub, ALICE, "alices own long password")
     browser_log_in(page, hub, ALICE, "alices own long password")
     page.wait_for_url(re.compile(r".*/hub/spawn.*"))
     form = page.locator("fieldset.gpulab-slices")
@@ -92,6 +102,9 @@ def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_d
     )
     page.screenshot(path=os.path.join(artifacts_dir, "lab-slice.png"))
     page.close()
+    holder.join()
+    assert spawned[0].status_code in (201, 202), spawned[0].text
+    hub.wait_server(HOLDER)
 
     # The admin sees every running server's slice on the hub's admin page, no row to open.
     admin = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()

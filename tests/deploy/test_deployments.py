@@ -10,11 +10,11 @@ import signal
 import time
 
 import numpy as np
-import psutil
 import pytest
 import requests
 import torch
 import tritonclient.http as httpclient
+from hubproc import replica_pids
 from support.wait import wait_until
 from tritonclient.utils import InferenceServerException
 
@@ -51,19 +51,6 @@ def wait_state(hub, token, name, state="running", **cond):
         return None
 
     return wait_until(reached, f"{name} {state} {cond}", WAIT_S, 0.5, detail=hub.log_tail)
-
-
-def replica_pids(hub, dep_id):
-    marker = str(hub.data_dir / "deployments" / dep_id)
-    pids = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-        except psutil.NoSuchProcess:
-            continue
-        if "gpulab.serving.server" in cmd and marker in cmd:
-            pids.append(p.info["pid"])
-    return sorted(pids)
 
 
 def triton(hub, user, name):

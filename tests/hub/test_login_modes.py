@@ -1,15 +1,15 @@
 """Default login vs `gpulab up --demo`: hub configuration, banner, spawn form, %gpulab."""
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 from traitlets.config import Config
+from up_config import up_config
 
 from gpulab.hub_ext.auth_config import NATIVE, login_banner
-from gpulab.hub_ext.hub_config import Settings, configure
+from gpulab.hub_ext.hub_config import Settings
 from gpulab.magics.status import slice_status
 from gpulab.spawner.form import DEMO_LOGIN_WARNING, render_form
 
@@ -22,13 +22,7 @@ AVAILABILITY = {
 
 def hub_config(tmp_path, monkeypatch, demo: bool) -> Config:
     monkeypatch.setenv("GPULAB_DEMO_LOGIN", "1" if demo else "0")
-    c = Config()
-    umask = os.umask(0o022)  # configure() sets the hub process's umask; keep ours
-    try:
-        configure(c, Settings(data_dir=tmp_path / "data"))
-    finally:
-        os.umask(umask)
-    return c
+    return up_config(tmp_path)
 
 
 def gpulab_service(c):

@@ -13,7 +13,6 @@ import sys
 import pytest
 from jupyterhub.services.service import Service
 
-from gpulab.hub_ext import hub_app
 from gpulab.hub_ext.hub_app import GpuLabHub
 
 
@@ -47,10 +46,10 @@ def poll(hub):
     asyncio.run(hub.poll_services())
 
 
-def test_a_service_that_ran_a_while_and_died_is_noticed_at_once(hub, monkeypatch):
+def test_a_service_that_ran_a_while_and_died_is_noticed_at_once(hub):
     service = hub._service_map["gpulab"] = service_running()
     poll(hub)  # seen running
-    monkeypatch.setattr(hub_app, "QUICK_RESTART_AFTER_S", 0.0)
+    hub.quick_restart_after_seconds = 0.0
     poll(hub)
     assert service.spawner.notified == 0  # still running: nothing to say
     service.spawner.proc.kill()

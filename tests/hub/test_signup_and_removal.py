@@ -11,11 +11,10 @@ and an admin would try them (issue 24's High and Medium findings):
 
 from concurrent.futures import ThreadPoolExecutor
 
-import psutil
 import pytest
 import requests
 import torch
-from hubproc import fresh_user
+from hubproc import fresh_user, replica_pids
 from logins import XSRF, admin_password, log_in, page_link, sign_up
 from requests.adapters import HTTPAdapter
 from support.wait import wait_until
@@ -92,19 +91,6 @@ def test_discard_drops_the_sign_up_only_and_the_user_keeps_their_server(hub, adm
     assert [(a["owner_kind"], a["milli"]) for a in held] == [("server", 250)]
     hub.hub_api("DELETE", f"/users/{name}/server")
     hub.wait_server(name, ready=False)
-
-
-def replica_pids(hub, dep_id: str) -> list[int]:
-    marker = str(hub.data_dir / "deployments" / dep_id)
-    pids = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-        except psutil.NoSuchProcess:
-            continue
-        if "gpulab.serving.server" in cmd and marker in cmd:
-            pids.append(p.info["pid"])
-    return pids
 
 
 def test_deleting_a_user_stops_their_jobs_and_endpoints_first(hub, tmp_path):

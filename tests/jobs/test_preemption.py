@@ -50,10 +50,9 @@ def test_a_server_preempts_a_batch_job_which_resumes_to_the_same_weights(hub):
     assert done["state"] == "succeeded", done
     expected = weights(hub, bob_token, ref["id"])
 
-    # The same job again, slowed down; it holds both GPUs.
-    run = submit(
-        hub, bob_token, LINEAR, env={"STEPS": "40", "STEP_DELAY": "0.3"}, name="long", **TRAIN
-    ).json()
+    # The same job again, slowed down until it is preempted; it holds both GPUs.
+    slow = {"STEPS": "40", "STEP_DELAY": "0.3", "FAST_ONCE_RESUMED": "1"}
+    run = submit(hub, bob_token, LINEAR, env=slow, name="long", **TRAIN).json()
     wait_metrics(hub, bob_token, run["id"], 12)  # past its first checkpoint (step 10)
 
     r = hub.spawn(alice, {"gpu_milli": 500}, token=alice_token)

@@ -37,3 +37,32 @@ def offline_kubeconfig(tmp_path_factory):
     mp.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
     yield str(path)
     mp.undo()
+
+
+@pytest.fixture
+async def job_cluster(tmp_path):
+    """``await make(groups, **settings)``: a fake API server (``fake_apiserver``, as no
+    cluster runs here) and a Kubernetes job backend of ``settings`` that talks to it,
+    in namespace ``gpulab`` with jobs on claim ``gpulab-jobs``; both stop after the test."""
+    from fake_apiserver import FakeApiServer
+
+    from gpulab.backend.kubernetes.backend import KubernetesBackend
+
+    made = []
+
+    async def make(groups=("batch", "apps"), **settings):
+        server = await FakeApiServer(groups).start()
+        backend = KubernetesBackend(
+            str(tmp_path / "jobs"),
+            namespace="gpulab",
+            jobs_pvc="gpulab-jobs",
+            kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
+            **settings,
+        )
+        made.append((server, backend))
+        return server, backend
+
+    yield make
+    for server, backend in made:
+        await backend.close()
+        await server.stop()

@@ -7,13 +7,13 @@ from pathlib import Path
 import helm_python as helm
 import pytest
 import yaml
+from support.plugin_host import kubernetes_backend
 from traitlets.config import Config
 
 from gpulab.backend.kubernetes.serving import KubernetesServing
 from gpulab.hub_ext.admin_page import HUB_PAGES, show_slices_on_admin_page
 from gpulab.service.app import GpuLabService
 from gpulab.service.endpoints.manager import DeploymentManager
-from gpulab.service.jobs.kubernetes import kubernetes_backend
 from gpulab.service.jobs.manager import JobManager
 from gpulab.spawner.admin_slices import slices_template_var
 from gpulab.spawner.kube import FractionalKubeSpawner
@@ -343,7 +343,7 @@ def test_service_serves_endpoints_on_kubernetes_from_the_chart_config(tmp_path, 
     )
     serving = DeploymentManager(app).serving
     assert isinstance(serving, KubernetesServing) and serving.namespace == "research"
-    assert serving.priority_class == "gpulab-serving"  # gpulab's serving class
+    assert serving.queueing()["priority_class_name"] == "gpulab-serving"  # the serving class
     assert serving.models_pvc == "gpulab-models" and serving.image.endswith(":0.1.0")
     # The chart mounts the claim at <data-dir>/deployments, where the service writes models.
     assert serving.root == str(tmp_path / "data" / "deployments")

@@ -15,17 +15,15 @@ this machine; ``tests/kube/test_live_cluster.py`` runs against a real one when
 import pytest
 from fake_apiserver import FakeApiServer
 from kube_helpers import K8S_VERSIONS, validate_strict
+from support.plugin_host import kubernetes_serving
 from traitlets import TraitError
 from traitlets.config import Config
 
 from gpulab.backend.kubernetes.autoscale import make_hpa, make_scaled_object, quantity
 from gpulab.backend.kubernetes.serving import KubernetesServing
+from gpulab.backend.kubernetes.serving_settings import KubernetesServingSettings
 from gpulab.backend.spec import SpecError
-from gpulab.service.endpoints.kubernetes import (
-    KubernetesServingSettings,
-    kubernetes_serving,
-    settings_from_dict,
-)
+from gpulab.service.plugins import ConfigError
 
 NS = "gpulab"
 IMAGE = "registry.example/gpulab:1"
@@ -306,25 +304,29 @@ async def test_a_fixed_count_is_not_autoscaled(server, backend):
 # -- settings ------------------------------------------------------------------------------
 def test_settings_choose_the_autoscaler(tmp_path):
     base = {"namespace": NS, "models_pvc": PVC, "image": IMAGE}
-    serving = kubernetes_serving(settings_from_dict(base), str(tmp_path), gpus=[])
+    serving = kubernetes_serving(base, str(tmp_path))
     assert serving.autoscaler == "service"
-    settings = settings_from_dict({**base, "autoscaler": "keda", "prometheus_url": PROMETHEUS})
-    serving = kubernetes_serving(settings, str(tmp_path), gpus=[])
+    serving = kubernetes_serving(
+        {**base, "autoscaler": "keda", "prometheus_url": PROMETHEUS}, str(tmp_path)
+    )
     assert (serving.autoscaler, serving.prometheus_url) == ("keda", PROMETHEUS)
     c = Config()
     c.KubernetesServingSettings.autoscaler = "hpa"
     assert KubernetesServingSettings(config=c).autoscaler == "hpa"
+    assert kubernetes_serving(base, str(tmp_path), config=c).autoscaler == "hpa"
 
 
 def test_settings_refuse_an_unknown_autoscaler_or_keda_without_prometheus(tmp_path):
     with pytest.raises(TraitError, match=r"KubernetesServingSettings.autoscaler = 'knative'"):
         KubernetesServingSettings(autoscaler="knative")
-    with pytest.raises(ValueError, match=r"\['autoscaler'\].*one of 'service', 'hpa', 'keda'"):
-        settings_from_dict({"autoscaler": "knative"})
-    settings = settings_from_dict(
-        {"namespace": NS, "models_pvc": PVC, "image": IMAGE, "autoscaler": "keda"}
-    )
-    with pytest.raises(ValueError, match="prometheus_url"):
-        kubernetes_serving(settings, str(tmp_path), gpus=[])
-    with pytest.raises(ValueError, match="autoscaler 'x'"):
+    with pytest.raises(
+        ConfigError, match=r"kubernetes_deployments: .*'knative': use one of 'service', 'hpa'"
+    ):
+        kubernetes_serving({"autoscaler": "knative"}, str(tmp_path))
+    with pytest.raises(ConfigError, match="prometheus_url"):
+        kubernetes_serving(
+            {"namespace": NS, "models_pvc": PVC, "image": IMAGE, "autoscaler": "keda"},
+            str(tmp_path),
+        )
+    with pytest.raises(TraitError, match="autoscaler = 'x'"):
         KubernetesServing(str(tmp_path), namespace=NS, models_pvc=PVC, image=IMAGE, autoscaler="x")

@@ -9,7 +9,6 @@ conditions are set by the test, standing in for the Job controller.
 import json
 
 import pytest
-from fake_apiserver import FakeApiServer
 
 from gpulab.backend.kubernetes import JobOptions, job_objects, make_jobset
 from gpulab.backend.kubernetes.backend import KubernetesBackend
@@ -44,25 +43,8 @@ def make_spec(**kw) -> JobSpec:
 
 
 @pytest.fixture
-async def cluster(tmp_path):
-    async def make(groups=("batch", "apps")):
-        server = await FakeApiServer(groups).start()
-        jobs_root = str(tmp_path / "jobs")
-        backend = KubernetesBackend(
-            jobs_root,
-            namespace=NS,
-            kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
-            options=JobOptions(jobs_root=jobs_root, jobs_pvc="gpulab-jobs"),
-            pod_patch_for=quarter_for,
-        )
-        made.append((server, backend))
-        return server, backend
-
-    made = []
-    yield make
-    for server, backend in made:
-        await backend.close()
-        await server.stop()
+def cluster(job_cluster):
+    return lambda groups=("batch", "apps"): job_cluster(groups, pod_patch_for=quarter_for)
 
 
 async def test_start_sends_the_builders_objects_in_order(cluster):

@@ -9,8 +9,7 @@ import pytest
 from tornado import web
 from tornado.httpserver import HTTPServer
 
-from gpulab.scheduler.inventory import Gpu
-from gpulab.scheduler.inventory_kube import (
+from gpulab.backend.kubernetes.inventory import (
     free_mig_profiles,
     free_resources,
     load_cluster_inventory,
@@ -19,6 +18,7 @@ from gpulab.scheduler.inventory_kube import (
     parse_nodes,
     quantity,
 )
+from gpulab.scheduler.inventory import Gpu
 
 
 def node(name, labels=None, annotations=None, allocatable=None, unschedulable=False):

@@ -7,7 +7,6 @@ by the Job (so the garbage collector removes them with it), and deleted on cance
 """
 
 import pytest
-from fake_apiserver import FakeApiServer
 from kube_helpers import K8S_VERSIONS, validate_strict
 
 from gpulab.backend.kubernetes import (
@@ -17,7 +16,6 @@ from gpulab.backend.kubernetes import (
     make_job_secret,
     make_jobset,
 )
-from gpulab.backend.kubernetes.backend import KubernetesBackend
 from gpulab.backend.spec import JobSpec
 
 JOBS_ROOT = "/srv/gpulab/jobs"
@@ -109,24 +107,8 @@ def test_the_node_gets_the_secret_from_the_secret_never_a_value():
 
 
 @pytest.fixture
-async def cluster(tmp_path):
-    async def make(groups=("batch", "apps")):
-        server = await FakeApiServer(groups).start()
-        root = str(tmp_path / "jobs")
-        backend = KubernetesBackend(
-            root,
-            namespace=NS,
-            kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
-            options=options(root),
-        )
-        made.append((server, backend))
-        return server, backend
-
-    made = []
-    yield make
-    for server, backend in made:
-        await backend.close()
-        await server.stop()
+def cluster(job_cluster):
+    return lambda groups=("batch", "apps"): job_cluster(groups, pod_patch_for=None)
 
 
 @pytest.mark.parametrize("kind", ["Job", "JobSet"])

@@ -6,10 +6,11 @@ No cluster is contacted: ``objects()`` is the pure part of ``start()``.
 
 import pytest
 from kube_helpers import validate_strict
+from support.plugin_host import kubernetes_backend
 
 from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.scheduler.inventory import Gpu
-from gpulab.service.jobs.kubernetes import kubernetes_backend
+from gpulab.service.plugins import ConfigError
 
 JOBS = "/srv/gpulab/jobs"
 GPUS = [
@@ -76,9 +77,9 @@ def test_whole_gpus_per_node_and_refusals():
     assert str(limits["nvidia.com/gpu"]) == "2"  # both ranks' GPUs on the node's pod
     with pytest.raises(SpecError, match="--nproc-per-node 1"):
         backend.check(spec(gpu_milli=250, nproc_per_node=2))
-    with pytest.raises(SpecError, match="needs 'jobs_pvc'"):
+    with pytest.raises(ConfigError, match="need 'jobs_pvc'"):
         kubernetes_backend({"namespace": "ml"}, JOBS, GPUS)
-    with pytest.raises(SpecError, match="unknown key"):
+    with pytest.raises(ConfigError, match="unknown key"):
         kubernetes_backend({"namespace": "ml", "jobs_pvc": "x", "colour": 1}, JOBS, GPUS)
     with pytest.raises(Exception, match="unknown enforcement backend"):
         kubernetes_backend({"namespace": "ml", "jobs_pvc": "x", "enforcement": "magic"}, JOBS, GPUS)
@@ -172,22 +173,29 @@ def test_pods_get_the_grace_to_checkpoint():
     assert pod["spec"]["terminationGracePeriodSeconds"] == 91
     _, pod = job_of(kubernetes_backend(KUEUE, JOBS, GPUS))
     assert "terminationGracePeriodSeconds" not in pod["spec"]  # Kubernetes' 30 s
-    with pytest.raises(SpecError, match="termination_grace_seconds"):
+    with pytest.raises(ConfigError, match="termination_grace_seconds"):
         kubernetes_backend({**KUEUE, "termination_grace_seconds": -1}, JOBS, GPUS)
 
 
 def test_the_grace_is_the_services_preemption_grace():
-    from traitlets import Float
-    from traitlets.config import Config, Configurable
-
-    from gpulab.service.jobs.kubernetes import jobs_settings
-
-    class Service(Configurable):  # c.GpuLabService's two settings read here
-        preemption_grace_seconds = Float(30.0).tag(config=True)
-        kubernetes_jobs: dict = {}
+    from traitlets.config import Config
 
     c = Config()
-    c.Service.preemption_grace_seconds = 120.0
-    assert jobs_settings(Service(config=c))["termination_grace_seconds"] == 120.0
+    c.Host.preemption_grace_seconds = 120.0
+    backend = kubernetes_backend(KUEUE, JOBS, GPUS, config=c)
+    assert backend.options.termination_grace_seconds == 120
     c.KubernetesJobsSettings.termination_grace_seconds = 10.0
-    assert jobs_settings(Service(config=c))["termination_grace_seconds"] == 10.0
+    backend = kubernetes_backend(KUEUE, JOBS, GPUS, config=c)
+    assert backend.options.termination_grace_seconds == 10
+
+
+def test_a_setting_of_the_backend_reaches_the_pods():
+    """c.KubernetesJobsSettings.service_account (declared beside the code that reads it)."""
+    from traitlets.config import Config
+
+    c = Config()
+    c.KubernetesJobsSettings.service_account = "reads-datasets"
+    _, pod = job_of(kubernetes_backend(KUEUE, JOBS, GPUS, config=c))
+    assert pod["spec"]["serviceAccountName"] == "reads-datasets"
+    _, pod = job_of(kubernetes_backend(KUEUE, JOBS, GPUS))
+    assert "serviceAccountName" not in pod["spec"]

@@ -21,12 +21,13 @@ import pytest
 from aiohttp import web
 from fake_apiserver import FakeApiServer
 from kube_helpers import validate_strict
+from support.plugin_host import kubernetes_serving
 
 from gpulab.backend.kubernetes.deploy import TOKEN_ENV, make_deployment
 from gpulab.backend.kubernetes.serving import KubernetesServing
 from gpulab.backend.serving_base import ServingBackend
 from gpulab.enforcement.kube import GpuSlice, apply_to_pod, pod_slice_patch
-from gpulab.service.endpoints.kubernetes import KEYS, kubernetes_serving, settings_from_dict
+from gpulab.service.plugins import ConfigError
 
 NS = "gpulab"
 SECRETS = "/api/v1/namespaces/gpulab/secrets"
@@ -346,7 +347,8 @@ async def test_logs_are_the_pods_logs(cluster):
 
 
 def test_settings_from_the_dict_of_old(tmp_path):
-    settings = settings_from_dict(
+    root = str(tmp_path / "d")
+    serving = kubernetes_serving(
         {
             "namespace": NS,
             "models_pvc": PVC,
@@ -354,33 +356,32 @@ def test_settings_from_the_dict_of_old(tmp_path):
             "enforcement": "hami",
             "queue": "",
             "port": "9000",
-        }
+        },
+        root,
     )
-    assert (settings.namespace, settings.models_pvc, settings.port) == (NS, PVC, 9000)
-    serving = kubernetes_serving(settings, str(tmp_path / "d"), gpus=[])
-    assert isinstance(serving, KubernetesServing) and serving.port == 9000
-    with pytest.raises(ValueError, match="unknown key.*bogus.*known: .*namespace"):
-        settings_from_dict({"namespace": NS, "bogus": 1})
-    with pytest.raises(ValueError, match="'port'"):
-        settings_from_dict({"port": "eighty"})
-    with pytest.raises(ValueError, match="needs 'image'"):
-        kubernetes_serving(
-            settings_from_dict({"namespace": NS, "models_pvc": PVC}), str(tmp_path / "d"), gpus=[]
-        )
-    assert set(KEYS) >= {"namespace", "models_pvc", "image", "enforcement", "queue", "port"}
+    assert isinstance(serving, KubernetesServing)
+    assert (serving.namespace, serving.models_pvc, serving.port) == (NS, PVC, 9000)
+    with pytest.raises(ConfigError, match="unknown key.*bogus.*known: .*namespace"):
+        kubernetes_serving({"namespace": NS, "bogus": 1}, root)
+    with pytest.raises(ConfigError, match="'port'"):
+        kubernetes_serving({"port": "eighty"}, root)
+    with pytest.raises(ConfigError, match="needs 'image'"):
+        kubernetes_serving({"namespace": NS, "models_pvc": PVC}, root)
+    keys = set(KubernetesServing.class_trait_names(config=True))
+    assert keys >= {"namespace", "models_pvc", "image", "enforcement", "queue", "port"}
 
 
-def test_settings_from_config_with_the_dict_on_top():
-    from traitlets.config import Config, Configurable
+def test_settings_from_config_with_the_dict_on_top(tmp_path):
+    from traitlets.config import Config
 
     c = Config()
     c.KubernetesServingSettings.namespace = "from-config"
+    c.KubernetesServingSettings.models_pvc = "pvc-from-config"
     c.KubernetesServingSettings.image = IMAGE
-    service = Configurable(config=c)
-    settings = settings_from_dict({}, parent=service)
-    assert (settings.namespace, settings.image, settings.port) == ("from-config", IMAGE, 8080)
-    settings = settings_from_dict({"namespace": NS, "models_pvc": PVC}, parent=service)
-    assert (settings.namespace, settings.models_pvc, settings.image) == (NS, PVC, IMAGE)
+    serving = kubernetes_serving({}, str(tmp_path), config=c)
+    assert (serving.namespace, serving.image, serving.port) == ("from-config", IMAGE, 8080)
+    serving = kubernetes_serving({"namespace": NS, "models_pvc": PVC}, str(tmp_path), config=c)
+    assert (serving.namespace, serving.models_pvc, serving.image) == (NS, PVC, IMAGE)
 
 
 @pytest.mark.parametrize(
@@ -398,10 +399,10 @@ def test_settings_from_config_with_the_dict_on_top():
     ],
 )
 def test_replicas_get_the_serving_class(tmp_path, extra, priority_class, kueue_class):
-    settings = settings_from_dict(
-        {"namespace": NS, "models_pvc": PVC, "image": IMAGE, "queue": "gpulab", **extra}
+    serving = kubernetes_serving(
+        {"namespace": NS, "models_pvc": PVC, "image": IMAGE, "queue": "gpulab", **extra},
+        str(tmp_path),
     )
-    serving = kubernetes_serving(settings, str(tmp_path), gpus=[])
     serving.prepare(DEP["id"])
     _, _, deployment, _ = serving.objects(DEP, ROWS)
     validate_strict(deployment)

@@ -4,6 +4,9 @@ local HTTP server as the webhook receiver, and GET /alerts as each user sees it.
 
 GPU faults cannot happen on this machine (no GPU, no driver): the samples that carry
 them are pushed to the service's telemetry route as a node agent would send them.
+
+A stalled job stalls on a fake clock (``support.clock``): it reports once, and the
+test advances the ten minutes ``job_stall_seconds`` asks for instead of waiting them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import time
 
 import pytest
+from support.clock import fake_clock
 from support.service import running_service
 from support.wait import wait_until_async
 from tornado import web
@@ -21,17 +25,18 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from gpulab.db.operations import alerts as alerts_table
-from gpulab.service.jobs.backends import ConfigError
+from gpulab.service.plugins import ConfigError
 
 pytestmark = pytest.mark.asyncio
 
 WAIT_S = 150  # a bound on a loaded 2-core machine, not a sleep
 FAST = """
 c.GpuLabService.alert_interval_seconds = 0.3
-c.GpuLabService.job_stall_seconds = 4
 """
+#: How long a job may send no report() before JobStalled (the default, ten minutes).
+STALL_S = 600
 #: Ranks run as the service's own account (no per-user Unix accounts in a test's tmp dir).
-JOBS = FAST + "c.UserAccounts.enabled = False\n"
+JOBS = FAST + f"c.GpuLabService.job_stall_seconds = {STALL_S}\nc.UserAccounts.enabled = False\n"
 STALLS = """
 import time
 from gpulab.training import report
@@ -91,17 +96,31 @@ async def submit(svc, token, code, name):
     return r.json()
 
 
+@pytest.fixture
+def clock():
+    """gpulab's clock, fake and ticking: the ranks stamp their reports with the real
+    clock, which goes on; ``clock.advance`` jumps ahead of it."""
+    with fake_clock(ticking=True) as c:
+        yield c
+
+
 @pytest.mark.slow
-async def test_stalled_and_failed_jobs_alert_their_owner_and_resolve(tmp_path):
+async def test_stalled_and_failed_jobs_alert_their_owner_and_resolve(tmp_path, clock):
     async with running_service(tmp_path / "svc", JOBS) as svc:
         alice = svc.create_user("alice")
         bob = svc.create_user("bob")
         stalled = await submit(svc, alice, STALLS, "stalls")
         failing = await submit(svc, bob, FAILS, "shape")
 
-        # alice's job reported once, then went quiet: JobStalled, for her. (Starting
-        # torchrun can take longer than the 4 s limit: an episode before the first
-        # report() may come and go first.)
+        async def reports():
+            r = await svc.request("GET", f"/jobs/{stalled['id']}/metrics", token=alice)
+            return r.json()["records"]
+
+        # alice's job reported once, then went quiet; ten minutes on: JobStalled, for her.
+        await until(reports, "the first report() of alice's job")
+        assert not named(await alerts(svc, alice), "JobStalled")  # not yet ten minutes
+        clock.advance(STALL_S)
+
         async def alice_stalled():
             return [
                 a
@@ -110,8 +129,8 @@ async def test_stalled_and_failed_jobs_alert_their_owner_and_resolve(tmp_path):
             ]
 
         [alert] = await until(alice_stalled, "JobStalled for alice's job")
-        metrics = (await svc.request("GET", f"/jobs/{stalled['id']}/metrics", token=alice)).json()
-        assert len(metrics["records"]) == 1  # it did report once: the stall came after
+        assert "(over 10 min)" in alert["message"]
+        assert len(await reports()) == 1  # it did report once: the stall came after
         assert alert["owner"] == "alice" and alert["severity"] == "warning"
         assert alert["subject_kind"] == "job" and alert["resolved_at"] is None
         assert alert["labels"]["job_id"] == stalled["id"]

@@ -270,7 +270,7 @@ def test_every_action_is_documented():
 
 def test_a_bad_trusted_proxy_stops_the_start(tmp_path, monkeypatch):
     from gpulab.service.app import GpuLabService
-    from gpulab.service.jobs.backends import ConfigError
+    from gpulab.service.plugins import ConfigError
 
     monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:9/hub/api")
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "unused")

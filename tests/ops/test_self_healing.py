@@ -6,17 +6,21 @@ local backend and training ranks. Only NVML is a stand-in (``support.fake_nvml``
 loaded through ``GPULAB_NVML_MODULE``): this machine has no NVIDIA driver to raise a
 real XID, so the stand-in delivers XID 79 as an NVML event on the job's GPU, as the
 driver would, through pynvml's own event structure.
+
+Stalls and idle GPUs take their time on a fake clock (``support.clock``): the test
+advances the minutes a setting asks for instead of waiting them.
 """
 
-import asyncio
 import re
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from support.clock import fake_clock
 from support.fake_nvml import FakeDriver
 from support.service import running_service
+from support.wait import wait_until_async
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "training"))
 from cells import LINEAR  # noqa: E402
@@ -31,15 +35,33 @@ c.UserAccounts.enabled = False
 """
 
 
+#: How long a job may send no report() before JobStalled (the default, ten minutes).
+STALL_S = 600
+#: SliceIdle after a minute idle; the server is stopped 30 s after. Both stay under
+#: node_stale_seconds (120 s) together: the local sampler's samples carry the real
+#: time, and a frozen clock advanced further would find them stale.
+IDLE_S = 60
+CULL_S = 30
+
+
+@pytest.fixture
+def frozen_clock():
+    """gpulab's clock, fake: time moves only by ``advance``."""
+    with fake_clock() as clock:
+        yield clock
+
+
+@pytest.fixture
+def ticking_clock():
+    """gpulab's clock, fake and ticking: real time goes on (a rank stamps its reports
+    with it) and ``advance`` jumps ahead of it."""
+    with fake_clock(ticking=True) as clock:
+        yield clock
+
+
 async def until(check, what: str, timeout: float = 120.0, every: float = 0.2):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(every)
+    """Await ``check()`` until it returns something truthy (a bound, not a sleep)."""
+    return await wait_until_async(check, what, timeout, every)
 
 
 async def test_xid_79_cordons_the_gpu_and_the_job_resumes_on_the_other(tmp_path, monkeypatch):
@@ -133,14 +155,14 @@ async def ended(job):
     return j if j["state"] in ("succeeded", "failed", "cancelled") else None
 
 
-async def test_a_stalled_job_is_restarted_and_resumes_from_its_checkpoint(tmp_path):
+async def test_a_stalled_job_is_restarted_and_resumes_from_its_checkpoint(tmp_path, ticking_clock):
     """c.GpuLabService.job_stall_restarts: a job that stops reporting fires JobStalled
     for its owner, the service restarts it and it resumes from its latest checkpoint.
     The job's own code stalls (it waits for a file at step 5) until the test lets it
-    on after the restart."""
+    on after the restart; ten minutes of the stall pass on the fake clock."""
     gate = tmp_path / "go"
     config = CONFIG + (
-        "c.GpuLabService.job_stall_seconds = 10\nc.GpuLabService.job_stall_restarts = 1\n"
+        f"c.GpuLabService.job_stall_seconds = {STALL_S}\nc.GpuLabService.job_stall_restarts = 1\n"
     )
     async with running_service(tmp_path / "svc", config) as svc:
         carol = svc.create_user("carol")
@@ -161,6 +183,14 @@ async def test_a_stalled_job_is_restarted_and_resumes_from_its_checkpoint(tmp_pa
 
         async def job():
             return (await svc.request("GET", f"/jobs/{job_id}", token=carol)).json()
+
+        async def at_the_gate():  # steps 0-4 reported (a checkpoint at 4): it waits
+            m = (await svc.request("GET", f"/jobs/{job_id}/metrics", token=carol)).json()
+            return len(m["records"]) >= 5
+
+        await until(at_the_gate, "carol's job waiting at step 5")
+        assert not (await svc.request("GET", "/alerts", token=carol)).json()["alerts"]
+        ticking_clock.advance(STALL_S)  # ten minutes without a report()
 
         async def stalled_alert():
             got = (await svc.request("GET", "/alerts", token=carol)).json()["alerts"]
@@ -195,7 +225,7 @@ async def _when(get, check):
     return got if check(got) else None
 
 
-async def test_a_gpu_idle_server_is_warned_then_stopped(tmp_path, monkeypatch):
+async def test_a_gpu_idle_server_is_warned_then_stopped(tmp_path, monkeypatch, frozen_clock):
     """c.GpuLabService.gpu_idle_cull_seconds: SliceIdle warns the owner of a server
     whose GPU idles, and the server is stopped (through the hub's API: here the
     stand-in hub, which records it) that long after; a server whose GPU works stays.
@@ -204,7 +234,8 @@ async def test_a_gpu_idle_server_is_warned_then_stopped(tmp_path, monkeypatch):
     for name, value in driver.env().items():
         monkeypatch.setenv(name, value)
     config = CONFIG + (
-        "c.GpuLabService.alert_slice_idle_seconds = 1\nc.GpuLabService.gpu_idle_cull_seconds = 2\n"
+        f"c.GpuLabService.alert_slice_idle_seconds = {IDLE_S}\n"
+        f"c.GpuLabService.gpu_idle_cull_seconds = {CULL_S}\n"
     )
     async with running_service(tmp_path / "svc", config) as svc:
         idle, busy = (g.uuid for g in svc.app.gpus)
@@ -225,17 +256,36 @@ async def test_a_gpu_idle_server_is_warned_then_stopped(tmp_path, monkeypatch):
             got = (await svc.request("GET", "/alerts", token=tokens["erin"])).json()["alerts"]
             return [a for a in got if a["name"] == "SliceIdle"]
 
+        await until(lambda: idle_seen(svc, idle), "an alert round seeing erin's GPU idle", 30)
+        frozen_clock.advance(IDLE_S)
         [warning] = await until(warned, "SliceIdle for erin", 30)
         assert warning["subject"] == "erin/" and warning["subject_kind"] == "server"
-        assert "gpulab stops it 2 s after this warning" in warning["message"], warning
+        assert "idle for over 1 min" in warning["message"], warning
+        assert "gpulab stops it 30 s after this warning" in warning["message"], warning
+        # Warned, not yet stopped: the 30 s count from the warning.
+        assert await svc.app.alert_actions.cull() == [] and svc.fake_hub.stopped == []
+        frozen_clock.advance(CULL_S)
         await until(lambda: _when(_stopped(svc), bool), "erin's server stopped", 30)
-        await asyncio.sleep(1.5)  # further rounds: once, and frank's busy GPU is kept
+        # A further round stops nothing: erin's server once, and frank's busy GPU is kept.
+        assert await svc.app.alert_actions.cull() == []
         assert svc.fake_hub.stopped == ["erin/"]
+        frank = (await svc.request("GET", "/alerts", token=tokens["frank"])).json()["alerts"]
+        assert not [a for a in frank if a["name"] == "SliceIdle"]
         audit = (await svc.request("GET", "/audit?action=server.stop")).json()["entries"]
         assert [(e["actor"], e["actor_kind"], e["user"]) for e in audit] == [
             ("gpulab", "system", "erin")
         ]
         assert "idle" in audit[0]["detail"]["reason"]
+
+
+async def idle_seen(svc, uuid: str) -> bool:
+    """An alert round has seen the GPU idle under a slice: SliceIdle's minute runs."""
+    facts = svc.app.alerts.last_facts
+    return (
+        facts is not None
+        and any(g["uuid"] == uuid and g["utilization_max"] == 0 for g in facts.gpus)
+        and any(a["gpu_uuid"] == uuid for a in facts.allocations)
+    )
 
 
 def _stopped(svc):
@@ -291,7 +341,7 @@ async def test_an_agents_sample_with_new_ecc_errors_cordons_the_gpu(tmp_path):
         for ts, ecc in ((1.0, 4), (2.0, 4)):  # an old count: not a fault
             r = await svc.request("POST", "/telemetry", json=sample(time.time() + ts, ecc))
             assert r.status_code == 201, r.text
-        await asyncio.sleep(0.3)
+        await until(lambda: _judged(svc, 2), "both samples judged")
         assert await cordons() == {}
         await svc.request("POST", "/telemetry", json=sample(time.time() + 3, 6))
         got = await until(cordons, "the GPU cordoned", 10)
@@ -300,3 +350,7 @@ async def test_an_agents_sample_with_new_ecc_errors_cordons_the_gpu(tmp_path):
         assert got[held]["by"] == "gpulab"
         rows = (await svc.request("GET", "/allocations")).json()
         assert [(a["owner"], a["gpu_uuid"]) for a in rows] == [("alice/", held)]
+
+
+async def _judged(svc, count: int) -> bool:
+    return svc.app.healer.judged >= count

@@ -1,15 +1,21 @@
 """``notebooks/usage-report.ipynb`` under nbclient, in a real kernel against a real hub.
 
-Two users in two hub groups hold slices for a few seconds (placed and released by the
+Two users in two hub groups hold slices for an hour (placed and released by the
 admin through ``POST``/``DELETE /allocations``, as an operator repairing the ledger
 would: the cheapest real usage; the GPUs are simulated, this machine has none). The
 notebook then runs as the admin and as one of the users, with its parameters set to
 that window, the kernel's environment carrying what a gpulab server's has
 (``GPULAB_API_URL`` and a ``JUPYTERHUB_API_TOKEN``).
+
+The hour passes without waiting it: the hub's service is a process of its own, which
+a test's fake clock (``support.clock``) cannot reach, so the test moves the slices'
+start an hour back in the service's database (:func:`backdate`), as if placed then.
+Their release then counts the hour through the service's own code.
 """
 
 import csv
 import io
+import os
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,17 +24,38 @@ import nbformat
 import pytest
 from hubproc import fresh_user
 from nbclient import NotebookClient
+from sqlalchemy import select, update
+
+from gpulab.db.engine import allocations, lock_for_write, make_engine, writer
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "usage-report.ipynb"
 PLOTLY = "application/vnd.plotly.v1+json"
-#: Seconds each slice is held.
-HELD_S = 3.0
+#: Seconds each slice is held: an hour, so alice's half GPU is 0.5 GPU-hours.
+HELD_S = 3600.0
+
+
+def backdate(hub, ids: list[str], seconds: float) -> None:
+    """Move these allocations' start ``seconds`` back in the hub's ledger, as if they
+    had been placed that long ago (the database the hub's service uses: its default,
+    the data dir's SQLite file, unless ``GPULAB_DB_URL`` names another)."""
+    url = os.environ.get("GPULAB_DB_URL") or f"sqlite:///{hub.data_dir}/gpulab.sqlite"
+    engine = make_engine(url)
+    try:
+        with writer(engine).begin() as conn:
+            lock_for_write(conn)
+            t = allocations
+            for row in conn.execute(select(t.c.id, t.c.created).where(t.c.id.in_(ids))):
+                earlier = row.created - timedelta(seconds=seconds)
+                conn.execute(update(t).where(t.c.id == row.id).values(created=earlier))
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture(scope="module")
 def usage(plain_hub):
     """Alice (group lab) holds half a GPU for a job, Bob (group ops) a quarter for a
-    deployment, both for HELD_S seconds; the window around it, and their tokens."""
+    deployment, both for HELD_S seconds (backdated); the window around it, and their
+    tokens."""
     hub = plain_hub
     alice, bob = fresh_user("usage-alice"), fresh_user("usage-bob")
     lab, ops = fresh_user("usage-lab"), fresh_user("usage-ops")
@@ -37,7 +64,7 @@ def usage(plain_hub):
         assert hub.hub_api("POST", f"/groups/{group}").status_code in (201, 409)
         r = hub.hub_api("POST", f"/groups/{group}/users", json={"users": [user]})
         assert r.status_code == 200, r.text
-    since = datetime.now(UTC) - timedelta(seconds=1)
+    since = datetime.now(UTC) - timedelta(seconds=HELD_S + 1)
     ids = []
     began = time.monotonic()
     for user, kind, milli in ((alice, "job", 500), (bob, "deployment", 250)):
@@ -45,10 +72,10 @@ def usage(plain_hub):
         r = hub.gpulab("POST", "/allocations", json=body)
         assert r.status_code == 201, r.text
         ids += [row["id"] for row in r.json()]
-    time.sleep(HELD_S)
+    backdate(hub, ids, HELD_S)  # placed an hour ago
     for alloc_id in ids:
         assert hub.gpulab("DELETE", f"/allocations/{alloc_id}").status_code == 200
-    held_at_most = time.monotonic() - began
+    held_at_most = HELD_S + time.monotonic() - began
     until = datetime.now(UTC) + timedelta(seconds=1)
     window = {"since": since.isoformat(), "until": until.isoformat()}
     yield {
@@ -146,7 +173,8 @@ def test_the_admin_report_shows_each_user_group_kind_and_day(
     api = hub.gpulab("GET", "/usage", params=window).json()["rows"]
     hours = {r["user"]: r["gpu_hours"] for r in api}
     # Half a GPU and a quarter GPU, each held at least HELD_S seconds and at most
-    # as long as the requests took from the first placement to the last release.
+    # that plus as long as the requests took from the first placement to the last
+    # release: about 0.5 and 0.25 GPU-hours.
     most = usage["held_at_most"]
     used = {r["user"]: r["milli_gpu_seconds"] for r in api}  # whole milli-GPU-seconds
     assert 500 * HELD_S <= used[alice] <= 500 * most + 1, (used, most)

@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "telemetry"))
 
 from fake_nvml import FakeDevice, FakeNvml  # noqa: E402
 
-from gpulab.scheduler import inventory  # noqa: E402
+from gpulab.backend import local_inventory as inventory  # noqa: E402
 
 GIB = 1024**3
 

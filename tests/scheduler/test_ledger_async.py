@@ -4,23 +4,11 @@ oversubscribe (real SQLite file)."""
 
 import asyncio
 import sqlite3
-import time
 
 import pytest
+from support.wait import wait_until_async
 
-from gpulab.db.engine import make_engine
-from gpulab.scheduler.inventory import parse_simulated
-from gpulab.scheduler.ledger import Ledger, NoCapacity
-from gpulab.scheduler.policy import get_policy
-
-
-@pytest.fixture
-def ledger(tmp_path):
-    engine = make_engine(f"sqlite:///{tmp_path}/ledger.sqlite")
-    ledger = Ledger(engine, parse_simulated("2xA100-80GB", node="n1"), get_policy("best-fit"))
-    yield ledger
-    ledger.aio.close()
-    engine.dispose()
+from gpulab.scheduler.ledger import NoCapacity
 
 
 async def test_loop_runs_while_a_write_waits_for_the_lock(ledger, tmp_path):
@@ -36,17 +24,15 @@ async def test_loop_runs_while_a_write_waits_for_the_lock(ledger, tmp_path):
             ticks += 1
 
     beat = asyncio.create_task(heartbeat())
-    started = time.monotonic()
     placing = asyncio.create_task(ledger.aio.allocate("alice", "server", "alice/", 250))
-    await asyncio.sleep(0.5)
-    assert not placing.done()  # still waiting on the lock ...
-    assert ticks >= 20  # ... and the loop was free all along
+    # The loop ticks on (20 beats) while the write waits ...
+    await wait_until_async(lambda: ticks >= 20, "20 heartbeats while the write waits")
+    assert not placing.done()  # ... still waiting on the lock
     other.execute("COMMIT")
     other.close()
     rows = await asyncio.wait_for(placing, 30)
     beat.cancel()
     assert [r["milli"] for r in rows] == [250]
-    assert time.monotonic() - started >= 0.5
     assert (await ledger.aio.list(user="alice"))[0]["owner"] == "alice/"
 
 

@@ -1,6 +1,7 @@
 import pytest
 
-from gpulab.scheduler.inventory import InventoryError, load_inventory, parse_simulated
+from gpulab.backend.local_inventory import load_inventory
+from gpulab.scheduler.inventory import InventoryError, parse_simulated
 from gpulab.scheduler.slices import SliceError, label, parse_gpu_milli, shape_of
 
 

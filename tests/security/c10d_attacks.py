@@ -17,6 +17,7 @@ import os
 import pickle
 import socket
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 from torch.distributed import TCPStore
 
@@ -85,12 +86,15 @@ def run(target):
     # The c10d backend keeps the state base64-encoded; the agents b64decode, then unpickle.
     payload = base64.b64encode(pickle.dumps(Payload(marker)))
     ports = sorted({rdzv_port, *target["ports"]})
+    attempts = {}  # what is tried -> a function that tries it and says how it went
     for host in target["hosts"]:
         for port in ports:
-            results[f"connect {host}:{port}"] = outcome(lambda h=host, p=port: connect(h, p))
+            attempts[f"connect {host}:{port}"] = lambda h=host, p=port: outcome(
+                lambda: connect(h, p)
+            )
         ep = f"{host}:{rdzv_port}"
-        results[f"TCPStore read {key} at {ep}"] = outcome(
-            lambda h=host: f"read {len(store(h, rdzv_port).get(key))} bytes"
+        attempts[f"TCPStore read {key} at {ep}"] = lambda h=host: outcome(
+            lambda: f"read {len(store(h, rdzv_port).get(key))} bytes"
         )
 
         def plant(h=host):
@@ -99,13 +103,22 @@ def run(target):
             s.compare_set(key, current, payload)
             return "planted the pickle"
 
-        results[f"TCPStore compare_set a pickle at {ep}"] = outcome(plant)
-        results[f"join the rendezvous at {ep}"] = join(target["python"], job, host, rdzv_port)
-        results[f"TCPStore set junk at {ep}"] = outcome(
-            lambda h=host: (
+        attempts[f"TCPStore compare_set a pickle at {ep}"] = lambda f=plant: outcome(f)
+        attempts[f"join the rendezvous at {ep}"] = lambda h=host: join(
+            target["python"], job, h, rdzv_port
+        )
+        attempts[f"TCPStore set junk at {ep}"] = lambda h=host: outcome(
+            lambda: (
                 store(h, rdzv_port).set(key, b"\x00junk, not a rendezvous state") or "wrote junk"
             )
         )
+    # All at once: a refused or filtered port costs each attempt its own timeout (the
+    # store client retries a refusal until its timeout, twice; the agent its read
+    # timeout), and none depends on another. One that reaches the job says ALLOWED
+    # whatever ran beside it.
+    with ThreadPoolExecutor(max_workers=len(attempts)) as pool:
+        running = {what: pool.submit(attempt) for what, attempt in attempts.items()}
+        results.update({what: done.result() for what, done in running.items()})
     print("C10D-RESULT " + json.dumps(results), flush=True)
 
 

@@ -189,19 +189,18 @@ def host_addresses() -> list[str]:
     ]
 
 
-def attack_from_account(site, target: dict) -> dict:
-    """The attack, run as the attacker's account in the host's namespace."""
+def attack_from_account(site, target: dict) -> subprocess.Popen:
+    """The attack, run as the attacker's account in the host's namespace (started; its
+    result comes from :func:`result_of`)."""
     account = site["attacker"]
-    return _parse(
-        subprocess.run(
-            [sys.executable, "-c", f"TARGET = {json.dumps(target)}\n{ATTACKS}"],
-            capture_output=True,
-            text=True,
-            env={**account.env(), "PATH": os.environ["PATH"]},
-            cwd=account.home,
-            timeout=600,
-            **account.popen_kwargs(),
-        )
+    return subprocess.Popen(
+        [sys.executable, "-c", f"TARGET = {json.dumps(target)}\n{ATTACKS}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**account.env(), "PATH": os.environ["PATH"]},
+        cwd=account.home,
+        **account.popen_kwargs(),
     )
 
 
@@ -228,30 +227,34 @@ def other_namespace():
         subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=30)
 
 
-def attack_from_namespace(ns: str, target: dict) -> dict:
-    """The attack from the other namespace (as its root: a machine with no login here)."""
-    return _parse(
-        subprocess.run(
-            [
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                sys.executable,
-                "-c",
-                f"TARGET = {json.dumps(target)}\n{ATTACKS}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+def attack_from_namespace(ns: str, target: dict) -> subprocess.Popen:
+    """The attack from the other namespace (as its root: a machine with no login here);
+    started, as :func:`attack_from_account`."""
+    return subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            sys.executable,
+            "-c",
+            f"TARGET = {json.dumps(target)}\n{ATTACKS}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
-def _parse(done: subprocess.CompletedProcess) -> dict:
-    out = done.stdout + done.stderr
+def result_of(attack: subprocess.Popen) -> dict:
+    """What a started attack found, once it has ended."""
+    try:
+        out, _ = attack.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        attack.kill()
+        out, _ = attack.communicate()
     line = next((ln for ln in out.splitlines() if ln.startswith("C10D-RESULT ")), None)
-    assert line, f"no result from the attack (exit {done.returncode}):\n{out[-3000:]}"
+    assert line, f"no result from the attack (exit {attack.returncode}):\n{out[-3000:]}"
     return json.loads(line.removeprefix("C10D-RESULT "))
 
 
@@ -282,9 +285,18 @@ def test_the_c10d_attack_reaches_nothing_of_a_running_job(site, other_namespace)
         "python": sys.executable,
     }
 
-    from_account = attack_from_account(site, {**target, "hosts": ["127.0.0.1", *host_addresses()]})
+    # Both attackers at once: each mostly waits out timeouts against refused ports.
     ns, host_addr = other_namespace
-    from_namespace = attack_from_namespace(ns, {**target, "hosts": [host_addr]})
+    attacks = [
+        attack_from_account(site, {**target, "hosts": ["127.0.0.1", *host_addresses()]}),
+        attack_from_namespace(ns, {**target, "hosts": [host_addr]}),
+    ]
+    try:
+        from_account, from_namespace = (result_of(a) for a in attacks)
+    finally:
+        for a in attacks:
+            if a.poll() is None:
+                a.kill()
 
     print(
         json.dumps({"from an account": from_account, "from a namespace": from_namespace}, indent=1)

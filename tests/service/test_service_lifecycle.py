@@ -10,10 +10,10 @@ import logging
 import pytest
 
 from gpulab.backend.kubernetes.backend import KubernetesBackend
-from gpulab.scheduler.inventory import LocalInventory
+from gpulab.backend.local_inventory import LocalInventory
 from gpulab.service.app import GpuLabService
-from gpulab.service.jobs.backends import ConfigError
 from gpulab.service.jobs.manager import JobManager
+from gpulab.service.plugins import ConfigError
 
 STEPS = [
     "init_logging",

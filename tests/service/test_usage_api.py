@@ -1,10 +1,14 @@
 """GET /usage on the real service (in-process, a stand-in hub API): GPU time per user,
-group and kind adds up to the allocations' own durations, across a restart."""
+group and kind adds up to the allocations' own durations, across a restart.
 
-import asyncio
+Time passes on a fake clock (``support.clock``): a slice held for
+``clock.advance(3600)`` has used exactly its share of a GPU for an hour.
+"""
+
 import datetime as dt
 
 import pytest
+from support.clock import fake_clock
 from support.service import running_service
 
 pytestmark = pytest.mark.asyncio
@@ -26,105 +30,115 @@ def running(svc, *users) -> None:
         model["servers"] = {"": {"ready": True}} if name in users else {}
 
 
-def seconds(rows) -> float:
-    return sum(
-        (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(r["created"])).total_seconds()
-        for r in rows
-    )
+#: When the per-day test's clock starts: half an hour before a UTC midnight.
+BEFORE_MIDNIGHT = dt.datetime(2026, 11, 30, 23, 30, tzinfo=dt.UTC).timestamp()
 
 
 async def test_usage_adds_up_across_a_restart_by_user_group_and_kind(tmp_path):
     data = tmp_path / "svc"
-    async with running_service(data) as svc:
-        alice = svc.create_user("alice", groups=["lab"])
-        bob = svc.create_user("bob")
-        running(svc, "alice", "bob")
-        a = await allocate(svc, "alice", "alice/", 500)
-        b = await allocate(svc, "bob", "bob/", 250)
-        await asyncio.sleep(1.5)
-    # A restart: the slices are still held, their time still counts.
-    async with running_service(data, fake_hub=svc.fake_hub) as svc:
-        await asyncio.sleep(1.0)
-        running(svc, "bob")  # alice's server stopped; the spawner releases its slice
-        r = await svc.request(
-            "DELETE", "/allocations", params={"owner_kind": "server", "owner": "alice/"}
-        )
-        assert r.status_code == 200
-        alice_s = (
-            dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(a[0]["created"])
-        ).total_seconds()
-        bob_s = seconds(b)
+    with fake_clock() as clock:
+        async with running_service(data) as svc:
+            alice = svc.create_user("alice", groups=["lab"])
+            bob = svc.create_user("bob")
+            running(svc, "alice", "bob")
+            await allocate(svc, "alice", "alice/", 500)
+            await allocate(svc, "bob", "bob/", 250)
+            clock.advance(3600)
+        # A restart: the slices are still held, their time still counts.
+        async with running_service(data, fake_hub=svc.fake_hub) as svc:
+            clock.advance(1800)
+            running(svc, "bob")  # alice's server stopped; the spawner releases its slice
+            r = await svc.request(
+                "DELETE", "/allocations", params={"owner_kind": "server", "owner": "alice/"}
+            )
+            assert r.status_code == 200
+            clock.advance(1800)  # bob holds his a while longer
 
-        rows = (await svc.request("GET", "/usage")).json()["rows"]
-        got = {r["user"]: r for r in rows}
-        assert set(got) == {"alice", "bob"}
-        assert abs(got["alice"]["milli_gpu_seconds"] - 500 * alice_s) <= 500  # within 1 s
-        assert abs(got["bob"]["milli_gpu_seconds"] - 250 * bob_s) <= 250 * 1.5
-        assert got["alice"]["gpu_hours"] == pytest.approx(
-            got["alice"]["milli_gpu_seconds"] / 3.6e6, abs=1e-6
-        )
+            rows = (await svc.request("GET", "/usage")).json()["rows"]
+            got = {r["user"]: r for r in rows}
+            assert set(got) == {"alice", "bob"}
+            # Half a GPU for 1.5 hours (released), a quarter GPU for 2 hours (still held).
+            assert got["alice"]["milli_gpu_seconds"] == 500 * 5400
+            assert got["alice"]["gpu_hours"] == 0.75
+            assert got["bob"]["milli_gpu_seconds"] == 250 * 7200
+            assert got["bob"]["gpu_hours"] == 0.5
 
-        by_kind = (await svc.request("GET", "/usage", params={"group_by": "kind"})).json()
-        assert [r["kind"] for r in by_kind["rows"]] == ["server"]
-        by_group = (await svc.request("GET", "/usage", params={"group_by": "group"})).json()
-        assert {r["group"] for r in by_group["rows"]} == {"lab", ""}
+            by_kind = (await svc.request("GET", "/usage", params={"group_by": "kind"})).json()
+            assert [(r["kind"], r["gpu_hours"]) for r in by_kind["rows"]] == [("server", 1.25)]
+            by_group = (await svc.request("GET", "/usage", params={"group_by": "group"})).json()
+            assert {r["group"]: r["gpu_hours"] for r in by_group["rows"]} == {"lab": 0.75, "": 0.5}
 
-        # Users see their own use only; admins anyone's.
-        mine = (await svc.request("GET", "/usage", token=bob)).json()["rows"]
-        assert [r["user"] for r in mine] == ["bob"]
-        r = await svc.request("GET", "/usage", token=bob, params={"user": "alice"})
-        assert r.status_code == 403
-        mine = (await svc.request("GET", "/usage", token=alice, params={"group_by": "kind"})).json()
-        assert mine["rows"][0]["milli_gpu_seconds"] == got["alice"]["milli_gpu_seconds"]
+            # Users see their own use only; admins anyone's.
+            mine = (await svc.request("GET", "/usage", token=bob)).json()["rows"]
+            assert [r["user"] for r in mine] == ["bob"]
+            r = await svc.request("GET", "/usage", token=bob, params={"user": "alice"})
+            assert r.status_code == 403
+            mine = (
+                await svc.request("GET", "/usage", token=alice, params={"group_by": "kind"})
+            ).json()
+            assert mine["rows"][0]["milli_gpu_seconds"] == 500 * 5400
 
-        csv = await svc.request("GET", "/usage", params={"format": "csv"})
-        assert csv.headers["Content-Type"].startswith("text/csv")
-        lines = csv.text.splitlines()
-        assert lines[0] == "user,gpu_hours,milli_gpu_seconds,allocations"
-        assert len(lines) == 3
+            csv = await svc.request("GET", "/usage", params={"format": "csv"})
+            assert csv.headers["Content-Type"].startswith("text/csv")
+            lines = csv.text.splitlines()
+            assert lines[0] == "user,gpu_hours,milli_gpu_seconds,allocations"
+            assert lines[1:] == ["alice,0.75,2700000,1", "bob,0.5,1800000,1"]
 
-        # The counter Prometheus scrapes, in GPU-seconds.
-        metrics = (await svc.request("GET", "/../../metrics")).text
-        line = next(
-            x
-            for x in metrics.splitlines()
-            if x.startswith('gpulab_gpu_seconds_total{kind="server"}')
-        )
-        assert float(line.split()[-1]) >= (500 * alice_s + 250 * bob_s) / 1000 - 1
+            # The counter Prometheus scrapes, in GPU-seconds: 0.75 + 0.5 GPU-hours.
+            metrics = (await svc.request("GET", "/../../metrics")).text
+            line = next(
+                x
+                for x in metrics.splitlines()
+                if x.startswith('gpulab_gpu_seconds_total{kind="server"}')
+            )
+            assert float(line.split()[-1]) == pytest.approx(1.25 * 3600)
 
 
 async def test_usage_per_day_adds_up_to_the_window_and_users_see_their_own(tmp_path):
-    async with running_service(tmp_path / "svc") as svc:
-        svc.create_user("carol", groups=["lab"])
-        dave = svc.create_user("dave", groups=["lab"])
-        running(svc, "carol", "dave")
-        await allocate(svc, "carol", "carol/", 500)
-        await allocate(svc, "dave", "dave/", 250)
-        await asyncio.sleep(1.0)
-        # One fixed window for every call: held slices count up to its end.
-        until = dt.datetime.now(dt.UTC)
-        window = {"since": (until - dt.timedelta(hours=1)).isoformat(), "until": until.isoformat()}
+    with fake_clock(start=BEFORE_MIDNIGHT) as clock:
+        async with running_service(tmp_path / "svc") as svc:
+            svc.create_user("carol", groups=["lab"])
+            dave = svc.create_user("dave", groups=["lab"])
+            running(svc, "carol", "dave")
+            await allocate(svc, "carol", "carol/", 500)
+            await allocate(svc, "dave", "dave/", 250)
+            clock.advance(3600)  # held from 23:30 to 00:30: half an hour on each day
+            until = clock.utcnow()
+            window = {
+                "since": (until - dt.timedelta(hours=1)).isoformat(),
+                "until": until.isoformat(),
+            }
 
-        whole = (await svc.request("GET", "/usage", params=window)).json()
-        per_day = (await svc.request("GET", "/usage", params={**window, "bucket": "day"})).json()
-        assert (whole["bucket"], per_day["bucket"]) == (None, "day")
-        days = {(until - dt.timedelta(hours=1)).date().isoformat(), until.date().isoformat()}
-        assert per_day["rows"] and {r["day"] for r in per_day["rows"]} <= days
-        for row in whole["rows"]:
-            split = [r for r in per_day["rows"] if r["user"] == row["user"]]
-            assert sum(r["milli_gpu_seconds"] for r in split) == pytest.approx(
-                row["milli_gpu_seconds"], abs=len(split)
+            whole = (await svc.request("GET", "/usage", params=window)).json()
+            per_day = (
+                await svc.request("GET", "/usage", params={**window, "bucket": "day"})
+            ).json()
+            assert (whole["bucket"], per_day["bucket"]) == (None, "day")
+            assert {r["user"]: r["milli_gpu_seconds"] for r in whole["rows"]} == {
+                "carol": 500 * 3600,
+                "dave": 250 * 3600,
+            }
+            assert [(r["day"], r["user"], r["milli_gpu_seconds"]) for r in per_day["rows"]] == [
+                ("2026-11-30", "carol", 500 * 1800),
+                ("2026-11-30", "dave", 250 * 1800),
+                ("2026-12-01", "carol", 500 * 1800),
+                ("2026-12-01", "dave", 250 * 1800),
+            ]
+            # A slice held across midnight counts in both days' allocations.
+            assert {r["allocations"] for r in per_day["rows"]} == {1}
+
+            by_group = {**window, "bucket": "day", "group_by": "group", "format": "csv"}
+            csv = await svc.request("GET", "/usage", params=by_group)
+            assert csv.text.splitlines() == [
+                "day,group,gpu_hours,milli_gpu_seconds,allocations",
+                "2026-11-30,lab,0.375,1350000,2",
+                "2026-12-01,lab,0.375,1350000,2",
+            ]
+
+            mine = await svc.request(
+                "GET", "/usage", token=dave, params={**window, "bucket": "day"}
             )
-        assert {r["user"] for r in whole["rows"]} == {"carol", "dave"}
-
-        by_group = {**window, "bucket": "day", "group_by": "group", "format": "csv"}
-        csv = await svc.request("GET", "/usage", params=by_group)
-        lines = csv.text.splitlines()
-        assert lines[0] == "day,group,gpu_hours,milli_gpu_seconds,allocations"
-        assert {line.split(",")[1] for line in lines[1:]} == {"lab"}
-
-        mine = await svc.request("GET", "/usage", token=dave, params={**window, "bucket": "day"})
-        assert {r["user"] for r in mine.json()["rows"]} == {"dave"}
+            assert {r["user"] for r in mine.json()["rows"]} == {"dave"}
 
 
 @pytest.mark.parametrize(

@@ -279,7 +279,7 @@ async def test_preempt_makes_the_ranks_checkpoint_and_stop(sandbox, slurm_base):
     root.mkdir()
     site = SlurmSite(slurm_conf=sandbox_env(sandbox["data_dir"])["SLURM_CONF"])
     # As the service runs it as root: the ranks, and the preempting step, as the owner.
-    backend = SlurmBackend(str(root), site, accounts=UserAccounts())
+    backend = SlurmBackend(str(root), site=site, accounts=UserAccounts())
     spec = JobSpec(
         code=LINEAR, nodes=2, nproc_per_node=1, backend="slurm", env={"STEP_DELAY": "0.3"}
     )

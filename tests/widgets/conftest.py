@@ -1,52 +1,83 @@
-"""One real hub for the widget tests: alice and bob (user names of their own,
-``names``) each hold a real server's slice."""
+"""The widget tests' gpulab service: the real one in this process (``support.service``),
+sampling this machine every second as the embedded default does, where alice and bob
+(user names of their own, ``names``) each hold a server's slice.
+
+The dashboard reads ``GET /telemetry`` through the real client over HTTP; what a
+real hub adds (its proxy, its tokens, spawned servers) the browser test of the
+dashboard covers (tests/browser/test_dashboard.py). The ``%gpulab nettest`` jobs run
+on the session's shared hub (tests/widgets/test_dashboard_magics.py).
+
+The service serves on the session's event loop: tests that use it are ``async`` and
+wait with :func:`support.wait.wait_until_async`, and call the (blocking) client and
+``Dashboard.close()`` in a thread, so that the loop keeps serving meanwhile.
+"""
+
+import asyncio
 
 import pytest
-from hubproc import RunningHub, fresh_user
-from support.wait import wait_until
+from hubproc import fresh_user
+from support.service import running_service
+from support.wait import wait_until_async
 
 from gpulab.client import Client
 
+#: The embedded default's sampler (running_service turns it off for route tests).
+SAMPLING = "c.GpuLabService.local_sampler = True\n"
 
-@pytest.fixture(scope="package")
-def hub(tmp_path_factory):
-    """A hub of their own: the dashboard's first answer backfills the service's whole
-    recent history, which on the session's shared hub (running since the first hub
-    test) is longer than the model keeps."""
-    h = RunningHub(tmp_path_factory.mktemp("widgets-hub"), simulate="2xA100-80GB")
-    yield h
-    h.stop()
+#: What each user's server holds, in milli-GPU.
+HELD = {"alice": 250, "bob": 500}
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def names():
-    """The hub user names of the tests' "alice" and "bob" (no other test has them)."""
+    """The user names of the tests' "alice" and "bob" (no other test has them)."""
     return {"alice": fresh_user("alice"), "bob": fresh_user("bob"), "admin": "admin"}
 
 
-@pytest.fixture(scope="package")
-def tokens(hub, names):
+@pytest.fixture(scope="module")
+async def service(tmp_path_factory, names):
+    """A service of the module's own, its telemetry history as short as the module
+    (the dashboard's first answer backfills all of it). Its dataset cache is
+    ``service.data_dir / "dataset-cache"``, where the sampler looks."""
+    data = tmp_path_factory.mktemp("widgets-svc")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GPULAB_CACHE_DIR", str(data / "dataset-cache"))
+        async with running_service(data, config=SAMPLING) as svc:
+            for who, milli in HELD.items():
+                svc.create_user(names[who])
+                # The server runs (the hub says so), so the reconciler keeps its slice.
+                svc.fake_hub.users[names[who]]["servers"] = {"": {"ready": True}}
+                body = {
+                    "user": names[who],
+                    "owner_kind": "server",
+                    "owner": f"{names[who]}/",
+                    "gpu_milli": milli,
+                }
+                r = await svc.request("POST", "/allocations", json=body)
+                assert r.status_code == 201, r.text
+            yield svc
+
+
+@pytest.fixture(scope="module")
+def tokens(service, names):
     """API tokens of alice (holding 1/4 GPU) and bob (1/2 GPU), and the admin's."""
-    out = {who: hub.create_user(names[who]) for who in ("alice", "bob")}
-    for who, milli in (("alice", 250), ("bob", 500)):
-        r = hub.spawn(names[who], {"gpu_milli": milli})
-        assert r.status_code in (201, 202), r.text
-    for who in ("alice", "bob"):
-        hub.wait_server(names[who])
-    out["admin"] = hub.admin_token
+    out = {who: service.create_user(names[who]) for who in HELD}
+    out["admin"] = service.admin_token
     return out
 
 
-@pytest.fixture(scope="package")
-def clients(hub, tokens):
-    return {name: Client(hub.api, token=token) for name, token in tokens.items()}
+@pytest.fixture(scope="module")
+def clients(service, tokens):
+    return {name: Client(service.api, token=token) for name, token in tokens.items()}
 
 
-def _wait_for(predicate, timeout=90.0, what="condition"):
-    return wait_until(predicate, what, timeout)
+async def _wait_for(predicate, timeout=90.0, what="condition"):
+    # The predicate asks the service (blocking): in a thread, while the loop serves.
+    return await wait_until_async(lambda: asyncio.to_thread(predicate), what, timeout)
 
 
 @pytest.fixture(scope="session")
 def wait_for():
-    """Poll ``predicate`` until it returns something truthy (bounded; no timing claims)."""
+    """Await ``predicate`` (called in a thread) returning something truthy (bounded;
+    no timing claims)."""
     return _wait_for

@@ -1,5 +1,8 @@
-"""The all-reduce probe under real torchrun, and the `%gpulab` subcommands end to end."""
+"""The all-reduce probe under real torchrun, and the `%gpulab` subcommands end to end:
+``nettest --nodes`` jobs on the session's shared hub (real ranks, c10d rendezvous),
+``dashboard`` against the real service in this process (tests/widgets/conftest.py)."""
 
+import asyncio
 import json
 import math
 import re
@@ -10,6 +13,7 @@ import cloudpickle
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
+from gpulab.client import Client
 from gpulab.training.allreduce_probe import RESULT_PREFIX, bus_factor, parse_size
 
 
@@ -64,14 +68,35 @@ def test_probe_refuses_to_run_outside_torchrun():
         parse_size("lots")
 
 
-@pytest.fixture
-def shell(hub, tokens, monkeypatch):
+@pytest.fixture(scope="module")
+def hub(plain_hub):
+    """The session's shared hub: the probe jobs run there; alice and bob need no server."""
+    return plain_hub
+
+
+@pytest.fixture(scope="module")
+def tokens(hub, names):
+    """alice's and bob's API tokens on the shared hub."""
+    return {who: hub.create_user(names[who]) for who in ("alice", "bob")}
+
+
+@pytest.fixture(scope="module")
+def clients(hub, tokens):
+    return {name: Client(hub.api, token=token) for name, token in tokens.items()}
+
+
+def magics_shell(monkeypatch, api, token):
     """An IPython shell with the environment a gpulab server gives alice's kernel."""
-    monkeypatch.setenv("GPULAB_API_URL", hub.api)
-    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", tokens["alice"])
+    monkeypatch.setenv("GPULAB_API_URL", api)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", token)
     ip = InteractiveShell.instance()
     ip.extension_manager.load_extension("gpulab.magics")
     return ip
+
+
+@pytest.fixture
+def shell(hub, tokens, monkeypatch):
+    return magics_shell(monkeypatch, hub.api, tokens["alice"])
 
 
 def test_nettest_magic_measures_here_and_leaves_recording_to_jobs(shell, clients, names, capsys):
@@ -176,11 +201,15 @@ def test_help_and_bad_arguments(shell, capsys):
     assert "API:" in capsys.readouterr().out
 
 
-def test_dashboard_magic_shows_a_live_dashboard(shell, capsys, wait_for, names):
+async def test_dashboard_magic_shows_a_live_dashboard(
+    service, names, monkeypatch, capsys, wait_for
+):
     from ipywidgets.widgets.widget import _instances
 
     from gpulab.widgets import Dashboard
 
+    # alice's kernel, on the service where her server holds 1/4 GPU.
+    shell = magics_shell(monkeypatch, service.api, service.create_user(names["alice"]))
     before = {id(w) for w in _instances.values()}
     shell.run_line_magic("gpulab", "dashboard")
     boards = [
@@ -189,11 +218,11 @@ def test_dashboard_magic_shows_a_live_dashboard(shell, capsys, wait_for, names):
     assert len(boards) == 1
     board = boards[0]
     try:
-        wait_for(lambda: board.model.answers >= 1, what="the magic's dashboard to update")
+        await wait_for(lambda: board.model.answers >= 1, what="the magic's dashboard to update")
         assert board.error is None
         # alice's token, as served
         assert [s["user"] for s in board.model.slices] == [names["alice"]]
     finally:
-        board.close()
+        await asyncio.to_thread(board.close)  # it joins the updater, which asks the service
     shell.run_line_magic("gpulab", "dashboard now")
     assert "takes no arguments" in capsys.readouterr().out

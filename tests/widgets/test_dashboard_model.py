@@ -1,5 +1,7 @@
-"""The dashboard's data model against a real hub's telemetry answers (no mocks)."""
+"""The dashboard's data model against the real service's telemetry answers (no mocks):
+the service in this process (tests/widgets/conftest.py), sampling this machine."""
 
+import asyncio
 import math
 from html import escape
 
@@ -17,7 +19,7 @@ def served(answer):
     return {node: [s["ts"] for s in e["samples"]] for node, e in answer["nodes"].items()}
 
 
-def enough_history(client, wait_for, seconds=5.0):
+async def enough_history(client, wait_for, seconds=5.0):
     """An answer (since unset) whose samples span at least ``seconds``."""
 
     def ready():
@@ -25,16 +27,16 @@ def enough_history(client, wait_for, seconds=5.0):
         ts = [t for v in served(a).values() for t in v]
         return a if ts and a["now"] - min(ts) >= seconds and len(ts) >= 5 else None
 
-    return wait_for(ready, what=f"{seconds:g}s of samples on the service")
+    return await wait_for(ready, what=f"{seconds:g}s of samples on the service")
 
 
 def first_nic(m, node):
     return next((t, v) for (n, _), t, v in m.series(m.nics) if n == node)
 
 
-def test_first_answer_backfills_and_later_ones_only_add(clients, wait_for):
+async def test_first_answer_backfills_and_later_ones_only_add(clients, wait_for):
     alice = clients["alice"]
-    answer = enough_history(alice, wait_for)
+    answer = await enough_history(alice, wait_for)
     m = TelemetryModel()
     assert m.cursor() is None
     assert m.ingest(answer) == sum(len(v) for v in served(answer).values())
@@ -45,7 +47,7 @@ def test_first_answer_backfills_and_later_ones_only_add(clients, wait_for):
     assert m.cursor() == stamps[-1]
     assert m.ingest(answer) == 0  # overlapping answers add nothing twice
 
-    later = wait_for(
+    later = await wait_for(
         lambda: (
             (a := alice.telemetry(m.cursor()))
             and any(e["samples"] for e in a["nodes"].values())
@@ -61,8 +63,8 @@ def test_first_answer_backfills_and_later_ones_only_add(clients, wait_for):
     assert np.all(np.diff(t2) > 0)
 
 
-def test_history_is_bounded_by_count_and_by_age(clients, wait_for):
-    answer = enough_history(clients["alice"], wait_for, seconds=6.0)
+async def test_history_is_bounded_by_count_and_by_age(clients, wait_for):
+    answer = await enough_history(clients["alice"], wait_for, seconds=6.0)
     node, stamps = next(iter(served(answer).items()))
 
     by_count = TelemetryModel(capacity=4)
@@ -77,8 +79,14 @@ def test_history_is_bounded_by_count_and_by_age(clients, wait_for):
     assert len(shown) < len(stamps)
 
 
-def test_missing_sources_say_why_instead_of_zeros(hub, clients, wait_for, tmp_path):
-    answer = clients["alice"].telemetry()
+async def test_missing_sources_say_why_instead_of_zeros(service, clients, wait_for, tmp_path):
+    answer = await wait_for(
+        lambda: (
+            ((a := clients["alice"].telemetry()) and any(e["samples"] for e in a["nodes"].values()))
+            and a
+        ),
+        what="a first sample on the service",
+    )
     m = TelemetryModel()
     m.ingest(answer)
     node, entry = next(iter(answer["nodes"].items()))
@@ -107,14 +115,14 @@ def test_missing_sources_say_why_instead_of_zeros(hub, clients, wait_for, tmp_pa
     shard = tmp_path / "shard.bin"
     shard.write_bytes(b"x" * 65536)
     for _ in range(3):
-        with gpulab.cache.open(str(shard), cache_dir=str(hub.data_dir / "dataset-cache")) as f:
+        with gpulab.cache.open(str(shard), cache_dir=str(service.data_dir / "dataset-cache")) as f:
             assert len(f.read()) == 65536
 
     def cache_reported():
         m.ingest(clients["alice"].telemetry(m.cursor()))
         return node in m.cache and "cache" not in m.missing[node]
 
-    wait_for(cache_reported, what="the cache to be sampled")
+    await wait_for(cache_reported, what="the cache to be sampled")
     _, v = next((t, v) for n, t, v in m.series(m.cache) if n == node)
     assert math.isclose(v[-1, 0], 2 / 3)  # one miss, two hits
     assert not cache_plot(m).notes and not cache_plot(m).hidden
@@ -122,12 +130,12 @@ def test_missing_sources_say_why_instead_of_zeros(hub, clients, wait_for, tmp_pa
     assert "hit ratio" in cache_tables(m)
 
 
-def test_slices_are_shown_as_served(clients, names):
+async def test_slices_are_shown_as_served(clients, names):
     alice, bob = names["alice"], names["bob"]
     models = {}
     for name in ("alice", "bob", "admin"):
         models[name] = TelemetryModel()
-        models[name].ingest(clients[name].telemetry())
+        models[name].ingest(await asyncio.to_thread(clients[name].telemetry))
     assert [(s["user"], s["milli"]) for s in models["alice"].slices] == [(alice, 250)]
     assert [(s["user"], s["milli"]) for s in models["bob"].slices] == [(bob, 500)]
     assert sorted((s["user"], s["milli"]) for s in models["admin"].slices) == [
@@ -144,7 +152,7 @@ def test_slices_are_shown_as_served(clients, names):
     assert f"{alice} · 1/4 GPU" in everyone and f"{bob} · 1/2 GPU" in everyone
 
 
-def test_allreduce_results_reach_the_network_tab(clients):
+async def test_allreduce_results_reach_the_network_tab(clients):
     result = {
         "busbw_bytes_per_second": 3.0e9,
         "algbw_bytes_per_second": 2.0e9,
@@ -155,12 +163,12 @@ def test_allreduce_results_reach_the_network_tab(clients):
     }
     # Users' results come from their nettest jobs; only admins (and the service) post.
     with pytest.raises(GpuLabError) as refused:
-        clients["alice"].report_allreduce(result)
+        await asyncio.to_thread(clients["alice"].report_allreduce, result)
     assert refused.value.status == 403 and "nettest" in str(refused.value)
-    clients["admin"].report_allreduce(result)
+    await asyncio.to_thread(clients["admin"].report_allreduce, result)
     mine, bobs = TelemetryModel(), TelemetryModel()
-    mine.ingest(clients["admin"].telemetry())
-    bobs.ingest(clients["bob"].telemetry())
+    mine.ingest(await asyncio.to_thread(clients["admin"].telemetry))
+    bobs.ingest(await asyncio.to_thread(clients["bob"].telemetry))
     assert any(
         r["user"] == "admin" and r["busbw_bytes_per_second"] == 3.0e9 for r in mine.allreduce
     )

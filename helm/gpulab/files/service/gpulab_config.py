@@ -21,7 +21,7 @@ c.GpuLabService.local_sampler = False
 # run as pods of their own, and a job for the "local" backend is refused
 # (unless the installer set service.allowUserCodeInServicePod).
 c.GpuLabService.user_code_in_service = bool(gpulab.get("userCodeInServicePod", False))
-# GPUs come from the cluster's nodes (gpulab.scheduler.inventory_kube).
+# GPUs come from the cluster's nodes (gpulab.backend.kubernetes.inventory).
 c.GpuLabService.inventory_source = "kubernetes"
 c.GpuLabService.kubernetes_node_selector = gpulab.get("nodeLabelSelector") or ""
 # gpulab's priority classes: the same list the chart made PriorityClasses of.

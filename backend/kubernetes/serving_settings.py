@@ -1,25 +1,16 @@
-"""Model endpoints on Kubernetes, as the service configures them.
+"""The settings of model endpoints on Kubernetes, and what each becomes in their objects.
 
-Each ``%deploy`` endpoint becomes a Deployment (its replicas) and a Service in
-the namespace, and the service forwards authenticated calls to that Service.
-``c.GpuLabService.serving_backend_class = "kubernetes"`` turns it on, and
-:class:`KubernetesServingSettings` says where::
+``c.GpuLabService.serving_backend_class = "kubernetes"`` turns it on; these say where::
 
-    c.GpuLabService.serving_backend_class = "kubernetes"
     c.KubernetesServingSettings.namespace = "gpulab"
     c.KubernetesServingSettings.models_pvc = "gpulab-models"  # RWX; holds <data-dir>/deployments
     c.KubernetesServingSettings.image = "quay.io/example/gpulab-singleuser:1"  # gpulab + torch
 
-The older dict form is still accepted (its keys are the traits' names) and turns
-it on as well::
-
-    c.GpuLabService.kubernetes_deployments = {"namespace": "gpulab",
-        "models_pvc": "gpulab-models", "image": "quay.io/example/gpulab-singleuser:1"}
-
 The claim must be mounted in the service's pod at ``<data-dir>/deployments``
 (the Helm chart does it); model-server pods mount it at the same path.
 Kubernetes restarts replicas that die; the ledger still holds one slice per
-replica, so quotas and the cluster's free slices count them.
+replica, so quotas and the cluster's free slices count them. A setting is a trait
+here and what it does is a line below: adding one touches this file only.
 """
 
 from __future__ import annotations
@@ -27,15 +18,22 @@ from __future__ import annotations
 from traitlets import Dict, Integer, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
-from gpulab.backend.kubernetes.serving import AUTOSCALERS, KubernetesServing
 from gpulab.enforcement.kube import check_backend
 from gpulab.enforcement.kube.kueue import class_patch
-from gpulab.service.jobs.kubernetes import slice_pod_patch
+
+from .pod_slice import slice_pod_patch
+
+#: Who decides how many replicas an endpoint runs (``KubernetesServingSettings.autoscaler``).
+AUTOSCALERS = ("service", "hpa", "keda")
+#: What an endpoint cannot run without.
+REQUIRED = ("namespace", "models_pvc", "image")
 
 
 class KubernetesServingSettings(Configurable):
-    """Where and how model endpoints run on Kubernetes (with
-    c.GpuLabService.serving_backend_class = "kubernetes")."""
+    """Where and how model endpoints run on Kubernetes: the settings of
+    :class:`~.serving.KubernetesServing` (``c.KubernetesServingSettings.*``, or
+    ``c.KubernetesServing.*``), and what each becomes in an endpoint's objects. Its
+    trait names are the keys of the older c.GpuLabService.kubernetes_deployments dict."""
 
     namespace = Unicode(
         "",
@@ -158,79 +156,38 @@ class KubernetesServingSettings(Configurable):
             )
         return value
 
-
-#: The keys c.GpuLabService.kubernetes_deployments may hold.
-KEYS = tuple(KubernetesServingSettings.class_trait_names(config=True))
-REQUIRED = ("namespace", "models_pvc", "image")
-
-
-def settings_from_dict(values: dict, parent=None) -> KubernetesServingSettings:
-    """The settings of ``c.GpuLabService.kubernetes_deployments`` (over those of
-    ``c.KubernetesServingSettings``, read from ``parent``'s config). ValueError for an
-    unknown key or a value of the wrong type, naming it."""
-    unknown = set(values or {}) - set(KEYS)
-    if unknown:
-        raise ValueError(
-            f"c.GpuLabService.kubernetes_deployments: unknown key(s) "
-            f"{', '.join(sorted(map(str, unknown)))}; known: {', '.join(KEYS)}"
-        )
-    settings = KubernetesServingSettings(parent=parent)
-    for key, value in (values or {}).items():
-        if key == "port" and isinstance(value, str) and value.isdigit():
-            value = int(value)
-        try:
-            setattr(
-                settings, key, value if value is not None else settings.traits()[key].default_value
-            )
-        except TraitError as e:
-            raise ValueError(f"c.GpuLabService.kubernetes_deployments[{key!r}]: {e}") from None
-    return settings
-
-
-def kubernetes_serving(
-    settings: KubernetesServingSettings,
-    root: str,
-    gpus,
-    cls: type[KubernetesServing] = KubernetesServing,
-) -> KubernetesServing:
-    """The serving backend for ``settings``; ValueError naming what is missing or wrong."""
-    for key in REQUIRED:
-        if not getattr(settings, key):
+    # -- what the settings become -------------------------------------------------------
+    # The backend (a Plugin) gives root (the deployments directory) and gpus.
+    def check_settings(self) -> None:
+        for key in REQUIRED:
+            if not getattr(self, key):
+                raise ValueError(
+                    f"Kubernetes serving needs {key!r}: set "
+                    f"c.KubernetesServingSettings.{key} (or that key of "
+                    f"c.GpuLabService.kubernetes_deployments)"
+                )
+        if self.autoscaler == "keda" and not self.prometheus_url:
             raise ValueError(
-                f"Kubernetes serving needs {key!r}: set "
-                f"c.KubernetesServingSettings.{key} (or that key of "
-                f"c.GpuLabService.kubernetes_deployments)"
+                "c.KubernetesServingSettings.autoscaler = 'keda' asks Prometheus for the "
+                "calls in flight: set c.KubernetesServingSettings.prometheus_url (the "
+                "Prometheus that scrapes <hub>/services/gpulab/metrics), or use autoscaler "
+                "'service'"
             )
-    if settings.autoscaler == "keda" and not settings.prometheus_url:
-        raise ValueError(
-            "c.KubernetesServingSettings.autoscaler = 'keda' asks Prometheus for the calls "
-            "in flight: set c.KubernetesServingSettings.prometheus_url (the Prometheus that "
-            "scrapes <hub>/services/gpulab/metrics), or use autoscaler 'service'"
+        check_backend(self.enforcement or "hami", self.enforcement_options or None)
+
+    def queueing(self) -> dict:
+        """The replicas' Kueue labels and PriorityClass (``class_patch``'s answer)."""
+        return class_patch(
+            "deployment",
+            queue=self.queue or None,
+            priority=self.priority or None,
+            priority_class=self.priority_class or None,
+            prefix=self.priority_class_prefix,
         )
-    enforcement = settings.enforcement or "hami"
-    options = check_backend(enforcement, settings.enforcement_options or None)
-    by_uuid = {g.uuid: g for g in gpus}
 
-    def pod_patch_for(dep: dict, rows: list[dict]):
+    def settings_pod_patch(self, dep: dict, rows: list[dict]):
+        """The pod patch holding one replica's slice on the card the ledger chose."""
+        enforcement = self.enforcement or "hami"
+        options = check_backend(enforcement, self.enforcement_options or None)
+        by_uuid = {g.uuid: g for g in self.gpus}
         return slice_pod_patch(enforcement, options, dep["gpu_milli"], rows, by_uuid)
-
-    queueing = class_patch(
-        "deployment",
-        queue=settings.queue or None,
-        priority=settings.priority or None,
-        priority_class=settings.priority_class or None,
-        prefix=settings.priority_class_prefix,
-    )
-    return cls(
-        root,
-        namespace=settings.namespace,
-        models_pvc=settings.models_pvc,
-        image=settings.image,
-        kubeconfig=settings.kubeconfig or None,
-        pod_patch_for=pod_patch_for,
-        labels=queueing["labels"],
-        priority_class=queueing["priority_class_name"] or "",
-        port=settings.port,
-        autoscaler=settings.autoscaler,
-        prometheus_url=settings.prometheus_url,
-    )

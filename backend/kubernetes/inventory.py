@@ -26,7 +26,9 @@ import re
 
 from traitlets import Unicode
 
-from .inventory import Gpu, Inventory, InventoryError, load_inventory
+from gpulab.scheduler.inventory import Gpu, Inventory, InventoryError
+
+from ..local_inventory import load_inventory
 
 HAMI_REGISTER = "hami.io/node-nvidia-register"
 GFD_PRODUCT = "nvidia.com/gpu.product"

@@ -1,0 +1,122 @@
+"""gpulab's part of a JupyterHub configuration, written once for both hubs gpulab runs.
+
+``gpulab up`` (:func:`gpulab.hub_ext.hub_config.configure`) and the Helm chart's
+``files/hub/gpulab_hub_config.py`` (loaded by z2jh's hub) both call
+:func:`add_gpulab_to_hub`; they differ only in what they pass: ``gpulab up`` has the
+hub start the service (``service_command``) and samples telemetry in the service
+itself, the chart points at the service's pod and registers the node agents'
+service. Everything else (the services' roles, the scopes of servers' tokens, the
+admin page, the audit hook) is the same on both, so it lives here.
+
+A site's own services and roles are kept: z2jh has set its own (its idle culler)
+before it loads ``jupyterhub_config.d``, and ``gpulab up`` adds its culler after.
+"""
+
+from __future__ import annotations
+
+from gpulab.hub_ext.admin_page import show_slices_on_admin_page
+from gpulab.hub_ext.audit_hook import configure_audit
+
+
+def service_access(service_name: str) -> str:
+    """The scope that lets a token call the service (its REST API, its pages)."""
+    return f"access:services!service={service_name}"
+
+
+def gpulab_service_scopes(service_name: str) -> list[str]:
+    """What the gpulab service's own token may do on the hub (``service/hubapi.py``)."""
+    return [
+        # who is asking: the user's admin flag and groups (service/auth.py)
+        "list:users",
+        "read:users",
+        # which servers run: the reconciler and the ledger guard release dead ones' slices
+        "read:servers",
+        # stops servers: GPU-idle culling (c.GpuLabService.gpu_idle_cull_seconds) and
+        # an admin's forced release of a running server's slice (ledger guard)
+        "delete:servers",
+        # group quotas and sharing (service/sharing.py)
+        "list:groups",
+        "read:groups",
+        service_access(service_name),
+    ]
+
+
+def server_token_scopes(service_name: str) -> list[str]:
+    """Servers' own tokens may call the gpulab API as their user (magics, widgets, lab)."""
+    return ["users:activity!user", "access:servers!server", service_access(service_name)]
+
+
+def add_service(c, service: dict) -> None:
+    """Register ``service`` in hub config ``c``, replacing one of the same name only."""
+    services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
+    c.JupyterHub.services = [s for s in services if s.get("name") != service["name"]] + [service]
+
+
+def add_role(c, role: dict) -> None:
+    """Define ``role`` in hub config ``c``, replacing one of the same name only."""
+    roles = list(c.JupyterHub.load_roles) if "load_roles" in c.JupyterHub else []
+    c.JupyterHub.load_roles = [r for r in roles if r.get("name") != role["name"]] + [role]
+
+
+def grant_to_users(c, scopes: list[str]) -> None:
+    """Add ``scopes`` to the ``user`` role every user has, keeping what a site gave it
+    (JupyterHub's default for the role is ``["self"]``)."""
+    roles = list(c.JupyterHub.load_roles) if "load_roles" in c.JupyterHub else []
+    user = next((dict(r) for r in roles if r.get("name") == "user"), {"name": "user"})
+    user["scopes"] = sorted(set(user.get("scopes") or ["self"]) | set(scopes))
+    if any(r.get("name") == "user" for r in roles):
+        c.JupyterHub.load_roles = [user if r.get("name") == "user" else r for r in roles]
+    else:
+        c.JupyterHub.load_roles = [*roles, user]
+
+
+def add_gpulab_to_hub(
+    c,
+    *,
+    service_name: str,
+    service_url: str,
+    api_url: str,
+    service_token: str,
+    service_command: list[str] | None = None,
+    service_environment: dict[str, str] | None = None,
+    agent_service_name: str = "",
+    agent_token: str = "",
+) -> None:
+    """Write gpulab's services, roles and hub hooks into hub config ``c``.
+
+    ``service_url``: where the hub's proxy reaches the service
+    (``http://gpulab.hub.svc:10101``); ``api_url``: its API as the hub process calls
+    it (the audit trail's entries go there); ``service_command``: the hub starts and
+    restarts the service itself (``gpulab up``), else it runs elsewhere (a pod).
+    ``agent_service_name`` and ``agent_token``: node agents that push telemetry as a
+    service of their own (no URL: the hub's API only; the chart's DaemonSet).
+    """
+    service = {
+        "name": service_name,
+        "url": service_url,
+        "api_token": service_token,
+        "display": True,
+        "oauth_no_confirm": True,
+    }
+    if service_command:
+        service["command"] = list(service_command)
+        service["environment"] = dict(service_environment or {})
+    add_service(c, service)
+    if agent_service_name:
+        add_service(c, {"name": agent_service_name, "api_token": agent_token})
+
+    grant_to_users(c, [service_access(service_name)])
+    add_role(
+        c,
+        {
+            "name": "gpulab-service",
+            "services": [service_name],
+            "scopes": gpulab_service_scopes(service_name),
+        },
+    )
+    c.Spawner.server_token_scopes = server_token_scopes(service_name)
+
+    # The admin page's "GPU slices" table, above JupyterHub's user list.
+    show_slices_on_admin_page(c)
+    # The audit trail's hub events (logins, server starts and stops, admin actions).
+    configure_audit(c, api_url, service_token, service_name)

@@ -1,0 +1,158 @@
+"""FractionalHostSpawner: what gpulab's spawners that run JupyterLab on the site's own
+hosts share, as a user's Unix account, the box's local process
+(:class:`~gpulab.spawner.local.FractionalLocalSpawner`) and the Slurm job
+(:class:`~gpulab.spawner.slurm.FractionalSlurmSpawner`).
+
+Both ask the gpulab service for the slice (:class:`.service_traits.GpuLabServiceMixin`),
+show the same spawn form, run the server as the user's account on a filesystem the
+hub shares (the kernelspec that loads gpulab's magics, the per-account dataset cache)
+and give the server the slice's environment. How the server is started, watched and
+stopped (a child process, a batch job) is each subclass's own: this class derives
+from JupyterHub's plain :class:`~jupyterhub.spawner.Spawner`, so the Slurm spawner
+inherits nothing of a local process (pids, signals, ``popen_kwargs``).
+
+Set what both share on this class, e.g. ``c.FractionalHostSpawner.kernel_dir``;
+``c.FractionalLocalSpawner.*`` (or ``c.FractionalSlurmSpawner.*``) is for one only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from jupyterhub.spawner import Spawner
+from traitlets import Unicode, default
+
+from gpulab.enforcement.accounts import Account, UserAccounts
+from gpulab.enforcement.slice_env import strip_enforcement_vars
+
+from . import user_options
+from .form import render_form
+from .placement import placement_of
+from .service_traits import GpuLabServiceMixin
+
+
+class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
+    """A JupyterLab server held to a GPU slice on one of the site's hosts, as its
+    user's Unix account (the shared base of the local and the Slurm spawner)."""
+
+    kernel_dir = Unicode(
+        help="""Folder for the kernelspec that loads gpulab's magics in every kernel;
+        put first on the servers' JUPYTER_PATH.
+
+        c.FractionalHostSpawner.kernel_dir = "/srv/gpulab/jupyter"
+        """,
+    ).tag(config=True)
+
+    @default("kernel_dir")
+    def _kernel_dir(self):
+        return os.path.join(
+            os.environ.get("GPULAB_DATA_DIR", os.path.abspath(".gpulab")), "jupyter"
+        )
+
+    cache_root = Unicode(
+        help="""Folder of the dataset cache (GPULAB_CACHE_DIR): with per-user accounts
+        each user gets `<cache_root>/<account>`, mode 0700.
+
+        c.FractionalHostSpawner.cache_root = "/var/cache/gpulab"
+        """,
+    ).tag(config=True)
+
+    #: Who the server runs as (per-user accounts), once started.
+    account: Account | None = None
+
+    # How a server starts and is watched is each subclass's: the Slurm spawner's own,
+    # the local one's JupyterHub's process spawner (after this class in its MRO, hence
+    # super()). JupyterHub's Spawner refuses a class that does not define them.
+    async def start(self):
+        return await super().start()
+
+    async def poll(self):
+        return await super().poll()
+
+    # -- the spawn form ----------------------------------------------------------------
+    @default("options_form")
+    def _options_form_default(self):
+        return self._render_options_form
+
+    async def _render_options_form(self, spawner):
+        availability = await self._client().request(
+            "GET", "/availability", query={"user": self.user.name}
+        )
+        inventory = await self._client().request("GET", "/inventory")
+        limits = self.form_limits(availability, inventory)
+        return render_form(availability, limits=limits, inventory=inventory)
+
+    def form_limits(self, availability: dict, inventory: dict) -> dict[int, str] | None:
+        """What each size's server is held to besides its GPU (slice milli -> words),
+        for the form; None: nothing this spawner enforces itself."""
+        return None
+
+    def options_from_form(self, formdata):
+        return user_options.options_from_form(formdata)
+
+    def progress(self):
+        return self.gpulab_progress()
+
+    async def show_placement(self, milli: int, allocations: list[dict]) -> None:
+        """Keep where the ledger put the slice (the admin page's "GPU slices") and say
+        it on the spawn page."""
+        inventory = await self._client().request("GET", "/inventory") if allocations else {}
+        self.gpulab_placement = placement_of(milli, allocations, inventory)
+        self.report_progress(40, self.gpulab_placement.sentence())
+
+    # -- the user's account and their files ----------------------------------------------
+    def _accounts(self) -> UserAccounts:
+        return UserAccounts(config=self.config)
+
+    def _write_kernelspec(self) -> None:
+        # A python3 kernelspec that loads gpulab's magics; first on JUPYTER_PATH,
+        # it shadows the default one in gpulab's servers only. Every account reads it.
+        path = os.path.join(self.kernel_dir, "kernels", "python3")
+        os.makedirs(path, exist_ok=True)
+        for d in (self.kernel_dir, os.path.dirname(path), path):
+            os.chmod(d, 0o755)
+        spec = {
+            "argv": [
+                sys.executable,
+                "-m",
+                "ipykernel_launcher",
+                "-f",
+                "{connection_file}",
+                "--ext=gpulab.magics",
+            ],
+            "display_name": "Python 3 (gpulab)",
+            "language": "python",
+            "metadata": {"debugger": True},
+        }
+        tmp = os.path.join(path, f"kernel.json.{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump(spec, f, indent=1)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, os.path.join(path, "kernel.json"))
+
+    def _cache_dir(self) -> str | None:
+        """The user's own dataset cache folder, made for their account."""
+        if not self.cache_root or self.account is None:
+            return self.cache_root or None
+        os.makedirs(self.cache_root, exist_ok=True)
+        os.chmod(self.cache_root, 0o711)
+        path = os.path.join(self.cache_root, self.account.name)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.chown(path, self.account.uid, self.account.gid)
+        return path
+
+    # -- the server's environment ----------------------------------------------------------
+    def get_env(self):
+        env = strip_enforcement_vars(super().get_env())
+        if self.account is not None:
+            env.update(self.account.env())
+        env.update(getattr(self, "_slice", {}))
+        env["GPULAB_API_URL"] = self.gpulab_public_api_url or self.gpulab_api_url
+        paths = [self.kernel_dir] + [p for p in env.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+        env["JUPYTER_PATH"] = os.pathsep.join(paths)
+        cache = self._cache_dir()
+        if cache:
+            env["GPULAB_CACHE_DIR"] = cache
+        return env

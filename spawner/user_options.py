@@ -1,0 +1,40 @@
+"""What a start asks for: ``user_options`` (``{"gpu_milli": N}``), from the REST API's
+body or the spawn form; every gpulab spawner reads them the same way."""
+
+from __future__ import annotations
+
+from tornado import web
+
+from gpulab.scheduler.slices import SliceError, parse_gpu_milli
+
+
+def bad_options(message: str) -> web.HTTPError:
+    """The 400 a start answers to ``user_options`` it cannot take, saying why."""
+    return web.HTTPError(400, f"invalid user_options: {message}")
+
+
+def parse_user_options(options: object) -> int:
+    """``{"gpu_milli": N}`` -> N; anything else is a 400 that says what is wrong."""
+    if options is None:
+        return 0
+    if not isinstance(options, dict):
+        raise bad_options('expected a JSON object like {"gpu_milli": 250}')
+    unknown = set(options) - {"gpu_milli"}
+    if unknown:
+        raise bad_options(
+            f"unknown option(s) {', '.join(sorted(map(str, unknown)))}; "
+            f'the only option is "gpu_milli" (e.g. {{"gpu_milli": 250}})'
+        )
+    try:
+        return parse_gpu_milli(options.get("gpu_milli", 0))
+    except SliceError as e:
+        raise bad_options(str(e)) from None
+
+
+def options_from_form(formdata: dict) -> dict:
+    """The spawn form's fields (``gpu_milli``) as ``user_options``."""
+    values = formdata.get("gpu_milli") or ["0"]
+    try:
+        return {"gpu_milli": parse_gpu_milli(values[0])}
+    except SliceError as e:
+        raise bad_options(str(e)) from None
