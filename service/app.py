@@ -63,6 +63,7 @@ from gpulab.service.api import telemetry as telemetry_api
 from gpulab.service.api import usage as usage_api
 from gpulab.service.api.request_body import JSON_BODY_LIMIT
 from gpulab.service.auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
+from gpulab.service.endpoints.manager import DeploymentManager
 from gpulab.service.hubapi import HubAPI
 from gpulab.service.jobs.backends import refuse_local_user_code
 from gpulab.service.jobs.manager import JobManager
@@ -803,7 +804,8 @@ class GpuLabService(SharingSettings, Application):
     def init_deployments(self):
         serving = self.site_pools.serving() if self.pools else None
         refuse_local_user_code(self, "serving_backend_class", serving and serving.serving)
-        self.deployments = deployments_api.make_manager(self)
+        # Configuration errors surface here, before anything listens.
+        self.deployments = DeploymentManager(self)
 
     def _deprecated_shortcut(self, old: str, trait: str, instead: str) -> None:
         """A dict setting of old (kubernetes_jobs...) selects the Kubernetes class."""

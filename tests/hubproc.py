@@ -43,6 +43,20 @@ def replica_pids(hub, dep_id: str) -> list[int]:
     return sorted(pids)
 
 
+def server_process(key: str, value: str) -> psutil.Process:
+    """The running single-user server whose environment has ``key`` = ``value``
+    (its ``.info`` holds ``environ`` and ``cmdline``)."""
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            env = p.info["environ"] or {}
+            cmd = " ".join(p.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if env.get(key) == value and "jupyterhub-singleuser" in cmd:
+            return p
+    raise LookupError(f"no server process with {key}={value}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -312,13 +326,4 @@ class RunningHub:
 
     def server_env(self, user: str) -> dict[str, str]:
         """The environment of the user's running single-user server process."""
-        home = str(self.home(user))
-        for p in psutil.process_iter(["cmdline", "environ"]):
-            try:
-                env = p.info["environ"] or {}
-                cmd = " ".join(p.info["cmdline"] or [])
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            if env.get("HOME") == home and "jupyterhub-singleuser" in cmd:
-                return env
-        raise LookupError(f"no server process for {user}")
+        return server_process("HOME", str(self.home(user))).info["environ"]

@@ -319,17 +319,3 @@ routes = [
     (r"api/v1/models", ModelsHandler),
     (r"endpoints/([^/]+)/([^/]+)/(.*)", EndpointHandler),
 ]
-
-
-def make_manager(service, serving=None) -> DeploymentManager:
-    """The deployment manager of ``service``, on ``serving`` (default: the backend its
-    settings choose). Configuration errors (ValueError) surface here, before anything
-    listens; ``await manager.start()`` once the service listens."""
-    return DeploymentManager(service, serving)
-
-
-async def start(service) -> None:
-    """Make the manager, then start it (for a service that does not make it itself)."""
-    manager = service.deployments or make_manager(service)
-    service.deployments = manager
-    await manager.start()

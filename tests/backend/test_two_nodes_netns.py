@@ -9,12 +9,12 @@ test and are deleted afterwards, also when it fails.
 import os
 import random
 import subprocess
-import time
 
 import pytest
 import torch
 from cells import LINEAR
 from localrun import new_spec, prepare, run, weights
+from support.netns_run import start_in_namespace, wait_all
 
 from gpulab.backend.local import PASS_ENV, LocalBackend
 from gpulab.backend.render import render_node
@@ -74,24 +74,9 @@ def test_rendered_node_commands_train_across_two_namespaces(tmp_path, two_nodes)
             local_addr=addr,
             ifname=veth,
         )
-        log = open(jd.p("logs", f"node{node}.log"), "wb")
-        procs.append(
-            subprocess.Popen(
-                ["ip", "netns", "exec", ns, *launch.argv],
-                env={**base, **launch.env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-    deadline = time.monotonic() + 400
-    try:
-        for p in procs:
-            p.wait(timeout=max(1, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
+        log = jd.p("logs", f"node{node}.log")
+        procs.append(start_in_namespace(ns, launch.argv, {**base, **launch.env}, log))
+    wait_all(procs, timeout=400)
     logs = {n: open(jd.p("logs", f"node{n}.log")).read() for n in (0, 1)}
     assert [p.returncode for p in procs] == [0, 0], logs
     # Each rank ran in its own namespace: it saw only its node's veth (and lo).

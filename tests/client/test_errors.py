@@ -47,7 +47,7 @@ def test_no_address_or_token_is_a_configuration_error(monkeypatch):
 
 
 @pytest.fixture
-def service():
+def service(serve):
     """A real HTTP server answering like the gpulab service does."""
 
     async def refuse(request):
@@ -69,16 +69,8 @@ def service():
     app.router.add_get("/api/plain", plain)
     app.router.add_route("*", "/api/refuse/{status}", refuse)
 
-    async def start():
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return runner, site._server.sockets[0].getsockname()[1]
-
-    runner, port = gl.run_sync(start(), timeout=30)
-    yield f"http://127.0.0.1:{port}/api"
-    gl.run_sync(runner.cleanup(), timeout=30)
+    with serve(app) as url:
+        yield f"{url}/api"
 
 
 def test_error_answers_raise_by_status(service):

@@ -22,7 +22,7 @@ CSV = "day,user,gpu_hours,milli_gpu_seconds,allocations\n2026-11-30,alice,1.25,4
 
 
 @pytest.fixture
-def service():
+def service(serve):
     """Answers ``/api/usage`` with ANSWER and records each query; ``/old/usage`` is a
     service older than usage accounting (no such route: 404)."""
     seen = []
@@ -38,16 +38,8 @@ def service():
     app = web.Application()
     app.router.add_get("/api/usage", usage)
 
-    async def start():
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return runner, site._server.sockets[0].getsockname()[1]
-
-    runner, port = gl.run_sync(start(), timeout=30)
-    yield f"http://127.0.0.1:{port}", seen
-    gl.run_sync(runner.cleanup(), timeout=30)
+    with serve(app) as url:
+        yield url, seen
 
 
 def test_usage_asks_by_user_by_default_and_returns_the_answer(service):

@@ -28,3 +28,35 @@ def validate_strict(obj: dict) -> list[str]:
                 f"{'.'.join(map(str, e.caught.absolute_path))}"
             ) from None
     return used
+
+
+def endpoint_unit(**fields) -> dict:
+    """A unit as the deployment manager hands it to a serving backend: endpoint
+    "resnet" of ann, a quarter GPU per replica (``fields`` on top)."""
+    return {
+        "user": "ann",
+        "name": "resnet",
+        "gpu_milli": 250,
+        "max_batch_size": 16,
+        "max_latency_ms": 4.0,
+        "max_queue": 128,
+        "state": "starting",
+        "message": "",
+        "restarts": 0,
+        **fields,
+    }
+
+
+def serving_on(server, tmp_path, **settings):
+    """Kubernetes serving (namespace ``gpulab``, models on claim ``gpulab-models``, image
+    ``registry.example/gpulab:1``) talking to the fake API ``server``."""
+    from gpulab.backend.kubernetes.serving import KubernetesServing
+
+    return KubernetesServing(
+        str(tmp_path / "deployments"),
+        namespace="gpulab",
+        models_pvc="gpulab-models",
+        image="registry.example/gpulab:1",
+        kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
+        **settings,
+    )

@@ -14,7 +14,7 @@ this machine; ``tests/kube/test_live_cluster.py`` runs against a real one when
 
 import pytest
 from fake_apiserver import FakeApiServer
-from kube_helpers import K8S_VERSIONS, validate_strict
+from kube_helpers import K8S_VERSIONS, endpoint_unit, serving_on, validate_strict
 from support.plugin_host import kubernetes_serving
 from traitlets import TraitError
 from traitlets.config import Config
@@ -33,24 +33,15 @@ HPAS = "/apis/autoscaling/v2/namespaces/gpulab/horizontalpodautoscalers"
 SCALED_OBJECTS = "/apis/keda.sh/v1alpha1/namespaces/gpulab/scaledobjects"
 PROMETHEUS = "http://prometheus.monitoring.svc:9090"
 # A unit: version 2 of endpoint "resnet" (its id is not the deployment's).
-UNIT = {
-    "id": "5e6f7a8b9c0d",
-    "user": "ann",
-    "name": "resnet",
-    "version": 2,
-    "replicas": 1,
-    "gpu_milli": 250,
-    "max_batch_size": 16,
-    "max_latency_ms": 4.0,
-    "max_queue": 128,
-    "state": "starting",
-    "message": "",
-    "restarts": 0,
-    "min_replicas": 0,
-    "max_replicas": 4,
-    "target_inflight": 2.5,
-    "scale_down_delay_s": 90.0,
-}
+UNIT = endpoint_unit(
+    id="5e6f7a8b9c0d",
+    version=2,
+    replicas=1,
+    min_replicas=0,
+    max_replicas=4,
+    target_inflight=2.5,
+    scale_down_delay_s=90.0,
+)
 NAME = "gpulab-ep-d5e6f7a8b9c0d"
 ROWS = [{"owner": f"{UNIT['id']}/0", "gpu_uuid": "GPU-0", "milli": 250}]
 LABELS = {
@@ -172,15 +163,7 @@ async def backend(server, tmp_path):
     made = []
 
     def make(autoscaler="service", **kw):
-        serving = KubernetesServing(
-            str(tmp_path / "deployments"),
-            namespace=NS,
-            models_pvc=PVC,
-            image=IMAGE,
-            kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
-            autoscaler=autoscaler,
-            **kw,
-        )
+        serving = serving_on(server, tmp_path, autoscaler=autoscaler, **kw)
         serving.prepare(UNIT["id"])
         made.append(serving)
         return serving

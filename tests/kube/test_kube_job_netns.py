@@ -20,7 +20,6 @@ import contextlib
 import os
 import shutil
 import socket
-import subprocess
 import sys
 
 import pytest
@@ -31,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "training"))
 from cells import LINEAR  # noqa: E402
 from kubelet_sim import container_argv, container_env  # noqa: E402
 from localrun import new_spec, prepare, run, weights  # noqa: E402
+from support.netns_run import start_in_namespace, wait_all  # noqa: E402
 from test_two_nodes_netns import SHOW_NETDEVS, two_nodes  # noqa: E402,F401  (a fixture)
 
 from gpulab.backend.kubernetes import (  # noqa: E402
@@ -150,25 +150,10 @@ def test_indexed_job_pods_train_across_two_namespaces(
         pod_env["GLOO_SOCKET_IFNAME"] = veth
         argv = container_argv(container, pod_env)
         argvs.append(argv)
-        log = open(jd.p("logs", f"node{index}.log"), "wb")
-        procs.append(
-            subprocess.Popen(
-                ["ip", "netns", "exec", ns, *argv],
-                env={**base, **pod_env},
-                cwd=container["workingDir"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-        log.close()
-    try:
-        for p in procs:
-            p.wait()
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
+        log = jd.p("logs", f"node{index}.log")
+        env = {**base, **pod_env}
+        procs.append(start_in_namespace(ns, argv, env, log, cwd=container["workingDir"]))
+    wait_all(procs)
     logs = {n: open(jd.p("logs", f"node{n}.log")).read() for n in (0, 1)}
     assert [p.returncode for p in procs] == [0, 0], logs
 

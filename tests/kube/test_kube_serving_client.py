@@ -20,7 +20,7 @@ import sys
 import pytest
 from aiohttp import web
 from fake_apiserver import FakeApiServer
-from kube_helpers import validate_strict
+from kube_helpers import endpoint_unit, serving_on, validate_strict
 from support.plugin_host import kubernetes_serving
 
 from gpulab.backend.kubernetes.deploy import TOKEN_ENV, make_deployment
@@ -37,19 +37,7 @@ POLICIES = "/apis/networking.k8s.io/v1/namespaces/gpulab/networkpolicies"
 IMAGE = "registry.example/gpulab:1"
 PVC = "gpulab-models"
 # Deployment ids are 12 hex characters and may start with a digit.
-DEP = {
-    "id": "0a1b2c3d4e5f",
-    "user": "ann",
-    "name": "resnet",
-    "replicas": 2,
-    "gpu_milli": 250,
-    "max_batch_size": 16,
-    "max_latency_ms": 4.0,
-    "max_queue": 128,
-    "state": "starting",
-    "message": "",
-    "restarts": 0,
-}
+DEP = endpoint_unit(id="0a1b2c3d4e5f", replicas=2)
 PODS = "/api/v1/namespaces/gpulab/pods"
 NAME = "gpulab-ep-d0a1b2c3d4e5f"
 ROWS = [{"owner": f"{DEP['id']}/{r}", "gpu_uuid": f"GPU-{r}", "milli": 250} for r in range(2)]
@@ -111,14 +99,8 @@ def quarter_for(dep, rows):
 @pytest.fixture
 async def cluster(tmp_path):
     server = await PodsApiServer().start()
-    serving = KubernetesServing(
-        str(tmp_path / "deployments"),
-        namespace=NS,
-        models_pvc=PVC,
-        image=IMAGE,
-        kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
-        pod_patch_for=quarter_for,
-        priority_class="gpulab-serving",
+    serving = serving_on(
+        server, tmp_path, pod_patch_for=quarter_for, priority_class="gpulab-serving"
     )
     serving.prepare(DEP["id"])
     yield server, serving

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.netns_run import start_in_namespace
 from support.wait import wait_until
 from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.elastic.rendezvous import (
@@ -337,16 +338,8 @@ def test_a_running_2_node_job_survives_a_pickle_a_join_and_junk_from_outside(
         )
         secret = open(jd.p("rdzv.secret")).read().strip()
         assert not any(secret in a for a in launch.argv)  # never on a command line
-        with open(jd.p("logs", f"node{node}.log"), "wb") as log:
-            procs.append(
-                subprocess.Popen(
-                    ["ip", "netns", "exec", ns, *launch.argv],
-                    env={**base, **launch.env},
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        log = jd.p("logs", f"node{node}.log")
+        procs.append(start_in_namespace(ns, launch.argv, {**base, **launch.env}, log))
     marker = tmp_path / "pwned"
     attack_log = tmp_path / "attacker.log"
     attacker = None

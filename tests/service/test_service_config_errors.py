@@ -24,7 +24,7 @@ CASES = {
         'c.GpuLabService.kubernetes_jobs = {"namespace": "ml", "jobs_pvc": "x", "colour": "red"}',
         "unknown key(s) colour",
     ),
-    "jobs settings": ('c.GpuLabService.jobs_backend_class = "kubernetes"', "needs 'namespace'"),
+    "jobs settings": ('c.GpuLabService.jobs_backend_class = "kubernetes"', "need 'namespace'"),
     "deployments key": (
         'c.GpuLabService.kubernetes_deployments = {"namespace": "ml", "flavour": 1}',
         "unknown key(s) flavour",

@@ -15,6 +15,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+import hubproc
 import psutil
 import pytest
 import requests
@@ -78,15 +79,7 @@ def slurm_hub(sandbox, slurm_base):
 
 
 def server_process(user: str) -> psutil.Process:
-    for p in psutil.process_iter(["cmdline", "environ"]):
-        try:
-            env = p.info["environ"] or {}
-            cmd = " ".join(p.info["cmdline"] or [])
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if env.get("JUPYTERHUB_USER") == user and "jupyterhub-singleuser" in cmd:
-            return p
-    raise LookupError(f"no server process for {user}")
+    return hubproc.server_process("JUPYTERHUB_USER", user)
 
 
 def test_env_file_quotes_every_value_and_leaves_slurms_gpus_alone():

@@ -123,3 +123,22 @@ class FakeNvml:
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, d):
         raise nvml_error(NOT_SUPPORTED)  # a datacenter board without graphics
+
+
+def a100_mig_3g20gb(processes: list[tuple[int, int | None]]) -> FakeDevice:
+    """A 3g.20gb MIG device of an A100-40GB, 4 GiB used: as NVML reports one, with
+    no utilisation, temperature or power of its own."""
+    return FakeDevice(
+        "MIG-1111",
+        "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+        20 * 2**30,
+        4 * 2**30,
+        gpu_util=None,
+        mem_util=None,
+        temperature=None,
+        power_mw=None,
+        energy_mj=None,
+        processes=processes,
+        gpu_instance_id=1,
+        compute_instance_id=0,
+    )

@@ -39,17 +39,19 @@ def test_main_posts_samples_with_the_token(sink, caplog):
     assert TOKEN not in caplog.text
 
 
+def numbered_agent(sink, count: int) -> Agent:
+    """An agent sending samples 0, 1, 2... to the sink, ``count`` of them, quickly."""
+    samples = iter(range(100))
+    sender = HttpSender(sink.url, TOKEN, 10)
+    return Agent(
+        lambda: {"n": next(samples)}, sender, interval_s=0.02, count=count, max_backoff_s=0.05
+    )
+
+
 def test_failures_are_retried_in_order_and_the_token_never_logged(sink, caplog):
     caplog.set_level(logging.DEBUG)
     sink.script = [503, 401]  # the 401 reply body echoes the token
-    samples = iter(range(100))
-    agent = Agent(
-        lambda: {"n": next(samples)},
-        HttpSender(sink.url, TOKEN, 10),
-        interval_s=0.02,
-        count=4,
-        max_backoff_s=0.05,
-    )
+    agent = numbered_agent(sink, count=4)
     assert agent.run() == 0
     assert [b["n"] for b in sink.delivered()] == [0, 1, 2, 3]
     assert agent.sent == 4 and agent.dropped == 0
@@ -60,14 +62,7 @@ def test_failures_are_retried_in_order_and_the_token_never_logged(sink, caplog):
 
 def test_a_rejected_sample_is_dropped_not_retried(sink, caplog):
     sink.script = [200, 400]
-    samples = iter(range(100))
-    agent = Agent(
-        lambda: {"n": next(samples)},
-        HttpSender(sink.url, TOKEN, 10),
-        interval_s=0.02,
-        count=3,
-        max_backoff_s=0.05,
-    )
+    agent = numbered_agent(sink, count=3)
     assert agent.run() == 0
     assert [b["n"] for b in sink.delivered()] == [0, 2]
     assert agent.dropped == 1

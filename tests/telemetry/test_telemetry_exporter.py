@@ -2,7 +2,7 @@
 
 import os
 
-from fake_nvml import FakeDevice, FakeNvml
+from fake_nvml import FakeDevice, FakeNvml, a100_mig_3g20gb
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,22 +38,7 @@ def node_sample(tmp_path, user_pid=None):
     for _ in range(3):
         with cache.open(str(shard), cache_dir=cache_dir) as f:
             f.read()
-    mig = {
-        0: FakeDevice(
-            "MIG-1111",
-            "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-            20 * GiB,
-            4 * GiB,
-            gpu_util=None,
-            mem_util=None,
-            temperature=None,
-            power_mw=None,
-            energy_mj=None,
-            gpu_instance_id=1,
-            compute_instance_id=0,
-            processes=[(user_pid or os.getpid(), 3 * GiB)],
-        )
-    }
+    mig = {0: a100_mig_3g20gb(processes=[(user_pid or os.getpid(), 3 * GiB)])}
     fake = FakeNvml(
         [
             FakeDevice(

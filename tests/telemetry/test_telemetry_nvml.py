@@ -5,7 +5,7 @@ import os
 
 import pynvml
 import pytest
-from fake_nvml import FakeDevice, FakeNvml
+from fake_nvml import FakeDevice, FakeNvml, a100_mig_3g20gb
 
 from gpulab.telemetry.collect import NodeSampler
 from gpulab.telemetry.nvml import NvmlSampler
@@ -82,20 +82,7 @@ def boards(parent_pid, child_pid):
         processes=[(parent_pid, 10 * GiB), (child_pid, 20 * GiB), (2**22 + 12345, None)],
     )
     mig = {
-        0: FakeDevice(
-            "MIG-1111",
-            "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-            20 * GiB,
-            4 * GiB,
-            gpu_util=None,
-            mem_util=None,
-            temperature=None,
-            power_mw=None,
-            energy_mj=None,
-            processes=[(child_pid, 4 * GiB)],
-            gpu_instance_id=1,
-            compute_instance_id=0,
-        ),
+        0: a100_mig_3g20gb(processes=[(child_pid, 4 * GiB)]),
         2: FakeDevice(
             "MIG-2222",
             "NVIDIA A100-SXM4-40GB MIG 1g.5gb",
