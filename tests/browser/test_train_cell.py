@@ -42,7 +42,7 @@ def training_cell(gate: str) -> str:
     hold = f"import os, time\nwhile not os.path.exists({gate!r}):\n    time.sleep(0.2)\n"
     return (
         f"%%train_distributed --nproc-per-node 2 --checkpoint-every 10 "
-        f"--env STEPS={STEPS} --env STEP_DELAY=0.1\n{hold}{LINEAR.strip()}\n"
+        f"--env STEPS={STEPS} --env STEP_DELAY=0.3\n{hold}{LINEAR.strip()}\n"
     )
 
 
@@ -87,32 +87,16 @@ def server(hub):
     return USER
 
 
-@pytest.fixture(scope="module")
-def logged_in(browser, hub, server):
-    """A browser context holding USER's login, for the module's tests."""
+@pytest.fixture
+def lab(browser, hub, server):
+    """A fresh browser context logged in as USER (no tab of an earlier test)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1400})
     page = context.new_page()
     page.set_default_timeout(120_000)
     browser_log_in(page, hub, USER, PASSWORD)
-    # Logged in once the hub has set its login cookie (the tests then open JupyterLab).
-    wait_until(
-        lambda: any(c["name"].endswith("jupyterhub-hub-login") for c in context.cookies()),
-        f"the hub's login cookie for {USER}",
-        timeout=120,
-    )
-    page.close()
-    yield context
-    context.close()
-
-
-@pytest.fixture
-def lab(logged_in):
-    """A new tab of USER's (no tab of an earlier test; JupyterLab's own workspace may
-    still hold an earlier test's notebook, behind: see :func:`cells`)."""
-    page = logged_in.new_page()
-    page.set_default_timeout(120_000)
+    page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
     yield page
-    page.close()
+    context.close()
 
 
 def open_notebook(page, hub, name, first_line):
