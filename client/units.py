@@ -3,8 +3,7 @@
 The API counts in milli-GPU (``gpu_milli``, ``allocated_milli``); whatever a person
 reads (tables, charts, magics' output) shows the fraction. Standard library only, so
 the kernel-side packages (``widgets``, ``magics``) can use it without the scheduler;
-the scheduler's ``gpulab.scheduler.slices.label`` is this one, so the hub says it the
-same way.
+it says the same as ``gpulab.scheduler.slices.label`` (a test keeps the two equal).
 """
 
 from __future__ import annotations

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpulab.client.units import gpu_label
-
 MILLI_PER_GPU = 1000
 
 #: The sizes the spawn form offers by default.
@@ -46,9 +44,17 @@ def shape_of(gpu_milli: int) -> SliceShape:
     return SliceShape(gpu_milli // MILLI_PER_GPU, MILLI_PER_GPU)
 
 
-#: A human name for a size: ``1/4 GPU``, ``2 GPUs``, ``no GPU`` (the one the kernel's
-#: packages use too, standard library only).
-label = gpu_label
+def label(gpu_milli: int) -> str:
+    """A human name for a size: ``1/4 GPU``, ``2 GPUs``, ``no GPU``."""
+    if gpu_milli == 0:
+        return "no GPU"
+    if gpu_milli % MILLI_PER_GPU == 0:
+        n = gpu_milli // MILLI_PER_GPU
+        return f"{n} GPU" if n == 1 else f"{n} GPUs"
+    for denom in (2, 3, 4, 5, 8, 10, 20):
+        if (gpu_milli * denom) % MILLI_PER_GPU == 0:
+            return f"{gpu_milli * denom // MILLI_PER_GPU}/{denom} GPU"
+    return f"{gpu_milli / MILLI_PER_GPU:.3g} GPU"
 
 
 def parse_gpu_milli(value: object, allowed: tuple[int, ...] | None = None) -> int:
