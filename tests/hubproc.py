@@ -103,7 +103,10 @@ class RunningHub:
         if os.geteuid() == 0:
             let_accounts_reach(self.data_dir)
         homes = f"c.UserAccounts.home_root = {str(self.data_dir / 'home')!r}\n"
-        (self.data_dir / "gpulab_config.py").write_text(homes + config)
+        # Tests kill services seconds after they started: the hub restarts them within
+        # a second rather than at JupyterHub's 30 s poll (a module's config may say more).
+        quick = "c.GpuLabHub.quick_restart_after_seconds = 1\n"
+        (self.data_dir / "gpulab_config.py").write_text(homes + quick + config)
         if run_as:
             for path in (self.data_dir, self.data_dir / "gpulab_config.py"):
                 shutil.chown(path, run_as)
