@@ -8,13 +8,15 @@ pytestmark = pytest.mark.slow
 
 # Users named "failer" get a server command that exits at once.
 CONFIG = """
+# The hub notices a dead server only after http_timeout: failer's is short; the others'
+# leaves time for a server starting on a busy machine.
 def _break_failer(spawner):
     if spawner.user.name == "failer":
         spawner.cmd = ["/bin/false"]
+        spawner.http_timeout = 5
 
 c.Spawner.pre_spawn_hook = _break_failer
 c.GpuLabService.reconcile_interval = 3
-# The hub notices a dead server only after http_timeout; keep the wait short.
 c.Spawner.http_timeout = 30
 """
 
