@@ -21,9 +21,6 @@ c.GpuLabService.user_quota_milli = {"capped-jobs": 500, "capped-spawn": 250,
 # (a checkpointing one saves at its next step, within a second).
 c.GpuLabService.user_guaranteed_milli = {"guaranteed-jobs": 1000}
 c.GpuLabService.preemption_grace_seconds = 10
-# tests/deploy/test_endpoints_survive_service_restart.py kills the service a few seconds
-# after the hub restarted it: the hub restarts it again at once, not at its 30 s poll.
-c.GpuLabHub.quick_restart_after_seconds = 1
 """
 
 

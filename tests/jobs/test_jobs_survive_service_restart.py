@@ -15,14 +15,10 @@ from jobhelpers import pid_alive, submit, wait_job, wait_metrics
 
 pytestmark = pytest.mark.slow
 
-# The service is killed a few seconds after the hub started it: restart it at once, not
-# at JupyterHub's next 30 s poll (kept for services that die young elsewhere).
-CONFIG = "c.GpuLabHub.quick_restart_after_seconds = 1\n"
-
 
 @pytest.fixture
 def hub(tmp_path):
-    h = RunningHub(tmp_path / "hub", simulate="2xA100-80GB", config=CONFIG)
+    h = RunningHub(tmp_path / "hub", simulate="2xA100-80GB")
     yield h
     for job in h.gpulab("GET", "/jobs", params={"state": "running"}).json():
         h.gpulab("DELETE", f"/jobs/{job['id']}")
