@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -21,14 +20,9 @@ from . import single_account, slurm_cli
 from .auth_config import login_banner
 from .hub_config import Settings
 from .leftover_processes import end_leftovers
+from .ports import free_port
 
 HUB_CONFIG = Path(__file__).with_name("jupyterhub_config.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _internal_ports(data_dir: Path) -> dict[str, int]:
@@ -40,7 +34,7 @@ def _internal_ports(data_dir: Path) -> dict[str, int]:
     path = data_dir / "ports.json"
     if path.exists():
         return json.loads(path.read_text())
-    ports = {"hub_port": _free_port(), "proxy_api_port": _free_port(), "service_port": _free_port()}
+    ports = {"hub_port": free_port(), "proxy_api_port": free_port(), "service_port": free_port()}
     path.write_text(json.dumps(ports))
     return ports
 

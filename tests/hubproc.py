@@ -14,7 +14,6 @@ import itertools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from support.wait import wait_until
 
 from gpulab.client.states import JOB_TERMINAL
 from gpulab.enforcement.accounts import UserAccounts, unix_name
+from gpulab.hub_ext.ports import free_port  # noqa: F401 (tests import it from here)
 
 GPULAB = str(Path(sys.executable).with_name("gpulab"))
 
@@ -55,12 +55,6 @@ def server_process(key: str, value: str) -> psutil.Process:
         if env.get(key) == value and "jupyterhub-singleuser" in cmd:
             return p
     raise LookupError(f"no server process with {key}={value}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # Under pytest-xdist each worker counts from its own thousand (gw1: alice-1001...): the

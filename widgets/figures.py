@@ -14,6 +14,7 @@ per tab per tick.
 from __future__ import annotations
 
 import html
+from copy import deepcopy
 from dataclasses import dataclass, field
 
 import ipywidgets as w
@@ -59,6 +60,19 @@ class Plot:
     traces: list[Trace] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
     hidden: bool = False
+
+
+def plain(a) -> list:
+    """``a`` as a list (None for NaN, plotly's gap) for a FigureWidget's trace.
+
+    plotly sends a float numpy array to the browser as a typed array, and the
+    browser's answer (its trace defaults, after every redraw) names that property
+    again as a dict; the kernel's FigureWidget then compares that dict with the array
+    it holds and raises "The truth value of an array ... is ambiguous" once per
+    update, leaving its edit unfinished. With lists there is nothing to compare so.
+    """
+    values = np.asarray(a, dtype=object)
+    return [None if isinstance(v, float) and v != v else v for v in values.tolist()]
 
 
 def ago(m: TelemetryModel, t) -> np.ndarray:
@@ -130,8 +144,11 @@ class TabFigure:
         self.cells = [(r, c) for r in range(1, rows + 1) for c in range(1, cols + 1)]
         self._keys: list[str] | None = None
         self._notes: list[Note] | None = None
-        self.widget = go.FigureWidget(base)
-        self.view = w.VBox([self.widget])
+        # Made at the first draw that shows something, then kept: the browser answers a
+        # graph's drawing with messages to its widget, and one closed or replaced
+        # meanwhile got them after its end ("No such comm" in the kernel's log).
+        self.widget: go.FigureWidget | None = None
+        self.view = w.VBox([])
 
     def draw(self, plot: Plot) -> None:
         if plot.hidden:
@@ -158,31 +175,44 @@ class TabFigure:
             return
         with self.widget.batch_update():
             for t, shown in zip(traces, self.widget.data, strict=False):
-                shown.x = t.x
-                shown.y = t.y
+                shown.x = plain(t.x)
+                shown.y = plain(t.y)
 
     def _rebuild(self, traces: list[Trace], notes: list[Note]) -> None:
+        """New series or notes: the same widget, its traces and layout replaced."""
         fig = go.Figure(self._base)
-        fig.add_traces(
-            [self._new_trace(t) for t in traces],
-            rows=[t.row for t in traces],
-            cols=[t.col for t in traces],
-        )
         fig.layout.annotations = self._titles + tuple(self._note(n) for n in notes)
         # A subplot that only carries a note shows no empty axes either.
         noted = {(n.row, n.col) for n in notes}
         for r, c in self.cells:
             fig.update_xaxes(visible=(r, c) not in noted, row=r, col=c)
             fig.update_yaxes(visible=(r, c) not in noted, row=r, col=c)
-        old, self.widget = self.widget, go.FigureWidget(fig)
-        self.view.children = (self.widget,)
-        if old is not None:
-            old.close()
+        if self.widget is None:
+            self.widget = go.FigureWidget(fig)
+            self.view.children = (self.widget,)
+        else:
+            self.widget.data = ()
+            self.widget.layout = fig.layout
+        self.widget.add_traces(
+            [self._new_trace(t) for t in traces],
+            rows=[t.row for t in traces],
+            cols=[t.col for t in traces],
+        )
+        self._keep_state()
 
     def close(self) -> None:
         if self.widget is not None:
             self.widget.close()
         self.view.close()
+
+    def _keep_state(self) -> None:
+        """Store the graph's traces and layout as its widget's state, which a new view
+        (a page reloaded) is drawn from: plotly keeps there the figure the widget was
+        made with, and its later edits only reach the views open then
+        (``FigureWidget._repr_mimebundle_`` does the same for a figure shown alone).
+        The points follow at the next tick, which sends every trace's arrays."""
+        self.widget._widget_layout = deepcopy(self.widget._layout_obj._props)
+        self.widget._widget_data = deepcopy(self.widget._data)
 
     @property
     def shown(self) -> bool:
@@ -193,8 +223,8 @@ class TabFigure:
         if t.kind == "hbar":
             return go.Bar(
                 name=t.key,
-                x=t.x,
-                y=t.y,
+                x=plain(t.x),
+                y=plain(t.y),
                 orientation="h",
                 legendgroup=t.group,
                 showlegend=t.legend,
@@ -206,16 +236,16 @@ class TabFigure:
         if t.kind == "bar":
             return go.Bar(
                 name=t.key,
-                x=t.x,
-                y=t.y,
+                x=plain(t.x),
+                y=plain(t.y),
                 legendgroup=t.group,
                 showlegend=t.legend,
                 marker_color=t.color,
             )
         return go.Scatter(
             name=t.key,
-            x=t.x,
-            y=t.y,
+            x=plain(t.x),
+            y=plain(t.y),
             legendgroup=t.group,
             showlegend=t.legend,
             mode=t.kind,

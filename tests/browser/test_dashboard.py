@@ -126,6 +126,11 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
         f"the sleeping cell finished before the plot grew: {busy} -> {grown}"
     )
     assert grown["points"] > busy["points"]
+    # Meanwhile the kernel logged nothing: JupyterLab's log console counts what a
+    # kernel prints outside a cell (a widget's message handler that fails, say, once
+    # per update); its status bar item is empty until something is logged.
+    logged = page.locator(".jp-LogConsoleStatusItem").inner_text().strip()
+    assert not logged, f"the kernel logged {logged} message(s) while the dashboard updated"
     board.screenshot(path=os.path.join(artifacts_dir, "dashboard-while-busy.png"))
     hub.write_home_file(USER, GATE, "")
     wait_page(

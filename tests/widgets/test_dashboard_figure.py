@@ -1,0 +1,51 @@
+"""One tab's figure as the browser gets it (no browser: what the kernel holds and sends).
+
+The browser side is tests/browser/test_dashboard.py; these pin the causes of what a
+user saw there: a new series made a new widget and closed the old one while the
+browser still wrote to it ("No such comm"), a page reload drew the figure the widget
+was made with, and numpy arrays came back from the browser in a form plotly's widget
+could not compare ("The truth value of an array ... is ambiguous" once per update)."""
+
+import numpy as np
+
+from gpulab.widgets.figures import Note, Plot, TabFigure, Trace
+
+
+def figure() -> TabFigure:
+    return TabFigure(["used"], rows=1, cols=1, height=200, time_cells=[(1, 1)], y_titles={})
+
+
+def line(key: str, y) -> Trace:
+    return Trace(key, 1, 1, np.arange(len(y), dtype=float), np.asarray(y, dtype=float), key, "#000")
+
+
+def test_a_new_series_keeps_the_widget_and_its_state_holds_every_trace():
+    f = figure()
+    f.draw(Plot(traces=[line("gpu 0", [1.0, 2.0])]))
+    widget = f.widget
+    f.draw(Plot(traces=[line("gpu 0", [1.0, 2.0, 3.0]), line("gpu 1", [4.0])]))
+    assert f.widget is widget and widget.comm is not None  # the same widget, still open
+    assert [t.name for t in widget.data][-2:] == ["gpu 0", "gpu 1"]
+    # A view opened now (a reloaded page) starts from the same traces.
+    assert [t.get("name") for t in widget._widget_data] == [t.name for t in widget.data]
+    f.draw(Plot(traces=[line("gpu 0", [1.0])], notes=[Note(1, 1, "why")]))
+    assert f.widget is widget
+    assert [a["text"] for a in widget._widget_layout["annotations"]][-1] == "why"
+    f.close()
+
+
+def test_arrays_reach_plotly_as_lists_with_gaps_as_none():
+    f = figure()
+    f.draw(Plot(traces=[line("gpu 0", [1.0, float("nan"), 3.0])]))
+    f.draw(Plot(traces=[line("gpu 0", [1.0, float("nan"), 3.0, 4.0])]))  # an update
+    shown = f.widget.data[-1]
+    assert isinstance(shown.y, tuple | list) and list(shown.y) == [1.0, None, 3.0, 4.0]
+    assert list(shown.x) == [0.0, 1.0, 2.0, 3.0]
+    f.close()
+
+
+def test_a_figure_hidden_from_the_start_never_opens_a_widget():
+    f = figure()
+    f.draw(Plot(hidden=True))
+    assert f.widget is None and f.view.children == ()
+    f.close()
