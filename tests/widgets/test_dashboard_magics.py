@@ -16,6 +16,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from gpulab.client import Client
 from gpulab.training.allreduce_probe import RESULT_PREFIX, bus_factor, parse_size
 
+pytestmark = pytest.mark.slow  # real torchrun ranks
+
 
 def torchrun(nproc, *args, timeout=300):
     argv = [
