@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -284,6 +285,17 @@ class RunningHub:
             token=token,
             json=options if options is not None else {},
         )
+
+    def spawn_ready(self, options: dict[str, dict | None]) -> None:
+        """Start the servers ``{user: options}`` together and wait until each is ready
+        (each POST waits up to 10 s for its own server: one after the other, they add up)."""
+        with ThreadPoolExecutor(len(options)) as pool:
+            answers = pool.map(self.spawn, options, options.values())
+            answers = dict(zip(options, answers, strict=True))
+        for user, r in answers.items():
+            assert r.status_code in (201, 202), f"{user}: {r.status_code} {r.text}"
+        for user in options:
+            self.wait_server(user)
 
     def wait_server(self, user: str, ready: bool = True, timeout: float = 240) -> dict:
         """Wait until the user's default server is ready (or gone, with ready=False)."""

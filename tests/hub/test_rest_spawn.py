@@ -130,10 +130,7 @@ def test_no_gpu_server_holds_nothing(hub):
 def test_users_see_and_release_only_their_own(hub):
     alice = hub.create_user(ALICE)
     bob = hub.create_user(BOB)
-    for u in (ALICE, BOB):
-        assert hub.spawn(u, {"gpu_milli": 100}).status_code in (201, 202)
-    for u in (ALICE, BOB):
-        hub.wait_server(u)
+    hub.spawn_ready({ALICE: {"gpu_milli": 100}, BOB: {"gpu_milli": 100}})
     mine = hub.gpulab("GET", "/allocations", token=alice).json()
     assert [a["user"] for a in mine] == [ALICE]
     assert hub.gpulab("GET", "/allocations", token=alice, params={"user": BOB}).status_code == 403

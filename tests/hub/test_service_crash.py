@@ -28,10 +28,7 @@ def test_kill_service_mid_spawn(hub):
     second = [f"b{i}" for i in range(3)]
     for u in first + second:
         hub.hub_api("POST", f"/users/{u}")
-    for u in first:
-        assert hub.spawn(u, {"gpu_milli": 250}).status_code in (201, 202)
-    for u in first:
-        hub.wait_server(u)
+    hub.spawn_ready({u: {"gpu_milli": 250} for u in first})
     before = {a["id"]: a for a in hub.gpulab("GET", "/allocations").json()}
     assert len(before) == 3
 

@@ -99,10 +99,7 @@ def world(hub, tmp_path_factory):
     """alice and bob, each with a server; bob also with a kernel, a running job and
     a model replica: everything alice will go after."""
     tokens = {u: hub.create_user(u) for u in (ALICE, BOB)}
-    for user, milli in ((ALICE, 250), (BOB, 250)):
-        assert hub.spawn(user, {"gpu_milli": milli}).status_code in (201, 202)
-    for user in (ALICE, BOB):
-        hub.wait_server(user)
+    hub.spawn_ready({ALICE: {"gpu_milli": 250}, BOB: {"gpu_milli": 250}})
     uid = {u: pwd.getpwnam(unix_name(u)).pw_uid for u in (ALICE, BOB)}
     bob_server = f"{hub.url}/user/{BOB}"
 
