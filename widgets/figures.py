@@ -5,10 +5,10 @@ and the slices).
 Each tab's ``*_plot(model)`` says what should be drawn: a list of ``Trace``
 (numpy x/y per subplot) and ``Note``s (text written inside a subplot, e.g. why
 it is empty), or ``hidden`` (nothing at all to draw: the tab's notice says why, once).
-``TabFigure.draw`` makes the widget match: it builds a new widget only
-when the set of series or notes changed (a GPU or job appeared) and otherwise
-assigns the arrays inside one ``batch_update``, so the browser gets one message
-per tab per tick.
+``TabFigure.draw`` makes the widget match: it replaces the widget's traces and
+layout only when the set of series or notes changed (a GPU or job appeared) and
+otherwise assigns the arrays inside one ``batch_update``, so the browser gets one
+message per tab per tick. One widget per figure for its whole life.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def plain(a) -> list:
     browser's answer (its trace defaults, after every redraw) names that property
     again as a dict; the kernel's FigureWidget then compares that dict with the array
     it holds and raises "The truth value of an array ... is ambiguous" once per
-    update, leaving its edit unfinished. With lists there is nothing to compare so.
+    update, leaving its edit unfinished. A list comes back as a list.
     """
     values = np.asarray(a, dtype=object)
     return [None if isinstance(v, float) and v != v else v for v in values.tolist()]
