@@ -25,7 +25,7 @@ from support.wait import wait_until
 
 from gpulab.client.states import JOB_TERMINAL
 from gpulab.enforcement.accounts import UserAccounts, unix_name
-from gpulab.hub_ext.ports import free_port  # noqa: F401 (tests import it from here)
+from gpulab.hub_ext.ports import free_port
 
 GPULAB = str(Path(sys.executable).with_name("gpulab"))
 
@@ -290,8 +290,8 @@ class RunningHub:
         """Start the servers ``{user: options}`` together and wait until each is ready
         (each POST waits up to 10 s for its own server: one after the other, they add up)."""
         with ThreadPoolExecutor(len(options)) as pool:
-            answers = pool.map(self.spawn, options, options.values())
-            answers = dict(zip(options, answers, strict=True))
+            replies = pool.map(self.spawn, options, options.values())
+            answers = dict(zip(options, replies, strict=True))
         for user, r in answers.items():
             assert r.status_code in (201, 202), f"{user}: {r.status_code} {r.text}"
         for user in options:
