@@ -68,6 +68,7 @@ from gpulab.service.hubapi import HubAPI
 from gpulab.service.jobs.backends import refuse_local_user_code
 from gpulab.service.jobs.manager import JobManager
 from gpulab.service.jobs.pools import Pools, load_gpus, read_pools
+from gpulab.service.jobs.preemption import Preemption
 from gpulab.service.operations.actions import AlertActions
 from gpulab.service.operations.alerts import AlertEngine
 from gpulab.service.operations.audit import LOOPBACK, AuditLog
@@ -798,8 +799,10 @@ class GpuLabService(SharingSettings, Application):
         return self.traits()["inventory_class"].validate(self, self.inventory_source)
 
     def init_jobs(self):
+        #: Frees slices for servers, endpoints and jobs of a higher class by stopping jobs.
+        self.preemption = Preemption.of(self)
         # job_backends() stops the start on a local backend where user code may not run.
-        self.jobs = JobManager(self)
+        self.jobs = JobManager(self, preemption=self.preemption)
 
     def init_deployments(self):
         serving = self.site_pools.serving() if self.pools else None

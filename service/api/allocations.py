@@ -85,7 +85,7 @@ class AllocationsHandler(ReleaseMixin, APIHandler):
         try:
             rows = await place.aio.allocate(user, owner_kind, owner, milli, groups)
         except NoCapacity as e:
-            claim = await self.gpulab.jobs.make_room(user, owner_kind, [(owner, milli)])
+            claim = await self.gpulab.preemption.make_room_for(user, owner_kind, [(owner, milli)])
             if claim is None:
                 # The room may have come meanwhile: a claim for this owner placed (its
                 # rows are the owner's now) or a victim gone. Ask once more first.

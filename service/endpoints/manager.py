@@ -141,7 +141,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         self.waiting: set[str] = set()
         # The job loop places claims holding its own lock: launch in a task of ours,
         # so the two managers' locks are never taken in opposite orders.
-        service.jobs.preemptor.on_placed["deployment"] = self._on_claim_placed
+        service.preemption.on_placed["deployment"] = self._on_claim_placed
 
     # -- memory ------------------------------------------------------------------------
     def _record(self, row: dict, versions: list[dict] | None = None) -> Deployment:
@@ -408,7 +408,9 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
                     dep["user"], "deployment", members, await self.service.groups_of(dep["user"])
                 )
             except NoCapacity as e:
-                claim = await self.service.jobs.make_room(dep["user"], "deployment", members)
+                claim = await self.service.preemption.make_room_for(
+                    dep["user"], "deployment", members
+                )
                 if claim is None:
                     raise DeployRefused(409, str(e)) from None
                 self.waiting.add(vrow["id"])
@@ -515,7 +517,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             if dep is None or vrow["state"] == "failed" or vrow["replicas"] == 0:
                 continue
             if not self._rows(vrow) and vrow["gpu_milli"]:
-                if self.service.jobs.preemptor.pending("deployment", self.owners(vrow)[0]):
+                if self.service.preemption.pending("deployment", self.owners(vrow)[0]):
                     self.waiting.add(vrow["id"])  # still being made room for
                 else:
                     self.store.update_version(

@@ -55,7 +55,7 @@ class ScalingMixin:
         unit.scaler.observe(now, unit.traffic.sample())
         if unit.scaling or self.serving.cluster_autoscales(self.unit(dep, vrow)):
             return
-        if self.service.jobs.preemptor.pending("deployment", f"{vrow['id']}/{vrow['replicas']}"):
+        if self.service.preemption.pending("deployment", f"{vrow['id']}/{vrow['replicas']}"):
             return  # a slice is being freed for the next replica
         want = unit.scaler.decide(now, vrow["replicas"], unit.traffic.waiting)
         if want == vrow["replicas"]:
@@ -97,7 +97,7 @@ class ScalingMixin:
                 except NoCapacity as e:
                     reason = f"no free slice for more ({e})"
                     if not rows:
-                        claim = await self.service.jobs.make_room(
+                        claim = await self.service.preemption.make_room_for(
                             dep["user"], "deployment", [(owner, vrow["gpu_milli"])]
                         )
                         if claim is not None:

@@ -35,7 +35,7 @@ from gpulab.scheduler.usage import decayed
 from gpulab.service.jobs.backends import NoLocalJobs, job_backends
 from gpulab.service.jobs.cpu_quota import over_quota
 from gpulab.service.jobs.pools import AUTO, Pool, PoolRefused
-from gpulab.service.jobs.preemption import Claim, Preemptor
+from gpulab.service.jobs.preemption import Claim, Preemption, article
 from gpulab.service.tasks import KeptTask, wait_for_wake
 from gpulab.service.telemetry.allreduce import record_from_job
 
@@ -57,12 +57,13 @@ class JobRefused(Exception):
 
 
 class JobManager:
-    def __init__(self, service, backends: dict[str, Backend] | None = None):
+    def __init__(self, service, preemption: Preemption, backends: dict[str, Backend] | None = None):
         self.service = service
         self.ledger = service.ledger
         self.queue = JobQueue(service.ledger.engine, self._order)
-        self.preemptor = Preemptor(service, self)
-        self.preemptor.on_placed["job"] = self._claim_placed
+        #: Running jobs are its victims; it places its claims in our loop's passes.
+        self.preemption = preemption
+        preemption.attach(self, on_placed=self._claim_placed)
         self.root = os.path.join(service.data_dir, "jobs")
         os.makedirs(self.root, exist_ok=True)
         self.pools = service.site_pools
@@ -71,7 +72,9 @@ class JobManager:
         self.backends = backends or job_backends(service, self.root)
         #: Jobs of an earlier local run on a site without a local pool now.
         self._legacy = NoLocalJobs(self.root)
-        self._lock = asyncio.Lock()
+        #: Held by a pass of the loop and by whatever changes the queue or stops jobs
+        #: (preemption's choices too): one change at a time.
+        self.lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._tails: dict[str, tuple[int, list[dict]]] = {}
         #: Queued ``auto`` jobs: the pools each may start in (from its spec, once).
@@ -82,7 +85,7 @@ class JobManager:
     async def start(self) -> None:
         """Once the service listens: re-attach to running jobs, then run the queue."""
         try:
-            self.preemptor.restore()
+            self.preemption.restore()
             await self.reattach()
         except Exception:
             log.exception("Re-attaching to jobs")
@@ -92,7 +95,7 @@ class JobManager:
         """End the queue loop between passes (jobs themselves run on: a restarted
         service re-attaches to them), then close the backends' API clients."""
         try:
-            await asyncio.wait_for(self._lock.acquire(), STOP_GRACE_S)
+            await asyncio.wait_for(self.lock.acquire(), STOP_GRACE_S)
             held = True
         except TimeoutError:
             held = False  # a pass is stuck (a hung backend call): cut it short
@@ -100,7 +103,7 @@ class JobManager:
             await self._loop.stop()
         finally:
             if held:
-                self._lock.release()
+                self.lock.release()
         for backend in self.backends.values():
             close = getattr(backend, "close", None)  # Kubernetes backends hold a client
             if close is not None:
@@ -325,9 +328,9 @@ class JobManager:
             # Cleared before the pass: a submit during it wakes the next one at once.
             self._wake.clear()
             try:
-                async with self._lock:
+                async with self.lock:
                     await self._poll_running()
-                    await self.preemptor.settle()
+                    await self.preemption.settle()
                     await self._admit()
             except Exception:  # the loop must outlive one bad job or a hub hiccup
                 log.exception("job loop")
@@ -439,7 +442,7 @@ class JobManager:
     async def preempt(self, job_id: str, claim) -> None:
         """Ask a running job to checkpoint and stop for ``claim`` (within the grace)."""
         job = self.queue.get(job_id)
-        grace = self.service.preemption_grace_seconds
+        grace = self.preemption.grace_seconds
         self.queue.update(
             job_id,
             preempting={"claim": claim.to_json(), "deadline": claim.deadline},
@@ -503,22 +506,6 @@ class JobManager:
         log.info("Job %s of %s preempted (%s)", job["id"], job["user"], message)
         self._wake.set()
 
-    async def make_room(self, user: str, kind: str, members: list[tuple[str, int]]):
-        """Preempt for a server's or an endpoint's slices that found no room in the
-        pool they go to: the claim, or None when nothing the kind's class may preempt
-        would make room."""
-        klass = self.service.priorities.of_kind(kind)
-        what = {"server": "server", "deployment": "endpoint"}.get(kind, kind)
-        async with self._lock:
-            return await self.preemptor.make_room(
-                kind,
-                user,
-                members,
-                klass.value,
-                f"{_article(klass.name)} {what}",
-                self.service.pool_for(kind),
-            )
-
     async def _make_room_for(self, job: dict) -> None:
         """The head of the queue found no room: preempt for it, in the first pool it
         may run in, if its class may."""
@@ -527,12 +514,12 @@ class JobManager:
         pools = self._candidates(job)
         if not pools:
             return
-        claim = await self.preemptor.make_room(
+        claim = await self.preemption.make_room(
             "job",
             job["user"],
             self._members(job),
             klass.value,
-            f"{_article(klass.name)} job",
+            f"{article(klass.name)} job",
             pools[0],
         )
         if claim is not None:
@@ -640,7 +627,7 @@ class JobManager:
         ``why`` is the one line its event log and message start with. Backends that
         cannot be preempted are restarted (:meth:`restart`). False if it is not running
         or already stopping."""
-        async with self._lock:
+        async with self.lock:
             job = self.queue.get(job_id)
             backend = self.backend_of(job) if job is not None else None
             if backend is None or job["state"] != "running" or job["preempting"]:
@@ -650,7 +637,7 @@ class JobManager:
                 return True
             klass = self.service.priorities.by_name.get(job["priority_class"])
             value = (klass or self.service.priorities.of_kind("job")).value
-            grace = self.service.preemption_grace_seconds
+            grace = self.preemption.grace_seconds
             claim = Claim(
                 "job",
                 job["user"],
@@ -662,7 +649,7 @@ class JobManager:
                 job.get("pool") or "",
             )
             self.jobdir(job).event(f"{why}; the job saves a checkpoint and moves")
-            self.preemptor.claims[claim.key] = claim
+            self.preemption.claims[claim.key] = claim
             await self.preempt(job_id, claim)
             self.queue.update(
                 job_id,
@@ -673,7 +660,7 @@ class JobManager:
     async def restart(self, job_id: str, what: str, why: str) -> bool:
         """Stop a running job's processes now and requeue it (it resumes from its latest
         checkpoint), e.g. one that stalled. False if it is not running."""
-        async with self._lock:
+        async with self.lock:
             job = self.queue.get(job_id)
             if job is None or job["state"] != "running" or self.backend_of(job) is None:
                 return False
@@ -688,7 +675,7 @@ class JobManager:
 
     # -- cancelling ----------------------------------------------------------------------
     async def cancel(self, job: dict, reason: str = "cancelled") -> dict:
-        async with self._lock:
+        async with self.lock:
             job = self.queue.get(job["id"])
             if job["state"] in TERMINAL:
                 return self.view(job)
@@ -716,7 +703,3 @@ class JobManager:
                 continue
             alive = await backend.reattach(spec)
             log.info("Job %s: %s", job["id"], "re-attached" if alive else "ended while away")
-
-
-def _article(word: str) -> str:
-    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"

@@ -1,12 +1,12 @@
 """Making room: claims for a slice, the victims chosen for them, and placing the claim.
 
 When a server, an endpoint's replicas or a job of a higher class cannot be
-placed, :meth:`Preemptor.make_room` looks for victims among the preemptible
+placed, :meth:`Preemption.make_room` looks for victims among the preemptible
 jobs it may take from (:func:`eligible`), with the scheduler's
 :func:`~gpulab.scheduler.preemption.choose_victims`. Each victim is asked to
 checkpoint and stop (:meth:`JobManager.preempt`); the request becomes a
 *claim*. The job loop requeues victims as they stop and then places the claim
-(:meth:`Preemptor.settle`), before any queued job can take the room. The
+(:meth:`Preemption.settle`), before any queued job can take the room. The
 spawner and ``%deploy`` see the claim as "freeing a slice" until it is placed.
 
 Claims are kept on the victims' rows (``preempting``), so a restarted service
@@ -26,7 +26,7 @@ import datetime as dt
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.policy import Request
@@ -106,13 +106,53 @@ def eligible(
     )
 
 
-class Preemptor:
-    def __init__(self, service, jobs):
-        self.service = service
-        self.jobs = jobs
+class Preemption:
+    """The service's part that frees slices for others: claims, their victims, and
+    placing a claim once its victims have stopped.
+
+    Built by the app from what it needs, by name (:meth:`of`). Its victims are jobs:
+    the job manager attaches itself (:meth:`attach`) since each needs the other (a
+    claim stops jobs; the job loop places claims between passes).
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger,
+        priorities,
+        grace_seconds: float,
+        group_settings: Callable[[], Awaitable[dict]],
+        groups_of: Callable[[str], Awaitable[dict]],
+        pool_for: Callable[[str], str],
+    ):
+        self.ledger = ledger
+        self.priorities = priorities
+        self.grace_seconds = grace_seconds
+        self.group_settings = group_settings
+        self.groups_of = groups_of
+        self.pool_for = pool_for
+        self.jobs = None  # the job manager, once attached
         self.claims: dict[tuple[str, str], Claim] = {}
         #: Called with (claim, ledger rows) when a claim of that kind is placed.
         self.on_placed: dict[str, Callable] = {}
+
+    @classmethod
+    def of(cls, service) -> Preemption:
+        """The service's preemption, from its settings and parts."""
+        return cls(
+            ledger=service.ledger,
+            priorities=service.priorities,
+            grace_seconds=service.preemption_grace_seconds,
+            group_settings=service.group_settings,
+            groups_of=service.groups_of,
+            pool_for=service.pool_for,
+        )
+
+    def attach(self, jobs, on_placed: Callable) -> None:
+        """The job manager whose preemptible jobs are the victims; ``on_placed``
+        starts a job whose claim was placed."""
+        self.jobs = jobs
+        self.on_placed["job"] = on_placed
 
     # -- restarting ----------------------------------------------------------------
     def restore(self) -> None:
@@ -126,6 +166,22 @@ class Preemptor:
         return self.claims.get((kind, owner))
 
     # -- choosing ------------------------------------------------------------------
+    async def make_room_for(self, user: str, kind: str, members: list[tuple[str, int]]):
+        """Preempt for a server's or an endpoint's slices that found no room in the
+        pool they go to: the claim, or None when nothing the kind's class may preempt
+        would make room."""
+        klass = self.priorities.of_kind(kind)
+        what = {"server": "server", "deployment": "endpoint"}.get(kind, kind)
+        async with self.jobs.lock:
+            return await self.make_room(
+                kind,
+                user,
+                members,
+                klass.value,
+                f"{article(klass.name)} {what}",
+                self.pool_for(kind),
+            )
+
     async def make_room(
         self,
         kind: str,
@@ -143,13 +199,12 @@ class Preemptor:
         key = (kind, members[0][0])
         if key in self.claims:
             return self.claims[key]
-        settings = await self.service.group_settings()
-        plan = await self.service.ledger.aio.run(
+        settings = await self.group_settings()
+        plan = await self.ledger.aio.run(
             self._plan, user, members, value, groups_by_user(settings), pool
         )
         if plan is None:
             return None
-        grace = self.service.preemption_grace_seconds
         claim = Claim(
             kind,
             user,
@@ -157,7 +212,7 @@ class Preemptor:
             value,
             what,
             [v.key for v in plan.victims],
-            time.time() + grace,
+            time.time() + self.grace_seconds,
             pool,
         )
         self.claims[key] = claim
@@ -182,7 +237,7 @@ class Preemptor:
         pool: str = "",
     ) -> Plan | None:
         # Victims only in the pool: slices freed elsewhere would not help.
-        ledger = self.service.ledger.pool(pool or None)
+        ledger = self.ledger.pool(pool or None)
         quotas: Quotas = ledger.quotas
         requests = requests_of(members)
         if not requests:
@@ -199,7 +254,7 @@ class Preemptor:
         by_job: dict[str, list[dict]] = defaultdict(list)
         for a in ledger.list(owner_kind="job"):
             by_job[a["owner"].split("/", 1)[0]].append(a)
-        priorities = self.service.priorities
+        priorities = self.priorities
         holders = []
         now = time.time()
         for job in self.jobs.queue.list(states=("running",)):
@@ -247,10 +302,9 @@ class Preemptor:
             await self._place(claim)
 
     async def _place(self, claim: Claim) -> None:
-        svc = self.service
         try:
-            rows = await svc.ledger.pool(claim.pool or None).aio.allocate_gang(
-                claim.user, claim.kind, claim.members, await svc.groups_of(claim.user)
+            rows = await self.ledger.pool(claim.pool or None).aio.allocate_gang(
+                claim.user, claim.kind, claim.members, await self.groups_of(claim.user)
             )
         except (NoCapacity, QuotaExceeded, OwnerConflict) as e:
             # The room went elsewhere or the request changed: the requester asks again.
@@ -259,6 +313,10 @@ class Preemptor:
         hook = self.on_placed.get(claim.kind)
         if hook is not None:
             await hook(claim, rows)
+
+
+def article(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
 
 
 def _epoch(iso: str | None) -> float:
