@@ -235,6 +235,10 @@ class LocalReplicas(ServingBackend):
             return ""
         return " | ".join(tail)
 
+    async def suspend(self, dep: dict, grace_s: float) -> None:
+        # Their records go: the next start launches them as never launched, not crashed.
+        await self.kill(dep, range(dep["replicas"]), grace_s=grace_s)
+
     async def kill(
         self, dep: dict, replicas: range, grace_s: float = 10.0, drained: bool = False
     ) -> None:

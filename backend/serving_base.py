@@ -128,6 +128,11 @@ class ServingBackend(Plugin, DeploymentDirs):
     async def stop(self, dep: dict) -> None:
         raise NotImplementedError
 
+    async def suspend(self, dep: dict, grace_s: float) -> None:
+        """Stop the replicas while the platform is stopped (``gpulab up``'s Ctrl-C);
+        their slices stay held and the next start launches them again."""
+        await self.stop(dep)
+
     def forget(self, dep_id: str) -> None:
         pass
 

@@ -171,7 +171,13 @@ def configure(c, s: Settings) -> None:
         service_token=service_token,
         # The hub starts the service (and restarts it). The service samples this
         # machine itself: no node agents, so no agent service.
-        service_command=[sys.executable, "-m", "gpulab.service"],
+        # Its Ctrl-C stops the jobs (checkpointed) and replicas too, until the next up.
+        service_command=[
+            sys.executable,
+            "-m",
+            "gpulab.service",
+            "--GpuLabService.stop_work_on_exit=True",
+        ],
         service_environment=service_env,
     )
     if s.cull_idle_timeout > 0:

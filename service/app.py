@@ -507,6 +507,30 @@ class GpuLabService(SharingSettings, Application):
         """,
     ).tag(config=True)
 
+    stop_work_on_exit = Bool(
+        False,
+        help="""When the service stops (SIGINT or SIGTERM), stop the work too: each
+        running job saves a checkpoint at its next step and stops (killed after
+        c.GpuLabService.exit_grace_seconds), and every endpoint's replicas stop. At
+        the next start the jobs resume from their checkpoints and the endpoints
+        launch again. `gpulab up` turns it on: nothing of it outlives its Ctrl-C. Off
+        (the chart), jobs and replicas run on while the service restarts or upgrades,
+        and the next service adopts them.
+
+        c.GpuLabService.stop_work_on_exit = True
+        """,
+    ).tag(config=True)
+
+    exit_grace_seconds = Float(
+        3.0,
+        help="""With c.GpuLabService.stop_work_on_exit: seconds jobs get to save a
+        checkpoint, and replicas to answer what they hold, before they are killed
+        (a killed job resumes from its previous checkpoint).
+
+        c.GpuLabService.exit_grace_seconds = 3
+        """,
+    ).tag(config=True)
+
     audit_retention_days = Float(
         365.0,
         help="""Days the audit trail (GET /api/v1/audit) keeps an entry; older ones are
@@ -652,6 +676,7 @@ class GpuLabService(SharingSettings, Application):
     alerts = Instance(AlertEngine, allow_none=True)
     alert_actions = Instance(AlertActions, allow_none=True)
     reconciler = Instance(Reconciler, allow_none=True)
+    preemption = Instance(Preemption, allow_none=True)
     jobs = Instance(JobManager, allow_none=True)
     deployments = Instance("gpulab.service.endpoints.manager.DeploymentManager", allow_none=True)
     telemetry = Instance(TelemetryStore, allow_none=True)
@@ -972,7 +997,12 @@ class GpuLabService(SharingSettings, Application):
 
     async def stop(self) -> None:
         """End every background task the service or a manager started. Jobs and
-        replicas themselves run on: the next service re-attaches to them."""
+        replicas themselves run on (the next service re-attaches to them), unless
+        ``stop_work_on_exit``: then both stop together, the slower one is the wait."""
+        if self.stop_work_on_exit:
+            await asyncio.gather(
+                *(self._suspend(m) for m in (self.jobs, self.deployments) if m is not None)
+            )
         for manager in reversed(self.managers()):
             try:
                 await manager.stop()
@@ -982,6 +1012,12 @@ class GpuLabService(SharingSettings, Application):
             self.ledger.aio.close()  # its threads: after the managers, which use them
         if self.db_threads is not None:
             self.db_threads.close()
+
+    async def _suspend(self, manager) -> None:
+        try:
+            await manager.suspend(self.exit_grace_seconds)
+        except Exception:
+            log.exception("Stopping the work of %s", type(manager).__name__)
 
     async def serve(self) -> None:
         """Listen, start the managers, run until SIGINT/SIGTERM, then stop()."""

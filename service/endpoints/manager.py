@@ -557,6 +557,22 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def suspend(self, grace_s: float) -> None:
+        """The platform stops with its endpoints (``gpulab up``'s Ctrl-C): end the
+        loop and stop every replica; the versions keep their slices and replica
+        counts, so the next start launches them again."""
+        async with self._lock:
+            await self._loop.stop()
+            units = [
+                self.unit(rec.row, unit.row)
+                for rec in self._deps.values()
+                for unit in rec.units.values()
+                if unit.row["replicas"]
+            ]
+            await asyncio.gather(*(self.serving.suspend(u, grace_s) for u in units))
+        if units:
+            log.info("Stopped %d endpoint version(s) until gpulab's next start", len(units))
+
     async def stop(self) -> None:
         """The service stops: cancel every task started here and close connections. The
         replicas keep running; the next service adopts them."""

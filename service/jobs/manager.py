@@ -91,6 +91,49 @@ class JobManager:
             log.exception("Re-attaching to jobs")
         self._loop.start()
 
+    async def suspend(self, grace_s: float) -> None:
+        """The platform stops with its jobs (``gpulab up``'s Ctrl-C): end the loop,
+        ask every running job to save a checkpoint at its next step and stop, kill
+        what still runs after ``grace_s``, and queue each again: it resumes from its
+        checkpoint at the next start."""
+        async with self.lock:
+            await self._loop.stop()
+            running = [j for j in self.queue.list(states=("running",)) if self.backend_of(j)]
+            if not running:
+                return
+            specs = {j["id"]: self.spec(j) for j in running}
+            for job in running:
+                self.jobdir(job).event(
+                    "gpulab is stopping: SIGTERM to every rank; they save a checkpoint "
+                    "at the next step, and the job resumes at gpulab's next start"
+                )
+                if self._backend(job).can_preempt:
+                    await self._backend(job).preempt(specs[job["id"]])
+            deadline = time.monotonic() + grace_s
+            status = {}
+            left = running
+            while left and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                for j in left:
+                    status[j["id"]] = await self._backend(j).poll(specs[j["id"]])
+                left = [j for j in left if status[j["id"]].state == "running"]
+            # Whatever missed the grace loses the steps since its last checkpoint.
+            await asyncio.gather(*(self._kill_now(j, specs[j["id"]]) for j in left))
+            for job in running:
+                spec, st = specs[job["id"]], status.get(job["id"])
+                if st and st.state == "succeeded" and self.jobdir(job).preempted_at() is None:
+                    await self._end(job, spec, "succeeded", "succeeded", restarts=st.restarts)
+                else:
+                    await self._requeue(job, spec, "gpulab's stop")
+            log.info("Stopped %d running job(s) until gpulab's next start", len(running))
+
+    async def _kill_now(self, job: dict, spec: JobSpec) -> None:
+        backend = self._backend(job)
+        if isinstance(backend, LocalBackend):
+            await backend.cancel(spec, grace_s=0.5)  # SIGTERM was its grace
+        else:
+            await backend.cancel(spec)
+
     async def stop(self) -> None:
         """End the queue loop between passes (jobs themselves run on: a restarted
         service re-attaches to them), then close the backends' API clients."""

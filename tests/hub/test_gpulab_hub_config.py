@@ -71,7 +71,12 @@ def test_the_hubs_differ_in_who_runs_the_service_and_the_agents(both):
     chart_services = by_name(chart.JupyterHub.services)
     # gpulab up: the hub starts the service and culls idle servers itself; no node agents.
     assert set(up_services) == {"gpulab", "idle-culler"}
-    assert up_services["gpulab"]["command"][-2:] == ["-m", "gpulab.service"]
+    # ... and its Ctrl-C stops the work too; the chart's service leaves it running.
+    assert up_services["gpulab"]["command"][-3:] == [
+        "-m",
+        "gpulab.service",
+        "--GpuLabService.stop_work_on_exit=True",
+    ]
     assert "GPULAB_DATA_DIR" in up_services["gpulab"]["environment"]
     assert by_name(up.JupyterHub.load_roles)["idle-culler"]["services"] == ["idle-culler"]
     # The chart: the service is a pod of its own; z2jh culls; the agents push telemetry.
