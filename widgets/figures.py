@@ -92,12 +92,12 @@ def _color(colors: dict, group: str) -> str:
 class TabFigure:
     """A FigureWidget with a ``rows`` x ``cols`` grid of subplots; ``view`` is what to show.
 
-    Traces and notes are only ever created in a new widget's initial state, never
-    by ``add_traces``/``relayout`` messages: the browser drops such messages when
-    they arrive before plotly's (large) widget module has loaded, and the traces
-    would then be missing for good. A new set of series therefore swaps a fresh
-    widget into ``view``; every tick after that only assigns x/y arrays, which
-    the next tick repeats, so a dropped update heals itself.
+    The first traces ride in the new widget's initial state: the browser loses an
+    ``add_traces`` message that arrives before plotly's (large) widget module has
+    loaded. A later set of series replaces the same widget's traces and layout
+    and stores them as its state too, which a view drawn after that (a slow first
+    load, a page reloaded) is made from. Every tick only assigns x/y arrays, which
+    the next tick repeats, so a lost update heals itself.
     """
 
     def __init__(
@@ -187,17 +187,18 @@ class TabFigure:
         for r, c in self.cells:
             fig.update_xaxes(visible=(r, c) not in noted, row=r, col=c)
             fig.update_yaxes(visible=(r, c) not in noted, row=r, col=c)
+        new = [self._new_trace(t) for t in traces]
+        rows, cols = [t.row for t in traces], [t.col for t in traces]
         if self.widget is None:
+            # The traces ride in the widget's first message (its comm's open), which
+            # the browser cannot miss; nothing else is sent before it is drawn.
+            fig.add_traces(new, rows=rows, cols=cols)
             self.widget = go.FigureWidget(fig)
             self.view.children = (self.widget,)
-        else:
-            self.widget.data = ()
-            self.widget.layout = fig.layout
-        self.widget.add_traces(
-            [self._new_trace(t) for t in traces],
-            rows=[t.row for t in traces],
-            cols=[t.col for t in traces],
-        )
+            return
+        self.widget.data = ()
+        self.widget.layout = fig.layout
+        self.widget.add_traces(new, rows=rows, cols=cols)
         self._keep_state()
 
     def close(self) -> None:

@@ -54,6 +54,19 @@ def hub(tmp_path_factory):
     h.stop()
 
 
+#: The browser's console errors and warnings, said when a wait times out (a plot that
+#: stays empty in a slow CI run is diagnosed from them, not re-run by guess).
+CONSOLE: list[str] = []
+
+
+def watch_console(page) -> None:
+    def keep(message):
+        if message.type in ("error", "warning"):
+            CONSOLE.append(f"{message.type}: {message.text[:300]}")
+
+    page.on("console", keep)
+
+
 def wait_page(page, predicate, timeout=180.0, what="the page"):
     seen = []
 
@@ -61,7 +74,10 @@ def wait_page(page, predicate, timeout=180.0, what="the page"):
         seen[:] = [page.evaluate(READ_PAGE)]
         return seen[0] if predicate(seen[0]) else None
 
-    return wait_until(shown, what, timeout, detail=lambda: f"last seen {seen}")
+    def detail():
+        return f"last seen {seen}\nbrowser console (last 20): {CONSOLE[-20:]}"
+
+    return wait_until(shown, what, timeout, detail=detail)
 
 
 def run_cell(page, code):
@@ -88,6 +104,7 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
     hub.wait_server(USER)
 
     page = browser.new_page(viewport={"width": 1400, "height": 1500})
+    watch_console(page)
     page.set_default_timeout(120_000)
     browser_log_in(page, hub, USER, "alices own long password")
     page.wait_for_url(re.compile(r".*/(hub|user)/.*"))

@@ -7,6 +7,7 @@ was made with, and numpy arrays came back from the browser in a form plotly's wi
 could not compare ("The truth value of an array ... is ambiguous" once per update)."""
 
 import numpy as np
+import plotly.graph_objects as go
 
 from gpulab.widgets.figures import Note, Plot, TabFigure, Trace
 
@@ -31,6 +32,19 @@ def test_a_new_series_keeps_the_widget_and_its_state_holds_every_trace():
     f.draw(Plot(traces=[line("gpu 0", [1.0])], notes=[Note(1, 1, "why")]))
     assert f.widget is widget
     assert [a["text"] for a in widget._widget_layout["annotations"]][-1] == "why"
+    f.close()
+
+
+def test_a_new_widget_brings_its_first_traces_in_its_opening_state(monkeypatch):
+    # An add-traces message that reaches the browser before plotly's widget module has
+    # loaded is lost (a plot with no points for good, seen on a busy CI machine).
+    sent = []
+    monkeypatch.setattr(go.FigureWidget, "_send_addTraces_msg", lambda _, data: sent.append(data))
+    f = figure()
+    f.draw(Plot(traces=[line("gpu 0", [1.0, 2.0])]))
+    assert sent == []
+    assert [t.get("name") for t in f.widget._widget_data][-1] == "gpu 0"
+    assert f.widget._widget_data[-1]["y"] == [1.0, 2.0]
     f.close()
 
 
