@@ -110,21 +110,20 @@ class JobManager:
                 if self._backend(job).can_preempt:
                     await self._backend(job).preempt(specs[job["id"]])
             deadline = time.monotonic() + grace_s
-            status = {}
-            left = running
-            while left and time.monotonic() < deadline:
+            status, left = {}, running
+            while left:  # polled once at least: every job's state is known below
                 await asyncio.sleep(0.1)
                 for j in left:
                     status[j["id"]] = await self._backend(j).poll(specs[j["id"]])
                 left = [j for j in left if status[j["id"]].state == "running"]
+                if time.monotonic() >= deadline:
+                    break
             # Whatever missed the grace loses the steps since its last checkpoint.
             await asyncio.gather(*(self._kill_now(j, specs[j["id"]]) for j in left))
             for job in running:
-                spec, st = specs[job["id"]], status.get(job["id"])
-                if st and st.state == "succeeded" and self.jobdir(job).preempted_at() is None:
-                    await self._end(job, spec, "succeeded", "succeeded", restarts=st.restarts)
-                else:
-                    await self._requeue(job, spec, "gpulab's stop")
+                await self._settle_stopped(
+                    job, specs[job["id"]], status[job["id"]], "gpulab's stop"
+                )
             log.info("Stopped %d running job(s) until gpulab's next start", len(running))
 
     async def _kill_now(self, job: dict, spec: JobSpec) -> None:
@@ -511,12 +510,15 @@ class JobManager:
                 await backend.cancel(spec)
                 await self._requeue(job, spec, claim["what"])
             return
-        jd = self.jobdir(job)
-        if status.state == "succeeded" and jd.preempted_at() is None:
-            # It finished within the grace period: nothing to resume.
+        await self._settle_stopped(job, spec, status, claim["what"])
+
+    async def _settle_stopped(self, job: dict, spec: JobSpec, status, what: str) -> None:
+        """A job asked to stop (for ``what``) has: ended if it finished within the
+        grace period (nothing to resume), else queued again to resume."""
+        if status.state == "succeeded" and self.jobdir(job).preempted_at() is None:
             await self._end(job, spec, "succeeded", "succeeded", restarts=status.restarts)
             return
-        await self._requeue(job, spec, claim["what"])
+        await self._requeue(job, spec, what)
 
     async def _requeue(self, job: dict, spec: JobSpec, what: str) -> None:
         jd = self.jobdir(job)
