@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from gpulab.scheduler.slices import plural
+
 from .local_replicas import LocalReplicas
 from .replica_http import ReplicaSessions
 from .serving_base import Health
@@ -151,8 +153,8 @@ class LocalServing(LocalReplicas):
             else "starting"
         )
         if state == "running" and dep["state"] != "running":
-            message = f"{ready} replica(s) ready" + (
-                f"; {restarts} restart(s) so far" if restarts else ""
+            message = f"{plural(ready, 'replica')} ready" + (
+                f"; {plural(restarts, 'restart')} so far" if restarts else ""
             )
         return Health(ready, state, message, restarts)
 

@@ -51,6 +51,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from gpulab.scheduler.slices import plural
+
 from .deployment_dir import DeploymentDirs
 from .plugin import Plugin
 
@@ -81,9 +83,9 @@ def follow_ready(dep: dict, ready: int) -> Health:
         else "degraded"
     )
     message = (
-        f"{ready} replica(s) ready"
+        f"{plural(ready, 'replica')} ready"
         if state == "running"
-        else f"{ready} of {dep['replicas']} replica(s) ready"
+        else f"{ready} of {plural(dep['replicas'], 'replica')} ready"
     )
     return Health(ready, state, message, dep["restarts"])
 

@@ -16,6 +16,8 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 
+from gpulab.scheduler.slices import noun
+
 AMP_CHOICES = ("", "bf16", "fp16")
 COMM_HOOK_CHOICES = ("", "powersgd", "fp16", "bf16")
 _WHERE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -115,7 +117,7 @@ class JobSpec:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise SpecError(f"unknown field(s): {', '.join(sorted(unknown))}")
+            raise SpecError(f"unknown {noun(len(unknown), 'field')}: {', '.join(sorted(unknown))}")
         if "code" not in data:
             raise SpecError("'code' is required: the cell's source")
         spec = cls(**data)

@@ -17,6 +17,7 @@ import json
 import numpy as np
 
 from .errors import NotFound
+from .units import plural
 
 #: OIP v2 datatypes of numpy dtypes (what a model's inputs may be).
 DATATYPES = {
@@ -80,7 +81,7 @@ class Endpoint:
             names = [spec["name"] for spec in self.inputs]
             if len(arrays) != len(names):
                 raise ValueError(
-                    f"{self.name} takes {len(names)} input(s) ({', '.join(names)}); "
+                    f"{self.name} takes {plural(len(names), 'input')} ({', '.join(names)}); "
                     f"got {len(arrays)}"
                 )
             inputs = dict(zip(names, arrays, strict=True))

@@ -3,7 +3,8 @@
 The API counts in milli-GPU (``gpu_milli``, ``allocated_milli``); whatever a person
 reads (tables, charts, magics' output) shows the fraction. Standard library only, so
 the kernel-side packages (``widgets``, ``magics``) can use it without the scheduler;
-it says the same as ``gpulab.scheduler.slices.label`` (a test keeps the two equal).
+it says the same as ``gpulab.scheduler.slices.label`` and ``plural`` (a test keeps
+them equal).
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ def gpu_label(gpu_milli: int) -> str:
         if (gpu_milli * denom) % MILLI_PER_GPU == 0:
             return f"{gpu_milli * denom // MILLI_PER_GPU}/{denom} GPU"
     return f"{gpu_milli / MILLI_PER_GPU:.3g} GPU"
+
+
+def noun(n: int, word: str) -> str:
+    """``word`` for one, ``words`` for any other count (``unknown fields: a, b``)."""
+    return word if n == 1 else f"{word}s"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 rank``, ``2 ranks``: a count in words, never ``rank(s)``."""
+    return f"{n} {noun(n, word)}"
 
 
 def holders(slices: Iterable[dict], me: str | None = None) -> list[str]:

@@ -11,6 +11,8 @@ import os
 import time
 from html import escape
 
+from gpulab.client.units import noun
+
 ALERTS_USAGE = (
     "usage: %gpulab alerts [--all]   (the alerts firing now; "
     "--all: also those resolved in the last 24 h)"
@@ -81,8 +83,9 @@ def alerts(line: str):
     from gpulab.widgets.tables import EMPTY_ALERTS, alerts_line, alerts_tables, alerts_text
 
     args = line.split()
-    if any(a != "--all" for a in args):
-        print(f"unknown argument(s) {' '.join(a for a in args if a != '--all')}\n{ALERTS_USAGE}")
+    extra = [a for a in args if a != "--all"]
+    if extra:
+        print(f"unknown {noun(len(extra), 'argument')} {' '.join(extra)}\n{ALERTS_USAGE}")
         return None
     every = bool(args)
     m = _fetch("all" if every else "firing")

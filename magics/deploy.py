@@ -4,7 +4,7 @@
         --gpu 0.25 --replicas 1:4 --scale-down-delay 300
     %deploy qmodel2 --name sentiment --example x --canary 10 [--auto-rollback 5]
     %deploy --promote sentiment        (or --rollback sentiment)
-    %deploy --list                     (refreshes in place for 10 min; --once: not)
+    %deploy --list                     (refreshes in place until the next cell)
     %deploy --stop sentiment
 
 The model is exported here, in the kernel (``torch.export``, dynamic batch),
@@ -28,8 +28,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from gpulab.client.units import gpu_label
+from gpulab.client.units import plural
 
+from .deploy_list import list_bundle, list_table
 from .deploy_live import LiveTable, did_you_mean
 from .quantize import model_and_example
 from .train import parse_gpu
@@ -93,10 +94,6 @@ def usage_lines(dep: dict, url: str, example_arrays: list) -> str:
     )
 
 
-def _num(value, fmt: str) -> str:
-    return format(value, fmt) if value is not None else "-"
-
-
 def parse_replicas(text: str) -> tuple[int, int]:
     """``N`` (a fixed count) or ``MIN:MAX`` (autoscaling)."""
     low, sep, high = text.partition(":")
@@ -109,45 +106,6 @@ def parse_replicas(text: str) -> tuple[int, int]:
     if lo < 0 or hi < max(lo, 1):
         raise UsageError(f"--replicas {text!r}: need 0 <= MIN <= MAX and MAX >= 1")
     return lo, hi
-
-
-def list_table(deps: list[dict]) -> str:
-    if not deps:
-        return "no deployments (start one with %deploy MODEL --name NAME --example X)"
-    head = (
-        f"{'name':<20} {'user':<12} {'state':<9} {'ready':>8} {'range':>6} "
-        f"{'GPU per replica':>15} {'req/s':>7} {'p99 ms':>7}  path"
-    )
-    lines = [head, "-" * len(head)]
-    for d in deps:
-        low, high = d.get("min_replicas", d["replicas"]), d.get("max_replicas", d["replicas"])
-        lines.append(
-            f"{d['name']:<20} {d['user']:<12} {d['state']:<9} "
-            f"{d['replicas_ready']:>3}/{d['replicas']:<4} {f'{low}:{high}':>6} "
-            f"{gpu_label(d['gpu_milli']):>15} {_num(d.get('requests_per_second'), '.1f'):>7} "
-            f"{_num(d.get('p99_latency_ms'), '.1f'):>7}  {d['path']}"
-        )
-        versions = d.get("versions") or []
-        if len(versions) > 1:
-            for v in versions:
-                lines.append(
-                    f"    v{v['version']:<3} {v['weight']:>3}% of calls  {v['state']:<9} "
-                    f"{v['replicas_ready']}/{v['replicas']} ready  "
-                    f"{v['requests_total']} calls, {v['errors_total']} errors, "
-                    f"p99 {_num(v['p99_latency_ms'], '.1f')} ms"
-                )
-        for v in versions:
-            shown = v["state"] in ("failed", "degraded", "idle") or "wants" in v["message"]
-            if shown or v["message"].startswith("freeing"):
-                lines.append(f"    v{v['version']}: {v['message']}")
-            if v.get("last_cold_start_s") is not None:
-                lines.append(
-                    f"    v{v['version']}: {v['cold_starts']} cold start(s), the last "
-                    f"took {v['last_cold_start_s']:.1f} s"
-                )
-        if not versions and d["state"] in ("failed", "degraded"):
-            lines.append(f"    {d['message']}")
-    return "\n".join(lines)
 
 
 @magics_class
@@ -230,7 +188,7 @@ class DeployMagics(Magics):
         "--list",
         action="store_true",
         help="list your endpoints (admins: everyone's); the table refreshes in place every "
-        "5 s for 10 minutes (until the next --list)",
+        "5 s for 10 minutes, until the next cell runs",
     )
     @argument("--once", action="store_true", help="with --list: show the table once")
     @argument("--stop", metavar="NAME", help="stop endpoint NAME and free its slices")
@@ -251,8 +209,8 @@ class DeployMagics(Magics):
             if args.stop:
                 dep = client.stop_deployment(args.stop)
                 print(
-                    f"stopped {dep['name']}: {dep['replicas']} replica(s) and their "
-                    f"slice(s) released"
+                    f"stopped {dep['name']}: {plural(dep['replicas'], 'replica')} stopped, "
+                    f"{'its slice' if dep['replicas'] == 1 else 'their slices'} released"
                 )
                 return
             if args.promote or args.rollback:
@@ -276,7 +234,7 @@ class DeployMagics(Magics):
         if once or getattr(self.shell, "kernel", None) is None:
             print(list_table(client.list_deployments()))  # a terminal: no display updates
             return
-        LiveTable(lambda: list_table(client.list_deployments())).show()
+        LiveTable(lambda: list_bundle(client.list_deployments())).show()
 
     @staticmethod
     def _check_name(client, name: str) -> None:
@@ -379,7 +337,8 @@ class DeployMagics(Magics):
             if now != shown:
                 print(
                     f"{label}: {v['state']}, {v['replicas_ready']}/"
-                    f"{v['replicas']} replica(s) ready" + (f" ({freeing})" if freeing else ""),
+                    f"{plural(v['replicas'], 'replica')} ready"
+                    + (f" ({freeing})" if freeing else ""),
                     flush=True,
                 )
                 shown = now

@@ -1,18 +1,22 @@
-"""``%deploy --list`` kept current while it is on screen, and "did you mean" for names.
+"""``%deploy --list`` kept current while it is the notebook's latest output, and
+"did you mean" for names.
 
 The table is one display output with a ``display_id``; a daemon thread asks the
-service again every ``REFRESH_S`` seconds and replaces the output in place (the
-kernel may be idle or running another cell: display updates go out from any
-thread). It stops after ``WATCH_S`` seconds, or when ``%deploy --list`` runs again;
-the last table stays in the output, so a saved notebook holds it as text.
+service again every ``REFRESH_S`` seconds and replaces the output in place (display
+updates go out from any thread). It stops after ``WATCH_S`` seconds, or as soon as
+the kernel runs another cell: an older cell's output is a record of its moment, not
+rewritten by what later cells did (``%deploy --stop``). The last table stays, so a
+saved notebook holds it (HTML and text).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import threading
 import time
 from collections.abc import Callable
+from html import escape
 
 #: Seconds between refreshes of a shown list.
 REFRESH_S = 5.0
@@ -20,71 +24,100 @@ REFRESH_S = 5.0
 WATCH_S = 600.0
 
 
-class _Text:
-    """A display whose only form is plain text (what JupyterLab shows in monospace)."""
+class _Bundle:
+    """A display given as its forms (``{"text/html": ..., "text/plain": ...}``)."""
 
-    def __init__(self, text: str):
-        self.text = text
+    def __init__(self, data: dict[str, str]):
+        self.data = data
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return {"text/plain": self.text}
+        return self.data
 
 
 class LiveTable:
     """``table()`` shown now and again every ``every`` seconds for ``watch`` seconds.
 
-    ``table`` returns the text to show (it may raise: the last table stays, with one
-    line saying the refresh failed). Only one is live per kernel: a new one stops the
-    one before it, whose output keeps its last table.
+    ``table`` returns the forms to show, ``text/plain`` and optionally ``text/html``
+    (it may raise: the last table stays, with one line saying the refresh failed).
+    Only one is live per kernel, and only until the next cell runs: then its output
+    keeps its last table.
     """
 
     current: LiveTable | None = None
     _lock = threading.Lock()
 
-    def __init__(self, table: Callable[[], str], every: float = REFRESH_S, watch: float = WATCH_S):
+    def __init__(
+        self, table: Callable[[], dict[str, str]], every: float = REFRESH_S, watch: float = WATCH_S
+    ):
         self.table = table
         self.every = float(every)
         self.watch = float(watch)
         self.stopped = threading.Event()
         self.refreshes = 0
         self._handle = None
-        self._last = ""
+        self._last: dict[str, str] = {}
+        self._at = ""  # when the last table was read
+        self._shell = None
         self._thread = threading.Thread(target=self._run, name="gpulab-deploy-list", daemon=True)
 
     def show(self) -> None:
         from IPython.display import display
 
-        self._last = self.table()
+        self._last, self._at = self.table(), time.strftime("%H:%M:%S")
         with LiveTable._lock:
             if LiveTable.current is not None:
                 LiveTable.current.stop()
             LiveTable.current = self
-        self._handle = display(_Text(self._with_footer(live=True)), display_id=True)
+        self._handle = display(_Bundle(self._with_footer(live=True)), display_id=True)
+        self._shell = _shell()
+        if self._shell is not None:
+            self._shell.events.register("pre_run_cell", self._next_cell)
         self._thread.start()
 
     def stop(self) -> None:
         self.stopped.set()
 
-    def _with_footer(self, live: bool, problem: str = "") -> str:
-        clock = time.strftime("%H:%M:%S")
+    def _next_cell(self, info=None) -> None:
+        """The kernel runs another cell: this output is no longer the latest."""
+        self.stop()
+        with contextlib.suppress(ValueError):  # unregistered already
+            self._shell.events.unregister("pre_run_cell", self._next_cell)
+
+    def _with_footer(self, live: bool, problem: str = "") -> dict[str, str]:
         if live:
             until = time.strftime("%H:%M", time.localtime(time.time() + self.watch))
-            note = f"(updated {clock}; refreshes every {self.every:g} s until {until})"
+            note = f"(updated {self._at}; refreshes every {self.every:g} s until {until})"
         else:
-            note = f"(as of {clock}; no longer refreshing: run %deploy --list again)"
-        return f"{self._last}\n{note}" + (f"\n{problem}" if problem else "")
+            note = f"(as of {self._at}; no longer refreshing: run %deploy --list again)"
+        lines = [note, problem] if problem else [note]
+        shown = {"text/plain": "\n".join([self._last["text/plain"], *lines])}
+        if "text/html" in self._last:
+            foot = "".join(
+                f'<div style="color:#57606a;font-size:11px">{escape(line)}</div>' for line in lines
+            )
+            shown["text/html"] = self._last["text/html"] + foot
+        return shown
 
     def _run(self) -> None:
         deadline = time.monotonic() + self.watch
         while not self.stopped.wait(self.every) and time.monotonic() < deadline:
             problem = ""
             try:
-                self._last = self.table()
+                table = self.table()
+                if self.stopped.is_set():  # a cell started while we asked: keep the record
+                    break
+                self._last, self._at = table, time.strftime("%H:%M:%S")
             except Exception as e:  # shown under the last table; the next refresh retries
                 problem = f"refresh failed ({type(e).__name__}: {e}); retrying"
             self.refreshes += 1
-            self._handle.update(_Text(self._with_footer(live=True, problem=problem)))
-        self._handle.update(_Text(self._with_footer(live=False)))
+            self._handle.update(_Bundle(self._with_footer(live=True, problem=problem)))
+        self._handle.update(_Bundle(self._with_footer(live=False)))
+
+
+def _shell():
+    from IPython import get_ipython
+
+    return get_ipython()
 
 
 def did_you_mean(what: str, name: str, known: list[str]) -> str:

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 from gpulab.client.states import JOB_TERMINAL as TERMINAL
-from gpulab.client.units import gpu_label
+from gpulab.client.units import gpu_label, noun, plural
 from gpulab.training import env as rank_env
 
 NETTEST_USAGE = (
@@ -72,7 +72,9 @@ def parse_nettest(line: str) -> argparse.Namespace:
     except (argparse.ArgumentError, ValueError) as e:
         raise NettestError(f"{e}\nusage: {NETTEST_USAGE}") from None
     if extra:
-        raise NettestError(f"unknown argument(s) {' '.join(extra)}\nusage: {NETTEST_USAGE}")
+        raise NettestError(
+            f"unknown {noun(len(extra), 'argument')} {' '.join(extra)}\nusage: {NETTEST_USAGE}"
+        )
     if (
         args.iters < 1
         or args.warmup < 0
@@ -219,8 +221,9 @@ def run_job_probe(client, args: argparse.Namespace) -> tuple[dict, dict]:
         raise NettestError(f"the gpulab service refused the probe job: {e}") from None
     job_id = job["id"]
     print(
-        f"job {job_id} ({JOB_NAME}): {spec['nodes']} node(s) x {spec['nproc_per_node']} "
-        f"rank(s) per node, {gpu_label(spec['gpu_milli'])} per rank; {_state(job)}",
+        f"job {job_id} ({JOB_NAME}): {plural(spec['nodes'], 'node')} x "
+        f"{plural(spec['nproc_per_node'], 'rank')} per node, {gpu_label(spec['gpu_milli'])} "
+        f"per rank; {_state(job)}",
         flush=True,
     )
     try:
@@ -304,7 +307,7 @@ def format_result(r: dict) -> str:
     nodes = r.get("nodes") or []
     return (
         f"all-reduce of {r['size_bytes'] / 2**20:.2f} MiB over {n} ranks on "
-        f"{len(nodes)} node(s) ({r['backend']}, nodes: {', '.join(nodes)})\n"
+        f"{plural(len(nodes), 'node')} ({r['backend']}, nodes: {', '.join(nodes)})\n"
         f"  time   {r['time_s'] * 1e3:.3f} ms per all-reduce ({r['iters']} timed)\n"
         f"  algbw  {r['algbw_bytes_per_second'] / 1e9:.3f} GB/s   (size / time)\n"
         f"  busbw  {r['busbw_bytes_per_second'] / 1e9:.3f} GB/s   "

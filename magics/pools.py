@@ -7,6 +7,8 @@ in that order, and how many slices of each size each has free now.
 
 from __future__ import annotations
 
+from gpulab.client.units import plural
+
 from .alerts import STATUS_TIMEOUT_S  # %gpulab waits as long for each of its lines
 
 
@@ -29,7 +31,7 @@ def pools_text(data: dict) -> str:
     """One line per pool: name, backend, GPUs, free slices; then what jobs default to."""
     rows = []
     for pool in data["pools"]:
-        gpus = f"{pool['gpus']:>3} GPU(s)"
+        gpus = f"{plural(pool['gpus'], 'GPU'):>7}"
         rows.append(f"  {pool['name']:<12} {pool['backend']:<11} {gpus}  free: {free_text(pool)}")
     default = data["default"]
     how = "the first pool with room, in this order" if default == "auto" else f"pool {default}"

@@ -22,9 +22,11 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from gpulab.client.states import JOB_TERMINAL as TERMINAL
+from gpulab.client.units import plural
 
+from .cell_names import free_names
 from .train_display import make_display
-from .train_failure import TrainingJobFailed, failure_lines, hint
+from .train_failure import TrainingJobFailed, failure_lines, hint, names_hint
 
 POLL_S = 1.0
 #: Polls between full job reads (restarts, queue position) while the state holds.
@@ -45,7 +47,7 @@ def parse_gpu(text: str) -> int:
     except (ValueError, ZeroDivisionError):
         raise UsageError(
             f"--gpu {text!r}: give GPUs per rank as a number or fraction, "
-            f"e.g. --gpu 0.5, --gpu 1/4 or --gpu 2 (0 = CPU only)"
+            f"e.g. --gpu 0.5, --gpu 1/4 or --gpu 2 (0 = no GPU)"
         ) from None
     milli = value * 1000
     if value < 0 or milli.denominator != 1:
@@ -92,6 +94,15 @@ def pickle_vars(names: str | None, namespace: dict) -> str:
     return base64.b64encode(data).decode()
 
 
+def check_names(cell: str, sent: list[str], namespace: dict) -> None:
+    """Refuse, before anything is queued, a cell that reads a notebook name it does
+    not send: the ranks would fail on it with a NameError once they have started."""
+    names = free_names(cell)
+    why = names_hint(sorted(names), sent, namespace) if names else None
+    if why:
+        raise UsageError(why)
+
+
 def build_spec(args, cell: str, namespace: dict) -> dict:
     for flag, value, low in (
         ("--nodes", args.nodes, 1),
@@ -107,6 +118,7 @@ def build_spec(args, cell: str, namespace: dict) -> dict:
         raise UsageError(f"--out {args.out!r}: must be a Python variable name")
     if not cell.strip():
         raise UsageError("the cell is empty: write the training code below %%train_distributed")
+    check_names(cell, var_names(args.vars), namespace)
     return {
         "code": cell,
         "name": args.name,
@@ -286,8 +298,8 @@ class TrainMagics(Magics):
         display.finish(job)
         took = time.monotonic() - started
         if job["state"] == "succeeded":
-            note = f"job {job_id} succeeded in {took:.1f} s ({job['world_size']} rank(s)"
-            note += f", {job['restarts']} restart(s))" if job["restarts"] else ")"
+            note = f"job {job_id} succeeded in {took:.1f} s ({plural(job['world_size'], 'rank')}"
+            note += f", {plural(job['restarts'], 'restart')})" if job["restarts"] else ")"
             if out:
                 import cloudpickle
 

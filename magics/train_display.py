@@ -20,6 +20,8 @@ import time
 import uuid
 from collections import deque
 
+from gpulab.client.units import plural
+
 LOG_LINES_SHOWN = 200
 #: Log lines the finished cell keeps (folded); the rest: ``Client().job_logs(id)``.
 LOG_LINES_KEPT = 1000
@@ -48,9 +50,9 @@ def describe(job: dict) -> str:
     if state == "running" and job.get("preempting"):
         text += f" ({job['message']})"
     if job.get("restarts"):
-        text += f"; restarted {job['restarts']} time(s) from the last checkpoint"
+        text += f"; restarted {plural(job['restarts'], 'time')} from the last checkpoint"
     if job.get("preemptions"):
-        text += f"; preempted {job['preemptions']} time(s), resumed from its checkpoint"
+        text += f"; preempted {plural(job['preemptions'], 'time')}, resumed from its checkpoint"
     # A rank's error is told once, by the exception the magic raises.
     if state in ("failed", "cancelled") and job.get("message") and not job.get("error"):
         text += f": {job['message']}"

@@ -72,24 +72,42 @@ def user_frames(traceback: str) -> list[tuple[str, int, str, str]]:
     return frames
 
 
+def names_hint(names: list[str], sent_vars: list[str], namespace: dict) -> str | None:
+    """What to do about cell names that only the notebook defines: import a module
+    in the cell, send a value with ``--vars``; None for names the notebook lacks too."""
+    modules = [
+        n for n in names if n not in sent_vars and isinstance(namespace.get(n), types.ModuleType)
+    ]
+    if modules:
+        imports = []
+        for name in modules:
+            module = namespace[name].__name__
+            imports.append(f"import {module}" + (f" as {name}" if name != module else ""))
+        said = _listed(modules)
+        return (
+            f"{said} {'is' if len(modules) == 1 else 'are'} imported in this notebook, "
+            f"not in the cell: add `{'; '.join(imports)}` to the cell"
+        )
+    unsent = [n for n in names if n in namespace and n not in sent_vars]
+    if unsent:
+        flag = ",".join([*sent_vars, *unsent])
+        return (
+            f"{_listed(unsent)} {'is' if len(unsent) == 1 else 'are'} defined in this "
+            f"notebook but {'was' if len(unsent) == 1 else 'were'} not sent to the job: "
+            f"add `--vars {flag}`"
+        )
+    return None
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
 def hint(error: dict, sent_vars: list[str], namespace: dict, gpu_milli: int = 0) -> str | None:
     """One sentence for a mistake we recognise in the rank's error, else None."""
     kind, message = error.get("type") or "", error.get("message") or ""
     if kind == "NameError" and (m := _NAME.search(message)):
-        name = m.group("name")
-        if isinstance(namespace.get(name), types.ModuleType):
-            module = namespace[name].__name__
-            spelled = f"import {module}" + (f" as {name}" if name != module else "")
-            return (
-                f"`{name}` is imported in this notebook, not in the cell: "
-                f"add `{spelled}` to the cell"
-            )
-        if name in namespace and name not in sent_vars:
-            flag = ",".join([*sent_vars, name])
-            return (
-                f"`{name}` is defined in this notebook but was not sent to the job: "
-                f"add `--vars {flag}`"
-            )
+        return names_hint([m.group("name")], sent_vars, namespace)
     if kind == "ModuleNotFoundError" and (m := _MODULE.search(message)):
         top = m.group("module").split(".")[0]
         here = importlib.util.find_spec(top) is not None

@@ -39,7 +39,7 @@ from .async_ledger import AsyncLedger
 from .inventory import Gpu
 from .policy import Cluster, PlacementPolicy, Request
 from .quota import Quotas
-from .slices import MILLI_PER_GPU, label, shape_of
+from .slices import MILLI_PER_GPU, label, plural, shape_of
 from .usage import closed_row
 
 OWNER_KINDS = ("server", "job", "deployment")
@@ -283,14 +283,14 @@ class Ledger:
                 )
                 if out_of_service:
                     reason += (
-                        f" ({out_of_service} of {len(self.gpus)} GPU(s) cordoned: out of "
+                        f" ({out_of_service} of {plural(len(self.gpus), 'GPU')} cordoned: out of "
                         f"service until an admin uncordons them)"
                     )
             if remaining is not None:
                 by_quota = remaining // milli
                 fit = min(fit, by_quota)
                 if by_quota == 0:
-                    reason = f"over your quota ({remaining} milli-GPU left)"
+                    reason = f"over your quota ({label(remaining)} left)"
             out.append(SizeAvailability(milli, label(milli), fit, reason))
         return out
 
@@ -411,15 +411,17 @@ class Ledger:
             return "no GPUs are known to the scheduler; ask for gpu_milli=0 or add GPUs"
         best = int(cluster.gpu_free.max())
         whole = int(((cluster.gpu_free == MILLI_PER_GPU) & cluster.gpu_exists).sum())
-        out = f" ({cordoned} cordoned GPU(s) take no new work)" if cordoned else ""
-        what = (
-            f"{gang} x {label(milli)} ({milli} milli-GPU each)"
-            if gang > 1
-            else f"{label(milli)} ({milli} milli-GPU)"
+        takes = "takes" if cordoned == 1 else "take"
+        out = f" ({plural(cordoned, 'cordoned GPU')} {takes} no new work)" if cordoned else ""
+        what = f"{gang} x {label(milli)}" if gang > 1 else label(milli)
+        room = (
+            f"the largest free share is {label(best)} and {plural(whole, 'GPU')} "
+            f"{'is' if whole == 1 else 'are'} fully free"
+            if best
+            else "every GPU is full"
         )
         return (
-            f"no GPU has room for {what} right now: "
-            f"the largest free share is {best} milli and {whole} GPUs are fully free{out}; "
+            f"no GPU has room for {what} right now: {room}{out}; "
             f"pick a smaller slice or try again when others stop"
         )
 

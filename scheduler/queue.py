@@ -33,6 +33,7 @@ from gpulab.db.jobs import TERMINAL, jobs
 
 from .ledger import Ledger, NoCapacity
 from .quota import QuotaExceeded, Quotas
+from .slices import label
 
 
 def never_fits(quotas: Quotas, user: str, milli: int, groups: Mapping[str, set[str]]) -> str | None:
@@ -42,15 +43,15 @@ def never_fits(quotas: Quotas, user: str, milli: int, groups: Mapping[str, set[s
     limit = quotas.user_limit(user)
     if limit is not None and milli > limit:
         return (
-            f"over your quota: the job needs {milli} milli-GPU in all and your quota is "
-            f"{limit}; use fewer ranks or a smaller --gpu, or ask an admin for more"
+            f"over your quota: the job needs {label(milli)} in all and your quota is "
+            f"{label(limit)}; use fewer ranks or a smaller --gpu, or ask an admin for more"
         )
     for group in sorted(groups):
         glimit = quotas.group_milli.get(group)
         if glimit is not None and milli > glimit:
             return (
-                f"over the quota of group {group!r}: the job needs {milli} milli-GPU "
-                f"in all and the group's quota is {glimit}"
+                f"over the quota of group {group!r}: the job needs {label(milli)} "
+                f"in all and the group's quota is {label(glimit)}"
             )
     return None
 

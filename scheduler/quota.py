@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .slices import label
+
 
 class QuotaExceeded(Exception):
     """The request would take a user or group past its quota."""
@@ -85,8 +87,8 @@ class Quotas:
         used = usage.get(user, 0)
         if limit is not None and used + request_milli > limit:
             raise QuotaExceeded(
-                f"over your quota: you hold {used} milli-GPU of your {limit}, and this "
-                f"request needs {request_milli} more; stop a server, job or deployment "
+                f"over your quota: you hold {label(used)} of your {label(limit)}, and this "
+                f"request needs {label(request_milli)} more; stop a server, job or deployment "
                 f"or ask an admin to raise your quota"
             )
         for group, members in sorted(groups.items()):
@@ -96,8 +98,8 @@ class Quotas:
             gused = sum(usage.get(m, 0) for m in members | {user})
             if gused + request_milli > glimit:
                 raise QuotaExceeded(
-                    f"over the quota of group {group!r}: its members hold {gused} "
-                    f"milli-GPU of {glimit}, and this request needs {request_milli} more"
+                    f"over the quota of group {group!r}: its members hold {label(gused)} "
+                    f"of {label(glimit)}, and this request needs {label(request_milli)} more"
                 )
 
     def remaining(

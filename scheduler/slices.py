@@ -57,6 +57,16 @@ def label(gpu_milli: int) -> str:
     return f"{gpu_milli / MILLI_PER_GPU:.3g} GPU"
 
 
+def noun(n: int, word: str) -> str:
+    """``word`` for one, ``words`` for any other count (``unknown fields: a, b``)."""
+    return word if n == 1 else f"{word}s"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 rank``, ``2 ranks``: a count in words, never ``rank(s)``."""
+    return f"{n} {noun(n, word)}"
+
+
 def parse_gpu_milli(value: object, allowed: tuple[int, ...] | None = None) -> int:
     """Validate a ``gpu_milli`` value from a user; raise :class:`SliceError`.
 
@@ -82,6 +92,8 @@ def parse_gpu_milli(value: object, allowed: tuple[int, ...] | None = None) -> in
             f"use a fraction up to 1000 or a multiple of 1000"
         )
     if allowed is not None and value not in allowed:
-        offered = ", ".join(f"{m} ({label(m)})" for m in allowed)
-        raise SliceError(f"unknown slice size gpu_milli={value}; choose one of: {offered}")
+        offered = ", ".join(label(m) for m in allowed)
+        raise SliceError(
+            f"{label(value)} is not a slice size offered here; choose one of: {offered}"
+        )
     return value

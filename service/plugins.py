@@ -20,6 +20,8 @@ from importlib.metadata import entry_points
 
 from traitlets import Int, TraitError, Type
 
+from gpulab.scheduler.slices import noun
+
 log = logging.getLogger("gpulab.service.plugins")
 
 
@@ -111,7 +113,8 @@ def build(cls: type, service, *, root: str, gpus, shortcut: tuple[str, dict] | N
         unknown = sorted(map(str, set(given) - set(known)))
         if unknown:
             raise ConfigError(
-                f"c.GpuLabService.{name}: unknown key(s) {', '.join(unknown)}; "
+                f"c.GpuLabService.{name}: unknown {noun(len(unknown), 'key')} "
+                f"{', '.join(unknown)}; "
                 f"known: {', '.join(known)}"
             )
         given = {k: _shortcut_value(cls.class_traits()[k], v) for k, v in given.items()}

@@ -146,7 +146,8 @@ def decode_request(body: bytes, header_length: str | None, card: ModelCard) -> I
     missing = [s.name for s in card.inputs if s.name not in by_name]
     if missing:
         raise BadRequest(
-            f"missing input(s) {missing}; the model needs {[s.name for s in card.inputs]}"
+            f"missing {'input' if len(missing) == 1 else 'inputs'} {missing}; "
+            f"the model needs {[s.name for s in card.inputs]}"
         )
     inputs = [by_name[s.name] for s in card.inputs]
     rows = {a.shape[0] for a in inputs}

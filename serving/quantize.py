@@ -157,7 +157,7 @@ def resolve_engine(scheme: str, engine: str, device: torch.device) -> str:
         )
     if engine == "torch-ao" and device.type != "cpu":
         raise QuantizeError(
-            f"engine torch-ao (quantize_dynamic) runs on CPU only; the model is "
+            f"engine torch-ao (quantize_dynamic) runs only on the CPU; the model is "
             f"on {device.type}: use engine torchao, or model.cpu()"
         )
     return engine

@@ -138,7 +138,7 @@ def render_form(
     out = availability.get("cordoned") or []
     if out:
         note += (
-            f" {len(out)} GPU(s) out of service (cordoned), not counted above: "
+            f" {label(len(out) * MILLI_PER_GPU)} out of service (cordoned), not counted above: "
             + "; ".join(f"GPU #{c['index']} on {c['node']}: {c['reason']}" for c in out)
             + "."
         )

@@ -17,17 +17,19 @@ Set what both share on this class, e.g. ``c.FractionalHostSpawner.kernel_dir``;
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
 
 from jupyterhub.spawner import Spawner
-from traitlets import Unicode, default
+from traitlets import Bool, Unicode, default
 
 from gpulab.enforcement.accounts import Account, UserAccounts
 from gpulab.enforcement.slice_env import strip_enforcement_vars
 
 from . import user_options
+from .examples import give_examples_as, shipped_examples
 from .form import render_form
 from .placement import placement_of
 from .service_traits import GpuLabServiceMixin
@@ -56,6 +58,25 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
         each user gets `<cache_root>/<account>`, mode 0700.
 
         c.FractionalHostSpawner.cache_root = "/var/cache/gpulab"
+        """,
+    ).tag(config=True)
+
+    examples_dir = Unicode(
+        "",
+        help="""Folder of example notebooks each new user is given on their first start:
+        a copy to edit in `~/examples`, the originals linked read-only as
+        `~/examples/originals`. Empty: the notebooks gpulab ships
+        (`<prefix>/share/gpulab/examples`). Given once per user, with per-user accounts.
+
+        c.FractionalHostSpawner.examples_dir = "/srv/gpulab/course-notebooks"
+        """,
+    ).tag(config=True)
+
+    give_examples = Bool(
+        True,
+        help="""Give each new user the example notebooks (`examples_dir`) on their first start.
+
+        c.FractionalHostSpawner.give_examples = False
         """,
     ).tag(config=True)
 
@@ -131,6 +152,17 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
             json.dump(spec, f, indent=1)
         os.chmod(tmp, 0o644)
         os.replace(tmp, os.path.join(path, "kernel.json"))
+
+    async def _give_examples(self) -> None:
+        """The example notebooks in the account's home, on its first start."""
+        if not self.give_examples or self.account is None:
+            return
+        source = self.examples_dir or shipped_examples()
+        problem = await asyncio.get_running_loop().run_in_executor(
+            None, give_examples_as, self.account, source
+        )
+        if problem:  # the server starts anyway; the hub's log says why
+            self.log.warning("Example notebooks not given to %s: %s", self.user.name, problem)
 
     def _cache_dir(self) -> str | None:
         """The user's own dataset cache folder, made for their account."""

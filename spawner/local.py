@@ -107,6 +107,7 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
                     None, accounts.ensure, self.user.name
                 )
                 await self._hold_to_limits(milli, allocations)
+                await self._give_examples()
             self.report_progress(
                 50,
                 local_enforcement(

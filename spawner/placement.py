@@ -43,7 +43,7 @@ class Placement:
     def sentence(self) -> str:
         """``Placed 1/4 GPU on A100-80GB #0 of node vm (20 GiB)``."""
         if not self.milli:
-            return "No GPU asked for: JupyterLab runs on CPU only"
+            return "No GPU: JupyterLab runs on the CPU"
         return f"Placed {self.size} on {self.gpus} of node {self.node} ({gib(self.memory_mib)})"
 
     def to_state(self) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tornado import web
 
-from gpulab.scheduler.slices import SliceError, parse_gpu_milli
+from gpulab.scheduler.slices import SliceError, noun, parse_gpu_milli
 
 
 def bad_options(message: str) -> web.HTTPError:
@@ -22,7 +22,7 @@ def parse_user_options(options: object) -> int:
     unknown = set(options) - {"gpu_milli"}
     if unknown:
         raise bad_options(
-            f"unknown option(s) {', '.join(sorted(map(str, unknown)))}; "
+            f"unknown {noun(len(unknown), 'option')} {', '.join(sorted(map(str, unknown)))}; "
             f'the only option is "gpu_milli" (e.g. {{"gpu_milli": 250}})'
         )
     try:

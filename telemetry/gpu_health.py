@@ -54,5 +54,6 @@ def gpu_faults(gpu: Mapping, previous: Mapping | None = None) -> list[str]:
     ecc = gpu.get("ecc_uncorrected_errors_total")
     before = (previous or {}).get("ecc_uncorrected_errors_total")
     if isinstance(ecc, int) and isinstance(before, int) and ecc > before:
-        faults.append(f"{ecc - before} uncorrectable ECC error(s)")
+        n = ecc - before
+        faults.append(f"{n} uncorrectable ECC {'error' if n == 1 else 'errors'}")
     return faults

@@ -13,7 +13,7 @@ import math
 import time
 from html import escape
 
-from gpulab.client.units import gpu_label, holders
+from gpulab.client.units import gpu_label, holders, plural
 
 from .model import ALERT_HOURS, USAGE_DAYS, AlertsModel, TelemetryModel, UsageModel
 
@@ -137,7 +137,7 @@ def status_line(m: TelemetryModel, tab: str, error: str | None) -> str:
         else "never"
     )
     if tab == "Jobs":
-        parts.append(f"{len(m.jobs)} job(s) you may see" if m.jobs else "no jobs to show")
+        parts.append(f"{plural(len(m.jobs), 'job')} you may see" if m.jobs else "no jobs to show")
     updated = f"updated {when}; {m.points()} points"
     if tab == "Usage":
         parts.append(usage_line(m.usage))
@@ -269,12 +269,12 @@ def cluster_tables(m: TelemetryModel, me: str | None) -> str:
     )
     slices = table(
         "slices" + (" (yours)" if all(s.get("user") == me for s in m.slices) else " (everyone's)"),
-        ["user", "held for", "name", "node", "GPU", "size"],
+        ["user", "held by", "node", "GPU", "size"],
         [
             [
                 escape("you" if s.get("user") == me else str(s.get("user"))),
-                escape(str(s.get("owner_kind"))),
-                escape(str(s.get("owner"))),
+                # The service names the holder; an older one gives only its kind and id.
+                escape(str(s.get("name") or f"{s.get('owner_kind')} {s.get('owner')}")),
                 escape(str(s.get("node"))),
                 escape(str(s.get("gpu_index"))),
                 _held(s.get("milli")),
@@ -405,8 +405,8 @@ def usage_tables(m: TelemetryModel, me: str | None) -> str:
             for r in entries
         ]
 
-    return table(caption, ["user", "GPU-hours", "allocations"], rows(users, True)) + table(
-        f"GPU-hours by kind, {period}", ["kind", "GPU-hours", "allocations"], rows(u.kinds(), False)
+    return table(caption, ["user", "GPU-hours", "slices"], rows(users, True)) + table(
+        f"GPU-hours by kind, {period}", ["kind", "GPU-hours", "slices"], rows(u.kinds(), False)
     )
 
 

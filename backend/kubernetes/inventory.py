@@ -27,6 +27,7 @@ import re
 from traitlets import Unicode
 
 from gpulab.scheduler.inventory import Gpu, Inventory, InventoryError
+from gpulab.scheduler.slices import noun
 
 from ..local_inventory import load_inventory
 
@@ -126,7 +127,8 @@ def parse_nodes(nodes: list[dict]) -> tuple[list[Gpu], str | None]:
     unknown = sorted({g.node for g in gpus if not g.memory_mib})
     if unknown:
         return [g for g in gpus if g.memory_mib], (
-            f"GPU memory unknown on node(s) {', '.join(unknown)} (install GPU Feature "
+            f"GPU memory unknown on {noun(len(unknown), 'node')} {', '.join(unknown)} "
+            f"(install GPU Feature "
             f"Discovery for the nvidia.com/gpu.memory label); their GPUs are left out"
         )
     return gpus, None

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpulab.scheduler.slices import MILLI_PER_GPU, shape_of
+from gpulab.scheduler.slices import MILLI_PER_GPU, noun, shape_of
 
 #: GPU nodes are commonly tainted so that only pods asking for GPUs land there.
 GPU_TOLERATION = MappingProxyType(
@@ -183,7 +183,8 @@ def check_options(
     if unknown:
         known = ", ".join(sorted(defaults)) or "none"
         raise EnforcementError(
-            f"unknown option(s) {', '.join(sorted(unknown))} for the {name!r} enforcement "
+            f"unknown {noun(len(unknown), 'option')} {', '.join(sorted(unknown))} for the "
+            f"{name!r} enforcement "
             f"backend; its options are: {known}"
         )
     return {**defaults, **options}

@@ -13,7 +13,7 @@ from tornado import web
 
 from gpulab.scheduler.ledger import OWNER_KINDS, NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
-from gpulab.scheduler.slices import SliceError, parse_gpu_milli
+from gpulab.scheduler.slices import SliceError, noun, parse_gpu_milli
 from gpulab.service.api.gpus import public_cordon
 from gpulab.service.api.openapi import openapi_document
 from gpulab.service.auth import APIHandler
@@ -61,7 +61,9 @@ class AllocationsHandler(ReleaseMixin, APIHandler):
         body = self.json_body()
         unknown = set(body) - {"user", "owner_kind", "owner", "gpu_milli"}
         if unknown:
-            raise web.HTTPError(400, f"unknown field(s): {', '.join(sorted(unknown))}")
+            raise web.HTTPError(
+                400, f"unknown {noun(len(unknown), 'field')}: {', '.join(sorted(unknown))}"
+            )
         user = _string(body, "user")
         owner_kind = _string(body, "owner_kind")
         owner = _string(body, "owner")

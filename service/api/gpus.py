@@ -18,6 +18,7 @@ from __future__ import annotations
 from tornado import web
 
 from gpulab.scheduler.ledger import UnknownGpu
+from gpulab.scheduler.slices import noun
 from gpulab.service.auth import APIHandler
 
 #: Longest reason kept (it goes to the inventory, the audit trail and job messages).
@@ -55,7 +56,9 @@ class CordonHandler(_GpuHandler):
         reason = body.get("reason")
         unknown = set(body) - {"reason"}
         if unknown:
-            raise web.HTTPError(400, f"unknown field(s): {', '.join(sorted(unknown))}")
+            raise web.HTTPError(
+                400, f"unknown {noun(len(unknown), 'field')}: {', '.join(sorted(unknown))}"
+            )
         if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON:
             raise web.HTTPError(
                 400,

@@ -76,25 +76,26 @@ def version_names(service, user: str | None) -> dict[str, tuple[dict, dict]]:
     return out
 
 
+def holder_name(service, a: dict, versions: dict[str, tuple[dict, dict]]) -> tuple[str, str]:
+    """What holds the slice ``a``, as its owner reads it (``job train (rank 1)``,
+    ``sentiment version 1 (replica 1)``), and the page anchor of that thing."""
+    head, _, part = a["owner"].rpartition("/")
+    if a["owner_kind"] == "server":
+        return server_name(a["owner"]), ""
+    if a["owner_kind"] == "job":
+        job = service.jobs.queue.get(head) if service.jobs is not None else None
+        return f"job {(job['name'] or head) if job else head} (rank {part})", f"job-{head}"
+    if head in versions:
+        dep, v = versions[head]
+        return f"{dep['name']} version {v['version']} (replica {part})", f"endpoint-{dep['id']}"
+    return f"deployment {a['owner']}", ""
+
+
 def allocation_rows(service, allocations: list[dict], user: str | None, now=None) -> list[dict]:
     versions = version_names(service, user)
     rows = []
     for a in allocations:
-        head, _, part = a["owner"].rpartition("/")
-        anchor = ""
-        if a["owner_kind"] == "server":
-            name = server_name(a["owner"])
-        elif a["owner_kind"] == "job":
-            job = service.jobs.queue.get(head) if service.jobs is not None else None
-            name = f"job {job['name'] or head}" if job else f"job {head}"
-            name += f" (rank {part})"
-            anchor = f"job-{head}"
-        elif head in versions:
-            dep, v = versions[head]
-            name = f"{dep['name']} version {v['version']} (replica {part})"
-            anchor = f"endpoint-{dep['id']}"
-        else:
-            name = f"deployment {a['owner']}"
+        name, anchor = holder_name(service, a, versions)
         rows.append(
             {
                 "user": a["user"],

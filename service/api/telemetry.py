@@ -20,6 +20,7 @@ import time
 
 from tornado import web
 
+from gpulab.service.api.page_views import holder_name, version_names
 from gpulab.service.auth import APIHandler, Identity
 from gpulab.service.telemetry.allreduce import BadResult
 from gpulab.service.telemetry.allreduce import validate as validate_allreduce
@@ -79,19 +80,24 @@ class TelemetryHandler(APIHandler):
                     "missing", {}
                 ),
             }
+        versions = version_names(svc, mine)
         slices = [
             {
-                k: a[k]
-                for k in (
-                    "user",
-                    "owner_kind",
-                    "owner",
-                    "node",
-                    "gpu_uuid",
-                    "gpu_index",
-                    "milli",
-                    "memory_mib",
-                )
+                **{
+                    k: a[k]
+                    for k in (
+                        "user",
+                        "owner_kind",
+                        "owner",
+                        "node",
+                        "gpu_uuid",
+                        "gpu_index",
+                        "milli",
+                        "memory_mib",
+                    )
+                },
+                # What holds it, as the service's pages name it (not a version id).
+                "name": holder_name(svc, a, versions)[0],
             }
             for a in svc.ledger.list(user=mine)
         ]

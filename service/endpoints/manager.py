@@ -33,6 +33,7 @@ from gpulab.db import clock as gpulab_clock
 from gpulab.db.deployments import DeploymentStore, NameTaken
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
+from gpulab.scheduler.slices import plural
 from gpulab.service.endpoints.autoscale import Autoscaler
 from gpulab.service.endpoints.calls import CallsMixin
 from gpulab.service.endpoints.model_archive import ArchiveRefused, unpack_model
@@ -323,7 +324,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         if held >= cap:
             raise DeployRefused(
                 403,
-                f"you have {held} deployment(s), the most one user may "
+                f"you have {plural(held, 'deployment')}, the most one user may "
                 f"have ({cap}); stop one first (%deploy --stop NAME)",
             )
 

@@ -22,6 +22,7 @@ import time
 from gpulab.db import clock as gpulab_clock
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
+from gpulab.scheduler.slices import plural
 
 log = logging.getLogger("gpulab.service.endpoints.manager")
 
@@ -107,7 +108,7 @@ class ScalingMixin:
                     reason = str(e)
                     break
         placed = have + (len(rows) if vrow["gpu_milli"] else want - have)
-        unit.blocked = f"wants {want} replica(s), runs {placed}: {reason}" if reason else ""
+        unit.blocked = f"wants {plural(want, 'replica')}, runs {placed}: {reason}" if reason else ""
         if placed > have:
             await self._launch_more(dep, unit, placed, rows)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from gpulab.scheduler.slices import SliceError, parse_gpu_milli
+from gpulab.scheduler.slices import SliceError, noun, parse_gpu_milli
 from gpulab.service.jobs.cpu_quota import over_quota
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
@@ -101,7 +101,9 @@ def check_create(service, user: str, settings: dict) -> dict:
     unknown = set(settings) - set(SETTINGS)
     if unknown:
         raise DeployRefused(
-            400, f"unknown field(s): {', '.join(sorted(unknown))}; known: {', '.join(SETTINGS)}"
+            400,
+            f"unknown {noun(len(unknown), 'field')}: {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(SETTINGS)}",
         )
     body = {**SETTINGS, **settings}
     name = body["name"]

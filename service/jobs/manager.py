@@ -30,7 +30,7 @@ from gpulab.db import clock
 from gpulab.db.jobs import TERMINAL
 from gpulab.scheduler.priority import PriorityError
 from gpulab.scheduler.queue import PREEMPTED, JobQueue, Place, never_fits
-from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, label, parse_gpu_milli
+from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, label, noun, parse_gpu_milli, plural
 from gpulab.scheduler.usage import decayed
 from gpulab.service.jobs.backends import NoLocalJobs, job_backends
 from gpulab.service.jobs.cpu_quota import over_quota
@@ -230,7 +230,10 @@ class JobManager:
             raise JobRefused(403, "jobs are submitted by users (with a user's token)")
         sent = sorted(set(body) & set(SERVICE_FIELDS))
         if sent:
-            raise JobRefused(400, f"field(s) set by the service, not the client: {', '.join(sent)}")
+            raise JobRefused(
+                400,
+                f"{noun(len(sent), 'field')} set by the service, not the client: {', '.join(sent)}",
+            )
         try:
             spec = JobSpec.from_dict(body)
             parse_gpu_milli(spec.gpu_milli, tuple(self.service.slice_sizes))
@@ -290,7 +293,7 @@ class JobManager:
             f"pool {pool}" if pool != AUTO else f"the first pool with room ({self.pools.names()})"
         )
         jd.event(
-            f"job {spec.id} queued: {spec.world_size} rank(s) x {label(spec.gpu_milli)}, "
+            f"job {spec.id} queued: {plural(spec.world_size, 'rank')} x {label(spec.gpu_milli)}, "
             f"for {where}"
         )
         self._wake.set()
@@ -302,8 +305,8 @@ class JobManager:
         if spec.world_size > cap:
             raise JobRefused(
                 400,
-                f"the job asks for {spec.world_size} ranks ({spec.nodes} "
-                f"node(s) x {spec.nproc_per_node}); at most {cap} per job "
+                f"the job asks for {spec.world_size} ranks ({plural(spec.nodes, 'node')} "
+                f"x {spec.nproc_per_node}); at most {cap} per job "
                 f"here: use fewer --nodes or --nproc-per-node (an admin can "
                 f"raise c.GpuLabService.max_job_ranks)",
             )
@@ -359,8 +362,8 @@ class JobManager:
         if spec.gpu_milli * spec.world_size > MILLI_PER_GPU * len(gpus):
             raise JobRefused(
                 409,
-                f"the job needs {spec.gpu_milli * spec.world_size} milli-GPU "
-                f"in all but the cluster has {len(gpus)} GPU(s); use fewer "
+                f"the job needs {label(spec.gpu_milli * spec.world_size)} "
+                f"in all but the cluster has {label(MILLI_PER_GPU * len(gpus))}; use fewer "
                 f"ranks or a smaller --gpu",
             )
 
@@ -654,8 +657,12 @@ class JobManager:
         pool = f" in pool {job['pool']}" if job.get("pool") and len(self.pools.list) > 1 else ""
         why = job["message"].split(": ", 1)[1] if job["message"].startswith("starting on") else ""
         self.jobdir(job).event(
-            f"job started{pool}: {spec.world_size} rank(s)"
-            + (f" on GPU(s) {', '.join(where)}" if where else " on CPU")
+            f"job started{pool}: {plural(spec.world_size, 'rank')}"
+            + (
+                f" on {'GPUs' if len(where) > 1 else 'GPU'} {', '.join(where)}"
+                if where
+                else " on CPU"
+            )
             + (f" ({why})" if why else "")
         )
         try:

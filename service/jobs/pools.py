@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpulab.scheduler.inventory import Gpu
+from gpulab.scheduler.slices import noun
 from gpulab.service.plugins import INVENTORIES, JOB_BACKENDS, SERVING_BACKENDS, ConfigError
 
 #: What a job may name instead of a pool: the first pool with room.
@@ -97,7 +98,7 @@ def read_pools(service) -> list[Pool]:
         unknown = set(entry) - _KEYS
         if unknown:
             raise ConfigError(
-                f"{where} has unknown key(s) {', '.join(sorted(unknown))}; "
+                f"{where} has unknown {noun(len(unknown), 'key')} {', '.join(sorted(unknown))}; "
                 f"use {', '.join(sorted(_KEYS))}"
             )
         name = entry.get("name")

@@ -49,12 +49,13 @@ def finding(kind: str, unit: dict, missing: list[int], what: str) -> dict:
         "owner": unit["id"],
         "user": unit["user"],
         "milli": unit["gpu_milli"] * len(missing),
-        "message": f"{what} hold no slice",
+        "message": f"{what} {'holds' if len(missing) == 1 else 'hold'} no slice",
     }
 
 
-def _listed(members: list[int]) -> str:
-    return ", ".join(map(str, members))
+def _numbered(word: str, members: list[int]) -> str:
+    """``rank 1``, ``ranks 1, 3``."""
+    return f"{word if len(members) == 1 else word + 's'} {', '.join(map(str, members))}"
 
 
 class LostSlices:
@@ -93,7 +94,7 @@ class LostSlices:
             ranks = job["nodes"] * job["nproc_per_node"] if job["gpu_milli"] else 0
             missing = unheld(held, "job", job["id"], ranks)
             if missing:
-                what = f"job {job['id']} is running but rank(s) {_listed(missing)}"
+                what = f"job {job['id']} is running but {_numbered('rank', missing)}"
                 found[("job", job["id"])] = finding("job", job, missing, what)
         deployments = svc.deployments
         for dep in deployments.store.list() if deployments is not None else []:
@@ -102,7 +103,7 @@ class LostSlices:
             if missing:
                 what = (
                     f"deployment {dep['user']}/{dep['name']} is {dep['state']} but "
-                    f"replica(s) {_listed(missing)}"
+                    f"{_numbered('replica', missing)}"
                 )
                 found[("deployment", dep["id"])] = finding("deployment", dep, missing, what)
         confirmed = [v for k, v in found.items() if k in self._suspects]

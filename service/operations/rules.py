@@ -21,6 +21,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
+from gpulab.scheduler.slices import label
 from gpulab.telemetry.gpu_health import gpu_faults
 
 SEVERITIES = ("critical", "warning", "info")
@@ -394,7 +395,7 @@ def _idle(th: Thresholds):
                 kind,
                 owner,
                 a["user"],
-                f"{a['user']}'s {kind} {owner} holds {a['milli']} milli-GPU of GPU "
+                f"{a['user']}'s {kind} {owner} holds {label(a['milli'])} of GPU "
                 f"{a['gpu_index']} on {a['node']}, idle for over "
                 f"{_minutes(th.alert_slice_idle_seconds)}; {fix}",
                 {"hostname": a["node"], "UUID": a["gpu_uuid"], "user": a["user"]},
@@ -411,7 +412,7 @@ def _quota(th: Thresholds):
                 "user",
                 q["user"],
                 q["user"],
-                f"{q['user']} holds {q['used_milli']} of their {q['limit_milli']} milli-GPU "
+                f"{q['user']} holds {label(q['used_milli'])} of their {label(q['limit_milli'])} "
                 f"quota ({q['used_milli'] / q['limit_milli']:.0%}); stop idle servers, jobs "
                 f"or endpoints, or ask an admin for more",
                 {"user": q["user"]},
@@ -587,8 +588,8 @@ def rules(th: Thresholds = DEFAULTS) -> list[Rule]:
             "info",
             300,
             "gpulab_quota_users_near_limit > 0",
-            "{{ $value }} user(s) hold nearly all of their GPU quota",
-            f"At or above {th.alert_quota_used_ratio:.0%} of their milli-GPU quota "
+            "Users holding nearly all of their GPU quota: {{ $value }}",
+            f"At or above {th.alert_quota_used_ratio:.0%} of their GPU quota "
             "(c.GpuLabService.alert_quota_used_ratio). The metric counts them; who they "
             "are is in GET /api/v1/alerts (admins). Stop idle work or raise the quota.",
             _quota(th),

@@ -52,7 +52,7 @@ def test_round_trips_through_json():
         ({"code": "x", "name": "has space"}, "'name' must be 1-63 letters"),
         ({"code": "x", "vars_b64": "!!"}, "'vars_b64' must be base64"),
         ({"code": "x", "timeout": -1}, "'timeout' must be seconds >= 0"),
-        ({"code": "x", "bogus": 1}, "unknown field(s): bogus"),
+        ({"code": "x", "bogus": 1}, "unknown field: bogus"),
     ],
 )
 def test_bad_specs_say_what_is_wrong(data, message):

@@ -95,6 +95,7 @@ def test_list_refreshes_while_idle_and_unknown_names_get_suggestions(kernel):
     first = display["content"]["data"]["text/plain"]
     assert re.search(r"sentiment\s+livelist\s+running\s+1/1\s+1:1\s+no GPU", first), first
     assert "refreshes every 5 s" in first
+    assert "<b>sentiment</b>" in display["content"]["data"]["text/html"]  # what the lab draws
     # The kernel is idle now; the table is replaced in place every few seconds.
     later = updates(kc, display_id, want=2, timeout=30)
     assert len(later) == 2, later
@@ -104,7 +105,13 @@ def test_list_refreshes_while_idle_and_unknown_names_get_suggestions(kernel):
     again = run(kc, "%deploy --list")
     finished = updated(again, display_id) or updates(kc, display_id, want=1, timeout=15)
     assert finished and "no longer refreshing" in finished[-1], finished
-    assert any(m["msg_type"] == "display_data" for m in again)
+    (display,) = [m for m in again if m["msg_type"] == "display_data"]
+    second = display["content"]["transient"]["display_id"]
+    # Any other cell stops it too: what later cells do does not rewrite it.
+    moved_on = run(kc, "print('next cell')")
+    frozen = updated(moved_on, second) or updates(kc, second, want=1, timeout=15)
+    assert frozen and "no longer refreshing" in frozen[-1], frozen
+    assert updates(kc, second, want=1, timeout=12) == []
 
     # A typo: refused before anything is stopped, with the close name.
     for line in ("--stop sentimnt", "--promote sentimnet", "--rollback sentimen"):

@@ -51,7 +51,7 @@ def test_notebook_trains_quantizes_deploys_and_calls(hub, tmp_path, monkeypatch)
 
     deploy = next(v for k, v in cells.items() if k.startswith("%deploy qmodel"))
     url = f"{hub.url}/services/gpulab/endpoints/nbdeploy/sentiment"
-    assert f"endpoint: {url}" in deploy and "sentiment: running, 2/2 replica(s) ready" in deploy
+    assert f"endpoint: {url}" in deploy and "sentiment: running, 2/2 replicas ready" in deploy
     assert "tritonclient" in deploy and "curl -H" in deploy
 
     call = next(v for k, v in cells.items() if k == "import os")
@@ -62,8 +62,12 @@ def test_notebook_trains_quantizes_deploys_and_calls(hub, tmp_path, monkeypatch)
     canary = cells["%deploy model --name sentiment --example x --canary 20 --gpu 0.25"]
     assert "sentiment: version 2 gets 20% of calls" in canary, canary
     both = [c for c in nb.cells if c.source == "%deploy --list"][0]
-    assert re.search(r"v1\s+80% of calls\s+running", text_of(both)), text_of(both)
-    assert re.search(r"v2\s+20% of calls\s+running", text_of(both)), text_of(both)
+    assert "v1 · 80% of calls · running" in text_of(both), text_of(both)
+    assert "v2 · 20% of calls · running" in text_of(both), text_of(both)
+    # The lab draws it as a table; the next cell froze it (promoted, it would differ).
+    (shown,) = [o for o in both.outputs if o.output_type == "display_data"]
+    assert 'class="gpulab-deploy-list"' in shown["data"]["text/html"]
+    assert "no longer refreshing" in shown["data"]["text/plain"]
     assert "version 2 takes every call" in cells["%deploy --promote sentiment"]
 
     listing = cells["%deploy --list"]  # the last one: after the promotion
@@ -74,7 +78,7 @@ def test_notebook_trains_quantizes_deploys_and_calls(hub, tmp_path, monkeypatch)
     )
     assert sorted((a["owner_kind"], a["milli"]) for a in allocs) == [("deployment", 250)] * 2
     assert (
-        "stopped sentiment: 2 replica(s) and their slice(s) released"
+        "stopped sentiment: 2 replicas stopped, their slices released"
         in cells["%deploy --stop sentiment"]
     )
     assert hub.gpulab("GET", "/allocations", token=token).json() == []

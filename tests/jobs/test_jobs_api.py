@@ -73,7 +73,7 @@ def test_two_rank_job_trains_reports_and_returns_out(hub, alice):
 
     logs = hub.gpulab("GET", f"/jobs/{job['id']}/logs", token=alice).text
     assert "[r0] rank 0/2 done" in logs and "[r1] rank 1/2 done" in logs
-    assert "[gpulab] job started: 2 rank(s) on GPU(s)" in logs
+    assert "[gpulab] job started: 2 ranks on GPU" in logs
     only_r1 = hub.gpulab("GET", f"/jobs/{job['id']}/logs", token=alice, params={"rank": 1}).text
     assert "[r1]" in only_r1 and "[r0]" not in only_r1
     # The last lines only (what the lab's panel shows), and a clear 400 for a bad count.
@@ -186,8 +186,7 @@ def test_over_quota_is_refused_with_the_reason_and_nothing_starts(hub):
     r = submit(hub, capped, LINEAR, nproc_per_node=2, gpu_milli=500)
     assert r.status_code == 403
     assert (
-        "over your quota: the job needs 1000 milli-GPU in all and your quota is 500"
-        in r.json()["error"]
+        "over your quota: the job needs 1 GPU in all and your quota is 1/2 GPU" in r.json()["error"]
     )
     assert hub.gpulab("GET", "/jobs", token=capped).json() == []
     assert hub.gpulab("GET", "/allocations", token=capped).json() == []
@@ -225,16 +224,16 @@ def test_a_full_cluster_queues_jobs_in_priority_order(hub, alice):
 @pytest.mark.parametrize(
     "fields, status, message",
     [
-        ({"gpu_milli": 300}, 400, "unknown slice size gpu_milli=300"),
+        ({"gpu_milli": 300}, 400, "3/10 GPU is not a slice size offered here"),
         ({"nodes": 0}, 400, "'nodes' must be an integer from 1"),
-        ({"gpus": 1}, 400, "unknown field(s): gpus"),
+        ({"gpus": 1}, 400, "unknown field: gpus"),
         ({"user": "bob"}, 400, "set by the service"),
         ({"backend": "kubernetes"}, 400, "no pool runs the kubernetes backend here"),
         ({"pool": "cloud"}, 400, "no pool 'cloud' here; this site's pools: local"),
         ({"comm_hook": "bf16", "nproc_per_node": 2}, 400, "bf16 needs NCCL"),
         ({"amp": "fp8"}, 400, "'amp' must be bf16 or fp16"),
         ({"priority": 5}, 403, "raising it is for admins"),
-        ({"gpu_milli": 1000, "nproc_per_node": 3}, 409, "the cluster has 2 GPU(s)"),
+        ({"gpu_milli": 1000, "nproc_per_node": 3}, 409, "the cluster has 2 GPUs"),
         ({"env": {"RANK": "3"}}, 400, "set by gpulab for every rank"),
     ],
 )

@@ -151,4 +151,4 @@ def test_a_request_over_the_limit_is_refused_with_the_reason(hub):
         json={"user": CAPPED, "owner_kind": "server", "owner": f"{CAPPED}/", "gpu_milli": 1000},
     )
     assert r.status_code == 403
-    assert r.json()["error"].startswith("over your quota: you hold 0 milli-GPU of your 500")
+    assert r.json()["error"].startswith("over your quota: you hold no GPU of your 1/2 GPU")

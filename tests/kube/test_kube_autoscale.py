@@ -211,7 +211,7 @@ async def test_launch_with_hpa_makes_it_and_stop_deletes_it(server, backend):
     server.set_status(DEPLOYMENTS, NAME, {"replicas": 3, "readyReplicas": 2})
     health = await serving.check(UNIT)
     assert (health.replicas, health.ready, health.state) == (3, 2, "starting")
-    assert health.message == "2 of 3 replica(s) ready"
+    assert health.message == "2 of 3 replicas ready"
     assert serving.ready_replicas(UNIT) == [(0, f"http://{NAME}.{NS}.svc:80")]
     server.set_status(DEPLOYMENTS, NAME, {"replicas": 3, "readyReplicas": 3})
     health = await serving.check(UNIT)

@@ -165,7 +165,7 @@ def test_memory_unknown_is_said():
     bare = node("bare", allocatable={"nvidia.com/gpu": "1"})
     gpus, reason = parse_nodes([GFD_H100, bare])
     assert [g.node for g in gpus] == ["gpu-a", "gpu-a"]
-    assert "GPU memory unknown on node(s) bare" in reason
+    assert "GPU memory unknown on node bare" in reason
     # The model name carries the size when the memory label is missing.
     sized = node(
         "sized",

@@ -286,17 +286,17 @@ async def test_check_follows_ready_replicas_and_routes_to_the_service(cluster):
     assert (health.ready, health.state, health.message) == (
         0,
         "starting",
-        "0 of 2 replica(s) ready",
+        "0 of 2 replicas ready",
     )
     assert serving.ready_replicas(DEP) == []
     server.set_status(DEPLOYMENTS, NAME, {"readyReplicas": 2})
     health = await serving.check(DEP)
-    assert (health.ready, health.state, health.message) == (2, "running", "2 replica(s) ready")
+    assert (health.ready, health.state, health.message) == (2, "running", "2 replicas ready")
     # One entry, the Service (numbered 0): it spreads the calls over the replicas.
     assert serving.ready_replicas(DEP) == [(0, f"http://{NAME}.{NS}.svc:80")]
     server.set_status(DEPLOYMENTS, NAME, {"readyReplicas": 1})
     health = await serving.check({**DEP, "state": "running"})
-    assert (health.state, health.message) == ("degraded", "1 of 2 replica(s) ready")
+    assert (health.state, health.message) == ("degraded", "1 of 2 replicas ready")
     # Behind a Service the replicas cannot be asked one by one: Prometheus scrapes them.
     assert await serving.stats(DEP) is None
     await serving.stop(DEP)

@@ -32,8 +32,8 @@ TWO = {
 def test_the_pools_table_says_the_order_and_each_pools_free_slices():
     assert pools_text(TWO).splitlines() == [
         "Pools (a job without --pool runs on the first pool with room, in this order):",
-        "  box          local         1 GPU(s)  free: full",
-        "  slurm        slurm         4 GPU(s)  free: 1/4 GPU x16, 1 GPU x4",
+        "  box          local         1 GPU  free: full",
+        "  slurm        slurm        4 GPUs  free: 1/4 GPU x16, 1 GPU x4",
         "Servers: pool box; endpoints: pool box",
     ]
 

@@ -125,7 +125,7 @@ def test_quota_disk_and_temperature_thresholds():
     ]
     [q] = evaluate("QuotaNearlyUsed", Facts(NOW, quotas=quotas), th)
     assert (q.subject_kind, q.subject, q.owner) == ("user", "alice", "alice")
-    assert "holds 900 of their 1000 milli-GPU quota (90%)" in q.message
+    assert "holds 9/10 GPU of their 1 GPU quota (90%)" in q.message
     disks = [
         {
             "role": "data",

@@ -39,7 +39,7 @@ def test_no_placement_chooses_a_cordoned_gpu(tmp_path):
     }
     [size] = ledger.availability("dave", [1000])
     assert size.count == 0
-    assert "1 of 3 GPU(s) cordoned" in size.reason
+    assert "1 of 3 GPUs cordoned" in size.reason
     with pytest.raises(NoCapacity, match="1 cordoned GPU"):
         ledger.allocate("dave", "server", "dave/", 250)
 
@@ -110,7 +110,7 @@ async def test_admins_cordon_and_uncordon_through_the_api(tmp_path):
             {"uuid": first, "index": 0, "node": svc.app.node_name, **cordon}
         ]
         form = render_form(available, demo=False)
-        assert "1 GPU(s) out of service (cordoned)" in form and "RMA: fan failure" in form
+        assert "1 GPU out of service (cordoned)" in form and "RMA: fan failure" in form
         r = await svc.request(
             "POST",
             "/allocations",

@@ -69,7 +69,7 @@ def test_uncorrectable_ecc_errors_count_from_the_driver(driver, sampler):
     driver.count_ecc(A, 2)
     now = by_uuid(sampler.sample())
     assert now[A]["ecc_uncorrected_errors_total"] == 5
-    assert gpu_faults(now[A], first[A]) == ["2 uncorrectable ECC error(s)"]
+    assert gpu_faults(now[A], first[A]) == ["2 uncorrectable ECC errors"]
 
 
 def test_a_lost_gpu_keeps_its_uuid_and_its_last_xid(driver, sampler):

@@ -59,7 +59,7 @@ def test_quota_user_and_group(db_url):
     quotas = Quotas(default_user_milli=500, user_milli={"carol": 2000}, group_milli={"lab": 750})
     ledger = make_ledger(db_url, quotas=quotas)
     ledger.allocate("alice", "server", "alice/", 500)
-    with pytest.raises(QuotaExceeded, match="over your quota: you hold 500"):
+    with pytest.raises(QuotaExceeded, match="over your quota: you hold 1/2 GPU of your 1/2 GPU"):
         ledger.allocate("alice", "job", "j1", 100)
     lab = {"lab": {"bob", "dave"}}
     ledger.allocate("bob", "server", "bob/", 500, groups=lab)

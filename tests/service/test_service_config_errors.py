@@ -22,12 +22,12 @@ users: [{name: nobody, user: {token: never-used}}]
 CASES = {
     "jobs key": (
         'c.GpuLabService.kubernetes_jobs = {"namespace": "ml", "jobs_pvc": "x", "colour": "red"}',
-        "unknown key(s) colour",
+        "unknown key colour",
     ),
     "jobs settings": ('c.GpuLabService.jobs_backend_class = "kubernetes"', "need 'namespace'"),
     "deployments key": (
         'c.GpuLabService.kubernetes_deployments = {"namespace": "ml", "flavour": 1}',
-        "unknown key(s) flavour",
+        "unknown key flavour",
     ),
     "policy": ('c.GpuLabService.policy = "tightest"', "unknown placement policy 'tightest'"),
     "inventory source": (
@@ -49,7 +49,7 @@ CASES = {
     ),
     "pool key": (
         'c.GpuLabService.pools = [{"name": "box", "jobs": "local", "gpus": 2}]',
-        "c.GpuLabService.pools[0] has unknown key(s) gpus",
+        "c.GpuLabService.pools[0] has unknown key gpus",
     ),
     "server pool": (
         'c.GpuLabService.server_pool = "slurm"',

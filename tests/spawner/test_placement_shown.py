@@ -54,7 +54,7 @@ AVAILABILITY = {
             "label": "1 GPU",
             "available": False,
             "count": 0,
-            "reason": "over your quota (250 milli-GPU left)",
+            "reason": "over your quota (1/4 GPU left)",
         },
     ],
 }
@@ -112,7 +112,7 @@ def test_placement_sentences():
         local_enforcement(whole, False, False, "cgroup v2: 2 CPUs, 8 GiB")
         == "Enforced by: CUDA_VISIBLE_DEVICES + cgroup v2: 2 CPUs, 8 GiB"
     )
-    assert placement_of(0, [], {}).sentence().startswith("No GPU asked for")
+    assert placement_of(0, [], {}).sentence().startswith("No GPU: JupyterLab runs on the CPU")
 
 
 def test_progress_replays_every_event_to_each_reader():

@@ -148,6 +148,8 @@ async def test_slices_are_shown_as_served(clients, names):
         assert sum(held) == 750
     mine = cluster_tables(models["alice"], alice)
     assert "you · 1/4 GPU" in mine and bob not in mine
+    # The holder as the service's pages name it, not its ledger id.
+    assert f"{escape(alice)}&#x27;s server" in mine and f"{alice}/<" not in mine
     everyone = cluster_tables(models["admin"], "admin")
     assert f"{alice} · 1/4 GPU" in everyone and f"{bob} · 1/2 GPU" in everyone
 
@@ -218,4 +220,4 @@ def test_jobs_show_whatever_keys_they_carry():
     plot = jobs_plot(m)
     loss = next(t for t in plot.traces if t.key == "bert")
     assert loss.x.tolist() == [-1.0, 0.0] and loss.y.tolist() == [2.5, 2.25]
-    assert "2 job(s)" in status_line(m, "Jobs", None)
+    assert "2 jobs" in status_line(m, "Jobs", None)

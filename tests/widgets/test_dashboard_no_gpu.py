@@ -5,7 +5,9 @@ notice instead of an error in every chart, readable headers, holders with fracti
 import re
 
 from gpulab.client.units import gpu_label, holders
+from gpulab.client.units import plural as units_plural
 from gpulab.scheduler.slices import label
+from gpulab.scheduler.slices import plural as slices_plural
 from gpulab.widgets import TelemetryModel
 from gpulab.widgets.figures import cache_plot, cluster_plot, network_plot
 from gpulab.widgets.tables import (
@@ -127,6 +129,9 @@ def test_every_table_header_is_words_not_field_names():
 def test_fractions_read_as_the_scheduler_says_them():
     for milli in (0, 100, 125, 200, 250, 333, 500, 750, 1000, 2000, 3000, 50, 1):
         assert gpu_label(milli) == label(milli)
+    for n in (0, 1, 2):
+        assert units_plural(n, "rank") == slices_plural(n, "rank")
+    assert units_plural(1, "call") == "1 call" and units_plural(2, "call") == "2 calls"
     assert holders([held("a", 500), held("me", 250), held("a", 500)], "me") == [
         "a · 1 GPU",
         "you · 1/4 GPU",

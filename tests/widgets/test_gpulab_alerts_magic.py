@@ -107,7 +107,7 @@ async def test_alerts_subcommand_lists_firing_and_with_all_the_resolved(
         assert "owner" in out.splitlines()[0] and "(shared)" in out and " bob " in out, out
 
         out = await gpulab(shell, capsys, "alerts --resolved")
-        assert "unknown argument(s) --resolved" in out and "usage: %gpulab alerts" in out
+        assert "unknown argument --resolved" in out and "usage: %gpulab alerts" in out
 
 
 async def test_alerts_subcommand_when_none_fire(tmp_path, shell, capsys, monkeypatch):

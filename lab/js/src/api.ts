@@ -80,6 +80,10 @@ export function getSlice(): Promise<ISlice> {
  * A slice in the one unit people read: "1/4 GPU", "2 GPUs", "no GPU" (the same
  * words as gpulab.client.units.gpu_label; milli-GPU stays in API fields).
  */
+export function plural(n: number, word: string): string {
+  return n === 1 ? `${n} ${word}` : `${n} ${word}s`;
+}
+
 export function gpuLabel(milli: number): string {
   if (!milli) {
     return 'no GPU';

@@ -2,7 +2,7 @@
 // logs on demand and Cancel with a confirmation.
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 
-import { apiDelete, apiGet, apiText, gpuLabel } from './api';
+import { apiDelete, apiGet, apiText, gpuLabel, plural } from './api';
 import { ago, el, Section } from './section';
 
 const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
@@ -82,8 +82,8 @@ export class JobsSection extends Section {
     }
     facts.push(
       job.gpu_milli
-        ? `${job.world_size || 1} rank(s), ${gpuLabel(job.gpu_milli)} each`
-        : `${job.world_size || 1} rank(s), CPU only`
+        ? `${plural(job.world_size || 1, 'rank')}, ${gpuLabel(job.gpu_milli)} each`
+        : `${plural(job.world_size || 1, 'rank')}, no GPU`
     );
     facts.push(TERMINAL.has(job.state) ? `ended ${ago(job.finished)}` : `submitted ${ago(job.submitted)}`);
     row.append(el('div', 'gpulab-facts gpulab-progress', facts.join(' · ')));

@@ -1,0 +1,140 @@
+"""What ``%deploy --list`` shows: an HTML table in JupyterLab, plain text elsewhere.
+
+Both come from the same rows. The HTML fits the cell's width (the endpoint's path
+goes under its name, not in a column of its own); the text is for terminals,
+nbconvert and papermill, where a saved notebook keeps it.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from gpulab.client.units import gpu_label, plural
+
+EMPTY = "no deployments (start one with %deploy MODEL --name NAME --example X)"
+#: The state's colour in the HTML table (the text says the state too).
+_STATE_COLOURS = {
+    "running": "#1a7f37",
+    "starting": "#9a6700",
+    "idle": "#57606a",
+    "degraded": "#bc4c00",
+    "failed": "#cf222e",
+}
+_CELL = "border:1px solid #ddd;padding:2px 6px;text-align:{}"
+
+
+def _num(value, fmt: str) -> str:
+    return format(value, fmt) if value is not None else "-"
+
+
+def version_line(v: dict, state: str) -> str:
+    return (
+        f"v{v['version']} · {v['weight']}% of calls · {state} · "
+        f"{v['replicas_ready']}/{v['replicas']} ready · {plural(v['requests_total'], 'call')}, "
+        f"{plural(v['errors_total'], 'error')} · p99 {_num(v['p99_latency_ms'], '.1f')} ms"
+    )
+
+
+def list_table(deps: list[dict]) -> str:
+    """A fixed-width table for terminals and saved notebooks."""
+    if not deps:
+        return EMPTY
+    head = (
+        f"{'name':<20} {'user':<12} {'state':<9} {'ready':>8} {'range':>6} "
+        f"{'GPU per replica':>15} {'req/s':>7} {'p99 ms':>7}  path"
+    )
+    lines = [head, "-" * len(head)]
+    for d in deps:
+        low, high = d.get("min_replicas", d["replicas"]), d.get("max_replicas", d["replicas"])
+        lines.append(
+            f"{d['name']:<20} {d['user']:<12} {d['state']:<9} "
+            f"{d['replicas_ready']:>3}/{d['replicas']:<4} {f'{low}:{high}':>6} "
+            f"{gpu_label(d['gpu_milli']):>15} {_num(d.get('requests_per_second'), '.1f'):>7} "
+            f"{_num(d.get('p99_latency_ms'), '.1f'):>7}  {d['path']}"
+        )
+        versions = d.get("versions") or []
+        for v in versions if len(versions) > 1 else []:
+            lines.append(f"    {version_line(v, v['state'])}")
+        lines += [f"    {note}" for note in notes_of(d)]
+    return "\n".join(lines)
+
+
+def notes_of(d: dict) -> list[str]:
+    """The lines worth a user's attention under an endpoint: a version that failed,
+    waits or frees its slices, and cold starts."""
+    versions = d.get("versions") or []
+    notes = []
+    for v in versions:
+        shown = v["state"] in ("failed", "degraded", "idle") or "wants" in v["message"]
+        if shown or v["message"].startswith("freeing"):
+            notes.append(f"v{v['version']}: {v['message']}")
+        if v.get("last_cold_start_s") is not None:
+            notes.append(
+                f"v{v['version']}: {plural(v['cold_starts'], 'cold start')}, the last "
+                f"took {v['last_cold_start_s']:.1f} s"
+            )
+    if not versions and d["state"] in ("failed", "degraded"):
+        notes.append(d["message"])
+    return notes
+
+
+def _td(html: str, align: str = "left") -> str:
+    return f'<td style="{_CELL.format(align)}">{html}</td>'
+
+
+def _wide(html: str, span: int, style: str = "") -> str:
+    """A row of one cell across the table, indented under its endpoint."""
+    css = f"{_CELL.format('left')};padding-left:18px;{style}"
+    return f'<tr><td colspan="{span}" style="{css}">{html}</td></tr>'
+
+
+def _state(state: str) -> str:
+    colour = _STATE_COLOURS.get(state, "#57606a")
+    return f'<span style="color:{colour};font-weight:600">{escape(state)}</span>'
+
+
+def list_html(deps: list[dict]) -> str:
+    """The endpoints as one table; owners shown only when there are several (admins)."""
+    if not deps:
+        return f"<p>{escape(EMPTY)}</p>"
+    owners = len({d["user"] for d in deps}) > 1
+    headers = ["endpoint", *(["user"] if owners else []), "state", "ready", "replicas"]
+    headers += ["GPU per replica", "req/s", "p99 ms"]
+    right = {"ready", "replicas", "req/s", "p99 ms"}
+    rows = []
+    for d in deps:
+        low, high = d.get("min_replicas", d["replicas"]), d.get("max_replicas", d["replicas"])
+        name = (
+            f"<b>{escape(d['name'])}</b><br>"
+            f'<code style="font-size:11px;color:#57606a">{escape(d["path"])}</code>'
+        )
+        cells = [_td(name)]
+        if owners:
+            cells.append(_td(escape(d["user"])))
+        cells += [
+            _td(_state(d["state"])),
+            _td(f"{d['replicas_ready']}/{d['replicas']}", "right"),
+            _td(f"{low}" if low == high else f"{low}:{high}", "right"),
+            _td(escape(gpu_label(d["gpu_milli"]))),
+            _td(_num(d.get("requests_per_second"), ".1f"), "right"),
+            _td(_num(d.get("p99_latency_ms"), ".1f"), "right"),
+        ]
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+        versions = d.get("versions") or []
+        span = len(headers)
+        for v in versions if len(versions) > 1 else []:
+            rows.append(_wide(version_line(v, _state(v["state"])), span))
+        rows += [_wide(escape(note), span, "color:#57606a") for note in notes_of(d)]
+    head = "".join(
+        f'<th style="{_CELL.format("right" if h in right else "left")}">{escape(h)}</th>'
+        for h in headers
+    )
+    return (
+        '<table class="gpulab-deploy-list" style="border-collapse:collapse;font-size:12px">'
+        f"<tr>{head}</tr>{''.join(rows)}</table>"
+    )
+
+
+def list_bundle(deps: list[dict]) -> dict[str, str]:
+    """The display's forms: HTML for the lab, the text table for everything else."""
+    return {"text/plain": list_table(deps), "text/html": list_html(deps)}
