@@ -65,7 +65,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .gpu_nodes import DeviceNode, host_gpu_nodes, node_of
-from .limits import Limits, format_limits
+from .limits import Limits, format_limits, limits_in_words
 
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("cpu", "memory", "devices", "pids")
@@ -257,8 +257,15 @@ class Cgroups:
         memory and processes; what is not held, and why."""
         return [self.reason or "not enforced"]
 
+    def in_words(self, limits: Limits) -> str:
+        """What a server under ``limits`` gets, as the spawn form tells its user
+        (``up to 2 CPUs and 16 GiB of memory; only its own GPU``): no mechanism names."""
+        if self.kind == "none":
+            return "CPU and memory are not limited on this host"
+        return limits_in_words(limits)
+
     def describe(self, limits: Limits | None = None) -> str:
-        """What ``create(…, limits)`` would hold, for the spawn form and ``%gpulab``."""
+        """What ``create(…, limits)`` would hold, for ``%gpulab`` and the admin's logs."""
         if self.kind == "none":
             return f"{self.label}: {self.reason}" if self.reason else self.label
         return f"{self.label}: {format_limits(limits)}" if limits else self.label

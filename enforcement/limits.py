@@ -148,6 +148,22 @@ def format_devices(devices: tuple[str, ...] | None) -> str:
     return "devices: " + (", ".join(devices) if devices else "no GPU")
 
 
+def limits_in_words(limits: Limits) -> str:
+    """``up to 2 CPUs and 8 GiB of memory; only its own GPU`` (the spawn form)."""
+    held = []
+    if limits.cpu_cores is not None:
+        held.append(format_cpu(limits.cpu_cores))
+    if limits.memory_bytes is not None:
+        held.append(f"{format_bytes(limits.memory_bytes)} of memory")
+    if limits.pids is not None:
+        held.append(f"{limits.pids} processes")
+    listed = ", ".join(held[:-1]) + f" and {held[-1]}" if len(held) > 1 else "".join(held)
+    text = f"up to {listed}" if held else "CPU and memory not limited"
+    if limits.devices is not None:
+        text += "; only its own GPU" if limits.devices else "; no GPU device"
+    return text
+
+
 def format_limits(limits: Limits) -> str:
     """``2 CPUs, 8 GiB, devices: /dev/nvidia0, 4096 processes`` (for the spawn form and
     ``%gpulab``); the process cap only when there is one."""

@@ -276,7 +276,9 @@ class TrainMagics(Magics):
                     # The stream ends once the job has; a cut one loses only log lines.
                     with contextlib.suppress(Exception):
                         follower.result(timeout=30)
-                display.logs(drain_queue(lines))
+                new = drain_queue(lines)
+                display.logs(new)
+                display.starting(job, new)
                 display.status(job)
                 if job["state"] in TERMINAL:
                     break

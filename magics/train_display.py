@@ -145,6 +145,39 @@ class Rates:
         return rows
 
 
+_RANK = re.compile(r"^\[r\d+\] ")
+
+
+class Startup:
+    """What a running job does before its first metric, told from what the cell
+    already reads (the job's state, the streamed log lines): a job whose ranks take
+    25 s to start says so instead of a silent "waiting"."""
+
+    def __init__(self, world_size: int, clock=time.monotonic):
+        self.world = world_size
+        self.clock = clock
+        self.running_since: float | None = None
+        self.agents = self.ranks = False
+
+    def phase(self, job: dict, lines: list[str]) -> str:
+        """The phase now, with seconds since the job started running; "" while it
+        is queued (the status line says so) or once it has ended."""
+        for line in lines:
+            self.ranks = self.ranks or bool(_RANK.match(line))
+            self.agents = self.agents or bool(_NODE.match(line))
+        if job["state"] != "running":
+            return ""
+        if self.running_since is None:
+            self.running_since = self.clock()
+        if self.ranks:
+            what = "the ranks run the cell; waiting for the first report()"
+        elif self.agents:
+            what = "torchrun started; the ranks import torch and join the process group"
+        else:
+            what = f"starting {plural(self.world, 'rank')}"
+        return f"{what} ({self.clock() - self.running_since:.0f} s)"
+
+
 def elapsed(started: float) -> str:
     return f"{time.monotonic() - started:.1f} s"
 
@@ -158,6 +191,8 @@ class TextDisplay:
         self.last_status = None
         self.last_tenth = -1
         self.drop_dump = TorchrunDumpFilter()
+        self.startup = Startup(world_size)
+        self.last_phase = ""
 
     def status(self, job: dict) -> None:
         text = describe(job)
@@ -180,6 +215,14 @@ class TextDisplay:
         for line in self.drop_dump(lines):
             print(line, flush=True)
 
+    def starting(self, job: dict, lines: list[str]) -> None:
+        """A line when the start-up phase changes (not each second: it is a log)."""
+        phase = self.startup.phase(job, lines) if self.rates.step is None else ""
+        what = phase.rsplit(" (", 1)[0]
+        if what and what != self.last_phase:
+            print(phase, flush=True)
+        self.last_phase = what or self.last_phase
+
     def finish(self, job: dict) -> None:
         if job["state"] == "succeeded" and self.rates.checkpoints:
             print(f"checkpoints after steps {', '.join(map(str, self.rates.checkpoints))}")
@@ -195,6 +238,7 @@ class WidgetDisplay:
 
         self.started = time.monotonic()
         self.rates = Rates(world_size)
+        self.startup = Startup(world_size)
         self.ids = {
             part: f"gpulab-train-{part}-{uuid.uuid4().hex}" for part in ("head", "fig", "log")
         }
@@ -245,6 +289,11 @@ class WidgetDisplay:
 
             with self.fig.batch_update():
                 fill(self.fig, self.rates.points, self.rates.checkpoints)
+
+    def starting(self, job: dict, lines: list[str]) -> None:
+        """Beside the progress bar until the first metric: what the job does now."""
+        if self.rates.step is None:
+            self.numbers.value = html.escape(self.startup.phase(job, lines))
 
     def logs(self, lines: list[str]) -> None:
         if lines:

@@ -99,6 +99,24 @@ def _fits_per_node(cluster: Cluster, milli: int) -> np.ndarray:
     return whole.sum(axis=1) // shape.num_gpus
 
 
+def none_fits(cluster: Cluster, milli: int) -> str:
+    """Why no slice of ``milli`` fits now, with what would: the spawn form's reason."""
+    if not cluster.gpu_exists.any():
+        return "this node has no GPUs"
+    shape = shape_of(milli)
+    if shape.num_gpus == 1:
+        best = int(np.where(cluster.gpu_exists, cluster.gpu_free, 0).max())
+        if not best:
+            return "every GPU is full"
+        return f"no GPU has that much free; the most free on one is {label(best)}"
+    most = int(((cluster.gpu_free == MILLI_PER_GPU) & cluster.gpu_exists).sum(axis=1).max())
+    free_now = f"at most {most} is" if most else "none is"
+    return (
+        f"needs {plural(shape.num_gpus, 'whole GPU')} free on one node; "
+        f"{free_now} free on any node now"
+    )
+
+
 def _row_to_dict(row) -> dict:
     d = dict(row._mapping)
     created = d["created"]
@@ -276,11 +294,7 @@ class Ledger:
             fit = int(_fits_per_node(cluster, milli).sum())
             reason = None
             if fit == 0:
-                reason = (
-                    "no free GPU of that size"
-                    if cluster.gpu_exists.any()
-                    else "this node has no GPUs"
-                )
+                reason = none_fits(cluster, milli)
                 if out_of_service:
                     reason += (
                         f" ({out_of_service} of {plural(len(self.gpus), 'GPU')} cordoned: out of "

@@ -88,23 +88,36 @@ def size_title(size: dict, inventory: dict | None) -> str:
     return f"{name} · {detail}" if detail else name
 
 
+#: A size that cannot be placed now reads as such, not only by its greyed button.
+_FORM_STYLE = (
+    "<style>"
+    ".gpulab-slices .radio.disabled label{color:#777;cursor:not-allowed}"
+    ".gpulab-slices .radio.disabled .gpulab-size{text-decoration:line-through}"
+    ".gpulab-slices .radio.disabled .gpulab-status{color:#a94442 !important}"
+    "</style>"
+)
+
+
 def render_form(
     availability: dict,
     demo: bool | None = None,
     limits: dict[int, str] | None = None,
     inventory: dict | None = None,
     shared_account: str | None = None,
+    last: int | None = None,
 ) -> str:
     """HTML for the hub's spawn page from the service's availability answer.
 
     ``demo`` (default: read from the hub's environment) puts the demo-login
     warning on top, ``shared_account`` (the same) the single-account one;
-    ``limits`` (slice milli -> "cgroup v1: 1 CPU, 2.7 GiB, ...") says what each
+    ``limits`` (slice milli -> "up to 1 CPU and 2.7 GiB of memory") says what each
     size's server is held to; ``inventory`` (the service's
-    ``/inventory``) names the GPU model and memory each size gives.
+    ``/inventory``) names the GPU model and memory each size gives; ``last`` (the
+    size of the user's last server) is chosen when it can be placed now.
     """
     rows = []
-    default = next((s["milli"] for s in availability["sizes"] if s["available"] and s["milli"]), 0)
+    open_sizes = [s["milli"] for s in availability["sizes"] if s["available"]]
+    default = last if last in open_sizes else next((m for m in open_sizes if m), 0)
     for s in availability["sizes"]:
         milli = s["milli"]
         ident = f"gpulab-slice-{milli}"
@@ -115,7 +128,7 @@ def render_form(
         elif s["available"]:
             status = f"{s['count']} can be placed now"
         else:
-            status = escape(in_fractions(s["reason"] or "unavailable"))
+            status = "unavailable: " + escape(in_fractions(s["reason"] or "no room now"))
         rows.append(
             f'<div class="radio{" disabled" if disabled else ""}">'
             f'<label for="{ident}"><input type="radio" name="gpu_milli" id="{ident}" '
@@ -163,6 +176,7 @@ def render_form(
             f"{_single_account_html(shared_account)}</div>"
         )
     return (
-        f'{warning}<fieldset class="gpulab-slices"><legend>GPU slice</legend>'
+        f"{warning}{_FORM_STYLE}"
+        f'<fieldset class="gpulab-slices"><legend>GPU slice</legend>'
         f'{"".join(rows)}<p class="help-block">{escape(note)}{sim}</p></fieldset>'
     )

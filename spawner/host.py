@@ -103,7 +103,9 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
         )
         inventory = await self._client().request("GET", "/inventory")
         limits = self.form_limits(availability, inventory)
-        return render_form(availability, limits=limits, inventory=inventory)
+        # JupyterHub keeps the last start's options (its database): offer that size again.
+        last = (spawner.user_options or {}).get("gpu_milli")
+        return render_form(availability, limits=limits, inventory=inventory, last=last)
 
     def form_limits(self, availability: dict, inventory: dict) -> dict[int, str] | None:
         """What each size's server is held to besides its GPU (slice milli -> words),

@@ -52,7 +52,7 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
         gpu_count = sum(len(n["gpus"]) for n in inventory["nodes"])
         held = AccountLimits(config=self.config)
         return {
-            s["milli"]: held.cgroups().describe(held.limits(s["milli"], gpu_count))
+            s["milli"]: held.cgroups().in_words(held.limits(s["milli"], gpu_count))
             for s in availability["sizes"]
         }
 

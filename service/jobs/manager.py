@@ -450,7 +450,10 @@ class JobManager:
         if current is not None and current["state"] not in TERMINAL:
             # Before the row ends: a reader following the log stops once it sees the
             # end, and must find this line there.
-            self.jobdir(job).event(f"job {state}: {message}")
+            said = (
+                f": {message}" if message and message != state else ""
+            )  # not "succeeded: succeeded"
+            self.jobdir(job).event(f"job {state}{said}")
         released = await self.ledger.aio.run(
             self._finish, job, spec.rank_owners(), state, message, values
         )

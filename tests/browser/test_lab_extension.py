@@ -6,7 +6,9 @@ closed to every other user's token."""
 import os
 import re
 import sys
+import time
 
+import nbformat
 import pytest
 import requests
 import torch
@@ -31,6 +33,13 @@ USER = fresh_user("lab")
 OTHER = fresh_user("lab-other")
 PASSWORD = "labs own long password"
 ENDPOINT = "labtiny"
+#: A notebook of the user's: the endpoint listing, then a training cell that reads a
+#: notebook class it does not send.
+LISTING = [
+    "%deploy --list",
+    "class Net:\n    pass",
+    "%%train_distributed --nproc-per-node 2\nfrom gpulab.training import setup\nmodel = Net()\n",
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +59,10 @@ def tokens(hub):
         "notification.jupyterlab-settings",
         '{"fetchNews": "false"}',
     )
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (gpulab)"}
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in LISTING]
+    hub.write_home_file(USER, "listing.ipynb", nbformat.writes(nb))
     assert hub.spawn(USER, {"gpu_milli": 250}).status_code in (201, 202)
     hub.wait_server(USER)
     return tokens
@@ -230,4 +243,36 @@ def test_status_bar_and_panel_show_jobs_and_endpoints(
     docked = page.locator(".gpulab-MainArea")
     expect(docked.locator(f'.gpulab-job[data-job-id="{job["id"]}"]')).to_contain_text("cancelled")
     assert not errors, errors
+    listing_and_an_unsent_name(page, hub, tokens[USER], artifacts_dir)
     context.close()
+
+
+def listing_and_an_unsent_name(page, hub, token, artifacts_dir):
+    """``%deploy --list`` as a table that fits the cell, frozen once the next cell
+    runs; a training cell's unsent notebook name refused at once, in the kernel."""
+    page.goto(f"{hub.url}/user/{USER}/lab/tree/listing.ipynb")
+    expect(page.get_by_text("| Idle")).to_be_visible(timeout=120_000)
+    cells = page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-CodeCell")
+    cells.first.locator(".jp-InputArea-prompt").click()
+    page.keyboard.press("Shift+Enter")
+    table = cells.nth(0).locator("table.gpulab-deploy-list")
+    expect(table).to_contain_text(ENDPOINT, timeout=60_000)
+    expect(table).to_contain_text("running")
+    area = cells.nth(0).locator(".jp-OutputArea-output").first.bounding_box()
+    drawn = table.bounding_box()
+    assert drawn["width"] <= area["width"], (drawn, area)  # no column wraps off the cell
+    cells.nth(0).screenshot(path=os.path.join(artifacts_dir, "deploy-list.png"))
+
+    jobs = len(hub.gpulab("GET", "/jobs", token=token).json())
+    page.keyboard.press("Shift+Enter")  # class Net
+    asked = time.monotonic()
+    page.keyboard.press("Shift+Enter")  # the training cell
+    said = cells.nth(2).locator(".jp-OutputArea-output")
+    expect(said).to_contain_text("add `--vars Net`", timeout=60_000)
+    print(f"the unsent-name hint showed {time.monotonic() - asked:.2f} s after Shift+Enter")
+    assert len(hub.gpulab("GET", "/jobs", token=token).json()) == jobs  # nothing queued
+    cells.nth(2).screenshot(path=os.path.join(artifacts_dir, "vars-hint.png"))
+    # The listing stopped refreshing when the next cell ran: it keeps its moment.
+    expect(cells.nth(0).locator(".jp-OutputArea-output")).to_contain_text(
+        "no longer refreshing", timeout=30_000
+    )

@@ -65,6 +65,12 @@ def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_d
         "over your quota (1/2 GPU left)"
     )
     expect(page.locator("label[for=gpulab-slice-1000]")).to_contain_text("over your quota")
+    # A size that cannot be placed reads so, not only by its greyed button.
+    expect(page.locator("label[for=gpulab-slice-2000]")).to_contain_text("unavailable: ")
+    struck = page.locator("label[for=gpulab-slice-2000] .gpulab-size").evaluate(
+        "e => getComputedStyle(e).textDecorationLine"
+    )
+    assert struck == "line-through", struck
     expect(form).to_contain_text("your quota is 1/2 GPU")
     expect(form).not_to_contain_text("milli")
     page.screenshot(path=os.path.join(artifacts_dir, "spawn-form.png"), full_page=True)

@@ -102,5 +102,5 @@ def test_never_fits_names_the_limit():
     quotas = Quotas(default_user_milli=2000, group_milli={"lab": 1000})
     assert never_fits(quotas, "u", 2000, {}) is None
     assert never_fits(quotas, "u", 0, {"lab": {"u"}}) is None
-    assert "your quota is 2000" in never_fits(quotas, "u", 3000, {})
+    assert "needs 3 GPUs in all and your quota is 2 GPUs" in never_fits(quotas, "u", 3000, {})
     assert "group 'lab'" in never_fits(quotas, "u", 1500, {"lab": {"u", "v"}})

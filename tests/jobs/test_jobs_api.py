@@ -132,6 +132,7 @@ def test_follow_streams_until_the_job_ends(hub, alice):
     assert lines[-1].startswith("[gpulab] job succeeded") or any(
         "job succeeded" in ln for ln in lines
     )
+    assert not any("succeeded: succeeded" in ln for ln in lines), lines  # the state once
     assert hub.gpulab("GET", f"/jobs/{job['id']}", token=alice).json()["state"] == "succeeded"
 
 

@@ -162,3 +162,36 @@ def test_checkpoint_steps_are_the_complete_ones_on_disk(tmp_path):
     with open(jd.p("checkpoints", "latest"), "w") as f:
         json.dump({"step": 20, "time": 1.0}, f)
     assert jd.checkpoint_steps() == [20]
+
+
+def test_a_starting_job_says_what_it_does_until_its_first_metric(capsys):
+    from gpulab.magics.train_display import Startup, TextDisplay
+
+    now = [100.0]
+    startup = Startup(2, clock=lambda: now[0])
+    job = {"state": "queued"}
+    assert startup.phase(job, []) == ""  # the status line says "queued"
+    job["state"] = "running"
+    assert startup.phase(job, ["[gpulab] job started: 2 ranks on CPU"]) == "starting 2 ranks (0 s)"
+    now[0] += 6
+    assert startup.phase(job, ["[node0] INFO Starting elastic_operator"]) == (
+        "torchrun started; the ranks import torch and join the process group (6 s)"
+    )
+    now[0] += 12
+    assert startup.phase(job, ["[r1] loading data"]) == (
+        "the ranks run the cell; waiting for the first report() (18 s)"
+    )
+    # The text form prints a phase once, not every poll; metrics end it.
+    shown = TextDisplay(2)
+    for lines in ([], [], ["[node0] up"], ["[r0] hi"], []):
+        shown.starting({"state": "running"}, lines)
+    printed = [ln.rsplit(" (", 1)[0] for ln in capsys.readouterr().out.splitlines()]
+    assert printed == [
+        "starting 2 ranks",
+        "torchrun started; the ranks import torch and join the process group",
+        "the ranks run the cell; waiting for the first report()",
+    ]
+    shown.metrics([{"step": 0, "time": 1.0, "loss": 1.0, "total_steps": 10}])
+    capsys.readouterr()
+    shown.starting({"state": "running"}, [])
+    assert capsys.readouterr().out == ""

@@ -149,9 +149,9 @@ def test_quota_disk_and_temperature_thresholds():
 
 def test_ecc_faults_and_stale_nodes():
     fault = {"node": "n1", "index": 3, "uuid": UUID, "kind": "ecc", "at": NOW - 60}
-    fault["fault"] = "2 uncorrectable ECC error(s)"
+    fault["fault"] = "2 uncorrectable ECC errors"
     [f] = evaluate("GpuEccErrors", Facts(NOW, gpu_faults=[fault]))
-    assert f.subject == UUID and "2 uncorrectable ECC error(s)" in f.message
+    assert f.subject == UUID and "2 uncorrectable ECC errors" in f.message
     assert evaluate("GpuXidErrors", Facts(NOW, gpu_faults=[fault])) == []
     facts = Facts(NOW, nodes={"fresh": NOW - 5, "gone": NOW - 600})
     assert [f.subject for f in evaluate("NodeTelemetryStale", facts)] == ["gone"]

@@ -57,7 +57,7 @@ def test_cordoning_a_mig_parent_cordons_its_devices(tmp_path):
         Gpu("GPU-other", 2, "A100", 40 * 1024, "n1"),
     ]
     ledger = make_ledger(tmp_path, gpus)
-    ledger.cordon("GPU-parent", "2 uncorrectable ECC error(s)", "gpulab")
+    ledger.cordon("GPU-parent", "2 uncorrectable ECC errors", "gpulab")
     placed = {ledger.allocate("u", "server", f"u{n}/", 500)[0]["gpu_uuid"] for n in range(2)}
     assert placed == {"GPU-other"}
     assert ledger.cordons()["GPU-parent"]["node"] == "n1"

@@ -346,7 +346,7 @@ async def test_an_agents_sample_with_new_ecc_errors_cordons_the_gpu(tmp_path):
         await svc.request("POST", "/telemetry", json=sample(time.time() + 3, 6))
         got = await until(cordons, "the GPU cordoned", 10)
         assert list(got) == [held]  # a GPU outside the inventory is not the ledger's
-        assert got[held]["reason"] == "2 uncorrectable ECC error(s)"
+        assert got[held]["reason"] == "2 uncorrectable ECC errors"
         assert got[held]["by"] == "gpulab"
         rows = (await svc.request("GET", "/allocations")).json()
         assert [(a["owner"], a["gpu_uuid"]) for a in rows] == [("alice/", held)]

@@ -123,7 +123,11 @@ def test_availability_counts_and_reasons(db_url):
     # Two GPUs would not fit anyway, but the quota is what the user can act on.
     assert sizes[2000].count == 0 and "over your quota" in sizes[2000].reason
     unlimited = make_ledger(db_url)
-    assert unlimited.availability("alice", [2000])[0].reason == "no free GPU of that size"
+    # bob's whole GPU leaves one free: the form says what a 2-GPU server would need.
+    assert unlimited.availability("alice", [2000])[0].reason == (
+        "needs 2 whole GPUs free on one node; at most 1 is free on any node now"
+    )
+    assert unlimited.availability("alice", [1000])[0].count == 1
     ledger.allocate("alice", "server", "alice/", 500)
     sizes = {a.milli: a for a in ledger.availability("alice", [250, 1000])}
     assert sizes[250].count == 2

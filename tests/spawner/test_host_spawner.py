@@ -82,6 +82,8 @@ def test_only_the_local_spawner_shows_its_cgroup_limits_on_the_form():
     # are the site's, so the Slurm form shows none of gpulab's.
     limits = FractionalLocalSpawner(config=c).form_limits(AVAILABILITY, INVENTORY)
     assert set(limits) == {0, 250} and all(limits.values())
+    # In words a user reads: what the server gets, not the mechanism's name.
+    assert not any("cgroup" in text for text in limits.values()), limits
     assert FractionalSlurmSpawner(config=c).form_limits(AVAILABILITY, INVENTORY) is None
     c.UserAccounts.enabled = False
     assert FractionalLocalSpawner(config=c).form_limits(AVAILABILITY, INVENTORY) is None

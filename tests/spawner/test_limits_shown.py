@@ -51,3 +51,14 @@ def test_gpulab_status_names_the_mechanism_and_the_limits():
     assert "held by the hardware" in slice_status(mig)
     sim = slice_env(alloc, simulated=True, mps_dir=None)
     assert "Held by: none: a simulated GPU" in slice_status(sim)
+
+
+def test_the_forms_words_for_limits_name_no_mechanism():
+    from gpulab.enforcement.limits import Limits, limits_in_words
+
+    held = Limits(cpu_cores=2, memory_bytes=16 * GIB, devices=("/dev/nvidia0",), pids=4096)
+    assert limits_in_words(held) == (
+        "up to 2 CPUs, 16 GiB of memory and 4096 processes; only its own GPU"
+    )
+    assert limits_in_words(Limits(0.5, None, ())) == "up to 0.5 CPU; no GPU device"
+    assert limits_in_words(Limits(None, None, None)) == "CPU and memory not limited"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 from types import SimpleNamespace
 
 from gpulab.spawner.admin_slices import SliceTable, running_slices
@@ -95,6 +96,21 @@ def test_form_speaks_fractions_only():
     # The API field stays in milli-GPU.
     assert 'name="gpu_milli"' in form and 'value="250"' in form
     assert in_fractions("no GPU has 500 milli-GPU free") == "no GPU has 1/2 GPU free"
+
+
+def checked(form: str) -> list[str]:
+    return re.findall(r'value="(\d+)" checked', form)
+
+
+def test_the_form_offers_the_last_size_again_and_marks_what_cannot_be_placed():
+    assert checked(render_form(AVAILABILITY, demo=False)) == ["250"]  # the first GPU size
+    assert checked(render_form(AVAILABILITY, demo=False, last=0)) == ["0"]  # the last server's
+    # The last size cannot be placed now: the first that can, not a disabled one.
+    assert checked(render_form(AVAILABILITY, demo=False, last=1000)) == ["250"]
+    form = render_form(AVAILABILITY, demo=False)
+    row = re.search(r'<div class="radio disabled">.*?</div>', form).group(0)
+    assert 'value="1000"' in row and "unavailable: over your quota (1/4 GPU left)" in row
+    assert ".radio.disabled .gpulab-size{text-decoration:line-through}" in form
 
 
 def test_placement_sentences():

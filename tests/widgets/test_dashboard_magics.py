@@ -122,7 +122,7 @@ def test_nettest_across_nodes_runs_as_a_job_and_records(nproc, shell, clients, n
     print(out)  # the figures, for whoever reads the test log
     n = 2 * nproc
     m = re.search(
-        rf"^job (\w+) \(nettest\): 2 node\(s\) x {nproc} rank\(s\) per node, no GPU per rank",
+        rf"^job (\w+) \(nettest\): 2 nodes x {nproc} ranks? per node, no GPU per rank",
         out,
         re.M,
     )
@@ -198,7 +198,7 @@ def test_help_and_bad_arguments(shell, capsys):
     shell.run_line_magic("gpulab", "nettest --iters 0")
     assert "usage: %gpulab nettest" in capsys.readouterr().out
     shell.run_line_magic("gpulab", "nettest --sizes 1M")
-    assert "unknown argument --sizes" in capsys.readouterr().out
+    assert "unknown arguments --sizes 1M" in capsys.readouterr().out
     shell.run_line_magic("gpulab", "")
     assert "API:" in capsys.readouterr().out
 
