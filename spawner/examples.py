@@ -3,13 +3,12 @@
 On a user's first start, ``~/examples/`` gets a copy of each example notebook
 (theirs to change) and ``~/examples/originals``, a link to the copies gpulab
 installed (``<prefix>/share/gpulab/examples``, or a checkout's ``notebooks/``; owned
-by root, read-only to users):
-a user who breaks their copy opens the original again. Once given, they are not
-given again (``~/.gpulab/examples-given``), so a user who deletes or renames them
-keeps it that way.
+by root, read-only to users): a user who breaks their copy opens the original
+again. Once given, they are not given again (``~/.gpulab/examples-given``), so a
+user who deletes or renames them keeps it that way.
 
 The copying runs as the user's own account, in a process of its own
-(``python -m gpulab.spawner.examples SOURCE HOME``): their home is theirs, and a
+(``python -I -m gpulab.spawner.examples SOURCE HOME``): their home is theirs, and a
 link they planted there cannot make the hub's root account write elsewhere.
 """
 
@@ -35,28 +34,25 @@ def shipped_examples() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
 
 
-def give_examples(source: str, home: str) -> list[str]:
-    """Copy ``source``'s notebooks into ``home/examples`` (run as the home's owner);
-    returns the notebooks copied, none when they were given before."""
+def give_examples(source: str, home: str) -> None:
+    """Copy ``source``'s notebooks into ``home/examples`` (run as the home's owner),
+    unless they were given before."""
     marker = os.path.join(home, MARKER)
     if os.path.exists(marker) or not os.path.isdir(source):
-        return []
+        return
     folder = os.path.join(home, FOLDER)
     os.makedirs(folder, exist_ok=True)
-    copied = []
     for name in sorted(os.listdir(source)):
         target = os.path.join(folder, name)
         if name.endswith(".ipynb") and not os.path.lexists(target):
             shutil.copyfile(os.path.join(source, name), target)
             os.chmod(target, 0o644)
-            copied.append(name)
     link = os.path.join(folder, ORIGINALS)
     if not os.path.lexists(link):
         os.symlink(source, link)
     os.makedirs(os.path.dirname(marker), exist_ok=True)
     with open(marker, "w") as f:
         f.write(f"{source}\n")
-    return copied
 
 
 def give_examples_as(account, source: str) -> str | None:

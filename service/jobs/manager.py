@@ -450,9 +450,8 @@ class JobManager:
         if current is not None and current["state"] not in TERMINAL:
             # Before the row ends: a reader following the log stops once it sees the
             # end, and must find this line there.
-            said = (
-                f": {message}" if message and message != state else ""
-            )  # not "succeeded: succeeded"
+            # The message once, not "job succeeded: succeeded".
+            said = f": {message}" if message and message != state else ""
             self.jobdir(job).event(f"job {state}{said}")
         released = await self.ledger.aio.run(
             self._finish, job, spec.rank_owners(), state, message, values
@@ -661,11 +660,7 @@ class JobManager:
         why = job["message"].split(": ", 1)[1] if job["message"].startswith("starting on") else ""
         self.jobdir(job).event(
             f"job started{pool}: {plural(spec.world_size, 'rank')}"
-            + (
-                f" on {'GPUs' if len(where) > 1 else 'GPU'} {', '.join(where)}"
-                if where
-                else " on CPU"
-            )
+            + (f" on {noun(len(where), 'GPU')} {', '.join(where)}" if where else " on CPU")
             + (f" ({why})" if why else "")
         )
         try:

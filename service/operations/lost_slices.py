@@ -17,7 +17,7 @@ import logging
 from prometheus_client.core import GaugeMetricFamily
 
 from gpulab.scheduler.ledger import OWNER_KINDS
-from gpulab.scheduler.slices import SliceError, parse_gpu_milli
+from gpulab.scheduler.slices import SliceError, noun, parse_gpu_milli
 
 log = logging.getLogger("gpulab.service")
 
@@ -55,7 +55,7 @@ def finding(kind: str, unit: dict, missing: list[int], what: str) -> dict:
 
 def _numbered(word: str, members: list[int]) -> str:
     """``rank 1``, ``ranks 1, 3``."""
-    return f"{word if len(members) == 1 else word + 's'} {', '.join(map(str, members))}"
+    return f"{noun(len(members), word)} {', '.join(map(str, members))}"
 
 
 class LostSlices:
