@@ -35,6 +35,7 @@ import time
 from traitlets import Instance, Int, Unicode, default
 
 from gpulab.enforcement.accounts import separated, unreachable
+from gpulab.enforcement.user_env import user_python
 
 from .base import Backend, JobStatus
 from .failures import NODE0_LOG, failure
@@ -141,11 +142,17 @@ class LocalBackend(Backend):
         return env
 
     def node_launches(
-        self, spec: JobSpec, allocations: list[dict], port: int, private: bool = False
+        self,
+        spec: JobSpec,
+        allocations: list[dict],
+        port: int,
+        private: bool = False,
+        python: str | None = None,
     ):
         """Each node's launch; ``private``: in the job's own network namespace, where
         the agents' and the ranks' stores and gloo use its loopback (the host's name
-        would resolve to an address the namespace does not have)."""
+        would resolve to an address the namespace does not have); ``python``: the
+        ranks' interpreter (the owner's own environment), gpulab's by default."""
         jd = self.jobdir(spec.id)
         by_rank = {}
         for a in allocations:
@@ -162,7 +169,7 @@ class LocalBackend(Backend):
                 local_addr="127.0.0.1" if private else None,
                 ifname="lo" if private else None,
                 node_gpus=gpus,
-                launcher=torchrun_argv(self.python),
+                launcher=torchrun_argv(python or self.python),
             )
 
     async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
@@ -191,7 +198,8 @@ class LocalBackend(Backend):
         nodes = []
         procs = []
         self._children[spec.id] = procs
-        for launch in self.node_launches(spec, allocations, port, network.private):
+        python = user_python(account, self.python)  # what the owner `%pip install`ed too
+        for launch in self.node_launches(spec, allocations, port, network.private, python):
             env = {
                 **self._base_env(jd),
                 **(account.env() if account else {}),

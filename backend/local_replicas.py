@@ -37,6 +37,7 @@ import time
 from traitlets import Int, default
 
 from gpulab.enforcement.accounts import separated
+from gpulab.enforcement.user_env import user_python
 
 from .local import PASS_ENV, process_alive
 from .log_pipe import capped_log
@@ -92,7 +93,7 @@ class LocalReplicas(ServingBackend):
         """Launch one replica on its socket; returns its record (pid, socket)."""
         dep_id = dep["id"]
         env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
-        run_as, group = {}, None
+        run_as, group, account = {}, None, None
         env.update(HOME=self.path(dep_id))
         if self.accounts is not None:
             account = self.accounts.ensure(dep["user"])
@@ -127,7 +128,8 @@ class LocalReplicas(ServingBackend):
         # after the start (a dead replica's socket must refuse connections, not queue them).
         with self.sockets.bind(dep_id, replica) as sock:
             argv = [
-                self.python,
+                # The owner's own environment (a model's packages they installed), else gpulab's.
+                user_python(account, self.python),
                 "-m",
                 "gpulab.serving.server",
                 "--model-dir",

@@ -48,6 +48,7 @@ import time
 from traitlets import Instance, Unicode, default
 
 from gpulab.enforcement.accounts import separated
+from gpulab.enforcement.user_env import user_python
 from gpulab.scheduler.slices import MILLI_PER_GPU
 
 from .base import Backend, JobStatus
@@ -174,7 +175,8 @@ class SlurmBackend(Backend):
                 rdzv_port="@PORT@",  # node rank 0's launcher picks a free one
                 local_addr="@SELF@",
                 node_gpus=gpus_of[node],
-                launcher=torchrun_argv(self.python),
+                # The owner's own environment (what they `%pip install`ed), else gpulab's.
+                launcher=torchrun_argv(user_python(account, self.python)),
             )
             # The agent's log and the ranks' kept under the cap (slurm_launch, the runner).
             caps = {"GPULAB_LOG_MAX_BYTES": str(self.log_max_bytes)}

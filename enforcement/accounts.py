@@ -31,6 +31,7 @@ import pwd
 import re
 import stat
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ __all__ = [
     "Account",
     "AccountError",
     "UserAccounts",
+    "run_module_as",
     "separated",
     "unix_name",
     "unreachable",
@@ -298,6 +300,26 @@ def unreachable(path: str, execute: bool = False) -> str | None:
             f"{'run' if execute else 'read'} it; run `chmod o+r{'x' if execute else ''} "
             f"{path}`"
         )
+    return None
+
+
+def run_module_as(account: Account, module: str, *args: str) -> str | None:
+    """``python -I -m module args...`` as ``account``, in its home: the way root does
+    something in a user's home (a link they planted there cannot make root write
+    elsewhere). None on success, else the child's last line."""
+    run = subprocess.run(
+        # -I: not the home (the cwd) on sys.path, nor the user site: only gpulab runs.
+        [sys.executable, "-I", "-m", module, *args],
+        env={**account.env(), "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        cwd=account.home,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **account.popen_kwargs(),
+    )
+    if run.returncode:
+        lines = (run.stderr or run.stdout).strip().splitlines()
+        return lines[-1] if lines else f"exit status {run.returncode}"
     return None
 
 

@@ -11,7 +11,8 @@ if _override.exists():
     load_subconfig(str(_override))  # noqa: F821
 
 # Where one Unix account runs everyone's code (no root, or accounts turned off above),
-# the banner, the spawn form and %gpulab say so.
-from gpulab.hub_ext.single_account import say_single_account  # noqa: E402
+# the banner, the spawn form and %gpulab say so, and the hub is its first user's alone.
+from gpulab.hub_ext.single_account import one_person_only, say_single_account  # noqa: E402
 
 say_single_account(c)
+one_person_only(c, settings.data_dir)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
+
+from gpulab.enforcement.accounts import run_module_as
 
 #: What a user's home gets, relative to it.
 FOLDER = "examples"
@@ -56,23 +57,9 @@ def give_examples(source: str, home: str) -> None:
 
 
 def give_examples_as(account, source: str) -> str | None:
-    """:func:`give_examples` in a child process running as ``account``; None on
-    success, else the child's last line (the server starts anyway: a missing
-    example is not worth refusing a server for)."""
-    run = subprocess.run(
-        # -I: not the home (the cwd) on sys.path, nor the user site: only gpulab runs.
-        [sys.executable, "-I", "-m", "gpulab.spawner.examples", source, account.home],
-        env={**account.env(), "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-        cwd=account.home,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        **account.popen_kwargs(),
-    )
-    if run.returncode:
-        lines = (run.stderr or run.stdout).strip().splitlines()
-        return lines[-1] if lines else f"exit status {run.returncode}"
-    return None
+    """:func:`give_examples` as ``account``; None on success, else why not (the
+    server starts anyway: a missing example is not worth refusing a server for)."""
+    return run_module_as(account, "gpulab.spawner.examples", source, account.home)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,25 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 
 from jupyterhub.spawner import Spawner
-from traitlets import Bool, Unicode, default
+from traitlets import Bool, Dict, Unicode, default
 
-from gpulab.enforcement.accounts import Account, UserAccounts
+from gpulab.enforcement.accounts import Account, UserAccounts, unreachable
 from gpulab.enforcement.slice_env import strip_enforcement_vars
+from gpulab.enforcement.user_env import (
+    KERNEL_PREFIX,
+    bin_dir,
+    environment_kernelspec,
+    jupyter_dir,
+    kernel_folder,
+    kernelspec,
+    make_env_as,
+    user_python,
+    write_atomically,
+)
 
 from . import user_options
 from .examples import give_examples_as, shipped_examples
@@ -77,6 +89,28 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
         help="""Give each new user the example notebooks (`examples_dir`) on their first start.
 
         c.FractionalHostSpawner.give_examples = False
+        """,
+    ).tag(config=True)
+
+    own_environment = Bool(
+        True,
+        help="""Give each user a Python environment of their own in their home
+        (`~/.gpulab/env`, layered on gpulab's): `%pip install` in a notebook installs
+        there, persists across restarts, and their kernels, job ranks and model replicas
+        see it; nobody else does. Off: everyone runs gpulab's environment as it is.
+
+        c.FractionalHostSpawner.own_environment = False
+        """,
+    ).tag(config=True)
+
+    kernels = Dict(
+        key_trait=Unicode(),
+        value_trait=Unicode(),
+        help="""Python environments an admin adds, offered as kernels in every server
+        beside gpulab's: the name users see -> that environment's interpreter (which
+        needs ipykernel; gpulab's magics load where gpulab is installed in it).
+
+        c.FractionalHostSpawner.kernels = {"Python 3.12 (genomics)": "/opt/genomics/bin/python"}
         """,
     ).tag(config=True)
 
@@ -132,28 +166,35 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
     def _write_kernelspec(self) -> None:
         # A python3 kernelspec that loads gpulab's magics; first on JUPYTER_PATH,
         # it shadows the default one in gpulab's servers only. Every account reads it.
-        path = os.path.join(self.kernel_dir, "kernels", "python3")
-        os.makedirs(path, exist_ok=True)
-        for d in (self.kernel_dir, os.path.dirname(path), path):
-            os.chmod(d, 0o755)
-        spec = {
-            "argv": [
-                sys.executable,
-                "-m",
-                "ipykernel_launcher",
-                "-f",
-                "{connection_file}",
-                "--ext=gpulab.magics",
-            ],
-            "display_name": "Python 3 (gpulab)",
-            "language": "python",
-            "metadata": {"debugger": True},
-        }
-        tmp = os.path.join(path, f"kernel.json.{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump(spec, f, indent=1)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, os.path.join(path, "kernel.json"))
+        # (A user's own environment brings its own, ahead of this one.) Beside it, the
+        # admin's environments (`kernels`), each as gpulab-<its name>.
+        kernels = os.path.join(self.kernel_dir, "kernels")
+        specs = {"python3": kernelspec(sys.executable)}
+        for name, python in self.kernels.items():
+            problem = unreachable(python, execute=True)
+            if problem:  # the others are still offered; the hub's log says why not this one
+                self.log.warning("The kernel %r is not offered: %s", name, problem)
+                continue
+            specs[kernel_folder(name)] = environment_kernelspec(name, python)
+        for folder, spec in specs.items():
+            path = os.path.join(kernels, folder)
+            os.makedirs(path, exist_ok=True)
+            for d in (self.kernel_dir, kernels, path):
+                os.chmod(d, 0o755)
+            write_atomically(os.path.join(path, "kernel.json"), json.dumps(spec, indent=1))
+        for folder in os.listdir(kernels):  # an environment the admin took out
+            if folder.startswith(KERNEL_PREFIX) and folder not in specs:
+                shutil.rmtree(os.path.join(kernels, folder), ignore_errors=True)
+
+    async def _make_user_env(self) -> None:
+        """The account's own Python environment (made on its first start, brought up
+        to date on every start)."""
+        if not self.own_environment or self.account is None:
+            return
+        self.report_progress(45, "Preparing your Python environment")
+        problem = await asyncio.get_running_loop().run_in_executor(None, make_env_as, self.account)
+        if problem:  # the server starts on gpulab's environment; the hub's log says why
+            self.log.warning("No Python environment of its own for %s: %s", self.user.name, problem)
 
     async def _give_examples(self) -> None:
         """The example notebooks in the account's home, on its first start."""
@@ -185,6 +226,12 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
         env.update(getattr(self, "_slice", {}))
         env["GPULAB_API_URL"] = self.gpulab_public_api_url or self.gpulab_api_url
         paths = [self.kernel_dir] + [p for p in env.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+        if self.own_environment and user_python(self.account, sys.executable) != sys.executable:
+            # Their own kernel (their environment's python) and their own pip first.
+            paths.insert(0, jupyter_dir(self.account.home))
+            env["PATH"] = os.pathsep.join(
+                [bin_dir(self.account.home), env.get("PATH") or os.defpath]
+            )
         env["JUPYTER_PATH"] = os.pathsep.join(paths)
         cache = self._cache_dir()
         if cache:

@@ -108,6 +108,7 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
                 )
                 await self._hold_to_limits(milli, allocations)
                 await self._give_examples()
+                await self._make_user_env()
             self.report_progress(
                 50,
                 local_enforcement(

@@ -276,6 +276,7 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
                 )
             await self.show_placement(milli, allocations)
             self.account = await self._cluster_account()
+            await self._make_user_env()
             self._write_kernelspec()
             await self._submit(site, node, gres, milli)
             self.report_progress(60, STARTING_LAB)

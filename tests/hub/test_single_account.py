@@ -15,14 +15,16 @@ import os
 import pwd
 import re
 import subprocess
+from types import SimpleNamespace
 
 import psutil
 import pytest
 from hubproc import GPULAB, RunningHub, let_accounts_reach
 from logins import admin_password, log_in
+from tornado import web
 from traitlets.config import Config
 
-from gpulab.hub_ext.single_account import say_single_account
+from gpulab.hub_ext.single_account import OWNER_FILE, one_person_only, say_single_account
 from gpulab.magics.status import SINGLE_ACCOUNT_WARNING as STATUS_WARNING
 from gpulab.magics.status import slice_status
 from gpulab.spawner.form import SINGLE_ACCOUNT_ENV, SINGLE_ACCOUNT_WARNING, render_form
@@ -99,6 +101,15 @@ def test_single_account_says_so_on_the_banner_the_form_and_in_gpulab(tmp_path):
             and "jupyterhub-singleuser" in " ".join(p.info["cmdline"] or [])
         ]
         assert servers and {p.info["username"] for p in servers} == {ACCOUNT}
+        # The hub is now admin's alone: a second person's start is refused, with the fix.
+        hub.create_user("bob")
+        r = hub.spawn("bob", {"gpu_milli": 0})
+        assert r.status_code == 403, r.text
+        assert r.json()["message"] == (
+            f"This hub runs everyone's code as one account ({ACCOUNT}), so it is admin's "
+            f"alone. Ask its admin to run gpulab as root (each user then gets an account "
+            f"of their own)."
+        )
     finally:
         hub.stop()
 
@@ -120,6 +131,38 @@ def test_accounts_off_as_root_say_the_same():
     assert say_single_account(c, env, out) == ""
     assert (env, out.getvalue(), "environment" in c.Spawner) == ({}, "", False)
     assert "gpulab-single-account" not in render_form(AVAILABILITY, demo=False, shared_account="")
+
+
+def test_a_single_account_hub_is_its_first_users_unless_shared(tmp_path):
+    """The pre-spawn hook alone (the hub's refusal is checked above): the first start
+    claims the hub, others are refused unless c.SingleAccount.shared_by names them, and
+    the hub's own hook still runs."""
+
+    def spawner(name):
+        return SimpleNamespace(user=SimpleNamespace(name=name))
+
+    ran = []
+    c = Config()
+    c.UserAccounts.enabled = False
+    c.SingleAccount.shared_by = ["carol"]
+    c.Spawner.pre_spawn_hook = lambda s: ran.append(s.user.name)
+    one_person_only(c, tmp_path)
+    hook = c.Spawner.pre_spawn_hook
+    hook(spawner("alice"))
+    assert (tmp_path / OWNER_FILE).read_text() == "alice\n"
+    with pytest.raises(web.HTTPError) as refused:
+        hook(spawner("bob"))
+    assert refused.value.status_code == 403 and "it is alice's alone" in refused.value.log_message
+    hook(spawner("carol"))
+    hook(spawner("alice"))
+    assert ran == ["alice", "carol", "alice"]
+    # Anyone ("*"), or accounts of their own: no hook at all.
+    for shared, enabled in ((["*"], False), ([], True)):
+        c = Config()
+        c.UserAccounts.enabled = enabled
+        c.SingleAccount.shared_by = shared
+        one_person_only(c, tmp_path)
+        assert "pre_spawn_hook" not in c.Spawner
 
 
 def test_the_form_and_gpulab_use_the_same_words():
