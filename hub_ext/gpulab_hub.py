@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from gpulab.hub_ext.admin_page import show_slices_on_admin_page
 from gpulab.hub_ext.audit_hook import configure_audit
+from gpulab.hub_ext.held_elsewhere import offer_to_stop_what_else_is_held
 
 
 def service_access(service_name: str) -> str:
@@ -118,5 +119,7 @@ def add_gpulab_to_hub(
 
     # The admin page's "GPU slices" table, above JupyterHub's user list.
     show_slices_on_admin_page(c)
+    # The home page says what else the user holds (endpoints, jobs) and stops it.
+    offer_to_stop_what_else_is_held(c)
     # The audit trail's hub events (logins, server starts and stops, admin actions).
     configure_audit(c, api_url, service_token, service_name)

@@ -13,7 +13,7 @@ import pytest
 import requests
 import torch
 from hubproc import fresh_user, let_accounts_reach
-from logins import admin_password, browser_log_in
+from logins import admin_password, browser_log_in, log_in, sign_up_approved
 from playwright.sync_api import expect
 from support.wait import wait_until
 
@@ -166,4 +166,82 @@ def test_service_page_lists_jobs_and_endpoints_by_name(
     expect(endpoint).to_contain_text("1 / 1")
     expect(page.locator("body")).not_to_contain_text("milli")
     page.screenshot(path=os.path.join(artifacts_dir, "service-page.png"), full_page=True)
+    page.close()
+
+
+HOLDER = fresh_user("holder")
+
+
+def test_the_home_page_says_what_else_the_user_holds_and_stops_it(
+    hub, browser, artifacts_dir, tmp_path
+):
+    """ "Stop My Server" leaves endpoints and jobs holding their GPU: the home page says
+    so, and its "Stop them too" stops them (the user's own only)."""
+    password = "held-elsewhere-1"
+    sign_up_approved(hub, HOLDER, password)
+    token = hub.create_user(HOLDER)
+    hub.spawn_ready({HOLDER: {"gpu_milli": 0}})
+    r = hub.gpulab(
+        "POST", "/jobs", token=token, json={"code": SLEEPS, "name": "held-train", "gpu_milli": 100}
+    )
+    assert r.status_code == 201, r.text
+    job = r.json()
+    model_dir = tmp_path / "model"
+    export_model(
+        torch.nn.Linear(4, 3).eval(), torch.randn(2, 4), str(model_dir), name="m", max_batch_size=4
+    )
+    Client(hub.api, token=token).create_deployment(
+        str(model_dir), {"name": "held-linear", "gpu_milli": 100}
+    )
+    wait_until(
+        lambda: (
+            hub.gpulab("GET", f"/jobs/{job['id']}", token=token).json()["state"] == "running"
+            and hub.gpulab("GET", "/deployments/held-linear", token=token).json()["replicas_ready"]
+            == 1
+        ),
+        "the job running and the endpoint ready",
+        300,
+        detail=hub.log_tail,
+    )
+
+    # Without a login, nothing; another user sees only their own (none).
+    anonymous = requests.get(f"{hub.url}/hub/gpulab/held", allow_redirects=False, timeout=30)
+    assert anonymous.status_code in (302, 403), anonymous.status_code
+    admin = log_in(hub, "admin", admin_password(hub))
+    theirs = admin.get(f"{hub.url}/hub/gpulab/held", timeout=30).json()
+    assert all(i["user"] == "admin" for i in theirs["items"]), theirs
+    # A POST without the page's XSRF token (another site's form) stops nothing.
+    forged = log_in(hub, HOLDER, password).post(f"{hub.url}/hub/gpulab/held", timeout=30)
+    assert forged.status_code == 403, forged.text
+
+    page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+    page.set_default_timeout(120_000)
+    browser_log_in(page, hub, HOLDER, password)
+    page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
+    page.goto(f"{hub.url}/hub/home")
+    held = page.locator("#gpulab-held")
+    expect(held).to_be_visible()
+    expect(held).to_contain_text("These keep running when your server stops, holding 1/5 GPU:")
+    expect(held).to_contain_text("endpoint held-linear (1/10 GPU, running)")
+    expect(held).to_contain_text("job held-train (1/10 GPU, running)")
+    # The hub's own stop: the server goes, the box stays.
+    page.click("#stop")
+    hub.wait_server(HOLDER, ready=False)
+    expect(held).to_contain_text("endpoint held-linear")
+    page.screenshot(path=os.path.join(artifacts_dir, "home-held.png"), full_page=True)
+
+    page.click("#gpulab-stop-held")
+    # (The job's ranks get their grace to stop.)
+    expect(held).to_contain_text("Stopped endpoint held-linear, job held-train.", timeout=90_000)
+    page.screenshot(path=os.path.join(artifacts_dir, "home-held-stopped.png"), full_page=True)
+    assert hub.gpulab("GET", f"/jobs/{job['id']}", token=token).json()["state"] == "cancelled"
+    assert hub.gpulab("GET", "/deployments/held-linear", token=token).status_code == 404
+    assert all(
+        not a["owner"].startswith(f"{HOLDER}/")
+        for a in hub.gpulab("GET", "/allocations", token=token).json()
+    )
+    page.goto(f"{hub.url}/hub/home")
+    expect(page.locator("#gpulab-stop-held")).to_be_attached()
+    page.wait_for_load_state("networkidle")
+    expect(held).to_be_hidden()  # nothing held: nothing said
     page.close()

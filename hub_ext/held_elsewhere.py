@@ -1,0 +1,125 @@
+"""What a user holds besides their server, on the hub's home page, with a button to
+stop it.
+
+"Stop My Server" stops JupyterLab only: the user's endpoints keep serving and their
+jobs keep running, each holding its GPU slice. The home page (gpulab's
+``home.html``) therefore asks ``/hub/gpulab/held`` what else the user holds and offers
+"Stop them too"; a POST there stops them (each endpoint and job, as the owner would
+with ``%deploy --stop`` and ``gpulab.client.Client().cancel_job``).
+
+The handler runs in the hub and asks the gpulab service with the hub's own token,
+always for the user who is logged in (never a name from the request): a user sees
+and stops only their own. A POST carries the hub's XSRF token, as the hub's own
+forms do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import quote
+
+from jupyterhub.handlers import BaseHandler
+from tornado import web
+
+from gpulab.client.units import gpu_label
+from gpulab.spawner.service_client import ServiceClient
+
+#: The route, under the hub's prefix (/hub/).
+ROUTE = r"/gpulab/held"
+#: Job states that hold (running) or will hold (queued) a slice.
+ACTIVE_JOBS = ("queued", "running")
+#: Endpoint states that no longer hold anything.
+ENDED_ENDPOINTS = ("stopped", "failed")
+
+
+def endpoint_milli(dep: dict) -> int:
+    return sum(v["gpu_milli"] * v["replicas"] for v in dep.get("versions") or [])
+
+
+def held_items(deployments: list[dict], jobs: list[dict]) -> list[dict]:
+    """The user's live endpoints and jobs that outlive their server, each as the page
+    names it: kind, name, the slice in words, its state."""
+    items = []
+    for dep in deployments:
+        # One that follows the server (--stop-with-server) stops with it: not "else".
+        if dep["state"] in ENDED_ENDPOINTS or dep.get("stop_with_server"):
+            continue
+        milli = endpoint_milli(dep)
+        items.append(
+            {
+                "kind": "endpoint",
+                "user": dep["user"],
+                "id": dep["name"],
+                "name": dep["name"],
+                "milli": milli,
+                "size": gpu_label(milli),
+                "state": dep["state"],
+            }
+        )
+    for job in jobs:
+        if job["state"] not in ACTIVE_JOBS:
+            continue
+        milli = job["gpu_milli"] * job["world_size"] if job["state"] == "running" else 0
+        items.append(
+            {
+                "kind": "job",
+                "user": job["user"],
+                "id": job["id"],
+                "name": job.get("name") or job["id"],
+                "milli": milli,
+                "size": gpu_label(job["gpu_milli"] * job["world_size"]),
+                "state": job["state"],
+            }
+        )
+    return items
+
+
+class HeldHandler(BaseHandler):
+    """``GET``: what the logged-in user holds besides their servers; ``POST``: stop it."""
+
+    def service(self) -> ServiceClient:
+        # The hub's token and the service's address, as the user's spawner has them.
+        spawner = self.current_user.spawner
+        return ServiceClient(spawner.gpulab_api_url, spawner.gpulab_api_token, retry_seconds=5)
+
+    async def held(self) -> list[dict]:
+        user = self.current_user.name
+        client = self.service()
+        deployments = await client.request("GET", "/deployments", query={"user": user})
+        jobs = []
+        for state in ACTIVE_JOBS:
+            jobs += await client.request("GET", "/jobs", query={"user": user, "state": state})
+        return held_items(deployments, jobs)
+
+    @web.authenticated
+    async def get(self):
+        items = await self.held()
+        total = sum(i["milli"] for i in items)
+        self.set_header("Cache-Control", "no-store")
+        self.write({"items": items, "total_milli": total, "total": gpu_label(total)})
+
+    @web.authenticated
+    async def post(self):
+        client = self.service()
+        stopped = await self.held()
+
+        def stop(item):
+            what = "deployments" if item["kind"] == "endpoint" else "jobs"
+            path = f"/{what}/{quote(item['id'], safe='')}"
+            return client.request("DELETE", path, query={"user": item["user"]})
+
+        # Together: a job's stop waits out its ranks' grace; the others need not wait.
+        await asyncio.gather(*(stop(i) for i in stopped))
+        self.log.info(
+            "%s stopped from the home page: %s",
+            self.current_user.name,
+            ", ".join(f"{i['kind']} {i['name']}" for i in stopped) or "nothing",
+        )
+        self.write({"stopped": stopped})
+
+
+def offer_to_stop_what_else_is_held(c) -> None:
+    """Add the route to hub config ``c`` (the home page's template comes with gpulab's
+    hub pages, :mod:`.admin_page`), keeping a site's own extra handlers."""
+    handlers = list(c.JupyterHub.extra_handlers) if "extra_handlers" in c.JupyterHub else []
+    c.JupyterHub.extra_handlers = [h for h in handlers if h[0] != ROUTE] + [(ROUTE, HeldHandler)]
