@@ -59,15 +59,15 @@ def held_items(deployments: list[dict], jobs: list[dict]) -> list[dict]:
     for job in jobs:
         if job["state"] not in ACTIVE_JOBS:
             continue
-        milli = job["gpu_milli"] * job["world_size"] if job["state"] == "running" else 0
+        milli = job["gpu_milli"] * job["world_size"]
         items.append(
             {
                 "kind": "job",
                 "user": job["user"],
                 "id": job["id"],
                 "name": job.get("name") or job["id"],
-                "milli": milli,
-                "size": gpu_label(job["gpu_milli"] * job["world_size"]),
+                "milli": milli if job["state"] == "running" else 0,  # queued: holds none yet
+                "size": gpu_label(milli),
                 "state": job["state"],
             }
         )
