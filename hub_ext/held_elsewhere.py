@@ -21,7 +21,7 @@ from urllib.parse import quote
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from gpulab.client.units import gpu_label
+from gpulab.scheduler.slices import label as gpu_label
 from gpulab.spawner.service_client import ServiceClient
 
 #: The route, under the hub's prefix (/hub/).
