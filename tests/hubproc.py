@@ -247,6 +247,14 @@ class RunningHub:
         for p in procs:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+        # What the hub's own processes forked away from its tree (the standby endpoint
+        # router, when the service was killed above rather than stopped) still names
+        # this data dir: a test's hub leaves nothing running.
+        data_dir = str(self.data_dir.resolve())
+        for p in psutil.process_iter(["environ"]):
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                if (p.info["environ"] or {}).get("GPULAB_DATA_DIR") == data_dir:
+                    p.kill()
         self._log.close()
 
     # -- REST helpers ----------------------------------------------------------
