@@ -1,5 +1,6 @@
 """Benchmarks start real hubs with the same helper the tests use."""
 
+import contextlib
 import os
 import sys
 
@@ -17,3 +18,25 @@ def percentile(values, q):
     k = (len(values) - 1) * q / 100
     lo, hi = int(k), min(int(k) + 1, len(values) - 1)
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+@contextlib.contextmanager
+def serving_hub(work: str, dims: list[int]):
+    """A real hub (two simulated A100s) with the user "bench", and an MLP of ``dims``
+    built in ``work``: yields ``(hub, client, token, model_dir)``. The hub stops on
+    exit; on an error the end of its log is printed first."""
+    from serving_batching import build_model
+
+    from gpulab.client import Client
+
+    hub = RunningHub(os.path.join(work, "hub"), simulate="2xA100-80GB")
+    try:
+        token = hub.create_user("bench")
+        model_dir = os.path.join(work, "mlp")
+        build_model(dims, model_dir)
+        yield hub, Client(hub.api, token=token), token, model_dir
+    except Exception:
+        print(f"the hub's log ends:\n{hub.log_tail(6000)}", file=sys.stderr)
+        raise
+    finally:
+        hub.stop()

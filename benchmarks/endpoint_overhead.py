@@ -45,9 +45,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _hub import RunningHub, percentile  # noqa: E402
+from _hub import percentile, serving_hub  # noqa: E402
 from serving_batching import (  # noqa: E402
-    build_model,
     free_port,
     litserve_command,
     litserve_request,
@@ -80,8 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from gpulab.client import Client
-
     dims = [int(d) for d in args.dims.split(",")]
     rng = np.random.default_rng(0)
     rows = [rng.standard_normal(dims[0], dtype=np.float32) for _ in range(64)]
@@ -99,61 +96,56 @@ def main(argv: list[str] | None = None) -> int:
             skipped = "litserve is not installed (make bench-deps)"
     names = [DIRECT, HUB] + ([] if skipped else [LITSERVE])
     runs = {name: [] for name in names}  # per round: {throughput, latencies, errors, batch}
-    with tempfile.TemporaryDirectory(prefix="gpulab-bench-endpoint-") as work:
-        hub = RunningHub(os.path.join(work, "hub"), simulate="2xA100-80GB")
-        try:
-            token = hub.create_user("bench")
-            model_dir = os.path.join(work, "mlp")
-            build_model(dims, model_dir)
-            client = Client(hub.api, token=token)
-            client.create_deployment(
-                model_dir,
-                {
-                    "name": "mlp",
-                    "gpu_milli": 250,
-                    "max_batch_size": args.max_batch_size,
-                    "max_latency_ms": args.max_latency_ms,
-                },
-            )
-            dep = wait_running(client, "mlp")
-            model = (dep.get("model") or {}).get("name") or "mlp"
-            # The hub's only deployment: its replica's socket and secret are on disk
-            # (root's, as this benchmark runs: the router reaches replicas the same way).
-            sock, secret = replica_address(os.path.join(hub.data_dir, "deployments"))
-            metrics = (sock, {"Authorization": f"Bearer {secret}"})
-            endpoints = {
-                DIRECT: (f"http://localhost/v2/models/{model}/infer", f"Bearer {secret}", sock),
-                HUB: (f"{hub.url}{dep['path']}/v2/models/{model}/infer", f"token {token}", None),
-            }
-            lit_bodies = [litserve_request(rows[i % 64]) for i in range(args.requests)]
-            for r in range(args.rounds):
-                order = names[r % len(names) :] + names[: r % len(names)]
-                for name in order:
-                    if name == LITSERVE:
-                        lit_port = free_port()
-                        base = f"http://127.0.0.1:{lit_port}"
-                        cmd = litserve_command(
-                            model_dir,
-                            lit_port,
-                            args.max_batch_size,
-                            args.max_latency_ms,
-                            threads=0,  # torch's default, as the replica
-                        )
-                        with serving(cmd, f"{base}/health"):
-                            run = measure(f"{base}/predict", lit_bodies, n_warm, args.concurrency)
-                    else:
-                        url, auth, sock = endpoints[name]
-                        signed = [(b, {**h, "Authorization": auth}) for b, h in oip_bodies]
-                        run = measure(url, signed, n_warm, args.concurrency, metrics, sock)
-                    runs[name].append(run)
-                    print(
-                        f"round {r + 1}/{args.rounds}: {name}: {run['throughput']:.1f} req/s",
-                        file=sys.stderr,
-                        flush=True,
+    with (
+        tempfile.TemporaryDirectory(prefix="gpulab-bench-endpoint-") as work,
+        serving_hub(work, dims) as (hub, client, token, model_dir),
+    ):
+        client.create_deployment(
+            model_dir,
+            {
+                "name": "mlp",
+                "gpu_milli": 250,
+                "max_batch_size": args.max_batch_size,
+                "max_latency_ms": args.max_latency_ms,
+            },
+        )
+        dep = wait_running(client, "mlp")
+        model = (dep.get("model") or {}).get("name") or "mlp"
+        # The hub's only deployment: its replica's socket and secret are on disk
+        # (root's, as this benchmark runs: the router reaches replicas the same way).
+        sock, secret = replica_address(os.path.join(hub.data_dir, "deployments"))
+        metrics = (sock, {"Authorization": f"Bearer {secret}"})
+        endpoints = {
+            DIRECT: (f"http://localhost/v2/models/{model}/infer", f"Bearer {secret}", sock),
+            HUB: (f"{hub.url}{dep['path']}/v2/models/{model}/infer", f"token {token}", None),
+        }
+        lit_bodies = [litserve_request(rows[i % 64]) for i in range(args.requests)]
+        for r in range(args.rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for name in order:
+                if name == LITSERVE:
+                    lit_port = free_port()
+                    base = f"http://127.0.0.1:{lit_port}"
+                    cmd = litserve_command(
+                        model_dir,
+                        lit_port,
+                        args.max_batch_size,
+                        args.max_latency_ms,
+                        threads=0,  # torch's default, as the replica
                     )
-            client.stop_deployment("mlp")
-        finally:
-            hub.stop()
+                    with serving(cmd, f"{base}/health"):
+                        run = measure(f"{base}/predict", lit_bodies, n_warm, args.concurrency)
+                else:
+                    url, auth, sock = endpoints[name]
+                    signed = [(b, {**h, "Authorization": auth}) for b, h in oip_bodies]
+                    run = measure(url, signed, n_warm, args.concurrency, metrics, sock)
+                runs[name].append(run)
+                print(
+                    f"round {r + 1}/{args.rounds}: {name}: {run['throughput']:.1f} req/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        client.stop_deployment("mlp")
 
     encoding = "binary-extension" if args.binary else "JSON"
     print(

@@ -47,8 +47,8 @@ import numpy as np
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _hub import RunningHub, percentile  # noqa: E402
-from serving_batching import build_model, load, oip_request  # noqa: E402
+from _hub import percentile, serving_hub  # noqa: E402
+from serving_batching import load, oip_request  # noqa: E402
 
 PHASES = "ABC"
 
@@ -263,8 +263,6 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.phases) != 3 or len(args.clients) != 3:
         parser.error("--phases and --clients take three values (phases A, B, C)")
 
-    from gpulab.client import Client
-
     dims = [int(d) for d in args.dims.split(",")]
     rng = np.random.default_rng(0)
     bodies = [oip_request(rng.standard_normal(dims[0], dtype=np.float32), False) for _ in range(64)]
@@ -289,22 +287,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     results = []
-    with tempfile.TemporaryDirectory(prefix="gpulab-bench-autoscale-") as work:
-        hub = RunningHub(os.path.join(work, "hub"), simulate="2xA100-80GB")
-        try:
-            token = hub.create_user("bench")
-            model_dir = os.path.join(work, "mlp")
-            build_model(dims, model_dir)
-            client = Client(hub.api, token=token)
-            for label, name, spec, need in configs:
-                results.append(
-                    run_config(hub, client, token, model_dir, label, name, spec, need, args, bodies)
-                )
-        except Exception:
-            print(f"the hub's log ends:\n{hub.log_tail(6000)}", file=sys.stderr)
-            raise
-        finally:
-            hub.stop()
+    with (
+        tempfile.TemporaryDirectory(prefix="gpulab-bench-autoscale-") as work,
+        serving_hub(work, dims) as (hub, client, token, model_dir),
+    ):
+        for label, name, spec, need in configs:
+            results.append(
+                run_config(hub, client, token, model_dir, label, name, spec, need, args, bodies)
+            )
 
     report(results, args, dims)
     return 0

@@ -204,6 +204,24 @@ def _labels(name: str, extra: dict | None) -> dict:
     }
 
 
+def _checked_pod(name: str, *, replicas: int, labels: dict | None, **pod) -> tuple:
+    """``(full name, labels, pod template)`` of endpoint ``name``, its settings
+    checked first: what a Deployment and an InferenceService share."""
+    _check(
+        pod["model_dir"],
+        pod["models_root"],
+        replicas,
+        pod["port"],
+        pod["max_batch_size"],
+        pod["max_latency_ms"],
+        pod["max_queue"],
+    )
+    if not pod["models_pvc"]:
+        raise SpecError("models_pvc must name the PersistentVolumeClaim holding the model")
+    lab = _labels(name, labels)
+    return endpoint_name(name), lab, _pod(name, labels=lab, **pod)
+
+
 def make_deployment(
     name: str,
     *,
@@ -227,13 +245,10 @@ def make_deployment(
     ``models_pvc`` holds ``models_root``, under which ``model_dir`` lies;
     ``token_secret`` names a Secret whose ``token`` key the server demands.
     """
-    full = endpoint_name(name)
-    _check(model_dir, models_root, replicas, port, max_batch_size, max_latency_ms, max_queue)
-    if not models_pvc:
-        raise SpecError("models_pvc must name the PersistentVolumeClaim holding the model")
-    lab = _labels(name, labels)
-    template = _pod(
+    full, lab, template = _checked_pod(
         name,
+        replicas=replicas,
+        labels=labels,
         image=image,
         model_dir=model_dir,
         models_root=models_root,
@@ -243,7 +258,6 @@ def make_deployment(
         max_latency_ms=max_latency_ms,
         max_queue=max_queue,
         token_secret=token_secret,
-        labels=lab,
         priority_class=priority_class,
         pod_patch=pod_patch,
     )
@@ -295,16 +309,10 @@ def make_inference_service(
     (``minReplicas``, ``maxReplicas``, ``labels``, ``annotations`` for its pods);
     ``pod_patch`` works on a pod template made from it and is folded back.
     """
-    full = endpoint_name(name)
-    _check(model_dir, models_root, replicas, port, max_batch_size, max_latency_ms, max_queue)
-    if not models_pvc:
-        raise SpecError("models_pvc must name the PersistentVolumeClaim holding the model")
-    top = max_replicas if max_replicas is not None else replicas
-    if isinstance(top, bool) or not isinstance(top, int) or top < replicas:
-        raise SpecError(f"'max_replicas' must be an integer >= replicas ({replicas}), got {top!r}")
-    lab = _labels(name, labels)
-    template = _pod(
+    full, lab, template = _checked_pod(
         name,
+        replicas=replicas,
+        labels=labels,
         image=image,
         model_dir=model_dir,
         models_root=models_root,
@@ -314,11 +322,13 @@ def make_inference_service(
         max_latency_ms=max_latency_ms,
         max_queue=max_queue,
         token_secret=token_secret,
-        labels=lab,
         priority_class=priority_class,
         pod_patch=pod_patch,
         container_name="kserve-container",
     )
+    top = max_replicas if max_replicas is not None else replicas
+    if isinstance(top, bool) or not isinstance(top, int) or top < replicas:
+        raise SpecError(f"'max_replicas' must be an integer >= replicas ({replicas}), got {top!r}")
     # KServe routes to the one container port; it must not carry a name other than h2c/http1.
     template["spec"]["containers"][0]["ports"] = [{"containerPort": port, "protocol": "TCP"}]
     predictor = {

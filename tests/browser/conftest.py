@@ -1,4 +1,5 @@
 import pytest
+from hubproc import let_accounts_reach
 from playwright.sync_api import sync_playwright
 
 # Chromium from Debian (apt), driven by Playwright; the flags keep it off the
@@ -22,3 +23,14 @@ def browser():
         b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def hub(plain_hub):
+    """The session's shared hub (cleared when the module ends), its data dir reachable
+    by users' accounts again: another pytest session on this machine resets its
+    temporary root to 0700 when it starts. A module with a hub of its own (settings
+    the shared one lacks) defines ``hub`` itself."""
+    if plain_hub.accounts:
+        let_accounts_reach(plain_hub.data_dir)
+    return plain_hub

@@ -12,7 +12,7 @@ import threading
 import pytest
 import requests
 import torch
-from hubproc import fresh_user, let_accounts_reach
+from hubproc import fresh_user
 from logins import admin_password, browser_log_in, log_in, sign_up_approved
 from playwright.sync_api import expect
 from support.wait import wait_until
@@ -32,16 +32,6 @@ for step in range(100000):
     time.sleep(0.2)
     report(step=step)
 """
-
-
-@pytest.fixture
-def hub(plain_hub):
-    """The session's shared hub (cleared when this module ends), its data dir reachable
-    by users' accounts again: another pytest session on this machine resets its
-    temporary root to 0700 when it starts."""
-    if plain_hub.accounts:
-        let_accounts_reach(plain_hub.data_dir)
-    return plain_hub
 
 
 @pytest.fixture(scope="module")

@@ -43,11 +43,6 @@ LISTING = [
 
 
 @pytest.fixture(scope="module")
-def hub(plain_hub):
-    return plain_hub
-
-
-@pytest.fixture(scope="module")
 def tokens(hub):
     # Signed up first: a sign-up under a name the hub already has is refused.
     sign_up_approved(hub, USER, PASSWORD)

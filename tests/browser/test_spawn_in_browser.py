@@ -8,7 +8,7 @@ import re
 import threading
 
 import pytest
-from hubproc import fresh_user, let_accounts_reach
+from hubproc import fresh_user
 from logins import admin_password, browser_log_in, sign_up_approved
 from playwright.sync_api import expect
 from support.wait import wait_until
@@ -19,16 +19,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 #: alice's hub name; her quota is 500 milli-GPU (SHARED_HUB_CONFIG in tests/conftest.py).
 ALICE = "alice-browser"
 HOLDER = fresh_user("holder")
-
-
-@pytest.fixture(scope="module")
-def hub(plain_hub):
-    """The session's shared hub (empty when this module starts), its data dir reachable
-    by users' accounts again: another pytest session on this machine resets its
-    temporary root to 0700 when it starts."""
-    if plain_hub.accounts:
-        let_accounts_reach(plain_hub.data_dir)
-    return plain_hub
 
 
 def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_dir):

@@ -61,11 +61,6 @@ CHART_TEXT = """() => Array.from(document.querySelectorAll(
 
 
 @pytest.fixture(scope="module")
-def hub(plain_hub):
-    return plain_hub
-
-
-@pytest.fixture(scope="module")
 def server(hub):
     """USER's server; the notebooks are put in their home before the spawn."""
     # Signed up first: a sign-up under a name the hub already has is refused.

@@ -157,6 +157,14 @@ def world(hub, tmp_path_factory):
 
     hub_proc = psutil.Process(hub.proc.pid)
     chp = [p for p in hub_proc.children() if "configurable-http-proxy" in " ".join(p.cmdline())]
+    bobs_and_hubs = [
+        bob_lab.pid,
+        bob_kernel.pid,
+        bob_rank.pid,
+        bob_replica.pid,
+        hub.proc.pid,
+        hub.service_pid(),
+    ]
     targets = {
         "read": [
             *(str(hub.data_dir / s) for s in SECRETS),
@@ -179,23 +187,8 @@ def world(hub, tmp_path_factory):
             str(job_dir / "logs" / "planted.log"),
             str(hub.data_dir / "planted.txt"),
         ],
-        "environ": [
-            bob_lab.pid,
-            bob_kernel.pid,
-            bob_rank.pid,
-            bob_replica.pid,
-            hub.proc.pid,
-            hub.service_pid(),
-            *(p.pid for p in chp),
-        ],
-        "signal": [
-            bob_lab.pid,
-            bob_kernel.pid,
-            bob_rank.pid,
-            bob_replica.pid,
-            hub.proc.pid,
-            hub.service_pid(),
-        ],
+        "environ": [*bobs_and_hubs, *(p.pid for p in chp)],
+        "signal": bobs_and_hubs,
     }
     # Every target exists (seen as root), so "refused" below is a refusal, not a typo.
     for path in targets["read"] + targets["list"]:
