@@ -7,7 +7,6 @@ accounted for by the ledger, the replicas run on CPU.
 
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -284,10 +283,13 @@ def test_deployment_stops_with_its_owners_server_when_asked(hub, tokens, model_d
 
     assert hub.hub_api("DELETE", "/users/dave/server").status_code in (202, 204)
     hub.wait_server("dave", ready=False)
-    deadline = time.monotonic() + WAIT_S
-    while [d["name"] for d in dave.list_deployments()] != ["stays"]:
-        assert time.monotonic() < deadline, dave.list_deployments()
-        time.sleep(0.5)
+    wait_until(
+        lambda: [d["name"] for d in dave.list_deployments()] == ["stays"],
+        "only the deployment that does not follow the server to be left",
+        WAIT_S,
+        every=0.5,
+        detail=lambda: str(dave.list_deployments()),
+    )
     assert replica_pids(hub, followed["id"]) == []
     rows = hub.gpulab("GET", "/allocations", token=token).json()
     assert [r["owner"].split("/")[0] for r in rows] == [dave.get_deployment("stays")["id"]]

@@ -2,10 +2,9 @@
 saved notebook keeps, and a live table that stops once another cell runs (the
 end-to-end paths: tests/deploy/test_deploy_list_live.py, test_deploy_notebook.py)."""
 
-import time
-
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
+from support.wait import wait_until
 
 from gpulab.magics.deploy_list import list_bundle, list_html, list_table
 from gpulab.magics.deploy_live import LiveTable
@@ -73,23 +72,12 @@ def test_the_text_form_stays_a_short_table():
 
 def test_a_live_table_stops_refreshing_when_the_next_cell_runs():
     shell = InteractiveShell.instance()
-    calls = []
-
-    def table():
-        calls.append(time.monotonic())
-        return list_bundle([endpoint("sentiment")])
-
-    live = LiveTable(table, every=0.05, watch=60)
+    live = LiveTable(lambda: list_bundle([endpoint("sentiment")]), every=0.05, watch=60)
     with capture_output():
         live.show()
-        deadline = time.monotonic() + 30
-        while live.refreshes < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert live.refreshes >= 2
+        wait_until(lambda: live.refreshes >= 2, "two refreshes of the live table", 30, every=0.05)
         shell.run_cell("1 + 1")  # the notebook moves on
         live._thread.join(timeout=30)
     assert not live._thread.is_alive()
-    asked = len(calls)
-    time.sleep(0.3)
-    assert len(calls) == asked  # no more reads, so no more rewrites of that output
+    # The refresher has ended: no more reads, so no more rewrites of that output.
     assert live._next_cell not in shell.events.callbacks["pre_run_cell"]
