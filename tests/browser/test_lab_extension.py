@@ -20,6 +20,7 @@ for folder in ("jobs", "training"):
 from cells import LINEAR
 from hubproc import fresh_user
 from jobhelpers import submit, wait_job
+from lab_dialogs import dismiss_false_connection_lost
 from logins import browser_log_in, log_in, sign_up_approved
 from playwright.sync_api import expect
 from support.wait import wait_until
@@ -100,6 +101,7 @@ def open_lab(browser, hub):
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=hub.url)
     page = context.new_page()
     page.set_default_timeout(120_000)
+    dismiss_false_connection_lost(page, hub, USER)
     errors = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))

@@ -12,6 +12,7 @@ import sys
 import nbformat
 import pytest
 from hubproc import fresh_user
+from lab_dialogs import dismiss_false_connection_lost
 from logins import browser_log_in, sign_up_approved
 from playwright.sync_api import expect
 from support.wait import wait_until
@@ -89,6 +90,7 @@ def lab(browser, hub, server):
     context = browser.new_context(viewport={"width": 1400, "height": 1400})
     page = context.new_page()
     page.set_default_timeout(120_000)
+    dismiss_false_connection_lost(page, hub, USER)
     browser_log_in(page, hub, USER, PASSWORD)
     page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
     yield page
