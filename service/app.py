@@ -72,11 +72,13 @@ from gpulab.service.jobs.preemption import Preemption
 from gpulab.service.operations.actions import AlertActions
 from gpulab.service.operations.alerts import AlertEngine
 from gpulab.service.operations.audit import LOOPBACK, AuditLog
+from gpulab.service.operations.facts import FactsBuilder
 from gpulab.service.operations.lost_slices import LostSlices
 from gpulab.service.operations.metrics import OpsCollector
 from gpulab.service.operations.reconcile import Reconciler
 from gpulab.service.operations.rules import DEFAULTS as ALERT_DEFAULTS
-from gpulab.service.operations.self_healing import SelfHealing
+from gpulab.service.operations.rules import Thresholds
+from gpulab.service.operations.self_healing import CordonCollector, SelfHealing
 from gpulab.service.plugins import (
     INVENTORIES,
     JOB_BACKENDS,
@@ -86,7 +88,7 @@ from gpulab.service.plugins import (
 )
 from gpulab.service.sharing import SharingSettings
 from gpulab.service.telemetry.local_sampler import LocalSampler
-from gpulab.service.telemetry.metrics import Metrics
+from gpulab.service.telemetry.metrics import EndpointCollector, LedgerCollector, Metrics
 from gpulab.service.telemetry.store import TelemetryStore
 from gpulab.telemetry import SampleCollector
 
@@ -731,11 +733,13 @@ class GpuLabService(SharingSettings, Application):
                 raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from e
         for step in (
             self.init_logging,
+            self.init_hub,
             self.init_db,
             self.init_ledger,
             self.init_audit,
             self.init_jobs,
             self.init_deployments,
+            self.init_reconcile,
             self.init_telemetry,
             self.init_alerts,
             self.init_handlers,
@@ -751,6 +755,16 @@ class GpuLabService(SharingSettings, Application):
         logging.basicConfig(
             level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s"
         )
+
+    def init_hub(self):
+        """The hub's API (``self.hub``, built from these variables), which the parts
+        built below ask: which servers run, who a token is."""
+        for name in ("JUPYTERHUB_API_URL", "JUPYTERHUB_API_TOKEN"):
+            if not os.environ.get(name):
+                raise ConfigError(
+                    f"${name} is not set: the service runs under JupyterHub "
+                    f"(c.JupyterHub.services), which sets it"
+                )
 
     def init_db(self):
         # What the service writes (databases, job and model files) is private
@@ -798,10 +812,8 @@ class GpuLabService(SharingSettings, Application):
             ),
         )
         self.priorities = self.make_priorities()
-        self.metrics = Metrics(self)
-        self.lost_slices = LostSlices(self)
-        self.metrics.registry.register(self.lost_slices)
-        self.reconciler = Reconciler(self)
+        self.metrics = Metrics()
+        self.metrics.registry.register(LedgerCollector(self.ledger, self.gpus))
 
     def init_audit(self):
         """The audit trail; its writes run on the service's database threads."""
@@ -834,6 +846,22 @@ class GpuLabService(SharingSettings, Application):
         refuse_local_user_code(self, "serving_backend_class", serving and serving.serving)
         # Configuration errors surface here, before anything listens.
         self.deployments = DeploymentManager(self)
+        self.metrics.registry.register(EndpointCollector(self.deployments))
+
+    def init_reconcile(self):
+        """The ledger kept true against the hub: slices of servers that are gone
+        released, live servers, jobs and endpoints without their slice found."""
+        self.lost_slices = LostSlices(
+            hub=self.hub, ledger=self.ledger, jobs=self.jobs, deployments=self.deployments
+        )
+        self.metrics.registry.register(self.lost_slices)
+        self.reconciler = Reconciler(
+            hub=self.hub,
+            ledger=self.ledger,
+            lost_slices=self.lost_slices,
+            server_stopped=self.server_stopped,
+            interval=self.reconcile_interval,
+        )
 
     def _deprecated_shortcut(self, old: str, trait: str, instead: str) -> None:
         """A dict setting of old (kubernetes_jobs...) selects the Kubernetes class."""
@@ -857,8 +885,15 @@ class GpuLabService(SharingSettings, Application):
     def init_telemetry(self):
         self.telemetry = TelemetryStore()
         self.metrics.registry.register(SampleCollector(self.telemetry.latest_for_export))
-        self.sampler = LocalSampler(self) if self.local_sampler else None
-        self.healer = SelfHealing(self)
+        if self.local_sampler:
+            self.sampler = LocalSampler(
+                telemetry=self.telemetry, node=self.node_name, interval=self.sample_interval
+            )
+        self.healer = SelfHealing(
+            ledger=self.ledger, gpus=self.gpus, jobs=self.jobs, audit=self.audit
+        )
+        self.telemetry.listeners.append(self.healer.observe)
+        self.metrics.registry.register(CordonCollector(self.ledger, self.gpus))
 
     def init_alerts(self):
         """The alert engine (its rules read the settings above) and the metrics the
@@ -873,23 +908,41 @@ class GpuLabService(SharingSettings, Application):
                 raise ConfigError(
                     f"c.GpuLabService.{name} must be positive, got {getattr(self, name)}"
                 )
-        self.alerts = AlertEngine(self)
+        self.alerts = AlertEngine(
+            builder=FactsBuilder(
+                ledger=self.ledger,
+                engine=self.engine,
+                db_threads=self.db_threads,
+                telemetry=self.telemetry,
+                jobs=self.jobs,
+                deployments=self.deployments,
+                data_dir=self.data_dir,
+            ),
+            thresholds=Thresholds.from_service(self),
+            engine=self.engine,
+            db_threads=self.db_threads,
+            interval=self.alert_interval_seconds,
+            webhook_url=self.alert_webhook_url,
+            prefix=self.prefix,
+        )
         for name in ("job_stall_restarts", "gpu_idle_cull_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(
                     f"c.GpuLabService.{name} must be 0 (off) or more, got {getattr(self, name)}"
                 )
-        self.alert_actions = AlertActions(self)
+        self.alert_actions = AlertActions(
+            alerts=self.alerts,
+            healer=self.healer,
+            hub=self.hub,
+            audit=self.audit,
+            stall_restarts=self.job_stall_restarts,
+            cull_seconds=self.gpu_idle_cull_seconds,
+            alert_interval=self.alert_interval_seconds,
+        )
         self.metrics.registry.register(OpsCollector(self.alerts))
 
     def init_handlers(self):
         listen_addresses.check_addresses(self.extra_listen_ips)  # a bad one: ConfigError
-        for name in ("JUPYTERHUB_API_URL", "JUPYTERHUB_API_TOKEN"):
-            if not os.environ.get(name):
-                raise ConfigError(
-                    f"${name} is not set: the service runs under JupyterHub "
-                    f"(c.JupyterHub.services), which sets it"
-                )
         self.tornado_app = self.make_app()
 
     # -- identities and groups ---------------------------------------------------

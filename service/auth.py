@@ -68,6 +68,11 @@ class TokenAnswers(_ExpiringDict):
 
 #: The hub's events after which a user's cached token answers are dropped at once.
 TOKEN_EVENTS = frozenset({"token.delete", "user.delete"})
+#: The hub's events after which its answers about groups and users are asked anew:
+#: quotas, guarantees, shares and usage by group follow a membership change at once.
+MEMBERSHIP_EVENTS = frozenset(
+    {"group.create", "group.delete", "group.change", "user.update", "user.delete"}
+)
 
 
 def forget_tokens_of(service, name: str) -> None:

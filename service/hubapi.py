@@ -54,6 +54,13 @@ class HubAPI:
                 return None
             raise
 
+    def forget_memberships(self) -> None:
+        """Drop the kept answers about groups and users (their groups, admin flag):
+        the hub said one changed, so the next question asks it again."""
+        self._cache = {
+            k: v for k, v in self._cache.items() if not k.startswith(("user:", "groups"))
+        }
+
     async def groups(self) -> list[dict]:
         """Every group with its members and properties."""
         return await self._cached("groups", "/groups")

@@ -19,7 +19,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from gpulab.service.api.query_args import time_arg
-from gpulab.service.auth import TOKEN_EVENTS, APIHandler, forget_tokens_of
+from gpulab.service.auth import MEMBERSHIP_EVENTS, TOKEN_EVENTS, APIHandler, forget_tokens_of
 from gpulab.service.operations.audit import (
     ACTION_PATTERN,
     ACTOR_KINDS,
@@ -128,6 +128,8 @@ class AuditHandler(APIHandler):
             action = kwargs.pop("action")
             if action in TOKEN_EVENTS and kwargs.get("user") and kwargs["result"] == "ok":
                 forget_tokens_of(self.gpulab, kwargs["user"])  # a revoked token: now
+            if action in MEMBERSHIP_EVENTS and kwargs["result"] == "ok":
+                self.gpulab.hub.forget_memberships()
             ids.append(await self.trail.record(action, kwargs.pop("subject"), **kwargs))
         self.write_json({"ids": ids}, status=201)
 

@@ -36,15 +36,30 @@ def _epoch(iso: str | None) -> float:
 
 
 class AlertActions:
-    def __init__(self, service, clock=gpulab_clock.now):
-        self.service = service
+    def __init__(
+        self,
+        *,
+        alerts,
+        healer,
+        hub,
+        audit=None,
+        stall_restarts: int,
+        cull_seconds: float,
+        alert_interval: float,
+        clock=gpulab_clock.now,
+    ):
+        self.alerts = alerts
+        self.healer = healer
+        self.hub = hub
+        self.audit_log = audit  # the service's audit trail, when it keeps one
         self.clock = clock
-        self.stall_restarts = int(service.job_stall_restarts)
-        self.cull_seconds = float(service.gpu_idle_cull_seconds)
+        self.stall_restarts = int(stall_restarts)
+        self.cull_seconds = float(cull_seconds)
+        self.alert_interval = alert_interval
         self._restarted: dict[str, int] = {}  # job id -> restarts for stalling
         self._stopping: set[str] = set()  # servers asked to stop ("user/name")
         self._task = KeptTask("gpulab-gpu-idle-culling", self.loop)
-        service.alerts.subscribe(self.on_alert)
+        alerts.subscribe(self.on_alert)
 
     async def start(self) -> None:
         if self.cull_seconds > 0:
@@ -64,7 +79,7 @@ class AlertActions:
         if done >= self.stall_restarts:
             log.info("Job %s stalled again; it had its %d restart(s)", job_id, done)
             return
-        if await self.service.healer.restart_stalled(job_id, alert["message"]):
+        if await self.healer.restart_stalled(job_id, alert["message"]):
             self._restarted[job_id] = done + 1
             await self._audit(
                 "job.restart", job_id, alert["owner"], reason=alert["message"], restart=done + 1
@@ -72,7 +87,7 @@ class AlertActions:
 
     # -- GPU-idle servers --------------------------------------------------------------
     async def loop(self) -> None:
-        every = min(30.0, max(0.5, self.service.alert_interval_seconds))
+        every = min(30.0, max(0.5, self.alert_interval))
         while True:
             try:
                 await self.cull()
@@ -85,8 +100,8 @@ class AlertActions:
         stopped = []
         # An alert's "since" is when its finding was first seen; it fired once the
         # finding had held for the rule's duration, and the warning counts from then.
-        held_for = self.service.alerts.by_name["SliceIdle"].for_s
-        for alert in self.service.alerts.firing():
+        held_for = self.alerts.by_name["SliceIdle"].for_s
+        for alert in self.alerts.firing():
             server = alert["subject"]
             if (
                 alert["name"] != "SliceIdle"
@@ -97,15 +112,14 @@ class AlertActions:
                 continue
             user, _, name = server.partition("/")
             self._stopping.add(server)
-            await self.service.hub.stop_server(user, name)
+            await self.hub.stop_server(user, name)
             log.warning("Stopped %s's server %r: %s", user, name, alert["message"])
             await self._audit("server.stop", server, user, reason=alert["message"])
             stopped.append(server)
         return stopped
 
     async def _audit(self, action: str, subject: str, user: str | None, **detail) -> None:
-        trail = getattr(self.service, "audit", None)
-        if trail is not None:
-            await trail.record(
+        if self.audit_log is not None:
+            await self.audit_log.record(
                 action, subject, actor=SYSTEM, actor_kind="system", user=user, **detail
             )

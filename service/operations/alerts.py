@@ -105,19 +105,33 @@ def list_alerts(
 
 
 class AlertEngine:
-    def __init__(self, service, clock=gpulab_clock.now):
-        self.service = service
-        self.engine = service.engine
+    """Judges the :class:`FactsBuilder`'s facts with the rules every ``interval``
+    seconds; keeps the alerts in ``engine``'s table (written on ``db_threads``); tells
+    subscribers and the webhook (``webhook_url``) what fired and what resolved."""
+
+    def __init__(
+        self,
+        *,
+        builder: FactsBuilder,
+        thresholds: Thresholds,
+        engine,
+        db_threads,
+        interval: float,
+        webhook_url: str = "",
+        prefix: str = "/services/gpulab/",
+        clock=gpulab_clock.now,
+    ):
+        self.engine = engine
+        self.db_threads = db_threads
+        self.prefix = prefix
         self.clock = clock
-        self.interval = float(service.alert_interval_seconds)
-        self.thresholds = Thresholds.from_service(service)
+        self.interval = float(interval)
+        self.thresholds = thresholds
         self.rules: list[Rule] = rules(self.thresholds)
         self.by_name = {r.name: r for r in self.rules}
-        self.builder = FactsBuilder(service, clock)
+        self.builder = builder
         self.webhook = (
-            AlertWebhook(service.alert_webhook_url, external_url=self._external_url())
-            if service.alert_webhook_url
-            else None
+            AlertWebhook(webhook_url, external_url=self._external_url()) if webhook_url else None
         )
         #: The latest snapshot (for the metrics the chart's rules read).
         self.last_facts: Facts | None = None
@@ -132,13 +146,13 @@ class AlertEngine:
         # The hub's public origin, where it is known; the prefix carries any base_url.
         public = urlsplit(os.environ.get("JUPYTERHUB_PUBLIC_URL", ""))
         origin = f"{public.scheme}://{public.netloc}" if public.netloc else ""
-        return f"{origin}{self.service.prefix.rstrip('/')}/api/v1/alerts"
+        return f"{origin}{self.prefix.rstrip('/')}/api/v1/alerts"
 
     # -- running ---------------------------------------------------------------------
     async def start(self) -> None:
         """Reload the alerts still firing (a restart), then evaluate every interval."""
         try:
-            rows = await self.service.db_threads.run(self._load_open)
+            rows = await self.db_threads.run(self._load_open)
             self._open = {r.key: alert_json(r) | {"_key": r.key} for r in rows}
         except Exception:
             log.exception("Reloading open alerts")
@@ -207,9 +221,7 @@ class AlertEngine:
         ]
         if not (fire or changed or resolve) and now - self._pruned_at < PRUNE_EVERY_S:
             return
-        fired, resolved = await self.service.db_threads.run(
-            self._write, now, fire, changed, resolve
-        )
+        fired, resolved = await self.db_threads.run(self._write, now, fire, changed, resolve)
         for alert in fired:
             self._pending.pop(alert["_key"], None)
             self._open[alert["_key"]] = alert

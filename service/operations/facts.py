@@ -71,8 +71,29 @@ class _Restarts:
 
 
 class FactsBuilder:
-    def __init__(self, service, clock=gpulab_clock.now):
-        self.service = service
+    """What the rules judge, read once a round from the service's parts: the
+    ledger and its database (on ``db_threads``), the telemetry store, the job and
+    deployment managers, and the disk of ``data_dir``."""
+
+    def __init__(
+        self,
+        *,
+        ledger,
+        engine,
+        db_threads,
+        telemetry,
+        jobs,
+        deployments,
+        data_dir: str,
+        clock=gpulab_clock.now,
+    ):
+        self.ledger = ledger
+        self.engine = engine
+        self.db_threads = db_threads
+        self.telemetry = telemetry
+        self.jobs = jobs
+        self.deployments = deployments
+        self.data_dir = data_dir
         self.clock = clock
         self._nodes: dict[str, float] = {}  # node -> ts of its newest sample
         self._prev: dict[str, dict] = {}  # node -> the newest sample looked at
@@ -84,7 +105,7 @@ class FactsBuilder:
     async def build(self) -> Facts:
         now = self.clock()
         versions = self._versions(now)  # the manager's memory: on the event loop
-        facts = await self.service.db_threads.run(self._build, now)
+        facts = await self.db_threads.run(self._build, now)
         facts.versions = versions
         return facts
 
@@ -92,7 +113,7 @@ class FactsBuilder:
         facts = Facts(now=now)
         self._telemetry(facts)
         self._jobs(facts)
-        ledger = self.service.ledger
+        ledger = self.ledger
         facts.allocations = ledger.list()
         for user, used in sorted(ledger.usage().items()):
             limit = ledger.quotas.user_limit(user)
@@ -103,8 +124,7 @@ class FactsBuilder:
 
     # -- telemetry -----------------------------------------------------------------
     def _telemetry(self, facts: Facts) -> None:
-        store = getattr(self.service, "telemetry", None)
-        by_node = store.since(None) if store is not None else {}
+        by_node = self.telemetry.since(None)
         for node, samples in by_node.items():
             samples = sorted(samples, key=lambda s: s["ts"])
             if not samples:
@@ -170,9 +190,7 @@ class FactsBuilder:
 
     # -- jobs ----------------------------------------------------------------------
     def _jobs(self, facts: Facts) -> None:
-        manager = getattr(self.service, "jobs", None)
-        if manager is None:
-            return
+        manager = self.jobs
         running = manager.queue.list(states=("running",))
         cursors = {}
         for job in running:
@@ -211,7 +229,7 @@ class FactsBuilder:
         t = jobs_table
         cutoff = dt.datetime.fromtimestamp(now - JOB_FAILED_WINDOW_S, dt.UTC)
         out = []
-        with self.service.engine.connect() as conn:
+        with self.engine.connect() as conn:
             failed = conn.execute(
                 select(t.c.id, t.c.user, t.c.name, t.c.submitted, t.c.finished, t.c.message).where(
                     and_(t.c.state == "failed", t.c.finished >= cutoff)
@@ -244,9 +262,7 @@ class FactsBuilder:
 
     # -- deployments -----------------------------------------------------------------
     def _versions(self, now: float) -> list[dict]:
-        manager = getattr(self.service, "deployments", None)
-        if manager is None:
-            return []
+        manager = self.deployments
         out = []
         for dep in manager.store.list():
             try:
@@ -280,7 +296,7 @@ class FactsBuilder:
     def _disks(self) -> list[dict]:
         out, seen = [], set()
         for role, path in (
-            ("data", self.service.data_dir),
+            ("data", self.data_dir),
             ("dataset_cache", os.environ.get(CACHE_DIR_ENV, "")),
         ):
             if not path or path in seen:

@@ -61,18 +61,20 @@ def _numbered(word: str, members: list[int]) -> str:
 class LostSlices:
     """Live owners that hold no slice, as of the last reconcile pass."""
 
-    def __init__(self, service):
-        self.service = service
+    def __init__(self, *, hub, ledger, jobs, deployments):
+        self.hub = hub
+        self.ledger = ledger
+        self.jobs = jobs
+        self.deployments = deployments
         self.checked: str | None = None
         self.lost: list[dict] = []
         self._suspects: dict[tuple[str, str], dict] = {}
 
     async def check(self) -> list[dict]:
-        svc = self.service
-        servers = await svc.hub.active_server_models()
+        servers = await self.hub.active_server_models()
         # After the hub's answer: a server that stopped meanwhile has no row, but
         # it is no longer in the next pass's answer either.
-        held = {(a["owner_kind"], a["owner"]) for a in await svc.ledger.aio.list()}
+        held = {(a["owner_kind"], a["owner"]) for a in await self.ledger.aio.list()}
         found = {}
         for owner, model in servers.items():
             milli = _server_milli(model)
@@ -90,14 +92,13 @@ class LostSlices:
                     "message": f"server {owner} is running with {milli} "
                     f"milli-GPU but holds no slice",
                 }
-        for job in svc.jobs.queue.list(states=("running",)) if svc.jobs is not None else []:
+        for job in self.jobs.queue.list(states=("running",)):
             ranks = job["nodes"] * job["nproc_per_node"] if job["gpu_milli"] else 0
             missing = unheld(held, "job", job["id"], ranks)
             if missing:
                 what = f"job {job['id']} is running but {_numbered('rank', missing)}"
                 found[("job", job["id"])] = finding("job", job, missing, what)
-        deployments = svc.deployments
-        for dep in deployments.store.list() if deployments is not None else []:
+        for dep in self.deployments.store.list():
             placed = dep["gpu_milli"] and dep["state"] != "failed"
             missing = unheld(held, "deployment", dep["id"], dep["replicas"] if placed else 0)
             if missing:

@@ -16,7 +16,7 @@ Servers and endpoint replicas on a cordoned GPU are left where they are (their
 owner or an admin restarts them; a restart is placed on a healthy GPU); the
 service logs each one.
 
-``service.healer.restart_stalled(job_id)`` restarts a job that makes no progress
+``healer.restart_stalled(job_id)`` restarts a job that makes no progress
 (the JobStalled alert): its processes are stopped and it is requeued the same
 way, resuming from its latest checkpoint.
 
@@ -49,8 +49,9 @@ class CordonCollector:
     """``gpulab_gpu_cordoned``: 1 for a GPU out of placement, 0 otherwise, read from
     the ledger at scrape time, with DCGM's labels (a MIG parent: ``gpu`` empty)."""
 
-    def __init__(self, service):
-        self.service = service
+    def __init__(self, ledger, gpus: list):
+        self.ledger = ledger
+        self.gpus = gpus
 
     def describe(self) -> list:
         return []
@@ -61,9 +62,9 @@ class CordonCollector:
             "1 when the GPU is cordoned (takes no new slices: faults or an admin), else 0.",
             labels=["hostname", "gpu", "UUID", "modelName"],
         )
-        cordons = self.service.ledger.cordons()
+        cordons = self.ledger.cordons()
         parents: dict[str, tuple[str, str]] = {}
-        for g in self.service.gpus:
+        for g in self.gpus:
             if g.mig_parent:
                 parents.setdefault(g.mig_parent, (g.node, g.model.removesuffix(" MIG")))
                 continue
@@ -76,10 +77,14 @@ class CordonCollector:
 
 
 class SelfHealing:
-    """Judges each stored sample's GPUs; cordons faulty ones and moves their jobs."""
+    """Judges each stored sample's GPUs; cordons faulty ones and moves their jobs.
+    The telemetry store hands it each sample (:meth:`observe` is its listener)."""
 
-    def __init__(self, service):
-        self.service = service
+    def __init__(self, *, ledger, gpus: list, jobs, audit=None):
+        self.ledger = ledger
+        self.gpus = gpus
+        self.jobs = jobs
+        self.audit_log = audit  # the service's audit trail, when it keeps one
         self._pending: deque[dict] = deque(maxlen=MAX_PENDING)
         self._previous: dict[str, dict[str, dict]] = {}  # node -> uuid -> GPU before
         #: Samples judged so far (a test knows from it that the healer has caught up).
@@ -89,8 +94,6 @@ class SelfHealing:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._task = KeptTask("gpulab-self-healing", self.run)
-        service.telemetry.listeners.append(self.observe)
-        service.metrics.registry.register(CordonCollector(service))
 
     # -- running -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -143,7 +146,7 @@ class SelfHealing:
 
     async def heal(self, uuid: str, faults: list[str]) -> None:
         """Cordon ``uuid`` (unless it is already) and move every job off it."""
-        ledger = self.service.ledger
+        ledger = self.ledger
         reason = "; ".join(faults)
         # A lost GPU faults in every sample: one read, and a write only the first time.
         cordon = (await ledger.aio.run(ledger.cordons)).get(uuid)
@@ -163,14 +166,13 @@ class SelfHealing:
     async def move_off(self, uuid: str, why: str) -> list[str]:
         """Preempt every job holding a slice on ``uuid`` (or its MIG devices); log the
         servers and endpoint replicas left there. The ids of the jobs asked to move."""
-        svc = self.service
-        on_it = {g.uuid for g in svc.gpus if uuid in (g.uuid, g.mig_parent)}
-        rows = [a for a in await svc.ledger.aio.list() if a["gpu_uuid"] in on_it]
+        on_it = {g.uuid for g in self.gpus if uuid in (g.uuid, g.mig_parent)}
+        rows = [a for a in await self.ledger.aio.list() if a["gpu_uuid"] in on_it]
         moved = []
         for job_id in sorted(
             {a["owner"].split("/", 1)[0] for a in rows if a["owner_kind"] == "job"}
         ):
-            if svc.jobs is not None and await svc.jobs.move(job_id, f"a move: {why}", why):
+            if await self.jobs.move(job_id, f"a move: {why}", why):
                 log.warning("Job %s moves off GPU %s", job_id, uuid)
                 moved.append(job_id)
         for a in rows:
@@ -191,9 +193,7 @@ class SelfHealing:
         """Stop a job that makes no progress and requeue it; it resumes from its latest
         checkpoint. For the JobStalled alert; False if the job is not running."""
         why = "the job made no progress (JobStalled)" + (f": {detail}" if detail else "")
-        restarted = self.service.jobs is not None and await self.service.jobs.restart(
-            job_id, f"a restart: {why}", why
-        )
+        restarted = await self.jobs.restart(job_id, f"a restart: {why}", why)
         if restarted:
             log.warning("Restarted stalled job %s", job_id)
         return bool(restarted)
@@ -201,6 +201,5 @@ class SelfHealing:
     # -- the audit trail -----------------------------------------------------------------
     async def audit(self, action: str, uuid: str, actor: str, actor_kind: str, **detail) -> None:
         """Record a cordon change in the service's audit trail (when it keeps one)."""
-        trail = getattr(self.service, "audit", None)
-        if trail is not None:
-            await trail.record(action, uuid, actor=actor, actor_kind=actor_kind, **detail)
+        if self.audit_log is not None:
+            await self.audit_log.record(action, uuid, actor=actor, actor_kind=actor_kind, **detail)

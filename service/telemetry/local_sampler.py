@@ -8,6 +8,7 @@ import logging
 import os
 
 from gpulab.service.tasks import KeptTask
+from gpulab.service.telemetry.store import TelemetryStore
 from gpulab.telemetry import NodeSampler
 
 log = logging.getLogger("gpulab.service")
@@ -17,11 +18,10 @@ class LocalSampler:
     """Samples this node every ``sample_interval`` seconds, off the event loop
     (c.GpuLabService.local_sampler; off where `gpulab agent` runs on every node)."""
 
-    def __init__(self, service):
-        self.service = service
-        self.sampler = NodeSampler(
-            node=service.node_name, cache_dir=os.environ.get("GPULAB_CACHE_DIR") or None
-        )
+    def __init__(self, *, telemetry: TelemetryStore, node: str, interval: float):
+        self.telemetry = telemetry
+        self.interval = interval
+        self.sampler = NodeSampler(node=node, cache_dir=os.environ.get("GPULAB_CACHE_DIR") or None)
         self._loop = KeptTask("gpulab-local-sampler", self.loop)
 
     async def start(self) -> None:
@@ -35,7 +35,7 @@ class LocalSampler:
             try:
                 sample = await asyncio.to_thread(self.sampler.sample)
                 sample["allreduce"] = []
-                self.service.telemetry.add(sample)
+                self.telemetry.add(sample)
             except Exception:
                 log.exception("local telemetry sample failed")
-            await asyncio.sleep(self.service.sample_interval)
+            await asyncio.sleep(self.interval)

@@ -46,20 +46,21 @@ class _OwnersView:
             yield kept
 
 
-class _LedgerCollector:
+class LedgerCollector:
     """Reads the ledger at scrape time, so the numbers are never stale."""
 
-    def __init__(self, service):
-        self.service = service
+    def __init__(self, ledger, gpus: list):
+        self.ledger = ledger
+        self.gpus = gpus
 
     def collect(self):
-        held = self.service.ledger.allocated_by_gpu()
+        held = self.ledger.allocated_by_gpu()
         ratio = GaugeMetricFamily(
             "gpulab_gpu_allocated_ratio",
             "Share of the GPU held by allocations (0-1).",
             labels=["hostname", "gpu", "UUID", "modelName", "simulated"],
         )
-        for g in self.service.gpus:
+        for g in self.gpus:
             ratio.add_metric(
                 [g.node, str(g.index), g.uuid, g.model, str(g.simulated).lower()],
                 held.get(g.uuid, 0) / 1000,
@@ -68,7 +69,7 @@ class _LedgerCollector:
         count = GaugeMetricFamily(
             "gpulab_allocations", "Allocation rows held, by owner kind.", labels=["owner_kind"]
         )
-        by_kind = Counter(a["owner_kind"] for a in self.service.ledger.list())
+        by_kind = Counter(a["owner_kind"] for a in self.ledger.list())
         for kind in ("server", "job", "deployment"):
             count.add_metric([kind], by_kind.get(kind, 0))
         yield count
@@ -80,19 +81,19 @@ class _LedgerCollector:
             labels=["kind"],
         )
         by_kind_s: Counter = Counter()
-        for (_user, kind), milli_seconds in totals(self.service.ledger.engine).items():
+        for (_user, kind), milli_seconds in totals(self.ledger.engine).items():
             by_kind_s[kind] += milli_seconds / 1000
         for kind in ("server", "job", "deployment"):
             used.add_metric([kind], by_kind_s.get(kind, 0.0))
         yield used
 
 
-class _EndpointCollector:
+class EndpointCollector:
     """Calls at the endpoint router, per version of each endpoint (ids, not names):
     what the autoscaler sees, and what a HorizontalPodAutoscaler or KEDA reads."""
 
-    def __init__(self, service):
-        self.service = service
+    def __init__(self, deployments):
+        self.deployments = deployments
 
     def collect(self):
         labels = ["deployment", "version", "unit"]
@@ -109,8 +110,7 @@ class _EndpointCollector:
             "Calls answered through the endpoint router, by outcome (error: 5xx or none).",
             labels=[*labels, "outcome"],
         )
-        manager = self.service.deployments
-        for unit in manager.units_traffic() if manager is not None else ():
+        for unit in self.deployments.units_traffic():
             key = [unit["deployment"], str(unit["version"]), unit["unit"]]
             inflight.add_metric(key, unit["inflight"])
             replicas.add_metric(key, unit["replicas"])
@@ -122,10 +122,12 @@ class _EndpointCollector:
 
 
 class Metrics:
-    def __init__(self, service):
+    """The service's Prometheus registry: its own placement series here; the parts
+    that read the ledger, the endpoints, the cordons and the alerts at scrape time
+    are registered as they are built (``GpuLabService.init_*``)."""
+
+    def __init__(self):
         self.registry = CollectorRegistry()
-        self.registry.register(_LedgerCollector(service))
-        self.registry.register(_EndpointCollector(service))
         self.placements = PromCounter(
             "gpulab_placement_requests",
             "Placement requests by result.",

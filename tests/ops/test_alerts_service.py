@@ -116,6 +116,13 @@ async def test_stalled_and_failed_jobs_alert_their_owner_and_resolve(tmp_path, c
             r = await svc.request("GET", f"/jobs/{stalled['id']}/metrics", token=alice)
             return r.json()["records"]
 
+        async def bob_ended():
+            r = await svc.request("GET", f"/jobs/{failing['id']}", token=bob)
+            return r.json()["state"] == "failed"
+
+        # bob's job ends before the clock jumps: one still starting then would be
+        # stalled too (no report() for ten minutes), a second alert of his.
+        await until(bob_ended, "bob's job to fail")
         # alice's job reported once, then went quiet; ten minutes on: JobStalled, for her.
         await until(reports, "the first report() of alice's job")
         assert not named(await alerts(svc, alice), "JobStalled")  # not yet ten minutes

@@ -26,6 +26,7 @@ import pytest
 from hubproc import fresh_user
 from nbclient import NotebookClient
 from sqlalchemy import select, update
+from support.wait import wait_until
 
 from gpulab.db.engine import allocations, lock_for_write, make_engine, writer
 
@@ -65,6 +66,18 @@ def usage(plain_hub):
         assert hub.hub_api("POST", f"/groups/{group}").status_code in (201, 409)
         r = hub.hub_api("POST", f"/groups/{group}/users", json={"users": [user]})
         assert r.status_code == 200, r.text
+    # The hub tells the service of each change (its audit event), which then asks the
+    # hub about groups anew: once both are recorded, the slices below are placed with
+    # their groups (not with an answer the service kept from before).
+    wait_until(
+        lambda: all(
+            hub.gpulab("GET", "/audit", params={"action": "group.change", "subject": g}).json()[
+                "entries"
+            ]
+            for g in (lab, ops)
+        ),
+        "the service to record both groups' changes",
+    )
     since = datetime.now(UTC) - timedelta(seconds=HELD_S + 1)
     ids = []
     began = time.monotonic()

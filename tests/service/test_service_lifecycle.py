@@ -17,11 +17,13 @@ from gpulab.service.plugins import ConfigError
 
 STEPS = [
     "init_logging",
+    "init_hub",
     "init_db",
     "init_ledger",
     "init_audit",
     "init_jobs",
     "init_deployments",
+    "init_reconcile",
     "init_telemetry",
     "init_handlers",
 ]
