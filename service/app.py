@@ -839,7 +839,7 @@ class GpuLabService(SharingSettings, Application):
         #: Frees slices for servers, endpoints and jobs of a higher class by stopping jobs.
         self.preemption = Preemption.of(self)
         # job_backends() stops the start on a local backend where user code may not run.
-        self.jobs = JobManager(self, preemption=self.preemption)
+        self.jobs = JobManager.of(self, self.preemption)
 
     def init_deployments(self):
         serving = self.site_pools.serving() if self.pools else None

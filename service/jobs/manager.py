@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from gpulab.backend.base import Backend
 from gpulab.backend.jobdir import JobDir
@@ -56,20 +59,53 @@ class JobRefused(Exception):
         self.status = status
 
 
+@dataclass(frozen=True)
+class JobLimits:
+    """The site's caps on one job (``c.GpuLabService`` settings of those names)."""
+
+    slice_sizes: tuple[int, ...]
+    max_job_ranks: int
+    max_job_vars_mib: int
+    fair_share_half_life_seconds: float
+
+
 class JobManager:
-    def __init__(self, service, preemption: Preemption, backends: dict[str, Backend] | None = None):
-        self.service = service
-        self.ledger = service.ledger
-        self.queue = JobQueue(service.ledger.engine, self._order)
+    """The job queue and its loop: jobs checked and stored, placed in order, started on
+    their pool's backend, watched, ended. Built from the parts it works with
+    (:meth:`of` names them from the service's)."""
+
+    def __init__(
+        self,
+        *,
+        ledger,
+        pools,
+        root: str,
+        backends: dict[str, Backend],
+        preemption: Preemption,
+        priorities,
+        granted_classes: Callable[[str], Awaitable[set[str]]],
+        groups_of: Callable[[str], Awaitable[dict[str, set[str]]]],
+        over_quota: Callable[[str, int, int, str], str | None],
+        record_probe: Callable[[dict, JobDir], object],
+        limits: JobLimits,
+    ):
+        self.ledger = ledger
+        self.queue = JobQueue(ledger.engine, self._order)
         #: Running jobs are its victims; it places its claims in our loop's passes.
         self.preemption = preemption
         preemption.attach(self, on_placed=self._claim_placed)
-        self.root = os.path.join(service.data_dir, "jobs")
-        os.makedirs(self.root, exist_ok=True)
-        self.pools = service.site_pools
-        # Built here, before the service listens: bad settings stop the start.
+        self.root = root
+        self.pools = pools
         #: Each pool's backend, by the pool's name.
-        self.backends = backends or job_backends(service, self.root)
+        self.backends = backends
+        self.priorities = priorities
+        self.granted_classes = granted_classes
+        self.groups_of = groups_of
+        #: Why ranks of a user's job would not fit their CPU and memory quota, or None.
+        self.over_quota = over_quota
+        #: A succeeded job's all-reduce probe result, recorded for the dashboard.
+        self.record_probe = record_probe
+        self.limits = limits
         #: Jobs of an earlier local run on a site without a local pool now.
         self._legacy = NoLocalJobs(self.root)
         #: Held by a pass of the loop and by whatever changes the queue or stops jobs
@@ -80,6 +116,31 @@ class JobManager:
         #: Queued ``auto`` jobs: the pools each may start in (from its spec, once).
         self._auto: dict[str, list[str]] = {}
         self._loop = KeptTask("gpulab-job-queue", self.loop)
+
+    @classmethod
+    def of(cls, service, preemption: Preemption) -> JobManager:
+        """The service's job manager, from its settings and parts. Its backends are
+        built here, before the service listens: bad settings stop the start."""
+        root = os.path.join(service.data_dir, "jobs")
+        os.makedirs(root, exist_ok=True)
+        return cls(
+            ledger=service.ledger,
+            pools=service.site_pools,
+            root=root,
+            backends=job_backends(service, root),
+            preemption=preemption,
+            priorities=service.priorities,
+            granted_classes=service.granted_classes,
+            groups_of=service.groups_of,
+            over_quota=functools.partial(over_quota, service),
+            record_probe=functools.partial(record_from_job, service),
+            limits=JobLimits(
+                slice_sizes=tuple(service.slice_sizes),
+                max_job_ranks=service.max_job_ranks,
+                max_job_vars_mib=service.max_job_vars_mib,
+                fair_share_half_life_seconds=service.fair_share_half_life_seconds,
+            ),
+        )
 
     # -- running -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -236,7 +297,7 @@ class JobManager:
             )
         try:
             spec = JobSpec.from_dict(body)
-            parse_gpu_milli(spec.gpu_milli, tuple(self.service.slice_sizes))
+            parse_gpu_milli(spec.gpu_milli, self.limits.slice_sizes)
         except SpecTooLarge as e:
             raise JobRefused(413, str(e)) from None
         except (SpecError, SliceError, TypeError) as e:
@@ -249,22 +310,22 @@ class JobManager:
                 f"priority (down to -100); raising it is for admins",
             )
         try:
-            klass = self.service.priorities.for_job(
-                spec.priority_class, who.admin, await self.service.granted_classes(who.name)
+            klass = self.priorities.for_job(
+                spec.priority_class, who.admin, await self.granted_classes(who.name)
             )
         except PriorityError as e:
-            status = 403 if spec.priority_class in self.service.priorities.by_name else 400
+            status = 403 if spec.priority_class in self.priorities.by_name else 400
             raise JobRefused(status, str(e)) from None
         # The backends' checks may name the job (a Kubernetes Job's name is its id).
         spec.id = uuid.uuid4().hex[:12]
         spec.user = who.name
         places = self._places_for(spec)
         total = spec.gpu_milli * spec.world_size
-        groups = await self.service.groups_of(who.name)
+        groups = await self.groups_of(who.name)
         reason = never_fits(self.ledger.quotas, who.name, total, groups)
         if not reason and all(isinstance(self.backends[p.name], LocalBackend) for p in places):
             # The quota is this host's; Slurm and Kubernetes nodes have their own.
-            reason = over_quota(self.service, who.name, spec.world_size, spec.gpu_milli, "ranks")
+            reason = self.over_quota(who.name, spec.world_size, spec.gpu_milli, "ranks")
         if reason:
             raise JobRefused(403, reason)
         pool = places[0].name if len(places) == 1 else AUTO
@@ -301,7 +362,7 @@ class JobManager:
 
     def _check_limits(self, spec: JobSpec) -> None:
         """The site's caps: every rank is a process somewhere, GPU or not."""
-        cap = self.service.max_job_ranks
+        cap = self.limits.max_job_ranks
         if spec.world_size > cap:
             raise JobRefused(
                 400,
@@ -310,12 +371,12 @@ class JobManager:
                 f"here: use fewer --nodes or --nproc-per-node (an admin can "
                 f"raise c.GpuLabService.max_job_ranks)",
             )
-        limit = self.service.max_job_vars_mib * 2**20
+        limit = self.limits.max_job_vars_mib * 2**20
         if spec.vars_size > limit:
             raise JobRefused(
                 413,
                 f"the job's variables are {spec.vars_size / 2**20:.1f} MiB "
-                f"(pickled), over the {self.service.max_job_vars_mib} MiB a "
+                f"(pickled), over the {self.limits.max_job_vars_mib} MiB a "
                 f"job may carry; save large data to a file or dataset the "
                 f"ranks read (an admin can raise "
                 f"c.GpuLabService.max_job_vars_mib)",
@@ -458,7 +519,7 @@ class JobManager:
         )
         if released is not None:
             if state == "succeeded":  # a nettest probe's result, read from the job itself
-                record_from_job(self.service, job, self.jobdir(job))
+                self.record_probe(job, self.jobdir(job))
             log.info(
                 "Job %s of %s %s (%s); released %d slice(s)",
                 job["id"],
@@ -472,9 +533,9 @@ class JobManager:
     # -- preemption ----------------------------------------------------------------------
     def _order(self, queued: list[dict]):
         """Class, then the job's priority, then its owner's decayed use, then submit time."""
-        priorities = self.service.priorities
+        priorities = self.priorities
         use = (
-            decayed(self.ledger.engine, self.service.fair_share_half_life_seconds)
+            decayed(self.ledger.engine, self.limits.fair_share_half_life_seconds)
             if len({j["user"] for j in queued}) > 1
             else {}
         )
@@ -559,7 +620,7 @@ class JobManager:
     async def _make_room_for(self, job: dict) -> None:
         """The head of the queue found no room: preempt for it, in the first pool it
         may run in, if its class may."""
-        priorities = self.service.priorities
+        priorities = self.priorities
         klass = priorities.by_name.get(job["priority_class"]) or priorities.of_kind("job")
         pools = self._candidates(job)
         if not pools:
@@ -643,7 +704,7 @@ class JobManager:
         queued = self.queue.queued()
         if not queued:
             return
-        groups = {u: await self.service.groups_of(u) for u in {j["user"] for j in queued}}
+        groups = {u: await self.groups_of(u) for u in {j["user"] for j in queued}}
         admitted, blocked = await self.ledger.aio.run(
             self.queue.admit, self.ledger, groups, self._members, places=self._places
         )
@@ -685,8 +746,8 @@ class JobManager:
             if not backend.can_preempt:
                 await self._restart(job, what, why)
                 return True
-            klass = self.service.priorities.by_name.get(job["priority_class"])
-            value = (klass or self.service.priorities.of_kind("job")).value
+            klass = self.priorities.by_name.get(job["priority_class"])
+            value = (klass or self.priorities.of_kind("job")).value
             grace = self.preemption.grace_seconds
             claim = Claim(
                 "job",

@@ -15,7 +15,6 @@ from gpulab.hub_ext.admin_page import HUB_PAGES, show_slices_on_admin_page
 from gpulab.service.app import GpuLabService
 from gpulab.service.endpoints.manager import DeploymentManager
 from gpulab.service.jobs.manager import JobManager
-from gpulab.service.jobs.preemption import Preemption
 from gpulab.spawner.admin_slices import slices_template_var
 from gpulab.spawner.kube import FractionalKubeSpawner
 
@@ -328,7 +327,8 @@ def test_service_builds_the_kubernetes_backend_from_the_chart_config(tmp_path, m
         monkeypatch,
         rendered_data({"jobs": {"kubernetes": {"enabled": True}}}, namespace="research"),
     )
-    manager = JobManager(app, preemption=Preemption.of(app))
+    manager = app.jobs
+    assert isinstance(manager, JobManager)
     kube = manager.backends["kubernetes"]
     assert kube.namespace == "research" and kube.options.jobs_pvc == "gpulab-jobs"
     # The chart mounts the claim at <data-dir>/jobs, the path pods mount it at too.
