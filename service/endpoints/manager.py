@@ -38,7 +38,7 @@ from gpulab.service.endpoints.autoscale import Autoscaler
 from gpulab.service.endpoints.calls import CallsMixin
 from gpulab.service.endpoints.model_archive import ArchiveRefused, unpack_model
 from gpulab.service.endpoints.proxy import EndpointProxy
-from gpulab.service.endpoints.router import EndpointRouter
+from gpulab.service.endpoints.router import EndpointRouter, RouterAddress
 from gpulab.service.endpoints.scaling import ScalingMixin
 from gpulab.service.endpoints.settings import DeployRefused, check_batch, check_create, check_patch
 from gpulab.service.endpoints.standby import StandbyProcess
@@ -127,7 +127,18 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         self.store = DeploymentStore(service.ledger.engine)
         self.serving = serving if serving is not None else serving_backend(service)
         self.proxy = EndpointProxy()
-        self.router = EndpointRouter(service, self)
+        self.router = EndpointRouter(
+            self,
+            prefix=service.prefix,
+            max_upload_mib=service.max_upload_mib,
+            identify=service.identify,
+            address=RouterAddress(
+                proxy_api_url=service.proxy_api_url,
+                ip=service.endpoint_router_ip,
+                port=service.endpoint_router_port,
+                url=service.endpoint_router_url,
+            ),
+        )
         #: The endpoint table and the standby router that answers from it while this
         #: service is down (:mod:`gpulab.service.endpoints.standby`); None: no standby.
         self.table: EndpointTable | None = None
@@ -545,7 +556,9 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             await self._start_standby()
 
     async def _start_standby(self) -> None:
-        self.table = EndpointTable(self.service)
+        self.table = EndpointTable(
+            self.service.data_dir, self.service.prefix, self.service.max_upload_mib
+        )
         self.standby = StandbyProcess(self.service.data_dir)
         try:
             await asyncio.to_thread(self.table.write, self.endpoint_table())

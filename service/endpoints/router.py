@@ -24,12 +24,14 @@ import json
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from urllib.parse import unquote
 
 import aiohttp
 from aiohttp import web
 
-from gpulab.service.auth import TOKEN_CACHE_S
+from gpulab.service.auth import TOKEN_CACHE_S, Identity
 from gpulab.service.endpoints.calls import CallRefused
 from gpulab.service.tasks import KeptTask
 
@@ -105,13 +107,39 @@ def error(status: int, message: str, retry_after: int | None = None) -> web.Resp
     )
 
 
+@dataclass(frozen=True)
+class RouterAddress:
+    """Where the service's router listens and how the proxy is told of it (the
+    ``c.GpuLabService`` settings ``proxy_api_url`` and ``endpoint_router_*``)."""
+
+    proxy_api_url: str
+    ip: str
+    port: int
+    url: str = ""  # where the proxy reaches the router; "": http://ip:port
+
+
 class EndpointRouter:
-    def __init__(self, service, manager, hub_auth=None):
-        self.service = service
+    """Answers endpoint calls for ``manager`` under ``<prefix>endpoints/``; ``identify``
+    says who a caller's hub token is. ``address``: where it listens (None: it does
+    not listen itself; the standby hands it a socket)."""
+
+    def __init__(
+        self,
+        manager,
+        *,
+        prefix: str,
+        max_upload_mib: int,
+        identify: Callable[[dict], Awaitable[Identity]],
+        address: RouterAddress | None = None,
+        hub_auth=None,
+    ):
         self.manager = manager
+        self.max_upload_mib = max_upload_mib
+        self.identify = identify
+        self.address = address
         self.hub_auth = hub_auth
         self.tokens = TokenCache()
-        self.prefix = service.prefix.rstrip("/") + "/endpoints/"
+        self.prefix = prefix.rstrip("/") + "/endpoints/"
         self.url: str | None = None  # where the proxy reaches the router
         self.socket = None  # the one it listens on (a standby takes it over: endpoints/standby.py)
         self._runner: web.ServerRunner | None = None
@@ -120,7 +148,7 @@ class EndpointRouter:
 
     # -- running -----------------------------------------------------------------------
     async def start(self) -> None:
-        api = self.service.proxy_api_url
+        api = self.address.proxy_api_url if self.address is not None else ""
         if not api or not os.environ.get("CONFIGPROXY_AUTH_TOKEN"):
             log.info("No proxy API (c.GpuLabService.proxy_api_url): endpoints via the service")
             return
@@ -128,19 +156,15 @@ class EndpointRouter:
             from jupyterhub.services.auth import HubOAuth
 
             self.hub_auth = HubOAuth.instance()  # the one the service's routes use
-        limit = self.service.max_upload_mib * 2**20
+        limit = self.max_upload_mib * 2**20
         server = web.Server(self.handle, client_max_size=limit)
         self._runner = web.ServerRunner(server, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(
-            self._runner, self.service.endpoint_router_ip, self.service.endpoint_router_port
-        )
+        site = web.TCPSite(self._runner, self.address.ip, self.address.port)
         await site.start()
         self.socket = site._server.sockets[0]
         port = self.socket.getsockname()[1]  # the port the system chose
-        self.url = self.service.endpoint_router_url or (
-            f"http://{self.service.endpoint_router_ip}:{port}"
-        )
+        self.url = self.address.url or f"http://{self.address.ip}:{port}"
         self._session = aiohttp.ClientSession(
             auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
         )
@@ -162,7 +186,7 @@ class EndpointRouter:
         return self.prefix.rstrip("/")
 
     async def _proxy_api(self, method: str, body: dict | None = None):
-        url = f"{self.service.proxy_api_url.rstrip('/')}/api/routes{self._routespec()}"
+        url = f"{self.address.proxy_api_url.rstrip('/')}/api/routes{self._routespec()}"
         headers = {"Authorization": f"token {os.environ['CONFIGPROXY_AUTH_TOKEN']}"}
         async with self._session.request(
             method, url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
@@ -204,7 +228,7 @@ class EndpointRouter:
     def _too_large(self) -> web.Response:
         return error(
             413,
-            f"the request is larger than {self.service.max_upload_mib} MiB; an admin "
+            f"the request is larger than {self.max_upload_mib} MiB; an admin "
             f"can raise c.GpuLabService.max_upload_mib",
         )
 
@@ -231,7 +255,7 @@ class EndpointRouter:
         who = await self._identify(token.strip())
         dep = self.manager.callable_endpoint(who, user, name)
         length = request.content_length
-        if length is not None and length > self.service.max_upload_mib * 2**20:
+        if length is not None and length > self.max_upload_mib * 2**20:
             return self._too_large()
         body = await request.read() if request.method == "POST" else None
         status, reason, headers, data = await self.manager.call(
@@ -267,7 +291,7 @@ class EndpointRouter:
             )
             self.tokens.put(token, denied)
             raise denied
-        who = await self.service.identify(model)
+        who = await self.identify(model)
         self.tokens.put(token, who)
         return who
 

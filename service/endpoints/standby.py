@@ -53,7 +53,7 @@ import aiohttp
 from aiohttp import web
 from jupyterhub.services.auth import HubAuth
 
-from gpulab.service.auth import TOKEN_CACHE_S, Identity, identity_of
+from gpulab.service.auth import TOKEN_CACHE_S, identity_of
 from gpulab.service.endpoints.calls import CallRefused, CallsMixin
 from gpulab.service.endpoints.proxy import EndpointProxy
 from gpulab.service.endpoints.router import EndpointRouter, error
@@ -135,26 +135,12 @@ class TableManager(CallsMixin):
         )
 
 
-class StandbyService:
-    """What the router reads of the service (from the table's head), and who a
-    caller is (as :meth:`~.app.GpuLabService.identify` says)."""
-
-    def __init__(self, head: dict, hub: HubAPI, service_name: str):
-        self.prefix = head["prefix"]
-        self.max_upload_mib = head["max_upload_mib"]
-        self.hub = hub
-        self.service_name = service_name
-
-    async def identify(self, model: dict) -> Identity:
-        return await identity_of(model, self.hub, self.service_name)
-
-
 class StandbyRouter(EndpointRouter):
     """The endpoint router on the dead service's socket (the proxy's route is as the
     service left it)."""
 
     async def take_over(self, sock: socket.socket) -> None:
-        limit = self.service.max_upload_mib * 2**20
+        limit = self.max_upload_mib * 2**20
         server = web.Server(self.handle, client_max_size=limit)
         self._runner = web.ServerRunner(
             server, access_log=None, handle_signals=False, shutdown_timeout=STOP_GRACE_S
@@ -236,7 +222,15 @@ class Standby:
                 os.close(pidfd)
         if stopping.is_set() or not self.read() or not self.table:
             return
-        router = StandbyRouter(StandbyService(self.table, hub, name), self.manager, hub_auth)
+        # What the router reads of the service comes from the table's head; who a
+        # caller is, as the service says (GpuLabService.identify).
+        router = StandbyRouter(
+            self.manager,
+            prefix=self.table["prefix"],
+            max_upload_mib=self.table["max_upload_mib"],
+            identify=lambda model: identity_of(model, hub, name),
+            hub_auth=hub_auth,
+        )
         await router.take_over(self.sock)
         log.warning(
             "The gpulab service (pid %s) ended: endpoint calls are answered here from its "

@@ -46,9 +46,10 @@ def read_table(path: str) -> dict:
 class EndpointTable:
     """The service's side: the table's file, rewritten only when it changed."""
 
-    def __init__(self, service):
-        self.path = table_path(service.data_dir)
-        self.head = {"prefix": service.prefix, "max_upload_mib": service.max_upload_mib}
+    def __init__(self, data_dir: str, prefix: str, max_upload_mib: int):
+        self.path = table_path(data_dir)
+        # What the standby's router needs of the service besides the endpoints.
+        self.head = {"prefix": prefix, "max_upload_mib": max_upload_mib}
         self._written: str | None = None
 
     def write(self, endpoints: list[dict]) -> bool:

@@ -22,12 +22,8 @@ from gpulab.service.endpoints.standby import Standby, TableManager
 from gpulab.service.endpoints.table import EndpointTable, read_table, table_path
 
 
-class Service:
-    prefix = "/services/gpulab/"
-    max_upload_mib = 8
-
-    def __init__(self, data_dir):
-        self.data_dir = str(data_dir)
+def table_of(data_dir) -> EndpointTable:
+    return EndpointTable(str(data_dir), prefix="/services/gpulab/", max_upload_mib=8)
 
 
 def endpoint(ready, token="replica-secret", shares=(), groups=()):
@@ -56,7 +52,7 @@ def endpoint(ready, token="replica-secret", shares=(), groups=()):
 
 
 def test_the_table_is_private_replaced_whole_and_written_only_on_change(tmp_path):
-    table = EndpointTable(Service(tmp_path))
+    table = table_of(tmp_path)
     path = table_path(str(tmp_path))
     assert table.write([endpoint([[0, "unix:/x.sock"]])])
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -120,7 +116,7 @@ async def test_the_standby_answers_on_the_dead_services_socket(tmp_path, monkeyp
     # The service's own route, for calls without a token: down with the service.
     monkeypatch.setenv("JUPYTERHUB_SERVICE_URL", f"http://127.0.0.1:{closed.getsockname()[1]}")
     closed.close()
-    EndpointTable(Service(tmp_path)).write([endpoint([])])
+    table_of(tmp_path).write([endpoint([])])
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
