@@ -9,14 +9,33 @@
 * ``gpulab_gpu_cordons``: GPUs taken out of placement (XID/ECC errors, lost, or an
   admin's choice) until an admin uncordons them (the row is deleted).
 
-A change to them needs a revision in ``migrations/versions`` (see :mod:`.migrate`).
+The alerts' queries live here beside their table (the audit trail's are still the
+service's, :mod:`gpulab.service.operations.audit`). A change to the tables needs a
+revision in ``migrations/versions`` (see :mod:`.migrate`).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Column, DateTime, Index, Integer, String, Table, Text
+import datetime as dt
+import json
 
-from .engine import metadata
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    and_,
+    delete,
+    insert,
+    or_,
+    select,
+    update,
+)
+
+from .engine import metadata, writer
 
 audit = Table(
     "gpulab_audit",
@@ -66,3 +85,110 @@ gpu_cordons = Table(
     Column("by", String(255), nullable=False),  # an admin's name, or "gpulab"
     Column("since", DateTime(timezone=True), nullable=False),
 )
+
+
+# -- the alerts' queries ------------------------------------------------------------------
+def iso(ts: dt.datetime | None) -> str | None:
+    """``2026-12-01T10:00:00Z`` (UTC, seconds)."""
+    if ts is None:
+        return None
+    if ts.tzinfo is None:  # SQLite drops the zone; gpulab stores UTC
+        ts = ts.replace(tzinfo=dt.UTC)
+    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def alert_json(row) -> dict:
+    """A ``gpulab_alerts`` row as ``GET /alerts`` shows it."""
+    r = row._mapping if hasattr(row, "_mapping") else row
+    try:
+        labels = json.loads(r["labels"] or "{}")
+    except ValueError:
+        labels = {}
+    return {
+        "id": r["id"],
+        "name": r["name"],
+        "severity": r["severity"],
+        "state": "resolved" if r["resolved_at"] is not None else "firing",
+        "subject_kind": r["subject_kind"],
+        "subject": r["subject"],
+        "owner": r["owner"],
+        "since": iso(r["since"]),
+        "resolved_at": iso(r["resolved_at"]),
+        "message": r["message"],
+        "labels": labels,
+    }
+
+
+def list_alerts(
+    engine,
+    owner: str | None,
+    state: str = "all",
+    since: dt.datetime | None = None,
+    limit: int = 1000,
+) -> tuple[list[dict], int]:
+    """Alerts that fired at some time after ``since`` (still firing, or resolved
+    after it), the newest ``limit`` first, of ``owner`` (None: everyone's); and how
+    many of that owner's fire now."""
+    t = alerts
+    q = select(t).order_by(t.c.since.desc(), t.c.id.desc()).limit(limit)
+    count = select(t.c.id).where(t.c.resolved_at.is_(None))
+    if owner is not None:
+        q = q.where(t.c.owner == owner)
+        count = count.where(t.c.owner == owner)
+    if since is not None:
+        q = q.where(or_(t.c.resolved_at.is_(None), t.c.resolved_at >= since))
+    if state == "firing":
+        q = q.where(t.c.resolved_at.is_(None))
+    elif state == "resolved":
+        q = q.where(t.c.resolved_at.is_not(None))
+    with engine.connect() as conn:
+        rows = [alert_json(r) for r in conn.execute(q)]
+        firing = len(conn.execute(count).all())
+    return rows, firing
+
+
+def open_alerts(engine) -> list:
+    """The rows of the alerts still firing."""
+    with engine.connect() as conn:
+        return conn.execute(select(alerts).where(alerts.c.resolved_at.is_(None))).all()
+
+
+def write_alerts(
+    engine,
+    at: dt.datetime,
+    fire: list[dict],
+    changed: list[tuple[int, dict]],
+    resolve: list[int],
+    prune_before: dt.datetime | None = None,
+) -> tuple[list[dict], int]:
+    """One round of the alert engine, in one transaction: each row of ``fire``
+    inserted (an unresolved row of the same key resolved first: one per key, even
+    when two services raced), ``changed`` rows (id, new values) updated, ``resolve``
+    rows resolved at ``at``, and rows resolved before ``prune_before`` deleted. The
+    fired rows as ``GET /alerts`` shows them, and how many rows were pruned."""
+    t = alerts
+    fired = []
+    pruned = 0
+    with writer(engine).begin() as conn:
+        for row in fire:
+            conn.execute(
+                update(t)
+                .where(and_(t.c.key == row["key"], t.c.resolved_at.is_(None)))
+                .values(resolved_at=at, updated=at)
+            )
+            row_id = conn.execute(insert(t).values(**row, updated=at)).inserted_primary_key[0]
+            fired.append(alert_json({**row, "id": row_id}))
+        for row_id, values in changed:
+            conn.execute(update(t).where(t.c.id == row_id).values(**values, updated=at))
+        for row_id in resolve:
+            conn.execute(update(t).where(t.c.id == row_id).values(resolved_at=at, updated=at))
+        if prune_before is not None:
+            pruned = (
+                conn.execute(
+                    delete(t).where(
+                        and_(t.c.resolved_at.is_not(None), t.c.resolved_at < prune_before)
+                    )
+                ).rowcount
+                or 0
+            )
+    return fired, pruned

@@ -14,9 +14,10 @@ import datetime as dt
 
 from tornado import web
 
+from gpulab.db.operations import list_alerts
 from gpulab.service.api.query_args import time_arg
 from gpulab.service.auth import APIHandler
-from gpulab.service.operations.alerts import STATES, list_alerts
+from gpulab.service.operations.alerts import LIST_LIMIT, STATES
 
 DEFAULT_HOURS = 24
 
@@ -32,7 +33,7 @@ class AlertsHandler(APIHandler):
         )
         owner = None if (who.admin or who.internal) else who.name
         alerts, firing = await self.gpulab.db_threads.run(
-            list_alerts, self.gpulab.engine, owner, state, since
+            list_alerts, self.gpulab.engine, owner, state, since, LIST_LIMIT
         )
         self.write_json({"alerts": alerts, "firing": firing})
 

@@ -30,11 +30,8 @@ import os
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from sqlalchemy import and_, delete, insert, or_, select, update
-
 from gpulab.db import clock as gpulab_clock
-from gpulab.db.engine import writer
-from gpulab.db.operations import alerts as alerts_table
+from gpulab.db.operations import alert_json, iso, open_alerts, write_alerts
 from gpulab.service.operations.facts import FactsBuilder
 from gpulab.service.operations.rules import Facts, Finding, Rule, Thresholds, rules
 from gpulab.service.operations.webhook import AlertWebhook
@@ -47,61 +44,6 @@ PRUNE_EVERY_S = 3600
 #: Most rows one listing returns (the newest).
 LIST_LIMIT = 1000
 STATES = ("firing", "resolved", "all")
-
-
-def iso(ts: dt.datetime | None) -> str | None:
-    """``2026-12-01T10:00:00Z`` (UTC, seconds)."""
-    if ts is None:
-        return None
-    if ts.tzinfo is None:  # SQLite drops the zone; gpulab stores UTC
-        ts = ts.replace(tzinfo=dt.UTC)
-    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def alert_json(row) -> dict:
-    """A ``gpulab_alerts`` row as ``GET /alerts`` shows it."""
-    r = row._mapping if hasattr(row, "_mapping") else row
-    try:
-        labels = json.loads(r["labels"] or "{}")
-    except ValueError:
-        labels = {}
-    return {
-        "id": r["id"],
-        "name": r["name"],
-        "severity": r["severity"],
-        "state": "resolved" if r["resolved_at"] is not None else "firing",
-        "subject_kind": r["subject_kind"],
-        "subject": r["subject"],
-        "owner": r["owner"],
-        "since": iso(r["since"]),
-        "resolved_at": iso(r["resolved_at"]),
-        "message": r["message"],
-        "labels": labels,
-    }
-
-
-def list_alerts(
-    engine, owner: str | None, state: str = "all", since: dt.datetime | None = None
-) -> tuple[list[dict], int]:
-    """Alerts that fired at some time after ``since`` (still firing, or resolved
-    after it), newest first, of ``owner`` (None: everyone's); and how many of that
-    owner's fire now."""
-    t = alerts_table
-    q = select(t).order_by(t.c.since.desc(), t.c.id.desc()).limit(LIST_LIMIT)
-    count = select(t.c.id).where(t.c.resolved_at.is_(None))
-    if owner is not None:
-        q = q.where(t.c.owner == owner)
-        count = count.where(t.c.owner == owner)
-    if since is not None:
-        q = q.where(or_(t.c.resolved_at.is_(None), t.c.resolved_at >= since))
-    if state == "firing":
-        q = q.where(t.c.resolved_at.is_(None))
-    elif state == "resolved":
-        q = q.where(t.c.resolved_at.is_not(None))
-    with engine.connect() as conn:
-        rows = [alert_json(r) for r in conn.execute(q)]
-        firing = len(conn.execute(count).all())
-    return rows, firing
 
 
 class AlertEngine:
@@ -152,7 +94,7 @@ class AlertEngine:
     async def start(self) -> None:
         """Reload the alerts still firing (a restart), then evaluate every interval."""
         try:
-            rows = await self.db_threads.run(self._load_open)
+            rows = await self.db_threads.run(open_alerts, self.engine)
             self._open = {r.key: alert_json(r) | {"_key": r.key} for r in rows}
         except Exception:
             log.exception("Reloading open alerts")
@@ -231,64 +173,40 @@ class AlertEngine:
             self._notify("resolved", alert)
 
     # -- the table -----------------------------------------------------------------------
-    def _load_open(self) -> list:
-        with self.engine.connect() as conn:
-            return conn.execute(
-                select(alerts_table).where(alerts_table.c.resolved_at.is_(None))
-            ).all()
-
     def _write(self, now: float, fire: list, changed: list, resolve: list):
-        t = alerts_table
         at = dt.datetime.fromtimestamp(now, dt.UTC)
-        fired, resolved = [], []
-        with writer(self.engine).begin() as conn:
-            for key, rule, f, first in fire:
-                since = dt.datetime.fromtimestamp(first, dt.UTC)
-                row = {
-                    "key": key[:400],
-                    "name": rule.name,
-                    "severity": rule.severity,
-                    "subject_kind": f.subject_kind,
-                    "subject": f.subject[:255],
-                    "owner": f.owner,
-                    "message": f.message,
-                    "labels": json.dumps(f.labels),
-                    "since": since,
-                    "resolved_at": None,
-                    "updated": at,
-                }
-                # At most one unresolved row per key (another service, a race).
-                conn.execute(
-                    update(t)
-                    .where(and_(t.c.key == row["key"], t.c.resolved_at.is_(None)))
-                    .values(resolved_at=at, updated=at)
-                )
-                row["id"] = conn.execute(insert(t).values(**row)).inserted_primary_key[0]
-                fired.append(alert_json(row) | {"_key": key})
-            for alert, f in changed:
-                conn.execute(
-                    update(t)
-                    .where(t.c.id == alert["id"])
-                    .values(
-                        message=f.message, labels=json.dumps(f.labels), owner=f.owner, updated=at
-                    )
-                )
-                alert.update(message=f.message, labels=f.labels, owner=f.owner)
-            for alert in resolve:
-                conn.execute(
-                    update(t).where(t.c.id == alert["id"]).values(resolved_at=at, updated=at)
-                )
-                resolved.append(alert | {"state": "resolved", "resolved_at": iso(at)})
-            if now - self._pruned_at >= PRUNE_EVERY_S:
-                self._pruned_at = now
-                cutoff = at - dt.timedelta(days=KEEP_RESOLVED_DAYS)
-                gone = conn.execute(
-                    delete(t).where(and_(t.c.resolved_at.is_not(None), t.c.resolved_at < cutoff))
-                ).rowcount
-                if gone:
-                    log.info(
-                        "Pruned %d alert(s) resolved over %d days ago", gone, KEEP_RESOLVED_DAYS
-                    )
+        rows = [
+            {
+                "key": key[:400],
+                "name": rule.name,
+                "severity": rule.severity,
+                "subject_kind": f.subject_kind,
+                "subject": f.subject[:255],
+                "owner": f.owner,
+                "message": f.message,
+                "labels": json.dumps(f.labels),
+                "since": dt.datetime.fromtimestamp(first, dt.UTC),
+                "resolved_at": None,
+            }
+            for key, rule, f, first in fire
+        ]
+        prune_before = None
+        if now - self._pruned_at >= PRUNE_EVERY_S:
+            self._pruned_at = now
+            prune_before = at - dt.timedelta(days=KEEP_RESOLVED_DAYS)
+        updates = [
+            (alert["id"], {"message": f.message, "labels": json.dumps(f.labels), "owner": f.owner})
+            for alert, f in changed
+        ]
+        inserted, gone = write_alerts(
+            self.engine, at, rows, updates, [a["id"] for a in resolve], prune_before
+        )
+        if gone:
+            log.info("Pruned %d alert(s) resolved over %d days ago", gone, KEEP_RESOLVED_DAYS)
+        for alert, f in changed:
+            alert.update(message=f.message, labels=f.labels, owner=f.owner)
+        fired = [alert | {"_key": key} for alert, (key, *_) in zip(inserted, fire, strict=True)]
+        resolved = [alert | {"state": "resolved", "resolved_at": iso(at)} for alert in resolve]
         return fired, resolved
 
     # -- telling others ------------------------------------------------------------------
