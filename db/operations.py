@@ -9,15 +9,17 @@
 * ``gpulab_gpu_cordons``: GPUs taken out of placement (XID/ECC errors, lost, or an
   admin's choice) until an admin uncordons them (the row is deleted).
 
-The alerts' queries live here beside their table (the audit trail's are still the
-service's, :mod:`gpulab.service.operations.audit`). A change to the tables needs a
-revision in ``migrations/versions`` (see :mod:`.migrate`).
+The audit trail's and the alerts' queries live here beside their tables (what the
+entries and alerts mean is the service's: :mod:`gpulab.service.operations.audit`,
+:mod:`gpulab.service.operations.alerts`). A change to the tables needs a revision in
+``migrations/versions`` (see :mod:`.migrate`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import dataclass
 
 from sqlalchemy import (
     Column,
@@ -192,3 +194,85 @@ def write_alerts(
                 or 0
             )
     return fired, pruned
+
+
+# -- the audit trail's queries ------------------------------------------------------------
+@dataclass
+class AuditFilters:
+    """What ``GET /audit`` narrows to; None: any."""
+
+    user: str | None = None
+    actor: str | None = None
+    action: str | None = None  # exact, or a prefix ending in ".*" ("deployment.*")
+    subject: str | None = None
+    result: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+
+
+def utc(value: dt.datetime) -> dt.datetime:
+    """``value`` in UTC (SQLite drops the zone; gpulab stores UTC)."""
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def audit_json(row) -> dict:
+    """A ``gpulab_audit`` row as ``GET /audit`` shows it."""
+    d = dict(row._mapping)
+    d["ts"] = utc(d["ts"]).isoformat()
+    try:
+        d["detail"] = json.loads(d["detail"])
+    except ValueError:
+        d["detail"] = {}
+    return d
+
+
+def add_audit(engine, values: dict) -> int:
+    """Append one entry (the table's columns) and commit it; its id."""
+    with writer(engine).begin() as conn:
+        return conn.execute(insert(audit).values(**values)).inserted_primary_key[0]
+
+
+def read_audit(
+    engine,
+    filters: AuditFilters,
+    only_of: str | None = None,
+    limit: int = 100,
+    before_id: int | None = None,
+) -> tuple[list[dict], int | None]:
+    """Entries that match ``filters``, newest first (those of ``only_of``, as owner or
+    actor, when it names someone), below ``before_id``; and the ``before_id`` of the
+    next page (None: this was the last)."""
+    q = select(audit)
+    if only_of is not None:
+        q = q.where(or_(audit.c.user == only_of, audit.c.actor == only_of))
+    f = filters
+    if f.user is not None:
+        q = q.where(audit.c.user == f.user)
+    if f.actor is not None:
+        q = q.where(audit.c.actor == f.actor)
+    if f.action is not None:
+        if f.action.endswith(".*"):
+            q = q.where(audit.c.action.startswith(f.action[:-1], autoescape=True))
+        else:
+            q = q.where(audit.c.action == f.action)
+    if f.subject is not None:
+        q = q.where(audit.c.subject == f.subject)
+    if f.result is not None:
+        q = q.where(audit.c.result == f.result)
+    if f.since is not None:
+        q = q.where(audit.c.ts >= f.since)
+    if f.until is not None:
+        q = q.where(audit.c.ts < f.until)
+    if before_id is not None:
+        q = q.where(audit.c.id < before_id)
+    with engine.connect() as conn:
+        rows = [audit_json(r) for r in conn.execute(q.order_by(audit.c.id.desc()).limit(limit + 1))]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1]["id"] if more and rows else None)
+
+
+def prune_audit(engine, before: dt.datetime) -> int:
+    """Delete the entries older than ``before``; how many went."""
+    with writer(engine).begin() as conn:
+        return conn.execute(delete(audit).where(audit.c.ts < before)).rowcount or 0

@@ -54,13 +54,10 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
 
-from sqlalchemy import delete, insert, or_, select
 from sqlalchemy.engine import Engine
 
-from gpulab.db.engine import writer
-from gpulab.db.operations import audit
+from gpulab.db.operations import AuditFilters, add_audit, prune_audit, read_audit, utc
 from gpulab.service.tasks import KeptTask
 
 log = logging.getLogger("gpulab.service.operations.audit")
@@ -114,10 +111,6 @@ EXPORT_BATCH = 1000
 #: believed only when its socket is the platform's own account's (a user's kernel
 #: is on loopback too): see :func:`client_source`.
 LOOPBACK = ("127.0.0.0/8", "::1/128")
-
-
-def _utc(value: dt.datetime) -> dt.datetime:
-    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
 
 
 def clean_detail(detail: dict) -> str:
@@ -198,29 +191,6 @@ def client_source(
     return current[:255]
 
 
-@dataclass
-class AuditFilters:
-    """What ``GET /audit`` narrows to; None: any."""
-
-    user: str | None = None
-    actor: str | None = None
-    action: str | None = None  # exact, or a prefix ending in ".*" ("deployment.*")
-    subject: str | None = None
-    result: str | None = None
-    since: dt.datetime | None = None
-    until: dt.datetime | None = None
-
-
-def row_json(row) -> dict:
-    d = dict(row._mapping)
-    d["ts"] = _utc(d["ts"]).isoformat()
-    try:
-        d["detail"] = json.loads(d["detail"])
-    except ValueError:
-        d["detail"] = {}
-    return d
-
-
 class AuditLog:
     """Append and read the audit trail. ``run`` runs blocking calls off the event loop
     (the ledger's ``aio.run``; default: a thread of asyncio's)."""
@@ -233,7 +203,6 @@ class AuditLog:
         trusted_proxies: Iterable[str] = LOOPBACK,
     ):
         self.engine = engine
-        self._writer = writer(engine)
         self._run = run
         self.retention_days = retention_days
         self.trusted_proxies = proxy_networks(trusted_proxies)
@@ -267,7 +236,7 @@ class AuditLog:
         if result not in RESULTS:
             raise ValueError(f"result must be one of {', '.join(RESULTS)}")
         values = {
-            "ts": _utc(ts) if ts is not None else dt.datetime.now(dt.UTC),
+            "ts": utc(ts) if ts is not None else dt.datetime.now(dt.UTC),
             "actor": str(actor)[:255] or "unknown",
             "actor_kind": actor_kind,
             "user": None if user is None else str(user)[:255],
@@ -277,8 +246,7 @@ class AuditLog:
             "result": result,
             "detail": clean_detail(detail),
         }
-        with self._writer.begin() as conn:
-            return conn.execute(insert(audit).values(**values)).inserted_primary_key[0]
+        return add_audit(self.engine, values)
 
     async def record(self, action: str, subject: str, **kwargs) -> int | None:
         """:meth:`record_sync` off the event loop. The trail never breaks the change it
@@ -300,43 +268,13 @@ class AuditLog:
         return task
 
     # -- reading -------------------------------------------------------------------------
-    def _select(self, viewer, filters: AuditFilters):
-        q = select(audit)
-        if viewer is not None and not (viewer.admin or viewer.internal):
-            q = q.where(or_(audit.c.user == viewer.name, audit.c.actor == viewer.name))
-        f = filters
-        if f.user is not None:
-            q = q.where(audit.c.user == f.user)
-        if f.actor is not None:
-            q = q.where(audit.c.actor == f.actor)
-        if f.action is not None:
-            if f.action.endswith(".*"):
-                q = q.where(audit.c.action.startswith(f.action[:-1], autoescape=True))
-            else:
-                q = q.where(audit.c.action == f.action)
-        if f.subject is not None:
-            q = q.where(audit.c.subject == f.subject)
-        if f.result is not None:
-            q = q.where(audit.c.result == f.result)
-        if f.since is not None:
-            q = q.where(audit.c.ts >= f.since)
-        if f.until is not None:
-            q = q.where(audit.c.ts < f.until)
-        return q.order_by(audit.c.id.desc())
-
     def query_sync(
         self, viewer, filters: AuditFilters, limit: int = 100, before_id: int | None = None
     ) -> tuple[list[dict], int | None]:
         """Entries ``viewer`` may read (users: theirs, as owner or actor; admins and
         None: all), newest first; and the ``before_id`` of the next page (None: last)."""
-        q = self._select(viewer, filters)
-        if before_id is not None:
-            q = q.where(audit.c.id < before_id)
-        with self.engine.connect() as conn:
-            rows = [row_json(r) for r in conn.execute(q.limit(limit + 1))]
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return rows, (rows[-1]["id"] if more and rows else None)
+        sees_all = viewer is None or viewer.admin or viewer.internal
+        return read_audit(self.engine, filters, None if sees_all else viewer.name, limit, before_id)
 
     async def query(
         self, viewer, filters: AuditFilters, limit: int = 100, before_id: int | None = None
@@ -359,8 +297,7 @@ class AuditLog:
         if not self.retention_days or self.retention_days <= 0:
             return 0
         cutoff = (now or dt.datetime.now(dt.UTC)) - dt.timedelta(days=self.retention_days)
-        with self._writer.begin() as conn:
-            return conn.execute(delete(audit).where(audit.c.ts < cutoff)).rowcount or 0
+        return prune_audit(self.engine, cutoff)
 
     async def _prune_loop(self) -> None:
         while True:
