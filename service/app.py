@@ -845,7 +845,7 @@ class GpuLabService(SharingSettings, Application):
         serving = self.site_pools.serving() if self.pools else None
         refuse_local_user_code(self, "serving_backend_class", serving and serving.serving)
         # Configuration errors surface here, before anything listens.
-        self.deployments = DeploymentManager(self)
+        self.deployments = DeploymentManager.of(self)
         self.metrics.registry.register(EndpointCollector(self.deployments))
 
     def init_reconcile(self):

@@ -93,7 +93,11 @@ class DeploymentsHandler(_DeploymentHandler):
             self.refuse_after_body(e)
             return
         self.upload = MultipartUpload(
-            boundary, upload_spool(self.gpulab), "model", self.body_limit(), self.body_setting
+            boundary,
+            upload_spool(self.gpulab.data_dir),
+            "model",
+            self.body_limit(),
+            self.body_setting,
         )
 
     def data_received(self, chunk: bytes) -> None:

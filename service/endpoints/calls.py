@@ -166,7 +166,7 @@ class CallsMixin:
     async def _cold_start(self, dep: dict, unit) -> list[tuple[int, str]]:
         """Wait for a replica of a version that has none ready (the autoscaler starts
         one when it runs none); its ready replicas, or CallRefused after the wait."""
-        limit = self.service.endpoint_cold_start_seconds
+        limit = self.limits.cold_start_seconds
         if unit.row["state"] == "failed":
             raise CallRefused(503, f"version {unit.row['version']} failed: {unit.row['message']}")
         if unit.traffic.waiting >= unit.row["max_queue"]:

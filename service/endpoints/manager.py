@@ -21,11 +21,13 @@ clients in :mod:`gpulab.service.endpoints.calls`, versions (canary, promote, rol
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
 import shutil
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gpulab.backend.serving_base import ServingBackend
@@ -34,17 +36,25 @@ from gpulab.db.deployments import DeploymentStore, NameTaken
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
 from gpulab.scheduler.slices import plural
+from gpulab.service.auth import Identity
 from gpulab.service.endpoints.autoscale import Autoscaler
 from gpulab.service.endpoints.calls import CallsMixin
 from gpulab.service.endpoints.model_archive import ArchiveRefused, unpack_model
 from gpulab.service.endpoints.proxy import EndpointProxy
 from gpulab.service.endpoints.router import EndpointRouter, RouterAddress
 from gpulab.service.endpoints.scaling import ScalingMixin
-from gpulab.service.endpoints.settings import DeployRefused, check_batch, check_create, check_patch
+from gpulab.service.endpoints.settings import (
+    DeployRefused,
+    EndpointLimits,
+    check_batch,
+    check_create,
+    check_patch,
+)
 from gpulab.service.endpoints.standby import StandbyProcess
 from gpulab.service.endpoints.table import EndpointTable
 from gpulab.service.endpoints.traffic import UnitTraffic, WeightedChoice, quantile_ms
 from gpulab.service.endpoints.versions import VersionsMixin
+from gpulab.service.jobs.cpu_quota import over_quota
 from gpulab.service.plugins import build
 from gpulab.service.tasks import KeptTask, wait_for_wake
 
@@ -56,9 +66,9 @@ LOG_BYTES = 256 * 1024
 __all__ = ["DeployRefused", "Deployment", "DeploymentManager", "serving_backend"]
 
 
-def upload_spool(service) -> str:
+def upload_spool(data_dir: str) -> str:
     """Where model uploads are written while they arrive (private to the service)."""
-    return os.path.join(service.data_dir, "uploads")
+    return os.path.join(data_dir, "uploads")
 
 
 def serving_backend(service) -> ServingBackend:
@@ -120,24 +130,45 @@ class Deployment:
 
 
 class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
-    def __init__(self, service, serving: ServingBackend | None = None):
-        self.service = service
+    """Endpoints: their versions, replicas (on ``serving``), scaling, and calls
+    through the router. Built from the parts it works with (:meth:`of` names them
+    from the service's)."""
+
+    def __init__(
+        self,
+        *,
+        ledger,
+        engine,
+        serving: ServingBackend,
+        preemption,
+        groups_of: Callable[[str], Awaitable[dict[str, set[str]]]],
+        identify: Callable[[dict], Awaitable[Identity]],
+        over_quota: Callable[[str, int, int, str], str | None],
+        limits: EndpointLimits,
+        prefix: str,
+        data_dir: str,
+        max_upload_mib: int,
+        router_address: RouterAddress,
+    ):
         # Endpoints are placed on the GPUs of the pool they run in.
-        self.ledger = service.ledger_for("deployment")
-        self.store = DeploymentStore(service.ledger.engine)
-        self.serving = serving if serving is not None else serving_backend(service)
+        self.ledger = ledger
+        self.store = DeploymentStore(engine)
+        self.serving = serving
+        self.preemption = preemption
+        self.groups_of = groups_of
+        self.over_quota = over_quota
+        self.limits = limits
+        self.prefix = prefix
+        self.data_dir = data_dir
+        self.max_upload_mib = max_upload_mib
+        self.router_address = router_address
         self.proxy = EndpointProxy()
         self.router = EndpointRouter(
             self,
-            prefix=service.prefix,
-            max_upload_mib=service.max_upload_mib,
-            identify=service.identify,
-            address=RouterAddress(
-                proxy_api_url=service.proxy_api_url,
-                ip=service.endpoint_router_ip,
-                port=service.endpoint_router_port,
-                url=service.endpoint_router_url,
-            ),
+            prefix=prefix,
+            max_upload_mib=max_upload_mib,
+            identify=identify,
+            address=router_address,
         )
         #: The endpoint table and the standby router that answers from it while this
         #: service is down (:mod:`gpulab.service.endpoints.standby`); None: no standby.
@@ -153,7 +184,39 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         self.waiting: set[str] = set()
         # The job loop places claims holding its own lock: launch in a task of ours,
         # so the two managers' locks are never taken in opposite orders.
-        service.preemption.on_placed["deployment"] = self._on_claim_placed
+        preemption.on_placed["deployment"] = self._on_claim_placed
+
+    @classmethod
+    def of(cls, service) -> DeploymentManager:
+        """The service's deployment manager, from its settings and parts; its serving
+        backend is built here, so bad settings stop the start."""
+        return cls(
+            ledger=service.ledger_for("deployment"),
+            engine=service.ledger.engine,
+            serving=serving_backend(service),
+            preemption=service.preemption,
+            groups_of=service.groups_of,
+            identify=service.identify,
+            over_quota=functools.partial(over_quota, service),
+            limits=EndpointLimits(
+                slice_sizes=tuple(service.slice_sizes),
+                max_deployment_replicas=service.max_deployment_replicas,
+                max_user_deployments=service.max_user_deployments,
+                max_model_mib=service.max_model_mib,
+                cold_start_seconds=service.endpoint_cold_start_seconds,
+                stop_with_server=service.deployments_stop_with_server,
+                local=getattr(service.serving_backend_class, "name", None) == "local",
+            ),
+            prefix=service.prefix,
+            data_dir=service.data_dir,
+            max_upload_mib=service.max_upload_mib,
+            router_address=RouterAddress(
+                proxy_api_url=service.proxy_api_url,
+                ip=service.endpoint_router_ip,
+                port=service.endpoint_router_port,
+                url=service.endpoint_router_url,
+            ),
+        )
 
     # -- memory ------------------------------------------------------------------------
     def _record(self, row: dict, versions: list[dict] | None = None) -> Deployment:
@@ -223,7 +286,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
 
     # -- reading -----------------------------------------------------------------------
     def path(self, dep: dict) -> str:
-        return f"{self.service.prefix.rstrip('/')}/endpoints/{dep['user']}/{dep['name']}"
+        return f"{self.prefix.rstrip('/')}/endpoints/{dep['user']}/{dep['name']}"
 
     def card(self, version_id: str) -> dict | None:
         try:
@@ -330,7 +393,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             raise DeployRefused(403, "deployments are made by users (with a user's token)")
 
     def _check_count(self, who) -> None:
-        cap = self.service.max_user_deployments
+        cap = self.limits.max_user_deployments
         held = len(self.store.list(user=who.name))
         if held >= cap:
             raise DeployRefused(
@@ -346,7 +409,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         if "canary" in settings:
             return await self.add_canary(who, settings, model_tar)
         self._check_count(who)
-        dep = check_create(self.service, who.name, settings)
+        dep = check_create(self.limits, who.name, settings, self.over_quota)
         name = dep["name"]
         if self.store.find(who.name, name):
             raise DeployRefused(
@@ -397,7 +460,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
                     unpack_model,
                     model_tar,
                     model_dir,
-                    self.service.max_model_mib * 2**20,
+                    self.limits.max_model_mib * 2**20,
                     "max_model_mib",
                 )
             except ArchiveRefused as e:
@@ -417,12 +480,10 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         if members:
             try:
                 rows = await self.ledger.aio.allocate_gang(
-                    dep["user"], "deployment", members, await self.service.groups_of(dep["user"])
+                    dep["user"], "deployment", members, await self.groups_of(dep["user"])
                 )
             except NoCapacity as e:
-                claim = await self.service.preemption.make_room_for(
-                    dep["user"], "deployment", members
-                )
+                claim = await self.preemption.make_room_for(dep["user"], "deployment", members)
                 if claim is None:
                     raise DeployRefused(409, str(e)) from None
                 self.waiting.add(vrow["id"])
@@ -511,7 +572,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
     async def start(self) -> None:
         """After a (re)start: clear cut-short uploads, drop slices of versions that no
         longer exist, adopt the replicas of the rest, then keep them running."""
-        shutil.rmtree(upload_spool(self.service), ignore_errors=True)  # none in flight yet
+        shutil.rmtree(upload_spool(self.data_dir), ignore_errors=True)  # none in flight yet
         deps = {d["id"]: d for d in self.store.list()}
         versions = self.store.versions()
         owners = {
@@ -529,7 +590,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             if dep is None or vrow["state"] == "failed" or vrow["replicas"] == 0:
                 continue
             if not self._rows(vrow) and vrow["gpu_milli"]:
-                if self.service.preemption.pending("deployment", self.owners(vrow)[0]):
+                if self.preemption.pending("deployment", self.owners(vrow)[0]):
                     self.waiting.add(vrow["id"])  # still being made room for
                 else:
                     self.store.update_version(
@@ -551,15 +612,13 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         # proxy comes from elsewhere (Kubernetes) or the port is fixed (the next
         # service could not bind it).
         if self.router.socket is not None and not (
-            self.service.endpoint_router_url or self.service.endpoint_router_port
+            self.router_address.url or self.router_address.port
         ):
             await self._start_standby()
 
     async def _start_standby(self) -> None:
-        self.table = EndpointTable(
-            self.service.data_dir, self.service.prefix, self.service.max_upload_mib
-        )
-        self.standby = StandbyProcess(self.service.data_dir)
+        self.table = EndpointTable(self.data_dir, self.prefix, self.max_upload_mib)
+        self.standby = StandbyProcess(self.data_dir)
         try:
             await asyncio.to_thread(self.table.write, self.endpoint_table())
             await asyncio.to_thread(self.standby.replace, os.getpid(), self.router.socket.fileno())
@@ -679,7 +738,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             await self.ledger.aio.release("deployment", owner)
         if not vrow["gpu_milli"]:
             return
-        groups = await self.service.groups_of(dep["user"])
+        groups = await self.groups_of(dep["user"])
         for owner in self.owners(vrow, range(have, replicas)):
             try:
                 await self.ledger.aio.allocate(

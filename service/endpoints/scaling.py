@@ -56,7 +56,7 @@ class ScalingMixin:
         unit.scaler.observe(now, unit.traffic.sample())
         if unit.scaling or self.serving.cluster_autoscales(self.unit(dep, vrow)):
             return
-        if self.service.preemption.pending("deployment", f"{vrow['id']}/{vrow['replicas']}"):
+        if self.preemption.pending("deployment", f"{vrow['id']}/{vrow['replicas']}"):
             return  # a slice is being freed for the next replica
         want = unit.scaler.decide(now, vrow["replicas"], unit.traffic.waiting)
         if want == vrow["replicas"]:
@@ -89,7 +89,7 @@ class ScalingMixin:
         rows: list[dict] = []
         reason = ""
         if vrow["gpu_milli"]:
-            groups = await self.service.groups_of(dep["user"])
+            groups = await self.groups_of(dep["user"])
             for owner in self.owners(vrow, range(have, want)):
                 try:
                     rows += await self.ledger.aio.allocate(
@@ -98,7 +98,7 @@ class ScalingMixin:
                 except NoCapacity as e:
                     reason = f"no free slice for more ({e})"
                     if not rows:
-                        claim = await self.service.preemption.make_room_for(
+                        claim = await self.preemption.make_room_for(
                             dep["user"], "deployment", [(owner, vrow["gpu_milli"])]
                         )
                         if claim is not None:

@@ -7,9 +7,10 @@ message that says what to do) before anything is stored or placed.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpulab.scheduler.slices import SliceError, noun, parse_gpu_milli
-from gpulab.service.jobs.cpu_quota import over_quota
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
 PRINCIPAL = re.compile(r"^[^/\s\x00]{1,255}$")
@@ -95,7 +96,27 @@ def check_patch(body: dict) -> dict:
     return check_sharing(body)
 
 
-def check_create(service, user: str, settings: dict) -> dict:
+@dataclass(frozen=True)
+class EndpointLimits:
+    """The site's caps and defaults for endpoints (``c.GpuLabService`` settings)."""
+
+    slice_sizes: tuple[int, ...]
+    max_deployment_replicas: int
+    max_user_deployments: int
+    max_model_mib: int
+    cold_start_seconds: float
+    #: A new deployment stops with its owner's server unless it says otherwise.
+    stop_with_server: bool
+    #: Replicas run on this host, so its CPU and memory quota bounds them.
+    local: bool
+
+
+def check_create(
+    limits: EndpointLimits,
+    user: str,
+    settings: dict,
+    over_quota: Callable[[str, int, int, str], str | None],
+) -> dict:
     """The deployment's fields from a create body (``max_batch_size`` may stay None:
     it follows the model, see :func:`check_batch`)."""
     unknown = set(settings) - set(SETTINGS)
@@ -114,7 +135,7 @@ def check_create(service, user: str, settings: dict) -> dict:
             f"or '-' (starting and ending with a letter or digit), "
             f"got {name!r}",
         )
-    low, high = check_replicas(service, body)
+    low, high = check_replicas(limits, body)
     dep = {
         "name": name,
         "replicas": low,
@@ -130,23 +151,22 @@ def check_create(service, user: str, settings: dict) -> dict:
             if body["rollback_margin"] is None
             else _number(body, "rollback_margin", 0, 1, float)
         ),
-        **check_unit(service, body),
-        "stop_with_server": service.deployments_stop_with_server,
+        **check_unit(limits, body),
+        "stop_with_server": limits.stop_with_server,
         **check_sharing({k: body[k] for k in SHARING if body[k] is not None}),
     }
-    local = getattr(service.serving_backend_class, "name", None) == "local"
-    if local and not dep["gpu_milli"]:
+    if limits.local and not dep["gpu_milli"]:
         # The quota is this host's (a Kubernetes replica is a pod of its own); GPU
         # replicas are bounded by the GPUs first (409 when they cannot be placed).
-        reason = over_quota(service, user, high, dep["gpu_milli"], "replicas")
+        reason = over_quota(user, high, dep["gpu_milli"], "replicas")
         if reason:
             raise DeployRefused(403, reason)
     return dep
 
 
-def check_replicas(service, body: dict) -> tuple[int, int]:
+def check_replicas(limits: EndpointLimits, body: dict) -> tuple[int, int]:
     """``(min, max)`` replicas from ``replicas`` (fixed) or ``min_replicas``/``max_replicas``."""
-    cap = service.max_deployment_replicas
+    cap = limits.max_deployment_replicas
     for key in ("replicas", "max_replicas"):
         if isinstance(body[key], int) and body[key] > cap:
             raise DeployRefused(
@@ -176,7 +196,7 @@ def check_replicas(service, body: dict) -> tuple[int, int]:
     return low, high
 
 
-def check_unit(service, body: dict) -> dict:
+def check_unit(limits: EndpointLimits, body: dict) -> dict:
     """What one version runs with: its slice and its batching settings."""
     unit = {
         "max_batch_size": (
@@ -186,13 +206,13 @@ def check_unit(service, body: dict) -> dict:
         "max_queue": _number(body, "max_queue", 1, 100_000),
     }
     try:
-        unit["gpu_milli"] = parse_gpu_milli(body["gpu_milli"], tuple(service.slice_sizes))
+        unit["gpu_milli"] = parse_gpu_milli(body["gpu_milli"], limits.slice_sizes)
     except SliceError as e:
         raise DeployRefused(400, str(e)) from None
     return unit
 
 
-def check_canary(service, dep: dict, settings: dict) -> tuple[int, dict]:
+def check_canary(limits: EndpointLimits, dep: dict, settings: dict) -> tuple[int, dict]:
     """``(weight, unit settings)`` of a new version of ``dep``; what is not given is
     the deployment's."""
     unknown = set(settings) - set(CANARY)
@@ -204,7 +224,7 @@ def check_canary(service, dep: dict, settings: dict) -> tuple[int, dict]:
         )
     weight = _number(settings, "canary", 1, 99)
     base = {k: dep[k] for k in ("gpu_milli", "max_batch_size", "max_latency_ms", "max_queue")}
-    unit = check_unit(service, {**base, **{k: v for k, v in settings.items() if k in base}})
+    unit = check_unit(limits, {**base, **{k: v for k, v in settings.items() if k in base}})
     if "max_batch_size" not in settings:
         unit["max_batch_size"] = None  # follows the new model (check_batch)
     return weight, unit

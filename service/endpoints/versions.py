@@ -50,7 +50,7 @@ class VersionsMixin:
                 f"you have no deployment {name!r} to add a canary to; deploy it "
                 f"first without --canary",
             )
-        weight, unit = check_canary(self.service, dep, settings)
+        weight, unit = check_canary(self.limits, dep, settings)
         if len(self.store.versions(dep["id"])) > 1:
             raise DeployRefused(
                 409,

@@ -13,7 +13,6 @@ from traitlets.config import Config
 from gpulab.backend.kubernetes.serving import KubernetesServing
 from gpulab.hub_ext.admin_page import HUB_PAGES, show_slices_on_admin_page
 from gpulab.service.app import GpuLabService
-from gpulab.service.endpoints.manager import DeploymentManager
 from gpulab.service.jobs.manager import JobManager
 from gpulab.spawner.admin_slices import slices_template_var
 from gpulab.spawner.kube import FractionalKubeSpawner
@@ -342,7 +341,7 @@ def test_service_serves_endpoints_on_kubernetes_from_the_chart_config(tmp_path, 
         monkeypatch,
         rendered_data({"deployments": {"kubernetes": {"enabled": True}}}, namespace="research"),
     )
-    serving = DeploymentManager(app).serving
+    serving = app.deployments.serving
     assert isinstance(serving, KubernetesServing) and serving.namespace == "research"
     assert serving.queueing()["priority_class_name"] == "gpulab-serving"  # the serving class
     assert serving.models_pvc == "gpulab-models" and serving.image.endswith(":0.1.0")
@@ -360,7 +359,7 @@ def test_service_autoscales_endpoints_the_way_the_chart_says(tmp_path, monkeypat
     app = started_service(
         tmp_path, monkeypatch, rendered_data({"deployments": {"kubernetes": endpoints}})
     )
-    serving = DeploymentManager(app).serving
+    serving = app.deployments.serving
     assert (serving.autoscaler, serving.prometheus_url) == (
         "keda",
         "http://prometheus.monitoring.svc:9090",
