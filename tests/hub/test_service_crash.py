@@ -6,11 +6,11 @@ running server holds exactly one allocation, on SQLite and on PostgreSQL.
 
 import os
 import signal
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hubproc import RunningHub
+from support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,12 @@ def test_kill_service_mid_spawn(hub):
     pid = hub.service_pid()
     with ThreadPoolExecutor(len(second)) as pool:
         spawns = [pool.submit(hub.spawn, u, {"gpu_milli": 250}) for u in second]
-        time.sleep(0.3)  # the spawns are in flight
+        # Killed once the service has placed a slice of the second batch: mid-spawn.
+        wait_until(
+            lambda: len(hub.gpulab("GET", "/allocations").json()) > len(before),
+            "a spawn of the second batch to reach the service",
+            every=0.05,
+        )
         os.kill(pid, signal.SIGKILL)
         answers = [f.result() for f in spawns]
 

@@ -8,6 +8,7 @@ import asyncio
 import logging
 
 import pytest
+from support.wait import wait_until_async
 
 from gpulab.backend.kubernetes.backend import KubernetesBackend
 from gpulab.backend.local_inventory import LocalInventory
@@ -71,11 +72,13 @@ def test_stop_ends_every_background_task(make_service):
     async def run():
         before = asyncio.all_tasks()
         await app.start_managers()
-        await asyncio.sleep(0.2)
+        loops = {"gpulab-reconcile", "gpulab-job-queue", "gpulab-local-sampler"}
+        await wait_until_async(
+            lambda: loops <= {t.get_name() for t in asyncio.all_tasks() - before},
+            "the managers' loops to run",
+            timeout=30,
+        )
         started = asyncio.all_tasks() - before
-        assert {"gpulab-reconcile", "gpulab-job-queue", "gpulab-local-sampler"} <= {
-            t.get_name() for t in started
-        }
         await app.stop()
         await asyncio.sleep(0)
         return [t for t in started if not t.done()]
