@@ -7,7 +7,6 @@ import importlib.util
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from sqlalchemy import (
     select,
     text,
 )
+from support.wait import wait_until
 
 from gpulab.db import migrate
 from gpulab.db.deployments import deployments, versions
@@ -252,9 +252,9 @@ def test_services_starting_together_migrate_once(db_url, tmp_path):
         subprocess.Popen([sys.executable, "-c", script, str(r)], stderr=subprocess.PIPE, text=True)
         for r in ready
     ]
-    deadline = time.monotonic() + 60
-    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(
+        lambda: all(r.exists() for r in ready), "the four processes to be ready", 60, every=0.01
+    )
     go.touch()
     for p in procs:
         _, err = p.communicate(timeout=120)

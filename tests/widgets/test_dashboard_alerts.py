@@ -14,6 +14,7 @@ import re
 
 import pytest
 from support.service import running_service
+from support.wait import wait_until_async
 
 from gpulab.client import BadRequest, Client
 from gpulab.db.operations import alerts as alerts_table
@@ -228,11 +229,11 @@ async def test_the_badge_follows_the_alerts_on_the_dashboards_own_poll(tmp_path)
         title = lambda: d.tabs.get_title(list(TABS).index("Alerts"))  # noqa: E731
 
         async def until(check, what):
-            for _ in range(600):  # a minute: the poll runs on a thread of a busy machine
-                if check():
-                    return
-                await asyncio.sleep(0.1)
-            raise AssertionError(f"{what}: title {title()!r}, header {d.header.value!r}")
+            # A minute: the poll runs on a thread of a busy machine.
+            try:
+                await wait_until_async(check, what, timeout=60)
+            except AssertionError as e:
+                raise AssertionError(f"{e}: title {title()!r}, header {d.header.value!r}") from None
 
         try:
             await until(lambda: d.model.alerts.fetched is not None, "the first alerts fetch")
