@@ -33,14 +33,13 @@ from sqlalchemy.engine import Engine
 
 from gpulab.db.engine import allocations, lock_for_write, utcnow, writer
 from gpulab.db.operations import gpu_cordons
-from gpulab.db.usage import usage
+from gpulab.db.usage import closed_row, usage
 
 from .async_ledger import AsyncLedger
 from .inventory import Gpu
 from .policy import Cluster, PlacementPolicy, Request
 from .quota import Quotas
 from .slices import MILLI_PER_GPU, label, plural, shape_of
-from .usage import closed_row
 
 OWNER_KINDS = ("server", "job", "deployment")
 

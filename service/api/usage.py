@@ -1,7 +1,7 @@
 """``GET /api/v1/usage``: GPU time per user, group, kind or pool, as JSON or CSV.
 
 Users see their own use only (by kind or by their groups, their share of
-them); admins see everyone's. Time comes from :mod:`gpulab.scheduler.usage`:
+them); admins see everyone's. Time comes from :mod:`gpulab.db.usage`:
 released slices from the usage table, held slices up to now. ``bucket=day``
 adds a ``day`` column: the same time, cut per UTC calendar day.
 """
@@ -15,7 +15,7 @@ import io
 from tornado import web
 
 from gpulab.db import clock
-from gpulab.scheduler.usage import BUCKETS, GROUP_BYS, report
+from gpulab.db.usage import BUCKETS, GROUP_BYS, report
 from gpulab.service.api.query_args import time_arg
 from gpulab.service.auth import APIHandler
 

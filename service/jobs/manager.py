@@ -31,10 +31,10 @@ from gpulab.backend.local import LocalBackend
 from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
 from gpulab.db import clock
 from gpulab.db.jobs import TERMINAL
+from gpulab.db.usage import decayed
 from gpulab.scheduler.priority import PriorityError
 from gpulab.scheduler.queue import PREEMPTED, JobQueue, Place, never_fits
 from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, label, noun, parse_gpu_milli, plural
-from gpulab.scheduler.usage import decayed
 from gpulab.service.jobs.backends import NoLocalJobs, job_backends
 from gpulab.service.jobs.cpu_quota import over_quota
 from gpulab.service.jobs.pools import AUTO, Pool, PoolRefused

@@ -21,7 +21,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from gpulab.scheduler.usage import totals
+from gpulab.db.usage import totals
 
 #: Labels whose value is one user's job or endpoint id (``job``: a nettest job's
 #: all-reduce result).

@@ -1,4 +1,4 @@
-"""Fair share: past GPU time weighs less as it ages (``scheduler.usage.decayed``, which
+"""Fair share: past GPU time weighs less as it ages (``gpulab.db.usage.decayed``, which
 the job queue orders users of one class by, least first).
 
 A real ledger on a real SQLite file; time passes on a fake clock (``support.clock``),
@@ -10,7 +10,7 @@ import math
 import pytest
 from support.clock import fake_clock
 
-from gpulab.scheduler.usage import decayed
+from gpulab.db.usage import decayed
 
 HOUR = 3600.0
 HALF_LIFE = 86400.0  # a day, as c.GpuLabService.fair_share_half_life_seconds may say

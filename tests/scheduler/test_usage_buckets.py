@@ -9,8 +9,7 @@ import datetime as dt
 import pytest
 
 from gpulab.db.engine import make_engine
-from gpulab.db.usage import usage
-from gpulab.scheduler.usage import closed_row, report
+from gpulab.db.usage import closed_row, report, usage
 
 UTC = dt.UTC
 
