@@ -3,8 +3,10 @@ import sys
 
 import pytest
 
-# Make the test helpers in this folder importable as plain modules.
+# Make the test helpers in this folder importable as plain modules, and the
+# training cells every room's tests run (tests/training/cells.py).
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "training"))
 
 from hubproc import RunningHub  # noqa: E402
 from pg import fresh_database, postgres_server  # noqa: E402

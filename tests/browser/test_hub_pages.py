@@ -12,6 +12,7 @@ import threading
 import pytest
 import requests
 import torch
+from cells import SLEEPS
 from hubproc import fresh_user
 from logins import admin_password, browser_log_in, log_in, sign_up_approved
 from playwright.sync_api import expect
@@ -23,15 +24,6 @@ from gpulab.serving.export import export_model
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 USER = fresh_user("pages")
-#: A job that keeps its slice until cancelled.
-SLEEPS = """
-import time
-from gpulab.training import setup, report
-ctx = setup()
-for step in range(100000):
-    time.sleep(0.2)
-    report(step=step)
-"""
 
 
 @pytest.fixture(scope="module")

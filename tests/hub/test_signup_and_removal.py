@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 import torch
+from cells import SLEEPS
 from hubproc import fresh_user, replica_pids
 from logins import XSRF, admin_password, log_in, page_link, sign_up
 from requests.adapters import HTTPAdapter
@@ -25,15 +26,6 @@ from gpulab.serving.export import export_model
 pytestmark = pytest.mark.slow
 
 PASSWORD = "a long password of theirs"
-#: A job that runs until cancelled (tests/training/cells.py's SLEEPS).
-SLEEPS = """
-import time
-from gpulab.training import setup, report
-ctx = setup()
-for step in range(100000):
-    time.sleep(0.2)
-    report(step=step)
-"""
 
 
 @pytest.fixture(scope="module")
