@@ -92,11 +92,7 @@ gpu_cordons = Table(
 # -- the alerts' queries ------------------------------------------------------------------
 def iso(ts: dt.datetime | None) -> str | None:
     """``2026-12-01T10:00:00Z`` (UTC, seconds)."""
-    if ts is None:
-        return None
-    if ts.tzinfo is None:  # SQLite drops the zone; gpulab stores UTC
-        ts = ts.replace(tzinfo=dt.UTC)
-    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if ts is None else utc(ts).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def alert_json(row) -> dict:
@@ -121,12 +117,16 @@ def alert_json(row) -> dict:
     }
 
 
+#: Most rows one listing of alerts returns (the newest).
+ALERTS_LIST_LIMIT = 1000
+
+
 def list_alerts(
     engine,
     owner: str | None,
     state: str = "all",
     since: dt.datetime | None = None,
-    limit: int = 1000,
+    limit: int = ALERTS_LIST_LIMIT,
 ) -> tuple[list[dict], int]:
     """Alerts that fired at some time after ``since`` (still firing, or resolved
     after it), the newest ``limit`` first, of ``owner`` (None: everyone's); and how

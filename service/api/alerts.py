@@ -17,7 +17,7 @@ from tornado import web
 from gpulab.db.operations import list_alerts
 from gpulab.service.api.query_args import time_arg
 from gpulab.service.auth import APIHandler
-from gpulab.service.operations.alerts import LIST_LIMIT, STATES
+from gpulab.service.operations.alerts import STATES
 
 DEFAULT_HOURS = 24
 
@@ -33,7 +33,7 @@ class AlertsHandler(APIHandler):
         )
         owner = None if (who.admin or who.internal) else who.name
         alerts, firing = await self.gpulab.db_threads.run(
-            list_alerts, self.gpulab.engine, owner, state, since, LIST_LIMIT
+            list_alerts, self.gpulab.engine, owner, state, since
         )
         self.write_json({"alerts": alerts, "firing": firing})
 

@@ -161,7 +161,6 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         self.prefix = prefix
         self.data_dir = data_dir
         self.max_upload_mib = max_upload_mib
-        self.router_address = router_address
         self.proxy = EndpointProxy()
         self.router = EndpointRouter(
             self,
@@ -611,9 +610,8 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         # A standby takes over the router's socket if this process dies; not where the
         # proxy comes from elsewhere (Kubernetes) or the port is fixed (the next
         # service could not bind it).
-        if self.router.socket is not None and not (
-            self.router_address.url or self.router_address.port
-        ):
+        address = self.router.address
+        if self.router.socket is not None and not (address.url or address.port):
             await self._start_standby()
 
     async def _start_standby(self) -> None:

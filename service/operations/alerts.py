@@ -41,8 +41,6 @@ log = logging.getLogger("gpulab.service.operations.alerts")
 
 KEEP_RESOLVED_DAYS = 30
 PRUNE_EVERY_S = 3600
-#: Most rows one listing returns (the newest).
-LIST_LIMIT = 1000
 STATES = ("firing", "resolved", "all")
 
 

@@ -13,9 +13,8 @@ import pytest
 import requests
 import torch
 
-# The job helpers and the training cells live beside the job and training tests.
-for folder in ("jobs", "training"):
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", folder))
+# The job helpers live beside the job tests.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "jobs"))
 
 from cells import LINEAR
 from hubproc import fresh_user

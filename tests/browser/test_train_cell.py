@@ -7,18 +7,15 @@ reloading the page (the widgets' state does not, so the cell keeps a static copy
 
 import os
 import re
-import sys
 
 import nbformat
 import pytest
+from cells import LINEAR  # noqa: E402
 from hubproc import fresh_user
 from lab_dialogs import dismiss_false_connection_lost
 from logins import browser_log_in, sign_up_approved
 from playwright.sync_api import expect
 from support.wait import wait_until
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "training"))
-from cells import LINEAR  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

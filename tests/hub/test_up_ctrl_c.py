@@ -27,7 +27,6 @@ from gpulab.client import Client
 from gpulab.hub_ext import leftover_processes
 from gpulab.serving.export import export_model
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "jobs"))
 from cells import LINEAR  # noqa: E402
 from jobhelpers import submit, wait_job, wait_metrics  # noqa: E402

@@ -26,7 +26,6 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "backend"))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "training"))
 from cells import LINEAR  # noqa: E402
 from kubelet_sim import container_argv, container_env  # noqa: E402
 from localrun import new_spec, prepare, run, weights  # noqa: E402

@@ -12,18 +12,14 @@ advances the minutes a setting asks for instead of waiting them.
 """
 
 import re
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from cells import LINEAR  # noqa: E402
 from support.clock import fake_clock
 from support.fake_nvml import FakeDriver
 from support.service import running_service
 from support.wait import wait_until_async
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "training"))
-from cells import LINEAR  # noqa: E402
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 

@@ -42,8 +42,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="accounts and network namespaces need root"),
 ]
 ATTACKS = Path(__file__).with_name("c10d_attacks.py").read_text()
-# The cells the job tests run live beside the training tests.
-sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
 from cells import FAILS_ON_RANK_1, LINEAR, SLEEPS  # noqa: E402
 
 #: What a job in its own namespace tries: a server on the host's address (outbound

@@ -41,7 +41,6 @@ from gpulab.training import env as rank_env
 from gpulab.training import rendezvous
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "backend"))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "training"))
 from cells import LINEAR  # noqa: E402
 from localrun import new_spec, prepare  # noqa: E402
 

@@ -8,15 +8,12 @@ the jobs run as the owners' Unix accounts, which must reach the munge socket,
 
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "training"))
-
-from gpulab.backend import slurm_sandbox  # noqa: E402
+from gpulab.backend import slurm_sandbox
 
 
 @pytest.fixture(scope="module")
