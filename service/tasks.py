@@ -2,7 +2,9 @@
 
 ``asyncio.ensure_future`` without keeping the task loses it: nothing can cancel
 it on shutdown and the event loop may even collect it mid-run. Every loop of
-the service (reconcile, job queue, local sampler) is one :class:`KeptTask`.
+the service (reconcile, job queue, local sampler) is one :class:`KeptTask`; a
+one-off step a loop hands off (a scale step, a rollback, a claim's launch) goes in
+a :class:`TaskSet`, which stopping cancels.
 """
 
 from __future__ import annotations
@@ -37,6 +39,24 @@ class KeptTask:
             await asyncio.wait({task}, timeout=1)
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+class TaskSet:
+    """One-off tasks kept until they end, so that stopping can cancel those still running."""
+
+    def __init__(self):
+        self._tasks: set[asyncio.Task] = set()
+
+    def spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def cancel(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def wait_for_wake(wake: asyncio.Event, timeout: float) -> None:

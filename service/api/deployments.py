@@ -155,11 +155,13 @@ class PromoteHandler(_DeploymentHandler):
         dep = self.find(name)
         try:
             if self.action == "promote":
-                view = await self.deployments.promote(dep)
+                view = self.deployments.view(await self.deployments.versions.promote(dep))
             else:
                 who = self.identity
                 by = "its owner" if who.name == dep["user"] else f"{who.kind} {who.name}"
-                view = await self.deployments.rollback(dep, f"rolled back by {by}")
+                view = self.deployments.view(
+                    await self.deployments.versions.rollback(dep, f"rolled back by {by}")
+                )
         except DeployRefused as e:
             raise web.HTTPError(e.status, str(e)) from None
         await self.audit(f"deployment.{self.action}", f"{dep['user']}/{name}", user=dep["user"])
@@ -181,7 +183,7 @@ class ModelsHandler(_DeploymentHandler):
         manager = self.deployments
         out = []
         for dep in manager.store.list():
-            if not manager.can_use(who, dep):
+            if not manager.calls.can_use(who, dep):
                 continue
             view = manager.view(dep)
             model = view["model"] or {}
@@ -277,7 +279,7 @@ class EndpointHandler(_DeploymentHandler):
 
     def _target(self, user: str, name: str) -> dict:
         try:
-            return self.deployments.callable_endpoint(self.require_identity(), user, name)
+            return self.deployments.calls.callable_endpoint(self.require_identity(), user, name)
         except CallRefused as e:
             raise web.HTTPError(e.status, str(e)) from None
 
@@ -295,7 +297,7 @@ class EndpointHandler(_DeploymentHandler):
         query = f"?{self.request.query}" if self.request.query else ""
         body = self.raw_body() if self.request.method == "POST" else None
         try:
-            answer = await self.deployments.call(
+            answer = await self.deployments.calls.call(
                 dep,
                 self.request.method,
                 path + query,

@@ -1,7 +1,9 @@
 """One call to an endpoint, from an authorised caller to a replica: the hot path.
 
-Part of :class:`~gpulab.service.endpoints.manager.DeploymentManager`; both front doors use it (the
-endpoint router of :mod:`gpulab.service.endpoints.router` and the service's own route). It
+Both front doors use it (the endpoint router of :mod:`gpulab.service.endpoints.router` and the
+service's own route), over the endpoints in memory (:class:`LiveCalls`); the standby
+router runs the same path over the last endpoint table
+(:class:`~gpulab.service.endpoints.standby.TableCalls`). It
 
 1. picks the version: the one the URL names (``/v2/models/M/versions/N/...``,
    which reaches version N whatever its weight), else by weight;
@@ -21,6 +23,10 @@ import contextlib
 import re
 import time
 
+from gpulab.backend.serving_base import ServingBackend
+from gpulab.service.endpoints.live import LiveEndpoints, serving_unit
+from gpulab.service.endpoints.proxy import EndpointProxy
+from gpulab.service.endpoints.settings import EndpointLimits
 from gpulab.service.endpoints.table import DEPLOYMENT_FIELDS, VERSION_FIELDS
 
 #: ``v2/models/<name>/versions/<n>/<rest>``: the version the caller asks for.
@@ -36,17 +42,34 @@ class CallRefused(Exception):
         self.retry_after = retry_after
 
 
-class CallsMixin:
-    def endpoint(self, user: str, name: str) -> dict | None:
-        """The deployment an endpoint call names (as of the last second), or None."""
-        dep_id = self._by_name.get((user, name))
-        if dep_id is not None:
-            return self._deps[dep_id].row
-        dep = self.store.find(user, name)
-        if dep is not None:
-            self._record(dep)
-        return dep
+class EndpointCalls:
+    """The call path over a table of endpoints. A subclass says where the endpoints
+    come from (:meth:`endpoint`, :meth:`record`), which replicas of a version are
+    ready and their token (:meth:`ready`, :meth:`token`), and what a call does when
+    none is (:meth:`cold_start`)."""
 
+    def __init__(self, proxy: EndpointProxy):
+        self.proxy = proxy
+
+    # -- what a subclass says ------------------------------------------------------
+    def endpoint(self, user: str, name: str) -> dict | None:
+        """The deployment an endpoint call names, or None."""
+        raise NotImplementedError
+
+    def record(self, dep_id: str):
+        """The deployment's versions (``.units``, ``.choice``, ``.by_version()``)."""
+        raise NotImplementedError
+
+    def ready(self, dep: dict, unit) -> list[tuple[int, str]]:
+        raise NotImplementedError
+
+    def token(self, unit) -> str:
+        raise NotImplementedError
+
+    async def cold_start(self, dep: dict, unit) -> list[tuple[int, str]]:
+        raise NotImplementedError
+
+    # -- the path --------------------------------------------------------------------
     @staticmethod
     def can_use(who, dep: dict) -> bool:
         """Owner, admins, and those it is shared with (by name or group)."""
@@ -72,7 +95,7 @@ class CallsMixin:
 
     def _choose(self, dep: dict, path: str):
         """``(unit, path to send)``: the version the path names, or one by weight."""
-        rec = self._deps[dep["id"]]
+        rec = self.record(dep["id"])
         m = VERSIONED.match(path)
         if m:
             for unit in rec.units.values():
@@ -94,13 +117,68 @@ class CallsMixin:
             )
         return rec.units[chosen], path
 
-    def _ready(self, dep: dict, unit) -> list[tuple[int, str]]:
-        ready = self.serving.ready_replicas(self.unit(dep, unit.row))
+    async def call(self, dep: dict, method: str, path: str, headers: dict, body: bytes | None):
+        """Forward one call: ``(status, reason, headers, body)``; CallRefused if no
+        replica answers."""
+        unit, path = self._choose(dep, path)
+        start = time.monotonic()
+        ready = self.ready(dep, unit)
+        if not ready:
+            ready = await self.cold_start(dep, unit)
+        tried: set[int] = set()
+        while ready:
+            replica, url = unit.traffic.least_busy(ready)
+            tried.add(replica)
+            unit.traffic.begin(replica)
+            answer = None
+            try:
+                answer = await self.proxy.forward(
+                    url, self.token(unit), method, path, headers, body
+                )
+            finally:
+                error = answer is None or answer[0] >= 500
+                unit.traffic.end(replica, time.monotonic() - start, error)
+            if answer is not None:
+                return answer
+            # That replica just went away (scaled down, crashed): try another.
+            ready = [r for r in self.ready(dep, unit) if r[0] not in tried]
+        raise CallRefused(
+            503,
+            f"no replica of {dep['user']}/{dep['name']} version {unit.row['version']} "
+            f"is ready ({unit.row['state']}: {unit.row['message']}); try again shortly",
+            retry_after=2,
+        )
+
+
+class LiveCalls(EndpointCalls):
+    """Calls over the endpoints in memory (``live``), to the replicas ``serving`` runs;
+    a call to a version with none ready waits for a cold start."""
+
+    def __init__(
+        self,
+        live: LiveEndpoints,
+        serving: ServingBackend,
+        limits: EndpointLimits,
+        proxy: EndpointProxy,
+    ):
+        super().__init__(proxy)
+        self.live = live
+        self.serving = serving
+        self.limits = limits
+
+    def endpoint(self, user: str, name: str) -> dict | None:
+        return self.live.find(user, name)
+
+    def record(self, dep_id: str):
+        return self.live.deps[dep_id]
+
+    def ready(self, dep: dict, unit) -> list[tuple[int, str]]:
+        ready = self.serving.ready_replicas(serving_unit(dep, unit.row))
         if unit.draining_from is not None:
             ready = [r for r in ready if r[0] < unit.draining_from]
         return ready
 
-    def _token(self, unit) -> str:
+    def token(self, unit) -> str:
         if unit.token is None:
             unit.token = self.serving.token(unit.row["id"])
         return unit.token
@@ -110,15 +188,15 @@ class CallsMixin:
         per version its ready replicas ``[index, address]`` and their token (for the
         standby router, :mod:`gpulab.service.endpoints.table`)."""
         out = []
-        for rec in list(self._deps.values()):
+        for rec in list(self.live.deps.values()):
             dep = rec.row
             versions = []
             for unit in rec.by_version():
-                ready = self._ready(dep, unit) if unit.row["state"] != "failed" else []
+                ready = self.ready(dep, unit) if unit.row["state"] != "failed" else []
                 token = None
                 if ready:
                     try:
-                        token = self._token(unit)
+                        token = self.token(unit)
                     except OSError:  # its files are being removed: no call goes there
                         ready = []
                 versions.append(
@@ -131,39 +209,7 @@ class CallsMixin:
             out.append({**{k: dep[k] for k in DEPLOYMENT_FIELDS}, "versions": versions})
         return out
 
-    async def call(self, dep: dict, method: str, path: str, headers: dict, body: bytes | None):
-        """Forward one call: ``(status, reason, headers, body)``; CallRefused if no
-        replica answers."""
-        unit, path = self._choose(dep, path)
-        start = time.monotonic()
-        ready = self._ready(dep, unit)
-        if not ready:
-            ready = await self._cold_start(dep, unit)
-        tried: set[int] = set()
-        while ready:
-            replica, url = unit.traffic.least_busy(ready)
-            tried.add(replica)
-            unit.traffic.begin(replica)
-            answer = None
-            try:
-                answer = await self.proxy.forward(
-                    url, self._token(unit), method, path, headers, body
-                )
-            finally:
-                error = answer is None or answer[0] >= 500
-                unit.traffic.end(replica, time.monotonic() - start, error)
-            if answer is not None:
-                return answer
-            # That replica just went away (scaled down, crashed): try another.
-            ready = [r for r in self._ready(dep, unit) if r[0] not in tried]
-        raise CallRefused(
-            503,
-            f"no replica of {dep['user']}/{dep['name']} version {unit.row['version']} "
-            f"is ready ({unit.row['state']}: {unit.row['message']}); try again shortly",
-            retry_after=2,
-        )
-
-    async def _cold_start(self, dep: dict, unit) -> list[tuple[int, str]]:
+    async def cold_start(self, dep: dict, unit) -> list[tuple[int, str]]:
         """Wait for a replica of a version that has none ready (the autoscaler starts
         one when it runs none); its ready replicas, or CallRefused after the wait."""
         limit = self.limits.cold_start_seconds
@@ -179,10 +225,10 @@ class CallsMixin:
         cold = unit.row["replicas"] == 0
         start = time.monotonic()
         unit.traffic.start_wait()
-        self._wake.set()
+        self.live.wake.set()
         try:
             deadline = start + limit
-            while (ready := self._ready(dep, unit)) == [] and time.monotonic() < deadline:
+            while (ready := self.ready(dep, unit)) == [] and time.monotonic() < deadline:
                 unit.became_ready.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(

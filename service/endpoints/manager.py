@@ -7,15 +7,17 @@ deployment's ``min_replicas`` and ``max_replicas``. Each replica holds a slice
 (ledger owner ``<version id>/<replica>``, kind ``deployment``). Where the
 replicas run is the serving backend's business (:mod:`gpulab.backend.serving_base`:
 processes on this machine, or Deployments on Kubernetes); it gets one version at
-a time, as a *unit* dict (:meth:`DeploymentManager.unit`). One loop (every
+a time, as a *unit* dict (:func:`.live.serving_unit`). One loop (every
 second) asks the backend how each version is, writes it to the tables and lets
 the autoscaler act; a version that fails gives its slices back. Replicas
 outlive a restart of the service, which adopts them again in
 :meth:`DeploymentManager.start`.
 
-Checking what clients send lives in :mod:`gpulab.service.endpoints.settings`, calls from
-clients in :mod:`gpulab.service.endpoints.calls`, versions (canary, promote, rollback) in
-:mod:`gpulab.service.endpoints.versions`.
+The manager is built of parts, each given what it works with: what is kept in
+memory of each endpoint (:mod:`.live`), calls from clients (:mod:`.calls`), a
+version's replicas placed and stopped (:mod:`.placement`), the autoscaler's steps
+(:mod:`.scaling`), versions (canary, promote, rollback: :mod:`.versions`).
+Checking what clients send lives in :mod:`.settings`.
 """
 
 from __future__ import annotations
@@ -28,35 +30,37 @@ import os
 import shutil
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 from gpulab.backend.serving_base import ServingBackend
 from gpulab.db import clock as gpulab_clock
 from gpulab.db.deployments import DeploymentStore, NameTaken
-from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
-from gpulab.scheduler.quota import QuotaExceeded
 from gpulab.scheduler.slices import plural
 from gpulab.service.auth import Identity
-from gpulab.service.endpoints.autoscale import Autoscaler
-from gpulab.service.endpoints.calls import CallsMixin
-from gpulab.service.endpoints.model_archive import ArchiveRefused, unpack_model
+from gpulab.service.endpoints.calls import LiveCalls
+from gpulab.service.endpoints.live import (
+    Deployment,
+    LiveEndpoints,
+    Unit,
+    replica_owners,
+    serving_unit,
+)
+from gpulab.service.endpoints.placement import VersionPlacement
 from gpulab.service.endpoints.proxy import EndpointProxy
 from gpulab.service.endpoints.router import EndpointRouter, RouterAddress
-from gpulab.service.endpoints.scaling import ScalingMixin
+from gpulab.service.endpoints.scaling import Scaling
 from gpulab.service.endpoints.settings import (
     DeployRefused,
     EndpointLimits,
-    check_batch,
     check_create,
     check_patch,
 )
 from gpulab.service.endpoints.standby import StandbyProcess
 from gpulab.service.endpoints.table import EndpointTable
-from gpulab.service.endpoints.traffic import UnitTraffic, WeightedChoice, quantile_ms
-from gpulab.service.endpoints.versions import VersionsMixin
+from gpulab.service.endpoints.traffic import quantile_ms
+from gpulab.service.endpoints.versions import Versions
 from gpulab.service.jobs.cpu_quota import over_quota
 from gpulab.service.plugins import build
-from gpulab.service.tasks import KeptTask, wait_for_wake
+from gpulab.service.tasks import KeptTask, TaskSet, wait_for_wake
 
 log = logging.getLogger("gpulab.service.endpoints.manager")
 
@@ -93,43 +97,7 @@ def serving_backend(service) -> ServingBackend:
     )
 
 
-def _write_json(path: str, value) -> None:
-    with open(path, "w") as f:
-        json.dump(value, f)
-
-
-@dataclass
-class Unit:
-    """What the manager keeps in memory of one version."""
-
-    row: dict  # the version's row, as of the last loop pass
-    scaler: Autoscaler
-    traffic: UnitTraffic = field(default_factory=UnitTraffic)
-    ready: int = 0
-    token: str | None = None
-    #: Replicas from this index on get no new calls (being scaled away); None: all do.
-    draining_from: int | None = None
-    scaling: bool = False  # a scale step is under way (in a task of its own)
-    blocked: str = ""  # why it runs fewer replicas than the autoscaler wants
-    tried_at: float = 0.0  # when it last asked the ledger for more
-    cold_starts: int = 0
-    last_cold_start_s: float | None = None
-    became_ready: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-@dataclass
-class Deployment:
-    """What the manager keeps in memory of one deployment."""
-
-    row: dict  # as of the last loop pass (the endpoint's per-call lookup, off the database)
-    units: dict[str, Unit] = field(default_factory=dict)  # version id -> Unit
-    choice: WeightedChoice = field(default_factory=WeightedChoice)
-
-    def by_version(self) -> list[Unit]:
-        return sorted(self.units.values(), key=lambda u: u.row["version"])
-
-
-class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
+class DeploymentManager:
     """Endpoints: their versions, replicas (on ``serving``), scaling, and calls
     through the router. Built from the parts it works with (:meth:`of` names them
     from the service's)."""
@@ -155,15 +123,21 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         self.store = DeploymentStore(engine)
         self.serving = serving
         self.preemption = preemption
-        self.groups_of = groups_of
         self.over_quota = over_quota
         self.limits = limits
         self.prefix = prefix
         self.data_dir = data_dir
         self.max_upload_mib = max_upload_mib
-        self.proxy = EndpointProxy()
+        self.live = LiveEndpoints(self.store, serving)
+        self._tasks = TaskSet()
+        self.placement = VersionPlacement(
+            self.store, ledger, serving, preemption, groups_of, limits
+        )
+        self.calls = LiveCalls(self.live, serving, limits, EndpointProxy())
+        self.scaling = Scaling(self.live, ledger, serving, preemption, groups_of, self._tasks.spawn)
+        self.versions = Versions(self.live, self.placement, limits, self._tasks.spawn)
         self.router = EndpointRouter(
-            self,
+            self.calls,
             prefix=prefix,
             max_upload_mib=max_upload_mib,
             identify=identify,
@@ -173,14 +147,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         #: service is down (:mod:`gpulab.service.endpoints.standby`); None: no standby.
         self.table: EndpointTable | None = None
         self.standby: StandbyProcess | None = None
-        self._deps: dict[str, Deployment] = {}
-        self._by_name: dict[tuple[str, str], str] = {}  # (user, name) -> id
-        self._lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task] = set()
-        self._wake = asyncio.Event()  # a call waits for a cold start: act now
         self._loop = KeptTask("gpulab-deployments", self.loop)
-        #: Versions whose slices are being freed by preemption (not launched yet).
-        self.waiting: set[str] = set()
         # The job loop places claims holding its own lock: launch in a task of ours,
         # so the two managers' locks are never taken in opposite orders.
         preemption.on_placed["deployment"] = self._on_claim_placed
@@ -217,72 +184,6 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             ),
         )
 
-    # -- memory ------------------------------------------------------------------------
-    def _record(self, row: dict, versions: list[dict] | None = None) -> Deployment:
-        rec = self._deps.get(row["id"])
-        if rec is None:
-            rec = self._deps[row["id"]] = Deployment(row)
-        rec.row = row
-        self._by_name[(row["user"], row["name"])] = row["id"]
-        if versions is None:
-            versions = self.store.versions(row["id"])
-        for vrow in versions:
-            unit = rec.units.get(vrow["id"])
-            if unit is None:
-                unit = rec.units[vrow["id"]] = Unit(vrow, self._scaler(row))
-                unit.scaler.changed(gpulab_clock.monotonic())  # the delay counts from now
-            unit.row = vrow
-            self._configure(unit.scaler, row)
-        for gone in set(rec.units) - {v["id"] for v in versions}:
-            del rec.units[gone]
-        return rec
-
-    @staticmethod
-    def _scaler(row: dict) -> Autoscaler:
-        return Autoscaler(
-            row["replicas"], row["max_replicas"], row["target_inflight"], row["scale_down_delay_s"]
-        )
-
-    @staticmethod
-    def _configure(scaler: Autoscaler, row: dict) -> None:
-        scaler.min_replicas, scaler.max_replicas = row["replicas"], row["max_replicas"]
-        scaler.target_inflight = row["target_inflight"]
-        scaler.scale_down_delay_s = row["scale_down_delay_s"]
-
-    def _drop(self, dep_id: str) -> None:
-        rec = self._deps.pop(dep_id, None)
-        if rec is None:
-            return
-        if self._by_name.get((rec.row["user"], rec.row["name"])) == dep_id:
-            del self._by_name[(rec.row["user"], rec.row["name"])]
-        for version_id in rec.units:
-            self.serving.forget(version_id)
-
-    def unit(self, dep: dict, vrow: dict) -> dict:
-        """The dict a serving backend runs: the version, with its deployment's owner,
-        name and autoscaling settings."""
-        return {
-            **vrow,
-            "user": dep["user"],
-            "name": dep["name"],
-            "min_replicas": dep["replicas"],
-            "max_replicas": dep["max_replicas"],
-            "target_inflight": dep["target_inflight"],
-            "scale_down_delay_s": dep["scale_down_delay_s"],
-        }
-
-    @staticmethod
-    def owners(vrow: dict, replicas: range | None = None) -> list[str]:
-        """The ledger owners of a version's replicas (all it runs, or ``replicas``)."""
-        if replicas is None:
-            replicas = range(vrow["replicas"])
-        return [f"{vrow['id']}/{r}" for r in replicas]
-
-    def _rows(self, vrow: dict) -> list[dict]:
-        return [
-            r for o in self.owners(vrow) for r in self.ledger.list(owner_kind="deployment", owner=o)
-        ]
-
     # -- reading -----------------------------------------------------------------------
     def path(self, dep: dict) -> str:
         return f"{self.prefix.rstrip('/')}/endpoints/{dep['user']}/{dep['name']}"
@@ -296,7 +197,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         return {k: card.get(k) for k in ("name", "inputs", "outputs", "max_batch_size")}
 
     def view(self, dep: dict) -> dict:
-        rec = self._record(dep)  # the versions as stored now (a claim's message, a promotion)
+        rec = self.live.record(dep)  # the versions as stored now (a claim's message, a promotion)
         units = rec.by_version()
         versions = [self._version_view(dep, u) for u in units]
         stable = versions[0] if versions else None
@@ -317,7 +218,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         out["requests_total"] = sum(u.traffic.calls_total for u in units)
         out["requests_per_second"] = sum(w["requests_per_second"] for w in windows)
         out["p99_latency_ms"] = quantile_ms(merged, 0.99) if merged else None
-        out["gpus"] = [r["gpu_uuid"] for u in units for r in self._rows(u.row)]
+        out["gpus"] = [r["gpu_uuid"] for u in units for r in self.placement.rows(u.row)]
         out["versions"] = versions
         return out
 
@@ -355,7 +256,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         """Every version's calls now, for the metrics (ids only)."""
         return [
             {
-                "deployment": dep_id,
+                "deployment": rec.row["id"],
                 "version": unit.row["version"],
                 "unit": unit.row["id"],
                 "inflight": unit.traffic.busy(),
@@ -363,8 +264,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
                 "calls": unit.traffic.calls_total,
                 "errors": unit.traffic.errors_total,
             }
-            for dep_id, rec in list(self._deps.items())
-            for unit in list(rec.units.values())
+            for rec, unit in self.live.units()
         ]
 
     def find_version(self, dep: dict, number: int | None) -> dict:
@@ -383,7 +283,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
 
     async def logs(self, dep: dict, vrow: dict, replica: int) -> str:
         """The end of one replica's log (its pod's, on Kubernetes)."""
-        return await self.serving.logs(self.unit(dep, vrow), replica, LOG_BYTES)
+        return await self.serving.logs(serving_unit(dep, vrow), replica, LOG_BYTES)
 
     # -- creating ------------------------------------------------------------------
     def check_may_deploy(self, who) -> None:
@@ -406,7 +306,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         ``model_tar``: the path of the uploaded archive (the caller removes it)."""
         self.check_may_deploy(who)
         if "canary" in settings:
-            return await self.add_canary(who, settings, model_tar)
+            return self.view(await self.versions.add_canary(who, settings, model_tar))
         self._check_count(who)
         dep = check_create(self.limits, who.name, settings, self.over_quota)
         name = dep["name"]
@@ -418,24 +318,24 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
                 f"version beside it (%deploy ... --canary PERCENT)",
             )
         dep_id = uuid.uuid4().hex[:12]
-        await self._unpack(dep_id, model_tar, dep)
+        await self.placement.unpack(dep_id, model_tar, dep)
         try:
-            async with self._lock:
+            async with self.live.lock:
                 self._check_count(who)  # again: another upload may have finished first
                 try:
                     row = self.store.add({"id": dep_id, "user": who.name, **dep})
                 except NameTaken:
                     raise DeployRefused(409, f"you already have a deployment {name!r}") from None
-                rec = self._record(row)
+                rec = self.live.record(row)
                 try:
-                    await self._place_new_version(row, rec.units[dep_id].row)
+                    await self.placement.place_new(row, rec.units[dep_id].row)
                 except DeployRefused:
                     self.store.remove(dep_id)
-                    self._drop(dep_id)
+                    self.live.drop(dep_id)
                     raise
         except BaseException:
             if self.store.get(dep_id) is None:
-                self.serving.remove(dep_id)
+                self.placement.remove(dep_id)
             raise
         log.info(
             "Deployment %s/%s (%s): %d..%d replica(s) x %d milli-GPU",
@@ -448,68 +348,26 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         )
         return self.view(self.store.get(dep_id))
 
-    async def _unpack(self, version_id: str, model_tar: str, unit: dict) -> None:
-        """The uploaded model into the version's directory; the batch size checked."""
-        model_dir = self.serving.prepare(version_id)
-        try:
-            try:
-                # Decompressing can take seconds: off the event loop, so others are answered.
-                card = await asyncio.get_running_loop().run_in_executor(
-                    None,
-                    unpack_model,
-                    model_tar,
-                    model_dir,
-                    self.limits.max_model_mib * 2**20,
-                    "max_model_mib",
-                )
-            except ArchiveRefused as e:
-                raise DeployRefused(e.status, str(e)) from None
-            check_batch(unit, card)
-            card["name"] = unit["name"]  # the endpoint's model is called by the deployment's name
-            await asyncio.to_thread(_write_json, os.path.join(model_dir, "model.json"), card)
-        except BaseException:
-            self.serving.remove(version_id)
-            raise
-
-    async def _place_new_version(self, dep: dict, vrow: dict) -> None:
-        """Place the slices of a new version's first replicas and launch them, or
-        wait for preemption to free them. DeployRefused when neither."""
-        members = [(o, vrow["gpu_milli"]) for o in self.owners(vrow)] if vrow["gpu_milli"] else []
-        rows: list[dict] = []
-        if members:
-            try:
-                rows = await self.ledger.aio.allocate_gang(
-                    dep["user"], "deployment", members, await self.groups_of(dep["user"])
-                )
-            except NoCapacity as e:
-                claim = await self.preemption.make_room_for(dep["user"], "deployment", members)
-                if claim is None:
-                    raise DeployRefused(409, str(e)) from None
-                self.waiting.add(vrow["id"])
-                self.store.update_version(vrow["id"], message=claim.message())
-                return
-            except (QuotaExceeded, OwnerConflict) as e:
-                raise DeployRefused(403 if isinstance(e, QuotaExceeded) else 409, str(e)) from None
-        await self.serving.launch(self.unit(dep, vrow), rows)
-
     async def _on_claim_placed(self, claim, rows: list[dict]) -> None:
-        self._spawn(self.claim_placed(claim, rows))
+        self._tasks.spawn(self.claim_placed(claim, rows))
 
     async def claim_placed(self, claim, rows: list[dict]) -> None:
         """The slices preemption freed are placed: launch the new version, or the
         replica the autoscaler was waiting for."""
         version_id = claim.members[0][0].split("/", 1)[0]
-        async with self._lock:
+        async with self.live.lock:
             vrow = self.store.version(version_id)
             dep = self.store.get(vrow["deployment_id"]) if vrow else None
-            if version_id in self.waiting:
-                self.waiting.discard(version_id)
+            if version_id in self.placement.waiting:
+                self.placement.waiting.discard(version_id)
                 if dep is not None and vrow["state"] != "failed":
                     self.store.update_version(version_id, message="starting replicas")
-                    await self.serving.launch(self.unit(dep, self.store.version(version_id)), rows)
-                    self._record(dep)
+                    await self.serving.launch(
+                        serving_unit(dep, self.store.version(version_id)), rows
+                    )
+                    self.live.record(dep)
                     return
-            elif dep is not None and await self.grow_with(dep, vrow, claim.members, rows):
+            elif dep is not None and await self.scaling.grow_with(dep, vrow, claim.members, rows):
                 return
             for owner, _ in claim.members:  # stopped or scaled down while it waited
                 await self.ledger.aio.release("deployment", owner)
@@ -520,19 +378,19 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         if values:
             self.store.update(dep["id"], **values)
         dep = self.store.get(dep["id"])
-        self._record(dep)  # who may call it changes now
-        self._wake.set()  # and in the standby's table at the next pass
+        self.live.record(dep)  # who may call it changes now
+        self.live.wake.set()  # and in the standby's table at the next pass
         return self.view(dep)
 
     async def stop_deployment(self, dep: dict, reason: str) -> dict:
         """Stop every replica of every version, release the slices, forget it."""
-        async with self._lock:
+        async with self.live.lock:
             released = 0
             for vrow in self.store.versions(dep["id"]):
-                released += await self._stop_version(dep, vrow)
+                released += await self.placement.stop(dep, vrow)
             self.store.remove(dep["id"])
-            self._drop(dep["id"])
-            self._wake.set()  # out of the standby's table at the next pass
+            self.live.drop(dep["id"])
+            self.live.wake.set()  # out of the standby's table at the next pass
         log.info(
             "Deployment %s/%s stopped (%s); released %d slice(s)",
             dep["user"],
@@ -547,16 +405,6 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             "replicas_ready": 0,
             "path": self.path(dep),
         }
-
-    async def _stop_version(self, dep: dict, vrow: dict) -> int:
-        """Stop a version's replicas, release its slices, remove its files; slices freed."""
-        self.waiting.discard(vrow["id"])
-        await self.serving.stop(self.unit(dep, vrow))
-        released = 0
-        for owner in self.owners(vrow, range(max(vrow["replicas"], dep["max_replicas"]))):
-            released += len(await self.ledger.aio.release("deployment", owner))
-        self.serving.remove(vrow["id"])
-        return released
 
     async def server_stopped(self, owner: str) -> None:
         """The hub stopped a server: stop its user's deployments that asked to follow it."""
@@ -578,19 +426,19 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             o
             for v in versions
             if v["state"] != "failed" and v["deployment_id"] in deps
-            for o in self.owners(v)
+            for o in replica_owners(v)
         }
         for row in await self.ledger.aio.reconcile("deployment", owners):
             log.warning("Released slice %s of a replica that no longer exists", row["owner"])
         for dep in deps.values():
-            self._record(dep, [v for v in versions if v["deployment_id"] == dep["id"]])
+            self.live.record(dep, [v for v in versions if v["deployment_id"] == dep["id"]])
         for vrow in versions:
             dep = deps.get(vrow["deployment_id"])
             if dep is None or vrow["state"] == "failed" or vrow["replicas"] == 0:
                 continue
-            if not self._rows(vrow) and vrow["gpu_milli"]:
-                if self.preemption.pending("deployment", self.owners(vrow)[0]):
-                    self.waiting.add(vrow["id"])  # still being made room for
+            if not self.placement.rows(vrow) and vrow["gpu_milli"]:
+                if self.preemption.pending("deployment", replica_owners(vrow)[0]):
+                    self.placement.waiting.add(vrow["id"])  # still being made room for
                 else:
                     self.store.update_version(
                         vrow["id"],
@@ -602,7 +450,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
                 continue
             try:
                 # Idempotent: what a crash between placing and launching left out goes now.
-                await self.serving.adopt(self.unit(dep, vrow), self._rows(vrow))
+                await self.serving.adopt(serving_unit(dep, vrow), self.placement.rows(vrow))
             except Exception:
                 log.exception("Adopting the replicas of version %s", vrow["id"])
         self._loop.start()
@@ -618,25 +466,20 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         self.table = EndpointTable(self.data_dir, self.prefix, self.max_upload_mib)
         self.standby = StandbyProcess(self.data_dir)
         try:
-            await asyncio.to_thread(self.table.write, self.endpoint_table())
+            await asyncio.to_thread(self.table.write, self.calls.endpoint_table())
             await asyncio.to_thread(self.standby.replace, os.getpid(), self.router.socket.fileno())
         except Exception:  # the service runs without one: endpoints stop with it, as before
             log.exception("Starting the standby endpoint router")
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def suspend(self, grace_s: float) -> None:
         """The platform stops with its endpoints (``gpulab up``'s Ctrl-C): end the
         loop and stop every replica; the versions keep their slices and replica
         counts, so the next start launches them again."""
-        async with self._lock:
+        async with self.live.lock:
             await self._loop.stop()
             units = [
-                self.unit(rec.row, unit.row)
-                for rec in self._deps.values()
+                serving_unit(rec.row, unit.row)
+                for rec in self.live.deps.values()
                 for unit in rec.units.values()
                 if unit.row["replicas"]
             ]
@@ -651,48 +494,45 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             await asyncio.to_thread(self.standby.stop)
         await self.router.stop()
         await self._loop.stop()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self.proxy.close()
+        await self._tasks.cancel()
+        await self.calls.proxy.close()
         await self.serving.close()
 
     async def loop(self) -> None:
         while True:
             # Cleared before the pass: a wake during it starts the next one at once.
-            self._wake.clear()
+            self.live.wake.clear()
             try:
-                async with self._lock:
+                async with self.live.lock:
                     await self._pass()
             except Exception:  # the loop must outlive one bad deployment
                 log.exception("deployment loop")
             # Quicker while a call waits for a cold start: it is answered sooner.
-            tick = 0.2 if self.cold_waiting() else TICK_S
-            await wait_for_wake(self._wake, tick)
+            tick = 0.2 if self.live.cold_waiting() else TICK_S
+            await wait_for_wake(self.live.wake, tick)
 
     async def _pass(self) -> None:
         deps = self.store.list()
         versions = self.store.versions()
-        for gone in set(self._deps) - {d["id"] for d in deps}:
-            self._drop(gone)
+        for gone in set(self.live.deps) - {d["id"] for d in deps}:
+            self.live.drop(gone)
         now = gpulab_clock.monotonic()  # the autoscaler's time: a test may fake it
         for dep in deps:
-            rec = self._record(dep, [v for v in versions if v["deployment_id"] == dep["id"]])
+            rec = self.live.record(dep, [v for v in versions if v["deployment_id"] == dep["id"]])
             for unit in rec.by_version():
                 vrow = unit.row
-                if vrow["state"] == "failed" or vrow["id"] in self.waiting:
+                if vrow["state"] == "failed" or vrow["id"] in self.placement.waiting:
                     continue
                 await self._check(dep, unit)
                 if unit.row["state"] != "failed":
-                    self.autoscale(dep, unit, now)
-            await self.check_rollback(dep, rec)
+                    self.scaling.autoscale(dep, unit, now)
+            await self.versions.check_rollback(dep, rec)
         if self.table is not None:
-            await asyncio.to_thread(self.table.write, self.endpoint_table())
+            await asyncio.to_thread(self.table.write, self.calls.endpoint_table())
 
     async def _check(self, dep: dict, unit: Unit) -> None:
         vrow = unit.row
-        cluster = self.serving.cluster_autoscales(self.unit(dep, vrow))
+        cluster = self.serving.cluster_autoscales(serving_unit(dep, vrow))
         if vrow["replicas"] == 0 and not cluster:  # scaled to zero: nothing runs to ask
             unit.ready = 0
             unit.became_ready.clear()
@@ -700,7 +540,7 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
         elif unit.scaling and unit.draining_from is not None:
             return  # replicas are being stopped; asked again once they are
         else:
-            health = await self.serving.check(self.unit(dep, vrow))
+            health = await self.serving.check(serving_unit(dep, vrow))
             unit.ready = min(health.ready, vrow["replicas"])
             if unit.ready:
                 unit.became_ready.set()
@@ -717,48 +557,33 @@ class DeploymentManager(ScalingMixin, VersionsMixin, CallsMixin):
             if cluster and health.replicas is not None and health.replicas != vrow["replicas"]:
                 # The cluster's autoscaler decided: the ledger follows (best effort:
                 # there the cluster's scheduler, not the ledger, places the pods).
-                await self._follow_cluster(dep, vrow, health.replicas)
+                await self.scaling.follow_cluster(dep, vrow, health.replicas)
                 changes["replicas"] = health.replicas
         changes = {k: v for k, v in changes.items() if vrow[k] != v}
         if changes:
             self.store.update_version(vrow["id"], **changes)
             vrow.update(changes)
             if vrow["version"] == min(
-                u.row["version"] for u in self._deps[dep["id"]].units.values()
+                u.row["version"] for u in self.live.deps[dep["id"]].units.values()
             ):
                 mirror = {k: changes[k] for k in ("state", "message") if k in changes}
                 if mirror:
                     self.store.update(dep["id"], **mirror)
 
-    async def _follow_cluster(self, dep: dict, vrow: dict, replicas: int) -> None:
-        have = vrow["replicas"]
-        for owner in self.owners(vrow, range(replicas, have)):
-            await self.ledger.aio.release("deployment", owner)
-        if not vrow["gpu_milli"]:
-            return
-        groups = await self.groups_of(dep["user"])
-        for owner in self.owners(vrow, range(have, replicas)):
-            try:
-                await self.ledger.aio.allocate(
-                    dep["user"], "deployment", owner, vrow["gpu_milli"], groups
-                )
-            except (NoCapacity, QuotaExceeded, OwnerConflict) as e:
-                log.warning("The cluster runs replica %s beyond the ledger: %s", owner, e)
-
     async def fail_version(self, dep: dict, unit: Unit, message: str, restarts: int) -> None:
         """A version's replicas keep crashing: stop them, free their slices, send its
         calls to the other version (if there is one)."""
         vrow = unit.row
-        await self.serving.stop(self.unit(dep, vrow))
+        await self.serving.stop(serving_unit(dep, vrow))
         unit.ready = 0
-        for owner in self.owners(vrow):
+        for owner in replica_owners(vrow):
             await self.ledger.aio.release("deployment", owner)
         self.store.update_version(
             vrow["id"], state="failed", weight=0, message=message, restarts=restarts
         )
         others = [
             u
-            for u in self._deps[dep["id"]].units.values()
+            for u in self.live.deps[dep["id"]].units.values()
             if u is not unit and u.row["state"] != "failed"
         ]
         if others:

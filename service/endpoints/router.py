@@ -119,13 +119,14 @@ class RouterAddress:
 
 
 class EndpointRouter:
-    """Answers endpoint calls for ``manager`` under ``<prefix>endpoints/``; ``identify``
-    says who a caller's hub token is. ``address``: where it listens (None: it does
-    not listen itself; the standby hands it a socket)."""
+    """Answers endpoint calls under ``<prefix>endpoints/`` through ``calls`` (an
+    :class:`~gpulab.service.endpoints.calls.EndpointCalls`); ``identify`` says who a
+    caller's hub token is. ``address``: where it listens (None: it does not listen
+    itself; the standby hands it a socket)."""
 
     def __init__(
         self,
-        manager,
+        calls,
         *,
         prefix: str,
         max_upload_mib: int,
@@ -133,7 +134,7 @@ class EndpointRouter:
         address: RouterAddress | None = None,
         hub_auth=None,
     ):
-        self.manager = manager
+        self.calls = calls
         self.max_upload_mib = max_upload_mib
         self.identify = identify
         self.address = address
@@ -253,12 +254,12 @@ class EndpointRouter:
         if request.method not in ("GET", "POST", "HEAD"):
             raise Denied(405, f"endpoints answer GET, HEAD and POST, not {request.method}")
         who = await self._identify(token.strip())
-        dep = self.manager.callable_endpoint(who, user, name)
+        dep = self.calls.callable_endpoint(who, user, name)
         length = request.content_length
         if length is not None and length > self.max_upload_mib * 2**20:
             return self._too_large()
         body = await request.read() if request.method == "POST" else None
-        status, reason, headers, data = await self.manager.call(
+        status, reason, headers, data = await self.calls.call(
             dep,
             request.method,
             parts[2] + (f"?{query}" if query else ""),

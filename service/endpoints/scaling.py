@@ -1,9 +1,8 @@
 """Growing and shrinking a version's replicas: the autoscaler's decisions carried out.
 
-Part of :class:`~gpulab.service.endpoints.manager.DeploymentManager`. Every pass of its loop hands
-each version's traffic to :class:`~gpulab.service.endpoints.autoscale.Autoscaler`; a change runs in
-a
-task of its own, so calls and other versions are not held up:
+Every pass of the deployment loop hands each version's traffic to
+:class:`~gpulab.service.endpoints.autoscale.Autoscaler` (:meth:`Scaling.autoscale`); a
+change runs in a task of its own, so calls and other versions are not held up:
 
 * **up**: one slice per new replica from the ledger, under the owner's quota,
   as the ``serving`` class. When none is free, batch jobs may be preempted for
@@ -11,6 +10,9 @@ task of its own, so calls and other versions are not held up:
   and says why (``%deploy --list``), and the next pass tries again.
 * **down**: the highest replicas first get no new calls, then the calls they
   hold finish (up to ``DRAIN_S``), then they stop and their slices go back.
+
+Where the cluster autoscales (a Kubernetes HPA), the ledger follows what it
+decided (:meth:`Scaling.follow_cluster`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
+from gpulab.backend.serving_base import ServingBackend
 from gpulab.db import clock as gpulab_clock
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
 from gpulab.scheduler.slices import plural
+from gpulab.service.endpoints.live import LiveEndpoints, Unit, replica_owners, serving_unit
 
 log = logging.getLogger("gpulab.service.endpoints.manager")
 
@@ -43,18 +48,33 @@ def log_scaled(dep: dict, vrow: dict, before: int, after: int) -> None:
     )
 
 
-class ScalingMixin:
-    def cold_waiting(self) -> bool:
-        """Some call waits for a replica of a version that runs none ready."""
-        return any(
-            u.traffic.waiting and not u.ready for d in self._deps.values() for u in d.units.values()
-        )
+class Scaling:
+    """Carries out the autoscaler's decisions for the endpoints in ``live``: slices from
+    ``ledger`` (``preemption`` makes room), replicas on ``serving``; each step runs
+    through ``spawn`` (a task of the manager's)."""
 
-    def autoscale(self, dep: dict, unit, now: float) -> None:
+    def __init__(
+        self,
+        live: LiveEndpoints,
+        ledger,
+        serving: ServingBackend,
+        preemption,
+        groups_of: Callable[[str], Awaitable[dict[str, set[str]]]],
+        spawn: Callable[[Awaitable[None]], None],
+    ):
+        self.live = live
+        self.store = live.store
+        self.ledger = ledger
+        self.serving = serving
+        self.preemption = preemption
+        self.groups_of = groups_of
+        self.spawn = spawn
+
+    def autoscale(self, dep: dict, unit: Unit, now: float) -> None:
         """One second of the autoscaler for one version: observe, decide, act."""
         vrow = unit.row
         unit.scaler.observe(now, unit.traffic.sample())
-        if unit.scaling or self.serving.cluster_autoscales(self.unit(dep, vrow)):
+        if unit.scaling or self.serving.cluster_autoscales(serving_unit(dep, vrow)):
             return
         if self.preemption.pending("deployment", f"{vrow['id']}/{vrow['replicas']}"):
             return  # a slice is being freed for the next replica
@@ -67,7 +87,7 @@ class ScalingMixin:
             return  # found no slice a moment ago: ask the ledger again in a while
         unit.tried_at = now
         unit.scaling = True
-        self._spawn(self._scale(dep, unit, want))
+        self.spawn(self._scale(dep, unit, want))
 
     async def _scale(self, dep: dict, unit, want: int) -> None:
         try:
@@ -90,7 +110,7 @@ class ScalingMixin:
         reason = ""
         if vrow["gpu_milli"]:
             groups = await self.groups_of(dep["user"])
-            for owner in self.owners(vrow, range(have, want)):
+            for owner in replica_owners(vrow, range(have, want)):
                 try:
                     rows += await self.ledger.aio.allocate(
                         dep["user"], "deployment", owner, vrow["gpu_milli"], groups
@@ -113,7 +133,7 @@ class ScalingMixin:
             await self._launch_more(dep, unit, placed, rows)
 
     async def _launch_more(self, dep: dict, unit, placed: int, rows: list[dict]) -> None:
-        async with self._lock:
+        async with self.live.lock:
             vrow = self.store.version(unit.row["id"])
             if vrow is None or vrow["state"] == "failed":  # stopped meanwhile
                 for row in rows:
@@ -123,7 +143,7 @@ class ScalingMixin:
             self.store.update_version(vrow["id"], replicas=placed)
             if have == 0:
                 self.store.update_version(vrow["id"], state="starting", message="cold start")
-            await self.serving.scale(self.unit(dep, vrow), placed, rows)
+            await self.serving.scale(serving_unit(dep, vrow), placed, rows)
             unit.row = self.store.version(vrow["id"])
             unit.scaler.changed(gpulab_clock.monotonic())
         log_scaled(dep, vrow, have, placed)
@@ -132,12 +152,11 @@ class ScalingMixin:
         """A claim placed the slice the autoscaler waited for: launch that replica.
         False when the version no longer wants it (its slices are then released)."""
         replica = int(members[0][0].rsplit("/", 1)[1])
-        rec = self._deps.get(dep["id"])
-        unit = rec.units.get(vrow["id"]) if rec else None
+        unit = self.live.unit(dep["id"], vrow["id"])
         if unit is None or vrow["state"] == "failed" or replica != vrow["replicas"]:
             return False
         self.store.update_version(vrow["id"], replicas=replica + 1)
-        await self.serving.scale(self.unit(dep, vrow), replica + 1, rows)
+        await self.serving.scale(serving_unit(dep, vrow), replica + 1, rows)
         unit.row = self.store.version(vrow["id"])
         unit.blocked = ""
         unit.scaler.changed(gpulab_clock.monotonic())
@@ -153,12 +172,12 @@ class ScalingMixin:
             unit.traffic.inflight.get(r) for r in range(want, have)
         ):
             await asyncio.sleep(0.05)
-        async with self._lock:
+        async with self.live.lock:
             current = self.store.version(vrow["id"])
             if current is None or current["state"] == "failed":
                 return
-            await self.serving.scale(self.unit(dep, current), want, [])
-            for owner in self.owners(current, range(want, have)):
+            await self.serving.scale(serving_unit(dep, current), want, [])
+            for owner in replica_owners(current, range(want, have)):
                 await self.ledger.aio.release("deployment", owner)
             self.store.update_version(vrow["id"], replicas=want)
             unit.row = self.store.version(vrow["id"])
@@ -166,3 +185,20 @@ class ScalingMixin:
             if want < unit.ready:
                 unit.ready = want
         log_scaled(dep, vrow, have, want)
+
+    async def follow_cluster(self, dep: dict, vrow: dict, replicas: int) -> None:
+        """The cluster's autoscaler runs ``replicas`` of the version: the ledger follows
+        (best effort: there the cluster's scheduler, not the ledger, places the pods)."""
+        have = vrow["replicas"]
+        for owner in replica_owners(vrow, range(replicas, have)):
+            await self.ledger.aio.release("deployment", owner)
+        if not vrow["gpu_milli"]:
+            return
+        groups = await self.groups_of(dep["user"])
+        for owner in replica_owners(vrow, range(have, replicas)):
+            try:
+                await self.ledger.aio.allocate(
+                    dep["user"], "deployment", owner, vrow["gpu_milli"], groups
+                )
+            except (NoCapacity, QuotaExceeded, OwnerConflict) as e:
+                log.warning("The cluster runs replica %s beyond the ledger: %s", owner, e)

@@ -54,7 +54,7 @@ from aiohttp import web
 from jupyterhub.services.auth import HubAuth
 
 from gpulab.service.auth import TOKEN_CACHE_S, identity_of
-from gpulab.service.endpoints.calls import CallRefused, CallsMixin
+from gpulab.service.endpoints.calls import CallRefused, EndpointCalls
 from gpulab.service.endpoints.proxy import EndpointProxy
 from gpulab.service.endpoints.router import EndpointRouter, error
 from gpulab.service.endpoints.table import read_table, table_path, write_private
@@ -94,12 +94,12 @@ class TableEndpoint:
         return sorted(self.units.values(), key=lambda u: u.row["version"])
 
 
-class TableManager(CallsMixin):
-    """The deployment manager's call path (:class:`~gpulab.service.endpoints.calls.CallsMixin`) over
-    the last table: the same choice of version and replica, the same refusals."""
+class TableCalls(EndpointCalls):
+    """The service's call path (:class:`~gpulab.service.endpoints.calls.EndpointCalls`)
+    over the last table: the same choice of version and replica, the same refusals."""
 
     def __init__(self):
-        self.proxy = EndpointProxy()
+        super().__init__(EndpointProxy())
         self._deps: dict[str, TableEndpoint] = {}
         self._by_name: dict[tuple[str, str], str] = {}
 
@@ -119,13 +119,16 @@ class TableManager(CallsMixin):
         dep_id = self._by_name.get((user, name))
         return self._deps[dep_id].row if dep_id is not None else None
 
-    def _ready(self, dep: dict, unit) -> list[tuple[int, str]]:
+    def record(self, dep_id: str) -> TableEndpoint:
+        return self._deps[dep_id]
+
+    def ready(self, dep: dict, unit) -> list[tuple[int, str]]:
         return list(unit.ready)
 
-    def _token(self, unit) -> str:
+    def token(self, unit) -> str:
         return unit.token
 
-    async def _cold_start(self, dep: dict, unit):
+    async def cold_start(self, dep: dict, unit):
         # Replicas are started by the service, which is down.
         raise CallRefused(
             503,
@@ -157,7 +160,7 @@ class StandbyRouter(EndpointRouter):
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
-        await self.manager.proxy.close()
+        await self.calls.proxy.close()
 
     async def _via_service(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -174,7 +177,7 @@ class Standby:
         self.path = path
         self.pid = pid  # the service whose socket this is
         self.sock = sock
-        self.manager = TableManager()
+        self.calls = TableCalls()
         self.table: dict = {}
         self.ended = asyncio.Event()
         self._stamp = None
@@ -192,7 +195,7 @@ class Standby:
             except (OSError, ValueError):
                 return True  # replaced as we read: the next look finds the new one
             self._stamp, self.table = stamp, table
-            self.manager.load(table["endpoints"])
+            self.calls.load(table["endpoints"])
         return True
 
     def _watch(self) -> int | None:
@@ -225,7 +228,7 @@ class Standby:
         # What the router reads of the service comes from the table's head; who a
         # caller is, as the service says (GpuLabService.identify).
         router = StandbyRouter(
-            self.manager,
+            self.calls,
             prefix=self.table["prefix"],
             max_upload_mib=self.table["max_upload_mib"],
             identify=lambda model: identity_of(model, hub, name),

@@ -1,6 +1,6 @@
 """Versions of an endpoint: a canary beside the stable version, promotion, rollback.
 
-Part of :class:`~gpulab.service.endpoints.manager.DeploymentManager`. ``%deploy NEW --name X
+``%deploy NEW --name X
 --canary P`` uploads a new model as version n+1 of ``X`` with weight P; the
 stable version keeps 100-P. One canary at a time. Promoting gives the canary
 every call and stops the old version once the calls it holds are answered;
@@ -16,8 +16,11 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
-from gpulab.service.endpoints.settings import DeployRefused, check_canary
+from gpulab.service.endpoints.live import Deployment, LiveEndpoints
+from gpulab.service.endpoints.placement import VersionPlacement
+from gpulab.service.endpoints.settings import DeployRefused, EndpointLimits, check_canary
 
 log = logging.getLogger("gpulab.service.endpoints.manager")
 
@@ -40,8 +43,28 @@ def rollback_reason(stable: dict, canary: dict, margin: float, stable_version: i
     )
 
 
-class VersionsMixin:
+class Versions:
+    """A deployment's canary, its promotion and rollback, over the endpoints in ``live``;
+    a version's replicas placed and stopped by ``placement``. Each change returns the
+    deployment's row as it is now (the manager makes its view); an automatic
+    rollback runs through ``spawn``."""
+
+    def __init__(
+        self,
+        live: LiveEndpoints,
+        placement: VersionPlacement,
+        limits: EndpointLimits,
+        spawn: Callable[[Awaitable[None]], None],
+    ):
+        self.live = live
+        self.store = live.store
+        self.placement = placement
+        self.limits = limits
+        self.spawn = spawn
+
     async def add_canary(self, who, settings: dict, model_tar: str) -> dict:
+        """Version n+1 of the deployment ``settings["name"]``, beside the stable one with
+        ``settings["canary"]`` percent of the calls."""
         name = settings.get("name")
         dep = self.store.find(who.name, name) if isinstance(name, str) else None
         if dep is None:
@@ -60,10 +83,10 @@ class VersionsMixin:
             )
         version_id = uuid.uuid4().hex[:12]
         unit["name"] = dep["name"]
-        await self._unpack(version_id, model_tar, unit)
+        await self.placement.unpack(version_id, model_tar, unit)
         del unit["name"]
         try:
-            async with self._lock:
+            async with self.live.lock:
                 if len(self.store.versions(dep["id"])) > 1:
                     raise DeployRefused(409, f"{dep['name']} already has a canary")
                 stable = self.store.versions(dep["id"])[0]
@@ -71,15 +94,15 @@ class VersionsMixin:
                     dep["id"], version_id, weight, {**unit, "replicas": max(dep["replicas"], 1)}
                 )
                 try:
-                    await self._place_new_version(dep, vrow)
+                    await self.placement.place_new(dep, vrow)
                 except DeployRefused:
                     self.store.remove_version(version_id)
                     raise
                 self.store.set_weights({stable["id"]: 100 - weight})
-                self._record(self.store.get(dep["id"]))
+                self.live.record(self.store.get(dep["id"]))
         except BaseException:
             if self.store.version(version_id) is None:
-                self.serving.remove(version_id)
+                self.placement.remove(version_id)
             raise
         log.info(
             "Deployment %s/%s: version %d beside version %d, %d%% of calls",
@@ -89,7 +112,7 @@ class VersionsMixin:
             stable["version"],
             weight,
         )
-        return self.view(self.store.get(dep["id"]))
+        return self.store.get(dep["id"])
 
     def _pair(self, dep: dict) -> tuple[dict, dict]:
         versions = self.store.versions(dep["id"])
@@ -103,7 +126,7 @@ class VersionsMixin:
 
     async def promote(self, dep: dict) -> dict:
         """The canary takes every call; the old version stops."""
-        async with self._lock:
+        async with self.live.lock:
             old, new = self._pair(dep)
             if new["state"] == "failed":
                 raise DeployRefused(
@@ -121,35 +144,34 @@ class VersionsMixin:
                 },
             )
         await self._retire(dep, old, f"version {new['version']} promoted")
-        return self.view(self.store.get(dep["id"]))
+        return self.store.get(dep["id"])
 
     async def rollback(self, dep: dict, reason: str = "rolled back") -> dict:
         """The stable version takes every call again; the canary stops."""
-        async with self._lock:
+        async with self.live.lock:
             old, new = self._pair(dep)
             self.store.set_weights({old["id"]: 100, new["id"]: 0})
             self.store.update_version(
                 old["id"], message=f"takes every call: version {new['version']} {reason}"
             )
         await self._retire(dep, new, reason)
-        return self.view(self.store.get(dep["id"]))
+        return self.store.get(dep["id"])
 
     async def _retire(self, dep: dict, vrow: dict, reason: str) -> None:
         """Stop a version that gets no more calls, once the calls it holds are answered."""
-        rec = self._deps.get(dep["id"])
-        unit = rec.units.get(vrow["id"]) if rec else None
+        unit = self.live.unit(dep["id"], vrow["id"])
         if unit is not None:
             unit.draining_from = 0
             deadline = time.monotonic() + RETIRE_DRAIN_S
             while unit.traffic.busy() and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-        async with self._lock:
+        async with self.live.lock:
             current = self.store.version(vrow["id"])
             if current is None:
                 return
-            released = await self._stop_version(dep, current)
+            released = await self.placement.stop(dep, current)
             self.store.remove_version(vrow["id"])
-            self._record(self.store.get(dep["id"]))
+            self.live.record(self.store.get(dep["id"]))
         log.info(
             "Deployment %s/%s: version %d stopped (%s); released %d slice(s)",
             dep["user"],
@@ -159,7 +181,7 @@ class VersionsMixin:
             released,
         )
 
-    async def check_rollback(self, dep: dict, rec) -> None:
+    async def check_rollback(self, dep: dict, rec: Deployment) -> None:
         """Roll the canary back when its errors pass the stable version's by the margin."""
         margin = dep["rollback_margin"]
         units = rec.by_version()
@@ -172,4 +194,4 @@ class VersionsMixin:
             log.warning("Deployment %s/%s: canary %s", dep["user"], dep["name"], reason)
             # Not under the loop's lock (the rollback takes it): in a task of its own.
             units[1].row["weight"] = 0
-            self._spawn(self.rollback(dep, reason))
+            self.spawn(self.rollback(dep, reason))

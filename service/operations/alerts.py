@@ -35,7 +35,7 @@ from gpulab.db.operations import alert_json, iso, open_alerts, write_alerts
 from gpulab.service.operations.facts import FactsBuilder
 from gpulab.service.operations.rules import Facts, Finding, Rule, Thresholds, rules
 from gpulab.service.operations.webhook import AlertWebhook
-from gpulab.service.tasks import KeptTask
+from gpulab.service.tasks import KeptTask, TaskSet
 
 log = logging.getLogger("gpulab.service.operations.alerts")
 
@@ -78,7 +78,7 @@ class AlertEngine:
         self._open: dict[str, dict] = {}  # key -> the firing alert
         self._pending: dict[str, float] = {}  # key -> when its finding was first seen
         self._subscribers: list[Callable] = []
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskSet()  # awaitable subscribers' answers
         self._pruned_at = 0.0
         self._loop = KeptTask("gpulab-alerts", self.loop)
 
@@ -102,10 +102,7 @@ class AlertEngine:
 
     async def stop(self) -> None:
         await self._loop.stop()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel()
         if self.webhook is not None:
             await self.webhook.stop()
 
@@ -223,9 +220,7 @@ class AlertEngine:
                 log.exception("Alert subscriber %r", callback)
                 continue
             if inspect.isawaitable(result):
-                task = asyncio.ensure_future(self._guard(callback, result))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._tasks.spawn(self._guard(callback, result))
 
     @staticmethod
     async def _guard(callback, awaitable) -> None:

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from gpulab.service.auth import Identity
 from gpulab.service.endpoints.calls import CallRefused
-from gpulab.service.endpoints.standby import Standby, TableManager
+from gpulab.service.endpoints.standby import Standby, TableCalls
 from gpulab.service.endpoints.table import EndpointTable, read_table, table_path
 
 
@@ -87,25 +87,25 @@ async def replica(tmp_path):
 
 async def test_calls_from_the_table_follow_shares_and_reach_the_replica(replica):
     address, seen = replica
-    manager = TableManager()
-    manager.load([endpoint([[0, address]], shares=["bob"], groups=["lab"])])
+    calls = TableCalls()
+    calls.load([endpoint([[0, address]], shares=["bob"], groups=["lab"])])
     alice = Identity("alice", "user")
-    dep = manager.callable_endpoint(alice, "alice", "tiny")
+    dep = calls.callable_endpoint(alice, "alice", "tiny")
     for who in (Identity("bob", "user"), Identity("cy", "user", groups=frozenset({"lab"}))):
-        assert manager.callable_endpoint(who, "alice", "tiny") is dep
+        assert calls.callable_endpoint(who, "alice", "tiny") is dep
     with pytest.raises(CallRefused) as refused:
-        manager.callable_endpoint(Identity("eve", "user"), "alice", "tiny")
+        calls.callable_endpoint(Identity("eve", "user"), "alice", "tiny")
     assert refused.value.status == 403
-    status, _, _, body = await manager.call(dep, "POST", "v2/models/tiny/infer", {}, b"{}")
+    status, _, _, body = await calls.call(dep, "POST", "v2/models/tiny/infer", {}, b"{}")
     assert status == 200 and b"ok" in body
     assert seen == ["Bearer replica-secret"]  # the replicas' token, never the caller's
 
-    manager.load([endpoint([])])  # no replica ready: the service would start one
+    calls.load([endpoint([])])  # no replica ready: the service would start one
     with pytest.raises(CallRefused) as refused:
-        await manager.call(dep, "POST", "v2/models/tiny/infer", {}, b"{}")
+        await calls.call(dep, "POST", "v2/models/tiny/infer", {}, b"{}")
     assert refused.value.status == 503 and refused.value.retry_after
     assert "restarting" in str(refused.value)
-    await manager.proxy.close()
+    await calls.proxy.close()
 
 
 async def test_the_standby_answers_on_the_dead_services_socket(tmp_path, monkeypatch):
