@@ -2,14 +2,31 @@
 
 The spec itself (code, variables) lives in the job's directory; the row holds
 what the queue and the API need. A change to it needs a revision in
-``migrations/versions`` (see :mod:`.migrate`).
+``migrations/versions`` (see :mod:`.migrate`). Its queries are below the table;
+the queue's order and admission over them live in :mod:`gpulab.scheduler.queue`.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Column, DateTime, Index, Integer, String, Table, Text
+import datetime as dt
+import json
 
-from .engine import metadata
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Engine
+
+from .engine import metadata, utcnow
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -46,3 +63,72 @@ jobs = Table(
     Index("ix_jobs_state", "state"),
     Index("ix_jobs_user", "user"),
 )
+
+
+def job_json(r) -> dict:
+    """A row as the API and the queue read it: times in ISO 8601 (UTC), the JSON
+    columns parsed."""
+    d = dict(r._mapping)
+    for k in ("submitted", "started", "finished"):
+        if d[k] is not None:
+            if d[k].tzinfo is None:  # SQLite drops the zone; we only store UTC
+                d[k] = d[k].replace(tzinfo=dt.UTC)
+            d[k] = d[k].isoformat()
+    d["error"] = json.loads(d["error"]) if d["error"] else None
+    d["preempting"] = json.loads(d["preempting"]) if d.get("preempting") else None
+    return d
+
+
+def add_job(engine: Engine, job: dict) -> None:
+    """A new job, queued unless ``job`` says otherwise."""
+    row = {
+        "state": "queued",
+        "priority": 0,
+        "message": "",
+        "restarts": 0,
+        "submitted": utcnow(),
+        **job,
+    }
+    with engine.begin() as conn:
+        conn.execute(insert(jobs), [row])
+
+
+def get_job(engine: Engine, job_id: str) -> dict | None:
+    with engine.connect() as conn:
+        r = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+    return job_json(r) if r else None
+
+
+def list_jobs(
+    engine: Engine, user: str | None = None, states: tuple[str, ...] | None = None
+) -> list[dict]:
+    """Jobs in submit order, of ``user`` and in ``states`` where given."""
+    q = select(jobs).order_by(jobs.c.submitted, jobs.c.id)
+    if user is not None:
+        q = q.where(jobs.c.user == user)
+    if states:
+        q = q.where(jobs.c.state.in_(states))
+    with engine.connect() as conn:
+        return [job_json(r) for r in conn.execute(q)]
+
+
+def update_job(engine: Engine, job_id: str, **values) -> None:
+    for k in ("error", "preempting"):
+        if values.get(k) is not None:
+            values[k] = json.dumps(values[k])
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+
+
+def finish_job(engine: Engine, job_id: str, state: str, message: str = "", **values) -> bool:
+    """Move a job to a terminal state once; ``False`` if it already was in one."""
+    assert state in TERMINAL
+    if values.get("error") is not None:
+        values["error"] = json.dumps(values["error"])
+    with engine.begin() as conn:
+        done = conn.execute(
+            update(jobs)
+            .where((jobs.c.id == job_id) & ~jobs.c.state.in_(TERMINAL))
+            .values(state=state, message=message, finished=utcnow(), **values)
+        )
+        return done.rowcount == 1

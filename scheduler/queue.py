@@ -20,16 +20,13 @@ an empty cluster; :func:`never_fits` says so at submit time and it is refused.
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Engine
 
 from gpulab.db.engine import utcnow
-from gpulab.db.jobs import TERMINAL, jobs
+from gpulab.db.jobs import add_job, finish_job, get_job, list_jobs, update_job
 
 from .ledger import Ledger, NoCapacity
 from .quota import QuotaExceeded, Quotas
@@ -54,18 +51,6 @@ def never_fits(quotas: Quotas, user: str, milli: int, groups: Mapping[str, set[s
                 f"in all and the group's quota is {label(glimit)}"
             )
     return None
-
-
-def _row(r) -> dict:
-    d = dict(r._mapping)
-    for k in ("submitted", "started", "finished"):
-        if d[k] is not None:
-            if d[k].tzinfo is None:  # SQLite drops the zone; we only store UTC
-                d[k] = d[k].replace(tzinfo=dt.UTC)
-            d[k] = d[k].isoformat()
-    d["error"] = json.loads(d["error"]) if d["error"] else None
-    d["preempting"] = json.loads(d["preempting"]) if d.get("preempting") else None
-    return d
 
 
 #: How the message of a job sent back to the queue by a preemption begins.
@@ -107,65 +92,28 @@ class JobQueue:
         #: Given the queued rows, the sort key to order them by (read once per pass).
         self.order = order or (lambda _rows: submit_order)
 
-    # -- rows ----------------------------------------------------------------------
+    # -- rows (the queries: gpulab.db.jobs) ----------------------------------------------
     def add(self, job: dict) -> dict:
-        row = {
-            "state": "queued",
-            "priority": 0,
-            "message": "",
-            "restarts": 0,
-            "submitted": utcnow(),
-            **job,
-        }
-        with self.engine.begin() as conn:
-            conn.execute(insert(jobs), [row])
-        return self.get(row["id"])
+        add_job(self.engine, job)
+        return self.get(job["id"])
 
     def get(self, job_id: str) -> dict | None:
-        with self.engine.connect() as conn:
-            r = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
-        return _row(r) if r else None
+        return get_job(self.engine, job_id)
 
     def list(self, user: str | None = None, states: tuple[str, ...] | None = None) -> list[dict]:
-        q = select(jobs).order_by(jobs.c.submitted, jobs.c.id)
-        if user is not None:
-            q = q.where(jobs.c.user == user)
-        if states:
-            q = q.where(jobs.c.state.in_(states))
-        with self.engine.connect() as conn:
-            return [_row(r) for r in conn.execute(q)]
+        return list_jobs(self.engine, user, states)
 
     def update(self, job_id: str, **values) -> None:
-        for k in ("error", "preempting"):
-            if values.get(k) is not None:
-                values[k] = json.dumps(values[k])
-        with self.engine.begin() as conn:
-            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+        update_job(self.engine, job_id, **values)
 
     def finish(self, job_id: str, state: str, message: str = "", **values) -> bool:
         """Move a job to a terminal state once; ``False`` if it already was in one."""
-        assert state in TERMINAL
-        with self.engine.begin() as conn:
-            done = conn.execute(
-                update(jobs)
-                .where((jobs.c.id == job_id) & ~jobs.c.state.in_(TERMINAL))
-                .values(
-                    state=state,
-                    message=message,
-                    finished=utcnow(),
-                    **{
-                        k: (json.dumps(v) if k == "error" and v is not None else v)
-                        for k, v in values.items()
-                    },
-                )
-            )
-            return done.rowcount == 1
+        return finish_job(self.engine, job_id, state, message, **values)
 
     # -- order -----------------------------------------------------------------------
     def queued(self) -> list[dict]:
         """Queued jobs, the next to start first."""
-        with self.engine.connect() as conn:
-            rows = [_row(r) for r in conn.execute(select(jobs).where(jobs.c.state == "queued"))]
+        rows = list_jobs(self.engine, states=("queued",))
         return sorted(rows, key=self.order(rows))
 
     def positions(self) -> dict[str, int]:
