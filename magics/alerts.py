@@ -13,6 +13,8 @@ from html import escape
 
 from gpulab.client.units import noun
 
+from .rich import Row, failed, muted, show_listing
+
 ALERTS_USAGE = (
     "usage: %gpulab alerts [--all]   (the alerts firing now; "
     "--all: also those resolved in the last 24 h)"
@@ -41,45 +43,30 @@ def _fetch(state: str, timeout: float | None = None):
     return m
 
 
-class _Shown:
-    """Text for a terminal, HTML for a notebook (IPython picks)."""
-
-    def __init__(self, text: str, html: str):
-        self.text, self.html = text, html
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def _repr_html_(self) -> str:
-        return self.html
-
-
-def status_alerts(env: dict[str, str]) -> _Shown | None:
-    """The one alert line of ``%gpulab`` (None outside a server gpulab started)."""
+def status_alerts(env: dict[str, str]) -> Row | None:
+    """The alerts row of ``%gpulab`` (None outside a server gpulab started)."""
     if not env.get("GPULAB_API_URL"):
         return None
     from gpulab.widgets.tables import alerts_marker, alerts_summary
 
     m = _fetch("all", timeout=STATUS_TIMEOUT_S)
     summary = alerts_summary(m)
-    if m.error:
+    if m.error:  # "alerts are not available: ...", a line of its own
         text = summary[:1].upper() + summary[1:]
-        return _Shown(text, f'<span style="color:#b00020">{escape(text)}</span>')
+        return Row(text, "Alerts", failed(summary.removeprefix("alerts are ")))
     worst = m.worst()
     if not m.firing or worst is None:
-        return _Shown(f"Alerts: {summary}", f"<b>Alerts:</b> {escape(summary)}")
+        return Row.of("Alerts", summary)
     names = summary.partition(": ")[2]
-    return _Shown(
+    return Row(
         f"Alerts: [{worst}] {summary}  (%gpulab alerts lists them)",
-        f"<b>Alerts:</b>{alerts_marker(m)} {escape(names)} "
-        "<span style='color:#666'>(%gpulab alerts lists them)</span>",
+        "Alerts",
+        f"{alerts_marker(m)} {escape(names)} {muted('(%gpulab alerts lists them)')}",
     )
 
 
 def alerts(line: str):
     """The ``%gpulab alerts [--all]`` subcommand: the alerts as a table."""
-    from IPython.display import display
-
     from gpulab.widgets.tables import EMPTY_ALERTS, alerts_line, alerts_tables, alerts_text
 
     args = line.split()
@@ -102,10 +89,10 @@ def alerts(line: str):
         return None
     me = os.environ.get("JUPYTERHUB_USER")
     head = alerts_line(m)
-    display(
-        _Shown(
-            alerts_text(m, me),
-            f'<div style="font-size:12px">{head}</div>{alerts_tables(m, me)}',
-        )
+    show_listing(
+        {
+            "text/plain": alerts_text(m, me),
+            "text/html": f'<div style="font-size:12px">{head}</div>{alerts_tables(m, me)}',
+        }
     )
     return None

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 def dashboard(line: str):
     """The ``%gpulab dashboard`` subcommand: display a live Dashboard."""
-    from IPython.display import display
-
     from gpulab.widgets import Dashboard
+    from gpulab.widgets.dashboard import TEXT
+    from gpulab.widgets.show import show
 
     if line.strip():
         print(
@@ -15,6 +15,5 @@ def dashboard(line: str):
             "for options use: from gpulab.widgets import Dashboard; Dashboard(...)"
         )
         return None
-    board = Dashboard()
-    display(board)
+    show(Dashboard(), TEXT)
     return None

@@ -7,9 +7,12 @@ in that order, and how many slices of each size each has free now.
 
 from __future__ import annotations
 
+from html import escape
+
 from gpulab.client.units import plural
 
 from .alerts import STATUS_TIMEOUT_S  # %gpulab waits as long for each of its lines
+from .rich import Row, failed, muted
 
 
 def _fetch(timeout: float | None = None) -> dict:
@@ -44,23 +47,33 @@ def pools_text(data: dict) -> str:
     )
 
 
-def status_line(env: dict[str, str]) -> str | None:
-    """``Pools: box (local) 1/4 GPU x4; slurm full`` for ``%gpulab``, or
-    None outside a server gpulab started."""
+def status_row(env: dict[str, str]) -> Row | None:
+    """The pools row of ``%gpulab`` (text: ``Pools: box (local) 1/4 GPU x4; slurm
+    full``; in the table a pool a line), or None outside a server gpulab started."""
     if not env.get("GPULAB_API_URL"):
         return None
     try:
         data = _fetch(STATUS_TIMEOUT_S)
     except Exception as e:  # a line, never a traceback
-        return f"Pools: could not ask the service ({e})"
-    parts = [
-        f"{p['name']}{'' if p['name'] == p['backend'] else ' (' + p['backend'] + ')'} "
-        f"{free_text(p)}"
-        for p in data["pools"]
-    ]
-    default = data["default"]
-    suffix = "; jobs go to the first with room" if default == "auto" else ""
-    return "Pools: " + "; ".join(parts) + suffix
+        why = f"could not ask the service ({e})"
+        return Row.of("Pools", why, failed(why))
+    parts, lines = [], []
+    for p in data["pools"]:
+        backend = "" if p["name"] == p["backend"] else f" ({p['backend']})"
+        parts.append(f"{p['name']}{backend} {free_text(p)}")
+        lines.append(f"<b>{escape(p['name'])}</b>{escape(backend)} {escape(free_text(p))}")
+    text = "; ".join(parts)
+    if data["default"] == "auto":
+        text += "; jobs go to the first with room"
+        lines.append(muted("jobs go to the first with room"))
+    return Row.of("Pools", text, "<br>".join(lines))
+
+
+def status_line(env: dict[str, str]) -> str | None:
+    """``Pools: box (local) 1/4 GPU x4; slurm full`` for ``%gpulab``, or
+    None outside a server gpulab started."""
+    row = status_row(env)
+    return None if row is None else row.text
 
 
 def pools(line: str) -> None:

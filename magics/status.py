@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import difflib
 import os
+from html import escape
 
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from gpulab.client.units import gpu_label
+
+from .rich import Row, muted, rows_bundle, show_listing
 
 HELP = """gpulab magics
   %gpulab            this server's GPU slice, the gpulab API address, and the
@@ -58,26 +61,49 @@ SINGLE_ACCOUNT_WARNING = (
 )
 
 
-def slice_status(env: dict[str, str]) -> str:
+def slice_rows(env: dict[str, str]) -> list[Row]:
+    """This server's slice, what holds it to it, its limits, the API and the warnings."""
     milli = int(env.get("GPULAB_GPU_MILLI") or 0)
     if not milli:
-        gpu = "no GPU slice"
+        rows = [Row.of("GPU", "no GPU slice")]
     else:
-        gpu = f"{gpu_label(milli)} on {env.get('GPULAB_GPU_UUID')}"
+        amount, uuid = gpu_label(milli), str(env.get("GPULAB_GPU_UUID"))
+        text = f"{amount} on {uuid}"
+        html = f"<b>{escape(amount)}</b> on <code>{escape(uuid)}</code>"
         if env.get("GPULAB_GPU_SIMULATED"):
-            gpu += " (simulated: nothing enforced)"
-    api = env.get("GPULAB_API_URL") or "not set (this server was not started by gpulab)"
-    status = f"GPU: {gpu}"
+            text += " (simulated: nothing enforced)"
+            html += " " + muted("(simulated: nothing enforced)")
+        rows = [Row.of("GPU", text, html)]
     if milli and env.get("GPULAB_GPU_ENFORCEMENT"):
-        status += f"\nHeld by: {env['GPULAB_GPU_ENFORCEMENT']}"
+        rows.append(Row.of("Held by", env["GPULAB_GPU_ENFORCEMENT"]))
     if env.get("GPULAB_LIMITS"):
-        status += f"\nLimits: {env['GPULAB_LIMITS']}"
-    status += f"\nAPI: {api}"
+        rows.append(Row.of("Limits", env["GPULAB_LIMITS"]))
+    api = env.get("GPULAB_API_URL")
+    if api:
+        rows.append(Row.of("API", api, f"<code>{escape(api)}</code>"))
+    else:
+        rows.append(Row.of("API", "not set (this server was not started by gpulab)"))
     if env.get("GPULAB_DEMO_LOGIN") == "1":
-        status += f"\n{DEMO_LOGIN_WARNING}"
+        rows.append(Row.warn(DEMO_LOGIN_WARNING))
     if env.get("GPULAB_SINGLE_ACCOUNT"):
-        status += "\n" + SINGLE_ACCOUNT_WARNING.format(account=env["GPULAB_SINGLE_ACCOUNT"])
-    return status
+        rows.append(Row.warn(SINGLE_ACCOUNT_WARNING.format(account=env["GPULAB_SINGLE_ACCOUNT"])))
+    return rows
+
+
+def slice_status(env: dict[str, str]) -> str:
+    """The slice's lines as text (``GPU: 1/4 GPU on GPU-...``, ``API: ...``)."""
+    return "\n".join(row.text for row in slice_rows(env))
+
+
+def status_bundle(env: dict[str, str]) -> dict[str, str]:
+    """``%gpulab``'s one output: the slice, then the pools and the alerts the service
+    gives (outside a server gpulab started, neither), as a table and as text."""
+    from .alerts import status_alerts
+    from .pools import status_row
+
+    rows = slice_rows(env)
+    rows += [row for row in (status_row(env), status_alerts(env)) if row is not None]
+    return rows_bundle(rows, "gpulab-status")
 
 
 @magics_class
@@ -106,17 +132,4 @@ class GpuLabMagics(Magics):
             hint = f" Did you mean %gpulab {close[0]}?" if close else ""
             print(f"unknown %gpulab command {line.strip()!r}.{hint}\n\n{HELP}")
             return
-        env = dict(os.environ)
-        print(slice_status(env))
-        from .pools import status_line
-
-        pools_line = status_line(env)
-        if pools_line is not None:
-            print(pools_line)
-        from .alerts import status_alerts
-
-        alert_line = status_alerts(env)
-        if alert_line is not None:
-            from IPython.display import display
-
-            display(alert_line)
+        show_listing(status_bundle(dict(os.environ)))

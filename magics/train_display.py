@@ -8,7 +8,9 @@ the exception the magic raises (:mod:`.train_failure`), told once, not here.
 Widgets keep no state in a saved notebook, so on ``finish`` each live part is
 replaced (same ``display_id``) by a static copy: a summary with the final
 metrics, the chart as plotly's mime bundle (JupyterLab draws it again after a
-reload), and the logs folded in a ``<details>``.
+reload), and the logs folded in a ``<details>``. Until then each part's
+``text/plain`` (what nbconvert, papermill and a terminal show) is one line saying
+what it is (:data:`LIVE_TEXT`), not the widget's repr.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ LOG_LINES_SHOWN = 200
 #: Log lines the finished cell keeps (folded); the rest: ``Client().job_logs(id)``.
 LOG_LINES_KEPT = 1000
 _NODE = re.compile(r"^\[node\d+\] ")
+#: Each live part's ``text/plain`` (nbconvert, papermill, a terminal) until the job
+#: ends and ``finish`` puts a static copy in its place.
+LIVE_TEXT = {
+    "head": "job progress: live in JupyterLab while the job runs (its summary replaces it)",
+    "fig": "training chart (loss, learning rate, samples/s): live in JupyterLab while the job runs",
+    "log": "the ranks' logs: live in JupyterLab while the job runs (all: Client().job_logs(id))",
+}
 #: The start of torchrun's own report of a failed rank (its agent's log): the
 #: traceback of ChildFailedError and the "Root Cause" box repeat the rank's error.
 _TORCHRUN_DUMP = re.compile(
@@ -234,7 +243,8 @@ class WidgetDisplay:
 
     def __init__(self, world_size: int):
         import ipywidgets as w
-        from IPython.display import display
+
+        from gpulab.widgets.show import show
 
         self.started = time.monotonic()
         self.rates = Rates(world_size)
@@ -252,10 +262,11 @@ class WidgetDisplay:
         self.kept: deque[str] = deque(maxlen=LOG_LINES_KEPT)
         self.seen_lines = 0
         self.fig = self._figure()
-        display(w.VBox([self.title, w.HBox([self.bar, self.numbers])]), display_id=self.ids["head"])
+        self.head = w.VBox([self.title, w.HBox([self.bar, self.numbers])])
+        show(self.head, LIVE_TEXT["head"], display_id=self.ids["head"])
         if self.fig is not None:
-            display(self.fig, display_id=self.ids["fig"])
-        display(self.log, display_id=self.ids["log"])
+            show(self.fig, LIVE_TEXT["fig"], display_id=self.ids["fig"])
+        show(self.log, LIVE_TEXT["log"], display_id=self.ids["log"])
 
     @staticmethod
     def _figure():

@@ -29,6 +29,7 @@ import ipywidgets as w
 
 from .figures import TABS, TabFigure
 from .model import ALERT_HOURS, USAGE_DAYS, TelemetryModel
+from .show import widget_bundle
 from .tables import (
     alerts_error,
     alerts_marker,
@@ -50,6 +51,11 @@ HEADER = (
     "<b>gpulab</b> cluster telemetry "
     "<span style='color:#666'>(updates about once a second; "
     "alerts every 5 s; GPU-hours every half minute)</span>"
+)
+#: The dashboard's ``text/plain``: what nbconvert, papermill and a terminal show of it.
+TEXT = (
+    "gpulab dashboard: live in JupyterLab while this kernel runs; "
+    "run %gpulab dashboard to see it again"
 )
 
 
@@ -108,6 +114,10 @@ class Dashboard(w.VBox):
         self._thread = threading.Thread(target=self._run, name="gpulab-dashboard", daemon=True)
         if start:
             self._thread.start()
+
+    def _repr_mimebundle_(self, **kwargs):
+        """The widget's view, and one line (:data:`TEXT`) instead of its repr."""
+        return widget_bundle(self, TEXT, super()._repr_mimebundle_(**kwargs))
 
     # -- polling ---------------------------------------------------------------
     @property
