@@ -9,6 +9,10 @@ A model directory holds two files:
 The first dimension of every input and every output is the batch; the others
 are fixed at export time. The server reads the card to validate requests
 before they reach the model.
+
+Models quantized by torch.ao's ``quantize_dynamic`` (``%quantize --scheme
+int8-dynamic`` on CPU) are exported with their int8 layers rewritten by
+:mod:`gpulab.serving.dynamic_int8`, whose op this module registers for loading.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import os
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+from . import dynamic_int8
 
 PROGRAM_FILE = "model.pt2"
 CARD_FILE = "model.json"
@@ -163,19 +169,17 @@ def export_model(
     batch = example[0].shape[0]
     model = model.eval()
     names_in = _input_names(model, len(example), input_names)
+    traced = _traceable(model)
     dim = torch.export.Dim("batch", min=1, max=max_batch_size)
     try:
         with torch.no_grad():
             program = torch.export.export(
-                model, example, dynamic_shapes=tuple({0: dim} for _ in example)
+                traced, example, dynamic_shapes=tuple({0: dim} for _ in example)
             )
     except Exception as exc:
         hint = ""
-        if "LinearPackedParams" in str(exc) or "__obj_flatten__" in str(exc):
-            hint = (
-                " — models quantized with engine 'torch-ao' (quantize_dynamic) cannot be "
-                "exported; quantize with engine 'torchao' to serve the model"
-            )
+        if "PackedParams" in str(exc) or "__obj_flatten__" in str(exc):
+            hint = f" — {_TORCH_AO_HINT}"
         raise ExportError(
             f"torch.export failed: {type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}{hint}"
@@ -210,6 +214,20 @@ def export_model(
     with open(os.path.join(model_dir, CARD_FILE), "w") as f:
         f.write(card.to_json())
     return card
+
+
+_TORCH_AO_HINT = (
+    "of torch.ao's quantized layers only int8 dynamic linears (%quantize --scheme "
+    "int8-dynamic) can be served: quantize the float model with --engine torchao to serve it"
+)
+
+
+def _traceable(model: torch.nn.Module) -> torch.nn.Module:
+    """``model``, or a copy whose torch.ao dynamic int8 layers ``torch.export`` can trace."""
+    why = dynamic_int8.unsupported(model)
+    if why:
+        raise ExportError(f"{why}; {_TORCH_AO_HINT}")
+    return dynamic_int8.exportable(model) if dynamic_int8.has_dynamic_int8(model) else model
 
 
 def _uses_torchao(model: torch.nn.Module) -> bool:

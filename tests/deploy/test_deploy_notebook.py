@@ -46,8 +46,8 @@ def test_notebook_trains_quantizes_deploys_and_calls(hub, tmp_path, monkeypatch)
     ).execute()
     cells = {c.source.split("\n")[0]: text_of(c) for c in nb.cells if c.cell_type == "code"}
 
-    quant = cells["%quantize model --scheme int8-weight --engine torchao --example x --to qmodel"]
-    assert "size" in quant and "torchao" in quant
+    quant = cells["%quantize model --scheme int8-dynamic --example batch --to qmodel"]
+    assert "size" in quant and "torch-ao" in quant
 
     deploy = next(v for k, v in cells.items() if k.startswith("%deploy qmodel"))
     url = f"{hub.url}/services/gpulab/endpoints/nbdeploy/sentiment"

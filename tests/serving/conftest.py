@@ -149,3 +149,20 @@ def servers(model_dirs):
                 p.proc.terminate()
         for p in procs.values():
             p.wait_stopped()
+
+
+@pytest.fixture
+def start_server():
+    """``start_server(model_dir, *flags)``: a model server process on a model directory,
+    as a replica runs it, listening when returned; stopped when the test ends."""
+    started: list[ServerProcess] = []
+
+    def start(model_dir: str, *flags: str) -> ServerProcess:
+        server = ServerProcess(model_dir, *flags)
+        started.append(server)
+        server.wait_listening()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
