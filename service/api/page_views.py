@@ -131,22 +131,36 @@ def job_rows(service, user: str | None, now=None) -> list[dict]:
 
 
 def endpoint_rows(service, user: str | None, hub_url: str) -> list[dict]:
+    """The endpoints of ``user`` (None: everyone's), with whom each is shared."""
     if service.deployments is None:
         return []
     manager = service.deployments
-    out = []
-    for dep in manager.store.list(user=user):
-        view = manager.view(dep)
-        out.append(
-            {
-                "id": dep["id"],
-                "name": dep["name"],
-                "user": dep["user"],
-                "state": view["state"],
-                "url": hub_url.rstrip("/") + view["path"],
-                "replicas_ready": view["replicas_ready"],
-                "replicas": view["replicas"],
-                "versions": ", ".join(str(v["version"]) for v in view["versions"]),
-            }
-        )
-    return out
+    return [_endpoint_row(manager, dep, hub_url) for dep in manager.store.list(user=user)]
+
+
+def shared_rows(service, who, hub_url: str) -> list[dict]:
+    """Other users' endpoints shared with ``who`` (by name or by one of their groups)."""
+    if service.deployments is None:
+        return []
+    manager = service.deployments
+    return [
+        _endpoint_row(manager, dep, hub_url)
+        for dep in manager.store.list()
+        if dep["user"] != who.name and manager.calls.can_use(who, dep)
+    ]
+
+
+def _endpoint_row(manager, dep: dict, hub_url: str) -> dict:
+    view = manager.view(dep)
+    return {
+        "id": dep["id"],
+        "name": dep["name"],
+        "user": dep["user"],
+        "state": view["state"],
+        "url": hub_url.rstrip("/") + view["path"],
+        "replicas_ready": view["replicas_ready"],
+        "replicas": view["replicas"],
+        "versions": ", ".join(str(v["version"]) for v in view["versions"]),
+        "share_users": ", ".join(dep["share_users"]),
+        "share_groups": ", ".join(dep["share_groups"]),
+    }

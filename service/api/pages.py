@@ -2,8 +2,10 @@
 
 It extends JupyterHub's ``page.html`` (navigation bar, styles, dark mode) from
 the installed jupyterhub package; the styles and scripts come from the hub's
-``/hub/static/``. Users see their own allocations, jobs and endpoints; admins
-see everyone's.
+``/hub/static/``. Users see their own allocations, jobs and endpoints, and the
+endpoints others share with them; admins see everyone's. The owner of an endpoint
+(or an admin) shares it from here: the form sends the API's ``PATCH`` with the
+hub's XSRF token.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from types import SimpleNamespace
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader, select_autoescape
 from jupyterhub._data import DATA_FILES_PATH
 
-from gpulab.service.api.page_views import allocation_rows, endpoint_rows, gpu_rows, job_rows
+from gpulab.service.api.page_views import (
+    allocation_rows,
+    endpoint_rows,
+    gpu_rows,
+    job_rows,
+    shared_rows,
+)
 from gpulab.service.auth import BaseHandler
 
 #: gpulab's page templates, then JupyterHub's (``page.html``; also as ``templates/...``).
@@ -78,7 +86,8 @@ class HomeHandler(BaseHandler):
             services=[SimpleNamespace(name="gpulab", href=gpulab.prefix)],
             admin_access=who.admin,
             no_spawner_check=True,
-            xsrf_token="",
+            # The share forms send it back (the hub's check of cookie-authenticated changes).
+            xsrf_token=self.xsrf_token.decode(),
             version_hash="",
             # The page itself.
             scope="You are an admin: everyone's allocations, jobs and endpoints."
@@ -91,6 +100,7 @@ class HomeHandler(BaseHandler):
             allocations=allocation_rows(gpulab, gpulab.ledger.list(user=only), only),
             jobs=job_rows(gpulab, only),
             endpoints=endpoint_rows(gpulab, only, public),
+            shared=[] if who.admin else shared_rows(gpulab, who, public),
             state_colors=STATE_COLORS,
         )
         self.set_header("Content-Type", "text/html; charset=utf-8")

@@ -67,8 +67,16 @@ def _number(body: dict, key: str, lo: float, hi: float, kind=int):
 
 def _names(body: dict, key: str) -> list[str]:
     v = body[key]
-    if not isinstance(v, list) or not all(isinstance(x, str) and PRINCIPAL.match(x) for x in v):
-        raise DeployRefused(400, f"{key!r} must be a list of names")
+    what = "user" if key == "share_users" else "group"
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise DeployRefused(400, f"{key!r} must be a list of {what} names")
+    for x in v:
+        if not PRINCIPAL.match(x):
+            raise DeployRefused(
+                400,
+                f"{x!r} is not a {what} name: a name has no spaces or '/'; "
+                f"separate names with commas",
+            )
     return sorted(set(v))
 
 

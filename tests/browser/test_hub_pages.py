@@ -148,7 +148,31 @@ def test_service_page_lists_jobs_and_endpoints_by_name(
     expect(endpoint).to_contain_text("1 / 1")
     expect(page.locator("body")).not_to_contain_text("milli")
     page.screenshot(path=os.path.join(artifacts_dir, "service-page.png"), full_page=True)
+
+    # Sharing from the page (an admin may, for the owner): a bad name is refused in
+    # the form with the reason; a good one is saved, and the sharee's page lists it.
+    sharee = fresh_user("sharee")
+    sharee_token = hub.create_user(sharee)
+    expect(endpoint.locator(".gpulab-shared-with")).to_contain_text("only its owner")
+    endpoint.get_by_role("button", name="Share…").click()
+    form = page.locator(f"#share-{dep['id']} form")
+    form.get_by_label("Users").fill("not a name")
+    form.get_by_role("button", name="Save").click()
+    expect(form.locator(".gpulab-share-error")).to_contain_text(
+        "Not shared: 'not a name' is not a user name"
+    )
+    form.get_by_label("Users").fill(sharee)
+    page.screenshot(path=os.path.join(artifacts_dir, "service-page-share.png"))
+    form.get_by_role("button", name="Save").click()
+    expect(page.locator(f"#endpoint-{dep['id']} .gpulab-shared-with")).to_contain_text(sharee)
     page.close()
+    assert hub.gpulab("GET", "/deployments/tiny-linear", token=token).json()["share_users"] == [
+        sharee
+    ]
+    r = requests.get(f"{hub.url}/services/gpulab/", headers=hub.auth(sharee_token), timeout=60)
+    assert r.status_code == 200, r.text
+    shared = re.search(rf'<tr id="shared-{dep["id"]}">(.*?)</tr>', r.text, re.S)
+    assert shared and "tiny-linear" in shared.group(1) and USER in shared.group(1)
 
 
 HOLDER = fresh_user("holder")

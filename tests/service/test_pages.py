@@ -124,6 +124,27 @@ async def test_page_lists_everything_by_name_in_the_hubs_look(tmp_path):
             everyone = await page(svc, svc.admin_token)
             assert "alice&#39;s server" in everyone and "tiny-linear version 1" in everyone
             assert 'href="/hub/admin"' in everyone
+            assert 'id="shared"' not in everyone  # everything is listed above already
+
+            # Shared with bob: his page lists it under "Shared with you"; carol's does not.
+            carol = svc.create_user("carol")
+            assert 'id="shared"' in other and f'id="shared-{dep["id"]}"' not in other
+            r = await svc.request(
+                "PATCH", "/deployments/tiny-linear", token=alice, json={"share_users": ["bob"]}
+            )
+            assert r.status_code == 200, r.text
+            shared = await page(svc, bob)
+            row = re.search(rf'<tr id="shared-{dep["id"]}">(.*?)</tr>', shared, re.S)
+            assert row and "tiny-linear" in row.group(1) and "alice" in row.group(1)
+            assert "/services/gpulab/endpoints/alice/tiny-linear</code>" in row.group(1)
+            assert "sleepy-train" not in shared  # only the endpoint, not alice's other things
+            assert f'id="shared-{dep["id"]}"' not in await page(svc, carol)
+            # Alice's own row says with whom, and carries the share form.
+            mine = await page(svc, alice)
+            cell = re.search(r'<td class="gpulab-shared-with">(.*?)</td>', mine, re.S).group(1)
+            assert "bob" in cell and "Share…" in cell
+            assert 'data-name="tiny-linear" data-user="alice"' in mine
+            assert re.search(r'xsrf_token: "[^"]+"', mine)  # what the form sends back
 
         finally:
             # Ranks and replicas run in sessions of their own: stop them, also after
