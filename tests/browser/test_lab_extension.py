@@ -16,7 +16,7 @@ import torch
 # The job helpers live beside the job tests.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "jobs"))
 
-from cells import LINEAR
+from cells import FAILS_ON_RANK_1, LINEAR
 from hubproc import fresh_user
 from jobhelpers import submit, wait_job
 from lab_dialogs import dismiss_false_connection_lost
@@ -143,6 +143,11 @@ def test_status_bar_and_panel_show_jobs_and_endpoints(
     Client(hub.api, token=tokens[USER]).create_deployment(
         str(tmp_path / "model"), {"name": ENDPOINT, "replicas": 1, "gpu_milli": 250}
     )
+    # A job that fails at once (no GPU): its JobFailed alert is the status bar's badge.
+    failing = submit(
+        hub, tokens[USER], FAILS_ON_RANK_1, name="lab-fails", nproc_per_node=2, gpu_milli=0
+    )
+    assert failing.status_code == 201, failing.text
     context, page, errors = open_lab(browser, hub)
 
     # The status bar: the slice in words, from the server's own environment.
@@ -162,14 +167,30 @@ def test_status_bar_and_panel_show_jobs_and_endpoints(
 
     wait_job(hub, tokens[USER], job["id"], states=("running",))
 
-    # Clicking the status bar opens the panel on its Jobs section.
+    # Clicking the status bar opens the panel on the slice: the status bar's words,
+    # and what else of the user's holds GPU, each with its stop.
     status.click()
     panel = page.locator("#gpulab-panel")
     expect(panel).to_be_visible()
+    held = panel.locator(".gpulab-Section-slice")
+    expect(held.locator(".gpulab-slice-text")).to_have_text("1/4 A100-80GB · 20 GiB · simulated")
+    expect(held).to_contain_text("held by: none: a simulated GPU")
+    expect(held).to_contain_text("stopping this server does not stop them")
+    expect(held.locator('.gpulab-held-job[data-name="lab-visible"]')).to_contain_text(
+        "holds 1/4 GPU (1 rank)"
+    )
+    expect(held.locator(f'.gpulab-held-endpoint[data-name="{ENDPOINT}"]')).to_contain_text(
+        "holds 1/4 GPU (1 replica)"
+    )
+    expect(held.locator(".gpulab-held-stop")).to_have_count(2)
+    panel.screenshot(path=os.path.join(artifacts_dir, "lab-panel-slice.png"))
+
+    panel.locator(".lm-TabBar-tab", has_text="Jobs").click()
     row = panel.locator(f'.gpulab-job[data-job-id="{job["id"]}"]')
     expect(row.locator(".gpulab-state")).to_have_text("running", timeout=60_000)
     expect(row.locator(".gpulab-name")).to_have_text("lab-visible")
     expect(row.locator(".gpulab-progress")).to_contain_text("/400", timeout=120_000)
+    assert job["id"] not in progress_text(page, job["id"])  # jobs go by their names
     first = progress_text(page, job["id"])
     later = wait_until(
         lambda: (t := progress_text(page, job["id"])) != first and t,
@@ -238,6 +259,26 @@ def test_status_bar_and_panel_show_jobs_and_endpoints(
     page.keyboard.press("Enter")
     docked = page.locator(".gpulab-MainArea")
     expect(docked.locator(f'.gpulab-job[data-job-id="{job["id"]}"]')).to_contain_text("cancelled")
+    # Ended jobs are cleared from the list (this browser's), not from the API.
+    wait_job(hub, tokens[USER], failing.json()["id"], states=("failed",))
+    expect(docked.locator(".gpulab-clear-ended")).to_have_text("Clear 2 ended jobs")
+    docked.locator(".gpulab-clear-ended").click()
+    expect(docked.locator(".gpulab-job")).to_have_count(0)
+    expect(docked).to_contain_text("No jobs to show: 2 ended jobs cleared.")
+    assert len(hub.gpulab("GET", "/jobs", token=tokens[USER]).json()) == 2
+
+    # The failed job's alert: a badge on the status bar and on the Alerts tab; a
+    # click on the status bar then opens the alerts.
+    badge = status.locator(".gpulab-alert-badge")
+    expect(badge).to_have_text(re.compile(r"^[1-9]\d*$"), timeout=120_000)
+    tab = f"Alerts ({badge.inner_text()})"
+    expect(panel.locator(".lm-TabBar-tab", has_text=tab)).to_have_count(1)
+    status.click()
+    expect(panel.locator(".gpulab-Section-alerts")).to_contain_text("JobFailed")
+    page.screenshot(
+        path=os.path.join(artifacts_dir, "lab-statusbar-alert.png"),
+        clip={"x": 0, "y": bar["y"], "width": 600, "height": bar["height"]},
+    )
     assert not errors, errors
     listing_and_an_unsent_name(page, hub, tokens[USER], artifacts_dir)
     context.close()

@@ -51,6 +51,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
 
     const names: { [key: string]: string } = {
+      slice: 'Slice',
       jobs: 'Jobs',
       endpoints: 'Endpoints',
       alerts: 'Alerts',
@@ -86,9 +87,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
 
     if (statusBar) {
-      const item = new SliceStatus(gpuIcon, () => {
-        void app.commands.execute(OPEN_PANEL);
-      });
+      const alerts = panel.section('alerts');
+      const item = new SliceStatus(
+        gpuIcon,
+        firing => void app.commands.execute(OPEN_PANEL, { section: firing ? 'alerts' : 'slice' }),
+        firing => {
+          if (alerts) {
+            alerts.title.label = firing ? `Alerts (${firing})` : 'Alerts';
+          }
+        }
+      );
       statusBar.registerStatusItem('@gpulab/lab:slice', {
         item,
         align: 'left',

@@ -1,5 +1,6 @@
-// Jobs: the user's training jobs, their progress (step/total from report()),
-// logs on demand and Cancel with a confirmation.
+// Jobs: the user's training jobs by name, their progress (step/total from report(),
+// polled every second while one runs, as the cell's own display is), logs on demand,
+// Cancel with a confirmation, and Clear to hide the jobs that ended.
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 
 import { apiDelete, apiGet, apiText, gpuLabel, plural } from './api';
@@ -7,6 +8,17 @@ import { ago, el, Section } from './section';
 
 const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
 const LOG_LINES = 200;
+const LIVE_POLL_MS = 1000;
+/** Where the ids of the jobs cleared from the list are kept (per browser). */
+const CLEARED_KEY = 'gpulab:cleared-jobs';
+
+function readCleared(): Set<string> {
+  try {
+    return new Set(JSON.parse(window.localStorage.getItem(CLEARED_KEY) || '[]'));
+  } catch {
+    return new Set();
+  }
+}
 
 interface IProgress {
   cursor: number;
@@ -19,24 +31,55 @@ export class JobsSection extends Section {
     super('jobs', 'Jobs');
   }
 
+  protected pollMs(): number {
+    return this._running ? LIVE_POLL_MS : super.pollMs();
+  }
+
   protected async load(): Promise<void> {
-    const jobs: any[] = await apiGet('jobs');
+    const all: any[] = await apiGet('jobs');
+    const cleared = readCleared();
+    const jobs = all.filter(j => !(TERMINAL.has(j.state) && cleared.has(j.id)));
     jobs.sort((a, b) => {
       const live = Number(TERMINAL.has(a.state)) - Number(TERMINAL.has(b.state));
       return live || String(b.submitted).localeCompare(String(a.submitted));
     });
+    this._running = jobs.some(j => j.state === 'running');
     await Promise.all(
       jobs.filter(j => j.state === 'running').map(j => this.readProgress(j.id))
     );
     if (!jobs.length) {
       this.empty(
-        'No jobs yet. Start one from a notebook with %%train_distributed.'
+        all.length
+          ? `No jobs to show: ${plural(all.length, 'ended job')} cleared.`
+          : 'No jobs yet. Start one from a notebook with %%train_distributed.'
       );
       return;
     }
+    const names = new Map<string, number>();
+    for (const j of jobs) {
+      names.set(j.name, (names.get(j.name) || 0) + 1);
+    }
     const list = el('div', 'gpulab-list');
+    const ended = jobs.filter(j => TERMINAL.has(j.state));
+    if (ended.length) {
+      const bar = el('div', 'gpulab-actions gpulab-jobs-bar');
+      const clear = el(
+        'button',
+        'jp-Button jp-mod-styled jp-mod-reject gpulab-clear-ended',
+        `Clear ${plural(ended.length, 'ended job')}`
+      );
+      clear.title = 'Hide the jobs that ended from this list (the API keeps them)';
+      clear.onclick = () => {
+        const kept = readCleared();
+        ended.forEach(j => kept.add(j.id));
+        window.localStorage.setItem(CLEARED_KEY, JSON.stringify([...kept]));
+        void this.refresh();
+      };
+      bar.append(clear);
+      list.append(bar);
+    }
     for (const job of jobs.slice(0, 50)) {
-      list.append(this.row(job));
+      list.append(this.row(job, (names.get(job.name) || 0) > 1));
     }
     this.body.replaceChildren(list);
     for (const id of this._logsOpen) {
@@ -61,10 +104,11 @@ export class JobsSection extends Section {
     this._progress.set(id, p);
   }
 
-  private row(job: any): HTMLElement {
+  private row(job: any, sameName: boolean): HTMLElement {
     const row = el('div', 'gpulab-row gpulab-job');
     row.dataset.jobId = job.id;
     row.dataset.state = job.state;
+    row.title = `job ${job.id}`;
     const head = el('div', 'gpulab-row-head');
     head.append(
       el('span', 'gpulab-name', job.name || job.id),
@@ -72,7 +116,8 @@ export class JobsSection extends Section {
     );
     row.append(head);
 
-    const facts: string[] = [job.id];
+    // Jobs go by their names; the id only tells apart two of one name.
+    const facts: string[] = sameName ? [job.id.slice(0, 8)] : [];
     const p = this._progress.get(job.id);
     if (job.state === 'running' && p && p.step !== null) {
       facts.push(p.total ? `step ${p.step}/${p.total}` : `step ${p.step}`);
@@ -173,6 +218,7 @@ export class JobsSection extends Section {
     await this.refresh();
   }
 
+  private _running = false;
   private _progress = new Map<string, IProgress>();
   private _logsOpen = new Set<string>();
   private _logs = new Map<string, string>();

@@ -1,4 +1,5 @@
-// The gpulab side panel: Jobs, Endpoints, Alerts, Usage and Pools as tabs.
+// The gpulab side panel: this server's Slice (and what else holds GPU), Jobs,
+// Endpoints, Alerts, Usage and Pools as tabs.
 import { TabPanel } from '@lumino/widgets';
 
 import { AlertsSection } from './alerts';
@@ -6,9 +7,11 @@ import { EndpointsSection } from './endpoints';
 import { JobsSection } from './jobs';
 import { PoolsSection } from './pools';
 import { Section } from './section';
+import { SliceSection } from './slice';
 import { UsageSection } from './usage';
 
 export const SECTIONS: { [key: string]: () => Section } = {
+  slice: () => new SliceSection(),
   jobs: () => new JobsSection(),
   endpoints: () => new EndpointsSection(),
   alerts: () => new AlertsSection(),
@@ -21,17 +24,22 @@ export class GpuLabPanel extends TabPanel {
     super({ tabPlacement: 'top', tabsMovable: false });
     this.id = 'gpulab-panel';
     this.addClass('gpulab-Panel');
-    this.title.caption = 'gpulab: jobs, endpoints, alerts, usage, pools';
+    this.title.caption = 'gpulab: your slice, jobs, endpoints, alerts, usage, pools';
     for (const key of Object.keys(SECTIONS)) {
       this.addWidget(SECTIONS[key]());
     }
   }
 
-  /** Show one section ("jobs", "endpoints", "alerts", "usage", "pools"). */
+  /** Show one section ("slice", "jobs", "endpoints", "alerts", "usage", "pools"). */
   select(key: string): void {
     const i = this.widgets.findIndex(w => (w as Section).key === key);
     if (i >= 0) {
       this.currentIndex = i;
     }
+  }
+
+  /** The section of ``key``, if the panel has it. */
+  section(key: string): Section | undefined {
+    return this.widgets.find(w => (w as Section).key === key) as Section | undefined;
   }
 }

@@ -4,6 +4,8 @@ import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';
 
 export const POLL_MS = 3000;
+/** How often a section looks whether its next poll is due. */
+const TICK_MS = 1000;
 
 /** A DOM element with a class and optional text. */
 export function el<K extends keyof HTMLElementTagNameMap>(
@@ -50,10 +52,15 @@ export abstract class Section extends Widget {
     this.body = el('div', 'gpulab-body');
     this.node.append(this.problem, this.body);
     this._timer = window.setInterval(() => {
-      if (this.isVisible && !document.hidden) {
+      if (this.isVisible && !document.hidden && Date.now() - this._loaded >= this.pollMs()) {
         void this.refresh();
       }
-    }, POLL_MS);
+    }, TICK_MS);
+  }
+
+  /** How often to poll while visible (a section showing live progress polls faster). */
+  protected pollMs(): number {
+    return POLL_MS;
   }
 
   /** Draw the section's current state into ``this.body``. */
@@ -64,6 +71,7 @@ export abstract class Section extends Widget {
       return;
     }
     this._busy = true;
+    this._loaded = Date.now();
     try {
       await this.load();
       this.problem.hidden = true;
@@ -97,6 +105,7 @@ export abstract class Section extends Widget {
   protected body: HTMLDivElement;
   private _timer: number;
   private _busy = false;
+  private _loaded = 0;
 }
 
 namespace Private {

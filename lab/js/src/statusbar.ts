@@ -1,14 +1,21 @@
 // The status-bar item: this server's slice in words, e.g. "1/4 A100-80GB · 20 GiB ·
-// simulated". Click opens the gpulab panel.
+// simulated", and a badge with the number of the user's alerts firing. Click opens
+// the gpulab panel (on the Alerts tab while some fire, else on the Slice tab).
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
-import { getSlice, gpuLabel, ISlice } from './api';
+import { apiGet, getSlice, gpuLabel, ISlice, plural } from './api';
 
 const REFRESH_MS = 5000;
+/** Alerts are asked for every third refresh: they change on the service's minute. */
+const ALERTS_EVERY = 3;
 
 export class SliceStatus extends Widget {
-  constructor(icon: LabIcon, onClick: () => void) {
+  constructor(
+    icon: LabIcon,
+    onClick: (firing: number) => void,
+    onAlerts: (firing: number) => void = () => undefined
+  ) {
     super();
     this.addClass('gpulab-SliceStatus');
     this.node.title = 'gpulab: this server’s GPU slice';
@@ -18,8 +25,12 @@ export class SliceStatus extends Widget {
     this._text = document.createElement('span');
     this._text.className = 'gpulab-SliceStatus-text';
     this._text.textContent = 'gpulab: …';
-    this.node.append(iconNode, this._text);
-    this.node.addEventListener('click', onClick);
+    this._badge = document.createElement('span');
+    this._badge.className = 'gpulab-alert-badge';
+    this._badge.hidden = true;
+    this.node.append(iconNode, this._text, this._badge);
+    this.node.addEventListener('click', () => onClick(this._firing));
+    this._onAlerts = onAlerts;
     void this.refresh();
     this._timer = window.setInterval(() => void this.refresh(), REFRESH_MS);
   }
@@ -41,6 +52,9 @@ export class SliceStatus extends Widget {
       this.node.title = `gpulab: ${(err as Error).message}`;
       return;
     }
+    if (this._polls++ % ALERTS_EVERY === 0) {
+      await this.readAlerts();
+    }
     this._text.textContent = slice.text;
     this.node.dataset.milli = String(slice.milli);
     const lines = [
@@ -51,11 +65,30 @@ export class SliceStatus extends Widget {
       slice.memory_note ? `memory in use: ${slice.memory_note}` : '',
       slice.limits ? `limits: ${slice.limits}` : '',
       slice.service_problem ? `gpulab service: ${slice.service_problem}` : '',
-      'click: open the gpulab panel'
+      this._firing ? `${plural(this._firing, 'alert')} firing` : '',
+      this._firing ? 'click: open the gpulab panel on its alerts' : 'click: open the gpulab panel'
     ];
     this.node.title = lines.filter(Boolean).join('\n');
   }
 
+  private async readAlerts(): Promise<void> {
+    let firing = 0;
+    try {
+      firing = Number((await apiGet('alerts')).firing) || 0;
+    } catch {
+      return; // the slice's line says what is wrong with the service
+    }
+    this._firing = firing;
+    this._badge.textContent = String(firing);
+    this._badge.title = `${plural(firing, 'alert')} firing`;
+    this._badge.hidden = firing === 0;
+    this._onAlerts(firing);
+  }
+
   private _timer: number;
   private _text: HTMLSpanElement;
+  private _badge: HTMLSpanElement;
+  private _firing = 0;
+  private _polls = 0;
+  private _onAlerts: (firing: number) => void;
 }
