@@ -226,6 +226,7 @@ class GpuLabAuthorizationAreaHandler(AuthorizationAreaHandler):
         html = await self.render_template(
             "authorization-area.html",
             ask_email=self.authenticator.ask_email_on_signup,
+            two_factor_auth=self.authenticator.allow_2fa,
             users=records,
             hub_users=hub_users,
         )

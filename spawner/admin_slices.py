@@ -4,12 +4,15 @@ renders).
 
 Wired by :func:`gpulab.hub_ext.hub_config.configure` as a JupyterHub template
 variable (``c.JupyterHub.template_vars``: a callable gets the current user), used
-by ``hub_ext/templates/hub_pages/admin.html``.
+by ``hub_ext/templates/hub_pages/admin.html``; and what a user's own servers hold,
+in the navigation bar of every hub page (:func:`held_by_servers`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+
+from gpulab.scheduler.slices import label as gpu_label
 
 
 def since(started: dt.datetime | None, now: dt.datetime | None = None) -> str:
@@ -56,6 +59,7 @@ def running_slices(users) -> list[dict]:
                     "server": name or "default",
                     "url": user.server_url(name) if hasattr(user, "server_url") else "",
                     "size": placement.size,
+                    "milli": placement.milli,
                     "gpu": placement.gpus or "no GPU",
                     "node": placement.node,
                     "memory": f"{placement.memory_mib / 1024:.3g} GiB" if placement.milli else "",
@@ -66,6 +70,15 @@ def running_slices(users) -> list[dict]:
                 }
             )
     return sorted(rows, key=lambda r: (r["node"], r["gpu"], r["user"]))
+
+
+def held_by_servers(user) -> str:
+    """What the user's running servers hold, in words ("1/4 GPU"; "" for none or no
+    user): the navigation bar's ``gpulab_holds`` on every hub page."""
+    if user is None:
+        return ""
+    milli = sum(r["milli"] for r in running_slices([user]))
+    return gpu_label(milli) if milli else ""
 
 
 def slices_template_var(user) -> SliceTable:

@@ -9,6 +9,7 @@ and an admin would try them (issue 24's High and Medium findings):
 - 11 wrong admin passwords locked the admin out.
 """
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,7 +17,7 @@ import requests
 import torch
 from cells import SLEEPS
 from hubproc import fresh_user, replica_pids
-from logins import XSRF, admin_password, log_in, page_link, sign_up
+from logins import XSRF, admin_password, log_in, page_link, sign_up, sign_up_approved
 from requests.adapters import HTTPAdapter
 from support.wait import wait_until
 
@@ -58,6 +59,28 @@ def test_a_sign_up_under_an_existing_hub_users_name_is_refused(hub, admin):
         assert r.status_code == 409, (r.status_code, r.text[-500:])
         assert f"The name {existing} is already in use" in r.text
     assert f'id="{existing}"' not in authorize_page(hub, admin)
+
+
+def test_hub_pages_are_gpulabs_and_say_what_the_users_servers_hold(hub, admin):
+    login = requests.get(f"{hub.url}/hub/login", timeout=30)
+    assert login.status_code == 200 and 'class="gpulab-mark"' in login.text
+    assert "nav-link gpulab-holds" not in login.text  # nobody is logged in
+    page = authorize_page(hub, admin)
+    assert 'class="gpulab-mark"' in page and "Change password" in page  # the native links
+    assert "Has 2FA?" not in page  # 2FA is off: no column saying False for everyone
+    name = fresh_user("holds")
+    sign_up_approved(hub, name, PASSWORD)
+    user = log_in(hub, name, PASSWORD)
+    home = user.get(f"{hub.url}/hub/home", timeout=30).text
+    assert 'class="gpulab-mark"' in home and "nav-link gpulab-holds" not in home  # no server yet
+    assert hub.spawn(name, {"gpu_milli": 250}).status_code in (201, 202)
+    hub.wait_server(name)
+    for path in ("/hub/home", "/hub/token"):
+        text = user.get(f"{hub.url}{path}", timeout=30).text
+        held = re.search(r'class="nav-link gpulab-holds"[^>]*>(.*?)</a>', text, re.S)
+        assert held and held.group(1).split("</i>")[1].strip() == "1/4 GPU", path
+    hub.hub_api("DELETE", f"/users/{name}/server")
+    hub.wait_server(name, ready=False)
 
 
 def test_discard_drops_the_sign_up_only_and_the_user_keeps_their_server(hub, admin):

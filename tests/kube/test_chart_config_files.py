@@ -86,7 +86,7 @@ def test_hub_config_shows_slices_on_the_admin_page(hub_config):
     show_slices_on_admin_page(site)
     show_slices_on_admin_page(site)
     assert site.JupyterHub.template_paths == ["/etc/site-pages", HUB_PAGES]
-    assert set(site.JupyterHub.template_vars) == {"org", "gpulab_slices"}
+    assert set(site.JupyterHub.template_vars) == {"org", "gpulab_slices", "gpulab_holds"}
 
 
 async def test_hub_config_is_accepted_by_the_spawner(hub_config, offline_kubeconfig):
