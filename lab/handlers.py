@@ -4,6 +4,9 @@
   GPU model from the service's inventory and the memory in use when measurable.
 - ``GET|POST|DELETE gpulab/api/v1/<path>``: the gpulab service's REST API, called
   with this server's hub token (:mod:`.service_proxy`).
+- ``POST gpulab/try/<user>/<name>/<path>``: one call to an endpoint the user may call
+  (the lab's "Try it"), through the service's endpoint front with the same token;
+  the service checks, as for any call, that it is the user's or shared with them.
 
 Both are jupyter_server ``APIHandler`` s behind ``@web.authenticated``: only whoever
 may use this server (its owner, through the hub's login) reaches them, and
@@ -41,7 +44,14 @@ class GpuLabHandler(APIHandler):
         self.set_status(status)
         self.finish(json.dumps({"error": message}))
 
-    async def service(self, method: str, path: str, query: str = "", body: bytes | None = None):
+    async def service(
+        self,
+        method: str,
+        path: str,
+        query: str = "",
+        body: bytes | None = None,
+        endpoint: bool = False,
+    ):
         return await call_service(
             method,
             path,
@@ -49,6 +59,7 @@ class GpuLabHandler(APIHandler):
             body,
             connect_timeout=self.lab.connect_timeout,
             request_timeout=self.lab.request_timeout,
+            endpoint=endpoint,
         )
 
 
@@ -130,6 +141,32 @@ class ProxyHandler(GpuLabHandler):
         await self.forward("DELETE", path)
 
 
+class TryHandler(GpuLabHandler):
+    """One call to an endpoint from the lab's "Try it" view: its answer, whatever the
+    status (the view shows a refusal as it shows a result)."""
+
+    @web.authenticated
+    async def post(self, path):
+        target = safe_path(path)
+        if target is None or target.count("/") < 2:
+            return self.fail(400, f"not an endpoint call: {path!r}; expected <user>/<name>/v2/...")
+        body = self.request.body
+        if len(body) > self.lab.max_body_bytes:
+            return self.fail(
+                413,
+                f"request body of {len(body)} bytes is over the {self.lab.max_body_bytes} "
+                "bytes this server passes on",
+            )
+        try:
+            answer = await self.service("POST", target, "", body, endpoint=True)
+        except ServiceError as e:
+            return self.fail(e.status, e.message)
+        self.set_status(answer.status)
+        if answer.status >= 400 and "json" not in answer.content_type:
+            return self.fail(answer.status, error_text(answer.body, "error"))
+        self.finish(answer.body, set_content_type=answer.content_type or "application/json")
+
+
 def setup_handlers(serverapp) -> None:
     """Add the routes to a jupyter_server's web application."""
     lab = GpuLabLab(parent=serverapp)
@@ -141,6 +178,7 @@ def setup_handlers(serverapp) -> None:
         [
             (url_path_join(base, "slice"), SliceHandler, kw),
             (url_path_join(base, "api/v1/(.+)"), ProxyHandler, kw),
+            (url_path_join(base, "try/(.+)"), TryHandler, kw),
         ],
     )
     serverapp.log.info("gpulab: JupyterLab routes under %s", base)

@@ -48,6 +48,11 @@ def service_address(env: dict[str, str] | None = None) -> tuple[str, str]:
     return (env.get("GPULAB_API_URL") or "").rstrip("/"), env.get("JUPYTERHUB_API_TOKEN") or ""
 
 
+def endpoints_path(api: str) -> str:
+    """The service's endpoint front (``<service>/endpoints``), beside its ``/api/v1``."""
+    return api[: -len("/api/v1")] + "/endpoints" if api.endswith("/api/v1") else ""
+
+
 def safe_path(path: str) -> str | None:
     """``path`` re-quoted segment by segment, or None if a segment is not plain."""
     parts = path.split("/")
@@ -73,9 +78,11 @@ async def call_service(
     connect_timeout: float = 5.0,
     request_timeout: float = 30.0,
     env: dict[str, str] | None = None,
+    endpoint: bool = False,
 ) -> Answer:
-    """``method`` ``<GPULAB_API_URL>/<path>?<query>``; raises :class:`ServiceError`
-    when the service gives no answer (down, unreachable, too slow)."""
+    """``method`` ``<GPULAB_API_URL>/<path>?<query>`` (with ``endpoint``: a call to an
+    endpoint, ``<service>/endpoints/<path>``); raises :class:`ServiceError` when the
+    service gives no answer (down, unreachable, too slow)."""
     api, token = service_address(env)
     if not api or not token:
         raise ServiceError(
@@ -83,7 +90,10 @@ async def call_service(
             "this server was not started by gpulab: GPULAB_API_URL and "
             "JUPYTERHUB_API_TOKEN are not set",
         )
-    url = f"{api}/{path}" + (f"?{query}" if query else "")
+    base = endpoints_path(api) if endpoint else api
+    if not base:
+        raise ServiceError(502, f"GPULAB_API_URL {api} does not end in /api/v1")
+    url = f"{base}/{path}" + (f"?{query}" if query else "")
     headers = {"Authorization": f"token {token}", "Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = "application/json"

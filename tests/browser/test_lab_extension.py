@@ -93,6 +93,21 @@ def test_the_proxy_answers_only_whoever_may_use_the_server(hub, tokens):
     r = s.post(base + "/api/v1/jobs", json={"code": "print(1)"}, timeout=60)
     assert r.status_code == 403, (r.status_code, r.text[:300])
     assert hub.gpulab("GET", "/jobs", token=tokens[USER]).json() == []
+    # "Try it" reaches only endpoints the service lets the user call: another user's
+    # token gets no further than the server; a climb out of the endpoint front is refused.
+    try_url = f"{base}/try/{OTHER}/theirs/v2/models/theirs/infer"
+    r = requests.post(try_url, headers={"Authorization": f"token {tokens[OTHER]}"}, timeout=60)
+    assert r.status_code == 403, (r.status_code, r.text[:300])
+    r = requests.post(try_url, headers={"Authorization": f"token {tokens[USER]}"}, timeout=60)
+    assert r.status_code == 403 and "not shared with you" in r.json()["error"], r.text[:300]
+    r = requests.post(
+        f"{base}/try/%2E%2E/%2E%2E/api/v1/jobs",  # quoted: the client keeps the dots
+        headers={"Authorization": f"token {tokens[USER]}"},
+        data=b'{"code": "print(1)"}',
+        timeout=60,
+    )
+    assert r.status_code in (400, 404), (r.status_code, r.text[:300])
+    assert hub.gpulab("GET", "/jobs", token=tokens[USER]).json() == []
 
 
 def open_lab(browser, hub):
@@ -236,6 +251,25 @@ def test_status_bar_and_panel_show_jobs_and_endpoints(
     assert curl.startswith('curl -H "Authorization: token $JUPYTERHUB_API_TOKEN" '), curl
     assert curl.rstrip().endswith(f"{url}/v2/models/{ENDPOINT}/infer"), curl
     assert '"shape": [1, 4], "datatype": "FP32", "data": [0.0, 0.0, 0.0, 0.0]' in curl, curl
+    # Try it: the request in the model's shapes, sent from the panel, the answer shown.
+    endpoint.locator(".gpulab-try-open").click()
+    request = endpoint.locator(".gpulab-try-body")
+    expect(request).to_have_value(re.compile(r'"shape": \[1, 4\], "datatype": "FP32"'))
+    endpoint.locator(".gpulab-try-send").click()
+    answer = endpoint.locator(".gpulab-try-answer")
+    expect(answer).to_contain_text("HTTP 200 in", timeout=60_000)
+    expect(answer).to_contain_text("FP32 [1, 3]: [")
+    request.fill(request.input_value().replace("[1, 4]", "[1, 5]"))
+    endpoint.locator(".gpulab-try-send").click()
+    expect(answer).to_contain_text("HTTP 400 in", timeout=60_000)
+    expect(answer).to_contain_text("shape")  # the model server says what is wrong
+    # That refusal was asked for: the browser logs it, as it logs any 400.
+    refused = [e for e in errors if "/gpulab/try/" in e]
+    assert len(refused) == 1 and refused[0].startswith("400 "), errors
+    errors.remove(refused[0])
+    errors.remove(
+        "Failed to load resource: the server responded with a status of 400 (Bad Request)"
+    )
     panel.screenshot(path=os.path.join(artifacts_dir, "lab-panel-endpoints.png"))
 
     # Alerts, Usage and Pools answer in words (an empty state or rows), not an error.

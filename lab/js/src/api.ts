@@ -55,6 +55,40 @@ export function apiDelete(path: string): Promise<any> {
   return send(URLExt.join('api/v1', path), { method: 'DELETE' });
 }
 
+/** One call to an endpoint (the lab's "Try it"): its status and body, and how long
+ * it took; a refusal is an answer too, not an error. */
+export interface ITryAnswer {
+  status: number;
+  text: string;
+  ms: number;
+}
+
+export async function tryEndpoint(
+  user: string,
+  name: string,
+  body: string
+): Promise<ITryAnswer> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(
+    settings.baseUrl,
+    'gpulab/try',
+    encodeURIComponent(user),
+    encodeURIComponent(name),
+    'v2/models',
+    encodeURIComponent(name),
+    'infer'
+  );
+  const start = performance.now();
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, { method: 'POST', body }, settings);
+  } catch (err) {
+    throw new Error('this Jupyter server does not answer — is it still running?');
+  }
+  const text = await response.text();
+  return { status: response.status, text, ms: performance.now() - start };
+}
+
 /** This server's slice (GET gpulab/slice). */
 export interface ISlice {
   managed: boolean;

@@ -1,8 +1,9 @@
-// Endpoints: the user's deployments with their URL, versions and traffic, and a
-// "Copy curl" control giving the curl line %deploy prints (magics/deploy.py).
+// Endpoints: the user's deployments with their URL, versions and traffic, a
+// "Copy curl" control giving the curl line %deploy prints (magics/deploy.py), and
+// "Try it": a call from the panel with inputs in the model's shapes, its answer shown.
 import { Clipboard } from '@jupyterlab/apputils';
 
-import { apiGet } from './api';
+import { apiGet, tryEndpoint } from './api';
 import { el, Section } from './section';
 
 /** A float as Python prints it (0.0, not 0). */
@@ -32,11 +33,11 @@ export function endpointUrl(dep: any): string {
   return window.location.origin + dep.path;
 }
 
-/** The curl line for one call: a batch of one, zeros in the model card's shape. */
-export function curlLine(dep: any): string {
-  const infer = `${endpointUrl(dep)}/v2/models/${dep.name}/infer`;
+/** Inputs of one call in the model card's shapes (a batch of one), zeros as data;
+ * an input of more than ``limit`` values gets "..." (to fill in). */
+export function exampleInputs(dep: any, limit = 16): any[] {
   const inputs = ((dep.model || {}).inputs || []) as any[];
-  const rows = inputs.map(spec => {
+  return inputs.map(spec => {
     const shape = (spec.shape || [-1]).map((d: number, i: number) =>
       i === 0 || d < 0 ? 1 : d
     );
@@ -46,16 +47,48 @@ export function curlLine(dep: any): string {
       name: spec.name,
       shape,
       datatype: spec.datatype,
-      data: size <= 16 ? new Array(size).fill(zero) : '...'
+      data: size <= limit ? new Array(size).fill(zero) : '...'
     };
   });
-  const body = pyJson({ inputs: rows });
+}
+
+/** The curl line for one call: a batch of one, zeros in the model card's shape. */
+export function curlLine(dep: any): string {
+  const infer = `${endpointUrl(dep)}/v2/models/${dep.name}/infer`;
+  const body = pyJson({ inputs: exampleInputs(dep) });
   return (
     'curl -H "Authorization: token $JUPYTERHUB_API_TOKEN" ' +
     "-H 'Content-Type: application/json' \\\n" +
     `    -d '${body}' \\\n` +
     `    ${infer}`
   );
+}
+
+/** What "Try it" sends first: the inputs as JSON, one per line. */
+export function tryBody(dep: any): string {
+  const rows = exampleInputs(dep, 4096).map(r => '  ' + pyJson(r));
+  return `{"inputs": [\n${rows.join(',\n')}\n]}`;
+}
+
+/** An answer in a few lines: each output's name, shape and first values. */
+export function tryAnswerText(status: number, text: string, ms: number): string {
+  const head = `HTTP ${status} in ${ms.toFixed(0)} ms`;
+  let data: any;
+  try {
+    data = JSON.parse(text);
+  } catch {
+    return `${head}\n${text.slice(0, 2000)}`;
+  }
+  if (status >= 400 || !Array.isArray(data.outputs)) {
+    return `${head}\n${data.error || JSON.stringify(data, null, 2).slice(0, 2000)}`;
+  }
+  const lines = (data.outputs as any[]).map(o => {
+    const values = (o.data || []) as any[];
+    const shown = values.slice(0, 16).map(v => (typeof v === 'number' ? Number(v.toPrecision(4)) : v));
+    const more = values.length > 16 ? `, … (${values.length} values)` : '';
+    return `${o.name} ${o.datatype} [${(o.shape || []).join(', ')}]: [${shown.join(', ')}${more}]`;
+  });
+  return [head, ...lines].join('\n');
 }
 
 function num(v: number | null | undefined, digits = 1): string {
@@ -68,6 +101,10 @@ export class EndpointsSection extends Section {
   }
 
   protected async load(): Promise<void> {
+    const active = document.activeElement;
+    if (active instanceof HTMLTextAreaElement && this.node.contains(active)) {
+      return; // a request being typed in "Try it": drawn again once it is left
+    }
     const deps: any[] = await apiGet('deployments');
     if (!deps.length) {
       this.empty(
@@ -144,7 +181,60 @@ export class EndpointsSection extends Section {
       window.setTimeout(() => (copy.textContent = 'Copy curl'), 1500);
     };
     actions.append(copy);
+    const open = el('button', 'jp-Button jp-mod-styled jp-mod-reject gpulab-try-open', 'Try it');
+    open.title = 'Call this endpoint from here with inputs in its model\'s shapes';
+    actions.append(open);
     row.append(actions);
+    row.append(this.tryView(dep, open));
     return row;
   }
+
+  /** The "Try it" view: the request (editable), Send, and the answer. It keeps what
+   * was typed and answered across the section's polls. */
+  private tryView(dep: any, open: HTMLButtonElement): HTMLElement {
+    const key = `${dep.user}/${dep.name}`;
+    const state = this._tries.get(key) || { open: false, body: tryBody(dep), answer: '' };
+    this._tries.set(key, state);
+    const view = el('div', 'gpulab-try');
+    view.hidden = !state.open;
+    const input = el('textarea', 'gpulab-try-body');
+    input.value = state.body;
+    input.spellcheck = false;
+    input.rows = Math.min(8, input.value.split('\n').length + 1);
+    input.oninput = () => (state.body = input.value);
+    const send = el('button', 'jp-Button jp-mod-styled jp-mod-accept gpulab-try-send', 'Send');
+    const answer = el('pre', 'gpulab-try-answer', state.answer);
+    answer.hidden = !state.answer;
+    send.onclick = async () => {
+      send.disabled = true;
+      try {
+        JSON.parse(input.value);
+      } catch (err) {
+        state.answer = `not sent: the request is not JSON (${(err as Error).message})`;
+        answer.textContent = state.answer;
+        answer.hidden = false;
+        send.disabled = false;
+        return;
+      }
+      try {
+        const r = await tryEndpoint(dep.user, dep.name, input.value);
+        state.answer = tryAnswerText(r.status, r.text, r.ms);
+      } catch (err) {
+        state.answer = (err as Error).message;
+      }
+      answer.textContent = state.answer;
+      answer.hidden = false;
+      send.disabled = false;
+    };
+    open.onclick = () => {
+      state.open = !state.open;
+      view.hidden = !state.open;
+    };
+    const bar = el('div', 'gpulab-actions');
+    bar.append(send, el('span', 'gpulab-facts', `POST …/v2/models/${dep.name}/infer`));
+    view.append(input, bar, answer);
+    return view;
+  }
+
+  private _tries = new Map<string, { open: boolean; body: string; answer: string }>();
 }
