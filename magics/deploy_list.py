@@ -11,14 +11,16 @@ from html import escape
 
 from gpulab.client.units import gpu_label, plural
 
+from .rich import ERROR, MUTED
+
 EMPTY = "no deployments (start one with %deploy MODEL --name NAME --example X)"
 #: The state's colour in the HTML table (the text says the state too).
 _STATE_COLOURS = {
     "running": "#1a7f37",
     "starting": "#9a6700",
-    "idle": "#57606a",
+    "idle": MUTED,
     "degraded": "#bc4c00",
-    "failed": "#cf222e",
+    "failed": ERROR,
 }
 _CELL = "border:1px solid #ddd;padding:2px 6px;text-align:{}"
 
@@ -89,7 +91,7 @@ def _wide(html: str, span: int, style: str = "") -> str:
 
 
 def _state(state: str) -> str:
-    colour = _STATE_COLOURS.get(state, "#57606a")
+    colour = _STATE_COLOURS.get(state, MUTED)
     return f'<span style="color:{colour};font-weight:600">{escape(state)}</span>'
 
 
@@ -106,7 +108,7 @@ def list_html(deps: list[dict]) -> str:
         low, high = d.get("min_replicas", d["replicas"]), d.get("max_replicas", d["replicas"])
         name = (
             f"<b>{escape(d['name'])}</b><br>"
-            f'<code style="font-size:11px;color:#57606a">{escape(d["path"])}</code>'
+            f'<code style="font-size:11px;color:{MUTED}">{escape(d["path"])}</code>'
         )
         cells = [_td(name)]
         if owners:
@@ -124,7 +126,7 @@ def list_html(deps: list[dict]) -> str:
         span = len(headers)
         for v in versions if len(versions) > 1 else []:
             rows.append(_wide(version_line(v, _state(v["state"])), span))
-        rows += [_wide(escape(note), span, "color:#57606a") for note in notes_of(d)]
+        rows += [_wide(escape(note), span, f"color:{MUTED}") for note in notes_of(d)]
     head = "".join(
         f'<th style="{_CELL.format("right" if h in right else "left")}">{escape(h)}</th>'
         for h in headers

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from html import escape
 
+from .rich import MUTED
+
 #: Seconds between refreshes of a shown list.
 REFRESH_S = 5.0
 #: How long a shown list keeps refreshing (then it stays as the last table).
@@ -93,7 +95,7 @@ class LiveTable:
         shown = {"text/plain": "\n".join([self._last["text/plain"], *lines])}
         if "text/html" in self._last:
             foot = "".join(
-                f'<div style="color:#57606a;font-size:11px">{escape(line)}</div>' for line in lines
+                f'<div style="color:{MUTED};font-size:11px">{escape(line)}</div>' for line in lines
             )
             shown["text/html"] = self._last["text/html"] + foot
         return shown

@@ -110,6 +110,18 @@ export function getSlice(): Promise<ISlice> {
   return send('slice');
 }
 
+/** The slice's facts, a line each: its GPUs, what holds it, memory, limits. */
+export function sliceFacts(slice: ISlice): string[] {
+  return [
+    slice.milli
+      ? `${gpuLabel(slice.milli)} on ${slice.gpus.join(', ')}`
+      : 'no GPU in this server’s slice',
+    slice.enforcement ? `held by: ${slice.enforcement}` : '',
+    slice.memory_note ? `memory in use: ${slice.memory_note}` : '',
+    slice.limits ? `limits: ${slice.limits}` : ''
+  ].filter(Boolean);
+}
+
 /**
  * A slice in the one unit people read: "1/4 GPU", "2 GPUs", "no GPU" (the same
  * words as gpulab.client.units.gpu_label; milli-GPU stays in API fields).

@@ -3,7 +3,7 @@
 // each with its stop: stopping this server leaves those holding theirs.
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 
-import { apiDelete, apiGet, getSlice, gpuLabel, plural } from './api';
+import { apiDelete, apiGet, getSlice, gpuLabel, plural, sliceFacts } from './api';
 import { el, Section } from './section';
 
 /** What one running job or endpoint holds, in milli-GPU. */
@@ -29,15 +29,7 @@ export class SliceSection extends Section {
     const head = el('div', 'gpulab-row-head');
     head.append(el('span', 'gpulab-name gpulab-slice-text', slice.text));
     box.append(head);
-    const facts = [
-      slice.milli
-        ? `${gpuLabel(slice.milli)} on ${slice.gpus.join(', ')}`
-        : 'no GPU in this server’s slice',
-      slice.enforcement ? `held by: ${slice.enforcement}` : '',
-      slice.memory_note ? `memory in use: ${slice.memory_note}` : '',
-      slice.limits ? `limits: ${slice.limits}` : ''
-    ].filter(Boolean);
-    for (const f of facts) {
+    for (const f of sliceFacts(slice)) {
       box.append(el('div', 'gpulab-facts', f));
     }
     if (slice.service_problem) {

@@ -4,7 +4,7 @@
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
-import { apiGet, getSlice, gpuLabel, ISlice, plural } from './api';
+import { apiGet, getSlice, ISlice, plural, sliceFacts } from './api';
 
 const REFRESH_MS = 5000;
 /** Alerts are asked for every third refresh: they change on the service's minute. */
@@ -58,12 +58,7 @@ export class SliceStatus extends Widget {
     this._text.textContent = slice.text;
     this.node.dataset.milli = String(slice.milli);
     const lines = [
-      slice.milli
-        ? `${gpuLabel(slice.milli)} on ${slice.gpus.join(', ')}`
-        : 'no GPU in this server’s slice',
-      slice.enforcement ? `held by: ${slice.enforcement}` : '',
-      slice.memory_note ? `memory in use: ${slice.memory_note}` : '',
-      slice.limits ? `limits: ${slice.limits}` : '',
+      ...sliceFacts(slice),
       slice.service_problem ? `gpulab service: ${slice.service_problem}` : '',
       this._firing ? `${plural(this._firing, 'alert')} firing` : '',
       this._firing ? 'click: open the gpulab panel on its alerts' : 'click: open the gpulab panel'
