@@ -1,5 +1,5 @@
 """What a user holds besides their server, on the hub's home page, with a button to
-stop it.
+stop it; and everyone's, under the servers' slices on the admin page.
 
 "Stop My Server" stops JupyterLab only: the user's endpoints keep serving and their
 jobs keep running, each holding its GPU slice. The home page (gpulab's
@@ -26,6 +26,8 @@ from gpulab.spawner.service_client import ServiceClient
 
 #: The route, under the hub's prefix (/hub/).
 ROUTE = r"/gpulab/held"
+#: Everyone's, for the admin page's table of slices.
+ALL_ROUTE = r"/gpulab/held/all"
 #: Job states that hold (running) or will hold (queued) a slice.
 ACTIVE_JOBS = ("queued", "running")
 #: Endpoint states that no longer hold anything.
@@ -118,8 +120,29 @@ class HeldHandler(BaseHandler):
         self.write({"stopped": stopped})
 
 
+class AllHeldHandler(HeldHandler):
+    """``GET``: every user's endpoints and jobs that hold GPU, for admins (the admin
+    page lists them under the servers' slices)."""
+
+    @web.authenticated
+    async def get(self):
+        if not self.current_user.admin:
+            raise web.HTTPError(403, "only admins see everyone's jobs and endpoints")
+        client = self.service()
+        deployments = await client.request("GET", "/deployments")
+        jobs = await client.request("GET", "/jobs", query={"state": "running"})
+        items = [i for i in held_items(deployments, jobs) if i["milli"]]
+        items.sort(key=lambda i: (i["user"], i["kind"], i["name"]))
+        self.set_header("Cache-Control", "no-store")
+        self.write({"items": items})
+
+    async def post(self):
+        raise web.HTTPError(405)
+
+
 def offer_to_stop_what_else_is_held(c) -> None:
     """Add the route to hub config ``c`` (the home page's template comes with gpulab's
     hub pages, :mod:`.admin_page`), keeping a site's own extra handlers."""
     handlers = list(c.JupyterHub.extra_handlers) if "extra_handlers" in c.JupyterHub else []
-    c.JupyterHub.extra_handlers = [h for h in handlers if h[0] != ROUTE] + [(ROUTE, HeldHandler)]
+    ours = [(ALL_ROUTE, AllHeldHandler), (ROUTE, HeldHandler)]
+    c.JupyterHub.extra_handlers = [h for h in handlers if h[0] not in (ROUTE, ALL_ROUTE)] + ours

@@ -116,6 +116,10 @@ def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_d
     node = hub.gpulab("GET", "/allocations", params={"user": ALICE}).json()[0]["node"]
     expect(alice_row).to_contain_text(node)
     expect(slices.locator("tr", has_text=HOLDER)).to_contain_text("1 GPU")
+    # Then what jobs and endpoints hold, asked of the service once the page is drawn.
+    held = admin.locator("#gpulab-held-all tbody")
+    expect(held).not_to_contain_text("asking the gpulab service")
+    expect(held).to_contain_text(re.compile(r"No job or endpoint holds a GPU slice\.|GPU"))
     # JupyterHub's own user list is still there below it.
     # The user list shows 50 a page, and the session's shared hub has more users.
     admin.get_by_placeholder("Search Users").fill(ALICE)

@@ -108,7 +108,7 @@ def test_discard_drops_the_sign_up_only_and_the_user_keeps_their_server(hub, adm
     hub.wait_server(name, ready=False)
 
 
-def test_deleting_a_user_stops_their_jobs_and_endpoints_first(hub, tmp_path):
+def test_deleting_a_user_stops_their_jobs_and_endpoints_first(hub, admin, tmp_path):
     name = fresh_user("leaving")
     token = hub.create_user(name)
     job = hub.gpulab("POST", "/jobs", token=token, json={"code": SLEEPS, "gpu_milli": 250})
@@ -127,6 +127,20 @@ def test_deleting_a_user_stops_their_jobs_and_endpoints_first(hub, tmp_path):
         f"{name}'s job and endpoint running",
         detail=hub.log_tail,
     )
+    # The admin page lists them under the servers' slices (asked of the service).
+    held = admin.get(f"{hub.url}/hub/gpulab/held/all", timeout=30)
+    assert held.status_code == 200, held.text
+    items = held.json()["items"]
+    mine = [(i["kind"], i["name"], i["size"]) for i in items if i["user"] == name]
+    assert sorted(mine) == [
+        ("endpoint", "leaving-endpoint", "1/10 GPU"),
+        ("job", "train", "1/4 GPU"),
+    ]
+    # A user may not read everyone's.
+    other = fresh_user("curious")
+    sign_up_approved(hub, other, PASSWORD)
+    r = log_in(hub, other, PASSWORD).get(f"{hub.url}/hub/gpulab/held/all", timeout=30)
+    assert r.status_code == 403
 
     r = hub.hub_api("DELETE", f"/users/{name}")
     assert r.status_code == 204, r.text
