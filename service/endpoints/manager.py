@@ -38,7 +38,6 @@ from gpulab.scheduler.slices import plural
 from gpulab.service.auth import Identity
 from gpulab.service.endpoints.calls import LiveCalls
 from gpulab.service.endpoints.live import (
-    Deployment,
     LiveEndpoints,
     Unit,
     replica_owners,
@@ -67,7 +66,7 @@ log = logging.getLogger("gpulab.service.endpoints.manager")
 TICK_S = 1.0
 LOG_BYTES = 256 * 1024
 
-__all__ = ["DeployRefused", "Deployment", "DeploymentManager", "serving_backend"]
+__all__ = ["DeployRefused", "DeploymentManager", "serving_backend"]
 
 
 def upload_spool(data_dir: str) -> str:
