@@ -3,6 +3,7 @@ while the kernel is busy in another cell."""
 
 import os
 import re
+import time
 
 import pytest
 from hubproc import RunningHub, fresh_user
@@ -124,6 +125,7 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
     expect(board).to_contain_text("you · 1/4 GPU", timeout=60_000)
     expect(board.locator("th", has_text="GPU memory used / total")).to_have_count(1, timeout=60_000)
     wait_page(page, lambda s: s["points"] > 0, what="points in the plot")
+    opened = time.monotonic()
     assert "…" not in board.inner_text()
     board.screenshot(path=os.path.join(artifacts_dir, "dashboard-cluster.png"))
 
@@ -169,6 +171,14 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
         page.wait_for_function(DRAWN, arg=graphs)  # the tab's graph drawn, for the picture
         assert "…" not in board.inner_text(), f"text cut short on the {tab} tab"
         board.screenshot(path=os.path.join(artifacts_dir, f"dashboard-{tab.lower()}.png"))
+
+    # A minute open, updating every second: the kernel logged nothing (a failing
+    # widget message handler logs once per update) and the browser no error.
+    time.sleep(max(0.0, 60 - (time.monotonic() - opened)))  # the minute itself, not a sync
+    logged = page.locator(".jp-LogConsoleStatusItem").inner_text().strip()
+    assert not logged, f"the kernel logged {logged} message(s) in the dashboard's first minute"
+    assert not [c for c in CONSOLE if c.startswith("error")], CONSOLE
+    print(f"the dashboard was open {time.monotonic() - opened:.0f} s: no kernel message, no error")
 
     # After a page reload the kernel's live dashboard still holds its history:
     # showing it again draws every point it had, and it keeps updating.
