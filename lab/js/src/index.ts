@@ -10,6 +10,7 @@ import { ICommandPalette, MainAreaWidget } from '@jupyterlab/apputils';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
+import { addDashboard } from './dashboard';
 import { GpuLabPanel, SECTIONS } from './panel';
 import { SliceStatus } from './statusbar';
 
@@ -85,6 +86,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         palette.addItem({ command: OPEN_SECTION, category: CATEGORY, args: { section: key } });
       }
     }
+
+    addDashboard(app, palette, restorer, panel, gpuIcon);
 
     if (statusBar) {
       const alerts = panel.section('alerts');
