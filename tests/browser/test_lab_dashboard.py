@@ -4,14 +4,13 @@ per GPU whose charts gain points with no kernel running, the user's slice listed
 name, polling only while the tab is visible."""
 
 import os
-import re
 import time
 
 import pytest
 import requests
 from hubproc import fresh_user
-from lab_dialogs import dismiss_false_connection_lost
-from logins import browser_log_in, sign_up_approved
+from lab_pages import open_lab
+from logins import sign_up_approved
 from playwright.sync_api import expect
 from support.wait import wait_until
 
@@ -52,29 +51,12 @@ def kernels_and_sessions(hub, token) -> tuple[list, list]:
 
 
 def test_the_dashboard_tab_draws_live_without_a_kernel(browser, hub, token, artifacts_dir):
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(120_000)
-    dismiss_false_connection_lost(page, hub, USER)
-    errors = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on(
-        "response",
-        lambda r: (
-            errors.append(f"{r.status} {r.url}")
-            if r.status >= 400 and "/gpulab/" in r.url and f"/user/{USER}/" in r.url
-            else None
-        ),
-    )
+    context, page, errors = open_lab(browser, hub, USER, PASSWORD, width=1440)
     telemetry = []
     page.on(
         "request",
         lambda r: telemetry.append(time.monotonic()) if "/v1/telemetry" in r.url else None,
     )
-    browser_log_in(page, hub, USER, PASSWORD)
-    page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
-    page.goto(f"{hub.url}/user/{USER}/lab")
     # The extension has loaded once its status bar item reads the slice.
     expect(page.locator(".gpulab-SliceStatus-text")).to_contain_text("1/4", timeout=120_000)
     assert kernels_and_sessions(hub, token) == ([], [])

@@ -16,11 +16,11 @@ import torch
 # The job helpers live beside the job tests.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "jobs"))
 
+import lab_pages
 from cells import FAILS_ON_RANK_1, LINEAR
 from hubproc import fresh_user
 from jobhelpers import submit, wait_job
-from lab_dialogs import dismiss_false_connection_lost
-from logins import browser_log_in, log_in, sign_up_approved
+from logins import log_in, sign_up_approved
 from playwright.sync_api import expect
 from support.wait import wait_until
 
@@ -111,27 +111,7 @@ def test_the_proxy_answers_only_whoever_may_use_the_server(hub, tokens):
 
 
 def open_lab(browser, hub):
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=hub.url)
-    page = context.new_page()
-    page.set_default_timeout(120_000)
-    dismiss_false_connection_lost(page, hub, USER)
-    errors = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    # A failed call of the extension logs only "Failed to load resource": keep the URL.
-    page.on(
-        "response",
-        lambda r: (
-            errors.append(f"{r.status} {r.url}")
-            if r.status >= 400 and "/gpulab/" in r.url and f"/user/{USER}/" in r.url
-            else None
-        ),
-    )
-    browser_log_in(page, hub, USER, PASSWORD)
-    page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
-    page.goto(f"{hub.url}/user/{USER}/lab")
-    return context, page, errors
+    return lab_pages.open_lab(browser, hub, USER, PASSWORD, clipboard=True)
 
 
 def progress_text(page, job_id):

@@ -1,0 +1,36 @@
+"""JupyterLab opened in Chromium as a user would, for the lab's browser tests: logged
+in through the hub, the false "connection lost" dialog dismissed, and every error
+the page meets kept (console errors, uncaught exceptions, and the extension's own
+failed calls with their URL: the console says only "Failed to load resource")."""
+
+from __future__ import annotations
+
+import re
+
+from lab_dialogs import dismiss_false_connection_lost
+from logins import browser_log_in
+
+
+def open_lab(browser, hub, user: str, password: str, width: int = 1400, clipboard=False):
+    """``(context, page, errors)`` with ``user``'s JupyterLab loading in ``page``."""
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    if clipboard:
+        context.grant_permissions(["clipboard-read", "clipboard-write"], origin=hub.url)
+    page = context.new_page()
+    page.set_default_timeout(120_000)
+    dismiss_false_connection_lost(page, hub, user)
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on(
+        "response",
+        lambda r: (
+            errors.append(f"{r.status} {r.url}")
+            if r.status >= 400 and "/gpulab/" in r.url and f"/user/{user}/" in r.url
+            else None
+        ),
+    )
+    browser_log_in(page, hub, user, password)
+    page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
+    page.goto(f"{hub.url}/user/{user}/lab")
+    return context, page, errors
