@@ -15,6 +15,8 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from gpulab.backend.serving_base import ServingBackend
 from gpulab.db.deployments import DeploymentStore
@@ -30,28 +32,20 @@ def _write_json(path: str, value) -> None:
         json.dump(value, f)
 
 
+@dataclass(eq=False)
 class VersionPlacement:
     """Places a version's replicas on ``ledger`` (the deployments' view of it) and runs
     them on ``serving``; ``preemption`` makes room where none is free, and a waiting
     version says so in its row (``store``)."""
 
-    def __init__(
-        self,
-        store: DeploymentStore,
-        ledger,
-        serving: ServingBackend,
-        preemption,
-        groups_of: Callable[[str], Awaitable[dict[str, set[str]]]],
-        limits: EndpointLimits,
-    ):
-        self.store = store
-        self.ledger = ledger
-        self.serving = serving
-        self.preemption = preemption
-        self.groups_of = groups_of
-        self.limits = limits
-        #: Versions whose slices are being freed by preemption (not launched yet).
-        self.waiting: set[str] = set()
+    store: DeploymentStore
+    ledger: Any
+    serving: ServingBackend
+    preemption: Any
+    groups_of: Callable[[str], Awaitable[dict[str, set[str]]]]
+    limits: EndpointLimits
+    #: Versions whose slices are being freed by preemption (not launched yet).
+    waiting: set[str] = field(default_factory=set)
 
     def rows(self, vrow: dict) -> list[dict]:
         """The ledger rows of the slices a version's replicas hold."""

@@ -21,6 +21,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from gpulab.backend.serving_base import ServingBackend
 from gpulab.db import clock as gpulab_clock
@@ -48,27 +50,22 @@ def log_scaled(dep: dict, vrow: dict, before: int, after: int) -> None:
     )
 
 
+@dataclass(eq=False)
 class Scaling:
     """Carries out the autoscaler's decisions for the endpoints in ``live``: slices from
     ``ledger`` (``preemption`` makes room), replicas on ``serving``; each step runs
     through ``spawn`` (a task of the manager's)."""
 
-    def __init__(
-        self,
-        live: LiveEndpoints,
-        ledger,
-        serving: ServingBackend,
-        preemption,
-        groups_of: Callable[[str], Awaitable[dict[str, set[str]]]],
-        spawn: Callable[[Awaitable[None]], None],
-    ):
-        self.live = live
-        self.store = live.store
-        self.ledger = ledger
-        self.serving = serving
-        self.preemption = preemption
-        self.groups_of = groups_of
-        self.spawn = spawn
+    live: LiveEndpoints
+    ledger: Any
+    serving: ServingBackend
+    preemption: Any
+    groups_of: Callable[[str], Awaitable[dict[str, set[str]]]]
+    spawn: Callable[[Awaitable[None]], None]
+
+    @property
+    def store(self):
+        return self.live.store
 
     def autoscale(self, dep: dict, unit: Unit, now: float) -> None:
         """One second of the autoscaler for one version: observe, decide, act."""

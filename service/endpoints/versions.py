@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from gpulab.service.endpoints.live import Deployment, LiveEndpoints
 from gpulab.service.endpoints.placement import VersionPlacement
@@ -43,24 +44,21 @@ def rollback_reason(stable: dict, canary: dict, margin: float, stable_version: i
     )
 
 
+@dataclass(eq=False)
 class Versions:
     """A deployment's canary, its promotion and rollback, over the endpoints in ``live``;
     a version's replicas placed and stopped by ``placement``. Each change returns the
     deployment's row as it is now (the manager makes its view); an automatic
     rollback runs through ``spawn``."""
 
-    def __init__(
-        self,
-        live: LiveEndpoints,
-        placement: VersionPlacement,
-        limits: EndpointLimits,
-        spawn: Callable[[Awaitable[None]], None],
-    ):
-        self.live = live
-        self.store = live.store
-        self.placement = placement
-        self.limits = limits
-        self.spawn = spawn
+    live: LiveEndpoints
+    placement: VersionPlacement
+    limits: EndpointLimits
+    spawn: Callable[[Awaitable[None]], None]
+
+    @property
+    def store(self):
+        return self.live.store
 
     async def add_canary(self, who, settings: dict, model_tar: str) -> dict:
         """Version n+1 of the deployment ``settings["name"]``, beside the stable one with
