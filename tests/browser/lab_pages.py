@@ -34,3 +34,17 @@ def open_lab(browser, hub, user: str, password: str, width: int = 1400, clipboar
     page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
     page.goto(f"{hub.url}/user/{user}/lab")
     return context, page, errors
+
+
+def run_command(page, label: str) -> None:
+    """Run a command from JupyterLab's palette as a user does, waiting for each step
+    (on a loaded machine keys typed before the palette is open are lost)."""
+    from playwright.sync_api import expect
+
+    page.keyboard.press("Control+Shift+C")
+    search = page.locator(".lm-CommandPalette-input")
+    expect(search).to_be_visible()
+    search.fill(label)
+    item = page.locator(".lm-CommandPalette-item", has_text=label).first
+    expect(item).to_be_visible()
+    item.click()

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 from hubproc import fresh_user
-from lab_pages import open_lab
+from lab_pages import open_lab, run_command
 from logins import sign_up_approved
 from playwright.sync_api import expect
 from support.wait import wait_until
@@ -62,11 +62,9 @@ def test_the_dashboard_tab_draws_live_without_a_kernel(browser, hub, token, arti
     assert kernels_and_sessions(hub, token) == ([], [])
 
     # From the palette: a tab in the main area, beside the launcher, like any other.
-    page.keyboard.press("Control+Shift+C")
-    page.keyboard.type("gpulab: Open GPU dashboard")
-    page.keyboard.press("Enter")
+    run_command(page, "gpulab: Open GPU dashboard")
     dash = page.locator("#jp-main-dock-panel .gpulab-Dashboard")
-    expect(dash).to_be_visible()
+    expect(dash).to_be_visible(timeout=60_000)
     tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab", has_text="GPU dashboard")
     expect(tab).to_have_count(1)
 
@@ -124,9 +122,7 @@ def test_the_dashboard_tab_draws_live_without_a_kernel(browser, hub, token, arti
     assert not [t for t in telemetry if t > hidden_at], "the hidden dashboard kept polling"
 
     # The gpulab panel's button shows the same dashboard again (not a second one).
-    page.keyboard.press("Control+Shift+C")
-    page.keyboard.type("gpulab: Open panel")
-    page.keyboard.press("Enter")
+    run_command(page, "gpulab: Open panel")
     button = page.locator("#gpulab-panel .gpulab-dash-open")
     expect(button).to_be_visible()
     page.locator("#gpulab-panel").screenshot(

@@ -268,9 +268,7 @@ def test_status_bar_and_panel_show_jobs_and_endpoints(
     panel.screenshot(path=os.path.join(artifacts_dir, "lab-panel-pools.png"))
 
     # A section opens in the main area from the palette, where it can be docked.
-    page.keyboard.press("Control+Shift+C")
-    page.keyboard.type("gpulab: Open Jobs in a tab")
-    page.keyboard.press("Enter")
+    lab_pages.run_command(page, "gpulab: Open Jobs in a tab")
     docked = page.locator(".gpulab-MainArea")
     expect(docked.locator(f'.gpulab-job[data-job-id="{job["id"]}"]')).to_contain_text("cancelled")
     # Ended jobs are cleared from the list (this browser's), not from the API.
