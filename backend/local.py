@@ -61,6 +61,11 @@ PASS_ENV = (
 )
 # After one node's agent fails, how long the others get to notice before we stop them.
 PEER_GRACE_S = 30.0
+#: How long a cancelled job's processes get after SIGTERM before SIGKILL. Short: a
+#: cancelled job does not resume, so it saves nothing, and ranks of the gpulab runner
+#: read SIGTERM as "checkpoint at the next step" (a preemption's, which has its own
+#: grace: c.GpuLabService.preemption_grace_seconds), so they would wait out any grace.
+CANCEL_GRACE_S = 2.0
 _WRAPPER = (
     '"$@"; code=$?; echo $code > "$GPULAB_EXIT_FILE.tmp"; '
     'mv "$GPULAB_EXIT_FILE.tmp" "$GPULAB_EXIT_FILE"'
@@ -379,7 +384,7 @@ class LocalBackend(Backend):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(node["pgid"], signal.SIGTERM)
 
-    async def cancel(self, spec: JobSpec, grace_s: float = 10.0) -> None:
+    async def cancel(self, spec: JobSpec, grace_s: float = CANCEL_GRACE_S) -> None:
         """SIGTERM the agents (they stop their workers), then SIGKILL whatever is left."""
         jd = self.jobdir(spec.id)
         launch = jd.read_json("launch.json", {}) or {}
