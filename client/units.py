@@ -2,9 +2,9 @@
 
 The API counts in milli-GPU (``gpu_milli``, ``allocated_milli``); whatever a person
 reads (tables, charts, magics' output) shows the fraction. Standard library only, so
-the kernel-side packages (``widgets``, ``magics``) can use it without the scheduler,
-and the scheduler's own words (``gpulab.scheduler.slices.label``, ``plural``) are
-these: one copy.
+the kernel-side packages (``widgets``, ``magics``) can use it without the scheduler;
+it says the same as ``gpulab.scheduler.slices.label`` and ``plural`` (a test keeps
+them equal).
 """
 
 from __future__ import annotations

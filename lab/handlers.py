@@ -62,6 +62,31 @@ class GpuLabHandler(APIHandler):
             endpoint=endpoint,
         )
 
+    async def pass_on(
+        self, method: str, target: str, query: str, body: bytes | None, endpoint: bool = False
+    ):
+        """Send the request on to the service (``endpoint``: to its endpoint front) and
+        answer with what it answered; a body over the cap is refused here (413)."""
+        if body is not None and len(body) > self.lab.max_body_bytes:
+            return self.fail(
+                413,
+                f"request body of {len(body)} bytes is over the {self.lab.max_body_bytes} "
+                "bytes this server passes on",
+            )
+        try:
+            answer = await self.service(method, target, query, body or None, endpoint)
+        except ServiceError as e:
+            return self.fail(e.status, e.message)
+        self.set_status(answer.status)
+        if answer.status >= 400 and "json" not in answer.content_type:
+            # The hub's proxy answers 503 with an HTML page when the service is down.
+            text = error_text(answer.body, "error")
+            if answer.status in (502, 503):
+                text = f"gpulab service unreachable ({answer.status}) — {HUB_DOWN_HINT}"
+            return self.fail(answer.status, text)
+        # APIHandler.finish sets the type it is given (JSON unless told).
+        self.finish(answer.body, set_content_type=answer.content_type or "application/json")
+
 
 class SliceHandler(GpuLabHandler):
     # The status bar polls this every few seconds: that is not the user at work, and
@@ -108,25 +133,7 @@ class ProxyHandler(GpuLabHandler):
         if self.get_argument("follow", "").lower() in ("1", "true", "yes"):
             return self.fail(400, "follow=true streams forever: poll the logs instead")
         body = self.request.body if method in ("POST", "PATCH") else None
-        if body is not None and len(body) > self.lab.max_body_bytes:
-            return self.fail(
-                413,
-                f"request body of {len(body)} bytes is over the {self.lab.max_body_bytes} "
-                "bytes this server passes on",
-            )
-        try:
-            answer = await self.service(method, target, self.request.query, body or None)
-        except ServiceError as e:
-            return self.fail(e.status, e.message)
-        self.set_status(answer.status)
-        if answer.status >= 400 and "json" not in answer.content_type:
-            # The hub's proxy answers 503 with an HTML page when the service is down.
-            text = error_text(answer.body, "error")
-            if answer.status in (502, 503):
-                text = f"gpulab service unreachable ({answer.status}) — {HUB_DOWN_HINT}"
-            return self.fail(answer.status, text)
-        # APIHandler.finish sets the type it is given (JSON unless told).
-        self.finish(answer.body, set_content_type=answer.content_type or "application/json")
+        await self.pass_on(method, target, self.request.query, body)
 
     @web.authenticated
     async def get(self, path):
@@ -150,21 +157,7 @@ class TryHandler(GpuLabHandler):
         target = safe_path(path)
         if target is None or target.count("/") < 2:
             return self.fail(400, f"not an endpoint call: {path!r}; expected <user>/<name>/v2/...")
-        body = self.request.body
-        if len(body) > self.lab.max_body_bytes:
-            return self.fail(
-                413,
-                f"request body of {len(body)} bytes is over the {self.lab.max_body_bytes} "
-                "bytes this server passes on",
-            )
-        try:
-            answer = await self.service("POST", target, "", body, endpoint=True)
-        except ServiceError as e:
-            return self.fail(e.status, e.message)
-        self.set_status(answer.status)
-        if answer.status >= 400 and "json" not in answer.content_type:
-            return self.fail(answer.status, error_text(answer.body, "error"))
-        self.finish(answer.body, set_content_type=answer.content_type or "application/json")
+        await self.pass_on("POST", target, "", self.request.body, endpoint=True)
 
 
 def setup_handlers(serverapp) -> None:

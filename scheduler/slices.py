@@ -13,12 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Sizes in words, the one copy the kernel-side packages also read (standard library
-# only): "1/4 GPU", "2 ranks". Named here too, for the rooms that may not import client/.
-from gpulab.client.units import MILLI_PER_GPU
-from gpulab.client.units import gpu_label as label
-from gpulab.client.units import noun as noun
-from gpulab.client.units import plural as plural
+MILLI_PER_GPU = 1000
 
 #: The sizes the spawn form offers by default.
 DEFAULT_SLICE_SIZES = (0, 100, 250, 500, 1000, 2000)
@@ -47,6 +42,29 @@ def shape_of(gpu_milli: int) -> SliceShape:
     if gpu_milli < MILLI_PER_GPU:
         return SliceShape(1, gpu_milli)
     return SliceShape(gpu_milli // MILLI_PER_GPU, MILLI_PER_GPU)
+
+
+def label(gpu_milli: int) -> str:
+    """A human name for a size: ``1/4 GPU``, ``2 GPUs``, ``no GPU``."""
+    if gpu_milli == 0:
+        return "no GPU"
+    if gpu_milli % MILLI_PER_GPU == 0:
+        n = gpu_milli // MILLI_PER_GPU
+        return f"{n} GPU" if n == 1 else f"{n} GPUs"
+    for denom in (2, 3, 4, 5, 8, 10, 20):
+        if (gpu_milli * denom) % MILLI_PER_GPU == 0:
+            return f"{gpu_milli * denom // MILLI_PER_GPU}/{denom} GPU"
+    return f"{gpu_milli / MILLI_PER_GPU:.3g} GPU"
+
+
+def noun(n: int, word: str) -> str:
+    """``word`` for one, ``words`` for any other count (``unknown fields: a, b``)."""
+    return word if n == 1 else f"{word}s"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 rank``, ``2 ranks``: a count in words, never ``rank(s)``."""
+    return f"{n} {noun(n, word)}"
 
 
 def parse_gpu_milli(value: object, allowed: tuple[int, ...] | None = None) -> int:

@@ -18,7 +18,7 @@ DOC = ROOT / "docs" / "explanation" / "architecture.md"
 #: room -> the other gpulab rooms it may import (the table in architecture.md).
 ALLOWED = {
     "db": set(),
-    "scheduler": {"db", "client"},
+    "scheduler": {"db"},
     "enforcement": {"scheduler"},
     "backend": {"scheduler", "enforcement", "training"},
     "service": {"db", "scheduler", "enforcement", "backend", "telemetry", "training"},
@@ -36,7 +36,6 @@ ALLOWED = {
 #: Rooms allowed into another only through a few named modules: (room, other) -> modules.
 NARROW = {
     ("spawner", "backend"): {"gpulab.backend.slurm_site", "gpulab.backend.slurm_inventory"},
-    ("scheduler", "client"): {"gpulab.client.units"},
 }
 #: service/'s own rooms -> the others it may import ("app": service/'s top-level
 #: modules, the app and what every room shares: auth, the hub's API, kept tasks).
