@@ -26,6 +26,7 @@ import aiohttp
 from .alerts import AlertsAPI
 from .deployments import DeploymentsMixin
 from .errors import ConfigurationError, ServiceUnreachable, refused
+from .hibernations import HibernationsAPI
 from .jobs import JobsMixin
 from .telemetry import TelemetryAPI
 from .usage import UsageAPI
@@ -61,7 +62,7 @@ def run_sync(coro, timeout: float | None = None):
     return asyncio.run_coroutine_threadsafe(coro, _LoopThread.loop()).result(timeout)
 
 
-class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI, UsageAPI, AlertsAPI):
+class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI, UsageAPI, AlertsAPI, HibernationsAPI):
     def __init__(self, api_url: str | None = None, token: str | None = None, timeout: float = 60.0):
         self.api_url = (api_url or os.environ.get("GPULAB_API_URL") or "").rstrip("/")
         self._token = token or os.environ.get("JUPYTERHUB_API_TOKEN") or ""

@@ -35,6 +35,9 @@ def gpulab_service_scopes(service_name: str) -> list[str]:
         # stops servers: GPU-idle culling (c.GpuLabService.gpu_idle_cull_seconds) and
         # an admin's forced release of a running server's slice (ledger guard)
         "delete:servers",
+        # hibernation asks a server's kernels to save themselves (service/hibernation/);
+        # the service already runs jobs as any user's account, so this widens nothing
+        "access:servers",
         # group quotas and sharing (service/sharing.py)
         "list:groups",
         "read:groups",

@@ -93,12 +93,33 @@ class HeldHandler(BaseHandler):
             jobs += await client.request("GET", "/jobs", query={"user": user, "state": state})
         return held_items(deployments, jobs)
 
+    async def hibernated(self) -> list[dict]:
+        """The user's servers whose kernels are hibernated (each's latest hibernation)."""
+        rows = await self.service().request(
+            "GET", "/hibernations", query={"user": self.current_user.name}
+        )
+        latest: dict[str, dict] = {}
+        for row in rows:  # newest first
+            latest.setdefault(row["server"], row)
+        return [
+            {"server": r["server"], "summary": r["summary"], "id": r["id"]}
+            for r in latest.values()
+            if r["state"] == "hibernated"
+        ]
+
     @web.authenticated
     async def get(self):
         items = await self.held()
         total = sum(i["milli"] for i in items)
         self.set_header("Cache-Control", "no-store")
-        self.write({"items": items, "total_milli": total, "total": gpu_label(total)})
+        self.write(
+            {
+                "items": items,
+                "total_milli": total,
+                "total": gpu_label(total),
+                "hibernated": await self.hibernated(),
+            }
+        )
 
     @web.authenticated
     async def post(self):

@@ -159,6 +159,8 @@ def configure(c, s: Settings) -> None:
         # The service routes endpoint calls from the proxy to its endpoint router.
         "GPULAB_PROXY_API_URL": f"http://127.0.0.1:{s.proxy_api_port}",
         "CONFIGPROXY_AUTH_TOKEN": proxy_token,
+        # Hibernation reaches users' servers through the proxy.
+        "GPULAB_SERVERS_URL": s.public_url,
     }
     # It imports JupyterHub (the audit hook): only once a hub is configured.
     from .gpulab_hub import add_gpulab_to_hub, add_role, add_service

@@ -7,6 +7,8 @@
 - ``POST gpulab/try/<user>/<name>/<path>``: one call to an endpoint the user may call
   (the lab's "Try it"), through the service's endpoint front with the same token;
   the service checks, as for any call, that it is the user's or shared with them.
+- ``POST gpulab/hibernate``: every kernel saves its variables to the user's files
+  (:mod:`.hibernate`); the service calls it before it stops the server.
 
 Both are jupyter_server ``APIHandler`` s behind ``@web.authenticated``: only whoever
 may use this server (its owner, through the hub's login) reaches them, and
@@ -162,6 +164,8 @@ class TryHandler(GpuLabHandler):
 
 def setup_handlers(serverapp) -> None:
     """Add the routes to a jupyter_server's web application."""
+    from .hibernate import HibernateHandler
+
     lab = GpuLabLab(parent=serverapp)
     web_app = serverapp.web_app
     base = url_path_join(web_app.settings["base_url"], "gpulab")
@@ -172,6 +176,7 @@ def setup_handlers(serverapp) -> None:
             (url_path_join(base, "slice"), SliceHandler, kw),
             (url_path_join(base, "api/v1/(.+)"), ProxyHandler, kw),
             (url_path_join(base, "try/(.+)"), TryHandler, kw),
+            (url_path_join(base, "hibernate"), HibernateHandler, kw),
         ],
     )
     serverapp.log.info("gpulab: JupyterLab routes under %s", base)

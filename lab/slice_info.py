@@ -32,6 +32,8 @@ def read_slice(env: dict[str, str]) -> dict:
         "enforcement": env.get("GPULAB_GPU_ENFORCEMENT") or None,
         "mig_profile": env.get("GPULAB_MIG_PROFILE") or None,
         "limits": env.get("GPULAB_LIMITS") or None,
+        # "" for the user's default server (the hub's name of it: hibernation asks by it)
+        "server_name": env.get("JUPYTERHUB_SERVER_NAME", ""),
     }
 
 

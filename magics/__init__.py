@@ -18,6 +18,10 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(QuantizeMagics)
     ipython.register_magics(TrainMagics)
     ipython.register_magics(DeployMagics)
+    # A notebook that was hibernated gets its variables back as its kernel starts.
+    from .hibernate import restore_on_start
+
+    restore_on_start(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:  # pragma: no cover - IPython keeps magics

@@ -34,6 +34,12 @@ HELP = """gpulab magics
                      the same probe across N nodes, as a job named nettest; the
                      service records its result for the dashboard's Network tab
                      (--nproc ranks per node, --gpu GPUs per rank; default 1 and 0)
+  %gpulab hibernate  save every kernel's variables to ~/.gpulab/hibernate, stop
+                     this server and give its GPU back; starting it again (any
+                     size, or none) brings each notebook's variables back
+  %gpulab wake [--list | NAME]
+                     restore a hibernated kernel's variables in this kernel by
+                     hand (none: the most recent not restored; --list: all kept)
   %%train_distributed [flags]   run the cell as a distributed PyTorch job
                      (%%train_distributed? lists the flags)
   %quantize NAME --scheme S --example X --to NEW
@@ -47,7 +53,7 @@ HELP = """gpulab magics
 
 
 #: The subcommands of %gpulab (an unknown one is answered with the closest).
-COMMANDS = ("help", "dashboard", "alerts", "nettest", "pools")
+COMMANDS = ("help", "dashboard", "alerts", "nettest", "pools", "hibernate", "wake")
 
 # The same sentence as the spawn form's (gpulab.spawner.form); magics reach the
 # platform only over HTTP, so the words are kept here too.
@@ -98,11 +104,13 @@ def slice_status(env: dict[str, str]) -> str:
 def status_bundle(env: dict[str, str]) -> dict[str, str]:
     """``%gpulab``'s one output: the slice, then the pools and the alerts the service
     gives (outside a server gpulab started, neither), as a table and as text."""
+    from . import hibernate
     from .alerts import status_alerts
     from .pools import status_row
 
     rows = slice_rows(env)
-    rows += [row for row in (status_row(env), status_alerts(env)) if row is not None]
+    more = (status_row(env), hibernate.status_row(env), status_alerts(env))
+    rows += [row for row in more if row is not None]
     return rows_bundle(rows, "gpulab-status")
 
 
@@ -114,6 +122,14 @@ class GpuLabMagics(Magics):
         command, _, rest = line.strip().partition(" ")
         if command in ("help", "-h", "--help"):
             print(HELP)
+            return
+        if command in ("hibernate", "wake"):
+            from . import hibernate
+
+            if command == "hibernate":
+                hibernate.hibernate_command(rest)
+            else:
+                hibernate.wake_command(self.shell, rest)
             return
         if command in ("dashboard", "nettest", "alerts", "pools"):
             from . import alerts, dashboard, nettest, pools

@@ -55,6 +55,7 @@ from gpulab.service.api import allocations as api
 from gpulab.service.api import audit as audit_api
 from gpulab.service.api import deployments as deployments_api
 from gpulab.service.api import gpus as gpus_api
+from gpulab.service.api import hibernations as hibernations_api
 from gpulab.service.api import jobs as jobs_api
 from gpulab.service.api import ledger as ledger_api
 from gpulab.service.api import pages
@@ -64,6 +65,8 @@ from gpulab.service.api import usage as usage_api
 from gpulab.service.api.request_body import JSON_BODY_LIMIT
 from gpulab.service.auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
 from gpulab.service.endpoints.manager import DeploymentManager
+from gpulab.service.hibernation.manager import Hibernations
+from gpulab.service.hibernation.servers import ServerCalls
 from gpulab.service.hubapi import HubAPI
 from gpulab.service.jobs.backends import refuse_local_user_code
 from gpulab.service.jobs.manager import JobManager
@@ -106,6 +109,7 @@ ROUTE_MODULES = (
     alerts_api,
     gpus_api,
     pools_api,
+    hibernations_api,
 )
 
 #: What one init step may raise that means "this configuration cannot work".
@@ -655,6 +659,51 @@ class GpuLabService(SharingSettings, Application):
         """,
     ).tag(config=True)
 
+    hibernate_idle_seconds = Float(
+        0.0,
+        help="""Hibernate a server holding a GPU slice once no kernel of it has been busy
+        (and, on a real GPU, its GPU has done no work) for this long: each kernel's
+        variables are saved to the user's own files, the server stops and its slice
+        goes back; starting it again brings the variables back. 0: never (users and
+        the scheduler still may).
+
+        c.GpuLabService.hibernate_idle_seconds = 3600
+        """,
+    ).tag(config=True)
+
+    hibernate_for_others_seconds = Float(
+        300.0,
+        help="""A server idle this long may be hibernated to make room for another user's
+        server or endpoint of its class or higher, before any running batch job is
+        stopped. 0: never.
+
+        c.GpuLabService.hibernate_for_others_seconds = 900
+        """,
+    ).tag(config=True)
+
+    hibernate_max_bytes = Int(
+        20 * 10**9,
+        help="""Most bytes of hibernated state kept per user (their files, under
+        ~/.gpulab/hibernate): a hibernation larger than this fails and the server
+        runs on; older hibernations are removed to stay under it.
+
+        c.GpuLabService.hibernate_max_bytes = 50 * 10**9
+        """,
+    ).tag(config=True)
+
+    servers_url = Unicode(
+        help="""Where the service reaches users' servers: the hub's proxy, as seen from
+        the service (hibernation asks a server's kernels to save themselves there).
+        Default: $GPULAB_SERVERS_URL. The chart sets http://proxy-public.
+
+        c.GpuLabService.servers_url = "http://127.0.0.1:8000"
+        """,
+    ).tag(config=True)
+
+    @default("servers_url")
+    def _default_servers_url(self):
+        return os.environ.get("GPULAB_SERVERS_URL", "")
+
     config_file = Unicode(
         help="Python config file to load. Default: <data-dir>/gpulab_config.py if it exists."
     ).tag(config=True)
@@ -682,6 +731,7 @@ class GpuLabService(SharingSettings, Application):
     jobs = Instance(JobManager, allow_none=True)
     deployments = Instance("gpulab.service.endpoints.manager.DeploymentManager", allow_none=True)
     telemetry = Instance(TelemetryStore, allow_none=True)
+    hibernations = Instance(Hibernations, allow_none=True)
     sampler = Instance(LocalSampler, allow_none=True)
     #: Cordons GPUs that fault and moves their jobs (operations/self_healing.py).
     healer = Instance(SelfHealing, allow_none=True)
@@ -741,6 +791,7 @@ class GpuLabService(SharingSettings, Application):
             self.init_deployments,
             self.init_reconcile,
             self.init_telemetry,
+            self.init_hibernation,
             self.init_alerts,
             self.init_handlers,
         ):
@@ -895,6 +946,33 @@ class GpuLabService(SharingSettings, Application):
         self.telemetry.listeners.append(self.healer.observe)
         self.metrics.registry.register(CordonCollector(self.ledger, self.gpus))
 
+    def init_hibernation(self):
+        """Hibernation of idle servers; the scheduler's preemption asks it for idle
+        servers before it stops any batch job."""
+        for name in ("hibernate_idle_seconds", "hibernate_for_others_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"c.GpuLabService.{name} must be 0 (off) or more, got {getattr(self, name)}"
+                )
+        if self.hibernate_max_bytes <= 0:
+            raise ConfigError(
+                f"c.GpuLabService.hibernate_max_bytes must be positive, got "
+                f"{self.hibernate_max_bytes}"
+            )
+        self.hibernations = Hibernations(
+            engine=self.engine,
+            db_threads=self.db_threads,
+            ledger=self.ledger,
+            hub=self.hub,
+            servers=ServerCalls(self.hub, self.servers_url, os.environ["JUPYTERHUB_API_TOKEN"]),
+            audit=self.audit,
+            telemetry=self.telemetry,
+            idle_seconds=self.hibernate_idle_seconds,
+            for_others_seconds=self.hibernate_for_others_seconds,
+            max_bytes=self.hibernate_max_bytes,
+        )
+        self.preemption.attach_servers(self.hibernations)
+
     def init_alerts(self):
         """The alert engine (its rules read the settings above) and the metrics the
         chart's PrometheusRule reads."""
@@ -1040,6 +1118,7 @@ class GpuLabService(SharingSettings, Application):
                 self.sampler,
                 self.alerts,
                 self.alert_actions,
+                self.hibernations,
             )
             if m is not None
         ]

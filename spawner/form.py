@@ -98,6 +98,15 @@ _FORM_STYLE = (
 )
 
 
+def hibernation_note(row: dict) -> str:
+    """The spawn form's line about a hibernated server (a row of ``GET /hibernations``)."""
+    return (
+        '<div class="alert alert-info gpulab-hibernated" role="status">'
+        f"<strong>Your server is {escape(row['summary'])}.</strong> Start it at any size "
+        "(or with no GPU) and open your notebooks: each gets its variables back.</div>"
+    )
+
+
 def render_form(
     availability: dict,
     demo: bool | None = None,
@@ -105,6 +114,7 @@ def render_form(
     inventory: dict | None = None,
     shared_account: str | None = None,
     last: int | None = None,
+    hibernated: dict | None = None,
 ) -> str:
     """HTML for the hub's spawn page from the service's availability answer.
 
@@ -113,7 +123,9 @@ def render_form(
     ``limits`` (slice milli -> "up to 1 CPU and 2.7 GiB of memory") says what each
     size's server is held to; ``inventory`` (the service's
     ``/inventory``) names the GPU model and memory each size gives; ``last`` (the
-    size of the user's last server) is chosen when it can be placed now.
+    size of the user's last server) is chosen when it can be placed now;
+    ``hibernated`` (the server's latest hibernation, when its kernels wait to wake)
+    is said on top.
     """
     rows = []
     open_sizes = [s["milli"] for s in availability["sizes"] if s["available"]]
@@ -170,6 +182,8 @@ def render_form(
     )
     if shared_account is None:
         shared_account = single_account()
+    if hibernated:
+        warning += hibernation_note(hibernated)
     if shared_account:
         warning += (
             f'<div class="alert alert-warning gpulab-single-account" role="alert">'

@@ -139,7 +139,13 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
         limits = self.form_limits(availability, inventory)
         # JupyterHub keeps the last start's options (its database): offer that size again.
         last = (spawner.user_options or {}).get("gpu_milli")
-        return render_form(availability, limits=limits, inventory=inventory, last=last)
+        return render_form(
+            availability,
+            limits=limits,
+            inventory=inventory,
+            last=last,
+            hibernated=await self.waiting_hibernation(),
+        )
 
     def form_limits(self, availability: dict, inventory: dict) -> dict[int, str] | None:
         """What each size's server is held to besides its GPU (slice milli -> words),

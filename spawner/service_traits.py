@@ -74,6 +74,17 @@ class GpuLabServiceMixin(LoggingConfigurable):
         """The ledger's owner name of this server: ``user/server-name``."""
         return f"{self.user.name}/{self.name}"
 
+    async def waiting_hibernation(self) -> dict | None:
+        """This server's latest hibernation when its kernels still wait to wake (the
+        spawn form says so); None otherwise, or when the service cannot say."""
+        try:
+            rows = await ServiceClient(
+                self.gpulab_api_url, self.gpulab_api_token, retry_seconds=2
+            ).request("GET", "/hibernations", query={"user": self.user.name, "server": self.name})
+        except Exception:  # the form works without it
+            return None
+        return rows[0] if rows and rows[0]["state"] == "hibernated" else None
+
     async def stop(self, now=False):
         try:
             await super().stop(now=now)

@@ -1,8 +1,10 @@
 """Making room: claims for a slice, the victims chosen for them, and placing the claim.
 
 When a server, an endpoint's replicas or a job of a higher class cannot be
-placed, :meth:`Preemption.make_room` looks for victims among the preemptible
-jobs it may take from (:func:`eligible`), with the scheduler's
+placed, :meth:`Preemption.make_room` looks for victims: first other users' idle
+servers (a request of the servers' class or higher may hibernate them: their
+kernels' variables are saved, no work is lost), then the preemptible jobs it may
+take from (:func:`eligible`), with the scheduler's
 :func:`~gpulab.scheduler.preemption.choose_victims`. Each victim is asked to
 checkpoint and stop (:meth:`JobManager.preempt`); the request becomes a
 *claim*. The job loop requeues victims as they stop and then places the claim
@@ -52,6 +54,7 @@ class Claim:
     victims: list[str]  # job ids
     deadline: float  # epoch seconds: the victims' grace ends
     pool: str = ""  # the pool whose GPUs it is placed on ("" = any: before pools)
+    servers: list[str] = dataclasses.field(default_factory=list)  # idle servers hibernating
 
     @property
     def key(self) -> tuple[str, str]:
@@ -59,12 +62,19 @@ class Claim:
 
     def message(self) -> str:
         left = max(0, round(self.deadline - time.time()))
-        n = len(self.victims)
-        return (
-            f"freeing a slice: {n} batch job{'s' if n != 1 else ''} "
-            f"{'are' if n != 1 else 'is'} saving a checkpoint to make room "
-            f"(up to {left} s more)"
-        )
+        parts = []
+        if self.servers:
+            n = len(self.servers)
+            parts.append(
+                f"{n} idle server{'s' if n != 1 else ''} {'are' if n != 1 else 'is'} hibernating"
+            )
+        if self.victims:
+            n = len(self.victims)
+            parts.append(
+                f"{n} batch job{'s' if n != 1 else ''} "
+                f"{'are' if n != 1 else 'is'} saving a checkpoint"
+            )
+        return f"freeing a slice: {' and '.join(parts)} to make room (up to {left} s more)"
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -132,6 +142,7 @@ class Preemption:
         self.groups_of = groups_of
         self.pool_for = pool_for
         self.jobs = None  # the job manager, once attached
+        self.hibernations = None  # idle servers it may hibernate first, once attached
         self.claims: dict[tuple[str, str], Claim] = {}
         #: Called with (claim, ledger rows) when a claim of that kind is placed.
         self.on_placed: dict[str, Callable] = {}
@@ -153,6 +164,11 @@ class Preemption:
         starts a job whose claim was placed."""
         self.jobs = jobs
         self.on_placed["job"] = on_placed
+
+    def attach_servers(self, hibernations) -> None:
+        """Idle servers come first: ``hibernations`` lists them and hibernates one
+        (its kernels' variables saved, nothing lost) before any batch job is stopped."""
+        self.hibernations = hibernations
 
     # -- restarting ----------------------------------------------------------------
     def restore(self) -> None:
@@ -200,8 +216,9 @@ class Preemption:
         if key in self.claims:
             return self.claims[key]
         settings = await self.group_settings()
+        idle = await self.idle_servers(user, value)
         plan = await self.ledger.aio.run(
-            self._plan, user, members, value, groups_by_user(settings), pool
+            self._plan, user, members, value, groups_by_user(settings), pool, idle
         )
         if plan is None:
             return None
@@ -211,22 +228,41 @@ class Preemption:
             list(members),
             value,
             what,
-            [v.key for v in plan.victims],
+            [v.key for v in plan.victims if v.key not in idle],
             time.time() + self.grace_seconds,
             pool,
+            [v.key for v in plan.victims if v.key in idle],
         )
         self.claims[key] = claim
-        for victim in plan.victims:
-            await self.jobs.preempt(victim.key, claim)
+        for owner in claim.servers:
+            server = idle[owner]
+            await self.hibernations.hibernate_for_others(
+                server,
+                f"idle for {server.idle_seconds / 60:.0f} min while {what} of {user} needed a GPU",
+            )
+        for victim in claim.victims:
+            await self.jobs.preempt(victim, claim)
         log.info(
             "Preempting %s for %s of %s (%.0f GPU-seconds at risk, %d milli freed)",
-            ", ".join(claim.victims),
+            ", ".join(claim.servers + claim.victims),
             what,
             user,
             plan.at_risk,
             plan.freed_milli,
         )
         return claim
+
+    async def idle_servers(self, user: str, value: int) -> dict:
+        """Other users' idle servers a request of class ``value`` may hibernate (by
+        their ledger owner): for a class at least the servers' own, since
+        hibernating loses no work; idle for ``hibernate_for_others_seconds``."""
+        h = self.hibernations
+        if h is None or h.for_others_seconds <= 0:
+            return {}
+        if value < self.priorities.of_kind("server").value:
+            return {}
+        found = await h.idle_servers(h.for_others_seconds)
+        return {s.owner: s for s in found if s.user != user}
 
     def _plan(
         self,
@@ -235,6 +271,7 @@ class Preemption:
         value: int,
         groups_by_user: Mapping[str, dict[str, set[str]]],
         pool: str = "",
+        idle: Mapping | None = None,
     ) -> Plan | None:
         # Victims only in the pool: slices freed elsewhere would not help.
         ledger = self.ledger.pool(pool or None)
@@ -277,7 +314,20 @@ class Preemption:
                     started=_epoch(job["started"]),
                 )
             )
-        return choose_victims(cluster, requests, holders, ledger.policy)
+        # Idle servers first: hibernating one loses nothing, so batch jobs are
+        # stopped only when idle servers alone cannot make room.
+        servers = []
+        for owner, server in (idle or {}).items():
+            rows = ledger.list(owner_kind="server", owner=owner)
+            if not rows or any(a["gpu_uuid"] not in where for a in rows):
+                continue
+            slices = tuple((*where[a["gpu_uuid"]], a["milli"]) for a in rows)
+            servers.append(Holder(owner, server.user, -1, slices, at_risk=0.0, started=now))
+        if servers:
+            plan = choose_victims(cluster, requests, servers, ledger.policy)
+            if plan is not None:
+                return plan
+        return choose_victims(cluster, requests, servers + holders, ledger.policy)
 
     def at_risk(self, job: Mapping, rows: list[dict], now: float) -> float:
         """GPU-seconds of the job's work since its last checkpoint (or its start)."""
@@ -293,6 +343,8 @@ class Preemption:
         running = {j["id"]: j for j in self.jobs.queue.list(states=("running",))}
         for key, claim in list(self.claims.items()):
             waiting = [v for v in claim.victims if v in running and running[v].get("preempting")]
+            if self.hibernations is not None:
+                waiting += [s for s in claim.servers if self.hibernations.busy(s)]
             if waiting:
                 if time.time() > claim.deadline + CLAIM_SLACK_S:
                     log.warning("Giving up claim %s: victims %s did not stop", key, waiting)

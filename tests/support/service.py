@@ -53,6 +53,8 @@ class FakeHubAPI:
         self.tokens[self.service_token] = {"kind": "service", "name": SERVICE_NAME}
         #: Servers stopped through the API ("user/name"), oldest first.
         self.stopped: list[str] = []
+        #: Called with "user/name" as a server stops (a test's spawner giving its slice back).
+        self.on_stop: list = []
 
     def add_user(self, name: str, admin: bool = False, groups=()) -> str:
         """Create the user (if needed) and return a fresh API token of theirs."""
@@ -116,6 +118,8 @@ class FakeHubAPI:
                 if user is None or user["servers"].pop(unquote(server or ""), None) is None:
                     raise web.HTTPError(404)
                 fake.stopped.append(f"{unquote(name)}/{unquote(server or '')}")
+                for hook in fake.on_stop:
+                    hook(fake.stopped[-1])
                 self.set_status(204)
 
         return web.Application(

@@ -55,6 +55,14 @@ export function apiDelete(path: string): Promise<any> {
   return send(URLExt.join('api/v1', path), { method: 'DELETE' });
 }
 
+/** POST gpulab/api/v1/<path> with a JSON body. */
+export function apiPost(path: string, body: any): Promise<any> {
+  return send(URLExt.join('api/v1', path), {
+    method: 'POST',
+    body: JSON.stringify(body)
+  });
+}
+
 /** One call to an endpoint (the lab's "Try it"): its status and body, and how long
  * it took; a refusal is an answer too, not an error. */
 export interface ITryAnswer {
@@ -104,6 +112,7 @@ export interface ISlice {
   limits: string | null;
   text: string;
   service_problem: string | null;
+  server_name: string;
 }
 
 export function getSlice(): Promise<ISlice> {

@@ -3,7 +3,7 @@
 // each with its stop: stopping this server leaves those holding theirs.
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 
-import { apiDelete, apiGet, getSlice, gpuLabel, plural, sliceFacts } from './api';
+import { apiDelete, apiGet, apiPost, getSlice, gpuLabel, plural, sliceFacts } from './api';
 import { el, Section } from './section';
 
 /** What one running job or endpoint holds, in milli-GPU. */
@@ -36,9 +36,72 @@ export class SliceSection extends Section {
       box.append(el('div', 'gpulab-error', `gpulab service: ${slice.service_problem}`));
     }
     if (slice.managed) {
+      box.append(await this.hibernation(slice.server_name || ''));
       box.append(await this.elsewhere());
     }
     this.body.replaceChildren(box);
+  }
+
+  /** This server's last hibernation, and the button that hibernates it: every kernel
+   * saves its variables, the server stops and its GPU goes back. */
+  private async hibernation(server: string): Promise<HTMLElement> {
+    const part = el('div', 'gpulab-hibernation');
+    const rows = (await apiGet(
+      `hibernations?server=${encodeURIComponent(server)}`
+    )) as any[];
+    const last = rows && rows.length ? rows[0] : null;
+    const head = el('div', 'gpulab-row-head');
+    head.append(
+      el(
+        'span',
+        'gpulab-note gpulab-hibernation-last',
+        last ? `Last hibernation: ${last.summary}` : 'Never hibernated.'
+      )
+    );
+    const button = el(
+      'button',
+      'jp-Button jp-mod-styled jp-mod-accept gpulab-hibernate',
+      'Hibernate'
+    );
+    button.title =
+      'Save every kernel’s variables, stop this server and give its GPU back; ' +
+      'starting it again brings them back';
+    button.disabled = last?.state === 'saving';
+    button.onclick = () => void this.hibernate(server, button);
+    const actions = el('div', 'gpulab-actions');
+    actions.append(button);
+    part.append(head, actions);
+    return part;
+  }
+
+  private async hibernate(server: string, button: HTMLButtonElement): Promise<void> {
+    const answer = await showDialog({
+      title: 'Hibernate this server?',
+      body:
+        'Each kernel saves its variables to ~/.gpulab/hibernate, then this server ' +
+        'stops and its GPU slice goes back. Start it again (any size) and open your ' +
+        'notebooks: each gets its variables back. Open files, sockets and generators ' +
+        'do not come back.',
+      buttons: [
+        Dialog.cancelButton({ label: 'Keep running' }),
+        Dialog.okButton({ label: 'Hibernate' })
+      ]
+    });
+    if (!answer.button.accept) {
+      return;
+    }
+    button.disabled = true;
+    button.textContent = 'Hibernating…';
+    try {
+      await apiPost('hibernations', { server });
+    } catch (err) {
+      this.problem.textContent = `not hibernated: ${(err as Error).message}`;
+      this.problem.hidden = false;
+      button.disabled = false;
+      button.textContent = 'Hibernate';
+      return;
+    }
+    await this.refresh();
   }
 
   /** The user's running jobs and endpoints that hold GPU, each with its stop. */

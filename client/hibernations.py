@@ -1,0 +1,32 @@
+"""Hibernation through the service (``/hibernations``): a server's kernels saved to
+the user's files and its slice given back, until the server starts again.
+
+A mixin of :class:`~.base.AsyncClient`; the sync :class:`~.base.Client` has the
+same methods, blocking::
+
+    gl.hibernate()                 # this user's default server; answers at once
+    gl.hibernations()              # newest first, each with its "summary" line
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+
+class HibernationsAPI:
+    async def hibernate(self, server: str = "", user: str | None = None) -> dict:
+        """Start hibernating a running server (``user``: admins only): the new
+        hibernation, ``state`` "saving"; :meth:`hibernations` says how it ended."""
+        body = {"server": server}
+        if user is not None:
+            body["user"] = user
+        return await self.request("POST", "/hibernations", body)
+
+    async def hibernations(self, user: str | None = None, server: str | None = None) -> list:
+        query = {k: v for k, v in (("user", user), ("server", server)) if v is not None}
+        return await self.request("GET", "/hibernations", query=query or None)
+
+    async def report_wake(self, hibernation_id: str, report: dict) -> dict:
+        """Say what came back in one kernel (the kernel does this itself on waking)."""
+        path = f"/hibernations/{quote(hibernation_id, safe='')}/wakes"
+        return await self.request("POST", path, report)

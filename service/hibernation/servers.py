@@ -1,0 +1,122 @@
+"""The service's calls into a user's running server, through the hub's proxy.
+
+Two calls, both with the service's own hub token (scope ``access:servers``, which
+the hub's ``gpulab-service`` role grants; the service already starts jobs as any
+user's account, so this widens nothing):
+
+- ``GET <server>/api/kernels``: jupyter_server's own list of kernels, with each
+  one's ``execution_state`` and ``last_activity`` (is the notebook idle?);
+- ``POST <server>/gpulab/hibernate``: gpulab's server extension asks each kernel to
+  save its namespace to the user's files (:mod:`gpulab.lab.hibernate`) and answers
+  what was saved, in numbers and names. The service never sees the state itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+
+class ServerRefused(Exception):
+    """The server could not be reached, or answered with an error: one line for people."""
+
+
+@dataclass
+class KernelActivity:
+    """What a server's kernels say about it: any busy, and the latest activity."""
+
+    kernels: int
+    busy: int
+    last_activity: float | None  # epoch seconds; None: no kernel
+
+    def idle_for(self, now: float, server_started: float) -> float:
+        """Seconds since a kernel last did anything (or since the server started,
+        when it runs no kernel); 0 while one is busy."""
+        if self.busy:
+            return 0.0
+        return max(0.0, now - (self.last_activity or server_started))
+
+
+def _epoch(iso: str | None) -> float | None:
+    if not iso:
+        return None
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+class ServerCalls:
+    """Calls into users' servers: ``servers_url`` is where the service reaches the
+    hub's proxy (``http://127.0.0.1:8000``; on Kubernetes ``http://proxy-public``)."""
+
+    def __init__(self, hub, servers_url: str, token: str, save_timeout: float = 300.0):
+        self.hub = hub
+        self.servers_url = servers_url.rstrip("/")
+        self._token = token
+        self.save_timeout = save_timeout
+
+    async def server_url(self, user: str, server: str) -> tuple[str, dict]:
+        """The server's address through the proxy, and the hub's model of it."""
+        if not self.servers_url:
+            raise ServerRefused(
+                "the service does not know where users' servers are: set "
+                "c.GpuLabService.servers_url (the hub's proxy, as the service reaches it)"
+            )
+        model = (await self.hub.user_servers(user)).get(server)
+        if not model or not model.get("ready"):
+            raise ServerRefused(f"{label(user, server)} is not running")
+        url = model.get("url") or f"/user/{quote(user, safe='')}/"
+        return f"{self.servers_url}{url}", model
+
+    async def _call(self, url: str, method: str, body: dict | None, timeout: float):
+        req = HTTPRequest(
+            url,
+            method=method,
+            headers={"Authorization": f"token {self._token}", "Content-Type": "application/json"},
+            body=json.dumps(body) if body is not None else None,
+            request_timeout=timeout,
+            connect_timeout=10,
+            follow_redirects=False,
+        )
+        try:
+            resp = await AsyncHTTPClient().fetch(req)
+        except HTTPClientError as e:
+            raise ServerRefused(_error_of(e)) from None
+        except OSError as e:
+            raise ServerRefused(f"the server did not answer ({e})") from None
+        return json.loads(resp.body or b"null")
+
+    async def activity(self, user: str, server: str) -> tuple[KernelActivity, float]:
+        """The server's kernels now, and when the server started (epoch seconds)."""
+        url, model = await self.server_url(user, server)
+        kernels = await self._call(f"{url}api/kernels", "GET", None, 10)
+        busy = sum(1 for k in kernels if k.get("execution_state") in ("busy", "starting"))
+        times = [t for t in (_epoch(k.get("last_activity")) for k in kernels) if t]
+        started = _epoch(model.get("started")) or 0.0
+        return KernelActivity(len(kernels), busy, max(times) if times else None), started
+
+    async def save(self, user: str, server: str, hibernation_id: str, max_bytes: int) -> dict:
+        """Ask the server to save every kernel: ``{"kernels": [...], "bytes": N}``."""
+        url, _ = await self.server_url(user, server)
+        body = {"id": hibernation_id, "max_bytes": int(max_bytes)}
+        return await self._call(f"{url}gpulab/hibernate", "POST", body, self.save_timeout)
+
+
+def label(user: str, server: str) -> str:
+    """``alice's server`` or ``alice's server 'gpu'``."""
+    return f"{user}'s server" + (f" {server!r}" if server else "")
+
+
+def _error_of(e: HTTPClientError) -> str:
+    body = getattr(e.response, "body", b"") or b""
+    try:
+        message = json.loads(body).get("error") or json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    if e.code == 404 and not message:
+        return "the server has no gpulab extension (gpulab is not installed in its image)"
+    if e.code == 599:
+        return f"the server did not answer in time ({e})"
+    return message or f"the server answered HTTP {e.code}"

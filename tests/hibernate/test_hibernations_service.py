@@ -1,0 +1,196 @@
+"""Hibernation's rules in the real service, in this process, with a fake clock.
+
+What a user's server says (its kernels' activity, what they saved) comes from a
+stand-in for the server's two routes (:class:`FakeServer`): these tests are about
+the service's decisions (the idle rule, the GPU's activity, a failure that leaves
+the server running, who may ask), not the kernels, which ``test_hibernate_hub.py``
+runs for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import pytest
+from support.clock import fake_clock
+from support.service import running_service
+
+from gpulab.service.hibernation.servers import KernelActivity, ServerRefused
+
+IDLE = "c.GpuLabService.hibernate_idle_seconds = 600\n"
+
+
+class FakeServer:
+    """Stands in for users' servers (``GET api/kernels``, ``POST gpulab/hibernate``)."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.idle_s: dict[str, float] = {}  # owner -> seconds since a kernel was active
+        self.busy: set[str] = set()
+        self.fail_with: str | None = None
+        self.saved: list[str] = []
+
+    async def activity(self, user, server):
+        owner = f"{user}/{server}"
+        if owner not in self.idle_s:
+            raise ServerRefused("not running")
+        last = self.clock.now() - self.idle_s[owner]
+        return KernelActivity(1, int(owner in self.busy), last), last - 60
+
+    async def save(self, user, server, hid, max_bytes):
+        if self.fail_with:
+            raise ServerRefused(self.fail_with)
+        self.saved.append(f"{user}/{server}")
+        kernel = {"name": "a.ipynb", "notebook": "/home/a.ipynb", "variables": 3}
+        kernels = [{**kernel, "saved": 3, "skipped": [], "bytes": 2_500_000}]
+        return {"kernels": kernels, "bytes": 2_500_000}
+
+
+async def start_server(svc, user: str, milli: int = 250) -> str:
+    token = svc.create_user(user)
+    started = dt.datetime.now(dt.UTC).isoformat()
+    svc.fake_hub.users[user]["servers"][""] = {
+        "ready": True,
+        "url": f"/user/{user}/",
+        "started": started,
+    }
+    body = {"user": user, "owner_kind": "server", "owner": f"{user}/", "gpu_milli": milli}
+    r = await svc.request("POST", "/allocations", json=body)
+    assert r.status_code == 201, r.text
+    return token
+
+
+def release_on_stop(svc):
+    """The spawner's part: a stopped server gives its slice back."""
+
+    def release(owner: str) -> None:
+        asyncio.ensure_future(
+            svc.request(
+                "DELETE", "/allocations", params={"owner_kind": "server", "owner": owner}
+            )
+        )
+
+    svc.fake_hub.on_stop.append(release)
+
+
+async def ended(svc, hid: str, token=None) -> dict:
+    for _ in range(200):
+        row = (await svc.request("GET", f"/hibernations/{hid}", token=token)).json()
+        if row["state"] != "saving":
+            return row
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"hibernation {hid} did not end: {row}")
+
+
+async def test_the_idle_rule_hibernates_only_idle_servers(tmp_path):
+    with fake_clock() as clock:
+        async with running_service(tmp_path / "svc", IDLE) as svc:
+            release_on_stop(svc)
+            fake = svc.app.hibernations.servers = FakeServer(clock)
+            # gpu-busy holds a whole GPU: its utilisation is its own.
+            await start_server(svc, "gpu-busy", 1000)
+            for user in ("idle", "recent", "busy"):
+                await start_server(svc, user)
+            fake.idle_s = {"idle/": 700, "recent/": 100, "busy/": 700, "gpu-busy/": 700}
+            fake.busy = {"busy/"}
+            gpu = (await svc.request("GET", "/allocations", params={"user": "gpu-busy"})).json()
+            svc.app.telemetry.add(
+                {
+                    "node": gpu[0]["node"],
+                    "ts": clock.now() - 30,
+                    "gpus": [{"uuid": gpu[0]["gpu_uuid"], "utilization_ratio": 0.4}],
+                }
+            )
+
+            started = await svc.app.hibernations.hibernate_idle()
+            assert started == ["idle/"]
+            (row,) = (await svc.request("GET", "/hibernations", params={"user": "idle"})).json()
+            row = await ended(svc, row["id"])
+            assert row["state"] == "hibernated", row
+            assert row["reason"] == "idle for 12 min" and row["actor"] == "gpulab"
+            assert row["summary"].endswith(": 1 kernel, 2.5 MB"), row["summary"]
+            assert svc.fake_hub.stopped == ["idle/"]
+            held = (await svc.request("GET", "/allocations", params={"user": "idle"})).json()
+            assert held == []
+            # Nobody else was touched, and nothing is tried twice.
+            assert await svc.app.hibernations.hibernate_idle() == []
+            entries = (
+                await svc.request("GET", "/audit", params={"action": "server.hibernate"})
+            ).json()["entries"]
+            assert [(e["subject"], e["result"]) for e in entries] == [("idle/", "ok")]
+
+
+async def test_a_failed_hibernation_leaves_the_server_running(tmp_path):
+    with fake_clock() as clock:
+        async with running_service(tmp_path / "svc") as svc:
+            fake = svc.app.hibernations.servers = FakeServer(clock)
+            fake.fail_with = "OSError: [Errno 28] No space left on device"
+            alice = await start_server(svc, "alice")
+            r = await svc.request("POST", "/hibernations", token=alice, json={})
+            assert r.status_code == 202, r.text
+            row = await ended(svc, r.json()["id"], alice)
+            assert row["state"] == "failed"
+            assert row["error"] == "nothing was stopped: " + fake.fail_with
+            assert row["summary"].startswith("hibernation failed: nothing was stopped")
+            assert svc.fake_hub.stopped == []
+            held = (await svc.request("GET", "/allocations", params={"user": "alice"})).json()
+            assert [a["milli"] for a in held] == [250]
+            entries = (
+                await svc.request("GET", "/audit", params={"action": "server.hibernate"})
+            ).json()["entries"]
+            assert entries[0]["result"] == "failed"
+
+
+async def test_who_may_hibernate_and_report_a_wake(tmp_path):
+    with fake_clock() as clock:
+        async with running_service(tmp_path / "svc") as svc:
+            release_on_stop(svc)
+            svc.app.hibernations.servers = FakeServer(clock)
+            alice = await start_server(svc, "alice")
+            bob = svc.create_user("bob")
+
+            # bob has no server; he cannot hibernate alice's or read hers.
+            r = await svc.request("POST", "/hibernations", token=bob, json={})
+            assert r.status_code == 409 and "not running" in r.json()["error"]
+            r = await svc.request("POST", "/hibernations", token=bob, json={"user": "alice"})
+            assert r.status_code == 403
+            r = await svc.request("POST", "/hibernations", token=alice, json={"kernel": 1})
+            assert r.status_code == 400 and "unknown fields: kernel" in r.json()["error"]
+            bad = await svc.raw("POST", "/hibernations", alice, b"\xff\xfe{")
+            assert bad.status_code == 400
+
+            r = await svc.request("POST", "/hibernations", token=alice, json={})
+            hid = r.json()["id"]
+            assert (await ended(svc, hid, alice))["state"] == "hibernated"
+            assert (await svc.request("GET", f"/hibernations/{hid}", token=bob)).status_code == 404
+            listed = await svc.request("GET", "/hibernations", token=bob, params={"user": "alice"})
+            assert listed.status_code == 403
+            assert (await svc.request("GET", "/hibernations", token=bob)).json() == []
+
+            wake = {"name": "a.ipynb", "restored": ["x", "y"], "failed": [], "seconds": 0.4}
+            r = await svc.request("POST", f"/hibernations/{hid}/wakes", token=bob, json=wake)
+            assert r.status_code == 404
+            for body, why in (
+                ({**wake, "name": "other.ipynb"}, "saved no kernel named 'other.ipynb'"),
+                ({**wake, "restored": "x"}, "must be lists"),
+                ({**wake, "seconds": -1}, "'seconds' must be"),
+                ({**wake, "extra": 1}, "unknown fields: extra"),
+            ):
+                r = await svc.request("POST", f"/hibernations/{hid}/wakes", token=alice, json=body)
+                assert r.status_code == 400 and why in r.json()["error"], r.text
+            r = await svc.request("POST", f"/hibernations/{hid}/wakes", token=alice, json=wake)
+            assert r.status_code == 200, r.text
+            assert r.json()["state"] == "woken" and r.json()["wakes"][0]["restored"] == ["x", "y"]
+            assert r.json()["summary"].startswith("woken at ")
+
+
+@pytest.mark.parametrize("value", [-1])
+async def test_settings_are_checked(tmp_path, value):
+    from gpulab.service.plugins import ConfigError
+
+    with pytest.raises(ConfigError, match="hibernate_idle_seconds must be 0"):
+        async with running_service(
+            tmp_path / "svc", f"c.GpuLabService.hibernate_idle_seconds = {value}\n"
+        ):
+            pass
