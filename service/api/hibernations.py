@@ -100,7 +100,7 @@ class HibernationsHandler(APIHandler):
         self.write_json(row, status=202)
 
 
-class HibernationHandler(APIHandler):
+class _Found(APIHandler):
     async def find(self, id: str) -> dict:
         who = self.require_identity()
         row = await self.gpulab.hibernations.get(id)
@@ -109,11 +109,13 @@ class HibernationHandler(APIHandler):
             raise web.HTTPError(404, f"no hibernation {id!r} of yours")
         return row
 
+
+class HibernationHandler(_Found):
     async def get(self, id: str):
         self.write_json(await self.find(id))
 
 
-class WakesHandler(HibernationHandler):
+class WakesHandler(_Found):
     async def post(self, id: str):
         row = await self.find(id)
         if row["state"] not in ("hibernated", "woken"):

@@ -364,3 +364,33 @@ def test_service_autoscales_endpoints_the_way_the_chart_says(tmp_path, monkeypat
         "keda",
         "http://prometheus.monitoring.svc:9090",
     )
+
+
+def test_hibernation_on_kubernetes(tmp_path, monkeypatch):
+    """Hibernation's settings reach the service; the service reaches users' servers
+    through z2jh's proxy-public (its pod carries the label z2jh's proxy admits), and
+    the kernels' state lands on the user's home volume: z2jh's per-user claim, which
+    the chart leaves on (no Kubernetes API server here: the chart's objects and the
+    service's config are checked as rendered)."""
+    c = service_config(
+        tmp_path, monkeypatch, {"hibernation": {"idleSeconds": 3600, "maxBytes": 5 * 10**9}}
+    )
+    svc = c.GpuLabService
+    assert svc.hibernate_idle_seconds == 3600 and svc.hibernate_max_bytes == 5 * 10**9
+    assert svc.hibernate_for_others_seconds == 300
+    assert svc.servers_url == "http://proxy-public"
+    assert set(svc) <= set(GpuLabService.class_trait_names())
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    storage = values["jupyterhub"]["singleuser"].get("storage") or {}
+    assert storage.get("type", "dynamic") != "none"  # z2jh's default: a claim per user
+    with helm.Chart.load(str(CHART)) as chart:
+        out = chart.render({}, name="gpulab", namespace="hub", is_install=True)
+    pod_labels = next(
+        doc["spec"]["template"]["metadata"]["labels"]
+        for path, text in out.items()
+        if path.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc and doc["kind"] == "Deployment" and doc["metadata"]["name"] == "gpulab"
+    )
+    assert pod_labels["hub.jupyter.org/network-access-proxy-http"] == "true"

@@ -2,6 +2,7 @@
 // tooltip said), and what else of the user's holds GPU (running jobs, endpoints),
 // each with its stop: stopping this server leaves those holding theirs.
 import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { PageConfig, URLExt } from '@jupyterlab/coreutils';
 
 import { apiDelete, apiGet, apiPost, getSlice, gpuLabel, plural, sliceFacts } from './api';
 import { el, Section } from './section';
@@ -101,7 +102,17 @@ export class SliceSection extends Section {
       button.textContent = 'Hibernate';
       return;
     }
-    await this.refresh();
+    // This server stops in a few seconds: say where to start it again.
+    const note = el(
+      'div',
+      'gpulab-note gpulab-hibernating',
+      'Hibernating: each kernel saves its variables, then this server stops. Start it ' +
+        'again from the '
+    );
+    const home = el('a', '', 'hub’s home page');
+    home.href = URLExt.join(PageConfig.getOption('hubPrefix') || '/hub/', 'home');
+    note.append(home, '.');
+    button.parentElement?.replaceChildren(note);
   }
 
   /** The user's running jobs and endpoints that hold GPU, each with its stop. */

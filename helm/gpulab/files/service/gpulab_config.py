@@ -21,6 +21,12 @@ c.GpuLabService.local_sampler = False
 # run as pods of their own, and a job for the "local" backend is refused
 # (unless the installer set service.allowUserCodeInServicePod).
 c.GpuLabService.user_code_in_service = bool(gpulab.get("userCodeInServicePod", False))
+# Hibernation: users' servers are reached through z2jh's proxy-public Service.
+hibernation = gpulab.get("hibernation") or {}
+c.GpuLabService.hibernate_idle_seconds = float(hibernation.get("idleSeconds", 0))
+c.GpuLabService.hibernate_for_others_seconds = float(hibernation.get("forOthersSeconds", 300))
+c.GpuLabService.hibernate_max_bytes = int(hibernation.get("maxBytes", 20 * 10**9))
+c.GpuLabService.servers_url = hibernation.get("serversUrl") or "http://proxy-public"
 # GPUs come from the cluster's nodes (gpulab.backend.kubernetes.inventory).
 c.GpuLabService.inventory_source = "kubernetes"
 c.GpuLabService.kubernetes_node_selector = gpulab.get("nodeLabelSelector") or ""
