@@ -21,6 +21,9 @@ server.start            a single-user server started (by its user or an admin)
 server.stop             a server stopped through the hub (by its user, an admin,
                         or a service such as the idle culler), or by gpulab itself
                         when its GPU idled (gpu_idle_cull_seconds; with the reason)
+server.hibernate        a server's kernels saved and the server stopped (by its user,
+                        or gpulab: idle, or to make room; failed: it ran on)
+server.wake             a hibernated kernel came back in its user's kernel
 allocation.create       a slice allocated through ``POST /allocations``
 allocation.release      slices released through ``DELETE /allocations``
 job.submit / job.cancel a training job
