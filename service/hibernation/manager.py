@@ -52,6 +52,9 @@ log = logging.getLogger("gpulab.service.hibernation")
 GPU_IDLE_UTILIZATION = 0.01
 #: A server whose hibernation failed is not tried again by gpulab for this long.
 RETRY_AFTER_FAILURE_S = 600.0
+#: The most kernels, and names of what was not saved per kernel, a row keeps.
+MAX_KERNELS = 100
+MAX_SKIPPED = 200
 #: How long the hub gets to stop a saved server and its spawner to free the slice.
 STOP_TIMEOUT_S = 120.0
 
@@ -182,8 +185,8 @@ class Hibernations:
             except ServerRefused as e:
                 await self._fail(row, f"nothing was stopped: {e}", actor, actor_kind)
                 return
-            kernels = list(saved.get("kernels") or [])
-            total = int(saved.get("bytes") or 0)
+            kernels = kernel_states(saved)
+            total = sum(k["bytes"] for k in kernels)
             try:
                 await self._stop_server(user, server, owner)
             except Exception as e:
@@ -363,6 +366,36 @@ class Hibernations:
                 continue
             started.append(s.owner)
         return started
+
+
+def kernel_states(saved: dict) -> list[dict]:
+    """What the server says each kernel saved, checked and cut to size: it comes from
+    the user's own server, so it is kept as data, never trusted for its shape."""
+    out = []
+    kernels = saved.get("kernels") if isinstance(saved, dict) else None
+    for k in (kernels if isinstance(kernels, list) else [])[:MAX_KERNELS]:
+        if not isinstance(k, dict):
+            continue
+        skipped = k.get("skipped") if isinstance(k.get("skipped"), list) else []
+        out.append(
+            {
+                "name": str(k.get("name", ""))[:255],
+                "notebook": str(k.get("notebook", ""))[:1024],
+                "variables": _count(k.get("variables")),
+                "saved": _count(k.get("saved")),
+                "bytes": _count(k.get("bytes")),
+                "skipped": [
+                    {"name": str(s.get("name", ""))[:255], "why": str(s.get("why", ""))[:300]}
+                    for s in skipped[:MAX_SKIPPED]
+                    if isinstance(s, dict)
+                ],
+            }
+        )
+    return out
+
+
+def _count(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def view(row: dict) -> dict:

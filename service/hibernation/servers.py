@@ -20,6 +20,9 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+#: The most a server's answer may be (a list of kernels; what each saved, in names).
+MAX_ANSWER_BYTES = 4 << 20
+
 
 class ServerRefused(Exception):
     """The server could not be reached, or answered with an error: one line for people."""
@@ -81,7 +84,12 @@ class ServerCalls:
             follow_redirects=False,
         )
         try:
-            resp = await AsyncHTTPClient().fetch(req)
+            # A user's server answers: never more than a small JSON body is read.
+            client = AsyncHTTPClient(force_instance=True, max_body_size=MAX_ANSWER_BYTES)
+            try:
+                resp = await client.fetch(req)
+            finally:
+                client.close()
         except HTTPClientError as e:
             raise ServerRefused(_error_of(e)) from None
         except OSError as e:
@@ -91,7 +99,9 @@ class ServerCalls:
     async def activity(self, user: str, server: str) -> tuple[KernelActivity, float]:
         """The server's kernels now, and when the server started (epoch seconds)."""
         url, model = await self.server_url(user, server)
-        kernels = await self._call(f"{url}api/kernels", "GET", None, 10)
+        # no_track_activity: asking is not the user at work (JupyterHub's idle culler
+        # reads the server's activity too).
+        kernels = await self._call(f"{url}api/kernels?no_track_activity=1", "GET", None, 10)
         busy = sum(1 for k in kernels if k.get("execution_state") in ("busy", "starting"))
         times = [t for t in (_epoch(k.get("last_activity")) for k in kernels) if t]
         started = _epoch(model.get("started")) or 0.0
