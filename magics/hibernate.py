@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import threading
 import time
 from dataclasses import dataclass
 
@@ -106,23 +107,37 @@ def wake(shell, kernel: SavedKernel) -> str:
     fd = os.open(kernel.path + ".woken", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({**report.to_json(), "at": time.time()}, f)
-    try:
-        from gpulab.client import Client
-
-        wake_json = report.to_json()
-        Client(timeout=10).report_wake(
-            kernel.hibernation,
-            {
-                "name": kernel.name,
-                "restored": wake_json["restored"],
-                "failed": wake_json["failed"],
-                "seconds": wake_json["seconds"],
-                "device": wake_json["device"],
-            },
-        )
-    except Exception:  # outside gpulab, or the service is restarting
-        pass
+    wake_json = report.to_json()
+    tell_service(
+        kernel.hibernation,
+        {
+            "name": kernel.name,
+            "restored": wake_json["restored"],
+            "failed": wake_json["failed"],
+            "seconds": wake_json["seconds"],
+            "device": wake_json["device"],
+        },
+    )
     return f"Woken from hibernation ({kernel.when}): {report.line(kernel.name)}"
+
+
+def tell_service(hibernation_id: str, report: dict) -> threading.Thread | None:
+    """Report a wake to the service in the background: a kernel starting must not wait
+    for it (the service may be restarting); outside gpulab there is no one to tell."""
+    if not os.environ.get("GPULAB_API_URL"):
+        return None
+
+    def send():
+        try:
+            from gpulab.client import Client
+
+            Client(timeout=10).report_wake(hibernation_id, report)
+        except Exception:  # the variables are back either way
+            pass
+
+    thread = threading.Thread(target=send, name="gpulab-wake-report", daemon=True)
+    thread.start()
+    return thread
 
 
 def restore_on_start(shell, env: dict[str, str] | None = None) -> str | None:

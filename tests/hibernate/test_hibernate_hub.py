@@ -182,8 +182,15 @@ def test_hibernate_and_wake_on_another_slice(hub):
     assert checks.split() == ["49", "Figure", "300", "(500,", "200)", "True"]
     assert "gen" not in nb.run("print(sorted(k for k in globals() if not k.startswith('_')))")
 
-    done = hub.gpulab("GET", f"/hibernations/{row['id']}", token=alice).json()
-    assert done["state"] == "woken", done
+    done = until(
+        "the kernel to report its wake",
+        lambda: (
+            (r := hub.gpulab("GET", f"/hibernations/{row['id']}", token=alice).json())["state"]
+            == "woken"
+            and r
+        ),
+        timeout=60,
+    )
     assert "model" in done["wakes"][0]["restored"]
     actions = {
         e["action"]
