@@ -5,8 +5,8 @@ server stops (its GPU slice goes back to the pool), and on wake each kernel read
 its file back. This module is the kernel-side half for ONE kernel:
 ``user_variables`` picks the names worth saving, ``save_namespace`` writes them,
 ``load_namespace`` puts them back. It runs inside the user's kernel, so it imports
-only the standard library, cloudpickle and (lazily, only when the user already
-imported it) torch.
+only the standard library, cloudpickle and gpulab's size words; torch only when the
+user imported it (to save) or the file holds tensors (to load).
 
 Why cloudpickle with one shared memo, and not the two tools made for this:
 
@@ -30,17 +30,21 @@ Notebook functions and classes come back bound to the namespace they are loaded
 into (not to a private copy of the globals they saw), so they keep seeing the
 notebook's current variables, as before the hibernate.
 
-Tensors (``torch.Tensor`` and ``torch.nn.Parameter``) are written as their
-storage's raw bytes, without copies on the CPU; tensors that share a storage
-(views, ``model.state_dict()``) share it again after the load. Tensors that were
-on a GPU go back to the GPU, or to the CPU (counted) when the machine has none.
+Tensors (``torch.Tensor`` and ``torch.nn.Parameter``: strided, not quantized)
+are written as their storage's raw bytes, out of band (protocol 5 buffers), straight
+from the tensor's memory to the file (a GPU storage goes through one CPU copy at a
+time); tensors that share a storage (views, ``model.state_dict()``) share it again
+after the load. Tensors that were on a GPU go back to the GPU, or to the CPU
+(counted) when the machine has none. numpy arrays go in band, without copies too.
 
 File format (version 1)::
 
     b"GPULAB-NS 1\\n"
-    a record per saved variable: 8-byte little-endian length, then one pickle
-    the index: UTF-8 JSON (names, offsets, lengths, memo ranges, skip reasons,
-        GPU tensor counts; never a pickle)
+    a record per saved variable: its tensor storages' raw bytes (out-of-band
+        buffers), then an 8-byte little-endian length and one pickle
+    the index: UTF-8 JSON (per variable: name, pickle offset and length, buffer
+        offsets and lengths, memo range, GPU tensor count; the skipped names and
+        why; never a pickle)
     the trailer: 8-byte little-endian length of the index, then b"NSINDEX\\n"
 
 The index is at the end because it is only known once every variable is written;
@@ -70,6 +74,8 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 
 import cloudpickle
+
+from gpulab.training.sizes import size_words
 
 __all__ = [
     "LoadReport",
@@ -180,7 +186,8 @@ class LoadReport:
         variables back in 1.3 s; not back: gen (a generator cannot be saved: run
         its cell again)``."""
         total = len(self.restored) + len(self.failed)
-        text = f"{name}: {len(self.restored)} of {total} variables back in {self.seconds:.1f} s"
+        took = f"{self.seconds:.1f} s" if self.seconds >= 0.1 else "under 0.1 s"
+        text = f"{name}: {len(self.restored)} of {total} variables back in {took}"
         if self.failed:
             shown = ", ".join(f"{n} ({why})" for n, why in self.failed[:4])
             more = len(self.failed) - 4
@@ -196,16 +203,6 @@ class StateTooLarge(Exception):
     def __init__(self, cap: int):
         self.cap = cap
         super().__init__(f"the state is over the cap of {size_words(cap)}")
-
-
-def size_words(n: int) -> str:
-    """``10 GB``, ``512 MB``, ``3 KB``: decimal units, as a quota is written."""
-    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
-        if n >= scale:
-            value = n / scale
-            digits = 0 if value >= 10 or value == int(value) else 1
-            return f"{value:.{digits}f} {unit}"
-    return f"{n} bytes"
 
 
 # --------------------------------------------------------------------------------------
@@ -314,35 +311,46 @@ _NAMESPACE = _Namespace()
 
 
 class _StorageRef:
-    """One tensor storage's bytes, written once however many tensors use it."""
+    """One tensor storage, written once however many tensors use it.
 
-    __slots__ = ("data", "on_gpu", "nbytes")
+    Its bytes are copied to the CPU (when on a GPU) only while the pickler writes
+    them, out of band, straight into the file: a GPU copy lives for one storage at
+    a time, not for the whole save."""
 
-    def __init__(self, data, on_gpu: bool, nbytes: int):
-        self.data, self.on_gpu, self.nbytes = data, on_gpu, nbytes
+    __slots__ = ("storage", "on_gpu")
 
-    def __reduce__(self):
-        if self.data is None:  # pragma: no cover - released only once memoized
-            raise pickle.PicklingError("storage already written")
-        return (_rebuild_storage, (self.data, self.on_gpu))
+    def __init__(self, storage, on_gpu: bool):
+        self.storage, self.on_gpu = storage, on_gpu
 
 
 class _Sink:
     """What the pickler writes to: the current variable's chunks, kept by
     reference (a large array's bytes arrive as one buffer, not copied)."""
 
-    __slots__ = ("chunks", "size", "base", "cap")
+    __slots__ = ("chunks", "size", "base", "cap", "file", "buffers", "error")
 
-    def __init__(self, cap: int | None):
-        self.chunks: list = []
-        self.size = 0
-        self.base = 0
+    def __init__(self, file, cap: int | None):
+        self.file = file
         self.cap = cap
+        self.start(0)
 
     def start(self, base: int) -> None:
-        self.chunks = []
+        self.chunks: list = []
+        self.buffers: list[list[int]] = []  # [offset, length] written out of band
         self.size = 0
         self.base = base
+        self.error: OSError | None = None
+
+    def write_now(self, buf) -> None:
+        """A tensor storage's bytes, out of band: to the file at once (the record's
+        stream follows its buffers; a failed variable is truncated away)."""
+        view = memoryview(buf).cast("B")
+        n = len(view)
+        if self.cap is not None and self.base + self.size + n > self.cap:
+            raise StateTooLarge(self.cap)
+        self.file.write(view)
+        self.buffers.append([self.base + self.size, n])
+        self.size += n
 
     def write(self, data) -> int:
         if type(data) is not bytes:
@@ -379,16 +387,27 @@ def _memo_end(tail: bytes) -> int:
 
 class _Pickler(cloudpickle.Pickler):
     def __init__(self, sink: _Sink):
-        super().__init__(sink, protocol=_PROTOCOL)
+        super().__init__(sink, protocol=_PROTOCOL, buffer_callback=self._buffer)
         self._sink = sink
+        # The PickleBuffers that go out of band, by id (held, so no id is reused).
+        self.ours: dict[int, pickle.PickleBuffer] = {}
         self._kinds: dict[type, object] = {}
         torch = sys.modules.get("torch")
         self._tensor_types = (
             (torch.Tensor, torch.nn.Parameter) if torch is not None and hasattr(torch, "nn") else ()
         )
         self._storages: dict[tuple, tuple[_StorageRef, object]] = {}
-        self.var_refs: list[_StorageRef] = []  # storages first written by this variable
         self.var_gpu_tensors = 0
+
+    def _buffer(self, pb) -> bool:
+        if self.ours.pop(id(pb), None) is None:
+            return True  # numpy's and others': in band, in the stream
+        try:
+            self._sink.write_now(pb)
+        except OSError as exc:  # the disk is full: not this variable's fault
+            self._sink.error = exc
+            raise
+        return False
 
     def reducer_override(self, obj):
         t = type(obj)
@@ -396,6 +415,8 @@ class _Pickler(cloudpickle.Pickler):
         if kind is None:
             if t in self._tensor_types:
                 kind = "tensor"
+            elif t is _StorageRef:
+                kind = "storage"
             elif t is _LRU_CACHE_WRAPPER:
                 kind = "lru_cache"
             else:
@@ -410,6 +431,8 @@ class _Pickler(cloudpickle.Pickler):
         if kind == "tensor":
             reduced = self._reduce_tensor(obj)
             return super().reducer_override(obj) if reduced is None else reduced
+        if kind == "storage":
+            return self._reduce_storage(obj)
         if kind == "lru_cache":
             # An @functools.lru_cache function of the notebook: pickle would write a
             # reference to __main__.<name>, which a fresh kernel does not have yet.
@@ -437,17 +460,8 @@ class _Pickler(cloudpickle.Pickler):
         held = self._storages.get(key)
         on_gpu = _was_on_gpu(t)
         if held is None:
-            nbytes = storage.nbytes()
-            sink = self._sink
-            if sink.cap is not None and sink.base + sink.size + nbytes > sink.cap:
-                raise StateTooLarge(sink.cap)
-            u8 = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-            if u8.device.type != "cpu":
-                u8 = u8.cpu()
-            ref = _StorageRef(pickle.PickleBuffer(u8.numpy()), on_gpu, nbytes)
-            # The storage object is kept so its address is not reused while we run.
-            self._storages[key] = held = (ref, storage)
-            self.var_refs.append(ref)
+            # Holding the storage keeps its address from being reused while we run.
+            self._storages[key] = held = (_StorageRef(storage, on_gpu), storage)
         if on_gpu:
             self.var_gpu_tensors += 1
         attrs = dict(t.__dict__) if t.__dict__ else None
@@ -464,6 +478,22 @@ class _Pickler(cloudpickle.Pickler):
                 attrs,
             ),
         )
+
+    def _reduce_storage(self, ref: _StorageRef):
+        import torch
+
+        sink = self._sink
+        nbytes = ref.storage.nbytes()
+        if sink.cap is not None and sink.base + sink.size + nbytes > sink.cap:
+            raise StateTooLarge(sink.cap)  # before copying anything off a GPU
+        u8 = torch.empty(0, dtype=torch.uint8, device=ref.storage.device).set_(ref.storage)
+        if u8.device.type != "cpu":
+            u8 = u8.cpu()
+        pb = pickle.PickleBuffer(u8.numpy())
+        self.ours[id(pb)] = pb
+        # Not in the args (a tuple, which the memo would keep alive), in the state:
+        # the loaded object receives the bytes through __setstate__.
+        return (_LoadedStorage, (ref.on_gpu,), pb)
 
 
 def _rollback(pickler: _Pickler, length: int) -> None:
@@ -493,12 +523,11 @@ def save_namespace(
         with open(fd, "wb", buffering=1 << 20) as f:
             f.write(MAGIC)
             pos = len(MAGIC)
-            sink = _Sink(max_bytes)
+            sink = _Sink(f, max_bytes)
             pickler = _Pickler(sink)
             memo_len = 0
             for name, value in variables.items():
-                sink.start(pos + _LEN.size)
-                pickler.var_refs = []
+                sink.start(pos)
                 pickler.var_gpu_tensors = 0
                 probe: list = []
                 try:
@@ -506,28 +535,35 @@ def save_namespace(
                 except StateTooLarge:
                     raise
                 except Exception as exc:
+                    if sink.error is not None:  # the disk, not the variable
+                        raise sink.error from None
                     sink.chunks = []
+                    if sink.buffers:  # its tensors' bytes went out already
+                        f.flush()
+                        f.seek(pos)
+                        f.truncate()
+                    pickler.ours.clear()
                     _rollback(pickler, memo_len)
                     skipped.append((name, _why_not_saved(value, exc)))
                     continue
                 end = _memo_end(sink.tail(16))
-                f.write(_LEN.pack(sink.size))
+                stream = sink.size - sum(n for _, n in sink.buffers)
+                f.write(_LEN.pack(stream))
                 for chunk in sink.chunks:
                     f.write(chunk)
                 sink.chunks = []
-                for ref in pickler.var_refs:  # written: the CPU copies can go
-                    ref.data = None
                 records.append(
                     {
                         "name": name,
-                        "offset": pos + _LEN.size,
-                        "length": sink.size,
+                        "offset": pos + sink.size - stream + _LEN.size,
+                        "length": stream,
+                        "buffers": sink.buffers,
                         "memo": [memo_len, end],
                         "gpu_tensors": pickler.var_gpu_tensors,
                     }
                 )
                 saved.append(name)
-                pos += _LEN.size + sink.size
+                pos += sink.size + _LEN.size
                 memo_len = end
             del pickler
             torch = sys.modules.get("torch")
@@ -585,26 +621,33 @@ def _loading_namespace() -> dict:
     return _LOADING.namespace if _LOADING is not None else {}
 
 
-def _rebuild_storage(data, on_gpu: bool):
+class _LoadedStorage:
+    """A tensor storage as loaded: its bytes arrive out of band, via __setstate__."""
+
+    __slots__ = ("storage", "on_gpu")
+
+    def __init__(self, on_gpu: bool):
+        self.on_gpu = on_gpu
+        self.storage = None
+
+    def __setstate__(self, u8) -> None:
+        if self.on_gpu:
+            device = _LOADING.device if _LOADING is not None else _auto_device(_torch())
+            if device != "cpu":
+                u8 = u8.to(device)
+        self.storage = u8.untyped_storage()
+
+
+def _torch():
     import torch
 
-    if len(data):
-        if not isinstance(data, bytearray):  # read-only bytes: torch needs writable memory
-            data = bytearray(data)
-        u8 = torch.frombuffer(data, dtype=torch.uint8)
-    else:
-        u8 = torch.empty(0, dtype=torch.uint8)
-    if on_gpu:
-        device = _LOADING.device if _LOADING is not None else _auto_device(torch)
-        if device != "cpu":
-            u8 = u8.to(device)
-    return (u8.untyped_storage(), on_gpu)
+    return torch
 
 
 def _rebuild_tensor(storage_info, dtype, offset, shape, stride, requires_grad, is_param, attrs):
     import torch
 
-    storage, on_gpu = storage_info
+    storage, on_gpu = storage_info.storage, storage_info.on_gpu
     t = torch.empty((0,), dtype=getattr(torch, dtype), device=storage.device)
     t.set_(storage, offset, shape, stride)
     if on_gpu and storage.device.type == "cpu" and _LOADING is not None:
@@ -642,6 +685,38 @@ class _Unpickler(pickle.Unpickler):
         except AttributeError as exc:
             what = "its class " if name[:1].isupper() else ""
             raise _Gone(f"{what}{module}.{name} is gone") from exc
+
+
+class _Buffers:
+    """The out-of-band buffers of the record being loaded, read from the file as the
+    unpickler reaches them, each into a new CPU tensor (no copy after the read)."""
+
+    def __init__(self, f):
+        self.f = f
+        self.pending: list[list[int]] = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import torch
+
+        if not self.pending:
+            raise ValueError("the record refers to more tensor buffers than it has")
+        offset, n = self.pending.pop(0)
+        u8 = torch.empty(n, dtype=torch.uint8)
+        if n:
+            here = self.f.tell()
+            self.f.seek(offset)
+            view = memoryview(u8.numpy())
+            got = 0
+            while got < n:
+                r = self.f.readinto(view[got:])
+                if not r:
+                    raise ValueError("the namespace file is truncated")
+                got += r
+            self.f.seek(here)
+        return u8
 
 
 class _Window:
@@ -682,14 +757,14 @@ class _Window:
         return line
 
 
-def _fresh_unpickler(window: _Window, objects: list) -> _Unpickler:
+def _fresh_unpickler(window: _Window, buffers: _Buffers, objects: list) -> _Unpickler:
     """A new unpickler whose memo holds ``objects`` at indices 0, 1, ...
 
     Setting ``Unpickler.memo`` would not do: it leaves the count MEMOIZE numbers
     from at 0. So the memo is filled the way a pickle fills it: a small pickle of
     ``persistent id i, MEMOIZE, POP`` for each object, ``persistent_load`` handing
     the objects over."""
-    unpickler = _Unpickler(window)
+    unpickler = _Unpickler(window, buffers=buffers)
     if objects:
         ops = bytearray()
         for i in range(len(objects)):
@@ -769,7 +844,8 @@ def load_namespace(path: str, into: dict, *, device: str | None = None) -> LoadR
         why_failed = {s["name"]: s["why"] for s in index["skipped"]}
         restored: list[str] = []
         window = _Window(f)
-        unpickler = _Unpickler(window)
+        buffers = _Buffers(f)
+        unpickler = _Unpickler(window, buffers=buffers)
         poisoned: dict[int, str] = {}  # memo index -> the variable that did not load
         _LOADING = state = _LoadState(into, device)
         try:
@@ -784,6 +860,7 @@ def load_namespace(path: str, into: dict, *, device: str | None = None) -> LoadR
                                 "it shares objects with " + ", ".join(sorted(bad)) + ", not back"
                             )
                     window.open(rec["offset"], rec["length"])
+                    buffers.pending = [list(b) for b in rec.get("buffers", ())]
                     value = unpickler.load()[0]
                 except Exception as exc:
                     why_failed[name] = _why_not_loaded(exc)
@@ -793,7 +870,7 @@ def load_namespace(path: str, into: dict, *, device: str | None = None) -> LoadR
                     memo = unpickler.memo.copy()
                     objects = [memo[i] for i in range(lo)] + [_NOT_LOADED] * (hi - lo)
                     poisoned.update(dict.fromkeys(range(lo, hi), name))
-                    unpickler = _fresh_unpickler(window, objects)
+                    unpickler = _fresh_unpickler(window, buffers, objects)
                     continue
                 into[name] = value
                 restored.append(name)

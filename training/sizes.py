@@ -64,10 +64,11 @@ def parse_size(text: str | int) -> int:
 
 def size_words(n: int) -> str:
     """Bytes for people, in powers of 1000 as disks are sold: ``1.2 GB``, ``850 MB``,
-    ``12 kB``, ``0 B`` (one decimal below 10, none above)."""
+    ``12 kB``, ``0 B`` (one decimal below 10 unless whole, none above)."""
     n = max(0, int(n))
     for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if n >= scale:
             value = n / scale
-            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+            whole = value >= 10 or value == int(value)
+            return f"{value:.0f} {unit}" if whole else f"{value:.1f} {unit}"
     return f"{n} B"

@@ -39,6 +39,12 @@ class Point:
 p = Point(3, 4)
 counter = make_counter()
 counter()
+
+import functools
+
+@functools.lru_cache(maxsize=None)
+def fib(n):
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
 """
 
 
@@ -89,6 +95,7 @@ def test_notebook_functions_lambdas_and_classes_see_the_live_namespace(tmp_path)
     into["scale"] = 10  # as after wake: functions read the notebook's current globals
     assert into["times_scale"](2) == 20
     assert into["times_scale"].__globals__ is into
+    assert into["fib"](50) == 12586269025  # an @lru_cache function of the notebook
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -169,6 +176,29 @@ def test_a_skipped_variable_leaves_no_trace_in_the_shared_memo(tmp_path):
     assert [n for n, _ in loaded.failed] == ["holder"]
     assert "it holds a generator" in loaded.failed[0][1]
     assert into["alias"] == [1, 2, 3] and into["again"] is into["alias"]
+
+
+def test_a_tensor_written_by_a_variable_that_then_fails_is_written_again(tmp_path):
+    t = torch.arange(1000.0)
+    # `holder`'s tensor bytes go to the file before its generator fails: they are
+    # truncated away, and `t` writes them again.
+    variables = {"holder": [t, (i for i in range(2))], "t": t, "view": t[10:20]}
+    saved, loaded, into = round_trip(tmp_path, variables)
+    assert saved.saved == ["t", "view"] and loaded.restored == ["t", "view"]
+    assert torch.equal(into["t"], t) and into["view"].data_ptr() == into["t"][10:].data_ptr()
+    assert saved.bytes < 2 * t.numel() * 4  # written once
+
+
+def test_a_full_disk_propagates_and_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+
+    def full(self, buf):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ns._Sink, "write_now", full)
+    with pytest.raises(OSError, match="No space left"):
+        ns.save_namespace({"a": 1, "t": torch.ones(3), "b": 2}, str(tmp_path / "state.ns"))
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_variable_whose_class_is_gone_fails_alone(tmp_path, monkeypatch):
