@@ -41,6 +41,17 @@ class KeptTask:
             await task
 
 
+async def every(seconds: float, step: Callable[[], Awaitable], what: str, log) -> None:
+    """Run ``step`` every ``seconds``, for ever (a :class:`KeptTask`'s body): a round
+    that fails (the hub restarting, say) is logged as ``what`` and the next one runs."""
+    while True:
+        try:
+            await step()
+        except Exception:
+            log.exception(what)
+        await asyncio.sleep(seconds)
+
+
 class TaskSet:
     """One-off tasks kept until they end, so that stopping can cancel those still running."""
 

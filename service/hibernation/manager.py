@@ -41,7 +41,7 @@ from gpulab.db.hibernations import (
     get_hibernation,
     list_hibernations,
 )
-from gpulab.service.tasks import KeptTask, TaskSet
+from gpulab.service.tasks import KeptTask, TaskSet, every
 from gpulab.training.sizes import size_words
 
 from .servers import ServerCalls, ServerRefused, label
@@ -328,9 +328,11 @@ class Hibernations:
                         return True
         return False
 
-    async def hibernate_for_others(self, server: IdleServer, reason: str) -> bool:
-        """Hibernate an idle server to make room (the scheduler's choice); False when
-        it cannot start (stopped, or hibernating already, meanwhile)."""
+    async def hibernate_for_others(self, server: IdleServer, needed_by: str) -> bool:
+        """Hibernate an idle server to make room for what ``needed_by`` names ("an
+        interactive server of carol"): the scheduler's choice. False when it cannot
+        start (stopped, or hibernating already, meanwhile)."""
+        reason = f"idle for {minutes(server.idle_seconds)} while {needed_by} needed a GPU"
         try:
             await self.request(
                 server.user, server.server, reason=reason, actor="gpulab", actor_kind="system"
@@ -341,13 +343,8 @@ class Hibernations:
         return True
 
     async def loop(self) -> None:
-        every = max(1.0, min(30.0, self.idle_seconds / 4))
-        while True:
-            try:
-                await self.hibernate_idle()
-            except Exception:  # the hub may be restarting: next round
-                log.exception("Hibernating idle servers")
-            await asyncio.sleep(every)
+        seconds = max(1.0, min(30.0, self.idle_seconds / 4))
+        await every(seconds, self.hibernate_idle, "Hibernating idle servers", log)
 
     async def hibernate_idle(self) -> list[str]:
         """Hibernate every server idle for ``hibernate_idle_seconds``; their owners."""

@@ -235,11 +235,7 @@ class Preemption:
         )
         self.claims[key] = claim
         for owner in claim.servers:
-            server = idle[owner]
-            await self.hibernations.hibernate_for_others(
-                server,
-                f"idle for {server.idle_seconds / 60:.0f} min while {what} of {user} needed a GPU",
-            )
+            await self.hibernations.hibernate_for_others(idle[owner], f"{what} of {user}")
         for victim in claim.victims:
             await self.jobs.preempt(victim, claim)
         log.info(

@@ -19,12 +19,11 @@ Each action is written to the audit trail (``job.restart``, ``server.stop``) wit
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 
 from gpulab.db import clock as gpulab_clock
-from gpulab.service.tasks import KeptTask
+from gpulab.service.tasks import KeptTask, every
 
 log = logging.getLogger("gpulab.service.operations.actions")
 
@@ -87,13 +86,7 @@ class AlertActions:
 
     # -- GPU-idle servers --------------------------------------------------------------
     async def loop(self) -> None:
-        every = min(30.0, max(0.5, self.alert_interval))
-        while True:
-            try:
-                await self.cull()
-            except Exception:  # the hub may be restarting: next round
-                log.exception("GPU-idle culling")
-            await asyncio.sleep(every)
+        await every(min(30.0, max(0.5, self.alert_interval)), self.cull, "GPU-idle culling", log)
 
     async def cull(self) -> list[str]:
         """Stop every server whose SliceIdle warning is older than the setting."""

@@ -7,8 +7,36 @@ from __future__ import annotations
 
 import re
 
+import nbformat
 from lab_dialogs import dismiss_false_connection_lost
-from logins import browser_log_in
+from logins import browser_log_in, sign_up_approved
+
+
+def lab_user(
+    hub, user: str, password: str, notebooks: dict | None = None, gpu_milli: int | None = 250
+) -> str:
+    """A user as the lab's browser tests need one: signed up and approved (a browser
+    logs in with ``password``), JupyterLab's news toast off (it would cover the
+    screenshots), ``notebooks`` (``{"a.ipynb": [cell sources]}``) in their home and,
+    unless ``gpu_milli`` is None, their server started with that slice. Their token."""
+    # Signed up first: a sign-up under a name the hub already has is refused.
+    sign_up_approved(hub, user, password)
+    token = hub.create_user(user)
+    hub.write_home_file(
+        user,
+        ".jupyter/lab/user-settings/@jupyterlab/apputils-extension/"
+        "notification.jupyterlab-settings",
+        '{"fetchNews": "false"}',
+    )
+    for name, cells in (notebooks or {}).items():
+        nb = nbformat.v4.new_notebook()
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (gpulab)"}
+        nb.cells = [nbformat.v4.new_code_cell(s) for s in cells]
+        hub.write_home_file(user, name, nbformat.writes(nb))
+    if gpu_milli is not None:
+        assert hub.spawn(user, {"gpu_milli": gpu_milli}).status_code in (201, 202)
+        hub.wait_server(user)
+    return token
 
 
 def open_lab(browser, hub, user: str, password: str, width: int = 1400, clipboard=False):

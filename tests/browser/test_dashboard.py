@@ -7,7 +7,8 @@ import time
 
 import pytest
 from hubproc import RunningHub, fresh_user
-from logins import browser_log_in, sign_up_approved
+from lab_pages import lab_user
+from logins import browser_log_in
 from playwright.sync_api import expect
 from support.wait import wait_until
 
@@ -86,23 +87,8 @@ def run_cell(page, code):
     page.keyboard.press("Shift+Enter")
 
 
-def quiet_lab(hub, user):
-    """JupyterLab's "get notified about news?" toast would cover the screenshots."""
-    hub.write_home_file(
-        user,
-        ".jupyter/lab/user-settings/@jupyterlab/apputils-extension/"
-        "notification.jupyterlab-settings",
-        '{"fetchNews": "false"}',
-    )
-
-
 def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, artifacts_dir):
-    # Signed up first: a sign-up under a name the hub already has is refused.
-    sign_up_approved(hub, USER, "alices own long password")
-    hub.create_user(USER)
-    quiet_lab(hub, USER)
-    assert hub.spawn(USER, {"gpu_milli": 250}).status_code in (201, 202)
-    hub.wait_server(USER)
+    lab_user(hub, USER, "alices own long password")
 
     page = browser.new_page(viewport={"width": 1400, "height": 1500})
     watch_console(page)

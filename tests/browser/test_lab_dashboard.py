@@ -9,8 +9,7 @@ import time
 import pytest
 import requests
 from hubproc import fresh_user
-from lab_pages import open_lab, run_command
-from logins import sign_up_approved
+from lab_pages import lab_user, open_lab, run_command
 from playwright.sync_api import expect
 from support.wait import wait_until
 
@@ -26,18 +25,7 @@ POINTS = """() => Array.from(document.querySelectorAll('.gpulab-Dashboard .gpula
 
 @pytest.fixture(scope="module")
 def token(hub):
-    sign_up_approved(hub, USER, PASSWORD)
-    token = hub.create_user(USER)
-    # JupyterLab's "get notified about news?" toast would cover the screenshot.
-    hub.write_home_file(
-        USER,
-        ".jupyter/lab/user-settings/@jupyterlab/apputils-extension/"
-        "notification.jupyterlab-settings",
-        '{"fetchNews": "false"}',
-    )
-    assert hub.spawn(USER, {"gpu_milli": 250}).status_code in (201, 202)
-    hub.wait_server(USER)
-    return token
+    return lab_user(hub, USER, PASSWORD)
 
 
 def kernels_and_sessions(hub, token) -> tuple[list, list]:

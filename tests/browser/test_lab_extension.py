@@ -8,7 +8,6 @@ import re
 import sys
 import time
 
-import nbformat
 import pytest
 import requests
 import torch
@@ -20,7 +19,7 @@ import lab_pages
 from cells import FAILS_ON_RANK_1, LINEAR
 from hubproc import fresh_user
 from jobhelpers import submit, wait_job
-from logins import log_in, sign_up_approved
+from logins import log_in
 from playwright.sync_api import expect
 from support.wait import wait_until
 
@@ -44,23 +43,10 @@ LISTING = [
 
 @pytest.fixture(scope="module")
 def tokens(hub):
-    # Signed up first: a sign-up under a name the hub already has is refused.
-    sign_up_approved(hub, USER, PASSWORD)
-    tokens = {u: hub.create_user(u) for u in (USER, OTHER)}
-    # JupyterLab's "get notified about news?" toast would cover the screenshots.
-    hub.write_home_file(
-        USER,
-        ".jupyter/lab/user-settings/@jupyterlab/apputils-extension/"
-        "notification.jupyterlab-settings",
-        '{"fetchNews": "false"}',
-    )
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (gpulab)"}
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in LISTING]
-    hub.write_home_file(USER, "listing.ipynb", nbformat.writes(nb))
-    assert hub.spawn(USER, {"gpu_milli": 250}).status_code in (201, 202)
-    hub.wait_server(USER)
-    return tokens
+    return {
+        USER: lab_pages.lab_user(hub, USER, PASSWORD, {"listing.ipynb": LISTING}),
+        OTHER: hub.create_user(OTHER),
+    }
 
 
 def test_the_proxy_answers_only_whoever_may_use_the_server(hub, tokens):

@@ -8,12 +8,12 @@ reloading the page (the widgets' state does not, so the cell keeps a static copy
 import os
 import re
 
-import nbformat
 import pytest
 from cells import LINEAR  # noqa: E402
 from hubproc import fresh_user
 from lab_dialogs import dismiss_false_connection_lost
-from logins import browser_log_in, sign_up_approved
+from lab_pages import lab_user
+from logins import browser_log_in
 from playwright.sync_api import expect
 from support.wait import wait_until
 
@@ -61,23 +61,9 @@ CHART_TEXT = """() => Array.from(document.querySelectorAll(
 @pytest.fixture(scope="module")
 def server(hub):
     """USER's server; the notebooks are put in their home before the spawn."""
-    # Signed up first: a sign-up under a name the hub already has is refused.
-    sign_up_approved(hub, USER, PASSWORD)
-    hub.create_user(USER)
-    hub.write_home_file(
-        USER,
-        ".jupyter/lab/user-settings/@jupyterlab/apputils-extension/"
-        "notification.jupyterlab-settings",
-        '{"fetchNews": "false"}',
-    )
     training = [training_cell(str(hub.home(USER) / GATE))]
-    for name, cells in (("failing.ipynb", FAILING), ("training.ipynb", training)):
-        nb = nbformat.v4.new_notebook()
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (gpulab)"}
-        nb.cells = [nbformat.v4.new_code_cell(s) for s in cells]
-        hub.write_home_file(USER, name, nbformat.writes(nb))
-    assert hub.spawn(USER, {"gpu_milli": 0}).status_code in (201, 202)
-    hub.wait_server(USER)
+    notebooks = {"failing.ipynb": FAILING, "training.ipynb": training}
+    lab_user(hub, USER, PASSWORD, notebooks, gpu_milli=0)
     return USER
 
 

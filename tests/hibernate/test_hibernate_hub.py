@@ -28,6 +28,7 @@ from support.wait import wait_until
 pytestmark = pytest.mark.slow
 
 ALICE, BOB, CAROL = fresh_user("alice"), fresh_user("bob"), fresh_user("carol")
+DAVE = fresh_user("dave")
 WAIT_S = 240  # a bound on a loaded 2-core machine, not a sleep
 
 # The scheduler may hibernate a server idle for 2 s (the default is 5 min): the test
@@ -254,17 +255,17 @@ def test_scheduler_hibernates_an_idle_server_before_a_batch_job(hub):
 def test_a_hibernation_over_the_cap_fails_and_the_server_runs_on(hub):
     """From the notebook itself (``%gpulab hibernate``): its state is over the site's
     cap, so nothing is stopped and the row says why; the variables are all there."""
-    alice = hub.create_user(ALICE)
-    hub.spawn_ready({ALICE: {"gpu_milli": 250}})
-    nb = NotebookKernel(f"{hub.url}/user/{ALICE}", alice, "big.ipynb")
+    dave = hub.create_user(DAVE)
+    hub.spawn_ready({DAVE: {"gpu_milli": 250}})
+    nb = NotebookKernel(f"{hub.url}/user/{DAVE}", dave, "big.ipynb")
     nb.run("import numpy as np\nbig = np.ones(10_000_000)  # 80 MB, over the 50 MB cap")
     said = nb.run("%gpulab hibernate")
     assert said.startswith("Hibernating this server (h-"), said
     hid = said.split("(", 1)[1].split(")", 1)[0]
-    row = hibernated(hub, alice, hid)
+    row = hibernated(hub, dave, hid)
     assert row["state"] == "failed", row
     assert "StateTooLarge" in row["error"] and "nothing was stopped" in row["error"]
-    assert hub.wait_server(ALICE)  # still running
+    assert hub.wait_server(DAVE)  # still running
     assert nb.run("print(big.sum())").strip() == "10000000.0"
-    assert not (hub.home(ALICE) / ".gpulab" / "hibernate" / hid).exists()
+    assert not (hub.home(DAVE) / ".gpulab" / "hibernate" / hid).exists()
     assert "hibernation failed" in nb.run("%gpulab")
