@@ -83,9 +83,8 @@ def test_hibernate_from_the_panel_and_wake_in_the_notebook(browser, hub, user, a
     page.keyboard.press("Shift+Enter")
     out = output_of(page, 2)
     expect(out.first).to_contain_text("Woken from hibernation", timeout=60_000)
-    expect(out.first).to_contain_text(
-        re.compile(r"sleepy\.ipynb: \d+ of \d+ variables back in (under )?[\d.]+ s; not back: lines \(")
-    )
+    said = r"sleepy\.ipynb: \d+ of \d+ variables back in (under )?[\d.]+ s; not back: lines \("
+    expect(out.first).to_contain_text(re.compile(said))
     expect(out.last).to_contain_text(f"token {token}")
     page.screenshot(path=os.path.join(artifacts_dir, "hibernate-woken.png"))
 

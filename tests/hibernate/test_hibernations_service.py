@@ -66,9 +66,7 @@ def release_on_stop(svc):
 
     def release(owner: str) -> None:
         asyncio.ensure_future(
-            svc.request(
-                "DELETE", "/allocations", params={"owner_kind": "server", "owner": owner}
-            )
+            svc.request("DELETE", "/allocations", params={"owner_kind": "server", "owner": owner})
         )
 
     svc.fake_hub.on_stop.append(release)
