@@ -31,6 +31,11 @@ from .handlers import GpuLabHandler
 
 #: A hibernation's id as the service makes them (``h-`` and hex).
 ID = re.compile(r"h-[0-9a-f]{6,32}")
+#: What to do about state over the cap (c.GpuLabService.hibernate_max_bytes).
+TOO_LARGE_FIX = (
+    "delete large variables you can make again (del x), or ask an admin to raise "
+    "c.GpuLabService.hibernate_max_bytes"
+)
 #: Hibernations kept per user besides the cap on bytes.
 KEEP = 10
 #: How long a kernel may take to start saving (a cell still running) and to save.
@@ -98,10 +103,11 @@ async def save_one(kernel_manager, kernel_id: str, path: str, cap: int, timeout:
         content = reply["content"]
         if content.get("status") != "ok":
             ename, evalue = content.get("ename", "Error"), content.get("evalue", "")
-            status = {"StateTooLarge": 413, "OSError": 507}.get(ename, 500)
-            if "No space left" in evalue:
-                status = 507
-            raise HibernateRefused(status, f"{ename}: {evalue}")
+            if ename == "StateTooLarge":
+                what = evalue.removeprefix("the ")  # "state is over the cap of 50 MB"
+                raise HibernateRefused(413, f"a kernel's {what}: {TOO_LARGE_FIX}")
+            status = 507 if ename == "OSError" or "No space left" in evalue else 500
+            raise HibernateRefused(status, f"a kernel could not save: {ename}: {evalue}")
         value = content.get("user_expressions", {}).get("r", {})
         if value.get("status") != "ok":
             raise HibernateRefused(500, f"the kernel saved no report ({value.get('evalue')})")
@@ -174,7 +180,10 @@ async def hibernate_kernels(serverapp_settings, hid: str, cap: int) -> dict:
             save_one(kernel_manager, kid, f, cap, SAVE_TIMEOUT_S)
             for kid, f in zip(ids, files, strict=True)
         ]
-        reports = await asyncio.gather(*saves)
+        # Every kernel ends (saved or not) before a failure removes the folder.
+        reports = await asyncio.gather(*saves, return_exceptions=True)
+        for failure in (r for r in reports if isinstance(r, BaseException)):
+            raise failure
         kernels = []
         for kid, f, report in zip(ids, files, reports, strict=True):
             kernels.append(
@@ -191,7 +200,9 @@ async def hibernate_kernels(serverapp_settings, hid: str, cap: int) -> dict:
         total = sum(k["bytes"] for k in kernels)
         if total > cap:
             raise HibernateRefused(
-                413, f"the kernels' state is {total} bytes, over the {cap} bytes kept per user"
+                413,
+                f"the kernels' state together ({total:,} bytes) is over the {cap:,} bytes "
+                f"kept per user: {TOO_LARGE_FIX}",
             )
         manifest = {
             "id": hid,
