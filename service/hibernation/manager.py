@@ -154,17 +154,16 @@ class Hibernations:
         owner = f"{user}/{server}"
         if owner in self.saving:
             raise HibernationError(409, f"{label(user, server)} is already hibernating")
-        models = await self.hub.user_servers(user)
-        model = models.get(server)
-        if not model or not model.get("ready"):
-            raise HibernationError(
-                409, f"{label(user, server)} is not running: there is nothing to hibernate"
-            )
-        rows = await self.ledger.aio.list(owner_kind="server", owner=owner)
-        milli = sum(r["milli"] for r in rows)
         hid = f"h-{secrets.token_hex(6)}"
-        self.saving[owner] = hid
+        self.saving[owner] = hid  # before any wait: a second request is refused above
         try:
+            model = (await self.hub.user_servers(user)).get(server)
+            if not model or not model.get("ready"):
+                raise HibernationError(
+                    409, f"{label(user, server)} is not running: there is nothing to hibernate"
+                )
+            rows = await self.ledger.aio.list(owner_kind="server", owner=owner)
+            milli = sum(r["milli"] for r in rows)
             row = await self.db_threads.run(
                 add_hibernation, self.engine, hid, user, server, reason, actor, milli
             )

@@ -192,3 +192,28 @@ async def test_settings_are_checked(tmp_path, value):
             tmp_path / "svc", f"c.GpuLabService.hibernate_idle_seconds = {value}\n"
         ):
             pass
+
+
+async def test_one_hibernation_at_a_time_per_server(tmp_path):
+    with fake_clock() as clock:
+        async with running_service(tmp_path / "svc") as svc:
+            release_on_stop(svc)
+            fake = svc.app.hibernations.servers = FakeServer(clock)
+            gate = asyncio.Event()
+            save = fake.save
+
+            async def slow_save(*args):
+                await gate.wait()
+                return await save(*args)
+
+            fake.save = slow_save
+            alice = await start_server(svc, "alice")
+            first, second = await asyncio.gather(
+                *(svc.request("POST", "/hibernations", token=alice, json={}) for _ in range(2))
+            )
+            assert sorted([first.status_code, second.status_code]) == [202, 409]
+            refused = first if first.status_code == 409 else second
+            assert refused.json()["error"] == "alice's server is already hibernating"
+            gate.set()
+            accepted = first if first.status_code == 202 else second
+            assert (await ended(svc, accepted.json()["id"], alice))["state"] == "hibernated"
