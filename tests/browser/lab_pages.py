@@ -64,15 +64,25 @@ def open_lab(browser, hub, user: str, password: str, width: int = 1400, clipboar
     return context, page, errors
 
 
-def run_command(page, label: str) -> None:
+def run_command(page, label: str, attempts: int = 3) -> None:
     """Run a command from JupyterLab's palette as a user does, waiting for each step
-    (on a loaded machine keys typed before the palette is open are lost)."""
+    (on a loaded machine keys typed before the palette is open are lost, and the
+    palette closes again when something still loading takes the focus: then it is
+    opened once more)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect
 
-    page.keyboard.press("Control+Shift+C")
     search = page.locator(".lm-CommandPalette-input")
-    expect(search).to_be_visible()
-    search.fill(label)
-    item = page.locator(".lm-CommandPalette-item", has_text=label).first
-    expect(item).to_be_visible()
-    item.click()
+    for attempt in range(attempts):
+        try:
+            if not search.is_visible():
+                page.keyboard.press("Control+Shift+C")
+            expect(search).to_be_visible(timeout=30_000)
+            search.fill(label, timeout=10_000)
+            item = page.locator(".lm-CommandPalette-item", has_text=label).first
+            expect(item).to_be_visible(timeout=10_000)
+            item.click(timeout=10_000)
+            return
+        except (AssertionError, PlaywrightTimeout):
+            if attempt == attempts - 1:
+                raise
