@@ -10,7 +10,14 @@ same methods, blocking::
 
 from __future__ import annotations
 
+import os
 from urllib.parse import quote
+
+
+def state_folder() -> str:
+    """``~/.gpulab/hibernate`` of the account this runs as: where a server's kernels
+    save their variables (one folder per hibernation) and read them back."""
+    return os.path.join(os.path.expanduser("~"), ".gpulab", "hibernate")
 
 
 class HibernationsAPI:

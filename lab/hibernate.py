@@ -27,6 +27,8 @@ import time
 
 from tornado import web
 
+from gpulab.client.hibernations import state_folder
+
 from .handlers import GpuLabHandler
 
 #: A hibernation's id as the service makes them (``h-`` and hex).
@@ -52,11 +54,6 @@ class HibernateRefused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-def hibernate_root() -> str:
-    """``~/.gpulab/hibernate`` of the account this server runs as."""
-    return os.path.join(os.path.expanduser("~"), ".gpulab", "hibernate")
 
 
 def private_dir(path: str) -> None:
@@ -164,7 +161,7 @@ def prune(root: str, keep: str, cap: int) -> list[str]:
 async def hibernate_kernels(serverapp_settings, hid: str, cap: int) -> dict:
     kernel_manager = serverapp_settings["kernel_manager"]
     session_manager = serverapp_settings["session_manager"]
-    root = hibernate_root()
+    root = state_folder()
     private_dir(os.path.dirname(root))
     private_dir(root)
     folder = os.path.join(root, hid)

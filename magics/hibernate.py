@@ -22,11 +22,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from gpulab.client.hibernations import state_folder
+
 _LAST: dict[str, str] = {}
-
-
-def root() -> str:
-    return os.path.join(os.path.expanduser("~"), ".gpulab", "hibernate")
 
 
 # -- saving (run by the server extension in each kernel) --------------------------------
@@ -69,7 +67,7 @@ class SavedKernel:
 
 def saved_kernels(folder: str | None = None) -> list[SavedKernel]:
     """Every kernel of every hibernation kept, newest first."""
-    base = folder or root()
+    base = folder or state_folder()
     out = []
     try:
         names = os.listdir(base)
@@ -108,16 +106,8 @@ def wake(shell, kernel: SavedKernel) -> str:
     with os.fdopen(fd, "w") as f:
         json.dump({**report.to_json(), "at": time.time()}, f)
     wake_json = report.to_json()
-    tell_service(
-        kernel.hibernation,
-        {
-            "name": kernel.name,
-            "restored": wake_json["restored"],
-            "failed": wake_json["failed"],
-            "seconds": wake_json["seconds"],
-            "device": wake_json["device"],
-        },
-    )
+    said = {k: wake_json[k] for k in ("restored", "failed", "seconds", "device")}
+    tell_service(kernel.hibernation, {"name": kernel.name, **said})
     return f"Woken from hibernation ({kernel.when}): {report.line(kernel.name)}"
 
 

@@ -10,6 +10,7 @@ import os
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
+from gpulab.client.hibernations import state_folder
 from gpulab.magics import hibernate
 from gpulab.magics.status import GpuLabMagics
 
@@ -29,7 +30,7 @@ def shell(tmp_path, monkeypatch):
 
 def hibernate_here(shell, hid="h-0123456789ab", created="2026-12-04T14:02:00Z") -> str:
     """What the server extension does: the kernel saves, the manifest says where."""
-    folder = os.path.join(hibernate.root(), hid)
+    folder = os.path.join(state_folder(), hid)
     os.makedirs(folder, mode=0o700)
     path = os.path.join(folder, "0.state")
     hibernate.save_kernel(path, 10**9)
