@@ -48,6 +48,9 @@ EVENTS = "events.log"
 #: Where rank 0 notes the step it stopped at for a preemption
 #: (:data:`gpulab.training.preemption.MARKER`).
 PREEMPTED = os.path.join("pids", "preempted.json")
+#: Rank 0's note that its run stops at step boundaries when asked
+#: (:data:`gpulab.training.preemption.RESUMABLE`).
+RESUMABLE = os.path.join("pids", "resumable.json")
 #: The job's rendezvous secret: ``0600`` the service's, ``root:<owner's private
 #: group> 0640`` once handed over, so only the owner's ranks read it.
 RDZV_SECRET = "rdzv.secret"
@@ -230,6 +233,10 @@ class JobDir:
         marker = self.read_user_json(PREEMPTED)
         step = marker.get("step") if isinstance(marker, dict) else None
         return step if isinstance(step, int) else None
+
+    def resumable(self) -> bool:
+        """Does the run step under ``resume_range`` (so a resize loses no work)?"""
+        return isinstance(self.read_user_json(RESUMABLE), dict)
 
     def reset_run(self) -> None:
         """Forget how the last run went (pids, exit codes, launch), before it runs again.

@@ -70,7 +70,8 @@ def render_node(
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={spec.id or spec.name}",
         f"--rdzv-conf=is_host={is_host},timeout=120",
-        f"--max-restarts={spec.max_restarts}",
+        # An elastic job's failures are the service's: it goes on with fewer nodes.
+        f"--max-restarts={0 if spec.elastic else spec.max_restarts}",
         "--monitor-interval=0.5",
         f"--log-dir={job_dir}/torchrun/node{node_rank}",
     ]
@@ -84,7 +85,7 @@ def render_node(
         "PET_RDZV_BACKEND": RDZV_BACKEND,
         "PET_RDZV_ENDPOINT": endpoint,
         "PET_RDZV_ID": spec.id or spec.name,
-        "PET_MAX_RESTARTS": str(spec.max_restarts),
+        "PET_MAX_RESTARTS": str(0 if spec.elastic else spec.max_restarts),
         "PET_MASTER_ADDR": rdzv_host,
         "PET_MASTER_PORT": str(rdzv_port),
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",

@@ -68,7 +68,11 @@ class SpecTooLarge(SpecError):
 class JobSpec:
     code: str
     name: str = "train"
-    nodes: int = 1
+    nodes: int = 1  # an elastic job's size now (the service sets it at each launch)
+    # Elastic (``--nodes MIN:MAX``): starts once ``min_nodes`` fit, grows to ``max_nodes``
+    # as slices free, shrinks toward ``min_nodes`` instead of stopping. 0 and 0: fixed.
+    min_nodes: int = 0
+    max_nodes: int = 0
     nproc_per_node: int = 1
     gpu_milli: int = 0  # per rank
     image: str = ""  # the container image (Kubernetes); the local backend ignores it
@@ -96,9 +100,23 @@ class JobSpec:
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
 
+    @property
+    def elastic(self) -> bool:
+        return bool(self.max_nodes) and self.min_nodes < self.max_nodes
+
+    @property
+    def least_nodes(self) -> int:
+        """The nodes it needs to run: MIN for an elastic job, all of them otherwise."""
+        return self.min_nodes if self.elastic else self.nodes
+
+    @property
+    def most_nodes(self) -> int:
+        return self.max_nodes if self.elastic else self.nodes
+
     def rank_owners(self) -> list[str]:
-        """Ledger owners, one per rank: ``<job id>/<rank>``."""
-        return [f"{self.id}/{r}" for r in range(self.world_size)]
+        """Ledger owners, one per rank it may hold: ``<job id>/<rank>`` (an elastic
+        job's up to MAX nodes, whatever its size now)."""
+        return [f"{self.id}/{r}" for r in range(self.most_nodes * self.nproc_per_node)]
 
     @property
     def vars_bytes(self) -> bytes:
@@ -153,6 +171,17 @@ class JobSpec:
                 f"'name' must be 1-63 letters, digits, '.', '_' or '-', got {self.name!r}"
             )
         integer("nodes", 1, MAX_NODES)
+        integer("min_nodes", 0, MAX_NODES)
+        integer("max_nodes", 0, MAX_NODES)
+        if self.min_nodes or self.max_nodes:
+            if not 1 <= self.min_nodes <= self.max_nodes:
+                raise SpecError(
+                    f"--nodes MIN:MAX needs 1 <= MIN <= MAX, got "
+                    f"{self.min_nodes}:{self.max_nodes} (e.g. --nodes 1:4)"
+                )
+            if not self.min_nodes <= self.nodes <= self.max_nodes:
+                # The size it starts at is the service's; a client's is the range's top.
+                self.nodes = self.max_nodes
         integer("nproc_per_node", 1, MAX_NPROC)
         integer("gpu_milli", 0, 8000)
         integer("max_restarts", 0, 100)

@@ -29,6 +29,49 @@ for step in checkpoint.resume_range(ctx, total_steps=int(os.environ["BENCH_STEPS
 """
 WARMUP = 10
 
+# The same model over a dataset, as a fixed job reads it (a shuffled epoch, as a
+# DistributedSampler gives it: each rank 256 of the step's 512 samples) and as an
+# elastic one does (gpulab.training.batches: the same global batch at any size, here
+# in one micro-batch of 256 per rank, as the fixed).
+_DATA_WORKLOAD = """
+import os, time, torch
+from gpulab.training import setup, report, checkpoint
+ctx = setup()
+torch.manual_seed(0)
+model = ctx.wrap(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                     torch.nn.Linear(512, 256), torch.nn.ReLU(),
+                                     torch.nn.Linear(256, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+X = torch.randn(65536, 256, generator=torch.Generator().manual_seed(1))
+times = open(os.environ["BENCH_TIMES"], "a", buffering=1) if ctx.rank == 0 else None
+seen = None
+for step in checkpoint.resume_range(ctx, total_steps=int(os.environ["BENCH_STEPS"]), state={"model": model}):
+    opt.zero_grad()
+%s
+    opt.step()
+    report(loss=loss.item(), samples=256)
+    if times:
+        times.write(f"{time.time()}\\n")
+"""
+FIXED_DATA = (
+    _DATA_WORKLOAD
+    % """
+    epoch, first = divmod(step * 512, len(X))
+    if epoch != seen:
+        order, seen = torch.randperm(len(X), generator=torch.Generator().manual_seed(epoch)), epoch
+    mine = order[first + ctx.rank * 256 : first + (ctx.rank + 1) * 256]
+    loss = model(X[mine]).pow(2).mean()
+    loss.backward()"""
+)
+ELASTIC_DATA = (
+    _DATA_WORKLOAD
+    % """
+    for mb in ctx.micro_batches(step, len(X), global_batch=512, micro_batch=256):
+        with ctx.accumulating(model, mb):
+            loss = model(X[mb.indices]).pow(2).mean() * mb.weight
+            loss.backward()"""
+)
+
 
 def step_times(times_file: Path) -> tuple[list[float], list[float]]:
     """(each step's end, the gaps between steps after the first ``WARMUP``)."""

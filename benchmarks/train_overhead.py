@@ -17,7 +17,14 @@ It prints the best-of-N ratio and the median of the per-round ratios.
 Runs alternate (--rounds) so drift on a shared machine hits both alike. Prints
 the ratios magic / plain (aim: step time <= 1.05).
 
-    python benchmarks/train_overhead.py [--rounds 2] [--steps 150]
+With ``--elastic`` it compares instead a fixed-size job run through the elastic
+path against the fixed path, both through the magic on two simulated GPUs: the
+same 2 ranks x 1 GPU over the same dataset, once as ``--nodes 1`` reading its
+slice of each step's 512 samples, once as ``--nodes 1:2`` (which cannot grow:
+both GPUs are its own) reading them through ``ctx.micro_batches`` and
+``ctx.accumulating`` (aim: step time elastic / fixed <= 1.05).
+
+    python benchmarks/train_overhead.py [--rounds 2] [--steps 150] [--elastic]
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import time
 from pathlib import Path
 
 from _hub import RunningHub
-from _workload import WORKLOAD, step_times
+from _workload import ELASTIC_DATA, FIXED_DATA, WORKLOAD, step_times
 
 
 def summarise(t0: float, times_file: Path) -> dict:
@@ -59,13 +66,20 @@ def control_plane_cpu(hub) -> float:
     return total
 
 
-def via_magic(shell, hub, tmp: Path, steps: int, i: int) -> dict:
-    times = tmp / f"magic{i}.txt"
+def via_magic(
+    shell, hub, tmp: Path, steps: int, i: int, flags: str = "", cell: str = WORKLOAD, tag="magic"
+) -> dict:
+    times = tmp / f"{tag}{i}.txt"
+    # The ranks run as the user's account where the hub makes accounts (as root).
+    tmp.chmod(0o755)
+    times.touch()
+    times.chmod(0o666)
     cpu0, t0 = control_plane_cpu(hub), time.time()
     shell.run_cell_magic(
         "train_distributed",
-        f"--nproc-per-node 2 --env BENCH_TIMES={times} --env BENCH_STEPS={steps} --name bench{i}",
-        WORKLOAD,
+        f"--nproc-per-node 2 --env BENCH_TIMES={times} --env BENCH_STEPS={steps} "
+        f"--name {tag}{i} {flags}",
+        cell,
     )
     result = summarise(t0, times)
     result["control_plane_cpu_pct"] = round(
@@ -114,6 +128,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--elastic", action="store_true", help="elastic path vs fixed path")
     args = p.parse_args(argv)
     os.environ["GPULAB_DISPLAY"] = "text"
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,35 +142,39 @@ def main(argv=None):
             shell = InteractiveShell.instance()
             shell.run_line_magic("load_ext", "gpulab.magics")
             results = {"magic": [], "torchrun": []}
+            if args.elastic:
+                results = {"elastic": [], "fixed": []}
             for i in range(args.rounds):
                 import contextlib
                 import io
 
-                with contextlib.redirect_stdout(io.StringIO()):
-                    results["magic"].append(via_magic(shell, hub, tmp, args.steps, i))
-                results["torchrun"].append(via_torchrun(tmp, args.steps, i))
-                print(
-                    f"round {i + 1}: magic {results['magic'][-1]}  "
-                    f"torchrun {results['torchrun'][-1]}",
-                    flush=True,
-                )
+                if args.elastic:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        for tag, flags, cell in (
+                            ("elastic", "--nodes 1:2 --gpu 1", ELASTIC_DATA),
+                            ("fixed", "--nodes 1 --gpu 1", FIXED_DATA),
+                        ):
+                            results[tag].append(
+                                via_magic(shell, hub, tmp, args.steps, i, flags, cell, tag)
+                            )
+                else:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        results["magic"].append(via_magic(shell, hub, tmp, args.steps, i))
+                    results["torchrun"].append(via_torchrun(tmp, args.steps, i))
+                print(f"round {i + 1}: {results}", flush=True)
         finally:
             hub.stop()
     print(json.dumps(results, indent=1))
+    this, that = results
     for metric, label in (("first_step_s", "time to first step"), ("step_s", "steady step time")):
-        paired = [
-            m[metric] / t[metric]
-            for m, t in zip(results["magic"], results["torchrun"], strict=False)
-        ]
-        best = min(r[metric] for r in results["magic"]) / min(
-            r[metric] for r in results["torchrun"]
-        )
+        paired = [m[metric] / t[metric] for m, t in zip(results[this], results[that], strict=False)]
+        best = min(r[metric] for r in results[this]) / min(r[metric] for r in results[that])
         aim = "  (aim <= 1.05)" if metric == "step_s" else ""
         # On a shared machine other people's load moves single runs by tens of
         # percent; the best-of ratio is the least disturbed, the paired median
         # shows the spread.
         print(
-            f"{label:19s} magic/torchrun = {best:.3f} best-of-{len(paired)}, "
+            f"{label:19s} {this}/{that} = {best:.3f} best-of-{len(paired)}, "
             f"{statistics.median(paired):.3f} median of paired rounds "
             f"(rounds: {', '.join(f'{x:.2f}' for x in paired)}){aim}"
         )

@@ -60,6 +60,14 @@ jobs = Table(
     Column("preemptible", Boolean, nullable=False, default=True),
     Column("preemptions", Integer, nullable=False, default=0),
     Column("preempting", Text),
+    # Elastic jobs (``--nodes MIN:MAX``; NULL for fixed ones): ``nodes`` is the size
+    # now; ``resizes`` JSON [{"step", "nodes", "reason", "time"}], each change;
+    # ``resizing`` JSON {"nodes", "reason", "deadline", ...} while one is under way
+    # (so a restarted service finishes it).
+    Column("min_nodes", Integer),
+    Column("max_nodes", Integer),
+    Column("resizes", Text),
+    Column("resizing", Text),
     Index("ix_jobs_state", "state"),
     Index("ix_jobs_user", "user"),
 )
@@ -75,7 +83,9 @@ def job_json(r) -> dict:
                 d[k] = d[k].replace(tzinfo=dt.UTC)
             d[k] = d[k].isoformat()
     d["error"] = json.loads(d["error"]) if d["error"] else None
-    d["preempting"] = json.loads(d["preempting"]) if d.get("preempting") else None
+    for k in ("preempting", "resizing"):
+        d[k] = json.loads(d[k]) if d.get(k) else None
+    d["resizes"] = json.loads(d["resizes"]) if d.get("resizes") else []
     return d
 
 
@@ -113,7 +123,7 @@ def list_jobs(
 
 
 def update_job(engine: Engine, job_id: str, **values) -> None:
-    for k in ("error", "preempting"):
+    for k in ("error", "preempting", "resizes", "resizing"):
         if values.get(k) is not None:
             values[k] = json.dumps(values[k])
     with engine.begin() as conn:

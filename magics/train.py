@@ -25,10 +25,12 @@ from gpulab.client.states import JOB_TERMINAL as TERMINAL
 from gpulab.client.units import plural
 
 from .cell_names import free_names
-from .train_display import make_display
+from .train_display import make_display, nodes_summary
 from .train_failure import TrainingJobFailed, failure_lines, hint, names_hint
 
 POLL_S = 1.0
+#: The most nodes a job may ask for (``gpulab.backend.spec.MAX_NODES``, the service's).
+MAX_NODES = 64
 #: Polls between full job reads (restarts, queue position) while the state holds.
 JOB_EVERY = 5
 
@@ -55,6 +57,46 @@ def parse_gpu(text: str) -> int:
     if value > 1 and value.denominator != 1:
         raise UsageError(f"--gpu {text}: more than one GPU per rank must be whole GPUs")
     return int(milli)
+
+
+def parse_nodes(text: str) -> tuple[int, int, int]:
+    """``2`` (a fixed job) or ``MIN:MAX`` (elastic) -> ``(nodes, min_nodes, max_nodes)``.
+
+    A fixed job is ``(N, 0, 0)``; an elastic one asks for ``nodes = MAX`` (the
+    service sets its size at each launch). ``N:N`` is the fixed job of N nodes.
+    """
+    text = text.strip()
+    example = "e.g. --nodes 2, or --nodes 1:4 for an elastic job of 1 to 4 nodes"
+    if ":" not in text:
+        try:
+            nodes = int(text)
+        except ValueError:
+            raise UsageError(
+                f"--nodes {text}: give a number of nodes or MIN:MAX, {example}"
+            ) from None
+        if not 1 <= nodes <= MAX_NODES:
+            raise UsageError(f"--nodes {nodes}: must be 1 to {MAX_NODES}, {example}")
+        return nodes, 0, 0
+    low_text, _, high_text = text.partition(":")
+    try:
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        raise UsageError(
+            f"--nodes {text}: MIN and MAX must be whole numbers, e.g. --nodes 1:4 "
+            f"(an elastic job of 1 to 4 nodes)"
+        ) from None
+    if low < 1:
+        raise UsageError(f"--nodes {text}: MIN must be at least 1, e.g. --nodes 1:{max(high, 2)}")
+    if low > high:
+        raise UsageError(f"--nodes {text}: MIN must be <= MAX, e.g. --nodes {high}:{low}")
+    if high > MAX_NODES:
+        raise UsageError(
+            f"--nodes {text}: MAX must be at most {MAX_NODES}, "
+            f"e.g. --nodes {min(low, MAX_NODES)}:{MAX_NODES}"
+        )
+    if low == high:
+        return low, 0, 0
+    return high, low, high
 
 
 def parse_env(items: list[str] | None) -> dict[str, str]:
@@ -104,8 +146,8 @@ def check_names(cell: str, sent: list[str], namespace: dict) -> None:
 
 
 def build_spec(args, cell: str, namespace: dict) -> dict:
+    nodes, min_nodes, max_nodes = parse_nodes(str(args.nodes))
     for flag, value, low in (
-        ("--nodes", args.nodes, 1),
         ("--nproc-per-node", args.nproc_per_node, 1),
         ("--max-restarts", args.max_restarts, 0),
         ("--checkpoint-every", args.checkpoint_every, 0),
@@ -122,7 +164,9 @@ def build_spec(args, cell: str, namespace: dict) -> dict:
     return {
         "code": cell,
         "name": args.name,
-        "nodes": args.nodes,
+        "nodes": nodes,
+        "min_nodes": min_nodes,
+        "max_nodes": max_nodes,
         "nproc_per_node": args.nproc_per_node,
         "gpu_milli": parse_gpu(args.gpu),
         "backend": args.backend,
@@ -148,7 +192,13 @@ def build_spec(args, cell: str, namespace: dict) -> dict:
 @magics_class
 class TrainMagics(Magics):
     @magic_arguments()
-    @argument("--nodes", type=int, default=1, help="nodes (torchrun agents); default 1")
+    @argument(
+        "--nodes",
+        default="1",
+        metavar="N|MIN:MAX",
+        help="nodes (torchrun agents): N, or MIN:MAX for an elastic job that starts once "
+        "MIN fit, grows to MAX as slices free and shrinks instead of stopping; default 1",
+    )
     @argument("--nproc-per-node", type=int, default=1, help="processes (ranks) per node; default 1")
     @argument("--gpu", default="0", help="GPUs per rank: 0 (CPU), 0.5, 1/4, 1, 2...; default 0")
     @argument(
@@ -256,7 +306,7 @@ class TrainMagics(Magics):
         started = time.monotonic()
         try:
             # Everything after submit is inside: an interrupt at any point cancels.
-            display = make_display(job["world_size"])
+            display = make_display(job["world_size"], elastic=bool(job.get("elastic")))
             lines: queue.Queue[str] = queue.Queue()
             follower = asyncio.run_coroutine_threadsafe(
                 client.aio.follow_job_logs_into(job_id, lines.put), _client_loop()
@@ -301,6 +351,9 @@ class TrainMagics(Magics):
         took = time.monotonic() - started
         if job["state"] == "succeeded":
             note = f"job {job_id} succeeded in {took:.1f} s ({plural(job['world_size'], 'rank')}"
+            nodes = nodes_summary(job)
+            if nodes:  # an elastic job: its size at the end, and how it got there
+                note += f" at the end; nodes {nodes}"
             note += f", {plural(job['restarts'], 'restart')})" if job["restarts"] else ")"
             if out:
                 import cloudpickle

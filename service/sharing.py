@@ -63,6 +63,17 @@ class SharingSettings(Configurable):
         """,
     ).tag(config=True)
 
+    elastic_grow_after_seconds = Float(
+        10.0,
+        help="""Seconds an elastic job (`--nodes MIN:MAX`) runs at one size before
+        it may grow into free slices again. Growing restarts its ranks from a
+        checkpoint taken at a step boundary, so it is not done for every slice
+        that frees; this also spaces a job's regrowth after a failed node.
+
+        c.GpuLabService.elastic_grow_after_seconds = 60
+        """,
+    ).tag(config=True)
+
     priority_classes = List(
         Dict(),
         help="""Priority classes, as [{"name", "value", "preemptible", "access"}].

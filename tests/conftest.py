@@ -33,6 +33,8 @@ c.GpuLabService.user_quota_milli = {"capped-jobs": 500, "capped-spawn": 250,
 # (a checkpointing one saves at its next step, within a second).
 c.GpuLabService.user_guaranteed_milli = {"guaranteed-jobs": 1000}
 c.GpuLabService.preemption_grace_seconds = 10
+# tests/jobs/test_elastic.py: an elastic job grows back a few seconds after a resize.
+c.GpuLabService.elastic_grow_after_seconds = 3
 """
 
 

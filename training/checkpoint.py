@@ -156,6 +156,7 @@ def resume_range(ctx, total_steps: int, state: dict, every: int | None = None):
             _event(f"restart {ctx.restart}: a rank stopped; every rank restarted from {where}")
         elif loaded is not None and ctx.rank == 0:
             _event(f"resumed from the checkpoint at step {start}")
+    preemption.resumable(ctx, start)
     for step in range(start, total_steps):
         set_progress(step, total_steps)
         yield step
@@ -169,6 +170,6 @@ def resume_range(ctx, total_steps: int, state: dict, every: int | None = None):
                 save(ctx, done, state, root)
             preemption.record(ctx, done)
             if ctx.rank == 0:
-                _event(f"preempted: saved a checkpoint at step {done}; the job waits in the queue")
+                _event(preemption.stopped(done))
             raise preemption.Preempted(done)
     set_progress(total_steps, total_steps)

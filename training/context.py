@@ -102,6 +102,37 @@ class Context:
             self.device.type, enabled=self.amp == "fp16" and self.device.type == "cuda"
         )
 
+    # -- elastic jobs: the same global batch at any world size (see .batches) --
+    def micro_batches(
+        self, step: int, dataset_size: int, *, global_batch: int, micro_batch: int, seed: int = 0
+    ):
+        """This rank's micro-batches of ``step``: the same global batch (samples, order
+        and weights) whatever the world size; see :mod:`gpulab.training.batches`."""
+        from .batches import micro_batches
+
+        return micro_batches(
+            step,
+            dataset_size,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            rank=self.rank,
+            world_size=self.world_size,
+            seed=seed,
+        )
+
+    def accumulation(self, global_batch: int, micro_batch: int) -> int:
+        """Micro-batches per step at this world size (gradient accumulation)."""
+        from .batches import accumulation
+
+        return accumulation(global_batch, micro_batch, self.world_size)
+
+    def accumulating(self, model, micro_batch):
+        """``with ctx.accumulating(model, mb):`` around a micro-batch's backward: DDP
+        exchanges gradients only after the step's last one."""
+        if micro_batch.last or not hasattr(model, "no_sync"):
+            return contextlib.nullcontext()
+        return model.no_sync()
+
     def barrier(self) -> None:
         import torch.distributed as dist
 

@@ -49,7 +49,12 @@ def report(**values) -> None:
     f = _open()
     if f is None:
         return
-    record = {"time": time.time(), "rank": env.rank(), "restart": env.restart_count()}
+    record = {
+        "time": time.time(),
+        "rank": env.rank(),
+        "restart": env.restart_count(),
+        "world_size": env.world_size(),  # an elastic job's changes over time
+    }
     record.update({k: v for k, v in _progress.items() if v is not None})
     record.update({k: _plain(v) for k, v in values.items()})
     f.write(json.dumps(record) + "\n")

@@ -18,6 +18,7 @@ ends and is then killed: it starts over when it runs again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,6 +28,13 @@ from . import env
 
 #: Written by rank 0 when the ranks stopped for a preemption: ``{"step": N}``.
 MARKER = os.path.join("pids", "preempted.json")
+#: Written by the service (in the job dir) while it resizes an elastic job: the ranks
+#: stop as for a preemption, but the job goes on at once at its new size.
+RESIZING = "resizing.json"
+#: Written by rank 0 once its steps run under ``resume_range``: this run stops at a
+#: step boundary with a checkpoint when asked, so the service may resize an elastic
+#: job without losing work (a cell that never calls it would start over).
+RESUMABLE = os.path.join("pids", "resumable.json")
 
 _asked = threading.Event()
 
@@ -64,11 +72,31 @@ def agreed(ctx) -> bool:
 
 def record(ctx, step: int) -> None:
     """Rank 0 notes where the ranks stopped, for the service and the job's events."""
+    _note(ctx, MARKER, {"step": step})
+
+
+def stopped(step: int) -> str:
+    """What the job's events say once the ranks saved a checkpoint and stop."""
+    job_dir = env.get(env.JOB_DIR)
+    if job_dir and os.path.exists(os.path.join(job_dir, RESIZING)):
+        return f"saved a checkpoint at step {step} to change size"
+    return f"preempted: saved a checkpoint at step {step}; the job waits in the queue"
+
+
+def resumable(ctx, step: int) -> None:
+    """Rank 0 notes that this run stops at step boundaries when asked (from ``step``).
+    A hint for the scheduler: a job dir it cannot write to never fails the run."""
+    with contextlib.suppress(OSError):
+        _note(ctx, RESUMABLE, {"step": step})
+
+
+def _note(ctx, name: str, data: dict) -> None:
     job_dir = env.get(env.JOB_DIR)
     if ctx.rank != 0 or not job_dir:
         return
-    path = os.path.join(job_dir, MARKER)
+    path = os.path.join(job_dir, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"step": step}, f)
+        json.dump(data, f)
     os.replace(tmp, path)

@@ -21,6 +21,7 @@ import time
 
 from traitlets import Callable, Instance, default
 
+from gpulab.enforcement.kube.kueue import QUEUE_LABEL
 from gpulab.scheduler.slices import MILLI_PER_GPU
 
 from ..base import Backend, JobStatus
@@ -28,12 +29,15 @@ from ..spec import JobSpec, SpecError
 from . import jobset as jobset_mod
 from .apiclient import ApiClientHolder
 from .isolation import guard_objects, owned_by
-from .job import job_objects
+from .job import KUEUE_ELASTIC_GATE, job_objects
 from .job_settings import KubernetesJobsSettings
 from .pods import JobOptions, check_spec, job_name, rdzv_secret_name
 
 #: How long ``cancel`` waits for the cluster to remove a job's pods.
 CANCEL_WAIT_S = 120.0
+MERGE_PATCH = "application/merge-patch+json"
+#: What the API server (or an admission webhook) answers a change it refuses.
+REFUSED = (400, 403, 422)
 
 
 class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
@@ -242,6 +246,115 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
             details=details,
             message=f"the {kind} failed" + (f" ({why})" if why else ""),
         )
+
+    # -- elastic jobs ----------------------------------------------------------------
+    #: Whether :meth:`resize` shrinks a job in place. Off: the pods of the nodes that
+    #: leave get SIGTERM, and every rank then agrees to stop at the same step
+    #: (``gpulab.training.preemption``) and exits 0, so the pods that stay would
+    #: succeed and complete the Job. A shrink is a relaunch until a rank that stops
+    #: for another node's SIGTERM exits non-zero (torchrun then restarts it in a
+    #: smaller round).
+    shrink_in_place = False
+
+    async def resize(self, spec: JobSpec, nodes: int, allocations: list[dict]) -> bool:
+        """Resize the running elastic job ``spec`` to ``nodes`` in place: True when
+        done, False when the service is to stop it and start it again at ``nodes``.
+
+        In place is a merge patch of the Job's ``completions`` and ``parallelism``
+        (equal, as Kubernetes requires of an elastic Indexed Job): the Job controller
+        starts the pods of the new indexes (or removes the highest ones), and the
+        running torchrun agents take the new nodes in at their next round. Every pod
+        of a job has the same template, so a new node holds the same slice as the
+        others (``allocations`` change nothing in it). False for:
+
+        - a shrink (:attr:`shrink_in_place`);
+        - a Job in a Kueue queue that Kueue did not take as elastic (no
+          ``kueue.x-k8s.io/elastic-job`` scheduling gate in its template: Kueue older
+          than 0.13 or ElasticJobsViaWorkloadSlices off), which Kueue would evict for
+          its changed pod count;
+        - a JobSet in a Kueue queue (Kueue has no elastic JobSets), or one whose
+          webhook refuses the change (JobSet before v0.12, or its ElasticJobSet gate off);
+        - a change the API server refuses (Kubernetes before 1.27).
+        """
+        if not spec.elastic or not spec.least_nodes <= nodes <= spec.most_nodes:
+            raise SpecError(
+                f"job {spec.id} cannot run on {nodes} nodes: its range is "
+                f"{spec.least_nodes}:{spec.most_nodes}"
+            )
+        if await self._jobset(spec):
+            return await self._resize_jobset(spec, nodes)
+        return await self._resize_job(spec, nodes)
+
+    def _in_place(self, now: int, nodes: int) -> bool | None:
+        """True: nothing to change; False: not in place; None: patch it."""
+        if nodes == now:
+            return True
+        if nodes < now and not self.shrink_in_place:
+            return False
+        return None
+
+    async def _resize_job(self, spec: JobSpec, nodes: int) -> bool:
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        api = await self.api()
+        batch = client.BatchV1Api(api)
+        name = job_name(spec)
+        job = api.sanitize_for_serialization(await batch.read_namespaced_job(name, self.namespace))
+        done = self._in_place(int(job["spec"].get("parallelism") or 0), nodes)
+        if done is not None:
+            return done
+        if QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
+            gates = job["spec"]["template"]["spec"].get("schedulingGates") or []
+            if not any(g.get("name") == KUEUE_ELASTIC_GATE for g in gates):
+                return False
+        patch = {"spec": {"completions": nodes, "parallelism": nodes}}
+        try:
+            await batch.patch_namespaced_job(name, self.namespace, patch, _content_type=MERGE_PATCH)
+        except ApiException as e:
+            if e.status in REFUSED:
+                return False
+            raise
+        return True
+
+    async def _resize_jobset(self, spec: JobSpec, nodes: int, attempts: int = 3) -> bool:
+        """The replicated Job's ``completions`` and ``parallelism``; the JobSet
+        controller passes them on to its Job. A merge patch replaces the whole
+        ``replicatedJobs`` list, so it is sent back as read, on the resourceVersion
+        read (a JobSet changed in between is read again)."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        custom = client.CustomObjectsApi(await self.api())
+        where = (jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL)
+        name = job_name(spec)
+        for attempt in range(attempts):
+            js = await custom.get_namespaced_custom_object(*where, name)
+            rjobs = js["spec"]["replicatedJobs"]
+            [rjob] = [r for r in rjobs if r["name"] == jobset_mod.REPLICATED_JOB]
+            job_spec = rjob["template"]["spec"]
+            done = self._in_place(int(job_spec.get("parallelism") or 0), nodes)
+            if done is not None:
+                return done
+            if QUEUE_LABEL in ((js.get("metadata") or {}).get("labels") or {}):
+                return False  # Kueue would evict it for its changed pod count
+            job_spec["completions"] = job_spec["parallelism"] = nodes
+            patch = {"spec": {"replicatedJobs": rjobs}}
+            version = (js.get("metadata") or {}).get("resourceVersion")
+            if version:
+                patch["metadata"] = {"resourceVersion": version}
+            try:
+                await custom.patch_namespaced_custom_object(
+                    *where, name, patch, _content_type=MERGE_PATCH
+                )
+            except ApiException as e:
+                if e.status == 409 and attempt + 1 < attempts:
+                    continue  # changed since it was read: read it again
+                if e.status in (*REFUSED, 409):
+                    return False
+                raise
+            return True
+        return False
 
     async def reattach(self, spec: JobSpec) -> bool:
         return (await self.poll(spec)).state == "running"

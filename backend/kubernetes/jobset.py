@@ -8,6 +8,16 @@ pods are the same as in the Indexed Job (:mod:`.pods`): one replicated Job
 ``node`` of ``spec.nodes`` indexed pods, so the pod of node ``i`` is
 ``<jobset>-node-0-<i>.<jobset>`` and its index is still its completion index.
 
+An elastic job (``--nodes MIN:MAX``) gets the elastic Job's pod template
+(:func:`.job.elastic_template`: torchrun takes ``MIN:MAX`` nodes) in its one
+replicated Job of ``spec.nodes`` pods. JobSet lets the replicated Job's
+``completions`` and ``parallelism`` change together only from v0.12 with its
+``ElasticJobSet`` feature gate (alpha, off by default); elsewhere the webhook
+refuses the change and the backend relaunches the job at its new size instead.
+Kueue has no elastic JobSets (it refuses ``kueue.x-k8s.io/elastic-job`` on one),
+so a JobSet never carries that annotation, and one in a Kueue queue is always
+relaunched to resize.
+
 No schema for JobSet ships with kubernetes-validate; the tests check the
 JobSet's own fields against the CRD's documented shape, and its embedded Job
 template with kubernetes-validate.
@@ -16,6 +26,7 @@ template with kubernetes-validate.
 from __future__ import annotations
 
 from ..spec import JobSpec
+from .job import elastic_template
 from .pods import USER_ANNOTATION, JobOptions, common_labels, job_name, pod_labels, pod_template
 
 GROUP = "jobset.x-k8s.io"
@@ -32,13 +43,16 @@ def jobset_rdzv_host(spec: JobSpec) -> str:
 
 def make_jobset(spec: JobSpec, options: JobOptions) -> dict:
     name = job_name(spec)
+    template = pod_template(spec, options, jobset_rdzv_host(spec), subdomain=None)
+    if spec.elastic:
+        template = elastic_template(template, spec, options)
     job_spec = {
         "completionMode": "Indexed",
         "completions": spec.nodes,
         "parallelism": spec.nodes,
         # A failed pod fails its Job at once; the JobSet's failurePolicy restarts them all.
         "backoffLimit": 0,
-        "template": pod_template(spec, options, jobset_rdzv_host(spec), subdomain=None),
+        "template": template,
     }
     jobset_spec = {
         "network": {

@@ -37,6 +37,7 @@ from gpulab.scheduler.queue import PREEMPTED, JobQueue, Place, never_fits
 from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, label, noun, parse_gpu_milli, plural
 from gpulab.service.jobs.backends import NoLocalJobs, job_backends
 from gpulab.service.jobs.cpu_quota import over_quota
+from gpulab.service.jobs.elastic import Resizes, nodes_word
 from gpulab.service.jobs.pools import AUTO, Pool, PoolRefused
 from gpulab.service.jobs.preemption import Claim, Preemption, article
 from gpulab.service.tasks import KeptTask, wait_for_wake
@@ -67,6 +68,8 @@ class JobLimits:
     max_job_ranks: int
     max_job_vars_mib: int
     fair_share_half_life_seconds: float
+    #: Elastic jobs: how long one runs at a size before it may grow again.
+    elastic_grow_after_seconds: float = 10.0
 
 
 class JobManager:
@@ -116,6 +119,12 @@ class JobManager:
         #: Queued ``auto`` jobs: the pools each may start in (from its spec, once).
         self._auto: dict[str, list[str]] = {}
         self._loop = KeptTask("gpulab-job-queue", self.loop)
+        #: Elastic jobs' resizes (grow, shrink, go on after a failed node).
+        self.resizes = Resizes(
+            self,
+            grow_after_s=limits.elastic_grow_after_seconds,
+            grace_s=preemption.grace_seconds,
+        )
 
     @classmethod
     def of(cls, service, preemption: Preemption) -> JobManager:
@@ -139,6 +148,7 @@ class JobManager:
                 max_job_ranks=service.max_job_ranks,
                 max_job_vars_mib=service.max_job_vars_mib,
                 fair_share_half_life_seconds=service.fair_share_half_life_seconds,
+                elastic_grow_after_seconds=service.elastic_grow_after_seconds,
             ),
         )
 
@@ -226,11 +236,14 @@ class JobManager:
             pool = found.name
         return self.backends.get(pool)
 
-    def _backend(self, job: dict) -> Backend:
+    def backend_for(self, job: dict) -> Backend:
+        """The backend of a job's pool; LookupError if its pool is gone."""
         backend = self.backend_of(job)
         if backend is None:
             raise LookupError(f"job {job['id']}: no backend for pool {job.get('pool')!r}")
         return backend
+
+    _backend = backend_for
 
     def spec(self, job: dict) -> JobSpec:
         return self.jobdir(job).spec()
@@ -245,6 +258,10 @@ class JobManager:
         # Whom a job is stopped for stays the service's: the owner sees that it is.
         out["preempting"] = bool(job.get("preempting"))
         out["world_size"] = job["nodes"] * job["nproc_per_node"]
+        # An elastic job's size now (0 while it waits), and how it changed.
+        out["nodes_running"] = job["nodes"] if job["state"] == "running" else 0
+        out["elastic"] = Resizes.elastic(job)
+        out["resizing"] = bool(job.get("resizing"))
         if job["state"] != "queued":
             out["position"] = None
         else:
@@ -303,6 +320,8 @@ class JobManager:
         except (SpecError, SliceError, TypeError) as e:
             raise JobRefused(400, str(e)) from None
         self._check_limits(spec)
+        # An elastic job waits for MIN nodes; the service sets its size at each launch.
+        spec.nodes = spec.least_nodes
         if spec.priority > 0 and not who.admin:
             raise JobRefused(
                 403,
@@ -345,6 +364,8 @@ class JobManager:
                 "backend": places[0].kind if len(places) == 1 else "",
                 "pool": pool,
                 "nodes": spec.nodes,
+                "min_nodes": spec.min_nodes if spec.elastic else None,
+                "max_nodes": spec.max_nodes if spec.elastic else None,
                 "nproc_per_node": spec.nproc_per_node,
                 "gpu_milli": spec.gpu_milli,
                 "message": "queued",
@@ -353,20 +374,23 @@ class JobManager:
         where = (
             f"pool {pool}" if pool != AUTO else f"the first pool with room ({self.pools.names()})"
         )
-        jd.event(
-            f"job {spec.id} queued: {plural(spec.world_size, 'rank')} x {label(spec.gpu_milli)}, "
-            f"for {where}"
+        size = (
+            f"{spec.min_nodes} to {spec.max_nodes} nodes of {plural(spec.nproc_per_node, 'rank')}"
+            if spec.elastic
+            else plural(spec.world_size, "rank")
         )
+        jd.event(f"job {spec.id} queued: {size} x {label(spec.gpu_milli)}, for {where}")
         self._wake.set()
         return self.view(job)
 
     def _check_limits(self, spec: JobSpec) -> None:
         """The site's caps: every rank is a process somewhere, GPU or not."""
         cap = self.limits.max_job_ranks
-        if spec.world_size > cap:
+        ranks = spec.most_nodes * spec.nproc_per_node
+        if ranks > cap:
             raise JobRefused(
                 400,
-                f"the job asks for {spec.world_size} ranks ({plural(spec.nodes, 'node')} "
+                f"the job asks for {ranks} ranks ({plural(spec.most_nodes, 'node')} "
                 f"x {spec.nproc_per_node}); at most {cap} per job "
                 f"here: use fewer --nodes or --nproc-per-node (an admin can "
                 f"raise c.GpuLabService.max_job_ranks)",
@@ -438,6 +462,7 @@ class JobManager:
                     await self._poll_running()
                     await self.preemption.settle()
                     await self._admit()
+                    await self.resizes.grow()
             except Exception:  # the loop must outlive one bad job or a hub hiccup
                 log.exception("job loop")
             await wait_for_wake(self._wake, TICK_S)
@@ -451,9 +476,8 @@ class JobManager:
                 if self.backend_of(job) is None or not os.path.exists(
                     self.jobdir(job).p("spec.json")
                 ):
-                    owners = [
-                        f"{job['id']}/{r}" for r in range(job["nodes"] * job["nproc_per_node"])
-                    ]
+                    most = job.get("max_nodes") or job["nodes"]
+                    owners = [f"{job['id']}/{r}" for r in range(most * job["nproc_per_node"])]
                     await self.ledger.aio.run(
                         self._finish, job, owners, "failed", f"lost its job directory: {e}", {}
                     )
@@ -462,8 +486,15 @@ class JobManager:
         spec = self.spec(job)
         backend = self._backend(job)
         status = await backend.poll(spec)
+        if Resizes.elastic(job):  # its failures are the service's to count, not torchrun's
+            status.restarts = job["restarts"]
         if job["preempting"]:
             await self._poll_preempting(job, spec, status)
+            return
+        if job.get("resizing"):
+            await self.resizes.poll(job, spec, status)
+            return
+        if await self.resizes.after_failure(job, spec, status):
             return
         if status.restarts != job["restarts"]:
             self.queue.update(job["id"], restarts=status.restarts)
@@ -504,6 +535,10 @@ class JobManager:
         if not self.queue.finish(job["id"], state, message, **values):
             return None
         return released
+
+    async def end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
+        """End a job: ``state`` with ``message``; its slices go back."""
+        await self._end(job, spec, state, message, **values)
 
     async def _end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
         self._tails.pop(job["id"], None)
@@ -604,12 +639,17 @@ class JobManager:
                 state="queued",
                 started=None,
                 preempting=None,
+                resizing=None,
                 preemptions=job["preemptions"] + 1,
                 message=message,
                 **back_to,
             )
 
         back_to = self._requested(job)
+        if Resizes.elastic(job):  # it waits for MIN nodes again
+            back_to["nodes"] = job["min_nodes"]
+            spec.nodes = job["min_nodes"]
+            jd.write_json("spec.json", spec.to_dict())
         jd.reset_run()
         await self.ledger.aio.run(requeue)
         self._tails.pop(job["id"], None)
@@ -622,7 +662,7 @@ class JobManager:
         may run in, if its class may."""
         priorities = self.priorities
         klass = priorities.by_name.get(job["priority_class"]) or priorities.of_kind("job")
-        pools = self._candidates(job)
+        pools = self.candidates(job)
         if not pools:
             return
         claim = await self.preemption.make_room(
@@ -642,13 +682,13 @@ class JobManager:
             for owner, _ in claim.members:
                 await self.ledger.aio.release("job", owner)
             return
-        pool = claim.pool or (self._candidates(job) or [""])[0]
+        pool = claim.pool or (self.candidates(job) or [""])[0]
         kind = self.pools.by_name[pool].kind if pool in self.pools.by_name else ""
         self.queue.start(job["id"], pool, kind)
         await self._start(self.queue.get(job["id"]), rows)
 
     # -- pools -------------------------------------------------------------------------
-    def _candidates(self, job: dict) -> list[str]:
+    def candidates(self, job: dict) -> list[str]:
         """The pools a queued job may start in, in order: the one it names, or for
         ``auto`` those that could run it (worked out again after a restart)."""
         pool = job.get("pool")
@@ -675,7 +715,7 @@ class JobManager:
                 self._node_groups(job, name),
                 self.pools.by_name[name].kind,
             )
-            for name in self._candidates(job)
+            for name in self.candidates(job)
         ]
 
     def _requested(self, job: dict) -> dict:
@@ -716,11 +756,13 @@ class JobManager:
     async def _start(self, job: dict, rows: list[dict]) -> None:
         spec = self.spec(job)
         self._auto.pop(job["id"], None)
+        rows = await self.resizes.extend(job, spec, rows)
         where = sorted({f"{r['node']}:{r['gpu_index']}" for r in rows})
         pool = f" in pool {job['pool']}" if job.get("pool") and len(self.pools.list) > 1 else ""
         why = job["message"].split(": ", 1)[1] if job["message"].startswith("starting on") else ""
+        on = f"{nodes_word(spec.nodes)} of {job['max_nodes']}, " if Resizes.elastic(job) else ""
         self.jobdir(job).event(
-            f"job started{pool}: {plural(spec.world_size, 'rank')}"
+            f"job started{pool}: {on}{plural(spec.world_size, 'rank')}"
             + (f" on {noun(len(where), 'GPU')} {', '.join(where)}" if where else " on CPU")
             + (f" ({why})" if why else "")
         )

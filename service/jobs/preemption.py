@@ -30,6 +30,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 
+from gpulab.scheduler.elastic import is_surplus, shrink_targets, surplus_holders
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.policy import Request
 from gpulab.scheduler.preemption import Holder, Plan, choose_victims
@@ -39,6 +40,9 @@ from gpulab.service.sharing import groups_by_user
 
 log = logging.getLogger("gpulab.service.jobs.preemption")
 
+#: About how long an elastic job pauses to change size (a step boundary, a
+#: checkpoint, a restart): what shrinking costs, per GPU it keeps.
+RESIZE_PAUSE_S = 10.0
 #: How long a claim may wait after its grace period before it is given up
 #: (a victim that will not die; the requester asks again and gets a new plan).
 CLAIM_SLACK_S = 60.0
@@ -55,6 +59,8 @@ class Claim:
     deadline: float  # epoch seconds: the victims' grace ends
     pool: str = ""  # the pool whose GPUs it is placed on ("" = any: before pools)
     servers: list[str] = dataclasses.field(default_factory=list)  # idle servers hibernating
+    #: Elastic jobs shrinking for it: job id -> the nodes it goes on with.
+    shrinks: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -67,6 +73,11 @@ class Claim:
             n = len(self.servers)
             parts.append(
                 f"{n} idle server{'s' if n != 1 else ''} {'are' if n != 1 else 'is'} hibernating"
+            )
+        if self.shrinks:
+            n = len(self.shrinks)
+            parts.append(
+                f"{n} elastic job{'s' if n != 1 else ''} {'are' if n != 1 else 'is'} shrinking"
             )
         if self.victims:
             n = len(self.victims)
@@ -104,7 +115,7 @@ def eligible(
     borrowing: Callable[[str], bool],
 ) -> bool:
     """May a request of ``user`` at class ``value`` take ``victim`` (a job row)?"""
-    if not victim["preemptible"] or victim.get("preempting"):
+    if not victim["preemptible"] or victim.get("preempting") or victim.get("resizing"):
         return False
     if victim_value < value and (victim["user"] == user or borrowing(victim["user"])):
         return True
@@ -222,25 +233,32 @@ class Preemption:
         )
         if plan is None:
             return None
+        chosen = [v.key for v in plan.victims]
+        stopped = [k for k in chosen if k not in idle and not is_surplus(k)]
         claim = Claim(
             kind,
             user,
             list(members),
             value,
             what,
-            [v.key for v in plan.victims if v.key not in idle],
+            stopped,
             time.time() + self.grace_seconds,
             pool,
-            [v.key for v in plan.victims if v.key in idle],
+            [k for k in chosen if k in idle],
+            # A job stopped whole needs no shrinking too.
+            {j: n for j, n in shrink_targets(chosen).items() if j not in stopped},
         )
         self.claims[key] = claim
         for owner in claim.servers:
             await self.hibernations.hibernate_for_others(idle[owner], f"{what} of {user}")
+        for job_id, nodes in list(claim.shrinks.items()):
+            if not await self.jobs.resizes.shrink(job_id, nodes, f"{what} needed a GPU", key):
+                del claim.shrinks[job_id]  # it changed meanwhile; the claim waits less
         for victim in claim.victims:
             await self.jobs.preempt(victim, claim)
         log.info(
             "Preempting %s for %s of %s (%.0f GPU-seconds at risk, %d milli freed)",
-            ", ".join(claim.servers + claim.victims),
+            ", ".join(claim.servers + list(claim.shrinks) + claim.victims),
             what,
             user,
             plan.at_risk,
@@ -288,7 +306,7 @@ class Preemption:
         for a in ledger.list(owner_kind="job"):
             by_job[a["owner"].split("/", 1)[0]].append(a)
         priorities = self.priorities
-        holders = []
+        holders, surplus = [], []
         now = time.time()
         for job in self.jobs.queue.list(states=("running",)):
             backend = self.jobs.backend_of(job)
@@ -298,6 +316,17 @@ class Preemption:
             if any(a["gpu_uuid"] not in where for a in rows):
                 continue  # on a GPU the inventory no longer lists: freeing it helps no one
             victim_value = priorities.value(job["priority_class"], "job")
+            if victim_value <= value and self.jobs.resizes.resizable(job):
+                # Its part above MIN is borrowed: the same class or higher takes it back.
+                surplus += surplus_holders(
+                    job["id"],
+                    job["user"],
+                    victim_value,
+                    self._node_slices(job, rows, where),
+                    job["min_nodes"],
+                    RESIZE_PAUSE_S,
+                    _epoch(job["started"]),
+                )
             if not eligible(job, victim_value, user, value, reclaiming, borrowing):
                 continue
             holders.append(
@@ -310,8 +339,13 @@ class Preemption:
                     started=_epoch(job["started"]),
                 )
             )
-        # Idle servers first: hibernating one loses nothing, so batch jobs are
-        # stopped only when idle servers alone cannot make room.
+        # Shrinking elastic jobs first, then idle servers: neither loses work (a
+        # shrunk job only pauses; a hibernated server's user must wake it), so
+        # batch jobs are stopped only when those alone cannot make room.
+        if surplus:
+            plan = choose_victims(cluster, requests, surplus, ledger.policy)
+            if plan is not None:
+                return plan
         servers = []
         for owner, server in (idle or {}).items():
             rows = ledger.list(owner_kind="server", owner=owner)
@@ -320,10 +354,19 @@ class Preemption:
             slices = tuple((*where[a["gpu_uuid"]], a["milli"]) for a in rows)
             servers.append(Holder(owner, server.user, -1, slices, at_risk=0.0, started=now))
         if servers:
-            plan = choose_victims(cluster, requests, servers, ledger.policy)
+            plan = choose_victims(cluster, requests, surplus + servers, ledger.policy)
             if plan is not None:
                 return plan
-        return choose_victims(cluster, requests, servers + holders, ledger.policy)
+        return choose_victims(cluster, requests, surplus + servers + holders, ledger.policy)
+
+    @staticmethod
+    def _node_slices(job: Mapping, rows: list[dict], where: Mapping) -> list[tuple]:
+        """An elastic job's slices per node, ``(node index, GPU slot, milli)``."""
+        per_node: dict[int, list] = defaultdict(list)
+        for a in rows:
+            rank = int(a["owner"].rsplit("/", 1)[1])
+            per_node[rank // job["nproc_per_node"]].append((*where[a["gpu_uuid"]], a["milli"]))
+        return [tuple(per_node.get(n, ())) for n in range(job["nodes"])]
 
     def at_risk(self, job: Mapping, rows: list[dict], now: float) -> float:
         """GPU-seconds of the job's work since its last checkpoint (or its start)."""
@@ -339,6 +382,7 @@ class Preemption:
         running = {j["id"]: j for j in self.jobs.queue.list(states=("running",))}
         for key, claim in list(self.claims.items()):
             waiting = [v for v in claim.victims if v in running and running[v].get("preempting")]
+            waiting += [j for j in claim.shrinks if j in running and running[j].get("resizing")]
             if self.hibernations is not None:
                 waiting += [s for s in claim.servers if self.hibernations.busy(s)]
             if waiting:

@@ -132,6 +132,11 @@ ADDED_LATER = {
         "preemptions": 0,
         "preempting": None,
         "pool": None,  # a job of before pools: its backend's kind names its pool
+        # A job of before elastic jobs is a fixed one.
+        "min_nodes": None,
+        "max_nodes": None,
+        "resizes": None,
+        "resizing": None,
     },
     # d1's fixed count (2) and its batch size (8) as the target.
     "gpulab_deployments": {

@@ -310,3 +310,39 @@ async def test_preempt_makes_the_ranks_checkpoint_and_stop(sandbox, slurm_base):
     step = jd.preempted_at()
     assert step is not None and step < 30, step  # stopped early, at a step boundary
     assert jd.checkpoint()["step"] == step
+
+
+async def test_an_elastic_job_goes_on_without_a_failed_node_then_regrows(sandbox, slurm_base):
+    """``--nodes 1:2`` on Slurm: a rank killed on node 1 ends that Slurm job; the
+    service goes on with one node (a new one-node allocation, from the last
+    checkpoint), then grows back to both (a two-node allocation again)."""
+    from cells import ELASTIC
+
+    data = slurm_base / "elastic"
+    data.mkdir()
+    os.chmod(data, 0o755)  # the ranks' accounts pass through it
+    config = service_config(sandbox) + "c.GpuLabService.elastic_grow_after_seconds = 2\n"
+    async with running_service(data, config, simulate="") as svc:
+        alice = svc.create_user("alice")
+        body = {"min_nodes": 1, "max_nodes": 2, "max_restarts": 1, "checkpoint_every": 5}
+        env = {"STEPS": "40", "STEP_DELAY": "0.3"}
+        job = await submit(svc, alice, code=ELASTIC, gpu_milli=250, env=env, **body)
+        jd = jobdir(svc, job["id"])
+        records = await metrics_at_least(svc, alice, job["id"], 8)
+        assert records[-1]["world_size"] == 2  # both nodes were free: it started on both
+        pid = json.loads((jd / "pids" / "rank1.json").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
+
+        async def regrown():
+            j = (await svc.request("GET", f"/jobs/{job['id']}", alice)).json()
+            assert j["state"] in ("running", "succeeded"), j
+            return j if [r["nodes"] for r in j["resizes"]] == [1, 2] else None
+
+        grown = await wait_until_async(regrown, "the job at 1 node, then 2", 180, every=0.3)
+        assert "rank 1 failed" in grown["resizes"][0]["reason"], grown["resizes"]
+        done = await wait_job(svc, alice, job["id"])
+        assert done["state"] == "succeeded" and done["restarts"] == 1, done
+        launch = json.loads((jd / "launch.json").read_text())
+        assert "--nodes=2" in launch["sbatch"]  # the last allocation: both nodes again
+        m = (await svc.request("GET", f"/jobs/{job['id']}/metrics", alice)).json()["records"]
+        assert m[-1]["step"] == 39 and 1 in {r["world_size"] for r in m}

@@ -53,3 +53,38 @@ for step in range(100000):
     time.sleep(0.2)
     report(step=step)
 """
+
+# An elastic job's cell: the same global batch (32 samples) at any world size, split in
+# micro-batches of 8 with gradient accumulation (gpulab.training.batches), in float64 so
+# that runs at different sizes differ only by the order of additions. The loss reported
+# is the global batch's (summed over the ranks).
+ELASTIC = """
+import os, time
+import torch
+import torch.distributed as dist
+from gpulab.training import setup, report, checkpoint
+
+torch.set_default_dtype(torch.float64)
+ctx = setup()
+torch.manual_seed(0)
+model = ctx.wrap(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+g = torch.Generator().manual_seed(7)
+X = torch.randn(512, 8, generator=g)
+Y = X @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(512, 1, generator=g)
+steps = int(os.environ.get("STEPS", "60"))
+delay = float(os.environ.get("STEP_DELAY", "0"))
+for step in checkpoint.resume_range(ctx, total_steps=steps, state={"model": model, "opt": opt}):
+    opt.zero_grad()
+    total = torch.zeros(1)
+    for mb in ctx.micro_batches(step, len(X), global_batch=32, micro_batch=8):
+        with ctx.accumulating(model, mb):
+            loss = ((model(X[mb.indices]) - Y[mb.indices]) ** 2).mean() * mb.weight
+            loss.backward()
+        total += loss.detach()
+    opt.step()
+    if ctx.world_size > 1:
+        dist.all_reduce(total)
+    report(loss=total.item() / ctx.world_size, samples=32 // ctx.world_size)
+    time.sleep(delay)
+"""
