@@ -236,7 +236,14 @@ class JobDir:
 
     def resumable(self) -> bool:
         """Does the run step under ``resume_range`` (so a resize loses no work)?"""
-        return isinstance(self.read_user_json(RESUMABLE), dict)
+        return self.stepping_since() is not None
+
+    def stepping_since(self) -> float | None:
+        """When this run's ranks began stepping under ``resume_range`` (epoch
+        seconds), or None: not yet, or the cell never calls it."""
+        note = self.read_user_json(RESUMABLE)
+        since = note.get("time") if isinstance(note, dict) else None
+        return float(since) if isinstance(since, (int, float)) else None
 
     def reset_run(self) -> None:
         """Forget how the last run went (pids, exit codes, launch), before it runs again.

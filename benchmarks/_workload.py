@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-WORKLOAD = """
+# The model, the optimizer and rank 0's file of step times: every workload's start.
+_SETUP = """
 import os, time, torch
 from gpulab.training import setup, report, checkpoint
 ctx = setup()
@@ -18,7 +19,12 @@ model = ctx.wrap(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
                                      torch.nn.Linear(256, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 times = open(os.environ["BENCH_TIMES"], "a", buffering=1) if ctx.rank == 0 else None
-for step in checkpoint.resume_range(ctx, total_steps=int(os.environ["BENCH_STEPS"]), state={"model": model}):
+"""
+_STEPS = 'checkpoint.resume_range(ctx, total_steps=int(os.environ["BENCH_STEPS"]), state={"model": model})'
+WORKLOAD = (
+    _SETUP
+    + f"for step in {_STEPS}:"
+    + """
     g = torch.Generator().manual_seed(step * 2 + ctx.rank)
     x = torch.randn(256, 256, generator=g)
     loss = model(x).pow(2).mean()
@@ -27,32 +33,26 @@ for step in checkpoint.resume_range(ctx, total_steps=int(os.environ["BENCH_STEPS
     if times:
         times.write(f"{time.time()}\\n")
 """
+)
 WARMUP = 10
 
 # The same model over a dataset, as a fixed job reads it (a shuffled epoch, as a
 # DistributedSampler gives it: each rank 256 of the step's 512 samples) and as an
 # elastic one does (gpulab.training.batches: the same global batch at any size, here
 # in one micro-batch of 256 per rank, as the fixed).
-_DATA_WORKLOAD = """
-import os, time, torch
-from gpulab.training import setup, report, checkpoint
-ctx = setup()
-torch.manual_seed(0)
-model = ctx.wrap(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                                     torch.nn.Linear(512, 256), torch.nn.ReLU(),
-                                     torch.nn.Linear(256, 1)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-X = torch.randn(65536, 256, generator=torch.Generator().manual_seed(1))
-times = open(os.environ["BENCH_TIMES"], "a", buffering=1) if ctx.rank == 0 else None
+_DATA_WORKLOAD = (
+    _SETUP
+    + f"""X = torch.randn(65536, 256, generator=torch.Generator().manual_seed(1))
 seen = None
-for step in checkpoint.resume_range(ctx, total_steps=int(os.environ["BENCH_STEPS"]), state={"model": model}):
+for step in {_STEPS}:
     opt.zero_grad()
 %s
     opt.step()
     report(loss=loss.item(), samples=256)
     if times:
-        times.write(f"{time.time()}\\n")
+        times.write(f"{{time.time()}}\\n")
 """
+)
 FIXED_DATA = (
     _DATA_WORKLOAD
     % """

@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 from . import env
 
@@ -87,7 +88,7 @@ def resumable(ctx, step: int) -> None:
     """Rank 0 notes that this run stops at step boundaries when asked (from ``step``).
     A hint for the scheduler: a job dir it cannot write to never fails the run."""
     with contextlib.suppress(OSError):
-        _note(ctx, RESUMABLE, {"step": step})
+        _note(ctx, RESUMABLE, {"step": step, "time": time.time()})
 
 
 def _note(ctx, name: str, data: dict) -> None:

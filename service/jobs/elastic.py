@@ -131,13 +131,10 @@ class Resizes:
         return False
 
     def _settled(self, job: dict) -> bool:
-        """Has it run at this size long enough to restart for more?"""
-        since = job["resizes"][-1]["time"] if job["resizes"] else None
-        if since is None and job["started"]:
-            import datetime as dt
-
-            since = dt.datetime.fromisoformat(job["started"]).timestamp()
-        return since is None or clock.now() - since >= self.grow_after_s
+        """Has it trained at this size long enough to restart for more? Counted from
+        when its ranks began stepping (a relaunch's start-up is not training)."""
+        since = self.jobs.jobdir(job).stepping_since()
+        return since is not None and clock.now() - since >= self.grow_after_s
 
     async def grow(self) -> None:
         """Grow each running elastic job below MAX into slices free now (in the loop,

@@ -113,6 +113,81 @@ def test_the_stream_is_calibrated_to_the_load():
     assert [a.time for a in stream] == sorted(a.time for a in stream)
 
 
+EIGHT_GPUS = Request(gpu_milli=1000, num_gpu=8, cpu_milli=8000, memory_mib=8192)
+BIG_NODE = [("n0", 64000, 65536, ["T4"] * 8)]
+
+
+def elastic_trace():
+    """An 8-GPU batch job fills the node; a 1-GPU high pod comes at t=1000 for 500 s.
+
+    gpulab stops the job (it waits for the high pod to leave, then reruns at 8);
+    gpulab-elastic shrinks it to 7 and grows it back to 8 when the high pod leaves.
+    """
+    return [
+        pr.Arrival(0.0, EIGHT_GPUS, False, 3000.0),  # 3000 s at 8 GPUs = 24000 GPU-s
+        pr.Arrival(1000.0, ONE_GPU, True, 500.0),
+    ]
+
+
+def run_elastic(scheme, trace=None):
+    return pr.replay(BIG_NODE, trace or elastic_trace(), scheme, CONFIG, horizon=10_000.0)
+
+
+def test_only_batch_pods_of_several_whole_gpus_are_elastic():
+    assert pr.is_elastic(EIGHT_GPUS, high=False)
+    assert not pr.is_elastic(EIGHT_GPUS, high=True)  # high pods are never made room from
+    assert not pr.is_elastic(ONE_GPU, high=False)
+    assert not pr.is_elastic(Request(gpu_milli=500, num_gpu=2), high=False)  # shared GPUs
+    half = pr.width_request(EIGHT_GPUS, 4)
+    assert (half.num_gpu, half.cpu_milli, half.memory_mib) == (4, 4000, 4096)
+
+
+def test_an_elastic_job_shrinks_instead_of_being_stopped():
+    stopped, elastic = run_elastic("gpulab"), run_elastic("gpulab-elastic")
+    # gpulab stops the job; gpulab-elastic only shrinks it: nothing goes back to the queue
+    assert stopped.preemptions == 1 and stopped.shrinks == 0
+    assert elastic.preemptions == 0 and elastic.shrinks == 1 and elastic.grows == 1
+    # the high pod waits as long as for a victim: the step in flight + the save
+    assert elastic.high_wait_p99 == pytest.approx(15.0) == stopped.high_wait_p99
+    # the same work is done, and done sooner: the job never waits in the queue
+    assert elastic.batch_finished == stopped.batch_finished == 1
+    assert elastic.batch_goodput_gpu_h == stopped.batch_goodput_gpu_h == pytest.approx(24000 / 3600)
+    # gpulab: rerun at 8 GPUs once the high pod leaves at 1515: 2000 s left -> 3515.
+    assert stopped.batch_completion_mean_h == pytest.approx(3515 / 3600)
+    # elastic: 7 GPUs from 1025 (save + restart), grown to 8 at 1515 (restart at 1540)
+    # with 2000 - 490 * 7/8 s left at full size.
+    assert elastic.batch_completion_mean_h == pytest.approx((1540 + 2000 - 490 * 7 / 8) / 3600)
+    # lost: the stop (8 GPUs x 15 s), the restart at 7 (7 x 10 s), the growth (8 x 25 s)
+    assert elastic.lost_gpu_h == pytest.approx((8 * 15 + 7 * 10 + 8 * 25) / 3600)
+
+
+def test_an_elastic_job_starts_smaller_and_grows_when_room_frees():
+    trace = [
+        pr.Arrival(0.0, Request(1000, 6, 6000, 6144), False, 1000.0),  # fixed: 6 GPUs
+        pr.Arrival(10.0, EIGHT_GPUS, False, 1000.0),
+    ]
+    fixed, elastic = run_elastic("gpulab", trace), run_elastic("gpulab-elastic", trace)
+    assert fixed.batch_finished == elastic.batch_finished == 2
+    # fixed: it waits for all 8 GPUs (t=1000) and ends at 2000
+    assert fixed.batch_completion_mean_h == pytest.approx((1000 + 1990) / 2 / 3600)
+    # elastic: 2 GPUs from t=10 (1/4 speed: 247.5 s of work by t=1000), then 8
+    assert elastic.grows == 1 and elastic.preemptions == elastic.shrinks == 0
+    # grown at 1000 (step boundary + save + restart: runs at 8 from 1025): ends at 1777.5
+    assert elastic.batch_completion_mean_h == pytest.approx((1000 + 1767.5) / 2 / 3600)
+    assert elastic.batch_completion_mean_h < fixed.batch_completion_mean_h
+
+
+def test_a_job_is_stopped_when_shrinking_cannot_make_room():
+    # The high pod needs all 8 GPUs: no shrink (MIN is 1) makes room, so the job stops.
+    trace = [
+        pr.Arrival(0.0, EIGHT_GPUS, False, 3000.0),
+        pr.Arrival(1000.0, EIGHT_GPUS, True, 100.0),
+    ]
+    result = run_elastic("gpulab-elastic", trace)
+    assert result.preemptions == 1 and result.shrinks == 0
+    assert result.high_wait_p99 == pytest.approx(15.0)
+
+
 @pytest.mark.skipif(
     not (TRACES / "openb_node_list_gpu_node.csv").exists(),
     reason=f"Alibaba trace not found at {TRACES} (set GPULAB_TRACES)",
@@ -129,3 +204,5 @@ def test_cli_prints_every_row_and_the_goals():
     rows = [line for line in out.splitlines() if line.startswith(" 1.3 ")]
     assert [row.split()[1] for row in rows] == list(pr.SCHEMES)
     assert "gpulab goodput / priority goodput" in out and "(goal <= 0.5)" in out
+    assert "gpulab-elastic goodput / priority goodput" in out
+    assert "gpulab-elastic high wait p99" in out and "23 of the trace's" in out

@@ -28,7 +28,7 @@ def hub(tmp_path):
 def rank_pids(hub, job_id):
     return [
         json.load(open(p))["pid"]
-        for p in glob.glob(str(hub.data_dir / "jobs" / job_id / "pids" / "*.json"))
+        for p in glob.glob(str(hub.data_dir / "jobs" / job_id / "pids" / "rank*.json"))
     ]
 
 

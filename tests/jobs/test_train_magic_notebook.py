@@ -170,7 +170,7 @@ def test_a_notebook_name_not_sent_with_vars_is_refused_at_once_with_the_fix(
 @pytest.mark.parametrize(
     "flags, expected",
     [
-        ("--nodes 0", "--nodes 0: must be at least 1"),
+        ("--nodes 0", "--nodes 0: must be 1 to 64"),
         ("--gpu lots", "--gpu 'lots': give GPUs per rank"),
         ("--gpu 0.3", "3/10 GPU is not a slice size offered here"),
         ("--amp fp8", "argument --amp: invalid choice: 'fp8'"),

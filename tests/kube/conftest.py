@@ -41,17 +41,18 @@ def offline_kubeconfig(tmp_path_factory):
 
 @pytest.fixture
 async def job_cluster(tmp_path):
-    """``await make(groups, **settings)``: a fake API server (``fake_apiserver``, as no
-    cluster runs here) and a Kubernetes job backend of ``settings`` that talks to it,
-    in namespace ``gpulab`` with jobs on claim ``gpulab-jobs``; both stop after the test."""
+    """``await make(groups, server_class, **settings)``: a fake API server (``fake_apiserver``'s
+    ``FakeApiServer`` or the subclass ``server_class``, as no cluster runs here) and a
+    Kubernetes job backend of ``settings`` that talks to it, in namespace ``gpulab`` with
+    jobs on claim ``gpulab-jobs``; both stop after the test."""
     from fake_apiserver import FakeApiServer
 
     from gpulab.backend.kubernetes.backend import KubernetesBackend
 
     made = []
 
-    async def make(groups=("batch", "apps"), **settings):
-        server = await FakeApiServer(groups).start()
+    async def make(groups=("batch", "apps"), server_class=FakeApiServer, **settings):
+        server = await server_class(groups).start()
         backend = KubernetesBackend(
             str(tmp_path / "jobs"),
             namespace="gpulab",

@@ -31,7 +31,8 @@ def merge_patch(target, patch):
     return out
 
 
-def _status(code: int, reason: str, message: str) -> web.Response:
+def status_response(code: int, reason: str, message: str) -> web.Response:
+    """A failure answered as the API server does: a ``Status`` object with ``code``."""
     return web.json_response(
         {
             "kind": "Status",
@@ -119,19 +120,21 @@ class FakeApiServer:
         if request.method == "POST":
             key = f"{path}/{body['metadata']['name']}"
             if key in self.objects:
-                return _status(409, "AlreadyExists", f"{key} already exists")
+                return status_response(409, "AlreadyExists", f"{key} already exists")
             self.objects[key] = {**body, "metadata": {**body["metadata"], "uid": key}}
             return web.json_response(self.objects[key], status=201)
         key = path[: -len("/status")] if path.endswith("/status") else path
         if key not in self.objects:
-            return _status(404, "NotFound", f"{key} not found")
+            return status_response(404, "NotFound", f"{key} not found")
         if request.method == "GET":
             return web.json_response(self.objects[key])
         if request.method == "PUT":
             # A replace: the new spec, the status the controllers wrote kept (as for an
             # object with a status subresource).
             if body["metadata"]["name"] != key.rsplit("/", 1)[1]:
-                return _status(400, "BadRequest", "the name in the body does not match the URL")
+                return status_response(
+                    400, "BadRequest", "the name in the body does not match the URL"
+                )
             old = self.objects[key]
             self.objects[key] = {**body, "metadata": {**body["metadata"], "uid": key}}
             if "status" in old:
@@ -140,7 +143,9 @@ class FakeApiServer:
         if request.method == "PATCH":
             kind = request.content_type
             if kind != "application/merge-patch+json":
-                return _status(415, "UnsupportedMediaType", f"this server merges only, not {kind}")
+                return status_response(
+                    415, "UnsupportedMediaType", f"this server merges only, not {kind}"
+                )
             old = self.objects[key]
             # Metadata merges too (labels, ownerReferences), but never its name or uid.
             meta = merge_patch(old["metadata"], body.get("metadata") or {})
@@ -151,4 +156,4 @@ class FakeApiServer:
             # Foreground deletion would wait for the pods; this server has none.
             del self.objects[key]
             return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"})
-        return _status(405, "MethodNotAllowed", request.method)
+        return status_response(405, "MethodNotAllowed", request.method)

@@ -10,30 +10,34 @@ webhook adding its scheduling gate, JobSet's webhook refusing a change when its
 ElasticJobSet gate is off.
 """
 
+import functools
 import json
 import os
-import subprocess
 
 import jsonschema
 import pytest
 from crd_schemas import JOBSET
-from fake_apiserver import FakeApiServer, _status
-from kube_helpers import K8S_VERSIONS, validate_strict
-from kubelet_sim import container_argv, container_env
+from fake_apiserver import FakeApiServer, status_response
+from kube_helpers import (
+    JOBS_ROOT,
+    K8S_VERSIONS,
+    container,
+    options,
+    pod_view,
+    quarter,
+    validate_strict,
+)
+from kube_helpers import spec as base_spec
 
-from gpulab.backend.kubernetes import JobOptions, job_objects, make_job, make_jobset
-from gpulab.backend.kubernetes.backend import KubernetesBackend
+from gpulab.backend.kubernetes import job_objects, make_job, make_jobset
 from gpulab.backend.kubernetes.job import (
     ELASTIC_RDZV_CONF,
     KUEUE_ELASTIC_ANNOTATION,
     KUEUE_ELASTIC_GATE,
 )
-from gpulab.backend.kubernetes.pods import INDEX_ANNOTATION, NODE_WRAPPER
 from gpulab.backend.spec import JobSpec, SpecError
-from gpulab.enforcement.kube import GpuSlice, apply_to_pod, pod_slice_patch
 from gpulab.enforcement.kube.kueue import queue_patch
 
-ROOT = "/srv/gpulab/jobs"
 NS = "gpulab"
 JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
 JOBSETS = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets"
@@ -43,57 +47,8 @@ CONF = ",".join(f"{k}={v}" for k, v in ELASTIC_RDZV_CONF.items())
 
 def spec(**kw) -> JobSpec:
     """Elastic 1:4, running on 2 nodes now (unless ``kw`` says otherwise)."""
-    fields = dict(
-        code="print('hi')",
-        nodes=2,
-        min_nodes=1,
-        max_nodes=4,
-        image="registry.example/gpulab:1",
-        id="e1a5e1a5e1a5",
-        user="ann",
-        max_restarts=3,
-        backend="kubernetes",
-    )
-    fields.update(kw)
-    s = JobSpec(**fields)
-    s.validate()
-    return s
-
-
-def options(**kw) -> JobOptions:
-    return JobOptions(jobs_root=ROOT, jobs_pvc="gpulab-jobs", **kw)
-
-
-def quarter(backend: str = "hami"):
-    patch = pod_slice_patch(backend, GpuSlice.of(250, 81920, "H100-80GB"))
-    return lambda template: apply_to_pod(template, patch)
-
-
-def node_container(job: dict) -> dict:
-    return job["spec"]["template"]["spec"]["containers"][0]
-
-
-def pod_argv(job: dict, index: int) -> tuple[dict, list[str]]:
-    """(env, torchrun's argv) of the pod of completion index ``index``, after the
-    kubelet's expansion and the node wrapper (run here for real)."""
-    c = node_container(job)
-    refs = [
-        e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})
-    ]
-    secrets = {r["name"]: {r["key"]: "f" * 64} for r in refs}
-    env = container_env(
-        c, annotations={INDEX_ANNOTATION: str(index)}, pod_ip="10.0.0.7", secrets=secrets
-    )
-    argv = container_argv(c, env)
-    assert argv[:4] == ["/bin/sh", "-c", NODE_WRAPPER, "gpulab-node"]
-    out = subprocess.run(
-        ["/bin/sh", "-c", NODE_WRAPPER, "gpulab-node", "printf", "%s\\n", *argv[4:]],
-        env={"PET_NODE_RANK": env["PET_NODE_RANK"]},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return env, out.stdout.splitlines()
+    elastic = dict(min_nodes=1, max_nodes=4, id="e1a5e1a5e1a5", user="ann", backend="kubernetes")
+    return base_spec(**{**elastic, **kw})
 
 
 def as_job(js: dict) -> dict:
@@ -156,16 +111,16 @@ def test_every_pod_runs_torchrun_on_the_range():
     s = spec()
     job = make_job(s, options())
     for index in (0, 1, 3):
-        env, argv = pod_argv(job, index)
+        env, argv = pod_view(job, index, pod_ip="10.0.0.7")
         assert "--nnodes=1:4" in argv and not any(a == "--nnodes=2" for a in argv)
         assert f"--rdzv-conf=is_host={int(index == 0)},timeout=120,{CONF}" in argv
         assert "--rdzv-backend=gpulab" in argv
         assert f"--rdzv-endpoint={NAME}-0.{NAME}:29400" in argv
-        assert f"--log-dir={ROOT}/{s.id}/torchrun/node{index}" in argv
+        assert f"--log-dir={JOBS_ROOT}/{s.id}/torchrun/node{index}" in argv
         assert env["PET_NNODES"] == "1:4" and env["PET_NODE_RANK"] == str(index)
         assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     js = make_jobset(s, options())
-    _, argv = pod_argv(as_job(js), 2)
+    _, argv = pod_view(as_job(js), 2, pod_ip="10.0.0.7")
     assert "--nnodes=1:4" in argv and f"--rdzv-conf=is_host=0,timeout=120,{CONF}" in argv
     assert f"--rdzv-endpoint={NAME}-node-0-0.{NAME}:29400" in argv
 
@@ -178,7 +133,7 @@ def test_a_leaving_node_gets_the_grace_to_checkpoint():
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "120"
     # No grace set: Kubernetes' 30 s and torch's 30 s agree; nothing added.
-    env = {e["name"] for e in node_container(make_job(spec(), options()))["env"]}
+    env = {e["name"] for e in container(make_job(spec(), options()))["env"]}
     assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in env
 
 
@@ -209,7 +164,7 @@ def test_a_fixed_job_renders_as_before(kw):
     pinned = spec(min_nodes=2, max_nodes=2, **kw)
     assert not pinned.elastic
     assert make_job(pinned, o) == golden[key]["job"]
-    assert "--nnodes=2" in node_container(golden[key]["job"])["args"]
+    assert "--nnodes=2" in container(golden[key]["job"])["args"]
 
 
 def test_the_builders_do_not_change_their_input():
@@ -236,36 +191,19 @@ class RefusingApiServer(FakeApiServer):
         path = "/" + request.match_info["path"]
         if request.method == "PATCH" and self.refuse and path.startswith(self.refuse):
             self.requests.append(("PATCH", path, await request.json()))
-            return _status(422, "Invalid", "spec.replicatedJobs: field is immutable")
+            return status_response(422, "Invalid", "spec.replicatedJobs: field is immutable")
         if request.method == "PATCH" and self.conflicts:
             self.conflicts -= 1
             self.requests.append(("PATCH", path, await request.json()))
-            return _status(409, "Conflict", "the object has been modified")
+            return status_response(409, "Conflict", "the object has been modified")
         return await super()._objects(request)
 
 
 @pytest.fixture
-async def elastic_cluster(tmp_path):
-    """``await make(groups, **settings)``: a fake API server (none runs here) and a
-    Kubernetes job backend talking to it; both stop after the test."""
-    made = []
-
-    async def make(groups=("batch", "apps"), **settings):
-        server = await RefusingApiServer(groups).start()
-        backend = KubernetesBackend(
-            str(tmp_path / "jobs"),
-            namespace=NS,
-            jobs_pvc="gpulab-jobs",
-            kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
-            **settings,
-        )
-        made.append((server, backend))
-        return server, backend
-
-    yield make
-    for server, backend in made:
-        await backend.close()
-        await server.stop()
+def elastic_cluster(job_cluster):
+    """``await make(groups, **settings)``: conftest's ``job_cluster``, on a
+    :class:`RefusingApiServer`."""
+    return functools.partial(job_cluster, server_class=RefusingApiServer)
 
 
 def patches(server, collection):

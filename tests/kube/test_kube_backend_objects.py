@@ -18,8 +18,16 @@ import subprocess
 import jsonschema
 import pytest
 from crd_schemas import INFERENCE_SERVICE, JOBSET, KSERVE_COMPONENT_FIELDS
-from kube_helpers import K8S_VERSIONS, validate_strict
-from kubelet_sim import container_argv, container_env
+from kube_helpers import (
+    JOBS_ROOT,
+    K8S_VERSIONS,
+    container,
+    options,
+    pod_view,
+    quarter,
+    spec,
+    validate_strict,
+)
 
 import gpulab.backend.kubernetes as kube
 from gpulab.backend.kubernetes import (
@@ -33,68 +41,12 @@ from gpulab.backend.kubernetes import (
 from gpulab.backend.kubernetes.job import rdzv_host
 from gpulab.backend.kubernetes.jobset import jobset_rdzv_host
 from gpulab.backend.kubernetes.pods import INDEX_ANNOTATION, NODE_WRAPPER
-from gpulab.backend.spec import JobSpec, SpecError
-from gpulab.enforcement.kube import GpuSlice, apply_to_pod, pod_slice_patch
+from gpulab.backend.spec import SpecError
 from gpulab.enforcement.kube.kueue import queue_patch
-
-JOBS = "/srv/gpulab/jobs"
-
-
-def spec(**kw) -> JobSpec:
-    fields = dict(
-        code="print('hi')",
-        nodes=2,
-        nproc_per_node=1,
-        image="registry.example/gpulab:1",
-        id="a1b2c3d4e5f6",
-        user="ann@example.org",
-        max_restarts=3,
-    )
-    fields.update(kw)
-    s = JobSpec(**fields)
-    s.validate()
-    return s
-
-
-def options(**kw) -> JobOptions:
-    return JobOptions(jobs_root=JOBS, jobs_pvc="gpulab-jobs", **kw)
-
-
-def quarter(backend: str):
-    """The caller's pod patch: a 1/4 H100 per pod, as the service builds it from the ledger."""
-    patch = pod_slice_patch(backend, GpuSlice.of(250, 81920, "H100-80GB"))
-    return lambda template: apply_to_pod(template, patch)
-
-
-def container(obj: dict) -> dict:
-    return obj["spec"]["template"]["spec"]["containers"][0]
 
 
 def env_of(c: dict) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
-
-
-def pod_view(job: dict, index: int, pod_ip: str = "10.0.0.9"):
-    """(env, argv after the node wrapper) of the pod with completion index ``index``."""
-    c = container(job)
-    # The Secrets the pod names (the job's, ``make_job_secret``), as the kubelet reads them.
-    refs = [
-        e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})
-    ]
-    secrets = {r["name"]: {r["key"]: "f" * 64} for r in refs}
-    env = container_env(
-        c, annotations={INDEX_ANNOTATION: str(index)}, pod_ip=pod_ip, secrets=secrets
-    )
-    argv = container_argv(c, env)
-    assert argv[:4] == ["/bin/sh", "-c", NODE_WRAPPER, "gpulab-node"]
-    out = subprocess.run(
-        ["/bin/sh", "-c", NODE_WRAPPER, "gpulab-node", "printf", "%s\\n", *argv[4:]],
-        env={"PET_NODE_RANK": env["PET_NODE_RANK"]},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return env, out.stdout.splitlines()
 
 
 # -- schemas -------------------------------------------------------------------------
@@ -205,11 +157,11 @@ def test_index_1_rendezvous_at_index_0s_hostname():
         assert env["PET_MASTER_ADDR"] == f"{name}-0.{name}"
         assert env["PET_NODE_RANK"] == str(i)
         assert f"--local-addr=10.0.0.{i + 10}" in argv
-        assert f"--log-dir={JOBS}/{s.id}/torchrun/node{i}" in argv
+        assert f"--log-dir={JOBS_ROOT}/{s.id}/torchrun/node{i}" in argv
         assert argv[:3] == ["python", "-m", "gpulab.training.launch"] and argv[-3:] == [
             "--module",
             "gpulab.training.runner",
-            f"{JOBS}/{s.id}",
+            f"{JOBS_ROOT}/{s.id}",
         ]
     # Only index 0 hosts the c10d store.
     assert "--rdzv-conf=is_host=1,timeout=120" in views[0][1]
@@ -221,7 +173,7 @@ def test_pod_template_names_no_node():
     c = container(make_job(spec(), options()))
     text = repr(c)
     assert "node0" not in text and "is_host=0" not in text
-    assert "--log-dir=" + f"{JOBS}/a1b2c3d4e5f6/torchrun/node$(PET_NODE_RANK)" in c["args"]
+    assert "--log-dir=" + f"{JOBS_ROOT}/a1b2c3d4e5f6/torchrun/node$(PET_NODE_RANK)" in c["args"]
 
 
 def test_node_wrapper_refuses_a_pod_without_an_index():
@@ -259,9 +211,9 @@ def test_job_volume_and_checkpoints():
         {"name": "jobs", "persistentVolumeClaim": {"claimName": "gpulab-jobs"}}
     ]
     c = pod["containers"][0]
-    assert c["volumeMounts"] == [{"name": "jobs", "mountPath": JOBS}]
-    assert env_of(c)["GPULAB_CHECKPOINT_DIR"] == f"{JOBS}/{s.id}/checkpoints"
-    assert c["workingDir"] == f"{JOBS}/{s.id}"
+    assert c["volumeMounts"] == [{"name": "jobs", "mountPath": JOBS_ROOT}]
+    assert env_of(c)["GPULAB_CHECKPOINT_DIR"] == f"{JOBS_ROOT}/{s.id}/checkpoints"
+    assert c["workingDir"] == f"{JOBS_ROOT}/{s.id}"
 
     s = spec(checkpoint_dir="/ckpt/run1")
     c = container(make_job(s, options(checkpoint_pvc="gpulab-ckpt")))
