@@ -96,10 +96,14 @@ class Resizes:
 
     async def _place_nodes(self, job: dict, have: int, most: int):
         """Place whole nodes from node ``have`` up, as many as fit (up to ``most``
-        nodes in all): ``(count, rows)``, or None when not one fits."""
+        nodes in all, and within the owner's CPU and memory quota): ``(count, rows)``,
+        or None when not one fits."""
+        nproc = job["nproc_per_node"]
+        while most > have and self.jobs.over_host_quota(job, most * nproc):
+            most -= 1
         if not job["gpu_milli"]:
             count = most - have  # CPU ranks hold no slice
-            return (count, []) if count else None
+            return (count, []) if count > 0 else None
         ledger = self.jobs.ledger.pool(job.get("pool") or None)
         groups = await self.jobs.groups_of(job["user"])
         for count in range(most - have, 0, -1):

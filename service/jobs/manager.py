@@ -245,6 +245,14 @@ class JobManager:
 
     _backend = backend_for
 
+    def over_host_quota(self, job: dict, ranks: int) -> str | None:
+        """Why ``ranks`` ranks of ``job`` would not fit its owner's CPU and memory
+        quota on this host, or None (and None off this host: Slurm and Kubernetes
+        nodes have their own)."""
+        if not isinstance(self.backend_of(job), LocalBackend):
+            return None
+        return self.over_quota(job["user"], ranks, job["gpu_milli"], "ranks")
+
     def spec(self, job: dict) -> JobSpec:
         return self.jobdir(job).spec()
 

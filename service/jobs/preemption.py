@@ -316,6 +316,7 @@ class Preemption:
             if any(a["gpu_uuid"] not in where for a in rows):
                 continue  # on a GPU the inventory no longer lists: freeing it helps no one
             victim_value = priorities.value(job["priority_class"], "job")
+            whole = rows
             if victim_value <= value and self.jobs.resizes.resizable(job):
                 # Its part above MIN is borrowed: the same class or higher takes it back.
                 surplus += surplus_holders(
@@ -327,6 +328,10 @@ class Preemption:
                     RESIZE_PAUSE_S,
                     _epoch(job["started"]),
                 )
+                # Stopping it frees the rest: its MIN nodes (the holders above have
+                # the others; one slot in two holders would count as freed twice).
+                keep = job["min_nodes"] * job["nproc_per_node"]
+                whole = [a for a in rows if int(a["owner"].rsplit("/", 1)[1]) < keep]
             if not eligible(job, victim_value, user, value, reclaiming, borrowing):
                 continue
             holders.append(
@@ -334,7 +339,7 @@ class Preemption:
                     key=job["id"],
                     user=job["user"],
                     priority=victim_value,
-                    slices=tuple((*where[a["gpu_uuid"]], a["milli"]) for a in rows),
+                    slices=tuple((*where[a["gpu_uuid"]], a["milli"]) for a in whole),
                     at_risk=self.at_risk(job, rows, now),
                     started=_epoch(job["started"]),
                 )

@@ -130,6 +130,11 @@ export class JobsSection extends Section {
         ? `${plural(job.world_size || 1, 'rank')}, ${gpuLabel(job.gpu_milli)} each`
         : `${plural(job.world_size || 1, 'rank')}, no GPU`
     );
+    if (job.elastic) {
+      // --nodes MIN:MAX: the size now of its range (the cell says each change).
+      const range = `${job.min_nodes}-${job.max_nodes} nodes`;
+      facts.push(job.state === 'running' ? `${job.nodes_running} of ${range}` : range);
+    }
     facts.push(TERMINAL.has(job.state) ? `ended ${ago(job.finished)}` : `submitted ${ago(job.submitted)}`);
     row.append(el('div', 'gpulab-facts gpulab-progress', facts.join(' · ')));
     if (job.error && job.error.message) {
