@@ -178,14 +178,14 @@ class JobManager:
                     "gpulab is stopping: SIGTERM to every rank; they save a checkpoint "
                     "at the next step, and the job resumes at gpulab's next start"
                 )
-                if self._backend(job).can_preempt:
-                    await self._backend(job).preempt(specs[job["id"]])
+                if self.backend_for(job).can_preempt:
+                    await self.backend_for(job).preempt(specs[job["id"]])
             deadline = time.monotonic() + grace_s
             status, left = {}, running
             while left:  # polled once at least: every job's state is known below
                 await asyncio.sleep(0.1)
                 for j in left:
-                    status[j["id"]] = await self._backend(j).poll(specs[j["id"]])
+                    status[j["id"]] = await self.backend_for(j).poll(specs[j["id"]])
                 left = [j for j in left if status[j["id"]].state == "running"]
                 if time.monotonic() >= deadline:
                     break
@@ -198,7 +198,7 @@ class JobManager:
             log.info("Stopped %d running job(s) until gpulab's next start", len(running))
 
     async def _kill_now(self, job: dict, spec: JobSpec) -> None:
-        backend = self._backend(job)
+        backend = self.backend_for(job)
         if isinstance(backend, LocalBackend):
             await backend.cancel(spec, grace_s=0.5)  # SIGTERM was its grace
         else:
@@ -242,8 +242,6 @@ class JobManager:
         if backend is None:
             raise LookupError(f"job {job['id']}: no backend for pool {job.get('pool')!r}")
         return backend
-
-    _backend = backend_for
 
     def over_host_quota(self, job: dict, ranks: int) -> str | None:
         """Why ``ranks`` ranks of ``job`` would not fit its owner's CPU and memory
@@ -492,7 +490,7 @@ class JobManager:
 
     async def _poll_one(self, job: dict) -> None:
         spec = self.spec(job)
-        backend = self._backend(job)
+        backend = self.backend_for(job)
         status = await backend.poll(spec)
         if Resizes.elastic(job):  # its failures are the service's to count, not torchrun's
             status.restarts = job["restarts"]
@@ -511,7 +509,7 @@ class JobManager:
                 self.queue.update(job["id"], message="running")
             if spec.timeout and job["started"] and self._age(job) > spec.timeout:
                 await backend.cancel(spec)
-                await self._end(
+                await self.end(
                     job,
                     spec,
                     "failed",
@@ -519,7 +517,7 @@ class JobManager:
                     restarts=status.restarts,
                 )
             return
-        await self._end(
+        await self.end(
             job,
             spec,
             status.state,
@@ -546,9 +544,6 @@ class JobManager:
 
     async def end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
         """End a job: ``state`` with ``message``; its slices go back."""
-        await self._end(job, spec, state, message, **values)
-
-    async def _end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
         self._tails.pop(job["id"], None)
         current = self.queue.get(job["id"])
         if current is not None and current["state"] not in TERMINAL:
@@ -607,11 +602,11 @@ class JobManager:
             f"preempted for {claim.what}: SIGTERM to every rank; they save a checkpoint "
             f"at the next step and stop (grace {grace:g} s), then the job waits in the queue"
         )
-        await self._backend(job).preempt(spec)
+        await self.backend_for(job).preempt(spec)
 
     async def _poll_preempting(self, job: dict, spec: JobSpec, status) -> None:
         """A job asked to stop: requeue it once it has (or kill it after the grace)."""
-        backend = self._backend(job)
+        backend = self.backend_for(job)
         claim = job["preempting"]["claim"]
         if status.state == "running":
             if time.time() > job["preempting"]["deadline"]:
@@ -625,7 +620,7 @@ class JobManager:
         """A job asked to stop (for ``what``) has: ended if it finished within the
         grace period (nothing to resume), else queued again to resume."""
         if status.state == "succeeded" and self.jobdir(job).preempted_at() is None:
-            await self._end(job, spec, "succeeded", "succeeded", restarts=status.restarts)
+            await self.end(job, spec, "succeeded", "succeeded", restarts=status.restarts)
             return
         await self._requeue(job, spec, what)
 
@@ -775,10 +770,10 @@ class JobManager:
             + (f" ({why})" if why else "")
         )
         try:
-            await self._backend(job).start(spec, rows)
+            await self.backend_for(job).start(spec, rows)
         except Exception as e:
             log.exception("Starting job %s", job["id"])
-            await self._end(job, spec, "failed", f"could not start: {e}")
+            await self.end(job, spec, "failed", f"could not start: {e}")
 
     # -- moving a job (self-healing) -----------------------------------------------------
     async def move(self, job_id: str, what: str, why: str) -> bool:
@@ -831,7 +826,7 @@ class JobManager:
     async def _restart(self, job: dict, what: str, why: str) -> None:
         spec = self.spec(job)
         self.jobdir(job).event(f"{why}; stopping its processes to restart it")
-        await self._backend(job).cancel(spec)
+        await self.backend_for(job).cancel(spec)
         await self._requeue(job, spec, what)
 
     # -- cancelling ----------------------------------------------------------------------
@@ -842,8 +837,8 @@ class JobManager:
                 return self.view(job)
             spec = self.spec(job)
             if job["state"] == "running":
-                await self._backend(job).cancel(spec)
-            await self._end(job, spec, "cancelled", reason)
+                await self.backend_for(job).cancel(spec)
+            await self.end(job, spec, "cancelled", reason)
         return self.view(self.queue.get(job["id"]))
 
     # -- restarting ----------------------------------------------------------------------

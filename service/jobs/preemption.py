@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from gpulab.scheduler.elastic import is_surplus, shrink_targets, surplus_holders
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.policy import Request
-from gpulab.scheduler.preemption import Holder, Plan, choose_victims
+from gpulab.scheduler.preemption import Holder, Plan, choose_victims, placeable
 from gpulab.scheduler.quota import QuotaExceeded, Quotas
 from gpulab.scheduler.slices import MILLI_PER_GPU, shape_of
 from gpulab.service.sharing import groups_by_user
@@ -226,6 +226,9 @@ class Preemption:
         key = (kind, members[0][0])
         if key in self.claims:
             return self.claims[key]
+        held = await self.ledger.aio.run(self.ledger.list, owner_kind=kind, owner=members[0][0])
+        if held:
+            return None  # its claim was placed while this waited for the lock
         settings = await self.group_settings()
         idle = await self.idle_servers(user, value)
         plan = await self.ledger.aio.run(
@@ -301,6 +304,8 @@ class Preemption:
             return quotas.borrowing(u, usage, groups_by_user.get(u, {}))
 
         cluster, slots = ledger.cluster(ledger.allocated_by_gpu())
+        if placeable(cluster, requests, ledger.policy):
+            return None  # room came while this waited (a victim gone): stop no one
         where = {g.uuid: (i, j) for i, node in enumerate(slots) for j, g in enumerate(node)}
         by_job: dict[str, list[dict]] = defaultdict(list)
         for a in ledger.list(owner_kind="job"):
