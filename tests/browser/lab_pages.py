@@ -39,6 +39,13 @@ def lab_user(
     return token
 
 
+def host_network(message: str) -> bool:
+    """Chromium's word that this host's network interfaces changed: other tests' jobs
+    make and remove network namespaces (an elastic job's at every resize) while this
+    page loads. The browser retries the request; it is not the page's error."""
+    return "net::ERR_NETWORK_CHANGED" in message
+
+
 def open_lab(browser, hub, user: str, password: str, width: int = 1400, clipboard=False):
     """``(context, page, errors)`` with ``user``'s JupyterLab loading in ``page``."""
     context = browser.new_context(viewport={"width": width, "height": 900})
@@ -48,7 +55,10 @@ def open_lab(browser, hub, user: str, password: str, width: int = 1400, clipboar
     page.set_default_timeout(120_000)
     dismiss_false_connection_lost(page, hub, user)
     errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on(
+        "console",
+        lambda m: errors.append(m.text) if m.type == "error" and not host_network(m.text) else None,
+    )
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on(
         "response",
