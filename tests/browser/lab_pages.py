@@ -70,7 +70,13 @@ def open_lab(browser, hub, user: str, password: str, width: int = 1400, clipboar
     )
     browser_log_in(page, hub, user, password)
     page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
-    page.goto(f"{hub.url}/user/{user}/lab")
+    for attempt in range(3):  # a navigation the host's network change cut: go again
+        try:
+            page.goto(f"{hub.url}/user/{user}/lab")
+            break
+        except Exception as e:
+            if attempt == 2 or not host_network(str(e)):
+                raise
     return context, page, errors
 
 
