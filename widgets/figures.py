@@ -14,6 +14,7 @@ message per tab per tick. One widget per figure for its whole life.
 from __future__ import annotations
 
 import html
+import threading
 from copy import deepcopy
 from dataclasses import dataclass, field
 
@@ -89,6 +90,38 @@ def _color(colors: dict, group: str) -> str:
     return colors.setdefault(group, PALETTE[len(colors) % len(PALETTE)])
 
 
+class LiveFigure(go.FigureWidget):
+    """A ``FigureWidget`` whose new views (a page reloaded, the cell shown again) are
+    drawn from the figure as it is now.
+
+    plotly's widget state holds the figure it was made with; its later edits go to the
+    views open at the time, as messages. A view made later drew that old figure and
+    caught up only if a later edit changed every trace, so a reloaded dashboard could
+    show minutes-old points. The state a new view asks for is made here, from the
+    figure itself. ``edits`` is held by whoever edits the figure (the dashboard's
+    updater thread) and by the kernel's thread that answers the request.
+    """
+
+    def __init__(self, *args, **kwargs):
+        self._edits = threading.RLock()  # before the widget opens: opening sends the state
+        super().__init__(*args, **kwargs)
+
+    @property
+    def edits(self) -> threading.RLock:
+        return self._edits
+
+    def get_state(self, key=None, drop_defaults=False):
+        state = super().get_state(key, drop_defaults)
+        if not hasattr(self, "_layout"):  # the widget opening, before plotly's own init
+            return state
+        with self.edits:
+            for name, now in (("_widget_data", self._data), ("_widget_layout", self._layout)):
+                if name in state:
+                    to_json = self.trait_metadata(name, "to_json", self._trait_to_json)
+                    state[name] = to_json(deepcopy(now), self)
+        return state
+
+
 class TabFigure:
     """A FigureWidget with a ``rows`` x ``cols`` grid of subplots; ``view`` is what to show.
 
@@ -147,7 +180,7 @@ class TabFigure:
         # Made at the first draw that shows something, then kept: the browser answers a
         # graph's drawing with messages to its widget, and one closed or replaced
         # meanwhile got them after its end ("No such comm" in the kernel's log).
-        self.widget: go.FigureWidget | None = None
+        self.widget: LiveFigure | None = None
         self.view = w.VBox([])
 
     def draw(self, plot: Plot) -> None:
@@ -173,7 +206,7 @@ class TabFigure:
             self._rebuild(traces, plot.notes)
             self._keys, self._notes = keys, plot.notes
             return
-        with self.widget.batch_update():
+        with self.widget.edits, self.widget.batch_update():
             for t, shown in zip(traces, self.widget.data, strict=False):
                 shown.x = plain(t.x)
                 shown.y = plain(t.y)
@@ -193,27 +226,18 @@ class TabFigure:
             # The traces ride in the widget's first message (its comm's open), which
             # the browser cannot miss; nothing else is sent before it is drawn.
             fig.add_traces(new, rows=rows, cols=cols)
-            self.widget = go.FigureWidget(fig)
+            self.widget = LiveFigure(fig)
             self.view.children = (self.widget,)
             return
-        self.widget.data = ()
-        self.widget.layout = fig.layout
-        self.widget.add_traces(new, rows=rows, cols=cols)
-        self._keep_state()
+        with self.widget.edits:
+            self.widget.data = ()
+            self.widget.layout = fig.layout
+            self.widget.add_traces(new, rows=rows, cols=cols)
 
     def close(self) -> None:
         if self.widget is not None:
             self.widget.close()
         self.view.close()
-
-    def _keep_state(self) -> None:
-        """Store the graph's traces and layout as its widget's state, which a new view
-        (a page reloaded) is drawn from: plotly keeps there the figure the widget was
-        made with, and its later edits only reach the views open then
-        (``FigureWidget._repr_mimebundle_`` does the same for a figure shown alone).
-        The points follow at the next tick, which sends every trace's arrays."""
-        self.widget._widget_layout = deepcopy(self.widget._layout_obj._props)
-        self.widget._widget_data = deepcopy(self.widget._data)
 
     @property
     def shown(self) -> bool:

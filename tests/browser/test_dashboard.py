@@ -14,19 +14,25 @@ from support.wait import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-# Points in every plotly graph on the page, and each cell's execution prompt
-# ("[*]:" while it runs), read in one go so the two belong to the same moment.
+# Points in the plotly graphs shown (a hidden tab's graph is drawn again when shown),
+# and each cell's execution prompt ("[*]:" while it runs), read in one go so the two
+# belong to the same moment.
 READ_PAGE = """() => {
   const plots = Array.from(document.querySelectorAll('.gpulab-dashboard .js-plotly-plot'));
-  const points = plots.map(gd => (gd.data || []).reduce(
-      (n, t) => n + ((t.x && t.x.length) || 0), 0)).reduce((a, b) => a + b, 0);
+  const count = gd => (gd.data || []).reduce((n, t) => n + ((t.x && t.x.length) || 0), 0);
+  const points = plots.filter(gd => gd.offsetParent !== null).map(count)
+      .reduce((a, b) => a + b, 0);
   const prompts = Array.from(document.querySelectorAll(
       '.jp-Notebook .jp-Cell .jp-InputArea-prompt')).map(e => e.textContent.trim());
   // What the kernel says it holds (the status lines), to tell a stalled kernel-side
   // updater from updates that do not reach the plots.
   const held = Array.from(document.querySelectorAll('.gpulab-dashboard .gpulab-status'))
       .filter(e => e.offsetParent !== null).map(e => e.dataset.points);
-  return {points, prompts, held, plots: plots.length};
+  // ... and the shown status line's words: a failed redraw says why there.
+  const status = Array.from(document.querySelectorAll('.gpulab-dashboard .gpulab-status'))
+      .filter(e => e.offsetParent !== null).map(e => e.textContent.slice(0, 400));
+  const each = plots.map(gd => [gd.offsetParent !== null, count(gd)]);  // [shown, points]
+  return {points, prompts, held, plots: plots.length, each, status};
 }"""
 
 
@@ -67,6 +73,7 @@ def watch_console(page) -> None:
             CONSOLE.append(f"{message.type}: {message.text[:300]}")
 
     page.on("console", keep)
+    page.on("pageerror", lambda error: CONSOLE.append(f"error: uncaught {str(error)[:300]}"))
 
 
 def wait_page(page, predicate, timeout=180.0, what="the page"):
@@ -181,6 +188,7 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
         what="the reloaded page to show the kept history and new points",
     )
     assert after["points"] > before["points"]
+    assert not any("update failed" in line for line in after["status"]), after["status"]
     page.locator(".gpulab-dashboard").screenshot(
         path=os.path.join(artifacts_dir, "dashboard-after-reload.png")
     )

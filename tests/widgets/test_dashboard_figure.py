@@ -28,10 +28,26 @@ def test_a_new_series_keeps_the_widget_and_its_state_holds_every_trace():
     assert f.widget is widget and widget.comm is not None  # the same widget, still open
     assert [t.name for t in widget.data][-2:] == ["gpu 0", "gpu 1"]
     # A view opened now (a reloaded page) starts from the same traces.
-    assert [t.get("name") for t in widget._widget_data] == [t.name for t in widget.data]
+    state = widget.get_state()
+    assert [t.get("name") for t in state["_widget_data"]] == [t.name for t in widget.data]
     f.draw(Plot(traces=[line("gpu 0", [1.0])], notes=[Note(1, 1, "why")]))
     assert f.widget is widget
-    assert [a["text"] for a in widget._widget_layout["annotations"]][-1] == "why"
+    annotations = widget.get_state("_widget_layout")["_widget_layout"]["annotations"]
+    assert [a["text"] for a in annotations][-1] == "why"
+    f.close()
+
+
+def test_a_view_opened_later_is_drawn_with_every_point_drawn_since():
+    # A page reloaded minutes after the dashboard opened: its new view is drawn from the
+    # widget's state, which must hold the points of every tick since (the last CI run's
+    # reloaded page showed the figure as it was when its series last changed).
+    f = figure()
+    f.draw(Plot(traces=[line("gpu 0", [1.0])]))
+    for n in range(2, 6):  # four ticks, same series: edits, not a rebuild
+        f.draw(Plot(traces=[line("gpu 0", [float(i) for i in range(n)])]))
+    data = f.widget.get_state()["_widget_data"]
+    assert data[-1]["y"] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert data[-1]["x"] == [0.0, 1.0, 2.0, 3.0, 4.0]
     f.close()
 
 
