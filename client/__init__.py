@@ -31,6 +31,10 @@ def __getattr__(name: str):
         from .endpoint import Endpoint
 
         return Endpoint
+    if name in ("Collection", "Hit"):
+        from . import collections
+
+        return getattr(collections, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -44,10 +48,12 @@ __all__ = [
     "AuthenticationError",
     "BadRequest",
     "Client",
+    "Collection",
     "ConfigurationError",
     "Endpoint",
     "Conflict",
     "GpuLabError",
+    "Hit",
     "NotFound",
     "PermissionDenied",
     "RequestRefused",

@@ -24,6 +24,7 @@ from urllib.parse import urlencode
 import aiohttp
 
 from .alerts import AlertsAPI
+from .collections import CollectionsAPI
 from .deployments import DeploymentsMixin
 from .errors import ConfigurationError, ServiceUnreachable, refused
 from .hibernations import HibernationsAPI
@@ -62,7 +63,15 @@ def run_sync(coro, timeout: float | None = None):
     return asyncio.run_coroutine_threadsafe(coro, _LoopThread.loop()).result(timeout)
 
 
-class AsyncClient(JobsMixin, DeploymentsMixin, TelemetryAPI, UsageAPI, AlertsAPI, HibernationsAPI):
+class AsyncClient(
+    JobsMixin,
+    DeploymentsMixin,
+    TelemetryAPI,
+    UsageAPI,
+    AlertsAPI,
+    HibernationsAPI,
+    CollectionsAPI,
+):
     def __init__(self, api_url: str | None = None, token: str | None = None, timeout: float = 60.0):
         self.api_url = (api_url or os.environ.get("GPULAB_API_URL") or "").rstrip("/")
         self._token = token or os.environ.get("JUPYTERHUB_API_TOKEN") or ""

@@ -53,6 +53,7 @@ from gpulab.service import listen_addresses
 from gpulab.service.api import alerts as alerts_api
 from gpulab.service.api import allocations as api
 from gpulab.service.api import audit as audit_api
+from gpulab.service.api import collections as collections_api
 from gpulab.service.api import deployments as deployments_api
 from gpulab.service.api import gpus as gpus_api
 from gpulab.service.api import hibernations as hibernations_api
@@ -93,6 +94,8 @@ from gpulab.service.sharing import SharingSettings
 from gpulab.service.telemetry.local_sampler import LocalSampler
 from gpulab.service.telemetry.metrics import EndpointCollector, LedgerCollector, Metrics
 from gpulab.service.telemetry.store import TelemetryStore
+from gpulab.service.vectors.manager import CollectionManager
+from gpulab.service.vectors.settings import VectorSettings
 from gpulab.telemetry import SampleCollector
 
 log = logging.getLogger("gpulab.service")
@@ -110,13 +113,14 @@ ROUTE_MODULES = (
     gpus_api,
     pools_api,
     hibernations_api,
+    collections_api,
 )
 
 #: What one init step may raise that means "this configuration cannot work".
 CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
 
 
-class GpuLabService(SharingSettings, Application):
+class GpuLabService(SharingSettings, VectorSettings, Application):
     name = "gpulab-service"
     description = (
         "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."
@@ -730,6 +734,7 @@ class GpuLabService(SharingSettings, Application):
     preemption = Instance(Preemption, allow_none=True)
     jobs = Instance(JobManager, allow_none=True)
     deployments = Instance("gpulab.service.endpoints.manager.DeploymentManager", allow_none=True)
+    vectors = Instance(CollectionManager, allow_none=True)
     telemetry = Instance(TelemetryStore, allow_none=True)
     hibernations = Instance(Hibernations, allow_none=True)
     sampler = Instance(LocalSampler, allow_none=True)
@@ -789,6 +794,7 @@ class GpuLabService(SharingSettings, Application):
             self.init_audit,
             self.init_jobs,
             self.init_deployments,
+            self.init_vectors,
             self.init_reconcile,
             self.init_telemetry,
             self.init_hibernation,
@@ -898,6 +904,10 @@ class GpuLabService(SharingSettings, Application):
         # Configuration errors surface here, before anything listens.
         self.deployments = DeploymentManager.of(self)
         self.metrics.registry.register(EndpointCollector(self.deployments))
+
+    def init_vectors(self):
+        #: Vector collections; the embedded engine starts at their first use.
+        self.vectors = CollectionManager.of(self)
 
     def init_reconcile(self):
         """The ledger kept true against the hub: slices of servers that are gone
@@ -1114,6 +1124,7 @@ class GpuLabService(SharingSettings, Application):
                 self.reconciler,
                 self.jobs,
                 self.deployments,
+                self.vectors,
                 self.healer,
                 self.sampler,
                 self.alerts,

@@ -300,7 +300,11 @@ class APIHandler(BoundedBody, BaseHandler):
         if isinstance(exc, web.HTTPError) and exc.log_message:
             # Tornado stores a message without args %-escaped ("%%deploy").
             message = exc.log_message % exc.args
-        if status_code >= 500:
+        if status_code >= 500 and not (
+            # Ours on purpose, and what to do about it ("the engine is restarting; try
+            # again"): said. Anything else of 5xx may hold what only the log should.
+            status_code in (502, 503, 504) and isinstance(exc, web.HTTPError) and exc.log_message
+        ):
             message = "internal error in the gpulab service; see its log"
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": message}))

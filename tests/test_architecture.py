@@ -40,13 +40,14 @@ NARROW = {
 #: service/'s own rooms -> the others it may import ("app": service/'s top-level
 #: modules, the app and what every room shares: auth, the hub's API, kept tasks).
 SERVICE_ROOMS = {
-    "app": {"api", "jobs", "endpoints", "operations", "telemetry", "hibernation"},
-    "api": {"app", "jobs", "endpoints", "operations", "telemetry", "hibernation"},
+    "app": {"api", "jobs", "endpoints", "operations", "telemetry", "hibernation", "vectors"},
+    "api": {"app", "jobs", "endpoints", "operations", "telemetry", "hibernation", "vectors"},
     "jobs": {"app", "telemetry"},
     "endpoints": {"app", "jobs"},
     "operations": {"app"},
     "telemetry": {"app"},
     "hibernation": {"app"},
+    "vectors": {"app", "endpoints"},
 }
 #: Inside a rank or a model server: never the hub.
 LIGHT_ROOMS = ("training", "serving")

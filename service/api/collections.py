@@ -1,0 +1,146 @@
+"""Routes for vector collections (``/api/v1/collections``).
+
+::
+
+    GET    api/v1/collections                          yours, shared with you (admins: all)
+    POST   api/v1/collections                          {"name", "dim", "metric", "index",
+                                                        "embed", "share_users", "share_groups"}
+    GET    api/v1/collections/{owner}/{name}           one, with its row count
+    PATCH  api/v1/collections/{owner}/{name}           sharing (owner, admins)
+    DELETE api/v1/collections/{owner}/{name}           drop it and its rows (owner, admins)
+    POST   api/v1/collections/{owner}/{name}/insert    {"ids"?, "vectors" | "texts", "metadata"?}
+    POST   api/v1/collections/{owner}/{name}/upsert    the same; ids replace their rows
+    POST   api/v1/collections/{owner}/{name}/delete    {"ids": [...]}
+    POST   api/v1/collections/{owner}/{name}/search    {"vector" | "vectors" | "text" | "texts",
+                                                        "k", "filter"}
+
+Owner, admins and the users and groups a collection is shared with use it; to
+anyone else it does not exist (403, never which). The work is the collection
+manager's (:mod:`gpulab.service.vectors.manager`).
+"""
+
+from __future__ import annotations
+
+from tornado import web
+
+from gpulab.service.auth import APIHandler
+from gpulab.service.vectors.checks import Refused
+from gpulab.service.vectors.manager import CollectionManager
+
+
+class _CollectionHandler(APIHandler):
+    body_setting = "collection_body_limit_mib"
+
+    def body_limit(self) -> int:
+        return self.gpulab.collection_body_limit_mib << 20
+
+    @property
+    def collections(self) -> CollectionManager:
+        manager = self.gpulab.vectors
+        if manager is None:
+            raise web.HTTPError(503, "vector collections are still starting; try again")
+        return manager
+
+    def found(self, owner: str, name: str, manage: bool = False) -> dict:
+        who = self.require_identity()
+        self.audit_subject, self.audit_user = f"{owner}/{name}", owner
+        try:
+            return self.collections.find(who, owner, name, manage)
+        except Refused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+
+    async def answer(self, work, status: int = 200) -> None:
+        try:
+            result = await work
+        except Refused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        self.write_json(result, status)
+
+
+class CollectionsHandler(_CollectionHandler):
+    audit_actions = {"POST": "collection.create"}
+
+    def get(self):
+        who = self.require_identity()
+        manager = self.collections
+        self.write_json([manager.view(row) for row in manager.visible(who)])
+
+    async def post(self):
+        who = self.require_identity()
+        body = self.json_body()
+        try:
+            view = await self.collections.create(who, body)
+        except Refused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        await self.audit(
+            "collection.create",
+            view["collection"],
+            user=view["owner"],
+            dim=view["dim"],
+            metric=view["metric"],
+            embed=view["embed"],
+        )
+        self.set_header("Location", f"{self.request.path.rstrip('/')}/{view['collection']}")
+        self.write_json(view, 201)
+
+
+class CollectionHandler(_CollectionHandler):
+    audit_actions = {
+        "GET": "collection.read",
+        "PATCH": "collection.share",
+        "DELETE": "collection.drop",
+    }
+
+    async def get(self, owner, name):
+        row = self.found(owner, name)
+        await self.answer(self.collections.counted_view(row))
+
+    async def patch(self, owner, name):
+        row = self.found(owner, name, manage=True)
+        body = self.json_body()
+        try:
+            view = self.collections.share(row, body)
+        except Refused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        await self.audit(
+            "collection.share",
+            view["collection"],
+            user=owner,
+            share_users=view["share_users"],
+            share_groups=view["share_groups"],
+        )
+        self.write_json(view)
+
+    async def delete(self, owner, name):
+        row = self.found(owner, name, manage=True)
+        try:
+            await self.collections.drop(row)
+        except Refused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        await self.audit("collection.drop", f"{owner}/{name}", user=owner)
+        self.write_json({"dropped": f"{owner}/{name}"})
+
+
+class RowsHandler(_CollectionHandler):
+    audit_actions = {"POST": "collection.use"}
+
+    async def post(self, owner, name, verb):
+        row = self.found(owner, name)
+        body = self.json_body()
+        manager = self.collections
+        who = self.identity
+        work = {
+            "insert": lambda: manager.write(who, row, body, upsert=False),
+            "upsert": lambda: manager.write(who, row, body, upsert=True),
+            "delete": lambda: manager.delete(row, body),
+            "search": lambda: manager.search(who, row, body),
+        }[verb]
+        await self.answer(work())
+
+
+OWNER_NAME = r"api/v1/collections/([^/]+)/([^/]+)"
+routes = [
+    (r"api/v1/collections", CollectionsHandler),
+    (OWNER_NAME, CollectionHandler),
+    (OWNER_NAME + r"/(insert|upsert|delete|search)", RowsHandler),
+]

@@ -1,0 +1,1 @@
+"""Vector collections: the engine process, its client, the collections manager."""

@@ -1,0 +1,199 @@
+"""The embedded vector engine as a process of its own, under its own account.
+
+The service starts :mod:`.engine_server` (Milvus Lite) as the system account
+``gpulab_vectors`` when it runs as root (else as itself), with its data in
+``<data-dir>/vectors`` (that account's, mode 0700) and its socket in a private
+directory (mode 0700: the service and the engine only). The engine dies with the
+service (the kernel kills it when its parent goes, ``PR_SET_PDEATHSIG``), and one a
+killed service left behind is stopped by the next (its pid file). If the engine
+exits on its own, it is started again; calls meanwhile get "restarting".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gpulab.enforcement.accounts import unreachable
+from gpulab.enforcement.system_accounts import ensure_system_account, running_as_root
+
+log = logging.getLogger("gpulab.service.vectors")
+
+ENGINE_ACCOUNT = "gpulab_vectors"
+ENGINE_MODULE = "gpulab.service.vectors.engine_server"
+READY_TIMEOUT_S = 60.0
+#: Waits between restarts of an engine that keeps exiting: 1 s doubling to a minute.
+RESTART_BACKOFF_S = (1.0, 60.0)
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child before exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class EngineProcess:
+    """Starts, watches and stops the embedded engine; ``uri`` is where it answers."""
+
+    def __init__(self, data_dir: str):
+        self.root = os.path.join(data_dir, "vectors")
+        self.pid_file = os.path.join(data_dir, "vector-engine.pid")
+        self.socket_dir = ""
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self._account = None
+        self._made = False
+
+    @property
+    def uri(self) -> str:
+        return "unix:" + os.path.join(self.socket_dir, "engine.sock")
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.socket_dir, "engine.sock")
+
+    def prepare(self) -> None:
+        """Stop the engine a killed service left behind (it holds the data directory's
+        lock) and make the socket's directory; the rest waits for the first use."""
+        self._stop_leftover()
+        # A short path of its own: a Unix socket's path has at most 107 bytes.
+        self.socket_dir = tempfile.mkdtemp(prefix="gpulab-vectors-")
+
+    def _make_room(self) -> None:
+        """The engine's account and its data directory, which it must be able to reach."""
+        account = ensure_system_account(ENGINE_ACCOUNT) if running_as_root() else None
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        if account is not None:
+            why = unreachable(os.path.dirname(self.root))
+            if why:
+                raise RuntimeError(f"its account {ENGINE_ACCOUNT} cannot reach its data: {why}")
+            for path in (self.root, self.socket_dir):
+                os.chown(path, account.uid, account.gid)
+        self._account = account
+        self._made = True
+
+    def start_process(self) -> None:
+        kwargs = self._account.popen_kwargs() if self._account is not None else {}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": self.root,
+            "PYTHONUNBUFFERED": "1",
+        }
+        log_path = os.path.join(os.path.dirname(self.root), "vector-engine.log")
+        with open(log_path, "ab") as log_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", ENGINE_MODULE, self.root, self.socket],
+                cwd=self.root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+                preexec_fn=_die_with_parent,
+                **kwargs,
+            )
+        with open(self.pid_file, "w") as f:
+            f.write(str(self.proc.pid))
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Until the socket answers (Milvus Lite replays its log first)."""
+        import grpc
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the vector engine exited with {self.proc.returncode} as it started; "
+                    f"see {os.path.dirname(self.root)}/vector-engine.log"
+                )
+            if os.path.exists(self.socket):
+                channel = grpc.insecure_channel("unix:" + self.socket)
+                try:
+                    grpc.channel_ready_future(channel).result(timeout=1)
+                    return
+                except grpc.FutureTimeoutError:
+                    pass
+                finally:
+                    channel.close()
+            time.sleep(0.1)
+        raise RuntimeError(f"the vector engine did not answer within {timeout:g} s")
+
+    async def start(self) -> None:
+        await self._start_and_wait()
+        self._task = asyncio.create_task(self._watch())
+
+    async def _start_and_wait(self) -> None:
+        if not self._made:
+            self._make_room()
+        # Started from the event loop's thread, which lives as long as the service: the
+        # engine's death signal follows the thread that started it, not the process.
+        self.start_process()
+        await asyncio.to_thread(self.wait_ready)
+        log.info("Vector engine ready (pid %d)", self.proc.pid)
+
+    async def _watch(self) -> None:
+        delay = RESTART_BACKOFF_S[0]
+        while not self._stopping:
+            code = await asyncio.to_thread(self.proc.wait)
+            if self._stopping:
+                return
+            log.warning("The vector engine exited with %s; starting it again", code)
+            await asyncio.sleep(delay)
+            try:
+                await self._start_and_wait()
+                self.restarts += 1
+                delay = RESTART_BACKOFF_S[0]
+            except Exception as e:
+                log.error("Starting the vector engine again failed: %s", e)
+                delay = min(delay * 2, RESTART_BACKOFF_S[1])
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                await asyncio.to_thread(self.proc.wait, 10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        with contextlib.suppress(OSError):
+            os.unlink(self.pid_file)
+        if self.socket_dir:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+    def _stop_leftover(self) -> None:
+        try:
+            pid = int(Path(self.pid_file).read_text().strip())
+        except (OSError, ValueError):
+            return
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return
+        if ENGINE_MODULE.encode() not in cmdline:
+            return  # the pid is someone else's now
+        log.warning("Stopping the vector engine a previous service left (pid %d)", pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            if not os.path.exists(f"/proc/{pid}"):
+                break
+            time.sleep(0.05)

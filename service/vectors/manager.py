@@ -1,0 +1,388 @@
+"""Vector collections: who may do what, the rows checked, the engine called.
+
+The rules are the endpoints': the owner and admins manage a collection (share,
+drop); they and the users and groups it is shared with list, search, insert, upsert
+and delete rows; to anyone else it does not exist. A collection that names an
+embedding endpoint (``embed="alice/minilm"``) takes texts: they are embedded through
+that endpoint as the caller (who must be allowed to call it), in batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+from gpulab.db.collections import CollectionNameTaken, CollectionStore
+from gpulab.db.engine import utcnow
+from gpulab.service.endpoints.settings import DeployRefused, check_sharing
+
+from . import checks
+from .checks import CollectionLimits, Refused
+from .engine import EngineError, VectorEngine
+from .engine_process import EngineProcess
+
+log = logging.getLogger("gpulab.service.vectors")
+
+#: Texts per call to the embedding endpoint (its batcher splits further).
+EMBED_BATCH = 256
+#: Rows written to a collection before it is sealed into indexed segments.
+FLUSH_ROWS = 20_000
+#: (caller, owner, endpoint name, texts) -> one vector per text.
+Embedder = Callable[[object, str, str, list[str]], Awaitable[list[list[float]]]]
+
+
+def can_use(who, row: dict) -> bool:
+    return (
+        who.can_act_for(row["user"])
+        or who.name in row["share_users"]
+        or bool(who.groups & set(row["share_groups"]))
+    )
+
+
+class CollectionManager:
+    def __init__(
+        self,
+        store: CollectionStore,
+        engine: VectorEngine,
+        limits: CollectionLimits,
+        embedder: Embedder | None,
+        endpoint_lineage: Callable[[str, str], dict | None],
+        process: EngineProcess | None = None,
+    ):
+        self.store = store
+        self.engine = engine
+        self.limits = limits
+        self.embedder = embedder
+        self.endpoint_lineage = endpoint_lineage
+        self.process = process
+        self._started = asyncio.Lock()
+        self._unsealed: dict[str, int] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    @classmethod
+    def of(cls, service) -> CollectionManager:
+        process = None
+        uri = service.vector_engine_uri
+        if not uri:
+            process = EngineProcess(service.data_dir)
+            process.prepare()
+            uri = process.uri
+        deployments = service.deployments
+        return cls(
+            store=CollectionStore(service.engine),
+            engine=VectorEngine(uri, service.vector_engine_token),
+            limits=CollectionLimits(
+                max_rows=service.collection_max_rows,
+                max_dim=service.collection_max_dim,
+                max_per_user=service.max_user_collections,
+            ),
+            embedder=deployments.calls.embed if deployments is not None else None,
+            endpoint_lineage=lambda owner, name: _endpoint_lineage(deployments, owner, name),
+            process=process,
+        )
+
+    # -- the engine's process ------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the embedded engine now if collections exist (it replays its log);
+        else at the first call, so a site without collections never runs it."""
+        if self.process is not None and self.store.list():
+            self._spawn(self.ready())
+
+    async def ready(self) -> None:
+        if self.process is None or self.process.proc is not None:
+            return
+        async with self._started:
+            if self.process.proc is None:
+                try:
+                    await self.process.start()
+                except Exception as e:
+                    log.error("The vector engine did not start: %s", e)
+                    self.process.proc = None
+                    raise Refused(503, f"the vector engine did not start: {e}") from None
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self.process is not None:
+            await self.process.stop()
+        self.engine.close()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _engine(self, call, *args):
+        await self.ready()
+        try:
+            return await call(*args)
+        except EngineError as e:
+            if self.process is not None and not self.process.running:
+                raise Refused(503, "the vector engine is restarting; try again") from None
+            raise Refused(e.status, str(e)) from None
+
+    # -- finding -------------------------------------------------------------------------
+    def visible(self, who) -> list[dict]:
+        return [row for row in self.store.list() if can_use(who, row)]
+
+    def find(self, who, owner: str, name: str, manage: bool = False) -> dict:
+        """``owner/name`` if ``who`` may use it (``manage``: share or drop it); else 404
+        to its owner and admins, 403 to others (a stranger is not told whether it exists)."""
+        row = self.store.find(owner, name)
+        allowed = row is not None and (who.can_act_for(owner) if manage else can_use(who, row))
+        if allowed:
+            return row
+        if row is None and who.can_act_for(owner):
+            raise Refused(404, f"no collection {name!r} of {owner}")
+        if row is not None and can_use(who, row):
+            raise Refused(403, f"only {owner} and admins may change or drop {owner}/{name}")
+        raise Refused(
+            403,
+            f"{who.name} may not use collection {owner}/{name}: "
+            f"it does not exist or is not shared with you",
+        )
+
+    def view(self, row: dict, count: int | None = None) -> dict:
+        return {
+            "owner": row["user"],
+            "name": row["name"],
+            "collection": f"{row['user']}/{row['name']}",
+            "dim": row["dim"],
+            "metric": row["metric"],
+            "index": row["index_type"],
+            "embed": row["embed"],
+            "share_users": row["share_users"],
+            "share_groups": row["share_groups"],
+            "created": row["created"],
+            "lineage": row["lineage"],
+            # Where the index is built and searched: no GPU index in the embedded engine.
+            "device": "cpu",
+            "count": count,
+        }
+
+    async def counted_view(self, row: dict) -> dict:
+        return self.view(row, await self._engine(self.engine.count, row["user"], row["id"]))
+
+    # -- making and dropping -------------------------------------------------------------
+    async def create(self, who, body: dict) -> dict:
+        known = {"name", "dim", "metric", "index", "embed", "share_users", "share_groups"}
+        unknown = set(body) - known
+        if unknown:
+            raise Refused(
+                400,
+                f"unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}",
+            )
+        owner = who.name
+        name = checks.name(body.get("name"))
+        metric = checks.metric(body.get("metric", "cosine"))
+        index = body.get("index", "hnsw")
+        if index not in ("hnsw", "flat"):
+            raise Refused(400, f"unknown index {index!r}; use hnsw or flat")
+        try:
+            sharing = check_sharing(body)
+        except DeployRefused as e:
+            raise Refused(e.status, str(e)) from None
+        if len(self.store.list(owner)) >= self.limits.max_per_user:
+            raise Refused(
+                403,
+                f"{owner} has {self.limits.max_per_user} collections, the most allowed; "
+                "drop one first",
+            )
+        lineage = {"created_by": who.name, "created": utcnow().isoformat()}
+        embed = body.get("embed")
+        dim = body.get("dim")
+        if embed is not None:
+            endpoint = self._endpoint(who, embed)
+            probe = await self._embed_as(who, endpoint, ["dimension probe"])
+            if dim is not None and dim != len(probe[0]):
+                raise Refused(
+                    400,
+                    f"endpoint {endpoint} gives {len(probe[0])}-d vectors, not {dim}-d: "
+                    "leave dim out or match it",
+                )
+            dim = len(probe[0])
+            lineage["embed"] = {
+                "endpoint": endpoint,
+                **(self.endpoint_lineage(*endpoint.split("/", 1)) or {}),
+            }
+            embed = endpoint
+        if dim is None:
+            raise Refused(400, "dim is missing: give the vectors' dimension, or embed=an endpoint")
+        dim = checks.dimension(dim, self.limits)
+        cid = "c" + uuid.uuid4().hex
+        await self._engine(self.engine.create, owner, cid, dim, metric, index)
+        try:
+            row = self.store.add(
+                {
+                    "id": cid,
+                    "user": owner,
+                    "name": name,
+                    "dim": dim,
+                    "metric": metric,
+                    "index_type": index,
+                    "embed": embed,
+                    "lineage": lineage,
+                    **sharing,
+                }
+            )
+        except CollectionNameTaken:
+            await self._engine(self.engine.drop, owner, cid)
+            raise Refused(409, f"{owner} already has a collection {name!r}") from None
+        return self.view(row, 0)
+
+    async def drop(self, row: dict) -> None:
+        # The row goes first: a crash between the two leaves an engine collection no row
+        # names (unreachable, harmless), never a row whose vectors are gone.
+        self.store.remove(row["id"])
+        await self._engine(self.engine.drop, row["user"], row["id"])
+
+    def share(self, row: dict, body: dict) -> dict:
+        unknown = set(body) - {"share_users", "share_groups"}
+        if unknown:
+            raise Refused(
+                400,
+                f"only share_users and share_groups can change; not {', '.join(sorted(unknown))}",
+            )
+        try:
+            values = check_sharing(body)
+        except DeployRefused as e:
+            raise Refused(e.status, str(e)) from None
+        if values:
+            self.store.update(row["id"], **values)
+        return self.view(self.store.get(row["id"]))
+
+    # -- rows ----------------------------------------------------------------------------
+    async def write(self, who, row: dict, body: dict, upsert: bool) -> dict:
+        unknown = set(body) - {"ids", "vectors", "texts", "metadata"}
+        if unknown:
+            raise Refused(
+                400,
+                f"unknown field(s) {', '.join(sorted(unknown))}; send ids, "
+                "vectors or texts, metadata",
+            )
+        vectors = await self._vectors_of(who, row, body, "vectors", "texts")
+        n = len(vectors)
+        ids = checks.ids(body.get("ids"), n)
+        metadata = checks.metadata(body.get("metadata"), n)
+        if not upsert and body.get("ids") is not None:
+            taken = await self._engine(self.engine.existing, row["user"], row["id"], ids)
+            if taken:
+                some = ", ".join(sorted(taken)[:5])
+                raise Refused(
+                    409,
+                    f"{len(taken)} id(s) already in {row['user']}/{row['name']} ({some}); "
+                    "use upsert to replace them",
+                )
+        rows = [
+            {"id": i, "vector": v, "metadata": m}
+            for i, v, m in zip(ids, vectors, metadata, strict=True)
+        ]
+        await self._engine(self.engine.write, row["user"], row["id"], rows, upsert)
+        self._written(row, n)
+        return {"ids": ids, "count": n}
+
+    async def delete(self, row: dict, body: dict) -> dict:
+        if set(body) != {"ids"}:
+            raise Refused(400, 'send {"ids": [...]}: the ids of the rows to delete')
+        ids = body["ids"]
+        if not isinstance(ids, list):
+            raise Refused(400, "ids must be a list")
+        checks.rows_count(len(ids), self.limits, "ids")
+        ids = checks.ids(ids, len(ids))
+        found = await self._engine(self.engine.existing, row["user"], row["id"], ids)
+        if found:
+            await self._engine(self.engine.delete, row["user"], row["id"], sorted(found))
+        return {"deleted": len(found)}
+
+    async def search(self, who, row: dict, body: dict) -> dict:
+        unknown = set(body) - {"vector", "vectors", "text", "texts", "k", "filter"}
+        if unknown:
+            raise Refused(400, f"unknown field(s) {', '.join(sorted(unknown))}")
+        many = "vectors" in body or "texts" in body
+        one = {"vector": "vectors", "text": "texts"}
+        query = {
+            one.get(key, key): [v] if key in one else v
+            for key, v in body.items()
+            if key in ("vector", "vectors", "text", "texts")
+        }
+        vectors = await self._vectors_of(who, row, query, "vectors", "texts")
+        k = checks.k(body.get("k", 10))
+        expression = checks.filter_expression(body.get("filter"))
+        found = await self._engine(
+            self.engine.search, row["user"], row["id"], vectors, k, row["metric"], expression
+        )
+        return {"results": found} if many else {"hits": found[0]}
+
+    # -- embedding -----------------------------------------------------------------------
+    async def _vectors_of(self, who, row: dict, body: dict, vkey: str, tkey: str) -> list:
+        given = [key for key in (vkey, tkey) if key in body]
+        if len(given) != 1:
+            raise Refused(400, f"send either {vkey} or {tkey}")
+        if vkey in body:
+            return checks.vectors(body[vkey], row["dim"], self.limits, vkey)
+        texts = checks.texts(body[tkey], self.limits)
+        if not row["embed"]:
+            raise Refused(
+                400,
+                f"{row['user']}/{row['name']} names no embedding endpoint: send vectors, "
+                'or make the collection with embed="owner/endpoint"',
+            )
+        vectors = []
+        for start in range(0, len(texts), EMBED_BATCH):
+            vectors += await self._embed_as(who, row["embed"], texts[start : start + EMBED_BATCH])
+        if any(len(v) != row["dim"] for v in vectors):
+            raise Refused(
+                502,
+                f"endpoint {row['embed']} gave vectors of another size than the "
+                f"collection's {row['dim']}; was it redeployed with another model?",
+            )
+        return vectors
+
+    def _endpoint(self, who, embed) -> str:
+        if not isinstance(embed, str) or not embed.strip():
+            raise Refused(400, 'embed must name an endpoint: "minilm" or "alice/minilm"')
+        owner, _, name = embed.rpartition("/")
+        return f"{owner or who.name}/{name}"
+
+    async def _embed_as(self, who, endpoint: str, texts: list[str]) -> list[list[float]]:
+        if self.embedder is None:
+            raise Refused(503, "no deployment manager here to embed texts; send vectors")
+        owner, name = endpoint.split("/", 1)
+        try:
+            return await self.embedder(who, owner, name, texts)
+        except Refused:
+            raise
+        except Exception as e:
+            status = getattr(e, "status", None)
+            if isinstance(status, int):
+                raise Refused(status, f"embedding through {endpoint}: {e}") from None
+            raise
+
+    def _written(self, row: dict, n: int) -> None:
+        cid = row["id"]
+        self._unsealed[cid] = self._unsealed.get(cid, 0) + n
+        if self._unsealed[cid] >= FLUSH_ROWS:
+            self._unsealed[cid] = 0
+            self._spawn(self._seal(row))
+
+    async def _seal(self, row: dict) -> None:
+        try:
+            await self.engine.flush(row["user"], row["id"])
+        except Exception as e:  # a later write seals it again
+            log.warning("Sealing %s/%s failed: %s", row["user"], row["name"], e)
+
+
+def _endpoint_lineage(deployments, owner: str, name: str) -> dict | None:
+    """The endpoint's newest version and where it came from, when it is known."""
+    if deployments is None:
+        return None
+    dep = deployments.store.find(owner, name)
+    if dep is None:
+        return None
+    versions = deployments.store.versions(dep["id"])
+    if not versions:
+        return None
+    newest = versions[-1]
+    return {"version": newest["version"], "model": newest.get("lineage") or None}

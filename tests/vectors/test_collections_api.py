@@ -1,0 +1,324 @@
+"""Vector collections on the real service (in-process, a stand-in hub API) and the real
+embedded engine (Milvus Lite as a process of its own): rows in and found again, every
+bad input a 4xx with its reason and nothing half-written, the sharing rules of
+endpoints, and no acknowledged row lost when the engine is killed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import numpy as np
+import pytest
+from hubproc import let_accounts_reach
+from support.service import running_service
+
+pytestmark = pytest.mark.slow
+
+DIM = 8
+
+
+def unit_vectors(n: int, seed: int = 0) -> list[list[float]]:
+    rng = np.random.default_rng(seed)
+    v = rng.normal(size=(n, DIM))
+    return (v / np.linalg.norm(v, axis=1, keepdims=True)).tolist()
+
+
+async def make(svc, token, name="docs", **body):
+    r = await svc.request("POST", "/collections", token=token, json={"name": name, **body})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+async def test_rows_go_in_and_are_found_with_their_metadata(tmp_path):
+    let_accounts_reach(tmp_path)
+    async with running_service(tmp_path / "svc") as svc:
+        alice = svc.create_user("alice")
+        view = await make(svc, alice, dim=DIM)
+        assert (view["owner"], view["name"], view["dim"], view["metric"]) == (
+            "alice",
+            "docs",
+            DIM,
+            "cosine",
+        )
+        vectors = unit_vectors(50)
+        body = {
+            "ids": [f"doc-{i}" for i in range(50)],
+            "vectors": vectors,
+            "metadata": [{"lang": "en" if i % 2 else "de", "n": i} for i in range(50)],
+        }
+        r = await svc.request("POST", "/collections/alice/docs/insert", token=alice, json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["count"] == 50
+
+        r = await svc.request(
+            "POST",
+            "/collections/alice/docs/search",
+            token=alice,
+            json={"vector": vectors[7], "k": 3},
+        )
+        hits = r.json()["hits"]
+        assert hits[0]["id"] == "doc-7" and hits[0]["score"] == pytest.approx(1.0, abs=1e-4)
+        assert hits[0]["metadata"] == {"lang": "en", "n": 7}
+        assert len(hits) == 3
+
+        # A filter: as Milvus's expression or as {key: value}; every hit matches.
+        for flt in ('metadata["lang"] == "de"', {"lang": "de"}):
+            r = await svc.request(
+                "POST",
+                "/collections/alice/docs/search",
+                token=alice,
+                json={"vector": vectors[7], "k": 5, "filter": flt},
+            )
+            assert r.status_code == 200, r.text
+            assert {h["metadata"]["lang"] for h in r.json()["hits"]} == {"de"}
+
+        # Several queries at once: one list of hits each.
+        r = await svc.request(
+            "POST",
+            "/collections/alice/docs/search",
+            token=alice,
+            json={"vectors": vectors[:3], "k": 1},
+        )
+        assert [hits[0]["id"] for hits in r.json()["results"]] == ["doc-0", "doc-1", "doc-2"]
+
+        # Upsert replaces a row; delete removes rows; the count follows.
+        r = await svc.request(
+            "POST",
+            "/collections/alice/docs/upsert",
+            token=alice,
+            json={"ids": ["doc-7"], "vectors": [vectors[8]], "metadata": [{"lang": "fr"}]},
+        )
+        assert r.status_code == 200, r.text
+        r = await svc.request(
+            "POST", "/collections/alice/docs/delete", token=alice, json={"ids": ["doc-1", "nope"]}
+        )
+        assert r.json() == {"deleted": 1}
+        r = await svc.request("GET", "/collections/alice/docs", token=alice)
+        assert r.json()["count"] == 49
+        r = await svc.request(
+            "POST",
+            "/collections/alice/docs/search",
+            token=alice,
+            json={"vector": vectors[8], "k": 2},
+        )
+        assert {h["id"] for h in r.json()["hits"]} == {"doc-7", "doc-8"}
+
+        # Dropped: gone from the list, the name free again.
+        r = await svc.request("DELETE", "/collections/alice/docs", token=alice)
+        assert r.status_code == 200, r.text
+        r = await svc.request("GET", "/collections", token=alice)
+        assert r.json() == []
+        await make(svc, alice, dim=4)
+
+
+async def test_bad_input_is_refused_with_the_reason_and_nothing_is_written(tmp_path):
+    let_accounts_reach(tmp_path)
+    async with running_service(tmp_path / "svc") as svc:
+        alice = svc.create_user("alice")
+        await make(svc, alice, dim=DIM)
+        insert = "/collections/alice/docs/insert"
+        good = unit_vectors(3)
+        cases = [
+            (insert, {"vectors": [good[0], good[1][:5]]}, 400, "has 5 numbers"),
+            (insert, {"vectors": [good[0], [1.0] * (DIM - 1) + ["x"]]}, 400, "not a number"),
+            (insert, {"vectors": unit_vectors(1001)}, 413, "at most 1000"),
+            (insert, {"vectors": good, "ids": ["a", "a", "b"]}, 400, "same id twice"),
+            (insert, {"vectors": good, "metadata": [{}, {}]}, 400, "list of 3 objects"),
+            (insert, {"vectors": good, "colour": 1}, 400, "unknown field"),
+            (insert, {"texts": ["hello"]}, 400, "names no embedding endpoint"),
+            ("/collections/alice/docs/search", {"vector": good[0], "filter": "lang =="}, 400, ""),
+            ("/collections/alice/docs/search", {"vector": good[0], "k": 0}, 400, "k must be"),
+            ("/collections", {"name": "x", "dim": 4, "metric": "hamming"}, 400, "unknown metric"),
+            ("/collections", {"name": "Bad Name", "dim": 4}, 400, "collection name"),
+            ("/collections", {"name": "x"}, 400, "dim is missing"),
+            ("/collections", {"name": "x", "dim": 100_000}, 400, "dim must be"),
+            ("/collections", {"name": "docs", "dim": 4}, 409, "already has"),
+        ]
+        for path, body, status, words in cases:
+            r = await svc.request("POST", path, token=alice, json=body)
+            assert r.status_code == status, (body, r.text)
+            assert words in r.json()["error"], (body, r.text)
+        # NaN, and bytes that are not UTF-8: the body parser's 400.
+        for raw in (b'{"vectors": [[NaN, 0, 0, 0, 0, 0, 0, 0]]}', b'{"vectors": "\xff\xfe"}'):
+            r = await svc.request(
+                "POST",
+                insert,
+                token=alice,
+                data=raw,
+                headers_extra={"Content-Type": "application/json"},
+            )
+            assert r.status_code == 400, r.text
+        # None of it was written, and the 409 of an id taken writes none of its batch.
+        assert (await svc.request("GET", "/collections/alice/docs", token=alice)).json()[
+            "count"
+        ] == 0
+        r = await svc.request(
+            "POST", insert, token=alice, json={"ids": ["a"], "vectors": [good[0]]}
+        )
+        assert r.status_code == 200
+        r = await svc.request(
+            "POST", insert, token=alice, json={"ids": ["b", "a"], "vectors": good[1:]}
+        )
+        assert r.status_code == 409 and "use upsert" in r.json()["error"], r.text
+        assert (await svc.request("GET", "/collections/alice/docs", token=alice)).json()[
+            "count"
+        ] == 1
+
+
+async def test_others_see_nothing_until_it_is_shared_and_admins_see_all(tmp_path):
+    let_accounts_reach(tmp_path)
+    async with running_service(tmp_path / "svc") as svc:
+        alice = svc.create_user("alice")
+        bob = svc.create_user("bob")
+        carol = svc.create_user("carol", groups=["lab"])
+        await make(svc, alice, dim=DIM)
+        vec = unit_vectors(1)
+        uses = [
+            ("GET", "/collections/alice/docs", None),
+            ("POST", "/collections/alice/docs/search", {"vector": vec[0]}),
+            ("POST", "/collections/alice/docs/insert", {"vectors": vec}),
+        ]
+        assert (await svc.request("GET", "/collections", token=bob)).json() == []
+        for method, path, body in uses:
+            r = await svc.request(method, path, token=bob, json=body)
+            assert r.status_code == 403, r.text
+            assert "not shared with you" in r.json()["error"]
+        # No token at all: refused before anything is looked up.
+        r = await svc.request("GET", "/collections/alice/docs", anonymous=True)
+        assert r.status_code in (401, 403)
+        # The admin sees it, and alice's own rows, without sharing.
+        r = await svc.request("GET", "/collections")
+        assert [c["collection"] for c in r.json()] == ["alice/docs"]
+        r = await svc.request("POST", "/collections/alice/docs/search", json={"vector": vec[0]})
+        assert r.status_code == 200, r.text
+
+        # Shared with bob by name and with the group "lab": both may use it.
+        r = await svc.request(
+            "PATCH",
+            "/collections/alice/docs",
+            token=alice,
+            json={"share_users": ["bob"], "share_groups": ["lab"]},
+        )
+        assert r.status_code == 200, r.text
+        for token in (bob, carol):
+            assert [
+                c["collection"]
+                for c in (await svc.request("GET", "/collections", token=token)).json()
+            ] == ["alice/docs"]
+            for method, path, body in uses:
+                r = await svc.request(method, path, token=token, json=body)
+                assert r.status_code == 200, r.text
+        # ... but not change its sharing or drop it.
+        r = await svc.request("DELETE", "/collections/alice/docs", token=bob)
+        assert r.status_code == 403 and "only alice and admins" in r.json()["error"]
+        r = await svc.request(
+            "PATCH", "/collections/alice/docs", token=bob, json={"share_users": []}
+        )
+        assert r.status_code == 403
+        # bob's own collection of the same name is his, apart from alice's.
+        await make(svc, bob, dim=DIM)
+        r = await svc.request("GET", "/collections/bob/docs", token=bob)
+        assert r.json()["count"] == 0
+        # The audit trail has the making, the sharing and bob's refused drop.
+        r = await svc.request("GET", "/audit", params={"subject": "alice/docs"})
+        actions = [(e["action"], e["result"]) for e in r.json()["entries"]]
+        assert ("collection.create", "ok") in actions
+        assert ("collection.share", "ok") in actions
+        assert ("collection.drop", "denied") in actions
+
+
+async def test_a_killed_engine_loses_no_acknowledged_row(tmp_path):
+    let_accounts_reach(tmp_path)
+    async with running_service(tmp_path / "svc") as svc:
+        alice = svc.create_user("alice")
+        await make(svc, alice, dim=DIM)
+        acknowledged: list[str] = []
+        refused = 0
+        vectors = unit_vectors(20)
+        process = svc.app.vectors.process
+        killed = None
+
+        async def writer():
+            nonlocal refused
+            batch = after = 0
+            # Until the engine was killed, came back, and took 20 more batches.
+            while killed is None or process.restarts == 0 or batch < after + 20:
+                ids = [f"b{batch}-{i}" for i in range(20)]
+                batch += 1
+                r = await svc.request(
+                    "POST",
+                    "/collections/alice/docs/insert",
+                    token=alice,
+                    json={"ids": ids, "vectors": vectors},
+                )
+                if r.status_code == 200:
+                    acknowledged.extend(ids)
+                else:  # the engine down: refused, and said so
+                    assert r.status_code == 503, r.text
+                    assert "try again" in r.json()["error"]
+                    refused += 1
+                    await asyncio.sleep(0.2)
+                if killed is None or process.restarts == 0:
+                    after = batch
+
+        task = asyncio.create_task(writer())
+        while len(acknowledged) < 200:
+            await asyncio.sleep(0.05)
+        killed = process.proc.pid
+        os.kill(killed, signal.SIGKILL)
+        await asyncio.wait_for(task, 120)
+        # The engine came back by itself (a new process) and holds every acknowledged row.
+        assert process.proc.pid != killed and process.restarts >= 1
+        r = await svc.request("GET", "/collections/alice/docs", token=alice)
+        assert r.status_code == 200, r.text
+        count = r.json()["count"]
+        assert count >= len(acknowledged) > 200
+        found = set()
+        engine = svc.app.vectors.engine
+        for start in range(0, len(acknowledged), 500):
+            found |= await engine.existing(
+                "alice",
+                svc.app.vectors.store.find("alice", "docs")["id"],
+                acknowledged[start : start + 500],
+            )
+        assert found == set(acknowledged)
+
+
+async def test_the_notebook_client_makes_fills_searches_and_shares(tmp_path, monkeypatch):
+    from gpulab.client import Client, Collection
+    from gpulab.client.errors import BadRequest, PermissionDenied
+
+    let_accounts_reach(tmp_path)
+    async with running_service(tmp_path / "svc") as svc:
+        alice = Client(api_url=svc.api, token=svc.create_user("alice"))
+        bob = Client(api_url=svc.api, token=svc.create_user("bob"))
+        monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+        vectors = np.asarray(unit_vectors(25), dtype=np.float32)
+
+        def alices_work():
+            with pytest.raises(BadRequest, match="give dim="):
+                Collection("docs", client=alice)
+            docs = Collection("docs", dim=DIM, client=alice)
+            ids = docs.insert(vectors=vectors, metadata=[{"i": i} for i in range(25)], batch=10)
+            assert len(ids) == 25 and docs.count() == 25
+            hits = docs.search(vector=vectors[3], k=2)
+            assert hits[0].id == ids[3] and hits[0]["metadata"] == {"i": 3}
+            with pytest.raises(BadRequest, match="exists with 8-d vectors"):
+                Collection("docs", dim=16, client=alice)
+            return docs
+
+        docs = await asyncio.to_thread(alices_work)
+
+        def bobs_look():
+            with pytest.raises(PermissionDenied, match="not shared with you"):
+                Collection("alice/docs", client=bob)
+
+        await asyncio.to_thread(bobs_look)
+        await asyncio.to_thread(docs.share, users=["bob"])
+        shared = await asyncio.to_thread(Collection, "alice/docs", client=bob)
+        hits = await asyncio.to_thread(shared.search, vector=vectors[5], k=1)
+        assert hits[0].metadata == {"i": 5}
+        await asyncio.to_thread(docs.drop)
+        assert await asyncio.to_thread(alice.collections) == []
