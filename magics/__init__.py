@@ -2,7 +2,8 @@
 
 ``%gpulab`` shows the slice this server holds and where the gpulab API is;
 ``%%train_distributed`` runs a cell as a distributed PyTorch job; ``%quantize``
-shrinks a model; ``%deploy`` serves one as an endpoint. ``%gpulab help`` lists them all.
+shrinks a model; ``%deploy`` serves one as an endpoint; ``%vectors`` works with vector
+collections. ``%gpulab help`` lists them all.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from .deploy import DeployMagics
 from .quantize import QuantizeMagics
 from .status import GpuLabMagics
 from .train import TrainMagics
+from .vectors import VectorsMagics
 
 
 def load_ipython_extension(ipython) -> None:
@@ -18,6 +20,7 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(QuantizeMagics)
     ipython.register_magics(TrainMagics)
     ipython.register_magics(DeployMagics)
+    ipython.register_magics(VectorsMagics)
     # A notebook that was hibernated gets its variables back as its kernel starts.
     from .hibernate import restore_on_start
 

@@ -49,6 +49,10 @@ HELP = """gpulab magics
   %deploy --list     your endpoints: state, replicas, requests/s, p99 latency
                      (refreshes in place every 5 s for 10 min; --once: not)
   %deploy --stop ENDPOINT   stop it and free its slices
+  %vectors list | create NAME --dim N | create NAME --embed ENDPOINT
+  %vectors search NAME TEXT [-k K] | count NAME | share NAME --users A,B | drop NAME
+                     vector collections (rows go in from Python:
+                     Collection("docs").insert(texts=..., metadata=...))
 """
 
 

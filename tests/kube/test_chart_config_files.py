@@ -394,3 +394,31 @@ def test_hibernation_on_kubernetes(tmp_path, monkeypatch):
         if doc and doc["kind"] == "Deployment" and doc["metadata"]["name"] == "gpulab"
     )
     assert pod_labels["hub.jupyter.org/network-access-proxy-http"] == "true"
+
+
+def test_the_service_uses_a_milvus_cluster_the_chart_names(tmp_path, monkeypatch):
+    # Without one: the embedded engine (no uri, no token).
+    c = service_config(tmp_path, monkeypatch, {})
+    assert c.GpuLabService.vector_engine_uri == ""
+    values = {
+        "vectors": {
+            "milvus": {
+                "uri": "http://milvus.data.svc:19530",
+                "tokenSecret": {"name": "milvus-token", "key": "token"},
+            }
+        }
+    }
+    monkeypatch.setenv("GPULAB_VECTOR_ENGINE_TOKEN", "root:Milvus")
+    c = service_config(tmp_path, monkeypatch, values)
+    assert c.GpuLabService.vector_engine_uri == "http://milvus.data.svc:19530"
+    assert c.GpuLabService.vector_engine_token == "root:Milvus"
+    # The token reaches the service's container from the Secret, never the ConfigMap.
+    with helm.Chart.load(str(CHART)) as chart:
+        out = chart.render({"jupyterhub": {"enabled": False}, **values}, name="gpulab")
+    pod = yaml.safe_load(out["gpulab/templates/service-deployment.yaml"])["spec"]["template"]
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["GPULAB_VECTOR_ENGINE_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "milvus-token",
+        "key": "token",
+    }
+    assert "root:Milvus" not in out["gpulab/templates/configmap-service.yaml"]
