@@ -12,6 +12,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from gpulab.scheduler.slices import noun
+
 from .engine import ID_MAX, METRICS
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
@@ -34,6 +36,16 @@ class CollectionLimits:
     max_rows: int
     max_dim: int
     max_per_user: int
+
+
+def fields(body: dict, known: tuple[str, ...]) -> None:
+    unknown = sorted(set(body) - set(known))
+    if unknown:
+        raise Refused(
+            400,
+            f"unknown {noun(len(unknown), 'field')}: {', '.join(unknown)}; "
+            f"this route takes {', '.join(known)}",
+        )
 
 
 def name(value) -> str:

@@ -25,6 +25,7 @@ from .engine_process import EngineProcess
 
 log = logging.getLogger("gpulab.service.vectors")
 
+SHARING = ("share_users", "share_groups")
 #: Texts per call to the embedding endpoint (its batcher splits further).
 EMBED_BATCH = 256
 #: Rows written to a collection before it is sealed into indexed segments.
@@ -167,13 +168,7 @@ class CollectionManager:
 
     # -- making and dropping -------------------------------------------------------------
     async def create(self, who, body: dict) -> dict:
-        known = {"name", "dim", "metric", "index", "embed", "share_users", "share_groups"}
-        unknown = set(body) - known
-        if unknown:
-            raise Refused(
-                400,
-                f"unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}",
-            )
+        checks.fields(body, ("name", "dim", "metric", "index", "embed") + SHARING)
         owner = who.name
         name = checks.name(body.get("name"))
         metric = checks.metric(body.get("metric", "cosine"))
@@ -239,12 +234,7 @@ class CollectionManager:
         await self._engine(self.engine.drop, row["user"], row["id"])
 
     def share(self, row: dict, body: dict) -> dict:
-        unknown = set(body) - {"share_users", "share_groups"}
-        if unknown:
-            raise Refused(
-                400,
-                f"only share_users and share_groups can change; not {', '.join(sorted(unknown))}",
-            )
+        checks.fields(body, SHARING)
         try:
             values = check_sharing(body)
         except DeployRefused as e:
@@ -255,13 +245,7 @@ class CollectionManager:
 
     # -- rows ----------------------------------------------------------------------------
     async def write(self, who, row: dict, body: dict, upsert: bool) -> dict:
-        unknown = set(body) - {"ids", "vectors", "texts", "metadata"}
-        if unknown:
-            raise Refused(
-                400,
-                f"unknown field(s) {', '.join(sorted(unknown))}; send ids, "
-                "vectors or texts, metadata",
-            )
+        checks.fields(body, ("ids", "vectors", "texts", "metadata"))
         vectors = await self._vectors_of(who, row, body, "vectors", "texts")
         n = len(vectors)
         ids = checks.ids(body.get("ids"), n)
@@ -272,8 +256,8 @@ class CollectionManager:
                 some = ", ".join(sorted(taken)[:5])
                 raise Refused(
                     409,
-                    f"{len(taken)} id(s) already in {row['user']}/{row['name']} ({some}); "
-                    "use upsert to replace them",
+                    f"{len(taken)} of these ids are in {row['user']}/{row['name']} already "
+                    f"({some}); use upsert to replace them",
                 )
         rows = [
             {"id": i, "vector": v, "metadata": m}
@@ -297,9 +281,7 @@ class CollectionManager:
         return {"deleted": len(found)}
 
     async def search(self, who, row: dict, body: dict) -> dict:
-        unknown = set(body) - {"vector", "vectors", "text", "texts", "k", "filter"}
-        if unknown:
-            raise Refused(400, f"unknown field(s) {', '.join(sorted(unknown))}")
+        checks.fields(body, ("vector", "vectors", "text", "texts", "k", "filter"))
         many = "vectors" in body or "texts" in body
         one = {"vector": "vectors", "text": "texts"}
         query = {
