@@ -322,3 +322,50 @@ async def test_the_notebook_client_makes_fills_searches_and_shares(tmp_path, mon
         assert hits[0].metadata == {"i": 5}
         await asyncio.to_thread(docs.drop)
         assert await asyncio.to_thread(alice.collections) == []
+
+
+async def test_no_other_account_reaches_the_engine(tmp_path):
+    """The engine listens on a Unix socket only, in a directory of its own account: a
+    user's process (here the account ``nobody``) can neither connect nor read its data."""
+    import pwd
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.skip("accounts need root: without it the engine runs as the service")
+    let_accounts_reach(tmp_path)
+    async with running_service(tmp_path / "svc") as svc:
+        alice = svc.create_user("alice")
+        await make(svc, alice, dim=DIM)
+        process = svc.app.vectors.process
+        engine = pwd.getpwuid(os.stat(process.socket_dir).st_uid).pw_name
+        assert engine == "gpulab_vectors"
+        # The engine runs as that account, not as the service's.
+        assert os.stat(f"/proc/{process.proc.pid}").st_uid == os.stat(process.socket_dir).st_uid
+        for path in (process.socket_dir, process.root):
+            assert os.stat(path).st_mode & 0o777 == 0o700, path
+        # No TCP port: the engine's process listens on nothing but its socket.
+        listening = subprocess.run(
+            ["ss", "-H", "-ltnp"], capture_output=True, text=True, check=True
+        ).stdout
+        assert f"pid={process.proc.pid}," not in listening
+        probe = (
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n"
+            f"    s.connect({process.socket!r})\n"
+            "    print('connected')\n"
+            "except OSError as e:\n"
+            "    print(type(e).__name__)\n"
+        )
+        nobody = pwd.getpwnam("nobody")
+        out = subprocess.run(
+            [sys.executable, "-c", probe],
+            user=nobody.pw_uid,
+            group=nobody.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            cwd="/",
+        )
+        assert out.stdout.strip() == "PermissionError", out
