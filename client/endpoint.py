@@ -4,6 +4,7 @@
     ep = Endpoint("alice/sentiment")          # or Endpoint("sentiment"): your own
     out = ep.infer(x)                         # numpy in, {output name: numpy} out
     ep.infer({"input": x}, version=2)         # a given version (e.g. a canary)
+    Endpoint("minilm").embed(["a text", ...]) # an embedding endpoint: [n, DIM] float32
 
 It speaks OIP v2 over JSON through the hub, with your hub token (the one the
 server holds), and finds the endpoint in the catalog (``GET /models``), which
@@ -13,10 +14,11 @@ lists what you may call. A wrong name says which endpoints there are.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
-from .errors import NotFound
+from .errors import BadRequest, NotFound
 from .units import plural
 
 #: OIP v2 datatypes of numpy dtypes (what a model's inputs may be).
@@ -42,16 +44,13 @@ class Endpoint:
 
         self.client = client if client is not None else Client()
         owner, _, short = name.rpartition("/")
-        found = [
-            m
-            for m in self.client.models()
-            if m["name"] == short and (not owner or m["owner"] == owner)
-        ]
+        endpoints = [m for m in self.client.models() if m.get("kind", "endpoint") == "endpoint"]
+        found = [m for m in endpoints if m["name"] == short and (not owner or m["owner"] == owner)]
         if not owner:  # your own first, then one shared with you, if only one
             own = [m for m in found if not m["shared"]]
             found = own or found
         if len(found) != 1:
-            known = ", ".join(m["endpoint"] for m in self.client.models()) or "none"
+            known = ", ".join(m["endpoint"] for m in endpoints) or "none"
             what = "several endpoints are" if found else "no endpoint is"
             raise NotFound(
                 404,
@@ -96,9 +95,52 @@ class Endpoint:
             for out in answer["outputs"]
         }
 
+    def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        """Embeddings of ``texts`` from an embedding endpoint (a deployed
+        SentenceTransformer): float32 ``[len(texts), DIM]``, rows of unit length.
+
+        Sent ``batch_size`` texts per call; an endpoint deployed with a smaller
+        ``--max-batch-size`` says so on the first call, and the calls shrink to it."""
+        if [(s["name"], s["datatype"]) for s in self.inputs] != [("text", "BYTES")]:
+            raise ValueError(
+                f"{self.name} is not an embedding endpoint (it takes "
+                f"{', '.join(s['name'] for s in self.inputs) or 'no known inputs'}); "
+                "deploy a SentenceTransformer to embed text"
+            )
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise ValueError("embed takes a list of strings")
+        if not texts:
+            dim = (self.outputs[0]["shape"][-1] if self.outputs else 0) or 0
+            return np.zeros((0, dim), dtype=np.float32)
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        parts, start = [], 0
+        while start < len(texts):
+            try:
+                parts.append(self.infer({"text": list(texts[start : start + batch_size])}))
+            except BadRequest as e:
+                # "... exceeds the max batch size 8; split it" (gpulab.serving.server)
+                cap = re.search(r"max batch size (\d+)", str(e))
+                if cap is None or not 0 < int(cap.group(1)) < batch_size:
+                    raise
+                batch_size = int(cap.group(1))
+                continue
+            start += batch_size
+        return np.concatenate([p["embedding"] for p in parts]).astype(np.float32, copy=False)
+
     @staticmethod
     def _tensor(name: str, value) -> dict:
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+            # Text goes as OIP v2 BYTES: in JSON, a list of strings.
+            return {"name": name, "shape": [len(value)], "datatype": "BYTES", "data": list(value)}
         arr = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
+        if arr.dtype.kind == "U":
+            return {
+                "name": name,
+                "shape": list(arr.shape),
+                "datatype": "BYTES",
+                "data": arr.reshape(-1).tolist(),
+            }
         if arr.dtype.name not in DATATYPES:
             raise ValueError(f"input {name!r}: dtype {arr.dtype} has no OIP v2 datatype")
         return {

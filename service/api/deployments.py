@@ -16,6 +16,8 @@ Management (owner and admins; to anyone else a deployment does not exist)::
 The catalog (any user: the endpoints they may call)::
 
     GET    api/v1/models
+    GET    api/v1/models/{owner}/{name}/lineage   where each version's model came from
+                                                  (same access as calling it)
 
 The endpoint (OIP v2; owner, admins and those it is shared with)::
 
@@ -36,6 +38,7 @@ from tornado import web
 from gpulab.service.api.request_body import parse_json_object
 from gpulab.service.auth import APIHandler
 from gpulab.service.endpoints.calls import CallRefused
+from gpulab.service.endpoints.lineage import audit_summary, model_lineage
 from gpulab.service.endpoints.manager import DeploymentManager, DeployRefused, upload_spool
 from gpulab.service.endpoints.router import FORWARD_RESPONSE, forwarded_headers
 from gpulab.service.endpoints.uploads import MultipartUpload, boundary_of
@@ -133,14 +136,16 @@ class DeploymentsHandler(_DeploymentHandler):
         finally:
             self.upload.cleanup()
         canary = "canary" in settings
+        newest = dep["versions"][-1] if dep.get("versions") else {}
         await self.audit(
             "deployment.update" if canary else "deployment.create",
             f"{dep['user']}/{dep['name']}",
             user=dep["user"],
             canary=settings.get("canary"),
-            version=dep["versions"][-1].get("version") if canary and dep.get("versions") else None,
+            version=newest.get("version") if canary else None,
             gpu_milli=dep.get("gpu_milli"),
             replicas=dep.get("min_replicas"),
+            **audit_summary(newest.get("lineage") or {}),
         )
         self.write_json(dep, status=201)
 
@@ -176,7 +181,9 @@ class RollbackHandler(PromoteHandler):
 
 
 class ModelsHandler(_DeploymentHandler):
-    """The catalog: every endpoint the caller may call, theirs and those shared with them."""
+    """The catalog: every endpoint the caller may call, theirs and those shared with them
+    (``"kind": "endpoint"``), and beside them the vector collections they may use
+    (``"kind": "collection"``)."""
 
     def get(self):
         who = self.require_identity()
@@ -189,6 +196,7 @@ class ModelsHandler(_DeploymentHandler):
             model = view["model"] or {}
             out.append(
                 {
+                    "kind": "endpoint",
                     "owner": dep["user"],
                     "name": dep["name"],
                     "endpoint": f"{dep['user']}/{dep['name']}",
@@ -203,7 +211,36 @@ class ModelsHandler(_DeploymentHandler):
                     ],
                 }
             )
+        collections = self.gpulab.vectors
+        for row in collections.visible(who) if collections is not None else []:
+            view = collections.view(row)
+            out.append(
+                {
+                    "kind": "collection",
+                    "owner": view["owner"],
+                    "name": view["name"],
+                    "collection": view["collection"],
+                    "shared": view["owner"] != who.name,
+                    "dim": view["dim"],
+                    "metric": view["metric"],
+                    "embed": view["embed"],
+                }
+            )
         self.write_json(out)
+
+
+class ModelLineageHandler(_DeploymentHandler):
+    """Where each version of an endpoint came from; to whoever may call it (others
+    are refused as a call would be: 404 for the caller's own that does not exist, else
+    403, never saying whether a stranger's exists)."""
+
+    def get(self, owner, name):
+        manager = self.deployments
+        try:
+            dep = manager.calls.callable_endpoint(self.require_identity(), owner, name)
+        except CallRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        self.write_json(model_lineage(dep, manager.store.versions(dep["id"])))
 
 
 class DeploymentHandler(_DeploymentHandler):
@@ -323,5 +360,6 @@ routes = [
     (r"api/v1/deployments/([^/]+)/promote", PromoteHandler),
     (r"api/v1/deployments/([^/]+)/rollback", RollbackHandler),
     (r"api/v1/models", ModelsHandler),
+    (r"api/v1/models/([^/]+)/([^/]+)/lineage", ModelLineageHandler),
     (r"endpoints/([^/]+)/([^/]+)/(.*)", EndpointHandler),
 ]

@@ -4,7 +4,7 @@ The service starts :mod:`.engine_server` (Milvus Lite) as the system account
 ``gpulab_vectors`` when it runs as root (else as itself), with its data in
 ``<data-dir>/vectors`` (that account's, mode 0700) and its socket in a private
 directory (mode 0700: the service and the engine only). The engine dies with the
-service (the kernel kills it when its parent goes, ``PR_SET_PDEATHSIG``), and one a
+service (it asks the kernel for that, ``PR_SET_PDEATHSIG``), and one a
 killed service left behind is stopped by the next (its pid file). If the engine
 exits on its own, it is started again; calls meanwhile get "restarting".
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
@@ -34,12 +33,6 @@ ENGINE_MODULE = "gpulab.service.vectors.engine_server"
 READY_TIMEOUT_S = 60.0
 #: Waits between restarts of an engine that keeps exiting: 1 s doubling to a minute.
 RESTART_BACKOFF_S = (1.0, 60.0)
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child before exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class EngineProcess:
@@ -94,13 +87,12 @@ class EngineProcess:
         log_path = os.path.join(os.path.dirname(self.root), "vector-engine.log")
         with open(log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", ENGINE_MODULE, self.root, self.socket],
+                [sys.executable, "-m", ENGINE_MODULE, self.root, self.socket, str(os.getpid())],
                 cwd=self.root,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log_file,
-                preexec_fn=_die_with_parent,
                 **kwargs,
             )
         with open(self.pid_file, "w") as f:

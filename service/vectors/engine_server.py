@@ -1,14 +1,17 @@
 """The vector engine's process: Milvus Lite on a Unix socket.
 
-``python -m gpulab.service.vectors.engine_server DATA_DIR SOCKET`` serves the Milvus
+``python -m gpulab.service.vectors.engine_server DATA_DIR SOCKET PARENT_PID`` serves the Milvus
 gRPC API over ``SOCKET`` only: no TCP port, so no user's process on the host can reach
 it; the socket's directory is the engine account's and the service's alone. Milvus
 Lite writes every insert to its write-ahead log (flushed to the OS before it answers),
 so a kill -9 of this process loses no acknowledged row; it replays the log on start.
+It dies with the service that started it (``PARENT_PID``): the kernel kills it when
+its parent goes, so no engine outlives a killed service and holds its data's lock.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -20,6 +23,16 @@ from concurrent import futures
 WORKERS = 8
 #: Messages up to this size (a 1,000-row batch of 4,096-d vectors is 16 MB).
 MAX_MESSAGE = 64 * 2**20
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with(parent: int) -> None:
+    """SIGKILL when the parent goes; if it went already (before this ran), exit now."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        sys.exit("the service that started the vector engine is gone")
 
 
 def serve(data_dir: str, socket_path: str) -> None:
@@ -52,11 +65,12 @@ def serve(data_dir: str, socket_path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m gpulab.service.vectors.engine_server DATA_DIR SOCKET")
+    if len(args) != 3:
+        print("usage: python -m gpulab.service.vectors.engine_server DATA_DIR SOCKET PARENT_PID")
         return 2
+    die_with(int(args[2]))
     logging.basicConfig(level=logging.WARNING)
-    serve(*args)
+    serve(args[0], args[1])
     return 0
 
 

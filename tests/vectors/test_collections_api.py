@@ -369,3 +369,23 @@ async def test_no_other_account_reaches_the_engine(tmp_path):
             cwd="/",
         )
         assert out.stdout.strip() == "PermissionError", out
+
+
+async def test_the_catalog_lists_collections_beside_endpoints(tmp_path):
+    let_accounts_reach(tmp_path)
+    async with running_service(tmp_path / "svc") as svc:
+        alice = svc.create_user("alice")
+        bob = svc.create_user("bob")
+        await make(svc, alice, dim=DIM)
+        mine = (await svc.request("GET", "/models", token=alice)).json()
+        assert [(m["kind"], m["collection"], m["shared"]) for m in mine] == [
+            ("collection", "alice/docs", False)
+        ]
+        assert (await svc.request("GET", "/models", token=bob)).json() == []
+        await svc.request(
+            "PATCH", "/collections/alice/docs", token=alice, json={"share_users": ["bob"]}
+        )
+        theirs = (await svc.request("GET", "/models", token=bob)).json()
+        assert [(m["collection"], m["shared"], m["dim"]) for m in theirs] == [
+            ("alice/docs", True, DIM)
+        ]
