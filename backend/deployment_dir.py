@@ -1,6 +1,6 @@
 """Where a deployment's files live, whichever backend runs its replicas.
 
-``<root>/<deployment id>/`` holds ``model/`` (model.pt2 + model.json, written by
+``<root>/<deployment id>/`` holds ``model/`` (model.json and model.pt2 or model.st.tar, written by
 the service from the upload) and ``token``, the secret the replicas demand in
 ``Authorization: Bearer``. On Kubernetes ``root`` is a claim the replicas'
 pods mount too.
@@ -12,8 +12,11 @@ import os
 import secrets
 import shutil
 
-#: What an uploaded model directory holds.
-MODEL_FILES = ("model.pt2", "model.json")
+#: What an uploaded model directory may hold: the card and its kind's model file.
+MODEL_FILES = ("model.pt2", "model.json", "model.st.tar")
+#: The model file each kind of card needs (gpulab.serving.export, gpulab.serving.embedding:
+#: a sentence-transformers directory travels as one tar, so the upload stays flat).
+KIND_FILES = {"torch-export": "model.pt2", "sentence-embedding": "model.st.tar"}
 
 
 class DeploymentDirs:

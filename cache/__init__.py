@@ -20,7 +20,10 @@ Every process of every user on a node shares one cache directory
 from __future__ import annotations
 
 import functools
+import os
 from typing import BinaryIO
+
+from gpulab.training.lineage import note_read
 
 from .dataset import CachedDataset
 from .errors import CacheError, RemoteNotFoundError, RemoteReadError, UnknownProtocolError
@@ -58,11 +61,14 @@ def open(
 ) -> BinaryIO:
     """Open ``url`` for reading through the node cache (fetching it if needed).
 
-    Returns a regular binary file on the cached copy; close it (``with``).
+    Returns a regular binary file on the cached copy; close it (``with``). Inside
+    a gpulab job the read is noted for the model's lineage, the URL as its dataset.
     """
     if mode != "rb":
         raise ValueError(f"the dataset cache is read-only; open with mode 'rb', not {mode!r}")
     # Resolved here so a changed environment gets its own cache object.
     cache_dir = cache_dir or default_cache_dir()
     capacity = default_capacity_bytes() if capacity_bytes is None else parse_size(capacity_bytes)
-    return _node_cache(cache_dir, capacity).open(url)
+    f = _node_cache(cache_dir, capacity).open(url)
+    note_read(url, url, os.fstat(f.fileno()).st_size)
+    return f

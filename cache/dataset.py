@@ -16,6 +16,8 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
+from gpulab.training.lineage import dataset_name, note_read
+
 from .patterns import expand
 from .store import NodeCache
 
@@ -30,7 +32,10 @@ class CachedDataset(Sequence):
 
     ``prefetch`` is how many shards ahead iteration fetches (0 turns it off);
     ``cache_dir`` and ``capacity_bytes`` default to ``$GPULAB_CACHE_DIR`` and
-    ``$GPULAB_CACHE_CAPACITY_BYTES`` (see ``gpulab.cache.settings``).
+    ``$GPULAB_CACHE_CAPACITY_BYTES`` (see ``gpulab.cache.settings``). ``name``
+    is what a model's lineage calls the dataset (default: the pattern, or what the
+    URLs share); inside a gpulab job each shard read is noted for it
+    (:mod:`gpulab.training.lineage`).
     """
 
     def __init__(
@@ -41,7 +46,9 @@ class CachedDataset(Sequence):
         cache_dir: str | None = None,
         capacity_bytes: int | str | None = None,
         cache: NodeCache | None = None,
+        name: str | None = None,
     ):
+        pattern = urls if isinstance(urls, str) else None
         if isinstance(urls, str):
             urls = expand(urls)
         else:
@@ -57,6 +64,7 @@ class CachedDataset(Sequence):
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be a whole number >= 0, not {prefetch!r}")
         self.urls: list[str] = urls
+        self.name = name or pattern or dataset_name(urls)
         self.prefetch = prefetch
         self._cache_args = (cache_dir, capacity_bytes)
         self._cache = cache
@@ -78,12 +86,17 @@ class CachedDataset(Sequence):
     def __getitem__(self, i: int) -> bytes:
         if not isinstance(i, int):
             raise TypeError(f"shard index must be an int, not {type(i).__name__}")
-        return self.cache.read(self.urls[i])
+        return self._read(self.cache, self.urls[i])
+
+    def _read(self, cache: NodeCache, url: str) -> bytes:
+        data = cache.read(url)
+        note_read(self.name, url, len(data))  # the job's lineage: what it trained on
+        return data
 
     def __iter__(self) -> Iterator[bytes]:
         if self.prefetch == 0:
             for url in self.urls:
-                yield self.cache.read(url)
+                yield self._read(self.cache, url)
             return
         cache = self.cache
         pool = ThreadPoolExecutor(
@@ -97,7 +110,7 @@ class CachedDataset(Sequence):
                         pending[j] = pool.submit(self._prefetch, cache, self.urls[j])
                 if i in pending:
                     wait([pending.pop(i)])
-                yield cache.read(url)
+                yield self._read(cache, url)
         finally:
             # A consumer that stops early should not wait for shards it won't read.
             pool.shutdown(wait=True, cancel_futures=True)

@@ -15,11 +15,13 @@ import aiohttp
 
 
 def pack_model_dir(model_dir: str) -> bytes:
-    """A tar (gzip) of an exported model directory (model.pt2, model.json)."""
+    """A tar (gzip) of an exported model directory (model.json and model.pt2, or an
+    embedding model's model.st.tar)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        for name in ("model.pt2", "model.json"):
-            tar.add(os.path.join(model_dir, name), arcname=name)
+        for name in ("model.pt2", "model.st.tar", "model.json"):
+            if name == "model.json" or os.path.exists(os.path.join(model_dir, name)):
+                tar.add(os.path.join(model_dir, name), arcname=name)
     return buf.getvalue()
 
 

@@ -85,6 +85,9 @@ versions = Table(
     Column("message", Text, nullable=False, default=""),
     Column("restarts", Integer, nullable=False, default=0),
     Column("created", DateTime(timezone=True), nullable=False),
+    # Where its model came from, JSON {"created_by", "job", "quantization"}
+    # (service/endpoints/lineage.py); NULL for versions of before it was kept.
+    Column("lineage", Text),
     UniqueConstraint("deployment_id", "version", name="one_version_number_per_deployment"),
     Index("ix_versions_deployment", "deployment_id"),
 )
@@ -105,6 +108,7 @@ def _row(r) -> dict:
 def _version(r) -> dict:
     d = dict(r._mapping)
     d["created"] = d["created"].isoformat()
+    d["lineage"] = json.loads(d["lineage"]) if d.get("lineage") else None
     return d
 
 
@@ -116,8 +120,9 @@ class DeploymentStore:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    def add(self, dep: dict) -> dict:
-        """A new deployment and its version 1 (same id), in one transaction."""
+    def add(self, dep: dict, lineage: dict | None = None) -> dict:
+        """A new deployment and its version 1 (same id, ``lineage`` its model's), in
+        one transaction."""
         row = {
             "state": "starting",
             "message": "starting",
@@ -156,6 +161,7 @@ class DeploymentStore:
                         "message": "starting",
                         "restarts": 0,
                         "created": row["created"],
+                        "lineage": json.dumps(lineage) if lineage is not None else None,
                         **{k: row[k] for k in UNIT_SETTINGS},
                     }
                 ],
@@ -163,8 +169,11 @@ class DeploymentStore:
         return self.get(row["id"])
 
     # -- versions --------------------------------------------------------------------
-    def add_version(self, dep_id: str, version_id: str, weight: int, settings: dict) -> dict:
-        """Version ``n+1`` of a deployment (``settings``: UNIT_SETTINGS and ``replicas``)."""
+    def add_version(
+        self, dep_id: str, version_id: str, weight: int, settings: dict, lineage: dict | None = None
+    ) -> dict:
+        """Version ``n+1`` of a deployment (``settings``: UNIT_SETTINGS and ``replicas``;
+        ``lineage``: its model's)."""
         with self.engine.begin() as conn:
             last = conn.execute(
                 select(versions.c.version)
@@ -183,6 +192,7 @@ class DeploymentStore:
                         "message": "starting",
                         "restarts": 0,
                         "created": utcnow(),
+                        "lineage": json.dumps(lineage) if lineage is not None else None,
                         **settings,
                     }
                 ],

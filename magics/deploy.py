@@ -5,6 +5,7 @@
     %deploy qmodel2 --name sentiment --example x --canary 10 [--auto-rollback 5]
     %deploy --promote sentiment        (or --rollback sentiment)
     %deploy --list                     (refreshes in place until the next cell)
+    %deploy --list --lineage           (each version's job, code hash, data, quantization)
     %deploy --stop sentiment
 
 The model is exported here, in the kernel (``torch.export``, dynamic batch),
@@ -32,6 +33,7 @@ from gpulab.client.units import plural
 
 from .deploy_list import list_bundle, list_table
 from .deploy_live import LiveTable, did_you_mean
+from .lineage import lineage_of, untracked
 from .quantize import model_and_example
 from .train import parse_gpu
 
@@ -191,6 +193,12 @@ class DeployMagics(Magics):
         "5 s for 10 minutes, until the next cell runs",
     )
     @argument("--once", action="store_true", help="with --list: show the table once")
+    @argument(
+        "--lineage",
+        action="store_true",
+        help="with --list: under each version, where its model came from (job, code hash, "
+        "dataset versions, quantization)",
+    )
     @argument("--stop", metavar="NAME", help="stop endpoint NAME and free its slices")
     @line_magic
     def deploy(self, line: str = ""):
@@ -201,8 +209,10 @@ class DeployMagics(Magics):
         try:
             client = Client()
             if args.list:
-                self._list(client, once=args.once)
+                self._list(client, once=args.once, lineage=args.lineage)
                 return
+            if args.lineage:
+                raise UsageError("--lineage goes with --list: %deploy --list --lineage")
             named = args.stop or args.promote or args.rollback
             if named:
                 self._check_name(client, named)
@@ -229,12 +239,13 @@ class DeployMagics(Magics):
         except GpuLabError as e:
             raise UsageError(f"gpulab service: {e}") from None
 
-    def _list(self, client, once: bool) -> None:
+    def _list(self, client, once: bool, lineage: bool = False) -> None:
         """The table; in a kernel, kept current in place (``deploy_live.LiveTable``)."""
         if once or getattr(self.shell, "kernel", None) is None:
-            print(list_table(client.list_deployments()))  # a terminal: no display updates
+            # A terminal: no display updates.
+            print(list_table(client.list_deployments(), lineage=lineage))
             return
-        LiveTable(lambda: list_bundle(client.list_deployments())).show()
+        LiveTable(lambda: list_bundle(client.list_deployments(), lineage=lineage)).show()
 
     @staticmethod
     def _check_name(client, name: str) -> None:
@@ -245,23 +256,30 @@ class DeployMagics(Magics):
             raise UsageError(did_you_mean("deployment", name, names))
 
     def _deploy(self, client, args):
-        if not args.model or not args.name or not args.example:
+        from gpulab.serving.embedding import is_sentence_transformer
+
+        ns = self.shell.user_ns
+        # A SentenceTransformer takes text (it has its own tokenizer): no --example.
+        text_model = is_sentence_transformer(ns.get(args.model))
+        if not args.model or not args.name or not (args.example or text_model):
             raise UsageError(
                 "usage: %deploy MODEL --name NAME --example X [options]; "
                 "%deploy --list; %deploy --stop NAME (%deploy? for all options)"
             )
-        ns = self.shell.user_ns
-        example = model_and_example(ns, args.model, args.example)
+        if text_model:
+            example = ["a sentence to embed"]  # for the printed usage lines only
+        else:
+            example = model_and_example(ns, args.model, args.example)
         settings = self._settings(args)
+        # Where the model came from (its job, its quantization), or explicitly nothing.
+        settings["lineage"] = lineage_of(ns[args.model]) or untracked()
 
         from gpulab.client import GpuLabError
         from gpulab.serving.export import ExportError, export_model
 
         with tempfile.TemporaryDirectory(prefix="gpulab-deploy-") as model_dir:
-            print(
-                f"exporting {args.model} (torch.export, batch 1..{args.max_batch_size})...",
-                flush=True,
-            )
+            how = "sentence-transformers" if text_model else "torch.export"
+            print(f"exporting {args.model} ({how}, batch 1..{args.max_batch_size})...", flush=True)
             try:
                 export_model(
                     ns[args.model],
@@ -284,7 +302,13 @@ class DeployMagics(Magics):
         dep = self._wait(client, dep, canary=args.canary is not None)
         url = client.endpoint_url(dep)
         tensors = example if isinstance(example, (tuple, list)) else (example,)
-        print(usage_lines(dep, url, [t.detach().cpu().numpy() for t in tensors]))
+        if text_model:
+            import numpy as np
+
+            arrays = [np.array(example, dtype=object)]
+        else:
+            arrays = [t.detach().cpu().numpy() for t in tensors]
+        print(usage_lines(dep, url, arrays))
         return None
 
     @staticmethod

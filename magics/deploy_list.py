@@ -23,6 +23,8 @@ _STATE_COLOURS = {
     "failed": ERROR,
 }
 _CELL = "border:1px solid #ddd;padding:2px 6px;text-align:{}"
+#: Hex digits of a hash shown (as git shows commits).
+SHORT = 12
 
 
 def _num(value, fmt: str) -> str:
@@ -37,8 +39,29 @@ def version_line(v: dict, state: str) -> str:
     )
 
 
-def list_table(deps: list[dict]) -> str:
-    """A fixed-width table for terminals and saved notebooks."""
+def lineage_line(v: dict) -> str:
+    """Where a version's model came from, in one line:
+    ``v2 · job 3f2a9c1e0b7d · code 1a2b3c4d5e6f · data train-*@9f8e7d6c5b4a · int8-dynamic``."""
+    lineage = v.get("lineage") or {}
+    job = lineage.get("job")
+    parts = [f"v{v['version']}"]
+    if job is None:
+        parts.append("not from a gpulab job")
+    else:
+        parts += [f"job {job['id']}", f"code {(job.get('code_hash') or '?')[:SHORT]}"]
+        data = [f"{d['name']}@{d['version'][:SHORT]}" for d in job.get("datasets") or []]
+        parts.append(f"data {', '.join(data)}" if data else "no cached data read")
+    quant = lineage.get("quantization")
+    parts.append(quant["scheme"] if quant else "not quantized")
+    who = lineage.get("created_by")
+    if who:
+        parts.append(f"by {who} {(lineage.get('created') or v.get('created') or '')[:16]}")
+    return " · ".join(parts)
+
+
+def list_table(deps: list[dict], lineage: bool = False) -> str:
+    """A fixed-width table for terminals and saved notebooks (``lineage``: a line per
+    version saying where its model came from)."""
     if not deps:
         return EMPTY
     head = (
@@ -58,6 +81,7 @@ def list_table(deps: list[dict]) -> str:
         for v in versions if len(versions) > 1 else []:
             lines.append(f"    {version_line(v, v['state'])}")
         lines += [f"    {note}" for note in notes_of(d)]
+        lines += [f"    {lineage_line(v)}" for v in versions if lineage]
     return "\n".join(lines)
 
 
@@ -95,7 +119,7 @@ def _state(state: str) -> str:
     return f'<span style="color:{colour};font-weight:600">{escape(state)}</span>'
 
 
-def list_html(deps: list[dict]) -> str:
+def list_html(deps: list[dict], lineage: bool = False) -> str:
     """The endpoints as one table; owners shown only when there are several (admins)."""
     if not deps:
         return f"<p>{escape(EMPTY)}</p>"
@@ -127,6 +151,8 @@ def list_html(deps: list[dict]) -> str:
         for v in versions if len(versions) > 1 else []:
             rows.append(_wide(version_line(v, _state(v["state"])), span))
         rows += [_wide(escape(note), span, f"color:{MUTED}") for note in notes_of(d)]
+        if lineage:
+            rows += [_wide(f"<code>{escape(lineage_line(v))}</code>", span) for v in versions]
     head = "".join(
         f'<th style="{_CELL.format("right" if h in right else "left")}">{escape(h)}</th>'
         for h in headers
@@ -137,6 +163,6 @@ def list_html(deps: list[dict]) -> str:
     )
 
 
-def list_bundle(deps: list[dict]) -> dict[str, str]:
+def list_bundle(deps: list[dict], lineage: bool = False) -> dict[str, str]:
     """The display's forms: HTML for the lab, the text table for everything else."""
-    return {"text/plain": list_table(deps), "text/html": list_html(deps)}
+    return {"text/plain": list_table(deps, lineage), "text/html": list_html(deps, lineage)}

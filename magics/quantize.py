@@ -13,6 +13,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from .lineage import lineage_of, quantized, remember
+
 SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight", "fp8-weight", "fp8-dynamic")
 ENGINES = ("auto", "torch-ao", "torchao")
 
@@ -80,5 +82,6 @@ class QuantizeMagics(Magics):
         except QuantizeError as exc:
             raise UsageError(str(exc)) from None
         ns[args.to] = report.model
+        remember(report.model, quantized(lineage_of(ns[args.model]), report))
         print(report.table())
         print(f"quantized model stored in {args.to!r}")

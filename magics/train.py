@@ -25,6 +25,7 @@ from gpulab.client.states import JOB_TERMINAL as TERMINAL
 from gpulab.client.units import plural
 
 from .cell_names import free_names
+from .lineage import from_job, remember
 from .train_display import make_display, nodes_summary
 from .train_failure import TrainingJobFailed, failure_lines, hint, names_hint
 
@@ -358,7 +359,9 @@ class TrainMagics(Magics):
             if out:
                 import cloudpickle
 
-                self.shell.user_ns[out] = cloudpickle.loads(client.job_output(job_id))
+                value = cloudpickle.loads(client.job_output(job_id))
+                self.shell.user_ns[out] = value
+                remember(value, from_job(job))  # %deploy sends where it came from
                 note += f"; `{out}` holds rank 0's value"
             print(note)
             return None

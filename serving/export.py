@@ -10,6 +10,11 @@ The first dimension of every input and every output is the batch; the others
 are fixed at export time. The server reads the card to validate requests
 before they reach the model.
 
+A ``sentence_transformers.SentenceTransformer`` is the other kind of model:
+:mod:`gpulab.serving.embedding` writes its directory and a card of kind
+``sentence-embedding`` (text in, embeddings out); :func:`load_model` dispatches
+on the card's ``kind``.
+
 Models quantized by torch.ao's ``quantize_dynamic`` (``%quantize --scheme
 int8-dynamic`` on CPU) are exported with their int8 layers rewritten by
 :mod:`gpulab.serving.dynamic_int8`, whose op this module registers for loading.
@@ -28,6 +33,8 @@ from . import dynamic_int8
 PROGRAM_FILE = "model.pt2"
 CARD_FILE = "model.json"
 PLATFORM = "pytorch_torch_export"
+#: The card's ``kind`` of a torch.export program (the default of cards written before kinds).
+KIND = "torch-export"
 
 # OIP v2 datatype names (the Triton/KServe spelling) of the torch dtypes we serve.
 TORCH_TO_OIP = {
@@ -65,9 +72,11 @@ class ModelCard:
     # "tensor": forward returns one tensor; "sequence": a tuple/list; "dict": a mapping.
     output_structure: str = "tensor"
     requires: list[str] = field(default_factory=list)  # packages needed to load the program
+    kind: str = KIND  # or "sentence-embedding" (gpulab.serving.embedding)
+    normalized: bool | None = None  # embeddings only: every row has unit length
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> ModelCard:
@@ -160,7 +169,15 @@ def export_model(
 
     ``example`` is a tensor or a tuple of tensors whose first dimension is the
     batch. The batch dimension is exported as dynamic (1..``max_batch_size``).
+    A SentenceTransformer needs no example (it takes text): it is written as an
+    embedding model (:func:`gpulab.serving.embedding.export_embedding`).
     """
+    from . import embedding
+
+    if embedding.is_sentence_transformer(model):
+        return embedding.export_embedding(
+            model, model_dir, name=name, max_batch_size=max_batch_size
+        )
     example = _as_tuple(example)
     # A batch of 1 makes torch.export specialise the dimension to the constant 1
     # (0/1 specialisation); trace on two rows instead.
@@ -254,17 +271,32 @@ class ServedModel:
         return list(out)
 
 
-def load_model(model_dir: str) -> ServedModel:
+def load_model(model_dir: str):
+    """The model of ``model_dir``: a :class:`ServedModel`, or for a card of kind
+    ``sentence-embedding`` an :class:`~gpulab.serving.embedding.EmbeddingModel`."""
     card_path = os.path.join(model_dir, CARD_FILE)
     program_path = os.path.join(model_dir, PROGRAM_FILE)
-    for path in (card_path, program_path):
-        if not os.path.exists(path):
-            raise FileNotFoundError(
-                f"{path} is missing; create the model directory with "
-                "gpulab.serving.export.export_model(model, example, dir)"
-            )
+    if not os.path.exists(card_path):
+        raise FileNotFoundError(
+            f"{card_path} is missing; create the model directory with "
+            "gpulab.serving.export.export_model(model, example, dir)"
+        )
     with open(card_path) as f:
         card = ModelCard.from_json(f.read())
+    if card.kind != KIND:
+        from . import embedding
+
+        if card.kind != embedding.KIND:
+            raise ValueError(
+                f"{card_path} has kind {card.kind!r}; this server serves "
+                f"{KIND!r} and {embedding.KIND!r}: upgrade gpulab or re-export"
+            )
+        return embedding.load_embedding(model_dir, card)
+    if not os.path.exists(program_path):
+        raise FileNotFoundError(
+            f"{program_path} is missing; create the model directory with "
+            "gpulab.serving.export.export_model(model, example, dir)"
+        )
     if "torchao" in card.requires:
         # Programs quantized with torchao hold its tensor subclasses; loading them
         # needs torchao imported first. Plain programs do not (torchao is optional).

@@ -3,7 +3,8 @@
 A request body is JSON, or — with the ``Inference-Header-Content-Length: N``
 header — N bytes of JSON followed by the raw bytes of every input whose
 ``parameters.binary_data_size`` is set, in input order (row-major, little
-endian). Outputs come back binary when the request asks for it per output
+endian; ``BYTES`` elements each a 4-byte length and the bytes, and here always
+UTF-8 text). Outputs come back binary when the request asks for it per output
 (``outputs[i].parameters.binary_data``) or for all (``parameters.binary_data_output``);
 tritonclient asks for binary by default.
 
@@ -112,12 +113,16 @@ def decode_request(body: bytes, header_length: str | None, card: ModelCard) -> I
         _expect_shape(spec.shape, shape, name)
         if shape[0] < 1:
             raise BadRequest(f"input {name!r} has an empty batch (shape {shape})")
-        dtype = OIP_TO_NUMPY[spec.datatype]
         count = int(np.prod(shape))
         params = raw.get("parameters") or {}
         if not isinstance(params, dict):
             raise BadRequest(f'input {name!r}: "parameters" must be an object')
         size = params.get("binary_data_size")
+        if spec.datatype == "BYTES":
+            array, offset = _text_input(name, raw, shape, count, size, binary, offset)
+            by_name[name] = array
+            continue
+        dtype = OIP_TO_NUMPY[spec.datatype]
         if size is not None:
             if not isinstance(size, int) or size != count * dtype.itemsize:
                 raise BadRequest(
@@ -157,6 +162,54 @@ def decode_request(body: bytes, header_length: str | None, card: ModelCard) -> I
     return InferRequest(
         id=_request_id(doc), inputs=inputs, outputs=_requested_outputs(doc, card), rows=rows.pop()
     )
+
+
+def _text_input(name, raw, shape, count, size, binary: bytes, offset: int):
+    """A BYTES input as an object array of str, and the binary offset after it.
+
+    The only BYTES inputs served are texts, so every element must be UTF-8. In JSON,
+    ``data`` is a list of strings; in binary, each element is a 4-byte little-endian
+    length and that many bytes (tritonclient's ``serialize_byte_tensor``)."""
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise BadRequest(f"input {name!r}: binary_data_size must be a non-negative integer")
+        if offset + size > len(binary):
+            raise BadRequest(f"input {name!r}: the body ends before its {size} binary bytes")
+        items, at, end = [], offset, offset + size
+        while at < end:
+            if end - at < 4:
+                raise BadRequest(f"input {name!r}: element {len(items)} lacks its 4-byte length")
+            n = int.from_bytes(binary[at : at + 4], "little")
+            if at + 4 + n > end:
+                raise BadRequest(f"input {name!r}: element {len(items)} runs past its data")
+            items.append(binary[at + 4 : at + 4 + n])
+            at += 4 + n
+        texts = []
+        for i, item in enumerate(items):
+            try:
+                texts.append(item.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise BadRequest(f"input {name!r}: element {i} is not UTF-8 text") from None
+        offset = end
+    else:
+        texts = raw.get("data")
+        if not isinstance(texts, list):
+            raise BadRequest(f'input {name!r} needs "data": a list of strings')
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise BadRequest(
+                f"input {name!r}: element {bad} is {type(texts[bad]).__name__}, not a string"
+            )
+        for i, t in enumerate(texts):
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate escape (\ud800) in the JSON
+                raise BadRequest(f"input {name!r}: element {i} is not UTF-8 text") from None
+    if len(texts) != count:
+        raise BadRequest(f"input {name!r}: shape {shape} needs {count} strings, got {len(texts)}")
+    array = np.empty(count, dtype=object)
+    array[:] = texts
+    return array.reshape(shape), offset
 
 
 def _request_id(doc: dict) -> str | None:

@@ -23,6 +23,10 @@ not here). The model runs in a thread, so the event loop keeps answering health
 checks and refusing overload while a batch computes. With ``--port 0`` the
 port is chosen by the system; the ``listening on`` line printed at start says it.
 
+An embedding model (card kind ``sentence-embedding``, :mod:`.embedding`) takes its
+``text`` input as ``BYTES`` (UTF-8 strings) and answers ``embedding``, FP32 ``[n, DIM]``;
+its batches form in the same batcher.
+
 ``--listen-fd N`` serves on a socket the parent bound and handed over (socket
 activation, as systemd does); the server listens on it once the model is loaded.
 The gpulab service binds each local replica's Unix socket in a folder only root
@@ -51,6 +55,8 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from .batcher import Closed, DynamicBatcher, QueueFull
+from .embedding import KIND as EMBEDDING_KIND
+from .embedding import EmbeddingModel
 from .export import ServedModel, load_model
 from .metrics import UNKNOWN_MODEL, ServingMetrics
 from .oip import OIP_TO_NUMPY, BadRequest, decode_request, encode_response, model_metadata
@@ -66,7 +72,7 @@ class ModelServer:
 
     def __init__(
         self,
-        model: ServedModel,
+        model: ServedModel | EmbeddingModel,
         *,
         max_batch_size: int = 32,
         max_latency_ms: float = 5.0,
@@ -94,21 +100,29 @@ class ModelServer:
         self.metrics.track_queue(card.name, lambda: self.batcher.depth)
 
     def _run_batch(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        # Arrays decoded from a request body are read-only views; torch wants writable memory.
-        tensors = [torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in inputs]
-        outputs = self.model(*tensors)
-        rows = tensors[0].shape[0]
+        if self.card.kind == EMBEDDING_KIND:  # strings in, numpy out: no tensors to make
+            outputs = self.model(*inputs)
+        else:
+            # Arrays decoded from a request body are read-only views; torch wants writable memory.
+            tensors = [torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in inputs]
+            outputs = [o.detach().cpu().numpy() for o in self.model(*tensors)]
+        rows = inputs[0].shape[0]
         for spec, out in zip(self.card.outputs, outputs, strict=False):
             if out.shape[0] != rows:
                 raise RuntimeError(
                     f"output {spec.name!r} has {out.shape[0]} rows for a batch of {rows}"
                 )
-        return [o.detach().cpu().numpy() for o in outputs]
+        return outputs
 
     def warm_up(self) -> None:
         """One call before serving, so the first request does not pay for lazy setup."""
         self._run_batch(
-            [np.zeros([1, *s.shape[1:]], dtype=OIP_TO_NUMPY[s.datatype]) for s in self.card.inputs]
+            [
+                np.array(["warm up"], dtype=object)
+                if s.datatype == "BYTES"
+                else np.zeros([1, *s.shape[1:]], dtype=OIP_TO_NUMPY[s.datatype])
+                for s in self.card.inputs
+            ]
         )
 
     def start(self) -> None:
@@ -374,6 +388,9 @@ def listening_sockets(args: argparse.Namespace) -> tuple[list[socket.socket], st
 async def serve(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
+    # A replica has every file of its model and may have no network: an embedding
+    # model's libraries must not try the Hugging Face hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         model = load_model(args.model_dir)
     except (FileNotFoundError, ImportError):

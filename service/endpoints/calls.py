@@ -12,6 +12,9 @@ router runs the same path over the last endpoint table
 3. forwards the call with the replicas' own secret and counts it
    (:class:`~gpulab.service.endpoints.traffic.UnitTraffic`) for the autoscaler and the listing.
 
+:meth:`EndpointCalls.embed` takes the same path for the service's own callers
+(vector collections): texts in, embeddings out, on behalf of a user.
+
 Everything here runs per call, on the service's event loop: no database, no
 lock, no await but the wait for a replica and the forward itself.
 """
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import re
 import time
 
@@ -28,6 +33,10 @@ from gpulab.service.endpoints.live import LiveEndpoints, serving_unit
 from gpulab.service.endpoints.proxy import EndpointProxy
 from gpulab.service.endpoints.settings import EndpointLimits
 from gpulab.service.endpoints.table import DEPLOYMENT_FIELDS, VERSION_FIELDS
+
+#: The card kind of an embedding endpoint (gpulab.serving.embedding.KIND; the service
+#: does not import serving/).
+EMBEDDING_KIND = "sentence-embedding"
 
 #: ``v2/models/<name>/versions/<n>/<rest>``: the version the caller asks for.
 VERSIONED = re.compile(r"^(v2/models/[^/]+)/versions/([^/]+)(/.*)?$")
@@ -121,6 +130,9 @@ class EndpointCalls:
         """Forward one call: ``(status, reason, headers, body)``; CallRefused if no
         replica answers."""
         unit, path = self._choose(dep, path)
+        return await self._forward(dep, unit, method, path, headers, body)
+
+    async def _forward(self, dep: dict, unit, method: str, path: str, headers: dict, body):
         start = time.monotonic()
         ready = self.ready(dep, unit)
         if not ready:
@@ -149,6 +161,78 @@ class EndpointCalls:
             retry_after=2,
         )
 
+    def card(self, unit) -> dict | None:
+        """The model card (model.json) of a version, or None where it is not at hand."""
+        return None
+
+    async def embed(self, who, user: str, name: str, texts: list[str]) -> list[list[float]]:
+        """Embeddings of ``texts`` from the embedding endpoint ``user/name``, called on
+        behalf of ``who`` (an :class:`~gpulab.service.auth.Identity`): one unit-length
+        row of floats per text, in order.
+
+        The same rules as a call through the endpoint's URL: ``who`` must be allowed
+        to use it (the owner, admins, those it is shared with; :meth:`callable_endpoint`),
+        one version is chosen by weight for every text, its least busy ready replica
+        gets the calls with the replicas' own secret, and a version scaled to zero is
+        started (cold start). The texts go as OIP v2 infer requests (``text``, BYTES),
+        as many as the version's ``max_batch_size`` needs (one for up to that many).
+
+        Raises :class:`CallRefused` (status, one-line reason): 404/403 as
+        :meth:`callable_endpoint`; 400 for texts that are not a non-empty list of
+        strings, or an endpoint that is not an embedding endpoint (a card of kind
+        ``sentence-embedding``); 503/429 where no replica answers in time; the
+        replica's own status and message where it refuses a request.
+        """
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise CallRefused(400, "texts must be a non-empty list of strings")
+        dep = self.callable_endpoint(who, user, name)
+        unit, path = self._choose(dep, f"v2/models/{dep['name']}/infer")
+        card = self.card(unit)
+        if not card or card.get("kind") != EMBEDDING_KIND:
+            raise CallRefused(
+                400,
+                f"{dep['user']}/{dep['name']} is not an embedding endpoint; "
+                "deploy a SentenceTransformer (%deploy) to embed text",
+            )
+        rows: list[list[float]] = []
+        # The most rows one request may carry (the standby's table does not say: all).
+        step = max(1, int(unit.row.get("max_batch_size") or len(texts)))
+        for i in range(0, len(texts), step):
+            chunk = texts[i : i + step]
+            body = json.dumps(
+                {
+                    "inputs": [
+                        {"name": "text", "datatype": "BYTES", "shape": [len(chunk)], "data": chunk}
+                    ]
+                }
+            ).encode()
+            status, _, _, data = await self._forward(
+                dep, unit, "POST", path, {"Content-Type": "application/json"}, body
+            )
+            rows += _embeddings(dep, status, data, len(chunk))
+        return rows
+
+
+def _embeddings(dep: dict, status: int, data: bytes, n: int) -> list[list[float]]:
+    """The rows of a replica's OIP v2 answer; CallRefused with its reason if it refused."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        doc = None
+    if status != 200:
+        reason = doc.get("error") if isinstance(doc, dict) else None
+        raise CallRefused(status, reason or f"{dep['user']}/{dep['name']} answered {status}")
+    try:
+        (out,) = [o for o in doc["outputs"] if o["name"] == "embedding"]
+        flat, (rows, dim) = out["data"], out["shape"]
+        if rows != n or len(flat) != rows * dim:
+            raise ValueError(f"{rows} rows of {dim} for {n} texts")
+    except (TypeError, KeyError, ValueError) as e:
+        raise CallRefused(
+            502, f"{dep['user']}/{dep['name']} gave no embeddings for {n} texts ({e})"
+        ) from None
+    return [flat[i * dim : (i + 1) * dim] for i in range(rows)]
+
 
 class LiveCalls(EndpointCalls):
     """Calls over the endpoints in memory (``live``), to the replicas ``serving`` runs;
@@ -165,6 +249,7 @@ class LiveCalls(EndpointCalls):
         self.live = live
         self.serving = serving
         self.limits = limits
+        self._cards: dict[str, dict] = {}  # version id -> its model card
 
     def endpoint(self, user: str, name: str) -> dict | None:
         return self.live.find(user, name)
@@ -182,6 +267,16 @@ class LiveCalls(EndpointCalls):
         if unit.token is None:
             unit.token = self.serving.token(unit.row["id"])
         return unit.token
+
+    def card(self, unit) -> dict | None:
+        vid = unit.row["id"]
+        if vid not in self._cards:  # a version's card never changes: read it once
+            try:
+                with open(os.path.join(self.serving.model_dir(vid), "model.json")) as f:
+                    self._cards[vid] = json.load(f)
+            except (OSError, ValueError):
+                return None
+        return self._cards[vid]
 
     def endpoint_table(self) -> list[dict]:
         """Every endpoint as a call sees it now: the rows' fields a call reads, and

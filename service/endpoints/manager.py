@@ -17,7 +17,8 @@ The manager is built of parts, each given what it works with: what is kept in
 memory of each endpoint (:mod:`.live`), calls from clients (:mod:`.calls`), a
 version's replicas placed and stopped (:mod:`.placement`), the autoscaler's steps
 (:mod:`.scaling`), versions (canary, promote, rollback: :mod:`.versions`).
-Checking what clients send lives in :mod:`.settings`.
+Checking what clients send lives in :mod:`.settings`; where a version's model came
+from (its job, its quantization) in :mod:`.lineage`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from gpulab.db.deployments import DeploymentStore, NameTaken
 from gpulab.scheduler.slices import plural
 from gpulab.service.auth import Identity
 from gpulab.service.endpoints.calls import LiveCalls
+from gpulab.service.endpoints.lineage import resolve as resolve_lineage
+from gpulab.service.endpoints.lineage import version_lineage
 from gpulab.service.endpoints.live import (
     LiveEndpoints,
     Unit,
@@ -116,6 +119,7 @@ class DeploymentManager:
         data_dir: str,
         max_upload_mib: int,
         router_address: RouterAddress,
+        job_facts: Callable[[str], dict | None] | None = None,
     ):
         # Endpoints are placed on the GPUs of the pool they run in.
         self.ledger = ledger
@@ -127,6 +131,8 @@ class DeploymentManager:
         self.prefix = prefix
         self.data_dir = data_dir
         self.max_upload_mib = max_upload_mib
+        #: A job's id -> its owner, code hash and datasets (a version's lineage), or None.
+        self.job_facts = job_facts
         self.live = LiveEndpoints(self.store, serving)
         self._tasks = TaskSet()
         self.placement = VersionPlacement(
@@ -181,6 +187,7 @@ class DeploymentManager:
                 port=service.endpoint_router_port,
                 url=service.endpoint_router_url,
             ),
+            job_facts=getattr(getattr(service, "jobs", None), "lineage_of", None),
         )
 
     # -- reading -----------------------------------------------------------------------
@@ -249,6 +256,7 @@ class DeploymentManager:
             "p99_latency_ms": window["p99_latency_ms"],
             "cold_starts": unit.cold_starts,
             "last_cold_start_s": unit.last_cold_start_s,
+            "lineage": version_lineage(dep, v),
         }
 
     def units_traffic(self) -> list[dict]:
@@ -304,8 +312,11 @@ class DeploymentManager:
         """A new deployment, or a canary version of one (``canary`` in ``settings``).
         ``model_tar``: the path of the uploaded archive (the caller removes it)."""
         self.check_may_deploy(who)
+        settings = dict(settings)
+        # Where the model came from, checked before a byte of it is unpacked.
+        lineage = resolve_lineage(settings.pop("lineage", None), who, self.job_facts)
         if "canary" in settings:
-            return self.view(await self.versions.add_canary(who, settings, model_tar))
+            return self.view(await self.versions.add_canary(who, settings, model_tar, lineage))
         self._check_count(who)
         dep = check_create(self.limits, who.name, settings, self.over_quota)
         name = dep["name"]
@@ -322,7 +333,7 @@ class DeploymentManager:
             async with self.live.lock:
                 self._check_count(who)  # again: another upload may have finished first
                 try:
-                    row = self.store.add({"id": dep_id, "user": who.name, **dep})
+                    row = self.store.add({"id": dep_id, "user": who.name, **dep}, lineage=lineage)
                 except NameTaken:
                     raise DeployRefused(409, f"you already have a deployment {name!r}") from None
                 rec = self.live.record(row)

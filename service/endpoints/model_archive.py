@@ -1,7 +1,8 @@
 """Unpacking an uploaded model archive, as an attacker would send it.
 
 The archive (tar, optionally gzip/bz2/xz) must hold two regular files,
-``model.pt2`` and ``model.json``. It is read once, front to back, one member
+``model.json`` and the model file its kind names (``model.pt2``; an embedding
+model's ``model.st.tar``). It is read once, front to back, one member
 at a time, and refused as soon as anything is wrong:
 
 - the sizes its headers declare, all members together, may not pass
@@ -23,7 +24,7 @@ import os
 import posixpath
 import tarfile
 
-from gpulab.backend.deployment_dir import MODEL_FILES
+from gpulab.backend.deployment_dir import KIND_FILES, MODEL_FILES
 
 #: More members than an exported model directory could hold.
 MAX_MEMBERS = 64
@@ -101,14 +102,25 @@ def unpack_model(tar_path: str, dest: str, max_bytes: int, setting: str = "") ->
     except (tarfile.TarError, EOFError, OSError, ValueError) as e:
         # ValueError/EOFError/OSError: truncated or corrupt compressed data.
         raise ArchiveRefused(400, f"the model upload is not a readable tar archive: {e}") from None
-    missing = [f for f in MODEL_FILES if f not in found]
-    if missing:
+    if "model.json" not in found:
         raise ArchiveRefused(
             400,
-            f"the model archive lacks {', '.join(missing)}; upload "
+            "the model archive lacks model.json; upload "
+            "a directory written by gpulab.serving.export_model",
+        )
+    card = _read_card(os.path.join(dest, "model.json"))
+    kind = card.get("kind", "torch-export")
+    if kind not in KIND_FILES:
+        raise ArchiveRefused(
+            400, f"model.json has kind {kind!r}; this service serves {', '.join(KIND_FILES)}"
+        )
+    if KIND_FILES[kind] not in found:
+        raise ArchiveRefused(
+            400,
+            f"the model archive lacks {KIND_FILES[kind]}; upload "
             f"a directory written by gpulab.serving.export_model",
         )
-    return _read_card(os.path.join(dest, "model.json"))
+    return card
 
 
 def _copy(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> None:

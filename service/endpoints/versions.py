@@ -60,9 +60,12 @@ class Versions:
     def store(self):
         return self.live.store
 
-    async def add_canary(self, who, settings: dict, model_tar: str) -> dict:
+    async def add_canary(
+        self, who, settings: dict, model_tar: str, lineage: dict | None = None
+    ) -> dict:
         """Version n+1 of the deployment ``settings["name"]``, beside the stable one with
-        ``settings["canary"]`` percent of the calls."""
+        ``settings["canary"]`` percent of the calls (``lineage``: where its model came
+        from, :mod:`gpulab.service.endpoints.lineage`)."""
         name = settings.get("name")
         dep = self.store.find(who.name, name) if isinstance(name, str) else None
         if dep is None:
@@ -89,7 +92,11 @@ class Versions:
                     raise DeployRefused(409, f"{dep['name']} already has a canary")
                 stable = self.store.versions(dep["id"])[0]
                 vrow = self.store.add_version(
-                    dep["id"], version_id, weight, {**unit, "replicas": max(dep["replicas"], 1)}
+                    dep["id"],
+                    version_id,
+                    weight,
+                    {**unit, "replicas": max(dep["replicas"], 1)},
+                    lineage=lineage,
                 )
                 try:
                     await self.placement.place_new(dep, vrow)

@@ -38,6 +38,7 @@ from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, label, noun, pars
 from gpulab.service.jobs.backends import NoLocalJobs, job_backends
 from gpulab.service.jobs.cpu_quota import over_quota
 from gpulab.service.jobs.elastic import Resizes, nodes_word
+from gpulab.service.jobs.lineage import JobLineage
 from gpulab.service.jobs.pools import AUTO, Pool, PoolRefused
 from gpulab.service.jobs.preemption import Claim, Preemption, article
 from gpulab.service.tasks import KeptTask, wait_for_wake
@@ -116,6 +117,8 @@ class JobManager:
         self.lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._tails: dict[str, tuple[int, list[dict]]] = {}
+        #: Each job's code hash and the datasets its ranks read (a model's lineage).
+        self.lineage = JobLineage()
         #: Queued ``auto`` jobs: the pools each may start in (from its spec, once).
         self._auto: dict[str, list[str]] = {}
         self._loop = KeptTask("gpulab-job-queue", self.loop)
@@ -273,6 +276,7 @@ class JobManager:
         else:
             out["position"] = (positions or self.queue.positions()).get(job["id"])
         out["has_out"] = bool(self.jobdir(job).out_path())
+        out.update(self.lineage.of(job, self.jobdir(job)))
         if not out.get("pool"):
             found = self.pools.of_kind(job["backend"])
             out["pool"] = found.name if found else job["backend"]
@@ -280,6 +284,18 @@ class JobManager:
         if slurm_job_id is not None and job["state"] != "queued":
             out["slurm_job_id"] = slurm_job_id(job["id"])  # for squeue and sacct
         return out
+
+    def lineage_of(self, job_id: str) -> dict | None:
+        """``{"id", "user", "state", "code_hash", "datasets"}`` of a job, or None."""
+        job = self.queue.get(job_id)
+        if job is None:
+            return None
+        return {
+            "id": job["id"],
+            "user": job["user"],
+            "state": job["state"],
+            **self.lineage.of(job, self.jobdir(job)),
+        }
 
     def summaries(self, user: str | None) -> list[dict]:
         """Queued and running jobs with their latest step, loss and throughput.
