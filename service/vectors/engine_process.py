@@ -131,7 +131,14 @@ class EngineProcess:
         # Started from the event loop's thread, which lives as long as the service: the
         # engine's death signal follows the thread that started it, not the process.
         self.start_process()
-        await asyncio.to_thread(self.wait_ready)
+        try:
+            await asyncio.to_thread(self.wait_ready)
+        except Exception:
+            # One that never answered must not hold the data's lock for the next try.
+            if self.proc.poll() is None:
+                self.proc.kill()
+                await asyncio.to_thread(self.proc.wait)
+            raise
         log.info("Vector engine ready (pid %d)", self.proc.pid)
 
     async def _watch(self) -> None:
