@@ -57,12 +57,15 @@ class VectorEngine:
         if client is not None:
             return client
         admin = MilvusClient(uri=self.uri, token=self.token)
-        if db not in admin.list_databases():
-            try:
-                admin.create_database(db)
-            except Exception as e:  # made by a concurrent call meanwhile
-                if db not in admin.list_databases():
-                    raise e
+        try:
+            if db not in admin.list_databases():
+                try:
+                    admin.create_database(db)
+                except Exception:  # made by a concurrent call meanwhile?
+                    if db not in admin.list_databases():
+                        raise
+        finally:
+            admin.close()
         client = MilvusClient(uri=self.uri, token=self.token, db_name=db)
         with self._lock:
             return self._clients.setdefault(db, client)
