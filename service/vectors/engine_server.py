@@ -47,6 +47,10 @@ def serve(data_dir: str, socket_path: str) -> None:
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
+            # pymilvus pings every 10 s, idle or not; gRPC's defaults answer a client
+            # that pings an idle server with GOAWAY (too_many_pings), a reconnect.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
         ],
     )
     milvus_pb2_grpc.add_MilvusServiceServicer_to_server(MilvusServicer(db), server)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -28,8 +29,11 @@ log = logging.getLogger("gpulab.service.vectors")
 SHARING = ("share_users", "share_groups")
 #: Texts per call to the embedding endpoint (its batcher splits further).
 EMBED_BATCH = 256
-#: Rows written to a collection before it is sealed into indexed segments.
+#: A collection's new rows are sealed into indexed segments once this many were written,
+#: or once writes to it paused this long: the engine searches rows not sealed yet one by
+#: one (240 ms a search at 2,000 rows, against 6 ms sealed).
 FLUSH_ROWS = 20_000
+SEAL_IDLE_S = 2.0
 #: (caller, owner, endpoint name, texts) -> one vector per text.
 Embedder = Callable[[object, str, str, list[str]], Awaitable[list[list[float]]]]
 
@@ -60,6 +64,7 @@ class CollectionManager:
         self.process = process
         self._started = asyncio.Lock()
         self._unsealed: dict[str, int] = {}
+        self._last_write: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
 
     @classmethod
@@ -344,12 +349,25 @@ class CollectionManager:
 
     def _written(self, row: dict, n: int) -> None:
         cid = row["id"]
+        self._last_write[cid] = time.monotonic()
+        waiting = cid in self._unsealed
         self._unsealed[cid] = self._unsealed.get(cid, 0) + n
         if self._unsealed[cid] >= FLUSH_ROWS:
             self._unsealed[cid] = 0
             self._spawn(self._seal(row))
+        elif not waiting:
+            self._spawn(self._seal_when_idle(row))
+
+    async def _seal_when_idle(self, row: dict) -> None:
+        cid = row["id"]
+        while (idle := time.monotonic() - self._last_write[cid]) < SEAL_IDLE_S:
+            await asyncio.sleep(SEAL_IDLE_S - idle)
+        self._unsealed.pop(cid, None)
+        await self._seal(row)
 
     async def _seal(self, row: dict) -> None:
+        if self.store.get(row["id"]) is None:  # dropped meanwhile
+            return
         try:
             await self.engine.flush(row["user"], row["id"])
         except Exception as e:  # a later write seals it again

