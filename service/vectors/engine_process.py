@@ -30,7 +30,8 @@ log = logging.getLogger("gpulab.service.vectors")
 
 ENGINE_ACCOUNT = "gpulab_vectors"
 ENGINE_MODULE = "gpulab.service.vectors.engine_server"
-READY_TIMEOUT_S = 60.0
+#: How long a start may take: Milvus Lite replays its log first (a big one, minutes).
+READY_TIMEOUT_S = 300.0
 #: Waits between restarts of an engine that keeps exiting: 1 s doubling to a minute.
 RESTART_BACKOFF_S = (1.0, 60.0)
 
@@ -51,7 +52,7 @@ class EngineProcess:
 
     @property
     def uri(self) -> str:
-        return "unix:" + os.path.join(self.socket_dir, "engine.sock")
+        return "unix:" + self.socket
 
     @property
     def socket(self) -> str:
