@@ -13,7 +13,8 @@ PYTEST_ARGS ?=
 
 .PHONY: up test lint deps venv-base reach system-deps bench-deps gpu-check clean lab
 
-# Debian packages the tests drive for real: Chromium (browser tests), PostgreSQL
+# Debian packages the tests drive for real: Chromium (browser tests; libnss3-tools
+# puts gpulab's CA in its certificate store for the https test), PostgreSQL
 # (database option), iproute2 (network namespaces), curl (the %deploy notebook
 # runs the curl line it prints), slurm-wlm and munge (the Slurm backend's tests
 # run a throwaway cluster: `gpulab slurm-sandbox`), slirp4netns (outbound network
@@ -21,7 +22,7 @@ PYTEST_ARGS ?=
 system-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  missing=""; \
-	  for p in chromium postgresql iproute2 curl slurm-wlm munge slirp4netns; do \
+	  for p in chromium libnss3-tools postgresql iproute2 curl slurm-wlm munge slirp4netns; do \
 	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \

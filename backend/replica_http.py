@@ -5,14 +5,23 @@ Service is a URL (``http://...``). aiohttp speaks HTTP over a Unix socket throug
 connector of that socket's own, so :class:`ReplicaSessions` keeps a client session
 per socket (and one for every URL), made on first use with its owner's options:
 the endpoint router's forwarding and the readiness probes each keep theirs.
+
+Sessions to ``https://`` URLs (replicas behind a Kubernetes Service when TLS is on)
+verify the replica's certificate against the system's CAs and, when
+``GPULAB_CA_FILE`` names a PEM file, its CAs too: the cluster's own CA that signed
+the replicas' certificate. Calls over a Unix socket stay plain HTTP: the socket lies
+in a folder only the service's account can enter, so no network carries them.
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Callable
 
 import aiohttp
+
+from gpulab.client.tls import client_context
 
 #: The address of a replica that listens on a Unix socket: ``unix:/run/...sock``.
 UNIX = "unix:"
@@ -38,6 +47,7 @@ class ReplicaSessions:
         self.make = make
         self.limit = limit  # connections at once, per socket (and for all URLs together)
         self._sessions: dict[str | None, aiohttp.ClientSession] = {}
+        self._tls: ssl.SSLContext | None = None  # made with the first URL's session
 
     async def get(self, address: str) -> tuple[aiohttp.ClientSession, str]:
         """The session for ``address`` and the base URL to put before a path."""
@@ -46,11 +56,12 @@ class ReplicaSessions:
         if session is None or session.closed:
             if len(self._sessions) >= PRUNE_AT:
                 await self._prune()
-            connector = (
-                aiohttp.TCPConnector(limit=self.limit)
-                if path is None
-                else aiohttp.UnixConnector(path, limit=self.limit)
-            )
+            if path is None:
+                if self._tls is None:
+                    self._tls = client_context()
+                connector = aiohttp.TCPConnector(limit=self.limit, ssl=self._tls)
+            else:
+                connector = aiohttp.UnixConnector(path, limit=self.limit)
             session = self._sessions[path] = self.make(connector)
         return session, (UNIX_URL if path is not None else address.rstrip("/"))
 

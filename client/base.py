@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,6 +31,7 @@ from .errors import ConfigurationError, ServiceUnreachable, refused
 from .hibernations import HibernationsAPI
 from .jobs import JobsMixin
 from .telemetry import TelemetryAPI
+from .tls import client_context
 from .usage import UsageAPI
 
 #: What aiohttp raises when no (whole) answer came: the client raises ServiceUnreachable.
@@ -72,7 +74,13 @@ class AsyncClient(
     HibernationsAPI,
     CollectionsAPI,
 ):
-    def __init__(self, api_url: str | None = None, token: str | None = None, timeout: float = 60.0):
+    def __init__(
+        self,
+        api_url: str | None = None,
+        token: str | None = None,
+        timeout: float = 60.0,
+        ca_file: str | None = None,
+    ):
         self.api_url = (api_url or os.environ.get("GPULAB_API_URL") or "").rstrip("/")
         self._token = token or os.environ.get("JUPYTERHUB_API_TOKEN") or ""
         if not self.api_url:
@@ -84,6 +92,19 @@ class AsyncClient(
         if not self._token:
             raise ConfigurationError(0, "no token: set JUPYTERHUB_API_TOKEN or pass token=")
         self.timeout = aiohttp.ClientTimeout(total=timeout)
+        # https: the system's CAs, GPULAB_CA_FILE's (gpulab up --tls self-signed) and ca_file.
+        self._ca_files = [ca_file] if ca_file else []
+        self._ssl: ssl.SSLContext | None = None
+
+    def _session(self, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+        if not self.api_url.startswith("https:"):
+            return aiohttp.ClientSession(timeout=timeout)
+        if self._ssl is None:
+            try:
+                self._ssl = client_context(self._ca_files)
+            except OSError as e:
+                raise ConfigurationError(0, str(e)) from None
+        return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(ssl=self._ssl))
 
     @property
     def headers(self) -> dict[str, str]:
@@ -110,7 +131,7 @@ class AsyncClient(
         """One call; ``body`` is sent as JSON, or ``form`` as multipart/form-data."""
         try:
             async with (
-                aiohttp.ClientSession(timeout=self.timeout) as s,
+                self._session(self.timeout) as s,
                 s.request(
                     method,
                     self.url(path, query),
@@ -130,7 +151,7 @@ class AsyncClient(
         """A GET whose answer is not JSON (pickled output, log text)."""
         try:
             async with (
-                aiohttp.ClientSession(timeout=self.timeout) as s,
+                self._session(self.timeout) as s,
                 s.get(self.url(path, query), headers=self.headers) as r,
             ):
                 data = await r.read()
@@ -145,7 +166,7 @@ class AsyncClient(
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
         try:
             async with (
-                aiohttp.ClientSession(timeout=timeout) as s,
+                self._session(timeout) as s,
                 s.get(self.url(path, query), headers=self.headers) as r,
             ):
                 if r.status >= 400:
@@ -161,7 +182,7 @@ class AsyncClient(
         headers = {**self.headers, "Content-Type": "application/json"}
         try:
             async with (
-                aiohttp.ClientSession(timeout=self.timeout) as s,
+                self._session(self.timeout) as s,
                 s.post(url, data=body, headers=headers) as r,
             ):
                 data = await r.read()
@@ -196,8 +217,14 @@ def _error_message(data: bytes, reason: str | None) -> str:
 class Client:
     """Sync face of :class:`AsyncClient`: same methods, blocking."""
 
-    def __init__(self, api_url: str | None = None, token: str | None = None, timeout: float = 60.0):
-        self.aio = AsyncClient(api_url, token, timeout)
+    def __init__(
+        self,
+        api_url: str | None = None,
+        token: str | None = None,
+        timeout: float = 60.0,
+        ca_file: str | None = None,
+    ):
+        self.aio = AsyncClient(api_url, token, timeout, ca_file)
 
     def __getattr__(self, name: str):
         attr = getattr(self.aio, name)

@@ -21,6 +21,7 @@ from .auth_config import login_banner
 from .hub_config import Settings
 from .leftover_processes import end_leftovers
 from .ports import free_port
+from .tls import TLSError, tls_banner
 
 HUB_CONFIG = Path(__file__).with_name("jupyterhub_config.py")
 
@@ -80,8 +81,16 @@ def up(args: argparse.Namespace) -> int:
         simulate_gpus=args.simulate_gpus or "",
         db_url=args.db_url or "",
         cull_idle_timeout=args.cull_idle_timeout,
+        tls=args.tls or "",
+        ssl_cert=os.path.abspath(args.ssl_cert) if args.ssl_cert else "",
+        ssl_key=os.path.abspath(args.ssl_key) if args.ssl_key else "",
         **_internal_ports(data_dir),
     )
+    try:
+        trust = tls_banner(settings)
+    except TLSError as e:
+        print(f"gpulab up: {e}", file=sys.stderr)
+        return 2
     gpus = (
         ("simulated " + settings.simulate_gpus)
         if settings.simulate_gpus
@@ -93,7 +102,7 @@ gpulab is starting at {settings.public_url}/
 {login_banner(settings, args.demo)}
   API token of the admin (for automation): {data_dir / "admin-token"}
   GPUs: {gpus}
-  Overrides: {data_dir / "gpulab_config.py"} (JupyterHub and c.GpuLabService settings)
+{trust}  Overrides: {data_dir / "gpulab_config.py"} (JupyterHub and c.GpuLabService settings)
 """,
         flush=True,
     )
@@ -167,6 +176,15 @@ def parser() -> argparse.ArgumentParser:
         "(a one-person hub; users are not separated on this host, and the banner, "
         "spawn form and %%gpulab say so)",
     )
+    u.add_argument(
+        "--tls",
+        choices=["self-signed"],
+        help="serve https with a certificate from gpulab's own CA, kept in "
+        "<data-dir>/tls/ca.pem (trust that file in your browser and clients); "
+        "every hop inside is TLS too",
+    )
+    u.add_argument("--ssl-cert", metavar="FILE", help="serve https with this certificate (PEM)")
+    u.add_argument("--ssl-key", metavar="FILE", help="the private key of --ssl-cert (PEM)")
     u.add_argument(
         "--help-all",
         action="store_true",

@@ -53,6 +53,14 @@ class GpuLabHub(JupyterHub):
 
     _stopping = False
 
+    async def start_service(self, service_name, service, ssl_context=None):
+        # Under internal_ssl JupyterHub 6.1 checks a managed service's URL with the
+        # context its own https server listens with (Purpose.CLIENT_AUTH: a server-side
+        # context), so every check fails ("Cannot create a client socket with a
+        # PROTOCOL_TLS_SERVER context") and the hub exits. Without one given it builds
+        # the client-side context itself (Purpose.SERVER_AUTH).
+        return await super().start_service(service_name, service, None)
+
     async def start(self):
         await super().start()
         self._service_started: dict[int, float] = {}

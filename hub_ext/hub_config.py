@@ -32,6 +32,10 @@ class Settings:
     simulate_gpus: str = ""
     db_url: str = ""
     cull_idle_timeout: int = 3600
+    # TLS: "self-signed" (gpulab's own CA) or the operator's certificate and key files.
+    tls: str = ""
+    ssl_cert: str = ""
+    ssl_key: str = ""
 
     ENV = {
         "data_dir": "GPULAB_DATA_DIR",
@@ -43,6 +47,9 @@ class Settings:
         "simulate_gpus": "GPULAB_SIMULATE_GPUS",
         "db_url": "GPULAB_DB_URL",
         "cull_idle_timeout": "GPULAB_CULL_IDLE_TIMEOUT",
+        "tls": "GPULAB_TLS",
+        "ssl_cert": "GPULAB_SSL_CERT",
+        "ssl_key": "GPULAB_SSL_KEY",
     }
 
     def to_env(self) -> dict[str, str]:
@@ -58,9 +65,20 @@ class Settings:
         return s
 
     @property
+    def uses_tls(self) -> bool:
+        return bool(self.tls or self.ssl_cert)
+
+    @property
+    def scheme(self) -> str:
+        """Of every URL between the platform's parts, and of the public one."""
+        return "https" if self.uses_tls else "http"
+
+    @property
     def public_url(self) -> str:
         host = "127.0.0.1" if self.ip in ("", "0.0.0.0") else self.ip
-        return f"http://{host}:{self.port}"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{self.scheme}://{host}:{self.port}"
 
 
 def secret_file(path: Path, nbytes: int = 32) -> str:
@@ -106,6 +124,32 @@ def find_proxy() -> str:
     )
 
 
+def configure_tls(c, s: Settings) -> list[Path]:
+    """TLS on the public port and ``internal_ssl`` between the parts (:mod:`.tls`).
+
+    Returns the CA files the platform's own processes trust beside the system's
+    (none without TLS). Users' servers get the public port's CA as ``GPULAB_CA_FILE``
+    where it is gpulab's own (``--tls self-signed``).
+    """
+    if not s.uses_tls:
+        return []
+    from . import tls
+
+    public = tls.public_tls(s.data_dir, s.tls, s.ssl_cert, s.ssl_key, s.ip)
+    c.JupyterHub.ssl_cert = str(public.cert)
+    c.JupyterHub.ssl_key = str(public.key)
+    c.JupyterHub.internal_ssl = True
+    c.JupyterHub.internal_certs_location = str(tls.prepare_internal(s.data_dir))
+    ca_files = [tls.internal_trust_bundle(s.data_dir)]
+    if public.ca is not None:
+        c.FractionalHostSpawner.gpulab_ca_file = str(public.ca)
+        ca_files.insert(0, public.ca)
+    # The hub's own calls to the service (spawns, the audit trail) trust the same CAs
+    # (gpulab.client.tls reads them from the environment of the process that calls).
+    os.environ["GPULAB_CA_FILE"] = os.pathsep.join(map(str, ca_files))
+    return ca_files
+
+
 def configure(c, s: Settings) -> None:
     data = s.data_dir
     data.mkdir(parents=True, exist_ok=True)
@@ -124,7 +168,7 @@ def configure(c, s: Settings) -> None:
     c.JupyterHub.hub_port = s.hub_port
     c.JupyterHub.db_url = f"sqlite:///{data}/jupyterhub.sqlite"
     c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
-    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.proxy_api_port}"
+    c.ConfigurableHTTPProxy.api_url = f"{s.scheme}://127.0.0.1:{s.proxy_api_port}"
     c.ConfigurableHTTPProxy.command = [find_proxy()]
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
     proxy_token = secret_file(data / "proxy-token")
@@ -134,7 +178,9 @@ def configure(c, s: Settings) -> None:
     # auth_config.configure_auth at the end, once servers and services exist.
     c.JupyterHub.api_tokens = {admin_token: ADMIN_USER}
 
-    api_url = f"http://127.0.0.1:{s.service_port}/services/{SERVICE_NAME}/api/v1"
+    service_url = f"{s.scheme}://127.0.0.1:{s.service_port}"
+    api_url = f"{service_url}/services/{SERVICE_NAME}/api/v1"
+    ca_files = configure_tls(c, s)
     c.JupyterHub.spawner_class = "gpulab-local"
     # What the local and the Slurm spawner share (`gpulab slurm-sandbox up --spawner`
     # switches to the latter); the home folders only the local one's.
@@ -157,18 +203,22 @@ def configure(c, s: Settings) -> None:
         **s.to_env(),
         "GPULAB_CACHE_DIR": cache_dir,
         # The service routes endpoint calls from the proxy to its endpoint router.
-        "GPULAB_PROXY_API_URL": f"http://127.0.0.1:{s.proxy_api_port}",
+        "GPULAB_PROXY_API_URL": f"{s.scheme}://127.0.0.1:{s.proxy_api_port}",
         "CONFIGPROXY_AUTH_TOKEN": proxy_token,
         # Hibernation reaches users' servers through the proxy.
         "GPULAB_SERVERS_URL": s.public_url,
     }
+    if ca_files:
+        # The hub's internal CAs (to call the hub and the proxy's API) and the public
+        # port's CA (hibernation calls servers through it).
+        service_env["GPULAB_CA_FILE"] = os.pathsep.join(map(str, ca_files))
     # It imports JupyterHub (the audit hook): only once a hub is configured.
     from .gpulab_hub import add_gpulab_to_hub, add_role, add_service
 
     add_gpulab_to_hub(
         c,
         service_name=SERVICE_NAME,
-        service_url=f"http://127.0.0.1:{s.service_port}",
+        service_url=service_url,
         api_url=api_url,
         service_token=service_token,
         # The hub starts the service (and restarts it). The service samples this
@@ -183,6 +233,7 @@ def configure(c, s: Settings) -> None:
         service_environment=service_env,
     )
     if s.cull_idle_timeout > 0:
+        tls_internal = data / "tls" / "internal"
         add_service(
             c,
             {
@@ -193,6 +244,12 @@ def configure(c, s: Settings) -> None:
                     "jupyterhub_idle_culler",
                     f"--timeout={s.cull_idle_timeout}",
                     f"--cull-every={max(5, min(60, s.cull_idle_timeout // 2))}",
+                    # The hub's API asks for its internal certificates under internal_ssl.
+                    *(
+                        ["--ssl-enabled=true", f"--internal-certs-location={tls_internal}"]
+                        if s.uses_tls
+                        else []
+                    ),
                 ],
                 # How the next `gpulab up` on this data dir knows it for its own.
                 "environment": {"GPULAB_DATA_DIR": str(data)},

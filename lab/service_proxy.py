@@ -16,6 +16,8 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from gpulab.client.tls import client_context
+
 #: One path segment the proxy passes on: no empty, ``.`` or ``..`` segments, so a
 #: request cannot climb out of the service's ``/api/v1/``.
 _SEGMENT = re.compile(r"[A-Za-z0-9_~:@!$'()*+,;=-][A-Za-z0-9._~:@!$'()*+,;=-]*")
@@ -106,6 +108,8 @@ async def call_service(
         connect_timeout=connect_timeout,
         request_timeout=request_timeout,
         follow_redirects=False,
+        # gpulab up --tls self-signed: the hub's CA is in GPULAB_CA_FILE.
+        ssl_options=client_context() if url.startswith("https:") else None,
     )
     try:
         r = await AsyncHTTPClient().fetch(request, raise_error=False)

@@ -22,6 +22,7 @@ next call then waits for a cold start).
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 
@@ -42,6 +43,21 @@ WAIT_S = 300.0
 
 def _csv(text: str | None) -> list[str]:
     return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def _own_ca(scheme: str) -> bool:
+    """The hub's certificate is from gpulab's own CA (gpulab up --tls self-signed)."""
+    return scheme == "https" and bool(os.environ.get("GPULAB_CA_FILE"))
+
+
+def _tls_arguments(scheme: str) -> str:
+    if _own_ca(scheme):
+        return ', ssl=True, ssl_options={"ca_certs": os.environ["GPULAB_CA_FILE"]}'
+    return ", ssl=True" if scheme == "https" else ""
+
+
+def _curl_ca(scheme: str) -> str:
+    return ' --cacert "$GPULAB_CA_FILE"' if _own_ca(scheme) else ""
 
 
 def usage_lines(dep: dict, url: str, example_arrays: list) -> str:
@@ -79,13 +95,12 @@ def usage_lines(dep: dict, url: str, example_arrays: list) -> str:
             f"infer:    POST {infer}",
             "",
             "curl (JSON; any hub token of yours or of someone it is shared with):",
-            f'  curl -H "Authorization: token $JUPYTERHUB_API_TOKEN" '
+            f'  curl{_curl_ca(scheme)} -H "Authorization: token $JUPYTERHUB_API_TOKEN" '
             f"-H 'Content-Type: application/json' \\\n    -d '{body}' \\\n    {infer}",
             "",
             "tritonclient:",
             "  import os, tritonclient.http as httpclient",
-            f"  client = httpclient.InferenceServerClient({rest!r}"
-            + (", ssl=True)" if scheme == "https" else ")"),
+            f"  client = httpclient.InferenceServerClient({rest!r}{_tls_arguments(scheme)})",
             f"  # {arrays} = numpy arrays with the example's shapes and dtypes",
             *[f"  {line}" for block in ins for line in block.splitlines()],
             f"  result = client.infer({name!r}, [{input_names}],",

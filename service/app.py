@@ -49,7 +49,7 @@ from gpulab.scheduler.ledger import Ledger
 from gpulab.scheduler.policy import get_policy
 from gpulab.scheduler.quota import Quotas
 from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
-from gpulab.service import listen_addresses
+from gpulab.service import listen_addresses, tls
 from gpulab.service.api import alerts as alerts_api
 from gpulab.service.api import allocations as api
 from gpulab.service.api import audit as audit_api
@@ -92,7 +92,12 @@ from gpulab.service.plugins import (
 )
 from gpulab.service.sharing import SharingSettings
 from gpulab.service.telemetry.local_sampler import LocalSampler
-from gpulab.service.telemetry.metrics import EndpointCollector, LedgerCollector, Metrics
+from gpulab.service.telemetry.metrics import (
+    EndpointCollector,
+    JobQueueCollector,
+    LedgerCollector,
+    Metrics,
+)
 from gpulab.service.telemetry.store import TelemetryStore
 from gpulab.service.vectors.manager import CollectionManager
 from gpulab.service.vectors.settings import VectorSettings
@@ -870,7 +875,8 @@ class GpuLabService(SharingSettings, VectorSettings, Application):
         )
         self.priorities = self.make_priorities()
         self.metrics = Metrics()
-        self.metrics.registry.register(LedgerCollector(self.ledger, self.gpus))
+        self.metrics.registry.register(LedgerCollector(self.ledger, self.gpus, self.slice_sizes))
+        self.metrics.registry.register(JobQueueCollector(self.engine))
 
     def init_audit(self):
         """The audit trail; its writes run on the service's database threads."""
@@ -1167,7 +1173,10 @@ class GpuLabService(SharingSettings, VectorSettings, Application):
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         # Routes that take more (uploads, jobs' variables) raise it per request.
         server = HTTPServer(
-            self.tornado_app or self.make_app(), xheaders=True, max_body_size=JSON_BODY_LIMIT
+            self.tornado_app or self.make_app(),
+            xheaders=True,
+            max_body_size=JSON_BODY_LIMIT,
+            ssl_options=tls.server_context(),  # https under internal_ssl (service/tls.py)
         )
         server.listen(url.port, url.hostname)
         listen_addresses.listen_extra(server, url.port, self, url.hostname)

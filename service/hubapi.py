@@ -8,6 +8,8 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from gpulab.service.tls import platform_client_context
+
 
 class HubAPI:
     def __init__(self, api_url: str, token: str, cache_seconds: float = 10.0):
@@ -15,6 +17,8 @@ class HubAPI:
         self._token = token
         self.cache_seconds = cache_seconds
         self._cache: dict[str, tuple[float, object]] = {}
+        # internal_ssl: the hub's API is https and asks for the service's certificate.
+        self._ssl = platform_client_context() if self.api_url.startswith("https:") else None
 
     async def _fetch(self, path: str, method: str = "GET", timeout: float = 30):
         req = HTTPRequest(
@@ -22,6 +26,7 @@ class HubAPI:
             method=method,
             headers={"Authorization": f"token {self._token}"},
             request_timeout=timeout,
+            ssl_options=self._ssl,
         )
         return await AsyncHTTPClient().fetch(req)
 

@@ -2,7 +2,7 @@
 
     python -m gpulab.serving.server --model-dir DIR [--ip 127.0.0.1] [--port 8000]
         [--listen-fd N] [--max-batch-size 32] [--max-latency-ms 5] [--max-queue 256]
-        [--threads N]
+        [--threads N] [--ssl-certfile CERT --ssl-keyfile KEY [--ssl-reload-seconds 60]]
 
 Routes (OIP v2 plus Prometheus):
 
@@ -32,6 +32,12 @@ activation, as systemd does); the server listens on it once the model is loaded.
 The gpulab service binds each local replica's Unix socket in a folder only root
 can enter, so no other account of the host can connect to the replica, not even
 its owner's other processes.
+
+``--ssl-certfile`` and ``--ssl-keyfile`` (both or neither) serve https: a replica
+reached over a network (a Kubernetes Service) is called over TLS when gpulab's TLS
+is on. Both files are read at start, before the model loads, so a wrong path or a
+key that does not match the certificate stops the server with that fact; a renewed
+pair is loaded without a restart (:mod:`.tls`).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import numpy as np
 import torch
 import tornado.web
 from tornado.httpserver import HTTPServer
+from tornado.ioloop import PeriodicCallback
 from tornado.netutil import bind_sockets
 
 from .batcher import Closed, DynamicBatcher, QueueFull
@@ -60,6 +67,7 @@ from .embedding import EmbeddingModel
 from .export import ServedModel, load_model
 from .metrics import UNKNOWN_MODEL, ServingMetrics
 from .oip import OIP_TO_NUMPY, BadRequest, decode_request, encode_response, model_metadata
+from .tls import RELOAD_S, ServerCertificate, tls_context
 
 SERVER_NAME = "gpulab-serving"
 SERVER_VERSION = "0.1.0"
@@ -363,14 +371,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=256,
         help="largest request body accepted, MiB (default 256)",
     )
+    parser.add_argument(
+        "--ssl-certfile",
+        default=None,
+        help="serve https with this PEM certificate (and its chain); needs --ssl-keyfile",
+    )
+    parser.add_argument(
+        "--ssl-keyfile",
+        default=None,
+        help="the PEM private key of --ssl-certfile",
+    )
+    parser.add_argument(
+        "--ssl-reload-seconds",
+        type=float,
+        default=RELOAD_S,
+        help="how often the certificate files are checked for a renewal and loaded "
+        f"again (default {RELOAD_S:g})",
+    )
     return parser.parse_args(argv)
 
 
-def listening_sockets(args: argparse.Namespace) -> tuple[list[socket.socket], str]:
-    """The sockets to serve on and where they are, in words (``unix:PATH`` or a URL)."""
+def listening_sockets(
+    args: argparse.Namespace, scheme: str = "http"
+) -> tuple[list[socket.socket], str]:
+    """The sockets to serve on and where they are, in words (``unix:PATH`` or a URL
+    of ``scheme``)."""
     if args.listen_fd is None:
         sockets = bind_sockets(args.port, args.ip)
-        return sockets, f"http://{args.ip}:{sockets[0].getsockname()[1]}"
+        return sockets, f"{scheme}://{args.ip}:{sockets[0].getsockname()[1]}"
     try:
         sock = socket.socket(fileno=args.listen_fd)
     except OSError as exc:
@@ -382,10 +410,12 @@ def listening_sockets(args: argparse.Namespace) -> tuple[list[socket.socket], st
     name = sock.getsockname()
     if sock.family == socket.AF_UNIX:
         return [sock], f"unix:{name.decode() if isinstance(name, bytes) else name}"
-    return [sock], f"http://{name[0]}:{name[1]}"
+    return [sock], f"{scheme}://{name[0]}:{name[1]}"
 
 
 async def serve(args: argparse.Namespace) -> None:
+    tls = tls_context(args.ssl_certfile, args.ssl_keyfile)  # before the (slow) model load
+    certificate = ServerCertificate(tls, args.ssl_certfile, args.ssl_keyfile) if tls else None
     if args.threads:
         torch.set_num_threads(args.threads)
     # A replica has every file of its model and may have no network: an embedding
@@ -407,10 +437,15 @@ async def serve(args: argparse.Namespace) -> None:
         token=os.environ.pop("GPULAB_SERVING_TOKEN", ""),
     )
     server.warm_up()
-    sockets, where = listening_sockets(args)
-    http = HTTPServer(server.app(), max_body_size=int(args.max_body_mib * 2**20))
+    sockets, where = listening_sockets(args, "https" if tls else "http")
+    http = HTTPServer(server.app(), max_body_size=int(args.max_body_mib * 2**20), ssl_options=tls)
     http.add_sockets(sockets)
     server.start()
+    if certificate is not None:  # a renewed certificate (cert-manager's) without a restart
+        reload = PeriodicCallback(
+            certificate.reload_if_changed, max(args.ssl_reload_seconds, 0.1) * 1000
+        )
+        reload.start()
     print(f"{SERVER_NAME}: model {server.card.name!r} listening on {where}", flush=True)
 
     stopping = asyncio.Event()

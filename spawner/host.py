@@ -230,7 +230,7 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
         if self.account is not None:
             env.update(self.account.env())
         env.update(getattr(self, "_slice", {}))
-        env["GPULAB_API_URL"] = self.gpulab_public_api_url or self.gpulab_api_url
+        env.update(self.service_env())
         paths = [self.kernel_dir] + [p for p in env.get("JUPYTER_PATH", "").split(os.pathsep) if p]
         if self.own_environment and user_python(self.account, sys.executable) != sys.executable:
             # Their own kernel (their environment's python) and their own pip first.

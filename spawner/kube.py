@@ -8,6 +8,11 @@ pins the pod to the node the ledger chose and renders the slice into the pod
 through the chosen enforcement backend (:mod:`.kube_enforcement`): resource
 limits, annotations, labels, environment, scheduler name, tolerations.
 
+With the ``dra`` backend the slice is a ResourceClaim: the server's own
+(``<pod name>-gpu``, created before the pod and deleted when the server stops or
+fails to start), or, for a fraction of a card shared through MPS or time-slicing,
+that card's shared claim (created once; the cluster frees a claim no pod uses).
+
 Every spawn starts afresh: the slice lives only in ``self._slice_patch``, set
 by each ``start`` and applied to the pod object, never in the spawner's
 traits; the pod's GPU resources and GPU-granting annotations come from that
@@ -17,7 +22,12 @@ fails gives the slice back, and nothing of it reaches the next spawn.
 
 from __future__ import annotations
 
-from kubernetes_asyncio.client.models import V1ResourceRequirements, V1Toleration
+from kubernetes_asyncio.client.models import (
+    CoreV1ResourceClaim,
+    V1PodResourceClaim,
+    V1ResourceRequirements,
+    V1Toleration,
+)
 from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Dict, Unicode, default, validate
@@ -28,6 +38,7 @@ from gpulab.enforcement.kube import (
     SlicePatch,
     backend_names,
     check_backend,
+    dra,
     pod_slice_patch,
 )
 from gpulab.enforcement.kube.base import without_gpu_annotations, without_gpu_resources
@@ -111,7 +122,7 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
     enforcement = Unicode(
         "hami",
         help="""How a slice is held on the cluster: hami, mig, mps, timeslice,
-        nvml-cgroup, kai or volcano (docs/explanation/enforcement-backends.md).
+        nvml-cgroup, kai, volcano or dra (docs/explanation/enforcement-backends.md).
 
         c.FractionalKubeSpawner.enforcement = "mig"
         """,
@@ -218,29 +229,87 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
             )
             self.gpulab_placement = placement_of(milli, allocations, inventory)
             self.report_progress(40, self.gpulab_placement.sentence())
+            await self._create_claims()
             self.report_progress(50, kube_enforcement(self.enforcement, the_slice.simulated, milli))
             self.report_progress(60, STARTING_LAB)
             return await super()._start()
         except BaseException:
-            await self._release()
+            try:
+                await self._delete_claim()
+            finally:
+                await self._release()
             raise
+
+    async def stop(self, now=False):
+        try:
+            await super().stop(now=now)
+        finally:
+            await self._delete_claim()
+
+    # -- DRA: the server's ResourceClaim ------------------------------------------------
+    @property
+    def claim_name(self) -> str:
+        """The server's own ResourceClaim under ``dra``: ``<pod name>-gpu``."""
+        return f"{self.pod_name}-gpu"
+
+    async def _create_claims(self) -> None:
+        """The slice's claim, before the pod that references it (a claim left by an
+        earlier start of this server is replaced: a claim's spec cannot change)."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        patch = self._slice_patch
+        if patch is None or patch.claim is None:
+            return
+        custom = CustomObjectsApi(self.api.api_client)
+        labels = {"app.kubernetes.io/managed-by": "gpulab"}
+        for obj in dra.claim_objects(patch, self.claim_name, template=False, labels=labels):
+            if not patch.claim.shared_name:
+                obj["metadata"]["annotations"] = {"gpulab.io/server": self._owner}
+            where = ("resource.k8s.io", "v1", self.namespace, "resourceclaims")
+            try:
+                await custom.create_namespaced_custom_object(*where, obj)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                if not patch.claim.shared_name:  # the card's shared claim is kept
+                    await custom.delete_namespaced_custom_object(*where, self.claim_name)
+                    await custom.create_namespaced_custom_object(*where, obj)
+
+    async def _delete_claim(self) -> None:
+        """Delete the server's own claim (never a card's shared one); gone is fine."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        if self.enforcement != dra.NAME:
+            return
+        try:
+            await CustomObjectsApi(self.api.api_client).delete_namespaced_custom_object(
+                "resource.k8s.io", "v1", self.namespace, "resourceclaims", self.claim_name
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
     def get_env(self):
         env = strip_enforcement_vars(super().get_env())
         if self._slice_patch is not None:
             env.update(self._slice_patch.env)
-        env["GPULAB_API_URL"] = self.gpulab_public_api_url or self.gpulab_api_url
+        env.update(self.service_env())
         return env
 
     async def get_pod_manifest(self):
         pod = await super().get_pod_manifest()
         if self._slice_patch is not None:
             queueing = queue_patch("server", notebook_priority_class=self.notebook_priority_class)
-            patch_pod_model(pod, self._slice_patch, queueing)
+            claim = None
+            if self._slice_patch.claim is not None:
+                claim = dra.pod_claim_source(self._slice_patch, self.claim_name, template=False)
+            patch_pod_model(pod, self._slice_patch, queueing, claim)
         return pod
 
 
-def patch_pod_model(pod, patch: SlicePatch, queueing: dict) -> None:
+def patch_pod_model(pod, patch: SlicePatch, queueing: dict, claim: dict | None = None) -> None:
     """Apply a slice patch to KubeSpawner's V1Pod (its env is already in get_env)."""
     meta, spec = pod.metadata, pod.spec
     annotations = {**without_gpu_annotations(meta.annotations), **patch.annotations}
@@ -268,4 +337,15 @@ def patch_pod_model(pod, patch: SlicePatch, queueing: dict) -> None:
         **{k: str(v) for k, v in patch.limits.items()},
     }
     res.requests = without_gpu_resources(res.requests)
+    if claim is not None:  # DRA: the devices come from the claim, named in the container
+        have = [c for c in spec.resource_claims or [] if c.name != claim["name"]]
+        spec.resource_claims = have + [
+            V1PodResourceClaim(
+                name=claim["name"],
+                resource_claim_name=claim.get("resourceClaimName"),
+                resource_claim_template_name=claim.get("resourceClaimTemplateName"),
+            )
+        ]
+        named = [c for c in res.claims or [] if c.name != claim["name"]]
+        res.claims = named + [CoreV1ResourceClaim(name=claim["name"])]
     container.resources = res

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import shutil
 import sys
+from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from tornado import web
@@ -32,6 +34,7 @@ from gpulab.scheduler.slices import label
 
 from .host import FractionalHostSpawner
 from .placement import STARTING_LAB, local_enforcement
+from .server_certs import hand_over
 from .user_options import parse_user_options
 
 __all__ = ["FractionalLocalSpawner", "parse_user_options"]
@@ -123,6 +126,24 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
             await self._release()
             raise
 
+    async def move_certs(self, paths):
+        """With per-user accounts, the server's TLS files (internal_ssl) become its
+        account's to read (:mod:`.server_certs`); else the hub's account runs it and
+        reads them where they are."""
+        accounts = self._accounts()
+        if not accounts.enabled:
+            return paths
+        account = await asyncio.get_running_loop().run_in_executor(
+            None, accounts.ensure, self.user.name
+        )
+        return await asyncio.get_running_loop().run_in_executor(
+            None, hand_over, paths, account, self._certs_folder()
+        )
+
+    def _certs_folder(self) -> Path:
+        server = f"named-{self.name}" if self.name else "default"
+        return Path(self.internal_certs_location).parent / "servers" / self.user.name / server
+
     def get_state(self):
         state = super().get_state()
         if self._unit:
@@ -178,3 +199,5 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
             await super().stop(now=now)
         finally:
             await self._remove_group()
+            if self.internal_ssl:  # the next start is handed a new pair
+                shutil.rmtree(self._certs_folder(), ignore_errors=True)

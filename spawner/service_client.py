@@ -15,6 +15,8 @@ from urllib.parse import urlencode
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from gpulab.client.tls import client_context
+
 
 class ServiceClient:
     def __init__(self, api_url: str, token: str, retry_seconds: float = 90.0, log=None):
@@ -22,6 +24,9 @@ class ServiceClient:
         self._token = token
         self.retry_seconds = retry_seconds
         self.log = log
+        # https (gpulab up --tls): the service's certificate is from the hub's internal
+        # CA, named in GPULAB_CA_FILE of the hub's process.
+        self._ssl = client_context() if self.api_url.startswith("https:") else None
 
     async def request(
         self, method: str, path: str, body: dict | None = None, query: dict | None = None
@@ -40,6 +45,7 @@ class ServiceClient:
                 },
                 body=json.dumps(body) if body is not None else None,
                 allow_nonstandard_methods=True,
+                ssl_options=self._ssl,
             )
             try:
                 resp = await AsyncHTTPClient().fetch(req)

@@ -31,6 +31,22 @@ class GpuLabServiceMixin(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    gpulab_ca_file = Unicode(
+        help="""A CA certificate file servers trust for GPULAB_API_URL (GPULAB_CA_FILE in
+        their environment), where the hub's public certificate is not from a CA the
+        system trusts. `gpulab up --tls self-signed` sets it to <data-dir>/tls/ca.pem.
+
+        c.FractionalLocalSpawner.gpulab_ca_file = "/etc/gpulab/ca.pem"
+        """,
+    ).tag(config=True)
+
+    def service_env(self) -> dict[str, str]:
+        """Where a server finds the gpulab API, and the CA that vouches for it."""
+        env = {"GPULAB_API_URL": self.gpulab_public_api_url or self.gpulab_api_url}
+        if self.gpulab_ca_file:
+            env["GPULAB_CA_FILE"] = self.gpulab_ca_file
+        return env
+
     gpulab_api_token = Unicode(
         help="""The gpulab service's API token (lets the hub allocate for any user).
 

@@ -250,6 +250,14 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
 
     # -- the server's life ----------------------------------------------------------------
     async def start(self):
+        if self.internal_ssl:
+            # A server on a Slurm node would need the hub's certificate for that node's
+            # address, copied to it: not built yet. Refused before anything is held.
+            raise web.HTTPError(
+                500,
+                "servers on Slurm nodes do not run with the hub's internal TLS yet: "
+                "start this hub without --tls/--ssl-cert, or use the local spawner",
+            )
         self.begin_progress()
         self.slurm_job_id = ""  # a failed start must never cancel an earlier job
         milli = parse_user_options(self.user_options)

@@ -35,6 +35,8 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
+from gpulab.client.tls import client_context
+
 from .collect import NodeSampler
 
 log = logging.getLogger("gpulab.telemetry.agent")
@@ -76,12 +78,14 @@ class HttpSender:
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
-            cls = (
-                http.client.HTTPSConnection
-                if self._parts.scheme == "https"
-                else http.client.HTTPConnection
-            )
-            self._conn = cls(self._parts.hostname, self._parts.port, timeout=self.timeout_s)
+            host, port = self._parts.hostname, self._parts.port
+            if self._parts.scheme == "https":
+                # The chart's internal TLS: the service's CA is in GPULAB_CA_FILE.
+                self._conn = http.client.HTTPSConnection(
+                    host, port, timeout=self.timeout_s, context=client_context()
+                )
+            else:
+                self._conn = http.client.HTTPConnection(host, port, timeout=self.timeout_s)
         return self._conn
 
     def close(self) -> None:

@@ -90,6 +90,7 @@ class RunningHub:
         cull_idle_timeout: int = 3600,
         demo: bool = False,
         run_as: str = "",
+        tls: bool = False,
     ):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +107,10 @@ class RunningHub:
             for path in (self.data_dir, self.data_dir / "gpulab_config.py"):
                 shutil.chown(path, run_as)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # tls: `gpulab up --tls self-signed`; requests trust the data dir's CA.
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.ca = self.data_dir / "tls" / "ca.pem" if tls else None
+        self.verify = str(self.ca) if tls else True
         self.api = f"{self.url}/services/gpulab/api/v1"
         self.log_path = self.data_dir / "hub.log"
         as_account = ["runuser", "-u", run_as, "--", "env", f"HOME={self.data_dir}"]
@@ -127,6 +131,8 @@ class RunningHub:
             argv += ["--db-url", db_url]
         if demo:
             argv += ["--demo"]
+        if tls:
+            argv += ["--tls", "self-signed"]
         if not self.accounts:
             argv += ["--single-account"]  # not root: everyone runs as this account
         self._log = open(self.log_path, "ab")
@@ -148,7 +154,9 @@ class RunningHub:
                 return False
             self.admin_token = token_file.read_text().strip()
             try:
-                r = requests.get(f"{self.api}/inventory", headers=self.auth(), timeout=5)
+                r = requests.get(
+                    f"{self.api}/inventory", headers=self.auth(), timeout=5, verify=self.verify
+                )
             except requests.RequestException:
                 return False
             return r.status_code == 200
@@ -267,6 +275,7 @@ class RunningHub:
             f"{self.url}/hub/api{path}",
             headers=self.auth(token),
             timeout=kw.pop("timeout", 300),
+            verify=self.verify,
             **kw,
         )
 
@@ -276,6 +285,7 @@ class RunningHub:
             f"{self.api}{path}",
             headers=self.auth(token),
             timeout=kw.pop("timeout", 60),
+            verify=self.verify,
             **kw,
         )
 

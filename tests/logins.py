@@ -18,6 +18,9 @@ XSRF = re.compile(r'name="_xsrf" value="([^"]+)"')
 def form_session(hub, path: str) -> tuple[requests.Session, str]:
     """A session holding the hub's _xsrf cookie, and the token its form needs."""
     s = requests.Session()
+    if getattr(hub, "ca", None):  # a hub with --tls: its data dir's CA
+        s.verify = str(hub.ca)
+        s.trust_env = False  # else REQUESTS_CA_BUNDLE, where set, wins over s.verify
     r = s.get(f"{hub.url}/hub/{path}", timeout=30)
     r.raise_for_status()
     return s, XSRF.search(r.text).group(1)

@@ -20,13 +20,13 @@ ALLOWED = {
     "db": set(),
     "scheduler": {"db"},
     "enforcement": {"scheduler"},
-    "backend": {"scheduler", "enforcement", "training"},
-    "service": {"db", "scheduler", "enforcement", "backend", "telemetry", "training"},
-    "spawner": {"scheduler", "enforcement", "backend"},
+    "backend": {"scheduler", "enforcement", "training", "client"},
+    "service": {"db", "scheduler", "enforcement", "backend", "telemetry", "training", "client"},
+    "spawner": {"scheduler", "enforcement", "backend", "client"},
     "hub_ext": {"spawner", "scheduler", "telemetry", "enforcement", "service", "backend"},
     "training": set(),
     "serving": set(),
-    "telemetry": {"cache"},
+    "telemetry": {"cache", "client"},
     "cache": {"training"},
     "client": set(),
     "widgets": {"client"},
@@ -36,6 +36,11 @@ ALLOWED = {
 #: Rooms allowed into another only through a few named modules: (room, other) -> modules.
 NARROW = {
     ("spawner", "backend"): {"gpulab.backend.slurm_site", "gpulab.backend.slurm_inventory"},
+    # Which CAs to trust (GPULAB_CA_FILE), the same way wherever gpulab calls over https.
+    ("spawner", "client"): {"gpulab.client.tls"},
+    ("service", "client"): {"gpulab.client.tls"},
+    ("backend", "client"): {"gpulab.client.tls"},
+    ("telemetry", "client"): {"gpulab.client.tls"},
 }
 #: service/'s own rooms -> the others it may import ("app": service/'s top-level
 #: modules, the app and what every room shares: auth, the hub's API, kept tasks).

@@ -17,7 +17,10 @@ The objects come from pure functions, one module per kind of work; the
 - :mod:`.autoscale`: ``make_hpa(name, dep)`` and ``make_scaled_object(name, dep, ...)``,
   an endpoint's autoscaler when the cluster decides its count (HPA or KEDA);
 - :mod:`.serving`: :class:`KubernetesServing`, the model endpoints' I/O (a Secret, a
-  Deployment and a Service per endpoint; ``kubernetes_asyncio`` imported when used).
+  Deployment and a Service per endpoint; ``kubernetes_asyncio`` imported when used);
+- :mod:`.dra_claims`: under the ``dra`` enforcement backend, a job's or endpoint's
+  ResourceClaimTemplate (or a card's shared ResourceClaim) sent before its pods;
+  :mod:`.dra_inventory`: the GPUs as the DRA driver's ResourceSlices list them.
 
 Slice enforcement and Kueue live in ``gpulab.enforcement.kube``, and the builders
 take what they decide from the caller: ``pod_patch`` (a function of a pod template,

@@ -28,9 +28,10 @@ from ..base import Backend, JobStatus
 from ..spec import JobSpec, SpecError
 from . import jobset as jobset_mod
 from .apiclient import ApiClientHolder
+from .dra_claims import DRA_GROUP, DRA_VERSION, claim_plural, delete_claim
 from .isolation import guard_objects, owned_by
 from .job import KUEUE_ELASTIC_GATE, job_objects
-from .job_settings import KubernetesJobsSettings
+from .job_settings import KubernetesJobsSettings, claim_template_name
 from .pods import JobOptions, check_spec, job_name, rdzv_secret_name
 
 #: How long ``cancel`` waits for the cluster to remove a job's pods.
@@ -140,12 +141,19 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
         api = await self.api()
         jobset = await self._jobset(spec)
         guards = guard_objects(spec, self.job_options(spec), secrets.token_hex(32))
+        # Under dra: the devices' claim template (or the card's shared claim) first.
+        claims = self.settings_claim_objects(spec, allocations)
         objects = self.objects(spec, allocations, jobset)
         core, net = client.CoreV1Api(api), client.NetworkingV1Api(api)
+        custom = client.CustomObjectsApi(api)
         created = None
-        for obj in guards + objects:
+        for obj in guards + claims + objects:
             try:
-                if obj["kind"] == "Secret":
+                if obj["kind"] in ("ResourceClaim", "ResourceClaimTemplate"):
+                    await custom.create_namespaced_custom_object(
+                        DRA_GROUP, DRA_VERSION, self.namespace, claim_plural(obj), obj
+                    )
+                elif obj["kind"] == "Secret":
                     await core.create_namespaced_secret(self.namespace, obj)
                 elif obj["kind"] == "NetworkPolicy":
                     await net.create_namespaced_network_policy(self.namespace, obj)
@@ -170,6 +178,17 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
             await net.patch_namespaced_network_policy(
                 job_name(spec), self.namespace, owned_by(created), _content_type=merge
             )
+            for obj in claims:
+                if obj["kind"] == "ResourceClaimTemplate":  # a shared card's claim stays
+                    await custom.patch_namespaced_custom_object(
+                        DRA_GROUP,
+                        DRA_VERSION,
+                        self.namespace,
+                        claim_plural(obj),
+                        obj["metadata"]["name"],
+                        owned_by(created),
+                        _content_type=merge,
+                    )
         self.jobdir(spec.id).write_json(
             "launch.json",
             {
@@ -396,6 +415,8 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
             except ApiException as e:
                 if e.status != 404:  # already gone is what we want
                     raise
+        if self.enforcement == "dra":
+            await delete_claim(api, self.namespace, claim_template_name(spec), template=True)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if (await self._read(spec))[1] is None:

@@ -11,6 +11,13 @@ when one is set, and a probe's HTTP headers are plain text in the pod spec,
 so with a token the readiness probe is a command in the container (the
 image has Python) that sends the token from the environment; liveness uses
 ``/v2/health/live``, which needs no token.
+
+With ``tls_secret`` (a ``kubernetes.io/tls`` Secret: ``tls.crt``, ``tls.key``) the
+server serves https: the Secret is mounted read-only at :data:`TLS_DIR`, the probes
+use ``scheme: HTTPS`` (the kubelet does not verify a probe's certificate; the
+command probe dials its own pod's loopback, which the certificate does not name, so
+it does not verify either), and the Service's port is 443. Its certificate must
+name the Service: ``*.<namespace>.svc`` covers every endpoint of the namespace.
 """
 
 from __future__ import annotations
@@ -30,10 +37,19 @@ KSERVE_PLURAL = "inferenceservices"
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME = 40  # leaves room for the ReplicaSet's and pods' suffixes
 
+#: Where a replica finds its certificate and key (``tls_secret``'s tls.crt and tls.key).
+TLS_DIR = "/etc/gpulab/tls"
+
 _READY_PROBE = (
     "import os, urllib.request as u; u.urlopen(u.Request("
     "'http://127.0.0.1:{port}/v2/health/ready', headers={{'Authorization': "
     "'Bearer ' + os.environ['" + TOKEN_ENV + "']}}), timeout=3)"
+)
+_READY_PROBE_TLS = (
+    "import os, ssl, urllib.request as u; u.urlopen(u.Request("
+    "'https://127.0.0.1:{port}/v2/health/ready', headers={{'Authorization': "
+    "'Bearer ' + os.environ['" + TOKEN_ENV + "']}}), timeout=3, "
+    "context=ssl._create_unverified_context())"
 )
 
 
@@ -90,6 +106,7 @@ def server_container(
     max_queue: int,
     token_secret: str,
     container_name: str = "server",
+    tls_secret: str = "",
 ) -> dict:
     if not image:
         raise SpecError("'image' is required: a container image with gpulab and torch installed")
@@ -110,6 +127,14 @@ def server_container(
         "--max-queue",
         str(max_queue),
     ]
+    scheme = "HTTPS" if tls_secret else "HTTP"
+    if tls_secret:
+        command += [
+            "--ssl-certfile",
+            f"{TLS_DIR}/tls.crt",
+            "--ssl-keyfile",
+            f"{TLS_DIR}/tls.key",
+        ]
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     if token_secret:
         env.append(
@@ -118,28 +143,35 @@ def server_container(
                 "valueFrom": {"secretKeyRef": {"name": token_secret, "key": "token"}},
             }
         )
-        ready = {"exec": {"command": ["python", "-c", _READY_PROBE.format(port=port)]}}
+        probe = _READY_PROBE_TLS if tls_secret else _READY_PROBE
+        ready = {"exec": {"command": ["python", "-c", probe.format(port=port)]}}
     else:
-        ready = {"httpGet": {"path": "/v2/health/ready", "port": port}}
-    return {
+        ready = {"httpGet": _http_get("/v2/health/ready", port, scheme)}
+    container = {
         "name": container_name,
         "image": image,
         "command": [c.replace("$", "$$") for c in command],
         "env": env,
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "ports": [{"name": scheme.lower(), "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {**ready, "periodSeconds": 5, "timeoutSeconds": 4},
         # Loading a large model takes a while; until then only the startup probe runs.
         "startupProbe": {
-            "httpGet": {"path": "/v2/health/live", "port": port},
+            "httpGet": _http_get("/v2/health/live", port, scheme),
             "periodSeconds": 2,
             "failureThreshold": 300,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/v2/health/live", "port": port},
+            "httpGet": _http_get("/v2/health/live", port, scheme),
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
     }
+    return container
+
+
+def _http_get(path: str, port: int, scheme: str) -> dict:
+    # HTTP is the probes' default scheme: left out, so plain replicas' objects stay as they were.
+    return {"path": path, "port": port, **({"scheme": scheme} if scheme != "HTTP" else {})}
 
 
 def _pod(
@@ -158,6 +190,7 @@ def _pod(
     priority_class,
     pod_patch,
     container_name="server",
+    tls_secret="",
 ) -> dict:
     container = server_container(
         image=image,
@@ -168,6 +201,7 @@ def _pod(
         max_queue=max_queue,
         token_secret=token_secret,
         container_name=container_name,
+        tls_secret=tls_secret,
     )
     # Only this endpoint's model directory, at the path the service wrote it to:
     # the claim holds every endpoint's model (and the service's files), which a
@@ -180,11 +214,16 @@ def _pod(
             "subPath": os.path.relpath(model_dir, models_root),
         }
     ]
+    volumes = [
+        {"name": "models", "persistentVolumeClaim": {"claimName": models_pvc, "readOnly": True}}
+    ]
+    if tls_secret:
+        container["volumeMounts"].append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        # Read-only for every uid: the image picks the server's uid, and only it runs here.
+        volumes.append({"name": "tls", "secret": {"secretName": tls_secret, "defaultMode": 0o444}})
     spec = {
         "containers": [container],
-        "volumes": [
-            {"name": "models", "persistentVolumeClaim": {"claimName": models_pvc, "readOnly": True}}
-        ],
+        "volumes": volumes,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
     }
@@ -239,11 +278,14 @@ def make_deployment(
     labels: dict | None = None,
     priority_class: str = "",
     pod_patch: Callable[[dict], dict] | None = None,
+    tls_secret: str = "",
 ) -> list[dict]:
     """``[Deployment, Service]`` of endpoint ``name`` (create in this order).
 
     ``models_pvc`` holds ``models_root``, under which ``model_dir`` lies;
-    ``token_secret`` names a Secret whose ``token`` key the server demands.
+    ``token_secret`` names a Secret whose ``token`` key the server demands;
+    ``tls_secret`` a ``kubernetes.io/tls`` Secret: the server then serves https and
+    the Service listens on 443 (:func:`service_port`).
     """
     full, lab, template = _checked_pod(
         name,
@@ -260,8 +302,10 @@ def make_deployment(
         token_secret=token_secret,
         priority_class=priority_class,
         pod_patch=pod_patch,
+        tls_secret=tls_secret,
     )
     meta = {"name": full, "labels": lab, "annotations": {USER_ANNOTATION: user}}
+    port_name = "https" if tls_secret else "http"
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -278,10 +322,22 @@ def make_deployment(
         "metadata": {"name": full, "labels": lab},
         "spec": {
             "selector": {ENDPOINT_LABEL: name},
-            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [
+                {
+                    "name": port_name,
+                    "port": service_port(tls_secret),
+                    "targetPort": port_name,
+                    "protocol": "TCP",
+                }
+            ],
         },
     }
     return [deployment, service]
+
+
+def service_port(tls: bool | str) -> int:
+    """The port of an endpoint's Service: 443 when its replicas serve https, else 80."""
+    return 443 if tls else 80
 
 
 def make_inference_service(

@@ -33,8 +33,8 @@ from gpulab.enforcement.kube import check_backend
 from gpulab.enforcement.kube.kueue import class_patch
 
 from ..spec import JobSpec, SpecError
-from .pod_slice import slice_pod_patch
-from .pods import JobOptions
+from .pod_slice import slice_claim_objects, slice_pod_patch
+from .pods import COMMON_LABELS, JobOptions, job_name
 
 
 class KubernetesJobsSettings(Configurable):
@@ -61,7 +61,7 @@ class KubernetesJobsSettings(Configurable):
     enforcement = Unicode(
         "hami",
         help="""How a pod holds its slice: an enforcement backend of gpulab.enforcement.kube
-        (hami, mig, mps, timeslice, nvml-cgroup, kai, volcano).
+        (hami, mig, mps, timeslice, nvml-cgroup, kai, volcano, dra).
 
         c.KubernetesJobsSettings.enforcement = "mig"
         """,
@@ -224,7 +224,26 @@ class KubernetesJobsSettings(Configurable):
             spec.gpu_milli * spec.nproc_per_node,
             allocations,
             {g.uuid: g for g in self.gpus},
+            claim_name=claim_template_name(spec),
         )
+
+    def settings_claim_objects(self, spec: JobSpec, allocations: list[dict]) -> list[dict]:
+        """Under ``dra``: the job's ResourceClaimTemplate (or its card's shared claim),
+        made before its pods; none for other backends."""
+        return slice_claim_objects(
+            self.enforcement,
+            check_backend(self.enforcement, self.enforcement_options or None),
+            spec.gpu_milli * spec.nproc_per_node,
+            allocations,
+            {g.uuid: g for g in self.gpus},
+            claim_template_name(spec),
+            labels={**COMMON_LABELS, "app.kubernetes.io/component": "job"},
+        )
+
+
+def claim_template_name(spec: JobSpec) -> str:
+    """The job's ResourceClaimTemplate under ``dra``: ``<job name>-gpu``."""
+    return f"{job_name(spec)}-gpu"
 
 
 def termination_grace(seconds) -> int | None:

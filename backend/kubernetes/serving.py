@@ -41,7 +41,8 @@ from traitlets import Callable, Dict, default
 from ..serving_base import Health, ServingBackend, follow_ready
 from .apiclient import ApiClientHolder
 from .autoscale import KEDA_GROUP, KEDA_PLURAL, KEDA_VERSION, make_hpa, make_scaled_object
-from .deploy import ENDPOINT_LABEL, endpoint_name, make_deployment
+from .deploy import ENDPOINT_LABEL, endpoint_name, make_deployment, service_port
+from .dra_claims import create_claims, delete_claim
 from .isolation import make_endpoint_network_policy
 from .pods import COMMON_LABELS, USER_ANNOTATION
 from .serving_settings import KubernetesServingSettings
@@ -95,8 +96,10 @@ class KubernetesServing(KubernetesServingSettings, ApiClientHolder, ServingBacke
         return f"{self.object_name(dep)}-token"
 
     def url(self, dep: dict) -> str:
-        """The base URL of the endpoint's Service, inside the cluster."""
-        return f"http://{self.object_name(dep)}.{self.namespace}.svc:80"
+        """The base URL of the endpoint's Service, inside the cluster: https (port 443)
+        when the replicas serve TLS (``tls_secret``)."""
+        scheme, port = ("https" if self.tls_secret else "http"), service_port(self.tls_secret)
+        return f"{scheme}://{self.object_name(dep)}.{self.namespace}.svc:{port}"
 
     # -- the objects (pure) --------------------------------------------------------------
     def secret(self, dep: dict) -> dict:
@@ -153,6 +156,7 @@ class KubernetesServing(KubernetesServingSettings, ApiClientHolder, ServingBacke
                 labels=queueing["labels"] or None,
                 priority_class=queueing["priority_class_name"] or "",
                 pod_patch=patch,
+                tls_secret=self.tls_secret,
             ),
         ]
 
@@ -177,17 +181,22 @@ class KubernetesServing(KubernetesServingSettings, ApiClientHolder, ServingBacke
 
         What is already there (a launch repeated after a restart of the service) is
         replaced: the Secret, the Deployment and the autoscaler take the new token and
-        spec; the Service, whose selector and ports follow from the name alone, is
-        kept. Where the cluster decides the count, a replaced Deployment keeps the
-        count it runs. An autoscaler left from an earlier launch of a unit that no
-        longer autoscales is deleted.
+        spec; the Service, whose selector follows from the name alone, is kept, its
+        ports set again (http on 80, or https on 443 once ``tls_secret`` is set: a
+        service restarted with TLS on moves running endpoints to it). Where the
+        cluster decides the count, a replaced Deployment keeps the count it runs. An
+        autoscaler left from an earlier launch of a unit that no longer autoscales is
+        deleted.
         """
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
         objects = self.objects(dep, rows)
         scaler = self.autoscaler_object(dep)  # built first: bad settings send nothing
+        claims = self.settings_claim_objects(dep, rows)
         api = await self.api()
+        # Under dra the replicas' devices come from a claim template: there before them.
+        await create_claims(api, self.namespace, claims)
         core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
         net = client.NetworkingV1Api(api)
         ns = self.namespace
@@ -214,6 +223,15 @@ class KubernetesServing(KubernetesServingSettings, ApiClientHolder, ServingBacke
             except ApiException as e:
                 if e.status != 409:
                     raise
+                if kind == "Service":
+                    # Merge patch: the ports list is replaced whole, clusterIP is kept.
+                    await core.patch_namespaced_service(
+                        name,
+                        ns,
+                        {"spec": {"ports": obj["spec"]["ports"]}},
+                        _content_type="application/merge-patch+json",
+                    )
+                    continue
                 if replace is None:
                     continue
                 if kind == "Deployment" and autoscales:
@@ -399,6 +417,9 @@ class KubernetesServing(KubernetesServingSettings, ApiClientHolder, ServingBacke
             except ApiException as e:
                 if e.status != 404:  # already gone is what we want
                     raise
+        if (self.enforcement or "hami") == "dra":
+            # After the Deployment: a template is read only when a pod is made.
+            await delete_claim(api, ns, self.claim_template_name(dep), template=True)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if await self._read(dep) is None:

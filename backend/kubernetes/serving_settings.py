@@ -21,7 +21,9 @@ from traitlets.config import Configurable
 from gpulab.enforcement.kube import check_backend
 from gpulab.enforcement.kube.kueue import class_patch
 
-from .pod_slice import slice_pod_patch
+from .deploy import ENDPOINT_LABEL, endpoint_name
+from .pod_slice import slice_claim_objects, slice_pod_patch
+from .pods import COMMON_LABELS
 
 #: Who decides how many replicas an endpoint runs (``KubernetesServingSettings.autoscaler``).
 AUTOSCALERS = ("service", "hpa", "keda")
@@ -146,6 +148,20 @@ class KubernetesServingSettings(Configurable):
         """,
     ).tag(config=True)
 
+    tls_secret = Unicode(
+        "",
+        help="""A kubernetes.io/tls Secret of the namespace (tls.crt, tls.key)
+        whose certificate names *.<namespace>.svc: every replica serves https
+        with it, and the service calls https://gpulab-ep-<id>.<namespace>.svc:443,
+        verifying it against the system's CAs and GPULAB_CA_FILE (set that in the
+        service's environment to the CA that signed it). Empty: plain HTTP inside
+        the cluster. The Helm chart sets it with tls.internal.enabled. See
+        docs/howto/kubernetes-tls.md.
+
+        c.KubernetesServingSettings.tls_secret = "gpulab-replicas-tls"
+        """,
+    ).tag(config=True)
+
     @validate("autoscaler")
     def _valid_autoscaler(self, proposal):
         value = proposal["value"]
@@ -190,4 +206,33 @@ class KubernetesServingSettings(Configurable):
         enforcement = self.enforcement or "hami"
         options = check_backend(enforcement, self.enforcement_options or None)
         by_uuid = {g.uuid: g for g in self.gpus}
-        return slice_pod_patch(enforcement, options, dep["gpu_milli"], rows, by_uuid)
+        return slice_pod_patch(
+            enforcement,
+            options,
+            dep["gpu_milli"],
+            rows,
+            by_uuid,
+            claim_name=self.claim_template_name(dep),
+        )
+
+    def claim_template_name(self, dep: dict) -> str:
+        """The version's ResourceClaimTemplate under ``dra``: ``gpulab-ep-d<id>-gpu``."""
+        return endpoint_name("d" + str(dep["id"])) + "-gpu"
+
+    def settings_claim_objects(self, dep: dict, rows: list[dict]) -> list[dict]:
+        """Under ``dra``: the replicas' ResourceClaimTemplate (or their card's shared
+        claim), made before the Deployment; none for other backends."""
+        enforcement = self.enforcement or "hami"
+        return slice_claim_objects(
+            enforcement,
+            check_backend(enforcement, self.enforcement_options or None),
+            dep["gpu_milli"],
+            rows,
+            {g.uuid: g for g in self.gpus},
+            self.claim_template_name(dep),
+            labels={
+                **COMMON_LABELS,
+                "app.kubernetes.io/component": "endpoint",
+                ENDPOINT_LABEL: f"d{dep['id']}",
+            },
+        )

@@ -15,7 +15,7 @@ from types import ModuleType
 
 from gpulab.enforcement.slice_env import strip_enforcement_vars
 
-from . import hami, kai, mig, mps, nvml_cgroup, timeslice, volcano
+from . import dra, hami, kai, mig, mps, nvml_cgroup, timeslice, volcano
 from .base import (
     EnforcementError,
     GpuSlice,
@@ -28,7 +28,7 @@ from .base import (
 )
 
 BACKENDS: dict[str, ModuleType] = {
-    m.NAME: m for m in (hami, mig, mps, timeslice, nvml_cgroup, kai, volcano)
+    m.NAME: m for m in (hami, mig, mps, timeslice, nvml_cgroup, kai, volcano, dra)
 }
 
 __all__ = [
@@ -53,7 +53,10 @@ def check_backend(name: str, options: dict | None = None) -> dict:
         raise EnforcementError(
             f"unknown enforcement backend {name!r}; choose one of: {', '.join(BACKENDS)}"
         )
-    return check_options(name, BACKENDS[name].DEFAULTS, options)
+    opts = check_options(name, BACKENDS[name].DEFAULTS, options)
+    if hasattr(BACKENDS[name], "check"):  # option values a backend checks itself
+        BACKENDS[name].check(opts)
+    return opts
 
 
 def pod_slice_patch(
@@ -72,12 +75,20 @@ def pod_slice_patch(
     return BACKENDS[backend].patch(s, opts)
 
 
-def apply_to_pod(pod: dict, patch: SlicePatch, container: int = 0) -> dict:
+def apply_to_pod(
+    pod: dict, patch: SlicePatch, container: int = 0, claim: dict | None = None
+) -> dict:
     """A copy of ``pod`` (a Pod, or a template ``{"metadata", "spec"}``) holding the slice.
 
     GPU resources, GPU-granting annotations and enforcement variables already
     on the pod are dropped first: a GPU comes from the slice or not at all,
     and a slice cannot be widened by whatever built the pod before.
+
+    A slice held through DRA (``patch.claim``) adds the pod's ``spec.resourceClaims``
+    entry ``claim`` (:func:`.dra.pod_claim_source`: the pod's own ResourceClaim or
+    ResourceClaimTemplate by name; a shared card's claim needs none; a named Pod's own
+    defaults to ResourceClaim ``<pod name>-gpu``) and names it in the container's
+    ``resources.claims``.
     """
     pod = copy.deepcopy(pod)
     meta = pod.setdefault("metadata", {})
@@ -104,6 +115,18 @@ def apply_to_pod(pod: dict, patch: SlicePatch, container: int = 0) -> dict:
             resources[key] = kept
         else:
             resources.pop(key, None)
+    if patch.claim is not None:
+        own = f"{meta['name']}-gpu" if pod.get("kind") == "Pod" and meta.get("name") else ""
+        if claim is None and not (patch.claim.shared_name or own):
+            raise EnforcementError(
+                "a slice held through DRA needs the name of the pod's ResourceClaim or "
+                "ResourceClaimTemplate: pass claim=dra.pod_claim_source(patch, name, template)"
+            )
+        entry = claim or dra.pod_claim_source(patch, own, template=False)
+        have = [e for e in spec.get("resourceClaims") or [] if e.get("name") != entry["name"]]
+        spec["resourceClaims"] = have + [entry]
+        named = [e for e in resources.get("claims") or [] if e.get("name") != entry["name"]]
+        resources["claims"] = named + [{"name": entry["name"]}]
     if resources or "resources" in c:
         c["resources"] = resources
     kept = strip_enforcement_vars({e["name"]: e for e in c.get("env") or []})

@@ -100,6 +100,21 @@ class GpuSlice:
 
 
 @dataclass(frozen=True)
+class DeviceClaim:
+    """A slice held through Dynamic Resource Allocation: what the pod's claim asks for.
+
+    ``spec`` is a ``resource.k8s.io/v1`` ResourceClaimSpec. A claim of the pod's own
+    (``shared_name`` empty) is named by whoever builds the pod: a ResourceClaim per
+    server, a ResourceClaimTemplate per job or deployment version. A shared claim is
+    one card's (MPS, time-slicing), named after it and referenced by every pod that
+    holds a fraction of that card: DRA gives a device to one claim only.
+    """
+
+    spec: Mapping
+    shared_name: str = ""
+
+
+@dataclass(frozen=True)
 class SlicePatch:
     """Everything a slice adds to a pod; :func:`apply_to_pod_spec` merges it."""
 
@@ -110,6 +125,7 @@ class SlicePatch:
     scheduler_name: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, str], ...] = ()
+    claim: DeviceClaim | None = None  # DRA: the devices come from a ResourceClaim
 
     def to_dict(self) -> dict:
         """The patch as plain data: ``{resources, annotations, labels, env, ...}``."""
@@ -121,6 +137,11 @@ class SlicePatch:
             "scheduler_name": self.scheduler_name,
             "node_selector": dict(self.node_selector),
             "tolerations": [dict(t) for t in self.tolerations],
+            **(
+                {"claim": {"spec": self.claim.spec, "shared_name": self.claim.shared_name}}
+                if self.claim
+                else {}
+            ),
         }
 
 

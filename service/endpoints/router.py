@@ -31,6 +31,7 @@ from urllib.parse import unquote
 import aiohttp
 from aiohttp import web
 
+from gpulab.service import tls
 from gpulab.service.auth import TOKEN_CACHE_S, Identity
 from gpulab.service.endpoints.calls import CallRefused
 from gpulab.service.tasks import KeptTask
@@ -161,14 +162,14 @@ class EndpointRouter:
         server = web.Server(self.handle, client_max_size=limit)
         self._runner = web.ServerRunner(server, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.address.ip, self.address.port)
+        site = web.TCPSite(
+            self._runner, self.address.ip, self.address.port, ssl_context=tls.server_context()
+        )
         await site.start()
         self.socket = site._server.sockets[0]
         port = self.socket.getsockname()[1]  # the port the system chose
-        self.url = self.address.url or f"http://{self.address.ip}:{port}"
-        self._session = aiohttp.ClientSession(
-            auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
-        )
+        self.url = self.address.url or f"{tls.scheme()}://{self.address.ip}:{port}"
+        self._session = self.new_session()
         await self._keep_route_once()
         self._keeper.start()
         log.info("Endpoint router on %s, routed from %s", self.url, self.prefix)
@@ -181,6 +182,17 @@ class EndpointRouter:
             await self._session.close()
         if self._runner is not None:
             await self._runner.cleanup()
+
+    @staticmethod
+    def new_session() -> aiohttp.ClientSession:
+        """For the proxy's API and the service's own route: under internal_ssl both are
+        https, and the proxy's API asks for the service's certificate."""
+        connector = aiohttp.TCPConnector(
+            ssl=tls.platform_client_context() if tls.serves_tls() else None
+        )
+        return aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+        )
 
     # -- the proxy's route -------------------------------------------------------------
     def _routespec(self) -> str:

@@ -53,6 +53,7 @@ import aiohttp
 from aiohttp import web
 from jupyterhub.services.auth import HubAuth
 
+from gpulab.service import tls
 from gpulab.service.auth import TOKEN_CACHE_S, identity_of
 from gpulab.service.endpoints.calls import CallRefused, EndpointCalls
 from gpulab.service.endpoints.proxy import EndpointProxy
@@ -149,10 +150,9 @@ class StandbyRouter(EndpointRouter):
             server, access_log=None, handle_signals=False, shutdown_timeout=STOP_GRACE_S
         )
         await self._runner.setup()
-        self._session = aiohttp.ClientSession(
-            auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
-        )
-        await web.SockSite(self._runner, sock).start()
+        self._session = self.new_session()
+        # The same certificate as the service's router (its environment is the service's).
+        await web.SockSite(self._runner, sock, ssl_context=tls.server_context()).start()
 
     async def stop(self) -> None:
         # The proxy's route is the next service's business: left as it is.

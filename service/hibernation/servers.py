@@ -20,6 +20,8 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from gpulab.client.tls import client_context
+
 #: The most a server's answer may be (a list of kernels; what each saved, in names).
 MAX_ANSWER_BYTES = 4 << 20
 
@@ -82,6 +84,8 @@ class ServerCalls:
             request_timeout=timeout,
             connect_timeout=10,
             follow_redirects=False,
+            # gpulab up --tls: the public URL's CA is in GPULAB_CA_FILE.
+            ssl_options=client_context() if url.startswith("https:") else None,
         )
         try:
             # A user's server answers: never more than a small JSON body is read.

@@ -14,14 +14,20 @@ cluster's only through the hub's proxy (which any user reaches).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+from sqlalchemy import func, select
 
+from gpulab.db import clock
+from gpulab.db.jobs import jobs
 from gpulab.db.usage import totals
+from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
 
 #: Labels whose value is one user's job or endpoint id (``job``: a nettest job's
 #: all-reduce result).
@@ -47,11 +53,16 @@ class _OwnersView:
 
 
 class LedgerCollector:
-    """Reads the ledger at scrape time, so the numbers are never stale."""
+    """Reads the ledger at scrape time, so the numbers are never stale.
 
-    def __init__(self, ledger, gpus: list):
+    ``sizes``: the slice sizes the site offers (``c.GpuLabService.slice_sizes``), the
+    sizes ``gpulab_slices_free`` counts per node, as the spawn form does.
+    """
+
+    def __init__(self, ledger, gpus: list, sizes: Iterable[int] = DEFAULT_SLICE_SIZES):
         self.ledger = ledger
         self.gpus = gpus
+        self.sizes = [m for m in sizes if m]
 
     def collect(self):
         held = self.ledger.allocated_by_gpu()
@@ -69,10 +80,12 @@ class LedgerCollector:
         count = GaugeMetricFamily(
             "gpulab_allocations", "Allocation rows held, by owner kind.", labels=["owner_kind"]
         )
-        by_kind = Counter(a["owner_kind"] for a in self.ledger.list())
+        rows = self.ledger.list()
+        by_kind = Counter(a["owner_kind"] for a in rows)
         for kind in ("server", "job", "deployment"):
             count.add_metric([kind], by_kind.get(kind, 0))
         yield count
+        yield from self._slices(rows)
         # GPU-seconds, by kind only: users read this series too, and who used how
         # much is for admins (GET /usage answers per user, group and kind).
         used = CounterMetricFamily(
@@ -86,6 +99,75 @@ class LedgerCollector:
         for kind in ("server", "job", "deployment"):
             used.add_metric([kind], by_kind_s.get(kind, 0.0))
         yield used
+
+    def _slices(self, rows: list[dict]):
+        """Slices held and free by node and size: what a dashboard of the cluster shows
+        (a 2-GPU allocation is two rows of 1000, as the ledger holds it)."""
+        held = GaugeMetricFamily(
+            "gpulab_slices_held",
+            "Allocation rows held now, by node, size in milli-GPU and owner kind.",
+            labels=["hostname", "milli", "owner_kind"],
+        )
+        shapes = Counter((a["node"], a["milli"], a["owner_kind"]) for a in rows)
+        for (node, milli, kind), n in sorted(shapes.items()):
+            held.add_metric([node, str(milli), kind], n)
+        yield held
+        free = GaugeMetricFamily(
+            "gpulab_slices_free",
+            "Slices of each offered size that could still be placed on the node now "
+            "(quotas aside), as the spawn form counts them.",
+            labels=["hostname", "milli"],
+        )
+        for node, sizes in sorted(self.ledger.free_sizes(self.sizes).items()):
+            for size in sizes:
+                free.add_metric([node, str(size["milli"])], size["count"])
+        yield free
+
+
+class JobQueueCollector:
+    """The job queue, read from the jobs table at scrape time: how many wait, how long
+    the oldest has waited, and how often jobs were preempted (by priority class)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        labels = ["priority_class"]
+        queued = GaugeMetricFamily(
+            "gpulab_jobs_queued", "Jobs waiting in the queue now.", labels=labels
+        )
+        oldest = GaugeMetricFamily(
+            "gpulab_job_queue_oldest_wait_seconds",
+            "How long the oldest queued job has waited since it was submitted.",
+            labels=labels,
+        )
+        preempted = CounterMetricFamily(
+            "gpulab_job_preemptions",
+            "Times jobs were preempted and requeued (the jobs the service keeps).",
+            labels=labels,
+        )
+        waiting = (
+            select(jobs.c.priority_class, func.count(), func.min(jobs.c.submitted))
+            .where(jobs.c.state == "queued")
+            .group_by(jobs.c.priority_class)
+        )
+        by_class = select(jobs.c.priority_class, func.sum(jobs.c.preemptions)).group_by(
+            jobs.c.priority_class
+        )
+        with self.engine.connect() as conn:
+            queue = {cls: (n, first) for cls, n, first in conn.execute(waiting)}
+            classes = dict(conn.execute(by_class).all())
+        now = clock.now()
+        # Every class jobs have used shows, 0 when none waits: an empty queue reads 0,
+        # not "no data".
+        for cls in sorted(set(classes) | set(queue)):
+            n, first = queue.get(cls, (0, None))
+            queued.add_metric([cls], n)
+            if first is not None:
+                first = first if first.tzinfo else first.replace(tzinfo=dt.UTC)
+                oldest.add_metric([cls], max(0.0, now - first.timestamp()))
+            preempted.add_metric([cls], classes.get(cls) or 0)
+        yield from (queued, oldest, preempted)
 
 
 class EndpointCollector:

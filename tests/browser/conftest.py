@@ -1,18 +1,7 @@
 import pytest
 from hubproc import let_accounts_reach
 from playwright.sync_api import sync_playwright
-
-# Chromium from Debian (apt), driven by Playwright; the flags keep it off the
-# network it cannot reach here and let it run as root.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from support.chromium import CHROMIUM_ARGS
 
 
 # Module scope: Playwright's sync API keeps an event loop running in this

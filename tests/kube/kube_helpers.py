@@ -35,8 +35,7 @@ def validate_strict(obj: dict) -> list[str]:
             name = (obj.get("metadata") or {}).get("name")
             raise AssertionError(
                 f"{obj.get('kind')}/{name} is invalid for Kubernetes "
-                f"{version}: {e.caught.message} at "
-                f"{'.'.join(map(str, e.caught.absolute_path))}"
+                f"{version}: {e.message} at {'.'.join(map(str, e.absolute_path))}"
             ) from None
     return used
 

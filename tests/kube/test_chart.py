@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "gpulab"
 ALL_ON = yaml.safe_load((Path(__file__).parent / "values-all-on.yaml").read_text())
 HUB_OFF = {"jupyterhub": {"enabled": False}}
-BACKENDS = ["hami", "mig", "mps", "timeslice", "nvml-cgroup", "kai", "volcano"]
+BACKENDS = ["hami", "mig", "mps", "timeslice", "nvml-cgroup", "kai", "volcano", "dra"]
 
 
 @pytest.fixture(scope="module")

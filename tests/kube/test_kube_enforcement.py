@@ -105,6 +105,45 @@ QUARTER_PATCHES = {
         "env": _env(),
         "scheduler_name": "volcano",
     },
+    # No resources: the MIG device comes from a ResourceClaim (tests/kube/test_kube_dra.py).
+    "dra": {
+        "resources": {},
+        "annotations": {},
+        "labels": {},
+        "env": _env(GPULAB_GPU_MEMORY_MIB="20480", GPULAB_MIG_PROFILE="2g.20gb"),
+        "scheduler_name": None,
+        "claim": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": "mig.nvidia.com",
+                                "allocationMode": "ExactCount",
+                                "count": 1,
+                                "selectors": [
+                                    {
+                                        "cel": {
+                                            "expression": 'device.attributes["gpu.nvidia.com"]'
+                                            '.profile == "2g.20gb"'
+                                        }
+                                    },
+                                    {
+                                        "cel": {
+                                            "expression": 'device.attributes["gpu.nvidia.com"]'
+                                            f'.parentUUID == "{QUARTER.gpu_uuids[0]}"'
+                                        }
+                                    },
+                                ],
+                            },
+                        }
+                    ]
+                }
+            },
+            "shared_name": "",
+        },
+    },
 }
 
 

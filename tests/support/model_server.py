@@ -54,10 +54,10 @@ class ServerProcess:
             line = self._lines.get(timeout=START_TIMEOUT_S)
         except queue.Empty:
             line = None
-        if not line or "listening on http://" not in line:
+        if not line or "listening on http" not in line:  # http:// or https://
             self.stop()
             raise RuntimeError(f"model server did not start: {line!r}\n{''.join(self.stderr)}")
-        self.url = line.rsplit("http://", 1)[1].strip()
+        self.url = line.rsplit("://", 1)[1].strip()
         return self.url
 
     def alive(self) -> bool:

@@ -36,9 +36,28 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s:%s" $repo $tag -}}
 {{- end -}}
 
-{{/* The service's in-cluster base URL. */}}
+{{/* The service's in-cluster base URL: https with tls.internal.enabled. */}}
 {{- define "gpulab.serviceUrl" -}}
-{{- printf "http://%s.%s.svc:%d" (include "gpulab.fullname" .) .Release.Namespace (int .Values.service.port) -}}
+{{- printf "%s://%s.%s.svc:%d" (include "gpulab.serviceScheme" .) (include "gpulab.fullname" .) .Release.Namespace (int .Values.service.port) -}}
+{{- end -}}
+
+{{/* "https" when the service serves TLS (tls.internal.enabled), else "http". */}}
+{{- define "gpulab.serviceScheme" -}}
+{{- ternary "https" "http" (.Values.tls.internal.enabled | default false) -}}
+{{- end -}}
+
+{{/* What the service's values add for the replicas with tls.internal: {"tlsSecret": <replicasSecret>}; {} without. */}}
+{{- define "gpulab.replicasTlsValues" -}}
+{{- if .Values.tls.internal.enabled -}}
+{{- dict "tlsSecret" .Values.tls.internal.replicasSecret | toJson -}}
+{{- else -}}
+{{- "{}" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where gpulab's pods mount the service's certificate Secret (tls.internal.serviceSecret). */}}
+{{- define "gpulab.tlsDir" -}}
+/etc/gpulab-tls
 {{- end -}}
 
 {{/* The jobs directory's claim (jobs.storage): an existing one, or the chart's <fullname>-jobs. */}}

@@ -33,6 +33,9 @@ c.GpuLabService.vector_engine_token = os.environ.get("GPULAB_VECTOR_ENGINE_TOKEN
 # GPUs come from the cluster's nodes (gpulab.backend.kubernetes.inventory).
 c.GpuLabService.inventory_source = "kubernetes"
 c.GpuLabService.kubernetes_node_selector = gpulab.get("nodeLabelSelector") or ""
+# With DRA the cards (real UUIDs) come from the DRA driver's ResourceSlices.
+if gpulab["enforcement"]["backend"] == "dra":
+    c.KubernetesInventory.source = "resourceslices"
 # gpulab's priority classes: the same list the chart made PriorityClasses of.
 c.GpuLabService.priority_classes = [
     {
@@ -81,7 +84,7 @@ if jobs.get("enabled"):
 # the chart mounts there, and every model-server pod mounts it at the same path.
 deployments = gpulab.get("kubernetesDeployments") or {}
 if deployments.get("enabled"):
-    c.GpuLabService.kubernetes_deployments = {
+    endpoints = {
         "namespace": deployments["namespace"],
         "models_pvc": deployments["modelsPvc"],
         "image": deployments["image"],
@@ -91,3 +94,6 @@ if deployments.get("enabled"):
         "autoscaler": deployments.get("autoscaler") or "service",
         "prometheus_url": deployments.get("prometheusUrl") or "",
     }
+    if deployments.get("tlsSecret"):  # tls.internal: replicas serve https with its certificate
+        endpoints["tls_secret"] = deployments["tlsSecret"]
+    c.GpuLabService.kubernetes_deployments = endpoints
