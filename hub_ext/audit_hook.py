@@ -12,6 +12,11 @@ Exactly once per action:
 - a login is the ``POST /hub/login`` that logged someone in (3xx) or refused them
   (403), or an OAuthenticator's ``GET /hub/oauth_callback``; the redirects that
   follow are other requests and are not counted;
+- a page whose status cannot tell what happened (NativeAuthenticator's sign-up and
+  password pages answer 200 whether they worked or not) says it itself: its handler
+  calls :func:`note` and that is the request's entry (``user.signup``,
+  ``password.change``, ``login`` with the reason it was refused, ``user.authorize``
+  with the new state, ``user.discard``, ``logout``);
 - a server start is the request during which the server's start began (its
   ``started`` time falls within the request): ``POST /hub/api/users/{name}/server``,
   the spawn form's ``POST /hub/spawn`` or a spawn by query; asking again while it
@@ -74,10 +79,19 @@ RULES = [
     ("DELETE", r"api/groups/(?P<group>[^/]+)/users", "group.change"),
     ("PUT", r"api/groups/(?P<group>[^/]+)/properties", "group.change"),
     ("POST", r"api/shutdown", "hub.shutdown"),
-    # NativeAuthenticator's pages (gpulab's default login)
+    # NativeAuthenticator's pages (gpulab's default login). Their handlers note() what
+    # happened; these rules cover what the hub refused before the handler ran (403).
     ("GET", rf"authorize/{_NAME}", "user.authorize"),
     ("GET", rf"discard/{_NAME}", "user.discard"),
+    ("POST", r"signup", "user.signup"),
+    ("POST", r"change-password", "password.change"),
+    ("POST", rf"change-password/{_NAME}", "password.change"),
 ]
+#: Pages that answer 200 whether they worked or not: an entry only from note(), or a
+#: refusal (4xx/5xx) the hub gave before the page ran.
+_SAID_BY_THE_PAGE = {"user.signup", "password.change"}
+#: Longest name kept for a name someone typed (a failed login, a sign-up).
+MAX_TYPED_NAME = 64
 _COMPILED = [(m, re.compile(p + r"/?\Z"), a) for m, p, a in RULES]
 
 
@@ -158,6 +172,61 @@ def _recorded_by_the_service(entry: dict) -> bool:
     )
 
 
+# -- what a page says it did ---------------------------------------------------------
+def note(
+    handler,
+    action: str,
+    result: str,
+    *,
+    user: str | None,
+    actor: str | None = None,
+    actor_kind: str = "user",
+    reason: str | None = None,
+    **detail,
+) -> None:
+    """Record this request as ``action`` ended with ``result`` (``ok``, ``denied``,
+    ``failed``), about ``user``. ``actor``: for someone not logged in (a login, a
+    sign-up), the name they typed; None: the hub's user of the request. ``reason``
+    says why it was refused, in a few words (never a password). The entry is made
+    when the request finishes: note before ``finish()`` or ``redirect()``. The last
+    note wins."""
+    handler.gpulab_audit = {
+        "action": action,
+        "result": result,
+        "user": user,
+        "actor": actor,
+        "actor_kind": actor_kind,
+        "detail": {"reason": reason, **detail},
+    }
+
+
+def typed_name(value: str | bytes | None) -> str | None:
+    """A name someone typed, fit for the trail: bytes that are not UTF-8 and
+    characters that do not print escaped (``\\xff``, ``\\u200b``), cut to
+    MAX_TYPED_NAME characters. None for nothing typed."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "backslashreplace")
+    text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in value.strip())
+    if len(text) > MAX_TYPED_NAME:
+        text = f"{text[: MAX_TYPED_NAME - 16]}...({len(text)} chars)"
+    return text or None
+
+
+def _noted(handler, said: dict) -> dict | None:
+    name = typed_name(said["user"])
+    if said["actor"] is not None:
+        actor = (typed_name(said["actor"]) or "anonymous", said["actor_kind"])
+    else:
+        actor = actor_of(handler)
+        if actor is None:
+            if said["result"] == "ok":
+                return None  # nothing changes without a user
+            actor = ("anonymous", "user")
+    return _entry(handler, actor, said["action"], name, name, said["result"], said["detail"])
+
+
 # -- what a request did --------------------------------------------------------------
 def _hub_prefix(handler) -> str:
     hub = handler.settings.get("hub")
@@ -198,6 +267,12 @@ def _form(handler, name: str) -> str | None:
     return value.strip()[:255] if isinstance(value, str) else None
 
 
+def _typed_field(handler, name: str) -> str | None:
+    """A form field as typed (its raw bytes: they need not be UTF-8), for the trail."""
+    values = handler.request.body_arguments.get(name)
+    return typed_name(values[0]) if values else None
+
+
 def _started_in(handler, user: str, server: str) -> bool:
     """Whether the server's start began during this request."""
     find = getattr(handler, "find_user", None)
@@ -219,6 +294,9 @@ def entry_for(handler) -> dict | None:
     prefix = _hub_prefix(handler)
     if not request.path.startswith(prefix):
         return None
+    said = getattr(handler, "gpulab_audit", None)
+    if said is not None:
+        return _noted(handler, said)
     rest = request.path[len(prefix) :]
     status = handler.get_status()
     for method, pattern, action in _COMPILED:
@@ -242,7 +320,7 @@ def _describe(handler, action: str, args: dict, status: int) -> dict | None:
         if status in (301, 302, 303, 307) and actor is not None:
             result = "ok"
         elif status in (401, 403):
-            name = _form(handler, "username") or "unknown"
+            name = _typed_field(handler, "username") or "unknown"
             actor = (name, "user")
         else:
             return None  # the login page itself, or a form that was not filled in
@@ -306,10 +384,22 @@ def _describe(handler, action: str, args: dict, status: int) -> dict | None:
             detail["properties"] = body
     elif action == "hub.shutdown":
         subject, user = "hub", None
+    elif action in _SAID_BY_THE_PAGE:
+        if result == "ok":
+            return None  # a 200 says nothing here, and the page did not note()
+        if action == "user.signup":
+            user = subject = _typed_field(handler, "username")
+            actor = (user or "anonymous", "user")
+        else:
+            user = subject = user or (actor[0] if actor else None)
     if actor is None:
         if result == "ok":
             return None  # nothing changes without a user
         actor = ("anonymous", "user")
+    return _entry(handler, actor, action, user, subject, result, detail)
+
+
+def _entry(handler, actor, action, user, subject, result, detail) -> dict:
     return {
         "ts": dt.datetime.now(dt.UTC).isoformat(),
         "actor": actor[0],

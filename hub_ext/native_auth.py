@@ -27,9 +27,11 @@ database) and cannot log in until an admin authorizes them at
 - shows NativeAuthenticator's links (Change password, Authorize users) in
   the hub's navigation bar, and its Authorize page with JupyterHub 6's styles
   (``templates/``);
-- answers bad form input (missing fields, passwords bcrypt cannot hash) with
-  a 400 or a login error instead of a 500, and refuses cross-site requests to
-  the GET links that approve or discard a sign-up.
+- serves NativeAuthenticator's pages hardened (:mod:`~gpulab.hub_ext.native_pages`):
+  bad form input gets a 400 or a login error instead of a 500, cross-site
+  requests cannot approve or discard a sign-up, and each page says what it did
+  for the audit trail (a sign-up, an approval, a discard, a password change, a
+  login with the reason it was refused, a logout).
 
 Settings, in ``<data-dir>/gpulab_config.py``::
 
@@ -40,8 +42,6 @@ Settings, in ``<data-dir>/gpulab_config.py``::
 from __future__ import annotations
 
 import asyncio
-import hmac
-import math
 import re
 import unicodedata
 from pathlib import Path
@@ -49,232 +49,27 @@ from pathlib import Path
 import bcrypt
 from jinja2 import ChoiceLoader, FileSystemLoader
 from jupyterhub import orm
-from jupyterhub.scopes import needs_scope
 from nativeauthenticator import NativeAuthenticator
-from nativeauthenticator.handlers import (
-    AuthorizationAreaHandler,
-    ChangePasswordAdminHandler,
-    ChangePasswordHandler,
-    DiscardHandler,
-    LoginHandler,
-    SignUpHandler,
-    ToggleAuthorizationHandler,
-)
+from nativeauthenticator.handlers import TEMPLATE_DIR as NATIVE_TEMPLATES
 from nativeauthenticator.orm import UserInfo
-from tornado import web
-from tornado.escape import url_escape
-from tornado.httputil import url_concat
 from traitlets import Integer, Unicode, default
 
 from .login_limits import SourceLockout, login_source
+from .native_pages import (
+    BAD_2FA,
+    BAD_PASSWORD,
+    HARDENED,
+    LOCKED_OUT,
+    MAX_PASSWORD_BYTES,
+    NOT_APPROVED,
+    UNKNOWN_USER,
+    GpuLabLogoutHandler,
+    password_matches,
+    too_long,
+)
 from .user_removal import refuse_while_servers_run, service_client_for, stop_work
 
 TEMPLATES = str(Path(__file__).with_name("templates"))
-#: bcrypt reads at most 72 bytes; bcrypt >= 5 raises on longer input.
-MAX_PASSWORD_BYTES = 72
-PASSWORD_FIELDS = (
-    "password",
-    "signup_password",
-    "signup_password_confirmation",
-    "old_password",
-    "new_password",
-    "new_password_confirmation",
-)
-
-
-def _too_long(password: str) -> bool:
-    return len(password.encode("utf-8", "surrogatepass")) > MAX_PASSWORD_BYTES
-
-
-async def password_matches(info: UserInfo, password: str) -> bool:
-    """bcrypt takes a good part of a second: check in a thread, not on the hub's loop."""
-    if _too_long(password):
-        return False
-    return await asyncio.to_thread(bcrypt.checkpw, password.encode(), info.password)
-
-
-class _FormChecks:
-    """Bad form input gets a 400 that says what to do, not a 500."""
-
-    async def prepare(self):
-        await super().prepare()
-        if self.request.method == "POST":
-            for field in PASSWORD_FIELDS:
-                value = self.get_body_argument(field, None, strip=False)
-                if value is not None and _too_long(value):
-                    raise web.HTTPError(
-                        400,
-                        f"Passwords are at most {MAX_PASSWORD_BYTES} bytes; choose a shorter one.",
-                    )
-
-
-class _SameSiteOnly:
-    """These links change state on GET: honour them only with the ``_xsrf`` token the
-    Authorize page puts in them (JupyterHub's, tied to the admin's login session), so
-    a link or form elsewhere cannot make an admin approve or discard a sign-up.
-    (A ``Sec-Fetch-Site`` check alone passes whatever sends no such header.)"""
-
-    async def prepare(self):
-        await super().prepare()
-        sent = self.get_argument("_xsrf", "")
-        if not sent or not hmac.compare_digest(sent.encode(), self.xsrf_token):
-            raise web.HTTPError(403, "Open this from the hub's own Authorize page.")
-
-    @needs_scope("admin:users")
-    async def get(self, name):
-        if self.authenticator.get_user(name) is None:
-            raise web.HTTPError(404, f"No sign-up named {name!r}.")
-        return await super().get(name)
-
-
-class GpuLabLoginHandler(_FormChecks, LoginHandler):
-    """NativeAuthenticator's login page on JupyterHub 6.
-
-    Its own handler breaks there: ``post`` times itself with ``self.statsd``
-    (gone in JupyterHub 6) and ``_render`` refuses the arguments JupyterHub's
-    error pages pass (``sync``, ``status_code``...), so every failed or bad
-    login was a 500. Same page and messages, 403 on a failed login as
-    JupyterHub's own.
-    """
-
-    def _render(self, login_error=None, username=None, sync=False, **ignored):
-        return self.render_template(
-            "native-login.html",
-            sync=sync,
-            next=url_escape(self.get_argument("next", default="")),
-            username=username,
-            login_error=login_error,
-            custom_html=self.authenticator.custom_html,
-            login_url=self.settings["login_url"],
-            enable_signup=self.authenticator.enable_signup,
-            two_factor_auth=self.authenticator.allow_2fa,
-            authenticator_login_url=url_concat(
-                self.authenticator.login_url(self.hub.base_url),
-                {"next": self.get_argument("next", "")},
-            ),
-        )
-
-    async def post(self):
-        data = {
-            arg: self.get_argument(arg, strip=arg == "username")
-            for arg in self.request.body_arguments
-            if arg != "_xsrf"
-        }
-        if not data.get("username") or "password" not in data:
-            raise web.HTTPError(400, "Fill in both the user name and the password.")
-        user = await self.login_user(data)
-        if user:
-            self._jupyterhub_user = user
-            self.redirect(self.get_next_url(user))
-            return
-        error = "Invalid username or password."
-        source = await asyncio.to_thread(login_source, self.request)
-        wait = self.authenticator.lockout.seconds_locked(source)
-        info = self.authenticator.get_user(data["username"])
-        if wait:
-            error = (
-                f"Too many failed logins from your address: try again in {math.ceil(wait)} seconds."
-            )
-        elif (
-            info is not None
-            and not info.is_authorized
-            and await password_matches(info, data["password"])
-        ):
-            error = f"User {info.username} has not been authorized by an administrator yet."
-        self.set_status(403)
-        self.finish(await self._render(login_error=error, username=data["username"]))
-
-
-class GpuLabSignUpHandler(_FormChecks, SignUpHandler):
-    """NativeAuthenticator's sign-up, refusing names a hub user or a sign-up has."""
-
-    async def post(self):
-        auth = self.authenticator
-        name = self.get_body_argument("username", "", strip=False)
-        if not (auth.enable_signup and name and auth.name_taken(name)):
-            return await super().post()
-        self.set_status(409)
-        html = await self.render_template(
-            "signup.html",
-            ask_email=auth.ask_email_on_signup,
-            result_message=(
-                f"The name {auth.normalize_username(name)} is already in use: choose another one."
-            ),
-            alert="alert-danger",
-            two_factor_auth=auth.allow_2fa,
-            recaptcha_key=auth.recaptcha_key,
-            tos=auth.tos,
-        )
-        self.finish(html)
-
-
-class GpuLabAuthorizationAreaHandler(AuthorizationAreaHandler):
-    """The Authorize page, saying which records carry the name of a hub user
-    (an admin approving one gives that sign-up's password the user's account)."""
-
-    @needs_scope("admin:users")
-    async def get(self):
-        records = self.db.query(UserInfo).all()
-        hub_users = {}
-        for info in records:
-            user = self.find_user(info.username)
-            if user is not None:
-                hub_users[info.username] = {
-                    "created": user.created,
-                    "server": bool(user.active),
-                }
-        html = await self.render_template(
-            "authorization-area.html",
-            ask_email=self.authenticator.ask_email_on_signup,
-            two_factor_auth=self.authenticator.allow_2fa,
-            users=records,
-            hub_users=hub_users,
-        )
-        self.finish(html)
-
-
-class GpuLabChangePasswordHandler(_FormChecks, ChangePasswordHandler):
-    pass
-
-
-class GpuLabChangePasswordAdminHandler(_FormChecks, ChangePasswordAdminHandler):
-    pass
-
-
-class GpuLabToggleAuthorizationHandler(_SameSiteOnly, ToggleAuthorizationHandler):
-    pass
-
-
-class GpuLabDiscardHandler(_SameSiteOnly, DiscardHandler):
-    """Discard drops the pending sign-up record and nothing else.
-
-    NativeAuthenticator's also deleted the hub user of that name: a user an
-    admin had created, or one with a running server, vanished from the hub
-    while the server ran on and its slice was released (the GPU then given
-    twice). Deleting a hub user is the admin page's (or the REST API's) job,
-    which stops their server first.
-    """
-
-    @needs_scope("admin:users")
-    async def get(self, name):
-        info = self.authenticator.get_user(name)
-        if info is None:
-            raise web.HTTPError(404, f"No sign-up named {name!r}.")
-        if not info.is_authorized:
-            self.db.delete(info)
-            self.db.commit()
-        self.redirect(self.hub.base_url + "authorize")
-
-
-_HARDENED = {
-    LoginHandler: GpuLabLoginHandler,
-    SignUpHandler: GpuLabSignUpHandler,
-    ChangePasswordHandler: GpuLabChangePasswordHandler,
-    ChangePasswordAdminHandler: GpuLabChangePasswordAdminHandler,
-    ToggleAuthorizationHandler: GpuLabToggleAuthorizationHandler,
-    DiscardHandler: GpuLabDiscardHandler,
-    AuthorizationAreaHandler: GpuLabAuthorizationAreaHandler,
-}
 
 
 class GpuLabNativeAuthenticator(NativeAuthenticator):
@@ -358,7 +153,7 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
         return {info.username for info in UserInfo.all_users(self.db) if info.is_authorized}
 
     def is_password_strong(self, password: str) -> bool:
-        return not _too_long(password) and super().is_password_strong(password)
+        return not too_long(password) and super().is_password_strong(password)
 
     def name_taken(self, username: str) -> bool:
         """Whether a sign-up record or a hub user has this name, in any form the
@@ -379,24 +174,36 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
 
     async def authenticate(self, handler, data):
         # NativeAuthenticator's, with bcrypt off the hub's event loop and failures
-        # counted per address (login_limits), not per name.
+        # counted per address (login_limits), not per name. The login page learns
+        # why it refused (handler.gpulab_refusal) and whose try it counted
+        # (handler.gpulab_source), for the audit trail and its message.
         source = await asyncio.to_thread(login_source, handler.request) if handler else ""
-        if self.lockout.seconds_locked(source):
-            return None
+        if handler is not None:
+            handler.gpulab_source = source
         username = self.normalize_username(data.get("username", ""))
-        password = data.get("password", "")
-        info = self.get_user(username)
-        valid = (
-            info is not None
-            and not _too_long(password)
-            and info.is_authorized
-            and await password_matches(info, password)
-        )
-        if valid and info.has_2fa:
-            valid = info.is_valid_token(data.get("2fa"))
-        if valid:
+        refusal = await self.refusal(source, username, data.get("password", ""), data)
+        if refusal is None:
             return username
-        self.lockout.failed(source)
+        if handler is not None:
+            handler.gpulab_refusal = refusal
+        if refusal != LOCKED_OUT:
+            self.lockout.failed(source)
+        return None
+
+    async def refusal(self, source: str, username: str, password: str, data: dict) -> str | None:
+        """Why this login is refused (None: it is not). The password is checked
+        before the approval, so "not approved" is said only to the right password."""
+        if self.lockout.seconds_locked(source):
+            return LOCKED_OUT
+        info = self.get_user(username)
+        if info is None:
+            return UNKNOWN_USER
+        if not await password_matches(info, password):  # too long: False
+            return BAD_PASSWORD
+        if info.has_2fa and not info.is_valid_token(data.get("2fa")):
+            return BAD_2FA
+        if not info.is_authorized:
+            return NOT_APPROVED
         return None
 
     async def delete_user(self, user):
@@ -421,7 +228,7 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
             return
         path = Path(self.admin_password_file)
         password = path.read_text().strip()
-        if not password or _too_long(password):
+        if not password or too_long(password):
             raise ValueError(
                 f"{path} must hold the admin's password (1 to "
                 f"{MAX_PASSWORD_BYTES} bytes); write one, or delete the file "
@@ -446,6 +253,10 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
         for key in ("jinja2_env", "jinja2_env_sync"):
             env = app.tornado_settings[key]
             env.loader = ChoiceLoader([FileSystemLoader(TEMPLATES), env.loader])
+        # NativeAuthenticator adds its own pages to the async loader only (at its first
+        # page); a refused login form's error page (a 400) renders from the sync one.
+        sync = app.tornado_settings["jinja2_env_sync"]
+        sync.loader = ChoiceLoader([sync.loader, FileSystemLoader(NATIVE_TEMPLATES)])
         return [
-            (route, _HARDENED.get(handler, handler)) for route, handler in super().get_handlers(app)
-        ]
+            (route, HARDENED.get(handler, handler)) for route, handler in super().get_handlers(app)
+        ] + [(r"/logout", GpuLabLogoutHandler)]

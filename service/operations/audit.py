@@ -16,7 +16,9 @@ are deleted once an hour (0: kept forever).
 Actions (``result`` is ``ok``, ``denied`` for refused attempts, or ``failed``):
 
 ======================  ==========================================================
-login                   a login at the hub (failed logins: ``denied``)
+login                   a login at the hub (failed logins: ``denied``, with the reason:
+                        bad password, unknown user, not approved, locked out...)
+logout                  a logout at the hub (gpulab's default login)
 server.start            a single-user server started (by its user or an admin)
 server.stop             a server stopped through the hub (by its user, an admin,
                         or a service such as the idle culler), or by gpulab itself
@@ -38,8 +40,10 @@ gpu.cordon / .uncordon  a GPU taken out of placement / put back
 user.create / .delete   hub users (admins)
 user.admin              a user's admin flag changed
 user.update             other changes of a user (their name)
+user.signup             someone signed up (refused: ``denied``/``failed``, the reason)
 user.authorize          an admin approved (or revoked) a sign-up
 user.discard            an admin discarded a sign-up
+password.change         a user changed their password, or an admin set one
 token.create / .delete  hub API tokens (the token itself is never kept)
 group.create / .delete  hub groups
 group.change            members added or removed, or properties (quotas) set
@@ -68,6 +72,7 @@ log = logging.getLogger("gpulab.service.operations.audit")
 #: Every action name the service and the hub record (see the module's table).
 ACTIONS = (
     "login",
+    "logout",
     "server.start",
     "server.stop",
     "allocation.create",
@@ -87,8 +92,10 @@ ACTIONS = (
     "user.delete",
     "user.admin",
     "user.update",
+    "user.signup",
     "user.authorize",
     "user.discard",
+    "password.change",
     "token.create",
     "token.delete",
     "group.create",

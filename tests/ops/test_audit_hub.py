@@ -60,7 +60,7 @@ def test_hub_events_are_recorded_once_with_their_actor(hub):
     # A name of its own: Unix accounts (gpulab-<name>) are machine-wide.
     name = f"audit{os.getpid()}"
     other = f"audit{os.getpid()}b"  # whose server an admin starts and stops
-    sign_up_approved(hub, name, PASSWORD)  # the admin logs in and approves the user
+    sign_up_approved(hub, name, PASSWORD)  # signs up; the admin logs in and approves
     assert log_in(hub, name, PASSWORD).cookies  # the user logs in
     log_in(hub, name, "wrong-password-1")  # and fails once
     r = hub.hub_api("POST", f"/users/{name}/tokens", json={"note": "audit test"})
@@ -102,6 +102,7 @@ def test_hub_events_are_recorded_once_with_their_actor(hub):
     svc = ("gpulab", "service")
     want = collections.Counter(
         {
+            ("user.signup", *c, name, "ok"): 1,
             ("user.authorize", *a, name, "ok"): 1,
             ("login", *c, name, "ok"): 1,
             ("login", *c, name, "denied"): 1,
