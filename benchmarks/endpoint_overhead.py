@@ -5,25 +5,33 @@ Starts a real hub (``gpulab up``, simulated GPUs), deploys one MLP (one replica,
 dynamic batching) as a user, then drives the same closed-loop load (C clients,
 one-row requests, JSON or the binary extension) at
 
-* anchor 1, the replica directly: its own port on 127.0.0.1, with the replica's
+* anchor 1, the replica directly: its Unix socket, with the replica's
   secret (what the service itself sends it);
 * the hub path: the endpoint URL under the hub, with the user's hub token:
-  through configurable-http-proxy, the service's authentication (the token's
-  identity is cached by the hub client for a minute) and its forward to the
+  through configurable-http-proxy, the endpoint router's authentication (the
+  hub's answer for a token is reused for a few seconds) and its forward to the
   replica;
 * anchor 2, LitServe serving the same exported program with the same batch
   settings and torch's default threads (as the replica), started for its turn
-  only, while the hub's deployment is idle (never two servers under load at once).
+  only, while the hub's deployment is idle (never two servers under load at once);
+* with ``--tls``, the hub path over https: a second hub, ``gpulab up --tls
+  self-signed`` (https on its public port, JupyterHub's internal TLS, the service
+  and its endpoint router on https), started beside the first with the same model
+  and deployment settings, called with a context that trusts its CA (keep-alive
+  connections, as for http). It takes its turn like the others, while the plain
+  hub is idle, and the other way round.
 
 Machines are noisy, so the targets take turns: ``--rounds`` rounds, each running
 every target once (in a rotated order) with the same number of requests after a
 warmup. Prints per target the median throughput over the rounds, p50/p99 over
 all the latencies and the replica's mean batch size (from its
 ``gpulab_serving_batch_size`` histogram), then the ratios hub / direct (goal:
-throughput >= 0.9x) and hub / LitServe (goal: throughput >= 1.2x).
+throughput >= 0.9x) and hub / LitServe (goal: throughput >= 1.2x); with ``--tls``
+also https / http through the hub: p50, p99 and throughput (goal: TLS costs at
+most 1.15x per call, the p50 latency ratio).
 
     python benchmarks/endpoint_overhead.py [--requests 3000] [--rounds 3]
-        [--concurrency 32] [--dims 512,4096,4096,10] [--no-litserve] [--binary]
+        [--concurrency 32] [--dims 512,4096,4096,10] [--no-litserve] [--binary] [--tls]
 """
 
 from __future__ import annotations
@@ -31,12 +39,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import glob
 import http.client
 import json
 import os
 import re
 import socket
+import ssl
 import statistics
 import sys
 import tempfile
@@ -57,6 +67,9 @@ from serving_batching import (  # noqa: E402
 
 DIRECT = "replica directly (anchor 1)"
 HUB = "through the hub"
+HUB_TLS = "through the hub, https"
+#: The goal of issue 31: an endpoint call over https costs at most this much more (p50).
+TLS_GOAL = 1.15
 LITSERVE = "LitServe (anchor 2)"
 
 
@@ -77,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="OIP's binary-data extension (what tritonclient sends); LitServe is skipped",
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="also a second hub with --tls self-signed, called over https",
+    )
     args = parser.parse_args(argv)
 
     dims = [int(d) for d in args.dims.split(",")]
@@ -94,31 +112,28 @@ def main(argv: list[str] | None = None) -> int:
             import litserve  # noqa: F401
         except ImportError:
             skipped = "litserve is not installed (make bench-deps)"
-    names = [DIRECT, HUB] + ([] if skipped else [LITSERVE])
+    names = [DIRECT, HUB] + ([HUB_TLS] if args.tls else []) + ([] if skipped else [LITSERVE])
     runs = {name: [] for name in names}  # per round: {throughput, latencies, errors, batch}
-    with (
-        tempfile.TemporaryDirectory(prefix="gpulab-bench-endpoint-") as work,
-        serving_hub(work, dims) as (hub, client, token, model_dir),
-    ):
-        client.create_deployment(
-            model_dir,
-            {
-                "name": "mlp",
-                "gpu_milli": 250,
-                "max_batch_size": args.max_batch_size,
-                "max_latency_ms": args.max_latency_ms,
-            },
-        )
-        dep = wait_running(client, "mlp")
-        model = (dep.get("model") or {}).get("name") or "mlp"
-        # The hub's only deployment: its replica's socket and secret are on disk
-        # (root's, as this benchmark runs: the router reaches replicas the same way).
-        sock, secret = replica_address(os.path.join(hub.data_dir, "deployments"))
-        metrics = (sock, {"Authorization": f"Bearer {secret}"})
-        endpoints = {
-            DIRECT: (f"http://localhost/v2/models/{model}/infer", f"Bearer {secret}", sock),
-            HUB: (f"{hub.url}{dep['path']}/v2/models/{model}/infer", f"token {token}", None),
-        }
+    deployment = {
+        "name": "mlp",
+        "gpu_milli": 250,
+        "max_batch_size": args.max_batch_size,
+        "max_latency_ms": args.max_latency_ms,
+    }
+    with contextlib.ExitStack() as stack:
+        work = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpulab-bench-endpoint-"))
+        hub, client, token, model_dir = stack.enter_context(serving_hub(work, dims))
+        # target: (url, Authorization, Unix socket, SSL context, the replica's metrics)
+        endpoints = deploy(hub, client, token, model_dir, deployment)
+        if args.tls:
+            tls_hub, tls_client, tls_token, _ = stack.enter_context(
+                serving_hub(work, dims, tls=True)
+            )
+            context = ssl.create_default_context(cafile=str(tls_hub.ca))
+            url, auth, _, _, tls_metrics = deploy(
+                tls_hub, tls_client, tls_token, model_dir, deployment
+            )[HUB]
+            endpoints[HUB_TLS] = (url, auth, None, context, tls_metrics)
         lit_bodies = [litserve_request(rows[i % 64]) for i in range(args.requests)]
         for r in range(args.rounds):
             order = names[r % len(names) :] + names[: r % len(names)]
@@ -136,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                     with serving(cmd, f"{base}/health"):
                         run = measure(f"{base}/predict", lit_bodies, n_warm, args.concurrency)
                 else:
-                    url, auth, sock = endpoints[name]
+                    url, auth, sock, context, metrics = endpoints[name]
                     signed = [(b, {**h, "Authorization": auth}) for b, h in oip_bodies]
-                    run = measure(url, signed, n_warm, args.concurrency, metrics, sock)
+                    run = measure(url, signed, n_warm, args.concurrency, metrics, sock, context)
                 runs[name].append(run)
                 print(
                     f"round {r + 1}/{args.rounds}: {name}: {run['throughput']:.1f} req/s",
@@ -146,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         client.stop_deployment("mlp")
+        if args.tls:
+            tls_client.stop_deployment("mlp")
 
     encoding = "binary-extension" if args.binary else "JSON"
     print(
@@ -154,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{encoding} requests; {args.rounds} round(s), each target {args.requests} requests "
         f"per round after {n_warm} warmup ones, targets in turn"
     )
+    for name in (HUB, HUB_TLS):
+        if name in endpoints:
+            print(f"{name}: {endpoints[name][0]}")
     print(
         f"{'target':28} {'req/s (median)':>14} {'per round':>22} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'errors':>7} {'batch':>6}"
@@ -182,20 +202,54 @@ def main(argv: list[str] | None = None) -> int:
             f"{'met' if ratio >= goal else 'not met'}), p50 {hub_r['p50'] / other['p50']:.2f}x, "
             f"p99 {hub_r['p99'] / other['p99']:.2f}x"
         )
+    tls_r = results.get(HUB_TLS)
+    if tls_r is not None:
+        per_call = tls_r["p50"] / hub_r["p50"]
+        print(
+            f"https / http (per call): p50 {per_call:.2f}x, "
+            f"p99 {tls_r['p99'] / hub_r['p99']:.2f}x, "
+            f"throughput {tls_r['throughput'] / hub_r['throughput']:.2f}x "
+            f"(goal: TLS costs <= {TLS_GOAL}x per call: "
+            f"{'met' if per_call <= TLS_GOAL else 'not met'})"
+        )
     return 0
 
 
+def deploy(hub, client, token: str, model_dir: str, deployment: dict) -> dict:
+    """Deploy the model on `hub` as its user; the targets it serves: the replica
+    directly and the hub path, each as (url, Authorization, Unix socket, SSL context,
+    the replica's metrics socket and headers)."""
+    client.create_deployment(model_dir, deployment)
+    dep = wait_running(client, deployment["name"])
+    model = (dep.get("model") or {}).get("name") or deployment["name"]
+    # The hub's only deployment: its replica's socket and secret are on disk
+    # (root's, as this benchmark runs: the router reaches replicas the same way).
+    sock, secret = replica_address(os.path.join(hub.data_dir, "deployments"))
+    metrics = (sock, {"Authorization": f"Bearer {secret}"})
+    infer = f"/v2/models/{model}/infer"
+    return {
+        DIRECT: (f"http://localhost{infer}", f"Bearer {secret}", sock, None, metrics),
+        HUB: (f"{hub.url}{dep['path']}{infer}", f"token {token}", None, None, metrics),
+    }
+
+
 def measure(
-    url: str, bodies, n_warm: int, concurrency: int, metrics=None, unix_socket=None
+    url: str,
+    bodies,
+    n_warm: int,
+    concurrency: int,
+    metrics=None,
+    unix_socket=None,
+    context: ssl.SSLContext | None = None,
 ) -> dict:
-    """Warm up, then one closed-loop run of `bodies` (to `unix_socket` when given);
-    with `metrics` (the replica's socket and headers), the mean batch size the
-    replica ran meanwhile."""
-    asyncio.run(load(url, bodies[:n_warm], concurrency, unix_socket=unix_socket))
+    """Warm up, then one closed-loop run of `bodies` (to `unix_socket` when given;
+    https verified with `context`); with `metrics` (the replica's socket and
+    headers), the mean batch size the replica ran meanwhile."""
+    asyncio.run(load(url, bodies[:n_warm], concurrency, unix_socket=unix_socket, ssl=context))
     before = batch_sums(*metrics) if metrics else None
     failures = collections.Counter()
     seconds, latencies, errors = asyncio.run(
-        load(url, bodies, concurrency, failures=failures, unix_socket=unix_socket)
+        load(url, bodies, concurrency, failures=failures, unix_socket=unix_socket, ssl=context)
     )
     batch = None
     if before is not None:

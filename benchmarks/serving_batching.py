@@ -35,6 +35,7 @@ import json
 import os
 import signal
 import socket
+import ssl as ssl_module
 import statistics
 import subprocess
 import sys
@@ -133,6 +134,7 @@ async def load(
     duration: float | None = None,
     failures: collections.Counter | None = None,
     unix_socket: str | None = None,
+    ssl: ssl_module.SSLContext | None = None,
 ) -> tuple[float, list[float], int]:
     """Closed loop: `concurrency` clients send `bodies` (body, headers) in turn, each
     once; or, with `duration` (seconds), over and over until that time is up.
@@ -140,14 +142,16 @@ async def load(
     answer is not 200 is an error (no latency kept for a failed connection), counted
     in `failures` if given by status (or exception name) with its first answer:
     ``{(404, 'unknown model...'): 3}``. With `unix_socket`, every request goes to the
-    server on that socket (a local replica listens on one), `url` naming only the path."""
+    server on that socket (a local replica listens on one), `url` naming only the path.
+    With `ssl`, https connections verify the server with that context (one that trusts
+    the hub's CA); connections are kept alive over the run, as for http."""
     latencies: list[float] = []
     errors = 0
     next_body = iter(bodies) if duration is None else itertools.cycle(bodies)
     connector = (
         aiohttp.UnixConnector(path=unix_socket, limit=concurrency)
         if unix_socket
-        else aiohttp.TCPConnector(limit=concurrency)
+        else aiohttp.TCPConnector(limit=concurrency, ssl=True if ssl is None else ssl)
     )
 
     async def client(session, stop_at):

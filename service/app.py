@@ -1172,6 +1172,8 @@ class GpuLabService(SharingSettings, VectorSettings, Application):
         """Listen, start the managers, run until SIGINT/SIGTERM, then stop()."""
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         # Routes that take more (uploads, jobs' variables) raise it per request.
+        if tls.serves_tls():
+            tls.reuse_hub_auth_contexts()
         server = HTTPServer(
             self.tornado_app or self.make_app(),
             xheaders=True,

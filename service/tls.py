@@ -14,6 +14,7 @@ internal TLS is mutual there), and trusts the CAs in ``GPULAB_CA_FILE``
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 
@@ -44,3 +45,19 @@ def platform_client_context(environ=os.environ) -> ssl.SSLContext:
 
 def scheme(environ=os.environ) -> str:
     return "https" if serves_tls(environ) else "http"
+
+
+def reuse_hub_auth_contexts() -> None:
+    """One TLS context for all of JupyterHub's HubAuth calls to the hub, not one a call.
+
+    Under internal_ssl HubAuth builds a new ``SSLContext`` for every call to the hub's
+    API (``jupyterhub.services.auth.make_ssl_context``, the system's CAs loaded again:
+    ~70 ms of CPU on the service's event loop), and aiohttp pools connections by
+    context, so none is reused either. When the endpoint router's tokens expire
+    together, their lookups stalled every call for seconds (benchmarks/endpoint_overhead.py
+    --tls). The same files give the same context: kept by their names.
+    """
+    from jupyterhub.services import auth
+
+    if not hasattr(auth.make_ssl_context, "cache_info"):
+        auth.make_ssl_context = functools.lru_cache(maxsize=8)(auth.make_ssl_context)

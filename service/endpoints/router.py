@@ -141,6 +141,7 @@ class EndpointRouter:
         self.address = address
         self.hub_auth = hub_auth
         self.tokens = TokenCache()
+        self._lookups: dict[str, asyncio.Future] = {}  # tokens being asked of the hub now
         self.prefix = prefix.rstrip("/") + "/endpoints/"
         self.url: str | None = None  # where the proxy reaches the router
         self.socket = None  # the one it listens on (a standby takes it over: endpoints/standby.py)
@@ -290,6 +291,20 @@ class EndpointRouter:
             if isinstance(who, Denied):
                 raise who
             return who
+        # Calls with one token arrive together (a client's connections, all at the moment
+        # its cached answer expires): one asks the hub, the others wait for its answer.
+        pending = self._lookups.get(token)
+        if pending is None:
+            pending = self._lookups[token] = asyncio.ensure_future(self._ask_hub(token))
+            pending.add_done_callback(lambda done: self._forget_lookup(token, done))
+        return await asyncio.shield(pending)
+
+    def _forget_lookup(self, token: str, done: asyncio.Future) -> None:
+        self._lookups.pop(token, None)
+        if not done.cancelled():
+            done.exception()  # seen: its waiters may all have gone (cancelled calls)
+
+    async def _ask_hub(self, token: str):
         # The hub itself, not HubOAuth's cache: this cache is the only one, so a
         # revoked token is refused within TOKEN_TTL_S.
         model = await self.hub_auth.user_for_token(token, use_cache=False, sync=False)

@@ -211,6 +211,8 @@ class Standby:
         token = os.environ["JUPYTERHUB_API_TOKEN"]
         hub = HubAPI(os.environ["JUPYTERHUB_API_URL"], token)
         hub_auth = HubAuth(api_token=token, cache_max_age=TOKEN_CACHE_S)
+        if tls.serves_tls():
+            tls.reuse_hub_auth_contexts()
         name = os.environ.get("JUPYTERHUB_SERVICE_NAME", "gpulab")
         pidfd = self._watch()
         try:
