@@ -17,35 +17,9 @@ SCRIPT = REPO / "benchmarks" / "endpoint_overhead.py"
 pytestmark = pytest.mark.slow
 
 
-def test_one_small_round_without_litserve_prints_the_targets_and_the_ratio():
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--requests",
-            "100",
-            "--warmup",
-            "32",
-            "--rounds",
-            "1",
-            "--dims",
-            "64,128,10",
-            "--no-litserve",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
-    for target in ("replica directly (anchor 1)", "through the hub "):
-        row = next(line for line in out.splitlines() if line.startswith(target))
-        assert row.split()[-2] == "0", row  # no errors
-    assert re.search(r"hub / replica directly: throughput \d+\.\d\dx", out)
-    assert "LitServe skipped: --no-litserve" in out and "hub / LitServe" not in out
-
-
-def test_tls_runs_a_second_hub_over_https_and_prints_the_ratio():
+def test_one_small_round_with_tls_prints_every_target_and_the_ratios():
+    # One run covers both: --tls adds the https hub beside the plain one (two hubs
+    # start; a run without --tls would start the plain one again).
     done = subprocess.run(
         [
             sys.executable,
@@ -83,3 +57,5 @@ def test_tls_runs_a_second_hub_over_https_and_prints_the_ratio():
         done.stdout,
         re.M,
     ), done.stdout
+    assert re.search(r"hub / replica directly: throughput \d+\.\d\dx", done.stdout)
+    assert "LitServe skipped: --no-litserve" in done.stdout and "hub / LitServe" not in done.stdout
