@@ -16,8 +16,8 @@ service it starts, so every hop between the proxy, the hub, users' servers and t
 gpulab service is TLS with certificates the hub issued.
 
 The folder ``<data-dir>/tls`` is 0711 and ``ca.pem`` 0644: users' kernels read the
-CA (``GPULAB_CA_FILE``) to trust the public URL; keys and the internal folder are
-the hub's alone.
+CA (``GPULAB_CA_FILE``) to trust the public URL; every key under it (gpulab's and
+those JupyterHub's certipy writes in ``internal``) is the hub's account's alone (0600).
 """
 
 from __future__ import annotations
@@ -256,9 +256,11 @@ def fingerprint(cert_path: Path) -> str:
 
 
 def prepare_internal(data_dir: Path) -> Path:
-    """The hub's internal CA folder, private to its account."""
+    """The hub's internal CA folder. The folder above stays passable (0711, whatever
+    the hub's umask): servers read their certificates in ``tls/servers``."""
     folder = tls_dir(data_dir)
     folder.mkdir(mode=0o711, exist_ok=True)
+    os.chmod(folder, 0o711)
     internal = internal_certs_dir(data_dir)
     internal.mkdir(mode=0o700, exist_ok=True)
     os.chmod(internal, 0o700)

@@ -155,6 +155,8 @@ def test_an_operators_certificate_is_served_and_no_ca_is_handed_out(tmp_path):
     cert, key = issue_cert(tmp_path / "site", ca)
     c = configured(tmp_path, ssl_cert=cert, ssl_key=key)
     assert (c.JupyterHub.ssl_cert, c.JupyterHub.ssl_key) == (cert, key)
+    # Servers pass through tls/ to read their certificates (the hub's umask is 077).
+    assert os.stat(tmp_path / "data" / "tls").st_mode & 0o777 == 0o711
     assert c.JupyterHub.internal_ssl is True
     # Clients trust a site's certificate the way they trust any site's.
     assert "gpulab_ca_file" not in c.FractionalHostSpawner
