@@ -105,10 +105,18 @@ class LiveFigure(go.FigureWidget):
     def __init__(self, *args, **kwargs):
         self._edits = threading.RLock()  # before the widget opens: opening sends the state
         super().__init__(*args, **kwargs)
+        self._view_count = 0  # the browser counts the views it draws (ipywidgets)
 
     @property
     def edits(self) -> threading.RLock:
         return self._edits
+
+    @property
+    def drawn(self) -> bool:
+        """Whether the browser has drawn a view of it (and so holds its model, which
+        hears every later edit). Until then an edit can be lost: plotly's widget module
+        loads slowly, and a message that comes before the model exists is dropped."""
+        return bool(self._view_count)
 
     def get_state(self, key=None, drop_defaults=False):
         state = super().get_state(key, drop_defaults)
@@ -222,12 +230,16 @@ class TabFigure:
             fig.update_yaxes(visible=(r, c) not in noted, row=r, col=c)
         new = [self._new_trace(t) for t in traces]
         rows, cols = [t.row for t in traces], [t.col for t in traces]
-        if self.widget is None:
+        if self.widget is None or not self.widget.drawn:
             # The traces ride in the widget's first message (its comm's open), which
-            # the browser cannot miss; nothing else is sent before it is drawn.
+            # the browser cannot miss. A widget not drawn yet is replaced, not edited:
+            # an add_traces it missed would leave its graph empty for good (the ticks
+            # after it only restyle the traces it has).
             fig.add_traces(new, rows=rows, cols=cols)
-            self.widget = LiveFigure(fig)
+            old, self.widget = self.widget, LiveFigure(fig)
             self.view.children = (self.widget,)
+            if old is not None:
+                old.close()
             return
         with self.widget.edits:
             self.widget.data = ()

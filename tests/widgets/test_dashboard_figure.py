@@ -20,10 +20,28 @@ def line(key: str, y) -> Trace:
     return Trace(key, 1, 1, np.arange(len(y), dtype=float), np.asarray(y, dtype=float), key, "#000")
 
 
+def test_a_new_series_before_the_browser_drew_the_graph_makes_a_new_widget():
+    # plotly's widget module loads slowly: an add_traces sent before the browser holds
+    # the model is lost, and the graph stayed empty (only restyles followed). Until the
+    # browser says it drew a view, a new series comes in a new widget's first message.
+    f = figure()
+    f.draw(Plot(traces=[line("gpu 0", [1.0, 2.0])]))
+    first = f.widget
+    assert not first.drawn
+    f.draw(Plot(traces=[line("gpu 0", [1.0, 2.0, 3.0]), line("gpu 1", [4.0])]))
+    assert f.widget is not first and first.comm is None  # the old one closed
+    assert f.view.children == (f.widget,)
+    state = f.widget.get_state()
+    assert [t.get("name") for t in state["_widget_data"]][-2:] == ["gpu 0", "gpu 1"]
+    f.close()
+
+
 def test_a_new_series_keeps_the_widget_and_its_state_holds_every_trace():
     f = figure()
     f.draw(Plot(traces=[line("gpu 0", [1.0, 2.0])]))
     widget = f.widget
+    widget._view_count = 1  # what the browser sends once it has drawn a view
+    assert widget.drawn
     f.draw(Plot(traces=[line("gpu 0", [1.0, 2.0, 3.0]), line("gpu 1", [4.0])]))
     assert f.widget is widget and widget.comm is not None  # the same widget, still open
     assert [t.name for t in widget.data][-2:] == ["gpu 0", "gpu 1"]
