@@ -310,6 +310,23 @@ class GpuLabAuthorizationAreaHandler(AuthorizationAreaHandler):
         self.finish(html)
 
 
+def set_password(handler, name: str, new: str, confirmation: str, whose: str, starts: str):
+    """Set ``name``'s password on a change-password page and note the outcome; None, or
+    NativeAuthenticator's message for why not (``whose``: "your new password", ...;
+    ``starts``: how the confirmation's message starts, "Your new" or "The new")."""
+    if new != confirmation:
+        handler.audited("failed", "confirmation does not match")
+        return f"{starts} password didn't match the confirmation. Please try again."
+    if not handler.authenticator.change_password(name, new):
+        handler.audited("failed", "password too short or common")
+        return (
+            f"Something went wrong!\nBe sure {whose} has at least "
+            f"{handler.authenticator.minimum_password_length} characters and is not too common."
+        )
+    handler.audited("ok")
+    return None
+
+
 class GpuLabChangePasswordHandler(_FormChecks, ChangePasswordHandler):
     """A user's own password change: NativeAuthenticator's page and messages, with
     bcrypt off the hub's event loop and the outcome noted for the audit trail."""
@@ -326,18 +343,8 @@ class GpuLabChangePasswordHandler(_FormChecks, ChangePasswordHandler):
         if info is None or not await password_matches(info, old):
             self.audited("denied", "wrong current password")
             message = "Your current password was incorrect. Please try again."
-        elif new != confirmation:
-            self.audited("failed", "confirmation does not match")
-            message = "Your new password didn't match the confirmation. Please try again."
-        elif not self.authenticator.change_password(name, new):
-            self.audited("failed", "password too short or common")
-            message = (
-                "Something went wrong!\nBe sure your new password has at least "
-                f"{self.authenticator.minimum_password_length} characters and is not too common."
-            )
         else:
-            self.audited("ok")
-            message = None
+            message = set_password(self, name, new, confirmation, "your new password", "Your new")
         html = await self.render_template(
             "change-password.html",
             user_name=name,
@@ -359,19 +366,9 @@ class GpuLabChangePasswordAdminHandler(_FormChecks, ChangePasswordAdminHandler):
         if self.authenticator.get_user(user_name) is None:
             self.audited("failed", "no such user")
             raise web.HTTPError(404, f"No sign-up named {user_name!r}.")
-        if new != confirmation:
-            self.audited("failed", "confirmation does not match")
-            message = "The new password didn't match the confirmation. Please try again."
-        elif not self.authenticator.change_password(user_name, new):
-            self.audited("failed", "password too short or common")
-            message = (
-                f"Something went wrong!\nBe sure the new password for {user_name} has at "
-                f"least {self.authenticator.minimum_password_length} characters and is not "
-                "too common."
-            )
-        else:
-            self.audited("ok")
-            message = None
+        message = set_password(
+            self, user_name, new, confirmation, f"the new password for {user_name}", "The new"
+        )
         html = await self.render_template(
             "change-password-admin.html",
             user_name=user_name,
