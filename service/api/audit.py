@@ -18,7 +18,7 @@ import json
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from gpulab.service.api.query_args import time_arg
+from gpulab.service.api.query_args import int_arg, time_arg
 from gpulab.service.auth import MEMBERSHIP_EVENTS, TOKEN_EVENTS, APIHandler, forget_tokens_of
 from gpulab.service.operations.audit import (
     ACTION_PATTERN,
@@ -41,19 +41,6 @@ class AuditHandler(APIHandler):
         if trail is None:
             raise web.HTTPError(503, "the audit trail is not running; try again")
         return trail
-
-    def _int(self, name: str, default: int | None, low: int, high: int | None = None):
-        value = self.get_argument(name, None)
-        if value is None or value == "":
-            return default
-        try:
-            n = int(value)
-        except ValueError:
-            raise web.HTTPError(400, f"{name} must be an integer, got {value!r}") from None
-        if n < low or (high is not None and n > high):
-            bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
-            raise web.HTTPError(400, f"{name} must be {bounds}, got {n}")
-        return n
 
     def filters(self) -> AuditFilters:
         who = self.require_identity()
@@ -94,8 +81,8 @@ class AuditHandler(APIHandler):
         if fmt == "jsonl":
             await self._export(filters)
             return
-        limit = self._int("limit", 100, 1, MAX_LIMIT)
-        before = self._int("before", None, 1)
+        limit = int_arg("limit", self.get_argument("limit", None), 100, 1, MAX_LIMIT)
+        before = int_arg("before", self.get_argument("before", None), None, 1)
         entries, next_before = await self.trail.query(self.identity, filters, limit, before)
         self.write_json({"entries": entries, "next_before": next_before})
 

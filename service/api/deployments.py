@@ -35,6 +35,7 @@ import logging
 
 from tornado import web
 
+from gpulab.service.api.query_args import int_arg
 from gpulab.service.api.request_body import parse_json_object
 from gpulab.service.auth import APIHandler
 from gpulab.service.endpoints.calls import CallRefused
@@ -283,12 +284,8 @@ class DeploymentLogsHandler(_DeploymentHandler):
 
     async def get(self, name):
         dep = self.find(name)
-        try:
-            replica = int(self.get_argument("replica", "0"))
-            version = self.get_argument("version", None)
-            version = None if version is None else int(version)
-        except ValueError:
-            raise web.HTTPError(400, "replica and version must be integers") from None
+        replica = int_arg("replica", self.get_argument("replica", None), 0, 0)
+        version = int_arg("version", self.get_argument("version", None), None, 0)
         try:
             vrow = self.deployments.find_version(dep, version)
         except DeployRefused as e:

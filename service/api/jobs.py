@@ -15,6 +15,7 @@ from tornado.iostream import StreamClosedError
 from gpulab.backend.jobdir import LogTail
 from gpulab.backend.spec import MAX_CODE_BYTES
 from gpulab.db.jobs import STATES, TERMINAL
+from gpulab.service.api.query_args import int_arg
 from gpulab.service.auth import APIHandler
 from gpulab.service.jobs.manager import JobManager, JobRefused
 
@@ -106,11 +107,7 @@ class JobLogsHandler(_JobHandler):
     async def get(self, job_id):
         job = self.find(job_id)
         follow = self.get_argument("follow", "0").lower() in ("1", "true", "yes")
-        rank = self.get_argument("rank", None)
-        try:
-            rank = int(rank) if rank is not None else None
-        except ValueError:
-            raise web.HTTPError(400, f"rank must be an integer, got {rank!r}") from None
+        rank = int_arg("rank", self.get_argument("rank", None), None, 0)
         last = self._tail_lines()
         tail = LogTail(self.jobs.jobdir(job), rank)
         loop = asyncio.get_running_loop()
@@ -152,13 +149,10 @@ class JobMetricsHandler(_JobHandler):
 
     def get(self, job_id):
         job = self.find(job_id)
-        try:
-            rank = int(self.get_argument("rank", "0"))
-            cursor = int(self.get_argument("cursor", "0"))
-        except ValueError:
-            raise web.HTTPError(400, "rank and cursor must be integers") from None
+        rank = int_arg("rank", self.get_argument("rank", None), 0, 0)
+        cursor = int_arg("cursor", self.get_argument("cursor", None), 0, 0)
         jd = self.jobs.jobdir(job)
-        records, cursor = jd.metrics(rank, max(0, cursor))
+        records, cursor = jd.metrics(rank, cursor)
         self.write_json(
             {
                 "records": records,

@@ -71,6 +71,31 @@ async def test_an_empty_time_is_refused_with_the_format(svc, path):
     assert "Unix seconds" in error_of(r) or "unix seconds" in error_of(r)
 
 
+@pytest.mark.parametrize(
+    "path, name",
+    [
+        ("/audit?before=769943294379313332224", "before"),
+        ("/audit?before=9223372036854775808", "before"),
+        ("/audit?limit=99999999999999999999999", "limit"),
+        ("/audit?since=1e20", "since"),
+        ("/usage?until=0001-01-01", "until"),
+        ("/usage?since=-99999999999", "since"),
+        ("/alerts?since=9999-12-31T23:00-05:00", "since"),
+    ],
+)
+async def test_a_number_or_time_out_of_range_is_a_400_that_says_the_range(svc, path, name):
+    r = await svc.request("GET", path)
+    assert r.status_code == 400, (path, r.status_code, r.text)
+    message = error_of(r)
+    assert "\n" not in message and name in message
+    assert " from " in message, message  # the range it takes
+
+
+async def test_the_largest_stored_integer_still_pages_the_audit(svc):
+    r = await svc.request("GET", "/audit?before=9223372036854775807")
+    assert r.status_code == 200, r.text
+
+
 @pytest.mark.parametrize("number", ["1e-320", "-4.9e-324", "1e-400", "2.5e-310"])
 async def test_a_denormal_or_vanishing_number_is_refused_with_the_range(svc, number):
     alice = svc.create_user("alice")
