@@ -31,6 +31,7 @@ from tornado import web
 
 from gpulab.enforcement.peer_account import platform_peer
 from gpulab.service.api.request_body import BoundedBody
+from gpulab.service.hub_down import HUB_DOWN, hub_unreachable
 from gpulab.service.operations.audit import LOOPBACK, client_source
 
 log = logging.getLogger("gpulab.service")
@@ -124,16 +125,22 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         afresh = _asks_afresh.set(self.changes_state())
         try:
             model = await self.hub_auth.get_user(self, sync=False)
+            #: The hub's model of the caller (with the token's ``scopes``), or None.
+            self.hub_model: dict | None = model or None
+            if model:
+                if not self.hub_auth.check_scopes(self.hub_scopes, model):
+                    # Authenticated, but the token may not use this service.
+                    self._forbidden_model = model
+                else:
+                    self.identity = await self.gpulab.identify(model)
+        except Exception as e:
+            # The hub down or restarting: the caller is told so and to retry (a 503),
+            # not an internal error of the service.
+            if hub_unreachable(e):
+                raise web.HTTPError(503, HUB_DOWN) from None
+            raise
         finally:
             _asks_afresh.reset(afresh)
-        #: The hub's model of the caller (with the token's ``scopes``), or None.
-        self.hub_model: dict | None = model or None
-        if model:
-            if not self.hub_auth.check_scopes(self.hub_scopes, model):
-                # Authenticated, but the token may not use this service.
-                self._forbidden_model = model
-            else:
-                self.identity = await self.gpulab.identify(model)
 
     def get_current_user(self):
         return self.identity

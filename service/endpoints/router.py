@@ -34,6 +34,7 @@ from aiohttp import web
 from gpulab.service import tls
 from gpulab.service.auth import TOKEN_CACHE_S, Identity
 from gpulab.service.endpoints.calls import CallRefused
+from gpulab.service.hub_down import HUB_DOWN, hub_unreachable
 from gpulab.service.tasks import KeptTask
 
 log = logging.getLogger("gpulab.service.endpoints.router")
@@ -305,6 +306,14 @@ class EndpointRouter:
             done.exception()  # seen: its waiters may all have gone (cancelled calls)
 
     async def _ask_hub(self, token: str):
+        try:
+            return await self._ask_hub_once(token)
+        except Exception as e:
+            if hub_unreachable(e):  # not kept: the next call asks again
+                raise Denied(503, HUB_DOWN) from None
+            raise
+
+    async def _ask_hub_once(self, token: str):
         # The hub itself, not HubOAuth's cache: this cache is the only one, so a
         # revoked token is refused within TOKEN_TTL_S.
         model = await self.hub_auth.user_for_token(token, use_cache=False, sync=False)

@@ -125,6 +125,46 @@ async def test_a_key_given_twice_is_refused_by_name(svc, body, key):
     assert f"the key {key!r} appears twice" in error_of(r)
 
 
+# -- the hub down --------------------------------------------------------------------------
+HUB_DOWN = {"error": "the hub is not answering; try again in a moment"}
+
+
+async def test_while_the_hub_is_down_every_request_is_a_503_that_says_so(svc):
+    alice = svc.create_user("alice")
+    svc.hub_server.stop()  # the hub's API port refuses connections from now on
+    await svc.hub_server.close_all_connections()
+    for method, path, token in (
+        ("GET", "/allocations", alice),  # a read: no answer about alice's token is kept
+        ("POST", "/jobs", alice),  # a change: always asks the hub
+        ("GET", "/audit", None),  # the admin's token
+    ):
+        r = await svc.request(method, path, token=token, json={} if method == "POST" else None)
+        assert r.status_code == 503, (method, path, r.status_code, r.text)
+        assert r.json() == HUB_DOWN
+
+
+async def test_the_endpoint_router_says_the_hub_is_down_too():
+    from jupyterhub.services.auth import HubAuth
+
+    from gpulab.service.endpoints.router import Denied, EndpointRouter
+
+    with socket.socket() as closed:  # a port nothing listens on: the hub gone
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    hub_auth = HubAuth(api_url=f"http://127.0.0.1:{port}/hub/api", api_token="t")
+
+    async def identify(model):
+        raise AssertionError("the hub answered nothing to identify")
+
+    router = EndpointRouter(
+        None, prefix="/services/gpulab/", max_upload_mib=1, identify=identify, hub_auth=hub_auth
+    )
+    with pytest.raises(Denied) as denied:
+        await router._identify("a-token")
+    assert (denied.value.status, str(denied.value)) == (503, HUB_DOWN["error"])
+    assert router._lookups == {}
+
+
 # -- /metrics for callers who may not see every job --------------------------------------
 class _Owned:
     def collect(self):

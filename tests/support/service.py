@@ -145,9 +145,11 @@ class InProcessService:
     """A started service: ``url``/``api`` like :class:`hubproc.RunningHub`, and
     ``request``/``raw`` to call it from an async test."""
 
-    def __init__(self, app, hub: FakeHubAPI, data_dir: Path, port: int):
+    def __init__(self, app, hub: FakeHubAPI, data_dir: Path, port: int, hub_server=None):
         self.app = app  # the GpuLabService
         self.fake_hub = hub
+        #: The fake hub's HTTP server: a test stops it to see the service with the hub down.
+        self.hub_server = hub_server
         self.data_dir = data_dir
         self.url = f"http://127.0.0.1:{port}"
         self.api = f"{self.url}{PREFIX}api/v1"
@@ -243,7 +245,7 @@ async def running_service(
 
         server, port = _listen(app, xheaders=True, max_body_size=JSON_BODY_LIMIT)
         await _start_background(svc)
-        yield InProcessService(svc, hub, data_dir, port)
+        yield InProcessService(svc, hub, data_dir, port, hub_server)
     finally:
         if server is not None:
             server.stop()
