@@ -102,7 +102,8 @@ class BoundedBody:
 
     Call :meth:`check_body_size` in ``prepare``; read with :meth:`raw_body` or
     :meth:`json_body` (a route that streams its body elsewhere, the model
-    upload, overrides ``data_received`` and calls :meth:`raise_refusal`).
+    upload, overrides ``data_received``, counts the bytes itself and calls
+    :meth:`raise_refusal`).
 
     A body that is refused (over the limit; an upload refused before it is
     read) is read and dropped, then answered: a server that answers and hangs
@@ -124,11 +125,11 @@ class BoundedBody:
         length = self.request.headers.get("Content-Length")
         if length is None:
             # A chunked body says its size only as it comes: read up to DRAIN_LIMIT past
-            # the limit (data_received refuses it with a 413 once it is over), after
-            # which tornado hangs up (a bare 400). A route that reads its body itself
-            # (the model upload) keeps tornado's cut at the limit.
-            counts = type(self).data_received is BoundedBody.data_received
-            self.request.connection.set_max_body_size(limit + DRAIN_LIMIT if counts else limit)
+            # the limit (data_received, or the model upload's parser, refuses it with a
+            # 413 once it is over and drops the rest), after which tornado hangs up. A cut
+            # at the limit itself would leave the client (and the hub's proxy, which then
+            # answers its own 503 page) without the 413 that says the cap.
+            self.request.connection.set_max_body_size(limit + DRAIN_LIMIT)
             return
         self.request.connection.set_max_body_size(limit)
         try:

@@ -71,6 +71,39 @@ async def test_an_empty_time_is_refused_with_the_format(svc, path):
     assert "Unix seconds" in error_of(r) or "unix seconds" in error_of(r)
 
 
+async def test_a_chunked_model_upload_over_the_cap_is_a_413_that_says_the_cap(tmp_path):
+    """A chunked upload says its size only as it comes: the service reads it to the cap
+    and past it (dropping the rest), then answers 413; hanging up at the cap made the
+    hub's proxy answer its own 503 page instead."""
+    async with running_service(
+        tmp_path / "svc", config="c.GpuLabService.max_upload_mib = 1\n"
+    ) as s:
+        alice = s.create_user("alice")
+        boundary = "gpulab-test-boundary"
+
+        def body():  # no Content-Length: requests sends it chunked
+            yield (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="spec"\r\n\r\n'
+                f'{{"name": "big"}}\r\n--{boundary}\r\nContent-Disposition: form-data; '
+                f'name="model"; filename="model.tar"\r\n\r\n'
+            ).encode()
+            for _ in range(3 * 16):  # 3 MiB of model: over the 1 MiB cap
+                yield b"\0" * 65536
+            yield f"\r\n--{boundary}--\r\n".encode()
+
+        r = await s.request(
+            "POST",
+            "/deployments",
+            token=alice,
+            data=body(),
+            headers_extra={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        )
+        assert r.status_code == 413, (r.status_code, r.text[:200])
+        assert "over 1 MiB" in error_of(r) and "max_upload_mib" in error_of(r)
+        spool = s.data_dir / "uploads"
+        assert not spool.exists() or not any(spool.iterdir())  # nothing of it kept
+
+
 @pytest.mark.parametrize(
     "path, name",
     [
