@@ -434,6 +434,19 @@ class GpuLabService(SharingSettings, VectorSettings, Application):
         """,
     ).tag(config=True)
 
+    model_storage_quota_mib = Int(
+        8192,
+        min=1,
+        help="""What one user's models may hold on disk together, in MiB: every version of
+        every deployment of theirs, counted as unpacked (a 1 MB gzip can unpack to a GiB),
+        not as uploaded. An upload that would pass it is refused (413, with the numbers)
+        before a byte of it is unpacked, and nothing of it is kept; stopping a deployment
+        gives its room back. Each model is also bounded by max_model_mib.
+
+        c.GpuLabService.model_storage_quota_mib = 32768
+        """,
+    ).tag(config=True)
+
     max_deployment_replicas = Int(
         4,
         help="""Most replicas one deployment may ask for (`%deploy --replicas`).

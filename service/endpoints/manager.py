@@ -174,6 +174,7 @@ class DeploymentManager:
                 max_deployment_replicas=service.max_deployment_replicas,
                 max_user_deployments=service.max_user_deployments,
                 max_model_mib=service.max_model_mib,
+                model_storage_quota_mib=service.model_storage_quota_mib,
                 cold_start_seconds=service.endpoint_cold_start_seconds,
                 stop_with_server=service.deployments_stop_with_server,
                 local=getattr(service.serving_backend_class, "name", None) == "local",
@@ -328,7 +329,7 @@ class DeploymentManager:
                 f"version beside it (%deploy ... --canary PERCENT)",
             )
         dep_id = uuid.uuid4().hex[:12]
-        await self.placement.unpack(dep_id, model_tar, dep)
+        await self.placement.unpack(who.name, dep_id, model_tar, dep)
         try:
             async with self.live.lock:
                 self._check_count(who)  # again: another upload may have finished first

@@ -23,6 +23,7 @@ import json
 import os
 import posixpath
 import tarfile
+from collections.abc import Callable
 
 from gpulab.backend.deployment_dir import KIND_FILES, MODEL_FILES
 
@@ -68,8 +69,13 @@ def _wanted(member: tarfile.TarInfo) -> str | None:
     return base
 
 
-def unpack_model(tar_path: str, dest: str, max_bytes: int, setting: str = "") -> dict:
-    """Unpack ``tar_path`` into ``dest`` (model.pt2, model.json); return the card."""
+def unpack_model(
+    tar_path: str, dest: str, max_bytes: int, too_large: Callable[[int], str] | None = None
+) -> dict:
+    """Unpack ``tar_path`` into ``dest`` (model.pt2, model.json); return the card.
+    ``too_large(declared)``: the 413's words when the archive declares more than
+    ``max_bytes`` (the caller's cap: a model's size, or what is left of its owner's
+    quota); ``declared`` is what it declared up to the member that passed the cap."""
     declared = 0
     found: set[str] = set()
     try:
@@ -86,9 +92,10 @@ def unpack_model(tar_path: str, dest: str, max_bytes: int, setting: str = "") ->
                 if declared > max_bytes:
                     raise ArchiveRefused(
                         413,
-                        f"the model archive expands to more than {max_bytes / 2**20:g} "
-                        f"MiB; export a smaller model or quantize it (%quantize)"
-                        + (f"; an admin can raise c.GpuLabService.{setting}" if setting else ""),
+                        too_large(declared)
+                        if too_large
+                        else f"the model archive expands to more than {max_bytes / 2**20:g} "
+                        f"MiB; export a smaller model or quantize it (%quantize)",
                     )
                 base = _wanted(member)
                 if base is None:

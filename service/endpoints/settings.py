@@ -112,6 +112,8 @@ class EndpointLimits:
     max_deployment_replicas: int
     max_user_deployments: int
     max_model_mib: int
+    #: What one user's models may hold on disk together (unpacked).
+    model_storage_quota_mib: int
     cold_start_seconds: float
     #: A new deployment stops with its owner's server unless it says otherwise.
     stop_with_server: bool

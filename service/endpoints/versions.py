@@ -84,7 +84,7 @@ class Versions:
             )
         version_id = uuid.uuid4().hex[:12]
         unit["name"] = dep["name"]
-        await self.placement.unpack(version_id, model_tar, unit)
+        await self.placement.unpack(who.name, version_id, model_tar, unit)
         del unit["name"]
         try:
             async with self.live.lock:
