@@ -81,6 +81,10 @@ class AsyncClient(
         timeout: float = 60.0,
         ca_file: str | None = None,
     ):
+        # What was given, not what the environment gave: a client saved by a
+        # hibernation comes back with the environment of the server it wakes in (a
+        # server's token changes every start).
+        self._given = (api_url, token, timeout, ca_file)
         self.api_url = (api_url or os.environ.get("GPULAB_API_URL") or "").rstrip("/")
         self._token = token or os.environ.get("JUPYTERHUB_API_TOKEN") or ""
         if not self.api_url:
@@ -95,6 +99,11 @@ class AsyncClient(
         # https: the system's CAs, GPULAB_CA_FILE's (gpulab up --tls self-signed) and ca_file.
         self._ca_files = [ca_file] if ca_file else []
         self._ssl: ssl.SSLContext | None = None
+
+    def __reduce__(self):
+        # Its TLS context cannot be pickled, and an address or token it read from the
+        # environment belongs to the server it ran in: rebuilt from what was given.
+        return (type(self), self._given)
 
     def _session(self, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
         if not self.api_url.startswith("https:"):
@@ -226,7 +235,14 @@ class Client:
     ):
         self.aio = AsyncClient(api_url, token, timeout, ca_file)
 
+    def __reduce__(self):
+        # Saved (a hibernation, pickle) as what it was made with; see AsyncClient.
+        return (type(self), self.aio._given)
+
     def __getattr__(self, name: str):
+        if name == "aio" or name.startswith("__"):
+            # Not there yet (a copy being built): asking aio would ask this again.
+            raise AttributeError(name)
         attr = getattr(self.aio, name)
         if not asyncio.iscoroutinefunction(attr):
             return attr
