@@ -1,0 +1,58 @@
+"""The folder of the vector engine's socket, and the one a killed service left.
+
+A Unix socket's path has at most 107 bytes and a data dir's may be longer, so the
+socket lives in a folder of its own in the temporary folder
+(``/tmp/gpulab-vectors-<random>``, mode 0700). A service that stops removes it; one
+killed (``kill -9``, the OOM killer) cannot, so the data dir names it
+(``<data-dir>/vector-engine.socket-dir``) and the next service on that data dir
+removes it before it makes its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+PREFIX = "gpulab-vectors-"
+#: In the data dir: the path of the socket's folder of the service that runs now.
+NAMED_IN = "vector-engine.socket-dir"
+
+
+def make(data_dir: str) -> str:
+    """A new socket folder, named in ``data_dir``; the one named there before is removed."""
+    remove_left(data_dir)
+    path = tempfile.mkdtemp(prefix=PREFIX)
+    Path(data_dir, NAMED_IN).write_text(path)
+    return path
+
+
+def remove(data_dir: str, path: str) -> None:
+    """The service's own folder, at its stop."""
+    shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(data_dir, NAMED_IN))
+
+
+def remove_left(data_dir: str) -> None:
+    """Remove the folder named in ``data_dir`` when it is one of ours: a real folder of
+    that prefix right in the temporary folder (the name file is the service's own, but
+    nothing else is removed on its word)."""
+    named = Path(data_dir, NAMED_IN)
+    try:
+        path = Path(named.read_text().strip())
+    except OSError:
+        return
+    ours = (
+        path.is_absolute()
+        and path.parent == Path(tempfile.gettempdir())
+        and path.name.startswith(PREFIX)
+        and not path.is_symlink()
+        and path.is_dir()
+    )
+    if ours:
+        shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        named.unlink()
