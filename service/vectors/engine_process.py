@@ -15,16 +15,16 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from gpulab.enforcement.accounts import unreachable
 from gpulab.enforcement.system_accounts import ensure_system_account, running_as_root
+
+from . import socket_dir
 
 log = logging.getLogger("gpulab.service.vectors")
 
@@ -41,6 +41,7 @@ class EngineProcess:
 
     def __init__(self, data_dir: str):
         self.root = os.path.join(data_dir, "vectors")
+        self.data_dir = data_dir
         self.pid_file = os.path.join(data_dir, "vector-engine.pid")
         self.socket_dir = ""
         self.proc: subprocess.Popen | None = None
@@ -62,8 +63,8 @@ class EngineProcess:
         """Stop the engine a killed service left behind (it holds the data directory's
         lock) and make the socket's directory; the rest waits for the first use."""
         self._stop_leftover()
-        # A short path of its own: a Unix socket's path has at most 107 bytes.
-        self.socket_dir = tempfile.mkdtemp(prefix="gpulab-vectors-")
+        # A short path of its own (:mod:`.socket_dir`); the one a killed service left goes.
+        self.socket_dir = socket_dir.make(self.data_dir)
 
     def _make_room(self) -> None:
         """The engine's account and its data directory, which it must be able to reach."""
@@ -177,7 +178,7 @@ class EngineProcess:
         with contextlib.suppress(OSError):
             os.unlink(self.pid_file)
         if self.socket_dir:
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            socket_dir.remove(self.data_dir, self.socket_dir)
 
     def _stop_leftover(self) -> None:
         try:
