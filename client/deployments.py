@@ -61,9 +61,12 @@ class DeploymentsMixin:
     async def stop_deployment(self, name: str, user: str | None = None) -> dict:
         return await self.request("DELETE", f"/deployments/{name}", query={"user": user})
 
-    async def deployment_logs(self, name: str, replica: int = 0, user: str | None = None) -> str:
+    async def deployment_logs(
+        self, name: str, replica: int = 0, user: str | None = None, version: int | None = None
+    ) -> str:
+        """A replica's log (of ``version``; default: the stable one)."""
         data = await self.read_bytes(
-            f"/deployments/{name}/logs", {"replica": replica, "user": user}
+            f"/deployments/{name}/logs", {"replica": replica, "user": user, "version": version}
         )
         return data.decode(errors="replace")
 

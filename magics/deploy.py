@@ -7,6 +7,7 @@
     %deploy --list                     (refreshes in place until the next cell)
     %deploy --list --lineage           (each version's job, code hash, data, quantization)
     %deploy --stop sentiment
+    %deploy --logs sentiment           (the first replica's log: why it did not start)
 
 The model is exported here, in the kernel (``torch.export``, dynamic batch),
 uploaded to the gpulab service, which places a slice per replica and starts
@@ -32,13 +33,25 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from gpulab.client.units import plural
 
-from .deploy_list import list_bundle, list_table
-from .deploy_live import LiveTable, did_you_mean
+from .deploy_failure import DeploymentFailed
+from .deploy_list import list_table
+from .deploy_live import DeploymentsTable, LiveTable, did_you_mean
 from .lineage import lineage_of, untracked
 from .quantize import model_and_example
 from .train import parse_gpu
 
 WAIT_S = 300.0
+
+
+def _replica_log(client, dep: dict, version: int | None) -> str:
+    """Replica 0's log of ``version``, to say why it did not start ("" if unreadable:
+    the service's message still says what happened)."""
+    from gpulab.client import GpuLabError
+
+    try:
+        return client.deployment_logs(dep["name"], 0, dep.get("user"), version)
+    except GpuLabError:
+        return ""
 
 
 def _csv(text: str | None) -> list[str]:
@@ -215,6 +228,11 @@ class DeployMagics(Magics):
         "dataset versions, quantization)",
     )
     @argument("--stop", metavar="NAME", help="stop endpoint NAME and free its slices")
+    @argument(
+        "--logs",
+        metavar="NAME",
+        help="print the log of endpoint NAME's first replica (why it did not start)",
+    )
     @line_magic
     def deploy(self, line: str = ""):
         """Serve a model as an authenticated OIP v2 endpoint with dynamic batching."""
@@ -228,11 +246,17 @@ class DeployMagics(Magics):
                 return
             if args.lineage:
                 raise UsageError("--lineage goes with --list: %deploy --list --lineage")
-            named = args.stop or args.promote or args.rollback
+            named = args.stop or args.promote or args.rollback or args.logs
             if named:
                 self._check_name(client, named)
+            if args.logs:
+                print(client.deployment_logs(args.logs), end="")
+                return
             if args.stop:
                 dep = client.stop_deployment(args.stop)
+                # The latest table shown says so (it stopped refreshing when this cell ran).
+                if isinstance(LiveTable.current, DeploymentsTable):
+                    LiveTable.current.mark_stopped(dep["name"], dep.get("user"))
                 print(
                     f"stopped {dep['name']}: {plural(dep['replicas'], 'replica')} stopped, "
                     f"{'its slice' if dep['replicas'] == 1 else 'their slices'} released"
@@ -260,7 +284,7 @@ class DeployMagics(Magics):
             # A terminal: no display updates.
             print(list_table(client.list_deployments(), lineage=lineage))
             return
-        LiveTable(lambda: list_bundle(client.list_deployments(), lineage=lineage)).show()
+        DeploymentsTable(client.list_deployments, lineage=lineage).show()
 
     @staticmethod
     def _check_name(client, name: str) -> None:
@@ -390,12 +414,12 @@ class DeployMagics(Magics):
                     )
                 return dep
             if v["state"] == "failed":
-                raise UsageError(f"{label} failed: {v['message']}")
+                log = _replica_log(client, dep, v.get("version"))
+                raise DeploymentFailed(label, dep["name"], v["message"], log)
             if time.monotonic() > deadline:
-                raise UsageError(
-                    f"{dep['name']} is not ready after {WAIT_S:g} s "
-                    f"({dep['message']}); see %deploy --list, or stop it with "
-                    f"%deploy --stop {dep['name']}"
+                log = _replica_log(client, dep, v.get("version"))
+                raise DeploymentFailed(
+                    label, dep["name"], f"{WAIT_S:g} s; {v['message']}", log, timed_out=True
                 )
             time.sleep(0.5)
             dep = client.get_deployment(dep["name"])

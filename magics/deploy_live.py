@@ -5,8 +5,10 @@ The table is one display output with a ``display_id``; a daemon thread asks the
 service again every ``REFRESH_S`` seconds and replaces the output in place (display
 updates go out from any thread). It stops after ``WATCH_S`` seconds, or as soon as
 the kernel runs another cell: an older cell's output is a record of its moment, not
-rewritten by what later cells did (``%deploy --stop``). The last table stays, so a
-saved notebook holds it (HTML and text).
+rewritten by what later cells did, but for ``%deploy --stop``, which marks the row
+stopped in the latest table (:class:`DeploymentsTable`): a table must not say an
+endpoint runs once it is stopped. The last table stays, so a saved notebook holds it
+(HTML and text).
 """
 
 from __future__ import annotations
@@ -114,6 +116,52 @@ class LiveTable:
             self.refreshes += 1
             self._handle.update(_Bundle(self._with_footer(live=True, problem=problem)))
         self._handle.update(_Bundle(self._with_footer(live=False)))
+
+
+#: Where a deployments table keeps the rows it drew, beside its forms (never shown).
+_ROWS = "gpulab/deployments"
+
+
+class DeploymentsTable(LiveTable):
+    """``%deploy --list``'s table: the deployments ``fetch()`` returns, kept current.
+
+    ``%deploy --stop`` marks its row stopped (:meth:`mark_stopped`) in the latest table
+    shown, though that table stopped refreshing when the stop's cell ran: a table that
+    still said "running 2/2" of a stopped endpoint would say what is no longer true.
+    """
+
+    def __init__(self, fetch: Callable[[], list[dict]], lineage: bool = False, **kw):
+        from .deploy_list import list_bundle
+
+        self._render = lambda rows: {**list_bundle(rows, lineage=lineage), _ROWS: rows}
+        super().__init__(lambda: self._render(fetch()), **kw)
+
+    def mark_stopped(self, name: str, user: str | None = None) -> bool:
+        """Show ``name`` (of ``user``) as stopped, 0 replicas ready; False if this table
+        does not show it."""
+        if self._handle is None:
+            return False
+        self.stop()
+        # Its refresher's last update first (it ends within one read): ours is the last.
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=REFRESH_S * 6)
+        shown = self._last.get(_ROWS) or []
+        rows = [
+            stopped_row(d) if d["name"] == name and user in (None, d.get("user")) else d
+            for d in shown
+        ]
+        if rows == shown:
+            return False
+        self._last = self._render(rows)
+        note = f"{name} stopped at {time.strftime('%H:%M:%S')} (%deploy --stop)"
+        self._handle.update(_Bundle(self._with_footer(live=False, problem=note)))
+        return True
+
+
+def stopped_row(d: dict) -> dict:
+    """A deployment's row once stopped: nothing ready, no calls going to it."""
+    gone = {"state": "stopped", "message": "stopped", "replicas_ready": 0}
+    return {**d, **gone, "versions": [{**v, **gone} for v in d.get("versions") or []]}
 
 
 def _shell():
