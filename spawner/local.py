@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
+from jupyterhub.utils import maybe_future
 from tornado import web
 
 from gpulab.enforcement.account_limits import AccountLimits
@@ -62,6 +63,10 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
     #: This server's cgroup under its account; unique per start, kept in the hub's
     #: state so a restarted hub still removes it.
     _unit: str = ""
+    #: The cgroup of a server whose state was cleared before its stop removed it:
+    #: JupyterHub's ``poll()`` clears the state the moment it sees the process gone,
+    #: within ``stop()`` and when the server died on its own.
+    _unit_left: str = ""
 
     # -- who the server runs as ---------------------------------------------------------
     def make_preexec_fn(self, name):
@@ -156,6 +161,7 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
 
     def clear_state(self):
         super().clear_state()
+        self._unit_left = self._unit or self._unit_left
         self._unit = ""
 
     async def _hold_to_limits(self, milli: int, allocations: list[dict]) -> None:
@@ -185,14 +191,26 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
         self.popen_kwargs = {**popen_kwargs, **kwargs, "cwd": self.account.home}
 
     async def _remove_group(self) -> None:
+        unit = self._unit or self._unit_left
+        if not unit:
+            return
         accounts = self._accounts()
         # After a hub restart this spawner never started: find the account again.
         account = self.account or (accounts.lookup(self.user.name) if accounts.enabled else None)
-        if account is not None and self._unit:
+        if account is not None:
             limits = AccountLimits(config=self.config)
             await asyncio.get_running_loop().run_in_executor(
-                None, limits.remove, account.name, self._unit
+                None, limits.remove, account.name, unit
             )
+        self._unit_left = ""
+
+    async def run_post_stop_hook(self):
+        # Every stop ends here, also that of a server found dead, for which JupyterHub
+        # never calls stop(): its cgroup goes too.
+        try:
+            await self._remove_group()
+        finally:
+            await maybe_future(super().run_post_stop_hook())
 
     async def stop(self, now=False):
         try:

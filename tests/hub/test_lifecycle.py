@@ -1,7 +1,10 @@
 """Slices come back: a failed start and idle culling release them (real hub)."""
 
+import os
+
 import pytest
-from hubproc import RunningHub
+from hubproc import RunningHub, fresh_user
+from support.leftovers import cgroups_of
 from support.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -34,6 +37,7 @@ def wait_for(predicate, timeout=180, what="condition"):
 
 def test_failed_start_releases_the_slice(hub):
     hub.hub_api("POST", "/users/failer")
+    groups = set(cgroups_of("failer"))  # an earlier run's on this host are not ours
     r = hub.spawn("failer", {"gpu_milli": 500})
     # The hub may answer before the process has died (202) or after (500).
     assert r.status_code in (201, 202, 500), r.text
@@ -44,6 +48,8 @@ def test_failed_start_releases_the_slice(hub):
     )
     gpus = hub.gpulab("GET", "/inventory").json()["nodes"][0]["gpus"]
     assert all(g["allocated_milli"] == 0 for g in gpus)
+    # Its cgroup went with it (JupyterHub had cleared the spawner's state first).
+    assert set(cgroups_of("failer")) <= groups
 
 
 def test_idle_culling_releases_the_slice(hub):
@@ -57,6 +63,18 @@ def test_idle_culling_releases_the_slice(hub):
         lambda: hub.gpulab("GET", "/allocations", params={"user": "sleepy"}).json() == [],
         what="sleepy's slice to be released",
     )
+
+
+def test_a_stopped_server_leaves_no_cgroup(hub):
+    user = fresh_user("cgroup")
+    hub.hub_api("POST", f"/users/{user}")
+    groups = set(cgroups_of(user))  # an earlier run's on this host are not ours
+    hub.spawn_ready({user: {"gpu_milli": 250}})
+    if os.geteuid() == 0:  # accounts and cgroups need root
+        assert set(cgroups_of(user)) - groups, "the server runs in no cgroup of its account"
+    assert hub.hub_api("DELETE", f"/users/{user}/server").status_code in (202, 204)
+    hub.wait_server(user, ready=False)
+    assert set(cgroups_of(user)) <= groups
 
 
 def test_reconcile_releases_slices_of_servers_that_do_not_exist(hub):
