@@ -20,6 +20,14 @@ def state_folder() -> str:
     return os.path.join(os.path.expanduser("~"), ".gpulab", "hibernate")
 
 
+def work_file(connection_file: str) -> str:
+    """Where a kernel (its ``connection_file``) says which of its user's threads are
+    alive, for the server's idle check (:mod:`gpulab.magics.kernel_work` writes it,
+    :mod:`gpulab.lab.activity` reads it): beside the connection file, as the user."""
+    folder, name = os.path.split(connection_file)
+    return os.path.join(folder, f"gpulab-work-{name}")
+
+
 class HibernationsAPI:
     async def hibernate(self, server: str = "", user: str | None = None) -> dict:
         """Start hibernating a running server (``user``: admins only): the new

@@ -9,6 +9,8 @@
   the service checks, as for any call, that it is the user's or shared with them.
 - ``POST gpulab/hibernate``: every kernel saves its variables to the user's files
   (:mod:`.hibernate`); the service calls it before it stops the server.
+- ``GET gpulab/activity``: work going on besides the kernels' cells (processes,
+  threads, terminals: :mod:`.activity`); the service's idle rule asks it.
 
 Both are jupyter_server ``APIHandler`` s behind ``@web.authenticated``: only whoever
 may use this server (its owner, through the hub's login) reaches them, and
@@ -164,6 +166,7 @@ class TryHandler(GpuLabHandler):
 
 def setup_handlers(serverapp) -> None:
     """Add the routes to a jupyter_server's web application."""
+    from .activity import ActivityHandler
     from .hibernate import HibernateHandler
 
     lab = GpuLabLab(parent=serverapp)
@@ -177,6 +180,7 @@ def setup_handlers(serverapp) -> None:
             (url_path_join(base, "api/v1/(.+)"), ProxyHandler, kw),
             (url_path_join(base, "try/(.+)"), TryHandler, kw),
             (url_path_join(base, "hibernate"), HibernateHandler, kw),
+            (url_path_join(base, "activity"), ActivityHandler, kw),
         ],
     )
     serverapp.log.info("gpulab: JupyterLab routes under %s", base)

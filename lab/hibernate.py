@@ -11,6 +11,10 @@ saved, what could not be and why), never the state.
 A kernel that fails (its state over the cap, a full disk, an object that breaks the
 pickler, a cell still running when the wait ends) fails the whole hibernation: the
 files are removed and the answer says why, so the service leaves the server running.
+A kernel that is shut down or dies while it saves (a closed tab, a script that ends
+it) has nothing left to save: it is noticed at once (its kernel manager is watched,
+not only its reply awaited), named under ``gone`` in the answer, and the others'
+hibernation goes on.
 Older hibernations are removed, oldest first, to keep the user's total under the cap.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
@@ -42,11 +47,17 @@ TOO_LARGE_FIX = (
 KEEP = 10
 #: How long a kernel may take to start saving (a cell still running) and to save.
 SAVE_TIMEOUT_S = 240.0
+#: How often a kernel that has not answered yet is looked at: still there, alive?
+LIVENESS_S = 0.5
 
 # Run in each kernel: one expression, so nothing is added to the user's namespace.
 MODULE = "__import__('gpulab.magics.hibernate', fromlist=['save_kernel'])"
 SAVE_CODE = MODULE + ".save_kernel({path!r}, {cap!r})"
 RESULT = MODULE + ".last_save()"
+
+
+class KernelGone(Exception):
+    """The kernel was shut down, or died, before it saved: nothing of it to keep."""
 
 
 class HibernateRefused(Exception):
@@ -69,9 +80,32 @@ def write_private(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def kernel_pid(km) -> int | None:
+    process = getattr(getattr(km, "provisioner", None), "process", None)
+    return getattr(process, "pid", None)
+
+
+async def why_gone(kernel_manager, kernel_id: str, km, pid: int | None) -> str | None:
+    """Why this kernel can no longer save (None: it still can)."""
+    if kernel_id not in kernel_manager or kernel_manager.get_kernel(kernel_id) is not km:
+        return "its kernel was shut down while saving"
+    if getattr(km, "shutting_down", False):
+        return "its kernel was shut down while saving"
+    if not await km.is_alive():
+        return "its kernel died while saving"
+    if kernel_pid(km) != pid:
+        return "its kernel restarted while saving (its variables were lost)"
+    return None
+
+
 async def save_one(kernel_manager, kernel_id: str, path: str, cap: int, timeout: float) -> dict:
-    """Ask one kernel to save its namespace to ``path``; what it reports."""
-    km = kernel_manager.get_kernel(kernel_id)
+    """Ask one kernel to save its namespace to ``path``; what it reports. Raises
+    :class:`KernelGone` as soon as the kernel is shut down or dies."""
+    try:
+        km = kernel_manager.get_kernel(kernel_id)
+    except KeyError:
+        raise KernelGone("its kernel was shut down before it saved") from None
+    pid = kernel_pid(km)
     client = km.client()
     client.start_channels()
     try:
@@ -92,8 +126,11 @@ async def save_one(kernel_manager, kernel_id: str, path: str, cap: int, timeout:
                     "interrupt it or wait, then hibernate again",
                 )
             try:
-                reply = await client.get_shell_msg(timeout=min(left, 5))
-            except Exception:  # queue.Empty: keep waiting until the deadline
+                reply = await client.get_shell_msg(timeout=min(left, LIVENESS_S))
+            except Exception:  # queue.Empty: keep waiting, while the kernel lives
+                gone = await why_gone(kernel_manager, kernel_id, km, pid)
+                if gone:
+                    raise KernelGone(gone) from None
                 continue
             if reply.get("parent_header", {}).get("msg_id") == msg_id:
                 break
@@ -131,6 +168,16 @@ async def kernel_names(session_manager, kernel_manager) -> dict[str, dict]:
     for kid in kernel_manager.list_kernel_ids():
         out.setdefault(kid, {"name": f"kernel-{kid[:8]}", "notebook": ""})
     return out
+
+
+def remove_partial(path: str) -> None:
+    """What a kernel that went away while saving left of ``path``: its temporary file
+    (``.<name>.<random>.tmp``, see ``save_namespace``), or the file itself."""
+    folder, name = os.path.split(path)
+    for f in os.listdir(folder):
+        if f == name or (f.startswith(f".{name}.") and f.endswith(".tmp")):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, f))
 
 
 def prune(root: str, keep: str, cap: int) -> list[str]:
@@ -179,10 +226,15 @@ async def hibernate_kernels(serverapp_settings, hid: str, cap: int) -> dict:
         ]
         # Every kernel ends (saved or not) before a failure removes the folder.
         reports = await asyncio.gather(*saves, return_exceptions=True)
-        for failure in (r for r in reports if isinstance(r, BaseException)):
-            raise failure
-        kernels = []
+        for failure in reports:
+            if isinstance(failure, BaseException) and not isinstance(failure, KernelGone):
+                raise failure
+        kernels, gone = [], []
         for kid, f, report in zip(ids, files, reports, strict=True):
+            if isinstance(report, KernelGone):
+                remove_partial(f)
+                gone.append({**names[kid], "why": str(report)})
+                continue
             kernels.append(
                 {
                     **names[kid],
@@ -205,6 +257,7 @@ async def hibernate_kernels(serverapp_settings, hid: str, cap: int) -> dict:
             "id": hid,
             "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "kernels": kernels,
+            "gone": gone,
             "bytes": total,
         }
         write_private(os.path.join(folder, "manifest.json"), json.dumps(manifest, indent=1))
@@ -234,9 +287,10 @@ class HibernateHandler(GpuLabHandler):
         except OSError as e:
             return self.fail(507, f"could not write the state: {e}")
         self.log.info(
-            "gpulab: hibernation %s saved %d kernel(s), %d bytes",
+            "gpulab: hibernation %s saved %d kernel(s), %d bytes%s",
             hid,
             len(result["kernels"]),
             result["bytes"],
+            "".join(f"; {k['name']}: {k['why']}" for k in result["gone"]),
         )
         self.finish(json.dumps(result))

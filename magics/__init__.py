@@ -25,6 +25,10 @@ def load_ipython_extension(ipython) -> None:
     from .hibernate import restore_on_start
 
     restore_on_start(ipython)
+    # The user's threads, for the server's idle check (a thread at work: not idle).
+    from .kernel_work import start_in_kernel
+
+    start_in_kernel()
 
 
 def unload_ipython_extension(ipython) -> None:  # pragma: no cover - IPython keeps magics

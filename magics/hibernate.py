@@ -25,6 +25,10 @@ from dataclasses import dataclass
 from gpulab.client.hibernations import state_folder
 
 _LAST: dict[str, str] = {}
+#: The names an earlier hibernation of this kernel's notebook held that did not come
+#: back, and why: a later hibernation counts them (still not back) unless the user
+#: made them again, so each wake line counts against what the user had at first.
+_NOT_BACK: dict[str, str] = {}
 
 
 # -- saving (run by the server extension in each kernel) --------------------------------
@@ -36,8 +40,10 @@ def save_kernel(path: str, cap: int) -> None:
     from .namespace_state import save_namespace, user_variables
 
     variables = user_variables(get_ipython())
-    report = save_namespace(variables, path, max_bytes=cap)
-    _LAST["save"] = json.dumps({**report.to_json(), "variables": len(variables)})
+    still_gone = [(n, why) for n, why in _NOT_BACK.items() if n not in variables]
+    report = save_namespace(variables, path, max_bytes=cap, not_back=still_gone)
+    total = len(variables) + len(still_gone)
+    _LAST["save"] = json.dumps({**report.to_json(), "variables": total})
 
 
 def last_save() -> str:
@@ -102,6 +108,9 @@ def wake(shell, kernel: SavedKernel) -> str:
     from .namespace_state import load_namespace
 
     report = load_namespace(kernel.path, shell.user_ns)
+    keep_visible(shell, report.restored)
+    _NOT_BACK.clear()
+    _NOT_BACK.update(report.failed)
     fd = os.open(kernel.path + ".woken", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({**report.to_json(), "at": time.time()}, f)
@@ -109,6 +118,30 @@ def wake(shell, kernel: SavedKernel) -> str:
     said = {k: wake_json[k] for k in ("restored", "failed", "seconds", "device")}
     tell_service(kernel.hibernation, {"name": kernel.name, **said})
     return f"Woken from hibernation ({kernel.when}): {report.line(kernel.name)}"
+
+
+def keep_visible(shell, names: list[str]) -> None:
+    """Make restored variables ordinary user variables.
+
+    A kernel restores as gpulab's magics load, and IPython then hides every name the
+    namespace holds at that moment (``hide_initial_ns``: ``user_ns_hidden``), so
+    ``%who`` would not list them and the next hibernation would not save them. They
+    are taken out of the hidden names now and again before the next execution of
+    any kind (a cell, or the silent one a hibernation runs)."""
+    values = {n: shell.user_ns[n] for n in names if n in shell.user_ns}
+
+    def unhide(*_):
+        hidden = shell.user_ns_hidden
+        for name, value in values.items():
+            if name in hidden and hidden[name] is value:
+                del hidden[name]
+
+    def once(*_):
+        shell.events.unregister("pre_execute", once)
+        unhide()
+
+    unhide()
+    shell.events.register("pre_execute", once)
 
 
 def tell_service(hibernation_id: str, report: dict) -> threading.Thread | None:

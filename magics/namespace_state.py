@@ -69,7 +69,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -502,12 +502,18 @@ def _rollback(pickler: _Pickler, length: int) -> None:
 
 
 def save_namespace(
-    variables: Mapping[str, object], path: str, *, max_bytes: int | None = None
+    variables: Mapping[str, object],
+    path: str,
+    *,
+    max_bytes: int | None = None,
+    not_back: Iterable[tuple[str, str]] = (),
 ) -> SaveReport:
     """Write ``variables`` to ``path``: atomically (a 0600 temporary file in the same
     folder, then renamed), each variable its own pickle through one shared pickler.
 
     A variable that cannot be saved is skipped with a reason (``SaveReport.skipped``).
+    ``not_back``: (name, why) of variables an earlier hibernation held that are still
+    not back; they are kept among the skipped, so a wake counts against them too.
     Raises ``StateTooLarge`` (nothing left behind) if the file would exceed
     ``max_bytes``; an ``OSError`` (folder missing, disk full) removes the temporary
     file and propagates.
@@ -518,6 +524,7 @@ def save_namespace(
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
     saved: list[str] = []
     skipped: list[tuple[str, str]] = []
+    carried = [(n, why) for n, why in not_back if n not in variables]
     records: list[dict] = []
     try:
         with open(fd, "wb", buffering=1 << 20) as f:
@@ -566,11 +573,12 @@ def save_namespace(
                 pos += sink.size + _LEN.size
                 memo_len = end
             del pickler
+            skipped += carried
             torch = sys.modules.get("torch")
             index = json.dumps(
                 {
                     "format": FORMAT,
-                    "order": list(variables),
+                    "order": [*variables, *(n for n, _ in carried)],
                     "variables": records,
                     "skipped": [{"name": n, "why": w} for n, w in skipped],
                     "saved_at": time.time(),

@@ -185,6 +185,7 @@ class Hibernations:
                 await self._fail(row, f"nothing was stopped: {e}", actor, actor_kind)
                 return
             kernels = kernel_states(saved)
+            gone = gone_kernels(saved)
             total = sum(k["bytes"] for k in kernels)
             try:
                 await self._stop_server(user, server, owner)
@@ -200,11 +201,12 @@ class Hibernations:
                 total_bytes=total,
             )
             log.info(
-                "Hibernated %s: %d kernel(s), %s in %.1f s",
+                "Hibernated %s: %d kernel(s), %s in %.1f s%s",
                 label(user, server),
                 len(kernels),
                 size_words(total),
                 time.monotonic() - started,
+                "".join(f"; {g['name']}: {g['why']}" for g in gone),
             )
             await self.audit.record(
                 "server.hibernate",
@@ -217,6 +219,7 @@ class Hibernations:
                 bytes=total,
                 gpu_milli=row["gpu_milli"],
                 id=hid,
+                **({"gone": [g["name"] for g in gone]} if gone else {}),
             )
             return done
         except asyncio.CancelledError:
@@ -388,6 +391,17 @@ def kernel_states(saved: dict) -> list[dict]:
             }
         )
     return out
+
+
+def gone_kernels(saved: dict) -> list[dict]:
+    """The kernels that were shut down or died while saving (nothing of them was
+    kept), as the server names them: ``[{"name", "why"}]``, checked and cut to size."""
+    gone = saved.get("gone") if isinstance(saved, dict) else None
+    return [
+        {"name": str(g.get("name", ""))[:255], "why": str(g.get("why", ""))[:300]}
+        for g in (gone if isinstance(gone, list) else [])[:MAX_KERNELS]
+        if isinstance(g, dict)
+    ]
 
 
 def _count(value) -> int:

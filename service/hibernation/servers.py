@@ -5,7 +5,9 @@ the hub's ``gpulab-service`` role grants; the service already starts jobs as any
 user's account, so this widens nothing):
 
 - ``GET <server>/api/kernels``: jupyter_server's own list of kernels, with each
-  one's ``execution_state`` and ``last_activity`` (is the notebook idle?);
+  one's ``execution_state`` and ``last_activity`` (is the notebook idle?), and
+  ``GET <server>/gpulab/activity``: work besides the cells (threads, subprocesses,
+  terminals: :mod:`gpulab.lab.activity`);
 - ``POST <server>/gpulab/hibernate``: gpulab's server extension asks each kernel to
   save its namespace to the user's files (:mod:`gpulab.lab.hibernate`) and answers
   what was saved, in numbers and names. The service never sees the state itself.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from contextlib import suppress
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -37,11 +40,14 @@ class KernelActivity:
     kernels: int
     busy: int
     last_activity: float | None  # epoch seconds; None: no kernel
+    #: Work besides the kernels' cells, one line each (a thread, a subprocess, a
+    #: command in a terminal: ``GET <server>/gpulab/activity``): not idle while any.
+    work: tuple[str, ...] = ()
 
     def idle_for(self, now: float, server_started: float) -> float:
-        """Seconds since a kernel last did anything (or since the server started,
-        when it runs no kernel); 0 while one is busy."""
-        if self.busy:
+        """Seconds since a kernel or terminal last did anything (or since the server
+        started, when it runs none); 0 while a kernel is busy or other work runs."""
+        if self.busy or self.work:
             return 0.0
         return max(0.0, now - (self.last_activity or server_started))
 
@@ -108,8 +114,17 @@ class ServerCalls:
         kernels = await self._call(f"{url}api/kernels?no_track_activity=1", "GET", None, 10)
         busy = sum(1 for k in kernels if k.get("execution_state") in ("busy", "starting"))
         times = [t for t in (_epoch(k.get("last_activity")) for k in kernels) if t]
+        # Threads, subprocesses and terminals at work (gpulab's server extension).
+        other = await self._call(f"{url}gpulab/activity", "GET", None, 10)
+        other = other if isinstance(other, dict) else {}
+        work = tuple(str(w)[:300] for w in (other.get("work") or [])[:50])
+        terminal = other.get("terminals_last_activity")
+        with suppress(ValueError, TypeError, AttributeError):  # the user's server says it
+            if terminal := _epoch(terminal):
+                times.append(terminal)
         started = _epoch(model.get("started")) or 0.0
-        return KernelActivity(len(kernels), busy, max(times) if times else None), started
+        last = max(times) if times else None
+        return KernelActivity(len(kernels), busy, last, work), started
 
     async def save(self, user: str, server: str, hibernation_id: str, max_bytes: int) -> dict:
         """Ask the server to save every kernel: ``{"kernels": [...], "bytes": N}``."""

@@ -28,6 +28,7 @@ class FakeServer:
         self.clock = clock
         self.idle_s: dict[str, float] = {}  # owner -> seconds since a kernel was active
         self.busy: set[str] = set()
+        self.work: dict[str, tuple[str, ...]] = {}  # owner -> work besides its cells
         self.fail_with: str | None = None
         self.saved: list[str] = []
 
@@ -36,7 +37,8 @@ class FakeServer:
         if owner not in self.idle_s:
             raise ServerRefused("not running")
         last = self.clock.now() - self.idle_s[owner]
-        return KernelActivity(1, int(owner in self.busy), last), last - 60
+        work = self.work.get(owner, ())
+        return KernelActivity(1, int(owner in self.busy), last, work), last - 60
 
     async def save(self, user, server, hid, max_bytes):
         if self.fail_with:
@@ -117,6 +119,27 @@ async def test_the_idle_rule_hibernates_only_idle_servers(tmp_path):
                 await svc.request("GET", "/audit", params={"action": "server.hibernate"})
             ).json()["entries"]
             assert [(e["subject"], e["result"]) for e in entries] == [("idle/", "ok")]
+
+
+async def test_a_server_at_work_besides_its_cells_is_not_idle(tmp_path):
+    """Its kernels are idle, but a thread, a subprocess or a terminal's command runs
+    (the server extension's ``gpulab/activity``): neither the idle rule nor the
+    scheduler's demand hibernates it."""
+    with fake_clock() as clock:
+        async with running_service(tmp_path / "svc", IDLE) as svc:
+            release_on_stop(svc)
+            fake = svc.app.hibernations.servers = FakeServer(clock)
+            for user in ("thread", "process", "terminal", "idle"):
+                await start_server(svc, user)
+                fake.idle_s[f"{user}/"] = 700
+            fake.work = {
+                "thread/": ("kernel 1a2b3c4d: thread download (fetch)",),
+                "process/": ("kernel 1a2b3c4d: process 4242 (python)",),
+                "terminal/": ("terminal 1: process 4343 (sleep)",),
+            }
+            hibernations = svc.app.hibernations
+            assert [s.owner for s in await hibernations.idle_servers(60)] == ["idle/"]
+            assert await hibernations.hibernate_idle() == ["idle/"]
 
 
 async def test_a_failed_hibernation_leaves_the_server_running(tmp_path):

@@ -9,75 +9,18 @@ both, and short JSON errors when the service is down or slow.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
-import subprocess
-import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import requests
 from hubproc import free_port
+from support.jupyter_server import SERVER_TOKEN, jupyter_server
 from support.service import running_service
-from support.wait import wait_until
 
 from gpulab.enforcement.slice_env import slice_env
 
 pytestmark = pytest.mark.slow
-
-SERVER_TOKEN = "lab-test-server-token"
-JUPYTER_SERVER = str(Path(sys.executable).with_name("jupyter-server"))
-
-
-@contextmanager
-def jupyter_server(tmp: Path, env_extra: dict[str, str], *args: str):
-    """A real jupyter_server from the venv (whose config enables gpulab.lab)."""
-    port = free_port()
-    tmp.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "GPULAB_"))}
-    env.update(HOME=str(tmp), JUPYTER_CONFIG_DIR=str(tmp / "config"), **env_extra)
-    log = open(tmp / "server.log", "wb")
-    proc = subprocess.Popen(
-        [
-            JUPYTER_SERVER,
-            "--no-browser",
-            f"--port={port}",
-            "--ip=127.0.0.1",
-            f"--IdentityProvider.token={SERVER_TOKEN}",
-            "--allow-root",
-            f"--ServerApp.root_dir={tmp}",
-            *args,
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def up():
-        if proc.poll() is not None:
-            raise AssertionError((tmp / "server.log").read_text()[-3000:])
-        try:
-            return requests.get(f"{url}/api/status", params={"token": SERVER_TOKEN}, timeout=5).ok
-        except requests.ConnectionError:
-            return False
-
-    try:
-        wait_until(up, "jupyter_server to answer", 120)
-        log_text = (tmp / "server.log").read_text()
-        assert "gpulab: JupyterLab routes under /gpulab" in log_text, (
-            "gpulab.lab is not enabled in the venv: run `make lab`\n" + log_text[-3000:]
-        )
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 async def get(url, path, token=SERVER_TOKEN, **kw):

@@ -21,6 +21,7 @@ NOTEBOOK = "/home/alice/analysis.ipynb"
 def shell(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("GPULAB_API_URL", raising=False)  # no service here: wake says nothing
+    monkeypatch.setattr(hibernate, "_NOT_BACK", {})  # one kernel's memory, per test
     sh = InteractiveShell.instance()
     sh.register_magics(GpuLabMagics)
     sh.reset()
@@ -99,3 +100,33 @@ def test_no_hibernations_no_noise(shell, capsys):
     assert hibernate.restore_on_start(shell, {}) is None
     shell.run_line_magic("gpulab", "wake --list")
     assert capsys.readouterr().out.strip() == "No hibernated kernels in ~/.gpulab/hibernate."
+
+
+def test_two_cycles_keep_every_variable_and_count_against_the_first(shell, capsys):
+    """A kernel restores as the magics load; IPython then hides every name it holds
+    (``hide_initial_ns``). The restored names are still the user's: ``%who`` lists
+    them, the next hibernation saves them, and each wake line counts against what
+    the user had the first time (the generator, never saved, stays counted)."""
+    shell.run_cell("a = 1\nb = [2, 3]\ngen = (i for i in range(3))")
+    hibernate_here(shell, hid="h-0000000001")
+    for n, hid in enumerate(("h-0000000002", "h-0000000003")):
+        shell.reset()
+        line = hibernate.restore_on_start(shell, {"JPY_SESSION_NAME": NOTEBOOK})
+        shell.user_ns_hidden.update(shell.user_ns)  # what IPython's init_code does next
+        assert f"{2 + n} of {3 + n} variables back" in line, line
+        assert "not back: gen (a generator cannot be saved" in line
+        capsys.readouterr()
+        shell.run_cell("%who")
+        said = capsys.readouterr().out.splitlines()
+        assert said[0] == line and said[-1].split() == ["a", "b", "c"][: 2 + n]
+        shell.run_cell(f"{'c' if n == 0 else 'd'} = 'made after wake {n}'")
+        hibernate_here(shell, hid=hid, created=f"2026-12-04T15:0{n}:00Z")
+    shell.reset()
+    line = hibernate.restore_on_start(shell, {"JPY_SESSION_NAME": NOTEBOOK})
+    assert "4 of 5 variables back" in line and "gen (a generator" in line, line
+    assert [shell.user_ns[k] for k in "abcd"] == [
+        1,
+        [2, 3],
+        "made after wake 0",
+        "made after wake 1",
+    ]
