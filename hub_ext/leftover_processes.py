@@ -15,8 +15,11 @@ hub to the proxy and the services). Signals go through a pidfd opened before tho
 checks, so a pid reused in between is never signalled.
 
 Users' servers, jobs and replicas are not touched: their command lines are not in
-the list. Jobs and replicas re-attach to the next service; servers are the next
-hub's to find (``JupyterHub.cleanup_servers``).
+the list, and the service is ended with :data:`LEAVE_WORK_SIGNAL`, not SIGTERM: it
+stops without stopping its jobs and replicas (``gpulab up`` has it stop them on its
+Ctrl-C), so the next service adopts them as after a crash of the service alone, and
+nothing that ran starts again. Servers are the next hub's to find
+(``JupyterHub.cleanup_servers``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ TERM_GRACE_S = 10.0
 KILL_GRACE_S = 5.0
 #: The hub that ``gpulab up`` execs (``python -m gpulab.hub_ext.hub_app``).
 HUB_MODULE = "gpulab.hub_ext.hub_app"
+#: What ends a left gpulab service and leaves its work running: the service's
+#: ``LEAVE_WORK_SIGNAL`` (gpulab.service.app; not imported: the CLI stays light).
+LEAVE_WORK_SIGNAL = signal.SIGUSR1
+SERVICE = "the gpulab service"
 
 
 @dataclass
@@ -54,7 +61,7 @@ def kind_of(argv: list[str]) -> str | None:
         # `-m gpulab.service endpoint-standby ...`: the router that answers while the
         # service is down (gpulab.service.endpoints.standby).
         standby = "endpoint-standby" in argv
-        return "the standby endpoint router" if standby else "the gpulab service"
+        return "the standby endpoint router" if standby else SERVICE
     if "jupyterhub_idle_culler" in modules:
         return "the idle culler"
     if any(os.path.basename(a) == "configurable-http-proxy" for a in argv[:2]):
@@ -137,6 +144,12 @@ def _signal(procs: list[Leftover], sig: int) -> None:
             signal.pidfd_send_signal(p.pidfd, sig)
 
 
+def _end(procs: list[Leftover]) -> None:
+    """Ask each to stop: the service leaving its work running, the rest by SIGTERM."""
+    for p in procs:
+        _signal([p], LEAVE_WORK_SIGNAL if p.what == SERVICE else signal.SIGTERM)
+
+
 def end_leftovers(data_dir: Path, shown_as: str, say=print) -> list[int]:
     """End what an earlier ``gpulab up`` on ``data_dir`` left running; their pids.
 
@@ -152,7 +165,7 @@ def end_leftovers(data_dir: Path, shown_as: str, say=print) -> list[int]:
                 f"gpulab up is already running on {shown_as} (pid {pid}): stop it first "
                 f"(Ctrl-C in its terminal, or kill {pid})"
             )
-        _signal(found, signal.SIGTERM)
+        _end(found)
         stubborn = _wait(found, TERM_GRACE_S)
         _signal(stubborn, signal.SIGKILL)
         still = _wait(stubborn, KILL_GRACE_S)

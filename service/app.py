@@ -121,6 +121,13 @@ ROUTE_MODULES = (
     collections_api,
 )
 
+#: Ends the service and leaves its jobs and replicas running for the next service to
+#: adopt, whatever ``stop_work_on_exit`` says: `gpulab up` sends it to the service of a
+#: hub that died without its shutdown (hub_ext/leftover_processes.py, which names the
+#: same signal). Its default action, before the handler is in place, ends the process
+#: and leaves the work running too.
+LEAVE_WORK_SIGNAL = signal.SIGUSR1
+
 #: What one init step may raise that means "this configuration cannot work".
 CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
 
@@ -1157,11 +1164,17 @@ class GpuLabService(SharingSettings, VectorSettings, Application):
         for manager in self.managers():
             await manager.start()
 
+    #: Set by LEAVE_WORK_SIGNAL: this stop leaves jobs and replicas running whatever
+    #: ``stop_work_on_exit`` says (the next service adopts them).
+    leaving_work = False
+
     async def stop(self) -> None:
         """End every background task the service or a manager started. Jobs and
         replicas themselves run on (the next service re-attaches to them), unless
         ``stop_work_on_exit``: then both stop together, the slower one is the wait."""
-        if self.stop_work_on_exit:
+        if self.leaving_work:
+            log.info("Leaving jobs and endpoints running for the next gpulab service")
+        elif self.stop_work_on_exit:
             await asyncio.gather(
                 *(self._suspend(m) for m in (self.jobs, self.deployments) if m is not None)
             )
@@ -1204,10 +1217,19 @@ class GpuLabService(SharingSettings, VectorSettings, Application):
         )
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):  # the hub stops services with these
+
+        def leave_work() -> None:
+            self.leaving_work = True
+            stopping.set()
+
+        for sig, handler in (
+            (signal.SIGINT, stopping.set),  # the hub stops services with these
+            (signal.SIGTERM, stopping.set),
+            (LEAVE_WORK_SIGNAL, leave_work),  # `gpulab up` after a crashed hub
+        ):
             # Not the main thread (tests): KeyboardInterrupt stops it instead.
             with contextlib.suppress(RuntimeError, ValueError):
-                loop.add_signal_handler(sig, stopping.set)
+                loop.add_signal_handler(sig, handler)
         try:
             await self.start_managers()
             await stopping.wait()

@@ -6,18 +6,22 @@ another data dir, another account, or with another command line stay running.
 """
 
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from gpulab.hub_ext.leftover_processes import end_leftovers, find, kind_of
+from gpulab.hub_ext.leftover_processes import LEAVE_WORK_SIGNAL, end_leftovers, find, kind_of
+from gpulab.service import app as service_app
 
-#: Sleeps; with "deaf" it ignores SIGTERM. Says "ready" once it is in place.
+#: Sleeps; with "deaf" it ignores SIGTERM and SIGUSR1 (what the service is asked to stop
+#: with). Says "ready" once it is in place.
 SLEEP = """
 import signal, sys, time
 if "deaf" in sys.argv:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 print("ready", flush=True)
 time.sleep(600)
 """
@@ -65,7 +69,10 @@ def test_ends_the_left_service_culler_and_proxy_and_says_so(tmp_path, procs):
     said = []
     ended = end_leftovers(data, shown_as=".gpulab", say=said.append)
     assert sorted(ended) == sorted([service.pid, culler.pid])
-    assert service.wait(timeout=30) is not None and culler.wait(timeout=30) is not None
+    # The service is told to leave its jobs and replicas running for the next one
+    # (not SIGTERM, on which `gpulab up`'s service stops them); the rest get SIGTERM.
+    assert service.wait(timeout=30) == -LEAVE_WORK_SIGNAL
+    assert culler.wait(timeout=30) == -signal.SIGTERM
     assert (
         f"Ended the gpulab service (pid {service.pid}) left by an earlier `gpulab up` on .gpulab"
         in said
@@ -109,3 +116,7 @@ def test_refuses_to_start_beside_a_running_hub(tmp_path, procs):
     with pytest.raises(SystemExit, match=f"already running on d \\(pid {hub.pid}\\)"):
         end_leftovers(tmp_path, shown_as="d", say=lambda line: None)
     assert hub.poll() is None and service.poll() is None  # the running hub's own
+
+
+def test_the_signal_that_leaves_work_running_is_the_one_the_service_handles():
+    assert LEAVE_WORK_SIGNAL == service_app.LEAVE_WORK_SIGNAL

@@ -3,21 +3,34 @@
 JupyterHub starts its services and the proxy in sessions of their own, so they
 outlive a hub killed without its shutdown. The second `gpulab up` ends them (and
 says so) before its own start; its service then gets its port and answers. A user's
-server is the user's: it still runs, with its slice, and the new hub has it.
+server is the user's: it still runs, with its slice, and the new hub has it. So do
+the user's job and endpoint: the old service is ended without stopping them (on its
+Ctrl-C `gpulab up`'s service stops its work), and the new one adopts them, as after
+a crash of the service alone: the same rank and replica processes, nothing begins again.
+Then a clean SIGTERM of the second hub ends everything and leaves nothing behind.
 """
 
 import contextlib
 import os
 import signal
+import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
-from hubproc import RunningHub, fresh_user
+from hub_work import deploy, infer, rank_pids, server_processes
+from hubproc import RunningHub, fresh_user, replica_pids
+from support.leftovers import cgroups_of, job_namespaces, platform_processes
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "jobs"))
+from cells import LINEAR  # noqa: E402
+from jobhelpers import pid_alive, submit, wait_job, wait_metrics  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
-def platform_processes(hub) -> dict[str, psutil.Process]:
+def platform_processes_of(hub) -> dict[str, psutil.Process]:
     """The hub's service, culler and proxy, by what they are."""
     found = {}
     for p in psutil.Process(hub.proc.pid).children(recursive=True):
@@ -63,18 +76,28 @@ def still_running(p: psutil.Process) -> bool:
         return False
 
 
-def test_second_up_ends_what_the_killed_hub_left(tmp_path):
+def test_second_up_ends_what_the_killed_hub_left_and_adopts_the_work(tmp_path):
     data = tmp_path / "hub"
     first = RunningHub(data)
     second = None
     left = {}
     try:
         user = fresh_user("survivor")
-        first.create_user(user)
+        token = first.create_user(user)
+        groups = set(cgroups_of(user))  # an earlier run's on this host are not ours
         assert first.spawn(user, {"gpu_milli": 250}).status_code in (201, 202)
         first.wait_server(user)
         server = server_process(first, user)
-        left = platform_processes(first)
+        # A job held at step 5 until the test opens its gate, and an endpoint.
+        gate = data / "go"
+        env = {"STEPS": "30", "GATE": str(gate)}
+        job = submit(first, token, LINEAR, gpu_milli=250, env=env).json()
+        wait_metrics(first, token, job["id"], 5)
+        deploy(first, token, tmp_path, "kept")
+        dep_id = first.gpulab("GET", "/deployments/kept", token=token).json()["id"]
+        ranks, replicas = rank_pids(first, job["id"]), replica_pids(first, dep_id)
+        assert ranks and replicas
+        left = platform_processes_of(first)
         assert set(left) == {"service", "culler", "proxy"}, left
 
         os.kill(first.proc.pid, signal.SIGKILL)
@@ -102,7 +125,40 @@ def test_second_up_ends_what_the_killed_hub_left(tmp_path):
         assert still_running(server), "the user's server was ended with the platform"
         assert second.hub_api("GET", f"/users/{user}").json()["servers"][""]["ready"]
         held = second.gpulab("GET", "/allocations").json()
-        assert [(a["owner"], a["milli"]) for a in held] == [(f"{user}/", 250)]
+        assert sorted((a["owner_kind"], a["milli"]) for a in held) == [
+            ("deployment", 100),
+            ("job", 250),
+            ("server", 250),
+        ], held
+        assert "Leaving jobs and endpoints running for the next gpulab service" in said, said
+        # The job and the endpoint were adopted, not stopped and started again: the same
+        # processes, no preemption, and the job goes on from step 5, not from step 0.
+        assert all(pid_alive(p) for p in ranks), said
+        assert replica_pids(second, dep_id) == replicas, said
+        seen = second.gpulab("GET", f"/jobs/{job['id']}", token=token).json()
+        assert (seen["state"], seen["preemptions"]) == ("running", 0), seen
+        assert infer(second, token, user, "kept").status_code == 200
+        gate.touch()
+        done = wait_job(second, token, job["id"])
+        assert (done["state"], done["preemptions"]) == ("succeeded", 0), done
+        records = second.gpulab("GET", f"/jobs/{job['id']}/metrics", token=token).json()
+        assert [r["step"] for r in records["records"]] == list(range(30))
+
+        # A clean SIGTERM of the hub alone (a service manager's stop) ends everything:
+        # the server, the replica, the service and its standby router, the proxy.
+        users_work = server_processes(second)
+        log_from = second.log_path.stat().st_size
+        started = time.monotonic()
+        second.proc.send_signal(signal.SIGTERM)
+        code = second.proc.wait(timeout=120)
+        print(f"gpulab up exited {time.monotonic() - started:.1f} s after SIGTERM ({code})")
+        said = second.log_path.read_bytes()[log_from:].decode(errors="replace")
+        assert "Traceback" not in said, said
+        gone, alive = psutil.wait_procs(users_work, timeout=10)
+        assert not alive, f"users' processes left after SIGTERM: {alive}\n{said}"
+        assert platform_processes(data) == [], said
+        assert job_namespaces([job["id"]]) == [], said
+        assert set(cgroups_of(user)) <= groups, said
     finally:
         if second is not None:
             second.stop()
