@@ -22,6 +22,7 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from gpulab.scheduler.slices import label as gpu_label
+from gpulab.spawner.form import hibernation_words, ran_since
 from gpulab.spawner.service_client import ServiceClient
 
 #: The route, under the hub's prefix (/hub/).
@@ -76,6 +77,31 @@ def held_items(deployments: list[dict], jobs: list[dict]) -> list[dict]:
     return items
 
 
+def waiting_servers(rows: list[dict], orm_spawners) -> list[dict]:
+    """Of the service's hibernations (newest first), each server's latest whose
+    notebooks have not all woken, as the home page says it: nothing for a server
+    that runs (or starts) now, "stopped" for one that ran again and was stopped
+    since (a plain stop), "hibernated" otherwise. ``orm_spawners``: the hub's rows
+    of the user's servers, by name (when each last started or stopped)."""
+    latest: dict[str, dict] = {}
+    for row in rows:  # newest first
+        latest.setdefault(row["server"], row)
+    out = []
+    for r in latest.values():
+        spawner = orm_spawners.get(r["server"])
+        if r["state"] != "hibernated":
+            continue
+        if spawner is not None and (spawner.server is not None or spawner.started):
+            continue  # running: the lab says what is waiting
+        stopped = ran_since(r, spawner.last_activity if spawner is not None else None)
+        head, rest = hibernation_words(r, stopped, r["server"])
+        state = "stopped" if stopped else "hibernated"
+        out.append(
+            {"server": r["server"], "id": r["id"], "state": state, "head": head, "rest": rest}
+        )
+    return out
+
+
 class HeldHandler(BaseHandler):
     """``GET``: what the logged-in user holds besides their servers; ``POST``: stop it."""
 
@@ -94,18 +120,12 @@ class HeldHandler(BaseHandler):
         return held_items(deployments, jobs)
 
     async def hibernated(self) -> list[dict]:
-        """The user's servers whose kernels are hibernated (each's latest hibernation)."""
+        """The user's stopped servers whose notebooks wait to wake (each's latest
+        hibernation), in words true now (:func:`waiting_servers`)."""
         rows = await self.service().request(
             "GET", "/hibernations", query={"user": self.current_user.name}
         )
-        latest: dict[str, dict] = {}
-        for row in rows:  # newest first
-            latest.setdefault(row["server"], row)
-        return [
-            {"server": r["server"], "summary": r["summary"], "id": r["id"]}
-            for r in latest.values()
-            if r["state"] == "hibernated"
-        ]
+        return waiting_servers(rows, self.current_user.orm_user.orm_spawners)
 
     @web.authenticated
     async def get(self):

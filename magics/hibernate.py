@@ -218,7 +218,25 @@ def status_row(env: dict[str, str]):
         return None
     if not rows:
         return None
-    return Row.of("Hibernation", rows[0]["summary"])
+    return Row.of("Hibernation", status_words(rows[0], saved_kernels()))
+
+
+def status_words(row: dict, kernels: list[SavedKernel]) -> str:
+    """The server's latest hibernation as ``%gpulab`` says it. The kernel asking runs
+    in this server, so a row still ``hibernated`` (a notebook has not woken, or a
+    wake was not reported) means the server started again: said so, with what still
+    waits in this user's files."""
+    if row["state"] != "hibernated":
+        return row["summary"]
+    when = f"{row['finished'][11:16]} UTC" if row.get("finished") else "earlier"
+    waiting = [k.name for k in kernels if k.hibernation == row["id"] and not k.woken]
+    if not waiting:
+        return f"hibernated at {when}, running again: every notebook's variables are back"
+    shown = ", ".join(waiting[:3]) + (f" and {len(waiting) - 3} more" if len(waiting) > 3 else "")
+    return (
+        f"hibernated at {when}, running again; not woken yet: {shown} "
+        "(open it, or %gpulab wake NAME)"
+    )
 
 
 # -- the magic's verbs -----------------------------------------------------------------------

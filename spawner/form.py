@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 from html import escape
@@ -98,12 +99,46 @@ _FORM_STYLE = (
 )
 
 
-def hibernation_note(row: dict) -> str:
+def ran_since(row: dict, last_activity: dt.datetime | None) -> bool:
+    """Has the server run since this hibernation stopped it? ``last_activity`` is the
+    hub's for the server (naive UTC; the hub sets it at every start and stop): later
+    than the hibernation's end, the server started again (and, not running now, was
+    stopped again). Compared to the second, as the service keeps ``finished``."""
+    finished = row.get("finished")
+    if last_activity is None or not finished:
+        return False
+    if last_activity.tzinfo is not None:
+        last_activity = last_activity.astimezone(dt.UTC).replace(tzinfo=None)
+    ended = dt.datetime.strptime(finished, "%Y-%m-%dT%H:%M:%SZ")
+    return last_activity.replace(microsecond=0) > ended
+
+
+def hibernation_words(row: dict, stopped_since: bool, server: str = "") -> tuple[str, str]:
+    """What a stopped server's latest hibernation (state ``hibernated``: a notebook
+    has not woken yet) means now, true either way: hibernated and not started since,
+    or started again and stopped since (a plain stop), when the notebooks not opened
+    meanwhile still wait. (What the server is, what to do.)"""
+    name = f"Server {server}" if server else "Your server"
+    if stopped_since:
+        when = f"{row['finished'][11:16]} UTC" if row.get("finished") else "earlier"
+        return (
+            f"{name} is stopped.",
+            f"The notebooks it hibernated at {when} that were not opened since still "
+            "have their variables: start it and open them.",
+        )
+    return (
+        f"{name} is {row['summary']}.",
+        "Start it at any size (or with no GPU) and open your notebooks: each gets its "
+        "variables back.",
+    )
+
+
+def hibernation_note(row: dict, stopped_since: bool = False) -> str:
     """The spawn form's line about a hibernated server (a row of ``GET /hibernations``)."""
+    head, rest = hibernation_words(row, stopped_since)
     return (
         '<div class="alert alert-info gpulab-hibernated" role="status">'
-        f"<strong>Your server is {escape(row['summary'])}.</strong> Start it at any size "
-        "(or with no GPU) and open your notebooks: each gets its variables back.</div>"
+        f"<strong>{escape(head)}</strong> {escape(rest)}</div>"
     )
 
 
@@ -183,7 +218,7 @@ def render_form(
     if shared_account is None:
         shared_account = single_account()
     if hibernated:
-        warning += hibernation_note(hibernated)
+        warning += hibernation_note(hibernated, bool(hibernated.get("stopped_since")))
     if shared_account:
         warning += (
             f'<div class="alert alert-warning gpulab-single-account" role="alert">'

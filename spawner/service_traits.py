@@ -10,6 +10,7 @@ from tornado import web
 from traitlets import Float, Unicode
 from traitlets.config import LoggingConfigurable
 
+from .form import ran_since
 from .placement import Placement
 from .service_client import ServiceClient
 
@@ -99,7 +100,10 @@ class GpuLabServiceMixin(LoggingConfigurable):
             ).request("GET", "/hibernations", query={"user": self.user.name, "server": self.name})
         except Exception:  # the form works without it
             return None
-        return rows[0] if rows and rows[0]["state"] == "hibernated" else None
+        if not rows or rows[0]["state"] != "hibernated":
+            return None
+        # Started again and stopped since (a plain stop): not "hibernated" any more.
+        return {**rows[0], "stopped_since": ran_since(rows[0], self.orm_spawner.last_activity)}
 
     async def stop(self, now=False):
         try:

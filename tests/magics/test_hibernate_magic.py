@@ -130,3 +130,23 @@ def test_two_cycles_keep_every_variable_and_count_against_the_first(shell, capsy
         "made after wake 0",
         "made after wake 1",
     ]
+
+
+def test_gpulab_says_running_again_not_hibernated(shell):
+    """``%gpulab`` runs in the server, so a row still "hibernated" means it started
+    again: it says so, and names the notebooks that have not woken yet."""
+    shell.run_cell("kept = 1")
+    hibernate_here(shell, hid="h-00000000000a")
+    row = {"id": "h-00000000000a", "state": "hibernated", "finished": "2026-12-04T14:02:09Z"}
+    row["summary"] = "hibernated at 14:02 UTC: 1 kernel, 1 kB"
+    said = hibernate.status_words(row, hibernate.saved_kernels())
+    assert said == (
+        "hibernated at 14:02 UTC, running again; not woken yet: analysis.ipynb "
+        "(open it, or %gpulab wake NAME)"
+    )
+    shell.reset()
+    hibernate.restore_on_start(shell, {"JPY_SESSION_NAME": NOTEBOOK})
+    said = hibernate.status_words(row, hibernate.saved_kernels())
+    assert said == "hibernated at 14:02 UTC, running again: every notebook's variables are back"
+    woken = {**row, "state": "woken", "summary": "woken at 14:10 UTC: 1 kernel back"}
+    assert hibernate.status_words(woken, []) == woken["summary"]
