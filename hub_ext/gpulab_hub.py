@@ -17,6 +17,8 @@ from __future__ import annotations
 from gpulab.hub_ext.admin_page import show_slices_on_admin_page
 from gpulab.hub_ext.audit_hook import configure_audit
 from gpulab.hub_ext.held_elsewhere import offer_to_stop_what_else_is_held
+from gpulab.hub_ext.server_tokens import SCOPE as SERVER_TOKENS_SCOPE
+from gpulab.hub_ext.server_tokens import mint_server_tokens
 
 
 def service_access(service_name: str) -> str:
@@ -35,9 +37,11 @@ def gpulab_service_scopes(service_name: str) -> list[str]:
         # stops servers: GPU-idle culling (c.GpuLabService.gpu_idle_cull_seconds) and
         # an admin's forced release of a running server's slice (ledger guard)
         "delete:servers",
-        # hibernation asks a server's kernels to save themselves (service/hibernation/);
-        # the service already runs jobs as any user's account, so this widens nothing
-        "access:servers",
+        # hibernation asks a server's kernels to save themselves (service/hibernation/)
+        # with a token the hub mints per call, scoped to that one server and owned by
+        # its user (hub_ext/server_tokens.py): the user's server process never sees
+        # this token, and this role holds no access:servers of its own
+        SERVER_TOKENS_SCOPE,
         # group quotas and sharing (service/sharing.py)
         "list:groups",
         "read:groups",
@@ -119,6 +123,8 @@ def add_gpulab_to_hub(
         },
     )
     c.Spawner.server_token_scopes = server_token_scopes(service_name)
+    # The service's calls into users' servers carry a token minted per call.
+    mint_server_tokens(c)
 
     # The admin page's "GPU slices" table, above JupyterHub's user list.
     show_slices_on_admin_page(c)

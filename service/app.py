@@ -1000,7 +1000,8 @@ class GpuLabService(SharingSettings, VectorSettings, Application):
             db_threads=self.db_threads,
             ledger=self.ledger,
             hub=self.hub,
-            servers=ServerCalls(self.hub, self.servers_url, os.environ["JUPYTERHUB_API_TOKEN"]),
+            # Never the service's own token: each call into a server gets one of its own.
+            servers=ServerCalls(self.hub, self.servers_url),
             audit=self.audit,
             telemetry=self.telemetry,
             idle_seconds=self.hibernate_idle_seconds,

@@ -1,4 +1,7 @@
-"""The few calls the service makes to the JupyterHub REST API, with its own token."""
+"""The few calls the service makes to the JupyterHub REST API, with its own token.
+
+That token goes to the hub and nowhere else: calls into users' servers carry a token
+the hub mints for each call (:meth:`HubAPI.server_token`)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,9 @@ from gpulab.service.tls import platform_client_context
 
 
 class HubAPI:
+    #: The hub's route that mints per-call server tokens (hub_ext/server_tokens.py).
+    SERVER_TOKENS = "/gpulab/server-tokens"
+
     def __init__(self, api_url: str, token: str, cache_seconds: float = 10.0):
         self.api_url = api_url.rstrip("/")
         self._token = token
@@ -20,11 +26,14 @@ class HubAPI:
         # internal_ssl: the hub's API is https and asks for the service's certificate.
         self._ssl = platform_client_context() if self.api_url.startswith("https:") else None
 
-    async def _fetch(self, path: str, method: str = "GET", timeout: float = 30):
+    async def _fetch(
+        self, path: str, method: str = "GET", timeout: float = 30, body: dict | None = None
+    ):
         req = HTTPRequest(
             f"{self.api_url}{path}",
             method=method,
             headers={"Authorization": f"token {self._token}"},
+            body=json.dumps(body) if body is not None else None,
             request_timeout=timeout,
             ssl_options=self._ssl,
         )
@@ -92,6 +101,23 @@ class HubAPI:
                 return {}
             raise
         return user.get("servers") or {}
+
+    async def server_token(self, user: str, server: str, expires_in: int) -> tuple[str, str]:
+        """A token for one call into ``user``'s running ``server``: owned by the user,
+        scoped to that server alone, living ``expires_in`` seconds
+        (:mod:`gpulab.hub_ext.server_tokens`). ``(token, id)``; the id revokes it."""
+        body = {"user": user, "server": server, "expires_in": int(expires_in)}
+        resp = await self._fetch(self.SERVER_TOKENS, "POST", timeout=30, body=body)
+        minted = json.loads(resp.body)
+        return minted["token"], minted["id"]
+
+    async def revoke_server_token(self, token_id: str) -> None:
+        """Revoke a token :meth:`server_token` made; one already gone is not an error."""
+        try:
+            await self._fetch(f"{self.SERVER_TOKENS}/{quote(token_id, safe='')}", "DELETE")
+        except HTTPClientError as e:
+            if e.code != 404:
+                raise
 
     async def stop_server(self, user: str, server: str = "") -> None:
         """Ask the hub to stop a server (needs the delete:servers scope); a server that

@@ -1,8 +1,6 @@
 """The service's calls into a user's running server, through the hub's proxy.
 
-Two calls, both with the service's own hub token (scope ``access:servers``, which
-the hub's ``gpulab-service`` role grants; the service already starts jobs as any
-user's account, so this widens nothing):
+Three calls:
 
 - ``GET <server>/api/kernels``: jupyter_server's own list of kernels, with each
   one's ``execution_state`` and ``last_activity`` (is the notebook idle?), and
@@ -11,12 +9,19 @@ user's account, so this widens nothing):
 - ``POST <server>/gpulab/hibernate``: gpulab's server extension asks each kernel to
   save its namespace to the user's files (:mod:`gpulab.lab.hibernate`) and answers
   what was saved, in numbers and names. The service never sees the state itself.
+
+The user owns the server process and may log every header it receives, so no call
+carries the service's own token: each carries a token the hub mints for it
+(:meth:`gpulab.service.hubapi.HubAPI.server_token`), owned by the user, scoped to
+that one server, living :data:`TOKEN_GRACE_S` seconds, revoked once the call has its
+answer. Captured, it reaches only the server the user already owns.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from contextlib import suppress
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -25,6 +30,11 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab.client.tls import client_context
 
+log = logging.getLogger("gpulab.service.hibernation")
+
+#: How long a call's token lives: the server checks it with the hub as the call
+#: arrives (a save takes minutes, but needs the token only at its start).
+TOKEN_GRACE_S = 60
 #: The most a server's answer may be (a list of kernels; what each saved, in names).
 MAX_ANSWER_BYTES = 4 << 20
 
@@ -62,10 +72,9 @@ class ServerCalls:
     """Calls into users' servers: ``servers_url`` is where the service reaches the
     hub's proxy (``http://127.0.0.1:8000``; on Kubernetes ``http://proxy-public``)."""
 
-    def __init__(self, hub, servers_url: str, token: str, save_timeout: float = 300.0):
+    def __init__(self, hub, servers_url: str, save_timeout: float = 300.0):
         self.hub = hub
         self.servers_url = servers_url.rstrip("/")
-        self._token = token
         self.save_timeout = save_timeout
 
     async def server_url(self, user: str, server: str) -> tuple[str, dict]:
@@ -81,11 +90,28 @@ class ServerCalls:
         url = model.get("url") or f"/user/{quote(user, safe='')}/"
         return f"{self.servers_url}{url}", model
 
-    async def _call(self, url: str, method: str, body: dict | None, timeout: float):
+    async def _call(
+        self, user: str, server: str, url: str, method: str, body: dict | None, timeout: float
+    ):
+        """One call into ``user``'s ``server`` with a token minted for it alone."""
+        try:
+            token, token_id = await self.hub.server_token(user, server, TOKEN_GRACE_S)
+        except HTTPClientError as e:
+            raise ServerRefused(f"the hub gave no token for {label(user, server)} ({e})") from None
+        try:
+            return await self._send(url, token, method, body, timeout)
+        finally:
+            # Revoked at once: what the server saw is dead for anyone who kept it.
+            try:
+                await self.hub.revoke_server_token(token_id)
+            except (HTTPClientError, OSError) as e:
+                log.warning("Could not revoke the token %s (it expires anyway): %s", token_id, e)
+
+    async def _send(self, url: str, token: str, method: str, body: dict | None, timeout: float):
         req = HTTPRequest(
             url,
             method=method,
-            headers={"Authorization": f"token {self._token}", "Content-Type": "application/json"},
+            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
             body=json.dumps(body) if body is not None else None,
             request_timeout=timeout,
             connect_timeout=10,
@@ -111,11 +137,13 @@ class ServerCalls:
         url, model = await self.server_url(user, server)
         # no_track_activity: asking is not the user at work (JupyterHub's idle culler
         # reads the server's activity too).
-        kernels = await self._call(f"{url}api/kernels?no_track_activity=1", "GET", None, 10)
+        kernels = await self._call(
+            user, server, f"{url}api/kernels?no_track_activity=1", "GET", None, 10
+        )
         busy = sum(1 for k in kernels if k.get("execution_state") in ("busy", "starting"))
         times = [t for t in (_epoch(k.get("last_activity")) for k in kernels) if t]
         # Threads, subprocesses and terminals at work (gpulab's server extension).
-        other = await self._call(f"{url}gpulab/activity", "GET", None, 10)
+        other = await self._call(user, server, f"{url}gpulab/activity", "GET", None, 10)
         other = other if isinstance(other, dict) else {}
         work = tuple(str(w)[:300] for w in (other.get("work") or [])[:50])
         terminal = other.get("terminals_last_activity")
@@ -130,7 +158,9 @@ class ServerCalls:
         """Ask the server to save every kernel: ``{"kernels": [...], "bytes": N}``."""
         url, _ = await self.server_url(user, server)
         body = {"id": hibernation_id, "max_bytes": int(max_bytes)}
-        return await self._call(f"{url}gpulab/hibernate", "POST", body, self.save_timeout)
+        return await self._call(
+            user, server, f"{url}gpulab/hibernate", "POST", body, self.save_timeout
+        )
 
 
 def label(user: str, server: str) -> str:

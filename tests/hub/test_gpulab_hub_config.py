@@ -11,7 +11,7 @@ import yaml
 from traitlets.config import Config
 from up_config import up_config
 
-from gpulab.hub_ext import audit_hook
+from gpulab.hub_ext import audit_hook, server_tokens
 from gpulab.hub_ext.admin_page import HUB_PAGES
 from gpulab.hub_ext.gpulab_hub import add_gpulab_to_hub
 
@@ -54,6 +54,10 @@ def test_both_hubs_give_the_service_and_servers_the_same_scopes(both):
     # The reconciler, the ledger guard (an admin's forced release stops the server),
     # GPU-idle culling and group quotas call the hub with these.
     assert {"read:servers", "delete:servers", "list:groups", "read:users", access} <= set(scopes)
+    # Calls into users' servers carry a token the hub mints per call (hub_ext/server_tokens):
+    # the service's own token reaches no server.
+    assert server_tokens.SCOPE in scopes
+    assert not [s for s in scopes if s.startswith(("access:servers", "tokens", "admin"))]
     assert up.Spawner.server_token_scopes == chart.Spawner.server_token_scopes
     assert chart.Spawner.server_token_scopes == [
         "users:activity!user",
@@ -63,6 +67,9 @@ def test_both_hubs_give_the_service_and_servers_the_same_scopes(both):
     for c in both:
         assert c.JupyterHub.template_paths == [HUB_PAGES]
         assert c.JupyterHub.tornado_settings["log_function"] is audit_hook.log_request
+        assert server_tokens.SCOPE in c.JupyterHub.custom_scopes
+        routes = dict(c.JupyterHub.extra_handlers)
+        assert routes[server_tokens.ROUTE] is server_tokens.ServerTokensHandler
 
 
 def test_the_hubs_differ_in_who_runs_the_service_and_the_agents(both):
