@@ -18,6 +18,7 @@ from gpulab.spawner.form import DEMO_LOGIN_ENV
 
 from . import single_account, slurm_cli
 from .auth_config import login_banner
+from .gpu_banner import gpus_line
 from .hub_config import Settings
 from .leftover_processes import end_leftovers
 from .ports import free_port
@@ -91,11 +92,7 @@ def up(args: argparse.Namespace) -> int:
     except TLSError as e:
         print(f"gpulab up: {e}", file=sys.stderr)
         return 2
-    gpus = (
-        ("simulated " + settings.simulate_gpus)
-        if settings.simulate_gpus
-        else "from the NVIDIA driver"
-    )
+    gpus = gpus_line(settings.simulate_gpus)
     print(
         f"""
 gpulab is starting at {settings.public_url}/
