@@ -59,8 +59,9 @@ def test_hibernate_from_the_panel_and_wake_in_the_notebook(browser, hub, user, a
     hub.wait_server(USER, ready=False)
     assert not [e for e in errors if "/gpulab/" in e], errors
 
-    # The hub's home page says the server is hibernated, and how to wake it.
-    page.goto(f"{hub.url}/hub/home")
+    # The open tab goes by itself to the hub's home page, which says the server is
+    # hibernated and how to wake it (JupyterLab's pollers end with the page).
+    page.wait_for_url(re.compile(r".*/hub/home$"), timeout=120_000)
     box = page.locator("#gpulab-hibernated")
     expect(box).to_be_visible(timeout=30_000)
     expect(box).to_contain_text(
@@ -93,4 +94,8 @@ def test_hibernate_from_the_panel_and_wake_in_the_notebook(browser, hub, user, a
         return rows and rows[0]["state"] == "woken" and rows[0]
 
     wait_until(woken, "the service to hear of the wake", 60)
+    # Running again: the home page no longer says "hibernated".
+    page.goto(f"{hub.url}/hub/home")
+    page.wait_for_load_state("networkidle")
+    expect(page.locator("#gpulab-hibernated")).to_be_hidden()
     context.close()

@@ -1,11 +1,80 @@
 // Calls to this server's gpulab routes (lab/handlers.py). The browser holds no
 // token: jupyter_server's own login cookie and XSRF header authenticate it, and the
 // server calls the gpulab service with its hub token.
-import { URLExt } from '@jupyterlab/coreutils';
+import { PageConfig, URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 export const UNREACHABLE =
   'gpulab service unreachable — is the hub running?';
+
+/** How often, and how many times, a tab whose server stopped asks the hub why. */
+const GONE_CHECK_MS = 3000;
+const GONE_CHECKS = 40;
+/** What the hub's proxy (no route: 424 from the hub, 502/503 from the proxy) answers
+ * for a server that no longer runs. */
+const SERVER_GONE = [424, 502, 503];
+
+let gone = false;
+
+/** True while this server seems stopped: the pollers (status bar, panel sections,
+ * dashboard) skip their turns, so a stopped server is not asked every few seconds. */
+export function serverGone(): boolean {
+  return gone;
+}
+
+/**
+ * This server stopped answering. Ask the hub (its own page, /hub/gpulab/held, with
+ * the hub's login cookie) whether it was hibernated: then this tab goes to the hub's
+ * home page, which says so and starts it again (waking its notebooks). The server
+ * answering again resumes the pollers; after GONE_CHECKS asks without either, the
+ * tab stops asking (JupyterLab's own dialog says the server is gone).
+ */
+function noteServerGone(): void {
+  if (gone) {
+    return;
+  }
+  gone = true;
+  const hub = PageConfig.getOption('hubPrefix');
+  const server = PageConfig.getOption('hubServerName') || '';
+  let checks = 0;
+  const check = async (): Promise<void> => {
+    checks++;
+    try {
+      const settings = ServerConnection.makeSettings();
+      const r = await ServerConnection.makeRequest(
+        URLExt.join(settings.baseUrl, 'gpulab', 'slice'),
+        {},
+        settings
+      );
+      if (r.ok && (r.headers.get('Content-Type') || '').includes('json')) {
+        gone = false; // it answers again: back to work
+        return;
+      }
+    } catch {
+      // still gone
+    }
+    if (hub) {
+      try {
+        const r = await fetch(URLExt.join(hub, 'gpulab/held'), {
+          headers: { Accept: 'application/json' },
+          credentials: 'same-origin'
+        });
+        const held = r.ok ? await r.json() : {};
+        const ours = (held.hibernated || []).some((h: any) => h.server === server);
+        if (ours) {
+          window.location.assign(URLExt.join(hub, 'home'));
+          return;
+        }
+      } catch {
+        // the hub does not answer either: ask again
+      }
+    }
+    if (checks < GONE_CHECKS) {
+      window.setTimeout(() => void check(), GONE_CHECK_MS);
+    }
+  };
+  void check();
+}
 
 async function send(
   path: string,
@@ -19,11 +88,17 @@ async function send(
     response = await ServerConnection.makeRequest(url, init, settings);
   } catch (err) {
     // No answer from this server itself (it stopped, or the network went).
+    noteServerGone();
     throw new Error('this Jupyter server does not answer — is it still running?');
   }
   const text = await response.text();
   if (!response.ok) {
-    let message = text.slice(0, 300) || response.statusText;
+    if (SERVER_GONE.includes(response.status)) {
+      noteServerGone();
+      throw new Error('this Jupyter server has stopped');
+    }
+    // Never a page's HTML in the panel: the status in words.
+    let message = `this Jupyter server answered HTTP ${response.status}`;
     try {
       const data = JSON.parse(text);
       message = data.error || data.message || message;

@@ -2,6 +2,7 @@
 // service while it is visible, shows an empty state or a short error in words.
 import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';
+import { serverGone } from './api';
 
 export const POLL_MS = 3000;
 /** How often a section looks whether its next poll is due. */
@@ -52,7 +53,8 @@ export abstract class Section extends Widget {
     this.body = el('div', 'gpulab-body');
     this.node.append(this.problem, this.body);
     this._timer = window.setInterval(() => {
-      if (this.isVisible && !document.hidden && Date.now() - this._loaded >= this.pollMs()) {
+      const due = Date.now() - this._loaded >= this.pollMs();
+      if (this.isVisible && !document.hidden && !serverGone() && due) {
         void this.refresh();
       }
     }, TICK_MS);

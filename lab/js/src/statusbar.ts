@@ -4,7 +4,7 @@
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
-import { apiGet, getSlice, ISlice, plural, sliceFacts } from './api';
+import { apiGet, getSlice, ISlice, plural, serverGone, sliceFacts } from './api';
 
 const REFRESH_MS = 5000;
 /** Alerts are asked for every third refresh: they change on the service's minute. */
@@ -43,6 +43,10 @@ export class SliceStatus extends Widget {
   async refresh(): Promise<void> {
     if (document.hidden && this._text.textContent !== 'gpulab: …') {
       return; // a background browser tab: no polling
+    }
+    if (serverGone()) {
+      this._text.textContent = 'gpulab: server stopped';
+      return; // api.ts asks the hub why, and resumes or leaves the tab
     }
     let slice: ISlice;
     try {
