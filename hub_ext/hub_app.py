@@ -7,6 +7,9 @@ service already gone it retried for seconds and gave up, and the slice stayed in
 ledger until the service next reconciled. Here the servers stop first, all at once,
 while the service still answers; then JupyterHub stops the services and the proxy.
 
+The servers are stopped, not hibernated: their kernels' variables are lost, and the
+log says so (a hub that stops cannot wait minutes for every kernel to save).
+
 A second Ctrl-C while it stops is noted, not acted on: a shutdown started twice
 tears the event loop down under the first one.
 
@@ -110,16 +113,23 @@ class GpuLabHub(JupyterHub):
                     names.append(f"{user.name}/{name}")
         if not stops:
             return
-        self.log.info(
-            "Stopping %i single-user server(s) before the gpulab service: %s",
-            len(stops),
-            ", ".join(names),
-        )
+        self.log.warning(stopping_servers_line(names))
         for name, result in zip(
             names, await asyncio.gather(*stops, return_exceptions=True), strict=True
         ):
             if isinstance(result, BaseException):
                 self.log.error("Failed to stop the server %s: %s", name, result)
+
+
+def stopping_servers_line(names: list[str]) -> str:
+    """The log's line as the hub stops running servers. They are stopped, not
+    hibernated (a hub stopping has no minutes to wait for every kernel to save), so
+    the line says their variables are lost and how to keep them next time."""
+    return (
+        f"Stopping {len(names)} single-user server(s) without hibernating them (their "
+        "kernels' variables are not saved; `%gpulab hibernate` in each before stopping "
+        f"the hub keeps them): {', '.join(names)}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

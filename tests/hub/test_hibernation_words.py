@@ -55,3 +55,11 @@ def test_the_spawn_form_says_the_same():
     assert "<strong>Your server is hibernated at 14:02 UTC" in hibernation_note(ROW)
     stopped = hibernation_note(ROW, stopped_since=True)
     assert "<strong>Your server is stopped.</strong>" in stopped and "hibernated at" in stopped
+
+
+def test_a_hub_that_stops_says_it_does_not_hibernate():
+    from gpulab.hub_ext.hub_app import stopping_servers_line
+
+    line = stopping_servers_line(["alice/", "bob/gpu"])
+    assert line.startswith("Stopping 2 single-user server(s) without hibernating them")
+    assert "%gpulab hibernate" in line and line.endswith(": alice/, bob/gpu")
