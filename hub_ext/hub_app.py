@@ -125,10 +125,11 @@ def stopping_servers_line(names: list[str]) -> str:
     """The log's line as the hub stops running servers. They are stopped, not
     hibernated (a hub stopping has no minutes to wait for every kernel to save), so
     the line says their variables are lost and how to keep them next time."""
+    servers = "1 single-user server" if len(names) == 1 else f"{len(names)} single-user servers"
     return (
-        f"Stopping {len(names)} single-user server(s) without hibernating them (their "
-        "kernels' variables are not saved; `%gpulab hibernate` in each before stopping "
-        f"the hub keeps them): {', '.join(names)}"
+        f"Stopping {servers} without hibernating them (their kernels' variables are not "
+        f"saved; `%gpulab hibernate` in each before stopping the hub keeps them): "
+        f"{', '.join(names)}"
     )
 
 

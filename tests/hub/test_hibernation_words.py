@@ -61,5 +61,5 @@ def test_a_hub_that_stops_says_it_does_not_hibernate():
     from gpulab.hub_ext.hub_app import stopping_servers_line
 
     line = stopping_servers_line(["alice/", "bob/gpu"])
-    assert line.startswith("Stopping 2 single-user server(s) without hibernating them")
+    assert line.startswith("Stopping 2 single-user servers without hibernating them")
     assert "%gpulab hibernate" in line and line.endswith(": alice/, bob/gpu")
