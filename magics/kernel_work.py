@@ -55,9 +55,10 @@ def users_threads(library_dirs: tuple[str, ...] | None = None) -> list[str]:
     for t in threading.enumerate():
         if t is threading.main_thread() or not t.is_alive():
             continue
-        target = getattr(t, "_target", None)
+        # Thread(target=f), Timer(s, f), or a Thread subclass with its own run().
+        target = getattr(t, "_target", None) or getattr(t, "function", None)
         owner = target if target is not None else type(t)
-        if is_users(owner, dirs) or (target is None and is_users(type(t).run, dirs)):
+        if is_users(owner, dirs):
             out.append(f"{t.name} ({getattr(owner, '__qualname__', type(owner).__name__)})")
     return sorted(out)
 
