@@ -73,6 +73,10 @@ alerts = Table(
     Column("since", DateTime(timezone=True), nullable=False),
     Column("resolved_at", DateTime(timezone=True)),
     Column("updated", DateTime(timezone=True), nullable=False),
+    # Its owner or an admin has seen it: it no longer counts as firing (the badge, the
+    # status line); an alert about an event (a failed job) resolves with it.
+    Column("acknowledged_at", DateTime(timezone=True)),
+    Column("acknowledged_by", String(255)),
     Index("ix_alerts_key", "key"),
     Index("ix_alerts_owner", "owner"),
     Index("ix_alerts_resolved", "resolved_at"),
@@ -112,6 +116,8 @@ def alert_json(row) -> dict:
         "owner": r["owner"],
         "since": iso(r["since"]),
         "resolved_at": iso(r["resolved_at"]),
+        "acknowledged_at": iso(r.get("acknowledged_at")),
+        "acknowledged_by": r.get("acknowledged_by"),
         "message": r["message"],
         "labels": labels,
     }
@@ -130,10 +136,10 @@ def list_alerts(
 ) -> tuple[list[dict], int]:
     """Alerts that fired at some time after ``since`` (still firing, or resolved
     after it), the newest ``limit`` first, of ``owner`` (None: everyone's); and how
-    many of that owner's fire now."""
+    many of that owner's fire now and are not acknowledged."""
     t = alerts
     q = select(t).order_by(t.c.since.desc(), t.c.id.desc()).limit(limit)
-    count = select(t.c.id).where(t.c.resolved_at.is_(None))
+    count = select(t.c.id).where(and_(t.c.resolved_at.is_(None), t.c.acknowledged_at.is_(None)))
     if owner is not None:
         q = q.where(t.c.owner == owner)
         count = count.where(t.c.owner == owner)
@@ -153,6 +159,48 @@ def open_alerts(engine) -> list:
     """The rows of the alerts still firing."""
     with engine.connect() as conn:
         return conn.execute(select(alerts).where(alerts.c.resolved_at.is_(None))).all()
+
+
+def get_alert(engine, alert_id: int):
+    """One alert's row, or None."""
+    with engine.connect() as conn:
+        return conn.execute(select(alerts).where(alerts.c.id == alert_id)).first()
+
+
+def acknowledge_alert(engine, alert_id: int, by: str, at: dt.datetime, resolve: bool):
+    """Mark an alert seen by ``by`` at ``at`` (the first acknowledgement counts), and
+    resolve it with ``resolve`` if it still fires; its row afterwards (None: no such)."""
+    t = alerts
+    with writer(engine).begin() as conn:
+        conn.execute(
+            update(t)
+            .where(and_(t.c.id == alert_id, t.c.acknowledged_at.is_(None)))
+            .values(acknowledged_at=at, acknowledged_by=by, updated=at)
+        )
+        if resolve:
+            conn.execute(
+                update(t)
+                .where(and_(t.c.id == alert_id, t.c.resolved_at.is_(None)))
+                .values(resolved_at=at, updated=at)
+            )
+        return conn.execute(select(t).where(t.c.id == alert_id)).first()
+
+
+def acknowledged_keys(engine, since: dt.datetime) -> set[str]:
+    """Keys of the alerts resolved by an acknowledgement since ``since``: their findings
+    may still hold (a failed job stays failed), and must not fire them again."""
+    t = alerts
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(t.c.key).where(
+                and_(
+                    t.c.acknowledged_at.is_not(None),
+                    t.c.resolved_at == t.c.acknowledged_at,
+                    t.c.resolved_at >= since,
+                )
+            )
+        ).all()
+    return {r.key for r in rows}
 
 
 def write_alerts(

@@ -1,4 +1,5 @@
-"""``%gpulab alerts [--all]`` and the alert line of ``%gpulab``'s status.
+"""``%gpulab alerts [--all]``, ``%gpulab alerts --ack ID`` and the alert line of ``%gpulab``'s
+status.
 
 The alerts come from the service (``GET /alerts`` through :mod:`gpulab.client`);
 their wording and tables are the dashboard's Alerts tab's
@@ -17,7 +18,9 @@ from .rich import Row, failed, muted, show_listing
 
 ALERTS_USAGE = (
     "usage: %gpulab alerts [--all]   (the alerts firing now; "
-    "--all: also those resolved in the last 24 h)"
+    "--all: also those resolved in the last 24 h)\n"
+    "       %gpulab alerts --ack ID  (you have seen alert #ID: it stops counting as "
+    "firing; a failed job's alert resolves)"
 )
 #: Seconds ``%gpulab`` waits for the alerts before saying it could not get them.
 STATUS_TIMEOUT_S = 10.0
@@ -70,6 +73,8 @@ def alerts(line: str):
     from gpulab.widgets.tables import EMPTY_ALERTS, alerts_line, alerts_tables, alerts_text
 
     args = line.split()
+    if args[:1] == ["--ack"]:
+        return acknowledge(args[1:])
     extra = [a for a in args if a != "--all"]
     if extra:
         print(f"unknown {noun(len(extra), 'argument')} {' '.join(extra)}\n{ALERTS_USAGE}")
@@ -89,10 +94,40 @@ def alerts(line: str):
         return None
     me = os.environ.get("JUPYTERHUB_USER")
     head = alerts_line(m)
+    if m.firing_alerts():
+        head += f'<div style="font-size:12px">{escape(ACK_HINT)}</div>'
+    print_hint = "\n" + ACK_HINT if m.firing_alerts() else ""
     show_listing(
         {
-            "text/plain": alerts_text(m, me),
+            "text/plain": alerts_text(m, me) + print_hint,
             "text/html": f'<div style="font-size:12px">{head}</div>{alerts_tables(m, me)}',
         }
     )
+    return None
+
+
+ACK_HINT = "seen one? %gpulab alerts --ack ID (the # in its alert column)"
+
+
+def acknowledge(args: list[str]):
+    """``%gpulab alerts --ack ID``: the alert is seen (its owner's, or an admin's)."""
+    from gpulab.client import Client, GpuLabError
+
+    if len(args) != 1 or not args[0].lstrip("#").isdigit():
+        print(f"--ack takes one alert id, such as --ack 12\n{ALERTS_USAGE}")
+        return None
+    alert_id = int(args[0].lstrip("#"))
+    try:
+        a = Client().acknowledge_alert(alert_id)
+    except GpuLabError as e:
+        print(f"could not acknowledge alert #{alert_id}: {e}")
+        return None
+    what = f"{a['name']} #{a['id']} ({a['subject_kind']} {a['subject']})"
+    if a["state"] == "resolved":
+        print(f"acknowledged {what}: resolved")
+    else:
+        print(
+            f"acknowledged {what}: it still fires until its cause is gone, "
+            f"but no longer counts as firing"
+        )
     return None

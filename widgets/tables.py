@@ -559,6 +559,19 @@ def _show_owner(am: AlertsModel, me: str | None) -> bool:
     return any(a.get("owner") != me for a in am.alerts)
 
 
+def alert_name(a: dict) -> str:
+    """``JobFailed #12``: the rule and the id ``%gpulab alerts --ack`` takes; who
+    acknowledged it, once someone did."""
+    return f"{a.get('name')}{alert_tag(a)}"
+
+
+def alert_tag(a: dict) -> str:
+    """What follows an alert's name: `` #12``, and ``(acked by bob)`` while it fires."""
+    tag = f" #{a.get('id')}" if a.get("id") is not None else ""
+    by = a.get("acknowledged_by")
+    return f"{tag} (acked by {by})" if by and a.get("state") == "firing" else tag
+
+
 def alerts_tables(am: AlertsModel, me: str | None, now: float | None = None) -> str:
     """Firing alerts (worst first), then the resolved ones greyed with how long they lasted;
     the empty state when none fired in the period; nothing before the first fetch or on an
@@ -579,7 +592,7 @@ def alerts_tables(am: AlertsModel, me: str | None, now: float | None = None) -> 
     def cells(a: dict, resolved: bool) -> list[str]:
         row = [
             _severity_cell(a, resolved),
-            _nowrap(f"<b>{escape(str(a.get('name')))}</b>"),
+            _nowrap(f"<b>{escape(str(a.get('name')))}</b>{escape(alert_tag(a))}"),
             escape(subject_text(a)),
         ]
         if owner:
@@ -663,7 +676,8 @@ def alerts_text(am: AlertsModel, me: str | None, now: float | None = None) -> st
             if resolved
             else f"since {ago(a['since_ts'], now)}"
         )
-        row = [str(a.get("severity")), str(a.get("state")), str(a.get("name")), subject_text(a)]
+        state = "acked" if a.get("acknowledged_at") and not resolved else str(a.get("state"))
+        row = [str(a.get("severity")), state, alert_name(a), subject_text(a)]
         if owner:
             row.append("(shared)" if a.get("owner") is None else str(a.get("owner")))
         rows.append([*row, when, str(a.get("message") or "")])

@@ -12,11 +12,17 @@ those whose cause has gone meanwhile. A rule that raises is logged and its open
 alerts are left as they are for that round.
 
 Others hear of each change through :meth:`AlertEngine.subscribe` (self-healing,
-for one): ``callback("fired" | "resolved", alert)``, where ``alert`` has the
+for one): ``callback("fired" | "resolved" | "acknowledged", alert)``, where ``alert`` has the
 shape of ``GET /alerts``; a coroutine callback runs as a task of its own, and a
 callback that raises is logged. With ``c.GpuLabService.alert_webhook_url`` each
 change is also POSTed as Alertmanager's webhook JSON (:mod:`gpulab.service.operations.webhook`).
 Resolved rows older than :data:`KEEP_RESOLVED_DAYS` days are pruned.
+
+An alert's owner or an admin acknowledges it (:meth:`AlertEngine.acknowledge`): it
+no longer counts as firing (the lab's badge, ``%gpulab``'s line) and subscribers hear
+``"acknowledged"``; an alert about an event (a failed job:
+:data:`~gpulab.service.operations.rules.RESOLVED_BY_ACKNOWLEDGING`) resolves then,
+and its finding, which may hold for a while yet, does not fire it again.
 """
 
 from __future__ import annotations
@@ -31,9 +37,23 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from gpulab.db import clock as gpulab_clock
-from gpulab.db.operations import alert_json, iso, open_alerts, write_alerts
+from gpulab.db.operations import (
+    acknowledge_alert,
+    acknowledged_keys,
+    alert_json,
+    iso,
+    open_alerts,
+    write_alerts,
+)
 from gpulab.service.operations.facts import FactsBuilder
-from gpulab.service.operations.rules import Facts, Finding, Rule, Thresholds, rules
+from gpulab.service.operations.rules import (
+    RESOLVED_BY_ACKNOWLEDGING,
+    Facts,
+    Finding,
+    Rule,
+    Thresholds,
+    rules,
+)
 from gpulab.service.operations.webhook import AlertWebhook
 from gpulab.service.tasks import KeptTask, TaskSet
 
@@ -77,6 +97,9 @@ class AlertEngine:
         self.last_facts: Facts | None = None
         self._open: dict[str, dict] = {}  # key -> the firing alert
         self._pending: dict[str, float] = {}  # key -> when its finding was first seen
+        #: Keys whose alert was resolved by acknowledging it: not fired again while
+        #: their finding holds (forgotten once it is gone).
+        self._acknowledged: set[str] = set()
         self._subscribers: list[Callable] = []
         self._tasks = TaskSet()  # awaitable subscribers' answers
         self._pruned_at = 0.0
@@ -94,6 +117,8 @@ class AlertEngine:
         try:
             rows = await self.db_threads.run(open_alerts, self.engine)
             self._open = {r.key: alert_json(r) | {"_key": r.key} for r in rows}
+            since = dt.datetime.fromtimestamp(self.clock(), dt.UTC) - dt.timedelta(days=1)
+            self._acknowledged = await self.db_threads.run(acknowledged_keys, self.engine, since)
         except Exception:
             log.exception("Reloading open alerts")
         if self.webhook is not None:
@@ -139,6 +164,9 @@ class AlertEngine:
                 broken.add(rule.name)
         for key in set(self._pending) - set(found):
             del self._pending[key]
+        self._acknowledged &= set(found)  # their causes gone: may fire again later
+        for key in self._acknowledged:
+            found.pop(key, None)
         fire, changed = [], []
         for key, (rule, finding) in found.items():
             alert = self._open.get(key)
@@ -166,6 +194,29 @@ class AlertEngine:
         for alert in resolved:
             self._open.pop(alert["_key"], None)
             self._notify("resolved", alert)
+
+    # -- acknowledging -------------------------------------------------------------------
+    async def acknowledge(self, row, by: str) -> dict:
+        """``by`` has seen the alert of ``row`` (a ``gpulab_alerts`` row the caller may
+        see); the alert as ``GET /alerts`` shows it now. Acknowledging again changes
+        nothing."""
+        resolve = row.name in RESOLVED_BY_ACKNOWLEDGING and row.resolved_at is None
+        at = dt.datetime.fromtimestamp(self.clock(), dt.UTC)
+        after = await self.db_threads.run(acknowledge_alert, self.engine, row.id, by, at, resolve)
+        alert = alert_json(after)
+        key = after.key
+        held = self._open.get(key)
+        if held is None or held.get("id") != row.id:
+            return alert  # resolved already, or another episode fires now
+        if resolve:
+            self._open.pop(key, None)
+            self._pending.pop(key, None)
+            self._acknowledged.add(key)
+            self._notify("resolved", held | alert)
+        elif row.acknowledged_at is None:
+            held.update(acknowledged_at=alert["acknowledged_at"], acknowledged_by=by)
+            self._notify("acknowledged", held)
+        return alert
 
     # -- the table -----------------------------------------------------------------------
     def _write(self, now: float, fire: list, changed: list, resolve: list):
@@ -210,7 +261,7 @@ class AlertEngine:
         log.info(
             "Alert %s %s: %s (%s)", public["name"], event, public["subject"], public["message"]
         )
-        if self.webhook is not None:
+        if self.webhook is not None and event != "acknowledged":  # seen: no new message
             rule = self.by_name.get(public["name"])
             self.webhook.send(event, public, rule.description if rule else "")
         for callback in list(self._subscribers):

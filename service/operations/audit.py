@@ -88,6 +88,7 @@ ACTIONS = (
     "deployment.delete",
     "gpu.cordon",
     "gpu.uncordon",
+    "alert.acknowledge",
     "user.create",
     "user.delete",
     "user.admin",

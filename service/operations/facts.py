@@ -225,7 +225,9 @@ class FactsBuilder:
         facts.failed_jobs = self._failed_jobs(facts.now)
 
     def _failed_jobs(self, now: float) -> list[dict]:
-        """Jobs failed within the window with no later successful run of their name."""
+        """Jobs failed within the window whose name their user has not submitted again
+        since (a new run of it, whatever becomes of it, supersedes the failure: if it
+        fails too, its own alert fires)."""
         t = jobs_table
         cutoff = dt.datetime.fromtimestamp(now - JOB_FAILED_WINDOW_S, dt.UTC)
         out = []
@@ -242,7 +244,6 @@ class FactsBuilder:
                         and_(
                             t.c.user == row.user,
                             t.c.name == row.name,
-                            t.c.state == "succeeded",
                             t.c.submitted > row.submitted,
                         )
                     )

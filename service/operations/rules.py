@@ -30,6 +30,10 @@ SUBJECT_KINDS = ("gpu", "node", "job", "deployment", "server", "user", "disk")
 GPU_FAULT_HOLD_S = 3600
 #: How long a failed job's alert fires unless a later run of it succeeds.
 JOB_FAILED_WINDOW_S = 3600
+#: Rules about something that happened (a job failed), not a condition that holds:
+#: acknowledging one of their alerts resolves it (it was seen; nothing is left to fix
+#: on the platform's side), and it does not fire again for the same subject.
+RESOLVED_BY_ACKNOWLEDGING = frozenset({"JobFailed"})
 #: A running job's restarts counted over this window (JobRestartLoop).
 RESTART_WINDOW_S = 1800
 #: Restarts within the window that make a loop.
@@ -99,7 +103,7 @@ class Facts:
     * ``running_jobs``: ``{id, user, name, started, last_report, restarts,
       recent_restarts}``; ``last_report``: rank 0's newest ``report()``, else the start.
     * ``failed_jobs``: ``{id, user, name, finished, message}``, failed within
-      :data:`JOB_FAILED_WINDOW_S` with no later successful run of the same name.
+      :data:`JOB_FAILED_WINDOW_S` with no later run of the same name submitted.
     * ``versions``: one per deployment version: ``{deployment_id, user, name,
       version, state, message, restarts, recent_restarts, error_rate,
       requests_per_second, p99_latency_ms}``.
@@ -526,8 +530,8 @@ def rules(th: Thresholds = DEFAULTS) -> list[Rule]:
             0,
             f"time() - gpulab_job_failed_timestamp_seconds < {JOB_FAILED_WINDOW_S}",
             "Job {{ $labels.job_id }} failed",
-            "A job failed in the last hour and no later run of the same name by the same "
-            "user has succeeded. Read its logs, fix it, submit it again.",
+            "A job failed in the last hour and its user has not submitted it (the same "
+            "name) again nor acknowledged the alert. Read its logs, fix it, submit it again.",
             _failed,
         ),
         Rule(

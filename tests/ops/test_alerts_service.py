@@ -170,7 +170,7 @@ async def test_stalled_and_failed_jobs_alert_their_owner_and_resolve(tmp_path, c
         disk = [x for x in metrics.splitlines() if x.startswith("gpulab_disk_free_ratio{")]
         assert any('role="data"' in x and str(svc.data_dir) in x for x in disk), disk
 
-        # The causes go: alice cancels her stuck job, bob's next run of "shape" succeeds.
+        # The causes go: alice cancels her stuck job, bob submits "shape" again.
         r = await svc.request("DELETE", f"/jobs/{stalled['id']}", token=alice)
         assert r.status_code == 200, r.text
         fixed = await submit(svc, bob, SUCCEEDS, "shape")
@@ -186,10 +186,14 @@ async def test_stalled_and_failed_jobs_alert_their_owner_and_resolve(tmp_path, c
         assert gone["resolved_at"] >= gone["since"]
         await until(
             lambda: resolved(bob, "JobFailed", failing["id"]),
-            f"JobFailed resolved once job {fixed['id']} succeeded",
+            f"JobFailed resolved once job {fixed['id']} was submitted",
         )
-        job = (await svc.request("GET", f"/jobs/{fixed['id']}", token=bob)).json()
-        assert job["state"] == "succeeded"
+
+        async def fixed_ended():
+            job = (await svc.request("GET", f"/jobs/{fixed['id']}", token=bob)).json()
+            return job["state"] in ("succeeded", "failed") and job["state"]
+
+        assert await until(fixed_ended, "bob's second run to end") == "succeeded"
         assert not (await alerts(svc, alice, state="firing"))["alerts"]
         assert (await alerts(svc, bob))["firing"] == 0
 

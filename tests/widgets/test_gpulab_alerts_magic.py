@@ -92,12 +92,15 @@ async def test_alerts_subcommand_lists_firing_and_with_all_the_resolved(
         out = await gpulab(shell, capsys, "alerts")
         rows = out.splitlines()
         assert rows[0].split() == ["severity", "state", "alert", "subject", "when", "message"]
-        assert len(rows) == 3, out  # header, rule, JobStalled
-        assert rows[2].split()[:5] == ["critical", "firing", "JobStalled", "job", "3f2a1b9c0d1e"]
+        assert len(rows) == 4, out  # header, rule, JobStalled, how to acknowledge it
+        assert rows[2].split()[:3] == ["critical", "firing", "JobStalled"]
+        assert rows[2].split()[4:6] == ["job", "3f2a1b9c0d1e"]
+        assert rows[2].split()[3].startswith("#")  # the id --ack takes
         assert "since 5 min ago" in rows[2] and "see its log" in rows[2]
+        assert rows[3] == "seen one? %gpulab alerts --ack ID (the # in its alert column)"
 
         out = await gpulab(shell, capsys, "alerts --all")
-        rows = out.splitlines()[2:]
+        rows = out.splitlines()[2:4]
         assert [r.split()[2] for r in rows] == ["JobStalled", "JobFailed"], out
         assert "resolved 43 min ago, lasted 2 min" in rows[1]
 
