@@ -146,8 +146,9 @@ class Collection:
         return self._call("delete", {"ids": list(ids)})["deleted"]
 
     def search(self, vector=None, text=None, k: int = 10, filter=None) -> list[Hit]:
-        """The ``k`` nearest rows, nearest first. ``filter``: ``{"lang": "en"}`` or a
-        Milvus expression (``'metadata["year"] > 2020'``)."""
+        """The ``k`` nearest rows, nearest first. ``filter``: ``{"lang": "en"}`` or an
+        expression (``'metadata["year"] > 2020'``; the grammar is in the how-to's
+        Filters: ==, <, in, like, and/or/not over ``metadata[...]`` and ``id``)."""
         if (vector is None) == (text is None):
             raise BadRequest(400, "give vector= or text=")
         body = {"vector": _lists([vector])[0]} if vector is not None else {"text": text}

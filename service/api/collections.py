@@ -26,6 +26,7 @@ import contextlib
 from tornado import web
 
 from gpulab.service.auth import APIHandler
+from gpulab.service.vectors import checks
 from gpulab.service.vectors.checks import Refused
 from gpulab.service.vectors.manager import CollectionManager
 
@@ -44,6 +45,13 @@ class _CollectionHandler(APIHandler):
 
     def body_limit(self) -> int:
         return self.gpulab.collection_body_limit_mib << 20
+
+    def json_body(self) -> dict:
+        body = super().json_body()
+        # "\ud800" is valid JSON but not text: refused here, not a 500 deep in the engine.
+        with refusals():
+            checks.unicode_text(body, self.raw_body())
+        return body
 
     @property
     def collections(self) -> CollectionManager:

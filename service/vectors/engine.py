@@ -5,7 +5,8 @@ Users' data never mixes: each owner has a database of their own in the engine
 (:func:`database_of`), and the service alone names it; a collection's engine name is
 the id of its row, never a name a user chose. Engine errors that come from the
 request (a filter that does not parse) become :class:`EngineError` 400s; the engine
-down or restarting, 503.
+down or restarting, 503; a call that runs past ``call_timeout`` is abandoned (the
+engine is told its deadline too) and answered 504.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ METRICS = {"cosine": "COSINE", "l2": "L2", "ip": "IP"}
 INDEXES = {"hnsw": ("HNSW", {"M": 16, "efConstruction": 200}), "flat": ("FLAT", {})}
 ID_MAX = 256  # characters of a row id
 THREADS = 8
+#: What a call past its limit is told, by what it was doing.
+ABANDONED_HINTS = {
+    "search": "narrow it (fewer queries, a smaller k, a simpler filter) or try again",
+    "write": "its rows may be in or not: upsert them again",
+}
 
 
 class EngineError(Exception):
@@ -39,14 +45,21 @@ def database_of(owner: str) -> str:
 
 
 class VectorEngine:
-    def __init__(self, uri: str, token: str = ""):
+    def __init__(self, uri: str, token: str = "", call_timeout: float = 30.0):
         self.uri = uri
         self.token = token
+        #: Seconds one call may take before it is abandoned (504).
+        self.call_timeout = call_timeout
         self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="gpulab-vectors")
         self._clients: dict[str, object] = {}
         self._lock = threading.Lock()
-        # pymilvus logs every refused call at ERROR: a user's bad filter is not ours.
-        logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
+        # pymilvus logs every refused call at ERROR with its traceback (30 lines for a
+        # user's bad request); the caller gets the reason and the log one line. Its
+        # import configures its loggers, so it is imported first, then quietened.
+        import pymilvus  # noqa: F401
+
+        for name in ("pymilvus", "pymilvus.milvus_client"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
     # -- plumbing ----------------------------------------------------------------------
     def _client(self, db: str):
@@ -56,23 +69,33 @@ class VectorEngine:
             client = self._clients.get(db)
         if client is not None:
             return client
-        admin = MilvusClient(uri=self.uri, token=self.token)
+        limit = self.call_timeout
+        admin = MilvusClient(uri=self.uri, token=self.token, timeout=limit)
         try:
-            if db not in admin.list_databases():
+            if db not in admin.list_databases(timeout=limit):
                 try:
-                    admin.create_database(db)
+                    admin.create_database(db, timeout=limit)
                 except Exception:  # made by a concurrent call meanwhile?
-                    if db not in admin.list_databases():
+                    if db not in admin.list_databases(timeout=limit):
                         raise
         finally:
             admin.close()
-        client = MilvusClient(uri=self.uri, token=self.token, db_name=db)
+        client = MilvusClient(uri=self.uri, token=self.token, db_name=db, timeout=limit)
         with self._lock:
             return self._clients.setdefault(db, client)
 
-    async def _call(self, fn, owner: str | None = None, cid: str | None = None):
+    async def _call(
+        self,
+        fn,
+        owner: str | None = None,
+        cid: str | None = None,
+        what: str = "call",
+        limited: bool = True,
+    ):
         """``fn()`` in the pool; a collection the engine has not loaded (it started again
-        since) is loaded and ``fn`` tried once more."""
+        since) is loaded and ``fn`` tried once more. ``limited``: past ``call_timeout``
+        the caller gets a 504 (the pymilvus call carries the same deadline, so the
+        pool's thread is free again then too)."""
         loop = asyncio.get_running_loop()
 
         def run():
@@ -81,15 +104,49 @@ class VectorEngine:
             except Exception as e:
                 if cid is None or "load()" not in str(e):
                     raise
-            self._client(database_of(owner)).load_collection(cid)
+            self._client(database_of(owner)).load_collection(cid, timeout=self.call_timeout)
             return fn()
 
+        future = loop.run_in_executor(self.pool, run)
         try:
-            return await loop.run_in_executor(self.pool, run)
+            if not limited:
+                return await future
+            # A moment past the engine's own deadline: its answer says more than ours.
+            return await asyncio.wait_for(future, self.call_timeout + 1)
         except EngineError:
             raise
+        except TimeoutError:
+            raise self._abandoned(what) from None
         except Exception as e:
+            if _past_deadline(e):
+                raise self._abandoned(what) from None
             raise _translated(e) from e
+
+    def _abandoned(self, what: str) -> EngineError:
+        hint = ABANDONED_HINTS.get(what, "try again")
+        return EngineError(
+            504,
+            f"the vector engine did not finish this {what} within {self.call_timeout:g} s "
+            f"(c.GpuLabService.vector_call_timeout), so it was abandoned: {hint}",
+        )
+
+    async def ping(self, timeout: float) -> bool:
+        """Whether the engine answers a call (not only its socket) within ``timeout``."""
+
+        def ping():
+            from pymilvus import MilvusClient
+
+            client = MilvusClient(uri=self.uri, token=self.token, timeout=timeout)
+            try:
+                client.list_databases(timeout=timeout)
+            finally:
+                client.close()
+
+        try:
+            await asyncio.wait_for(asyncio.to_thread(ping), timeout + 1)
+        except Exception:
+            return False
+        return True
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -112,12 +169,16 @@ class VectorEngine:
             params.add_index(
                 "vector", index_type=kind, metric_type=METRICS[metric], params=settings
             )
-            client.create_collection(cid, schema=schema, index_params=params)
+            client.create_collection(
+                cid, schema=schema, index_params=params, timeout=self.call_timeout
+            )
 
         await self._call(create)
 
     async def drop(self, owner: str, cid: str) -> None:
-        await self._call(lambda: self._client(database_of(owner)).drop_collection(cid))
+        await self._call(
+            lambda: self._client(database_of(owner)).drop_collection(cid, timeout=self.call_timeout)
+        )
 
     async def write(self, owner: str, cid: str, rows: list[dict], upsert: bool) -> None:
         """Insert (or upsert) ``rows`` ({id, vector, metadata}); done when the engine
@@ -125,34 +186,42 @@ class VectorEngine:
 
         def write():
             client = self._client(database_of(owner))
-            (client.upsert if upsert else client.insert)(cid, rows)
+            (client.upsert if upsert else client.insert)(cid, rows, timeout=self.call_timeout)
 
-        await self._call(write, owner, cid)
+        await self._call(write, owner, cid, what="write")
 
     async def existing(self, owner: str, cid: str, ids: list[str]) -> set[str]:
         """Which of ``ids`` the collection holds."""
 
         def get():
-            rows = self._client(database_of(owner)).get(cid, ids=ids, output_fields=["id"])
+            rows = self._client(database_of(owner)).get(
+                cid, ids=ids, output_fields=["id"], timeout=self.call_timeout
+            )
             return {r["id"] for r in rows}
 
         return await self._call(get, owner, cid)
 
     async def delete(self, owner: str, cid: str, ids: list[str]) -> None:
-        await self._call(lambda: self._client(database_of(owner)).delete(cid, ids=ids), owner, cid)
+        def delete():
+            self._client(database_of(owner)).delete(cid, ids=ids, timeout=self.call_timeout)
+
+        await self._call(delete, owner, cid, what="write")
 
     async def count(self, owner: str, cid: str) -> int:
         def count():
             rows = self._client(database_of(owner)).query(
-                cid, filter="", output_fields=["count(*)"]
+                cid, filter="", output_fields=["count(*)"], timeout=self.call_timeout
             )
             return int(rows[0]["count(*)"]) if rows else 0
 
         return await self._call(count, owner, cid)
 
     async def flush(self, owner: str, cid: str) -> None:
-        """Seal what was written into indexed segments (searches then use the index)."""
-        await self._call(lambda: self._client(database_of(owner)).flush(cid), owner, cid)
+        """Seal what was written into indexed segments (searches then use the index).
+        In the background, with no one waiting: no time limit (a big seal takes long)."""
+        await self._call(
+            lambda: self._client(database_of(owner)).flush(cid), owner, cid, limited=False
+        )
 
     async def search(
         self, owner: str, cid: str, vectors: list[list[float]], k: int, metric: str, filter: str
@@ -165,9 +234,10 @@ class VectorEngine:
                 filter=filter,
                 output_fields=["metadata"],
                 search_params={"metric_type": METRICS[metric], "params": {"ef": max(64, k)}},
+                timeout=self.call_timeout,
             )
 
-        found = await self._call(search, owner, cid)
+        found = await self._call(search, owner, cid, what="search")
         return [
             [
                 {"id": hit["id"], "score": float(hit["distance"]), "metadata": _metadata(hit)}
@@ -180,6 +250,24 @@ class VectorEngine:
 def _metadata(hit) -> dict:
     entity = hit.get("entity") or {}
     return entity.get("metadata") or {}
+
+
+def _past_deadline(e: BaseException) -> bool:
+    """A gRPC call that ran past the deadline it was given (as it comes out of pymilvus:
+    the RpcError itself, or wrapped)."""
+    import grpc
+
+    deadline = grpc.StatusCode.DEADLINE_EXCEEDED
+    for _ in range(4):  # pymilvus raises ``e from e``: a chain that may loop on itself
+        code = getattr(e, "code", None)
+        if isinstance(e, grpc.RpcError) and callable(code) and code() == deadline:
+            return True
+        if "DEADLINE_EXCEEDED" in str(e) or "Deadline Exceeded" in str(e):
+            return True
+        if e.__cause__ is None:
+            return False
+        e = e.__cause__
+    return False
 
 
 def _translated(e: Exception) -> EngineError:

@@ -6,7 +6,8 @@ The service starts :mod:`.engine_server` (Milvus Lite) as the system account
 directory (mode 0700: the service and the engine only). The engine dies with the
 service (it asks the kernel for that, ``PR_SET_PDEATHSIG``), and one a
 killed service left behind is stopped by the next (its pid file). If the engine
-exits on its own, it is started again; calls meanwhile get "restarting".
+exits on its own (or is killed, stuck in a call: :meth:`EngineProcess.kill`), it is
+started again; calls meanwhile get "restarting".
 """
 
 from __future__ import annotations
@@ -158,6 +159,11 @@ class EngineProcess:
             except Exception as e:
                 log.error("Starting the vector engine again failed: %s", e)
                 delay = min(delay * 2, RESTART_BACKOFF_S[1])
+
+    def kill(self) -> None:
+        """SIGKILL the engine (one stuck in a call); the watcher starts it again."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
 
     @property
     def running(self) -> bool:

@@ -34,6 +34,9 @@ EMBED_BATCH = 256
 #: one (240 ms a search at 2,000 rows, against 6 ms sealed).
 FLUSH_ROWS = 20_000
 SEAL_IDLE_S = 2.0
+#: After a call ran past its limit, how long the embedded engine has to answer a ping
+#: before it is taken as stuck in that call and restarted.
+PING_S = 5.0
 #: (caller, owner, endpoint name, texts) -> one vector per text.
 Embedder = Callable[[object, str, str, list[str]], Awaitable[list[list[float]]]]
 
@@ -69,6 +72,7 @@ class CollectionManager:
         #: changes rows (sharing, drop), so a query per call (1.5 ms) is not needed.
         self._rows: dict[tuple[str, str], dict] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._probing = False
 
     @classmethod
     def of(cls, service) -> CollectionManager:
@@ -81,11 +85,15 @@ class CollectionManager:
         deployments = service.deployments
         return cls(
             store=CollectionStore(service.engine),
-            engine=VectorEngine(uri, service.vector_engine_token),
+            engine=VectorEngine(
+                uri, service.vector_engine_token, call_timeout=service.vector_call_timeout
+            ),
             limits=CollectionLimits(
                 max_rows=service.collection_max_rows,
                 max_dim=service.collection_max_dim,
                 max_per_user=service.max_user_collections,
+                max_queries=service.collection_max_queries,
+                max_hits=service.collection_max_hits,
             ),
             embedder=deployments.calls.embed if deployments is not None else None,
             endpoint_lineage=lambda owner, name: _endpoint_lineage(deployments, owner, name),
@@ -130,7 +138,30 @@ class CollectionManager:
         except EngineError as e:
             if self.process is not None and not self.process.running:
                 raise Refused(503, "the vector engine is restarting; try again") from None
+            if e.status == 504:
+                self._spawn(self._restart_if_stuck())
             raise Refused(e.status, str(e)) from None
+
+    async def _restart_if_stuck(self) -> None:
+        """A call ran past its limit: if the embedded engine answers nothing now, that
+        call holds it (a search's filter evaluated row by row holds its interpreter), so
+        everyone waits until it ends. Kill it: the watcher starts it again, and it
+        replays its log, so no acknowledged row is lost. A busy engine that still
+        answers is left to finish."""
+        if self.process is None or self._probing:
+            return
+        self._probing = True
+        try:
+            if await self.engine.ping(PING_S) or not self.process.running:
+                return
+            log.warning(
+                "The vector engine answered nothing for %g s after a call ran past its "
+                "limit: restarting it",
+                PING_S,
+            )
+            self.process.kill()
+        finally:
+            self._probing = False
 
     # -- finding -------------------------------------------------------------------------
     def visible(self, who) -> list[dict]:
@@ -304,9 +335,14 @@ class CollectionManager:
             for key, v in body.items()
             if key in ("vector", "vectors", "text", "texts")
         }
-        vectors = await self._vectors_of(who, row, query, "vectors", "texts")
+        # What is cheap to check first: a search too big, a filter refused, before texts
+        # are embedded or the engine is called.
         k = checks.k(body.get("k", 10))
+        given = query.get("vectors", query.get("texts"))
+        if isinstance(given, list):
+            checks.search_size(len(given), k, self.limits)
         expression = checks.filter_expression(body.get("filter"))
+        vectors = await self._vectors_of(who, row, query, "vectors", "texts")
         found = await self._engine(
             self.engine.search, row["user"], row["id"], vectors, k, row["metric"], expression
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traitlets import Int, Unicode
+from traitlets import Float, Int, Unicode
 from traitlets.config import Configurable
 
 
@@ -58,5 +58,35 @@ class VectorSettings(Configurable):
         of 4,096 floats are about 40 MiB of JSON).
 
         c.GpuLabService.collection_body_limit_mib = 64
+        """,
+    ).tag(config=True)
+
+    collection_max_queries = Int(
+        100,
+        help="""The most query vectors (or texts) one search may carry; more is refused
+        with 400 (send several searches).
+
+        c.GpuLabService.collection_max_queries = 100
+        """,
+    ).tag(config=True)
+
+    collection_max_hits = Int(
+        10_000,
+        help="""The most hits one search may ask for: its query vectors times k. A
+        search's work grows with both (1,000 queries of k=1,000 held the embedded engine
+        21 s for everyone); more is refused with 400.
+
+        c.GpuLabService.collection_max_hits = 10000
+        """,
+    ).tag(config=True)
+
+    vector_call_timeout = Float(
+        30.0,
+        help="""Seconds one call to the vector engine (a search, a write, a count) may
+        take. A call past it is abandoned and answered 504; if the embedded engine then
+        does not answer at all (a call holds it), it is restarted: it replays its log,
+        so no acknowledged row is lost.
+
+        c.GpuLabService.vector_call_timeout = 30
         """,
     ).tag(config=True)

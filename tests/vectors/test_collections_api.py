@@ -6,6 +6,7 @@ endpoints, and no acknowledged row lost when the engine is killed."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from hubproc import let_accounts_reach
 from support.service import running_service
+from support.wait import wait_until_async
 
 pytestmark = pytest.mark.slow
 
@@ -389,3 +391,199 @@ async def test_the_catalog_lists_collections_beside_endpoints(tmp_path):
         assert [(m["collection"], m["shared"], m["dim"]) for m in theirs] == [
             ("alice/docs", True, DIM)
         ]
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def mixed_rows(n: int) -> list[dict]:
+    """Metadata of every kind a filter reads; ``s`` holds strings and numbers, the
+    mixed types the engine evaluates row by row in Python (its slow path)."""
+    return [
+        {
+            "lang": ("en", "de", "fr")[i % 3],
+            "n": i,
+            "tags": ["even" if i % 2 == 0 else "odd", f"t{i % 5}"],
+            "title": f"intro to {i}" if i % 4 == 0 else f"chapter {i} end",
+            "deep": {"x": i % 3},
+            "s": "a" * 30 if i % 2 else i,
+        }
+        for i in range(n)
+    ]
+
+
+async def filled(svc, n: int = 40):
+    alice = svc.create_user("alice")
+    await make(svc, alice, dim=DIM)
+    rows, vectors, ids = mixed_rows(n), unit_vectors(n), [f"doc-{i}" for i in range(n)]
+    r = await svc.request(
+        "POST",
+        "/collections/alice/docs/insert",
+        token=alice,
+        json={"ids": ids, "vectors": vectors, "metadata": rows},
+    )
+    assert r.status_code == 200, r.text
+    return alice, rows, vectors, ids
+
+
+async def test_the_filters_people_write_find_their_rows(tmp_path):
+    """Each filter of the grammar, written out by the service for the engine, finds
+    exactly the rows it names (in on a JSON path included, which the engine takes only
+    as ==s or'd)."""
+    let_accounts_reach(tmp_path)
+    async with running_service(tmp_path / "svc") as svc:
+        alice, rows, vectors, ids = await filled(svc)
+
+        def where(pred):
+            return {ids[i] for i, m in enumerate(rows) if pred(i, m)}
+
+        expected = {
+            'metadata["lang"] == "de"': where(lambda i, m: m["lang"] == "de"),
+            'metadata["n"] >= 30': where(lambda i, m: i >= 30),
+            '10 > metadata["n"]': where(lambda i, m: i < 10),
+            'metadata["lang"] in ["de", "fr"]': where(lambda i, m: m["lang"] != "en"),
+            'metadata["lang"] not in ["de", "fr"]': where(lambda i, m: m["lang"] == "en"),
+            'metadata["title"] like "intro%"': where(lambda i, m: i % 4 == 0),
+            'metadata["title"] like "%3%"': where(lambda i, m: "3" in m["title"]),
+            'metadata["title"] like "chapter%end"': where(lambda i, m: i % 4 != 0),
+            'metadata["s"] like "%a"': where(lambda i, m: i % 2 == 1),
+            'json_contains(metadata["tags"], "t1")': where(lambda i, m: i % 5 == 1),
+            'metadata["deep"]["x"] == 2 && !(metadata["n"] < 20)': where(
+                lambda i, m: i % 3 == 2 and i >= 20
+            ),
+            'id in ["doc-3", "doc-4"] or (metadata["lang"] == "en" and metadata["n"] > 35)': (
+                where(lambda i, m: i in (3, 4) or (m["lang"] == "en" and i > 35))
+            ),
+        }
+        for flt, want in expected.items():
+            r = await svc.request(
+                "POST",
+                "/collections/alice/docs/search",
+                token=alice,
+                json={"vector": vectors[0], "k": len(ids), "filter": flt},
+            )
+            assert r.status_code == 200, (flt, r.text)
+            assert {h["id"] for h in r.json()["hits"]} == want, flt
+
+
+async def test_what_could_hang_or_crash_the_engine_is_a_400_before_it(tmp_path, caplog):
+    """A backtracking like on a key of mixed types (39.9 s a search), 1,500 nested '(' or
+    1,000 'not' (the engine parser's stack: a 500), a lone surrogate (a 500), 1,000
+    queries of k=1,000 (21 s of the engine for everyone): each a 400 that says why, and
+    the log gets one line each, no pymilvus traceback."""
+    let_accounts_reach(tmp_path)
+    pymilvus_log = _Records()
+    logging.getLogger("pymilvus").addHandler(pymilvus_log)
+    try:
+        async with running_service(tmp_path / "svc") as svc:
+            alice, rows, vectors, ids = await filled(svc)
+            search = "/collections/alice/docs/search"
+            caplog.clear()
+            refused = [
+                ('metadata["s"] like "%a%a%a%a%a%a%a%a%b"', "like pattern"),
+                ("(" * 1500 + 'metadata["n"] == 1' + ")" * 1500, "nested more than 32"),
+                ("not " * 1000 + 'metadata["n"] == 1', "nested more than 32"),
+                ('metadata["s"] == "\ud800"', "lone UTF-16 surrogate"),
+                ({"lang": "\udfff"}, "lone UTF-16 surrogate"),
+                ('lang == "en"', 'write metadata["lang"]'),
+            ]
+            for flt, words in refused:
+                r = await svc.request(
+                    "POST", search, token=alice, json={"vector": vectors[0], "filter": flt}
+                )
+                assert r.status_code == 400, (str(flt)[:60], r.text)
+                assert words in r.json()["error"], r.text
+            # A lone surrogate anywhere in a collection's body: a 400, not the engine's 500.
+            r = await svc.request(
+                "POST",
+                "/collections/alice/docs/insert",
+                token=alice,
+                json={"vectors": vectors[:1], "metadata": [{"title": "x\ud83d"}]},
+            )
+            assert r.status_code == 400, r.text
+            assert "metadata[0]['title'] holds a lone UTF-16 surrogate" in r.json()["error"]
+            # A search's size: query vectors, and query vectors times k, each capped.
+            for body, words in (
+                ({"vectors": unit_vectors(101), "k": 1}, "101 query vectors in one search"),
+                ({"vectors": unit_vectors(11), "k": 1000}, "11000 hits; at most 10000"),
+            ):
+                r = await svc.request("POST", search, token=alice, json=body)
+                assert r.status_code == 400, r.text
+                assert words in r.json()["error"], r.text
+            r = await svc.request(
+                "POST", search, token=alice, json={"vectors": unit_vectors(10), "k": 1000}
+            )
+            assert r.status_code == 200 and len(r.json()["results"]) == 10
+            # One line each in the service's log, and no traceback.
+            logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+            assert not [r for r in logged if r.exc_info or "Traceback" in r.getMessage()]
+            assert all("\n" not in r.getMessage() for r in logged)
+    finally:
+        logging.getLogger("pymilvus").removeHandler(pymilvus_log)
+    assert [r.getMessage()[:200] for r in pymilvus_log.records] == []
+
+
+async def test_a_call_past_its_limit_is_abandoned_and_a_stuck_engine_restarted(
+    tmp_path, monkeypatch
+):
+    """Past c.GpuLabService.vector_call_timeout a call is answered 504 with one line;
+    an engine held by it (here a backtracking filter let through as the service passed
+    filters before its grammar) is restarted, and bob's search and alice's rows are
+    there after."""
+    from gpulab.service.vectors import checks
+
+    let_accounts_reach(tmp_path)
+    config = "c.GpuLabService.vector_call_timeout = 2\n"
+    pymilvus_log = _Records()
+    logging.getLogger("pymilvus").addHandler(pymilvus_log)
+    async with running_service(tmp_path / "svc", config=config) as svc:
+        alice = svc.create_user("alice")
+        bob = svc.create_user("bob")
+        await make(svc, alice, dim=DIM)
+        await make(svc, bob, name="notes", dim=DIM)
+        vectors = unit_vectors(4)
+        # Minutes of backtracking per row of 60 'a's; a number beside it makes the key
+        # of mixed types, which the engine evaluates row by row in Python.
+        metadata = [{"s": "a" * 60}, {"s": "a" * 61}, {"s": 1}, {"s": 2}]
+        for who, path in ((alice, "alice/docs"), (bob, "bob/notes")):
+            r = await svc.request(
+                "POST",
+                f"/collections/{path}/insert",
+                token=who,
+                json={"ids": ["r0", "r1", "r2", "r3"], "vectors": vectors, "metadata": metadata},
+            )
+            assert r.status_code == 200, r.text
+        process = svc.app.vectors.process
+        stuck = process.proc.pid
+        monkeypatch.setattr(checks, "filter_expression", lambda value: value or "")
+        r = await svc.request(
+            "POST",
+            "/collections/alice/docs/search",
+            token=alice,
+            json={"vector": vectors[0], "filter": 'metadata["s"] like "%a%a%a%a%a%a%a%a%b"'},
+            timeout=120,
+        )
+        assert r.status_code == 504, r.text
+        error = r.json()["error"]
+        assert "within 2 s" in error and "abandoned" in error and "\n" not in error
+        # The engine answered nothing while held: killed and started again.
+        await wait_until_async(
+            lambda: process.restarts >= 1 and process.running and process.proc.pid != stuck,
+            "the stuck vector engine restarted",
+        )
+        r = await svc.request(
+            "POST", "/collections/bob/notes/search", token=bob, json={"vector": vectors[3], "k": 1}
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["hits"][0]["id"] == "r3"
+        r = await svc.request("GET", "/collections/alice/docs", token=alice)
+        assert r.json()["count"] == 4
+    logging.getLogger("pymilvus").removeHandler(pymilvus_log)
+    # The deadline passed is one line above, not pymilvus's traceback.
+    assert [r.getMessage()[:200] for r in pymilvus_log.records] == []
