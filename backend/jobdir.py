@@ -45,6 +45,11 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 USER_DIRS = ("logs", "metrics", "errors", "checkpoints", "out", "pids", "torchrun")
 #: The one file both the service and the ranks append to.
 EVENTS = "events.log"
+#: Rank 0's line for each restart (:func:`gpulab.training.checkpoint.resume_range`):
+#: the checkpoint step every rank resumed from, or the start.
+_RESTART_EVENT = re.compile(
+    r"^restart (\d+): .*restarted from (?:checkpoint at step (\d+)|the start)", re.M
+)
 #: Where rank 0 notes the step it stopped at for a preemption
 #: (:data:`gpulab.training.preemption.MARKER`).
 PREEMPTED = os.path.join("pids", "preempted.json")
@@ -209,6 +214,19 @@ class JobDir:
             with contextlib.suppress(AttributeError, TypeError, ValueError):
                 seen.append(int(info.get("restart", 0)))
         return max(seen)
+
+    def restart_steps(self) -> dict[int, int | None]:
+        """Restart number -> the checkpoint step the ranks resumed from (None: the
+        start, no checkpoint), as rank 0 told it; a restart of a run that steps
+        without ``resume_range`` is not in it."""
+        try:
+            text = self.read_user_end(EVENTS).decode(errors="replace")
+        except OSError:
+            return {}
+        return {
+            int(m.group(1)): int(m.group(2)) if m.group(2) is not None else None
+            for m in _RESTART_EVENT.finditer(text)
+        }
 
     # -- preemption -----------------------------------------------------------------
     def checkpoint(self) -> dict | None:

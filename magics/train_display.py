@@ -112,6 +112,17 @@ class ResizeLog:
         return new
 
 
+def restart_text(restarts: int, restarted_from: list | None) -> str:
+    """``restarted 2 times, the last from the checkpoint at step 40``: where the ranks
+    resumed, as they told the service (``None``: from step 0, there was no checkpoint)."""
+    text = f"restarted {plural(restarts, 'time')}"
+    if not restarted_from:  # a service that does not say: no claim about checkpoints
+        return text
+    last = restarted_from[-1]
+    where = "from step 0 (no checkpoint)" if last is None else f"from the checkpoint at step {last}"
+    return f"{text}, {'the last ' if restarts > 1 else ''}{where}"
+
+
 def describe(job: dict) -> str:
     state = job["state"]
     text = f"job {job['id']} ({job['name']}): {state}"
@@ -135,7 +146,7 @@ def describe(job: dict) -> str:
     elif state == "running" and job.get("resizing") and job.get("message"):
         text += f"; {job['message']}"  # "shrinking to 1 node: saving a checkpoint..."
     if job.get("restarts"):
-        text += f"; restarted {plural(job['restarts'], 'time')} from the last checkpoint"
+        text += f"; {restart_text(job['restarts'], job.get('restarted_from'))}"
     if job.get("preemptions"):
         text += f"; preempted {plural(job['preemptions'], 'time')}, resumed from its checkpoint"
     # A rank's error is told once, by the exception the magic raises.

@@ -276,6 +276,10 @@ class JobManager:
         else:
             out["position"] = (positions or self.queue.positions()).get(job["id"])
         out["has_out"] = bool(self.jobdir(job).out_path())
+        if job.get("restarts"):
+            # Where each restart resumed: a checkpoint's step, or None (step 0, none yet).
+            told = self.jobdir(job).restart_steps()
+            out["restarted_from"] = [told.get(n) for n in range(1, job["restarts"] + 1)]
         out.update(self.lineage.of(job, self.jobdir(job)))
         if not out.get("pool"):
             found = self.pools.of_kind(job["backend"])
