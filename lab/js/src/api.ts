@@ -93,22 +93,32 @@ async function send(
   }
   const text = await response.text();
   if (!response.ok) {
-    if (SERVER_GONE.includes(response.status)) {
+    let data: any = null;
+    try {
+      data = JSON.parse(text);
+    } catch {
+      // not this server's extension answering (a page of the hub or its proxy)
+    }
+    // The extension answers {"error"} (a 502 when the service is down); the hub's 424
+    // or the proxy's page means this server itself is gone.
+    if (!(data && data.error) && SERVER_GONE.includes(response.status)) {
       noteServerGone();
       throw new Error('this Jupyter server has stopped');
     }
     // Never a page's HTML in the panel: the status in words.
-    let message = `this Jupyter server answered HTTP ${response.status}`;
-    try {
-      const data = JSON.parse(text);
-      message = data.error || data.message || message;
-    } catch {
-      if (response.status === 404) {
-        message =
-          'gpulab server extension not enabled here (jupyter server extension enable gpulab.lab)';
-      }
+    let message =
+      (data && (data.error || data.message)) ||
+      `this Jupyter server answered HTTP ${response.status}`;
+    if (!data && response.status === 404) {
+      message =
+        'gpulab server extension not enabled here (jupyter server extension enable gpulab.lab)';
     }
     throw new Error(message);
+  }
+  if ((response.headers.get('Content-Type') || '').includes('text/html')) {
+    // Sent on to the hub's pages: this server is gone.
+    noteServerGone();
+    throw new Error('this Jupyter server has stopped');
   }
   if (asText) {
     return text;
