@@ -27,6 +27,9 @@ HELP = """gpulab magics
   %gpulab alerts [--all]
                      the alerts firing now, as a table (--all: also those
                      resolved in the last 24 h, with how long they lasted)
+  %gpulab alerts --ack ID
+                     you have seen alert #ID: it stops counting as firing
+                     (a failed job's resolves)
   %gpulab nettest [--size BYTES] [--iters N] [--nproc N] [--warmup N] [--no-report]
                      all-reduce probe under torchrun (gloo on CPU, NCCL on GPUs):
                      prints algbw = size/time and busbw = algbw*2(n-1)/n (nccl-tests)
