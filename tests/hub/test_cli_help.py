@@ -58,7 +58,8 @@ def test_help_all_leaves_jupyterhubs_own_settings_out(help_all):
     shown = set(re.findall(r"^# c\.Fractional\w+Spawner\.(\w+) = ", help_all, re.M))
     # Of the Spawner's settings only those whose default gpulab sets (the spawn form).
     assert shown & ours <= {"options_form", "options_from_form"}, shown & ours
-    assert len(help_all.splitlines()) < 1500
+    # JupyterHub's own settings would add thousands of lines; gpulab's grow with it.
+    assert len(help_all.splitlines()) < 2500
 
 
 def test_every_class_with_settings_is_listed(secs):
