@@ -12,6 +12,9 @@ account, users' kernels as their own (``gpulab-<name>``, with root).
 
 Without per-user accounts everything runs as one account, and this cannot tell
 a kernel from the proxy; gpulab says so at start (single-account mode).
+
+:func:`client_source` answers who a request came from with it: the service's audit
+trail and the hub's login throttle (:mod:`gpulab.hub_ext.login_limits`) both ask.
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ import ipaddress
 import os
 import socket
 import struct
+from collections.abc import Iterable
 
+#: Proxies trusted to append the client's address to X-Forwarded-For by default:
+#: this machine (configurable-http-proxy in the embedded hub). A loopback peer is
+#: believed only when its socket is the platform's own account's (a user's kernel
+#: is on loopback too): see :func:`client_source`.
+LOOPBACK = ("127.0.0.0/8", "::1/128")
 #: ``st`` of an established connection in /proc/net/tcp.
 _ESTABLISHED = "01"
 _TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
@@ -79,3 +88,47 @@ def platform_peer(peer: tuple[str, int] | None, local: tuple[str, int] | None) -
     except ValueError:
         return None
     return None if uid is None else uid == os.geteuid()
+
+
+def client_source(
+    peer: str,
+    forwarded_for: str | None,
+    trusted: Iterable = LOOPBACK,
+    peer_is_platform: bool | None = None,
+) -> str:
+    """The client's address: ``peer`` (who connected), or, while that is a trusted
+    proxy, the hop it says it got the request from (X-Forwarded-For read from the
+    right). The left end is whatever the client wrote, so it counts only when every
+    hop after it is a trusted proxy.
+
+    A hop is a trusted proxy when its address is in ``trusted``, but a loopback
+    address never is by address alone: every user's kernel connects from loopback
+    too. The peer on loopback is trusted only with ``peer_is_platform`` True (its
+    socket belongs to the platform's own account, :func:`platform_peer`:
+    the hub's proxy), and a loopback hop inside X-Forwarded-For (what the proxy saw:
+    a process of this machine, any user's) ends the walk. ``peer_is_platform``
+    False (another account's socket on this machine) trusts nothing."""
+    nets = [n if not isinstance(n, str) else ipaddress.ip_network(n, strict=False) for n in trusted]
+
+    def is_trusted(addr: str, platform: bool | None) -> bool:
+        try:
+            ip = ipaddress.ip_address(addr)
+        except ValueError:
+            return False
+        ip = getattr(ip, "ipv4_mapped", None) or ip
+        if platform is False or (ip.is_loopback and not platform):
+            return False
+        return any(ip in n for n in nets if n.version == ip.version)
+
+    current = peer or "unknown"
+    trusted_now = is_trusted(current, peer_is_platform)
+    hops = [h.strip() for h in (forwarded_for or "").split(",") if h.strip()]
+    while hops and trusted_now:
+        candidate = hops.pop()
+        try:
+            ipaddress.ip_address(candidate)
+        except ValueError:
+            break  # not an address: stop at the last one that was
+        current = candidate
+        trusted_now = is_trusted(current, None)
+    return current[:255]

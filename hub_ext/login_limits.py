@@ -1,27 +1,31 @@
-"""Failed logins lock the address they come from, not the account they name.
+"""Failed logins count against the client and the name it tries, never the name alone.
 
 NativeAuthenticator counted failures per user name, so anyone could lock the
-admin out by typing the admin's name with a wrong password ten times. Here the
-count belongs to the client's address: the attacker's address waits, the admin
-logging in from anywhere else does not.
+admin out by typing the admin's name with a wrong password ten times. Here a
+failure counts for the pair (source, name) and, with a higher limit, for the
+source alone (guessing many names); a browser that has logged in to a name
+before has a count of its own for it (:mod:`.login_devices`). So an attacker
+waits; the admin, from anywhere else or from a browser she used before, does not.
 
-Who a try comes from (:func:`login_source`):
+Who a try comes from (:func:`login_source`), with the answer the service's audit
+trail uses (:func:`gpulab.enforcement.peer_account.client_source`):
 
 - through the hub's own proxy (a loopback connection whose socket belongs to
   the hub's own Unix account, as the configurable-http-proxy it starts does):
-  the last hop the proxy added to ``X-Forwarded-For``, skipping the hops in
-  ``c.JupyterHub.trusted_downstream_ips``;
+  the hop the proxy added to ``X-Forwarded-For``, skipping the hops in
+  ``c.JupyterHub.trusted_downstream_ips``. A loopback hop (a process of this
+  machine: any user's kernel as well as a browser on it) is :data:`THIS_MACHINE`,
+  whichever of the 16 million loopback addresses it connected from, so a kernel
+  cannot pick a fresh address per try;
 - a loopback connection of another account (a user's kernel calling the hub's
-  port directly): that account, ``uid <n>``, whatever headers it sends, so it
-  can neither pick a fresh address per try nor lock out someone else's;
-- from another host (a proxy in a pod of its own): the ``X-Forwarded-For`` hop
-  as above, else the peer.
+  port directly): that account, ``uid <n>``, whatever headers it sends;
+- from another host: the peer, or, when the peer is in
+  ``c.JupyterHub.trusted_downstream_ips`` (a proxy or load balancer in a pod or
+  host of its own), the hop it forwarded for. Anyone else's ``X-Forwarded-For``
+  is not believed, nor is anyone's ``X-Real-Ip``.
 
-Unlike Tornado's ``request.remote_ip``, a client's ``X-Real-Ip`` is never
-believed.
-
-Memory is bounded: at most ``max_sources`` addresses are remembered (the one
-idle longest goes first), and an address's count ends with its lock period.
+Memory is bounded: at most ``max_sources`` keys are remembered (the one idle
+longest goes first), and a key's count ends with its lock period.
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ import os
 import time
 from dataclasses import dataclass
 
+from gpulab.enforcement.peer_account import LOOPBACK, client_source, peer_uid
+
+#: The source of every login that reached the proxy over loopback.
+THIS_MACHINE = "this machine"
+
 
 def login_source(request) -> str:
     """Who a login request comes from (see the module). Reads the kernel's socket
@@ -39,27 +48,26 @@ def login_source(request) -> str:
     context = getattr(request.connection, "context", None)
     address = getattr(context, "address", None)
     peer = str(address[0] if isinstance(address, tuple) and address else request.remote_ip)
+    platform = None
     if _is_loopback(peer):
         uid = _peer_uid(request, address)
         if uid is not None and uid != os.geteuid():
             return f"uid {uid}"
+        platform = True if uid is not None else None  # the hub's account: its proxy
+    trusted = [*LOOPBACK, *_networks(getattr(context, "trusted_downstream", None) or ())]
     forwarded = request.headers.get("X-Forwarded-For")
-    if not forwarded:
-        return peer
-    trusted = getattr(context, "trusted_downstream", None) or set()
-    hops = [h.strip() for h in forwarded.split(",") if h.strip()]
-    for hop in reversed(hops):
-        if hop not in trusted:
-            return hop if _is_ip(hop) else peer
-    return peer
+    source = client_source(peer, forwarded, trusted, peer_is_platform=platform)
+    return THIS_MACHINE if _is_loopback(source) else source
 
 
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
+def _networks(addresses) -> list:
+    nets = []
+    for text in addresses:
+        try:
+            nets.append(ipaddress.ip_network(str(text), strict=False))
+        except ValueError:
+            continue  # JupyterHub compares hops with these as text; no address, no match
+    return nets
 
 
 def _is_loopback(text: str) -> bool:
@@ -72,49 +80,19 @@ def _is_loopback(text: str) -> bool:
 
 
 def _peer_uid(request, peer) -> int | None:
-    """The Unix account owning the other end of a loopback connection, from the
-    kernel's socket table (``/proc/net/tcp``: each socket's uid); None if unknown."""
+    """The Unix account owning the other end of a loopback connection (the kernel's
+    socket table, :func:`gpulab.enforcement.peer_account.peer_uid`); None if unknown."""
     sock = getattr(getattr(request.connection, "stream", None), "socket", None)
     try:
-        ours = sock.getsockname() if sock is not None else None
+        local = sock.getsockname() if sock is not None else None
     except OSError:
         return None
-    if not ours or not isinstance(peer, tuple):
+    if not local or not isinstance(peer, tuple):
         return None
-    for table, wide in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
-        want = (_proc_address(peer, wide), _proc_address(ours, wide))
-        if None in want:
-            continue
-        try:
-            with open(table) as f:
-                text = f.read()
-        except OSError:
-            continue
-        # Find the one line by its two addresses, then read its uid column.
-        at = text.find(f" {want[0]} {want[1]} ")
-        if at >= 0:
-            fields = text[at : text.find("\n", at)].split()
-            # local rem st tx:rx tr:when retrnsmt uid ...
-            return int(fields[6]) if len(fields) > 6 else None
-    return None
-
-
-def _proc_address(address, wide: bool) -> str | None:
-    """``(ip, port)`` as /proc/net/tcp (4 bytes) or tcp6 (16 bytes) writes it:
-    32-bit words in host order (little-endian here), then the port."""
     try:
-        ip = ipaddress.ip_address(address[0])
+        return peer_uid(peer[:2], local[:2])
     except ValueError:
         return None
-    if wide and ip.version == 4:
-        ip = ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + ip.packed)
-    elif not wide and ip.version == 6:
-        if ip.ipv4_mapped is None:
-            return None
-        ip = ip.ipv4_mapped
-    raw = ip.packed
-    words = "".join(raw[i : i + 4][::-1].hex().upper() for i in range(0, len(raw), 4))
-    return f"{words}:{address[1]:04X}"
 
 
 @dataclass
@@ -124,7 +102,8 @@ class _Failures:
 
 
 class SourceLockout:
-    """Counts failed logins per source address and says which are locked."""
+    """Counts failed logins per key (a source and a name, a source, a device) and
+    says which keys are locked."""
 
     def __init__(
         self, allowed_failures: int, lock_seconds: float, max_sources: int = 10000, clock=None
@@ -140,7 +119,7 @@ class SourceLockout:
         return len(self._failures)
 
     def seconds_locked(self, source: str) -> float:
-        """How long this source must still wait (0: it may try)."""
+        """How long this key must still wait (0: it may try)."""
         entry = self._current(source)
         if entry is None or not self.allowed_failures or entry.count < self.allowed_failures:
             return 0.0

@@ -21,9 +21,11 @@ database) and cannot log in until an admin authorizes them at
   with its slice released;
 - stops a deleted user's gpulab jobs and endpoints before the record goes
   (:mod:`~gpulab.hub_ext.user_removal`);
-- counts failed logins per client address, not per user name
-  (:mod:`~gpulab.hub_ext.login_limits`), so wrong passwords typed for the
-  admin lock out the one who typed them, not the admin;
+- counts failed logins per client address and name, with a device cookie for
+  browsers that logged in before (:mod:`~gpulab.hub_ext.login_limits`,
+  :mod:`~gpulab.hub_ext.login_devices`), never per name alone, so wrong
+  passwords typed for the admin lock out the one who typed them, not the admin;
+  the change-password form counts wrong current passwords the same way;
 - shows NativeAuthenticator's links (Change password, Authorize users) in
   the hub's navigation bar, and its Authorize page with JupyterHub 6's styles
   (``templates/``);
@@ -54,6 +56,7 @@ from nativeauthenticator.handlers import TEMPLATE_DIR as NATIVE_TEMPLATES
 from nativeauthenticator.orm import UserInfo
 from traitlets import Integer, Unicode, default
 
+from .login_devices import device_of, remember_device
 from .login_limits import SourceLockout, login_source
 from .native_pages import (
     BAD_2FA,
@@ -95,12 +98,26 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
     allowed_failed_logins = Integer(
         10,
         config=True,
-        help="""Failed logins from one address before that address must wait
-        seconds_before_next_try. Counted per client address (through the hub's
-        proxy), not per user name, so nobody can lock another user out; the
-        right password does not get in while the address waits. 0: no limit.
+        help="""Failed logins at one name from one client address before that
+        address must wait seconds_before_next_try to try that name again. Counted
+        per client address (through the hub's proxy) and name, not per user name
+        alone, so nobody can lock another user out: the same user from another
+        address, or from a browser that logged in to the name before (its device
+        cookie), is not held up. The right password does not get in while the
+        address waits. The change-password form counts the same. 0: no limit.
 
         c.GpuLabNativeAuthenticator.allowed_failed_logins = 5
+        """,
+    )
+    allowed_failed_logins_per_source = Integer(
+        100,
+        config=True,
+        help="""Failed logins from one client address, whatever names they try
+        (guessing many accounts), before the address waits seconds_before_next_try
+        for every name; browsers with a device cookie for the name are not held up.
+        0: no such limit.
+
+        c.GpuLabNativeAuthenticator.allowed_failed_logins_per_source = 50
         """,
     )
     seconds_before_next_try = Integer(
@@ -141,7 +158,10 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.lockout = SourceLockout(self.allowed_failed_logins, self.seconds_before_next_try)
+        wait = self.seconds_before_next_try
+        #: Counts per (source, name) and per device cookie; and per source alone.
+        self.lockout = SourceLockout(self.allowed_failed_logins, wait)
+        self.source_lockout = SourceLockout(self.allowed_failed_logins_per_source, wait)
         self.seed_admin()
 
     def normalize_username(self, username: str) -> str:
@@ -174,26 +194,48 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
 
     async def authenticate(self, handler, data):
         # NativeAuthenticator's, with bcrypt off the hub's event loop and failures
-        # counted per address (login_limits), not per name. The login page learns
-        # why it refused (handler.gpulab_refusal) and whose try it counted
-        # (handler.gpulab_source), for the audit trail and its message.
+        # counted per address and name (login_limits), never per name alone. The
+        # login page learns why it refused (handler.gpulab_refusal), whose try it
+        # counted (handler.gpulab_source) and where (handler.gpulab_throttle), for
+        # the audit trail and its message.
         source = await asyncio.to_thread(login_source, handler.request) if handler else ""
+        username = self.normalize_username(data.get("username", ""))
+        keys = self.throttle_keys(handler, source, username)
         if handler is not None:
             handler.gpulab_source = source
-        username = self.normalize_username(data.get("username", ""))
-        refusal = await self.refusal(source, username, data.get("password", ""), data)
+            handler.gpulab_throttle = keys
+        refusal = await self.refusal(keys, username, data.get("password", ""), data)
         if refusal is None:
+            if handler is not None:
+                remember_device(handler, username)
             return username
         if handler is not None:
             handler.gpulab_refusal = refusal
         if refusal != LOCKED_OUT:
-            self.lockout.failed(source)
+            self.count_failure(keys)
         return None
 
-    async def refusal(self, source: str, username: str, password: str, data: dict) -> str | None:
+    def throttle_keys(self, handler, source: str, name: str) -> list[tuple[SourceLockout, str]]:
+        """Where a try at ``name`` from ``source`` counts: the browser's device cookie
+        for the name if it has one (nobody else's failures hold it up), else the pair
+        (source, name) and the source alone."""
+        device = device_of(handler, name) if handler is not None else None
+        if device:
+            return [(self.lockout, f"device {device}")]
+        return [(self.lockout, f"{source} as {name}"), (self.source_lockout, source)]
+
+    def seconds_locked(self, keys: list[tuple[SourceLockout, str]]) -> float:
+        """How long a try counted at ``keys`` must still wait (0: it may try)."""
+        return max((lockout.seconds_locked(key) for lockout, key in keys), default=0.0)
+
+    def count_failure(self, keys: list[tuple[SourceLockout, str]]) -> None:
+        for lockout, key in keys:
+            lockout.failed(key)
+
+    async def refusal(self, keys, username: str, password: str, data: dict) -> str | None:
         """Why this login is refused (None: it is not). The password is checked
         before the approval, so "not approved" is said only to the right password."""
-        if self.lockout.seconds_locked(source):
+        if self.seconds_locked(keys):
             return LOCKED_OUT
         info = self.get_user(username)
         if info is None:

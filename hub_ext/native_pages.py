@@ -169,10 +169,11 @@ class GpuLabLoginHandler(_FormChecks, LoginHandler):
 
     audit_action = "login"
     typed_actor = True
-    #: Why the authenticator refused this login, and who it counted the try for
-    #: (login_limits.login_source); both set by authenticate().
+    #: Why the authenticator refused this login, who it counted the try for
+    #: (login_limits.login_source) and where (its throttle's keys); set by authenticate().
     gpulab_refusal: str | None = None
     gpulab_source: str | None = None
+    gpulab_throttle: list | None = None
 
     def local_account(self) -> str | None:
         """``uid <n>`` when the login came straight from another account on this
@@ -218,8 +219,12 @@ class GpuLabLoginHandler(_FormChecks, LoginHandler):
         refusal = self.gpulab_refusal or NOT_ALLOWED
         self.audited("denied", refusal, local_account=account)
         error = "Invalid username or password."
-        source = self.gpulab_source or await asyncio.to_thread(login_source, self.request)
-        wait = self.authenticator.lockout.seconds_locked(source)
+        keys = self.gpulab_throttle
+        if keys is None:  # refused before authenticate() (the hub's own checks)
+            source = await asyncio.to_thread(login_source, self.request)
+            name = self.authenticator.normalize_username(data["username"])
+            keys = self.authenticator.throttle_keys(self, source, name)
+        wait = self.authenticator.seconds_locked(keys)
         if wait:
             error = (
                 f"Too many failed logins from your address: try again in {math.ceil(wait)} seconds."
@@ -329,18 +334,34 @@ def set_password(handler, name: str, new: str, confirmation: str, whose: str, st
 
 class GpuLabChangePasswordHandler(_FormChecks, ChangePasswordHandler):
     """A user's own password change: NativeAuthenticator's page and messages, with
-    bcrypt off the hub's event loop and the outcome noted for the audit trail."""
+    bcrypt off the hub's event loop and the outcome noted for the audit trail.
+
+    The current password is a password guess like a login's: wrong ones count
+    where a failed login would (:meth:`GpuLabNativeAuthenticator.throttle_keys`), and
+    while that waits even the right one is refused, so a stolen session or a token
+    (a kernel's own, sent to this page) cannot guess it unthrottled."""
 
     audit_action = "password.change"
 
     @web.authenticated
     async def post(self):
+        auth = self.authenticator
         name = self.current_user.name
         old = self.get_body_argument("old_password", strip=False)
         new = self.get_body_argument("new_password", strip=False)
         confirmation = self.get_body_argument("new_password_confirmation", strip=False)
-        info = self.authenticator.get_user(name)
-        if info is None or not await password_matches(info, old):
+        keys = auth.throttle_keys(self, await asyncio.to_thread(login_source, self.request), name)
+        wait = auth.seconds_locked(keys)
+        info = auth.get_user(name)
+        if wait:
+            self.audited("denied", LOCKED_OUT)
+            self.set_status(403)
+            message = (
+                f"Too many wrong passwords from your address: try again in {math.ceil(wait)} "
+                "seconds."
+            )
+        elif info is None or not await password_matches(info, old):
+            auth.count_failure(keys)
             self.audited("denied", "wrong current password")
             message = "Your current password was incorrect. Please try again."
         else:

@@ -65,6 +65,10 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from sqlalchemy.engine import Engine
 
 from gpulab.db.operations import AuditFilters, add_audit, prune_audit, read_audit, utc
+
+# Who a request came from (LOOPBACK: the proxies trusted by default): the hub's login
+# throttle asks the same, so the answer lives beside the socket-owner lookup.
+from gpulab.enforcement.peer_account import LOOPBACK, client_source  # noqa: F401
 from gpulab.service.tasks import KeptTask
 
 log = logging.getLogger("gpulab.service.operations.audit")
@@ -117,12 +121,6 @@ PRUNE_EVERY_S = 3600.0
 #: Rows a ``format=jsonl`` export reads per database round trip.
 EXPORT_BATCH = 1000
 
-#: Proxies trusted to append the client's address to X-Forwarded-For by default:
-#: this machine (configurable-http-proxy in the embedded hub). A loopback peer is
-#: believed only when its socket is the platform's own account's (a user's kernel
-#: is on loopback too): see :func:`client_source`.
-LOOPBACK = ("127.0.0.0/8", "::1/128")
-
 
 def clean_detail(detail: dict) -> str:
     """``detail`` as a small JSON object: secrets' keys dropped, long values cut."""
@@ -156,50 +154,6 @@ def proxy_networks(trusted: Iterable[str]) -> tuple:
                 f"network (write it like 10.0.0.0/8 or 127.0.0.1)"
             ) from None
     return tuple(out)
-
-
-def client_source(
-    peer: str,
-    forwarded_for: str | None,
-    trusted: Iterable = LOOPBACK,
-    peer_is_platform: bool | None = None,
-) -> str:
-    """The client's address: ``peer`` (who connected), or, while that is a trusted
-    proxy, the hop it says it got the request from (X-Forwarded-For read from the
-    right). The left end is whatever the client wrote, so it counts only when every
-    hop after it is a trusted proxy.
-
-    A hop is a trusted proxy when its address is in ``trusted``, but a loopback
-    address never is by address alone: every user's kernel connects from loopback
-    too. The peer on loopback is trusted only with ``peer_is_platform`` True (its
-    socket belongs to the platform's own account, :mod:`gpulab.enforcement.peer_account`:
-    the hub's proxy), and a loopback hop inside X-Forwarded-For (what the proxy saw:
-    a process of this machine, any user's) ends the walk. ``peer_is_platform``
-    False (another account's socket on this machine) trusts nothing."""
-    nets = [n if not isinstance(n, str) else ipaddress.ip_network(n, strict=False) for n in trusted]
-
-    def is_trusted(addr: str, platform: bool | None) -> bool:
-        try:
-            ip = ipaddress.ip_address(addr)
-        except ValueError:
-            return False
-        ip = getattr(ip, "ipv4_mapped", None) or ip
-        if platform is False or (ip.is_loopback and not platform):
-            return False
-        return any(ip in n for n in nets if n.version == ip.version)
-
-    current = peer or "unknown"
-    trusted_now = is_trusted(current, peer_is_platform)
-    hops = [h.strip() for h in (forwarded_for or "").split(",") if h.strip()]
-    while hops and trusted_now:
-        candidate = hops.pop()
-        try:
-            ipaddress.ip_address(candidate)
-        except ValueError:
-            break  # not an address: stop at the last one that was
-        current = candidate
-        trusted_now = is_trusted(current, None)
-    return current[:255]
 
 
 class AuditLog:

@@ -189,9 +189,12 @@ class FromAddress(HTTPAdapter):
         super().init_poolmanager(*args, **kwargs)
 
 
-def log_in_from(hub, address: str, name: str, password: str):
-    s = requests.Session()
-    s.mount("http://", FromAddress(address))
+def log_in_from(hub, address: str, name: str, password: str, s=None):
+    """Log in through the proxy from ``address`` (in session ``s``: a browser that
+    has logged in before keeps its cookies)."""
+    if s is None:
+        s = requests.Session()
+        s.mount("http://", FromAddress(address))
     xsrf = XSRF.search(s.get(f"{hub.url}/hub/login", timeout=30).text).group(1)
     r = s.post(
         f"{hub.url}/hub/login",
@@ -201,15 +204,26 @@ def log_in_from(hub, address: str, name: str, password: str):
     return s, r
 
 
-def test_wrong_admin_passwords_lock_the_attackers_address_not_the_admin(hub):
-    attacker = "127.0.0.2"
+def test_wrong_passwords_lock_the_attacker_not_the_user_even_on_one_machine(hub):
+    """Every process of this machine reaches the proxy over loopback, from whatever
+    127/8 address it picks: one source. The user's browser, which logged in before
+    (the admin on her laptop), is not held up by a kernel guessing her password.
+    (A fresh user, not the admin: the shared hub's admin logs in for other tests.)"""
+    victim, attacker = fresh_user("victim"), "127.0.0.2"
+    sign_up_approved(hub, victim, PASSWORD)
+    browser, _ = log_in_from(hub, "127.0.0.1", victim, PASSWORD)
+    assert logged_in(browser)
+    browser.get(f"{hub.url}/hub/logout", timeout=30)
+    assert not logged_in(browser)
     for i in range(11):
-        s, r = log_in_from(hub, attacker, "admin", f"wrong guess {i}")
+        s, r = log_in_from(hub, attacker, victim, f"wrong guess {i}")
         assert r.status_code == 403 and not logged_in(s)
-    # The admin, from another address, gets in at once.
-    s, _ = log_in_from(hub, "127.0.0.1", "admin", admin_password(hub))
-    assert logged_in(s)
-    # The attacker's address waits, even with the right password, and is told so.
-    s, r = log_in_from(hub, attacker, "admin", admin_password(hub))
-    assert not logged_in(s)
-    assert "Too many failed logins from your address" in r.text
+    # Her browser gets in at once.
+    log_in_from(hub, "127.0.0.1", victim, PASSWORD, browser)
+    assert logged_in(browser)
+    # The attacker waits, even with the right password and from another loopback
+    # address, and is told so.
+    for address in (attacker, "127.0.0.3"):
+        s, r = log_in_from(hub, address, victim, PASSWORD)
+        assert not logged_in(s)
+        assert "Too many failed logins from your address" in r.text
