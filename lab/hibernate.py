@@ -1,7 +1,8 @@
 """``POST <server>/gpulab/hibernate``: every kernel of this server saves its variables.
 
-Called by the gpulab service (with its hub token) when it hibernates this server; the
-service stops the server only after this answers 200. Each kernel saves its own
+Called by the gpulab service (with a token the hub minted for this one call: the
+user's own, scoped to this server) when it hibernates this server; the service stops
+the server only after this answers 200. Each kernel saves its own
 namespace, as the user, to ``~/.gpulab/hibernate/<id>/<n>.state`` (folders 0700,
 files 0600); this server writes the hibernation's ``manifest.json`` beside them,
 which is how a kernel later finds the state of its notebook
