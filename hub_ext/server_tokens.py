@@ -113,6 +113,8 @@ class ServerTokensHandler(_ServerTokenHandler):
 
 class ServerTokenHandler(_ServerTokenHandler):
     def delete(self, token_id: str):
+        if self.current_user is None or not has_scope(SCOPE, self.parsed_scopes, post_filter=True):
+            raise web.HTTPError(403, f"this token lacks the scope {SCOPE}")  # before any lookup
         row = None
         if token_id.startswith("a") and token_id[1:].isdigit():
             row = self.db.query(orm.APIToken).filter_by(id=int(token_id[1:])).first()

@@ -123,3 +123,42 @@ def test_what_alice_captures_from_the_service_reaches_her_server_only(hub):
         gone = hub.hub_api("GET", "/user", token=token)
         assert gone.status_code == 403, gone.text
         assert hub.gpulab("GET", "/jobs", token=token).status_code in (401, 403)
+
+
+def test_only_the_service_mints_server_tokens_and_revokes_only_its_own(hub):
+    """The hub's route (hub_ext/server_tokens.py): neither a user nor the admin may
+    mint a token for someone's server; the service mints only for a running server,
+    briefly, and cannot revoke a token of the user's own."""
+    carol, dave = fresh_user("carol"), fresh_user("dave")
+    carol_token = hub.create_user(carol)
+    hub.create_user(dave)  # never started
+    hub.spawn_ready({carol: {"gpu_milli": 0}})
+    service = (hub.data_dir / "service-token").read_text().strip()
+    route = "/gpulab/server-tokens"
+    body = {"user": carol, "server": ""}
+
+    for who in (carol_token, hub.admin_token):  # the admin role has no such scope
+        r = hub.hub_api("POST", route, token=who, json=body)
+        assert r.status_code == 403, r.text
+    r = hub.hub_api("POST", route, token=service, json={"user": dave, "server": ""})
+    assert r.status_code == 404 and "not running" in r.json()["error"]
+    for bad in (0, 301, "60", True):
+        r = hub.hub_api("POST", route, token=service, json={**body, "expires_in": bad})
+        assert r.status_code == 400 and "expires_in" in r.json()["error"], r.text
+
+    minted = hub.hub_api("POST", route, token=service, json={**body, "expires_in": 30})
+    assert minted.status_code == 201, minted.text
+    me = hub.hub_api("GET", "/user", token=minted.json()["token"]).json()
+    assert me["name"] == carol and f"access:servers!server={carol}/" in me["scopes"]
+    # carol's own token is not the service's to revoke; the minted one is.
+    own = hub.hub_api("GET", f"/users/{carol}/tokens").json()["api_tokens"]
+    own_id = next(t["id"] for t in own if t["id"] != minted.json()["id"])
+    assert hub.hub_api("DELETE", f"{route}/{own_id}", token=service).status_code == 404
+    # Nor does anyone without the scope learn which ids exist.
+    assert hub.hub_api("DELETE", f"{route}/a999999", token=carol_token).status_code == 403
+    assert hub.hub_api("GET", "/user", token=carol_token).status_code == 200
+    assert hub.hub_api(
+        "DELETE", f"{route}/{minted.json()['id']}", token=carol_token
+    ).status_code == (403)
+    assert hub.hub_api("DELETE", f"{route}/{minted.json()['id']}", token=service).status_code == 204
+    assert hub.hub_api("GET", "/user", token=minted.json()["token"]).status_code == 403
