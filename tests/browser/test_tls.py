@@ -243,3 +243,29 @@ def test_tritonclient_and_endpoint_call_over_https_with_the_ca(hub, tiny_model):
         blind.infer("tiny", [inp], headers={"Authorization": f"token {token}"})
     assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value) or "certificate" in str(refused.value)
     client.stop_deployment("tiny")
+
+
+def test_hibernation_reaches_a_server_over_https_with_a_token_of_its_own(hub):
+    """The service's call into a user's server goes through the https public port with
+    a token the hub mints for it over internal TLS: the server hibernates, and the
+    hub's log shows the token minted and revoked, never the service's token used."""
+    name = fresh_user("tls-hibernate")
+    token = hub.create_user(name)
+    hub.spawn_ready({name: {"gpu_milli": 0}})
+    r = hub.gpulab("POST", "/hibernations", token=token, json={"server": ""})
+    assert r.status_code == 202, r.text
+    hid = r.json()["id"]
+    row = wait_until(
+        lambda: (
+            (x := hub.gpulab("GET", f"/hibernations/{hid}", token=token).json())["state"]
+            in ("hibernated", "failed")
+            and x
+        ),
+        f"hibernation {hid} to end",
+        240,
+    )
+    assert row["state"] == "hibernated", row.get("error")
+    log = hub.log_tail(200_000)
+    assert "201 POST /hub/api/gpulab/server-tokens" in log
+    assert "204 DELETE /hub/api/gpulab/server-tokens/" in log
+    assert f"POST /user/{name}/gpulab/hibernate ({name}@" in log  # as the user, not gpulab
