@@ -11,14 +11,15 @@ Three calls:
   what was saved, in numbers and names. The service never sees the state itself.
 
 The user owns the server process and may log every header it receives, so no call
-carries the service's own token: each carries a token the hub mints for it
-(:meth:`gpulab.service.hubapi.HubAPI.server_token`), owned by the user, scoped to
-that one server, living :data:`TOKEN_GRACE_S` seconds, revoked once the call has its
-answer. Captured, it reaches only the server the user already owns.
+carries the service's own token: each question (what is running; save) carries a
+token the hub mints for it (:meth:`gpulab.service.hubapi.HubAPI.server_token`), owned
+by the user, scoped to that one server, living :data:`TOKEN_GRACE_S` seconds, revoked
+once the answer is in. Captured, it reaches only the server the user already owns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -90,16 +91,15 @@ class ServerCalls:
         url = model.get("url") or f"/user/{quote(user, safe='')}/"
         return f"{self.servers_url}{url}", model
 
-    async def _call(
-        self, user: str, server: str, url: str, method: str, body: dict | None, timeout: float
-    ):
-        """One call into ``user``'s ``server`` with a token minted for it alone."""
+    @contextlib.asynccontextmanager
+    async def _token(self, user: str, server: str):
+        """A token for calls into ``user``'s ``server`` alone, revoked when done."""
         try:
             token, token_id = await self.hub.server_token(user, server, TOKEN_GRACE_S)
         except HTTPClientError as e:
             raise ServerRefused(f"the hub gave no token for {label(user, server)} ({e})") from None
         try:
-            return await self._send(url, token, method, body, timeout)
+            yield token
         finally:
             # Revoked at once: what the server saw is dead for anyone who kept it.
             try:
@@ -107,7 +107,7 @@ class ServerCalls:
             except (HTTPClientError, OSError) as e:
                 log.warning("Could not revoke the token %s (it expires anyway): %s", token_id, e)
 
-    async def _send(self, url: str, token: str, method: str, body: dict | None, timeout: float):
+    async def _call(self, url: str, token: str, method: str, body: dict | None, timeout: float):
         req = HTTPRequest(
             url,
             method=method,
@@ -137,13 +137,14 @@ class ServerCalls:
         url, model = await self.server_url(user, server)
         # no_track_activity: asking is not the user at work (JupyterHub's idle culler
         # reads the server's activity too).
-        kernels = await self._call(
-            user, server, f"{url}api/kernels?no_track_activity=1", "GET", None, 10
-        )
+        async with self._token(user, server) as token:
+            kernels = await self._call(
+                f"{url}api/kernels?no_track_activity=1", token, "GET", None, 10
+            )
+            # Threads, subprocesses and terminals at work (gpulab's server extension).
+            other = await self._call(f"{url}gpulab/activity", token, "GET", None, 10)
         busy = sum(1 for k in kernels if k.get("execution_state") in ("busy", "starting"))
         times = [t for t in (_epoch(k.get("last_activity")) for k in kernels) if t]
-        # Threads, subprocesses and terminals at work (gpulab's server extension).
-        other = await self._call(user, server, f"{url}gpulab/activity", "GET", None, 10)
         other = other if isinstance(other, dict) else {}
         work = tuple(str(w)[:300] for w in (other.get("work") or [])[:50])
         terminal = other.get("terminals_last_activity")
@@ -158,9 +159,10 @@ class ServerCalls:
         """Ask the server to save every kernel: ``{"kernels": [...], "bytes": N}``."""
         url, _ = await self.server_url(user, server)
         body = {"id": hibernation_id, "max_bytes": int(max_bytes)}
-        return await self._call(
-            user, server, f"{url}gpulab/hibernate", "POST", body, self.save_timeout
-        )
+        async with self._token(user, server) as token:
+            return await self._call(
+                f"{url}gpulab/hibernate", token, "POST", body, self.save_timeout
+            )
 
 
 def label(user: str, server: str) -> str:
