@@ -5,7 +5,8 @@ managed services first and the single-user servers after them. A server's spawne
 gives its slice back through the gpulab service as the server stops; with the
 service already gone it retried for seconds and gave up, and the slice stayed in the
 ledger until the service next reconciled. Here the servers stop first, all at once,
-while the service still answers; then JupyterHub stops the services and the proxy.
+while the service still answers; then the services, together (:mod:`.hub_shutdown`),
+and the proxy; last, whatever of the platform still runs on the data dir is ended.
 
 The servers are stopped, not hibernated: their kernels' variables are lost, and the
 log says so (a hub that stops cannot wait minutes for every kernel to save).
@@ -31,6 +32,8 @@ import time
 from jupyterhub.app import JupyterHub
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float
+
+from . import hub_shutdown
 
 #: How often the hub looks whether a managed service still runs.
 SERVICE_POLL_S = 1.0
@@ -99,9 +102,15 @@ class GpuLabHub(JupyterHub):
 
     async def cleanup(self):
         self._stopping = True  # no restart of the services JupyterHub now stops
+        # JupyterHub's periodic checks would look at parts being stopped (its services'
+        # health check failed on a stopped service's server: an AttributeError).
+        for callback in self._periodic_callbacks.values():
+            callback.stop()
         if self.cleanup_servers:
             await self.stop_servers()
-        await super().cleanup()  # services and the proxy; no server is left to stop
+        await hub_shutdown.stop_services(self)  # together, noticed at once
+        await super().cleanup()  # the proxy; no server or service is left to stop
+        await hub_shutdown.end_what_is_left(self)
 
     async def stop_servers(self) -> None:
         """Stop every active server together; their spawners release the slices."""

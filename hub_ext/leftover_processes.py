@@ -41,6 +41,7 @@ HUB_MODULE = "gpulab.hub_ext.hub_app"
 #: ``LEAVE_WORK_SIGNAL`` (gpulab.service.app; not imported: the CLI stays light).
 LEAVE_WORK_SIGNAL = signal.SIGUSR1
 SERVICE = "the gpulab service"
+PROXY = "configurable-http-proxy"
 
 
 @dataclass
@@ -64,8 +65,8 @@ def kind_of(argv: list[str]) -> str | None:
         return "the standby endpoint router" if standby else SERVICE
     if "jupyterhub_idle_culler" in modules:
         return "the idle culler"
-    if any(os.path.basename(a) == "configurable-http-proxy" for a in argv[:2]):
-        return "configurable-http-proxy"
+    if any(os.path.basename(a) == PROXY for a in argv[:2]):
+        return PROXY
     if HUB_MODULE in modules:
         return "the hub"
     return None
@@ -186,4 +187,28 @@ def end_leftovers(data_dir: Path, shown_as: str, say=print) -> list[int]:
     # pid in this file without checking what it is now (after a reboot, anything).
     with contextlib.suppress(FileNotFoundError):
         (Path(data_dir) / "jupyterhub-proxy.pid").unlink()
+    return [p.pid for p in found]
+
+
+#: At the end of a hub's own shutdown, how long what is left has after SIGTERM.
+AFTER_SHUTDOWN_GRACE_S = 2.0
+
+
+def end_after_shutdown(data_dir: Path, say=print) -> list[int]:
+    """At the end of the hub's shutdown: end what of the platform on ``data_dir`` still
+    runs (a standby router whose service was killed, a service that did not stop in
+    time), so that nothing outlives ``gpulab up``; their pids. The hub calls it about
+    itself, whose own pid is never among them."""
+    found = [p for p in find(data_dir) if p.what != "the hub"]
+    try:
+        _signal(found, signal.SIGTERM)
+        stubborn = _wait(found, AFTER_SHUTDOWN_GRACE_S)
+        _signal(stubborn, signal.SIGKILL)
+        _wait(stubborn, KILL_GRACE_S)
+        for p in found:
+            if p.what != PROXY:  # JupyterHub signals it and does not wait: it was stopping
+                say(f"Ended {p.what} (pid {p.pid}), still running as the hub stopped")
+    finally:
+        for p in found:
+            p.close()
     return [p.pid for p in found]

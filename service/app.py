@@ -91,6 +91,7 @@ from gpulab.service.plugins import (
     NamedType,
 )
 from gpulab.service.sharing import SharingSettings
+from gpulab.service.tasks import run_unless
 from gpulab.service.telemetry.local_sampler import LocalSampler
 from gpulab.service.telemetry.metrics import (
     EndpointCollector,
@@ -1161,8 +1162,13 @@ class GpuLabService(SharingSettings, VectorSettings, Application):
             if m is not None
         ]
 
+    #: The managers whose start began, in order (None: start_managers never ran).
+    _started: list | None = None
+
     async def start_managers(self) -> None:
+        self._started = []
         for manager in self.managers():
+            self._started.append(manager)  # first: a start cut short is stopped too
             await manager.start()
 
     #: Set by LEAVE_WORK_SIGNAL: this stop leaves jobs and replicas running whatever
@@ -1173,13 +1179,15 @@ class GpuLabService(SharingSettings, VectorSettings, Application):
         """End every background task the service or a manager started. Jobs and
         replicas themselves run on (the next service re-attaches to them), unless
         ``stop_work_on_exit``: then both stop together, the slower one is the wait."""
+        # A stop during the start (start_managers cut short) stops what had started.
+        running = self.managers() if self._started is None else list(self._started)
         if self.leaving_work:
             log.info("Leaving jobs and endpoints running for the next gpulab service")
         elif self.stop_work_on_exit:
             await asyncio.gather(
-                *(self._suspend(m) for m in (self.jobs, self.deployments) if m is not None)
+                *(self._suspend(m) for m in (self.jobs, self.deployments) if m in running)
             )
-        for manager in reversed(self.managers()):
+        for manager in reversed(running):
             try:
                 await manager.stop()
             except Exception:
@@ -1232,7 +1240,9 @@ class GpuLabService(SharingSettings, VectorSettings, Application):
             with contextlib.suppress(RuntimeError, ValueError):
                 loop.add_signal_handler(sig, handler)
         try:
-            await self.start_managers()
+            # A stop asked while the managers start (the standby router's start alone
+            # takes seconds) cuts the start short rather than waiting for its end.
+            await run_unless(stopping, self.start_managers())
             await stopping.wait()
         finally:
             server.stop()

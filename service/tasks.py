@@ -76,3 +76,20 @@ async def wait_for_wake(wake: asyncio.Event, timeout: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout):
             await wake.wait()
+
+
+async def run_unless(stop: asyncio.Event, coro: Awaitable[None]) -> None:
+    """Run ``coro`` to its end, unless ``stop`` is set first: then it is cancelled (and
+    waited for) and this returns. An error of ``coro`` raises here."""
+    task = asyncio.ensure_future(coro)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return
+    task.result()

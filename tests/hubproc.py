@@ -91,6 +91,7 @@ class RunningHub:
         demo: bool = False,
         run_as: str = "",
         tls: bool = False,
+        terminal: bool = False,
     ):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -138,8 +139,14 @@ class RunningHub:
         self._log = open(self.log_path, "ab")
         if run_as:
             shutil.chown(self.log_path, run_as)  # the hub makes its log private: it must own it
+        # terminal: a terminal (a pty) as its stdin, as `gpulab up` typed in a shell has.
+        self._terminal = os.openpty() if terminal else None
         self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            stdin=self._terminal[1] if terminal else None,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.admin_token = None
         self.wait_ready()
@@ -264,6 +271,9 @@ class RunningHub:
                 if (p.info["environ"] or {}).get("GPULAB_DATA_DIR") == data_dir:
                     p.kill()
         self._log.close()
+        for fd in self._terminal or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     # -- REST helpers ----------------------------------------------------------
     def auth(self, token: str | None = None) -> dict:

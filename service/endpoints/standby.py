@@ -47,6 +47,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -303,6 +304,9 @@ class StandbyProcess:
         self.table = table_path(data_dir)
         self.pidfile = os.path.join(data_dir, PIDFILE)
         self.logfile = os.path.join(data_dir, LOGFILE)
+        # A stop while a start is under way (the service stopped as it started) waits
+        # for it, so the standby just started is stopped, not left running.
+        self._lock = threading.Lock()
 
     def _running(self) -> int | None:
         """A pidfd of the standby the pidfile names, if it still runs."""
@@ -321,6 +325,10 @@ class StandbyProcess:
         """Start a standby for ``socket_fd`` (blocks until it forked), then end the one
         before. Called once this service's router holds the proxy's route, so the old
         one gets no new calls."""
+        with self._lock:
+            self._replace(service_pid, socket_fd)
+
+    def _replace(self, service_pid: int, socket_fd: int) -> None:
         old = self._running()
         try:
             log_fd = os.open(self.logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -350,11 +358,12 @@ class StandbyProcess:
                 _end(old)
 
     def stop(self) -> None:
-        pidfd = self._running()
-        if pidfd is not None:
-            _end(pidfd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.pidfile)
+        with self._lock:
+            pidfd = self._running()
+            if pidfd is not None:
+                _end(pidfd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.pidfile)
 
 
 def _end(pidfd: int) -> None:

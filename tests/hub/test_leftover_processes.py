@@ -12,7 +12,13 @@ import sys
 
 import pytest
 
-from gpulab.hub_ext.leftover_processes import LEAVE_WORK_SIGNAL, end_leftovers, find, kind_of
+from gpulab.hub_ext.leftover_processes import (
+    LEAVE_WORK_SIGNAL,
+    end_after_shutdown,
+    end_leftovers,
+    find,
+    kind_of,
+)
 from gpulab.service import app as service_app
 
 #: Sleeps; with "deaf" it ignores SIGTERM and SIGUSR1 (what the service is asked to stop
@@ -120,3 +126,24 @@ def test_refuses_to_start_beside_a_running_hub(tmp_path, procs):
 
 def test_the_signal_that_leaves_work_running_is_the_one_the_service_handles():
     assert LEAVE_WORK_SIGNAL == service_app.LEAVE_WORK_SIGNAL
+
+
+def test_what_still_runs_as_the_hub_stops_is_ended(tmp_path, procs):
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    mine.mkdir()
+    other.mkdir()
+    # A standby router whose service was killed, and a service that would not stop.
+    standby = look_alike(mine, "-m", "gpulab.service", "endpoint-standby")
+    stuck = look_alike(mine, "-m", "gpulab.service", deaf=True)
+    keep = look_alike(other, "-m", "gpulab.service", "endpoint-standby")
+    procs += [standby, stuck, keep]
+    said = []
+    ended = end_after_shutdown(mine, say=said.append)
+    assert sorted(ended) == sorted([standby.pid, stuck.pid])
+    assert standby.wait(timeout=30) == -signal.SIGTERM
+    assert stuck.wait(timeout=30) == -signal.SIGKILL
+    assert keep.poll() is None
+    assert (
+        f"Ended the standby endpoint router (pid {standby.pid}), still running as the hub stopped"
+        in said
+    )

@@ -15,6 +15,7 @@ from gpulab.backend.local_inventory import LocalInventory
 from gpulab.service.app import GpuLabService
 from gpulab.service.jobs.manager import JobManager
 from gpulab.service.plugins import ConfigError
+from gpulab.service.tasks import run_unless
 
 STEPS = [
     "init_logging",
@@ -140,3 +141,38 @@ def test_a_sites_own_backend_is_a_class_and_an_entry_point(make_service, tmp_pat
     assert set(app.jobs.backends) == {"labcluster"}
     with pytest.raises(ConfigError, match="'labcluster'"):  # the names it offers include it
         make_service('c.GpuLabService.pools = [{"name": "lab", "jobs": "nowhere"}]\n')
+
+
+class SlowToStart:
+    """A manager whose start takes until it is cancelled (the standby router's start
+    takes seconds); it notes its stop."""
+
+    def __init__(self):
+        self.starting = asyncio.Event()
+        self.stopped = False
+
+    async def start(self):
+        self.starting.set()
+        await asyncio.Event().wait()
+
+    async def stop(self):
+        self.stopped = True
+
+
+def test_a_stop_during_the_start_cuts_it_short_and_stops_what_started(make_service, monkeypatch):
+    app = make_service()
+    slow = SlowToStart()
+    managers = app.managers()
+    where = managers.index(app.deployments)  # where the standby router starts
+    monkeypatch.setattr(app, "managers", lambda: [*managers[:where], slow, *managers[where:]])
+
+    async def run():
+        stopping = asyncio.Event()
+        starting = asyncio.ensure_future(run_unless(stopping, app.start_managers()))
+        await slow.starting.wait()
+        stopping.set()  # Ctrl-C while the managers start
+        await asyncio.wait_for(starting, timeout=30)  # returns: the start is cut short
+        await app.stop()
+
+    asyncio.run(run())
+    assert slow.stopped  # the one whose start was cut short is stopped too
