@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import signal
 import sys
 import time
 
@@ -146,14 +147,22 @@ def main(argv: list[str] | None = None) -> int:
     """``jupyterhub`` with :class:`GpuLabHub` (``argv``: JupyterHub's arguments).
 
     Ctrl-C before the hub has its signal handlers (while it starts) ends it with a
-    line, not a KeyboardInterrupt traceback.
+    line, not a KeyboardInterrupt traceback, and ends what it had started.
     """
+    # SIGTERM before then is taken as Ctrl-C (its default would end the hub at once).
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         GpuLabHub.launch_instance(argv)
     except KeyboardInterrupt:
         print("\ngpulab up: interrupted while starting", flush=True)
+        # What it had started by then (the service, the culler, the proxy) goes too.
+        hub_shutdown.end_after_interrupted_start()
         return 130
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

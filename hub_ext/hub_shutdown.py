@@ -53,3 +53,12 @@ async def end_what_is_left(hub) -> None:
         await asyncio.to_thread(
             leftover_processes.end_after_shutdown, Path(data_dir), hub.log.warning
         )
+
+
+def end_after_interrupted_start() -> None:
+    """Ctrl-C while the hub starts (before its shutdown is in place): end what it had
+    started. A service may fork its standby router meanwhile: looked for again."""
+    data_dir = os.environ.get("GPULAB_DATA_DIR")
+    for _ in range(3):
+        if not data_dir or not leftover_processes.end_after_shutdown(Path(data_dir), print):
+            return

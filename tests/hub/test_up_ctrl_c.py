@@ -22,9 +22,12 @@ from pathlib import Path
 import psutil
 import pytest
 from hub_work import deploy, infer, ready_replicas, server_processes
-from hubproc import RunningHub, server_process
+from hubproc import GPULAB, RunningHub, server_process
 from support.leftovers import cgroups_of, job_namespaces, platform_processes
 from support.wait import wait_until
+
+from gpulab.hub_ext import leftover_processes
+from gpulab.hub_ext.ports import free_port
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "jobs"))
 from cells import LINEAR  # noqa: E402
@@ -71,6 +74,37 @@ def test_ctrl_c_on_an_idle_hub_leaves_nothing(tmp_path):
         assert platform_processes(hub.data_dir) == [], said
     finally:
         hub.stop()
+
+
+def test_ctrl_c_while_it_starts_leaves_nothing(tmp_path):
+    """Before the hub's shutdown is in place: it has started its service, the culler
+    and the proxy, and waits for the service to answer."""
+    data = tmp_path / "hub"
+    argv = [GPULAB, "up", "--port", str(free_port()), "--data-dir", str(data)]
+    argv += ["--simulate-gpus", "2xA100-80GB"]
+    output = tmp_path / "up.log"  # a file: what it left would hold a pipe open
+    with open(output, "wb") as out:
+        up = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(
+            lambda: any(
+                "gpulab.service" in " ".join(p.cmdline())
+                for p in psutil.Process(up.pid).children(recursive=True)
+            ),
+            "gpulab up to start its service",
+            timeout=120,
+        )
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(timeout=120)
+        said = output.read_text(errors="replace")
+        assert up.returncode == 130 and "interrupted while starting" in said, said
+        assert platform_processes(data) == [], said
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for p in leftover_processes.find(data):
+            os.kill(p.pid, signal.SIGKILL)
+            p.close()
 
 
 def test_ctrl_c_stops_everything_quickly_and_the_next_up_resumes_it(tmp_path):
