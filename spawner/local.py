@@ -73,6 +73,15 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
     #: from there): JupyterHub's 0.1 s noticed a server that exits in 1.6 s at 3.1 s.
     death_interval = Float(0.01)
 
+    async def poll(self):
+        # A server adopted after a hub restart is not the hub's child: once it exits it
+        # stays a zombie until its new parent (init) reaps it, which JupyterHub's
+        # signal 0 takes for a running server, and a stop waited on it for seconds.
+        if self.proc is None and self.pid and _is_zombie(self.pid):
+            self.clear_state()
+            return 0
+        return await super().poll()
+
     #: This server's cgroup under its account; unique per start, kept in the hub's
     #: state so a restarted hub still removes it.
     _unit: str = ""
@@ -232,3 +241,13 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
             await self._remove_group()
             if self.internal_ssl:  # the next start is handed a new pair
                 shutil.rmtree(self._certs_folder(), ignore_errors=True)
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (state Z in /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # "pid (comm) state ...": comm may hold spaces and parentheses.
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
