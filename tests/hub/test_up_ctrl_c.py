@@ -77,8 +77,8 @@ def test_ctrl_c_on_an_idle_hub_leaves_nothing(tmp_path):
 
 
 def test_ctrl_c_while_it_starts_leaves_nothing(tmp_path):
-    """Before the hub's shutdown is in place: it has started its service, the culler
-    and the proxy, and waits for the service to answer."""
+    """Before the hub's shutdown is in place: it has started the proxy and its service
+    and waits for the service to answer; they are ended with it."""
     data = tmp_path / "hub"
     argv = [GPULAB, "up", "--port", str(free_port()), "--data-dir", str(data)]
     argv += ["--simulate-gpus", "2xA100-80GB"]
