@@ -47,7 +47,7 @@ venv-base:
 $(STAMP): pyproject.toml
 	$(BASE_PY) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,test]'
+	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,llm,test]'
 	# torchao 0.18 works with torch 2.13 but asks for other releases: no deps.
 	$(PY) -m pip install -q --no-deps torchao==0.18.0
 	touch $@
@@ -118,7 +118,7 @@ test: system-deps deps reach lint
 	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 bench-deps: deps
-	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,test,bench]'
+	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,llm,test,bench]'
 
 # gpulab's GPU paths on a GPU machine, as one table (benchmarks/gpu_check.py), in
 # under 8 minutes. Uses the venv if there is one (no install: GPU machines may be
