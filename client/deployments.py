@@ -13,15 +13,25 @@ import tarfile
 
 import aiohttp
 
+#: A language model's Hugging Face folder inside its archive (gpulab.serving.llm_export).
+HF_FOLDER = "hf"
+
 
 def pack_model_dir(model_dir: str) -> bytes:
-    """A tar (gzip) of an exported model directory (model.json and model.pt2, or an
-    embedding model's model.st.tar)."""
+    """A tar (gzip) of an exported model directory (model.json and model.pt2, an
+    embedding model's model.st.tar, or a language model's Hugging Face folder ``hf/``)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         for name in ("model.pt2", "model.st.tar", "model.json"):
             if name == "model.json" or os.path.exists(os.path.join(model_dir, name)):
                 tar.add(os.path.join(model_dir, name), arcname=name)
+        hf = os.path.join(model_dir, HF_FOLDER)
+        if os.path.isdir(hf):
+            # Regular files only, by relative name: what the service's unpack accepts.
+            for name in sorted(os.listdir(hf)):
+                path = os.path.join(hf, name)
+                if os.path.isfile(path) and not os.path.islink(path):
+                    tar.add(path, arcname=f"{HF_FOLDER}/{name}")
     return buf.getvalue()
 
 

@@ -7,6 +7,8 @@
     %deploy --list                     (refreshes in place until the next cell)
     %deploy --list --lineage           (each version's job, code hash, data, quantization)
     %deploy --stop sentiment
+    %deploy model --name chat --tokenizer tok --gpu 1/2   (a causal LM: OpenAI-compatible,
+        at <hub>/services/gpulab/v1; magics/llm_deploy.py)
     %deploy --logs sentiment           (the first replica's log: why it did not start)
 
 The model is exported here, in the kernel (``torch.export``, dynamic batch),
@@ -33,10 +35,12 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from gpulab.client.units import plural
 
+from . import llm_deploy as llm
 from .deploy_failure import DeploymentFailed
 from .deploy_list import list_table
 from .deploy_live import DeploymentsTable, LiveTable, did_you_mean
 from .lineage import lineage_of, untracked
+from .llm_deploy import wants_llm_route
 from .quantize import model_and_example
 from .train import parse_gpu
 
@@ -141,9 +145,32 @@ def parse_replicas(text: str) -> tuple[int, int]:
 @magics_class
 class DeployMagics(Magics):
     @magic_arguments()
-    @argument("model", nargs="?", help="name of the torch.nn.Module to serve")
+    @argument(
+        "model",
+        nargs="?",
+        help="the torch.nn.Module to serve; for a language model, a transformers causal LM "
+        "in the notebook, a saved folder or a Hugging Face id in the local cache",
+    )
     @argument("--name", help="the endpoint's name (lower-case letters, digits, '-', '_', '.')")
     @argument("--example", help="an input batch: a variable or expression (tensor or tuple)")
+    @argument(
+        "--tokenizer",
+        help="a language model's tokenizer: a variable, a saved folder or a Hugging Face id "
+        "(default: the model's own folder or id); serves it at <hub>/services/gpulab/v1",
+    )
+    @argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="a language model's longest prompt plus completion in tokens "
+        "(default: the model's own limit)",
+    )
+    @argument(
+        "--max-num-seqs",
+        type=int,
+        default=16,
+        help="a language model's sequences generated together per replica (default 16)",
+    )
     @argument(
         "--max-batch-size",
         type=int,
@@ -298,6 +325,8 @@ class DeployMagics(Magics):
         from gpulab.serving.embedding import is_sentence_transformer
 
         ns = self.shell.user_ns
+        if wants_llm_route(ns, args.model, args.tokenizer):
+            return self._deploy_llm(client, args)
         # A SentenceTransformer takes text (it has its own tokenizer): no --example.
         text_model = is_sentence_transformer(ns.get(args.model))
         if not args.model or not args.name or not (args.example or text_model):
@@ -348,6 +377,54 @@ class DeployMagics(Magics):
         else:
             arrays = [t.detach().cpu().numpy() for t in tensors]
         print(usage_lines(dep, url, arrays))
+        return None
+
+    def _deploy_llm(self, client, args):
+        """A causal LM: its Hugging Face folder and tokenizer, served behind the
+        OpenAI-compatible gateway (magics/llm_deploy.py)."""
+        if not args.name:
+            raise UsageError("usage: %deploy MODEL --name NAME --tokenizer TOK [--gpu 1/2]")
+        if args.example:
+            raise UsageError(
+                "--example is for tensor models; a language model takes text: drop --example"
+            )
+        for flag, value in (
+            ("--max-model-len", args.max_model_len),
+            ("--max-num-seqs", args.max_num_seqs),
+        ):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} {value}: give a positive number of tokens/sequences")
+        ns = self.shell.user_ns
+        model = llm.resolve_model(ns, args.model)
+        tokenizer = llm.resolve_tokenizer(ns, args.tokenizer, args.model, model)
+        settings = self._settings(args)
+        # The replica's sequences in flight are its "batch" for autoscaling and queueing.
+        settings["max_batch_size"] = args.max_num_seqs
+        obj = ns.get(args.model)
+        settings["lineage"] = (lineage_of(obj) if obj is not None else None) or untracked()
+
+        from gpulab.client import GpuLabError
+
+        with tempfile.TemporaryDirectory(prefix="gpulab-deploy-") as model_dir:
+            params = sum(p.numel() for p in model.parameters())
+            print(
+                f"saving {args.model} (causal LM, {params / 1e6:.1f}M parameters, "
+                f"with its tokenizer)...",
+                flush=True,
+            )
+            llm.write_archive(model, tokenizer, model_dir, args)
+            if args.replace and args.canary is None:
+                try:
+                    client.stop_deployment(args.name)
+                    print(f"stopped the previous {args.name}", flush=True)
+                except GpuLabError as e:
+                    if e.status != 404:
+                        raise
+            print("uploading and starting...", flush=True)
+            dep = client.create_deployment(model_dir, settings)
+        dep = self._wait(client, dep, canary=args.canary is not None)
+        base = llm.gateway_url(client.endpoint_url(dep))
+        print(llm.llm_usage_lines(dep, base, llm.model_id(dep, dep.get("user"))))
         return None
 
     @staticmethod
