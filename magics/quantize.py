@@ -1,10 +1,13 @@
 """``%quantize``: shrink a model in the kernel and show what it cost and saved.
 
     %quantize model --scheme int8-dynamic --example x --to qmodel
+    %quantize lm --scheme int8-dynamic --example ids --heldout val_ids --to qlm
 
 Runs here, in the kernel (torch only; no service call): the quantized copy is
 bound to the ``--to`` name, the original is left as it was, and a table shows
-size and latency before/after, output error and the engine used.
+size and latency before/after, output error, the engine used, how much of the
+model was quantized (a warning when little was), and for a language model given
+``--heldout`` token ids, perplexity before/after.
 """
 
 from __future__ import annotations
@@ -23,11 +26,16 @@ def model_and_example(ns: dict, model: str, example: str):
     """Check the notebook has ``model``; evaluate ``example`` there. UsageError if not."""
     if model not in ns:
         raise UsageError(f"no variable {model!r} in this notebook; define the model first")
+    return evaluate(ns, "--example", example)
+
+
+def evaluate(ns: dict, flag: str, expression: str):
+    """``expression`` evaluated in the notebook; UsageError naming ``flag`` if it fails."""
     try:
-        return eval(example, ns)  # noqa: S307 - the user's own kernel namespace
+        return eval(expression, ns)  # noqa: S307 - the user's own kernel namespace
     except Exception as exc:
         raise UsageError(
-            f"--example {example!r} could not be evaluated: {type(exc).__name__}: {exc}"
+            f"{flag} {expression!r} could not be evaluated: {type(exc).__name__}: {exc}"
         ) from None
 
 
@@ -54,6 +62,11 @@ class QuantizeMagics(Magics):
         required=True,
         help="an input to measure on: a variable name or expression (a tensor or tuple of tensors)",
     )
+    @argument(
+        "--heldout",
+        help="a language model's held-out text as token ids (a variable or expression: an "
+        "integer tensor (T,) or (B, T)); adds perplexity before/after to the table",
+    )
     @argument("--to", required=True, dest="to", help="variable name for the quantized model")
     @argument(
         "--runs",
@@ -71,13 +84,19 @@ class QuantizeMagics(Magics):
             raise UsageError("--runs must be at least 1")
         ns = self.shell.user_ns
         example = model_and_example(ns, args.model, args.example)
+        heldout = evaluate(ns, "--heldout", args.heldout) if args.heldout else None
 
         # Imported here: torch is heavy and only this magic needs it.
         from gpulab.serving.quantize import QuantizeError, quantize
 
         try:
             report = quantize(
-                ns[args.model], args.scheme, engine=args.engine, example=example, runs=args.runs
+                ns[args.model],
+                args.scheme,
+                engine=args.engine,
+                example=example,
+                runs=args.runs,
+                heldout=heldout,
             )
         except QuantizeError as exc:
             raise UsageError(str(exc)) from None

@@ -19,6 +19,11 @@ fp8-dynamic    no                                         Float8DynamicActivatio
                                                           CUDA compute capability >= 8.9 only
 =============  =========================================  ==============================
 
+Which layers are taken is :mod:`.linear_like`'s plan: GPT-2-style ``Conv1D`` layers
+become ``nn.Linear`` first, a ``Linear`` tied to the embedding stays in float, and
+the report counts what was quantized (and warns when that is little of the model).
+For a language model, ``heldout`` token ids add perplexity before and after.
+
 On CPU, int4 weights are stored one value per byte (torchao's
 ``IntxUnpackedToInt8Tensor``), so they are no smaller than int8; fp8 weights are
 stored as float8 and widened for every matmul (smaller, not faster).
@@ -36,9 +41,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .linear_like import Plan, convert_conv1d, plan
+
 SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight", "fp8-weight", "fp8-dynamic")
 ENGINES = ("auto", "torch-ao", "torchao")
 TORCHAO_PIN = "torchao==0.18.0"
+#: Below this share of the parameters quantized, the report warns: the size and speed
+#: it shows are mostly the float model's.
+LITTLE_QUANTIZED = 0.5
 
 
 class QuantizeError(ValueError):
@@ -59,6 +69,13 @@ class QuantizeReport:
     device: str
     notes: list[str] = field(default_factory=list)
     model: torch.nn.Module | None = field(default=None, repr=False)
+    layers_quantized: int = 0  # nn.Linear layers (Conv1D counted once converted)
+    layers_converted: int = 0  # of them, GPT-2-style Conv1D layers made nn.Linear
+    params_share: float = 0.0  # share of the model's parameters quantized (0-1)
+    warnings: list[str] = field(default_factory=list)
+    perplexity_before: float | None = None  # on the held-out tokens, if given
+    perplexity_after: float | None = None
+    heldout_tokens: int = 0
 
     @property
     def size_ratio(self) -> float:
@@ -88,6 +105,15 @@ class QuantizeReport:
                 _ratio(self.speedup, "faster", "slower"),
             ),
         ]
+        if self.perplexity_before is not None:
+            rows.append(
+                (
+                    f"perplexity ({self.heldout_tokens} held-out tokens)",
+                    f"{self.perplexity_before:.3f}",
+                    f"{self.perplexity_after:.3f}",
+                    _change(self.perplexity_after / self.perplexity_before),
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [f"{self.scheme} with engine {self.engine} on {self.device}"]
         lines += [
@@ -96,12 +122,23 @@ class QuantizeReport:
         lines.append(
             f"output error: max-abs {self.max_abs_error:.3g}, relative {self.relative_error:.3g}"
         )
+        converted = f", {self.layers_converted} of them Conv1D" if self.layers_converted else ""
+        lines.append(
+            f"quantized: {self.layers_quantized} linear layers{converted}, "
+            f"{self.params_share:.0%} of the parameters"
+        )
+        lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
 def _ratio(r: float, better: str, worse: str) -> str:
     return f"{r:.2f}x {better}" if r >= 1 or r != r else f"{1 / r:.2f}x {worse}"
+
+
+def _change(r: float) -> str:
+    """Perplexity after / before: lower is better."""
+    return f"{r:.3f}x" + (" (higher)" if r > 1 else " (lower)" if r < 1 else "")
 
 
 def _mib(n: int) -> str:
@@ -214,19 +251,31 @@ def _torchao_config(scheme: str, device: torch.device, notes: list[str]):
 
 
 def _apply(
-    model: torch.nn.Module, scheme: str, engine: str, device: torch.device, notes: list[str]
+    model: torch.nn.Module,
+    scheme: str,
+    engine: str,
+    device: torch.device,
+    notes: list[str],
+    layers: list[str],
 ) -> torch.nn.Module:
+    """Quantize the ``nn.Linear`` layers named in ``layers`` (and no other)."""
+    chosen = set(layers)
     if engine == "torch-ao":
+        qconfig = torch.ao.quantization.default_dynamic_qconfig
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # deprecated in favour of torchao, still the fastest
             return torch.ao.quantization.quantize_dynamic(
-                model, {torch.nn.Linear}, dtype=torch.qint8
+                model, {name: qconfig for name in layers}, dtype=torch.qint8
             )
     config = _torchao_config(scheme, device, notes)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _import_torchao().quantize_(model, config)
+            _import_torchao().quantize_(
+                model,
+                config,
+                filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and fqn in chosen,
+            )
     except (ImportError, NotImplementedError, AssertionError, RuntimeError) as exc:
         raise QuantizeError(
             f"torchao cannot run {scheme} on {device.type} here: {type(exc).__name__}: {exc}"
@@ -273,10 +322,78 @@ def paired_latency(
     return [statistics.median(t) for t in times]
 
 
+def _logits(out) -> torch.Tensor:
+    logits = getattr(out, "logits", None)
+    if logits is None:
+        logits = out if isinstance(out, torch.Tensor) else _outputs(out)[0]
+    return logits
+
+
+def perplexity(model: torch.nn.Module, ids: torch.Tensor) -> float:
+    """exp of the mean next-token cross-entropy of ``model`` on ``ids`` ``(B, T)``."""
+    with torch.inference_mode():
+        logits = _logits(model(ids)).float()
+    loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
+    )
+    return float(torch.exp(loss))
+
+
+def _heldout_ids(heldout) -> torch.Tensor:
+    if not isinstance(heldout, torch.Tensor) or heldout.is_floating_point():
+        raise QuantizeError(
+            f"held-out text must be token ids (an integer tensor, shape (T,) or (B, T)), "
+            f"got {type(heldout).__name__}"
+        )
+    ids = heldout.unsqueeze(0) if heldout.dim() == 1 else heldout
+    if ids.dim() != 2 or ids.shape[1] < 2:
+        raise QuantizeError(
+            f"held-out token ids must be (T,) or (B, T) with T >= 2, got {tuple(heldout.shape)}"
+        )
+    return ids.long()
+
+
+def _layer_words(p: Plan, converted: list[str]) -> tuple[list[str], list[str]]:
+    """Notes on what stayed in float, and warnings when little was quantized."""
+    notes, warns = [], []
+    if converted:
+        notes.append(
+            f"{len(converted)} GPT-2-style Conv1D layers ({_names(converted)}) were "
+            f"quantized as the nn.Linear they compute"
+        )
+    for linear, shared in p.tied.items():
+        notes.append(
+            f"{linear} kept in float: its weight is tied to {shared}; quantizing it would "
+            f"store a second copy and make the model larger"
+        )
+    if p.other:
+        kinds = sorted(set(p.other.values()))
+        notes.append(
+            f"not quantized (no quantizer takes {', '.join(kinds)}): {_names(list(p.other))}"
+        )
+    if p.share < LITTLE_QUANTIZED:
+        warns.append(
+            f"only {p.share:.0%} of the parameters were quantized ({len(p.linear)} linear "
+            f"layers); the rest stays in float, so size and speed barely change"
+        )
+    return notes, warns
+
+
+def _names(names: list[str], most: int = 4) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def quantize(
-    model: torch.nn.Module, scheme: str, engine: str = "auto", example=None, runs: int = 20
+    model: torch.nn.Module,
+    scheme: str,
+    engine: str = "auto",
+    example=None,
+    runs: int = 20,
+    heldout=None,
 ) -> QuantizeReport:
-    """Quantize a copy of ``model`` with ``scheme`` and measure it on ``example``."""
+    """Quantize a copy of ``model`` with ``scheme`` and measure it on ``example`` (and,
+    given ``heldout`` token ids, its perplexity before and after)."""
     if not isinstance(model, torch.nn.Module):
         raise QuantizeError(f"expected a torch.nn.Module to quantize, got {type(model).__name__}")
     if example is None:
@@ -290,17 +407,26 @@ def quantize(
         raise QuantizeError(
             f"example must be a tensor or a tuple of tensors, got {type(example).__name__}"
         )
-    if not any(isinstance(m, torch.nn.Linear) for m in model.modules()):
-        raise QuantizeError("nothing to quantize: the model has no torch.nn.Linear layers")
+    ids = None if heldout is None else _heldout_ids(heldout)
     device = _device(model)
     engine = resolve_engine(scheme, engine, device)
     _check_hardware(scheme, device)
 
     model = model.eval()
-    notes: list[str] = []
+    copied = copy.deepcopy(model)
+    converted = convert_conv1d(copied)
+    layers = plan(copied)
+    if not layers.linear:
+        why = [f"{n} is tied to {s}" for n, s in layers.tied.items()]
+        why += [f"{n} is a {kind}" for n, kind in layers.other.items()][:4]
+        raise QuantizeError(
+            "nothing to quantize: the model has no torch.nn.Linear (or GPT-2 Conv1D) "
+            "layers a quantizer can take" + (f" ({'; '.join(why)})" if why else "")
+        )
+    notes, warns = _layer_words(layers, converted)
     with torch.inference_mode():
         reference = _outputs(_call(model, example))
-    quantized = _apply(copy.deepcopy(model), scheme, engine, device, notes).eval()
+    quantized = _apply(copied, scheme, engine, device, notes, layers.linear).eval()
     with torch.inference_mode():
         got = _outputs(_call(quantized, example))
     diff = torch.cat(
@@ -308,6 +434,7 @@ def quantize(
     )
     ref = torch.cat([r.float().flatten() for r in reference])
     before_s, after_s = paired_latency([model, quantized], example, runs)
+    ppl = (perplexity(model, ids), perplexity(quantized, ids)) if ids is not None else (None, None)
     return QuantizeReport(
         scheme=scheme,
         engine=engine,
@@ -321,4 +448,11 @@ def quantize(
         device=str(device),
         notes=notes,
         model=quantized,
+        layers_quantized=len(layers.linear),
+        layers_converted=len(converted),
+        params_share=layers.share,
+        warnings=warns,
+        perplexity_before=ppl[0],
+        perplexity_after=ppl[1],
+        heldout_tokens=0 if ids is None else ids.numel(),
     )
