@@ -31,6 +31,10 @@ def __getattr__(name: str):
         from .endpoint import Endpoint
 
         return Endpoint
+    if name == "chunk_text":
+        from .chunking import chunk_text
+
+        return chunk_text
     if name in ("Collection", "Hit"):
         from . import collections
 

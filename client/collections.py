@@ -5,13 +5,17 @@
     docs = Collection("docs", embed="minilm")       # texts embedded by your endpoint
     docs.insert(vectors=X, metadata=[{...}, ...])   # numpy [n, dim] or lists; -> ids
     docs.insert(texts=["...", ...], metadata=...)   # with embed=
+    docs.insert(texts=books, chunk_size=1000, chunk_overlap=200)  # long ones in chunks
+    docs.insert(vectors=X, texts=[...])             # your own vectors, texts kept with them
     hits = docs.search(vector=q, k=10)              # or text="...", filter={"lang": "en"}
-    hits[0].id, hits[0].score, hits[0].metadata
+    hits[0].id, hits[0].score, hits[0].metadata, hits[0].text
     docs.count(); docs.share(users=["bob"]); docs.drop()
     Collection("alice/docs")                        # one alice shared with you
 
 Scores: cosine and ip, higher is closer; l2, the squared distance (lower is closer).
-Inserts of more rows than one request takes go in batches.
+Inserts of more rows than one request takes go in batches. A row made from a text
+keeps it: its hit's ``text`` is what was found (None for rows of vectors alone).
+For LangChain and LlamaIndex: :mod:`gpulab.client.langchain`, :mod:`gpulab.client.llama_index`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from .chunking import chunk_text
 from .errors import BadRequest, ConfigurationError, NotFound
 
 #: Rows per request (the service's default cap, c.GpuLabService.collection_max_rows).
@@ -56,6 +61,8 @@ class Hit:
     id: str
     score: float
     metadata: dict = field(default_factory=dict)
+    #: The text the row was made from (None for a row of vectors alone).
+    text: str | None = None
 
     def __getitem__(self, key: str):  # hit["id"] as well as hit.id
         return getattr(self, key)
@@ -84,13 +91,19 @@ class Collection:
         try:
             self.info = self.client.collection(self.owner, short)
         except NotFound:
-            if owner and owner != self._me():
+            # Another's that is not there; outside a server (no JUPYTERHUB_USER) the
+            # service makes it as the token's user, who must be that owner.
+            if owner and owner != os.environ.get("JUPYTERHUB_USER", owner):
                 raise
             if dim is None and embed is None:
                 raise BadRequest(
                     400, f"you have no collection {short!r}: give dim= (or embed=) to make it"
                 ) from None
             self.info = self.client.create_collection(short, dim=dim, embed=embed, metric=metric)
+            if self.info["owner"] != self.owner:
+                raise BadRequest(
+                    400, f"this token is {self.info['owner']}'s: {self.owner} has no {short!r}"
+                ) from None
             return
         if dim is not None and dim != self.info["dim"]:
             raise BadRequest(
@@ -112,38 +125,95 @@ class Collection:
     def _call(self, verb: str, body: dict) -> dict:
         return self.client.collection_call(self.owner, self.name, verb, body)
 
-    def _write(self, verb, vectors, texts, metadata, ids, batch) -> list[str]:
-        if (vectors is None) == (texts is None):
-            raise BadRequest(400, "give vectors= or texts=")
-        rows = _lists(vectors) if vectors is not None else list(texts)
-        key = "vectors" if vectors is not None else "texts"
+    @property
+    def embed(self) -> str | None:
+        """The endpoint that embeds its texts (``owner/name``), or None."""
+        return self.info.get("embed")
+
+    def _write(
+        self, verb, vectors, texts, metadata, ids, batch, chunk_size=None, chunk_overlap=200
+    ) -> list[str]:
+        if vectors is None and texts is None:
+            raise BadRequest(400, "give vectors= or texts= (or both: texts kept with vectors)")
+        if chunk_size is not None:
+            if texts is None or vectors is not None:
+                raise BadRequest(400, "chunk_size= cuts texts=: give texts alone to chunk them")
+            texts, metadata, ids = chunked(texts, metadata, ids, chunk_size, chunk_overlap)
+        columns = {}
+        if vectors is not None:
+            columns["vectors"] = _lists(vectors)
+        if texts is not None:
+            columns["texts"] = list(texts)
+        n = len(next(iter(columns.values())))
+        if any(len(c) != n for c in columns.values()):
+            raise BadRequest(400, f"{len(columns['texts'])} texts for {n} vectors: one text each")
         out: list[str] = []
-        for start in range(0, len(rows), batch):
+        for start in range(0, n, batch):
             end = start + batch
-            body = {key: rows[start:end]}
+            body = {key: column[start:end] for key, column in columns.items()}
             if metadata is not None:
                 body["metadata"] = list(metadata[start:end])
             if ids is not None:
                 body["ids"] = list(ids[start:end])
             out += self._call(verb, body)["ids"]
-            if len(rows) > batch:  # long work shows its progress
-                print(f"\r{verb}: {len(out)}/{len(rows)} rows", end="", file=sys.stderr)
-        if len(rows) > batch:
+            if n > batch:  # long work shows its progress
+                print(f"\r{verb}: {len(out)}/{n} rows", end="", file=sys.stderr)
+        if n > batch:
             print(file=sys.stderr)
         return out
 
-    def insert(self, vectors=None, texts=None, metadata=None, ids=None, batch: int = BATCH):
+    def insert(
+        self,
+        vectors=None,
+        texts=None,
+        metadata=None,
+        ids=None,
+        batch: int = BATCH,
+        chunk_size: int | None = None,
+        chunk_overlap: int = 200,
+    ):
         """Add rows; returns their ids (new ones where ``ids`` is not given). An id the
-        collection holds already is refused (409): use :meth:`upsert`."""
-        return self._write("insert", vectors, texts, metadata, ids, batch)
+        collection holds already is refused (409): use :meth:`upsert`.
 
-    def upsert(self, vectors=None, texts=None, metadata=None, ids=None, batch: int = BATCH):
+        ``texts`` alone are embedded by the collection's endpoint; with ``vectors``
+        they are kept beside them (one each), as the hits' ``text``. ``chunk_size``
+        (characters) cuts each text into chunks (:func:`~.chunking.chunk_text`): a row
+        each, whose metadata names its ``source`` (the text's ``metadata["source"]``,
+        its id, or its position in ``texts``), ``chunk`` (0, 1, ...) and ``start`` (its
+        first character in the text); the ids given become ``ID#0``, ``ID#1``, ..."""
+        return self._write(
+            "insert", vectors, texts, metadata, ids, batch, chunk_size, chunk_overlap
+        )
+
+    def upsert(
+        self,
+        vectors=None,
+        texts=None,
+        metadata=None,
+        ids=None,
+        batch: int = BATCH,
+        chunk_size: int | None = None,
+        chunk_overlap: int = 200,
+    ):
         """Add rows or replace those with the same ids."""
-        return self._write("upsert", vectors, texts, metadata, ids, batch)
+        return self._write(
+            "upsert", vectors, texts, metadata, ids, batch, chunk_size, chunk_overlap
+        )
 
-    def delete(self, ids) -> int:
-        """Remove the rows of these ids; returns how many there were."""
-        return self._call("delete", {"ids": list(ids)})["deleted"]
+    def delete(self, ids=None, filter=None) -> int:
+        """Remove the rows of these ids, or those the ``filter`` matches (as
+        :meth:`search` takes it); returns how many there were."""
+        if (ids is None) == (filter is None):
+            raise BadRequest(400, "give ids= or filter=")
+        if ids is not None:
+            return self._call("delete", {"ids": list(ids)})["deleted"]
+        # The matching rows, found a search's worth at a time (a filtered search
+        # returns only rows that match, whatever the probe vector) and deleted.
+        probe = [1.0] * self.info["dim"]
+        deleted = 0
+        while hits := self.search(vector=probe, k=1000, filter=filter):
+            deleted += self._call("delete", {"ids": [h.id for h in hits]})["deleted"]
+        return deleted
 
     def search(self, vector=None, text=None, k: int = 10, filter=None) -> list[Hit]:
         """The ``k`` nearest rows, nearest first. ``filter``: ``{"lang": "en"}`` or an
@@ -155,7 +225,9 @@ class Collection:
         body["k"] = k
         if filter is not None:
             body["filter"] = filter
-        return [Hit(**h) for h in self._call("search", body)["hits"]]
+        fields = set(Hit.__dataclass_fields__)
+        hits = self._call("search", body)["hits"]
+        return [Hit(**{k: v for k, v in h.items() if k in fields}) for h in hits]
 
     def count(self) -> int:
         return self.client.collection(self.owner, self.name)["count"]
@@ -173,3 +245,26 @@ class Collection:
     def drop(self) -> None:
         """Remove it and every row (owner and admins)."""
         self.client.drop_collection(self.owner, self.name)
+
+
+def chunked(texts, metadata, ids, chunk_size: int, chunk_overlap: int):
+    """Each text's chunks as rows: (texts, metadata, ids) of the chunks."""
+    texts = list(texts)
+    if metadata is not None and len(metadata) != len(texts):
+        raise BadRequest(400, f"{len(metadata)} metadata for {len(texts)} texts: one each")
+    if ids is not None and len(ids) != len(texts):
+        raise BadRequest(400, f"{len(ids)} ids for {len(texts)} texts: one each")
+    out_texts, out_meta, out_ids = [], [], []
+    for i, text in enumerate(texts):
+        meta = dict(metadata[i]) if metadata is not None else {}
+        source = meta.pop("source", ids[i] if ids is not None else i)
+        try:
+            pieces = chunk_text(text, chunk_size, chunk_overlap)
+        except ValueError as e:
+            raise BadRequest(400, str(e)) from None
+        for j, (start, piece) in enumerate(pieces):
+            out_texts.append(piece)
+            out_meta.append({**meta, "source": source, "chunk": j, "start": start})
+            if ids is not None:
+                out_ids.append(f"{ids[i]}#{j}")
+    return out_texts, out_meta, (out_ids if ids is not None else None)

@@ -13,6 +13,7 @@ Python (``Collection("docs").insert(texts=..., metadata=...)``): data is not a l
 
 from __future__ import annotations
 
+import re
 import shlex
 from html import escape
 
@@ -28,12 +29,48 @@ USAGE = (
 )
 
 
+#: The flags each verb takes (``-k`` is written with one dash).
+FLAGS = {
+    "list": (),
+    "create": ("dim", "embed", "metric"),
+    "search": ("k",),
+    "count": (),
+    "share": ("users", "groups"),
+    "drop": (),
+}
+#: What the client and the service say in Python's words, said in the magic's flags.
+IN_FLAG_WORDS = (
+    (
+        re.compile(r"give dim= \(or embed=\) to make it"),
+        "make it with %vectors create NAME --dim N (or --embed ENDPOINT)",
+    ),
+    (
+        re.compile(r'send vectors, or make the collection with embed="owner/endpoint"'),
+        "search it with vector= in Python, or make one with %vectors create NAME --embed ENDPOINT",
+    ),
+    (re.compile(r"(?<![-\w])k must be\b"), "-k must be"),
+    (re.compile(r"(?<![-\w])k=(\d+)"), r"-k \1"),
+    (
+        re.compile(r"(?<![-\w])(dim|embed|metric)(?: must\b|=)"),
+        lambda m: f"--{m.group(1)}" + (" must" if m.group(0).endswith("must") else " "),
+    ),
+    (re.compile(r"\b(leave|give) dim\b(?!=)"), r"\1 --dim"),
+    (re.compile(r"(?<![-\w])dim is missing\b"), "--dim is missing"),
+)
+
+
+class UsageError(ValueError):
+    """A line the magic cannot read: said with the usage."""
+
+
 def _options(words: list[str]) -> tuple[list[str], dict[str, str]]:
     """Positional words and ``--flag value`` pairs (``-k`` too)."""
     args, opts, i = [], {}, 0
     while i < len(words):
         w = words[i]
-        if w.startswith("-") and i + 1 < len(words):
+        if w.startswith("-") and len(w) > 1 and not _number(w):
+            if i + 1 >= len(words):
+                raise UsageError(f"{w} needs a value")
             opts[w.lstrip("-")] = words[i + 1]
             i += 2
         else:
@@ -42,24 +79,71 @@ def _options(words: list[str]) -> tuple[list[str], dict[str, str]]:
     return args, opts
 
 
+def _number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def _flag(name: str) -> str:
+    return f"-{name}" if len(name) == 1 else f"--{name}"
+
+
+def _check_flags(verb: str, opts: dict[str, str]) -> None:
+    known = FLAGS.get(verb, ())
+    unknown = [_flag(o) for o in opts if o not in known]
+    if unknown:
+        takes = ", ".join(_flag(o) for o in known) if known else "no options"
+        raise UsageError(f"unknown option {', '.join(unknown)}; {verb} takes {takes}")
+
+
+def _whole(opts: dict[str, str], name: str, default: int | None = None) -> int | None:
+    if name not in opts:
+        return default
+    try:
+        return int(opts[name])
+    except ValueError:
+        raise UsageError(f"{_flag(name)} must be a whole number, not {opts[name]!r}") from None
+
+
+def in_flag_words(message: str) -> str:
+    """An error of the client or the service, in the magic's flags (``--dim``, not
+    ``dim=``): the line is what a notebook user typed, not Python."""
+    for pattern, replacement in IN_FLAG_WORDS:
+        message = pattern.sub(replacement, message)
+    return message
+
+
 def hits_bundle(where: str, query: str, hits) -> dict[str, str]:
     """The hits as a table (rank, id, score, metadata) and as lines."""
     lines = [f"{where}: {plural(len(hits), 'hit')} for {query!r}"]
     rows = []
     for rank, h in enumerate(hits, 1):
         meta = ", ".join(f"{k}={v}" for k, v in h.metadata.items())
-        lines.append(f"  {rank}. {h.id}  {h.score:.3f}  {meta}")
+        text = _snippet(getattr(h, "text", None))
+        lines.append(f"  {rank}. {h.id}  {h.score:.3f}  {meta}" + (f"  {text!r}" if text else ""))
         rows.append(
             f'<tr><td style="{CELL}">{rank}</td><td style="{CELL}"><b>{escape(h.id)}</b></td>'
-            f'<td style="{CELL}">{h.score:.3f}</td><td style="{CELL}">{escape(meta)}</td></tr>'
+            f'<td style="{CELL}">{h.score:.3f}</td><td style="{CELL}">{escape(meta)}</td>'
+            f'<td style="{CELL}">{escape(text)}</td></tr>'
         )
-    head = "".join(f'<th style="{CELL}">{t}</th>' for t in ("#", "id", "score", "metadata"))
+    head = "".join(f'<th style="{CELL}">{t}</th>' for t in ("#", "id", "score", "metadata", "text"))
     html = (
         f"<div>{escape(lines[0])}</div>"
         f'<table class="gpulab-hits" style="border-collapse:collapse;font-size:12px">'
         f"<tr>{head}</tr>{''.join(rows)}</table>"
     )
     return {"text/plain": "\n".join(lines), "text/html": html}
+
+
+def _snippet(text: str | None, most: int = 120) -> str:
+    """The hit's text on one line, cut to ``most`` characters."""
+    if not text:
+        return ""
+    line = " ".join(text.split())
+    return line if len(line) <= most else line[: most - 1] + "\u2026"
 
 
 def listing(views: list[dict]) -> dict[str, str]:
@@ -84,14 +168,24 @@ class VectorsMagics(Magics):
 
         try:
             words = shlex.split(line)
-        except ValueError as e:
+            args, opts = _options(words)
+        except (ValueError, UsageError) as e:
             print(f"%vectors: {e}\n{USAGE}")
             return None
-        args, opts = _options(words)
         if not args:
             print(USAGE)
             return None
         verb, rest = args[0], args[1:]
+        if verb not in FLAGS:
+            print(f"%vectors: unknown verb {verb!r}\n{USAGE}")
+            return None
+        try:
+            _check_flags(verb, opts)
+            dim = _whole(opts, "dim")
+            k = _whole(opts, "k", 10)
+        except UsageError as e:
+            print(f"%vectors {verb}: {e}\n{USAGE}")
+            return None
         try:
             if verb == "list":
                 show_listing(listing(Client().collections()))
@@ -101,7 +195,6 @@ class VectorsMagics(Magics):
                 return None
             name = rest[0]
             if verb == "create":
-                dim = int(opts["dim"]) if "dim" in opts else None
                 c = Collection(
                     name, dim=dim, embed=opts.get("embed"), metric=opts.get("metric", "cosine")
                 )
@@ -111,7 +204,7 @@ class VectorsMagics(Magics):
                     print(f"%vectors search: give the text to search for\n{USAGE}")
                     return None
                 c = Collection(name)
-                hits = c.search(text=" ".join(rest[1:]), k=int(opts.get("k", 10)))
+                hits = c.search(text=" ".join(rest[1:]), k=k)
                 show_listing(hits_bundle(f"{c.owner}/{c.name}", " ".join(rest[1:]), hits))
             elif verb == "count":
                 c = Collection(name)
@@ -125,6 +218,8 @@ class VectorsMagics(Magics):
                 )
                 who = info["share_users"] + [f"group {g}" for g in info["share_groups"]]
                 print(f"{info['collection']}: shared with {', '.join(who) or 'no one'}")
+                if info.get("warning"):
+                    print(f"note: {info['warning']}")
             elif verb == "drop":
                 c = Collection(name)
                 c.drop()
@@ -132,5 +227,5 @@ class VectorsMagics(Magics):
             else:
                 print(f"%vectors: unknown verb {verb!r}\n{USAGE}")
         except (GpuLabError, ValueError) as e:
-            print(f"%vectors {verb}: {e}")
+            print(f"%vectors {verb}: {in_flag_words(str(e))}")
         return None

@@ -22,6 +22,9 @@ NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
 KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 METADATA_MAX = 64 * 1024  # bytes of JSON per row
 TEXT_MAX = 8192  # characters per text
+#: The key of a row's metadata in the engine that keeps the text it was made from
+#: (returned as the hit's ``text``, not in its metadata). Not a key a client may send.
+TEXT_KEY = "_text"
 K_MAX = 1000
 #: What only a ``\uD800``-``\uDFFF`` escape in a JSON body can make: a lone surrogate
 #: (the bytes themselves are checked to be UTF-8 by the body parser).
@@ -112,6 +115,14 @@ def texts(values, limits: CollectionLimits) -> list[str]:
     return values
 
 
+def texts_of_vectors(values, n: int, limits: CollectionLimits) -> list[str]:
+    """Texts sent beside vectors: kept with them (one each), not embedded."""
+    values = texts(values, limits)
+    if len(values) != n:
+        raise Refused(400, f"{len(values)} texts for {n} vectors: send one text per vector")
+    return values
+
+
 def ids(values, n: int) -> list[str]:
     """The rows' ids: given (strings or whole numbers, unique), or new ones."""
     if values is None:
@@ -139,6 +150,12 @@ def metadata(values, n: int) -> list[dict]:
     for i, m in enumerate(values):
         if not isinstance(m, dict):
             raise Refused(400, f"metadata[{i}] must be an object")
+        if TEXT_KEY in m:
+            raise Refused(
+                400,
+                f"metadata[{i}] has the key {TEXT_KEY!r}, which keeps the row's text: "
+                "send the text in texts (with vectors, or alone to have it embedded)",
+            )
         if len(json.dumps(m)) > METADATA_MAX:
             raise Refused(413, f"metadata[{i}] is over {METADATA_MAX // 1024} KiB of JSON")
     return values

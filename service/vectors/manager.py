@@ -58,8 +58,11 @@ class CollectionManager:
         embedder: Embedder | None,
         endpoint_lineage: Callable[[str, str], dict | None],
         process: EngineProcess | None = None,
+        endpoint_row: Callable[[str, str], dict | None] = lambda owner, name: None,
     ):
         self.store = store
+        #: (owner, name) -> the endpoint's row (who it is shared with), or None.
+        self.endpoint_row = endpoint_row
         self.engine = engine
         self.limits = limits
         self.embedder = embedder
@@ -98,6 +101,9 @@ class CollectionManager:
             embedder=deployments.calls.embed if deployments is not None else None,
             endpoint_lineage=lambda owner, name: _endpoint_lineage(deployments, owner, name),
             process=process,
+            endpoint_row=lambda owner, name: (
+                deployments.store.find(owner, name) if deployments is not None else None
+            ),
         )
 
     # -- the engine's process ------------------------------------------------------------
@@ -287,15 +293,56 @@ class CollectionManager:
             self.store.update(row["id"], **values)
         row = self.store.get(row["id"])
         self._rows[(row["user"], row["name"])] = row
-        return self.view(row)
+        view = self.view(row)
+        warning = self._endpoint_not_shared(row)
+        if warning:
+            view["warning"] = warning
+        return view
+
+    def _endpoint_not_shared(self, row: dict) -> str:
+        """For a collection of texts: which of those it is shared with may not call the
+        endpoint that embeds them, said with the call that shares it too."""
+        if not row["embed"]:
+            return ""
+        ep_owner, ep_name = row["embed"].split("/", 1)
+        ep = self.endpoint_row(ep_owner, ep_name)
+        if ep is None:
+            return ""
+        users = [u for u in row["share_users"] if u != ep_owner and u not in ep["share_users"]]
+        groups = [g for g in row["share_groups"] if g not in ep["share_groups"]]
+        if not users and not groups:
+            return ""
+        who = ", ".join(users + [f"group {g}" for g in groups])
+        fix = ", ".join(
+            f"share_{kind}={current + missing!r}"
+            for kind, current, missing in (
+                ("users", ep["share_users"], users),
+                ("groups", ep["share_groups"], groups),
+            )
+            if missing
+        )
+        return (
+            f"{row['user']}/{row['name']} embeds texts through endpoint {row['embed']}, "
+            f"which {who} may not call: they can search it with vectors, but text searches "
+            f"and inserts of texts are refused until the endpoint is shared too: "
+            f'Client().share_deployment("{ep_name}", {fix})'
+        )
 
     # -- rows ----------------------------------------------------------------------------
     async def write(self, who, row: dict, body: dict, upsert: bool) -> dict:
         checks.fields(body, ("ids", "vectors", "texts", "metadata"))
-        vectors = await self._vectors_of(who, row, body, "vectors", "texts")
+        if "vectors" in body and "texts" in body:
+            # Vectors the caller embedded, and the texts they came from, kept beside them.
+            vectors = checks.vectors(body["vectors"], row["dim"], self.limits)
+            texts = checks.texts_of_vectors(body["texts"], len(vectors), self.limits)
+        else:
+            vectors = await self._vectors_of(who, row, body, "vectors", "texts")
+            texts = body.get("texts")
         n = len(vectors)
         ids = checks.ids(body.get("ids"), n)
         metadata = checks.metadata(body.get("metadata"), n)
+        if texts is not None:  # a hit returns what it found: the text is kept in the row
+            metadata = [{**m, checks.TEXT_KEY: t} for m, t in zip(metadata, texts, strict=True)]
         if not upsert and body.get("ids") is not None:
             taken = await self._engine(self.engine.existing, row["user"], row["id"], ids)
             if taken:
@@ -346,6 +393,7 @@ class CollectionManager:
         found = await self._engine(
             self.engine.search, row["user"], row["id"], vectors, k, row["metric"], expression
         )
+        found = [[_with_text(hit) for hit in hits] for hits in found]
         return {"results": found} if many else {"hits": found[0]}
 
     # -- embedding -----------------------------------------------------------------------
@@ -363,8 +411,21 @@ class CollectionManager:
                 'or make the collection with embed="owner/endpoint"',
             )
         vectors = []
-        for start in range(0, len(texts), EMBED_BATCH):
-            vectors += await self._embed_as(who, row["embed"], texts[start : start + EMBED_BATCH])
+        try:
+            for start in range(0, len(texts), EMBED_BATCH):
+                batch = texts[start : start + EMBED_BATCH]
+                vectors += await self._embed_as(who, row["embed"], batch)
+        except Refused as e:
+            ep_owner, ep_name = row["embed"].split("/", 1)
+            if e.status != 403 or who.can_act_for(ep_owner):
+                raise
+            raise Refused(
+                403,
+                f"{who.name} may use {row['user']}/{row['name']} but not call the endpoint "
+                f"that embeds its texts, {row['embed']}: ask {ep_owner} to share it with you "
+                f'too (Client().share_deployment("{ep_name}", share_users=[..., '
+                f'"{who.name}"])), or send vectors you embed yourself',
+            ) from None
         if any(len(v) != row["dim"] for v in vectors):
             raise Refused(
                 502,
@@ -418,6 +479,13 @@ class CollectionManager:
             await self.engine.flush(row["user"], row["id"])
         except Exception as e:  # a later write seals it again
             log.warning("Sealing %s/%s failed: %s", row["user"], row["name"], e)
+
+
+def _with_text(hit: dict) -> dict:
+    """The hit with the text its row keeps as ``text`` (None for a row of vectors alone)."""
+    metadata = dict(hit["metadata"])
+    text = metadata.pop(checks.TEXT_KEY, None)
+    return {**hit, "metadata": metadata, "text": text}
 
 
 def _endpoint_lineage(deployments, owner: str, name: str) -> dict | None:
