@@ -98,6 +98,7 @@ def render_node(
         rank_env.CHECKPOINT_EVERY: str(spec.checkpoint_every),
         rank_env.AMP: spec.amp,
         rank_env.COMM_HOOK: spec.comm_hook,
+        rank_env.FSDP: "1" if spec.fsdp else "",
         rank_env.OUT: spec.out,
         rank_env.NODE_GPUS: ",".join(node_gpus or []),
         rank_env.GPU_MILLI: str(spec.gpu_milli),

@@ -82,6 +82,7 @@ class JobSpec:
     checkpoint_every: int = 0  # steps; 0 = only at the end of resume_range
     amp: str = ""
     comm_hook: str = ""
+    fsdp: bool = False  # ctx.wrap(model) shards with FSDP2 (--fsdp)
     out: str = ""  # variable to send back to the notebook
     timeout: float = 0  # seconds of running before the job is stopped; 0 = none
     priority: int = 0  # within its priority class: admins raise, users lower
@@ -207,6 +208,8 @@ class JobSpec:
             raise SpecError("'image' must be a container image name (a string)")
         if self.amp not in AMP_CHOICES:
             raise SpecError(f"'amp' must be bf16 or fp16, got {self.amp!r}")
+        if not isinstance(self.fsdp, bool):
+            raise SpecError(f"'fsdp' must be true or false, got {self.fsdp!r}")
         if self.comm_hook not in COMM_HOOK_CHOICES:
             raise SpecError(f"'comm_hook' must be powersgd, fp16 or bf16, got {self.comm_hook!r}")
         for key in ("backend", "pool"):

@@ -176,6 +176,7 @@ def build_spec(args, cell: str, namespace: dict) -> dict:
         "checkpoint_every": args.checkpoint_every,
         "amp": args.amp or "",
         "comm_hook": args.comm_hook or "",
+        "fsdp": bool(getattr(args, "fsdp", False)),
         "env": parse_env(args.env),
         "out": args.out or "",
         "timeout": args.timeout or 0,
@@ -226,6 +227,12 @@ class TrainMagics(Magics):
         help="steps between checkpoints in checkpoint.resume_range; default 0 (end only)",
     )
     @argument("--amp", choices=("bf16", "fp16"), help="autocast dtype for ctx.autocast()")
+    @argument(
+        "--fsdp",
+        action="store_true",
+        help="ctx.wrap(model) shards the model with FSDP2 (as shard=True): for a model "
+        "whose training state does not fit one rank",
+    )
     @argument(
         "--comm-hook",
         choices=("powersgd", "fp16", "bf16"),

@@ -50,14 +50,25 @@ class Context:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def wrap(self, model):
-        """Move ``model`` to this rank's device and wrap it in DDP (with the comm hook)."""
+    def wrap(self, model, shard: bool | None = None, checkpointing: bool = False):
+        """Move ``model`` to this rank's device and wrap it in DDP (with the comm hook).
+
+        ``shard=True`` (or the job's ``--fsdp``) shards it instead: FSDP2 per
+        transformer block, for a model whose training state does not fit one rank
+        (:mod:`.shard`); ``checkpointing=True`` adds activation checkpointing per block.
+        """
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = model.to(self.device)
+        if shard is None:
+            shard = env.get(env.FSDP) == "1"
         if self.world_size == 1 or not torch.distributed.is_initialized():
-            return model
+            return model.to(self.device)
+        if shard:
+            from .shard import shard as fully_shard
+
+            return fully_shard(model, self, checkpointing=checkpointing)
+        model = model.to(self.device)
         ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DDP(model, device_ids=ids)
         self._register_hook(ddp)

@@ -11,6 +11,8 @@ CHECKPOINT_EVERY = "GPULAB_CHECKPOINT_EVERY"
 AMP = "GPULAB_AMP"
 COMM_HOOK = "GPULAB_COMM_HOOK"
 OUT = "GPULAB_OUT"
+#: "1": ``ctx.wrap(model)`` shards with FSDP2 (``--fsdp``), as ``shard=True`` does.
+FSDP = "GPULAB_FSDP"
 #: Comma-separated device per local rank on this node (GPU UUIDs); empty on CPU.
 NODE_GPUS = "GPULAB_NODE_GPUS"
 #: Share of its GPU each rank may use, in milli-GPU (1000 = whole card).

@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 
-from . import env, preemption
+from . import env, hf, memory, preemption
 
 
 def _redirect_output(job_dir: str, rank: int) -> None:
@@ -88,13 +88,19 @@ def _unwrap(value):
     return value
 
 
-def save_out(job_dir: str, name: str, namespace: dict) -> None:
+def save_out(job_dir: str, name: str, namespace: dict, rank: int = 0) -> None:
+    """Rank 0 writes the value; every rank calls it (a sharded model is gathered)."""
     import cloudpickle
     import torch
 
+    from .out import gather, save_hf_folder
+
     if name not in namespace:
         raise NameError(f"--out {name}: the cell defined no variable {name!r}")
-    value = _unwrap(namespace[name])
+    value = gather(namespace[name], rank)
+    if rank != 0:
+        return
+    value = _unwrap(value)
     out = os.path.join(job_dir, "out")
     os.makedirs(out, exist_ok=True)
     if hasattr(value, "state_dict"):
@@ -103,6 +109,7 @@ def save_out(job_dir: str, name: str, namespace: dict) -> None:
     with open(os.path.join(out, "value.pkl.tmp"), "wb") as f:
         cloudpickle.dump(value, f)
     os.replace(os.path.join(out, "value.pkl.tmp"), os.path.join(out, "value.pkl"))
+    save_hf_folder(value, out)
 
 
 def record_failure(job_dir: str, rank: int, exc: BaseException) -> None:
@@ -117,7 +124,7 @@ def record_failure(job_dir: str, rank: int, exc: BaseException) -> None:
             "time": time.time(),
             "error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"),
             "type": type(exc).__name__,
-            "message": str(exc),
+            "message": memory.explain(exc, rank) if memory.is_out_of_memory(exc) else str(exc),
             "traceback": "".join(traceback.format_exception(exc)),
         },
     )
@@ -128,6 +135,7 @@ def run(job_dir: str) -> None:
 
     rank = env.rank()
     preemption.install()  # before the cell runs: SIGTERM waits for a step boundary
+    hf.add_when_imported()  # a Trainer in the cell reports to the live chart
     _redirect_output(job_dir, rank)
     _write_json(
         os.path.join(job_dir, "pids", f"rank{rank}.json"),
@@ -146,8 +154,8 @@ def run(job_dir: str) -> None:
     try:
         exec(code, namespace)
         out = env.get(env.OUT)
-        if out and rank == 0:
-            save_out(job_dir, out, namespace)
+        if out:
+            save_out(job_dir, out, namespace, rank)
     except BaseException as e:  # noqa: BLE001 - everything a rank raises is the job's failure
         if isinstance(e, SystemExit) and not e.code:
             return

@@ -1,0 +1,33 @@
+"""A causal LM (a Llama built in code) trained with ``ctx.wrap(model, shard=True)``.
+
+Each step's tokens come from a generator seeded by the step and rank, so a run
+resumed from a checkpoint sees the same batches as an uninterrupted one.
+"""
+
+SHARDED_LM = """
+import os, time
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from gpulab.training import setup, report, checkpoint
+
+ctx = setup()
+size = dict(hidden_size=int(os.environ.get("HIDDEN", "64")), num_hidden_layers=2,
+            intermediate_size=int(os.environ.get("FFN", "128")), num_attention_heads=4,
+            num_key_value_heads=4, vocab_size=int(os.environ.get("VOCAB", "256")),
+            max_position_embeddings=64)
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(**size))
+model = ctx.wrap(model, shard=True, checkpointing=bool(os.environ.get("CHECKPOINTING")))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+steps = int(os.environ.get("STEPS", "12"))
+delay = float(os.environ.get("STEP_DELAY", "0"))
+for step in checkpoint.resume_range(ctx, total_steps=steps, state={"model": model, "opt": opt}):
+    g = torch.Generator().manual_seed(1000 * step + ctx.rank)
+    ids = torch.randint(0, size["vocab_size"], (2, 16), generator=g)
+    loss = model(input_ids=ids, labels=ids).loss
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    report(loss=loss.item())
+    time.sleep(delay)
+"""
