@@ -59,12 +59,14 @@ from gpulab.service.api import gpus as gpus_api
 from gpulab.service.api import hibernations as hibernations_api
 from gpulab.service.api import jobs as jobs_api
 from gpulab.service.api import ledger as ledger_api
+from gpulab.service.api import openai_v1 as openai_api
 from gpulab.service.api import pages
 from gpulab.service.api import pools as pools_api
 from gpulab.service.api import telemetry as telemetry_api
 from gpulab.service.api import usage as usage_api
 from gpulab.service.api.request_body import JSON_BODY_LIMIT
 from gpulab.service.auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
+from gpulab.service.endpoints.llm_settings import LlmSettings
 from gpulab.service.endpoints.manager import DeploymentManager
 from gpulab.service.hibernation.manager import Hibernations
 from gpulab.service.hibernation.servers import ServerCalls
@@ -120,6 +122,7 @@ ROUTE_MODULES = (
     pools_api,
     hibernations_api,
     collections_api,
+    openai_api,
 )
 
 #: Ends the service and leaves its jobs and replicas running for the next service to
@@ -133,7 +136,7 @@ LEAVE_WORK_SIGNAL = signal.SIGUSR1
 CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
 
 
-class GpuLabService(SharingSettings, VectorSettings, Application):
+class GpuLabService(SharingSettings, VectorSettings, LlmSettings, Application):
     name = "gpulab-service"
     description = (
         "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."
@@ -931,6 +934,7 @@ class GpuLabService(SharingSettings, VectorSettings, Application):
         # Configuration errors surface here, before anything listens.
         self.deployments = DeploymentManager.of(self)
         self.metrics.registry.register(EndpointCollector(self.deployments))
+        self.deployments.gateway.meter.register(self.metrics.registry)
 
     def init_vectors(self):
         #: Vector collections; the embedded engine starts at their first use.

@@ -4,6 +4,9 @@ Users see their own use only (by kind or by their groups, their share of
 them); admins see everyone's. Time comes from :mod:`gpulab.db.usage`:
 released slices from the usage table, held slices up to now. ``bucket=day``
 adds a ``day`` column: the same time, cut per UTC calendar day.
+
+``unit=tokens``: the tokens of calls through the OpenAI gateway instead, per user,
+model and version (:mod:`gpulab.db.llm_usage`), with the same window and access.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import io
 from tornado import web
 
 from gpulab.db import clock
+from gpulab.db.llm_usage import COLUMNS as TOKEN_COLUMNS
+from gpulab.db.llm_usage import report as token_report
 from gpulab.db.usage import BUCKETS, GROUP_BYS, report
 from gpulab.service.api.query_args import time_arg
 from gpulab.service.auth import APIHandler
@@ -26,6 +31,14 @@ DEFAULT_DAYS = 7
 class UsageHandler(APIHandler):
     async def get(self):
         user = self.listed_user("usage")
+        unit = self.get_argument("unit", None)
+        if unit == "tokens":
+            await self.tokens(user)
+            return
+        if unit not in (None, "gpu_time"):
+            raise web.HTTPError(
+                400, "unit must be tokens (the OpenAI gateway's), or left out for GPU time"
+            )
         group_by = self.get_argument("group_by", "user")
         if group_by not in GROUP_BYS:
             raise web.HTTPError(400, f"group_by must be one of {', '.join(GROUP_BYS)}")
@@ -87,6 +100,33 @@ class UsageHandler(APIHandler):
                 "bucket": bucket,
                 "rows": rows,
             }
+        )
+
+    async def tokens(self, user: str | None) -> None:
+        """``unit=tokens``: prompt and completion tokens per user, model and version
+        (calls through the OpenAI gateway)."""
+        fmt = self.get_argument("format", "json")
+        if fmt not in ("json", "csv"):
+            raise web.HTTPError(400, "format must be json or csv")
+        until = time_arg("until", self.get_argument("until", None)) or clock.utcnow()
+        since = time_arg("since", self.get_argument("since", None)) or until - dt.timedelta(
+            days=DEFAULT_DAYS
+        )
+        if since >= until:
+            raise web.HTTPError(400, "'since' must be before 'until'")
+        rows = await self.gpulab.db_threads.run(
+            token_report, self.gpulab.ledger.engine, since, until, None if user is None else [user]
+        )
+        if fmt == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            out = io.StringIO()
+            writer = csv.DictWriter(out, list(TOKEN_COLUMNS))
+            writer.writeheader()
+            writer.writerows(rows)
+            self.finish(out.getvalue())
+            return
+        self.write_json(
+            {"since": since.isoformat(), "until": until.isoformat(), "unit": "tokens", "rows": rows}
         )
 
 

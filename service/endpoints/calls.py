@@ -161,6 +161,48 @@ class EndpointCalls:
             retry_after=2,
         )
 
+    def choose(self, dep: dict):
+        """The version (unit) a call without a version in its path goes to: by weight."""
+        return self._choose(dep, "")[0]
+
+    @contextlib.asynccontextmanager
+    async def open(self, dep: dict, unit, method: str, path: str, headers: dict, body):
+        """Forward one call to a ready replica of ``unit`` and hand its answer over
+        open (:meth:`EndpointProxy.open`), to be read as it streams; the replica counts
+        as busy until the caller is done with it. CallRefused if no replica answers."""
+        start = time.monotonic()
+        ready = self.ready(dep, unit)
+        if not ready:
+            ready = await self.cold_start(dep, unit)
+        tried: set[int] = set()
+        while ready:
+            replica, url = unit.traffic.least_busy(ready)
+            tried.add(replica)
+            unit.traffic.begin(replica)
+            error = True
+            try:
+                async with self.proxy.open(
+                    url, self.token(unit), method, path, headers, body
+                ) as resp:
+                    if resp is not None:
+                        error = resp.status >= 500
+                        yield resp
+                        return
+            finally:
+                unit.traffic.end(replica, time.monotonic() - start, error)
+            # That replica just went away (scaled down, crashed): try another.
+            ready = [r for r in self.ready(dep, unit) if r[0] not in tried]
+        raise CallRefused(
+            503,
+            f"no replica of {dep['user']}/{dep['name']} version {unit.row['version']} "
+            f"is ready ({unit.row['state']}: {unit.row['message']}); try again shortly",
+            retry_after=2,
+        )
+
+    def endpoints(self) -> list[dict]:
+        """Every deployment a call could name (the gateway's model list)."""
+        raise NotImplementedError
+
     def card(self, unit) -> dict | None:
         """The model card (model.json) of a version, or None where it is not at hand."""
         return None
@@ -186,7 +228,7 @@ class EndpointCalls:
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise CallRefused(400, "texts must be a non-empty list of strings")
         dep = self.callable_endpoint(who, user, name)
-        unit, path = self._choose(dep, f"v2/models/{dep['name']}/infer")
+        unit = self.choose(dep)
         card = self.card(unit)
         if not card or card.get("kind") != EMBEDDING_KIND:
             raise CallRefused(
@@ -194,6 +236,12 @@ class EndpointCalls:
                 f"{dep['user']}/{dep['name']} is not an embedding endpoint; "
                 "deploy a SentenceTransformer (%deploy) to embed text",
             )
+        return await self.embed_on(dep, unit, texts)
+
+    async def embed_on(self, dep: dict, unit, texts: list[str]) -> list[list[float]]:
+        """Embeddings of ``texts`` from version ``unit`` of the embedding endpoint
+        ``dep`` (its caller and kind already checked, as :meth:`embed` does)."""
+        path = f"v2/models/{dep['name']}/infer"
         rows: list[list[float]] = []
         # The most rows one request may carry (the standby's table does not say: all).
         step = max(1, int(unit.row.get("max_batch_size") or len(texts)))
@@ -256,6 +304,9 @@ class LiveCalls(EndpointCalls):
 
     def record(self, dep_id: str):
         return self.live.deps[dep_id]
+
+    def endpoints(self) -> list[dict]:
+        return [rec.row for rec in list(self.live.deps.values())]
 
     def ready(self, dep: dict, unit) -> list[tuple[int, str]]:
         ready = self.serving.ready_replicas(serving_unit(dep, unit.row))

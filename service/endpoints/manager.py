@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from gpulab.backend.serving_base import ServingBackend
 from gpulab.db import clock as gpulab_clock
 from gpulab.db.deployments import DeploymentStore, NameTaken
+from gpulab.db.llm_usage import record as record_tokens
 from gpulab.scheduler.slices import plural
 from gpulab.service.auth import Identity
 from gpulab.service.endpoints.calls import LiveCalls
@@ -46,6 +47,7 @@ from gpulab.service.endpoints.live import (
     replica_owners,
     serving_unit,
 )
+from gpulab.service.endpoints.openai_gateway import OpenAIGateway
 from gpulab.service.endpoints.placement import VersionPlacement
 from gpulab.service.endpoints.proxy import EndpointProxy
 from gpulab.service.endpoints.router import EndpointRouter, RouterAddress
@@ -58,6 +60,7 @@ from gpulab.service.endpoints.settings import (
 )
 from gpulab.service.endpoints.standby import StandbyProcess
 from gpulab.service.endpoints.table import EndpointTable
+from gpulab.service.endpoints.token_meter import LlmLimits, TokenMeter
 from gpulab.service.endpoints.traffic import quantile_ms
 from gpulab.service.endpoints.versions import Versions
 from gpulab.service.jobs.cpu_quota import over_quota
@@ -120,6 +123,7 @@ class DeploymentManager:
         max_upload_mib: int,
         router_address: RouterAddress,
         job_facts: Callable[[str], dict | None] | None = None,
+        meter: TokenMeter | None = None,
     ):
         # Endpoints are placed on the GPUs of the pool they run in.
         self.ledger = ledger
@@ -139,6 +143,8 @@ class DeploymentManager:
             self.store, ledger, serving, preemption, groups_of, limits
         )
         self.calls = LiveCalls(self.live, serving, limits, EndpointProxy())
+        #: The OpenAI-compatible gateway (``<prefix>v1``) over the same calls.
+        self.gateway = OpenAIGateway(self.calls, meter or TokenMeter(LlmLimits()))
         self.scaling = Scaling(self.live, ledger, serving, preemption, groups_of, self._tasks.spawn)
         self.versions = Versions(self.live, self.placement, limits, self._tasks.spawn)
         self.router = EndpointRouter(
@@ -147,6 +153,7 @@ class DeploymentManager:
             max_upload_mib=max_upload_mib,
             identify=identify,
             address=router_address,
+            gateway=self.gateway,
         )
         #: The endpoint table and the standby router that answers from it while this
         #: service is down (:mod:`gpulab.service.endpoints.standby`); None: no standby.
@@ -189,6 +196,12 @@ class DeploymentManager:
                 url=service.endpoint_router_url,
             ),
             job_facts=getattr(getattr(service, "jobs", None), "lineage_of", None),
+            meter=TokenMeter(
+                service.llm_limits(),
+                save=functools.partial(
+                    service.db_threads.run, record_tokens, service.ledger.engine
+                ),
+            ),
         )
 
     # -- reading -----------------------------------------------------------------------
@@ -201,7 +214,9 @@ class DeploymentManager:
                 card = json.load(f)
         except (OSError, ValueError):
             return None
-        return {k: card.get(k) for k in ("name", "inputs", "outputs", "max_batch_size")}
+        out = {k: card.get(k) for k in ("name", "inputs", "outputs", "max_batch_size")}
+        out["kind"] = card.get("kind") or "torch-export"
+        return out
 
     def view(self, dep: dict) -> dict:
         rec = self.live.record(dep)  # the versions as stored now (a claim's message, a promotion)
@@ -217,6 +232,8 @@ class DeploymentManager:
         if stable is not None and dep["state"] != "failed":
             out["state"], out["message"] = stable["state"], stable["message"]
         out["model"] = stable["model"] if stable else None
+        #: What the endpoint serves ("causal-lm", "sentence-embedding", "torch-export"...).
+        out["model_kind"] = (out["model"] or {}).get("kind")
         windows = [u.traffic.window() for u in units]
         merged: dict[float, float] = {}
         for w in windows:

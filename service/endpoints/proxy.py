@@ -9,12 +9,17 @@ caller's hub token never goes on: the replicas get their own secret.
 
 from __future__ import annotations
 
+import contextlib
+
 import aiohttp
 
 from gpulab.backend.replica_http import ReplicaSessions
 
 #: The longest one forwarded call may take.
 CALL_TIMEOUT_S = 300
+#: A streamed answer (a language model's tokens) may take longer as a whole; what
+#: may not is a silence between two of its chunks.
+STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=CALL_TIMEOUT_S)
 
 
 def forwarding_session(connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
@@ -45,6 +50,34 @@ class EndpointProxy:
                 return resp.status, resp.reason, resp.headers, await resp.read()
         except aiohttp.ClientConnectionError:
             return None
+
+    @contextlib.asynccontextmanager
+    async def open(
+        self, base: str, token: str, method: str, path: str, headers: dict, body: bytes | None
+    ):
+        """Like :meth:`forward`, but the replica's answer is handed over open (an
+        ``aiohttp.ClientResponse`` whose body is read as it comes: a stream of
+        server-sent events), or None when the replica refuses the connection. Left
+        before its end (the caller went away), the connection is closed, so the
+        replica sees it and stops generating."""
+        headers = {**headers, "Authorization": f"Bearer {token}"}
+        session, url = await self._sessions.get(base)
+        try:
+            resp = await session.request(
+                method, f"{url}/{path}", headers=headers, data=body, timeout=STREAM_TIMEOUT
+            )
+        except aiohttp.ClientConnectionError:
+            resp = None
+        if resp is None:
+            yield None
+            return
+        try:
+            yield resp
+        finally:
+            if resp.content.is_eof():
+                resp.release()
+            else:
+                resp.close()
 
     async def close(self) -> None:
         await self._sessions.close()

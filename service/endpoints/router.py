@@ -34,6 +34,7 @@ from aiohttp import web
 from gpulab.service import tls
 from gpulab.service.auth import TOKEN_CACHE_S, Identity
 from gpulab.service.endpoints.calls import CallRefused
+from gpulab.service.endpoints.openai_errors import error_body
 from gpulab.service.hub_down import HUB_DOWN, hub_unreachable
 from gpulab.service.tasks import KeptTask
 
@@ -109,6 +110,27 @@ def error(status: int, message: str, retry_after: int | None = None) -> web.Resp
     )
 
 
+class AiohttpReply:
+    """A :class:`~gpulab.service.endpoints.openai_gateway.Reply` on an aiohttp request."""
+
+    def __init__(self, request: web.BaseRequest):
+        self.request = request
+        self.response: web.StreamResponse | None = None
+        self.started = False
+
+    async def start(self, status: int, headers: dict[str, str]) -> None:
+        self.started = True
+        self.response = web.StreamResponse(status=status, headers=headers)
+        await self.response.prepare(self.request)
+
+    async def write(self, data: bytes) -> None:
+        await self.response.write(data)
+
+    async def finish(self) -> web.StreamResponse:
+        await self.response.write_eof()
+        return self.response
+
+
 @dataclass(frozen=True)
 class RouterAddress:
     """Where the service's router listens and how the proxy is told of it (the
@@ -135,6 +157,7 @@ class EndpointRouter:
         identify: Callable[[dict], Awaitable[Identity]],
         address: RouterAddress | None = None,
         hub_auth=None,
+        gateway=None,
     ):
         self.calls = calls
         self.max_upload_mib = max_upload_mib
@@ -144,6 +167,10 @@ class EndpointRouter:
         self.tokens = TokenCache()
         self._lookups: dict[str, asyncio.Future] = {}  # tokens being asked of the hub now
         self.prefix = prefix.rstrip("/") + "/endpoints/"
+        #: The OpenAI-compatible gateway under ``<prefix>v1/`` (:mod:`.openai_gateway`);
+        #: None (the standby): its calls go to the service's route.
+        self.gateway = gateway
+        self.v1 = prefix.rstrip("/") + "/v1/"
         self.url: str | None = None  # where the proxy reaches the router
         self.socket = None  # the one it listens on (a standby takes it over: endpoints/standby.py)
         self._runner: web.ServerRunner | None = None
@@ -179,8 +206,10 @@ class EndpointRouter:
     async def stop(self) -> None:
         await self._keeper.stop()
         if self._session is not None:
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                await self._proxy_api("DELETE")  # calls fall back to the service's route
+            for spec in self._routespecs():
+                with contextlib.suppress(aiohttp.ClientError, OSError):
+                    # Calls fall back to the service's route.
+                    await self._proxy_api("DELETE", spec=spec)
             await self._session.close()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -200,8 +229,13 @@ class EndpointRouter:
     def _routespec(self) -> str:
         return self.prefix.rstrip("/")
 
-    async def _proxy_api(self, method: str, body: dict | None = None):
-        url = f"{self.address.proxy_api_url.rstrip('/')}/api/routes{self._routespec()}"
+    def _routespecs(self) -> list[str]:
+        """The proxy's routes to this router: the endpoints, and the gateway's."""
+        return [self._routespec()] + ([self.v1.rstrip("/")] if self.gateway is not None else [])
+
+    async def _proxy_api(self, method: str, body: dict | None = None, spec: str | None = None):
+        spec = spec or self._routespec()
+        url = f"{self.address.proxy_api_url.rstrip('/')}/api/routes{spec}"
         headers = {"Authorization": f"token {os.environ['CONFIGPROXY_AUTH_TOKEN']}"}
         async with self._session.request(
             method, url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
@@ -209,17 +243,22 @@ class EndpointRouter:
             return resp.status, await resp.read()
 
     async def _keep_route_once(self) -> None:
-        try:
-            status, data = await self._proxy_api("GET")
-            route = json.loads(data) if status == 200 and data.strip() else None
-            if not route or route.get("target") != self.url:
-                status, data = await self._proxy_api("POST", {"target": self.url, "gpulab": True})
-                if status >= 300:
-                    log.warning("The proxy refused the endpoint route: %s %s", status, data[:200])
-                else:
-                    log.info("Proxy route %s -> %s", self._routespec(), self.url)
-        except (aiohttp.ClientError, OSError, ValueError) as e:
-            log.warning("Cannot reach the proxy API to route endpoints: %s", e)
+        for spec in self._routespecs():
+            try:
+                status, data = await self._proxy_api("GET", spec=spec)
+                route = json.loads(data) if status == 200 and data.strip() else None
+                if not route or route.get("target") != self.url:
+                    status, data = await self._proxy_api(
+                        "POST", {"target": self.url, "gpulab": True}, spec=spec
+                    )
+                    if status >= 300:
+                        log.warning(
+                            "The proxy refused the route %s: %s %s", spec, status, data[:200]
+                        )
+                    else:
+                        log.info("Proxy route %s -> %s", spec, self.url)
+            except (aiohttp.ClientError, OSError, ValueError) as e:
+                log.warning("Cannot reach the proxy API to route endpoints: %s", e)
 
     async def _keep_route(self) -> None:
         while True:
@@ -254,6 +293,10 @@ class EndpointRouter:
             return await self._via_service(request)  # a browser's cookie, or nothing
         raw = request.raw_path
         path, _, query = raw.partition("?")
+        if path.startswith(self.v1):
+            if self.gateway is None:
+                return await self._via_service(request)
+            return await self._openai(request, token.strip(), path[len(self.v1) :])
         if not path.startswith(self.prefix):
             raise Denied(404, "not an endpoint path")
         parts = path[len(self.prefix) :].split("/", 2)
@@ -283,6 +326,32 @@ class EndpointRouter:
         out = {h: headers[h] for h in FORWARD_RESPONSE if h in headers}
         out["Cache-Control"] = "no-store"
         return web.Response(status=status, reason=reason, body=data, headers=out)
+
+    async def _openai(self, request: web.BaseRequest, token: str, path: str):
+        """A call to the OpenAI gateway: refusals in OpenAI's shape, the answer streamed."""
+        try:
+            who = await self._identify(token)
+            length = request.content_length
+            if length is not None and length > self.max_upload_mib * 2**20:
+                raise Denied(
+                    413,
+                    f"the request is larger than {self.max_upload_mib} MiB; an admin "
+                    f"can raise c.GpuLabService.max_upload_mib",
+                )
+            body = await request.read() if request.method == "POST" else None
+        except Denied as e:
+            return web.Response(
+                status=e.status,
+                body=error_body(e.status, str(e)),
+                content_type="application/json",
+                headers={"Cache-Control": "no-store"},
+            )
+        reply = AiohttpReply(request)
+        try:
+            await self.gateway.answer(who, request.method, unquote(path), body, reply)
+            return await reply.finish()
+        except ConnectionResetError:  # the caller went away (its slot is free again)
+            return reply.response
 
     async def _identify(self, token: str):
         who, known = self.tokens.get(token)

@@ -1,0 +1,123 @@
+"""``<hub>/services/gpulab/v1/...``: the OpenAI-compatible gateway on the service's
+own routes.
+
+Calls with a token reach the endpoint router first where the hub's proxy routes
+``<prefix>v1`` to it (:mod:`gpulab.service.endpoints.router`); this route answers the
+rest (no router configured, a browser's hub cookie) with the same gateway
+(:class:`~gpulab.service.endpoints.openai_gateway.OpenAIGateway`): the hub token
+(``Bearer`` or ``token``) says who calls, refusals are in OpenAI's shape, streamed
+answers are flushed event by event, and a caller that goes away ends its call (and
+frees its stream slot) at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from tornado import iostream, web
+
+from gpulab.service.auth import APIHandler
+from gpulab.service.endpoints.openai_errors import error_body
+
+
+class TornadoReply:
+    """A :class:`~gpulab.service.endpoints.openai_gateway.Reply` on a Tornado handler."""
+
+    def __init__(self, handler: web.RequestHandler):
+        self.handler = handler
+        self.started = False
+
+    async def start(self, status: int, headers: dict[str, str]) -> None:
+        self.started = True
+        self.handler.set_status(status)
+        for k, v in headers.items():
+            if k != "Content-Length":  # Tornado counts what is written
+                self.handler.set_header(k, v)
+
+    async def write(self, data: bytes) -> None:
+        self.handler.write(data)
+        await self.handler.flush()
+
+
+class _OpenAIHandler(APIHandler):
+    #: The gateway's path after ``v1/``.
+    path = ""
+
+    def body_limit(self) -> int:
+        return self.gpulab.max_upload_mib * 2**20
+
+    body_setting = "max_upload_mib"
+
+    def changes_state(self) -> bool:
+        return False  # a call reads: its token may be a cached answer
+
+    async def _answer(self, path: str) -> None:
+        who = self.require_identity()
+        manager = self.gpulab.deployments
+        if manager is None:
+            raise web.HTTPError(503, "the gpulab service is still starting; try again")
+        body = self.raw_body() if self.request.method == "POST" else None
+        reply = TornadoReply(self)
+        # Its own task, so a caller that goes away cancels it (on_connection_close).
+        self._call = asyncio.ensure_future(
+            manager.gateway.answer(who, self.request.method, path, body, reply)
+        )
+        try:
+            await self._call
+        except (asyncio.CancelledError, iostream.StreamClosedError):
+            return  # the caller went away: nobody to answer
+        if not self._finished:
+            with contextlib.suppress(iostream.StreamClosedError):
+                self.finish()
+
+    def on_connection_close(self):
+        call = getattr(self, "_call", None)
+        if call is not None:
+            call.cancel()
+        super().on_connection_close()
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        """gpulab's refusals (no token, a body over the limit) in OpenAI's shape."""
+        self.set_allow(status_code)
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = self._reason
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args  # stored %-escaped without args
+        elif status_code >= 500:
+            message = "internal error in the gpulab service; see its log"
+        self.set_header("Content-Type", "application/json")
+        self.finish(error_body(status_code, message))
+
+
+class ModelsHandler(_OpenAIHandler):
+    """``GET v1/models``, ``GET v1/models/{model}``."""
+
+    async def get(self, model: str | None = None):
+        await self._answer("models" if model is None else f"models/{model}")
+
+
+class _PostHandler(_OpenAIHandler):
+    async def post(self):
+        await self._answer(self.path)
+
+
+class ChatHandler(_PostHandler):
+    path = "chat/completions"
+
+
+class CompletionsHandler(_PostHandler):
+    path = "completions"
+
+
+class EmbeddingsHandler(_PostHandler):
+    path = "embeddings"
+
+
+routes = [
+    (r"v1/models", ModelsHandler),
+    (r"v1/models/(.+)", ModelsHandler),
+    (r"v1/chat/completions", ChatHandler),
+    (r"v1/completions", CompletionsHandler),
+    (r"v1/embeddings", EmbeddingsHandler),
+]

@@ -1,0 +1,401 @@
+"""The OpenAI-compatible gateway: ``<hub>/services/gpulab/v1``.
+
+Every SDK, agent framework and evaluation harness speaks OpenAI's API; this is that
+API over gpulab's endpoints:
+
+    GET  v1/models              the language and embedding endpoints the caller may use
+    POST v1/chat/completions    forwarded to a replica of a causal-LM endpoint
+    POST v1/completions         the same
+    POST v1/embeddings          an embedding endpoint (sentence-transformers), over
+                                :meth:`~gpulab.service.endpoints.calls.EndpointCalls.embed_on`
+
+The API key is a hub token (``Authorization: Bearer`` as the ``openai`` package
+sends it, or ``token``); the front (the endpoint router, or the service's own route
+where there is none) says who it is and hands the call to :meth:`OpenAIGateway.answer`
+with a :class:`Reply` to write to. ``model`` is ``NAME`` (the caller's own endpoint)
+or ``OWNER/NAME``; who may use which is the endpoints' sharing rule
+(:meth:`~gpulab.service.endpoints.calls.EndpointCalls.callable_endpoint`), and a model
+the caller may not use is as unknown as one that does not exist (404).
+
+A generation goes to a ready replica as any endpoint call does (version by weight,
+canary included, the least busy replica, the replicas' own secret); a streamed
+answer passes through as its server-sent events arrive, never held back. The
+replica is always asked for the usage (``stream_options.include_usage``), so every
+call's tokens are counted (:mod:`.token_meter`); the usage chunk is dropped when
+the caller did not ask for it. Refusals are in OpenAI's shape (:mod:`.openai_errors`).
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import json
+import sys
+import time
+from typing import Protocol
+
+from gpulab.service.endpoints.calls import EMBEDDING_KIND, CallRefused
+from gpulab.service.endpoints.openai_errors import OpenAIError, as_openai, model_not_found
+from gpulab.service.endpoints.token_meter import TokenMeter
+
+#: The card kind of a language model's endpoint (gpulab.serving.llm_export).
+CAUSAL_LM_KIND = "causal-lm"
+#: The routes, and the card kind each serves.
+GENERATION = {"chat/completions": CAUSAL_LM_KIND, "completions": CAUSAL_LM_KIND}
+SSE = "text/event-stream"
+JSON = "application/json"
+
+
+class Reply(Protocol):
+    """Where an answer goes: the front's response (aiohttp's or Tornado's)."""
+
+    started: bool
+
+    async def start(self, status: int, headers: dict[str, str]) -> None:
+        """Send the status and headers."""
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data`` now (a streamed answer's events are not held back)."""
+
+
+def model_id(who, dep: dict) -> str:
+    """How ``who`` names the endpoint: its name for their own, else owner/name."""
+    return dep["name"] if dep["user"] == who.name else f"{dep['user']}/{dep['name']}"
+
+
+def parse_body(body: bytes | None) -> dict:
+    """The request's JSON object with a ``model``; 400 in OpenAI's shape if not."""
+    try:
+        text = (body or b"").decode("utf-8")
+    except UnicodeDecodeError:
+        raise OpenAIError(400, "the request body is not UTF-8; send JSON in UTF-8") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise OpenAIError(400, f"the request body is not JSON ({e}); send a JSON object") from None
+    if not isinstance(doc, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise OpenAIError(
+            400,
+            'name the model: "model": "NAME" (your endpoint) or "OWNER/NAME" (one shared '
+            "with you); GET /v1/models lists them",
+            param="model",
+        )
+    return doc
+
+
+def embedding_texts(doc: dict) -> list[str]:
+    texts = doc.get("input")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise OpenAIError(
+            400,
+            "input must be a string or a non-empty list of strings (this endpoint embeds "
+            "text, not token ids)",
+            param="input",
+        )
+    return texts
+
+
+def encode_embedding(row: list[float], fmt: str):
+    if fmt == "float":
+        return row
+    packed = array.array("f", row)  # float32, as OpenAI's base64 carries them
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode()
+
+
+class SseRelay:
+    """Passes a replica's server-sent events on as they come, whole events only.
+    Reads each event to time the tokens and take the usage; drops the usage chunk
+    where the caller did not ask for it (``keep_usage`` False)."""
+
+    def __init__(self, keep_usage: bool, started: float):
+        self.keep_usage = keep_usage
+        self.started = started
+        self._buf = b""
+        self.usage: dict | None = None
+        self.content_chunks = 0
+        self.first_token_s: float | None = None
+        self.gaps: list[float] = []
+        self._last: float | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """The whole events ``data`` completes, to send on."""
+        self._buf += data
+        if b"\n\n" not in self._buf:
+            return b""
+        *events, self._buf = self._buf.split(b"\n\n")
+        return b"".join(e + b"\n\n" for e in events if self._keep(e))
+
+    def rest(self) -> bytes:
+        """Whatever the replica sent after its last whole event."""
+        rest, self._buf = self._buf, b""
+        return rest
+
+    def _keep(self, event: bytes) -> bool:
+        payload = event.strip()
+        if not payload.startswith(b"data:"):
+            return True  # a comment or another field: as it is
+        payload = payload[5:].strip()
+        if payload == b"[DONE]":
+            return True
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return True
+        if not isinstance(chunk, dict):
+            return True
+        if chunk.get("usage") and not chunk.get("choices"):
+            self.usage = chunk["usage"]
+            return self.keep_usage
+        if any(_has_text(c) for c in chunk.get("choices") or ()):
+            now = time.monotonic()
+            self.content_chunks += 1
+            if self._last is None:
+                self.first_token_s = now - self.started
+            else:
+                self.gaps.append(now - self._last)
+            self._last = now
+        return True
+
+
+def _has_text(choice) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    if isinstance(delta, dict) and delta.get("content"):
+        return True
+    return bool(choice.get("text"))
+
+
+def _usage_counts(usage) -> tuple[int, int]:
+    if not isinstance(usage, dict):
+        return 0, 0
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (
+        prompt if isinstance(prompt, int) else 0,
+        completion if isinstance(completion, int) else 0,
+    )
+
+
+class OpenAIGateway:
+    """OpenAI's routes over ``calls`` (an :class:`~.calls.EndpointCalls`); ``meter``
+    admits calls under the limits and counts their tokens."""
+
+    def __init__(self, calls, meter: TokenMeter):
+        self.calls = calls
+        self.meter = meter
+
+    async def answer(self, who, method: str, path: str, body: bytes | None, reply: Reply) -> None:
+        """Answer ``method path`` (``path`` after ``v1/``) for ``who`` on ``reply``."""
+        try:
+            await self._route(who, method, path.strip("/"), body, reply)
+        except (OpenAIError, CallRefused) as e:
+            if not isinstance(e, OpenAIError):
+                e = OpenAIError(e.status, str(e), retry_after=e.retry_after)
+            if not reply.started:
+                await reply.start(e.status, e.headers())
+                await reply.write(e.body())
+            else:  # mid-stream: OpenAI's clients raise on an error event
+                await reply.write(b"data: " + e.body() + b"\n\n")
+
+    async def _route(self, who, method: str, path: str, body, reply: Reply) -> None:
+        known = ("models", *GENERATION, "embeddings")
+        if path not in known and not path.startswith("models/"):
+            raise OpenAIError(
+                404,
+                f"no route /v1/{path}: the gateway answers GET /v1/models, POST "
+                "/v1/chat/completions, /v1/completions and /v1/embeddings",
+            )
+        wanted = "GET" if path.startswith("models") else "POST"
+        if method != wanted and not (method == "HEAD" and wanted == "GET"):
+            raise OpenAIError(405, f"/v1/{path} answers {wanted}, not {method}")
+        if path == "models":
+            await self._json(reply, {"object": "list", "data": self.models(who)})
+        elif path.startswith("models/"):
+            wanted_id = path[len("models/") :]
+            for m in self.models(who):
+                if m["id"] == wanted_id:
+                    await self._json(reply, m)
+                    return
+            raise model_not_found(wanted_id)
+        elif path == "embeddings":
+            await self.embeddings(who, parse_body(body), reply)
+        else:
+            await self.generate(who, path, parse_body(body), reply)
+
+    @staticmethod
+    async def _json(reply: Reply, doc, status: int = 200) -> None:
+        data = json.dumps(doc).encode()
+        await reply.start(
+            status,
+            {"Content-Type": JSON, "Cache-Control": "no-store", "Content-Length": str(len(data))},
+        )
+        await reply.write(data)
+
+    # -- models ----------------------------------------------------------------------------
+    def _kind(self, dep: dict) -> str | None:
+        """The card kind of the endpoint's versions (the newest with a card)."""
+        try:
+            units = self.calls.record(dep["id"]).by_version()
+        except KeyError:
+            return None
+        for unit in reversed(units):
+            card = self.calls.card(unit)
+            if card:
+                return card.get("kind")
+        return None
+
+    def models(self, who) -> list[dict]:
+        out = []
+        for dep in self.calls.endpoints():
+            if not self.calls.can_use(who, dep):
+                continue
+            kind = self._kind(dep)
+            if kind not in (CAUSAL_LM_KIND, EMBEDDING_KIND):
+                continue  # tensor models: OIP v2 only
+            created = dep.get("created")
+            out.append(
+                {
+                    "id": model_id(who, dep),
+                    "object": "model",
+                    "created": int(created.timestamp()) if hasattr(created, "timestamp") else 0,
+                    "owned_by": dep["user"],
+                    "kind": kind,
+                }
+            )
+        return sorted(out, key=lambda m: m["id"])
+
+    def resolve(self, who, model: str, kind: str) -> tuple[dict, object]:
+        """The endpoint ``model`` names and the version the call goes to; 404 for one
+        unknown or not shared with ``who``, 400 for one of another kind."""
+        owner, _, name = model.strip().rpartition("/")
+        owner = owner or who.name
+        if not name or "/" in owner:
+            raise model_not_found(model)
+        try:
+            dep = self.calls.callable_endpoint(who, owner, name)
+        except CallRefused:
+            raise model_not_found(model) from None
+        unit = self.calls.choose(dep)
+        have = (self.calls.card(unit) or {}).get("kind") or "torch-export"
+        if have != kind:
+            what = "language model" if kind == CAUSAL_LM_KIND else "embedding model"
+            how = (
+                "%deploy MODEL --name NAME --tokenizer TOK"
+                if kind == CAUSAL_LM_KIND
+                else "%deploy a SentenceTransformer"
+            )
+            raise OpenAIError(
+                400,
+                f"the model `{model}` is a {have} endpoint, not a {what}; call it over OIP "
+                f"v2 at endpoints/{dep['user']}/{dep['name']}/v2, or deploy a {what} ({how})",
+                param="model",
+                code="model_not_supported",
+            )
+        return dep, unit
+
+    # -- generation ------------------------------------------------------------------------
+    async def generate(self, who, path: str, doc: dict, reply: Reply) -> None:
+        started = time.monotonic()
+        model = doc["model"]
+        dep, unit = self.resolve(who, model, GENERATION[path])
+        stream = doc.get("stream") is True
+        wants_usage = False
+        if stream:
+            options = doc.get("stream_options")
+            if options is not None and not isinstance(options, dict):
+                raise OpenAIError(400, "stream_options must be an object", param="stream_options")
+            options = dict(options or {})
+            wants_usage = options.get("include_usage") is True
+            # Always asked: the tokens of every call are counted.
+            doc["stream_options"] = {**options, "include_usage": True}
+        self.meter.check_rate(who)
+        version = unit.row["version"]
+        with self.meter.stream_slot(who):
+            body = json.dumps(doc).encode()
+            headers = {"Content-Type": JSON}
+            async with self.calls.open(dep, unit, "POST", f"v1/{path}", headers, body) as resp:
+                if resp.status != 200 or SSE not in resp.headers.get("Content-Type", ""):
+                    data = await resp.read()
+                    if resp.status == 200:
+                        try:
+                            usage = json.loads(data).get("usage")
+                        except (ValueError, AttributeError):
+                            usage = None
+                        self.meter.count(who, dep, version, *_usage_counts(usage))
+                    else:
+                        data = as_openai(resp.status, data)
+                    out = {"Content-Type": JSON, "Cache-Control": "no-store"}
+                    if "Retry-After" in resp.headers:
+                        out["Retry-After"] = resp.headers["Retry-After"]
+                    await reply.start(resp.status, out)
+                    await reply.write(data)
+                    return
+                await self._relay(who, dep, version, resp, wants_usage, started, reply)
+
+    async def _relay(self, who, dep, version, resp, wants_usage, started, reply: Reply) -> None:
+        relay = SseRelay(keep_usage=wants_usage, started=started)
+        await reply.start(
+            200, {"Content-Type": SSE, "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        )
+        try:
+            async for data in resp.content.iter_any():
+                events = relay.feed(data)
+                if events:
+                    await reply.write(events)
+            rest = relay.rest()
+            if rest.strip():
+                await reply.write(rest)
+        finally:
+            # Counted however the stream ended: a caller that went away used what the
+            # replica generated until then (its usage never came: the chunks count).
+            prompt, completion = _usage_counts(relay.usage)
+            if relay.usage is None:
+                completion = relay.content_chunks
+            self.meter.count(who, dep, version, prompt, completion)
+            if relay.first_token_s is not None:
+                self.meter.ttft.labels(dep["id"]).observe(relay.first_token_s)
+            for gap in relay.gaps:
+                self.meter.itl.labels(dep["id"]).observe(gap)
+
+    # -- embeddings ------------------------------------------------------------------------
+    async def embeddings(self, who, doc: dict, reply: Reply) -> None:
+        model = doc["model"]
+        texts = embedding_texts(doc)
+        fmt = doc.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise OpenAIError(
+                400, "encoding_format must be float or base64", param="encoding_format"
+            )
+        dep, unit = self.resolve(who, model, EMBEDDING_KIND)
+        self.meter.check_rate(who)
+        rows = await self.calls.embed_on(dep, unit, texts)
+        dims = doc.get("dimensions")
+        if dims is not None and rows and dims != len(rows[0]):
+            raise OpenAIError(
+                400,
+                f"the model `{model}` gives {len(rows[0])} dimensions, not {dims}; "
+                "leave dimensions out",
+                param="dimensions",
+            )
+        # The embedding server does not report tokens: words count as its tokens.
+        words = sum(len(t.split()) for t in texts)
+        self.meter.count(who, dep, unit.row["version"], words, 0)
+        await self._json(
+            reply,
+            {
+                "object": "list",
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": encode_embedding(r, fmt)}
+                    for i, r in enumerate(rows)
+                ],
+                "model": model,
+                "usage": {"prompt_tokens": words, "total_tokens": words},
+            },
+        )

@@ -1,0 +1,188 @@
+"""Tokens through the OpenAI-compatible gateway: limits per user, accounting, metrics.
+
+Limits (``c.GpuLabService.llm_max_streams_per_user`` and
+``llm_tokens_per_minute_per_user``, 0 = none; a member of a group in the
+``..._per_group`` settings gets the most generous of their groups' values):
+
+- streams: generation calls (chat and completions, streamed or not) a user has in
+  flight at once. A slot is held from the call's admission to its end, whatever
+  ends it (the answer's last byte, an error, the caller going away).
+- tokens per minute: prompt and completion tokens a user's calls used in the last
+  60 s. A call is admitted while the user is under the limit; what it uses counts
+  when it ends (like LiteLLM's and OpenAI's own TPM limits, one call may overshoot).
+
+Over a limit: 429 in OpenAI's shape with ``Retry-After``. Each call's tokens go to
+the database (:mod:`gpulab.db.llm_usage`, ``GET /usage?unit=tokens``) and to
+Prometheus (``gpulab_llm_tokens_total``, time to first token and inter-token
+latency), by deployment id as the endpoint series are (no user names in labels).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter, Histogram
+
+from gpulab.service.endpoints.openai_errors import OpenAIError
+
+log = logging.getLogger("gpulab.service.endpoints.token_meter")
+
+WINDOW_S = 60.0
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class LlmLimits:
+    """The limits' settings: a default per user and, per group, an override."""
+
+    max_streams: int = 0
+    tokens_per_minute: int = 0
+    group_max_streams: Mapping[str, int] = field(default_factory=dict)
+    group_tokens_per_minute: Mapping[str, int] = field(default_factory=dict)
+
+    @staticmethod
+    def _of(default: int, by_group: Mapping[str, int], groups) -> int:
+        """The most generous value of the user's groups that have one (0 = no limit
+        beats any number), else the default."""
+        values = [int(by_group[g]) for g in groups if g in by_group]
+        if not values:
+            return default
+        return 0 if 0 in values else max(values)
+
+    def streams_for(self, who) -> int:
+        return self._of(self.max_streams, self.group_max_streams, who.groups)
+
+    def tokens_for(self, who) -> int:
+        return self._of(self.tokens_per_minute, self.group_tokens_per_minute, who.groups)
+
+
+class TokenMeter:
+    """Admits calls under the limits and counts what they use. ``save``: writes one
+    call's row to the database (run off the event loop), or None."""
+
+    def __init__(
+        self,
+        limits: LlmLimits,
+        save: Callable[..., Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.limits = limits
+        self.save = save
+        self.clock = clock
+        self.streams: dict[str, int] = {}
+        self._used: dict[str, deque[tuple[float, int]]] = {}
+        self._saving: set[asyncio.Task] = set()
+        self.tokens = Counter(
+            "gpulab_llm_tokens",
+            "Prompt and completion tokens of the calls through the OpenAI gateway.",
+            ["deployment", "version", "type"],
+            registry=None,
+        )
+        self.ttft = Histogram(
+            "gpulab_llm_time_to_first_token_seconds",
+            "From a streamed call's arrival at the gateway to its first token.",
+            ["deployment"],
+            buckets=LATENCY_BUCKETS,
+            registry=None,
+        )
+        self.itl = Histogram(
+            "gpulab_llm_inter_token_latency_seconds",
+            "Between two tokens of a streamed answer, at the gateway.",
+            ["deployment"],
+            buckets=LATENCY_BUCKETS,
+            registry=None,
+        )
+
+    def register(self, registry) -> None:
+        for metric in (self.tokens, self.ttft, self.itl):
+            registry.register(metric)
+
+    # -- limits --------------------------------------------------------------------------
+    def used_last_minute(self, user: str) -> int:
+        used = self._used.get(user)
+        if not used:
+            return 0
+        horizon = self.clock() - WINDOW_S
+        while used and used[0][0] <= horizon:
+            used.popleft()
+        return sum(n for _, n in used)
+
+    def check_rate(self, who) -> None:
+        """429 if ``who`` used their tokens of the last minute."""
+        limit = self.limits.tokens_for(who)
+        if not limit:
+            return
+        used = self.used_last_minute(who.name)
+        if used < limit:
+            return
+        # Retry when enough of the window's tokens have aged out to be under the limit.
+        over, wait = used - limit, WINDOW_S
+        for t, n in self._used[who.name]:
+            over -= n
+            if over < 0:
+                wait = t + WINDOW_S - self.clock()
+                break
+        raise OpenAIError(
+            429,
+            f"{who.name} used {used} tokens in the last minute, over the limit of {limit} "
+            "(c.GpuLabService.llm_tokens_per_minute_per_user); retry after the Retry-After "
+            "seconds",
+            code="rate_limit_exceeded",
+            retry_after=max(1, math.ceil(wait)),
+        )
+
+    @contextlib.contextmanager
+    def stream_slot(self, who):
+        """Hold one of ``who``'s streams for the ``with`` block; 429 if none is free."""
+        limit = self.limits.streams_for(who)
+        held = self.streams.get(who.name, 0)
+        if limit and held >= limit:
+            raise OpenAIError(
+                429,
+                f"{who.name} has {held} calls in flight, the most allowed "
+                "(c.GpuLabService.llm_max_streams_per_user); retry when one ends",
+                code="rate_limit_exceeded",
+                retry_after=1,
+            )
+        self.streams[who.name] = held + 1
+        try:
+            yield
+        finally:
+            left = self.streams[who.name] - 1
+            if left:
+                self.streams[who.name] = left
+            else:
+                del self.streams[who.name]
+
+    # -- accounting ----------------------------------------------------------------------
+    def count(self, who, dep: dict, version: int, prompt: int, completion: int) -> None:
+        """One call's tokens: against the caller's rate, in the metrics and the database."""
+        prompt, completion = max(0, int(prompt)), max(0, int(completion))
+        if prompt + completion:
+            self._used.setdefault(who.name, deque()).append((self.clock(), prompt + completion))
+        labels = (dep["id"], str(version))
+        self.tokens.labels(*labels, "prompt").inc(prompt)
+        self.tokens.labels(*labels, "completion").inc(completion)
+        if self.save is not None:
+            task = asyncio.ensure_future(
+                self.save(who.name, dep["user"], dep["name"], version, prompt, completion)
+            )
+            self._saving.add(task)
+            task.add_done_callback(self._saved)
+
+    def _saved(self, task: asyncio.Task) -> None:
+        self._saving.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Could not record LLM token use: %s", task.exception())
+
+    async def flush(self) -> None:
+        """Wait for the rows being written (a clean stop; tests)."""
+        if self._saving:
+            await asyncio.gather(*list(self._saving), return_exceptions=True)
