@@ -16,7 +16,14 @@ import shutil
 MODEL_FILES = ("model.pt2", "model.json", "model.st.tar")
 #: The model file each kind of card needs (gpulab.serving.export, gpulab.serving.embedding:
 #: a sentence-transformers directory travels as one tar, so the upload stays flat).
-KIND_FILES = {"torch-export": "model.pt2", "sentence-embedding": "model.st.tar"}
+KIND_FILES = {
+    "torch-export": "model.pt2",
+    "sentence-embedding": "model.st.tar",
+    # A language model's Hugging Face folder (gpulab.serving.llm_export), flat under hf/.
+    "causal-lm": "hf/config.json",
+}
+#: The one sub-folder an upload may have: a causal LM's Hugging Face files.
+HF_DIR = "hf"
 
 
 class DeploymentDirs:

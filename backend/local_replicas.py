@@ -39,6 +39,7 @@ from traitlets import Int, default
 from gpulab.enforcement.accounts import separated
 from gpulab.enforcement.user_env import user_python
 
+from .deployment_dir import HF_DIR
 from .local import PASS_ENV, process_alive
 from .log_pipe import capped_log
 from .replica_http import unix_address
@@ -76,11 +77,15 @@ class LocalReplicas(ServingBackend):
     def _hand_over(self, dep_id: str, gid: int) -> None:
         """Let the owner's account (group ``gid``) read the model, and nobody else."""
         model = self.model_dir(dep_id)
-        for name in os.listdir(model):
-            if os.path.isfile(os.path.join(model, name)):
-                os.chown(os.path.join(model, name), 0, gid)
-                os.chmod(os.path.join(model, name), 0o640)
-        for path in (model, self.path(dep_id)):
+        folders = [model]
+        if os.path.isdir(os.path.join(model, HF_DIR)):  # a language model's files
+            folders.append(os.path.join(model, HF_DIR))
+        for folder in folders:
+            for name in os.listdir(folder):
+                if os.path.isfile(os.path.join(folder, name)):
+                    os.chown(os.path.join(folder, name), 0, gid)
+                    os.chmod(os.path.join(folder, name), 0o640)
+        for path in (*folders[1:], model, self.path(dep_id)):
             os.chown(path, 0, gid)
             os.chmod(path, 0o750)
 

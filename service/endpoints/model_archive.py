@@ -2,7 +2,8 @@
 
 The archive (tar, optionally gzip/bz2/xz) must hold two regular files,
 ``model.json`` and the model file its kind names (``model.pt2``; an embedding
-model's ``model.st.tar``). It is read once, front to back, one member
+model's ``model.st.tar``; a language model's ``hf/config.json``, its Hugging Face
+files one level down under ``hf/``, nothing deeper). It is read once, front to back, one member
 at a time, and refused as soon as anything is wrong:
 
 - the sizes its headers declare, all members together, may not pass
@@ -25,7 +26,7 @@ import posixpath
 import tarfile
 from collections.abc import Callable
 
-from gpulab.backend.deployment_dir import KIND_FILES, MODEL_FILES
+from gpulab.backend.deployment_dir import HF_DIR, KIND_FILES, MODEL_FILES
 
 #: More members than an exported model directory could hold.
 MAX_MEMBERS = 64
@@ -51,7 +52,9 @@ def _wanted(member: tarfile.TarInfo) -> str | None:
             f"(%deploy does this for you)",
         )
     base = posixpath.basename(norm)
-    if base not in MODEL_FILES:
+    if posixpath.dirname(norm) == HF_DIR and _plain_name(base):
+        base = f"{HF_DIR}/{base}"  # a language model's Hugging Face file
+    elif base not in MODEL_FILES:
         return None
     if not member.isfile():
         kind = (
@@ -67,6 +70,15 @@ def _wanted(member: tarfile.TarInfo) -> str | None:
             400, f"archive member {name!r} is {kind}; {base} must be a regular file"
         )
     return base
+
+
+def _plain_name(name: str) -> bool:
+    """A file name a Hugging Face folder holds (config.json, model.safetensors...)."""
+    return (
+        0 < len(name) <= 128
+        and not name.startswith(".")
+        and all(c.isalnum() or c in "._-" for c in name)
+    )
 
 
 def unpack_model(
@@ -103,6 +115,8 @@ def unpack_model(
                 if base in found:
                     raise ArchiveRefused(400, f"the archive holds {base} twice; upload one")
                 found.add(base)
+                if base.startswith(f"{HF_DIR}/"):
+                    os.makedirs(os.path.join(dest, HF_DIR), mode=0o755, exist_ok=True)
                 _copy(tar, member, os.path.join(dest, base))
     except ArchiveRefused:
         raise

@@ -338,6 +338,25 @@ async def test_a_tar_xz_bomb_is_refused_and_leaves_nothing(service, stokens):
             ],
             "holds model.pt2 twice",
         ),
+        # A language model's Hugging Face folder: the same rules one level down.
+        (
+            [
+                link_entry("hf/config.json", "/etc/shadow", tarfile.SYMTYPE),
+                file_entry("model.json", json.dumps({**CARD, "kind": "causal-lm"}).encode()),
+            ],
+            "'hf/config.json' is a symbolic link",
+        ),
+        (
+            [file_entry("hf/../../model.pt2", b"x"), file_entry("model.json", b"{}")],
+            "'hf/../../model.pt2' points outside the archive",
+        ),
+        (
+            [
+                file_entry("hf/tokenizer.json", b"{}"),
+                file_entry("model.json", json.dumps({**CARD, "kind": "causal-lm"}).encode()),
+            ],
+            "the model archive lacks hf/config.json",
+        ),
     ],
 )
 async def test_crafted_archives_are_refused_by_name_and_leave_nothing(
