@@ -161,6 +161,7 @@ def _model_source(model_text: str, model) -> str | None:
 
 def write_archive(model, tokenizer, folder: str, args) -> dict:
     """The ``causal-lm`` archive in ``folder`` (``gpulab.serving.llm_export``)."""
+    from gpulab.serving.export import ExportError
     from gpulab.serving.llm_export import save_causal_lm
 
     try:
@@ -170,9 +171,12 @@ def write_archive(model, tokenizer, folder: str, args) -> dict:
             folder,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
+            name=args.name,
         )
-    except ValueError as e:
-        raise UsageError(str(e).replace("max_model_len", "--max-model-len")) from None
+    except ExportError as e:
+        # In the magic's words: its flags, not the function's arguments.
+        text = str(e).replace("max_model_len", "--max-model-len")
+        raise UsageError(text.replace("max_num_seqs", "--max-num-seqs")) from None
 
 
 def gateway_url(endpoint_url: str) -> str:

@@ -132,3 +132,8 @@ def test_printed_snippets_name_the_gateway_and_the_ca(monkeypatch):
     assert "https://hub.example:8443/services/gpulab/v1/chat/completions" in text
     monkeypatch.delenv("GPULAB_CA_FILE")
     assert "--cacert" not in llm_usage_lines(dep, base.replace("https", "http"), "chat")
+
+
+def test_a_context_longer_than_the_model_takes_is_refused_with_the_limit(shell):
+    with pytest.raises(UsageError, match=r"--max-model-len 100000 must be between 1 and 256"):
+        deploy(shell, "model --name chat --tokenizer tok --max-model-len 100000")
