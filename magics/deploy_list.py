@@ -85,11 +85,26 @@ def list_table(deps: list[dict], lineage: bool = False) -> str:
     return "\n".join(lines)
 
 
+#: The model kind of a language model (gpulab.serving.llm_export's card).
+LANGUAGE_MODEL = "causal-lm"
+
+
+def llm_line(d: dict) -> str:
+    """A language model's line: tokens/s, the engine that serves it and why, and the
+    model id to send the OpenAI gateway (``<hub>/services/gpulab/v1``)."""
+    engine = d.get("engine") or "said once a replica is ready"
+    return (
+        f"language model · {_num(d.get('tokens_per_second'), '.1f')} tokens/s · "
+        f"engine: {engine} · model id {d['name']} (others: {d['user']}/{d['name']}) "
+        f"at /services/gpulab/v1"
+    )
+
+
 def notes_of(d: dict) -> list[str]:
     """The lines worth a user's attention under an endpoint: a version that failed,
     waits or frees its slices, and cold starts."""
     versions = d.get("versions") or []
-    notes = []
+    notes = [llm_line(d)] if d.get("model_kind") == LANGUAGE_MODEL else []
     for v in versions:
         shown = v["state"] in ("failed", "degraded", "idle") or "wants" in v["message"]
         if shown or v["message"].startswith("freeing"):

@@ -81,3 +81,20 @@ def test_a_live_table_stops_refreshing_when_the_next_cell_runs():
     assert not live._thread.is_alive()
     # The refresher has ended: no more reads, so no more rewrites of that output.
     assert live._next_cell not in shell.events.callbacks["pre_run_cell"]
+
+
+def test_a_language_model_says_its_engine_and_tokens_per_second():
+    chat = endpoint(
+        "chat",
+        model_kind="causal-lm",
+        engine="transformers continuous batching (CPU; vLLM not installed)",
+        tokens_per_second=312.5,
+    )
+    for shown in (list_table([chat]), list_html([chat])):
+        assert "language model · 312.5 tokens/s" in shown, shown
+        assert "engine: transformers continuous batching (CPU; vLLM not installed)" in shown
+        assert "model id chat (others: ada/chat) at /services/gpulab/v1" in shown
+    # Before a replica reports: no figures, and it says when they come.
+    waiting = list_table([endpoint("chat", model_kind="causal-lm")])
+    assert "- tokens/s · engine: said once a replica is ready" in waiting
+    assert "language model" not in list_table([endpoint("sentiment", model_kind="torch-export")])
