@@ -50,7 +50,8 @@ def parse_summary(text: str) -> list[dict]:
 
 
 def root_cause(failures: list[dict], rank_errors: list[dict]) -> dict | None:
-    """``{"rank", "type", "message", "traceback", "error_file"}`` of the root cause.
+    """``{"rank", "type", "message", "traceback", "error_file", "stderr"}`` of the root
+    cause (``stderr``: the last lines the rank wrote there, when its own record says).
 
     ``rank_errors`` are the ranks' own records, earliest first; their times are
     finer than torchrun's (whole seconds, so it breaks ties arbitrarily).
@@ -60,7 +61,10 @@ def root_cause(failures: list[dict], rank_errors: list[dict]) -> dict | None:
     # torchrun itself SIGTERMs the surviving ranks when one fails: not a cause.
     external = [f for f in signalled if f["exitcode"] != -15]
     if not external and rank_errors:
-        return {k: rank_errors[0].get(k) for k in keys}
+        cause = {k: rank_errors[0].get(k) for k in keys}
+        if rank_errors[0].get("stderr"):
+            cause["stderr"] = rank_errors[0]["stderr"]
+        return cause
     chosen = (external or signalled or [f for f in failures if f["root"]] or [None])[0]
     if chosen is None:
         return None

@@ -1,5 +1,9 @@
 """``%%train_distributed``: the cell becomes a fault-tolerant PyTorch job across nodes.
 
+``%train_distributed [flags] SCRIPT.py [ARGS...]`` (the line magic) runs an existing
+script the same way, as ``torchrun [flags] SCRIPT.py [ARGS...]`` would
+(:mod:`.train_script`).
+
 Thin: parse the flags, ship the cell and ``--vars`` (cloudpickle) to the
 service through :mod:`gpulab.client`, show progress, logs and metrics while it
 runs, put ``--out`` into the notebook, and raise if the job failed, so that
@@ -8,6 +12,7 @@ runs, put ``--out`` into the notebook, and raise if the job failed, so that
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import contextlib
@@ -18,7 +23,7 @@ import time
 from fractions import Fraction
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from gpulab.client.states import JOB_TERMINAL as TERMINAL
@@ -28,6 +33,7 @@ from .cell_names import free_names
 from .lineage import from_job, remember
 from .train_display import make_display, nodes_summary
 from .train_failure import TrainingJobFailed, failure_lines, hint, names_hint
+from .train_script import check_compiles, script_cell
 
 POLL_S = 1.0
 #: The most nodes a job may ask for (``gpulab.backend.spec.MAX_NODES``, the service's).
@@ -36,11 +42,23 @@ MAX_NODES = 64
 JOB_EVERY = 5
 
 
-__all__ = ["TrainMagics", "TrainingJobFailed", "TrainingJobRefused"]
+__all__ = ["TrainMagics", "TrainingJobCancelled", "TrainingJobFailed", "TrainingJobRefused"]
 
 
 class TrainingJobRefused(RuntimeError):
-    """The service would not queue the job (quota, capacity); the message says why."""
+    """The service would not queue the job (quota, capacity); the message says why.
+
+    Shown as its one line: the service's words are the whole story."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"TrainingJobRefused: {self}"]
+
+
+class TrainingJobCancelled(KeyboardInterrupt):
+    """The cell was interrupted and its job cancelled: one line, no traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
 
 
 def parse_gpu(text: str) -> int:
@@ -146,7 +164,9 @@ def check_names(cell: str, sent: list[str], namespace: dict) -> None:
         raise UsageError(why)
 
 
-def build_spec(args, cell: str, namespace: dict) -> dict:
+def build_spec(args, cell: str | None, namespace: dict) -> dict:
+    """The job's spec from the flags and the cell, or (``cell`` None: the line magic)
+    from ``args.script`` (``SCRIPT.py ARGS...``)."""
     nodes, min_nodes, max_nodes = parse_nodes(str(args.nodes))
     for flag, value, low in (
         ("--nproc-per-node", args.nproc_per_node, 1),
@@ -159,9 +179,26 @@ def build_spec(args, cell: str, namespace: dict) -> dict:
         raise UsageError(f"--timeout {args.timeout}: give seconds > 0")
     if args.out and not args.out.isidentifier():
         raise UsageError(f"--out {args.out!r}: must be a Python variable name")
-    if not cell.strip():
-        raise UsageError("the cell is empty: write the training code below %%train_distributed")
-    check_names(cell, var_names(args.vars), namespace)
+    env = parse_env(args.env)
+    if cell is None:
+        if not args.script:
+            raise UsageError(
+                "give a script, e.g. %train_distributed --nodes 2 train.py --epochs 3, "
+                "or write the training code in a %%train_distributed cell"
+            )
+        cell = script_cell(args.script, env)
+    else:
+        if args.script:
+            raise UsageError(
+                f"unrecognized arguments: {' '.join(args.script)} (a %%train_distributed "
+                f"cell runs its own code; run a script with the line magic "
+                f"%train_distributed [flags] SCRIPT.py [ARGS...])"
+            )
+        if not cell.strip():
+            raise UsageError("the cell is empty: write the training code below %%train_distributed")
+        # Before anything is queued; numbered as the notebook numbers the cell's lines.
+        check_compiles(cell, "<cell>", first_line=2)
+        check_names(cell, var_names(args.vars), namespace)
     return {
         "code": cell,
         "name": args.name,
@@ -177,7 +214,7 @@ def build_spec(args, cell: str, namespace: dict) -> dict:
         "amp": args.amp or "",
         "comm_hook": args.comm_hook or "",
         "fsdp": bool(getattr(args, "fsdp", False)),
-        "env": parse_env(args.env),
+        "env": env,
         "out": args.out or "",
         "timeout": args.timeout or 0,
         "priority": args.priority,
@@ -256,9 +293,22 @@ class TrainMagics(Magics):
         action="store_true",
         help="never stop this job to make room for others (it may wait longer to start)",
     )
-    @cell_magic
-    def train_distributed(self, line: str, cell: str):
+    @argument(
+        "script",
+        nargs=argparse.REMAINDER,
+        metavar="SCRIPT.py [ARGS...]",
+        help="(line magic) an existing script and its own arguments, as torchrun takes "
+        "them: %%train_distributed --nodes 2 train.py --epochs 3",
+    )
+    @line_cell_magic
+    def train_distributed(self, line: str, cell: str | None = None):
         """Run this cell as a fault-tolerant PyTorch job (torchrun) on gpulab's GPUs.
+
+        As a line magic, ``%train_distributed [flags] SCRIPT.py [ARGS...]`` runs an
+        existing script unchanged, as ``torchrun`` would: its folder on ``sys.path``,
+        its arguments in ``sys.argv``, the notebook's folder on ``PYTHONPATH`` and as
+        the working folder (else a folder for the job in your home; the first log
+        line says which).
 
         Inside the cell::
 
@@ -353,8 +403,8 @@ class TrainMagics(Magics):
             if display is not None:
                 display.status(job)
                 display.finish(job)
-            print(f"job {job_id} cancelled (interrupted)")
-            raise
+            # Raised, so that "Run All" stops; shown as this one line.
+            raise TrainingJobCancelled(f"job {job_id} cancelled (interrupted)") from None
         display.finish(job)
         took = time.monotonic() - started
         if job["state"] == "succeeded":

@@ -26,6 +26,11 @@ _NAME = re.compile(r"name '(?P<name>[A-Za-z_][A-Za-z0-9_]*)' is not defined")
 _MODULE = re.compile(r"No module named '(?P<module>[^']+)'")
 #: The file the ranks run the cell from (``<job dir>/cell.py``).
 CELL_FILE = "cell.py"
+#: The line of the cell ``%train_distributed SCRIPT.py`` ships that runs the script:
+#: gpulab's, not the user's (:mod:`.train_script`).
+SCRIPT_CALL = "globals().update(_gpulab_run_script("
+#: Lines of the rank's stderr a failure shows (argparse's usage and its error).
+STDERR_LINES = 6
 RED, BOLD, RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
 
 
@@ -61,6 +66,8 @@ def user_frames(traceback: str) -> list[tuple[str, int, str, str]]:
             lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith("    ") else ""
         )
         if os.path.basename(path) == CELL_FILE:
+            if source.startswith(SCRIPT_CALL):
+                continue
             frames.append(("cell", int(m.group("line")), m.group("func"), source))
         elif not (
             path.startswith("<")
@@ -110,6 +117,13 @@ def hint(error: dict, sent_vars: list[str], namespace: dict, gpu_milli: int = 0)
         return names_hint([m.group("name")], sent_vars, namespace)
     if kind == "ModuleNotFoundError" and (m := _MODULE.search(message)):
         top = m.group("module").split(".")[0]
+        beside = _local_module(top)
+        if beside:
+            return (
+                f"`{top}` is {beside} in this notebook's folder, not an installed package: "
+                f"run the script with `%train_distributed [flags] SCRIPT.py` (its folder and "
+                f"the notebook's are on the ranks' path), or import it from a script there"
+            )
         here = importlib.util.find_spec(top) is not None
         return (
             f"the ranks cannot import `{top}`: it is "
@@ -123,6 +137,16 @@ def hint(error: dict, sent_vars: list[str], namespace: dict, gpu_milli: int = 0)
             f"the rank ran out of GPU memory: its slice{size} is a memory limit; use a "
             f"smaller batch, --amp bf16, or ask for more with --gpu"
         )
+    return None
+
+
+def _local_module(name: str, folder: str | None = None) -> str | None:
+    """``name.py`` or ``name/`` when the notebook's folder holds that module, else None."""
+    folder = folder or os.getcwd()
+    if os.path.isfile(os.path.join(folder, f"{name}.py")):
+        return f"{name}.py"
+    if os.path.isdir(os.path.join(folder, name)):
+        return f"the folder {name}/"
     return None
 
 
@@ -150,6 +174,12 @@ def failure_lines(job: dict, hint_text: str | None) -> list[str]:
             lines.append(f"  {where}")
             if source:
                 lines.append(f"    {source}")
+        # What the rank said before it exited (argparse's usage and error, a script's
+        # own message before sys.exit(1)): an exit code alone says nothing.
+        said = [ln for ln in (error.get("stderr") or "").splitlines() if ln.strip()]
+        if said and (error["type"] == "SystemExit" or not error.get("message")):
+            lines.append(f"rank {error.get('rank')} wrote to stderr:")
+            lines += [f"  {ln}" for ln in said[-STDERR_LINES:]]
     else:
         head = f"TrainingJobFailed: job {job['id']} {job['state']}: {job.get('message')}"
         lines.append(f"{RED}{BOLD}{head}{RESET}")

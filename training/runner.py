@@ -32,7 +32,31 @@ def _redirect_output(job_dir: str, rank: int) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    # Its last lines go into the failure record: argparse's usage error, a script's
+    # own message before sys.exit(1), told in the cell rather than only in the log.
+    sys.stderr = StderrTail(open(2, "w", buffering=1, closefd=False))  # noqa: SIM115
+
+
+class StderrTail:
+    """``sys.stderr`` that keeps the last ``keep`` characters written to it."""
+
+    def __init__(self, stream, keep: int = 4096):
+        self._stream = stream
+        self._keep = keep
+        self.tail = ""
+
+    def write(self, text: str) -> int:
+        self.tail = (self.tail + text)[-self._keep :]
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def stderr_tail(lines: int = 8) -> str:
+    """The last ``lines`` non-empty lines the rank wrote to ``sys.stderr``."""
+    tail = getattr(sys.stderr, "tail", "")
+    return "\n".join([ln for ln in tail.splitlines() if ln.strip()][-lines:])
 
 
 def _capped(path: str, max_bytes: int) -> int:
@@ -126,6 +150,7 @@ def record_failure(job_dir: str, rank: int, exc: BaseException) -> None:
             "type": type(exc).__name__,
             "message": memory.explain(exc, rank) if memory.is_out_of_memory(exc) else str(exc),
             "traceback": "".join(traceback.format_exception(exc)),
+            "stderr": stderr_tail(),
         },
     )
 
@@ -144,14 +169,16 @@ def run(job_dir: str) -> None:
     if env.restart_count():
         print(f"--- restart {env.restart_count()} ---", flush=True)
     cell = os.path.join(job_dir, "cell.py")
-    with open(cell) as f:
-        code = compile(f.read(), cell, "exec")
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    vars_path = os.path.join(job_dir, "vars.pkl")
-    if os.path.exists(vars_path):
-        with open(vars_path, "rb") as f:
-            namespace.update(cloudpickle.load(f))
     try:
+        # Inside: a cell that does not compile is the rank's recorded failure (the
+        # notebook checks first; a request made without it lands here).
+        with open(cell) as f:
+            code = compile(f.read(), cell, "exec")
+        vars_path = os.path.join(job_dir, "vars.pkl")
+        if os.path.exists(vars_path):
+            with open(vars_path, "rb") as f:
+                namespace.update(cloudpickle.load(f))
         exec(code, namespace)
         out = env.get(env.OUT)
         if out:
