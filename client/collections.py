@@ -212,7 +212,10 @@ class Collection:
         probe = [1.0] * self.info["dim"]
         deleted = 0
         while hits := self.search(vector=probe, k=1000, filter=filter):
-            deleted += self._call("delete", {"ids": [h.id for h in hits]})["deleted"]
+            gone = self._call("delete", {"ids": [h.id for h in hits]})["deleted"]
+            if not gone:  # found again but already deleted: nothing more to do
+                break
+            deleted += gone
         return deleted
 
     def search(self, vector=None, text=None, k: int = 10, filter=None) -> list[Hit]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import subprocess
+import sys
 
 import pytest
 from hubproc import let_accounts_reach
@@ -262,3 +264,12 @@ async def test_vectors_magic_errors_name_its_flags_not_python_arguments(tmp_path
             got = await asyncio.to_thread(said, line)
             assert message in got, (line, got)
             assert "dim=" not in got and "embed=" not in got and "k=" not in got, (line, got)
+
+
+def test_the_client_imports_no_framework_until_its_store_is_used():
+    code = (
+        "import sys, gpulab.client, gpulab.client.collections, gpulab.magics.vectors\n"
+        "from gpulab.client import Collection, chunk_text\n"
+        "assert not {'langchain_core', 'llama_index'} & {m.split('.')[0] for m in sys.modules}"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
