@@ -139,6 +139,12 @@ def make_env(home: str, platform_site: str) -> None:
         '#!/bin/sh\nexec "$(dirname "$0")/python" -m pip "$@"\n',
         0o755,
     )
+    # And `torchrun` (`!torchrun` in a notebook) runs this environment's Python.
+    write_atomically(
+        os.path.join(env, "bin", "torchrun"),
+        '#!/bin/sh\nexec "$(dirname "$0")/python" -m torch.distributed.run "$@"\n',
+        0o755,
+    )
     kernel = os.path.join(env, "share", "jupyter", "kernels", "python3")
     os.makedirs(kernel, exist_ok=True)
     write_atomically(

@@ -47,6 +47,16 @@ from .placement import placement_of
 from .service_traits import GpuLabServiceMixin
 
 
+def users_path(inherited: str) -> str:
+    """The ``PATH`` of a server run as a user's account: gpulab's interpreter folder
+    (its ``torchrun``, ``jupyter``) first, then what the hub's ``PATH`` names that
+    other accounts can enter. A folder they cannot (root's ``~/.pyenv/shims``) would
+    answer ``!torchrun`` with "Permission denied" instead of trying the next one."""
+    ours = os.path.dirname(sys.executable)
+    kept = [p for p in inherited.split(os.pathsep) if p and p != ours and not unreachable(p)]
+    return os.pathsep.join([ours, *kept])
+
+
 class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
     """A JupyterLab server held to a GPU slice on one of the site's hosts, as its
     user's Unix account (the shared base of the local and the Slurm spawner)."""
@@ -232,6 +242,8 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
         env.update(getattr(self, "_slice", {}))
         env.update(self.service_env())
         paths = [self.kernel_dir] + [p for p in env.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+        if self.account is not None:
+            env["PATH"] = users_path(env.get("PATH") or os.defpath)
         if self.own_environment and user_python(self.account, sys.executable) != sys.executable:
             # Their own kernel (their environment's python) and their own pip first.
             paths.insert(0, jupyter_dir(self.account.home))
