@@ -285,3 +285,35 @@ def test_more_gpus_than_exist_is_said_in_words_only(hub, user):
     assert shown.startswith("TrainingJobRefused: job refused:") and "\n" not in shown, shown
     assert "magics/train.py" not in shown and "Traceback" not in shown
     assert os.path.basename(__file__) not in shown
+
+
+def test_pythonpath_is_the_notebooks_folder_and_env_and_a_read_only_folder_sends_work_home(
+    hub, user
+):
+    """The notebook's folder and ``--env PYTHONPATH=lib`` (from the notebook's folder)
+    are on the script's path; a notebook folder the user may not write leaves the
+    working folder in their home, as the first log line says."""
+    name, token, _ = user
+    hub.write_home_file(name, "shared/nbmod.py", "WHO = 'notebook'\n")
+    hub.write_home_file(name, "shared/lib/libmod.py", "WHO = 'lib'\n")
+    hub.write_home_file(
+        name,
+        "shared/tools/run.py",
+        "import os\nimport nbmod, libmod\n"
+        "print('imports', nbmod.WHO, libmod.WHO, 'PYTHONPATH', os.environ['PYTHONPATH'])\n"
+        "open('written.txt', 'w').write('here')\n",
+    )
+    shared = hub.home(name) / "shared"
+    shared.chmod(0o555)  # theirs to read, not to write
+    nb, client = notebook(["%train_distributed --env PYTHONPATH=lib tools/run.py"], shared)
+    client.execute()
+    assert "succeeded" in text_of(nb.cells[2])
+    [job] = hub.gpulab("GET", "/jobs", token=token).json()
+    logs = hub.gpulab("GET", f"/jobs/{job['id']}/logs", token=token).text
+    folder = hub.home(name) / "gpulab-jobs" / job["id"]
+    assert (
+        f"gpulab: running {shared / 'tools' / 'run.py'} in {folder} (a folder for this job "
+        f"in your home; the notebook's folder {shared} is not writable here)"
+    ) in logs, logs
+    assert f"imports notebook lib PYTHONPATH {shared}:{shared / 'lib'}" in logs, logs
+    assert (folder / "written.txt").read_text() == "here"
