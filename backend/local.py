@@ -36,6 +36,8 @@ from traitlets import Instance, Int, Unicode, default
 
 from gpulab.enforcement.accounts import separated, unreachable
 from gpulab.enforcement.user_env import user_python
+from gpulab.training.env import NODE_MEMORY_BYTES
+from gpulab.training.memory import killed_line
 
 from .base import Backend, JobStatus
 from .failures import NODE0_LOG, failure
@@ -217,6 +219,8 @@ class LocalBackend(Backend):
             group = self._node_group(spec, account, launch.node_rank, allocations)
             if group is not None:
                 argv, run_as = group.launch(argv, **run_as)
+                if group.limits.memory_bytes:  # ranks cannot read their group (0700)
+                    env[NODE_MEMORY_BYTES] = str(group.limits.memory_bytes)
             log = jd.open_user(
                 f"logs/node{launch.node_rank}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT
             )
@@ -346,12 +350,37 @@ class LocalBackend(Backend):
             return JobStatus("running", restarts=restarts)
         self._failed_since.pop(spec.id, None)
         self._children.pop(spec.id, None)
+        oom = self._oom_kills(spec) if any(s != 0 for s in states) else None
         await self._release(spec)
         if all(s == 0 for s in states):
             return JobStatus("succeeded", exit_code=0, restarts=restarts)
         code = next(s for s in states if s != 0)
         ended = f"torchrun exited with code {code}"
-        return JobStatus("failed", **failure(jd, len(states), restarts, code, ended, [NODE0_LOG]))
+        info = failure(jd, len(states), restarts, code, ended, [NODE0_LOG])
+        if oom is not None:  # the kernel killed a rank: say so, not "Signal 9"
+            node, cap = oom
+            error = info.get("error") or {}
+            line = killed_line(error.get("rank"), node, cap, spec.nproc_per_node)
+            info["message"] = line
+            if error:
+                info["error"] = {**error, "message": line}
+        return JobStatus("failed", **info)
+
+    def _oom_kills(self, spec: JobSpec) -> tuple[int, int | None] | None:
+        """(node, its group's memory cap) of the first node whose group saw the kernel's
+        OOM killer, read before the groups go; None when none did."""
+        if self.limits is None:
+            return None
+        account = self.accounts.lookup(spec.user)
+        if account is None:
+            return None
+        for node in range(spec.nodes):
+            with contextlib.suppress(Exception):  # a host that cannot say: no line
+                group = self.limits.cgroups().open(f"{account.name}/job-{spec.id}-node{node}")
+                events = group.memory_events()
+                if events.get("oom_kills"):
+                    return node, events.get("limit")
+        return None
 
     # -- stopping -----------------------------------------------------------------
     def _rank_pids(self, jd) -> list[int]:

@@ -91,6 +91,24 @@ class FsGroup(Group):
             return {k: int(v) for k, v in (ln.split() for ln in text.splitlines() if ln.strip())}
         return {}
 
+    def memory_events(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for d in self.dirs:
+            # v1: memory.limit_in_bytes, memory.oom_control's oom_kill (and failcnt, the
+            # times usage hit the limit); v2: memory.max and memory.events' oom_kill.
+            for name, key in (("memory.limit_in_bytes", "limit"), ("memory.max", "limit")):
+                with contextlib.suppress(OSError, ValueError):
+                    out[key] = int(read_text(os.path.join(d, name)).strip())
+            for name in ("memory.oom_control", "memory.events"):
+                with contextlib.suppress(OSError):
+                    for line in read_text(os.path.join(d, name)).splitlines():
+                        key, _, value = line.partition(" ")
+                        if key == "oom_kill" and value.strip().isdigit():
+                            out["oom_kills"] = out.get("oom_kills", 0) + int(value)
+            with contextlib.suppress(OSError, ValueError):
+                out["failcnt"] = int(read_text(os.path.join(d, "memory.failcnt")).strip())
+        return out
+
     def remove(self, kill: bool = True, timeout: float = 5.0) -> bool:
         if kill:
             self.kill(timeout)

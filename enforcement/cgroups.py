@@ -314,6 +314,11 @@ class Group:
     def cpu_stat(self) -> dict[str, int]:
         return {}
 
+    def memory_events(self) -> dict[str, int]:
+        """``{"limit": bytes, "oom_kills": n}`` where the host says (for why a rank
+        was killed); empty where it does not."""
+        return {}
+
     def kill(self, timeout: float = 5.0) -> bool:
         """SIGKILL everything in the group until it is empty; False if it would not empty."""
         deadline = time.monotonic() + timeout

@@ -15,6 +15,9 @@ OUT = "GPULAB_OUT"
 FSDP = "GPULAB_FSDP"
 #: Comma-separated device per local rank on this node (GPU UUIDs); empty on CPU.
 NODE_GPUS = "GPULAB_NODE_GPUS"
+#: The memory cap of this node's group (its ranks and their agent), in bytes, where
+#: the backend holds one: a rank cannot read its own cgroup's limit (0700).
+NODE_MEMORY_BYTES = "GPULAB_NODE_MEMORY_BYTES"
 #: Share of its GPU each rank may use, in milli-GPU (1000 = whole card).
 GPU_MILLI = "GPULAB_GPU_MILLI"
 #: The job's rendezvous secret itself (Kubernetes: from the job's Secret), or

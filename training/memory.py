@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import resource
 
+from .env import NODE_MEMORY_BYTES
+
 FIXES = (
     "shard the model with ctx.wrap(model, shard=True) (or --fsdp) over more ranks, "
     "ask for a bigger slice (--gpu), or train a LoRA adapter instead of every weight"
@@ -66,9 +68,23 @@ def _read(folder: str, name: str) -> int | None:
     return int(text)
 
 
+def cpu_cap() -> tuple[int | None, str]:
+    """This rank's memory cap on CPU (bytes, or None) and how it is held: its share
+    of its node's group (which the backend says; the group itself is not readable
+    to the rank), else its own cgroup's limit where it can read it."""
+    node = int(os.environ.get(NODE_MEMORY_BYTES) or 0)
+    if node:
+        ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE") or 1), 1)
+        if ranks == 1:
+            return node, "the slice's cap"
+        return node // ranks, f"its share of the slice's cap ({gib(node)} for {ranks} ranks)"
+    limit, _ = cgroup_memory()
+    return limit, "the memory limit of its cgroup"
+
+
 def explain(exc: BaseException, rank: int) -> str:
-    """``rank 1 ran out of memory: it held 1.93 GiB of its slice's cap of 2.00 GiB ...``."""
-    held, cap, where = None, None, "memory"
+    """``rank 1 ran out of memory: it held up to 1.93 GiB against the slice's cap of ...``."""
+    held, cap, against = None, None, ""
     try:
         import torch
 
@@ -76,15 +92,28 @@ def explain(exc: BaseException, rank: int) -> str:
             device = torch.cuda.current_device()
             held = torch.cuda.max_memory_reserved(device)
             total = torch.cuda.get_device_properties(device).total_memory
-            milli = int(os.environ.get("GPULAB_GPU_MILLI") or 1000)
-            cap = total * min(milli, 1000) // 1000
-            where = "GPU memory"
+            milli = min(int(os.environ.get("GPULAB_GPU_MILLI") or 1000), 1000)
+            cap = total * milli // 1000
+            against = f"the slice's {milli / 1000:g} of its GPU"
     except Exception:  # noqa: BLE001 - the explanation must never hide the error
         pass
     if cap is None:
-        cap, peak = cgroup_memory()
-        # ru_maxrss: this process's peak, in KiB on Linux; the cgroup's peak covers the node.
-        held = peak or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    tried = f"it held up to {gib(held)}" if held else "it ran out"
-    against = f" against the slice's cap of {gib(cap)} of {where}" if cap else f" of {where}"
-    return f"rank {rank} ran out of memory: {tried}{against}; {FIXES}"
+        cap, against = cpu_cap()
+        held = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    text = f"rank {rank} ran out of memory: it held up to {gib(held)}"
+    if cap:
+        text += f" against {against}, {gib(cap)}"
+    return f"{text}; {FIXES}"
+
+
+def killed_line(rank: int | None, node: int, node_cap: int | None, ranks: int) -> str:
+    """The job's summary when the kernel's OOM killer stopped a rank (SIGKILL: the rank
+    had no chance to say it), from its node group's count of OOM kills."""
+    who = f"rank {rank}" if rank is not None else f"a rank of node {node}"
+    text = f"{who} was killed for memory: node {node}'s ranks needed more than"
+    if node_cap:
+        share = f", {gib(node_cap // ranks)} a rank" if ranks > 1 else ""
+        text += f" the slice's cap of {gib(node_cap)}{share}"
+    else:
+        text += " the slice's memory"
+    return f"{text}; {FIXES}"

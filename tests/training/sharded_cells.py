@@ -8,10 +8,11 @@ SHARDED_LM = """
 import os, time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from gpulab.training import setup, report, checkpoint
+from gpulab.training import setup, report, checkpoint, memory
 
 ctx = setup()
-size = dict(hidden_size=int(os.environ.get("HIDDEN", "64")), num_hidden_layers=2,
+size = dict(hidden_size=int(os.environ.get("HIDDEN", "64")),
+            num_hidden_layers=int(os.environ.get("LAYERS", "2")),
             intermediate_size=int(os.environ.get("FFN", "128")), num_attention_heads=4,
             num_key_value_heads=4, vocab_size=int(os.environ.get("VOCAB", "256")),
             max_position_embeddings=64)
@@ -28,6 +29,9 @@ for step in checkpoint.resume_range(ctx, total_steps=steps, state={"model": mode
     opt.zero_grad()
     loss.backward()
     opt.step()
-    report(loss=loss.item())
+    # The node's memory cgroup: the slice's cap and the most it held so far.
+    cap, peak = memory.cgroup_memory()
+    report(loss=loss.item(), cap_bytes=cap, peak_bytes=peak,
+           params=sum(p.numel() for p in model.parameters()))
     time.sleep(delay)
 """

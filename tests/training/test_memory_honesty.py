@@ -50,3 +50,54 @@ def test_the_cap_is_the_memory_cgroup_of_the_process(tmp_path):
     assert limit is None or limit > 0
     assert peak is None or peak > 0
     assert memory.cgroup_memory("no-such-pid") == (None, None)
+
+
+def test_on_cpu_the_cap_is_the_ranks_share_of_its_nodes_group(monkeypatch):
+    # The backend says the node group's cap: the rank cannot read its cgroup (0700).
+    monkeypatch.setenv("GPULAB_NODE_MEMORY_BYTES", str(3 * 2**30))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert memory.cpu_cap() == (3 * 2**29, "its share of the slice's cap (3.00 GiB for 2 ranks)")
+    line = memory.explain(MemoryError(), 1)
+    assert "against its share of the slice's cap (3.00 GiB for 2 ranks), 1.50 GiB; " in line
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert memory.cpu_cap() == (3 * 2**30, "the slice's cap")
+
+
+OVER_THE_CAP = """
+import torch
+from gpulab.training import setup
+ctx = setup()
+weights = torch.ones(2**29)  # 2 GiB, touched: over the slice's 1 GiB
+ctx.barrier()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="accounts and cgroups need root (CI runs as root)")
+def test_a_rank_the_kernel_killed_for_memory_is_named_with_the_cap(tmp_path):
+    """The cgroup's OOM killer stops a rank with SIGKILL: it cannot speak, so the
+    backend reads the node group's OOM kills and says it instead of "Signal 9"."""
+    import subprocess
+    import uuid
+
+    from hubproc import fresh_user, let_accounts_reach
+
+    from gpulab.enforcement.account_limits import AccountLimits
+    from gpulab.enforcement.accounts import UserAccounts
+
+    let_accounts_reach(tmp_path)
+    accounts = UserAccounts(home_root=str(tmp_path / "homes"), enabled=True)
+    user = fresh_user(f"oom{uuid.uuid4().hex[:4]}")
+    (tmp_path / "jobs").mkdir()
+    limits = AccountLimits(memory_per_gpu=64 * 2**30, memory_floor=2**30)
+    backend = LocalBackend(str(tmp_path / "jobs"), accounts=accounts, limits=limits)
+    try:
+        status, jd = run(backend, new_spec(OVER_THE_CAP, user=user))
+    finally:
+        subprocess.run(["userdel", accounts.name_for(user)], capture_output=True)
+    assert status.state == "failed", status
+    assert status.message.startswith(
+        "rank 0 was killed for memory: node 0's ranks needed more than the slice's cap of "
+        "1.00 GiB; shard the model with ctx.wrap(model, shard=True) (or --fsdp)"
+    ), status
+    assert status.error["message"] == status.message
