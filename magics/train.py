@@ -180,17 +180,18 @@ def build_spec(args, cell: str | None, namespace: dict) -> dict:
     if args.out and not args.out.isidentifier():
         raise UsageError(f"--out {args.out!r}: must be a Python variable name")
     env = parse_env(args.env)
+    script = getattr(args, "script", None) or []  # callers that build args themselves
     if cell is None:
-        if not args.script:
+        if not script:
             raise UsageError(
                 "give a script, e.g. %train_distributed --nodes 2 train.py --epochs 3, "
                 "or write the training code in a %%train_distributed cell"
             )
-        cell = script_cell(args.script, env)
+        cell = script_cell(script, env)
     else:
-        if args.script:
+        if script:
             raise UsageError(
-                f"unrecognized arguments: {' '.join(args.script)} (a %%train_distributed "
+                f"unrecognized arguments: {' '.join(script)} (a %%train_distributed "
                 f"cell runs its own code; run a script with the line magic "
                 f"%train_distributed [flags] SCRIPT.py [ARGS...])"
             )
