@@ -8,6 +8,7 @@
     store.similarity_search("a question", k=4, filter={"lang": "en"})
     retriever = store.as_retriever(search_kwargs={"k": 3})
     store = GpulabVectorStore.from_texts(texts, emb, collection_name="notes")
+    emb = GpulabEmbeddings("minilm")                     # an endpoint as Embeddings
 
 A collection made with an embedding endpoint (``Collection("docs", embed="minilm")``)
 embeds texts and queries on the service, through that endpoint (as the caller: one
@@ -32,6 +33,21 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 
 from .collections import Collection, Hit
+from .endpoint import Endpoint
+
+
+class GpulabEmbeddings(Embeddings):
+    """A gpulab embedding endpoint (``"minilm"``, ``"alice/minilm"``) as LangChain
+    ``Embeddings``: the model runs where the endpoint runs, not in this kernel."""
+
+    def __init__(self, endpoint: str, client=None):
+        self.endpoint = Endpoint(endpoint, client=client)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.endpoint.embed(list(texts)).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
 
 
 class GpulabVectorStore(VectorStore):

@@ -5,6 +5,7 @@
     store = GpulabVectorStore("docs")                   # or "alice/docs", a Collection
     index = VectorStoreIndex.from_vector_store(store, embed_model=embed_model)
     index.as_query_engine(similarity_top_k=3).query("a question")
+    GpulabEmbedding("minilm")      # an embedding endpoint as LlamaIndex's embed model
 
 Nodes go in with their embeddings and texts (a hit returns its node's text); a node
 without an embedding is embedded by the collection's endpoint, where it has one. A
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.schema import (
     BaseNode,
@@ -43,6 +45,7 @@ from llama_index.core.vector_stores.types import (
 
 from . import filter_text
 from .collections import Collection
+from .endpoint import Endpoint
 
 #: The metadata key that names a node's document (``delete(ref_doc_id)`` finds them by it).
 REF_DOC_KEY = "ref_doc_id"
@@ -143,6 +146,33 @@ class GpulabVectorStore(BasePydanticVectorStore):
 
     def _where(self) -> str:
         return f"{self._collection.owner}/{self._collection.name}"
+
+
+class GpulabEmbedding(BaseEmbedding):
+    """A gpulab embedding endpoint (``"minilm"``, ``"alice/minilm"``) as a LlamaIndex
+    embed model: documents put in an index are embedded where the endpoint runs."""
+
+    _endpoint: Endpoint = PrivateAttr()
+
+    def __init__(self, endpoint: str, client=None, **kwargs: Any):
+        super().__init__(model_name=endpoint, **kwargs)
+        self._endpoint = Endpoint(endpoint, client=client)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "GpulabEmbedding"
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._endpoint.embed(list(texts)).tolist()
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._get_text_embeddings([text])[0]
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._get_text_embeddings([query])[0]
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._get_query_embedding(query)
 
 
 def to_expression(filters: MetadataFilters) -> str:

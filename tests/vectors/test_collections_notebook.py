@@ -46,6 +46,30 @@ print("HITS", json.dumps([h.id for h in hits]))
 import os
 os.environ["GPULAB_DISPLAY"] = "text"
 %vectors search stdlib "QUERY_TEXT" -k 3
+
+# LangChain and LlamaIndex over it, embedded by the endpoint: no model in this kernel's
+# hands but the endpoint's.
+from langchain_core.documents import Document
+from llama_index.core import StorageContext, VectorStoreIndex
+from llama_index.core.llms import MockLLM
+from llama_index.core.schema import TextNode
+from gpulab.client.langchain import GpulabEmbeddings, GpulabVectorStore as LangChainStore
+from gpulab.client.llama_index import GpulabEmbedding, GpulabVectorStore as LlamaStore
+docs = LangChainStore("stdlib").as_retriever(search_kwargs={"k": 3}).invoke(QUERY_REPR)
+by_vector = LangChainStore("stdlib").similarity_search_by_vector(
+    GpulabEmbeddings("minilm").embed_query(QUERY_REPR), k=3
+)
+print("LANGCHAIN", json.dumps([[d.id, d.page_content] for d in docs]))
+print("BY_VECTOR", json.dumps([d.id for d in by_vector]))
+picked = [r for r in corpus if r["id"] in ("tarfile", "zipfile", "json", "csv", "socket")]
+guides = LlamaStore(Collection("guides", embed="minilm"))
+index = VectorStoreIndex(
+    [TextNode(id_=r["id"], text=r["text"]) for r in picked],
+    storage_context=StorageContext.from_defaults(vector_store=guides),
+    embed_model=GpulabEmbedding("minilm"),
+)
+answer = index.as_query_engine(llm=MockLLM(), similarity_top_k=1).query(QUERY_REPR)
+print("LLAMA", json.dumps([n.node.node_id for n in answer.source_nodes]))
 """
 
 
@@ -71,6 +95,12 @@ def test_a_stdlib_collection_finds_tarfile_and_is_alices_until_shared(hub):
     # %vectors shows the same hits, ranked (as text: GPULAB_DISPLAY=text in the cell).
     assert f"{ALICE}/stdlib: 3 hits for {QUERY!r}" in out, out
     assert f"{hits.index('tarfile') + 1}. tarfile" in out, out
+    # The frameworks find it too, each hit with its text (the docstring it was made from).
+    texts = {r["id"]: r["text"] for r in corpus}
+    found = json.loads(out.split("LANGCHAIN ", 1)[1].splitlines()[0])
+    assert ["tarfile", texts["tarfile"]] in found, out
+    assert json.loads(out.split("BY_VECTOR ", 1)[1].splitlines()[0]) == [i for i, _ in found]
+    assert json.loads(out.split("LLAMA ", 1)[1].splitlines()[0]) == ["tarfile"], out
 
     path = f"/collections/{ALICE}/stdlib"
     search = {"text": QUERY, "k": 3}
@@ -90,8 +120,10 @@ def test_a_stdlib_collection_finds_tarfile_and_is_alices_until_shared(hub):
     assert [c["collection"] for c in hub.gpulab("GET", "/collections", token=bob).json()] == [
         f"{ALICE}/stdlib"
     ]
+    assert "which " + BOB + " may not call" in r.json()["warning"], r.text
     r = hub.gpulab("POST", f"{path}/search", token=bob, json=search)
-    assert r.status_code == 403 and "minilm" in r.json()["error"], r.text
+    assert r.status_code == 403, r.text
+    assert f"ask {ALICE} to share it with you too" in r.json()["error"], r.text
     r = hub.gpulab("PATCH", "/deployments/minilm", token=token, json={"share_users": [BOB]})
     assert r.status_code == 200, r.text
     r = hub.gpulab("POST", f"{path}/search", token=bob, json=search)
