@@ -135,35 +135,48 @@ class LlmServer:
 
 class TextStream:
     """Token ids in, text out as it becomes final: an unfinished UTF-8 character
-    and anything that may be the start of a stop string are held back."""
+    and anything that may be the start of a stop string are held back.
+
+    Each token decodes a short window (from the token before the last emitted
+    one), not the whole answer again, as text-generation-inference does: the diff
+    between the window with and without the new tokens is the new text, so
+    tokenizers that drop a leading space at the start of a decode stay right.
+    """
 
     def __init__(self, tokenizer, stop: list[str]):
         self.tokenizer, self.stop = tokenizer, stop
         self.ids: list[int] = []
-        self.sent = 0  # characters already given out
+        self.text = ""  # everything decoded so far
+        self.sent = 0  # characters of it already given out
+        self.prefix = self.read = 0  # the window: ids[prefix:read] is decoded
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.stopped = False
 
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     def push(self, token: int) -> str:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""  # a character split across tokens: wait for the rest
+        searched = max(0, len(self.text) - self.hold)
+        self.text += after[len(before) :]
+        self.prefix, self.read = self.read, len(self.ids)
         for s in self.stop:
-            at = text.find(s, max(0, self.sent - len(s) + 1))
+            at = self.text.find(s, searched)
             if at != -1:
                 self.stopped = True
-                return self._take(text[:at])
-        if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
-            return ""
-        return self._take(text[: max(self.sent, len(text) - self.hold)])
+                return self._take(at)
+        return self._take(max(self.sent, len(self.text) - self.hold))
 
     def flush(self) -> str:
-        if self.stopped:
-            return ""
-        return self._take(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        return "" if self.stopped else self._take(len(self.text))
 
-    def _take(self, text: str) -> str:
-        new = text[self.sent :]
-        self.sent = max(self.sent, len(text))
+    def _take(self, end: int) -> str:
+        new = self.text[self.sent : end]
+        self.sent = max(self.sent, end)
         return new
 
 
