@@ -77,3 +77,28 @@ def step_times(times_file: Path) -> tuple[list[float], list[float]]:
     """(each step's end, the gaps between steps after the first ``WARMUP``)."""
     stamps = [float(x) for x in times_file.read_text().split()]
     return stamps, [b - a for a, b in zip(stamps[WARMUP:], stamps[WARMUP + 1 :], strict=False)]
+
+
+# A causal LM (a Llama of 4 blocks, 13M parameters) sharded with FSDP2 per block by
+# ctx.wrap(..., shard=True): the same script through gpulab and under plain torchrun.
+FSDP_WORKLOAD = """
+import os, time, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from gpulab.training import setup, report, checkpoint
+ctx = setup()
+torch.manual_seed(0)
+config = LlamaConfig(hidden_size=256, num_hidden_layers=4, intermediate_size=688,
+                     num_attention_heads=4, num_key_value_heads=4, vocab_size=2048,
+                     max_position_embeddings=128)
+model = ctx.wrap(LlamaForCausalLM(config), shard=True)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+times = open(os.environ["BENCH_TIMES"], "a", buffering=1) if ctx.rank == 0 else None
+for step in checkpoint.resume_range(ctx, total_steps=int(os.environ["BENCH_STEPS"]), state={}):
+    g = torch.Generator().manual_seed(step * 2 + ctx.rank)
+    ids = torch.randint(0, 2048, (4, 64), generator=g)
+    loss = model(input_ids=ids, labels=ids).loss
+    opt.zero_grad(); loss.backward(); opt.step()
+    report(loss=loss.item(), samples=4)
+    if times:
+        times.write(f"{time.time()}\\n")
+"""

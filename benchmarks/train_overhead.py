@@ -24,7 +24,11 @@ slice of each step's 512 samples, once as ``--nodes 1:2`` (which cannot grow:
 both GPUs are its own) reading them through ``ctx.micro_batches`` and
 ``ctx.accumulating`` (aim: step time elastic / fixed <= 1.05).
 
-    python benchmarks/train_overhead.py [--rounds 2] [--steps 150] [--elastic]
+With ``--fsdp`` both sides run a causal LM sharded with FSDP2
+(``ctx.wrap(model, shard=True)``, :data:`_workload.FSDP_WORKLOAD`): the same
+script through the magic and under plain ``torchrun`` (aim: step time <= 1.05).
+
+    python benchmarks/train_overhead.py [--rounds 2] [--steps 150] [--elastic | --fsdp]
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import time
 from pathlib import Path
 
 from _hub import RunningHub
-from _workload import ELASTIC_DATA, FIXED_DATA, WORKLOAD, step_times
+from _workload import ELASTIC_DATA, FIXED_DATA, FSDP_WORKLOAD, WORKLOAD, step_times
 
 
 def summarise(t0: float, times_file: Path) -> dict:
@@ -88,10 +92,10 @@ def via_magic(
     return result
 
 
-def via_torchrun(tmp: Path, steps: int, i: int) -> dict:
+def via_torchrun(tmp: Path, steps: int, i: int, cell: str = WORKLOAD) -> dict:
     times = tmp / f"plain{i}.txt"
     script = tmp / "workload.py"
-    script.write_text(WORKLOAD)
+    script.write_text(cell)
     env = {
         **os.environ,
         "BENCH_TIMES": str(times),
@@ -129,6 +133,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--elastic", action="store_true", help="elastic path vs fixed path")
+    p.add_argument("--fsdp", action="store_true", help="an FSDP2-sharded causal LM on both sides")
     args = p.parse_args(argv)
     os.environ["GPULAB_DISPLAY"] = "text"
     with tempfile.TemporaryDirectory() as tmp:
@@ -158,9 +163,12 @@ def main(argv=None):
                                 via_magic(shell, hub, tmp, args.steps, i, flags, cell, tag)
                             )
                 else:
+                    cell = FSDP_WORKLOAD if args.fsdp else WORKLOAD
                     with contextlib.redirect_stdout(io.StringIO()):
-                        results["magic"].append(via_magic(shell, hub, tmp, args.steps, i))
-                    results["torchrun"].append(via_torchrun(tmp, args.steps, i))
+                        results["magic"].append(
+                            via_magic(shell, hub, tmp, args.steps, i, cell=cell)
+                        )
+                    results["torchrun"].append(via_torchrun(tmp, args.steps, i, cell))
                 print(f"round {i + 1}: {results}", flush=True)
         finally:
             hub.stop()
