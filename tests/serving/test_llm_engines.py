@@ -1,0 +1,109 @@
+"""The engines in-process: what they generate greedily is what ``model.generate``
+says for each prompt alone, whoever shares the batch and whenever they join; a
+cancelled sequence leaves the batch; a full engine refuses."""
+
+import asyncio
+
+import pytest
+import torch
+from tiny_lm import tiny_llama
+
+from gpulab.serving.llm_engine import (
+    QueueFull,
+    SamplingParams,
+    StepBatchEngine,
+    TransformersCBEngine,
+    choose_engine,
+)
+
+PROMPTS = ["The quick brown fox", "Hello!", "A GPU slice serves a language model to every user"]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_llama(max_position_embeddings=512)
+
+
+def alone(model, ids, n):
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False
+        )
+    return out[0, len(ids) :].tolist()
+
+
+async def collect(engine, ids, n, delay=0.0):
+    await asyncio.sleep(delay)  # joins a batch that is already running
+    return [t async for t in engine.generate(ids, SamplingParams(max_tokens=n, temperature=0))]
+
+
+def run(engine, coro):
+    engine.start()
+    try:
+        return asyncio.run(coro)
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("engine_class", [StepBatchEngine, TransformersCBEngine])
+def test_batched_greedy_text_is_each_prompt_alone(llama, engine_class):
+    model, tokenizer = llama
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    lengths = [20, 7, 13]
+    expected = [alone(model, ids, n) for ids, n in zip(prompts, lengths, strict=True)]
+
+    async def main():
+        return await asyncio.gather(
+            *(
+                collect(engine, ids, n, delay=0.01 * i)
+                for i, (ids, n) in enumerate(zip(prompts, lengths, strict=True))
+            )
+        )
+
+    engine = engine_class(model, max_num_seqs=2)  # the third waits for a slot
+    assert run(engine, main()) == expected
+
+
+def test_a_closed_stream_leaves_the_batch(llama):
+    model, tokenizer = llama
+    engine = StepBatchEngine(model, max_num_seqs=1, max_queue=1)
+    ids = tokenizer(PROMPTS[0]).input_ids
+
+    async def main():
+        tokens = engine.generate(ids, SamplingParams(max_tokens=400, temperature=0))
+        await anext(tokens)
+        await tokens.aclose()  # the client went away
+        # The next caller gets the slot and its whole answer.
+        return await collect(engine, ids, 5)
+
+    assert run(engine, main()) == alone(model, ids, 5)
+    assert engine.tokens_made < 400
+
+
+def test_a_full_engine_refuses(llama):
+    model, tokenizer = llama
+    engine = StepBatchEngine(model, max_num_seqs=1, max_queue=1)
+    ids = tokenizer(PROMPTS[0]).input_ids
+
+    async def main():
+        first = engine.generate(ids, SamplingParams(max_tokens=400, temperature=0))
+        second = engine.generate(ids, SamplingParams(max_tokens=400, temperature=0))
+        await anext(first)
+        waiting = asyncio.ensure_future(anext(second))  # in line behind the first
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFull, match="1 sequences are generating and 1 wait"):
+            await anext(engine.generate(ids, SamplingParams(max_tokens=1)))
+        waiting.cancel()
+        await first.aclose()
+
+    run(engine, main())
+
+
+def test_the_cpu_engine_says_why():
+    kind, reason = choose_engine("auto")
+    assert kind == "step-batch"
+    assert reason.startswith("transformers continuous batching (CPU;")
+    with pytest.raises(ValueError, match="--engine vllm cannot run here"):
+        choose_engine("vllm")
+    with pytest.raises(ValueError, match="is not one of"):
+        choose_engine("fastest")
