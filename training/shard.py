@@ -38,6 +38,23 @@ def transformer_blocks(model) -> list:
     return list(best) if best is not None else []
 
 
+def embeddings(model) -> list:
+    """The input embedding and the output head, each its own unit (as torchtitan
+    shards ``tok_embeddings`` and ``output``): with a large vocabulary they are the
+    biggest layers, and left in the root they would be gathered whole for the whole
+    step. Not when they share one weight (tied): they stay in the root together."""
+    found = []
+    for getter in ("get_input_embeddings", "get_output_embeddings"):
+        module = getattr(model, getter, lambda: None)()
+        if module is not None and next(module.parameters(), None) is not None:
+            found.append(module)
+    if len(found) == 2:
+        shared = {id(p) for p in found[0].parameters()} & {id(p) for p in found[1].parameters()}
+        if shared:
+            return []
+    return found
+
+
 def meta_skeleton(model):
     """A copy of ``model`` whose parameters and buffers are on the meta device (no
     memory), ties kept: the same tensor object maps to the same copy."""
@@ -70,7 +87,7 @@ def mixed_precision(device) -> tuple[object | None, str]:
 
 
 def shard(model, ctx, checkpointing: bool = False):
-    """Apply FSDP2 to ``model`` in place (per block, then the root); return it."""
+    """Apply FSDP2 to ``model`` in place (per block, the embeddings, then the root)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -88,12 +105,17 @@ def shard(model, ctx, checkpointing: bool = False):
 
             checkpoint(block)
         fully_shard(block, **kwargs)
+    ends = embeddings(model)
+    for module in ends:
+        fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
     _skeletons[id(model)] = skeleton
     if ctx.rank == 0:
         params = sum(p.numel() for p in model.parameters())
         print(
-            f"gpulab: FSDP2 over {ctx.world_size} ranks, {len(blocks)} blocks + root, "
+            f"gpulab: FSDP2 over {ctx.world_size} ranks, {len(blocks)} blocks"
+            + (" + embeddings and head" if ends else "")
+            + " + root, "
             f"{params / 1e6:.1f} M parameters (1/{ctx.world_size} on each rank); {precision}"
             + ("; activation checkpointing per block" if checkpointing else ""),
             flush=True,

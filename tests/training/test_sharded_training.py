@@ -40,7 +40,7 @@ def test_a_sharded_lm_killed_mid_run_resumes_exactly_and_comes_back_whole(tmp_pa
     )
     log = open(clean_dir.p("logs", "rank0.log")).read()
     assert clean.state == "succeeded", (clean, log[-3000:])
-    assert "FSDP2 over 2 ranks, 2 blocks + root" in log
+    assert "FSDP2 over 2 ranks, 2 blocks + embeddings and head + root" in log
     assert "parameters stay fp32 on cpu" in log
 
     spec = new_spec(
