@@ -92,7 +92,8 @@ def shard(model, ctx, checkpointing: bool = False):
     from torch.distributed.fsdp import fully_shard
 
     skeleton = meta_skeleton(model)
-    model = model.to(ctx.device)
+    # Not model.to(device) first: fully_shard moves each unit to the mesh's device
+    # as it shards it, so a GPU never holds more than one unit whole.
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     policy, precision = mixed_precision(ctx.device)
     kwargs = {"mesh": mesh}
