@@ -6,6 +6,8 @@ OpenAI's shape, a full server's 429, a disconnect freeing its slot, 8 streams at
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 
 import openai
@@ -47,17 +49,18 @@ def long_llm_dir(tmp_path_factory):
     """The same model with room for :data:`LONG` tokens."""
     model, tokenizer = tiny_llama(max_position_embeddings=2048)
     path = str(tmp_path_factory.mktemp("llm-long"))
-    save_causal_lm(model, tokenizer, path, max_model_len=2048, max_num_seqs=1, name="chat")
+    save_causal_lm(model, tokenizer, path, max_model_len=2048, max_num_seqs=4, name="chat")
     return path
 
 
 @pytest.fixture(scope="module")
 def servers(llm_dir, long_llm_dir):
-    """``main``: 4 sequences at once; ``one``: one sequence, one waiting (429 and
-    disconnect tests). Both start together (imports overlap)."""
+    """``main``: 4 sequences at once, a context of 128 tokens (the command line
+    lowers the card's 256); ``one``: one sequence (the command line overrides the
+    card's 4), one waiting (429 and disconnect tests). Both start together."""
     procs = {
-        "main": start(llm_dir),
-        "one": start(long_llm_dir, "--max-queue", "1"),
+        "main": start(llm_dir, "--max-model-len", "128"),
+        "one": start(long_llm_dir, "--max-num-seqs", "1", "--max-queue", "1"),
     }
     try:
         for p in procs.values():
@@ -100,7 +103,28 @@ def test_save_and_load_keep_the_model_and_its_chat_template(llm_dir):
 
 def test_models_lists_the_served_model(main):
     (model,) = client(main).models.list().data
-    assert model.id == "chat"
+    assert model.id == "chat" and model.max_model_len == 128
+
+
+def test_a_context_longer_than_the_saved_one_is_refused_at_start(llm_dir):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpulab.serving.server",
+            "--model-dir",
+            llm_dir,
+            "--port",
+            "0",
+            "--max-model-len",
+            "4096",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert proc.returncode == 1
+    assert "--max-model-len 4096 is above the 256 tokens 'chat' was saved with" in proc.stderr
 
 
 def test_chat_answers_with_usage_and_echoes_the_model(main):
@@ -174,14 +198,14 @@ def test_a_wrong_api_key_is_refused(main):
         ({"messages": "hi"}, "'messages' must be a non-empty list"),
         ({"messages": []}, "'messages' must be a non-empty list"),
         ({"messages": [{"role": "user", "content": 3}]}, "content must be a string"),
-        ({"messages": HELLO, "max_tokens": 10_000}, "maximum context length is 256 tokens"),
+        ({"messages": HELLO, "max_tokens": 10_000}, "maximum context length is 128 tokens"),
         ({"messages": HELLO, "max_tokens": 0}, "'max_tokens' must be an integer >= 1"),
         ({"messages": HELLO, "n": 1000}, "'n' must be 1"),
         ({"messages": HELLO, "temperature": 7}, "'temperature' must be a number from 0 to 2"),
         ({"messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "'stop' must be"),
         (
             {"messages": [{"role": "user", "content": "word " * 400}]},
-            "maximum context length is 256 tokens; the prompt has",
+            "maximum context length is 128 tokens; the prompt has",
         ),
     ],
 )
@@ -214,7 +238,7 @@ def test_unreadable_bodies_get_400(main, data, words):
 
 
 def test_the_sdk_raises_bad_request_for_a_prompt_over_the_context(main):
-    with pytest.raises(openai.BadRequestError, match="maximum context length is 256"):
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 128"):
         client(main).completions.create(model="chat", prompt="word " * 400, max_tokens=4)
 
 
