@@ -55,6 +55,7 @@ class GpuLabHandler(APIHandler):
         query: str = "",
         body: bytes | None = None,
         endpoint: bool = False,
+        gateway: bool = False,
     ):
         return await call_service(
             method,
@@ -64,10 +65,17 @@ class GpuLabHandler(APIHandler):
             connect_timeout=self.lab.connect_timeout,
             request_timeout=self.lab.request_timeout,
             endpoint=endpoint,
+            gateway=gateway,
         )
 
     async def pass_on(
-        self, method: str, target: str, query: str, body: bytes | None, endpoint: bool = False
+        self,
+        method: str,
+        target: str,
+        query: str,
+        body: bytes | None,
+        endpoint: bool = False,
+        gateway: bool = False,
     ):
         """Send the request on to the service (``endpoint``: to its endpoint front) and
         answer with what it answered; a body over the cap is refused here (413)."""
@@ -78,7 +86,7 @@ class GpuLabHandler(APIHandler):
                 "bytes this server passes on",
             )
         try:
-            answer = await self.service(method, target, query, body or None, endpoint)
+            answer = await self.service(method, target, query, body or None, endpoint, gateway)
         except ServiceError as e:
             return self.fail(e.status, e.message)
         self.set_status(answer.status)
@@ -164,6 +172,24 @@ class TryHandler(GpuLabHandler):
         await self.pass_on("POST", target, "", self.request.body, endpoint=True)
 
 
+class ChatHandler(GpuLabHandler):
+    """One chat turn from the lab's "Try it" of a language model: the body (OpenAI's
+    chat request, not streamed) goes to the service's gateway, ``<service>/v1/chat/
+    completions``, with this server's token; the answer comes back whatever its status."""
+
+    @web.authenticated
+    async def post(self):
+        try:
+            request = json.loads(self.request.body or b"null")
+        except ValueError:
+            request = None
+        if not isinstance(request, dict) or not isinstance(request.get("model"), str):
+            return self.fail(400, 'a chat turn is a JSON object with "model" and "messages"')
+        if request.get("stream"):
+            return self.fail(400, '"stream": true is not passed on here; leave it out')
+        await self.pass_on("POST", "chat/completions", "", self.request.body, gateway=True)
+
+
 def setup_handlers(serverapp) -> None:
     """Add the routes to a jupyter_server's web application."""
     from .activity import ActivityHandler
@@ -179,6 +205,7 @@ def setup_handlers(serverapp) -> None:
             (url_path_join(base, "slice"), SliceHandler, kw),
             (url_path_join(base, "api/v1/(.+)"), ProxyHandler, kw),
             (url_path_join(base, "try/(.+)"), TryHandler, kw),
+            (url_path_join(base, "chat"), ChatHandler, kw),
             (url_path_join(base, "hibernate"), HibernateHandler, kw),
             (url_path_join(base, "activity"), ActivityHandler, kw),
         ],

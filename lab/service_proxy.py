@@ -55,6 +55,11 @@ def endpoints_path(api: str) -> str:
     return api[: -len("/api/v1")] + "/endpoints" if api.endswith("/api/v1") else ""
 
 
+def gateway_path(api: str) -> str:
+    """The service's OpenAI-compatible gateway (``<service>/v1``), beside its ``/api/v1``."""
+    return api[: -len("/api/v1")] + "/v1" if api.endswith("/api/v1") else ""
+
+
 def safe_path(path: str) -> str | None:
     """``path`` re-quoted segment by segment, or None if a segment is not plain."""
     parts = path.split("/")
@@ -81,9 +86,11 @@ async def call_service(
     request_timeout: float = 30.0,
     env: dict[str, str] | None = None,
     endpoint: bool = False,
+    gateway: bool = False,
 ) -> Answer:
     """``method`` ``<GPULAB_API_URL>/<path>?<query>`` (with ``endpoint``: a call to an
-    endpoint, ``<service>/endpoints/<path>``); raises :class:`ServiceError` when the
+    endpoint, ``<service>/endpoints/<path>``; with ``gateway``: to the OpenAI-compatible
+    gateway, ``<service>/v1/<path>``); raises :class:`ServiceError` when the
     service gives no answer (down, unreachable, too slow)."""
     api, token = service_address(env)
     if not api or not token:
@@ -92,7 +99,7 @@ async def call_service(
             "this server was not started by gpulab: GPULAB_API_URL and "
             "JUPYTERHUB_API_TOKEN are not set",
         )
-    base = endpoints_path(api) if endpoint else api
+    base = gateway_path(api) if gateway else endpoints_path(api) if endpoint else api
     if not base:
         raise ServiceError(502, f"GPULAB_API_URL {api} does not end in /api/v1")
     url = f"{base}/{path}" + (f"?{query}" if query else "")

@@ -182,6 +182,28 @@ export async function tryEndpoint(
   return { status: response.status, text, ms: performance.now() - start };
 }
 
+/** One chat turn with a language model through the gateway (the lab's "Try it" of a
+ * causal LM): POST gpulab/chat, which this server passes on to
+ * <hub>/services/gpulab/v1/chat/completions with its token. */
+export async function chatEndpoint(
+  model: string,
+  messages: { role: string; content: string }[],
+  maxTokens = 128
+): Promise<ITryAnswer> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'gpulab/chat');
+  const body = JSON.stringify({ model, messages, max_tokens: maxTokens });
+  const start = performance.now();
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, { method: 'POST', body }, settings);
+  } catch (err) {
+    throw new Error('this Jupyter server does not answer — is it still running?');
+  }
+  const text = await response.text();
+  return { status: response.status, text, ms: performance.now() - start };
+}
+
 /** This server's slice (GET gpulab/slice). */
 export interface ISlice {
   managed: boolean;

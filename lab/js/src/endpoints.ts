@@ -1,9 +1,10 @@
 // Endpoints: the user's deployments with their URL, versions and traffic, a
 // "Copy curl" control giving the curl line %deploy prints (magics/deploy.py), and
-// "Try it": a call from the panel with inputs in the model's shapes, its answer shown.
+// "Try it": a call from the panel with inputs in the model's shapes, its answer shown;
+// for a language model (model_kind "causal-lm") a small chat through the OpenAI gateway.
 import { Clipboard } from '@jupyterlab/apputils';
 
-import { apiGet, tryEndpoint } from './api';
+import { apiGet, chatEndpoint, tryEndpoint } from './api';
 import { el, Section } from './section';
 
 /** A float as Python prints it (0.0, not 0). */
@@ -89,6 +90,31 @@ export function tryAnswerText(status: number, text: string, ms: number): string 
     return `${o.name} ${o.datatype} [${(o.shape || []).join(', ')}]: [${shown.join(', ')}${more}]`;
   });
   return [head, ...lines].join('\n');
+}
+
+/** The assistant's words of a chat answer, or the refusal in one line. */
+export function chatAnswerText(status: number, text: string, ms: number): {
+  ok: boolean;
+  text: string;
+  facts: string;
+} {
+  let data: any;
+  try {
+    data = JSON.parse(text);
+  } catch {
+    return { ok: false, text: `HTTP ${status}: ${text.slice(0, 500)}`, facts: '' };
+  }
+  if (status >= 400 || !Array.isArray(data.choices) || !data.choices.length) {
+    const error = data.error;
+    const message = typeof error === 'string' ? error : (error && error.message) || text;
+    return { ok: false, text: `HTTP ${status}: ${String(message).slice(0, 500)}`, facts: '' };
+  }
+  const usage = data.usage || {};
+  return {
+    ok: true,
+    text: (data.choices[0].message || {}).content || '',
+    facts: `${usage.prompt_tokens ?? '?'} prompt + ${usage.completion_tokens ?? '?'} tokens in ${ms.toFixed(0)} ms`
+  };
 }
 
 function num(v: number | null | undefined, digits = 1): string {
@@ -185,8 +211,85 @@ export class EndpointsSection extends Section {
     open.title = 'Call this endpoint from here with inputs in its model\'s shapes';
     actions.append(open);
     row.append(actions);
-    row.append(this.tryView(dep, open));
+    row.append(dep.model_kind === 'causal-lm' ? this.chatView(dep, open) : this.tryView(dep, open));
     return row;
+  }
+
+  /** "Try it" of a language model: a chat through the gateway (not streamed), the
+   * conversation kept across the section's polls. */
+  private chatView(dep: any, open: HTMLButtonElement): HTMLElement {
+    const key = `${dep.user}/${dep.name}`;
+    const state = this._chats.get(key) || { open: false, draft: '', turns: [], note: '' };
+    this._chats.set(key, state);
+    const view = el('div', 'gpulab-try gpulab-chat');
+    view.hidden = !state.open;
+    const log = el('div', 'gpulab-chat-log');
+    const draw = () => {
+      log.replaceChildren(
+        ...state.turns.map(t => el('div', `gpulab-chat-turn gpulab-chat-${t.role}`, t.content))
+      );
+      note.textContent = state.note;
+      note.hidden = !state.note;
+    };
+    const input = el('textarea', 'gpulab-try-body gpulab-chat-input');
+    input.value = state.draft;
+    input.rows = 2;
+    input.placeholder = 'Say something to the model (Enter sends, Shift+Enter: new line)';
+    input.oninput = () => (state.draft = input.value);
+    const send = el('button', 'jp-Button jp-mod-styled jp-mod-accept gpulab-try-send', 'Send');
+    const clear = el('button', 'jp-Button jp-mod-styled jp-mod-reject gpulab-chat-clear', 'Clear');
+    const note = el('div', 'gpulab-facts gpulab-chat-note', state.note);
+    // The model id the gateway takes: NAME for one's own, OWNER/NAME for another's.
+    const model = `${dep.user}/${dep.name}`;
+    const submit = async () => {
+      const words = input.value.trim();
+      if (!words) {
+        return;
+      }
+      send.disabled = true;
+      state.turns.push({ role: 'user', content: words });
+      state.draft = input.value = '';
+      state.note = 'generating…';
+      draw();
+      try {
+        const r = await chatEndpoint(model, state.turns);
+        const a = chatAnswerText(r.status, r.text, r.ms);
+        if (a.ok) {
+          state.turns.push({ role: 'assistant', content: a.text });
+        } else {
+          state.turns.pop(); // not answered: it can be sent again
+          state.draft = input.value = words;
+        }
+        state.note = a.ok ? a.facts : a.text;
+      } catch (err) {
+        state.turns.pop();
+        state.draft = input.value = words;
+        state.note = (err as Error).message;
+      }
+      draw();
+      send.disabled = false;
+    };
+    send.onclick = () => void submit();
+    input.onkeydown = (e: KeyboardEvent) => {
+      if (e.key === 'Enter' && !e.shiftKey && !send.disabled) {
+        e.preventDefault();
+        void submit();
+      }
+    };
+    clear.onclick = () => {
+      state.turns = [];
+      state.note = '';
+      draw();
+    };
+    open.onclick = () => {
+      state.open = !state.open;
+      view.hidden = !state.open;
+    };
+    const bar = el('div', 'gpulab-actions');
+    bar.append(send, clear, el('span', 'gpulab-facts', `POST …/services/gpulab/v1/chat/completions · model ${model}`));
+    draw();
+    view.append(log, input, bar, note);
+    return view;
   }
 
   /** The "Try it" view: the request (editable), Send, and the answer. It keeps what
@@ -237,4 +340,8 @@ export class EndpointsSection extends Section {
   }
 
   private _tries = new Map<string, { open: boolean; body: string; answer: string }>();
+  private _chats = new Map<
+    string,
+    { open: boolean; draft: string; turns: { role: string; content: string }[]; note: string }
+  >();
 }
