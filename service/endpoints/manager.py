@@ -47,7 +47,7 @@ from gpulab.service.endpoints.live import (
     replica_owners,
     serving_unit,
 )
-from gpulab.service.endpoints.openai_gateway import OpenAIGateway
+from gpulab.service.endpoints.openai_gateway import CAUSAL_LM_KIND, OpenAIGateway
 from gpulab.service.endpoints.placement import VersionPlacement
 from gpulab.service.endpoints.proxy import EndpointProxy
 from gpulab.service.endpoints.router import EndpointRouter, RouterAddress
@@ -234,6 +234,11 @@ class DeploymentManager:
         out["model"] = stable["model"] if stable else None
         #: What the endpoint serves ("causal-lm", "sentence-embedding", "torch-export"...).
         out["model_kind"] = (out["model"] or {}).get("kind")
+        if out["model_kind"] == CAUSAL_LM_KIND:
+            # What %deploy --list shows of a language model.
+            engines = [self.gateway.engines.get(u.row["id"]) for u in units]
+            out["engine"] = next((e for e in engines if e), None)
+            out["tokens_per_second"] = self.gateway.meter.tokens_per_second(dep["id"])
         windows = [u.traffic.window() for u in units]
         merged: dict[float, float] = {}
         for w in windows:
@@ -572,6 +577,7 @@ class DeploymentManager:
             unit.ready = min(health.ready, vrow["replicas"])
             if unit.ready:
                 unit.became_ready.set()
+                self.gateway.note_ready(dep, unit, self._tasks.spawn)
             else:
                 unit.became_ready.clear()
             if health.state == "failed":

@@ -190,6 +190,36 @@ class OpenAIGateway:
     def __init__(self, calls, meter: TokenMeter):
         self.calls = calls
         self.meter = meter
+        #: version id -> the engine its replicas say serve it, and why (``%deploy --list``).
+        self.engines: dict[str, str] = {}
+        self._asking: set[str] = set()
+
+    def note_ready(self, dep: dict, unit, spawn) -> None:
+        """A version has a replica ready: for a language model, ask it once which
+        engine serves it (``spawn`` runs the question in the background)."""
+        vid = unit.row["id"]
+        if vid in self.engines or vid in self._asking:
+            return
+        if (self.calls.card(unit) or {}).get("kind") != CAUSAL_LM_KIND:
+            return
+        self._asking.add(vid)
+        spawn(self._ask_engine(dep, unit))
+
+    async def _ask_engine(self, dep: dict, unit) -> None:
+        vid = unit.row["id"]
+        try:
+            for _, url in self.calls.ready(dep, unit)[:1]:
+                answer = await self.calls.proxy.forward(
+                    url, self.calls.token(unit), "GET", "v1/models", {}, None
+                )
+                if answer is not None and answer[0] == 200:
+                    (model, *_) = json.loads(answer[3])["data"]
+                    if isinstance(model.get("engine"), str):
+                        self.engines[vid] = model["engine"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # asked again at its next check
+        finally:
+            self._asking.discard(vid)
 
     async def answer(self, who, method: str, path: str, body: bytes | None, reply: Reply) -> None:
         """Answer ``method path`` (``path`` after ``v1/``) for ``who`` on ``reply``."""

@@ -78,6 +78,8 @@ class TokenMeter:
         self.clock = clock
         self.streams: dict[str, int] = {}
         self._used: dict[str, deque[tuple[float, int]]] = {}
+        #: deployment id -> (when, completion tokens) of its calls in the last minute.
+        self._generated: dict[str, deque[tuple[float, int]]] = {}
         self._saving: set[asyncio.Task] = set()
         self.tokens = Counter(
             "gpulab_llm_tokens",
@@ -105,14 +107,20 @@ class TokenMeter:
             registry.register(metric)
 
     # -- limits --------------------------------------------------------------------------
-    def used_last_minute(self, user: str) -> int:
-        used = self._used.get(user)
-        if not used:
+    def _in_window(self, window: deque | None) -> int:
+        if not window:
             return 0
         horizon = self.clock() - WINDOW_S
-        while used and used[0][0] <= horizon:
-            used.popleft()
-        return sum(n for _, n in used)
+        while window and window[0][0] <= horizon:
+            window.popleft()
+        return sum(n for _, n in window)
+
+    def used_last_minute(self, user: str) -> int:
+        return self._in_window(self._used.get(user))
+
+    def tokens_per_second(self, dep_id: str) -> float:
+        """Completion tokens the endpoint generated per second, over the last minute."""
+        return round(self._in_window(self._generated.get(dep_id)) / WINDOW_S, 2)
 
     def check_rate(self, who) -> None:
         """429 if ``who`` used their tokens of the last minute."""
@@ -167,6 +175,8 @@ class TokenMeter:
         prompt, completion = max(0, int(prompt)), max(0, int(completion))
         if prompt + completion:
             self._used.setdefault(who.name, deque()).append((self.clock(), prompt + completion))
+        if completion:
+            self._generated.setdefault(dep["id"], deque()).append((self.clock(), completion))
         labels = (dep["id"], str(version))
         self.tokens.labels(*labels, "prompt").inc(prompt)
         self.tokens.labels(*labels, "completion").inc(completion)

@@ -6,6 +6,7 @@ package calls alice's endpoints with her hub token as the API key.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -21,6 +22,12 @@ from gpulab.client.deployments import pack_model_dir
 from gpulab.serving.export import export_model
 
 PREFIX_V1 = "/services/gpulab/v1"
+
+
+def users(prefix: str) -> str:
+    """A user (and Unix account) name of this test session only: the replicas run as
+    their owner's account, which another session on this machine must not share."""
+    return fresh_user(f"{prefix}{os.getpid()}")
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +77,36 @@ async def post_v1(svc, token, path, body: bytes) -> requests.Response:
     )
 
 
+@contextlib.asynccontextmanager
+async def endpoint_router(svc):
+    """The service's endpoint router answering on a port of its own (the hub's proxy
+    would route ``<prefix>endpoints`` and ``<prefix>v1`` to it); its base URL for v1."""
+    from aiohttp import web
+    from jupyterhub.services.auth import HubOAuth
+
+    router = svc.app.deployments.router
+    router.hub_auth = HubOAuth.instance()
+    router._session = router.new_session()
+    runner = web.ServerRunner(web.Server(router.handle), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}{PREFIX_V1}"
+    finally:
+        await runner.cleanup()
+        await router._session.close()
+        router._session = None
+
+
 def client(svc, token) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=svc.url + PREFIX_V1, api_key=token, max_retries=0)
 
 
 async def test_embeddings_through_the_gateway_follow_the_sharing_rules(tmp_path, minilm_tar):
     let_accounts_reach(tmp_path)
-    a, b = fresh_user("alice"), fresh_user("bob")
+    a, b = users("alice"), users("bob")
     async with running_service(tmp_path / "svc") as svc:
         alice = svc.create_user(a)
         bob = svc.create_user(b)
@@ -135,3 +165,179 @@ async def test_embeddings_through_the_gateway_follow_the_sharing_rules(tmp_path,
                 "total_tokens": 7,
             }
         ]
+
+
+@pytest.fixture(scope="module")
+def chat_tar(tmp_path_factory) -> bytes:
+    """A small Llama made here (random weights, a chat template), saved for serving."""
+    from tiny_lm import tiny_llama
+
+    from gpulab.serving.llm_export import save_causal_lm
+
+    model, tokenizer = tiny_llama()
+    path = str(tmp_path_factory.mktemp("chat"))
+    save_causal_lm(model, tokenizer, path, max_model_len=128, max_num_seqs=4)
+    return pack_model_dir(path)
+
+
+CHAT = [{"role": "user", "content": "Hello! How are you today?"}]
+
+
+async def test_chat_through_the_gateway_streams_counts_and_limits(tmp_path, chat_tar):
+    let_accounts_reach(tmp_path)
+    a, b = users("alice"), users("bob")
+    config = (
+        "c.GpuLabService.llm_max_streams_per_user = 1\n"
+        "c.GpuLabService.llm_tokens_per_minute_per_user = 60\n"
+        'c.GpuLabService.llm_tokens_per_minute_per_group = {"heavy": 0}\n'
+    )
+    async with running_service(tmp_path / "svc", config=config) as svc:
+        alice = svc.create_user(a, groups=["heavy"])
+        bob = svc.create_user(b)
+        await deploy(svc, alice, "chat", chat_tar)
+        await ready(svc, alice, "chat")
+        r = await svc.request("GET", "/deployments", token=alice)
+        assert [d["model_kind"] for d in r.json()] == ["causal-lm"]
+
+        ai = client(svc, alice)
+        assert [m.id for m in (await ai.models.list()).data] == ["chat"]
+        whole = await ai.chat.completions.create(
+            model="chat", messages=CHAT, max_tokens=8, temperature=0
+        )
+        assert whole.model == "chat" and whole.usage.completion_tokens == 8
+        text = await ai.completions.create(model="chat", prompt="The quick", max_tokens=4)
+        assert text.usage.completion_tokens == 4
+        r = await svc.request("GET", "/deployments/chat", token=alice)
+        assert r.json()["tokens_per_second"] == round((8 + 4) / 60, 2)  # over the last minute
+        assert "engine" in r.json()
+
+        # Streamed, with the usage asked for: the last chunk carries it.
+        chunks = [
+            c
+            async for c in await ai.chat.completions.create(
+                model="chat",
+                messages=CHAT,
+                max_tokens=8,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        ]
+        assert chunks[-1].usage.completion_tokens == 8 and chunks[-1].choices == []
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == whole.choices[0].message.content
+        # Not asked for: no usage chunk (the gateway asked the replica, and counted it).
+        plain = [
+            c
+            async for c in await ai.chat.completions.create(
+                model="chat", messages=CHAT, max_tokens=8, temperature=0, stream=True
+            )
+        ]
+        assert all(c.usage is None and c.choices for c in plain)
+
+        # bob: refused until alice shares it; then he streams through it too.
+        with pytest.raises(openai.NotFoundError):
+            await client(svc, bob).chat.completions.create(
+                model=f"{a}/chat", messages=CHAT, max_tokens=2
+            )
+        await svc.request("PATCH", "/deployments/chat", token=alice, json={"share_users": [b]})
+        bob_ai = client(svc, bob)
+        await bob_ai.chat.completions.create(model=f"{a}/chat", messages=CHAT, max_tokens=2)
+
+        # One stream at a time for bob: a second while the first is open is 429.
+        first = await bob_ai.chat.completions.create(
+            model=f"{a}/chat", messages=CHAT, max_tokens=64, stream=True
+        )
+        await first.__anext__()  # the first chunk is here: the call is in flight
+        with pytest.raises(openai.RateLimitError) as e:
+            await bob_ai.chat.completions.create(model=f"{a}/chat", messages=CHAT, max_tokens=2)
+        assert e.value.response.headers["Retry-After"] == "1"
+        # Gone mid-stream: the slot is free again.
+        await first.close()
+        await wait_until_async(
+            lambda: not svc.app.deployments.gateway.meter.streams, "bob's slot freed"
+        )
+        await bob_ai.chat.completions.create(model=f"{a}/chat", messages=CHAT, max_tokens=2)
+
+        # bob's 60 tokens a minute run out; alice's group has no token limit.
+        with pytest.raises(openai.RateLimitError) as e:
+            for _ in range(20):
+                await bob_ai.chat.completions.create(
+                    model=f"{a}/chat", messages=CHAT, max_tokens=16
+                )
+        assert "over the limit of 60" in e.value.body["message"]
+        assert 1 <= int(e.value.response.headers["Retry-After"]) <= 60
+        await ai.chat.completions.create(model="chat", messages=CHAT, max_tokens=2)
+
+        # The same gateway through the endpoint router, where the hub's proxy sends
+        # <prefix>v1 when it has one: refusals in OpenAI's shape, the stream unchanged.
+        async with endpoint_router(svc) as router_url:
+            via = openai.AsyncOpenAI(base_url=router_url, api_key=alice, max_retries=0)
+            chunks = [
+                c
+                async for c in await via.chat.completions.create(
+                    model="chat",
+                    messages=CHAT,
+                    max_tokens=8,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            ]
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+                whole.choices[0].message.content
+            )
+            assert chunks[-1].usage.completion_tokens == 8
+            stranger = svc.create_user(users("carol"))
+            with pytest.raises(openai.NotFoundError):
+                await openai.AsyncOpenAI(
+                    base_url=router_url, api_key=stranger, max_retries=0
+                ).chat.completions.create(model=f"{a}/chat", messages=CHAT, max_tokens=2)
+            with pytest.raises(openai.AuthenticationError) as e:
+                await openai.AsyncOpenAI(
+                    base_url=router_url, api_key="not-a-token", max_retries=0
+                ).models.list()
+            assert e.value.body["type"] == "authentication_error"
+
+        # Bad input: OpenAI's 400s, from the gateway or the replica.
+        with pytest.raises(openai.BadRequestError) as e:
+            await ai.chat.completions.create(model="chat", messages=CHAT, max_tokens=100_000)
+        with pytest.raises(openai.BadRequestError) as e:
+            await ai.chat.completions.create(
+                model="chat", messages=[{"role": "wizard", "content": "hi"}]
+            )
+        with pytest.raises(openai.BadRequestError) as e:
+            await ai.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "many words " * 200}]
+            )
+        assert "128" in e.value.body["message"]  # the context limit is said
+        r = await post_v1(svc, alice, "chat/completions", b"\xff\xfe not json")
+        assert r.status_code == 400 and "not UTF-8" in r.json()["error"]["message"]
+        r = await post_v1(svc, alice, "chat/completions", b'{"messages": []}')
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+
+        await svc.app.deployments.gateway.meter.flush()
+        r = await svc.request("GET", "/usage", params={"unit": "tokens"})
+        rows = {(row["user"], row["model"]): row for row in r.json()["rows"]}
+        mine = rows[(a, f"{a}/chat")]
+        assert mine["requests"] == 6
+        assert mine["completion_tokens"] == 8 + 4 + 8 + 8 + 2 + 8
+        assert mine["prompt_tokens"] > 0
+        assert rows[(b, f"{a}/chat")]["completion_tokens"] >= 2 + 2 + 2
+        r = await svc.request("GET", "/usage", params={"unit": "tokens", "format": "csv"})
+        assert r.text.splitlines()[0] == (
+            "user,model,version,requests,prompt_tokens,completion_tokens,total_tokens"
+        )
+
+        metrics = (
+            await asyncio.to_thread(
+                requests.get, f"{svc.url}/services/gpulab/metrics", headers=svc.auth(), timeout=60
+            )
+        ).text
+        dep_id = svc.app.deployments.store.find(a, "chat")["id"]
+        assert (
+            f'gpulab_llm_tokens_total{{deployment="{dep_id}",type="completion",version="1"}}'
+            in metrics
+        )
+        assert "gpulab_llm_time_to_first_token_seconds_count" in metrics
+        assert "gpulab_llm_inter_token_latency_seconds_count" in metrics
