@@ -52,6 +52,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    adapter: str | None = None  # a LoRA adapter's name (a PEFT model's); None: the base
 
 
 @dataclass
@@ -166,6 +167,8 @@ class StepBatchEngine(Engine):
         super().__init__(max_num_seqs, max_queue)
         self.model = model
         self.reason = "gpulab continuous batching on transformers"
+        #: LoRA adapters of a PEFT model: rows of one batch may each use another.
+        self.adapters = set(getattr(model, "peft_config", {}) or {})
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._running: list[_Sequence] = []
         self._wake = threading.Condition()
@@ -237,7 +240,10 @@ class StepBatchEngine(Engine):
             self._drop_finished()
         self.steps += 1
 
-    def _forward(self, ids, mask, positions, cache):
+    def _forward(self, ids, mask, positions, cache, seqs):
+        extra = {}
+        if self.adapters:  # PEFT's mixed batches: each row its adapter, or none
+            extra["adapter_names"] = [s.params.adapter or "__base__" for s in seqs]
         return self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -245,6 +251,7 @@ class StepBatchEngine(Engine):
             cache=cache,
             use_cache=True,
             logits_to_keep=1,
+            **extra,
         )
 
     def _prefill(self, new: list[_Sequence]) -> None:
@@ -258,7 +265,7 @@ class StepBatchEngine(Engine):
             mask[i, width - len(s.prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        out = self._forward(ids, mask, positions, cache)
+        out = self._forward(ids, mask, positions, cache, new)
         tokens = sample(out.logits[:, -1], new)
         for s, t in zip(new, tokens, strict=True):
             s.length = len(s.prompt)
@@ -291,7 +298,7 @@ class StepBatchEngine(Engine):
         ids = torch.tensor([[s.last] for s in seqs])
         positions = torch.tensor([[s.length] for s in seqs])
         self._mask = torch.cat([self._mask, torch.ones(len(seqs), 1, dtype=torch.long)], 1)
-        out = self._forward(ids, self._mask, positions, self._cache)
+        out = self._forward(ids, self._mask, positions, self._cache, seqs)
         self._cache = out.cache
         for s, t in zip(seqs, sample(out.logits[:, -1], seqs), strict=True):
             s.length += 1
@@ -442,7 +449,7 @@ def choose_engine(requested: str = "auto") -> tuple[str, str]:
 def build_engine(
     kind: str, model, *, max_num_seqs: int, max_queue: int, max_model_len: int, eos=None
 ) -> Engine:
-    if kind == "transformers-cb":
+    if kind == "transformers-cb" and not getattr(model, "peft_config", None):
         return TransformersCBEngine(model, max_num_seqs, max_queue, eos, max_model_len)
     return StepBatchEngine(model, max_num_seqs, max_queue)
 

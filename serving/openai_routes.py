@@ -105,6 +105,25 @@ class LlmServer:
         # The template wrote the special tokens it wants; the tokenizer adds none.
         return tok(text, add_special_tokens=False).input_ids
 
+    def adapter_of(self, model: str) -> str | None:
+        """The LoRA adapter a request's ``model`` names: ``NAME:ADAPTER`` (any prefix
+        before the colon: ``alice/chat:sql``) or an adapter's own name as the last
+        part (``alice/sql``); None: the base model."""
+        adapters = self.card.get("adapters") or []
+        if ":" in model:
+            adapter = model.rsplit(":", 1)[1]
+            if adapter not in adapters:
+                have = "adapters " + ", ".join(adapters) if adapters else "no adapters"
+                raise OpenAIError(
+                    404,
+                    f"The model `{model}` does not exist: {self.name!r} has {have}",
+                    "model",
+                    "model_not_found",
+                )
+            return adapter
+        last = model.rsplit("/", 1)[-1]
+        return last if last in adapters else None
+
     def sampling(self, req: Request, prompt_len: int) -> SamplingParams:
         room = self.max_model_len - prompt_len
         if room < 1:
@@ -125,6 +144,7 @@ class LlmServer:
                 "context_length_exceeded",
             )
         return SamplingParams(
+            adapter=self.adapter_of(req.model),
             max_tokens=req.max_tokens or room,
             temperature=req.temperature,
             top_p=req.top_p,
@@ -224,7 +244,7 @@ class ModelsHandler(OpenAIHandler):
                 ]
                 + [
                     {
-                        "id": a,
+                        "id": f"{self.server.name}:{a}",
                         "object": "model",
                         "created": 0,
                         "owned_by": "gpulab",

@@ -107,3 +107,41 @@ def test_the_cpu_engine_says_why():
         choose_engine("vllm")
     with pytest.raises(ValueError, match="is not one of"):
         choose_engine("fastest")
+
+
+def lora(model, names):
+    """``model`` with LoRA adapters ``names``, each with random (not zero) weights."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(5)
+    config = dict(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    peft = get_peft_model(model, LoraConfig(**config), adapter_name=names[0])
+    for name in names[1:]:
+        peft.add_adapter(name, LoraConfig(**config))
+    return peft.eval()
+
+
+def test_rows_of_one_batch_each_use_their_lora_adapter():
+    base, tokenizer = tiny_llama(max_position_embeddings=512)
+    peft = lora(base, ["sql", "poem"])
+    ids = tokenizer(PROMPTS[0]).input_ids
+    with peft.disable_adapter():
+        expected = {None: alone(peft, ids, 10)}
+    for name in ("sql", "poem"):
+        peft.set_adapter(name)
+        expected[name] = alone(peft, ids, 10)
+    assert len({tuple(v) for v in expected.values()}) == 3  # the adapters change the text
+
+    async def main():
+        params = [SamplingParams(max_tokens=10, temperature=0, adapter=a) for a in expected]
+        return await asyncio.gather(
+            *(collect_with(engine, ids, p, delay=0.01 * i) for i, p in enumerate(params))
+        )
+
+    engine = StepBatchEngine(peft, max_num_seqs=3)
+    assert run(engine, main()) == list(expected.values())
+
+
+async def collect_with(engine, ids, params, delay=0.0):
+    await asyncio.sleep(delay)
+    return [t async for t in engine.generate(ids, params)]

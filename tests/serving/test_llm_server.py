@@ -13,6 +13,7 @@ import threading
 import openai
 import pytest
 import requests
+import torch
 from support.model_server import ServerProcess
 from tiny_lm import tiny_llama
 
@@ -25,9 +26,24 @@ HELLO = [{"role": "user", "content": "Hello! How are you today?"}]
 
 @pytest.fixture(scope="module")
 def llm_dir(tmp_path_factory):
+    """The tiny Llama, with a LoRA adapter ``sql`` (random, not zero, weights)."""
+    from peft import LoraConfig, get_peft_model
+
     model, tokenizer = tiny_llama(max_position_embeddings=256)
+    base, _ = tiny_llama(max_position_embeddings=256)  # the same weights (seeded)
+    torch.manual_seed(5)
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    sql = get_peft_model(base, config)
     path = str(tmp_path_factory.mktemp("llm"))
-    save_causal_lm(model, tokenizer, path, max_model_len=256, max_num_seqs=4, name="chat")
+    save_causal_lm(
+        model,
+        tokenizer,
+        path,
+        max_model_len=256,
+        max_num_seqs=4,
+        name="chat",
+        adapters={"sql": sql},
+    )
     return path
 
 
@@ -101,9 +117,35 @@ def test_save_and_load_keep_the_model_and_its_chat_template(llm_dir):
     assert card["chat_template"] is True and tokenizer.chat_template
 
 
-def test_models_lists_the_served_model(main):
-    (model,) = client(main).models.list().data
+def test_models_lists_the_served_model_and_its_adapters(main):
+    model, adapter = client(main).models.list().data
     assert model.id == "chat" and model.max_model_len == 128
+    assert adapter.id == "chat:sql" and adapter.parent == "chat"
+
+
+def test_a_lora_adapter_answers_as_its_own_model(main, llm_dir):
+    peft, tokenizer, _ = load_causal_lm(llm_dir)
+    ids = tokenizer.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(ids, add_special_tokens=False, return_tensors="pt").input_ids
+    expected = {}
+    with torch.inference_mode():
+        for adapter in (None, "sql"):
+            if adapter is None:
+                with peft.disable_adapter():
+                    out = peft.generate(ids, max_new_tokens=12, do_sample=False)
+            else:
+                peft.set_adapter(adapter)
+                out = peft.generate(ids, max_new_tokens=12, do_sample=False)
+            expected[adapter] = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert expected[None] != expected["sql"]
+    assert greedy_chat(main).choices[0].message.content == expected[None]
+    answer = client(main).chat.completions.create(
+        model="alice/chat:sql", messages=HELLO, max_tokens=12, temperature=0
+    )
+    assert answer.choices[0].message.content == expected["sql"]
+    assert answer.model == "alice/chat:sql"
+    with pytest.raises(openai.NotFoundError, match="'chat' has adapters sql"):
+        client(main).chat.completions.create(model="chat:nope", messages=HELLO, max_tokens=2)
 
 
 def test_a_context_longer_than_the_saved_one_is_refused_at_start(llm_dir):
