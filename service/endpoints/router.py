@@ -14,6 +14,11 @@ it away when the service stops, so calls fall back to the service's own
 endpoint route. Calls without a token (a browser's hub cookie) go to that route
 too. Without ``c.GpuLabService.proxy_api_url`` (and ``CONFIGPROXY_AUTH_TOKEN``)
 there is no router; the service's route answers every call.
+
+The OpenAI-compatible gateway (:mod:`.openai_gateway`) comes in the same way: a
+second route, ``<prefix>v1``, to this router, whose answers stream event by event
+(the service's own ``v1`` routes answer where there is no router, and the standby
+hands them to the service, which answers 503 while it restarts).
 """
 
 from __future__ import annotations
