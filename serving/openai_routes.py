@@ -240,6 +240,8 @@ class ModelsHandler(OpenAIHandler):
                         "created": 0,
                         "owned_by": "gpulab",
                         "max_model_len": self.server.max_model_len,
+                        "max_num_seqs": self.server.engine.max_num_seqs,
+                        "engine": self.server.engine.reason,  # what serves, and why
                     }
                 ]
                 + [

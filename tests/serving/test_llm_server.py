@@ -119,7 +119,8 @@ def test_save_and_load_keep_the_model_and_its_chat_template(llm_dir):
 
 def test_models_lists_the_served_model_and_its_adapters(main):
     model, adapter = client(main).models.list().data
-    assert model.id == "chat" and model.max_model_len == 128
+    assert model.id == "chat" and model.max_model_len == 128 and model.max_num_seqs == 4
+    assert model.engine.startswith("transformers continuous batching (CPU;")
     assert adapter.id == "chat:sql" and adapter.parent == "chat"
 
 
