@@ -29,9 +29,11 @@ for step in checkpoint.resume_range(ctx, total_steps=steps, state={"model": mode
     opt.zero_grad()
     loss.backward()
     opt.step()
-    # The node's memory cgroup: the slice's cap and the most it held so far.
-    cap, peak = memory.cgroup_memory()
-    report(loss=loss.item(), cap_bytes=cap, peak_bytes=peak,
+    # What this rank may hold: its share of its node's memory cap (None: no cap).
+    report(loss=loss.item(), cap_bytes=memory.cpu_cap()[0],
            params=sum(p.numel() for p in model.parameters()))
     time.sleep(delay)
+# Before --out gathers the whole model to rank 0: the optimizer's state is not needed.
+del opt
+model.zero_grad(set_to_none=True)
 """
