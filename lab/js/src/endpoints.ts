@@ -55,6 +55,21 @@ export function exampleInputs(dep: any, limit = 16): any[] {
 
 /** The curl line for one call: a batch of one, zeros in the model card's shape. */
 export function curlLine(dep: any): string {
+  if (dep.model_kind === 'causal-lm') {
+    // A language model answers on the OpenAI-compatible gateway, as %deploy prints.
+    const gateway = window.location.origin + dep.path.split('/endpoints/')[0] + '/v1';
+    const body = pyJson({
+      model: `${dep.user}/${dep.name}`,
+      messages: [{ role: 'user', content: 'Hello!' }],
+      max_tokens: 32
+    });
+    return (
+      'curl -H "Authorization: Bearer $JUPYTERHUB_API_TOKEN" ' +
+      "-H 'Content-Type: application/json' \\\n" +
+      `    -d '${body}' \\\n` +
+      `    ${gateway}/chat/completions`
+    );
+  }
   const infer = `${endpointUrl(dep)}/v2/models/${dep.name}/infer`;
   const body = pyJson({ inputs: exampleInputs(dep) });
   return (
