@@ -209,7 +209,12 @@ async def test_chat_through_the_gateway_streams_counts_and_limits(tmp_path, chat
         assert text.usage.completion_tokens == 4
         r = await svc.request("GET", "/deployments/chat", token=alice)
         assert r.json()["tokens_per_second"] == round((8 + 4) / 60, 2)  # over the last minute
-        assert "engine" in r.json()
+
+        async def engine():  # asked of the replica once it was ready, in the background
+            r = await svc.request("GET", "/deployments/chat", token=alice)
+            return r.json()["engine"]
+
+        assert "transformers" in await wait_until_async(engine, "the engine named")
 
         # Streamed, with the usage asked for: the last chunk carries it.
         chunks = [
