@@ -81,22 +81,27 @@ def test_a_closed_stream_leaves_the_batch(llama):
 
 
 def test_a_full_engine_refuses(llama):
+    """Not started, the engine generates nothing: what is submitted stays, so the
+    count is exact. One running slot and one waiting place: the third is refused."""
     model, tokenizer = llama
     engine = StepBatchEngine(model, max_num_seqs=1, max_queue=1)
     ids = tokenizer(PROMPTS[0]).input_ids
 
     async def main():
-        first = engine.generate(ids, SamplingParams(max_tokens=400, temperature=0))
-        second = engine.generate(ids, SamplingParams(max_tokens=400, temperature=0))
-        await anext(first)
-        waiting = asyncio.ensure_future(anext(second))  # in line behind the first
-        await asyncio.sleep(0)
+        held = [engine.generate(ids, SamplingParams(max_tokens=4)) for _ in range(2)]
+        pending = [asyncio.ensure_future(anext(g)) for g in held]
+        await asyncio.sleep(0)  # both run up to their wait for a first token
+        assert engine.load == 2
         with pytest.raises(QueueFull, match="1 sequences are generating and 1 wait"):
             await anext(engine.generate(ids, SamplingParams(max_tokens=1)))
-        waiting.cancel()
-        await first.aclose()
+        for p in pending:
+            p.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for g in held:
+            await g.aclose()
+        assert engine.load == 0  # a closed request leaves the waiting line
 
-    run(engine, main())
+    asyncio.run(main())
 
 
 def test_the_cpu_engine_says_why():
