@@ -10,8 +10,9 @@ saved once as a Hugging Face folder. Every target gets the same ``--clients`` ch
 requests at once, each for ``--tokens`` tokens, greedy; the targets take turns
 (never two under load at once):
 
-* ``gateway``: a real hub (``gpulab up``, simulated GPUs) started here; the model
-  deployed as a user does (the ``causal-lm`` archive, one replica); the unmodified
+* ``gateway``: a real hub (``gpulab up``, one simulated GPU) started here; the model
+  deployed as a user does (the ``causal-lm`` archive, one replica on the whole GPU,
+  whose CPU share is then the whole host, as the in-process targets'); the unmodified
   ``openai`` SDK's async client streams through ``<hub>/services/gpulab/v1`` with the
   user's hub token (configurable-http-proxy, the service's gateway, the replica);
 * ``engine``: the same engine the replica chose (``choose_engine``), on the same
@@ -132,7 +133,9 @@ def gateway(folder: str, work: str, chats, tokens: int) -> tuple[dict, str]:
     """Deploy the archive ``folder`` on a fresh hub as a user; drive it through the gateway."""
     from gpulab.client import Client
 
-    hub = RunningHub(os.path.join(work, "hub"), simulate="2xA100-80GB")
+    # One simulated GPU, deployed whole: its share of the host is every core, as the
+    # in-process targets have (a 1/2 slice of two GPUs on 2 cores holds 0.5 core).
+    hub = RunningHub(os.path.join(work, "hub"), simulate="1xA100-80GB")
     try:
         token = hub.create_user("bench")
         client = Client(hub.api, token=token)
@@ -140,7 +143,7 @@ def gateway(folder: str, work: str, chats, tokens: int) -> tuple[dict, str]:
             "name": "chat",
             "min_replicas": 1,
             "max_replicas": 1,
-            "gpu_milli": 500,
+            "gpu_milli": 1000,
             "max_batch_size": len(chats),
         }
         dep = client.create_deployment(folder, spec)

@@ -12,10 +12,12 @@ in the kernel.
 """
 
 import json
+import re
 import subprocess
 
 import pytest
 from hubproc import fresh_user
+from support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -120,6 +122,19 @@ def test_alice_deploys_a_language_model_and_streams_chat_with_openai(hub, monkey
         model=f"{alice}/chat", messages=QUESTION, max_tokens=4, temperature=0
     )
     assert reply.usage.completion_tokens >= 1 and reply.choices[0].message.role == "assistant"
+
+    # %deploy --list says it is a language model, the engine that serves it and why
+    # (the service asks the replica once it is ready), and its tokens per second.
+    dep = wait_until(
+        lambda: (d := Client().get_deployment("chat")).get("engine") and d,
+        "the service to learn the replica's engine",
+    )
+    # Completion tokens of the last minute (bob's reply just now among them).
+    assert dep["tokens_per_second"] > 0, dep
+    with capture_output() as out:
+        ip.run_line_magic("deploy", "--list --once")
+    assert re.search(r"language model · \d+\.\d tokens/s", out.stdout), out.stdout
+    assert "engine: transformers continuous batching (CPU" in out.stdout, out.stdout
 
     with capture_output() as out:
         ip.run_line_magic("deploy", "--stop chat")
