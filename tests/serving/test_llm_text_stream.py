@@ -15,7 +15,23 @@ def tokenizer():
     return tiny_tokenizer()
 
 
-WORDS = "the quick brown fox GPU slice héllo wörld ✓ naïve 数据 , . ! 42".split()
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "GPU",
+    "slice",
+    "héllo",
+    "wörld",
+    "✓",
+    "naïve",
+    "数据",
+    ",",
+    ".",
+    "!",
+    "42",
+]
 
 
 def token_runs(tokenizer, n=200):
