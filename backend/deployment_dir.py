@@ -24,6 +24,8 @@ KIND_FILES = {
 }
 #: The one sub-folder an upload may have: a causal LM's Hugging Face files.
 HF_DIR = "hf"
+#: A causal LM's LoRA adapters, ``adapters/<name>/`` each (gpulab.serving.llm_export).
+ADAPTERS_DIR = "adapters"
 
 
 class DeploymentDirs:

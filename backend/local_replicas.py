@@ -39,7 +39,7 @@ from traitlets import Int, default
 from gpulab.enforcement.accounts import separated
 from gpulab.enforcement.user_env import user_python
 
-from .deployment_dir import HF_DIR
+from .deployment_dir import ADAPTERS_DIR, HF_DIR
 from .local import PASS_ENV, process_alive
 from .log_pipe import capped_log
 from .replica_http import unix_address
@@ -80,6 +80,10 @@ class LocalReplicas(ServingBackend):
         folders = [model]
         if os.path.isdir(os.path.join(model, HF_DIR)):  # a language model's files
             folders.append(os.path.join(model, HF_DIR))
+        adapters = os.path.join(model, ADAPTERS_DIR)
+        if os.path.isdir(adapters):  # its LoRA adapters, a folder each
+            folders.append(adapters)
+            folders += [os.path.join(adapters, name) for name in sorted(os.listdir(adapters))]
         for folder in folders:
             for name in os.listdir(folder):
                 if os.path.isfile(os.path.join(folder, name)):

@@ -15,11 +15,14 @@ import aiohttp
 
 #: A language model's Hugging Face folder inside its archive (gpulab.serving.llm_export).
 HF_FOLDER = "hf"
+#: Its LoRA adapters, ``adapters/<name>/`` each.
+ADAPTERS_FOLDER = "adapters"
 
 
 def pack_model_dir(model_dir: str) -> bytes:
     """A tar (gzip) of an exported model directory (model.json and model.pt2, an
-    embedding model's model.st.tar, or a language model's Hugging Face folder ``hf/``)."""
+    embedding model's model.st.tar, or a language model's Hugging Face folder ``hf/``
+    and its LoRA adapters ``adapters/<name>/``)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         for name in ("model.pt2", "model.st.tar", "model.json"):
@@ -32,6 +35,17 @@ def pack_model_dir(model_dir: str) -> bytes:
                 path = os.path.join(hf, name)
                 if os.path.isfile(path) and not os.path.islink(path):
                     tar.add(path, arcname=f"{HF_FOLDER}/{name}")
+        adapters = os.path.join(model_dir, ADAPTERS_FOLDER)
+        if os.path.isdir(adapters):
+            # Its LoRA adapters: adapters/<name>/<file>, regular files one level down.
+            for adapter in sorted(os.listdir(adapters)):
+                folder = os.path.join(adapters, adapter)
+                if not os.path.isdir(folder) or os.path.islink(folder):
+                    continue
+                for name in sorted(os.listdir(folder)):
+                    path = os.path.join(folder, name)
+                    if os.path.isfile(path) and not os.path.islink(path):
+                        tar.add(path, arcname=f"{ADAPTERS_FOLDER}/{adapter}/{name}")
     return buf.getvalue()
 
 

@@ -105,3 +105,28 @@ def tiny_llama(
     )
     model = LlamaForCausalLM(config).eval()
     return model, tokenizer
+
+
+def trained_lora(text: str = "SELECT name FROM users;", steps: int = 10, seed: int = 0):
+    """A PEFT LoRA adapter (q/v projections) on :func:`tiny_llama`'s model of ``seed``,
+    trained a few steps to say ``text`` after a chat turn, so that its greedy answer
+    differs from the base model's. Returns the ``PeftModel`` (eval mode); the base it
+    wraps is changed in place, so make the model to serve with another ``tiny_llama()``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    base, tokenizer = tiny_llama(seed=seed)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hello! How are you today?"}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    ids = torch.tensor([tokenizer(prompt + text + "</s>")["input_ids"]])
+    model.train()
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-2)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+    return model.eval()

@@ -3,7 +3,9 @@
 The archive (tar, optionally gzip/bz2/xz) must hold two regular files,
 ``model.json`` and the model file its kind names (``model.pt2``; an embedding
 model's ``model.st.tar``; a language model's ``hf/config.json``, its Hugging Face
-files one level down under ``hf/``, nothing deeper). It is read once, front to back, one member
+files one level down under ``hf/``, nothing deeper, and its LoRA adapters' files
+under ``adapters/<name>/``, each adapter named in the card's ``adapters``). It is
+read once, front to back, one member
 at a time, and refused as soon as anything is wrong:
 
 - the sizes its headers declare, all members together, may not pass
@@ -23,15 +25,20 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import tarfile
 from collections.abc import Callable
 
-from gpulab.backend.deployment_dir import HF_DIR, KIND_FILES, MODEL_FILES
+from gpulab.backend.deployment_dir import ADAPTERS_DIR, HF_DIR, KIND_FILES, MODEL_FILES
 
 #: More members than an exported model directory could hold.
 MAX_MEMBERS = 64
 #: model.json is a small card.
 MAX_CARD_BYTES = 1 << 20
+#: An adapter's name, as save_causal_lm allows it (it becomes part of a model id).
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+#: What an adapter folder must hold for the replica to load it (PEFT, no pickles).
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 class ArchiveRefused(Exception):
@@ -52,8 +59,18 @@ def _wanted(member: tarfile.TarInfo) -> str | None:
             f"(%deploy does this for you)",
         )
     base = posixpath.basename(norm)
-    if posixpath.dirname(norm) == HF_DIR and _plain_name(base):
+    folder = posixpath.dirname(norm)
+    top, _, adapter = folder.partition("/")
+    if folder == HF_DIR and _plain_name(base):
         base = f"{HF_DIR}/{base}"  # a language model's Hugging Face file
+    elif top == ADAPTERS_DIR and adapter and "/" not in adapter and _plain_name(base):
+        if not ADAPTER_NAME.fullmatch(adapter):
+            raise ArchiveRefused(
+                400,
+                f"archive member {name!r}: adapter name {adapter!r} must be letters, "
+                f"digits, '.', '_' or '-' (at most 63); rename the adapter",
+            )
+        base = f"{ADAPTERS_DIR}/{adapter}/{base}"  # a LoRA adapter's file
     elif base not in MODEL_FILES:
         return None
     if not member.isfile():
@@ -115,8 +132,10 @@ def unpack_model(
                 if base in found:
                     raise ArchiveRefused(400, f"the archive holds {base} twice; upload one")
                 found.add(base)
-                if base.startswith(f"{HF_DIR}/"):
-                    os.makedirs(os.path.join(dest, HF_DIR), mode=0o755, exist_ok=True)
+                if "/" in base:  # hf/<file> or adapters/<name>/<file>
+                    os.makedirs(
+                        os.path.join(dest, posixpath.dirname(base)), mode=0o755, exist_ok=True
+                    )
                 _copy(tar, member, os.path.join(dest, base))
     except ArchiveRefused:
         raise
@@ -141,7 +160,43 @@ def unpack_model(
             f"the model archive lacks {KIND_FILES[kind]}; upload "
             f"a directory written by gpulab.serving.export_model",
         )
+    _check_adapters(card, kind, found)
     return card
+
+
+def _check_adapters(card: dict, kind: str, found: set[str]) -> None:
+    """Every adapter folder uploaded is one the card names, and each it names is whole."""
+    uploaded = {f.split("/")[1] for f in found if f.startswith(f"{ADAPTERS_DIR}/")}
+    named = card.get("adapters") or []
+    if not isinstance(named, list) or not all(
+        isinstance(a, str) and ADAPTER_NAME.fullmatch(a) for a in named
+    ):
+        raise ArchiveRefused(
+            400,
+            "model.json's adapters must be a list of adapter names (letters, digits, "
+            "'.', '_' or '-'); save the model with gpulab.serving.llm_export.save_causal_lm",
+        )
+    if (uploaded or named) and kind != "causal-lm":
+        raise ArchiveRefused(
+            400,
+            f"LoRA adapters go with a language model (kind causal-lm), not a {kind!r} "
+            f"model; upload the adapters with the causal LM they adapt",
+        )
+    for adapter in sorted(uploaded - set(named)):
+        raise ArchiveRefused(
+            400,
+            f"the archive holds adapters/{adapter}/ but model.json does not list "
+            f"{adapter!r} in its adapters; add it there or leave the folder out",
+        )
+    for adapter in named:
+        for f in ADAPTER_FILES:
+            if f"{ADAPTERS_DIR}/{adapter}/{f}" not in found:
+                raise ArchiveRefused(
+                    400,
+                    f"model.json lists the adapter {adapter!r} but the archive lacks "
+                    f"adapters/{adapter}/{f}; save the adapter with save_pretrained "
+                    f"(safetensors) or leave it out of the card",
+                )
 
 
 def _copy(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> None:

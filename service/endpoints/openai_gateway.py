@@ -13,7 +13,9 @@ The API key is a hub token (``Authorization: Bearer`` as the ``openai`` package
 sends it, or ``token``); the front (the endpoint router, or the service's own route
 where there is none) says who it is and hands the call to :meth:`OpenAIGateway.answer`
 with a :class:`Reply` to write to. ``model`` is ``NAME`` (the caller's own endpoint)
-or ``OWNER/NAME``; who may use which is the endpoints' sharing rule
+or ``OWNER/NAME``, with ``:ADAPTER`` for a LoRA adapter served on that endpoint's
+replicas (``GET v1/models`` lists each as a model of its own); who may use which is
+the endpoints' sharing rule
 (:meth:`~gpulab.service.endpoints.calls.EndpointCalls.callable_endpoint`), and a model
 the caller may not use is as unknown as one that does not exist (404).
 
@@ -164,6 +166,12 @@ class SseRelay:
         return True
 
 
+def _adapters(card: dict) -> list[str]:
+    """A language model's LoRA adapters, as its card names them (the upload checked them)."""
+    adapters = card.get("adapters")
+    return [a for a in adapters if isinstance(a, str)] if isinstance(adapters, list) else []
+
+
 def _has_text(choice) -> bool:
     if not isinstance(choice, dict):
         return False
@@ -269,42 +277,50 @@ class OpenAIGateway:
         await reply.write(data)
 
     # -- models ----------------------------------------------------------------------------
-    def _kind(self, dep: dict) -> str | None:
-        """The card kind of the endpoint's versions (the newest with a card)."""
+    def _card(self, dep: dict) -> dict:
+        """The card of the endpoint's newest version with one ({} if none)."""
         try:
             units = self.calls.record(dep["id"]).by_version()
         except KeyError:
-            return None
+            return {}
         for unit in reversed(units):
             card = self.calls.card(unit)
             if card:
-                return card.get("kind")
-        return None
+                return card
+        return {}
 
     def models(self, who) -> list[dict]:
         out = []
         for dep in self.calls.endpoints():
             if not self.calls.can_use(who, dep):
                 continue
-            kind = self._kind(dep)
+            card = self._card(dep)
+            kind = card.get("kind")
             if kind not in (CAUSAL_LM_KIND, EMBEDDING_KIND):
                 continue  # tensor models: OIP v2 only
             created = dep.get("created")
-            out.append(
-                {
-                    "id": model_id(who, dep),
-                    "object": "model",
-                    "created": int(created.timestamp()) if hasattr(created, "timestamp") else 0,
-                    "owned_by": dep["user"],
-                    "kind": kind,
-                }
-            )
+            base = {
+                "id": model_id(who, dep),
+                "object": "model",
+                "created": int(created.timestamp()) if hasattr(created, "timestamp") else 0,
+                "owned_by": dep["user"],
+                "kind": kind,
+            }
+            out.append(base)
+            if kind == CAUSAL_LM_KIND:  # each LoRA adapter: a model of its own on the base
+                out += [
+                    {**base, "id": f"{base['id']}:{a}", "parent": base["id"]}
+                    for a in _adapters(card)
+                ]
         return sorted(out, key=lambda m: m["id"])
 
     def resolve(self, who, model: str, kind: str) -> tuple[dict, object]:
         """The endpoint ``model`` names and the version the call goes to; 404 for one
         unknown or not shared with ``who``, 400 for one of another kind."""
-        owner, _, name = model.strip().rpartition("/")
+        # NAME:ADAPTER is a LoRA adapter on endpoint NAME (endpoint names have no ':');
+        # the replica selects it from the model string, which goes on unchanged.
+        base, colon, adapter = model.strip().partition(":")
+        owner, _, name = base.rpartition("/")
         owner = owner or who.name
         if not name or "/" in owner:
             raise model_not_found(model)
@@ -313,7 +329,10 @@ class OpenAIGateway:
         except CallRefused:
             raise model_not_found(model) from None
         unit = self.calls.choose(dep)
-        have = (self.calls.card(unit) or {}).get("kind") or "torch-export"
+        card = self.calls.card(unit) or {}
+        have = card.get("kind") or "torch-export"
+        if colon and (have != CAUSAL_LM_KIND or adapter not in _adapters(card)):
+            raise model_not_found(model)  # as unknown as a model that does not exist
         if have != kind:
             what = "language model" if kind == CAUSAL_LM_KIND else "embedding model"
             how = (

@@ -39,6 +39,8 @@ c.GpuLabService.reconcile_interval = 1
 """
 WAIT_S = 240  # a bound on a loaded 2-core machine, not a sleep
 CARD = {"inputs": [], "outputs": [], "max_batch_size": 4}
+#: A language model's card with one LoRA adapter, ``sql``.
+LLM_CARD = json.dumps({**CARD, "kind": "causal-lm", "adapters": ["sql"]}).encode()
 
 
 @pytest.fixture(scope="module")
@@ -356,6 +358,52 @@ async def test_a_tar_xz_bomb_is_refused_and_leaves_nothing(service, stokens):
                 file_entry("model.json", json.dumps({**CARD, "kind": "causal-lm"}).encode()),
             ],
             "the model archive lacks hf/config.json",
+        ),
+        # Its LoRA adapters (adapters/<name>/<file>): the same rules, and only those the
+        # card names, each whole.
+        *(
+            ([file_entry("hf/config.json", b"{}"), *entries, file_entry("model.json", card)], msg)
+            for card, entries, msg in [
+                (
+                    LLM_CARD,
+                    [
+                        file_entry("adapters/sql/adapter_config.json", b"{}"),
+                        link_entry(
+                            "adapters/sql/adapter_model.safetensors", "/etc/shadow", tarfile.SYMTYPE
+                        ),
+                    ],
+                    "'adapters/sql/adapter_model.safetensors' is a symbolic link",
+                ),
+                (
+                    LLM_CARD,
+                    [file_entry("adapters/sql/adapter_config.json", b"{}")] * 2,
+                    "holds adapters/sql/adapter_config.json twice",
+                ),
+                (
+                    LLM_CARD,
+                    [file_entry("adapters/sql/adapter_config.json", b"{}")],
+                    "lacks adapters/sql/adapter_model.safetensors",
+                ),
+                (
+                    json.dumps({**CARD, "kind": "causal-lm"}).encode(),
+                    [file_entry("adapters/sql/adapter_config.json", b"{}")],
+                    "does not list 'sql' in its adapters",
+                ),
+                (
+                    LLM_CARD,
+                    [file_entry("adapters/-x/adapter_config.json", b"{}")],
+                    "adapter name '-x'",
+                ),
+            ]
+        ),
+        (
+            [
+                file_entry("model.pt2", b"x"),
+                file_entry("adapters/sql/adapter_config.json", b"{}"),
+                file_entry("adapters/sql/adapter_model.safetensors", b"x"),
+                file_entry("model.json", json.dumps({**CARD, "adapters": ["sql"]}).encode()),
+            ],
+            "LoRA adapters go with a language model",
         ),
     ],
 )

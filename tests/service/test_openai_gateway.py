@@ -346,3 +346,71 @@ async def test_chat_through_the_gateway_streams_counts_and_limits(tmp_path, chat
         )
         assert "gpulab_llm_time_to_first_token_seconds_count" in metrics
         assert "gpulab_llm_inter_token_latency_seconds_count" in metrics
+
+
+@pytest.fixture(scope="module")
+def lora_tar(tmp_path_factory) -> bytes:
+    """The small Llama with a LoRA adapter ``sql`` trained here (PEFT), saved together."""
+    from tiny_lm import tiny_llama, trained_lora
+
+    from gpulab.serving.llm_export import save_causal_lm
+
+    model, tokenizer = tiny_llama()
+    path = str(tmp_path_factory.mktemp("lora"))
+    card = save_causal_lm(
+        model, tokenizer, path, max_model_len=128, max_num_seqs=4, adapters={"sql": trained_lora()}
+    )
+    assert card["adapters"] == ["sql"]
+    return pack_model_dir(path)
+
+
+async def test_a_lora_adapter_answers_as_its_own_model_on_the_shared_base(tmp_path, lora_tar):
+    let_accounts_reach(tmp_path)
+    a, b = users("alice"), users("bob")
+    async with running_service(tmp_path / "svc") as svc:
+        alice = svc.create_user(a)
+        bob = svc.create_user(b)
+        await deploy(svc, alice, "chat", lora_tar)
+        await ready(svc, alice, "chat")
+
+        ai = client(svc, alice)
+        models = (await ai.models.list()).data
+        assert [m.id for m in models] == ["chat", "chat:sql"]
+        assert models[1].model_dump()["parent"] == "chat"
+
+        async def greedy(caller, model):
+            reply = await caller.chat.completions.create(
+                model=model, messages=CHAT, max_tokens=8, temperature=0
+            )
+            assert reply.model == model  # the model string went on unchanged
+            return reply.choices[0].message.content
+
+        base = await greedy(ai, "chat")
+        sql = await greedy(ai, "chat:sql")
+        assert sql != base  # the adapter's weights answered, on the same replica
+        assert await greedy(ai, f"{a}/chat:sql") == sql
+        streamed = [
+            c.choices[0].delta.content or ""
+            async for c in await ai.chat.completions.create(
+                model="chat:sql", messages=CHAT, max_tokens=8, temperature=0, stream=True
+            )
+            if c.choices
+        ]
+        assert "".join(streamed) == sql
+        r = await svc.request("GET", "/deployments/chat", token=alice)
+        assert r.json()["replicas_ready"] == 1  # one base replica serves both
+
+        # An adapter the endpoint does not have: 404 in OpenAI's shape, from the gateway.
+        with pytest.raises(openai.NotFoundError) as e:
+            await greedy(ai, "chat:nope")
+        assert e.value.body["code"] == "model_not_found" and "chat:nope" in e.value.body["message"]
+
+        # bob: the adapter follows the sharing rules of its endpoint.
+        bob_ai = client(svc, bob)
+        with pytest.raises(openai.NotFoundError):
+            await greedy(bob_ai, f"{a}/chat:sql")
+        assert [m.id for m in (await bob_ai.models.list()).data] == []
+        r = await svc.request("PATCH", "/deployments/chat", token=alice, json={"share_users": [b]})
+        assert r.status_code == 200, r.text
+        assert await greedy(bob_ai, f"{a}/chat:sql") == sql
+        assert [m.id for m in (await bob_ai.models.list()).data] == [f"{a}/chat", f"{a}/chat:sql"]
