@@ -9,6 +9,8 @@
     %deploy --stop sentiment
     %deploy model --name chat --tokenizer tok --gpu 1/2   (a causal LM: OpenAI-compatible,
         at <hub>/services/gpulab/v1; magics/llm_deploy.py)
+    %deploy model --name chat --tokenizer tok --adapter sql=sql_lora   (LoRA adapters: each
+        answers as model chat:sql on the same replicas; magics/llm_adapters.py)
     %deploy --logs sentiment           (the first replica's log: why it did not start)
 
 The model is exported here, in the kernel (``torch.export``, dynamic batch),
@@ -35,6 +37,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from gpulab.client.units import plural
 
+from . import llm_adapters
 from . import llm_deploy as llm
 from .deploy_failure import DeploymentFailed
 from .deploy_list import list_table
@@ -157,6 +160,15 @@ class DeployMagics(Magics):
         "--tokenizer",
         help="a language model's tokenizer: a variable, a saved folder or a Hugging Face id "
         "(default: the model's own folder or id); serves it at <hub>/services/gpulab/v1",
+    )
+    @argument(
+        "--adapter",
+        action="append",
+        default=None,
+        metavar="NAME=PEFT",
+        help="a LoRA adapter served with the language model as model NAME:ADAPTER on the "
+        "same replicas: a PEFT model in the notebook or a folder it saved; repeatable. A "
+        "PEFT MODEL brings its own adapters",
     )
     @argument(
         "--max-model-len",
@@ -325,7 +337,11 @@ class DeployMagics(Magics):
         from gpulab.serving.embedding import is_sentence_transformer
 
         ns = self.shell.user_ns
-        if wants_llm_route(ns, args.model, args.tokenizer):
+        if (
+            wants_llm_route(ns, args.model, args.tokenizer)
+            or args.adapter
+            or llm_adapters.is_peft_model(ns.get(args.model))
+        ):
             return self._deploy_llm(client, args)
         # A SentenceTransformer takes text (it has its own tokenizer): no --example.
         text_model = is_sentence_transformer(ns.get(args.model))
@@ -395,12 +411,15 @@ class DeployMagics(Magics):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value}: give a positive number of tokens/sequences")
         ns = self.shell.user_ns
-        model = llm.resolve_model(ns, args.model)
+        flags = llm_adapters.parse(args.adapter)
+        obj = ns.get(args.model)
+        peft = llm_adapters.is_peft_model(obj)
+        # A PEFT model: its base is served, its adapters beside it (magics/llm_adapters.py).
+        model = llm_adapters.base_of(obj) if peft else llm.resolve_model(ns, args.model)
         tokenizer = llm.resolve_tokenizer(ns, args.tokenizer, args.model, model)
         settings = self._settings(args)
         # The replica's sequences in flight are its "batch" for autoscaling and queueing.
         settings["max_batch_size"] = args.max_num_seqs
-        obj = ns.get(args.model)
         settings["lineage"] = (lineage_of(obj) if obj is not None else None) or untracked()
 
         from gpulab.client import GpuLabError
@@ -412,7 +431,10 @@ class DeployMagics(Magics):
                 f"with its tokenizer)...",
                 flush=True,
             )
-            llm.write_archive(model, tokenizer, model_dir, args)
+            adapters = llm_adapters.sources(
+                ns, obj if peft else None, flags, os.path.join(model_dir, "peft")
+            )
+            llm.write_archive(model, tokenizer, model_dir, args, adapters)
             if args.replace and args.canary is None:
                 try:
                     client.stop_deployment(args.name)
@@ -424,7 +446,11 @@ class DeployMagics(Magics):
             dep = client.create_deployment(model_dir, settings)
         dep = self._wait(client, dep, canary=args.canary is not None)
         base = llm.gateway_url(client.endpoint_url(dep))
-        print(llm.llm_usage_lines(dep, base, llm.model_id(dep, dep.get("user"))))
+        model_id = llm.model_id(dep, dep.get("user"))
+        print(llm.llm_usage_lines(dep, base, model_id))
+        if adapters:
+            names = ", ".join(f"{model_id}:{a}" for a in sorted(adapters))
+            print(f"LoRA adapters, each a model of its own on the same replicas: {names}")
         return None
 
     @staticmethod

@@ -159,8 +159,9 @@ def _model_source(model_text: str, model) -> str | None:
     return model_text
 
 
-def write_archive(model, tokenizer, folder: str, args) -> dict:
-    """The ``causal-lm`` archive in ``folder`` (``gpulab.serving.llm_export``)."""
+def write_archive(model, tokenizer, folder: str, args, adapters: dict | None = None) -> dict:
+    """The ``causal-lm`` archive in ``folder`` (``gpulab.serving.llm_export``), with the
+    LoRA ``adapters`` ({name: folder}, magics/llm_adapters.py)."""
     from gpulab.serving.export import ExportError
     from gpulab.serving.llm_export import save_causal_lm
 
@@ -172,6 +173,7 @@ def write_archive(model, tokenizer, folder: str, args) -> dict:
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             name=args.name,
+            adapters=adapters or None,
         )
     except ExportError as e:
         # In the magic's words: its flags, not the function's arguments.
