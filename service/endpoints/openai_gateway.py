@@ -310,9 +310,17 @@ class OpenAIGateway:
             if kind == CAUSAL_LM_KIND:  # each LoRA adapter: a model of its own on the base
                 out += [
                     {**base, "id": f"{base['id']}:{a}", "parent": base["id"]}
-                    for a in _adapters(card)
+                    for a in self._served_adapters(dep)
                 ]
         return sorted(out, key=lambda m: m["id"])
+
+    def _served_adapters(self, dep: dict) -> list[str]:
+        """The adapters some version taking calls has (what :meth:`_with_adapter` finds)."""
+        try:
+            units = self.calls.record(dep["id"]).units.values()
+        except KeyError:
+            return []
+        return sorted({a for u in units if u.row["weight"] > 0 for a in self._adapters_of(u)})
 
     def resolve(self, who, model: str, kind: str) -> tuple[dict, object]:
         """The endpoint ``model`` names and the version the call goes to; 404 for one
@@ -329,10 +337,12 @@ class OpenAIGateway:
         except CallRefused:
             raise model_not_found(model) from None
         unit = self.calls.choose(dep)
+        if colon:
+            unit = self._with_adapter(dep, unit, adapter)
+            if unit is None:
+                raise model_not_found(model)  # as unknown as a model that does not exist
         card = self.calls.card(unit) or {}
         have = card.get("kind") or "torch-export"
-        if colon and (have != CAUSAL_LM_KIND or adapter not in _adapters(card)):
-            raise model_not_found(model)  # as unknown as a model that does not exist
         if have != kind:
             what = "language model" if kind == CAUSAL_LM_KIND else "embedding model"
             how = (
@@ -348,6 +358,23 @@ class OpenAIGateway:
                 code="model_not_supported",
             )
         return dep, unit
+
+    def _with_adapter(self, dep: dict, unit, adapter: str):
+        """The version a call for ``adapter`` goes to: the one chosen by weight if it
+        has the adapter, else the heaviest that has it (a canary saved without it must
+        not turn some of the adapter's calls into 404s); None if no version has it."""
+        if adapter in self._adapters_of(unit):
+            return unit
+        try:
+            units = self.calls.record(dep["id"]).units.values()
+        except KeyError:
+            return None
+        having = [u for u in units if adapter in self._adapters_of(u) and u.row["weight"] > 0]
+        return max(having, key=lambda u: u.row["weight"]) if having else None
+
+    def _adapters_of(self, unit) -> list[str]:
+        card = self.calls.card(unit) or {}
+        return _adapters(card) if card.get("kind") == CAUSAL_LM_KIND else []
 
     # -- generation ------------------------------------------------------------------------
     async def generate(self, who, path: str, doc: dict, reply: Reply) -> None:

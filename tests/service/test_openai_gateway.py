@@ -364,7 +364,9 @@ def lora_tar(tmp_path_factory) -> bytes:
     return pack_model_dir(path)
 
 
-async def test_a_lora_adapter_answers_as_its_own_model_on_the_shared_base(tmp_path, lora_tar):
+async def test_a_lora_adapter_answers_as_its_own_model_on_the_shared_base(
+    tmp_path, lora_tar, chat_tar
+):
     let_accounts_reach(tmp_path)
     a, b = users("alice"), users("bob")
     async with running_service(tmp_path / "svc") as svc:
@@ -414,3 +416,25 @@ async def test_a_lora_adapter_answers_as_its_own_model_on_the_shared_base(tmp_pa
         assert r.status_code == 200, r.text
         assert await greedy(bob_ai, f"{a}/chat:sql") == sql
         assert [m.id for m in (await bob_ai.models.list()).data] == [f"{a}/chat", f"{a}/chat:sql"]
+
+        # A canary saved without the adapter takes half the calls (in turn): the
+        # adapter's calls all go to the version that has it, none is a 404.
+        r = await svc.request(
+            "POST",
+            "/deployments",
+            token=alice,
+            files={
+                "spec": (None, json.dumps({"name": "chat", "canary": 50})),
+                "model": ("model.tar.gz", chat_tar),
+            },
+        )
+        assert r.status_code == 201, r.text
+
+        async def both_ready():
+            r = await svc.request("GET", "/deployments/chat", token=alice)
+            return [v["replicas_ready"] for v in r.json()["versions"]] == [1, 1]
+
+        await wait_until_async(both_ready, "the canary ready", timeout=180)
+        assert [await greedy(ai, "chat:sql") for _ in range(4)] == [sql] * 4
+        assert [await greedy(ai, "chat") for _ in range(2)] == [base] * 2
+        assert "chat:sql" in [m.id for m in (await ai.models.list()).data]
