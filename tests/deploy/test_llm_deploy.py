@@ -141,6 +141,49 @@ def test_alice_deploys_a_language_model_and_streams_chat_with_openai(hub, monkey
     assert "stopped chat" in out.stdout
 
 
+LORA = """
+from tiny_lm import tiny_llama, trained_lora
+model, tok = tiny_llama()
+sql_model = trained_lora()  # a PEFT LoRA adapter trained here on the same base
+"""
+
+
+def test_a_peft_model_deploys_as_its_base_and_its_adapter(hub, monkeypatch):
+    """``%deploy`` of a PEFT model from the kernel: the base and the LoRA adapter
+    answer as two models of one endpoint, each as the kernel's own model does."""
+    import openai
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    dave = fresh_user("dave")
+    token = hub.create_user(dave)
+    monkeypatch.setenv("GPULAB_API_URL", hub.api)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", token)
+    ip = InteractiveShell.instance()
+    ip.extension_manager.load_extension("gpulab.magics")
+    assert ip.run_cell(LORA).success
+    with capture_output() as out:
+        ip.run_line_magic("deploy", "sql_model --name sqlchat --tokenizer tok --max-model-len 128")
+    assert "LoRA adapters, each a model of its own on the same replicas: sqlchat:default" in (
+        out.stdout
+    ), out.stdout
+    client = openai.OpenAI(base_url=f"{hub.url}/services/gpulab/v1", api_key=token)
+    assert [m.id for m in client.models.list().data] == ["sqlchat", "sqlchat:default"]
+    answers = {
+        model: client.chat.completions.create(
+            model=model, messages=QUESTION, max_tokens=8, temperature=0
+        )
+        .choices[0]
+        .message.content
+        for model in ("sqlchat", "sqlchat:default")
+    }
+    ns = ip.user_ns
+    assert answers["sqlchat:default"] == local_greedy({**ns, "model": ns["sql_model"]}, 8)[1]
+    assert answers["sqlchat"] != answers["sqlchat:default"]
+    with capture_output():
+        ip.run_line_magic("deploy", "--stop sqlchat")
+
+
 def test_a_language_model_whose_replicas_cannot_start_raises_in_the_cell(hub, monkeypatch):
     """Its weights file is cut short after saving: the replica cannot load it, and
     the cell raises DeploymentFailed with the replica's reason."""
@@ -157,8 +200,8 @@ def test_a_language_model_whose_replicas_cannot_start_raises_in_the_cell(hub, mo
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.create_user(carol))
     write = llm_deploy.write_archive
 
-    def cut_short(model, tokenizer, folder, args):
-        card = write(model, tokenizer, folder, args)
+    def cut_short(model, tokenizer, folder, args, *adapters):
+        card = write(model, tokenizer, folder, args, *adapters)
         weights = os.path.join(folder, "hf", "model.safetensors")
         os.truncate(weights, os.path.getsize(weights) // 2)
         return card
