@@ -98,7 +98,6 @@ def render_node(
         rank_env.CHECKPOINT_EVERY: str(spec.checkpoint_every),
         rank_env.AMP: spec.amp,
         rank_env.COMM_HOOK: spec.comm_hook,
-        rank_env.FSDP: "1" if spec.fsdp else "",
         rank_env.OUT: spec.out,
         rank_env.NODE_GPUS: ",".join(node_gpus or []),
         rank_env.GPU_MILLI: str(spec.gpu_milli),
@@ -106,6 +105,9 @@ def render_node(
         # file is the owner's only. Kubernetes gives the secret itself instead.
         rank_env.RDZV_SECRET_FILE: f"{job_dir}/{RDZV_SECRET}",
     }
+    if spec.fsdp:
+        # Only when asked: a job without --fsdp renders as it did before the flag.
+        env[rank_env.FSDP] = "1"
     if ifname:
         env["GLOO_SOCKET_IFNAME"] = ifname
         env["NCCL_SOCKET_IFNAME"] = ifname

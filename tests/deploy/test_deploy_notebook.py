@@ -70,8 +70,11 @@ def test_notebook_trains_quantizes_deploys_and_calls(hub, tmp_path, monkeypatch)
     assert "no longer refreshing" in shown["data"]["text/plain"]
     assert "version 2 takes every call" in cells["%deploy --promote sentiment"]
 
-    listing = cells["%deploy --list"]  # the last one: after the promotion
-    assert re.search(r"sentiment\s+nbdeploy\s+running\s+2/2\s+2:3\s+1/4 GPU", listing), listing
+    # The last one, after the promotion: the notebook's last cell stops the endpoint,
+    # and the table it left says so (not "running 2/2").
+    listing = cells["%deploy --list"]
+    assert re.search(r"sentiment\s+nbdeploy\s+stopped\s+0/2\s+2:3\s+1/4 GPU", listing), listing
+    assert "sentiment stopped at" in listing, listing
 
     allocs = __import__("json").loads(
         next(v for k, v in cells.items() if k == "import json").split("ALLOC ", 1)[1]

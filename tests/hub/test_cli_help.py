@@ -68,7 +68,13 @@ def test_every_class_with_settings_is_listed(secs):
     found = {name for _, name in ref.discover()}
     # Mixins and bases whose settings show under the classes that use them (the spawners,
     # the service).
-    hidden = {"GpuLabServiceMixin", "SharingSettings", "VectorSettings", "FractionalHostSpawner"}
+    hidden = {
+        "GpuLabServiceMixin",
+        "SharingSettings",
+        "VectorSettings",
+        "LlmSettings",
+        "FractionalHostSpawner",
+    }
     assert found - listed <= hidden, found - listed
     for s in secs:
         assert not s.missing, s.missing  # the test extra installs kubespawner
