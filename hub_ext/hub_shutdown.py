@@ -20,8 +20,8 @@ from pathlib import Path
 
 from . import leftover_processes
 
-#: How long a service has to stop on SIGINT (JupyterHub's interrupt_timeout) before
-#: JupyterHub's own stop goes on to SIGTERM, then SIGKILL.
+#: How long a service has to stop on SIGTERM before JupyterHub's own stop goes on
+#: (its SIGTERM again, then SIGKILL).
 SERVICE_STOP_S = 10.0
 
 
@@ -35,14 +35,16 @@ async def stop_services(hub) -> None:
 
 
 async def _stop(service) -> None:
-    """SIGINT, and the moment it exits JupyterHub's stop (its records) finds it gone;
-    one still running after SERVICE_STOP_S gets JupyterHub's SIGTERM at once."""
+    """SIGTERM, and the moment it exits JupyterHub's stop (its records) finds it gone;
+    one still running after SERVICE_STOP_S gets JupyterHub's stop at once. SIGTERM, not
+    JupyterHub's SIGINT: the gpulab service stops the same on either, and a culler still
+    importing when Ctrl-C comes would print a KeyboardInterrupt traceback on SIGINT."""
     proc = service.spawner.proc
     if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             await asyncio.to_thread(proc.wait, SERVICE_STOP_S)
-    service.spawner.interrupt_timeout = 0  # SIGINT was sent: on to SIGTERM
+    service.spawner.interrupt_timeout = 0  # it had its signal: on to SIGTERM
     await service.stop()
 
 

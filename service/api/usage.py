@@ -114,6 +114,9 @@ class UsageHandler(APIHandler):
         )
         if since >= until:
             raise web.HTTPError(400, "'since' must be before 'until'")
+        # The rows of calls that just ended are written off the call's path: wait for
+        # them, so a call that has answered shows in the report asked for next.
+        await self.gpulab.deployments.gateway.meter.flush()
         rows = await self.gpulab.db_threads.run(
             token_report, self.gpulab.ledger.engine, since, until, None if user is None else [user]
         )
