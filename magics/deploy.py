@@ -358,7 +358,6 @@ class DeployMagics(Magics):
         # Where the model came from (its job, its quantization), or explicitly nothing.
         settings["lineage"] = lineage_of(ns[args.model]) or untracked()
 
-        from gpulab.client import GpuLabError
         from gpulab.serving.export import ExportError, export_model
 
         with tempfile.TemporaryDirectory(prefix="gpulab-deploy-") as model_dir:
@@ -374,13 +373,7 @@ class DeployMagics(Magics):
                 )
             except ExportError as e:
                 raise UsageError(str(e)) from None
-            if args.replace and args.canary is None:
-                try:
-                    client.stop_deployment(args.name)
-                    print(f"stopped the previous {args.name}", flush=True)
-                except GpuLabError as e:
-                    if e.status != 404:
-                        raise
+            self._replace_previous(client, args)
             print("uploading and starting...", flush=True)
             dep = client.create_deployment(model_dir, settings)
         dep = self._wait(client, dep, canary=args.canary is not None)
@@ -394,6 +387,19 @@ class DeployMagics(Magics):
             arrays = [t.detach().cpu().numpy() for t in tensors]
         print(usage_lines(dep, url, arrays))
         return None
+
+    @staticmethod
+    def _replace_previous(client, args) -> None:
+        """--replace (without --canary): stop the endpoint of that name first, if any."""
+        from gpulab.client import GpuLabError
+
+        if args.replace and args.canary is None:
+            try:
+                client.stop_deployment(args.name)
+                print(f"stopped the previous {args.name}", flush=True)
+            except GpuLabError as e:
+                if e.status != 404:
+                    raise
 
     def _deploy_llm(self, client, args):
         """A causal LM: its Hugging Face folder and tokenizer, served behind the
@@ -422,8 +428,6 @@ class DeployMagics(Magics):
         settings["max_batch_size"] = args.max_num_seqs
         settings["lineage"] = (lineage_of(obj) if obj is not None else None) or untracked()
 
-        from gpulab.client import GpuLabError
-
         with tempfile.TemporaryDirectory(prefix="gpulab-deploy-") as model_dir:
             params = sum(p.numel() for p in model.parameters())
             print(
@@ -435,13 +439,7 @@ class DeployMagics(Magics):
                 ns, obj if peft else None, flags, os.path.join(model_dir, "peft")
             )
             llm.write_archive(model, tokenizer, model_dir, args, adapters)
-            if args.replace and args.canary is None:
-                try:
-                    client.stop_deployment(args.name)
-                    print(f"stopped the previous {args.name}", flush=True)
-                except GpuLabError as e:
-                    if e.status != 404:
-                        raise
+            self._replace_previous(client, args)
             print("uploading and starting...", flush=True)
             dep = client.create_deployment(model_dir, settings)
         dep = self._wait(client, dep, canary=args.canary is not None)
