@@ -100,6 +100,11 @@ async def endpoint_router(svc):
         router._session = None
 
 
+#: The replicas these tests start end with their service (by default a service leaves
+#: them running for the next one, which would keep each test's replicas alive).
+STOP_REPLICAS = "c.GpuLabService.stop_work_on_exit = True\n"
+
+
 def client(svc, token) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=svc.url + PREFIX_V1, api_key=token, max_retries=0)
 
@@ -107,7 +112,7 @@ def client(svc, token) -> openai.AsyncOpenAI:
 async def test_embeddings_through_the_gateway_follow_the_sharing_rules(tmp_path, minilm_tar):
     let_accounts_reach(tmp_path)
     a, b = users("alice"), users("bob")
-    async with running_service(tmp_path / "svc") as svc:
+    async with running_service(tmp_path / "svc", config=STOP_REPLICAS) as svc:
         alice = svc.create_user(a)
         bob = svc.create_user(b)
         await deploy(svc, alice, "minilm", minilm_tar)
@@ -191,7 +196,7 @@ async def test_chat_through_the_gateway_streams_counts_and_limits(tmp_path, chat
         "c.GpuLabService.llm_tokens_per_minute_per_user = 60\n"
         'c.GpuLabService.llm_tokens_per_minute_per_group = {"heavy": 0}\n'
     )
-    async with running_service(tmp_path / "svc", config=config) as svc:
+    async with running_service(tmp_path / "svc", config=config + STOP_REPLICAS) as svc:
         alice = svc.create_user(a, groups=["heavy"])
         bob = svc.create_user(b)
         await deploy(svc, alice, "chat", chat_tar)
@@ -369,7 +374,7 @@ async def test_a_lora_adapter_answers_as_its_own_model_on_the_shared_base(
 ):
     let_accounts_reach(tmp_path)
     a, b = users("alice"), users("bob")
-    async with running_service(tmp_path / "svc") as svc:
+    async with running_service(tmp_path / "svc", config=STOP_REPLICAS) as svc:
         alice = svc.create_user(a)
         bob = svc.create_user(b)
         await deploy(svc, alice, "chat", lora_tar)
