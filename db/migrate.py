@@ -32,7 +32,17 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import MetaData, inspect, text
 from sqlalchemy.engine import Connection, Engine
 
-from . import collections, deployments, hibernations, jobs, llm_usage, operations, usage  # noqa: F401 - each registers its table on metadata
+# Each registers its table on metadata.
+from . import (  # noqa: F401
+    collections,
+    deployments,
+    fine_tuning,
+    hibernations,
+    jobs,
+    llm_usage,
+    operations,
+    usage,
+)
 from .engine import lock_for_write, metadata, writer
 
 log = logging.getLogger("gpulab.db")
