@@ -41,6 +41,7 @@ from . import (  # noqa: F401
     jobs,
     llm_usage,
     operations,
+    schedules,
     usage,
 )
 from .engine import lock_for_write, metadata, writer

@@ -1,0 +1,150 @@
+"""Scheduled jobs: a job spec the service submits on a cron schedule, as its owner.
+
+Jupyter Scheduler's job definitions with a schedule live here rather than in the
+user's server, so that nightly retraining runs while the server is stopped: the
+service's loop (:mod:`gpulab.service.jobs.schedules`) submits the stored spec when
+``next_run`` has come (by :mod:`.clock`, so a test's fake clock fires it), and
+records each job it submitted in ``gpulab_schedule_runs``. A change to these
+tables needs a revision in ``migrations/versions``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    delete,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Engine
+
+from .engine import metadata, utcnow
+
+schedules = Table(
+    "gpulab_schedules",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("user", String(255), nullable=False),
+    # The name people gave it (Jupyter Scheduler's job definition name), any text.
+    Column("name", String(255), nullable=False),
+    Column("schedule", String(255), nullable=False),  # cron, five fields
+    Column("timezone", String(64), nullable=False, default="UTC"),
+    Column("active", Boolean, nullable=False, default=True),
+    # JSON: the body of POST /jobs the service submits at each run.
+    Column("job", Text, nullable=False),
+    # JSON: what the client keeps with it (a notebook job's definition: its output
+    # formats, parameters...), returned as given.
+    Column("meta", Text, nullable=False, default="{}"),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("next_run", DateTime(timezone=True)),
+    Column("last_run", DateTime(timezone=True)),
+    # Why the last run could not be submitted (the job manager's refusal), or NULL.
+    Column("last_error", Text),
+    Index("ix_schedules_user", "user"),
+    Index("ix_schedules_next_run", "next_run"),
+)
+
+schedule_runs = Table(
+    "gpulab_schedule_runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("schedule_id", String(32), nullable=False),
+    Column("job_id", String(32), nullable=False),
+    Column("fired", DateTime(timezone=True), nullable=False),
+    Index("ix_schedule_runs_schedule", "schedule_id"),
+)
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:  # SQLite drops the zone; we only store UTC
+        value = value.replace(tzinfo=dt.UTC)
+    return value.isoformat()
+
+
+def schedule_json(r) -> dict:
+    """A row as the API shows it: times in ISO 8601 (UTC), the JSON columns parsed."""
+    d = dict(r._mapping)
+    for k in ("created", "next_run", "last_run"):
+        d[k] = _iso(d[k])
+    d["job"] = json.loads(d["job"])
+    d["meta"] = json.loads(d["meta"] or "{}")
+    return d
+
+
+def add_schedule(engine: Engine, row: dict) -> None:
+    row = {**row, "job": json.dumps(row["job"]), "meta": json.dumps(row.get("meta") or {})}
+    row.setdefault("created", utcnow())
+    with engine.begin() as conn:
+        conn.execute(insert(schedules), [row])
+
+
+def get_schedule(engine: Engine, schedule_id: str) -> dict | None:
+    with engine.connect() as conn:
+        r = conn.execute(select(schedules).where(schedules.c.id == schedule_id)).first()
+    return schedule_json(r) if r else None
+
+
+def list_schedules(engine: Engine, user: str | None = None) -> list[dict]:
+    """Schedules in the order they were made, of ``user`` where given."""
+    q = select(schedules).order_by(schedules.c.created, schedules.c.id)
+    if user is not None:
+        q = q.where(schedules.c.user == user)
+    with engine.connect() as conn:
+        return [schedule_json(r) for r in conn.execute(q)]
+
+
+def due_schedules(engine: Engine, now: dt.datetime) -> list[dict]:
+    """Active schedules whose next run has come."""
+    q = (
+        select(schedules)
+        .where(schedules.c.active & (schedules.c.next_run <= now))
+        .order_by(schedules.c.next_run, schedules.c.id)
+    )
+    with engine.connect() as conn:
+        return [schedule_json(r) for r in conn.execute(q)]
+
+
+def update_schedule(engine: Engine, schedule_id: str, **values) -> None:
+    for k in ("job", "meta"):
+        if k in values:
+            values[k] = json.dumps(values[k])
+    with engine.begin() as conn:
+        conn.execute(update(schedules).where(schedules.c.id == schedule_id).values(**values))
+
+
+def delete_schedule(engine: Engine, schedule_id: str) -> None:
+    """The schedule and its list of runs (the jobs themselves stay, as they ended)."""
+    with engine.begin() as conn:
+        conn.execute(delete(schedule_runs).where(schedule_runs.c.schedule_id == schedule_id))
+        conn.execute(delete(schedules).where(schedules.c.id == schedule_id))
+
+
+def add_run(engine: Engine, schedule_id: str, job_id: str, fired: dt.datetime) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            insert(schedule_runs), [{"schedule_id": schedule_id, "job_id": job_id, "fired": fired}]
+        )
+
+
+def list_runs(engine: Engine, schedule_id: str) -> list[dict]:
+    """``[{"job_id", "fired"}]`` of a schedule, oldest first."""
+    q = (
+        select(schedule_runs)
+        .where(schedule_runs.c.schedule_id == schedule_id)
+        .order_by(schedule_runs.c.fired, schedule_runs.c.id)
+    )
+    with engine.connect() as conn:
+        return [{"job_id": r.job_id, "fired": _iso(r.fired)} for r in conn.execute(q)]
