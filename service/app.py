@@ -66,6 +66,7 @@ from gpulab.service.api import telemetry as telemetry_api
 from gpulab.service.api import usage as usage_api
 from gpulab.service.api.request_body import JSON_BODY_LIMIT
 from gpulab.service.auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
+from gpulab.service.budgets import BudgetSettings
 from gpulab.service.endpoints.llm_settings import LlmSettings
 from gpulab.service.endpoints.manager import DeploymentManager
 from gpulab.service.hibernation.manager import Hibernations
@@ -136,7 +137,7 @@ LEAVE_WORK_SIGNAL = signal.SIGUSR1
 CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
 
 
-class GpuLabService(SharingSettings, VectorSettings, LlmSettings, Application):
+class GpuLabService(SharingSettings, BudgetSettings, VectorSettings, LlmSettings, Application):
     name = "gpulab-service"
     description = (
         "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."

@@ -75,6 +75,15 @@ class HubAPI:
             k: v for k, v in self._cache.items() if not k.startswith(("user:", "groups"))
         }
 
+    async def admins(self) -> list[str]:
+        """The names of the hub's admin users (who can raise a budget)."""
+        hit = self._cache.get("admins")
+        if hit and time.monotonic() - hit[0] < self.cache_seconds:
+            return hit[1]
+        names = sorted(u["name"] for u in await self._get_all("/users") if u.get("admin"))
+        self._cache["admins"] = (time.monotonic(), names)
+        return names
+
     async def groups(self) -> list[dict]:
         """Every group with its members and properties."""
         return await self._cached("groups", "/groups")

@@ -142,6 +142,33 @@ def hibernation_note(row: dict, stopped_since: bool = False) -> str:
     )
 
 
+def _hours(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def budget_words(budget: dict) -> str:
+    """GPU-hours used and left this period, yours and your groups': ``This month: 3.5
+    GPU-hours used, 6.5 left of your 10; group students: 8 used, 2 left of 10. Cost so
+    far: 8.75 USD.`` (``budget``: the service's ``/budget`` answer)."""
+
+    def line(b: dict, whose: str, used_unit: str = "") -> str:
+        used = _hours(b["used_gpu_hours"]) + used_unit
+        if b["budget_gpu_hours"] is None:
+            return f"{used} used"
+        left = _hours(b["left_gpu_hours"])
+        text = f"{used} used, {left} left of {whose} {_hours(b['budget_gpu_hours'])}"
+        return text + (" (may overdraw)" if b.get("overdraft") else "")
+
+    me = budget["user"]
+    parts = [line(me, "your", " GPU-hours")]
+    parts += [f"group {g['name']}: {line(g, 'its')}" for g in budget["groups"]]
+    text = f"This {budget['period']}: " + "; ".join(parts) + "."
+    if me.get("cost") is not None:
+        text += f" Cost so far: {me['cost']:.2f} {budget['currency']}"
+        text += f" ({budget['price_per_gpu_hour']:g} {budget['currency']} per GPU-hour)."
+    return text
+
+
 def render_form(
     availability: dict,
     demo: bool | None = None,
@@ -160,9 +187,19 @@ def render_form(
     ``/inventory``) names the GPU model and memory each size gives; ``last`` (the
     size of the user's last server) is chosen when it can be placed now;
     ``hibernated`` (the server's latest hibernation, when its kernels wait to wake)
-    is said on top.
+    is said on top. ``availability["budget"]`` (GPU-hours used and left this period)
+    is said under the sizes; over it, the GPU sizes are disabled and the refusal said
+    on top.
     """
     rows = []
+    budget = availability.get("budget")
+    refusal = (budget or {}).get("refusal")
+    if refusal:  # over budget: only a server without a GPU can start
+        availability = dict(availability)
+        availability["sizes"] = [
+            s if not s["milli"] else {**s, "available": False, "reason": "over budget"}
+            for s in availability["sizes"]
+        ]
     open_sizes = [s["milli"] for s in availability["sizes"] if s["available"]]
     default = last if last in open_sizes else next((m for m in open_sizes if m), 0)
     for s in availability["sizes"]:
@@ -219,6 +256,11 @@ def render_form(
         shared_account = single_account()
     if hibernated:
         warning += hibernation_note(hibernated, bool(hibernated.get("stopped_since")))
+    if refusal:
+        warning += (
+            f'<div class="alert alert-danger gpulab-budget-refusal" role="alert">'
+            f"{escape(refusal)}</div>"
+        )
     if shared_account:
         warning += (
             f'<div class="alert alert-warning gpulab-single-account" role="alert">'
@@ -227,5 +269,11 @@ def render_form(
     return (
         f"{warning}{_FORM_STYLE}"
         f'<fieldset class="gpulab-slices"><legend>GPU slice</legend>'
-        f'{"".join(rows)}<p class="help-block">{escape(note)}{sim}</p></fieldset>'
+        f'{"".join(rows)}<p class="help-block">{escape(note)}{sim}</p>'
+        + (
+            f'<p class="help-block gpulab-budget">{escape(budget_words(budget))}</p>'
+            if budget
+            else ""
+        )
+        + "</fieldset>"
     )

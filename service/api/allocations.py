@@ -11,6 +11,7 @@ import time
 
 from tornado import web
 
+from gpulab.scheduler.budget import BudgetExceeded
 from gpulab.scheduler.ledger import OWNER_KINDS, NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
 from gpulab.scheduler.slices import SliceError, noun, parse_gpu_milli
@@ -80,6 +81,11 @@ class AllocationsHandler(ReleaseMixin, APIHandler):
             milli = parse_gpu_milli(body.get("gpu_milli"), tuple(self.gpulab.slice_sizes))
         except SliceError as e:
             raise web.HTTPError(400, str(e)) from None
+        if owner_kind == "server":  # jobs and deployments are checked where they are sent
+            try:
+                await self.gpulab.refuse_over_budget(user, milli)
+            except BudgetExceeded as e:
+                raise web.HTTPError(403, str(e)) from None
         groups = await self.gpulab.groups_of(user)
         started = time.perf_counter()
         result = "placed"
@@ -197,9 +203,12 @@ class AvailabilityHandler(APIHandler):
         sizes = await place.aio.availability(user, self.gpulab.slice_sizes, groups)
         usage = (await self.gpulab.ledger.aio.usage()).get(user, 0)
         cordons = await self.gpulab.ledger.aio.run(self.gpulab.ledger.cordons)
+        budget = await self.gpulab.budget_of(user)
         self.write_json(
             {
                 "user": user,
+                # GPU-hours used and left this period (null where no budget applies)
+                "budget": budget if budget["set"] or budget["price_per_gpu_hour"] else None,
                 "held_milli": usage,
                 "quota_milli": self.gpulab.ledger.quotas.remaining(user, {}, groups),
                 "simulated": any(g.simulated for g in self.gpulab.gpus),

@@ -35,6 +35,7 @@ import logging
 
 from tornado import web
 
+from gpulab.scheduler.budget import BudgetExceeded
 from gpulab.service.api.query_args import int_arg
 from gpulab.service.api.request_body import parse_json_object
 from gpulab.service.auth import APIHandler
@@ -130,6 +131,14 @@ class DeploymentsHandler(_DeploymentHandler):
                     "model directory); %deploy does this for you",
                 )
             settings = parse_json_object(spec, "'spec'")
+            milli = settings.get("gpu_milli")
+            try:
+                # A bad gpu_milli is the manager's 400; any GPU asked for costs GPU-hours.
+                await self.gpulab.refuse_over_budget(
+                    who.name, milli if isinstance(milli, int) else 0
+                )
+            except BudgetExceeded as e:
+                raise web.HTTPError(403, str(e)) from None
             try:
                 dep = await self.deployments.create(who, settings, self.upload.file_path)
             except DeployRefused as e:

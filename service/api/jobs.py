@@ -15,6 +15,7 @@ from tornado.iostream import StreamClosedError
 from gpulab.backend.jobdir import LogTail
 from gpulab.backend.spec import MAX_CODE_BYTES
 from gpulab.db.jobs import STATES, TERMINAL
+from gpulab.scheduler.budget import BudgetExceeded
 from gpulab.service.api.query_args import int_arg
 from gpulab.service.auth import APIHandler
 from gpulab.service.jobs.manager import JobManager, JobRefused
@@ -62,8 +63,15 @@ class JobsHandler(_JobHandler):
 
     async def post(self):
         who = self.require_identity()
+        body = self.json_body()
+        milli = body.get("gpu_milli")
         try:
-            job = await self.jobs.submit(who, self.json_body())
+            # A bad gpu_milli is the job manager's 400; any GPU asked for costs GPU-hours.
+            await self.gpulab.refuse_over_budget(who.name, milli if isinstance(milli, int) else 0)
+        except BudgetExceeded as e:
+            raise web.HTTPError(403, str(e)) from None
+        try:
+            job = await self.jobs.submit(who, body)
         except JobRefused as e:
             raise web.HTTPError(e.status, str(e)) from None
         await self.audit(

@@ -75,6 +75,10 @@ class UsageHandler(APIHandler):
             bucket,
             {g.uuid: g.pool for g in self.gpulab.gpus},
         )
+        price, currency = self.gpulab.price_per_gpu_hour, self.gpulab.price_currency
+        if price:  # the site set a price: what each row's hours cost
+            for r in rows:
+                r["cost"] = round(r["gpu_hours"] * price, 2)
         if fmt == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             out = io.StringIO()
@@ -84,6 +88,7 @@ class UsageHandler(APIHandler):
                     *(["day"] if bucket else []),
                     group_by,
                     "gpu_hours",
+                    *(["cost"] if price else []),
                     "milli_gpu_seconds",
                     "allocations",
                 ],
@@ -98,6 +103,7 @@ class UsageHandler(APIHandler):
                 "until": until.isoformat(),
                 "group_by": group_by,
                 "bucket": bucket,
+                **({"price_per_gpu_hour": price, "currency": currency} if price else {}),
                 "rows": rows,
             }
         )
@@ -133,4 +139,16 @@ class UsageHandler(APIHandler):
         )
 
 
-routes = [(r"api/v1/usage", UsageHandler)]
+class BudgetHandler(APIHandler):
+    """``GET /api/v1/budget[?user=NAME]``: GPU-hours used and left this period, for the
+    user and each group of theirs with a budget (admins may ask about anyone)."""
+
+    async def get(self):
+        who = self.require_identity()
+        user = self.get_argument("user", who.name)
+        if not who.can_act_for(user):
+            raise web.HTTPError(403, "you can only ask about your own budget")
+        self.write_json(await self.gpulab.budget_of(user))
+
+
+routes = [(r"api/v1/usage", UsageHandler), (r"api/v1/budget", BudgetHandler)]
