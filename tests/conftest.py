@@ -1,3 +1,5 @@
+import asyncio
+import concurrent.futures
 import os
 import sys
 
@@ -36,6 +38,20 @@ c.GpuLabService.preemption_grace_seconds = 10
 # tests/jobs/test_elastic.py: an elastic job grows back a few seconds after a resize.
 c.GpuLabService.elastic_grow_after_seconds = 3
 """
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def roomy_default_executor():
+    """The session's one event loop runs every async test's in-process service, hub
+    stand-in and the threads tests send their requests from. Python's default pool
+    has cores + 4 threads (6 on CI's 2 cores), which the service's own blocking calls
+    (audit, unpacking, name lookups) then share with the tests' waiting requests:
+    room for both, so a request never waits for a thread the test itself holds."""
+    loop = asyncio.get_running_loop()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="asyncio")
+    loop.set_default_executor(pool)
+    yield
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 @pytest.fixture(scope="session")

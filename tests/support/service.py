@@ -31,6 +31,8 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 from traitlets.config import Config
 
+from support.loop_dump import dump_loop_state
+
 SERVICE_NAME = "gpulab"
 PREFIX = "/services/gpulab/"
 SCOPES = [f"access:services!service={SERVICE_NAME}"]
@@ -174,14 +176,18 @@ class InProcessService:
         (none at all with ``anonymous``)."""
         headers = {} if anonymous else self.auth(token)
         headers.update(headers_extra or {})
-        return await asyncio.to_thread(
-            requests.request,
-            method,
-            f"{self.api}{path}",
-            headers=headers,
-            timeout=kw.pop("timeout", 120),
-            **kw,
-        )
+        try:
+            return await asyncio.to_thread(
+                requests.request,
+                method,
+                f"{self.api}{path}",
+                headers=headers,
+                timeout=kw.pop("timeout", 120),
+                **kw,
+            )
+        except requests.Timeout:
+            dump_loop_state(f"{method} {path} got no answer")
+            raise
 
     async def raw(
         self,
