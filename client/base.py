@@ -25,6 +25,7 @@ from urllib.parse import urlencode
 import aiohttp
 
 from .alerts import AlertsAPI
+from .budget import BudgetAPI
 from .collections import CollectionsAPI
 from .deployments import DeploymentsMixin
 from .errors import ConfigurationError, ServiceUnreachable, refused
@@ -70,6 +71,7 @@ class AsyncClient(
     DeploymentsMixin,
     TelemetryAPI,
     UsageAPI,
+    BudgetAPI,
     AlertsAPI,
     HibernationsAPI,
     CollectionsAPI,

@@ -17,8 +17,9 @@ from gpulab.client.units import gpu_label
 from .rich import Row, muted, rows_bundle, show_listing
 
 HELP = """gpulab magics
-  %gpulab            this server's GPU slice, the gpulab API address, and the
-                     alerts firing now (one line: how many, which)
+  %gpulab            this server's GPU slice, the gpulab API address, the
+                     alerts firing now (one line: how many, which) and, where
+                     the site sets budgets, GPU-hours used and left this month
   %gpulab help       this text
   %gpulab dashboard  live Cluster / Cache / Network / Jobs / Alerts / Usage panel
                      (same as: from gpulab.widgets import Dashboard; Dashboard())
@@ -111,13 +112,14 @@ def slice_status(env: dict[str, str]) -> str:
 def status_bundle(env: dict[str, str]) -> dict[str, str]:
     """``%gpulab``'s one output: the slice, then the pools and the alerts the service
     gives (outside a server gpulab started, neither), as a table and as text."""
-    from . import hibernate
+    from . import budget, hibernate
     from .alerts import status_alerts
     from .pools import status_row
 
     rows = slice_rows(env)
     more = (status_row(env), hibernate.status_row(env), status_alerts(env))
     rows += [row for row in more if row is not None]
+    rows += budget.status_rows(env)
     return rows_bundle(rows, "gpulab-status")
 
 

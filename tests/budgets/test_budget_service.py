@@ -6,12 +6,14 @@ Time passes on the fake clock: a whole GPU held for ``clock.advance(3600)`` is o
 GPU-hour, and the month ends when the clock says so.
 """
 
+import asyncio
 import datetime as dt
 
 import pytest
 from support.clock import fake_clock
 from support.service import running_service
 
+from gpulab.magics.status import status_bundle
 from gpulab.spawner.form import render_form
 
 pytestmark = pytest.mark.asyncio
@@ -47,7 +49,9 @@ async def start_server(svc, user, milli, owner=None):
     )
 
 
-async def test_a_group_at_its_budget_is_refused_with_the_figure_until_next_month(tmp_path):
+async def test_a_group_at_its_budget_is_refused_with_the_figure_until_next_month(
+    tmp_path, monkeypatch
+):
     with fake_clock(start=MID_MONTH) as clock:
         async with running_service(tmp_path / "svc", CONFIG, simulate="4xA100-80GB") as svc:
             alice = svc.create_user("alice", groups=["students"])
@@ -110,6 +114,18 @@ async def test_a_group_at_its_budget_is_refused_with_the_figure_until_next_month
             assert 'value="250" disabled' in html and 'value="0" checked' in html
             assert "This month: 0.5 GPU-hours used" in html
             assert "group students: 2 used, 0 left of its 2" in html
+
+            # %gpulab in bob's kernel says the same (the client, with bob's token).
+            monkeypatch.setenv("GPULAB_API_URL", svc.api)
+            monkeypatch.setenv("JUPYTERHUB_API_TOKEN", bob)
+            shown = (await asyncio.to_thread(status_bundle, {"GPULAB_API_URL": svc.api}))[
+                "text/plain"
+            ]
+            assert (
+                "This month (until 2027-01-01): 0.5 GPU-hours used; group students: 2 used, "
+                "0 left of its 2; cost so far 1.25 EUR"
+            ) in shown
+            assert figure in shown
 
             # A group an admin lets overdraw goes on past its budget.
             assert (await start_server(svc, "carol", 1000)).status_code == 201

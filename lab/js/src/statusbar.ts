@@ -1,10 +1,12 @@
 // The status-bar item: this server's slice in words, e.g. "1/4 A100-80GB · 20 GiB ·
 // simulated", and a badge with the number of the user's alerts firing. Click opens
-// the gpulab panel (on the Alerts tab while some fire, else on the Slice tab).
+// the gpulab panel (on the Alerts tab while some fire, else on the Slice tab). Where
+// the site sets GPU-hour budgets (or a price), what is left this period follows.
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { apiGet, getSlice, ISlice, plural, serverGone, sliceFacts } from './api';
+import { budgetLines, budgetShort, IBudget } from './budget';
 
 const REFRESH_MS = 5000;
 /** Alerts are asked for every third refresh: they change on the service's minute. */
@@ -58,11 +60,15 @@ export class SliceStatus extends Widget {
     }
     if (this._polls++ % ALERTS_EVERY === 0) {
       await this.readAlerts();
+      await this.readBudget();
     }
-    this._text.textContent = slice.text;
+    const left = this._budget ? budgetShort(this._budget) : '';
+    this._text.textContent = left ? `${slice.text} · ${left}` : slice.text;
+    this.node.dataset.budget = left;
     this.node.dataset.milli = String(slice.milli);
     const lines = [
       ...sliceFacts(slice),
+      ...(this._budget ? budgetLines(this._budget) : []),
       slice.service_problem ? `gpulab service: ${slice.service_problem}` : '',
       this._firing ? `${plural(this._firing, 'alert')} firing` : '',
       this._firing ? 'click: open the gpulab panel on its alerts' : 'click: open the gpulab panel'
@@ -84,6 +90,17 @@ export class SliceStatus extends Widget {
     this._onAlerts(firing);
   }
 
+  private async readBudget(): Promise<void> {
+    try {
+      const b = (await apiGet('budget')) as IBudget;
+      // Nothing to say where no budget applies and no price is set.
+      this._budget = b.set || b.price_per_gpu_hour ? b : null;
+    } catch {
+      this._budget = null; // an older service without budgets
+    }
+  }
+
+  private _budget: IBudget | null = null;
   private _timer: number;
   private _text: HTMLSpanElement;
   private _badge: HTMLSpanElement;
