@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, _ExpiringDict
 from tornado import web
 
-from gpulab.enforcement.peer_account import platform_peer
+from gpulab.enforcement.peer_account import LOOPBACK, client_source, platform_peer
 from gpulab.service.api.request_body import BoundedBody
 from gpulab.service.hub_down import HUB_DOWN, hub_unreachable
-from gpulab.service.operations.audit import LOOPBACK, client_source
 
 log = logging.getLogger("gpulab.service")
 
