@@ -143,7 +143,7 @@ def check(status: dict, contact: str) -> None:
     name = status["over"][0]
     user = status["user"]
     line = next((g for g in status["groups"] if g["name"] == name), None)
-    whose, its = (f"group {name}", "its") if line is not None else (name, "their")
+    whose, its = (f"Group {name}", "its") if line is not None else (name, "their")
     line = line or user
     until = status["until"][:10]
     raise BudgetExceeded(

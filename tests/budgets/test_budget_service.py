@@ -79,7 +79,7 @@ async def test_a_group_at_its_budget_is_refused_with_the_figure_until_next_month
             assert students["cost"] == 5.0
             assert mine["over"] == ["students"]
 
-            figure = "group students has used 2 of its 2 GPU-hours this month (until 2027-01-01)"
+            figure = "Group students has used 2 of its 2 GPU-hours this month (until 2027-01-01)"
             # A server with a GPU, a job and a deployment are refused, with the figure
             # and who can raise it (the hub's admins by name).
             r = await start_server(svc, "bob", 250, owner="bob/second")
