@@ -59,6 +59,7 @@ class Setting:
     computed: bool = False  # at start (env, the machine, the instance), not a constant
     choices: str = ""  # Enum's values
     inherited_from: str = ""  # "Spawner" when gpulab only sets the default
+    defined_on: str = ""  # a gpulab base class that defines it ("FractionalHostSpawner")
 
 
 @dataclass
@@ -146,7 +147,10 @@ def _default_of(cls: type, name: str, trait) -> tuple[str, bool]:
     generator = cls._all_trait_default_generators.get(name)
     func = getattr(generator, "func", None)
     if func is None:
-        return trait.default_value_repr(), False
+        try:
+            return trait.default_value_repr(), False
+        except AssertionError:  # traitlets' Type with no class to name (allow_none)
+            return repr(trait.default_value), False
     try:
         tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(func)))
         body = [
@@ -186,6 +190,12 @@ def own_settings(cls: type) -> list[Setting]:
                 computed=computed,
                 choices=choices,
                 inherited_from="" if _is_gpulab(definer) else definer.__name__,
+                # Said where the help's example names the base class, not this one.
+                defined_on=definer.__name__
+                if _is_gpulab(definer)
+                and definer is not cls
+                and f"c.{definer.__name__}." in (trait.help or "")
+                else "",
             )
         )
     return out
@@ -357,6 +367,12 @@ def as_markdown(secs: list[Section] | None = None) -> str:
                 meta += f"; {t.choices}"
             if t.inherited_from:
                 meta += f" (a {t.inherited_from} setting; gpulab sets its default)"
+            if t.defined_on:
+                # Examples may name the base: both reach this class.
+                meta += (
+                    f"; defined on `{t.defined_on}`: `c.{t.defined_on}.{t.name}` sets it "
+                    f"for every spawner built on it, `c.{s.name}.{t.name}` for this one"
+                )
             lines += [meta, ""] + _markdown_help(_summary(t) if t.inherited_from else t.help)
     return "\n".join(lines).rstrip() + "\n"
 
