@@ -1,8 +1,9 @@
 """The Helm chart, rendered offline (helm-python-sdk), linted, and every object validated.
 
-The z2jh ``jupyterhub`` dependency cannot be downloaded here, so it is
-switched off by its condition (``jupyterhub.enabled=false``) and gpulab's
-own templates are rendered; the wiring into z2jh is checked from values.yaml.
+gpulab's chart has no dependency (it installs beside a z2jh release); the wiring
+into z2jh is checked from z2jh-values.yaml and the umbrella chart
+(helm/gpulab-jupyterhub) that installs both, whose z2jh dependency cannot be
+downloaded here. tests/kube/test_live_cluster.py installs the chart on a cluster.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from kube_helpers import CRD_GROUPS, K8S_VERSIONS, validate_strict
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "gpulab"
+UMBRELLA = ROOT / "helm" / "gpulab-jupyterhub"
+Z2JH_VALUES = yaml.safe_load((CHART / "z2jh-values.yaml").read_text())
 ALL_ON = yaml.safe_load((Path(__file__).parent / "values-all-on.yaml").read_text())
 HUB_OFF = {"jupyterhub": {"enabled": False}}
 BACKENDS = ["hami", "mig", "mps", "timeslice", "nvml-cgroup", "kai", "volcano", "dra"]
@@ -386,9 +389,7 @@ def test_kubernetes_deployments_on_an_existing_claim(chart):
 
 def test_default_endpoint_image_is_the_notebook_image():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert (
-        values["deployments"]["kubernetes"]["image"] == values["jupyterhub"]["singleuser"]["image"]
-    )
+    assert values["deployments"]["kubernetes"]["image"] == Z2JH_VALUES["singleuser"]["image"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -445,10 +446,9 @@ def test_lint(values):
         report = helm.lint(str(CHART), values, kube_version=f"v{version}.0")
         assert report["errors"] == []
         problems = [m for m in report["messages"] if m["severity"] >= 2]
-        # The only warning: the z2jh chart is not in charts/ (it cannot be downloaded here).
-        assert [m["error"] for m in problems] == [
-            "chart directory is missing these dependencies: jupyterhub"
-        ]
+        # No dependency to miss: the chart installs without z2jh's (helm refuses a
+        # chart whose dependency is missing, even one whose condition is false).
+        assert [m["error"] for m in problems] == []
 
 
 def test_values_match_their_schema():
@@ -512,7 +512,7 @@ def test_schema_refuses_bad_values(chart, bad, message):
 
 def test_z2jh_wiring_names_what_the_chart_creates():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    hub = values["jupyterhub"]["hub"]
+    hub = Z2JH_VALUES["hub"]
     integration = values["hubIntegration"]
     volume = next(v for v in hub["extraVolumes"] if v["name"] == "gpulab-hub-config")
     assert volume["configMap"]["name"] == integration["configMapName"]
@@ -527,21 +527,23 @@ def test_z2jh_wiring_names_what_the_chart_creates():
         "/usr/local/etc/jupyterhub/jupyterhub_config.d/gpulab_hub_config.py"
     )
     assert mounts["hub-values.json"] == "/usr/local/etc/gpulab/hub-values.json"
-    chart_yaml = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart_yaml["dependencies"] == [
+    assert "dependencies" not in yaml.safe_load((CHART / "Chart.yaml").read_text())
+    umbrella = yaml.safe_load((UMBRELLA / "Chart.yaml").read_text())
+    assert umbrella["dependencies"] == [
+        {"name": "gpulab", "version": "0.1.0", "repository": "file://../gpulab"},
         {
             "name": "jupyterhub",
             "version": "^4.0.0",
             "repository": "https://hub.jupyter.org/helm-chart/",
             "condition": "jupyterhub.enabled",
-        }
+        },
     ]
+    # The umbrella gives z2jh exactly the wiring a site's own z2jh release gets.
+    umbrella_values = yaml.safe_load((UMBRELLA / "values.yaml").read_text())
+    assert umbrella_values["jupyterhub"] == {"enabled": True, **Z2JH_VALUES}
+    assert umbrella_values["gpulab"]["jupyterhub"]["enabled"] is True
     # Notebook pods reach the service directly; z2jh's egress policy must allow it.
-    for part in (
-        values["jupyterhub"]["singleuser"],
-        values["jupyterhub"]["hub"],
-        values["jupyterhub"]["proxy"]["chp"],
-    ):
+    for part in (Z2JH_VALUES["singleuser"], Z2JH_VALUES["hub"], Z2JH_VALUES["proxy"]["chp"]):
         rule = part["networkPolicy"]["egress"][0]
         selector = rule["to"][0]["podSelector"]["matchLabels"]
         assert selector["app.kubernetes.io/component"] == "service"

@@ -381,8 +381,8 @@ def test_hibernation_on_kubernetes(tmp_path, monkeypatch):
     assert svc.servers_url == "http://proxy-public"
     assert set(svc) <= set(GpuLabService.class_trait_names())
 
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    storage = values["jupyterhub"]["singleuser"].get("storage") or {}
+    z2jh = yaml.safe_load((CHART / "z2jh-values.yaml").read_text())
+    storage = z2jh["singleuser"].get("storage") or {}
     assert storage.get("type", "dynamic") != "none"  # z2jh's default: a claim per user
     with helm.Chart.load(str(CHART)) as chart:
         out = chart.render({}, name="gpulab", namespace="hub", is_install=True)
