@@ -67,6 +67,8 @@ from gpulab.service.api import usage as usage_api
 from gpulab.service.api.request_body import JSON_BODY_LIMIT
 from gpulab.service.auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
 from gpulab.service.budgets import BudgetSettings
+from gpulab.service.endpoints.fine_tuning import FineTuning
+from gpulab.service.endpoints.fine_tuning_api import FineTuningRoutes
 from gpulab.service.endpoints.llm_settings import LlmSettings
 from gpulab.service.endpoints.manager import DeploymentManager
 from gpulab.service.hibernation.manager import Hibernations
@@ -764,6 +766,7 @@ class GpuLabService(SharingSettings, BudgetSettings, VectorSettings, LlmSettings
     preemption = Instance(Preemption, allow_none=True)
     jobs = Instance(JobManager, allow_none=True)
     deployments = Instance("gpulab.service.endpoints.manager.DeploymentManager", allow_none=True)
+    fine_tuning = Instance(FineTuning, allow_none=True)
     vectors = Instance(CollectionManager, allow_none=True)
     telemetry = Instance(TelemetryStore, allow_none=True)
     hibernations = Instance(Hibernations, allow_none=True)
@@ -936,6 +939,9 @@ class GpuLabService(SharingSettings, BudgetSettings, VectorSettings, LlmSettings
         self.deployments = DeploymentManager.of(self)
         self.metrics.registry.register(EndpointCollector(self.deployments))
         self.deployments.gateway.meter.register(self.metrics.registry)
+        #: The fine-tuning API (v1/files, v1/fine_tuning/jobs): LoRA jobs on endpoints.
+        self.fine_tuning = FineTuning.of(self)
+        self.deployments.gateway.fine_tuning = FineTuningRoutes(self.fine_tuning)
 
     def init_vectors(self):
         #: Vector collections; the embedded engine starts at their first use.
@@ -1157,6 +1163,7 @@ class GpuLabService(SharingSettings, BudgetSettings, VectorSettings, LlmSettings
                 self.reconciler,
                 self.jobs,
                 self.deployments,
+                self.fine_tuning,
                 self.vectors,
                 self.healer,
                 self.sampler,

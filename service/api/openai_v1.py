@@ -61,7 +61,15 @@ class _OpenAIHandler(APIHandler):
         reply = TornadoReply(self)
         # Its own task, so a caller that goes away cancels it (on_connection_close).
         self._call = asyncio.ensure_future(
-            manager.gateway.answer(who, self.request.method, path, body, reply)
+            manager.gateway.answer(
+                who,
+                self.request.method,
+                path,
+                body,
+                reply,
+                content_type=self.request.headers.get("Content-Type", ""),
+                query=self.request.query,
+            )
         )
         try:
             await self._call
@@ -114,10 +122,90 @@ class EmbeddingsHandler(_PostHandler):
     path = "embeddings"
 
 
+class _FineTuningHandler(_OpenAIHandler):
+    """The fine-tuning API (:mod:`gpulab.service.endpoints.fine_tuning_api`): ``path``
+    with the route's ids put in."""
+
+    def changes_state(self) -> bool:
+        return self.request.method != "GET"  # an upload, a job, a cancel: asked of the hub
+
+    async def _here(self, *ids: str) -> None:
+        await self._answer(self.path.format(*ids))
+
+
+class FilesHandler(_FineTuningHandler):
+    """``GET v1/files``, ``POST v1/files`` (multipart: file, purpose=fine-tune)."""
+
+    path = "files"
+
+    async def get(self):
+        await self._here()
+
+    async def post(self):
+        await self._here()
+
+
+class FileHandler(_FineTuningHandler):
+    """``GET``, ``DELETE v1/files/{id}``."""
+
+    path = "files/{}"
+
+    async def get(self, fid: str):
+        await self._here(fid)
+
+    async def delete(self, fid: str):
+        await self._here(fid)
+
+
+class FileContentHandler(_FineTuningHandler):
+    path = "files/{}/content"
+
+    async def get(self, fid: str):
+        await self._here(fid)
+
+
+class FineTuningJobsHandler(_FineTuningHandler):
+    path = "fine_tuning/jobs"
+
+    async def get(self):
+        await self._here()
+
+    async def post(self):
+        await self._here()
+
+
+class FineTuningJobHandler(_FineTuningHandler):
+    path = "fine_tuning/jobs/{}"
+
+    async def get(self, ft_id: str):
+        await self._here(ft_id)
+
+
+class FineTuningEventsHandler(_FineTuningHandler):
+    path = "fine_tuning/jobs/{}/events"
+
+    async def get(self, ft_id: str):
+        await self._here(ft_id)
+
+
+class FineTuningCancelHandler(_FineTuningHandler):
+    path = "fine_tuning/jobs/{}/cancel"
+
+    async def post(self, ft_id: str):
+        await self._here(ft_id)
+
+
 routes = [
     (r"v1/models", ModelsHandler),
     (r"v1/models/(.+)", ModelsHandler),
     (r"v1/chat/completions", ChatHandler),
     (r"v1/completions", CompletionsHandler),
     (r"v1/embeddings", EmbeddingsHandler),
+    (r"v1/files", FilesHandler),
+    (r"v1/files/([^/]+)", FileHandler),
+    (r"v1/files/([^/]+)/content", FileContentHandler),
+    (r"v1/fine_tuning/jobs", FineTuningJobsHandler),
+    (r"v1/fine_tuning/jobs/([^/]+)", FineTuningJobHandler),
+    (r"v1/fine_tuning/jobs/([^/]+)/events", FineTuningEventsHandler),
+    (r"v1/fine_tuning/jobs/([^/]+)/cancel", FineTuningCancelHandler),
 ]

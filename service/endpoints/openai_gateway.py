@@ -201,6 +201,8 @@ class OpenAIGateway:
         #: version id -> the engine its replicas say serve it, and why (``%deploy --list``).
         self.engines: dict[str, str] = {}
         self._asking: set[str] = set()
+        #: ``files`` and ``fine_tuning/...`` (:mod:`.fine_tuning_api`); None: not offered.
+        self.fine_tuning = None
 
     def note_ready(self, dep: dict, unit, spawn) -> None:
         """A version has a replica ready: for a language model, ask it once which
@@ -229,9 +231,34 @@ class OpenAIGateway:
         finally:
             self._asking.discard(vid)
 
-    async def answer(self, who, method: str, path: str, body: bytes | None, reply: Reply) -> None:
-        """Answer ``method path`` (``path`` after ``v1/``) for ``who`` on ``reply``."""
+    async def answer(
+        self,
+        who,
+        method: str,
+        path: str,
+        body: bytes | None,
+        reply: Reply,
+        *,
+        content_type: str = "",
+        query: str = "",
+    ) -> None:
+        """Answer ``method path`` (``path`` after ``v1/``) for ``who`` on ``reply``;
+        ``content_type`` and ``query`` matter to the fine-tuning API's routes."""
         try:
+            if self.fine_tuning is not None and self.fine_tuning.handles(path.strip("/")):
+                status, kind, data = await self.fine_tuning.answer(
+                    who, method, path.strip("/"), query, body, content_type
+                )
+                await reply.start(
+                    status,
+                    {
+                        "Content-Type": kind,
+                        "Cache-Control": "no-store",
+                        "Content-Length": str(len(data)),
+                    },
+                )
+                await reply.write(data)
+                return
             await self._route(who, method, path.strip("/"), body, reply)
         except (OpenAIError, CallRefused) as e:
             if not isinstance(e, OpenAIError):

@@ -353,7 +353,15 @@ class EndpointRouter:
             )
         reply = AiohttpReply(request)
         try:
-            await self.gateway.answer(who, request.method, unquote(path), body, reply)
+            await self.gateway.answer(
+                who,
+                request.method,
+                unquote(path),
+                body,
+                reply,
+                content_type=request.headers.get("Content-Type", ""),
+                query=request.query_string,
+            )
             return await reply.finish()
         except ConnectionResetError:  # the caller went away (its slot is free again)
             return reply.response

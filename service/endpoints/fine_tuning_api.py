@@ -1,0 +1,133 @@
+"""The fine-tuning API's routes under the gateway (``<hub>/services/gpulab/v1``),
+in OpenAI's shapes, so the ``openai`` package's ``files`` and ``fine_tuning.jobs``
+work unchanged:
+
+    POST   files                          multipart: file (JSONL), purpose=fine-tune
+    GET    files, files/{id}, files/{id}/content
+    DELETE files/{id}
+    POST   fine_tuning/jobs               {model, training_file, hyperparameters, suffix}
+    GET    fine_tuning/jobs, fine_tuning/jobs/{id}, fine_tuning/jobs/{id}/events
+    POST   fine_tuning/jobs/{id}/cancel
+
+Lists take ``limit`` and ``after`` (an id: what comes after it), newest first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from urllib.parse import parse_qs
+
+from gpulab.service.endpoints.fine_tuning import FineTuning, job_object
+from gpulab.service.endpoints.fine_tuning_files import file_object, parse_upload
+from gpulab.service.endpoints.openai_errors import OpenAIError
+
+#: The first part of the paths this answers (after ``v1/``).
+PREFIXES = ("files", "fine_tuning")
+MAX_LIMIT = 1000
+
+
+def _page(items: list[dict], query: dict, default: int = 20, most: int = MAX_LIMIT) -> dict:
+    """``items`` (newest first) from after ``after``, at most ``limit`` of them."""
+    raw = (query.get("limit") or [str(default)])[0]
+    if not raw.isdigit() or not 1 <= int(raw) <= most:
+        raise OpenAIError(400, f"limit must be from 1 to {most}", param="limit")
+    after = (query.get("after") or [None])[0]
+    if after is not None:
+        ids = [i["id"] for i in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    limit = int(raw)
+    return {"object": "list", "data": items[:limit], "has_more": len(items) > limit}
+
+
+def _json_body(body: bytes | None) -> dict:
+    try:
+        doc = json.loads((body or b"").decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise OpenAIError(400, "the request body must be a JSON object in UTF-8") from None
+    if not isinstance(doc, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    return doc
+
+
+class FineTuningRoutes:
+    """Answers the paths :meth:`handles` claims, for the gateway; returns
+    ``(status, content type, bytes)``."""
+
+    def __init__(self, fine_tuning: FineTuning):
+        self.ft = fine_tuning
+
+    @staticmethod
+    def handles(path: str) -> bool:
+        """Whether ``path`` (after ``v1/``) is one of these routes."""
+        return path.split("/", 1)[0] in PREFIXES
+
+    async def answer(
+        self, who, method: str, path: str, query: str, body, content_type: str
+    ) -> tuple[int, str, bytes]:
+        parts = path.strip("/").split("/")
+        q = parse_qs(query or "")
+        if parts[0] == "files":
+            return await self._files(who, method, parts[1:], q, body, content_type)
+        if parts[:2] == ["fine_tuning", "jobs"]:
+            return await self._jobs(who, method, parts[2:], q, body)
+        raise self._no_route(path)
+
+    @staticmethod
+    def _no_route(path: str) -> OpenAIError:
+        return OpenAIError(
+            404,
+            f"no route /v1/{path}: the fine-tuning API answers /v1/files and /v1/fine_tuning/jobs",
+        )
+
+    @staticmethod
+    def _method(method: str, allowed: str, path: str) -> None:
+        if method != allowed and not (method == "HEAD" and allowed == "GET"):
+            raise OpenAIError(405, f"/v1/{path} answers {allowed}, not {method}")
+
+    @staticmethod
+    def _ok(doc, status: int = 200) -> tuple[int, str, bytes]:
+        return status, "application/json", json.dumps(doc).encode()
+
+    async def _files(self, who, method, rest, q, body, content_type):
+        files = self.ft.files
+        if not rest:
+            if method == "POST":
+                upload, purpose = parse_upload(body, content_type)
+                row = await asyncio.to_thread(files.create, who, upload, purpose)
+                return self._ok(file_object(row))
+            self._method(method, "GET", "files")
+            return self._ok(_page([file_object(r) for r in files.list(who)], q, 10000, 10000))
+        fid = rest[0]
+        if len(rest) == 1:
+            if method == "DELETE":
+                files.delete(who, fid)
+                return self._ok({"id": fid, "object": "file", "deleted": True})
+            self._method(method, "GET", f"files/{fid}")
+            return self._ok(file_object(files.get(who, fid)))
+        if rest[1:] == ["content"]:
+            self._method(method, "GET", f"files/{fid}/content")
+            data = await asyncio.to_thread(files.read, files.get(who, fid))
+            return 200, "application/jsonl", data
+        raise self._no_route("files/" + "/".join(rest))
+
+    async def _jobs(self, who, method, rest, q, body):
+        ft = self.ft
+        if not rest:
+            if method == "POST":
+                return self._ok(await ft.create(who, _json_body(body)))
+            self._method(method, "GET", "fine_tuning/jobs")
+            return self._ok(_page([job_object(r) for r in ft.list(who)], q))
+        ft_id = rest[0]
+        where = f"fine_tuning/jobs/{ft_id}"
+        if len(rest) == 1:
+            self._method(method, "GET", where)
+            return self._ok(job_object(ft.get(who, ft_id)))
+        if rest[1:] == ["events"]:
+            self._method(method, "GET", f"{where}/events")
+            events = ft.events(ft.get(who, ft_id))
+            return self._ok(_page(events[::-1], q))
+        if rest[1:] == ["cancel"]:
+            self._method(method, "POST", f"{where}/cancel")
+            return self._ok(job_object(await ft.cancel(who, ft_id)))
+        raise self._no_route("/".join(["fine_tuning", "jobs", *rest]))

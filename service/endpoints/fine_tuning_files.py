@@ -1,0 +1,182 @@
+"""Training files of the fine-tuning API (``<hub>/services/gpulab/v1/files``).
+
+A file is uploaded as OpenAI's clients send it (multipart: ``file`` and
+``purpose=fine-tune``), checked line by line before it is kept (a bad line is a
+400 naming its number, so nothing is queued on a file that cannot train), and
+stored under ``<data_dir>/fine_tuning/files/<id>.jsonl`` (the service's only,
+``0600``); its row (:mod:`gpulab.db.fine_tuning`) says whose it is. A file is its
+owner's: to anyone else it does not exist (404).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import uuid
+
+from tornado.httputil import HTTPFile, parse_body_arguments
+
+from gpulab.db.fine_tuning import FineTuningStore
+from gpulab.service.endpoints.openai_errors import OpenAIError
+
+PURPOSE = "fine-tune"
+#: The roles a training example's messages may have (OpenAI's chat format).
+ROLES = ("system", "developer", "user", "assistant")
+#: Most examples one file may hold.
+MAX_EXAMPLES = 100_000
+
+
+def epoch(when) -> int:
+    """Seconds since 1970 of a stored time (SQLite gives it back without its zone: UTC)."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp())
+
+
+def not_found(kind: str, ident: str) -> OpenAIError:
+    """404 for one that does not exist and one of another user's alike."""
+    return OpenAIError(404, f"No such {kind}: '{ident}'.", code="not_found")
+
+
+def _line_error(n: int, why: str) -> OpenAIError:
+    return OpenAIError(
+        400,
+        f"training file line {n}: {why}; each line must be a JSON object "
+        '{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", '
+        '"content": "..."}]}',
+        param="file",
+        code="invalid_training_file",
+    )
+
+
+def check_example(n: int, line: str) -> None:
+    """One line of a training file: a chat whose messages have known roles, string
+    contents, and an assistant reply to learn from."""
+    try:
+        doc = json.loads(line)
+    except ValueError as e:
+        raise _line_error(n, f"not JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list):
+        raise _line_error(n, 'no "messages" list')
+    messages = doc["messages"]
+    if not messages:
+        raise _line_error(n, '"messages" is empty')
+    for i, m in enumerate(messages, 1):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            role = m.get("role") if isinstance(m, dict) else None
+            raise _line_error(n, f"message {i} has role {role!r}, not one of {', '.join(ROLES)}")
+        if not isinstance(m.get("content"), str):
+            raise _line_error(n, f"message {i} ({m['role']}) has no string content")
+    if not any(m["role"] == "assistant" and m["content"] for m in messages):
+        raise _line_error(n, "no assistant message to learn from")
+
+
+def check_training_file(data: bytes) -> int:
+    """The number of examples in ``data``; OpenAIError 400 naming the first bad line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise _line_error(line, "not UTF-8") from None
+    count = 0
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        check_example(n, line)
+        count += 1
+        if count > MAX_EXAMPLES:
+            raise OpenAIError(
+                400, f"the training file has over {MAX_EXAMPLES} examples; split it", param="file"
+            )
+    if not count:
+        raise OpenAIError(400, "the training file has no examples (JSONL lines)", param="file")
+    return count
+
+
+def parse_upload(body: bytes | None, content_type: str) -> tuple[HTTPFile, str]:
+    """The ``file`` part and the ``purpose`` of a multipart upload; 400 if missing."""
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise OpenAIError(
+            400,
+            "upload the file as multipart/form-data with fields file and purpose "
+            "(client.files.create(file=open('train.jsonl', 'rb'), purpose='fine-tune'))",
+        )
+    arguments: dict[str, list[bytes]] = {}
+    files: dict[str, list[HTTPFile]] = {}
+    parse_body_arguments(content_type, body or b"", arguments, files)
+    if not files.get("file"):
+        raise OpenAIError(400, "the upload has no file part named 'file'", param="file")
+    purpose = b"".join(arguments.get("purpose", [])[:1]).decode("utf-8", "replace")
+    return files["file"][0], purpose
+
+
+class TrainingFiles:
+    """Users' training files: the rows in ``store``, the bytes in ``folder``."""
+
+    def __init__(self, store: FineTuningStore, folder: str):
+        self.store = store
+        self.folder = folder
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+
+    def path(self, fid: str) -> str:
+        return os.path.join(self.folder, f"{fid}.jsonl")
+
+    def create(self, who, upload: HTTPFile, purpose: str) -> dict:
+        if purpose != PURPOSE:
+            raise OpenAIError(
+                400,
+                f"purpose {purpose!r}: this service keeps files for fine-tuning only; "
+                f"send purpose={PURPOSE}",
+                param="purpose",
+            )
+        lines = check_training_file(upload.body)
+        fid = f"file-{uuid.uuid4().hex[:24]}"
+        fd = os.open(self.path(fid), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(upload.body)
+        filename = os.path.basename(upload.filename or "train.jsonl")[:255] or "train.jsonl"
+        return self.store.add_file(
+            {
+                "id": fid,
+                "user": who.name,
+                "filename": filename,
+                "purpose": purpose,
+                "bytes": len(upload.body),
+                "lines": lines,
+            }
+        )
+
+    def get(self, who, fid: str) -> dict:
+        row = self.store.file(fid)
+        if row is None or not who.can_act_for(row["user"]):
+            raise not_found("file", fid)
+        return row
+
+    def list(self, who) -> list[dict]:
+        return self.store.files(who.name)
+
+    def read(self, row: dict) -> bytes:
+        with open(self.path(row["id"]), "rb") as f:
+            return f.read()
+
+    def delete(self, who, fid: str) -> None:
+        row = self.get(who, fid)
+        self.store.remove_file(row["id"])
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(row["id"]))
+
+
+def file_object(row: dict) -> dict:
+    """A file as OpenAI's API shows it."""
+    return {
+        "id": row["id"],
+        "object": "file",
+        "bytes": row["bytes"],
+        "created_at": epoch(row["created"]),
+        "filename": row["filename"],
+        "purpose": row["purpose"],
+        "status": "processed",
+        "status_details": None,
+    }
