@@ -46,6 +46,15 @@ def test_failed_start_releases_the_slice(hub):
         lambda: hub.gpulab("GET", "/allocations", params={"user": "failer"}).json() == [],
         what="failer's slice to be released",
     )
+
+    # It was held (then given back): not a start refused before a slice was placed.
+    def trail():  # the hub sends its entries just after it answers
+        r = hub.gpulab("GET", "/audit", params={"user": "failer", "limit": 100})
+        return [(e["action"], e["result"]) for e in reversed(r.json()["entries"])]
+
+    wait_for(lambda: ("server.start", "failed") in trail(), what="the failed start audited")
+    said = trail()
+    assert said[-2:] == [("allocation.create", "ok"), ("server.start", "failed")], said
     gpus = hub.gpulab("GET", "/inventory").json()["nodes"][0]["gpus"]
     assert all(g["allocated_milli"] == 0 for g in gpus)
     # Its cgroup went with it (JupyterHub had cleared the spawner's state first).
