@@ -11,18 +11,19 @@ GPUS    ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo 2xA100-80GB)
 ARGS    ?=
 PYTEST_ARGS ?=
 
-.PHONY: up test lint deps venv-base reach system-deps bench-deps gpu-check clean lab
+.PHONY: up test lint deps venv-base reach system-deps bench-deps gpu-check clean lab kube-bins test-kube
 
 # Debian packages the tests drive for real: Chromium (browser tests; libnss3-tools
 # puts gpulab's CA in its certificate store for the https test), PostgreSQL
 # (database option), iproute2 (network namespaces), curl (the %deploy notebook
 # runs the curl line it prints), slurm-wlm and munge (the Slurm backend's tests
 # run a throwaway cluster: `gpulab slurm-sandbox`), slirp4netns (outbound network
-# for a job's own network namespace). Installed when run as root.
+# for a job's own network namespace), containerd + runc + containernetworking-plugins
+# (the live Kubernetes cluster's node: `make test-kube`). Installed when run as root.
 system-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  missing=""; \
-	  for p in chromium libnss3-tools postgresql iproute2 curl slurm-wlm munge slirp4netns; do \
+	  for p in chromium libnss3-tools postgresql iproute2 curl slurm-wlm munge slirp4netns containerd runc containernetworking-plugins; do \
 	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \
@@ -116,6 +117,17 @@ lint: venv-base $(STAMP)
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 5 ? n + 1 : 5 )))
 test: system-deps deps reach lint
 	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+
+# The live Kubernetes cluster's binaries (kube-apiserver, -controller-manager,
+# -scheduler, kubelet 1.34.4; etcd; CoreDNS; helm 4), built once from the Go module
+# proxy into ~/.cache/gpulab-kube (GPULAB_KUBE_CACHE): ~15 min cold on 2 cores, a
+# second run does nothing. `make test-kube` runs the live-cluster suite on them
+# (docs/howto/live-kubernetes-tests.md).
+kube-bins:
+	nice -n 10 scripts/kube/build.sh
+
+test-kube: system-deps deps reach kube-bins
+	$(PY) -m pytest tests/kube/test_live_cluster.py -p no:cacheprovider $(PYTEST_ARGS)
 
 bench-deps: deps
 	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,llm,test,bench]'

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Builds the live-cluster suite's Kubernetes binaries from the Go module proxy,
+# once: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet (v1.34.4,
+# version-stamped so helm's kubeVersion checks pass), etcd and helm. Everything
+# (binaries, Go module cache, Go build cache) lives under one cache folder keyed by
+# the versions, so a second run (or a fresh clone on the same machine) does nothing.
+#
+#   scripts/kube/build.sh            # prints the bin folder on its last line
+#   GPULAB_KUBE_CACHE=/srv/cache scripts/kube/build.sh
+#
+# Why 1.34: machines here mount cgroup v1, which later kubelets refuse by default.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.34.4}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+HELM_VERSION=${HELM_VERSION:-v4.3.2}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.14.7}
+CACHE=${GPULAB_KUBE_CACHE:-$HOME/.cache/gpulab-kube}
+BIN="$CACHE/bin-k8s$K8S_VERSION-etcd$ETCD_VERSION-helm$HELM_VERSION-coredns$COREDNS_VERSION"
+WORK="$CACHE/work-k8s$K8S_VERSION"
+
+export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOPATH="$CACHE/go/path"
+export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local CGO_ENABLED=0
+command -v go >/dev/null || { echo "build.sh: no 'go' on PATH; install Go >= 1.24 (https://go.dev/dl)" >&2; exit 1; }
+mkdir -p "$BIN" "$WORK"
+
+log() { printf '[kube-bins %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+T0=$(date +%s)
+
+minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+staging="v0.${K8S_VERSION#v1.}"
+LDFLAGS="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION \
+ -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor \
+ -X k8s.io/component-base/version.gitTreeState=clean \
+ -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION \
+ -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+
+kube_missing=""
+for c in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+  [ -x "$BIN/$c" ] || kube_missing="$kube_missing $c"
+done
+if [ -n "$kube_missing" ]; then
+  cd "$WORK"
+  if [ ! -f go.sum ]; then
+    log "module for k8s.io/kubernetes $K8S_VERSION (staging modules at $staging)"
+    cat > go.mod <<MOD
+module gpulab.local/kubebins
+
+go 1.24
+
+require k8s.io/kubernetes $K8S_VERSION
+MOD
+    cat > tools.go <<'GO'
+//go:build tools
+
+package kubebins
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
+GO
+    # k8s.io/kubernetes replaces its staging modules with ./staging/src paths; a
+    # module that requires it must pin each to the published v0.x release instead.
+    go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null
+    modfile="$GOMODCACHE/cache/download/k8s.io/kubernetes/@v/$K8S_VERSION.mod"
+    for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*#\1#p' "$modfile"); do
+      echo "replace $m => $m $staging" >> go.mod
+    done
+    go mod tidy
+  fi
+  for c in $kube_missing; do
+    log "go build $c"
+    go build -trimpath -ldflags "$LDFLAGS" -o "$BIN/$c.tmp" "k8s.io/kubernetes/cmd/$c"
+    mv "$BIN/$c.tmp" "$BIN/$c"
+  done
+fi
+
+if [ ! -x "$BIN/etcd" ]; then
+  log "go build etcd $ETCD_VERSION"
+  mkdir -p "$WORK/etcd" && cd "$WORK/etcd"
+  [ -f go.mod ] || { printf 'module gpulab.local/etcdbin\n\ngo 1.24\n' > go.mod; go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"; }
+  go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3
+  mv "$BIN/etcd.tmp" "$BIN/etcd"
+fi
+
+if [ ! -x "$BIN/helm" ]; then
+  log "go install helm $HELM_VERSION"
+  GOBIN="$WORK/helm-bin" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+  mv "$WORK/helm-bin/helm" "$BIN/helm"
+fi
+
+# Cluster DNS (a job's pods find index 0 by name): CoreDNS with only the plugins
+# the suite's Corefile uses, as CoreDNS documents for a custom build (its module's
+# other plugins, cloud DNS providers among them, are not compiled).
+if [ ! -x "$BIN/coredns" ]; then
+  log "go build coredns $COREDNS_VERSION (kubernetes, errors, log, health, ready)"
+  mkdir -p "$WORK/coredns" && cd "$WORK/coredns"
+  if [ ! -f go.sum ]; then
+    printf 'module gpulab.local/corednsbin\n\ngo 1.24\n' > go.mod
+    cat > main.go <<'GO'
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/ready"
+)
+
+func init() {
+	dnsserver.Directives = []string{"errors", "log", "health", "ready", "kubernetes"}
+}
+
+func main() { coremain.Run() }
+GO
+    go get "github.com/coredns/coredns@$COREDNS_VERSION"
+    go mod tidy
+  fi
+  go build -trimpath -ldflags "-s -w" -o "$BIN/coredns.tmp" .
+  mv "$BIN/coredns.tmp" "$BIN/coredns"
+fi
+
+log "done in $(( $(date +%s) - T0 )) s"
+echo "$BIN"
