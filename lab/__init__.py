@@ -21,6 +21,14 @@ def _jupyter_labextension_paths():
     return [{"src": "labextension", "dest": "@gpulab/lab"}]
 
 
+def _link_jupyter_server_extension(serverapp):
+    # Before Jupyter Scheduler links (extensions link in name order) and reads the
+    # server's config: gpulab's scheduler and environments unless a site set its own.
+    from .notebook_jobs import use_gpulab_scheduler
+
+    use_gpulab_scheduler(serverapp.config)
+
+
 def _load_jupyter_server_extension(serverapp):
     from .handlers import setup_handlers
 

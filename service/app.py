@@ -62,6 +62,7 @@ from gpulab.service.api import ledger as ledger_api
 from gpulab.service.api import openai_v1 as openai_api
 from gpulab.service.api import pages
 from gpulab.service.api import pools as pools_api
+from gpulab.service.api import schedules as schedules_api
 from gpulab.service.api import telemetry as telemetry_api
 from gpulab.service.api import usage as usage_api
 from gpulab.service.api.request_body import JSON_BODY_LIMIT
@@ -78,6 +79,7 @@ from gpulab.service.jobs.backends import refuse_local_user_code
 from gpulab.service.jobs.manager import JobManager
 from gpulab.service.jobs.pools import Pools, load_gpus, read_pools
 from gpulab.service.jobs.preemption import Preemption
+from gpulab.service.jobs.schedules import ScheduledJobs
 from gpulab.service.operations.actions import AlertActions
 from gpulab.service.operations.alerts import AlertEngine
 from gpulab.service.operations.audit import LOOPBACK, AuditLog
@@ -126,6 +128,7 @@ ROUTE_MODULES = (
     hibernations_api,
     collections_api,
     openai_api,
+    schedules_api,
 )
 
 #: Ends the service and leaves its jobs and replicas running for the next service to
@@ -765,6 +768,7 @@ class GpuLabService(SharingSettings, BudgetSettings, VectorSettings, LlmSettings
     reconciler = Instance(Reconciler, allow_none=True)
     preemption = Instance(Preemption, allow_none=True)
     jobs = Instance(JobManager, allow_none=True)
+    schedules = Instance(ScheduledJobs, allow_none=True)
     deployments = Instance("gpulab.service.endpoints.manager.DeploymentManager", allow_none=True)
     fine_tuning = Instance(FineTuning, allow_none=True)
     vectors = Instance(CollectionManager, allow_none=True)
@@ -931,6 +935,8 @@ class GpuLabService(SharingSettings, BudgetSettings, VectorSettings, LlmSettings
         self.preemption = Preemption.of(self)
         # job_backends() stops the start on a local backend where user code may not run.
         self.jobs = JobManager.of(self, self.preemption)
+        #: Jobs submitted on a cron schedule, as their owner (notebook job definitions).
+        self.schedules = ScheduledJobs.of(self)
 
     def init_deployments(self):
         serving = self.site_pools.serving() if self.pools else None
@@ -1162,6 +1168,7 @@ class GpuLabService(SharingSettings, BudgetSettings, VectorSettings, LlmSettings
                 self.audit,
                 self.reconciler,
                 self.jobs,
+                self.schedules,
                 self.deployments,
                 self.fine_tuning,
                 self.vectors,

@@ -1,0 +1,233 @@
+"""Scheduled jobs: a job spec the service submits on a cron schedule, as its owner.
+
+A user's server may be stopped when their nightly job is due, so the schedule is
+the service's: a row (:mod:`gpulab.db.schedules`) with the body of ``POST /jobs``,
+a cron line and a time zone. A loop submits each due schedule's job through the
+job manager, as the owner (queued, preempted, accounted and refused by quota like
+any job they submit), records the job as one of the schedule's runs, and moves
+``next_run`` to the next time the cron names after now. Time is
+:mod:`gpulab.db.clock`'s, so a test's clock fires a schedule without waiting.
+
+Jupyter Scheduler's job definitions with a schedule (``gpulab.lab.notebook_jobs``)
+are these; the server finds their runs (``GET /schedules/{id}/runs``) when it
+starts again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import uuid
+import zoneinfo
+
+from croniter import CroniterBadCronError, croniter
+
+from gpulab.backend.spec import JobSpec, SpecError
+from gpulab.db import clock
+from gpulab.db import schedules as rows
+from gpulab.service.auth import Identity
+from gpulab.service.jobs.manager import JobManager, JobRefused
+from gpulab.service.tasks import KeptTask, wait_for_wake
+
+log = logging.getLogger("gpulab.service.jobs.schedules")
+
+#: How often the loop looks for due schedules (a cron's finest step is a minute).
+TICK_S = 1.0
+#: The most schedules one user keeps.
+MAX_PER_USER = 100
+#: Fields of a schedule a client sets.
+FIELDS = ("name", "schedule", "timezone", "active", "job", "meta")
+
+
+class ScheduleRefused(Exception):
+    """Bad input or not allowed; ``status`` is the HTTP code to answer with."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def next_run(schedule: str, timezone: str, after: dt.datetime) -> dt.datetime:
+    """The first time after ``after`` that ``schedule`` (cron) names, in UTC; the
+    cron's hours are the time zone's."""
+    local = after.astimezone(zoneinfo.ZoneInfo(timezone))
+    return croniter(schedule, local).get_next(dt.datetime).astimezone(dt.UTC)
+
+
+def check_schedule(schedule, timezone) -> None:
+    if not isinstance(schedule, str) or len(schedule.split()) != 5:
+        raise ScheduleRefused(
+            400,
+            f"'schedule' must be a cron line of five fields (minute hour day month "
+            f"weekday), e.g. '0 2 * * *' for 02:00 every day; got {schedule!r}",
+        )
+    try:
+        croniter(schedule)
+    except (CroniterBadCronError, ValueError, KeyError) as e:
+        raise ScheduleRefused(400, f"'schedule' {schedule!r} is not a cron line: {e}") from None
+    if not isinstance(timezone, str) or not timezone:
+        raise ScheduleRefused(
+            400,
+            f"'timezone' must be a time zone name such as 'UTC' or "
+            f"'Europe/Berlin', got {timezone!r}",
+        )
+    try:
+        zoneinfo.ZoneInfo(timezone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ScheduleRefused(
+            400, f"'timezone' {timezone!r} is not a time zone name (e.g. 'UTC', 'Asia/Shanghai')"
+        ) from None
+
+
+class ScheduledJobs:
+    """Schedules kept, checked and fired. Built from the job manager (which submits
+    each run as its owner) and who a user is (their admin flag and groups)."""
+
+    def __init__(self, *, engine, jobs: JobManager, identity_of):
+        self.engine = engine
+        self.jobs = jobs
+        #: ``await identity_of(user)``: the owner as the hub says now (admin, groups).
+        self.identity_of = identity_of
+        self._wake = asyncio.Event()
+        self._loop = KeptTask("gpulab-schedules", self.loop)
+
+    @classmethod
+    def of(cls, service) -> ScheduledJobs:
+        async def identity_of(user: str) -> Identity:
+            return await service.identify({"kind": "user", "name": user})
+
+        return cls(engine=service.engine, jobs=service.jobs, identity_of=identity_of)
+
+    # -- running -----------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop.start()
+
+    async def stop(self) -> None:
+        await self._loop.stop()
+
+    async def loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.fire_due()
+            except Exception:  # the loop must outlive one bad schedule or a hub hiccup
+                log.exception("scheduled jobs")
+            await wait_for_wake(self._wake, TICK_S)
+
+    async def fire_due(self) -> list[str]:
+        """Submit the job of every schedule whose time has come; the ids submitted."""
+        now = clock.utcnow()
+        submitted = []
+        for sched in await asyncio.to_thread(rows.due_schedules, self.engine, now):
+            job_id, error = await self._fire(sched)
+            values = {
+                "last_run": now,
+                "last_error": error,
+                "next_run": next_run(sched["schedule"], sched["timezone"], now),
+            }
+            await asyncio.to_thread(rows.update_schedule, self.engine, sched["id"], **values)
+            if job_id:
+                await asyncio.to_thread(rows.add_run, self.engine, sched["id"], job_id, now)
+                submitted.append(job_id)
+        return submitted
+
+    async def _fire(self, sched: dict) -> tuple[str | None, str | None]:
+        try:
+            who = await self.identity_of(sched["user"])
+            job = await self.jobs.submit(who, dict(sched["job"]))
+        except JobRefused as e:
+            log.warning("Schedule %s of %s: the job was refused: %s", sched["id"], sched["user"], e)
+            return None, str(e)
+        except Exception as e:  # the hub down: tried again at the next run
+            log.exception("Schedule %s of %s", sched["id"], sched["user"])
+            return None, f"could not submit: {e}"
+        self.jobs.jobdir(job).event(f"submitted by schedule {sched['id']} ({sched['name']})")
+        log.info("Schedule %s of %s submitted job %s", sched["id"], sched["user"], job["id"])
+        return job["id"], None
+
+    # -- reading -----------------------------------------------------------------------
+    def get(self, who, schedule_id: str) -> dict:
+        """A schedule the caller may see (their own; admins any), else a 404."""
+        sched = rows.get_schedule(self.engine, schedule_id)
+        if sched is None or not who.can_act_for(sched["user"]):
+            raise ScheduleRefused(404, f"no schedule {schedule_id!r}")
+        return sched
+
+    def list(self, user: str | None) -> list[dict]:
+        return rows.list_schedules(self.engine, user)
+
+    def runs(self, who, schedule_id: str) -> list[dict]:
+        self.get(who, schedule_id)
+        return rows.list_runs(self.engine, schedule_id)
+
+    # -- changing ----------------------------------------------------------------------
+    def _check_job(self, job) -> None:
+        """The job body as ``POST /jobs`` would take it (its quota and room are judged
+        at each run, as for a job submitted then)."""
+        if not isinstance(job, dict):
+            raise ScheduleRefused(400, "'job' must be a job spec, the body of POST /jobs")
+        try:
+            JobSpec.from_dict(dict(job))
+        except SpecError as e:
+            raise ScheduleRefused(400, f"'job': {e}") from None
+
+    def _checked(self, body, base: dict) -> dict:
+        if not isinstance(body, dict):
+            raise ScheduleRefused(400, "the body must be a JSON object")
+        unknown = sorted(set(body) - set(FIELDS))
+        if unknown:
+            raise ScheduleRefused(
+                400, f"unknown field(s): {', '.join(unknown)}; known: {', '.join(FIELDS)}"
+            )
+        merged = {**base, **body}
+        name = merged.get("name")
+        if not isinstance(name, str) or not name.strip() or len(name) > 255:
+            raise ScheduleRefused(400, "'name' must be a text of 1 to 255 characters")
+        check_schedule(merged.get("schedule"), merged.get("timezone"))
+        if not isinstance(merged.get("active"), bool):
+            raise ScheduleRefused(400, "'active' must be true or false")
+        if not isinstance(merged.get("meta"), dict):
+            raise ScheduleRefused(400, "'meta' must be a JSON object")
+        self._check_job(merged.get("job"))
+        return merged
+
+    async def create(self, who, body) -> dict:
+        if who.kind != "user":
+            raise ScheduleRefused(403, "schedules are made by users (with a user's token)")
+        base = {"timezone": "UTC", "active": True, "meta": {}}
+        sched = self._checked(body, base)
+        if len(rows.list_schedules(self.engine, who.name)) >= MAX_PER_USER:
+            raise ScheduleRefused(
+                409, f"you have {MAX_PER_USER} schedules, the most one user keeps; delete one"
+            )
+        now = clock.utcnow()
+        row = {
+            **{k: sched[k] for k in FIELDS},
+            "id": uuid.uuid4().hex[:12],
+            "user": who.name,
+            "created": now,
+            "next_run": next_run(sched["schedule"], sched["timezone"], now),
+        }
+        await asyncio.to_thread(rows.add_schedule, self.engine, row)
+        self._wake.set()
+        return rows.get_schedule(self.engine, row["id"])
+
+    async def update(self, who, schedule_id: str, body) -> dict:
+        current = self.get(who, schedule_id)
+        sched = self._checked(body, {k: current[k] for k in FIELDS})
+        values = {k: sched[k] for k in FIELDS}
+        if (sched["schedule"], sched["timezone"], sched["active"]) != (
+            current["schedule"],
+            current["timezone"],
+            current["active"],
+        ):
+            values["next_run"] = next_run(sched["schedule"], sched["timezone"], clock.utcnow())
+        await asyncio.to_thread(rows.update_schedule, self.engine, schedule_id, **values)
+        self._wake.set()
+        return rows.get_schedule(self.engine, schedule_id)
+
+    async def delete(self, who, schedule_id: str) -> None:
+        """The schedule goes; jobs it submitted stay (cancel them with DELETE /jobs/{id})."""
+        self.get(who, schedule_id)
+        await asyncio.to_thread(rows.delete_schedule, self.engine, schedule_id)
