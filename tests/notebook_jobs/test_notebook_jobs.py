@@ -49,6 +49,8 @@ TRAIN = notebook(
     ),
 )
 BROKEN = notebook(("rate = 0", ["parameters"]), ("steps = 10 // rate", []))
+#: Runs until stopped.
+LONG = notebook(("import time\nwhile True:\n    time.sleep(1)", []))
 
 
 @pytest.fixture(scope="module")
@@ -178,8 +180,9 @@ def test_a_failed_cell_is_in_the_output_notebook_and_the_status_message(hub):
 
 def test_bob_can_neither_see_nor_stop_alices_notebook_job(hub):
     alice, bob = fresh_user("alice"), fresh_user("bob")
-    token = start(hub, alice, {"train.ipynb": TRAIN})
+    token = start(hub, alice, {"long.ipynb": LONG})
     bob_token = hub.create_user(bob)
+    name = f"private-{alice}"
     r = server(
         hub,
         alice,
@@ -187,28 +190,33 @@ def test_bob_can_neither_see_nor_stop_alices_notebook_job(hub):
         "POST",
         "jobs",
         json={
-            "input_uri": "train.ipynb",
+            "input_uri": "long.ipynb",
             "runtime_environment_name": ENV,
             "compute_type": "1/4 GPU",
             "output_formats": ["ipynb"],
-            "name": f"private-{alice}",
+            "name": name,
         },
     )
     job_id = r.json()["job_id"]
-    (gj,) = [j for j in hub.gpulab("GET", "/jobs", token).json() if j["name"] == f"private-{alice}"]
+    (gj,) = [j for j in hub.gpulab("GET", "/jobs", token).json() if j["name"] == name]
 
     # Through alice's server: it is hers, bob's token does not open it.
     for method, kw in (("GET", {}), ("PATCH", {"json": {"status": "STOPPED"}})):
         answer = server(hub, alice, bob_token, method, f"jobs/{job_id}", **kw)
         assert answer.status_code in (403, 404), (method, answer.status_code)
+    assert server(hub, alice, bob_token, "GET", "jobs").status_code in (403, 404)
     # Through the service: her job does not exist for him, nor can he cancel it.
     assert hub.gpulab("GET", f"/jobs/{gj['id']}", bob_token).status_code == 404
     assert hub.gpulab("DELETE", f"/jobs/{gj['id']}", bob_token).status_code == 404
     assert gj["id"] not in [j["id"] for j in hub.gpulab("GET", "/jobs", bob_token).json()]
     assert hub.gpulab("GET", "/jobs", bob_token, params={"user": alice}).status_code == 403
+    assert hub.gpulab("GET", f"/jobs/{gj['id']}", token).json()["state"] in ("queued", "running")
 
-    job = finished(hub, alice, token, job_id)
-    assert job["status"] == "COMPLETED", job
+    # alice stops it: the gpulab job is cancelled, its slice given back.
+    r = server(hub, alice, token, "PATCH", f"jobs/{job_id}", json={"status": "STOPPED"})
+    assert r.status_code == 204, r.text
+    assert finished(hub, alice, token, job_id)["status"] == "STOPPED"
+    assert hub.gpulab("GET", f"/jobs/{gj['id']}", token).json()["state"] == "cancelled"
 
 
 def test_a_scheduled_job_definition_runs_while_the_server_is_stopped(hub):

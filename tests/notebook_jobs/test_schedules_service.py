@@ -1,0 +1,101 @@
+"""Scheduled jobs in the service (``/schedules``): the real service in this process,
+its clock a fake one, so a schedule due at 03:00 fires when the test says it is."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from support.clock import fake_clock
+from support.service import running_service
+from support.wait import wait_until_async
+
+#: 01:00 UTC: the next 03:00 is two hours away.
+ONE_AM = dt.datetime(2026, 12, 1, 1, 0, tzinfo=dt.UTC).timestamp()
+CONFIG = "c.GpuLabService.stop_work_on_exit = True\n"
+JOB = {"code": "print('nightly')", "name": "nightly", "gpu_milli": 0}
+
+
+async def test_a_schedule_submits_its_job_as_its_owner_when_its_time_comes(tmp_path):
+    with fake_clock(start=ONE_AM) as clock:
+        async with running_service(tmp_path / "svc", CONFIG) as svc:
+            alice, bob = svc.create_user("alice"), svc.create_user("bob")
+            r = await svc.request(
+                "POST",
+                "/schedules",
+                alice,
+                json={"name": "Nightly retrain", "schedule": "0 3 * * *", "job": JOB},
+            )
+            assert r.status_code == 201, r.text
+            sched = r.json()
+            assert (sched["user"], sched["timezone"], sched["active"]) == ("alice", "UTC", True)
+            assert sched["next_run"] == "2026-12-01T03:00:00+00:00"
+
+            # Not before its time...
+            clock.advance(3600)
+            assert await svc.app.schedules.fire_due() == []
+            # ...then once, as alice, and the next run is tomorrow's.
+            clock.advance(3600)
+
+            async def fired():
+                runs = (await svc.request("GET", f"/schedules/{sched['id']}/runs", alice)).json()
+                return runs or None
+
+            (run,) = await wait_until_async(fired, "the schedule to fire", 30)
+            job = (await svc.request("GET", f"/jobs/{run['job_id']}", alice)).json()
+            assert (job["user"], job["name"]) == ("alice", "nightly")
+            after = (await svc.request("GET", f"/schedules/{sched['id']}", alice)).json()
+            assert after["next_run"] == "2026-12-02T03:00:00+00:00"
+            assert after["last_error"] is None
+
+            # bob sees none of it, and can neither change nor delete it.
+            assert (await svc.request("GET", "/schedules", bob)).json() == []
+            for method in ("GET", "DELETE"):
+                r = await svc.request(method, f"/schedules/{sched['id']}", bob)
+                assert r.status_code == 404
+            r = await svc.request("PATCH", f"/schedules/{sched['id']}", bob, json={"active": False})
+            assert r.status_code == 404
+            assert (await svc.request("GET", f"/jobs/{run['job_id']}", bob)).status_code == 404
+
+            # Paused, it does not fire; deleted, it is gone (its job stays alice's).
+            r = await svc.request(
+                "PATCH", f"/schedules/{sched['id']}", alice, json={"active": False}
+            )
+            assert r.status_code == 200 and r.json()["active"] is False
+            clock.advance(86400)
+            assert await svc.app.schedules.fire_due() == []
+            r = await svc.request("DELETE", f"/schedules/{sched['id']}", alice)
+            assert r.status_code == 204
+            assert (await svc.request("GET", "/schedules", alice)).json() == []
+            assert (await svc.request("GET", f"/jobs/{run['job_id']}", alice)).status_code == 200
+
+
+async def test_the_cron_reads_in_the_schedules_time_zone(tmp_path):
+    with fake_clock(start=ONE_AM):
+        async with running_service(tmp_path / "svc", CONFIG) as svc:
+            alice = svc.create_user("alice")
+            body = {"name": "n", "schedule": "0 3 * * *", "timezone": "Asia/Shanghai", "job": JOB}
+            r = await svc.request("POST", "/schedules", alice, json=body)
+            # 03:00 in Shanghai is 19:00 UTC the day before: the next is 19:00 today.
+            assert r.json()["next_run"] == "2026-12-01T19:00:00+00:00"
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"name": "n", "schedule": "every night", "job": JOB}, "cron line of five fields"),
+        ({"name": "n", "schedule": "99 3 * * *", "job": JOB}, "is not a cron line"),
+        ({"name": "n", "schedule": "0 3 * * *", "timezone": "Mars/Base", "job": JOB}, "time zone"),
+        ({"name": "n", "schedule": "0 3 * * *", "job": {"name": "x"}}, "'code' is required"),
+        ({"name": "n", "schedule": "0 3 * * *", "job": JOB, "when": 1}, "unknown field"),
+        ({"name": "", "schedule": "0 3 * * *", "job": JOB}, "'name'"),
+        ({"name": "n", "schedule": "0 3 * * *", "job": JOB, "active": "yes"}, "'active'"),
+    ],
+)
+async def test_a_bad_schedule_is_refused_with_what_to_fix(tmp_path, body, message):
+    async with running_service(tmp_path / "svc", CONFIG) as svc:
+        alice = svc.create_user("alice")
+        r = await svc.request("POST", "/schedules", alice, json=body)
+        assert r.status_code == 400, r.text
+        assert message in r.json()["error"]
+        assert (await svc.request("GET", "/schedules", alice)).json() == []
