@@ -35,6 +35,7 @@ import time
 from traitlets import Instance, Int, Unicode, default
 
 from gpulab.enforcement.accounts import separated, unreachable
+from gpulab.enforcement.environments import SiteEnvironments, job_environment
 from gpulab.enforcement.user_env import user_python
 from gpulab.training.env import NODE_MEMORY_BYTES
 from gpulab.training.memory import killed_line
@@ -183,13 +184,19 @@ class LocalBackend(Backend):
         jd = self.jobdir(spec.id)
         os.makedirs(jd.p("logs"), exist_ok=True)
         account = await owner_account(self.accounts, self.python, self.jobs_root, spec.user, jd)
+        environment = None
+        if spec.environment:  # the one the server it came from runs in
+            environment = await asyncio.get_running_loop().run_in_executor(
+                None, job_environment, SiteEnvironments(parent=self), spec.environment, account
+            )
+            jd.event(f"ranks run in the environment {spec.environment}")
         network = await asyncio.get_running_loop().run_in_executor(
             None, self.network.open, spec.id, account is not None, jd.p("network.log")
         )
         if network.note:
             jd.event(network.note)
         try:
-            self._launch(spec, allocations, jd, account, network)
+            self._launch(spec, allocations, jd, account, network, environment)
         except BaseException:
             # Nothing of a half-made start stays: the agents it made, their groups,
             # the job's network.
@@ -200,17 +207,28 @@ class LocalBackend(Backend):
             await self._release(spec)
             raise
 
-    def _launch(self, spec: JobSpec, allocations: list[dict], jd, account, network: Network):
+    def _launch(
+        self,
+        spec: JobSpec,
+        allocations: list[dict],
+        jd,
+        account,
+        network: Network,
+        environment: tuple[str, dict[str, str]] | None = None,
+    ):
         port = PRIVATE_RDZV_PORT if network.private else free_port()
         nodes = []
         procs = []
         self._children[spec.id] = procs
         python = user_python(account, self.python)  # what the owner `%pip install`ed too
+        if environment is not None:  # the site's environment, the owner's layer over it
+            python = environment[0]
         for launch in self.node_launches(spec, allocations, port, network.private, python):
             env = {
                 **self._base_env(jd),
                 **(account.env() if account else {}),
                 **launch.env,
+                **(environment[1] if environment is not None else {}),
                 "GPULAB_EXIT_FILE": jd.p("pids", f"node{launch.node_rank}.exit"),
                 "GPULAB_LOG_MAX_BYTES": str(self.log_max_bytes),  # the ranks' logs too
             }

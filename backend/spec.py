@@ -76,6 +76,9 @@ class JobSpec:
     nproc_per_node: int = 1
     gpu_milli: int = 0  # per rank
     image: str = ""  # the container image (Kubernetes); the local backend ignores it
+    # One of the site's environments (c.SiteEnvironments) the ranks run in, as the
+    # server the job came from does; "": the owner's own (gpulab's, with their installs).
+    environment: str = ""
     env: dict = field(default_factory=dict)
     vars_b64: str = ""  # cloudpickle of {name: value}, base64
     max_restarts: int = 0
@@ -206,6 +209,13 @@ class JobSpec:
             raise SpecError(f"'preemptible' must be true or false, got {self.preemptible!r}")
         if not isinstance(self.image, str) or len(self.image) > 1024:
             raise SpecError("'image' must be a container image name (a string)")
+        if not isinstance(self.environment, str) or (
+            self.environment and not _NAME.match(self.environment)
+        ):
+            raise SpecError(
+                f"'environment' must be the name of one of the site's environments, "
+                f"got {self.environment!r}"
+            )
         if self.amp not in AMP_CHOICES:
             raise SpecError(f"'amp' must be bf16 or fp16, got {self.amp!r}")
         if not isinstance(self.fsdp, bool):

@@ -226,6 +226,8 @@ def build_spec(args, cell: str | None, namespace: dict) -> dict:
         or os.environ.get("JUPYTER_IMAGE_SPEC")
         or os.environ.get("JUPYTER_IMAGE", ""),
         "vars_b64": pickle_vars(args.vars, namespace),
+        # The ranks run in the server's environment (picked on the spawn form).
+        **({"environment": picked} if (picked := os.environ.get("GPULAB_ENVIRONMENT")) else {}),
     }
 
 

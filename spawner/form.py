@@ -177,6 +177,7 @@ def render_form(
     shared_account: str | None = None,
     last: int | None = None,
     hibernated: dict | None = None,
+    environments: str = "",
 ) -> str:
     """HTML for the hub's spawn page from the service's availability answer.
 
@@ -189,7 +190,7 @@ def render_form(
     ``hibernated`` (the server's latest hibernation, when its kernels wait to wake)
     is said on top. ``availability["budget"]`` (GPU-hours used and left this period)
     is said under the sizes; over it, the GPU sizes are disabled and the refusal said
-    on top.
+    on top. ``environments`` (the environments' fieldset) follows the sizes.
     """
     rows = []
     budget = availability.get("budget")
@@ -276,4 +277,5 @@ def render_form(
             else ""
         )
         + "</fieldset>"
+        + environments
     )

@@ -27,6 +27,13 @@ from jupyterhub.spawner import Spawner
 from traitlets import Bool, Dict, Unicode, default
 
 from gpulab.enforcement.accounts import Account, UserAccounts, unreachable
+from gpulab.enforcement.environments import jupyter_dir as layer_jupyter_dir
+from gpulab.enforcement.environments import (
+    layer_dir,
+    make_layer_as,
+    make_layer_here,
+    prefix_python,
+)
 from gpulab.enforcement.slice_env import strip_enforcement_vars
 from gpulab.enforcement.user_env import (
     KERNEL_PREFIX,
@@ -41,6 +48,7 @@ from gpulab.enforcement.user_env import (
 )
 
 from . import user_options
+from .environments import ENVIRONMENT_ENV, EnvironmentsMixin, prefix_problem
 from .examples import give_examples_as, shipped_examples
 from .form import render_form
 from .placement import placement_of
@@ -57,7 +65,7 @@ def users_path(inherited: str) -> str:
     return os.pathsep.join([ours, *kept])
 
 
-class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
+class FractionalHostSpawner(GpuLabServiceMixin, EnvironmentsMixin, Spawner):
     """A JupyterLab server held to a GPU slice on one of the site's hosts, as its
     user's Unix account (the shared base of the local and the Slurm spawner)."""
 
@@ -126,6 +134,9 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
 
     #: Who the server runs as (per-user accounts), once started.
     account: Account | None = None
+    #: The environment the server runs in, once started: (name, prefix, the user's
+    #: layer over it); None for gpulab's own.
+    _environment: tuple[str, str, str] | None = None
 
     # How a server starts and is watched is each subclass's: the Slurm spawner's own,
     # the local one's JupyterHub's process spawner (after this class in its MRO, hence
@@ -155,6 +166,7 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
             inventory=inventory,
             last=last,
             hibernated=await self.waiting_hibernation(),
+            environments=self.environments_html((spawner.user_options or {}).get("environment")),
         )
 
     def form_limits(self, availability: dict, inventory: dict) -> dict[int, str] | None:
@@ -212,6 +224,34 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
         if problem:  # the server starts on gpulab's environment; the hub's log says why
             self.log.warning("No Python environment of its own for %s: %s", self.user.name, problem)
 
+    async def _prepare_environment(self) -> None:
+        """The environment the user picked (a prefix on this host) with the user's
+        layer over it, made by their account; a 400 when it cannot be used."""
+        self._environment = None
+        name, env = self.chosen_environment()
+        if not name:
+            return
+        prefix = env["prefix"]
+        problem = prefix_problem(prefix)
+        if problem:  # the admin's setting: said to the user, and to the hub's log
+            self.log.warning("Environment %r cannot be used: %s", name, problem)
+            raise user_options.bad_options(f"environment {name!r} cannot be used here: {problem}")
+        self.report_progress(46, f"Preparing the environment {name}")
+        python = prefix_python(prefix)
+        if self.account is None:  # servers run as the hub's account: its home
+            home = os.path.expanduser("~")
+            problem = await asyncio.get_running_loop().run_in_executor(
+                None, make_layer_here, home, name, python
+            )
+        else:
+            home = self.account.home
+            problem = await asyncio.get_running_loop().run_in_executor(
+                None, make_layer_as, self.account, name, python
+            )
+        if problem:
+            raise user_options.bad_options(f"environment {name!r} cannot be used: {problem}")
+        self._environment = (name, prefix, layer_dir(home, name))
+
     async def _give_examples(self) -> None:
         """The example notebooks in the account's home, on its first start."""
         if not self.give_examples or self.account is None:
@@ -250,6 +290,18 @@ class FractionalHostSpawner(GpuLabServiceMixin, Spawner):
             env["PATH"] = os.pathsep.join(
                 [bin_dir(self.account.home), env.get("PATH") or os.defpath]
             )
+        if self._environment is not None:
+            # The environment's kernel (the user's layer over it) first, its scripts
+            # on the PATH (the layer's pip first), instead of the user's own env.
+            name, prefix, layer = self._environment
+            paths = [layer_jupyter_dir(layer)] + [
+                p for p in paths if p != jupyter_dir(getattr(self.account, "home", ""))
+            ]
+            env["PATH"] = os.pathsep.join(
+                [os.path.join(layer, "bin"), os.path.join(prefix, "bin"), env.get("PATH") or ""]
+            )
+            env["PYTHONUSERBASE"] = layer
+            env[ENVIRONMENT_ENV] = name
         env["JUPYTER_PATH"] = os.pathsep.join(paths)
         cache = self._cache_dir()
         if cache:

@@ -112,6 +112,7 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
     async def start(self):
         self.begin_progress()
         milli = parse_user_options(self.user_options)
+        self.chosen_environment()  # an unknown one is a 400 before a slice is taken
         allocations = await self._allocate(milli)
         simulated = any(a.get("simulated") for a in allocations)
         mps_dir = mps_pipe_directory()
@@ -139,6 +140,7 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
                 await self._hold_to_limits(milli, allocations)
                 await self._give_examples()
                 await self._make_user_env()
+            await self._prepare_environment()
             self.report_progress(
                 50,
                 local_enforcement(

@@ -15,6 +15,7 @@ from tornado.iostream import StreamClosedError
 from gpulab.backend.jobdir import LogTail
 from gpulab.backend.spec import MAX_CODE_BYTES
 from gpulab.db.jobs import STATES, TERMINAL
+from gpulab.enforcement.environments import SiteEnvironments
 from gpulab.scheduler.budget import BudgetExceeded
 from gpulab.service.api.query_args import int_arg
 from gpulab.service.auth import APIHandler
@@ -64,6 +65,11 @@ class JobsHandler(_JobHandler):
     async def post(self):
         who = self.require_identity()
         body = self.json_body()
+        environment = body.get("environment")
+        site = SiteEnvironments(parent=self.gpulab).environments
+        if isinstance(environment, str) and environment and environment not in site:
+            known = ", ".join(sorted(site)) or "none are set up"
+            raise web.HTTPError(400, f"unknown environment {environment!r}; this site's: {known}")
         milli = body.get("gpu_milli")
         try:
             # A bad gpu_milli is the job manager's 400; any GPU asked for costs GPU-hours.
