@@ -206,6 +206,20 @@ class FineTuning:
                     out[name] = f.read()
         return out
 
+    def _check_size(self, model: str, base: dict[str, bytes], data: bytes) -> None:
+        """The job carries the base model and the file as its variables: within the
+        site's cap on a job's variables, or a 413 that says which cap."""
+        cap = self.jobs.limits.max_job_vars_mib
+        size = (sum(len(b) for b in base.values()) + len(data)) / 2**20
+        if size > cap:
+            raise OpenAIError(
+                413,
+                f"the base model `{model}` and the training file are {size:.0f} MiB; a "
+                f"fine-tuning job carries them as its variables, at most {cap} MiB here "
+                f"(an admin can raise c.GpuLabService.max_job_vars_mib)",
+                param="model",
+            )
+
     async def create(self, who, doc: dict) -> dict:
         if who.kind != "user":
             raise OpenAIError(403, "fine-tuning jobs are made by users (with a user's token)")
@@ -229,15 +243,22 @@ class FineTuning:
             )
         row = self.files.get(who, fid)
         data = await asyncio.to_thread(self.files.read, row)
-        check_training_file(data)  # checked at upload; a file is never changed, but cheap
+        # Checked at upload already; a file never changes, but a job must not start on a
+        # file an older service kept without the checks.
+        await asyncio.to_thread(check_training_file, data)
         ft_id = f"ftjob-{uuid.uuid4().hex[:24]}"
         adapter = f"{suffix or 'ft'}-{ft_id[6:14]}"
         base = await asyncio.to_thread(self._base_files, dep)
+        self._check_size(doc["model"].strip(), base, data)
         variables = {"ft_base": base, "ft_training": data, "ft_hyperparameters": hyper}
+        # Off the event loop: a base model is megabytes to gigabytes.
+        vars_b64 = await asyncio.to_thread(
+            lambda: base64.b64encode(pickle.dumps(variables)).decode()
+        )
         body = {
             "code": CELL,
             "name": f"fine-tune-{adapter}"[:63],
-            "vars_b64": base64.b64encode(pickle.dumps(variables)).decode(),
+            "vars_b64": vars_b64,
             "gpu_milli": self.deployments.store.versions(dep["id"])[0]["gpu_milli"],
         }
         try:

@@ -96,6 +96,14 @@ async def test_fine_tune_through_the_api_serves_the_adapter_as_its_own_model(tmp
         with pytest.raises(openai.NotFoundError):
             await bob_ai.fine_tuning.jobs.list_events(job.id)
         assert (await bob_ai.fine_tuning.jobs.list()).data == []
+        # A second job, cancelled by alice: its gpulab job ends with it.
+        other = await ai.fine_tuning.jobs.create(model="chat", training_file=f.id)
+        cancelled = await ai.fine_tuning.jobs.cancel(other.id)
+        assert cancelled.status == "cancelled" and cancelled.fine_tuned_model is None
+        r = await svc.request("GET", f"/jobs/{other.model_extra['gpulab_job']}", token=alice)
+        assert r.json()["state"] == "cancelled"
+        with pytest.raises(openai.BadRequestError):
+            await ai.fine_tuning.jobs.cancel(other.id)
 
         async def finished():
             got = await ai.fine_tuning.jobs.retrieve(job.id)
@@ -105,7 +113,8 @@ async def test_fine_tune_through_the_api_serves_the_adapter_as_its_own_model(tmp
         assert done.status == "succeeded", done.error
         assert done.fine_tuned_model == f"chat:{job.suffix}-{job.id[6:14]}"
         assert done.trained_tokens > 0
-        assert [j.id for j in (await ai.fine_tuning.jobs.list()).data] == [job.id]
+        assert [j.id for j in (await ai.fine_tuning.jobs.list()).data] == [other.id, job.id]
+        assert (await ai.fine_tuning.jobs.retrieve(other.id)).status == "cancelled"
 
         events = (await ai.fine_tuning.jobs.list_events(job.id, limit=100)).data
         losses = [e for e in events if e.type == "metrics"]

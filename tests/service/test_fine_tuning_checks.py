@@ -1,0 +1,98 @@
+"""What the fine-tuning API checks before a job is queued (a training file's lines,
+the hyperparameters), and what the SFT loop learns from an example: the assistant's
+reply only. Pure functions: no service."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpulab.service.endpoints.fine_tuning import check_hyperparameters
+from gpulab.service.endpoints.fine_tuning_files import check_training_file
+from gpulab.service.endpoints.openai_errors import OpenAIError
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+
+
+def lines(*rows) -> bytes:
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
+
+
+def refusal(data: bytes) -> str:
+    with pytest.raises(OpenAIError) as e:
+        check_training_file(data)
+    assert e.value.status == 400
+    return str(e.value)
+
+
+def test_a_training_file_counts_its_examples_and_skips_blank_lines():
+    assert check_training_file(lines(GOOD, "", GOOD)) == 2
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ('{"messages": [', "line 2: not JSON"),
+        ({"prompt": "x", "completion": "y"}, 'line 2: no "messages" list'),
+        ({"messages": []}, 'line 2: "messages" is empty'),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "line 2: message 1 has role 'robot'"),
+        ({"messages": [{"role": "user", "content": 3}]}, "line 2: message 1 (user) has no string"),
+        ({"messages": [{"role": "user", "content": "x"}]}, "line 2: no assistant message"),
+    ],
+)
+def test_a_bad_line_is_named_by_its_number_with_the_shape_to_use(bad, says):
+    message = refusal(lines(GOOD, bad, GOOD))
+    assert message.startswith(f"training file {says}")
+    assert '{"messages": [{"role": "user"' in message  # the fix, in the same line
+
+
+def test_bytes_that_are_not_utf8_are_named_by_line_and_an_empty_file_is_refused():
+    assert refusal(lines(GOOD) + b"\xff\n").startswith("training file line 2: not UTF-8")
+    assert "no examples" in refusal(b"\n\n")
+
+
+def test_hyperparameters_fill_auto_and_refuse_what_they_cannot_use():
+    assert check_hyperparameters({}) == {
+        "n_epochs": 3,
+        "batch_size": 4,
+        "learning_rate_multiplier": 1.0,
+    }
+    got = check_hyperparameters(
+        {"method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}}}
+    )
+    assert got["n_epochs"] == 2
+    for bad, param in [
+        ({"n_epochs": 0}, "hyperparameters.n_epochs"),
+        ({"batch_size": 2.5}, "hyperparameters.batch_size"),
+        ({"learning_rate_multiplier": "fast"}, "hyperparameters.learning_rate_multiplier"),
+        ({"n_epochs": True}, "hyperparameters.n_epochs"),
+        ({"warmup": 3}, "hyperparameters"),
+    ]:
+        with pytest.raises(OpenAIError) as e:
+            check_hyperparameters({"hyperparameters": bad})
+        assert (e.value.status, e.value.param) == (400, param)
+    with pytest.raises(OpenAIError) as e:
+        check_hyperparameters({"method": {"type": "dpo"}})
+    assert e.value.param == "method"
+
+
+def test_the_loss_is_taken_on_the_assistant_replies_only():
+    from tiny_lm import tiny_tokenizer
+
+    from gpulab.training.sft import tokenize
+
+    tok = tiny_tokenizer()
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": "How are you?"},
+        {"role": "assistant", "content": "Fine."},
+    ]
+    ids, labels = tokenize(tok, chat, max_len=512)
+    assert tok.decode(ids) == tok.apply_chat_template(chat, tokenize=False)
+    learned = [t for t in labels if t != -100]
+    assert tok.decode(learned) == "Hi.</s>Fine.</s>"
+    short, _ = tokenize(tok, chat, max_len=5)
+    assert len(short) == 5
