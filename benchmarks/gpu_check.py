@@ -12,7 +12,11 @@ Prints a markdown table ``check | result | figure | note``:
 * a 2-rank NCCL ``all_reduce`` job under torchrun (bytes and time);
 * fp8 quantization (``gpulab.serving.quantize``) of a small MLP;
 * a model replica (``python -m gpulab.serving.server``, started the way the
-  local serving backend does) on a 1/4 slice, called once.
+  local serving backend does) on a 1/4 slice, called once;
+* a language model through the OpenAI gateway (a real hub on this machine's GPUs,
+  half a GPU, the engine the replica chooses: vLLM where it is installed) against
+  ``vllm serve`` alone with the same memory share: 16 streaming clients, tokens/s
+  (``benchmarks/llm_serving.py --only gateway,vllm-serve --real-gpus``).
 
 Every check runs its GPU work in child processes with a timeout of its own,
 all within one deadline (``--deadline``, default 450 s). Nothing needs the
@@ -28,6 +32,7 @@ MPS daemon it starts lives in a private pipe directory and is stopped.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -778,8 +783,40 @@ def check_replica(gpus: list[Gpu], clock: Clock, cpu: bool = False) -> Row:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+LLM_ROW = "OpenAI gateway vs vllm serve alone, 16 streams"
+
+
+def check_llm_gateway(clock: Clock) -> Row:
+    """The gateway against vLLM's own server, same model and memory share (goal: the
+    gateway's tokens/s at least 0.9x)."""
+    if importlib.util.find_spec("vllm") is None:
+        return Row(LLM_ROW, "skipped: vLLM not installed", "", "pip install vllm to compare")
+    out_json = os.path.join(tempfile.mkdtemp(prefix="gpulab-check-llm-"), "llm.json")
+    script = os.path.join(ROOT, "benchmarks", "llm_serving.py")
+    argv = [sys.executable, script, "--only", "gateway,vllm-serve", "--real-gpus"]
+    code, out = run_child([*argv, "--json", out_json], clock.budget(420), env=clean_env())
+    try:
+        with open(out_json) as f:
+            results = json.load(f)["results"]
+    except (OSError, ValueError, KeyError):
+        return Row(LLM_ROW, "error", "", f"exit {code}: {tail(out)}")
+    finally:
+        shutil.rmtree(os.path.dirname(out_json), ignore_errors=True)
+    gateway, alone = results.get("gateway"), results.get("vllm-serve")
+    if not isinstance(gateway, dict) or not isinstance(alone, dict):
+        why = gateway if isinstance(gateway, str) else alone
+        return Row(LLM_ROW, "error", "", str(why)[:200])
+    ratio = gateway["tok_s"] / alone["tok_s"]
+    return Row(
+        LLM_ROW,
+        "pass" if ratio >= 0.9 else "FAIL",
+        f"{gateway['tok_s']:.0f} vs {alone['tok_s']:.0f} tokens/s ({ratio:.2f}x)",
+        "goal >= 0.9x; the replica's engine is what %deploy --list says",
+    )
+
+
 # -- the table --------------------------------------------------------------------------------
-CHECKS = ("inventory", "memory", "devices", "nccl", "quantize", "replica")
+CHECKS = ("inventory", "memory", "devices", "nccl", "quantize", "replica", "llm")
 ROW_NAMES = {
     "inventory": ["NVML inventory vs nvidia-smi"],
     "memory": ["memory caps: a 1/4 slice asks for 1/2 of the card"],
@@ -790,6 +827,7 @@ ROW_NAMES = {
     "nccl": ["NCCL all_reduce, 2 ranks (torchrun)"],
     "quantize": ["quantize fp8-dynamic", "quantize fp8-weight"],
     "replica": ["replica on a 1/4 slice (OIP v2 infer)"],
+    "llm": [LLM_ROW],
 }
 
 
@@ -849,6 +887,7 @@ def run_checks(only: list[str], clock: Clock, plumbing: bool) -> list[Row]:
                 check_quantize("fp8-weight", clock),
             ],
             "replica": lambda: [check_replica(gpus, clock)],
+            "llm": lambda: [check_llm_gateway(clock)],
         }
     for check in only:
         if check not in steps:

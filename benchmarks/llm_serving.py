@@ -24,7 +24,13 @@ requests at once, each for ``--tokens`` tokens, greedy; the targets take turns
 * ``one-at-a-time``: one ``generate`` per request, in turn, in this process (what a
   server without batching does; request i's first token waits for all before it);
 * ``one-batch``: one ``generate`` of all prompts at once, left-padded: the ceiling
-  (nothing streams, nobody joins late).
+  (nothing streams, nobody joins late);
+* ``vllm-serve``: ``vllm serve`` (its OpenAI server) alone on the same folder, with
+  the memory share of the gateway's slice (GPU machines where vLLM is installed;
+  ``make gpu-check`` runs ``--only gateway,vllm-serve --real-gpus``).
+
+``--real-gpus``: the gateway's hub uses the machine's GPUs (NVML) instead of a
+simulated one, and deploys on half a GPU, the slice ``vllm-serve`` gets too.
 
 Prints tokens/s (completion tokens over the wall time from the first request to the
 last token) and TTFT p50/p99 per target, then the issue's goals: gateway >= 0.9x
@@ -129,13 +135,20 @@ def openai_load(base_url: str, api_key: str, model: str, chats, tokens: int) -> 
     return asyncio.run(_stream_clients(base_url, api_key, model, chats, tokens))
 
 
-def gateway(folder: str, work: str, chats, tokens: int) -> tuple[dict, str]:
+#: The slice the gateway deploys on with --real-gpus, and vllm-serve's memory share.
+REAL_GPU_MILLI = 500
+
+
+def gateway(
+    folder: str, work: str, chats, tokens: int, real_gpus: bool = False
+) -> tuple[dict, str]:
     """Deploy the archive ``folder`` on a fresh hub as a user; drive it through the gateway."""
     from gpulab.client import Client
 
     # One simulated GPU, deployed whole: its share of the host is every core, as the
     # in-process targets have (a 1/2 slice of two GPUs on 2 cores holds 0.5 core).
-    hub = RunningHub(os.path.join(work, "hub"), simulate="1xA100-80GB")
+    # With real GPUs: the machine's, half of one (the engine's memory share).
+    hub = RunningHub(os.path.join(work, "hub"), simulate="" if real_gpus else "1xA100-80GB")
     try:
         token = hub.create_user("bench")
         client = Client(hub.api, token=token)
@@ -143,7 +156,7 @@ def gateway(folder: str, work: str, chats, tokens: int) -> tuple[dict, str]:
             "name": "chat",
             "min_replicas": 1,
             "max_replicas": 1,
-            "gpu_milli": 1000,
+            "gpu_milli": REAL_GPU_MILLI if real_gpus else 1000,
             "max_batch_size": len(chats),
         }
         dep = client.create_deployment(folder, spec)
@@ -196,21 +209,48 @@ def transformers_serve(folder: str, work: str, chats, tokens: int) -> dict:
                 proc.wait()
 
 
-def _wait_health(proc, log, url: str) -> None:
+def vllm_serve(folder: str, work: str, chats, tokens: int) -> dict:
+    """``vllm serve`` alone on ``folder``, with the gateway's slice's memory share."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("vLLM is not installed beside this python (pip install vllm)")
+    port = free_port()
+    with open(os.path.join(work, "vllm-serve.log"), "w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder]
+            + ["--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(len(chats))]
+            + ["--gpu-memory-utilization", f"{REAL_GPU_MILLI / 1000:g}"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            _wait_health(proc, log, f"http://127.0.0.1:{port}/health", "vllm serve")
+            return openai_load(f"http://127.0.0.1:{port}/v1", "none", folder, chats, tokens)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_health(proc, log, url: str, what: str = "transformers serve") -> None:
     import httpx
 
     deadline = time.monotonic() + 300
     while True:
         if proc.poll() is not None:
             log.seek(0)
-            raise RuntimeError(f"transformers serve exited:\n{log.read()[-3000:]}")
+            raise RuntimeError(f"{what} exited:\n{log.read()[-3000:]}")
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError("transformers serve did not answer /health in 300 s")
+            raise RuntimeError(f"{what} did not answer /health in 300 s")
         time.sleep(0.5)
 
 
@@ -373,6 +413,12 @@ def report(results: dict, notes: dict) -> None:
     if best and ok("transformers-serve"):
         ratio = results[best]["tok_s"] / results["transformers-serve"]["tok_s"]
         print(f"  {best} / transformers serve --continuous-batching: {ratio:.2f}x (goal > 1x)")
+    if ok("gateway") and ok("vllm-serve"):
+        g, v = results["gateway"], results["vllm-serve"]
+        ratio = g["tok_s"] / v["tok_s"]
+        added = percentile(g["ttft"], 50) - percentile(v["ttft"], 50)
+        print(f"  gateway / vllm serve alone tokens/s: {ratio:.2f}x (goal >= 0.9x)")
+        print(f"  gateway TTFT p50 added to vllm serve's: {added * 1e3:+.1f} ms")
     if best and ok("one-batch"):
         ratio = results[best]["tok_s"] / results["one-batch"]["tok_s"]
         print(f"  {best} / one-batch ceiling: {ratio:.2f}x (aim 0.8x)")
@@ -389,8 +435,14 @@ def main() -> None:
         "one-at-a-time,one-batch)",
     )
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--real-gpus",
+        action="store_true",
+        help="the gateway's hub on this machine's GPUs (half of one), not a simulated one",
+    )
     args = parser.parse_args()
     targets = ["gateway", "engine", "transformers-serve", "one-at-a-time", "one-batch"]
+    known = [*targets, "vllm-serve"]
     only = [t for t in args.only.split(",") if t] or targets
     chats = messages(args.clients)
     with tempfile.TemporaryDirectory(prefix="gpulab-llm-bench-") as work:
@@ -416,7 +468,7 @@ def main() -> None:
             try:
                 if target == "gateway":
                     results[target], notes["gateway engine"] = gateway(
-                        archive, work, chats, args.tokens
+                        archive, work, chats, args.tokens, real_gpus=args.real_gpus
                     )
                 elif target == "engine":
                     results[target], notes["engine"] = engine_direct(archive, chats, args.tokens)
@@ -426,8 +478,10 @@ def main() -> None:
                     results[target] = one_at_a_time(folder, chats, args.tokens)
                 elif target == "one-batch":
                     results[target] = one_batch(folder, chats, args.tokens)
+                elif target == "vllm-serve":
+                    results[target] = vllm_serve(folder, work, chats, args.tokens)
                 else:
-                    raise SystemExit(f"--only: no target {target!r}; one of {', '.join(targets)}")
+                    raise SystemExit(f"--only: no target {target!r}; one of {', '.join(known)}")
             except Exception as e:  # noqa: BLE001 - one target's failure is a row, not the end
                 results[target] = f"not run: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
             r = results[target]

@@ -50,6 +50,7 @@ def test_without_a_driver_every_row_is_skipped_at_once():
         "quantize fp8-dynamic",
         "quantize fp8-weight",
         "replica on a 1/4 slice (OIP v2 infer)",
+        "OpenAI gateway vs vllm serve alone, 16 streams",
     ]
     assert {r[1] for r in rows} == {"skipped: no NVIDIA driver"}
     assert all("NVML" in r[3] for r in rows)
