@@ -34,7 +34,7 @@ import subprocess
 import sys
 import sysconfig
 
-from traitlets import Dict, Unicode, validate
+from traitlets import Dict, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from .accounts import run_module_as
@@ -72,12 +72,12 @@ class SiteEnvironments(Configurable):
         for name, env in proposal.value.items():
             where = f"c.SiteEnvironments.environments[{name!r}]"
             if not isinstance(name, str) or not _NAME.match(name):
-                raise ValueError(f"{where}: a name is 1-63 letters, digits, '.', '_' or '-'")
+                raise TraitError(f"{where}: a name is 1-63 letters, digits, '.', '_' or '-'")
             if not isinstance(env, dict) or set(env) - set(KEYS):
-                raise ValueError(f"{where} must be a dict of {', '.join(KEYS)}")
+                raise TraitError(f"{where} must be a dict of {', '.join(KEYS)}")
             modules = env.get("modules", [])
             if not (isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
-                raise ValueError(f"{where}['modules'] must be a list of module names")
+                raise TraitError(f"{where}['modules'] must be a list of module names")
         return proposal.value
 
     default_title = Unicode(

@@ -46,6 +46,7 @@ from gpulab.enforcement.kube.kueue import queue_patch
 from gpulab.enforcement.slice_env import strip_enforcement_vars
 from gpulab.scheduler.slices import SliceError, label, parse_gpu_milli
 
+from .environments import ENVIRONMENT_ENV, EnvironmentsMixin
 from .form import in_fractions, size_title
 from .placement import STARTING_LAB, kube_enforcement, placement_of
 from .service_traits import GpuLabServiceMixin
@@ -73,11 +74,29 @@ def normalize_user_options(options: object) -> object:
     return options
 
 
-def profiles_from_availability(availability: dict, inventory: dict | None = None) -> list[dict]:
+#: The environment choice's key for gpulab's own image (no site environment's name
+#: starts with a dash).
+OWN_IMAGE = "-"
+
+
+def environment_option(environments: dict[str, dict], title: str) -> dict:
+    """KubeSpawner's ``profile_options`` entry for the site's environments (images):
+    the pod's image is then the chosen one's (read in ``_start``, not an override)."""
+    choices = {OWN_IMAGE: {"display_name": title, "default": True}}
+    for name, env in sorted(environments.items()):
+        about = env.get("description")
+        choices[name] = {"display_name": f"{name} ({about})" if about else name}
+    return {"environment": {"display_name": "Environment", "choices": choices}}
+
+
+def profiles_from_availability(
+    availability: dict, inventory: dict | None = None, environments: dict | None = None
+) -> list[dict]:
     """KubeSpawner profiles, one per slice size, from the service's availability answer.
 
     Sizes that cannot be placed now stay listed with the reason (the service
     refuses them if chosen), so a user sees what exists and why it is not free.
+    ``environments`` (:func:`environment_option`) is offered with every size.
     """
     sizes = availability.get("sizes") or []
     default = next((s["milli"] for s in sizes if s["available"] and s["milli"]), 0)
@@ -96,6 +115,7 @@ def profiles_from_availability(availability: dict, inventory: dict | None = None
                 "slug": profile_slug(milli),
                 "description": status,
                 "default": milli == default,
+                **({"profile_options": environments} if environments else {}),
             }
         )
     return profiles
@@ -118,7 +138,7 @@ def slice_from_allocations(allocations: list[dict], inventory: dict) -> GpuSlice
     )
 
 
-class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
+class FractionalKubeSpawner(GpuLabServiceMixin, EnvironmentsMixin, KubeSpawner):
     enforcement = Unicode(
         "hami",
         help="""How a slice is held on the cluster: hami, mig, mps, timeslice,
@@ -169,23 +189,35 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
         return self._slice_options_from_form
 
     _slice_patch: SlicePatch | None = None
+    #: The image configured (c.KubeSpawner.image), before an environment's replaced it.
+    _configured_image: str | None = None
+    _environment_name = ""
+    environment_keys = ("image",)
 
     async def _slice_profiles(self, spawner=None) -> list[dict]:
         availability = await self._client().request(
             "GET", "/availability", query={"user": self.user.name}
         )
         inventory = await self._client().request("GET", "/inventory")
-        return profiles_from_availability(availability, inventory)
+        offered = self.offered_environments()
+        title = self.site_environments().default_title
+        choice = environment_option(offered, title) if offered else None
+        return profiles_from_availability(availability, inventory, choice)
 
     def _slice_options_from_form(self, formdata) -> dict:
         value = (formdata.get("gpu_milli") or [None])[0]
+        slug = (formdata.get("profile") or [profile_slug(0)])[0]
         if value is None:
-            slug = (formdata.get("profile") or [profile_slug(0)])[0]
             value = normalize_user_options({"profile": slug})["gpu_milli"]
         try:
-            return {"gpu_milli": parse_gpu_milli(value)}
+            options = {"gpu_milli": parse_gpu_milli(value)}
         except SliceError as e:
             raise web.HTTPError(400, f"invalid user_options: {e}") from None
+        # KubeSpawner's form names a profile's option profile-option-<slug>--<option>.
+        picked = (formdata.get(f"profile-option-{slug}--environment") or [OWN_IMAGE])[0]
+        if picked != OWN_IMAGE:
+            options["environment"] = picked
+        return options
 
     async def load_user_options(self):
         # Slices are not KubeSpawner profiles with overrides (which would merge
@@ -208,6 +240,11 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
 
     async def _start(self):
         milli = parse_user_options(normalize_user_options(self.user_options))
+        # The picked environment's image for this start only (the configured one kept).
+        if self._configured_image is None:
+            self._configured_image = self.image
+        self._environment_name, env = self.chosen_environment()
+        self.image = env.get("image") or self._configured_image
         try:
             options = check_backend(self.enforcement, self.enforcement_options)
         except EnforcementError as e:
@@ -296,6 +333,8 @@ class FractionalKubeSpawner(GpuLabServiceMixin, KubeSpawner):
         if self._slice_patch is not None:
             env.update(self._slice_patch.env)
         env.update(self.service_env())
+        if self._environment_name:
+            env[ENVIRONMENT_ENV] = self._environment_name
         return env
 
     async def get_pod_manifest(self):

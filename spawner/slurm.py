@@ -59,13 +59,22 @@ gpus="${{CUDA_VISIBLE_DEVICES-}}"
 set -a
 . ./env.sh
 set +a
-export CUDA_VISIBLE_DEVICES="$gpus"
+{modules}export CUDA_VISIBLE_DEVICES="$gpus"
 port=$({python} -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 export JUPYTERHUB_SERVICE_URL="http://0.0.0.0:$port$JUPYTERHUB_SERVICE_PREFIX"
 echo "$port" > port.tmp && mv port.tmp port
 cd "$HOME"
 exec {command}
 """
+
+
+def job_script(python: str, command: str, job_dir: str, modules: list[str] = ()) -> str:
+    """The server's batch script; ``modules`` (an environment's, from the spawn form)
+    are loaded before the server starts, as the site's own jobs load them."""
+    load = f"module load {' '.join(shlex.quote(m) for m in modules)}\n" if modules else ""
+    return _JOB_SH.format(
+        python=python, command=command, job_dir=shlex.quote(job_dir), modules=load
+    )
 
 
 def env_file(env: dict[str, str]) -> str:
@@ -137,6 +146,10 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
     ``c.FractionalLocalSpawner.*`` it still takes those shared settings (it derived
     from that class once), below its own ``c.FractionalSlurmSpawner.*``.
     """
+
+    #: A site environment runs here with modules (loaded in the batch script) or a
+    #: prefix on the shared filesystem (its kernel, the user's layer), or both.
+    environment_keys = ("modules", "prefix")
 
     unix_user_template = Unicode(
         "",
@@ -261,6 +274,7 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
         self.begin_progress()
         self.slurm_job_id = ""  # a failed start must never cancel an earlier job
         milli = parse_user_options(self.user_options)
+        self.chosen_environment()  # an unknown one is a 400 before a slice is taken
         allocations = await self._allocate(milli)
         try:
             site = self.site()
@@ -285,6 +299,8 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
             await self.show_placement(milli, allocations)
             self.account = await self._cluster_account()
             await self._make_user_env()
+            if self.chosen_environment()[1].get("prefix"):
+                await self._prepare_environment()  # its kernel, the user's layer over it
             self._write_kernelspec()
             await self._submit(site, node, gres, milli)
             self.report_progress(60, STARTING_LAB)
@@ -305,7 +321,7 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
         self._write(os.path.join(job_dir, "env.sh"), env_file(env), 0o600, account)
         self._write(
             os.path.join(job_dir, "job.sh"),
-            _JOB_SH.format(python=python, command=command, job_dir=shlex.quote(job_dir)),
+            job_script(python, command, job_dir, self.chosen_environment()[1].get("modules", [])),
             0o700,
             account,
         )

@@ -399,3 +399,47 @@ async def test_spawn_page_events_say_where_the_slice_went(service, kube):
         "Starting JupyterLab…",
     ]
     assert spawner.get_state()["gpulab_placement"]["node"] == "gpu-1"
+
+
+async def test_a_picked_environment_is_the_pods_image_for_that_start(service, kube):
+    spawner = make_spawner(service)
+    spawner.config.SiteEnvironments.environments = {
+        "cu12": {"image": "ghcr.io/site/cu12:1", "description": "CUDA 12"},
+        "box-only": {"prefix": "/opt/envs/box"},  # not one a pod can run
+    }
+    # The form offers the images beside every size; what it posts becomes user_options.
+    profiles = await spawner._slice_profiles()
+    assert profiles[0]["profile_options"] == {
+        "environment": {
+            "display_name": "Environment",
+            "choices": {
+                "-": {"display_name": "gpulab (default)", "default": True},
+                "cu12": {"display_name": "cu12 (CUDA 12)"},
+            },
+        }
+    }
+    form = {"profile": ["gpu-250"], "profile-option-gpu-250--environment": ["cu12"]}
+    assert spawner.options_from_form(form) == {"gpu_milli": 250, "environment": "cu12"}
+    assert spawner.options_from_form({"profile": ["gpu-250"]}) == {"gpu_milli": 250}
+
+    spawner.user_options = {"gpu_milli": 250, "environment": "cu12"}
+    await spawner.start()
+    pod = kube.pods[-1]
+    assert pod["spec"]["containers"][0]["image"] == "ghcr.io/site/cu12:1"
+    env = env_of(pod)
+    # Jobs from this server run the same image (the magics read JUPYTER_IMAGE_SPEC).
+    assert env["GPULAB_ENVIRONMENT"] == "cu12"
+    assert env["JUPYTER_IMAGE_SPEC"] == "ghcr.io/site/cu12:1"
+    await spawner.stop()
+
+    # The next start without a choice gets the configured image back.
+    spawner.user_options = {"gpu_milli": 0}
+    await spawner.start()
+    assert kube.pods[-1]["spec"]["containers"][0]["image"] == (
+        "quay.io/jupyter/scipy-notebook:2025-12-01"
+    )
+    assert "GPULAB_ENVIRONMENT" not in env_of(kube.pods[-1])
+
+    spawner.user_options = {"gpu_milli": 0, "environment": "box-only"}
+    with pytest.raises(web.HTTPError, match="unknown environment 'box-only'; this site's: cu12"):
+        await spawner.start()
