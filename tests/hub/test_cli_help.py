@@ -71,6 +71,7 @@ def test_every_class_with_settings_is_listed(secs):
     hidden = {
         "GpuLabServiceMixin",
         "SharingSettings",
+        "BudgetSettings",
         "VectorSettings",
         "LlmSettings",
         "FractionalHostSpawner",
