@@ -395,7 +395,13 @@ class FineTuning:
     async def _publish(self, row: dict, job: dict) -> None:
         try:
             jd = self.jobs.jobdir(job)
-            files = {n: jd.read_user(f"out/{n}") for n in ADAPTER_FILES}
+            try:
+                files = {n: jd.read_user(f"out/{n}") for n in ADAPTER_FILES}
+            except OSError as e:
+                raise PublishFailed(
+                    f"job {job['id']} ended without its adapter ({e.strerror or e}: "
+                    f"out/{ADAPTER_FILES[1]}); its log says why: GET /jobs/{job['id']}/logs"
+                ) from None
             try:
                 json.loads(files["adapter_config.json"])
             except ValueError:

@@ -67,6 +67,8 @@ async def serve_adapter(deployments, who, dep: dict, adapter: str, files: dict, 
             f"roll it back (%deploy --promote/--rollback {dep['name']}), then fine-tune again"
         )
     model_dir = deployments.serving.model_dir(stable["id"])
+    if adapter in _adapters(model_dir):
+        return  # served already (a service restarted after promoting, before it noted so)
     with tempfile.TemporaryDirectory() as tmp:
         tar_path = os.path.join(tmp, "model.tar.gz")
         await asyncio.to_thread(pack_with_adapter, model_dir, adapter, files, tar_path)
@@ -81,6 +83,14 @@ async def serve_adapter(deployments, who, dep: dict, adapter: str, files: dict, 
         await deployments.versions.promote(deployments.store.get(dep["id"]))
     except DeployRefused as e:
         raise PublishFailed(f"version {new['version']} of {dep['name']}: {e}") from None
+
+
+def _adapters(model_dir: str) -> list[str]:
+    try:
+        with open(os.path.join(model_dir, "model.json")) as f:
+            return list(json.load(f).get("adapters") or [])
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 async def _until_ready(deployments, dep: dict, vrow: dict) -> None:

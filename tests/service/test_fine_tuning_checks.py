@@ -96,3 +96,33 @@ def test_the_loss_is_taken_on_the_assistant_replies_only():
     assert tok.decode(learned) == "Hi.</s>Fine.</s>"
     short, _ = tokenize(tok, chat, max_len=5)
     assert len(short) == 5
+
+
+def test_an_adapter_joins_the_model_archive_the_service_unpacks_and_the_replica_loads(tmp_path):
+    """The new version's archive: the endpoint's model folder with the adapter added,
+    accepted by the upload's checks and loaded beside the base by the model loader."""
+    from peft import LoraConfig, get_peft_model
+    from tiny_lm import tiny_llama
+
+    from gpulab.service.endpoints.fine_tuning_publish import ADAPTER_FILES, pack_with_adapter
+    from gpulab.service.endpoints.model_archive import unpack_model
+    from gpulab.serving.llm_export import load_causal_lm, save_causal_lm
+
+    model, tok = tiny_llama()
+    served = tmp_path / "served"
+    save_causal_lm(model, tok, str(served), max_model_len=64, max_num_seqs=2)
+    lora = get_peft_model(tiny_llama()[0], LoraConfig(r=2, target_modules="all-linear"))
+    lora.save_pretrained(str(tmp_path / "lora"), safe_serialization=True)
+    files = {n: (tmp_path / "lora" / n).read_bytes() for n in ADAPTER_FILES}
+
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v3").mkdir()
+    pack_with_adapter(str(served), "pw-1", files, str(tmp_path / "v2.tar.gz"))
+    card = unpack_model(str(tmp_path / "v2.tar.gz"), str(tmp_path / "v2"), 2**30)
+    assert card["adapters"] == ["pw-1"]
+    _, _, loaded = load_causal_lm(str(tmp_path / "v2"), device="cpu")
+    assert loaded["adapters"] == ["pw-1"]
+    # A second adapter keeps the first (each fine-tune adds to what is served).
+    pack_with_adapter(str(tmp_path / "v2"), "pw-2", files, str(tmp_path / "v3.tar.gz"))
+    card = unpack_model(str(tmp_path / "v3.tar.gz"), str(tmp_path / "v3"), 2**30)
+    assert card["adapters"] == ["pw-1", "pw-2"]
