@@ -132,26 +132,16 @@ class EndpointCalls:
         unit, path = self._choose(dep, path)
         return await self._forward(dep, unit, method, path, headers, body)
 
-    async def _forward(self, dep: dict, unit, method: str, path: str, headers: dict, body):
-        start = time.monotonic()
-        ready = self.ready(dep, unit)
-        if not ready:
-            ready = await self.cold_start(dep, unit)
+    async def _replicas(self, dep: dict, unit):
+        """The ready replicas of ``unit`` to try in turn, ``(replica, url)``: the least
+        busy first, each once, those that went away meanwhile left out (cold-started
+        if none is ready). CallRefused once none is left."""
+        ready = self.ready(dep, unit) or await self.cold_start(dep, unit)
         tried: set[int] = set()
         while ready:
             replica, url = unit.traffic.least_busy(ready)
             tried.add(replica)
-            unit.traffic.begin(replica)
-            answer = None
-            try:
-                answer = await self.proxy.forward(
-                    url, self.token(unit), method, path, headers, body
-                )
-            finally:
-                error = answer is None or answer[0] >= 500
-                unit.traffic.end(replica, time.monotonic() - start, error)
-            if answer is not None:
-                return answer
+            yield replica, url
             # That replica just went away (scaled down, crashed): try another.
             ready = [r for r in self.ready(dep, unit) if r[0] not in tried]
         raise CallRefused(
@@ -160,6 +150,23 @@ class EndpointCalls:
             f"is ready ({unit.row['state']}: {unit.row['message']}); try again shortly",
             retry_after=2,
         )
+
+    async def _forward(self, dep: dict, unit, method: str, path: str, headers: dict, body):
+        start = time.monotonic()
+        async with contextlib.aclosing(self._replicas(dep, unit)) as replicas:
+            async for replica, url in replicas:
+                unit.traffic.begin(replica)
+                answer = None
+                try:
+                    answer = await self.proxy.forward(
+                        url, self.token(unit), method, path, headers, body
+                    )
+                finally:
+                    error = answer is None or answer[0] >= 500
+                    unit.traffic.end(replica, time.monotonic() - start, error)
+                if answer is not None:
+                    return answer
+        raise AssertionError("unreachable: _replicas raises when none is left")
 
     def choose(self, dep: dict):
         """The version (unit) a call without a version in its path goes to: by weight."""
@@ -171,33 +178,20 @@ class EndpointCalls:
         open (:meth:`EndpointProxy.open`), to be read as it streams; the replica counts
         as busy until the caller is done with it. CallRefused if no replica answers."""
         start = time.monotonic()
-        ready = self.ready(dep, unit)
-        if not ready:
-            ready = await self.cold_start(dep, unit)
-        tried: set[int] = set()
-        while ready:
-            replica, url = unit.traffic.least_busy(ready)
-            tried.add(replica)
-            unit.traffic.begin(replica)
-            error = True
-            try:
-                async with self.proxy.open(
-                    url, self.token(unit), method, path, headers, body
-                ) as resp:
-                    if resp is not None:
-                        error = resp.status >= 500
-                        yield resp
-                        return
-            finally:
-                unit.traffic.end(replica, time.monotonic() - start, error)
-            # That replica just went away (scaled down, crashed): try another.
-            ready = [r for r in self.ready(dep, unit) if r[0] not in tried]
-        raise CallRefused(
-            503,
-            f"no replica of {dep['user']}/{dep['name']} version {unit.row['version']} "
-            f"is ready ({unit.row['state']}: {unit.row['message']}); try again shortly",
-            retry_after=2,
-        )
+        async with contextlib.aclosing(self._replicas(dep, unit)) as replicas:
+            async for replica, url in replicas:
+                unit.traffic.begin(replica)
+                error = True
+                try:
+                    async with self.proxy.open(
+                        url, self.token(unit), method, path, headers, body
+                    ) as resp:
+                        if resp is not None:
+                            error = resp.status >= 500
+                            yield resp
+                            return
+                finally:
+                    unit.traffic.end(replica, time.monotonic() - start, error)
 
     def endpoints(self) -> list[dict]:
         """Every deployment a call could name (the gateway's model list)."""
