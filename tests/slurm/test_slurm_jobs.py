@@ -61,8 +61,6 @@ print(f"whoami {getpass.getuser()} on {socket.gethostname()} leaked={leaked}", f
 """
 # A quarter GPU per rank: 5 of the sandbox's 20 shards per GPU.
 FIELDS = dict(out="model", checkpoint_every=10, gpu_milli=250, env={"STEPS": "20"})
-#: The local backend's weights of FIELDS, for the tests that compare with them.
-LOCAL_WEIGHTS: dict = {}
 
 
 def who(jd, rank) -> str:
@@ -81,25 +79,37 @@ async def metrics_at_least(svc, token, job_id, n, timeout=180):
     return await wait_until_async(enough, f"{n} metrics of job {job_id}", timeout, every=0.3)
 
 
-async def test_two_node_job_is_one_slurm_job_with_the_local_weights(sandbox, slurm_base):
-    # A site of the box and the cluster (`slurm-sandbox up --hybrid`): the same job on
-    # each pool, in one service (a second in-process service beside the module's
-    # would cancel its tasks when it stops).
+@pytest.fixture(scope="module")
+async def local_weights(sandbox, slurm_base) -> dict:
+    """The weights FIELDS' job trains on the box (the local backend), for the tests
+    that compare the Slurm runs with them. The site is the box and the cluster
+    (`slurm-sandbox up --hybrid`); its service stops before the tests' own start."""
     data = slurm_base / "hybrid"
     data.mkdir()
     os.chmod(data, 0o755)  # the ranks' accounts pass through it
     async with running_service(data, config_text(sandbox, hybrid=True)) as svc:
         alice = svc.create_user("alice")
-        job = await submit(svc, alice, code=WHO + LINEAR, pool="slurm", **FIELDS)
         local = await submit(svc, alice, pool="box", **FIELDS)
+        assert (await wait_job(svc, alice, local["id"]))["state"] == "succeeded"
+        return torch.load(jobdir(svc, local["id"]) / "out" / "state_dict.pt")
+
+
+async def test_two_node_job_is_one_slurm_job_with_the_local_weights(
+    sandbox, slurm_base, local_weights
+):
+    # The same job on the cluster's pool of a site of the box and the cluster.
+    data = slurm_base / "hybrid-slurm"
+    data.mkdir()
+    os.chmod(data, 0o755)
+    async with running_service(data, config_text(sandbox, hybrid=True)) as svc:
+        alice = svc.create_user("alice")
+        job = await submit(svc, alice, code=WHO + LINEAR, pool="slurm", **FIELDS)
         done = await wait_job(svc, alice, job["id"])
         assert done["state"] == "succeeded", done
-        assert (await wait_job(svc, alice, local["id"]))["state"] == "succeeded"
-        LOCAL_WEIGHTS.update(torch.load(jobdir(svc, local["id"]) / "out" / "state_dict.pt"))
-        check_the_slurm_job(svc, done, sandbox)
+        check_the_slurm_job(svc, done, sandbox, local_weights)
 
 
-def check_the_slurm_job(svc, job, sandbox):
+def check_the_slurm_job(svc, job, sandbox, local_weights):
     jd = jobdir(svc, job["id"])
     slurm_id = (jd / "slurm" / "job_id").read_text().strip()
     assert job["slurm_job_id"] == slurm_id  # the job listing names the Slurm job
@@ -118,7 +128,7 @@ def check_the_slurm_job(svc, job, sandbox):
     assert {who(jd, r).split()[1] for r in (0, 1)} == {"gpulab-alice"}
     # Only PASS_ENV and the job's own variables: none of the service's tokens.
     assert {who(jd, r).split()[4] for r in (0, 1)} == {"leaked=[]"}
-    assert_same_weights(torch.load(jd / "out" / "state_dict.pt"), LOCAL_WEIGHTS)
+    assert_same_weights(torch.load(jd / "out" / "state_dict.pt"), local_weights)
 
 
 def assert_same_weights(got, want):
@@ -127,9 +137,7 @@ def assert_same_weights(got, want):
         assert torch.equal(got[k], want[k]), k
 
 
-async def test_killed_rank_on_node_1_restarts_from_the_checkpoint(svc, sandbox):
-    if not LOCAL_WEIGHTS:
-        pytest.skip("needs the local weights of the first test")
+async def test_killed_rank_on_node_1_restarts_from_the_checkpoint(svc, sandbox, local_weights):
     alice = svc.create_user("alice")
     fields = {**FIELDS, "env": {**FIELDS["env"], "STEP_DELAY": "0.3"}, "max_restarts": 2}
     job = await submit(svc, alice, **fields)
@@ -146,7 +154,7 @@ async def test_killed_rank_on_node_1_restarts_from_the_checkpoint(svc, sandbox):
     assert done["state"] == "succeeded", done
     assert done["restarts"] == 1, done
     # Resumed, not started over: the weights are those of an uninterrupted run.
-    assert_same_weights(torch.load(jd / "out" / "state_dict.pt"), LOCAL_WEIGHTS)
+    assert_same_weights(torch.load(jd / "out" / "state_dict.pt"), local_weights)
 
 
 # Each rank says what Slurm told its node's task (srun's SLURM_* variables).
