@@ -139,6 +139,16 @@ async def test_fine_tune_through_the_api_serves_the_adapter_as_its_own_model(tmp
             await bob_ai.chat.completions.create(
                 model=f"{a}/{done.fine_tuned_model}", messages=ASK, max_tokens=2
             )
+        # Shared with bob: he calls the adapter as alice's, but may not fine-tune her endpoint.
+        r = await svc.request("PATCH", "/deployments/chat", token=alice, json={"share_users": [b]})
+        assert r.status_code == 200, r.text
+        his = await bob_ai.chat.completions.create(
+            model=f"{a}/{done.fine_tuned_model}", messages=ASK, max_tokens=10, temperature=0
+        )
+        assert his.choices[0].message.content == tuned.choices[0].message.content
+        with pytest.raises(openai.PermissionDeniedError) as e:
+            await bob_ai.fine_tuning.jobs.create(model=f"{a}/chat", training_file=f.id)
+        assert "fine-tune an endpoint of your own" in e.value.body["message"]
         # The endpoint's new version names the job that trained its adapter.
         r = await svc.request("GET", f"/models/{a}/chat/lineage", token=alice)
         assert r.json()["versions"][-1]["job"]["id"] == job.model_extra["gpulab_job"]
