@@ -64,9 +64,16 @@ class Thresholds:
 
     @classmethod
     def from_service(cls, service) -> Thresholds:
+        """The service's values of every field but those that are no setting: a
+        setting renamed on one side fails the service's start here, rather than the
+        rule silently keeping its default."""
         return cls(
-            **{f.name: getattr(service, f.name) for f in fields(cls) if hasattr(service, f.name)}
+            **{f.name: getattr(service, f.name) for f in fields(cls) if f.name not in NOT_SETTINGS}
         )
+
+
+#: Thresholds' fields that are not settings of the service (they keep their defaults).
+NOT_SETTINGS = frozenset({"node_stale_seconds"})
 
 
 DEFAULTS = Thresholds()

@@ -177,3 +177,18 @@ def test_the_webhook_url_is_never_logged_whole():
         "https://hooks.example.org:8443/…"
     )
     assert redact("http://127.0.0.1:9093") == "http://127.0.0.1:9093"
+
+
+def test_thresholds_come_from_the_services_settings_by_name():
+    from dataclasses import fields
+
+    from gpulab.service.app import GpuLabService
+    from gpulab.service.operations.rules import NOT_SETTINGS
+
+    svc = GpuLabService(alert_endpoint_p99_ms=750.0, job_stall_seconds=90.0)
+    th = Thresholds.from_service(svc)
+    assert (th.alert_endpoint_p99_ms, th.job_stall_seconds) == (750.0, 90.0)
+    # Every field but the named exceptions is a setting of the service: a rename on
+    # either side fails here (and at the service's start), not silently.
+    settings = GpuLabService.class_traits(config=True)
+    assert {f.name for f in fields(Thresholds)} - set(settings) == NOT_SETTINGS
