@@ -243,8 +243,7 @@ class FineTuning:
             )
         row = self.files.get(who, fid)
         data = await asyncio.to_thread(self.files.read, row)
-        # Checked at upload already; a file never changes, but a job must not start on a
-        # file an older service kept without the checks.
+        # Checked at upload; again here (off the loop), so no job ever starts on a bad line.
         await asyncio.to_thread(check_training_file, data)
         ft_id = f"ftjob-{uuid.uuid4().hex[:24]}"
         adapter = f"{suffix or 'ft'}-{ft_id[6:14]}"
