@@ -115,8 +115,9 @@ lint: venv-base $(STAMP)
 # waits on processes it started (servers starting, a hub's poll), which a third
 # worker fills on 2 cores (2 workers: 1100 s; 3: 925 s). At most 5 (memory).
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 5 ? n + 1 : 5 )))
+# The live Kubernetes cluster's tests run apart (`make test-kube`): GPULAB_TEST_LIVE_KUBE=0.
 test: system-deps deps reach lint
-	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	GPULAB_TEST_LIVE_KUBE=0 $(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The live Kubernetes cluster's binaries (kube-apiserver, -controller-manager,
 # -scheduler, kubelet 1.34.4; etcd; CoreDNS; helm 4), built once from the Go module

@@ -1,4 +1,4 @@
-"""Fixtures for the Kubernetes tests. Nothing here reaches a cluster.
+"""Fixtures for the Kubernetes tests. Only ``live_kube`` reaches a cluster (a real one).
 
 KubeSpawner loads client credentials when it is constructed (not when it
 builds a pod), so the spawner tests point the kubeconfig at a file naming an
@@ -6,6 +6,9 @@ address nothing listens on; no request is ever made to it.
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 import pytest
 
@@ -67,3 +70,60 @@ async def job_cluster(tmp_path):
     for server, backend in made:
         await backend.close()
         await server.stop()
+
+
+# -- the live cluster (test_live_cluster.py) ---------------------------------------------
+
+
+class SiteCluster:
+    """A site's own cluster (``GPULAB_TEST_KUBECONFIG``): nothing started, nothing stopped."""
+
+    local = False
+    build_seconds = start_seconds = None
+
+    def __init__(self, kubeconfig: str):
+        self.admin_kubeconfig = kubeconfig
+        self.image = os.environ.get("GPULAB_TEST_IMAGE", "python:3.11-slim")
+        self.version = None
+
+
+def _say(config, line: str) -> None:
+    """A line in pytest's own output (not captured): the cluster's figures."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
+    else:  # an xdist worker: its stderr reaches the terminal
+        sys.__stderr__.write(line + "\n")
+
+
+@pytest.fixture(scope="session")
+def live_kube(request):
+    """The cluster the live suite runs against: a site's (``GPULAB_TEST_KUBECONFIG``),
+    else one the suite builds (cached) and starts (``tests/support/live_kube``), and
+    removes at the end of the session."""
+    site = os.environ.get("GPULAB_TEST_KUBECONFIG")
+    if site:
+        yield SiteCluster(site)
+        return
+    if os.environ.get("GPULAB_TEST_LIVE_KUBE") == "0":
+        pytest.skip(
+            "GPULAB_TEST_LIVE_KUBE=0: the live cluster is not started (make test-kube runs it)"
+        )
+    from support import live_kube
+
+    problem = live_kube.missing_prerequisites()
+    if problem:
+        pytest.fail(f"live-cluster suite cannot run: {problem}", pytrace=False)
+    cluster = live_kube.start()
+    cluster.local = True
+    cluster.image = live_kube.images.PYTHON_IMAGE
+    _say(
+        request.config,
+        f"live cluster: binaries {cluster.build_seconds:.1f} s "
+        f"(scripts/kube/build.sh, cached), started in {cluster.start_seconds:.1f} s "
+        f"(node {cluster.node_name} at {cluster.net.node_ip})",
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,43 +1,51 @@
-"""Against a live cluster: spawn a notebook pod, run a job, serve an endpoint, clean up.
+"""Against a live cluster: the chart installed with helm, its RBAC, a notebook pod, a
+two-node job, an endpoint, and what the cluster removes after a stop or a cancel.
 
-Runs only when ``GPULAB_TEST_KUBECONFIG`` names a kubeconfig; otherwise every
-test here is reported as skipped ("not run"). Each run works in a namespace
-of its own (``gpulab-test-<random>``) and deletes it at the end.
+By default the cluster is one the suite builds and starts (``live_kube`` in
+conftest.py; tests/support/live_kube: Kubernetes v1.34.4 as plain processes, one
+node in a network namespace, images made locally). ``GPULAB_TEST_KUBECONFIG`` points
+the same tests at a site's own cluster instead. Each run works in a namespace of
+its own (``gpulab-test-<random>``) and deletes it at the end.
 
-Optional settings:
+Optional settings (a site's cluster):
 
-- ``GPULAB_TEST_IMAGE``: an image with Python 3 (default ``python:3.11-slim``);
+- ``GPULAB_TEST_IMAGE``: an image with Python 3 (default ``python:3.11-slim``; on the
+  suite's cluster a local image of this machine's Python);
 - ``GPULAB_TEST_ENFORCEMENT`` + ``GPULAB_TEST_GPU_MODEL`` + ``GPULAB_TEST_GPU_MEMORY_MIB``:
   ask for a 1/4 GPU slice with that backend (default: no GPU, so any cluster works);
 - ``GPULAB_TEST_KUEUE_QUEUE``: submit the job to that Kueue LocalQueue;
-- ``GPULAB_TEST_STORAGE_CLASS`` + ``GPULAB_TEST_JOBS_ACCESS_MODE``: the claim the
-  backend's jobs and models volume uses (default: the cluster's default class,
-  ``ReadWriteOnce``, enough on a one-node cluster; use ``ReadWriteMany`` on more).
+- ``GPULAB_TEST_STORAGE_CLASS``: the class of the chart's claims (default: the
+  cluster's default class; the suite's cluster binds them to local volumes).
 
-The backend's cases run gpulab's own objects (``gpulab.backend.kubernetes``)
-with the image's command swapped, through ``pod_patch``, for a stand-in that
-needs only Python: the default image has neither torch nor gpulab. The
+The backend's cases run gpulab's own objects (``gpulab.backend.kubernetes``), sent
+with the chart's ServiceAccount (only what its Role grants), with the image's
+command swapped, through ``pod_patch``, for a stand-in that needs only Python. The
 stand-in keeps what the objects decide: each pod's index, ``is_host``, the
-rendezvous name of index 0 and its port, the slice, the volumes.
+rendezvous name of index 0 (resolved by the cluster's DNS) and its port, the slice,
+the volumes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import secrets
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
 
 import pytest
+import yaml
 from kube_helpers import validate_strict
 from support.wait import wait_until_async
 
-KUBECONFIG = os.environ.get("GPULAB_TEST_KUBECONFIG")
-pytestmark = pytest.mark.skipif(
-    not KUBECONFIG, reason="live-cluster suite not run: GPULAB_TEST_KUBECONFIG is not set"
-)
-
-IMAGE = os.environ.get("GPULAB_TEST_IMAGE", "python:3.11-slim")
 BACKEND = os.environ.get("GPULAB_TEST_ENFORCEMENT", "")
 TIMEOUT = float(os.environ.get("GPULAB_TEST_TIMEOUT", "300"))
+CHART = Path(__file__).resolve().parents[2] / "helm" / "gpulab"
+RELEASE = "gpulab"  # the chart's objects are named gpulab, gpulab-jobs, ...
+JOBS_PVC = f"{RELEASE}-jobs"
 
 
 def the_slice():
@@ -53,7 +61,7 @@ def the_slice():
     return 250, pod_slice_patch(BACKEND, s)
 
 
-def pod_template(name: str, command: list[str], labels: dict | None = None) -> dict:
+def pod_template(name: str, image: str, command: list[str], labels: dict | None = None) -> dict:
     from gpulab.enforcement.kube import apply_to_pod
 
     _, patch = the_slice()
@@ -62,37 +70,68 @@ def pod_template(name: str, command: list[str], labels: dict | None = None) -> d
             "labels": {"app.kubernetes.io/name": "gpulab-test", "test": name, **(labels or {})}
         },
         "spec": {
+            # python as PID 1 ignores SIGTERM: without this a deleted pod takes its 30 s.
+            "terminationGracePeriodSeconds": 1,
             "containers": [
                 {
                     "name": "main",
-                    "image": IMAGE,
+                    "image": image,
                     "command": command,
                     "resources": {
                         "requests": {"cpu": "50m", "memory": "64Mi"},
                         "limits": {"memory": "256Mi"},
                     },
                 }
-            ]
+            ],
         },
     }
     return apply_to_pod(template, patch)
 
 
-async def wait_for(what: str, check, timeout: float = TIMEOUT, every: float = 2.0):
+async def wait_for(what: str, check, timeout: float = TIMEOUT, every: float = 1.0):
     """Poll ``check()`` until it returns something truthy (a state, not a delay)."""
     return await wait_until_async(check, what, timeout, every)
 
 
+def kubeconfig_with_token(admin_kubeconfig: str, token: str, path: Path) -> str:
+    """``admin_kubeconfig``'s cluster, as the bearer of ``token``."""
+    config = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])
+    cluster = next(c for c in config["clusters"] if c["name"] == context["context"]["cluster"])
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster],
+                "users": [{"name": "sa", "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": cluster["name"], "user": "sa"}}],
+                "current-context": "sa",
+            }
+        )
+    )
+    path.chmod(0o600)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
-async def api():
+def image(live_kube):
+    return live_kube.image
+
+
+@pytest.fixture(scope="module")
+async def api(live_kube):
     from kubernetes_asyncio import client, config
 
-    api_client = await config.new_client_from_config(config_file=KUBECONFIG)
+    api_client = await config.new_client_from_config(config_file=live_kube.admin_kubeconfig)
     async with api_client:
         yield {
+            "client": api_client,
             "core": client.CoreV1Api(api_client),
             "batch": client.BatchV1Api(api_client),
             "apps": client.AppsV1Api(api_client),
+            "net": client.NetworkingV1Api(api_client),
+            "rbac": client.RbacAuthorizationV1Api(api_client),
         }
 
 
@@ -102,11 +141,185 @@ async def namespace(api):
     await api["core"].create_namespace(
         {"metadata": {"name": name, "labels": {"gpulab.io/test": "true"}}}
     )
+
+    # A real cluster: a pod is refused until the namespace's "default" ServiceAccount
+    # exists, which the controller-manager makes shortly after the namespace.
+    async def default_account():
+        accounts = await api["core"].list_namespaced_service_account(name)
+        return any(a.metadata.name == "default" for a in accounts.items)
+
+    await wait_for("the namespace's default ServiceAccount", default_account)
     yield name
     await api["core"].delete_namespace(name)
 
 
-async def test_spawn_notebook_pod(api, namespace):
+@pytest.fixture(scope="module")
+def jobs_root(tmp_path_factory):
+    """The service's jobs directory; on the suite's cluster the jobs claim's volume too
+    (a hostPath volume of this folder), so the pods see what the service writes."""
+    path = tmp_path_factory.mktemp("live-jobs")
+    path.chmod(0o777)
+    return str(path)
+
+
+def helm_binary(live_kube) -> str | None:
+    if getattr(live_kube, "bins", None) is not None:
+        return str(live_kube.bins / "helm")
+    return shutil.which("helm")
+
+
+@pytest.fixture(scope="module")
+async def release(live_kube, api, namespace, jobs_root, tmp_path_factory):
+    """The chart installed with helm into the test namespace, as a site types it, and
+    the ServiceAccount token its service pod would have (a kubeconfig of it)."""
+    helm = helm_binary(live_kube)
+    if helm is None:
+        pytest.skip("no helm binary: put helm 3.8+ on PATH to install the chart")
+    storage_class = os.environ.get("GPULAB_TEST_STORAGE_CLASS", "")
+    if live_kube.local:
+        # No provisioner on the suite's node: the claims bind to local volumes.
+        await bind_local_volumes(api, namespace, {JOBS_PVC: jobs_root}, tmp_path_factory)
+        storage_class = ""
+    settings = [
+        "service.image.pullPolicy=Never",  # no registry here: the service pod stays pending
+        "jobs.storage.size=1Gi",
+        "deployments.storage.size=1Gi",
+        "service.persistence.size=1Gi",
+    ]
+    if storage_class:
+        for part in ("jobs.storage", "deployments.storage", "service.persistence"):
+            settings.append(f"{part}.storageClassName={storage_class}")
+    argv = [helm, "install", RELEASE, str(CHART), "--namespace", namespace]
+    argv += ["--kubeconfig", live_kube.admin_kubeconfig]
+    for s in settings:
+        argv += ["--set", s]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, f"helm install failed:\n{out.decode()}"
+    token = await api["core"].create_namespaced_service_account_token(
+        RELEASE, namespace, {"spec": {"expirationSeconds": 3600}}
+    )
+    path = tmp_path_factory.mktemp("sa") / "kubeconfig"
+    yield {
+        "helm_output": out.decode(),
+        "kubeconfig": kubeconfig_with_token(live_kube.admin_kubeconfig, token.status.token, path),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        helm,
+        "uninstall",
+        RELEASE,
+        "--namespace",
+        namespace,
+        "--kubeconfig",
+        live_kube.admin_kubeconfig,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    await asyncio.wait_for(proc.wait(), 120)
+
+
+async def bind_local_volumes(api, namespace, claims: dict[str, str], tmp_path_factory):
+    """A hostPath PersistentVolume reserved for each claim (``claimRef``): what a
+    local-path provisioner would make, before the claim exists."""
+    for claim in (JOBS_PVC, f"{RELEASE}-models", f"{RELEASE}-data"):
+        path = claims.get(claim) or str(tmp_path_factory.mktemp(claim))
+        Path(path).chmod(0o777)
+        await api["core"].create_persistent_volume(
+            {
+                "metadata": {
+                    "name": f"{namespace}-{claim}",
+                    "labels": {"gpulab.io/test": "true"},
+                },
+                "spec": {
+                    "capacity": {"storage": "1Ti"},
+                    "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": path, "type": "Directory"},
+                    "claimRef": {"namespace": namespace, "name": claim},
+                },
+            }
+        )
+
+
+@pytest.fixture(scope="module")
+async def service_api(release):
+    """The Kubernetes API as the chart's service account."""
+    from kubernetes_asyncio import client, config
+
+    api_client = await config.new_client_from_config(config_file=release["kubeconfig"])
+    async with api_client:
+        yield {
+            "core": client.CoreV1Api(api_client),
+            "batch": client.BatchV1Api(api_client),
+            "rbac": client.RbacAuthorizationV1Api(api_client),
+        }
+
+
+async def test_api_server_version(api, live_kube, request):
+    from kubernetes_asyncio import client
+
+    version = await client.VersionApi(api["client"]).get_code()
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    line = f"\nlive cluster API server: {version.git_version} ({version.platform})"
+    if reporter is not None:
+        reporter.write_line(line)
+    # A plain `go build` says v0.0.0-master, and helm then refuses the chart's kubeVersion.
+    assert version.major == "1" and version.git_version.startswith("v1."), version
+    if live_kube.local:
+        assert version.git_version == "v1.34.4"
+
+
+async def test_chart_installs_and_creates_its_objects(api, namespace, release):
+    assert "STATUS: deployed" in release["helm_output"], release["helm_output"]
+    deployment = await api["apps"].read_namespaced_deployment(RELEASE, namespace)
+    account = deployment.spec.template.spec.service_account_name
+    assert account == RELEASE
+    role = await api["rbac"].read_namespaced_role(RELEASE, namespace)
+    assert any("jobs" in r.resources for r in role.rules)
+
+    async def claims_bound():
+        claims = await api["core"].list_namespaced_persistent_volume_claim(namespace)
+        phases = {c.metadata.name: c.status.phase for c in claims.items}
+        return phases if phases and set(phases.values()) == {"Bound"} else None
+
+    phases = await wait_for("the chart's claims to be bound", claims_bound)
+    assert JOBS_PVC in phases
+
+
+async def test_service_account_is_denied_what_the_chart_does_not_grant(api, namespace, service_api):
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    core, rbac = service_api["core"], service_api["rbac"]
+    # Granted: its namespace's pods and jobs; every namespace's pods (the inventory).
+    await core.list_namespaced_pod(namespace)
+    await service_api["batch"].list_namespaced_job(namespace)
+    await core.list_pod_for_all_namespaces(limit=1)
+    denied = {
+        "secrets of another namespace": core.list_namespaced_secret("kube-system"),
+        "a namespace": core.create_namespace({"metadata": {"name": f"{namespace}-x"}}),
+        "a node's labels": core.patch_node("no-such-node", {"metadata": {"labels": {"a": "b"}}}),
+        "a Role (escalation)": rbac.create_namespaced_role(
+            namespace, {"metadata": {"name": "more"}, "rules": []}
+        ),
+        "exec into a pod": core.connect_post_namespaced_pod_exec(
+            "any", namespace, command=["true"], stdout=True
+        ),
+        "jobs of another namespace": service_api["batch"].list_namespaced_job("default"),
+    }
+    refused = {}
+    for what, call in denied.items():
+        try:
+            await call
+        except ApiException as e:
+            refused[what] = e.status
+        else:
+            refused[what] = "allowed"
+    assert refused == dict.fromkeys(denied, 403)
+
+
+async def test_spawn_notebook_pod(api, namespace, image):
     from kubespawner.objects import make_pod
 
     from gpulab.enforcement.kube.kueue import queue_patch
@@ -117,7 +330,7 @@ async def test_spawn_notebook_pod(api, namespace):
         name="jupyter-gpulab-test",
         cmd=["python", "-m", "http.server", "8888"],
         port=8888,
-        image=IMAGE,
+        image=image,
         env={**patch.env, "GPULAB_API_URL": "http://x"},
         labels={"app.kubernetes.io/name": "gpulab-test"},
     )
@@ -134,12 +347,12 @@ async def test_spawn_notebook_pod(api, namespace):
     assert env["GPULAB_GPU_MILLI"] == str(milli)
 
 
-async def test_job_runs_to_completion(api, namespace):
+async def test_job_runs_to_completion(api, namespace, image):
     from gpulab.enforcement.kube.kueue import queue_patch
 
     queueing = queue_patch("job", os.environ.get("GPULAB_TEST_KUEUE_QUEUE"), None)
     template = pod_template(
-        "job", ["python", "-c", "import os; print('milli', os.environ['GPULAB_GPU_MILLI'])"]
+        "job", image, ["python", "-c", "import os; print('milli', os.environ['GPULAB_GPU_MILLI'])"]
     )
     template["spec"]["restartPolicy"] = "Never"
     job = {
@@ -162,9 +375,9 @@ async def test_job_runs_to_completion(api, namespace):
     assert f"milli {the_slice()[0]}" in log
 
 
-async def test_endpoint_serves(api, namespace):
+async def test_endpoint_serves(api, namespace, image):
     labels = {"app.kubernetes.io/name": "gpulab-test", "test": "endpoint"}
-    template = pod_template("endpoint", ["python", "-m", "http.server", "8080"])
+    template = pod_template("endpoint", image, ["python", "-m", "http.server", "8080"])
     template["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "name": "http"}]
     template["spec"]["containers"][0]["readinessProbe"] = {
         "tcpSocket": {"port": "http"},
@@ -217,8 +430,6 @@ else:
     conn.sendall(os.environ["PET_NODE_RANK"].encode())
 """
 
-JOBS_PVC = "gpulab-jobs"
-
 
 def stand_in(
     command: list[str] | None = None,
@@ -231,6 +442,7 @@ def stand_in(
 
     def apply(template):
         template = apply_to_pod(template, patch)
+        template["spec"]["terminationGracePeriodSeconds"] = 1  # python as PID 1: no SIGTERM
         c = template["spec"]["containers"][0]
         if command is None:  # a job's node: keep the wrapper, run the stand-in under it
             kept = [a for a in c["args"] if a.startswith(keep_args)]
@@ -247,50 +459,59 @@ def stand_in(
     return apply
 
 
-@pytest.fixture(scope="module")
-async def jobs_pvc(api, namespace):
-    claim = {
-        "metadata": {"name": JOBS_PVC},
-        "spec": {
-            "accessModes": [os.environ.get("GPULAB_TEST_JOBS_ACCESS_MODE", "ReadWriteOnce")],
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    if os.environ.get("GPULAB_TEST_STORAGE_CLASS"):
-        claim["spec"]["storageClassName"] = os.environ["GPULAB_TEST_STORAGE_CLASS"]
-    await api["core"].create_namespaced_persistent_volume_claim(namespace, claim)
-    return JOBS_PVC
-
-
-async def test_backend_job_pods_rendezvous_by_name(api, namespace, jobs_pvc, tmp_path):
+def backend_of(release, namespace, jobs_root, **kw):
+    """gpulab's Kubernetes backend as the chart's service runs it: its ServiceAccount."""
     from gpulab.backend.kubernetes import JobOptions
     from gpulab.backend.kubernetes.backend import KubernetesBackend
-    from gpulab.backend.spec import JobSpec
     from gpulab.enforcement.kube.kueue import queue_patch
 
-    # The service's view of the job directory is a local folder here (it gets only
-    # launch.json); the pods mount the claim at the same path, as in a real install.
-    jobs_root = str(tmp_path)
     queue = queue_patch("job", os.environ.get("GPULAB_TEST_KUEUE_QUEUE"), None)["labels"]
-    backend = KubernetesBackend(
+    return KubernetesBackend(
         jobs_root,
         namespace=namespace,
-        kubeconfig=KUBECONFIG,
+        kubeconfig=release["kubeconfig"],
         options=JobOptions(
-            jobs_root=jobs_root, jobs_pvc=jobs_pvc, labels=queue, ttl_seconds_after_finished=600
+            jobs_root=jobs_root, jobs_pvc=JOBS_PVC, labels=queue, ttl_seconds_after_finished=600
         ),
         pod_patch_for=lambda spec, allocations: stand_in(),
+        **kw,
     )
+
+
+def job_spec(image: str):
+    from gpulab.backend.spec import JobSpec
+
     spec = JobSpec(
         code="# stand-in",
         nodes=2,
-        image=IMAGE,
+        image=image,
         id=secrets.token_hex(4),
         user="tester",
         max_restarts=1,
         backend="kubernetes",
     )
     spec.validate()
+    return spec
+
+
+async def job_objects_left(api, namespace, job_id: str) -> dict[str, list[str]]:
+    """What the cluster still holds of job ``job_id`` (by its label), kind by kind."""
+    selector = f"gpulab.io/job-id={job_id}"
+    found = {
+        "pods": await api["core"].list_namespaced_pod(namespace, label_selector=selector),
+        "jobs": await api["batch"].list_namespaced_job(namespace, label_selector=selector),
+        "services": await api["core"].list_namespaced_service(namespace, label_selector=selector),
+        "secrets": await api["core"].list_namespaced_secret(namespace, label_selector=selector),
+        "networkpolicies": await api["net"].list_namespaced_network_policy(
+            namespace, label_selector=selector
+        ),
+    }
+    return {k: [o.metadata.name for o in v.items] for k, v in found.items() if v.items}
+
+
+async def test_backend_job_pods_rendezvous_by_name(api, namespace, release, jobs_root, image):
+    backend = backend_of(release, namespace, jobs_root)
+    spec = job_spec(image)
     try:
         await backend.start(spec, [])
 
@@ -316,15 +537,44 @@ async def test_backend_job_pods_rendezvous_by_name(api, namespace, jobs_pvc, tmp
         await backend.close()
     assert (await backend.poll(spec)).state == "failed"  # gone: nothing left to run
 
+    async def nothing_left():
+        return not await job_objects_left(api, namespace, spec.id)
 
-async def test_backend_endpoint_objects_serve(api, namespace, jobs_pvc):
+    await wait_for("the cancelled job's objects to be gone", nothing_left)
+
+
+async def test_deleting_the_job_collects_what_it_owns(api, namespace, release, jobs_root, image):
+    """What ``ttlSecondsAfterFinished`` (or a user's ``kubectl delete job``) does: the
+    Job goes, and the garbage collector removes its pods, Secret, NetworkPolicy and
+    Service by their owner references."""
+    backend = backend_of(release, namespace, jobs_root)
+    spec = job_spec(image)
+    try:
+        await backend.start(spec, [])
+        left = await job_objects_left(api, namespace, spec.id)
+        assert set(left) >= {"jobs", "services", "secrets", "networkpolicies"}, left
+        await api["batch"].delete_namespaced_job(
+            left["jobs"][0], namespace, propagation_policy="Background"
+        )
+
+        async def collected():
+            left = await job_objects_left(api, namespace, spec.id)
+            return None if left else True
+
+        await wait_for("the job's objects to be collected", collected)
+    finally:
+        await backend.cancel(spec)
+        await backend.close()
+
+
+async def test_backend_endpoint_objects_serve(api, namespace, live_kube, image):
     from gpulab.backend.kubernetes import make_deployment
 
     deployment, service = make_deployment(
         "live",
-        image=IMAGE,
+        image=image,
         model_dir="/models/live",
-        models_pvc=jobs_pvc,
+        models_pvc=f"{RELEASE}-models",
         models_root="/models",
         user="tester",
         replicas=1,
@@ -336,18 +586,29 @@ async def test_backend_endpoint_objects_serve(api, namespace, jobs_pvc):
     name = deployment["metadata"]["name"]
     await api["apps"].create_namespaced_deployment(namespace, deployment)
     await api["core"].create_namespaced_service(namespace, service)
+    selector = ",".join(
+        f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items()
+    )
     try:
 
         async def ready():
             ep = await api["core"].read_namespaced_endpoints(name, namespace)
-            return any(s.addresses for s in ep.subsets or [])
+            return [a.ip for s in ep.subsets or [] for a in s.addresses or []]
 
-        await wait_for("the backend's endpoint to have a ready address", ready)
+        [ip] = await wait_for("the backend's endpoint to have a ready address", ready)
+        if live_kube.local:  # the host routes the pod range to the node
+            with urllib.request.urlopen(f"http://{ip}:8080/", timeout=10) as r:
+                assert r.status == 200
     finally:
-        await api["apps"].delete_namespaced_deployment(
-            name, namespace, propagation_policy="Foreground"
-        )
+        await api["apps"].delete_namespaced_deployment(name, namespace)
         await api["core"].delete_namespaced_service(name, namespace)
+
+    async def replicas_gone():  # the ReplicaSet and its pods, by owner references
+        pods = await api["core"].list_namespaced_pod(namespace, label_selector=selector)
+        sets = await api["apps"].list_namespaced_replica_set(namespace, label_selector=selector)
+        return not pods.items and not sets.items
+
+    await wait_for("the endpoint's ReplicaSet and pods to be collected", replicas_gone)
 
 
 async def test_cleanup_leaves_nothing(api, namespace):
@@ -367,3 +628,89 @@ async def test_cleanup_leaves_nothing(api, namespace):
         return not pods.items
 
     await wait_for("every test pod to be gone", empty)
+
+
+# -- a real two-node training job ----------------------------------------------------------
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_ENV = {"STEPS": "20"}
+
+
+def venv_patch(template):
+    """The suite's image has Python but no torch and no gpulab: the node pods mount this
+    machine's ``/usr`` and this checkout (its venv) read-only, at the same paths, as a
+    notebook image would have them installed. Everything else is the backend's own."""
+    from gpulab.enforcement.kube import apply_to_pod
+
+    template = apply_to_pod(template, the_slice()[1])
+    spec = template["spec"]
+    spec["volumes"] += [
+        {"name": "host-usr", "hostPath": {"path": "/usr", "type": "Directory"}},
+        {"name": "gpulab", "hostPath": {"path": str(REPO), "type": "Directory"}},
+    ]
+    c = spec["containers"][0]
+    c["volumeMounts"] += [
+        {"name": "host-usr", "mountPath": "/usr", "readOnly": True},
+        {"name": "gpulab", "mountPath": str(REPO), "readOnly": True},
+    ]
+    venv_bin = str(REPO / ".venv" / "bin")
+    c["env"] = [e for e in c["env"] if e["name"] != "PATH"]
+    c["env"].append({"name": "PATH", "value": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin"})
+    c["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "4Gi"}}
+    return template
+
+
+async def test_two_pod_job_trains_to_the_local_weights(
+    api, namespace, release, jobs_root, live_kube, image, tmp_path_factory
+):
+    """``%%train_distributed --nodes 2`` on Kubernetes: the backend's Indexed Job, two
+    pods, gloo on CPU, rendezvous at index 0's DNS name; the weights equal one node's
+    two processes on the local backend."""
+    if not live_kube.local:
+        pytest.skip("needs torch and gpulab in the image: the suite's own cluster mounts them")
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "tests" / "backend"))
+    from cells import LINEAR
+    from localrun import new_spec, prepare, wait, weights
+
+    from gpulab.backend.local import LocalBackend
+
+    local = LocalBackend(str(tmp_path_factory.mktemp("local-train") / "jobs"))
+    single = new_spec(
+        LINEAR, nodes=1, nproc_per_node=2, out="model", checkpoint_every=10, env=TRAIN_ENV
+    )
+    single_dir = prepare(local, single)
+    await local.start(single, [])
+    assert (await wait(local, single)).state == "succeeded"
+
+    backend = backend_of(release, namespace, jobs_root)
+    backend.pod_patch_for = lambda spec, allocations: venv_patch
+    spec = new_spec(
+        LINEAR,
+        nodes=2,
+        nproc_per_node=1,
+        out="model",
+        checkpoint_every=10,
+        env=TRAIN_ENV,
+        backend="kubernetes",
+        image=image,
+    )
+    jd = prepare(backend, spec)
+    try:
+        await backend.start(spec, [])
+
+        async def done():
+            status = await backend.poll(spec)
+            assert status.state != "failed", (status, jd.errors())
+            return status if status.state == "succeeded" else None
+
+        await wait_for("the two-pod training job to succeed", done)
+    finally:
+        await backend.cancel(spec)
+        await backend.close()
+    assert os.listdir(jd.p("checkpoints")), "checkpoints go to the job volume"
+    a, b = weights(single_dir), weights(jd)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
