@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -274,3 +276,51 @@ def test_a_scheduled_job_definition_runs_while_the_server_is_stopped(hub):
     assert (job["status"], job["name"]) == ("COMPLETED", name)
     printed = "".join(o.get("text", "") for o in output_notebook(hub, alice, job).cells[2].outputs)
     assert json.loads(printed.split("SEEN ", 1)[1])["label"] == "scheduled"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    # Module scope, as tests/browser's: Playwright's sync API keeps a loop in this thread.
+    from playwright.sync_api import sync_playwright
+    from support.chromium import CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.mark.browser
+def test_the_labs_notebook_jobs_panel_lists_a_job_that_ran_on_a_slice(hub, browser, artifacts_dir):
+    """Jupyter Scheduler's prebuilt labextension (in its wheel) in gpulab's lab: the
+    Notebook Jobs panel lists the job, completed, in the gpulab environment."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "browser"))
+    import lab_pages
+    from playwright.sync_api import expect
+
+    user, password = fresh_user("lab-jobs"), "notebook jobs long password"
+    token = lab_pages.lab_user(hub, user, password)
+    hub.write_home_file(user, "train.ipynb", TRAIN)
+    name = f"panel-{user}"
+    body = {
+        "input_uri": "train.ipynb",
+        "runtime_environment_name": ENV,
+        "compute_type": "1/4 GPU",
+        "parameters": {"label": "from-the-panel"},
+        "output_formats": ["ipynb"],
+        "name": name,
+    }
+    r = server(hub, user, token, "POST", "jobs", json=body)
+    assert finished(hub, user, token, r.json()["job_id"])["status"] == "COMPLETED"
+
+    context, page, errors = lab_pages.open_lab(browser, hub, user, password)
+    try:
+        # The launcher's card of Jupyter Scheduler's panel ("Jobs", under Other).
+        page.locator(".jp-LauncherCard").get_by_text("Jobs", exact=True).click()
+        row = page.get_by_role("row").filter(has_text=name)
+        expect(row).to_be_visible()
+        expect(row).to_contain_text("Completed")
+        page.screenshot(path=str(Path(artifacts_dir) / "notebook-jobs-panel.png"))
+    finally:
+        context.close()
+    assert not [e for e in errors if "scheduler" in e], errors
