@@ -48,7 +48,7 @@ venv-base:
 $(STAMP): pyproject.toml
 	$(BASE_PY) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,llm,test]'
+	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,llm,mlflow,test]'
 	# torchao 0.18 works with torch 2.13 but asks for other releases: no deps.
 	$(PY) -m pip install -q --no-deps torchao==0.18.0
 	touch $@
@@ -131,7 +131,7 @@ test-kube: system-deps deps reach kube-bins
 	$(PY) -m pytest tests/kube/test_live_cluster.py -p no:cacheprovider $(PYTEST_ARGS)
 
 bench-deps: deps
-	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,llm,test,bench]'
+	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,llm,mlflow,test,bench]'
 
 # gpulab's GPU paths on a GPU machine, as one table (benchmarks/gpu_check.py), in
 # under 8 minutes. Uses the venv if there is one (no install: GPU machines may be
