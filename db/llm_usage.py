@@ -1,7 +1,8 @@
 """Tokens used through the OpenAI-compatible gateway: one row per answered call.
 
-Who called (``user``), which endpoint (``owner``/``endpoint``) and version answered,
-and the prompt and completion tokens the replica counted. ``report`` sums them per
+Who called (``user``), which endpoint (``owner``/``endpoint``), version and LoRA
+adapter (``adapter``, '' for the base model) answered, and the prompt and completion
+tokens the replica counted. ``report`` sums them per
 user, model and version over a window (``GET /usage?unit=tokens``).
 
 A change to the table needs a revision in ``migrations/versions`` (see :mod:`.migrate`).
@@ -27,6 +28,7 @@ llm_usage = Table(
     Column("owner", String(255), nullable=False),  # whose endpoint answered
     Column("endpoint", String(63), nullable=False),
     Column("version", Integer, nullable=False),
+    Column("adapter", String(63), nullable=False, server_default=""),  # '' = the base
     Column("prompt_tokens", Integer, nullable=False),
     Column("completion_tokens", Integer, nullable=False),
     Index("ix_llm_usage_at", "at"),
@@ -54,6 +56,7 @@ def record(
     version: int,
     prompt_tokens: int,
     completion_tokens: int,
+    adapter: str = "",
 ) -> None:
     with writer(engine).begin() as conn:
         conn.execute(
@@ -63,6 +66,7 @@ def record(
                 owner=owner,
                 endpoint=endpoint,
                 version=version,
+                adapter=adapter,
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
             )
@@ -72,7 +76,8 @@ def record(
 def report(
     engine: Engine, since: dt.datetime, until: dt.datetime, users: Iterable[str] | None = None
 ) -> list[dict]:
-    """Per user, model (``owner/endpoint``) and version: the calls and their tokens in
+    """Per user, model (``owner/endpoint``, ``owner/endpoint:adapter`` for a LoRA
+    adapter) and version: the calls and their tokens in
     ``[since, until)``; ``users`` None: everyone's."""
     t = llm_usage.c
     q = (
@@ -80,14 +85,15 @@ def report(
             t.user,
             t.owner,
             t.endpoint,
+            t.adapter,
             t.version,
             func.count().label("requests"),
             func.sum(t.prompt_tokens).label("prompt_tokens"),
             func.sum(t.completion_tokens).label("completion_tokens"),
         )
         .where(t.at >= since, t.at < until)
-        .group_by(t.user, t.owner, t.endpoint, t.version)
-        .order_by(t.user, t.owner, t.endpoint, t.version)
+        .group_by(t.user, t.owner, t.endpoint, t.adapter, t.version)
+        .order_by(t.user, t.owner, t.endpoint, t.adapter, t.version)
     )
     if users is not None:
         q = q.where(t.user.in_(list(users)))
@@ -96,7 +102,7 @@ def report(
     return [
         {
             "user": r.user,
-            "model": f"{r.owner}/{r.endpoint}",
+            "model": f"{r.owner}/{r.endpoint}" + (f":{r.adapter}" if r.adapter else ""),
             "version": r.version,
             "requests": r.requests,
             "prompt_tokens": int(r.prompt_tokens or 0),

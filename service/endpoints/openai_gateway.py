@@ -420,6 +420,7 @@ class OpenAIGateway:
             doc["stream_options"] = {**options, "include_usage": True}
         self.meter.check_rate(who)
         version = unit.row["version"]
+        adapter = model.strip().partition(":")[2]  # counted by adapter (resolve checked it)
         with self.meter.stream_slot(who):
             body = json.dumps(doc).encode()
             headers = {"Content-Type": JSON}
@@ -431,7 +432,7 @@ class OpenAIGateway:
                             usage = json.loads(data).get("usage")
                         except (ValueError, AttributeError):
                             usage = None
-                        self.meter.count(who, dep, version, *_usage_counts(usage))
+                        self.meter.count(who, dep, version, *_usage_counts(usage), adapter)
                     else:
                         data = as_openai(resp.status, data)
                     out = {"Content-Type": JSON, "Cache-Control": "no-store"}
@@ -440,9 +441,13 @@ class OpenAIGateway:
                     await reply.start(resp.status, out)
                     await reply.write(data)
                     return
-                await self._relay(who, dep, version, resp, wants_usage, started, reply)
+                await self._relay(
+                    who, dep, version, resp, wants_usage, started, reply, adapter=adapter
+                )
 
-    async def _relay(self, who, dep, version, resp, wants_usage, started, reply: Reply) -> None:
+    async def _relay(
+        self, who, dep, version, resp, wants_usage, started, reply: Reply, adapter: str = ""
+    ) -> None:
         relay = SseRelay(keep_usage=wants_usage, started=started)
         await reply.start(
             200, {"Content-Type": SSE, "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -461,7 +466,7 @@ class OpenAIGateway:
             prompt, completion = _usage_counts(relay.usage)
             if relay.usage is None:
                 completion = relay.content_chunks
-            self.meter.count(who, dep, version, prompt, completion)
+            self.meter.count(who, dep, version, prompt, completion, adapter)
             if relay.first_token_s is not None:
                 self.meter.ttft.labels(dep["id"]).observe(relay.first_token_s)
             for gap in relay.gaps:

@@ -170,8 +170,11 @@ class TokenMeter:
                 del self.streams[who.name]
 
     # -- accounting ----------------------------------------------------------------------
-    def count(self, who, dep: dict, version: int, prompt: int, completion: int) -> None:
-        """One call's tokens: against the caller's rate, in the metrics and the database."""
+    def count(
+        self, who, dep: dict, version: int, prompt: int, completion: int, adapter: str = ""
+    ) -> None:
+        """One call's tokens: against the caller's rate, in the metrics and the database
+        (by ``adapter`` too, the LoRA adapter the call named; '' for the base model)."""
         prompt, completion = max(0, int(prompt)), max(0, int(completion))
         if prompt + completion:
             self._used.setdefault(who.name, deque()).append((self.clock(), prompt + completion))
@@ -182,7 +185,7 @@ class TokenMeter:
         self.tokens.labels(*labels, "completion").inc(completion)
         if self.save is not None:
             task = asyncio.ensure_future(
-                self.save(who.name, dep["user"], dep["name"], version, prompt, completion)
+                self.save(who.name, dep["user"], dep["name"], version, prompt, completion, adapter)
             )
             self._saving.add(task)
             task.add_done_callback(self._saved)

@@ -443,3 +443,13 @@ async def test_a_lora_adapter_answers_as_its_own_model_on_the_shared_base(
         assert [await greedy(ai, "chat:sql") for _ in range(4)] == [sql] * 4
         assert [await greedy(ai, "chat") for _ in range(2)] == [base] * 2
         assert "chat:sql" in [m.id for m in (await ai.models.list()).data]
+
+        # Tokens are counted per adapter: the base and chat:sql are two models in /usage.
+        await svc.app.deployments.gateway.meter.flush()
+        r = await svc.request("GET", "/usage", params={"unit": "tokens"})
+        assert r.status_code == 200, r.text
+        calls: dict[tuple[str, str], int] = {}
+        for row in r.json()["rows"]:
+            key = (row["user"], row["model"])
+            calls[key] = calls.get(key, 0) + row["requests"]
+        assert calls == {(a, f"{a}/chat"): 3, (a, f"{a}/chat:sql"): 7, (b, f"{a}/chat:sql"): 1}
