@@ -26,6 +26,7 @@ from croniter import CroniterBadCronError, croniter
 from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.db import clock
 from gpulab.db import schedules as rows
+from gpulab.scheduler.slices import noun
 from gpulab.service.auth import Identity
 from gpulab.service.jobs.manager import JobManager, JobRefused
 from gpulab.service.tasks import KeptTask, wait_for_wake
@@ -178,7 +179,9 @@ class ScheduledJobs:
         unknown = sorted(set(body) - set(FIELDS))
         if unknown:
             raise ScheduleRefused(
-                400, f"unknown field(s): {', '.join(unknown)}; known: {', '.join(FIELDS)}"
+                400,
+                f"unknown {noun(len(unknown), 'field')}: {', '.join(unknown)}; "
+                f"known: {', '.join(FIELDS)}",
             )
         merged = {**base, **body}
         name = merged.get("name")
