@@ -1,7 +1,7 @@
 """The embedded vector engine as a process of its own, under its own account.
 
-The service starts :mod:`.engine_server` (Milvus Lite) as the system account
-``gpulab_vectors`` when it runs as root (else as itself), with its data in
+The service starts :mod:`.engine_server` (FAISS behind gpulab's write-ahead log) as
+the system account ``gpulab_vectors`` when it runs as root (else as itself), with its data in
 ``<data-dir>/vectors`` (that account's, mode 0700) and its socket in a private
 directory (mode 0700: the service and the engine only). The engine dies with the
 service (it asks the kernel for that, ``PR_SET_PDEATHSIG``), and one a
@@ -31,7 +31,8 @@ log = logging.getLogger("gpulab.service.vectors")
 
 ENGINE_ACCOUNT = "gpulab_vectors"
 ENGINE_MODULE = "gpulab.service.vectors.engine_server"
-#: How long a start may take: Milvus Lite replays its log first (a big one, minutes).
+#: How long a start may take: the engine replays its logs first, and its first start
+#: copies what an older gpulab kept in Milvus Lite (a big one, minutes).
 READY_TIMEOUT_S = 300.0
 #: Waits between restarts of an engine that keeps exiting: 1 s doubling to a minute.
 RESTART_BACKOFF_S = (1.0, 60.0)
@@ -102,7 +103,7 @@ class EngineProcess:
             f.write(str(self.proc.pid))
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        """Until the socket answers (Milvus Lite replays its log first)."""
+        """Until the socket answers (the engine replays its logs first)."""
         import grpc
 
         deadline = time.monotonic() + timeout

@@ -1,12 +1,15 @@
-"""The vector engine's process: Milvus Lite on a Unix socket.
+"""The embedded vector engine's process: FAISS indexes behind gpulab's write-ahead log,
+served over gRPC on a Unix socket.
 
-``python -m gpulab.service.vectors.engine_server DATA_DIR SOCKET PARENT_PID`` serves the Milvus
-gRPC API over ``SOCKET`` only: no TCP port, so no user's process on the host can reach
-it; the socket's directory is the engine account's and the service's alone. Milvus
-Lite writes every insert to its write-ahead log (flushed to the OS before it answers),
-so a kill -9 of this process loses no acknowledged row; it replays the log on start.
+``python -m gpulab.service.vectors.engine_server DATA_DIR SOCKET PARENT_PID`` serves
+:mod:`.engine_protocol` over ``SOCKET`` only: no TCP port, so no user's process on the
+host can reach it; the socket's directory is the engine account's and the service's
+alone. Every write is in its collection's log, fsynced, before it is answered
+(:mod:`.wal`), so a kill -9 of this process loses no acknowledged row; a start replays
+the logs after the last snapshot. Collections an older gpulab kept in Milvus Lite
+(``DATA_DIR`` itself) are copied in at the first start (:mod:`.lite_migration`).
 It dies with the service that started it (``PARENT_PID``): the kernel kills it when
-its parent goes, so no engine outlives a killed service and holds its data's lock.
+its parent goes, so no engine outlives a killed service.
 """
 
 from __future__ import annotations
@@ -19,11 +22,20 @@ import sys
 import threading
 from concurrent import futures
 
+from . import engine_protocol as protocol
+from . import filters
+from .embedded_store import NotFound, Store
+from .filter_match import predicate
+
+log = logging.getLogger("gpulab.service.vectors.engine")
+
 #: gRPC worker threads: the service sends calls from a pool of the same size.
 WORKERS = 8
-#: Messages up to this size (a 1,000-row batch of 4,096-d vectors is 16 MB).
-MAX_MESSAGE = 64 * 2**20
-
+#: A collection told to flush (its writes paused) folds a log this big into a snapshot,
+#: so a restart replays little.
+FLUSH_SNAPSHOT_BYTES = 32 * 2**20
+#: The folder, in DATA_DIR, of this engine's collections.
+FOLDER = "faiss"
 
 PR_SET_PDEATHSIG = 1
 
@@ -35,25 +47,100 @@ def die_with(parent: int) -> None:
         sys.exit("the service that started the vector engine is gone")
 
 
+class Handlers:
+    """One method per call of :data:`.engine_protocol.METHODS`: header (and vectors)
+    in, header out."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def create(self, h, _):
+        self.store.create(h["db"], h["cid"], h["dim"], h["metric"], h["index"])
+        return {}
+
+    def drop(self, h, _):
+        self.store.drop(h["db"], h["cid"])
+        return {}
+
+    def write(self, h, vectors):
+        collection = self.store.get(h["db"], h["cid"])
+        if vectors is None or vectors.shape != (len(h["ids"]), collection.dim):
+            raise ValueError(f"{len(h['ids'])} ids need as many {collection.dim}-d vectors")
+        collection.write(h["ids"], vectors, h["metadata"])
+        return {}
+
+    def existing(self, h, _):
+        return {"ids": self.store.get(h["db"], h["cid"]).existing(h["ids"])}
+
+    def delete(self, h, _):
+        self.store.get(h["db"], h["cid"]).delete(h["ids"])
+        return {}
+
+    def count(self, h, _):
+        return {"count": self.store.get(h["db"], h["cid"]).count()}
+
+    def flush(self, h, _):
+        collection = self.store.get(h["db"], h["cid"])
+        if collection.log is not None and collection.log.size > FLUSH_SNAPSHOT_BYTES:
+            collection.snapshot()
+        return {}
+
+    def search(self, h, queries):
+        collection = self.store.get(h["db"], h["cid"])
+        # The service parsed and bounded this filter already; it is parsed again here
+        # with the same grammar, so nothing unbounded runs even if a caller skipped that.
+        match = predicate(filters.parse(h["filter"])) if h.get("filter") else None
+        found = collection.search(queries, h["k"], match)
+        return {"results": [[list(hit) for hit in hits] for hits in found]}
+
+    def ping(self, h, _):
+        return {}
+
+
+def handler(fn):
+    def call(request: bytes, context) -> bytes:
+        try:
+            header, vectors = protocol.unpack(request)
+            return protocol.pack(fn(header, vectors))
+        except NotFound as e:
+            return protocol.pack({"status": 404, "error": str(e)})
+        except filters.FilterError as e:
+            return protocol.pack({"status": 400, "error": str(e)})
+        except (ValueError, KeyError, TypeError, FileExistsError) as e:
+            return protocol.pack({"status": 400, "error": f"{type(e).__name__}: {e}"})
+        except Exception as e:  # the engine's own failure: one line to the caller and the log
+            log.exception("vector engine call failed")
+            return protocol.pack({"status": 500, "error": f"{type(e).__name__}: {e}"})
+
+    return call
+
+
 def serve(data_dir: str, socket_path: str) -> None:
     import grpc
-    from milvus_lite.adapter.grpc.servicer import MilvusServicer
-    from milvus_lite.db import MilvusLite
-    from pymilvus.grpc_gen import milvus_pb2_grpc
 
-    db = MilvusLite(data_dir)
+    from . import lite_migration
+
+    store = Store(os.path.join(data_dir, FOLDER))
+    lite_migration.migrate(data_dir, store)
+    handlers = Handlers(store)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=WORKERS),
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-            # pymilvus pings every 10 s, idle or not; gRPC's defaults answer a client
-            # that pings an idle server with GOAWAY (too_many_pings), a reconnect.
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+            ("grpc.max_receive_message_length", protocol.MAX_MESSAGE),
+            ("grpc.max_send_message_length", protocol.MAX_MESSAGE),
         ],
     )
-    milvus_pb2_grpc.add_MilvusServiceServicer_to_server(MilvusServicer(db), server)
+    server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                protocol.SERVICE,
+                {
+                    name: grpc.unary_unary_rpc_method_handler(handler(getattr(handlers, name)))
+                    for name in protocol.METHODS
+                },
+            )
+        ]
+    )
     if os.path.exists(socket_path):  # a socket left by a killed engine
         os.unlink(socket_path)
     server.add_insecure_port("unix:" + socket_path)
@@ -64,7 +151,7 @@ def serve(data_dir: str, socket_path: str) -> None:
     print(f"vector engine ready on {socket_path}", flush=True)
     stop.wait()
     server.stop(grace=5).wait()
-    db.close()
+    store.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from gpulab.service.endpoints.settings import DeployRefused, check_sharing
 
 from . import checks
 from .checks import CollectionLimits, Refused
+from .embedded import EmbeddedEngine
 from .engine import EngineError, VectorEngine
 from .engine_process import EngineProcess
 
@@ -53,7 +54,7 @@ class CollectionManager:
     def __init__(
         self,
         store: CollectionStore,
-        engine: VectorEngine,
+        engine: VectorEngine | EmbeddedEngine,
         limits: CollectionLimits,
         embedder: Embedder | None,
         endpoint_lineage: Callable[[str, str], dict | None],
@@ -69,6 +70,7 @@ class CollectionManager:
         self.endpoint_lineage = endpoint_lineage
         self.process = process
         self._started = asyncio.Lock()
+        self._up = False
         self._unsealed: dict[str, int] = {}
         self._last_write: dict[str, float] = {}
         #: (owner, name) -> its row: every call looks one up, and only this manager
@@ -80,17 +82,20 @@ class CollectionManager:
     @classmethod
     def of(cls, service) -> CollectionManager:
         process = None
-        uri = service.vector_engine_uri
-        if not uri:
+        if service.vector_engine_uri:  # a Milvus cluster, through pymilvus
+            engine = VectorEngine(
+                service.vector_engine_uri,
+                service.vector_engine_token,
+                call_timeout=service.vector_call_timeout,
+            )
+        else:  # the embedded engine, a process of the service's
             process = EngineProcess(service.data_dir)
             process.prepare()
-            uri = process.uri
+            engine = EmbeddedEngine(process.uri, call_timeout=service.vector_call_timeout)
         deployments = service.deployments
         return cls(
             store=CollectionStore(service.engine),
-            engine=VectorEngine(
-                uri, service.vector_engine_token, call_timeout=service.vector_call_timeout
-            ),
+            engine=engine,
             limits=CollectionLimits(
                 max_rows=service.collection_max_rows,
                 max_dim=service.collection_max_dim,
@@ -114,16 +119,20 @@ class CollectionManager:
             self._spawn(self.ready())
 
     async def ready(self) -> None:
-        if self.process is None or self.process.proc is not None:
+        """Until the embedded engine answers (its first start: it replays its logs, and
+        copies an older engine's collections); calls meanwhile wait, not fail."""
+        if self.process is None or self._up:
             return
         async with self._started:
-            if self.process.proc is None:
-                try:
-                    await self.process.start()
-                except Exception as e:
-                    log.error("The vector engine did not start: %s", e)
-                    self.process.proc = None
-                    raise Refused(503, f"the vector engine did not start: {e}") from None
+            if self._up:
+                return
+            try:
+                await self.process.start()
+            except Exception as e:
+                log.error("The vector engine did not start: %s", e)
+                self.process.proc = None
+                raise Refused(503, f"the vector engine did not start: {e}") from None
+            self._up = True
 
     async def stop(self) -> None:
         for task in list(self._tasks):

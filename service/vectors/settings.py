@@ -9,10 +9,11 @@ from traitlets.config import Configurable
 class VectorSettings(Configurable):
     vector_engine_uri = Unicode(
         "",
-        help="""The Milvus that holds vector collections. Empty: the embedded engine,
-        Milvus Lite, run by the service as a process of its own (account
-        `gpulab_vectors` when run as root) with its data in `<data-dir>/vectors`. Else a
-        Milvus cluster's address (the chart's `vectors.milvus.uri`).
+        help="""The Milvus that holds vector collections. Empty: the embedded engine
+        (FAISS HNSW behind gpulab's write-ahead log), run by the service as a process of
+        its own (account `gpulab_vectors` when run as root) with its data in
+        `<data-dir>/vectors/faiss`; its first start copies in what an older gpulab kept
+        in Milvus Lite. Else a Milvus cluster's address (the chart's `vectors.milvus.uri`).
 
         c.GpuLabService.vector_engine_uri = "http://milvus.gpulab.svc:19530"
         """,

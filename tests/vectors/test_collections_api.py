@@ -1,5 +1,5 @@
 """Vector collections on the real service (in-process, a stand-in hub API) and the real
-embedded engine (Milvus Lite as a process of its own): rows in and found again, every
+embedded engine (FAISS behind its log, a process of its own): rows in and found again, every
 bad input a 4xx with its reason and nothing half-written, the sharing rules of
 endpoints, and no acknowledged row lost when the engine is killed."""
 
@@ -529,44 +529,35 @@ async def test_what_could_hang_or_crash_the_engine_is_a_400_before_it(tmp_path, 
     assert [r.getMessage()[:200] for r in pymilvus_log.records] == []
 
 
-async def test_a_call_past_its_limit_is_abandoned_and_a_stuck_engine_restarted(
-    tmp_path, monkeypatch
-):
+async def test_a_call_past_its_limit_is_abandoned_and_a_stuck_engine_restarted(tmp_path):
     """Past c.GpuLabService.vector_call_timeout a call is answered 504 with one line;
-    an engine held by it (here a backtracking filter let through as the service passed
-    filters before its grammar) is restarted, and bob's search and alice's rows are
-    there after."""
-    from gpulab.service.vectors import checks
-
+    an engine that answers nothing then (here stopped with SIGSTOP, as a call that held
+    it would) is killed and started again, and bob's search and alice's rows are there
+    after."""
     let_accounts_reach(tmp_path)
     config = "c.GpuLabService.vector_call_timeout = 2\n"
-    pymilvus_log = _Records()
-    logging.getLogger("pymilvus").addHandler(pymilvus_log)
     async with running_service(tmp_path / "svc", config=config) as svc:
         alice = svc.create_user("alice")
         bob = svc.create_user("bob")
         await make(svc, alice, dim=DIM)
         await make(svc, bob, name="notes", dim=DIM)
         vectors = unit_vectors(4)
-        # Minutes of backtracking per row of 60 'a's; a number beside it makes the key
-        # of mixed types, which the engine evaluates row by row in Python.
-        metadata = [{"s": "a" * 60}, {"s": "a" * 61}, {"s": 1}, {"s": 2}]
         for who, path in ((alice, "alice/docs"), (bob, "bob/notes")):
             r = await svc.request(
                 "POST",
                 f"/collections/{path}/insert",
                 token=who,
-                json={"ids": ["r0", "r1", "r2", "r3"], "vectors": vectors, "metadata": metadata},
+                json={"ids": ["r0", "r1", "r2", "r3"], "vectors": vectors},
             )
             assert r.status_code == 200, r.text
         process = svc.app.vectors.process
         stuck = process.proc.pid
-        monkeypatch.setattr(checks, "filter_expression", lambda value: value or "")
+        os.kill(stuck, signal.SIGSTOP)
         r = await svc.request(
             "POST",
             "/collections/alice/docs/search",
             token=alice,
-            json={"vector": vectors[0], "filter": 'metadata["s"] like "%a%a%a%a%a%a%a%a%b"'},
+            json={"vector": vectors[0]},
             timeout=120,
         )
         assert r.status_code == 504, r.text
@@ -577,6 +568,9 @@ async def test_a_call_past_its_limit_is_abandoned_and_a_stuck_engine_restarted(
             lambda: process.restarts >= 1 and process.running and process.proc.pid != stuck,
             "the stuck vector engine restarted",
         )
+        await wait_until_async(
+            lambda: _searched(svc, bob, "bob/notes", vectors[3]), "bob's search answered"
+        )
         r = await svc.request(
             "POST", "/collections/bob/notes/search", token=bob, json={"vector": vectors[3], "k": 1}
         )
@@ -584,6 +578,10 @@ async def test_a_call_past_its_limit_is_abandoned_and_a_stuck_engine_restarted(
         assert r.json()["hits"][0]["id"] == "r3"
         r = await svc.request("GET", "/collections/alice/docs", token=alice)
         assert r.json()["count"] == 4
-    logging.getLogger("pymilvus").removeHandler(pymilvus_log)
-    # The deadline passed is one line above, not pymilvus's traceback.
-    assert [r.getMessage()[:200] for r in pymilvus_log.records] == []
+
+
+async def _searched(svc, token, path, vector) -> bool:
+    r = await svc.request(
+        "POST", f"/collections/{path}/search", token=token, json={"vector": vector, "k": 1}
+    )
+    return r.status_code == 200

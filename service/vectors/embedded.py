@@ -1,0 +1,182 @@
+"""The service's client of its embedded engine (:mod:`.engine_server`: FAISS behind
+gpulab's write-ahead log, in a process of its own on a Unix socket).
+
+The same calls as :class:`.engine.VectorEngine` (the client of a Milvus cluster), so
+the manager does not know which it holds. Calls go through per-owner work queues
+(:mod:`.owner_queues`): one owner holds at most ``PER_OWNER`` of the ``THREADS``
+calls in flight, so bob's expensive searches leave alice's a free slot. Errors: the
+engine's 400/404 as they come, the engine down or restarting 503, a call past
+``call_timeout`` (its queue wait included) 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from . import engine_protocol as protocol
+from .engine import ABANDONED_HINTS, EngineError, database_of
+from .owner_queues import OwnerQueues
+
+log = logging.getLogger("gpulab.service.vectors")
+
+THREADS = 8
+#: Calls in flight for one owner at most: the rest of the slots stay free for others.
+PER_OWNER = THREADS // 2
+
+
+class EmbeddedEngine:
+    def __init__(self, uri: str, call_timeout: float = 30.0):
+        self.uri = uri
+        self.call_timeout = call_timeout
+        self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="gpulab-vectors")
+        self.queues = OwnerQueues(THREADS, PER_OWNER)
+        self._channel = None
+        self._stubs: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    # -- plumbing ----------------------------------------------------------------------
+    def _stub(self, method: str):
+        import grpc
+
+        with self._lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(
+                    self.uri,
+                    options=[
+                        ("grpc.max_receive_message_length", protocol.MAX_MESSAGE),
+                        ("grpc.max_send_message_length", protocol.MAX_MESSAGE),
+                        # A restarted engine is found again within a second.
+                        ("grpc.initial_reconnect_backoff_ms", 100),
+                        ("grpc.min_reconnect_backoff_ms", 100),
+                        ("grpc.max_reconnect_backoff_ms", 1000),
+                    ],
+                )
+            if method not in self._stubs:
+                self._stubs[method] = self._channel.unary_unary(protocol.path(method))
+            return self._stubs[method]
+
+    async def _call(
+        self,
+        method: str,
+        owner: str,
+        header: dict,
+        vectors: np.ndarray | None = None,
+        what: str = "call",
+        limited: bool = True,
+    ) -> dict:
+        header = {"db": database_of(owner), **header}
+        if vectors is not None:
+            header["dim"] = vectors.shape[1]
+        request = protocol.pack(header, vectors)
+        stub = self._stub(method)
+        timeout = self.call_timeout if limited else None
+        loop = asyncio.get_running_loop()
+
+        async def call():
+            return await loop.run_in_executor(self.pool, lambda: stub(request, timeout=timeout))
+
+        try:
+            if limited:
+                reply = await asyncio.wait_for(self.queues.run(owner, call), timeout + 1)
+            else:
+                reply = await self.queues.run(owner, call)
+        except TimeoutError:
+            raise self._abandoned(what) from None
+        except Exception as e:
+            raise self._translated(e, what) from None
+        answer, _ = protocol.unpack(reply)
+        if "error" in answer:
+            message = " ".join(str(answer["error"]).split())
+            if answer.get("status") == 500:
+                log.warning("Vector engine call %s failed: %s", method, message)
+                message = f"the vector engine failed: {message}"
+            raise EngineError(answer.get("status", 500), message)
+        return answer
+
+    def _abandoned(self, what: str) -> EngineError:
+        hint = ABANDONED_HINTS.get(what, "try again")
+        return EngineError(
+            504,
+            f"the vector engine did not finish this {what} within {self.call_timeout:g} s "
+            f"(c.GpuLabService.vector_call_timeout), so it was abandoned: {hint}",
+        )
+
+    def _translated(self, e: Exception, what: str) -> EngineError:
+        import grpc
+
+        if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return self._abandoned(what)
+        if not isinstance(e, grpc.RpcError):
+            log.warning("Vector engine call failed: %s: %s", type(e).__name__, e)
+        return EngineError(503, "the vector engine is not answering (restarting?); try again")
+
+    async def ping(self, timeout: float) -> bool:
+        """Whether the engine answers a call (not only its socket) within ``timeout``;
+        outside the owners' queues, which a stuck engine fills."""
+        stub = self._stub("ping")
+
+        def ping():
+            stub(protocol.pack({}), timeout=timeout)
+
+        try:
+            await asyncio.wait_for(asyncio.to_thread(ping), timeout + 1)
+        except Exception:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+                self._stubs.clear()
+
+    # -- collections -------------------------------------------------------------------
+    async def create(self, owner: str, cid: str, dim: int, metric: str, index: str) -> None:
+        body = {"cid": cid, "dim": dim, "metric": metric, "index": index}
+        await self._call("create", owner, body)
+
+    async def drop(self, owner: str, cid: str) -> None:
+        await self._call("drop", owner, {"cid": cid})
+
+    async def write(self, owner: str, cid: str, rows: list[dict], upsert: bool) -> None:
+        """Insert or upsert ``rows`` ({id, vector, metadata}): a row whose id is there
+        already is replaced (inserts of ids that exist were refused before this). Done
+        when the engine's log holds them, fsynced."""
+        vectors = np.asarray([r["vector"] for r in rows], dtype=np.float32)
+        body = {
+            "cid": cid,
+            "ids": [r["id"] for r in rows],
+            "metadata": [r["metadata"] for r in rows],
+        }
+        await self._call("write", owner, body, vectors, what="write")
+
+    async def existing(self, owner: str, cid: str, ids: list[str]) -> set[str]:
+        return set((await self._call("existing", owner, {"cid": cid, "ids": ids}))["ids"])
+
+    async def delete(self, owner: str, cid: str, ids: list[str]) -> None:
+        await self._call("delete", owner, {"cid": cid, "ids": ids}, what="write")
+
+    async def count(self, owner: str, cid: str) -> int:
+        return (await self._call("count", owner, {"cid": cid}))["count"]
+
+    async def flush(self, owner: str, cid: str) -> None:
+        """Writes paused: the engine folds a long log into a snapshot (no one waits)."""
+        await self._call("flush", owner, {"cid": cid}, limited=False)
+
+    async def search(
+        self, owner: str, cid: str, vectors: list[list[float]], k: int, metric: str, filter: str
+    ) -> list[list[dict]]:
+        queries = np.asarray(vectors, dtype=np.float32)
+        body = {"cid": cid, "k": k, "filter": filter}
+        found = await self._call("search", owner, body, queries, what="search")
+        return [
+            [{"id": rid, "score": score, "metadata": meta or {}} for rid, score, meta in hits]
+            for hits in found["results"]
+        ]
