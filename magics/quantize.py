@@ -2,6 +2,7 @@
 
     %quantize model --scheme int8-dynamic --example x --to qmodel
     %quantize lm --scheme int8-dynamic --example ids --heldout val_ids --to qlm
+    %quantize qat_net --scheme int8-int4 --example x --ptq net --accuracy xv,yv --to qm
 
 Runs here, in the kernel (torch only; no service call): the quantized copy is
 bound to the ``--to`` name, the original is left as it was, and a table shows
@@ -18,7 +19,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .lineage import lineage_of, quantized, remember
 
-SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight", "fp8-weight", "fp8-dynamic")
+SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight", "fp8-weight", "fp8-dynamic", "int8-int4")
 ENGINES = ("auto", "torch-ao", "torchao")
 
 
@@ -48,7 +49,8 @@ class QuantizeMagics(Magics):
         required=True,
         choices=SCHEMES,
         help="int8-dynamic (fastest on CPU), int8-weight, int4-weight, fp8-weight, "
-        "fp8-dynamic (GPU with compute capability >= 8.9)",
+        "fp8-dynamic (GPU with compute capability >= 8.9), int8-int4 (int8 activations, "
+        "int4 weights; what ctx.wrap(model, qat='int8-int4') trains for)",
     )
     @argument(
         "--engine",
@@ -66,6 +68,16 @@ class QuantizeMagics(Magics):
         "--heldout",
         help="a language model's held-out text as token ids (a variable or expression: an "
         "integer tensor (T,) or (B, T)); adds perplexity before/after to the table",
+    )
+    @argument(
+        "--accuracy",
+        help="labelled data as INPUTS,LABELS (variables or expressions): adds accuracy "
+        "to the QAT-beside-PTQ table of a model trained with qat=",
+    )
+    @argument(
+        "--ptq",
+        help="the same network trained without QAT (a variable): quantized post-training "
+        "and shown beside a model trained with qat=",
     )
     @argument("--to", required=True, dest="to", help="variable name for the quantized model")
     @argument(
@@ -103,4 +115,29 @@ class QuantizeMagics(Magics):
         ns[args.to] = report.model
         remember(report.model, quantized(lineage_of(ns[args.model]), report))
         print(report.table())
+        if getattr(ns[args.model], "gpulab_qat", None):
+            self._beside_ptq(args, ns, example)
         print(f"quantized model stored in {args.to!r}")
+
+    def _beside_ptq(self, args, ns: dict, example) -> None:
+        """The QAT model beside post-training quantization: size, accuracy, error."""
+        from gpulab.serving.qat import compare
+        from gpulab.serving.quantize import QuantizeError
+
+        if not args.ptq:
+            print(
+                "\nnote: trained quantization-aware; give --ptq MODEL (the same network "
+                "trained without qat=) to see it beside post-training quantization"
+            )
+            return
+        if args.ptq not in ns:
+            raise UsageError(f"--ptq {args.ptq!r}: no such variable in this notebook")
+        data = evaluate(ns, "--accuracy", args.accuracy) if args.accuracy else None
+        if isinstance(data, list):
+            data = tuple(data)
+        try:
+            table = compare(ns[args.model], ns[args.ptq], args.scheme, example, data).table()
+        except QuantizeError as exc:
+            raise UsageError(str(exc)) from None
+        print()
+        print(table)

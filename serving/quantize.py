@@ -17,7 +17,14 @@ int4-weight    no                                         Int4WeightOnly on CUDA
 fp8-weight     no                                         Float8WeightOnly
 fp8-dynamic    no                                         Float8DynamicActivationFloat8Weight,
                                                           CUDA compute capability >= 8.9 only
+int8-int4      no                                         Int8DynamicActivationIntxWeight
+                                                          (int4 weights per group of 32)
 =============  =========================================  ==============================
+
+A model trained quantization-aware (``ctx.wrap(model, qat="int8-int4")``, tagged
+``gpulab_qat``) is converted with its own scheme (torchao's ``QATConfig(step=
+"convert")``): its fake-quantized layers become the quantized ones they trained as.
+:mod:`.qat` reports it beside post-training quantization.
 
 Which layers are taken is :mod:`.linear_like`'s plan: GPT-2-style ``Conv1D`` layers
 become ``nn.Linear`` first, a ``Linear`` tied to the embedding stays in float, and
@@ -43,7 +50,9 @@ import torch
 
 from .linear_like import Plan, convert_conv1d, plan
 
-SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight", "fp8-weight", "fp8-dynamic")
+SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight", "fp8-weight", "fp8-dynamic", "int8-int4")
+#: What marks a model trained quantization-aware (gpulab.training.qat), with its scheme.
+QAT_TAG = "gpulab_qat"
 ENGINES = ("auto", "torch-ao", "torchao")
 TORCHAO_PIN = "torchao==0.18.0"
 #: Below this share of the parameters quantized, the report warns: the size and speed
@@ -247,6 +256,13 @@ def _torchao_config(scheme: str, device: torch.device, notes: list[str]):
                 "matmul: smaller, not faster"
             )
         return tq.Float8WeightOnlyConfig()
+    if scheme == "int8-int4":
+        from torchao.quantization.granularity import PerGroup
+
+        # The same as gpulab.training.qat's, which a QAT model trained for.
+        return tq.Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int4, weight_granularity=PerGroup(32)
+        )
     return tq.Float8DynamicActivationFloat8WeightConfig()
 
 
@@ -271,6 +287,12 @@ def _apply(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if getattr(model, QAT_TAG, None):  # its fake-quantized layers, converted
+                from torchao.quantization.qat import QATConfig
+
+                _import_torchao().quantize_(model, QATConfig(config, step="convert"))
+                notes.append(f"trained quantization-aware for {scheme}: converted as trained")
+                return model
             _import_torchao().quantize_(
                 model,
                 config,
@@ -283,7 +305,8 @@ def _apply(
     return model
 
 
-def _outputs(out) -> list[torch.Tensor]:
+def output_tensors(out) -> list[torch.Tensor]:
+    """A model's output as a list of tensors (a tensor, a tuple, a dict's values)."""
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, dict):
@@ -291,7 +314,8 @@ def _outputs(out) -> list[torch.Tensor]:
     return [t for t in out if isinstance(t, torch.Tensor)]
 
 
-def _call(model, example):
+def call_model(model, example):
+    """``model(example)``, or ``model(*example)`` for a tuple of inputs."""
     return model(*example) if isinstance(example, tuple) else model(example)
 
 
@@ -313,11 +337,11 @@ def paired_latency(
     with torch.inference_mode():
         for _ in range(warmup):
             for model in models:
-                _call(model, example)
+                call_model(model, example)
         for _ in range(runs):
             for model, spent in zip(models, times, strict=True):
                 start = time.perf_counter()
-                _call(model, example)
+                call_model(model, example)
                 spent.append(time.perf_counter() - start)
     return [statistics.median(t) for t in times]
 
@@ -325,7 +349,7 @@ def paired_latency(
 def _logits(out) -> torch.Tensor:
     logits = getattr(out, "logits", None)
     if logits is None:
-        logits = out if isinstance(out, torch.Tensor) else _outputs(out)[0]
+        logits = out if isinstance(out, torch.Tensor) else output_tensors(out)[0]
     return logits
 
 
@@ -408,6 +432,12 @@ def quantize(
             f"example must be a tensor or a tuple of tensors, got {type(example).__name__}"
         )
     ids = None if heldout is None else _heldout_ids(heldout)
+    trained_for = getattr(model, QAT_TAG, None)
+    if trained_for and scheme != trained_for:
+        raise QuantizeError(
+            f"this model trained quantization-aware for {trained_for}; quantize it with "
+            f"--scheme {trained_for} (or train it again with qat={scheme!r})"
+        )
     device = _device(model)
     engine = resolve_engine(scheme, engine, device)
     _check_hardware(scheme, device)
@@ -425,10 +455,10 @@ def quantize(
         )
     notes, warns = _layer_words(layers, converted)
     with torch.inference_mode():
-        reference = _outputs(_call(model, example))
+        reference = output_tensors(call_model(model, example))
     quantized = _apply(copied, scheme, engine, device, notes, layers.linear).eval()
     with torch.inference_mode():
-        got = _outputs(_call(quantized, example))
+        got = output_tensors(call_model(quantized, example))
     diff = torch.cat(
         [(g.float() - r.float()).flatten() for g, r in zip(got, reference, strict=False)]
     )

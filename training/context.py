@@ -50,18 +50,29 @@ class Context:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def wrap(self, model, shard: bool | None = None, checkpointing: bool = False):
+    def wrap(self, model, shard: bool | None = None, checkpointing: bool = False, qat: str = ""):
         """Move ``model`` to this rank's device and wrap it in DDP (with the comm hook).
 
         ``shard=True`` (or the job's ``--fsdp``) shards it instead: FSDP2 per
         transformer block, for a model whose training state does not fit one rank
         (:mod:`.shard`); ``checkpointing=True`` adds activation checkpointing per block.
+        ``qat="int8-int4"`` trains it quantization-aware (:mod:`.qat`): ``%quantize``
+        then converts it with that scheme.
         """
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         if shard is None:
             shard = env.get(env.FSDP) == "1"
+        if qat:
+            if shard:
+                raise SetupError("qat= and sharding (FSDP) do not go together yet; use DDP")
+            from .qat import QATError, prepare
+
+            try:
+                prepare(model, qat)
+            except QATError as e:
+                raise SetupError(str(e)) from None
         if self.world_size == 1 or not torch.distributed.is_initialized():
             return model.to(self.device)
         if shard:
