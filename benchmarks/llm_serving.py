@@ -187,26 +187,14 @@ def transformers_serve(folder: str, work: str, chats, tokens: int) -> dict:
     if exe is None:
         raise RuntimeError("the transformers command is not installed beside this python")
     port = free_port()
-    with open(os.path.join(work, "transformers-serve.log"), "w+") as log:
-        proc = subprocess.Popen(
-            [exe, "serve", "--continuous-batching", "--host", "127.0.0.1", "--port", str(port)]
-            # Its default sizes the paged cache from free memory; here (24 GiB shared)
-            # the OOM killer ended it. 256 blocks of 32 tokens hold 16 x 512 tokens.
-            + ["--cb-num-blocks", "256", "--cb-block-size", "32"]
-            + ["--device", "cpu", "--log-level", "warning", folder],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            _wait_health(proc, log, f"http://127.0.0.1:{port}/health")
-            return openai_load(f"http://127.0.0.1:{port}/v1", "none", folder, chats, tokens)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    argv = (
+        [exe, "serve", "--continuous-batching", "--host", "127.0.0.1", "--port", str(port)]
+        # Its default sizes the paged cache from free memory; here (24 GiB shared)
+        # the OOM killer ended it. 256 blocks of 32 tokens hold 16 x 512 tokens.
+        + ["--cb-num-blocks", "256", "--cb-block-size", "32"]
+        + ["--device", "cpu", "--log-level", "warning", folder]
+    )
+    return openai_server(argv, port, "transformers serve", work, folder, chats, tokens)
 
 
 def vllm_serve(folder: str, work: str, chats, tokens: int) -> dict:
@@ -216,17 +204,22 @@ def vllm_serve(folder: str, work: str, chats, tokens: int) -> dict:
     if importlib.util.find_spec("vllm") is None:
         raise RuntimeError("vLLM is not installed beside this python (pip install vllm)")
     port = free_port()
-    with open(os.path.join(work, "vllm-serve.log"), "w+") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder]
-            + ["--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(len(chats))]
-            + ["--gpu-memory-utilization", f"{REAL_GPU_MILLI / 1000:g}"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    argv = (
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder]
+        + ["--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(len(chats))]
+        + ["--gpu-memory-utilization", f"{REAL_GPU_MILLI / 1000:g}"]
+    )
+    return openai_server(argv, port, "vllm serve", work, folder, chats, tokens)
+
+
+def openai_server(argv, port: int, what: str, work: str, model: str, chats, tokens) -> dict:
+    """Start another project's OpenAI server (``argv``, on ``port``), drive it with the
+    clients once it answers /health, stop it."""
+    with open(os.path.join(work, what.replace(" ", "-") + ".log"), "w+") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_health(proc, log, f"http://127.0.0.1:{port}/health", "vllm serve")
-            return openai_load(f"http://127.0.0.1:{port}/v1", "none", folder, chats, tokens)
+            _wait_health(proc, log, f"http://127.0.0.1:{port}/health", what)
+            return openai_load(f"http://127.0.0.1:{port}/v1", "none", model, chats, tokens)
         finally:
             proc.terminate()
             try:
@@ -236,7 +229,7 @@ def vllm_serve(folder: str, work: str, chats, tokens: int) -> dict:
                 proc.wait()
 
 
-def _wait_health(proc, log, url: str, what: str = "transformers serve") -> None:
+def _wait_health(proc, log, url: str, what: str) -> None:
     import httpx
 
     deadline = time.monotonic() + 300
