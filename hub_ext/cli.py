@@ -34,9 +34,12 @@ def _internal_ports(data_dir: Path) -> dict[str, int]:
     the hub again after `gpulab up` restarts.
     """
     path = data_dir / "ports.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    ports = {"hub_port": free_port(), "proxy_api_port": free_port(), "service_port": free_port()}
+    ports = json.loads(path.read_text()) if path.exists() else {}
+    wanted = ("hub_port", "proxy_api_port", "service_port", "mlflow_port")
+    if all(name in ports for name in wanted):
+        return ports
+    # A data dir of an older gpulab lacks the later ones (the MLflow service's).
+    ports.update({name: free_port() for name in wanted if name not in ports})
     path.write_text(json.dumps(ports))
     return ports
 

@@ -132,3 +132,47 @@ def add_gpulab_to_hub(
     offer_to_stop_what_else_is_held(c)
     # The audit trail's hub events (logins, server starts and stops, admin actions).
     configure_audit(c, api_url, service_token, service_name)
+
+
+#: The hub's name of the MLflow service (``<hub>/services/mlflow``).
+MLFLOW_SERVICE_NAME = "mlflow"
+
+
+def add_mlflow_to_hub(
+    c,
+    *,
+    service_url: str,
+    service_token: str,
+    gpulab_service_name: str,
+    service_command: list[str] | None = None,
+    service_environment: dict[str, str] | None = None,
+) -> None:
+    """MLflow's tracking server behind the hub (``gpulab.service.experiments``).
+
+    Users (their OAuth logins, their own tokens and their servers' tokens) may call it;
+    its own token may read users (the admin flag); the gpulab service may call it too,
+    to record jobs' runs in their users' names. Call after :func:`add_gpulab_to_hub`.
+    """
+    access = service_access(MLFLOW_SERVICE_NAME)
+    service = {
+        "name": MLFLOW_SERVICE_NAME,
+        "url": service_url,
+        "api_token": service_token,
+        "display": True,
+        "oauth_no_confirm": True,
+    }
+    if service_command:
+        service["command"] = list(service_command)
+        service["environment"] = dict(service_environment or {})
+    add_service(c, service)
+    add_role(
+        c, {"name": "gpulab-mlflow", "services": [MLFLOW_SERVICE_NAME], "scopes": ["read:users"]}
+    )
+    grant_to_users(c, [access])
+    # MLFLOW_TRACKING_TOKEN in a server is the server's own token.
+    c.Spawner.server_token_scopes = sorted({*c.Spawner.server_token_scopes, access})
+    roles = list(c.JupyterHub.load_roles)
+    for role in roles:
+        if role.get("services") == [gpulab_service_name]:
+            role["scopes"] = sorted({*role.get("scopes", []), access})
+    c.JupyterHub.load_roles = roles

@@ -10,6 +10,7 @@ anything, e.g. another authenticator::
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import shutil
@@ -29,6 +30,7 @@ class Settings:
     hub_port: int = 8081
     proxy_api_port: int = 8001
     service_port: int = 10101
+    mlflow_port: int = 10102
     simulate_gpus: str = ""
     db_url: str = ""
     cull_idle_timeout: int = 3600
@@ -44,6 +46,7 @@ class Settings:
         "hub_port": "GPULAB_HUB_PORT",
         "proxy_api_port": "GPULAB_PROXY_API_PORT",
         "service_port": "GPULAB_SERVICE_PORT",
+        "mlflow_port": "GPULAB_MLFLOW_PORT",
         "simulate_gpus": "GPULAB_SIMULATE_GPUS",
         "db_url": "GPULAB_DB_URL",
         "cull_idle_timeout": "GPULAB_CULL_IDLE_TIMEOUT",
@@ -150,6 +153,26 @@ def configure_tls(c, s: Settings) -> list[Path]:
     return ca_files
 
 
+def configure_mlflow(c, s: Settings, data: Path, service_env: dict, tls: bool) -> None:
+    """The hub's ``mlflow`` service (:mod:`gpulab.service.experiments`), servers'
+    MLFLOW_TRACKING_URI, and the gpulab service's address of it (jobs' runs)."""
+    from .gpulab_hub import MLFLOW_SERVICE_NAME, add_mlflow_to_hub
+
+    add_mlflow_to_hub(
+        c,
+        service_url=f"{s.scheme}://127.0.0.1:{s.mlflow_port}",
+        service_token=secret_file(data / "mlflow-token"),
+        gpulab_service_name=SERVICE_NAME,
+        service_command=[sys.executable, "-m", "gpulab.service.experiments"],
+        service_environment={
+            "GPULAB_DATA_DIR": str(data),
+            "GPULAB_DB_URL": s.db_url,
+            **({"GPULAB_CA_FILE": service_env["GPULAB_CA_FILE"]} if tls else {}),
+        },
+    )
+    c.FractionalHostSpawner.mlflow_tracking_uri = f"{s.public_url}/services/{MLFLOW_SERVICE_NAME}"
+
+
 def configure(c, s: Settings) -> None:
     data = s.data_dir
     data.mkdir(parents=True, exist_ok=True)
@@ -208,6 +231,12 @@ def configure(c, s: Settings) -> None:
         # Hibernation reaches users' servers through the proxy.
         "GPULAB_SERVERS_URL": s.public_url,
     }
+    # MLflow's tracking server behind the hub, its store beside gpulab's (where the
+    # [mlflow] extra is installed: `make up` installs it); ended jobs are written there
+    # as their users' runs.
+    with_mlflow = importlib.util.find_spec("mlflow") is not None
+    if with_mlflow:
+        service_env["GPULAB_MLFLOW_URL"] = f"{s.scheme}://127.0.0.1:{s.mlflow_port}/services/mlflow"
     if ca_files:
         # The hub's internal CAs (to call the hub and the proxy's API) and the public
         # port's CA (hibernation calls servers through it).
@@ -232,6 +261,8 @@ def configure(c, s: Settings) -> None:
         ],
         service_environment=service_env,
     )
+    if with_mlflow:
+        configure_mlflow(c, s, data, service_env, bool(ca_files))
     if s.cull_idle_timeout > 0:
         tls_internal = data / "tls" / "internal"
         add_service(

@@ -72,6 +72,7 @@ from gpulab.service.endpoints.fine_tuning import FineTuning
 from gpulab.service.endpoints.fine_tuning_api import FineTuningRoutes
 from gpulab.service.endpoints.llm_settings import LlmSettings
 from gpulab.service.endpoints.manager import DeploymentManager
+from gpulab.service.experiments.settings import ExperimentSettings
 from gpulab.service.hibernation.manager import Hibernations
 from gpulab.service.hibernation.servers import ServerCalls
 from gpulab.service.hubapi import HubAPI
@@ -142,7 +143,9 @@ LEAVE_WORK_SIGNAL = signal.SIGUSR1
 CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
 
 
-class GpuLabService(SharingSettings, BudgetSettings, VectorSettings, LlmSettings, Application):
+class GpuLabService(
+    SharingSettings, BudgetSettings, VectorSettings, LlmSettings, ExperimentSettings, Application
+):
     name = "gpulab-service"
     description = (
         "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."
@@ -933,6 +936,8 @@ class GpuLabService(SharingSettings, BudgetSettings, VectorSettings, LlmSettings
     def init_jobs(self):
         #: Frees slices for servers, endpoints and jobs of a higher class by stopping jobs.
         self.preemption = Preemption.of(self)
+        #: Writes each ended job as an MLflow run of its user (None: no MLflow service).
+        self.run_recorder = self.make_run_recorder()
         # job_backends() stops the start on a local backend where user code may not run.
         self.jobs = JobManager.of(self, self.preemption)
         #: Jobs submitted on a cron schedule, as their owner (notebook job definitions).
@@ -1168,6 +1173,7 @@ class GpuLabService(SharingSettings, BudgetSettings, VectorSettings, LlmSettings
                 self.audit,
                 self.reconciler,
                 self.jobs,
+                self.run_recorder,
                 self.schedules,
                 self.deployments,
                 self.fine_tuning,

@@ -41,11 +41,27 @@ class GpuLabServiceMixin(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    mlflow_tracking_uri = Unicode(
+        help="""MLflow's tracking server behind the hub (MLFLOW_TRACKING_URI in servers'
+        environment, with the server's own token, its user's, as MLFLOW_TRACKING_TOKEN).
+        `gpulab up` sets it to <hub>/services/mlflow; empty: no MLflow.
+
+        c.FractionalLocalSpawner.mlflow_tracking_uri = "https://hub.example.org/services/mlflow"
+        """,
+    ).tag(config=True)
+
     def service_env(self) -> dict[str, str]:
         """Where a server finds the gpulab API, and the CA that vouches for it."""
         env = {"GPULAB_API_URL": self.gpulab_public_api_url or self.gpulab_api_url}
         if self.gpulab_ca_file:
             env["GPULAB_CA_FILE"] = self.gpulab_ca_file
+            # MLflow's client (requests) trusts the same CA for the hub.
+            if self.mlflow_tracking_uri:
+                env["MLFLOW_TRACKING_SERVER_CERT_PATH"] = self.gpulab_ca_file
+        if self.mlflow_tracking_uri:
+            env["MLFLOW_TRACKING_URI"] = self.mlflow_tracking_uri
+            # The server's token: its user's own, never the platform's.
+            env["MLFLOW_TRACKING_TOKEN"] = self.api_token or ""
         return env
 
     gpulab_api_token = Unicode(

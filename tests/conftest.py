@@ -86,7 +86,10 @@ def shared_hub(tmp_path_factory):
     Modules use it through :func:`plain_hub` (or clear it themselves), which stops
     what they started; they take user names of their own (``hubproc.fresh_user``)."""
     h = RunningHub(
-        tmp_path_factory.mktemp("shared-hub"), simulate="2xA100-80GB", config=SHARED_HUB_CONFIG
+        tmp_path_factory.mktemp("shared-hub"),
+        simulate="2xA100-80GB",
+        config=SHARED_HUB_CONFIG,
+        mlflow_runs=True,  # tests/experiments/: jobs' runs in MLflow
     )
     yield h
     h.stop()

@@ -92,6 +92,7 @@ class RunningHub:
         run_as: str = "",
         tls: bool = False,
         terminal: bool = False,
+        mlflow_runs: bool = False,
     ):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +104,10 @@ class RunningHub:
         # Tests kill services seconds after they started: the hub restarts them within
         # a second rather than at JupyterHub's 30 s poll (a module's config may say more).
         quick = "c.GpuLabHub.quick_restart_after_seconds = 1\n"
-        (self.data_dir / "gpulab_config.py").write_text(homes + quick + config)
+        # mlflow_runs: ended jobs are written to MLflow as runs, which starts MLflow's
+        # server (0.6 GB) in the hub; only the shared hub does (tests/experiments/).
+        runs = "" if mlflow_runs else 'c.GpuLabService.mlflow_url = ""\n'
+        (self.data_dir / "gpulab_config.py").write_text(homes + quick + runs + config)
         if run_as:
             for path in (self.data_dir, self.data_dir / "gpulab_config.py"):
                 shutil.chown(path, run_as)

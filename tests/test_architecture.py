@@ -58,6 +58,7 @@ SERVICE_ROOMS = {
         "telemetry",
         "hibernation",
         "vectors",
+        "experiments",
     },
     "shared": set(),
     "api": {"shared", "jobs", "endpoints", "operations", "telemetry", "hibernation", "vectors"},
@@ -67,7 +68,7 @@ SERVICE_ROOMS = {
     "telemetry": {"shared"},
     "hibernation": {"shared"},
     "vectors": {"shared", "endpoints"},
-    "experiments": {"shared"},
+    "experiments": {"shared", "jobs"},
 }
 #: The composition root's modules, at service/'s top level.
 APP_MODULES = {"app", "__main__"}

@@ -58,6 +58,8 @@ def resolve(claim, who, job_facts: Callable[[str], dict | None] | None) -> dict:
                 f"deploy a model your own %%train_distributed job brought back",
             )
         job = {"id": job_id, "code_hash": facts["code_hash"], "datasets": facts["datasets"]}
+        if facts.get("mlflow_run_id"):  # the job's run in MLflow (service/experiments/)
+            job["mlflow_run_id"] = facts["mlflow_run_id"]
     return {
         "created_by": who.name,
         "job": job,

@@ -20,23 +20,39 @@ from gpulab.training.lineage import READS_DIR, READS_PREFIX, code_hash, datasets
 MAX_NOTES_BYTES = 16 << 20
 #: Ended jobs whose facts are kept.
 KEPT = 4096
+#: Beside an ended job, written by the service: its MLflow run (service/experiments/).
+MLFLOW_RUN_FILE = "mlflow-run.json"
 
 
 class JobLineage:
-    """``of(job, jobdir)`` -> ``{"code_hash", "datasets"}``."""
+    """``of(job, jobdir)`` -> ``{"code_hash", "datasets", "mlflow_run_id"}``."""
 
     def __init__(self):
         self._ended: OrderedDict[str, dict] = OrderedDict()
         self._hashes: OrderedDict[str, str | None] = OrderedDict()
+        self._runs: OrderedDict[str, str] = OrderedDict()
 
     def of(self, job: dict, jobdir: JobDir) -> dict:
         kept = self._ended.get(job["id"])
-        if kept is not None:
-            return kept
-        facts = {"code_hash": self._code_hash(job["id"], jobdir), "datasets": read_datasets(jobdir)}
-        if job["state"] in TERMINAL:
-            _keep(self._ended, job["id"], facts)
-        return facts
+        if kept is None:
+            kept = {
+                "code_hash": self._code_hash(job["id"], jobdir),
+                "datasets": read_datasets(jobdir),
+            }
+            if job["state"] in TERMINAL:
+                _keep(self._ended, job["id"], kept)
+        return {**kept, "mlflow_run_id": self._run_id(job, jobdir)}
+
+    def _run_id(self, job: dict, jobdir: JobDir) -> str | None:
+        """The job's MLflow run, once the service has written it (after the job ends)."""
+        if job["id"] in self._runs:
+            return self._runs[job["id"]]
+        if job["state"] not in TERMINAL:
+            return None
+        run_id = (jobdir.read_json(MLFLOW_RUN_FILE) or {}).get("run_id")
+        if run_id:
+            _keep(self._runs, job["id"], run_id)
+        return run_id
 
     def _code_hash(self, job_id: str, jobdir: JobDir) -> str | None:
         if job_id not in self._hashes:  # the cell never changes

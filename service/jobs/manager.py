@@ -92,6 +92,7 @@ class JobManager:
         over_quota: Callable[[str, int, int, str], str | None],
         record_probe: Callable[[dict, JobDir], object],
         limits: JobLimits,
+        record_run: Callable[[dict, JobDir, str], object] | None = None,
     ):
         self.ledger = ledger
         self.queue = JobQueue(ledger.engine, self._order)
@@ -109,6 +110,8 @@ class JobManager:
         self.over_quota = over_quota
         #: A succeeded job's all-reduce probe result, recorded for the dashboard.
         self.record_probe = record_probe
+        #: An ended job written as its user's MLflow run (service/experiments/), or None.
+        self.record_run = record_run
         self.limits = limits
         #: Jobs of an earlier local run on a site without a local pool now.
         self._legacy = NoLocalJobs(self.root)
@@ -146,6 +149,7 @@ class JobManager:
             groups_of=service.groups_of,
             over_quota=functools.partial(over_quota, service),
             record_probe=functools.partial(record_from_job, service),
+            record_run=service.run_recorder.record if service.run_recorder else None,
             limits=JobLimits(
                 slice_sizes=tuple(service.slice_sizes),
                 max_job_ranks=service.max_job_ranks,
@@ -578,6 +582,8 @@ class JobManager:
         if released is not None:
             if state == "succeeded":  # a nettest probe's result, read from the job itself
                 self.record_probe(job, self.jobdir(job))
+            if self.record_run is not None:  # in the background: MLflow may be slow
+                self.record_run(self.queue.get(job["id"]) or job, self.jobdir(job), state)
             log.info(
                 "Job %s of %s %s (%s); released %d slice(s)",
                 job["id"],

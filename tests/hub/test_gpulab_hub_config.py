@@ -22,13 +22,16 @@ def chart_config(tmp_path, monkeypatch, c: Config) -> Config:
     """The chart's files/hub/gpulab_hub_config.py, run on the values it renders, as
     z2jh's hub loads it from jupyterhub_config.d."""
     with helm.Chart.load(str(CHART)) as chart:
-        out = chart.render({"jupyterhub": {"enabled": False}}, name="gpulab", namespace="hub")
+        # MLflow on, as `gpulab up` has it.
+        values = {"jupyterhub": {"enabled": False}, "mlflow": {"enabled": True}}
+        out = chart.render(values, name="gpulab", namespace="hub")
     data = yaml.safe_load(out["gpulab/templates/configmap-hub.yaml"])["data"]
     values = tmp_path / "hub-values.json"
     values.write_text(data["hub-values.json"])
     monkeypatch.setenv("GPULAB_HUB_VALUES", str(values))
     monkeypatch.setenv("GPULAB_SERVICE_TOKEN", "svc-token")
     monkeypatch.setenv("GPULAB_AGENT_TOKEN", "agent-token")
+    monkeypatch.setenv("GPULAB_MLFLOW_TOKEN", "mlflow-token")
     source = data["gpulab_hub_config.py"]
     exec(compile(source, "gpulab_hub_config.py", "exec"), {"get_config": lambda: c})
     return c
@@ -48,7 +51,11 @@ def test_both_hubs_give_the_service_and_servers_the_same_scopes(both):
     up, chart = both
     up_roles, chart_roles = by_name(up.JupyterHub.load_roles), by_name(chart.JupyterHub.load_roles)
     access = "access:services!service=gpulab"
-    assert up_roles["user"] == chart_roles["user"] == {"name": "user", "scopes": [access, "self"]}
+    mlflow = "access:services!service=mlflow"
+    assert up_roles["user"] == chart_roles["user"] == {
+        "name": "user",
+        "scopes": [access, mlflow, "self"],
+    }
     assert up_roles["gpulab-service"] == chart_roles["gpulab-service"]
     scopes = chart_roles["gpulab-service"]["scopes"]
     # The reconciler, the ledger guard (an admin's forced release stops the server),
@@ -59,11 +66,14 @@ def test_both_hubs_give_the_service_and_servers_the_same_scopes(both):
     assert server_tokens.SCOPE in scopes
     assert not [s for s in scopes if s.startswith(("access:servers", "tokens", "admin"))]
     assert up.Spawner.server_token_scopes == chart.Spawner.server_token_scopes
-    assert chart.Spawner.server_token_scopes == [
-        "users:activity!user",
-        "access:servers!server",
-        access,
-    ]
+    # MLFLOW_TRACKING_TOKEN in a server is the server's own token: it reaches MLflow.
+    assert chart.Spawner.server_token_scopes == sorted(
+        ["users:activity!user", "access:servers!server", access, mlflow]
+    )
+    # MLflow's service reads users (the admin flag); the gpulab service writes jobs' runs.
+    assert up_roles["gpulab-mlflow"] == chart_roles["gpulab-mlflow"]
+    assert up_roles["gpulab-mlflow"]["scopes"] == ["read:users"]
+    assert mlflow in scopes
     for c in both:
         assert c.JupyterHub.template_paths == [HUB_PAGES]
         assert c.JupyterHub.tornado_settings["log_function"] is audit_hook.log_request
@@ -77,7 +87,8 @@ def test_the_hubs_differ_in_who_runs_the_service_and_the_agents(both):
     up_services = by_name(up.JupyterHub.services)
     chart_services = by_name(chart.JupyterHub.services)
     # gpulab up: the hub starts the service and culls idle servers itself; no node agents.
-    assert set(up_services) == {"gpulab", "idle-culler"}
+    assert set(up_services) == {"gpulab", "idle-culler", "mlflow"}
+    assert up_services["mlflow"]["command"][-2:] == ["-m", "gpulab.service.experiments"]
     # ... and its Ctrl-C stops the work too; the chart's service leaves it running.
     assert up_services["gpulab"]["command"][-3:] == [
         "-m",
@@ -87,7 +98,11 @@ def test_the_hubs_differ_in_who_runs_the_service_and_the_agents(both):
     assert "GPULAB_DATA_DIR" in up_services["gpulab"]["environment"]
     assert by_name(up.JupyterHub.load_roles)["idle-culler"]["services"] == ["idle-culler"]
     # The chart: the service is a pod of its own; z2jh culls; the agents push telemetry.
-    assert set(chart_services) == {"gpulab", "gpulab-agent"}
+    assert set(chart_services) == {"gpulab", "gpulab-agent", "mlflow"}
+    assert chart_services["mlflow"]["url"] == "http://gpulab-mlflow.hub.svc:10102"
+    assert chart.FractionalKubeSpawner.mlflow_tracking_uri == (
+        "http://proxy-public.hub.svc/services/mlflow"
+    )
     assert chart_services["gpulab"] == {
         "name": "gpulab",
         "url": "http://gpulab.hub.svc:10101",
@@ -153,7 +168,17 @@ def test_a_sites_own_services_and_roles_are_kept():
 
 def test_the_chart_keeps_a_sites_services_and_roles(tmp_path, monkeypatch):
     c = chart_config(tmp_path, monkeypatch, site_config())
-    assert [s["name"] for s in c.JupyterHub.services] == ["idle-culler", "gpulab", "gpulab-agent"]
+    assert [s["name"] for s in c.JupyterHub.services] == [
+        "idle-culler",
+        "gpulab",
+        "gpulab-agent",
+        "mlflow",
+    ]
     roles = by_name(c.JupyterHub.load_roles)
     assert "jupyterhub-idle-culler" in roles
-    assert roles["user"]["scopes"] == ["access:services!service=gpulab", "read:groups", "self"]
+    assert roles["user"]["scopes"] == [
+        "access:services!service=gpulab",
+        "access:services!service=mlflow",
+        "read:groups",
+        "self",
+    ]

@@ -56,9 +56,11 @@ def test_all_options_render_and_validate(chart):
         "ConfigMap/gpulab-hub-config",
         "DaemonSet/gpulab-all-agent",
         "Deployment/gpulab-all",
+        "Deployment/gpulab-all-mlflow",
         "LocalQueue/research",
         "PersistentVolumeClaim/gpulab-all-data",
         "PersistentVolumeClaim/gpulab-all-jobs",
+        "PersistentVolumeClaim/gpulab-all-mlflow",
         "PersistentVolumeClaim/gpulab-all-models",
         "PriorityClass/gpulab-batch",
         "PriorityClass/gpulab-batch-high",
@@ -69,6 +71,7 @@ def test_all_options_render_and_validate(chart):
         "RoleBinding/gpulab-all",
         "Secret/gpulab-tokens",
         "Service/gpulab-all",
+        "Service/gpulab-all-mlflow",
         "ServiceAccount/gpulab-all",
         "WorkloadPriorityClass/gpulab-batch",
         "WorkloadPriorityClass/gpulab-batch-high",
@@ -125,6 +128,17 @@ def test_all_options_reach_the_objects(chart):
     )
     pvc = objects["PersistentVolumeClaim/gpulab-all-data"]
     assert pvc["spec"]["storageClassName"] == "fast-ssd"
+    # MLflow: its pod behind the hub, its tables in the site's PostgreSQL (schema mlflow),
+    # and the service writes jobs' runs there.
+    mlflow = objects["Deployment/gpulab-all-mlflow"]["spec"]["template"]["spec"]["containers"][0]
+    mlflow_env = {e["name"]: e.get("value") for e in mlflow["env"]}
+    assert mlflow["command"] == ["python", "-m", "gpulab.service.experiments"]
+    assert mlflow_env["GPULAB_DB_URL"] == "postgresql://gpulab@db.example.org/gpulab"
+    assert mlflow_env["JUPYTERHUB_SERVICE_PREFIX"] == "/services/mlflow/"
+    assert env["GPULAB_MLFLOW_URL"] == "http://gpulab-all-mlflow.gpulab.svc:10102/services/mlflow"
+    assert objects["PersistentVolumeClaim/gpulab-all-mlflow"]["spec"]["storageClassName"] == (
+        "fast-ssd"
+    )
     hub_values = json.loads(objects["ConfigMap/gpulab-hub-config"]["data"]["hub-values.json"])
     assert hub_values == {
         "serviceName": "gpulab",
@@ -132,6 +146,8 @@ def test_all_options_reach_the_objects(chart):
         "serviceUrl": "http://gpulab-all.gpulab.svc:10101",
         "apiUrl": "http://gpulab-all.gpulab.svc:10101/services/gpulab/api/v1",
         "publicApiUrl": "https://hub.example.org/services/gpulab/api/v1",
+        "mlflowUrl": "http://gpulab-all-mlflow.gpulab.svc:10102",
+        "publicMlflowUrl": "https://hub.example.org/services/mlflow",
         "enforcement": ALL_ON["enforcement"],
         "notebookPriorityClass": "gpulab-notebook",
     }
@@ -402,7 +418,8 @@ def test_defaults_render_for_every_backend(chart, backend):
     hub_values = json.loads(objects["ConfigMap/gpulab-hub-config"]["data"]["hub-values.json"])
     assert hub_values["enforcement"] == {"backend": backend, "options": {}}
     tokens = objects["Secret/gpulab-tokens"]["data"]
-    assert set(tokens) == {"service-token", "agent-token"}
+    assert set(tokens) == {"service-token", "agent-token", "mlflow-token"}
+    assert "Deployment/gpulab-mlflow" not in objects  # MLflow is off by default
 
 
 def test_minimal_install_without_agent_rbac_or_scraping(chart):

@@ -7,7 +7,7 @@
 import json
 import os
 
-from gpulab.hub_ext.gpulab_hub import add_gpulab_to_hub
+from gpulab.hub_ext.gpulab_hub import add_gpulab_to_hub, add_mlflow_to_hub
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 
@@ -36,3 +36,13 @@ add_gpulab_to_hub(
     agent_service_name=gpulab["agentServiceName"],
     agent_token=os.environ["GPULAB_AGENT_TOKEN"],
 )
+
+# MLflow behind the hub (the chart's mlflow Deployment), its token from gpulab-tokens.
+if gpulab.get("mlflowUrl"):
+    add_mlflow_to_hub(
+        c,
+        service_url=gpulab["mlflowUrl"],
+        service_token=os.environ["GPULAB_MLFLOW_TOKEN"],
+        gpulab_service_name=gpulab["serviceName"],
+    )
+    c.FractionalKubeSpawner.mlflow_tracking_uri = gpulab["publicMlflowUrl"]

@@ -1,0 +1,3 @@
+from gpulab.service.experiments.server import main
+
+main()

@@ -1,0 +1,318 @@
+"""The proxy in front of MLflow: who asks (the hub), what they may touch (their own).
+
+Every request under ``/services/mlflow/`` is identified by the hub: the ``mlflow``
+client's ``Authorization: Bearer <hub token>`` (``MLFLOW_TRACKING_TOKEN``), ``token
+<hub token>``, or the browser's hub login (OAuth) for the UI. Then :mod:`.surface` says
+what the request reaches and the proxy checks it against :mod:`.ownership` before
+MLflow sees it: a user's experiments and runs are theirs alone (another's id answers
+404, as a missing one does); searches are narrowed to the caller's experiments;
+admins reach everything. The gpulab service itself (a trusted service) writes jobs'
+runs in their users' names (``X-Gpulab-User``), never as an admin.
+
+The browser's requests are cross-site-checked here (``Sec-Fetch-Site``/``Origin``)
+rather than with the hub's xsrf token, which MLflow's UI does not send.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from urllib.parse import urlencode, urlsplit
+
+import aiohttp
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from gpulab.service.hub_down import HUB_DOWN, hub_unreachable
+
+from .ownership import (
+    DEFAULT_EXPERIMENT_ID,
+    NotFound,
+    Owners,
+    namespaced,
+    owner_filter,
+    owner_of,
+    with_owner_tag,
+)
+from .surface import API_ROOTS, OWNER_TAG, Check, classify
+
+log = logging.getLogger("gpulab.experiments")
+
+#: The header the gpulab service names a job's user with (honoured for trusted services only).
+ON_BEHALF_HEADER = "X-Gpulab-User"
+#: Not passed on to MLflow (the hub's credentials) nor back (hop-by-hop).
+DROP_REQUEST = frozenset(
+    {
+        "authorization",
+        "cookie",
+        "host",
+        "content-length",
+        "connection",
+        "transfer-encoding",
+        "origin",
+        "referer",
+    }
+    | {ON_BEHALF_HEADER.lower()}
+)
+DROP_RESPONSE = frozenset(
+    {"content-length", "connection", "transfer-encoding", "keep-alive", "server", "date"}
+)
+#: Characters a user name may not hold here: it goes into MLflow's filter strings.
+UNSAFE_NAME = frozenset("'`\\\"")
+
+
+@dataclass(frozen=True)
+class Caller:
+    name: str
+    admin: bool = False
+
+
+def mlflow_error(status: int, code: str, message: str) -> dict:
+    """MLflow's error shape (its client reads ``error_code`` and ``message``) with
+    gpulab's ``error`` beside it."""
+    return {"error_code": code, "message": message, "error": message}
+
+
+class Refused(Exception):
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class MlflowBackend:
+    """HTTP to MLflow's server over its Unix socket (started on first use)."""
+
+    def __init__(self, tracking, prefix: str):
+        self.tracking = tracking
+        self.prefix = "/" + prefix.strip("/")
+        self._session: aiohttp.ClientSession | None = None
+
+    async def session(self) -> aiohttp.ClientSession:
+        socket_path = await self.tracking.ready()
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=socket_path),
+                # Bodies pass through as MLflow wrote them (its gzip included).
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=600),
+            )
+        return self._session
+
+    def url(self, path: str) -> str:
+        return f"http://localhost{self.prefix}/{path.lstrip('/')}"
+
+    async def call(self, method: str, route: str, args: dict | None, body: dict | None):
+        """One JSON call of MLflow's API (``route`` below ``api/2.0/mlflow/``)."""
+        session = await self.session()
+        query = urlencode([(k, v) for k, vs in (args or {}).items() for v in vs])
+        url = self.url(f"{API_ROOTS[0]}{route}") + (f"?{query}" if query else "")
+        async with session.request(
+            method, url, json=body, headers={"Host": "localhost", "Accept-Encoding": "identity"}
+        ) as resp:
+            data = await resp.read()
+            try:
+                return resp.status, json.loads(data or b"{}")
+            except ValueError:
+                return resp.status, {}
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class ProxyHandler(HubOAuthenticated, web.RequestHandler):
+    """Every path under the prefix: identify, check, pass on, narrow the answer."""
+
+    @property
+    def proxy(self):
+        return self.settings["mlflow_proxy"]
+
+    def check_xsrf_cookie(self):
+        """A browser's request with the hub cookie must come from this origin."""
+        site = self.request.headers.get("Sec-Fetch-Site", "")
+        if site in ("same-origin", "none"):
+            return
+        origin = self.request.headers.get("Origin", "")
+        if origin and urlsplit(origin).netloc == self.request.host:
+            return
+        raise web.HTTPError(403, "a cross-site request with the hub's cookie is refused")
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(mlflow_error(status, code, message)))
+
+    async def _caller(self) -> Caller | None:
+        try:
+            model = await self.hub_auth.get_user(self, sync=False)
+        except Exception as e:
+            if hub_unreachable(e):
+                raise Refused(503, "TEMPORARILY_UNAVAILABLE", HUB_DOWN) from None
+            raise
+        if not model:
+            return None
+        if not self.hub_auth.check_scopes(self.hub_scopes, model):
+            raise Refused(
+                403,
+                "PERMISSION_DENIED",
+                f"{model.get('kind', 'user')} {model.get('name')} may not use MLflow here: "
+                f"the token lacks the scope access:services!service={self.proxy.service_name}",
+            )
+        if model.get("kind") == "service":
+            on_behalf = self.request.headers.get(ON_BEHALF_HEADER, "")
+            if model["name"] not in self.proxy.trusted_services or not on_behalf:
+                raise Refused(
+                    403, "PERMISSION_DENIED", f"service {model['name']} may not use MLflow here"
+                )
+            return Caller(on_behalf)
+        user = await self.proxy.hub.user(model["name"]) or {}
+        return Caller(model["name"], admin=bool(user.get("admin")))
+
+    async def get(self, path):
+        await self._handle(path)
+
+    post = put = patch = delete = head = get
+
+    async def _handle(self, path: str) -> None:
+        try:
+            caller = await self._caller()
+        except Refused as e:
+            return self._error(e.status, e.code, e.message)
+        if caller is None:
+            api = path.startswith(("api/", "ajax-api/")) or self.request.method != "GET"
+            if not api:  # a person opening the UI: the hub's login, then back here
+                return self.redirect(self.get_login_url())
+            return self._error(
+                401,
+                "UNAUTHENTICATED",
+                "authentication required: set MLFLOW_TRACKING_TOKEN to a JupyterHub API "
+                "token (the hub's token page) or log in to the hub",
+            )
+        if any(c in UNSAFE_NAME for c in caller.name):
+            return self._error(403, "PERMISSION_DENIED", "this user name cannot use MLflow here")
+        args = {k: [v.decode() for v in vs] for k, vs in self.request.query_arguments.items()}
+        body, raw = {}, self.request.body
+        is_api = (path.startswith(API_ROOTS) or path == "graphql") and self.request.method in (
+            "POST",
+            "PATCH",
+            "DELETE",
+        )
+        if is_api and raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                return self._error(400, "INVALID_PARAMETER_VALUE", "the body must be JSON")
+            if not isinstance(body, dict):
+                return self._error(400, "INVALID_PARAMETER_VALUE", "the body must be a JSON object")
+        check = classify(self.request.method, path, args, body)
+        try:
+            if not caller.admin:
+                await self._enforce(check, caller.name, args, body)
+        except Refused as e:
+            return self._error(e.status, e.code, e.message)
+        except NotFound as e:
+            return self._error(404, "RESOURCE_DOES_NOT_EXIST", f"no experiment or run {e} of yours")
+        if body and is_api:
+            raw = json.dumps(body).encode()
+        await self._pass_on(path, args, raw, check, caller)
+
+    async def _enforce(self, check: Check, user: str, args: dict, body: dict) -> None:
+        owners: Owners = self.proxy.owners
+        kind = check.kind
+        if kind == "open":
+            return
+        if kind == "refuse":
+            raise Refused(403, "PERMISSION_DENIED", check.why)
+        if kind == "create_experiment":
+            if body.get("artifact_location"):
+                raise Refused(
+                    400,
+                    "INVALID_PARAMETER_VALUE",
+                    "artifact_location is set by gpulab: create the experiment without it",
+                )
+            body["name"] = namespaced(user, str(body.get("name") or ""))
+            body["tags"] = with_owner_tag(body.get("tags"), user)
+        elif kind == "search_experiments":
+            if self.request.method == "GET":
+                args["filter"] = [owner_filter(user, (args.get("filter") or [""])[0])]
+            else:
+                body["filter"] = owner_filter(user, str(body.get("filter") or ""))
+        elif kind == "experiment_name":
+            args["experiment_name"] = [namespaced(user, check.name)]
+        elif kind == "create_run":
+            wanted = check.experiments[0] if check.experiments else DEFAULT_EXPERIMENT_ID
+            if wanted == DEFAULT_EXPERIMENT_ID:
+                body["experiment_id"] = await owners.default_experiment(user)
+            else:
+                await owners.check_experiments(user, [wanted])
+        elif kind in ("experiments", "artifact"):
+            await owners.check_experiments(user, check.experiments)
+            tagging = check.route.endswith(("set-experiment-tag", "delete-experiment-tag"))
+            if tagging and body.get("key") == OWNER_TAG:
+                raise Refused(403, "PERMISSION_DENIED", f"the tag {OWNER_TAG} is gpulab's")
+            if check.route.endswith("experiments/update") and body.get("new_name"):
+                body["new_name"] = namespaced(user, str(body["new_name"]))
+        elif kind == "runs":
+            await owners.check_runs(user, check.runs)
+        elif kind == "graphql":
+            await owners.check_experiments(user, check.experiments)
+            await owners.check_runs(user, check.runs)
+        else:  # a kind this proxy does not know is never let through
+            raise Refused(403, "PERMISSION_DENIED", "not offered")
+
+    async def _pass_on(self, path: str, args: dict, raw: bytes, check: Check, caller: Caller):
+        backend: MlflowBackend = self.proxy.backend
+        headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in DROP_REQUEST}
+        headers["Host"] = "localhost"
+        query = urlencode([(k, v) for k, vs in args.items() for v in vs])
+        url = backend.url(path) + (f"?{query}" if query else "")
+        # Answers the proxy narrows are read whole (plain JSON, a page of results).
+        narrow = not caller.admin and check.kind in ("search_experiments", "experiment_name")
+        if narrow:
+            headers["Accept-Encoding"] = "identity"
+        try:
+            session = await backend.session()
+            async with session.request(
+                self.request.method,
+                url,
+                data=raw if self.request.method not in ("GET", "HEAD") else None,
+                headers=headers,
+                allow_redirects=False,
+            ) as resp:
+                self.set_status(resp.status, resp.reason)
+                for key, value in resp.headers.items():
+                    if key.lower() == "set-cookie":
+                        self.add_header(key, value)
+                    elif key.lower() not in DROP_RESPONSE:
+                        self.set_header(key, value)
+                if narrow and resp.status == 200:
+                    data = json.loads(await resp.read() or b"{}")
+                    self._narrow(check, caller.name, data)
+                    self.clear_header("Content-Encoding")
+                    return self.finish(json.dumps(data))
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    self.write(chunk)
+                    await self.flush()
+        except StreamClosedError:
+            return  # the caller left (a browser tab closed): nothing to answer
+        except (aiohttp.ClientError, OSError, RuntimeError, TimeoutError) as e:
+            log.warning("MLflow's server did not answer %s %s: %s", self.request.method, path, e)
+            if not self._headers_written:
+                self.clear()
+                return self._error(
+                    503,
+                    "TEMPORARILY_UNAVAILABLE",
+                    "MLflow's server is not answering; retry shortly",
+                )
+        self.finish()
+
+    def _narrow(self, check: Check, user: str, data: dict) -> None:
+        """What MLflow answered, the caller's own only (defence in depth beside the filter)."""
+        if check.kind == "search_experiments":
+            data["experiments"] = [e for e in data.get("experiments") or [] if owner_of(e) == user]
+        elif check.kind == "experiment_name" and owner_of(data.get("experiment") or {}) != user:
+            data.clear()
+            data.update(mlflow_error(404, "RESOURCE_DOES_NOT_EXIST", "no such experiment"))
+            self.set_status(404)

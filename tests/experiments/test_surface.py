@@ -1,0 +1,138 @@
+"""What the MLflow proxy checks before MLflow sees a request (pure: no hub, no MLflow)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulab.service.experiments.graphql_check import Unchecked, targets
+from gpulab.service.experiments.ownership import namespaced, owner_filter, with_owner_tag
+from gpulab.service.experiments.surface import OWNER_TAG, classify
+from gpulab.service.experiments.tracking_server import store_uri
+
+GET_RUN = (
+    "query GetRun($data: MlflowGetRunInput!) "
+    "{ mlflowGetRun(input: $data) { run { info { runUuid } } } }"
+)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "args", "body", "kind", "experiments", "runs"),
+    [
+        ("POST", "api/2.0/mlflow/runs/log-batch", {}, {"run_id": "r1"}, "runs", (), ("r1",)),
+        ("GET", "api/2.0/mlflow/runs/get", {"run_uuid": ["r2"]}, {}, "runs", (), ("r2",)),
+        (
+            "POST",
+            "ajax-api/2.0/mlflow/runs/search",
+            {},
+            {"experiment_ids": ["1", "2"]},
+            "experiments",
+            ("1", "2"),
+            (),
+        ),
+        (
+            "GET",
+            "ajax-api/2.0/mlflow/metrics/get-history-bulk-interval",
+            {"run_ids": ["a", "b"]},
+            {},
+            "runs",
+            (),
+            ("a", "b"),
+        ),
+        (
+            "GET",
+            "api/2.0/mlflow/experiments/get",
+            {"experiment_id": ["7"]},
+            {},
+            "experiments",
+            ("7",),
+            (),
+        ),
+        (
+            "PUT",
+            "api/2.0/mlflow-artifacts/artifacts/3/abc/artifacts/model.pt",
+            {},
+            {},
+            "artifact",
+            ("3",),
+            (),
+        ),
+        (
+            "GET",
+            "api/2.0/mlflow-artifacts/artifacts",
+            {"path": ["4/abc/artifacts"]},
+            {},
+            "artifact",
+            ("4",),
+            (),
+        ),
+        ("GET", "get-artifact", {"run_uuid": ["r3"], "path": ["x"]}, {}, "runs", (), ("r3",)),
+        ("POST", "runs/create", {}, {}, "refuse", (), ()),  # not under an API root
+        ("POST", "api/2.0/mlflow/runs/create", {}, {}, "create_run", (), ()),
+        ("GET", "", {}, {}, "open", (), ()),
+        ("GET", "static-files/static/js/main.js", {}, {}, "open", (), ()),
+    ],
+)
+def test_each_route_names_what_it_touches(method, path, args, body, kind, experiments, runs):
+    check = classify(method, path, args, body)
+    assert (check.kind, check.experiments, check.runs) == (kind, experiments, runs)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "api/2.0/mlflow/registered-models/search",
+        "api/2.0/mlflow/logged-models/m-1",
+        "api/3.0/mlflow/traces/search",
+        "api/3.0/mlflow/gateway/secrets/list",
+        "api/2.0/mlflow/webhooks",
+        "api/2.0/mlflow/runs/log-batch",  # no run named
+        "api/2.0/mlflow-artifacts/artifacts/../../etc/passwd",  # no experiment named
+        "api/2.0/mlflow-artifacts/mpu/create/1/abc",
+        "some-route-of-a-later-mlflow",
+    ],
+)
+def test_what_cannot_be_checked_is_refused(path):
+    assert classify("POST", path, {}, {}).kind == "refuse"
+
+
+def test_graphql_queries_name_their_runs_and_experiments():
+    assert targets({"query": GET_RUN, "variables": {"data": {"runId": "r9"}}}) == ((), ("r9",))
+    query = '{ a: mlflowSearchRuns(input: {experimentIds: ["1"]}) { nextPageToken } }'
+    assert targets({"query": query}) == (("1",), ())
+    for body, why in [
+        ({"query": "mutation { mlflowSomething(input: {}) { x } }"}, "only GraphQL queries"),
+        ({"query": "{ mlflowSearchModelVersions(input: {}) { x } }"}, "not offered"),
+        ({"query": "{ __schema { types { name } } }"}, "not offered"),
+        ({"query": GET_RUN, "variables": {"data": {}}}, "must name its runs"),
+        ({"query": "{ mlflowGetRun("}, "does not parse"),
+    ]:
+        with pytest.raises(Unchecked, match=why):
+            targets(body)
+    assert classify(
+        "POST", "graphql", {}, {"query": GET_RUN, "variables": {"data": {"runId": "r"}}}
+    ).runs == ("r",)
+
+
+def test_names_and_tags_are_the_owners():
+    assert namespaced("alice", "demo") == "alice/demo"
+    assert namespaced("alice", "alice/demo") == "alice/demo"
+    assert namespaced("bob", "alice/demo") == "bob/alice/demo"
+    assert owner_filter("alice") == f"tags.`{OWNER_TAG}` = 'alice'"
+    assert (
+        owner_filter("alice", "name LIKE 'x%'")
+        == f"tags.`{OWNER_TAG}` = 'alice' AND name LIKE 'x%'"
+    )
+    # A user's own value for the owner tag is dropped, theirs set.
+    tags = with_owner_tag([{"key": OWNER_TAG, "value": "bob"}, {"key": "k", "value": "v"}], "alice")
+    assert tags == [{"key": "k", "value": "v"}, {"key": OWNER_TAG, "value": "alice"}]
+
+
+def test_the_store_follows_the_sites_database(tmp_path):
+    assert store_uri(str(tmp_path)) == f"sqlite:///{tmp_path}/mlflow/mlflow.sqlite"
+    pg = store_uri(
+        str(tmp_path), "postgresql://gpulab:pw@db.example.org:5432/gpulab?sslmode=require"
+    )
+    assert pg == (
+        "postgresql+psycopg://gpulab:pw@db.example.org:5432/gpulab"
+        "?sslmode=require&options=-csearch_path%3Dmlflow"
+    )
