@@ -20,6 +20,7 @@ Scheduler's tables, in the same database.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import os
@@ -116,6 +117,9 @@ class GpulabScheduler(Scheduler):
         self._links = create_engine(self.db_url)
         links.create_all(self._links)
         self._client: AsyncClient | None = None
+        # One look at the service at a time: the panel polls, and two looks at once
+        # would both adopt a schedule's new run or both write a job's files.
+        self._looking = asyncio.Lock()
 
     @property
     def client(self) -> AsyncClient:
@@ -211,6 +215,14 @@ class GpulabScheduler(Scheduler):
             session.query(Job).filter(Job.job_id == job_id).update(values)
             session.commit()
 
+    async def look(self, schedules: bool = False) -> None:
+        """Bring the records up to date with the service (``schedules``: the runs of
+        the job definitions' schedules first)."""
+        async with self._looking:
+            if schedules:
+                await self.sync_schedules()
+            await self.sync()
+
     async def sync(self) -> None:
         """Read the state of every job not yet collected from the service; write back
         the outputs of those that ended. The service not answering leaves them as
@@ -249,7 +261,9 @@ class GpulabScheduler(Scheduler):
         result = await job_result(self.client, gpulab_job_id)
         if result is not None:
             staging = self.get_staging_paths(describe)
-            written = write_outputs(describe.output_formats or [], staging, result)
+            formats = describe.output_formats or []
+            # Off the server's loop: an HTML export of a large notebook takes a while.
+            written = await asyncio.to_thread(write_outputs, formats, staging, result)
             values["packaged_files"] = sorted(set(describe.packaged_files or []) | set(written))
             if result.get("skipped"):
                 values["status_message"] += (
@@ -259,7 +273,7 @@ class GpulabScheduler(Scheduler):
         with self.db_session() as session:
             describe = DescribeJob.from_orm(session.query(Job).filter(Job.job_id == job_id).one())
         if result is not None:
-            self._download(describe)
+            await asyncio.to_thread(self._download, describe)
         with self._links.begin() as conn:
             conn.execute(
                 update(job_links).where(job_links.c.job_id == job_id).values(collected=True)
@@ -296,16 +310,15 @@ class GpulabScheduler(Scheduler):
             )
 
     async def get_job(self, job_id: str, job_files: bool | None = True) -> DescribeJob:
-        await self.sync()
+        await self.look()
         return super().get_job(job_id, job_files)
 
     async def list_jobs(self, query: ListJobsQuery) -> ListJobsResponse:
-        await self.sync_schedules()
-        await self.sync()
+        await self.look(schedules=True)
         return super().list_jobs(query)
 
     async def count_jobs(self, query: CountJobsQuery) -> int:
-        await self.sync()
+        await self.look()
         return super().count_jobs(query)
 
     def _gpulab_job(self, job_id: str) -> str | None:
@@ -327,7 +340,7 @@ class GpulabScheduler(Scheduler):
             raise SchedulerError(
                 f"gpulab could not stop job {gpulab_job_id}: {e.message}"
             ) from None
-        await self.sync()
+        await self.look()
 
     async def delete_job(self, job_id: str) -> None:
         with self.db_session() as session:
