@@ -277,6 +277,14 @@ def test_a_scheduled_job_definition_runs_while_the_server_is_stopped(hub):
     printed = "".join(o.get("text", "") for o in output_notebook(hub, alice, job).cells[2].outputs)
     assert json.loads(printed.split("SEEN ", 1)[1])["label"] == "scheduled"
 
+    # Paused in the lab, paused in the service; deleted, gone from both.
+    path = f"job_definitions/{definition_id}"
+    r = server(hub, alice, token, "PATCH", path, json={"active": False})
+    assert r.status_code == 204, r.text
+    assert hub.gpulab("GET", f"/schedules/{sched['id']}", token).json()["active"] is False
+    assert server(hub, alice, token, "DELETE", path).status_code == 204
+    assert hub.gpulab("GET", f"/schedules/{sched['id']}", token).status_code == 404
+
 
 @pytest.fixture(scope="module")
 def browser():
