@@ -7,13 +7,16 @@
     docs.insert(texts=["...", ...], metadata=...)   # with embed=
     docs.insert(texts=books, chunk_size=1000, chunk_overlap=200)  # long ones in chunks
     docs.insert(vectors=X, texts=[...])             # your own vectors, texts kept with them
+    docs.insert(df)                                 # rows: a DataFrame, list of dicts, or
+    docs.insert("rows.parquet")                     # a .parquet / .jsonl file, in batches
     hits = docs.search(vector=q, k=10)              # or text="...", filter={"lang": "en"}
     hits[0].id, hits[0].score, hits[0].metadata, hits[0].text
     docs.count(); docs.share(users=["bob"]); docs.drop()
     Collection("alice/docs")                        # one alice shared with you
 
 Scores: cosine and ip, higher is closer; l2, the squared distance (lower is closer).
-Inserts of more rows than one request takes go in batches. A row made from a text
+Inserts of more rows than one request takes go in batches, with a progress bar. A row
+made from a text
 keeps it: its hit's ``text`` is what was found (None for rows of vectors alone).
 For LangChain and LlamaIndex: :mod:`gpulab.client.langchain`, :mod:`gpulab.client.llama_index`.
 """
@@ -21,9 +24,9 @@ For LangChain and LlamaIndex: :mod:`gpulab.client.langchain`, :mod:`gpulab.clien
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 
+from . import bulk
 from .chunking import chunk_text
 from .errors import BadRequest, ConfigurationError, NotFound
 
@@ -148,18 +151,34 @@ class Collection:
         if any(len(c) != n for c in columns.values()):
             raise BadRequest(400, f"{len(columns['texts'])} texts for {n} vectors: one text each")
         out: list[str] = []
-        for start in range(0, n, batch):
-            end = start + batch
-            body = {key: column[start:end] for key, column in columns.items()}
-            if metadata is not None:
-                body["metadata"] = list(metadata[start:end])
-            if ids is not None:
-                body["ids"] = list(ids[start:end])
-            out += self._call(verb, body)["ids"]
-            if n > batch:  # long work shows its progress
-                print(f"\r{verb}: {len(out)}/{n} rows", end="", file=sys.stderr)
-        if n > batch:
-            print(file=sys.stderr)
+        bar = bulk.progress_bar(n, verb) if n > batch else None  # long work shows progress
+        try:
+            for start in range(0, n, batch):
+                end = start + batch
+                body = {key: column[start:end] for key, column in columns.items()}
+                if metadata is not None:
+                    body["metadata"] = list(metadata[start:end])
+                if ids is not None:
+                    body["ids"] = list(ids[start:end])
+                out += self._call(verb, body)["ids"]
+                if bar is not None:
+                    bar.update(end - start if end < n else n - start)
+        finally:
+            if bar is not None:
+                bar.close()
+        return out
+
+    def _write_rows(self, verb: str, source, batch: int) -> list[str]:
+        """Rows of a table (:mod:`.bulk`), a request per ``batch``, with a progress bar."""
+        total, chunks = bulk.batches(source, batch)
+        out: list[str] = []
+        bar = bulk.progress_bar(total, verb)
+        try:
+            for rows in chunks:
+                out += self._call(verb, bulk.body_of(rows, len(out)))["ids"]
+                bar.update(len(rows))
+        finally:
+            bar.close()
         return out
 
     def insert(
@@ -180,7 +199,15 @@ class Collection:
         (characters) cuts each text into chunks (:func:`~.chunking.chunk_text`): a row
         each, whose metadata names its ``source`` (the text's ``metadata["source"]``,
         its id, or its position in ``texts``), ``chunk`` (0, 1, ...) and ``start`` (its
-        first character in the text); the ids given become ``ID#0``, ``ID#1``, ..."""
+        first character in the text); the ids given become ``ID#0``, ``ID#1``, ...
+
+        Many rows at once: ``insert(rows)`` takes a list of dicts, a pandas DataFrame or
+        a ``.parquet``/``.jsonl`` file (:mod:`.bulk`: columns ``id``, ``vector`` or
+        ``embedding``, ``text``, ``metadata`` or any others as metadata), sent
+        ``batch`` rows a request with a progress bar; texts are embedded by the
+        service in batches through the endpoint's batcher."""
+        if bulk.is_table(vectors):
+            return self._write_rows("insert", vectors, batch)
         return self._write(
             "insert", vectors, texts, metadata, ids, batch, chunk_size, chunk_overlap
         )
@@ -195,7 +222,10 @@ class Collection:
         chunk_size: int | None = None,
         chunk_overlap: int = 200,
     ):
-        """Add rows or replace those with the same ids."""
+        """Add rows or replace those with the same ids (rows of a table as for
+        :meth:`insert`)."""
+        if bulk.is_table(vectors):
+            return self._write_rows("upsert", vectors, batch)
         return self._write(
             "upsert", vectors, texts, metadata, ids, batch, chunk_size, chunk_overlap
         )

@@ -7,10 +7,11 @@ wrong and what to do); nothing is written until every row of a request passed.
 from __future__ import annotations
 
 import json
-import math
 import re
 import uuid
 from dataclasses import dataclass
+
+import numpy as np
 
 from gpulab.scheduler.slices import noun
 
@@ -26,6 +27,8 @@ TEXT_MAX = 8192  # characters per text
 #: (returned as the hit's ``text``, not in its metadata). Not a key a client may send.
 TEXT_KEY = "_text"
 K_MAX = 1000
+#: The types a vector's values may have (JSON numbers; not bool, which is an int too).
+NUMBER_TYPES = {int, float}
 #: What only a ``\uD800``-``\uDFFF`` escape in a JSON body can make: a lone surrogate
 #: (the bytes themselves are checked to be UTF-8 by the body parser).
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -86,20 +89,26 @@ def rows_count(n: int, limits: CollectionLimits, what: str) -> None:
         raise Refused(413, f"{n} {what} in one request; send at most {limits.max_rows} per request")
 
 
-def vectors(values, dim: int, limits: CollectionLimits, what: str = "vectors") -> list:
+def vectors(values, dim: int, limits: CollectionLimits, what: str = "vectors") -> np.ndarray:
+    """The vectors as one (n, dim) array, each value a finite number."""
     if not isinstance(values, list):
         raise Refused(400, f"{what} must be a list of lists of {dim} numbers")
     rows_count(len(values), limits, what)
-    out = []
     for i, v in enumerate(values):
         if not isinstance(v, list) or len(v) != dim:
             got = f"{len(v)} numbers" if isinstance(v, list) else type(v).__name__
             raise Refused(400, f"{what}[{i}] has {got}; this collection holds {dim}-d vectors")
-        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+        # The types of a row's values, found in C (a 1,000-row insert of 384-d vectors
+        # is 384,000 values: a Python loop per value took 100 ms of the service's loop).
+        if not set(map(type, v)) <= NUMBER_TYPES:
             raise Refused(400, f"{what}[{i}] holds something that is not a number")
-        if not all(math.isfinite(x) for x in v):  # the body parser refuses NaN; ints may be huge
-            raise Refused(400, f"{what}[{i}] holds a value that is not finite")
-        out.append([float(x) for x in v])
+    try:
+        out = np.asarray(values, dtype=np.float64).reshape(len(values), dim)
+    except OverflowError:  # an int too large for a float
+        out = np.full((len(values), dim), np.inf)
+    finite = np.isfinite(out).all(axis=1)  # the body parser refuses NaN; ints may be huge
+    if not finite.all():
+        raise Refused(400, f"{what}[{int(np.argmin(finite))}] holds a value that is not finite")
     return out
 
 

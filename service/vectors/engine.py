@@ -184,6 +184,8 @@ class VectorEngine:
         """Insert (or upsert) ``rows`` ({id, vector, metadata}); done when the engine
         has them in its log (a kill -9 after this loses none)."""
 
+        rows = [{**r, "vector": _floats(r["vector"])} for r in rows]
+
         def write():
             client = self._client(database_of(owner))
             (client.upsert if upsert else client.insert)(cid, rows, timeout=self.call_timeout)
@@ -226,6 +228,8 @@ class VectorEngine:
     async def search(
         self, owner: str, cid: str, vectors: list[list[float]], k: int, metric: str, filter: str
     ) -> list[list[dict]]:
+        vectors = [_floats(v) for v in vectors]
+
         def search():
             return self._client(database_of(owner)).search(
                 cid,
@@ -245,6 +249,11 @@ class VectorEngine:
             ]
             for hits in found
         ]
+
+
+def _floats(vector) -> list[float]:
+    """A vector as pymilvus takes it (the service checks vectors into numpy arrays)."""
+    return vector.tolist() if hasattr(vector, "tolist") else [float(x) for x in vector]
 
 
 def _metadata(hit) -> dict:
