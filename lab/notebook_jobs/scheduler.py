@@ -55,7 +55,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from traitlets import Type, default
+from traitlets import Type
 
 from gpulab.client.base import AsyncClient
 from gpulab.client.errors import GpuLabError, NotFound
@@ -103,14 +103,26 @@ class GpulabScheduler(Scheduler):
         default_value=None,
         klass="jupyter_scheduler.task_runner.BaseTaskRunner",
         config=True,
-        help="None: gpulab's service runs job definitions' schedules, not the server.",
+        help="""What turns job definitions' schedules into jobs inside this server.
+        None (gpulab's): the gpulab service keeps and fires the schedules, so they run
+        while the server is stopped too; Jupyter Scheduler's own task runner would
+        fire them only while the server runs, and twice beside the service.
+
+        c.GpulabScheduler.task_runner_class = None
+        """,
     )
 
-    @default("execution_manager_class")
-    def _execution_default(self):
-        from .execution import GpulabExecution
+    execution_manager_class = Type(
+        default_value="gpulab.lab.notebook_jobs.execution.GpulabExecution",
+        klass="jupyter_scheduler.executors.ExecutionManager",
+        config=True,
+        help="""What a notebook job supports (parameters, output formats, stop) and how
+        one runs on its own: gpulab's runs it as a gpulab job on a slice. A site's
+        subclass may offer more:
 
-        return GpulabExecution
+        c.GpulabScheduler.execution_manager_class = "mysite.jobs.MyExecution"
+        """,
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
