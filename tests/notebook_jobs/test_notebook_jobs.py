@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 import requests
 from hubproc import RunningHub, fresh_user
@@ -95,6 +96,15 @@ def finished(hub, user, token, job_id) -> dict:
         return job if job["status"] in ("COMPLETED", "FAILED", "STOPPED") else None
 
     return wait_until(ended, f"notebook job {job_id} to end", 400, every=1, detail=hub.log_tail)
+
+
+def kernels_of(account: str) -> list[int]:
+    """Pids of the kernels running as ``account``."""
+    found = []
+    for p in psutil.process_iter(["pid", "username", "cmdline"]):
+        if p.info["username"] == account and "ipykernel" in " ".join(p.info["cmdline"] or []):
+            found.append(p.info["pid"])
+    return found
 
 
 def output_notebook(hub, user: str, job: dict):
@@ -214,11 +224,19 @@ def test_bob_can_neither_see_nor_stop_alices_notebook_job(hub):
     assert hub.gpulab("GET", "/jobs", bob_token, params={"user": alice}).status_code == 403
     assert hub.gpulab("GET", f"/jobs/{gj['id']}", token).json()["state"] in ("queued", "running")
 
-    # alice stops it: the gpulab job is cancelled, its slice given back.
+    # alice stops it (its kernel running): the gpulab job is cancelled, nothing of it
+    # runs on.
+    if hub.accounts:
+        wait_until(lambda: kernels_of(unix_name(alice)), "the job's kernel to start", 300)
     r = server(hub, alice, token, "PATCH", f"jobs/{job_id}", json={"status": "STOPPED"})
     assert r.status_code == 204, r.text
     assert finished(hub, alice, token, job_id)["status"] == "STOPPED"
     assert hub.gpulab("GET", f"/jobs/{gj['id']}", token).json()["state"] == "cancelled"
+    if hub.accounts:  # nothing of the job runs on, its kernel included
+        assert (
+            wait_until(lambda: not kernels_of(unix_name(alice)), "the job's kernel to end", 30)
+            is True
+        )
 
 
 def test_a_scheduled_job_definition_runs_while_the_server_is_stopped(hub):
