@@ -85,9 +85,11 @@ class ScheduledJobs:
     """Schedules kept, checked and fired. Built from the job manager (which submits
     each run as its owner) and who a user is (their admin flag and groups)."""
 
-    def __init__(self, *, engine, jobs: JobManager, identity_of):
+    def __init__(self, *, engine, jobs: JobManager, identity_of, audit=None):
         self.engine = engine
         self.jobs = jobs
+        #: The audit trail (``record(action, subject, **fields)``): each run's submit.
+        self.audit = audit
         #: ``await identity_of(user)``: the owner as the hub says now (admin, groups).
         self.identity_of = identity_of
         self._wake = asyncio.Event()
@@ -98,7 +100,9 @@ class ScheduledJobs:
         async def identity_of(user: str) -> Identity:
             return await service.identify({"kind": "user", "name": user})
 
-        return cls(engine=service.engine, jobs=service.jobs, identity_of=identity_of)
+        return cls(
+            engine=service.engine, jobs=service.jobs, identity_of=identity_of, audit=service.audit
+        )
 
     # -- running -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -139,13 +143,22 @@ class ScheduledJobs:
             job = await self.jobs.submit(who, dict(sched["job"]))
         except JobRefused as e:
             log.warning("Schedule %s of %s: the job was refused: %s", sched["id"], sched["user"], e)
+            await self._audit(sched, sched["id"], "denied", reason=str(e))
             return None, str(e)
         except Exception as e:  # the hub down: tried again at the next run
             log.exception("Schedule %s of %s", sched["id"], sched["user"])
             return None, f"could not submit: {e}"
         self.jobs.jobdir(job).event(f"submitted by schedule {sched['id']} ({sched['name']})")
+        await self._audit(sched, job["id"], "ok", schedule=sched["id"], name=job.get("name"))
         log.info("Schedule %s of %s submitted job %s", sched["id"], sched["user"], job["id"])
         return job["id"], None
+
+    async def _audit(self, sched: dict, subject: str, result: str, **detail) -> None:
+        """A run's submit in the audit trail, as the service's on the owner's behalf."""
+        if self.audit is not None:
+            await self.audit.record(
+                "job.submit", subject, user=sched["user"], result=result, **detail
+            )
 
     # -- reading -----------------------------------------------------------------------
     def get(self, who, schedule_id: str) -> dict:

@@ -25,6 +25,8 @@ from support.wait import wait_until
 
 from gpulab.enforcement.accounts import unix_name
 
+pytestmark = pytest.mark.slow
+
 ENV = "gpulab-python"
 
 

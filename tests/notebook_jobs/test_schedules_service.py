@@ -44,6 +44,14 @@ async def test_a_schedule_submits_its_job_as_its_owner_when_its_time_comes(tmp_p
             (run,) = await wait_until_async(fired, "the schedule to fire", 30)
             job = (await svc.request("GET", f"/jobs/{run['job_id']}", alice)).json()
             assert (job["user"], job["name"]) == ("alice", "nightly")
+            # The audit trail says the service submitted it for alice.
+            (entry,) = (
+                await svc.request(
+                    "GET", "/audit", params={"action": "job.submit", "subject": run["job_id"]}
+                )
+            ).json()["entries"]
+            assert (entry["user"], entry["actor_kind"]) == ("alice", "system")
+            assert entry["detail"]["schedule"] == sched["id"]
             after = (await svc.request("GET", f"/schedules/{sched['id']}", alice)).json()
             assert after["next_run"] == "2026-12-02T03:00:00+00:00"
             assert after["last_error"] is None
