@@ -25,7 +25,7 @@ from .cgroups import (
     write_text,
 )
 from .gpu_nodes import DeviceNode, denied_nodes, node_of
-from .limits import Limits
+from .limits import Limits, cpu_shares, cpu_weight
 
 
 class FsGroup(Group):
@@ -212,9 +212,14 @@ class V1Cgroups(FsCgroups):
 
     def _make(self, dirs: dict[str, str], limits: Limits) -> list[str]:
         notes = []
+        fresh = _missing_between(self.bases.get("cpu"), dirs.get("cpu"))
         for d in dict.fromkeys(dirs.values()):
             os.makedirs(d, exist_ok=True)
         if "cpu" in dirs:
+            # gpulab's tree and an account's group made on the way weigh as the
+            # host's cores (an account held to a quota weighs as its quota: _hold).
+            for d in [self.bases["cpu"], *fresh]:
+                write_text(os.path.join(d, "cpu.shares"), str(cpu_shares(_host_cores())))
             notes += _v1_cpu(dirs["cpu"], limits.cpu_cores)
         elif limits.cpu_cores is not None:
             notes.append("CPU not held: no cpu controller")
@@ -237,6 +242,8 @@ class V1Cgroups(FsCgroups):
         # with children (v1 refuses), and the account's groups carry their own.
         notes = []
         if "cpu" in dirs:
+            base = os.path.join(self.bases["cpu"], "cpu.shares")
+            write_text(base, str(cpu_shares(_host_cores())))
             notes += _v1_cpu(dirs["cpu"], limits.cpu_cores)
         if "memory" in dirs:
             _v1_memory(dirs["memory"], -1 if limits.memory_bytes is None else limits.memory_bytes)
@@ -295,9 +302,27 @@ def _pids(value: int | None) -> str:
     return "max" if value is None else str(value)
 
 
+def _host_cores() -> int:
+    return os.cpu_count() or 1
+
+
+def _missing_between(base: str | None, leaf: str | None) -> list[str]:
+    """The folders strictly between ``base`` and ``leaf`` that do not exist yet."""
+    if not base or not leaf or not leaf.startswith(base + "/"):
+        return []
+    missing, d = [], os.path.dirname(leaf)
+    while d != base and d.startswith(base + "/"):
+        if not os.path.isdir(d):
+            missing.append(d)
+        d = os.path.dirname(d)
+    return missing[::-1]
+
+
 def _v1_cpu(d: str, cores: float | None) -> list[str]:
-    """Set the CFS quota. v1 refuses a quota above the parent's (EINVAL): then the
-    parent's (the account's quota), said in a note."""
+    """Set the CFS quota and a weight in proportion to it (``cpu.shares``: the default
+    1024 would weigh a group of many cores as one process). v1 refuses a quota above
+    the parent's (EINVAL): then the parent's (the account's quota), said in a note."""
+    write_text(os.path.join(d, "cpu.shares"), str(cpu_shares(cores or _host_cores())))
     quota = -1 if cores is None else max(1000, int(cores * CFS_PERIOD_US))
     write_text(os.path.join(d, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
     try:
@@ -377,6 +402,7 @@ class V2Cgroups(FsCgroups):
         for part in os.path.relpath(leaf, base).split("/"):
             chain.append(path)
             path = os.path.join(path, part)
+        fresh = _missing_between(base, leaf)
         os.makedirs(leaf, exist_ok=True)
         enable = " ".join(f"+{c}" for c in self.controllers)
         for d in chain:
@@ -393,6 +419,11 @@ class V2Cgroups(FsCgroups):
                 else str(max(1000, int(limits.cpu_cores * CFS_PERIOD_US)))
             )
             write_text(os.path.join(leaf, "cpu.max"), f"{quota} {CFS_PERIOD_US}")
+            # Weights in proportion to the cores, as v1's cpu.shares (_v1_cpu).
+            for d in [base, *fresh]:
+                write_text(os.path.join(d, "cpu.weight"), str(cpu_weight(_host_cores())))
+            weight = cpu_weight(limits.cpu_cores or _host_cores())
+            write_text(os.path.join(leaf, "cpu.weight"), str(weight))
         if limits.memory_bytes is not None and "memory" not in self.controllers:
             notes.append("memory not held: no memory controller")
         elif "memory" in self.controllers:

@@ -30,6 +30,10 @@ HOST_MEMORY_RESERVE_DIVISOR = 10
 #: rank has some 50-150 threads (OpenMP, gloo, data loader workers); JupyterLab with
 #: a few kernels a few hundred; a fork bomb stops here, far below the kernel's limit.
 DEFAULT_PIDS = 4096
+#: The CPU weight of one core's worth of work: cgroup v1's default ``cpu.shares``,
+#: which is also the weight of one nice-0 process, or of one session where the
+#: kernel groups tasks by session (autogroup: torchrun starts each rank in one).
+SHARES_PER_CORE = 1024
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,22 @@ def capped(limits: Limits, cpu_cores: float | None, memory_bytes: int | None) ->
         devices=limits.devices,
         pids=limits.pids,
     )
+
+
+def cpu_shares(cores: float) -> int:
+    """cgroup v1 ``cpu.shares`` for a group that may use ``cores`` cores.
+
+    In proportion to its cores (as Kubernetes does), not the default 1024 for every
+    group: under contention a group weighs as one busy process whatever it holds, so
+    a 2-rank job's group would get half of what 2 ranks outside any group get, and
+    gpulab's whole tree (every user's work) as much as one process of the host."""
+    return min(max(2, round(SHARES_PER_CORE * cores)), 262144)
+
+
+def cpu_weight(cores: float) -> int:
+    """cgroup v2 ``cpu.weight`` for a group that may use ``cores`` cores (100 a core,
+    the default being 100 for any group, as v1's 1024)."""
+    return min(max(1, round(100 * cores)), 10000)
 
 
 def format_cpu(cores: float | None) -> str:

@@ -15,7 +15,16 @@ import pytest
 from gpulab.enforcement.account_limits import AccountLimits
 from gpulab.enforcement.cgroups import Cgroups
 from gpulab.enforcement.cgroups_systemd import slice_dropin, systemd_properties
-from gpulab.enforcement.limits import GIB, MIB, Limits, capped, format_limits, host_user_quota
+from gpulab.enforcement.limits import (
+    GIB,
+    MIB,
+    Limits,
+    capped,
+    cpu_shares,
+    cpu_weight,
+    format_limits,
+    host_user_quota,
+)
 
 # -- pure -----------------------------------------------------------------------------
 
@@ -160,3 +169,40 @@ def test_an_accounts_groups_are_held_together_to_its_quota(cgroups):
     # over the account's limit (without that limit the peak is the sum, ~320 MiB).
     peak = int(read("memory", "memory.max_usage_in_bytes"))
     assert peak <= 256 * MIB, (peak, first_ended, second)
+
+
+def test_a_groups_cpu_weight_is_in_proportion_to_its_cores():
+    # The default (1024 for any group) weighs a 2-rank job as one process.
+    assert (cpu_shares(1), cpu_shares(2), cpu_shares(0.5), cpu_shares(0.001)) == (
+        1024,
+        2048,
+        512,
+        2,
+    )
+    assert (cpu_weight(1), cpu_weight(2), cpu_weight(0.25), cpu_weight(500)) == (
+        100,
+        200,
+        25,
+        10000,
+    )
+
+
+def test_a_two_rank_job_weighs_as_two_processes_and_gpulab_as_the_host(cgroups):
+    """Under contention a 2-rank job must get what 2 ranks outside any group get: on a
+    host that groups tasks by session (autogroup), each torchrun rank weighs 1024."""
+    cg, account, create = cgroups
+    if cg.kind != "cgroup1":
+        pytest.skip(f"the cpu.shares read here are cgroup v1's; this host has {cg.label}")
+    node = create("job-1-node0", Limits(2.0, 512 * MIB, None, 100))
+
+    def shares(d):
+        with open(os.path.join(d, "cpu.shares")) as f:
+            return int(f.read())
+
+    host = 1024 * (os.cpu_count() or 1)
+    assert shares(node.dirs[0]) == 2048
+    assert shares(os.path.dirname(node.dirs[0])) == host  # the account, made on the way
+    assert shares(cg.bases["cpu"]) == host  # gpulab's whole tree
+    # An account held to a quota weighs as its quota.
+    assert cg.hold(account, Limits(3.0, 1024 * MIB, None, 200)) == []
+    assert shares(os.path.dirname(node.dirs[0])) == 3072
