@@ -106,6 +106,7 @@ class Collection:
         self.metadata: list[dict | None] = []
         self.label_of: dict[str, int] = {}
         self.seq = 0  # of the last write
+        self._live: tuple[int, np.ndarray | None] = (-1, None)
         self.log: wal.Log | None = None
 
     # -- on disk ---------------------------------------------------------------------
@@ -255,10 +256,14 @@ class Collection:
         return len(self.label_of)
 
     def vectors(self) -> np.ndarray:
-        """Every label's vector (a view of the index's own storage)."""
+        """Every label's vector: a view of the index's own storage, no copy (valid while
+        the index is not written to: under the collection's lock)."""
         storage = self.index.storage if self.kind == "hnsw" else self.index
-        codes = faiss.vector_to_array(faiss.downcast_index(storage).codes)
-        return codes.view(np.float32).reshape(-1, self.dim)
+        codes = faiss.downcast_index(storage).codes
+        if codes.size() == 0:
+            return np.empty((0, self.dim), dtype=np.float32)
+        raw = faiss.rev_swig_ptr(codes.data(), codes.size())
+        return raw.view(np.float32).reshape(-1, self.dim)
 
     def rows(self):
         """(id, vector, metadata) of every live row, for a copy elsewhere."""
@@ -286,8 +291,11 @@ class Collection:
                     ),
                     dtype=np.int64,
                 )
-            elif len(self.label_of) < n:
-                labels = np.fromiter(self.label_of.values(), dtype=np.int64)
+            elif len(self.label_of) < n:  # rows deleted: the live ones, kept till a write
+                if self._live[0] != self.seq:
+                    live = np.fromiter(self.label_of.values(), dtype=np.int64)
+                    self._live = (self.seq, np.sort(live))
+                labels = self._live[1]
             else:
                 labels = None
             if labels is not None and len(labels) == 0:
