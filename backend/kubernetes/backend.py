@@ -178,6 +178,13 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
             await net.patch_namespaced_network_policy(
                 job_name(spec), self.namespace, owned_by(created), _content_type=merge
             )
+            if not jobset:
+                # The headless Service too: a Job that ttlSecondsAfterFinished (or a
+                # user) deletes took its pods, Secret and policy along but left the
+                # Service (found on a real cluster; JobSet makes and owns its own).
+                await core.patch_namespaced_service(
+                    job_name(spec), self.namespace, owned_by(created), _content_type=merge
+                )
             for obj in claims:
                 if obj["kind"] == "ResourceClaimTemplate":  # a shared card's claim stays
                     await custom.patch_namespaced_custom_object(

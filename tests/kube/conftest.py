@@ -7,6 +7,7 @@ address nothing listens on; no request is ever made to it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -88,12 +89,21 @@ class SiteCluster:
 
 
 def _say(config, line: str) -> None:
-    """A line in pytest's own output (not captured): the cluster's figures."""
+    """A line in pytest's own output, past the capture: the cluster's figures."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
-    else:  # an xdist worker: its stderr reaches the terminal
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:  # an xdist worker: its stderr reaches the terminal
         sys.__stderr__.write(line + "\n")
+        return
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def say(request):
+    """``say(line)``: print a line in pytest's output even while it captures."""
+    return lambda line: _say(request.config, line)
 
 
 @pytest.fixture(scope="session")

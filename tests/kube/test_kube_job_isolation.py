@@ -125,7 +125,12 @@ async def test_start_makes_the_guards_first_and_the_job_owns_them(cluster, kind)
     value = secret["stringData"]["rdzv-secret"]
     assert len(value) == 64 and int(value, 16) >= 0  # secrets.token_hex(32)
     owner = server.get(JOBS if kind == "Job" else JOBSETS, "gpulab-a1b2c3d4e5f6")
-    for obj in (secret, policy):
+    # The Job's headless Service too (JobSet makes its own): a real cluster's
+    # garbage collector left it behind when the Job was deleted.
+    owned = (secret, policy) + (
+        (server.get(SERVICES, "gpulab-a1b2c3d4e5f6"),) if kind == "Job" else ()
+    )
+    for obj in owned:
         [ref] = obj["metadata"]["ownerReferences"]
         assert (ref["kind"], ref["name"], ref["uid"]) == (
             kind,

@@ -257,14 +257,11 @@ async def service_api(release):
         }
 
 
-async def test_api_server_version(api, live_kube, request):
+async def test_api_server_version(api, live_kube, say):
     from kubernetes_asyncio import client
 
     version = await client.VersionApi(api["client"]).get_code()
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    line = f"\nlive cluster API server: {version.git_version} ({version.platform})"
-    if reporter is not None:
-        reporter.write_line(line)
+    say(f"live cluster API server: {version.git_version} ({version.platform})")
     # A plain `go build` says v0.0.0-master, and helm then refuses the chart's kubeVersion.
     assert version.major == "1" and version.git_version.startswith("v1."), version
     if live_kube.local:
@@ -279,13 +276,20 @@ async def test_chart_installs_and_creates_its_objects(api, namespace, release):
     role = await api["rbac"].read_namespaced_role(RELEASE, namespace)
     assert any("jobs" in r.resources for r in role.rules)
 
+    seen = {}
+
     async def claims_bound():
         claims = await api["core"].list_namespaced_persistent_volume_claim(namespace)
-        phases = {c.metadata.name: c.status.phase for c in claims.items}
-        return phases if phases and set(phases.values()) == {"Bound"} else None
+        seen.update({c.metadata.name: c.status.phase for c in claims.items})
+        return seen and set(seen.values()) == {"Bound"}
 
-    phases = await wait_for("the chart's claims to be bound", claims_bound)
-    assert JOBS_PVC in phases
+    try:
+        await wait_for("the chart's claims to be bound", claims_bound, timeout=120)
+    except AssertionError as e:
+        volumes = await api["core"].list_persistent_volume()
+        bound = {v.metadata.name: (v.status.phase, v.spec.claim_ref) for v in volumes.items}
+        raise AssertionError(f"{e}: claims {seen}, volumes {bound}") from None
+    assert JOBS_PVC in seen
 
 
 async def test_service_account_is_denied_what_the_chart_does_not_grant(api, namespace, service_api):
@@ -557,11 +561,17 @@ async def test_deleting_the_job_collects_what_it_owns(api, namespace, release, j
             left["jobs"][0], namespace, propagation_policy="Background"
         )
 
-        async def collected():
-            left = await job_objects_left(api, namespace, spec.id)
-            return None if left else True
+        seen = {}
 
-        await wait_for("the job's objects to be collected", collected)
+        async def collected():
+            seen.clear()
+            seen.update(await job_objects_left(api, namespace, spec.id))
+            return not seen
+
+        try:
+            await wait_for("the job's objects to be collected", collected, timeout=120)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; left: {seen}") from None
     finally:
         await backend.cancel(spec)
         await backend.close()

@@ -565,7 +565,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         if self.base.exists():
             # Keep the logs (a failed run's evidence); drop the rest (images, etcd).
             logs = self.base.parent / f"{self.base.name}-logs"
-            shutil.rmtree(logs, ignore_errors=True)
+            if logs.exists():  # the run before's, one generation back
+                previous = logs.with_name(logs.name + ".previous")
+                shutil.rmtree(previous, ignore_errors=True)
+                logs.rename(previous)
             if (self.base / "logs").exists():
                 shutil.move(str(self.base / "logs"), logs)
             shutil.rmtree(self.base, ignore_errors=True)
