@@ -86,8 +86,10 @@ def alice_job(hub, tokens, tmp_path_factory):
         nbformat.v4.new_code_cell(CELL),
     ]
     folder = tmp_path_factory.mktemp("mlflow-notebook")
-    saved = {k: os.environ.get(k) for k in ("GPULAB_API_URL", "JUPYTERHUB_API_TOKEN")}
-    os.environ.update(GPULAB_API_URL=hub.api, JUPYTERHUB_API_TOKEN=tokens[ALICE])
+    # The kernel's environment as her server's: the API and her token.
+    kernel_env = {"GPULAB_API_URL": hub.api, "JUPYTERHUB_API_TOKEN": tokens[ALICE]}
+    saved = {k: os.environ.get(k) for k in kernel_env}
+    os.environ.update(kernel_env)
     try:
         NotebookClient(
             nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
@@ -162,6 +164,8 @@ def test_alice_lists_the_run_of_her_cell_with_its_loss(hub, tokens, alice_job, a
     assert seen["params"]["nproc_per_node"] == "1" and seen["params"]["out"] == "model"
     assert seen["model"] == ["model/state_dict.pt"]
     assert "report(loss=1.0 / (step + 1))" in seen["code"]
+    # Nothing of the job's environment is a param (a --env may carry a secret).
+    assert "env" not in seen["params"]
     # The job itself names its run (a deployed model's lineage carries it on).
     job = hub.gpulab("GET", f"/jobs/{alice_job['id']}", token=tokens[ALICE]).json()
     assert job["mlflow_run_id"] == alice_run["info"]["run_id"]
@@ -293,3 +297,24 @@ def test_the_mlflow_ui_opens_through_the_hub(hub, tokens, alice_run, artifacts_d
             page.screenshot(path=os.path.join(artifacts_dir, "mlflow-ui-run.png"))
         finally:
             browser.close()
+
+
+def test_servers_reach_mlflow_with_their_users_own_token(hub, tokens):
+    assert hub.spawn(BOB, {"gpu_milli": 0}, token=tokens[BOB]).status_code in (201, 202)
+    hub.wait_server(BOB)
+    env = hub.server_env(BOB)
+    assert env["MLFLOW_TRACKING_URI"] == tracking_uri(hub)
+    # The server's own token (its user's), never one of the platform's.
+    token = env["MLFLOW_TRACKING_TOKEN"]
+    assert token == env["JUPYTERHUB_API_TOKEN"]
+    assert token not in {
+        (hub.data_dir / n).read_text().strip() for n in ("service-token", "mlflow-token")
+    }
+    r = requests.get(
+        f"{tracking_uri(hub)}/api/2.0/mlflow/experiments/search?max_results=100",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    # His own experiments only (none of alice's).
+    assert all(e["name"].startswith(f"{BOB}/") for e in r.json().get("experiments", []))
