@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
 from jupyterhub.services.auth import HubOAuthenticated
@@ -75,6 +75,12 @@ def mlflow_error(status: int, code: str, message: str) -> dict:
     return {"error_code": code, "message": message, "error": message}
 
 
+def plain_path(path: str) -> bool:
+    """No ``.``, ``..`` or empty segment inside (a trailing slash is fine)."""
+    segments = path.strip("/").split("/")
+    return path.strip("/") == "" or not any(s in ("", ".", "..") for s in segments)
+
+
 class Refused(Exception):
     def __init__(self, status: int, code: str, message: str):
         super().__init__(message)
@@ -101,7 +107,9 @@ class MlflowBackend:
         return self._session
 
     def url(self, path: str) -> str:
-        return f"http://localhost{self.prefix}/{path.lstrip('/')}"
+        """``path`` (decoded, checked) quoted again: ``%2F`` and ``?`` in a name stay
+        part of it, never a folder or a query of MLflow's."""
+        return f"http://localhost{self.prefix}/{quote(path.lstrip('/'), safe='/')}"
 
     async def call(self, method: str, route: str, args: dict | None, body: dict | None):
         """One JSON call of MLflow's API (``route`` below ``api/2.0/mlflow/``)."""
@@ -192,6 +200,12 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
             )
         if any(c in UNSAFE_NAME for c in caller.name):
             return self._error(403, "PERMISSION_DENIED", "this user name cannot use MLflow here")
+        if not plain_path(path):
+            # The client library normalizes "1/../2" to "2" before MLflow sees it: what
+            # was checked would not be what is reached.
+            return self._error(
+                400, "INVALID_PARAMETER_VALUE", "a path with '.', '..' or '//' is refused"
+            )
         args = {k: [v.decode() for v in vs] for k, vs in self.request.query_arguments.items()}
         body, raw = {}, self.request.body
         is_api = (path.startswith(API_ROOTS) or path == "graphql") and self.request.method in (

@@ -6,6 +6,7 @@ import pytest
 
 from gpulab.service.experiments.graphql_check import Unchecked, targets
 from gpulab.service.experiments.ownership import namespaced, owner_filter, with_owner_tag
+from gpulab.service.experiments.proxy import MlflowBackend, plain_path
 from gpulab.service.experiments.surface import OWNER_TAG, classify
 from gpulab.service.experiments.tracking_server import store_uri
 
@@ -136,3 +137,13 @@ def test_the_store_follows_the_sites_database(tmp_path):
         "postgresql+psycopg://gpulab:pw@db.example.org:5432/gpulab"
         "?sslmode=require&options=-csearch_path%3Dmlflow"
     )
+
+
+def test_a_path_reaches_what_was_checked():
+    assert plain_path("api/2.0/mlflow-artifacts/artifacts/1/abc/artifacts/model.pt")
+    assert plain_path("") and plain_path("static-files/")
+    for bad in ("api/2.0/mlflow-artifacts/artifacts/1/../2/x", "a/./b", "a//b"):
+        assert not plain_path(bad)
+    # Quoted again on the way to MLflow: an artifact named "a?b" is not a query.
+    url = MlflowBackend(None, "/services/mlflow/").url("api/2.0/mlflow-artifacts/artifacts/1/r/a?b")
+    assert url == "http://localhost/services/mlflow/api/2.0/mlflow-artifacts/artifacts/1/r/a%3Fb"
