@@ -146,6 +146,7 @@ class LiveCluster:
             deadline,
             "kube-controller-manager",
         )
+        self._probe_volume_binding(deadline)
         self.start_seconds = time.monotonic() - t0
         self.version = self.get("/version")["gitVersion"]
         return self
@@ -471,6 +472,43 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         node = self.get(f"/api/v1/nodes/{self.node_name}", missing=None)
         conds = (node or {}).get("status", {}).get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+    def _probe_volume_binding(self, deadline: float) -> None:
+        """A claim bound to a volume reserved for it, then both deleted: the
+        controller-manager's volume binder works before any test relies on it (the
+        suite binds the chart's claims the same way; no provisioner runs here)."""
+        folder = self.base / "probe-volume"
+        folder.mkdir()
+        ns = "/api/v1/namespaces/default/persistentvolumeclaims"
+        self.request(
+            "POST",
+            "/api/v1/persistentvolumes",
+            {
+                "metadata": {"name": "gpulab-probe"},
+                "spec": {
+                    "capacity": {"storage": "1Mi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "hostPath": {"path": str(folder), "type": "Directory"},
+                    "claimRef": {"namespace": "default", "name": "gpulab-probe"},
+                },
+            },
+        )
+        claim = {
+            "metadata": {"name": "gpulab-probe"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Mi"}},
+            },
+        }
+        self.request("POST", ns, claim)
+        self._wait(
+            "a probe claim to be bound (the volume binder)",
+            lambda: self.get(f"{ns}/gpulab-probe")["status"].get("phase") == "Bound",
+            deadline,
+            "kube-controller-manager",
+        )
+        self.request("DELETE", f"{ns}/gpulab-probe")
+        self.request("DELETE", "/api/v1/persistentvolumes/gpulab-probe")
 
     def apply_bootstrap(self) -> None:
         """What a kubeadm cluster has from the start and the harness's parts need:
