@@ -258,9 +258,11 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         elif kind == "create_run":
             wanted = check.experiments[0] if check.experiments else DEFAULT_EXPERIMENT_ID
             if wanted == DEFAULT_EXPERIMENT_ID:
-                body["experiment_id"] = await owners.default_experiment(user)
+                wanted = await owners.default_experiment(user)
             else:
                 await owners.check_experiments(user, [wanted])
+            # Always in the body, which MLflow reads: the experiment checked is the one used.
+            body["experiment_id"] = wanted
         elif kind in ("experiments", "artifact"):
             await owners.check_experiments(user, check.experiments)
             tagging = check.route.endswith(("set-experiment-tag", "delete-experiment-tag"))

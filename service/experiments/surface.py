@@ -155,6 +155,8 @@ def classify(method: str, path: str, args: dict[str, list[str]], body: dict) -> 
         return Check("open", route=path)
     for root in ARTIFACT_ROOTS:
         if path == root or path.startswith(root + "/"):
+            if len(args.get("path") or []) > 1:
+                return Check("refuse", why="name one artifact path", route=root)
             rel = path[len(root) :].strip("/") or _one(args, body, "path")
             exp = artifact_experiment(rel)
             if not exp:
@@ -169,10 +171,12 @@ def classify(method: str, path: str, args: dict[str, list[str]], body: dict) -> 
             return Check("refuse", why=f"{e}; {NOT_OFFERED}", route=path)
         return Check("graphql", experiments=experiments, runs=runs, route=path)
     if path in ROOT_RUN_ROUTES:
-        run = _one(args, body, "run_uuid", "run_id")
-        if not run:
+        # Every id under either name is checked: MLflow's handlers differ in which
+        # they read first (get-artifact: run_id, then run_uuid).
+        runs = _many(args, body, "run_uuid", "run_id")
+        if not runs:
             return Check("refuse", why=f"{path} needs run_uuid", route=path)
-        return Check("runs", runs=(run,), route=path)
+        return Check("runs", runs=runs, route=path)
     route = next((path[len(r) :] for r in API_ROOTS if path.startswith(r)), None)
     if route is None:
         return Check("refuse", why=NOT_OFFERED, route=path)
@@ -186,23 +190,25 @@ def classify(method: str, path: str, args: dict[str, list[str]], body: dict) -> 
             return Check("refuse", why="experiments/get-by-name needs experiment_name")
         return Check("experiment_name", name=name, route=route)
     if route == "runs/create" and method == "POST":
-        exp = _one(args, body, "experiment_id")
-        return Check("create_run", experiments=(exp,) if exp else (), route=route)
+        exps = _many(args, body, "experiment_id")
+        if len(exps) > 1:
+            return Check("refuse", why="runs/create takes one experiment_id", route=route)
+        return Check("create_run", experiments=exps, route=route)
     if route in ONE_EXPERIMENT:
-        exp = _one(args, body, "experiment_id")
-        if not exp:
+        exps = _many(args, body, "experiment_id")
+        if not exps:
             return Check("refuse", why=f"{route} needs experiment_id", route=route)
-        return Check("experiments", experiments=(exp,), route=route)
+        return Check("experiments", experiments=exps, route=route)
     if route in SOME_EXPERIMENTS:
         exps = _many(args, body, "experiment_ids")
         if not exps:
             return Check("refuse", why=f"{route} needs experiment_ids", route=route)
         return Check("experiments", experiments=exps, route=route)
     if route in ONE_RUN:
-        run = _one(args, body, "run_id", "run_uuid")
-        if not run:
+        runs = _many(args, body, "run_id", "run_uuid")
+        if not runs:
             return Check("refuse", why=f"{route} needs run_id", route=route)
-        return Check("runs", runs=(run,), route=route)
+        return Check("runs", runs=runs, route=route)
     if route == "model-versions/search" and method == "GET":
         found = ONE_RUN_VERSIONS.match(_one(args, body, "filter"))
         if found:

@@ -147,3 +147,22 @@ def test_a_path_reaches_what_was_checked():
     # Quoted again on the way to MLflow: an artifact named "a?b" is not a query.
     url = MlflowBackend(None, "/services/mlflow/").url("api/2.0/mlflow-artifacts/artifacts/1/r/a?b")
     assert url == "http://localhost/services/mlflow/api/2.0/mlflow-artifacts/artifacts/1/r/a%3Fb"
+
+
+def test_every_id_a_request_carries_is_checked():
+    """MLflow's get-artifact reads run_id before run_uuid: both are checked, whichever
+    the proxy or MLflow would read first."""
+    check = classify("GET", "get-artifact", {"run_uuid": ["mine"], "run_id": ["theirs"]}, {})
+    assert set(check.runs) == {"mine", "theirs"}
+    check = classify("GET", "api/2.0/mlflow/runs/get", {"run_id": ["mine", "theirs"]}, {})
+    assert set(check.runs) == {"mine", "theirs"}
+    check = classify(
+        "POST", "api/2.0/mlflow/runs/update", {"run_id": ["theirs"]}, {"run_id": "mine"}
+    )
+    assert set(check.runs) == {"mine", "theirs"}
+    assert (
+        classify(
+            "POST", "api/2.0/mlflow/runs/create", {"experiment_id": ["2"]}, {"experiment_id": "1"}
+        ).kind
+        == "refuse"
+    )
