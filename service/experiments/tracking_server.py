@@ -64,15 +64,26 @@ def ensure_pg_schema(uri: str) -> None:
         engine.dispose()
 
 
-def server_argv(store: str, artifacts: str, socket_path: str, prefix: str) -> list[str]:
+def server_env(store: str, environ=os.environ) -> dict[str, str]:
+    """MLflow's environment: its store, and the proxy's environment without the hub's
+    credentials (MLflow's server never calls the hub), quiet."""
+    return {
+        **{k: v for k, v in environ.items() if not k.startswith(("JUPYTERHUB_", "GPULAB_"))},
+        **QUIET_ENV,
+        "MLFLOW_BACKEND_STORE_URI": store,
+    }
+
+
+def server_argv(artifacts: str, socket_path: str, prefix: str) -> list[str]:
     """``mlflow server`` serving under ``prefix`` on ``socket_path`` (one worker)."""
     return [
         sys.executable,
         "-m",
         "mlflow",
         "server",
-        "--backend-store-uri",
-        store,
+        # The store (a PostgreSQL URL may hold a password) goes in the environment
+        # (MLFLOW_BACKEND_STORE_URI, :func:`server_env`): any account may read a
+        # process's command line, only its owner its environment.
         "--serve-artifacts",
         "--artifacts-destination",
         artifacts,
@@ -137,10 +148,8 @@ class TrackingServer:
         log_file = open(self.home / "server.log", "ab")  # noqa: SIM115 - the child's
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *server_argv(
-                    self.store, str(self.home / "artifacts"), self.socket_path, self.prefix
-                ),
-                env={**os.environ, **QUIET_ENV},
+                *server_argv(str(self.home / "artifacts"), self.socket_path, self.prefix),
+                env=server_env(self.store),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=asyncio.subprocess.STDOUT,

@@ -8,7 +8,7 @@ from gpulab.service.experiments.graphql_check import Unchecked, targets
 from gpulab.service.experiments.ownership import namespaced, owner_filter, with_owner_tag
 from gpulab.service.experiments.proxy import MlflowBackend, plain_path
 from gpulab.service.experiments.surface import OWNER_TAG, classify
-from gpulab.service.experiments.tracking_server import store_uri
+from gpulab.service.experiments.tracking_server import server_argv, server_env, store_uri
 
 GET_RUN = (
     "query GetRun($data: MlflowGetRunInput!) "
@@ -166,3 +166,13 @@ def test_every_id_a_request_carries_is_checked():
         ).kind
         == "refuse"
     )
+
+
+def test_mlflows_server_gets_no_credentials_of_the_hub_and_shows_none():
+    store = "postgresql+psycopg://gpulab:pw@db/gpulab"
+    env = server_env(store, {"PATH": "/usr/bin", "JUPYTERHUB_API_TOKEN": "t", "GPULAB_DB_URL": "x"})
+    assert env["PATH"] == "/usr/bin" and env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    assert not [k for k in env if k.startswith(("JUPYTERHUB_", "GPULAB_"))]
+    # The store (its password) in the environment only: anyone may read a command line.
+    assert env["MLFLOW_BACKEND_STORE_URI"] == store
+    assert not [a for a in server_argv("/srv/art", "/srv/run/s.sock", "/p/") if "pw" in a]
