@@ -33,19 +33,17 @@ def losses(jd) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records}
 
 
-def test_a_sharded_lm_killed_mid_run_resumes_exactly_and_comes_back_whole(tmp_path):
-    backend = LocalBackend(str(tmp_path / "jobs"))
-    clean, clean_dir = run(
-        backend, new_spec(SHARDED_LM, nproc_per_node=2, out="model", checkpoint_every=4, env=ENV)
-    )
+def killed_and_resumed(backend, env: dict, steps: int, user: str | None = None, log_has=()):
+    """A clean run, then the same job with rank 1 SIGKILLed between checkpoints: it
+    resumes, and its loss curve and weights are the clean run's. The killed job's dir."""
+    fields = dict(nproc_per_node=2, out="model", checkpoint_every=4, env=env, user=user)
+    clean, clean_dir = run(backend, new_spec(SHARDED_LM, **fields))
     log = open(clean_dir.p("logs", "rank0.log")).read()
     assert clean.state == "succeeded", (clean, log[-3000:])
-    assert "FSDP2 over 2 ranks, 2 blocks + embeddings and head + root" in log
-    assert "parameters stay fp32 on cpu" in log
+    for line in log_has:
+        assert line in log, log[-3000:]
 
-    spec = new_spec(
-        SHARDED_LM, nproc_per_node=2, out="model", checkpoint_every=4, max_restarts=1, env=ENV
-    )
+    spec = new_spec(SHARDED_LM, max_restarts=1, **fields)
     killed = {}
 
     def kill_rank_1_between_checkpoints():
@@ -66,7 +64,7 @@ def test_a_sharded_lm_killed_mid_run_resumes_exactly_and_comes_back_whole(tmp_pa
     assert killed, "the job ended before a rank could be killed"
     assert status.state == "succeeded" and status.restarts == 1, status
     # Each rank holds half of every parameter: the checkpoint has a shard per rank.
-    shards = os.listdir(jd.p("checkpoints", f"step_{STEPS:08d}"))
+    shards = os.listdir(jd.p("checkpoints", f"step_{steps:08d}"))
     assert sorted(s for s in shards if s.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
     assert losses(jd) == losses(clean_dir)  # the same curve, step for step
@@ -74,6 +72,21 @@ def test_a_sharded_lm_killed_mid_run_resumes_exactly_and_comes_back_whole(tmp_pa
     assert a.keys() == b.keys() and "lm_head.weight" in a
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    return jd
+
+
+def test_a_sharded_lm_killed_mid_run_resumes_exactly_and_comes_back_whole(tmp_path):
+    backend = LocalBackend(str(tmp_path / "jobs"))
+    jd = killed_and_resumed(
+        backend,
+        ENV,
+        STEPS,
+        log_has=(
+            "FSDP2 over 2 ranks, 2 blocks + embeddings and head + root",
+            "parameters stay fp32 on cpu",
+        ),
+    )
+    a = weights(jd)
 
     # --out: the whole model as the cell built it, on the CPU, no DTensor left.
     import cloudpickle
