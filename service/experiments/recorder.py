@@ -39,6 +39,8 @@ KIND = [{"key": "mlflow.experimentKind", "value": "custom_model_development"}]
 NOT_METRICS = frozenset({"time", "rank", "restart", "world_size", "step", "total_steps"})
 #: A job's flags that are not params (its code and variables, who and where).
 NOT_PARAMS = frozenset({"code", "vars_b64", "env", "id", "user", "checkpoint_dir"})
+#: The most of rank 0's reports read into a run.
+MAX_REPORT_BYTES = 32 << 20
 #: MLflow's limits per log-batch call.
 BATCH_METRICS = 1000
 BATCH_PARAMS = 100
@@ -68,6 +70,24 @@ def run_metrics(records: list[dict]) -> list[dict]:
             if isinstance(value, (int, float)) and math.isfinite(value):
                 out.append({"key": key, "value": float(value), "timestamp": stamp, "step": step})
     return out
+
+
+def read_reports(jobdir: JobDir, limit: int = MAX_REPORT_BYTES) -> list[dict]:
+    """Rank 0's ``report()`` records, the first ``limit`` bytes of them (a rank may
+    write any amount; the service reads it as every file of the ranks')."""
+    try:
+        data = jobdir.read_user("metrics/rank0.jsonl", 0, limit)
+    except OSError:
+        return []
+    records = []
+    for line in data[: data.rfind(b"\n") + 1].splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def epoch_ms(value) -> int | None:
@@ -183,7 +203,7 @@ class RunRecorder:
             jobdir.write_json, RUN_FILE, {"run_id": run_id, "experiment_id": experiment_id}
         )
         params = job_params(spec)
-        records, _ = await asyncio.to_thread(jobdir.metrics, 0)
+        records = await asyncio.to_thread(read_reports, jobdir)
         metrics = run_metrics(records)
         for i in range(0, max(len(params), 1), BATCH_PARAMS):
             chunk = params[i : i + BATCH_PARAMS]

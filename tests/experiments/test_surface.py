@@ -176,3 +176,20 @@ def test_mlflows_server_gets_no_credentials_of_the_hub_and_shows_none():
     # The store (its password) in the environment only: anyone may read a command line.
     assert env["MLFLOW_BACKEND_STORE_URI"] == store
     assert not [a for a in server_argv("/srv/art", "/srv/run/s.sock", "/p/") if "pw" in a]
+
+
+def test_a_jobs_reports_become_metrics_and_its_flags_params(tmp_path):
+    from gpulab.backend.jobdir import JobDir
+    from gpulab.service.experiments.recorder import job_params, read_reports, run_metrics
+
+    jd = JobDir(str(tmp_path), "j1")
+    (tmp_path / "j1" / "metrics").mkdir(parents=True)
+    (tmp_path / "j1" / "metrics" / "rank0.jsonl").write_text(
+        '{"time": 1.5, "rank": 0, "step": 3, "loss": 0.5, "note": "x", "ok": true}\n'
+        '{"time": 2.0, "rank": 0, "loss": "nan"}\n'
+        '{"time": 2.5, "loss": 0.25'  # a line still being written
+    )
+    metrics = run_metrics(read_reports(jd))
+    assert metrics == [{"key": "loss", "value": 0.5, "timestamp": 1500, "step": 3}]
+    params = job_params({"nodes": 2, "out": "model", "env": {"SECRET": "s"}, "code": "x=1"})
+    assert params == [{"key": "nodes", "value": "2"}, {"key": "out", "value": "model"}]

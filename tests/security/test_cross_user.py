@@ -45,6 +45,7 @@ SECRETS = (
     "gpulab.sqlite",
     "gpulab_config.py",
     "ports.json",
+    "mlflow-token",
 )
 
 
