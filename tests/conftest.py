@@ -23,6 +23,18 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path not in slow_files)  # stable
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """Lines an xdist worker asked to show (tests/kube/conftest.py's ``say``: the live
+    cluster's build and start times, its API server's version): a worker's own output
+    never reaches the terminal."""
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    for line in (getattr(node, "workeroutput", None) or {}).get("gpulab_say", []):
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(line)
+
+
 #: The shared hub's settings: those of every module that uses it, for users of its own.
 SHARED_HUB_CONFIG = """
 # Users whose quota is below what their tests ask: tests/jobs/test_jobs_api.py (half a

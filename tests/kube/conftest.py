@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 
 import pytest
 
@@ -92,8 +91,10 @@ def _say(config, line: str) -> None:
     """A line in pytest's own output, past the capture: the cluster's figures."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None:  # an xdist worker: its stderr reaches the terminal
-        sys.__stderr__.write(line + "\n")
+    if reporter is None or hasattr(config, "workeroutput"):
+        # An xdist worker: its output does not reach the terminal; the controller
+        # prints these lines when the worker ends (pytest_testnodedown, tests/conftest.py).
+        config.workeroutput.setdefault("gpulab_say", []).append(line)
         return
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
         reporter.ensure_newline()

@@ -41,6 +41,9 @@ import yaml
 from kube_helpers import validate_strict
 from support.wait import wait_until_async
 
+# Slow: `make test` starts it first (tests/conftest.py orders files), beside the others.
+pytestmark = pytest.mark.slow
+
 BACKEND = os.environ.get("GPULAB_TEST_ENFORCEMENT", "")
 TIMEOUT = float(os.environ.get("GPULAB_TEST_TIMEOUT", "300"))
 CHART = Path(__file__).resolve().parents[2] / "helm" / "gpulab"
@@ -405,10 +408,27 @@ async def test_endpoint_serves(api, namespace, image):
     await api["core"].create_namespaced_service(namespace, service)
 
     async def ready():
-        ep = await api["core"].read_namespaced_endpoints("gpulab-test-endpoint", namespace)
-        return any(s.addresses for s in ep.subsets or [])
+        return await ready_addresses(api, namespace, "gpulab-test-endpoint")
 
     await wait_for("the endpoint to have a ready address", ready)
+
+
+async def ready_addresses(api, namespace: str, service: str) -> list[str]:
+    """The ready addresses behind ``service``, from its EndpointSlices. A real cluster
+    makes them a moment after the Service (v1 Endpoints are deprecated since 1.33 and
+    answer 404 until then)."""
+    from kubernetes_asyncio import client
+
+    slices = await client.DiscoveryV1Api(api["client"]).list_namespaced_endpoint_slice(
+        namespace, label_selector=f"kubernetes.io/service-name={service}"
+    )
+    return [
+        a
+        for s in slices.items
+        for e in s.endpoints or []
+        if e.conditions and e.conditions.ready
+        for a in e.addresses
+    ]
 
 
 # -- the Kubernetes backend's own objects ------------------------------------------------
@@ -602,8 +622,7 @@ async def test_backend_endpoint_objects_serve(api, namespace, live_kube, image):
     try:
 
         async def ready():
-            ep = await api["core"].read_namespaced_endpoints(name, namespace)
-            return [a.ip for s in ep.subsets or [] for a in s.addresses or []]
+            return await ready_addresses(api, namespace, name)
 
         [ip] = await wait_for("the backend's endpoint to have a ready address", ready)
         if live_kube.local:  # the host routes the pod range to the node
