@@ -9,7 +9,8 @@ before it starts the hub, and refuses to start while that hub itself still runs.
 
 A process is ours only when all of these hold, read from ``/proc``: it runs as this
 account, its command line is one of the platform's own (``-m gpulab.service``,
-``-m jupyterhub_idle_culler``, ``configurable-http-proxy``), and its environment
+``-m gpulab.service.experiments``, ``-m jupyterhub_idle_culler``,
+``configurable-http-proxy``), and its environment
 names this data dir (``GPULAB_DATA_DIR``: ``gpulab up`` gives it to the hub, the
 hub to the proxy and the services). Signals go through a pidfd opened before those
 checks, so a pid reused in between is never signalled.
@@ -63,6 +64,9 @@ def kind_of(argv: list[str]) -> str | None:
         # service is down (gpulab.service.endpoints.standby).
         standby = "endpoint-standby" in argv
         return "the standby endpoint router" if standby else SERVICE
+    if "gpulab.service.experiments" in modules:
+        # MLflow behind the hub: its MLflow server stops with it (PR_SET_PDEATHSIG).
+        return "the MLflow service"
     if "jupyterhub_idle_culler" in modules:
         return "the idle culler"
     if any(os.path.basename(a) == PROXY for a in argv[:2]):

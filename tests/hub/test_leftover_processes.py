@@ -57,6 +57,8 @@ def procs():
 def test_command_lines_of_the_platform_and_of_users():
     assert kind_of(["/usr/bin/python3", "-m", "gpulab.service"]) == "the gpulab service"
     assert kind_of(["python", "-m", "jupyterhub_idle_culler", "--timeout=60"]) == "the idle culler"
+    # MLflow behind the hub: left running, it would hold its port from the next hub's.
+    assert kind_of(["python", "-m", "gpulab.service.experiments"]) == "the MLflow service"
     assert kind_of(["node", "/x/bin/configurable-http-proxy", "--ip"]) == "configurable-http-proxy"
     assert kind_of(["python", "-m", "gpulab.hub_ext.hub_app", "-f", "c.py"]) == "the hub"
     # Users' work: servers, replicas, ranks.
