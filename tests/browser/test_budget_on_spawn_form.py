@@ -1,11 +1,13 @@
 """GPU-hour budgets on the real hub's spawn form, in a real Chromium: a group's budget set
 as a hub group property (as an admin does on the admin page) shows as hours used and
 left; a group at its budget sees why its GPU sizes are off, the figure and who can
-raise it, and can still start without a GPU."""
+raise it, and can still start without a GPU. In JupyterLab the status bar says what is
+left."""
 
 import os
 import re
 
+import lab_pages
 import pytest
 from hubproc import fresh_user
 from logins import browser_log_in, sign_up_approved
@@ -76,3 +78,19 @@ def test_the_form_shows_hours_used_and_left_and_refuses_a_group_at_its_budget(
         path=os.path.join(artifacts_dir, "budget-spawn-form-refused.png"), full_page=True
     )
     page.close()
+
+
+def test_the_lab_status_bar_says_the_hours_left(browser, hub, artifacts_dir):
+    carol = fresh_user("budget-carol")
+    lab_pages.lab_user(hub, carol, PASSWORD, gpu_milli=0)
+    group = group_with_budget(hub, [carol], 10)
+    context, page, errors = lab_pages.open_lab(browser, hub, carol, PASSWORD)
+    try:
+        status = page.locator(".gpulab-SliceStatus")
+        expect(status.locator(".gpulab-SliceStatus-text")).to_have_text("no GPU · 10 GPU-h left")
+        title = status.get_attribute("title")
+        assert f"group {group}: 0 GPU-hours used, 10 left of its 10" in title, title
+        status.screenshot(path=os.path.join(artifacts_dir, "budget-status-bar.png"))
+        assert not errors, errors
+    finally:
+        context.close()
