@@ -273,6 +273,7 @@ def test_what_the_proxy_cannot_check_is_refused(hub, tokens):
         assert r.status_code == 403 and "not offered" in r.json()["error"], (path, r.text)
 
 
+@pytest.mark.browser
 def test_the_mlflow_ui_opens_through_the_hub(hub, tokens, alice_run, artifacts_dir):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)

@@ -14,7 +14,7 @@ import sqlalchemy
 from gpulab.service.experiments.proxy import MlflowBackend
 from gpulab.service.experiments.tracking_server import TrackingServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
 async def test_mlflow_keeps_its_tables_in_a_schema_of_the_sites_postgresql(postgres_db, tmp_path):
