@@ -108,6 +108,8 @@ def render_node(
     if spec.fsdp:
         # Only when asked: a job without --fsdp renders as it did before the flag.
         env[rank_env.FSDP] = "1"
+    if spec.qat:  # the same: only when asked
+        env[rank_env.QAT] = spec.qat
     if ifname:
         env["GLOO_SOCKET_IFNAME"] = ifname
         env["NCCL_SOCKET_IFNAME"] = ifname

@@ -20,6 +20,8 @@ from gpulab.scheduler.slices import noun
 
 AMP_CHOICES = ("", "bf16", "fp16")
 COMM_HOOK_CHOICES = ("", "powersgd", "fp16", "bf16")
+#: Quantization-aware training schemes (gpulab.training.qat), "" for none.
+QAT_CHOICES = ("", "int8-int4")
 _WHERE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -86,6 +88,7 @@ class JobSpec:
     amp: str = ""
     comm_hook: str = ""
     fsdp: bool = False  # ctx.wrap(model) shards with FSDP2 (--fsdp)
+    qat: str = ""  # ctx.wrap(model) trains quantization-aware for this scheme (--qat)
     out: str = ""  # variable to send back to the notebook
     timeout: float = 0  # seconds of running before the job is stopped; 0 = none
     priority: int = 0  # within its priority class: admins raise, users lower
@@ -218,6 +221,8 @@ class JobSpec:
             )
         if self.amp not in AMP_CHOICES:
             raise SpecError(f"'amp' must be bf16 or fp16, got {self.amp!r}")
+        if self.qat not in QAT_CHOICES:
+            raise SpecError(f"'qat' must be int8-int4 or left out, got {self.qat!r}")
         if not isinstance(self.fsdp, bool):
             raise SpecError(f"'fsdp' must be true or false, got {self.fsdp!r}")
         if self.comm_hook not in COMM_HOOK_CHOICES:

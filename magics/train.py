@@ -215,6 +215,8 @@ def build_spec(args, cell: str | None, namespace: dict) -> dict:
         "amp": args.amp or "",
         "comm_hook": args.comm_hook or "",
         "fsdp": bool(getattr(args, "fsdp", False)),
+        # Only when asked: a job without --qat sends what it sent before the flag.
+        **({"qat": args.qat} if getattr(args, "qat", None) else {}),
         "env": env,
         "out": args.out or "",
         "timeout": args.timeout or 0,
@@ -272,6 +274,12 @@ class TrainMagics(Magics):
         action="store_true",
         help="ctx.wrap(model) shards the model with FSDP2 (as shard=True): for a model "
         "whose training state does not fit one rank",
+    )
+    @argument(
+        "--qat",
+        choices=("int8-int4",),
+        help="ctx.wrap(model) trains quantization-aware (torchao's QAT, as qat=): "
+        "%%quantize then converts the model with that scheme",
     )
     @argument(
         "--comm-hook",

@@ -64,6 +64,7 @@ class Context:
 
         if shard is None:
             shard = env.get(env.FSDP) == "1"
+        qat = qat or env.get(env.QAT)
         if qat:
             if shard:
                 raise SetupError("qat= and sharding (FSDP) do not go together yet; use DDP")

@@ -13,6 +13,9 @@ COMM_HOOK = "GPULAB_COMM_HOOK"
 OUT = "GPULAB_OUT"
 #: "1": ``ctx.wrap(model)`` shards with FSDP2 (``--fsdp``), as ``shard=True`` does.
 FSDP = "GPULAB_FSDP"
+#: A QAT scheme (``--qat int8-int4``): ``ctx.wrap(model)`` trains quantization-aware,
+#: as ``qat=`` does.
+QAT = "GPULAB_QAT"
 #: Comma-separated device per local rank on this node (GPU UUIDs); empty on CPU.
 NODE_GPUS = "GPULAB_NODE_GPUS"
 #: The memory cap of this node's group (its ranks and their agent), in bytes, where

@@ -74,7 +74,7 @@ def test_qat_beside_ptq_in_the_report(shell, capsys):
         shell,
         capsys,
         "%quantize qat_net --scheme int8-int4 --example xv[:64] --ptq net "
-        '--accuracy xv,yv --to qm --runs 2',
+        "--accuracy xv,yv --to qm --runs 2",
     )
     assert result.success, out
     assert "int8-int4 with engine torchao on cpu" in out
@@ -119,3 +119,24 @@ def test_a_qat_model_is_converted_only_as_it_trained(shell, capsys):
 def test_an_unknown_qat_scheme_is_one_line():
     with pytest.raises(SetupError, match="unknown QAT scheme 'int2'; choose one of int8-int4"):
         setup().wrap(net(), qat="int2")
+
+
+def test_the_qat_flag_reaches_the_ranks_wrap(monkeypatch):
+    from gpulab.backend.render import render_node
+    from gpulab.backend.spec import JobSpec, SpecError
+    from gpulab.training.env import QAT
+
+    flagged = JobSpec(code="pass", qat="int8-int4")
+    flagged.validate()
+    env = render_node(flagged, 0, job_dir="/jobs/q", rdzv_host="h", rdzv_port=1).env
+    assert env[QAT] == "int8-int4"
+    plain = render_node(JobSpec(code="pass"), 0, job_dir="/jobs/q", rdzv_host="h", rdzv_port=1)
+    assert QAT not in plain.env  # a job without --qat renders as before the flag
+    with pytest.raises(SpecError, match="'qat' must be int8-int4 or left out"):
+        JobSpec(code="pass", qat="int2").validate()
+
+    # In the rank, ctx.wrap(model) then trains quantization-aware, as qat= does.
+    monkeypatch.setenv(QAT, "int8-int4")
+    wrapped = setup().wrap(net())
+    assert wrapped.gpulab_qat == "int8-int4"
+    assert type(wrapped[0]).__name__ == "FakeQuantizedLinear"
