@@ -115,14 +115,16 @@ lint: venv-base $(STAMP)
 # waits on processes it started (servers starting, a hub's poll), which a third
 # worker fills on 2 cores (2 workers: 1100 s; 3: 925 s). At most 5 (memory).
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 5 ? n + 1 : 5 )))
-# The live Kubernetes cluster's tests run apart (`make test-kube`): GPULAB_TEST_LIVE_KUBE=0.
-test: system-deps deps reach lint
-	GPULAB_TEST_LIVE_KUBE=0 $(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+# tests/kube/test_live_cluster.py runs on a real Kubernetes the suite starts, from
+# binaries kube-bins builds once (its own line says how long; the suite prints the
+# cluster's start time). GPULAB_TEST_LIVE_KUBE=0 leaves it out (reported as skipped).
+test: system-deps deps reach lint kube-bins
+	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The live Kubernetes cluster's binaries (kube-apiserver, -controller-manager,
 # -scheduler, kubelet 1.34.4; etcd; CoreDNS; helm 4), built once from the Go module
-# proxy into ~/.cache/gpulab-kube (GPULAB_KUBE_CACHE): ~15 min cold on 2 cores, a
-# second run does nothing. `make test-kube` runs the live-cluster suite on them
+# proxy into ~/.cache/gpulab-kube (GPULAB_KUBE_CACHE): 15-25 min cold on 2 cores, a
+# second run does nothing. `make test-kube` runs only the live-cluster suite on them
 # (docs/howto/live-kubernetes-tests.md).
 kube-bins:
 	nice -n 10 scripts/kube/build.sh
