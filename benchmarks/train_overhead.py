@@ -27,6 +27,11 @@ both GPUs are its own) reading them through ``ctx.micro_batches`` and
 With ``--fsdp`` both sides run a causal LM sharded with FSDP2
 (``ctx.wrap(model, shard=True)``, :data:`_workload.FSDP_WORKLOAD`): the same
 script through the magic and under plain ``torchrun`` (aim: step time <= 1.05).
+On a shared 2-core host (load 6-13) it measured 1.47 while job groups had the
+kernel's default CPU weight (a 2-rank job weighed as one of torchrun's per-rank
+sessions), 0.62-0.72 once weights follow the cores (docs/explanation/enforcement-backends.md;
+two busy processes in a group of cpu.shares 1024 got half the CPU of two in sessions of
+their own, in one of 2048 the same).
 
     python benchmarks/train_overhead.py [--rounds 2] [--steps 150] [--elastic | --fsdp]
 """
@@ -136,6 +141,8 @@ def main(argv=None):
     p.add_argument("--fsdp", action="store_true", help="an FSDP2-sharded causal LM on both sides")
     args = p.parse_args(argv)
     os.environ["GPULAB_DISPLAY"] = "text"
+    # Others' load moves the ratio on a shared host: say what it was.
+    print("load average at the start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         hub = RunningHub(tmp / "hub", simulate="2xA100-80GB")
@@ -173,6 +180,7 @@ def main(argv=None):
         finally:
             hub.stop()
     print(json.dumps(results, indent=1))
+    print("load average at the end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     this, that = results
     for metric, label in (("first_step_s", "time to first step"), ("step_s", "steady step time")):
         paired = [m[metric] / t[metric] for m, t in zip(results[this], results[that], strict=False)]
