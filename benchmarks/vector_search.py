@@ -10,38 +10,45 @@ Two datasets, each searched by every system in turn:
   ``--queries`` more from the same distribution.
 
 Ground truth is the exact top 10 by inner product on the normalised vectors (cosine),
-from FAISS ``IndexFlatIP``. The systems:
+from FAISS ``IndexFlatIP``. The systems (HNSW M=16, efConstruction=200, ef=64 where
+the system takes them):
 
-* exact (anchor): FAISS ``IndexFlatIP``, recall 1.0 by definition;
-* FAISS HNSW: ``IndexHNSWFlat`` (M=16, efConstruction=200, efSearch=64);
-* hnswlib (M=16, ef_construction=200, ef=64);
-* engine: Milvus Lite in its own process over a Unix socket, as the service runs it
-  (HNSW M=16, efConstruction=200, ef=64, COSINE), pymilvus client, rows inserted
-  ``--batch`` at a time then flushed;
+* exact: FAISS ``IndexFlatIP``, recall 1.0 by definition;
+* FAISS HNSW (the anchor): ``IndexHNSWFlat`` called in-process;
+* hnswlib and usearch, in-process;
+* Milvus Lite 2.5 (pymilvus 2.5, its own server process) and LanceDB (``IVF_HNSW_SQ``):
+  their pins clash with gpulab's, so they run in a scratch virtualenv (``--scratch``,
+  made as the how-to says) through :mod:`_vector_others`;
+* engine-before: Milvus Lite 3 in its own process over a Unix socket, as gpulab ran it
+  before (pymilvus client, ``--batch`` rows per insert, then flushed and indexed);
+* engine: gpulab's embedded engine today (FAISS HNSW behind its write-ahead log, in its
+  own process over a Unix socket), called with the service's own client;
 * gpulab: the same, through the service's REST API (``/collections``) behind the hub:
   ``--gpulab`` starts a real hub for it, ``--hub-url`` and ``--token`` use a running one;
   without either the row is skipped and the table says so.
 
-Per system: load time (empty to indexed) and vectors/s, recall@10 against the
-ground truth, queries/s with one client (one query per call) and with ``--clients``
-concurrent clients (threads), each also as a ratio to the exact anchor. A query
-pass stops after ``--budget`` seconds: a slow system is measured on the queries it
-answered by then (the ``queries`` column; recall over those). Then the
-ratios gpulab / engine (what the REST path costs) and engine / FAISS HNSW (what the
-engine costs over the index inside it). Progress goes to stderr.
+Per system: inserts/s (empty to searchable, ``--batch`` rows per call where it takes
+calls), recall@10 against the ground truth, p50 and p99 latency of one client (one
+query per call), queries/s with one client and with ``--clients`` concurrent clients
+(threads). A query pass stops after ``--budget`` seconds: a slow system is measured on
+the queries it answered by then (the ``queries`` column; recall over those). Then
+gpulab against the anchor, as issue 49 asks: recall@10 >= 0.95, p50 added <= 2 ms,
+queries/s with many clients >= 0.5x, inserts >= 10,000/s. Progress goes to stderr.
 
     python benchmarks/vector_search.py [--n 1000000] [--queries 1000] [--clients 8]
-        [--datasets stdlib,synthetic] [--systems exact,faiss-hnsw,hnswlib,engine,gpulab]
-        [--gpulab | --hub-url URL --token T]
+        [--datasets stdlib,synthetic] [--systems exact,faiss-hnsw,...,gpulab]
+        [--gpulab | --hub-url URL --token T] [--scratch /path/to/venv]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
-import itertools
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,19 +61,35 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _vector_measure import DIM, EF_CONSTRUCTION, EF_SEARCH, K, M, progress  # noqa: E402
+from _vector_measure import measure as measure_pass  # noqa: E402
 from support.stdlib_corpus import docstrings  # noqa: E402
 
-K = 10
-DIM = 384
-M, EF_CONSTRUCTION, EF_SEARCH = 16, 200, 64
-SYSTEMS = ["exact", "faiss-hnsw", "hnswlib", "engine", "gpulab"]
+SYSTEMS = [
+    "exact",
+    "faiss-hnsw",
+    "hnswlib",
+    "usearch",
+    "milvus-lite-2.5",
+    "lancedb",
+    "engine-before",
+    "engine",
+    "gpulab",
+]
 LABELS = {
-    "exact": "exact: FAISS flat (anchor)",
-    "faiss-hnsw": "FAISS HNSW",
+    "exact": "exact: FAISS flat",
+    "faiss-hnsw": "FAISS HNSW (anchor)",
     "hnswlib": "hnswlib",
-    "engine": "engine: Milvus Lite",
-    "gpulab": "gpulab REST",
+    "usearch": "usearch",
+    "milvus-lite-2.5": "Milvus Lite 2.5 AUTOINDEX",
+    "lancedb": "LanceDB IVF_HNSW_SQ",
+    "engine-before": "before: Milvus Lite 3",
+    "engine": "engine: FAISS + gpulab WAL",
+    "gpulab": "gpulab REST (engine)",
 }
+#: Run in the scratch virtualenv (their pins clash with gpulab's).
+SCRATCH_SYSTEMS = ("usearch", "milvus-lite-2.5", "lancedb")
 #: gpulab's REST limit on vectors per insert request; the engine gets the same batches.
 REST_BATCH = 1000
 
@@ -88,10 +111,8 @@ class Result:
     answered: int  # queries the one-client pass reached within the budget
     qps_one: float
     qps_many: float
-
-
-def progress(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    p50_ms: float
+    p99_ms: float
 
 
 def normalised(x: np.ndarray) -> np.ndarray:
@@ -169,46 +190,45 @@ def recall_at_k(found: list[list[int]], truth: np.ndarray) -> float:
 
 
 def measure(system: str, data: Dataset, load: Callable, clients: int, budget_s: float) -> Result:
-    """Load ``data`` into a system (``load`` returns its one-query search function,
-    query vector -> row numbers), then one pass over the queries with one client
-    (recall comes from it) and one with ``clients`` threads, each pass stopping
-    after ``budget_s`` seconds if the queries last longer."""
-    start = time.perf_counter()
-    search = load(data)
-    load_s = time.perf_counter() - start
-    progress(f"{system}: loaded {len(data.ids)} vectors in {load_s:.1f}s")
-    search(data.queries[0])  # first-call costs (a client's lazy imports) are not a query's
-    answers, qps_one = query_pass(search, data.queries, 1, budget_s)
-    _, qps_many = query_pass(search, data.queries, clients, budget_s)
+    """Load ``data`` into a system and query it (:func:`_vector_measure.measure`)."""
+    return scored(
+        system, data, measure_pass(system, lambda: load(data), data.queries, clients, budget_s)
+    )
+
+
+def scored(system: str, data: Dataset, m: dict) -> Result:
+    answers = m["answers"]
     rows = [i for i, a in enumerate(answers) if a is not None]
     recall = recall_at_k([answers[i] for i in rows], data.truth[rows])
-    result = Result(load_s, recall, len(rows), qps_one, qps_many)
     progress(
-        f"{system}: recall@{K} {recall:.4f} over {len(rows)} queries, "
-        f"{qps_one:.1f} q/s, {qps_many:.1f} q/s with {clients} clients"
+        f"{system}: recall@{K} {recall:.4f} over {len(rows)} queries, p50 {m['p50_ms']:.2f} ms"
     )
-    return result
+    return Result(
+        m["load_s"], recall, len(rows), m["qps_one"], m["qps_many"], m["p50_ms"], m["p99_ms"]
+    )
 
 
-def query_pass(search: Callable, queries: np.ndarray, clients: int, budget_s: float):
-    """``clients`` threads take the queries in turn until all are answered or the
-    budget is spent: (answers by query, None where not reached; queries/s)."""
-    answers: list = [None] * len(queries)
-    taken = itertools.count()  # next() on it is atomic under the GIL
-    start = time.perf_counter()
-    deadline = start + budget_s
-
-    def client() -> None:
-        while time.perf_counter() < deadline and (i := next(taken)) < len(queries):
-            answers[i] = search(queries[i])
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    return answers, sum(a is not None for a in answers) / elapsed
+def measure_scratch(system: str, data: Dataset, scratch: str, clients: int, budget_s: float):
+    """A system of the scratch virtualenv, in a process of its own on the same vectors."""
+    python = os.path.join(scratch, "bin", "python")
+    if not os.path.exists(python):
+        return f"no scratch virtualenv at {scratch} (--scratch)"
+    folder = tempfile.mkdtemp(prefix="gpulab-bench-data-")
+    try:
+        np.save(os.path.join(folder, "vectors.npy"), data.vectors)
+        np.save(os.path.join(folder, "queries.npy"), data.queries)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vector_others.py")
+        out = subprocess.run(
+            [python, script, system, folder, str(clients), str(budget_s)],
+            stdout=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+        if out.returncode != 0:
+            return f"failed: exit {out.returncode} (its stderr is above)"
+        return scored(system, data, json.loads(out.stdout.strip().splitlines()[-1]))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def in_chunks(n: int, size: int, what: str):
@@ -324,7 +344,7 @@ def load_engine(data: Dataset, engine: EngineProcess, batch: int):
         params={"M": M, "efConstruction": EF_CONSTRUCTION},
     )
     client.create_collection(name, schema=schema, index_params=index)
-    for lo, hi in in_chunks(len(data.ids), batch, "engine insert"):
+    for lo, hi in in_chunks(len(data.ids), batch, "engine-before insert"):
         vectors = data.vectors[lo:hi].tolist()
         rows = [
             {"id": data.ids[i], "vector": vectors[i - lo], "metadata": data.metadata[i]}
@@ -333,13 +353,79 @@ def load_engine(data: Dataset, engine: EngineProcess, batch: int):
         client.insert(name, rows)
     start = time.perf_counter()
     client.flush(name)
-    progress(f"engine: flush {time.perf_counter() - start:.1f}s")
-    wait_engine_indexed(os.path.join(engine.folder, "data", "collections", name), len(data.ids))
+    progress(f"engine-before: flush {time.perf_counter() - start:.1f}s")
+    wait_engine_indexed(
+        os.path.join(engine.folder, "data", "collections", name), len(data.ids), "engine-before"
+    )
     row = {id_: i for i, id_ in enumerate(data.ids)}
     params = {"metric_type": "COSINE", "params": {"ef": EF_SEARCH}}
 
     def search(q):
         hits = client.search(name, data=[q.tolist()], limit=K, search_params=params)[0]
+        return [row[h["id"]] for h in hits]
+
+    return search
+
+
+class FaissEngineProcess:
+    """gpulab's embedded engine (FAISS behind its log) in a process of its own, as the
+    service starts it, in a temporary folder; its client is the service's own."""
+
+    def __enter__(self):
+        from gpulab.service.vectors.embedded import EmbeddedEngine
+
+        self.folder = tempfile.mkdtemp(prefix="gpulab-bench-faiss-")
+        self.socket = os.path.join(self.folder, "engine.sock")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpulab.service.vectors.engine_server",
+                os.path.join(self.folder, "data"),
+                self.socket,
+                str(os.getpid()),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if not self.proc.stdout.readline().startswith("vector engine ready"):
+            raise RuntimeError(f"the engine did not start (exit {self.proc.wait()})")
+        self.client = EmbeddedEngine("unix:" + self.socket, call_timeout=600)
+        return self
+
+    def __exit__(self, *exc):
+        self.client.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def load_faiss_engine(data: Dataset, engine: FaissEngineProcess, batch: int):
+    """Through the service's client (its per-owner queues included), on a loop of its own."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    def run(coro):
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    client, cid = engine.client, "cbench" + str(len(data.ids))
+    run(client.create("bench", cid, DIM, "cosine", "hnsw"))
+    for lo, hi in in_chunks(len(data.ids), batch, "engine insert"):
+        vectors = data.vectors[lo:hi]
+        rows = [
+            {"id": data.ids[i], "vector": vectors[i - lo], "metadata": data.metadata[i]}
+            for i in range(lo, hi)
+        ]
+        run(client.write("bench", cid, rows, upsert=False))
+    row = {id_: i for i, id_ in enumerate(data.ids)}
+
+    def search(q):
+        hits = run(client.search("bench", cid, [q], K, "cosine", ""))[0]
         return [row[h["id"]] for h in hits]
 
     return search
@@ -448,29 +534,8 @@ def load_gpulab(data: Dataset, gpulab: GpulabCollections, batch: int):
         if time.monotonic() > deadline:
             raise RuntimeError(f"gpulab's collection is not ready after 7200 s: {info}")
         time.sleep(0.5)
-    if gpulab.engine_root is not None:
-        wait_gpulab_indexed(gpulab, len(data.ids))
     row = {id_: i for i, id_ in enumerate(data.ids)}
     return lambda q: [row[h["id"]] for h in gpulab.search(name, q, K)]
-
-
-def wait_gpulab_indexed(gpulab: GpulabCollections, n: int) -> None:
-    """With the hub running here, wait as for the engine: the service seals a
-    collection every ``FLUSH_ROWS`` rows written (the rest stay in the engine's
-    memtable, searched by a scan), then the engine indexes the sealed segments."""
-    from gpulab.service.vectors.manager import FLUSH_ROWS
-
-    # The collection just made: the newest engine collection folder (dropped ones may linger).
-    schemas = glob.glob(
-        str(gpulab.engine_root / "**" / "collections" / "*" / "schema.json"), recursive=True
-    )
-    if not schemas:
-        progress(
-            f"gpulab: not waiting for its index: no engine collection under {gpulab.engine_root}"
-        )
-        return
-    newest = max(schemas, key=os.path.getmtime)
-    wait_engine_indexed(os.path.dirname(newest), n - n % FLUSH_ROWS, who="gpulab")
 
 
 def indexed(info: dict, n: int) -> bool:
@@ -495,31 +560,46 @@ def times(ratio: float) -> str:
 def print_table(data: Dataset, results: dict[str, Result | str], clients: int) -> None:
     print(f"\n{data.name}")
     print(
-        f"{'system':28} {'load s':>8} {'vectors/s':>10} {'recall@10':>9} {'queries':>7} "
-        f"{'q/s 1 client':>12} {'x exact':>8} {f'q/s {clients} clients':>14} {'x exact':>8}"
+        f"{'system':28} {'inserts/s':>10} {'recall@10':>9} {'queries':>7} {'p50 ms':>7} "
+        f"{'p99 ms':>7} {'q/s 1':>8} {f'q/s {clients}':>8} {'x anchor':>8}"
     )
-    anchor = results.get("exact")
+    anchor = results.get("faiss-hnsw")
     for system, r in results.items():
         if isinstance(r, str):
             print(f"{LABELS[system]:28} {r if r.startswith('failed') else 'skipped: ' + r}")
             continue
-        x_one = times(r.qps_one / anchor.qps_one) if isinstance(anchor, Result) else "-"
         x_many = times(r.qps_many / anchor.qps_many) if isinstance(anchor, Result) else "-"
         print(
-            f"{LABELS[system]:28} {r.load_s:8.1f} {len(data.ids) / r.load_s:10.0f} {r.recall:9.4f} {r.answered:7d} "
-            f"{r.qps_one:12.1f} {x_one:>8} {r.qps_many:14.1f} {x_many:>8}"
+            f"{LABELS[system]:28} {len(data.ids) / r.load_s:10.0f} {r.recall:9.4f} "
+            f"{r.answered:7d} {r.p50_ms:7.2f} {r.p99_ms:7.2f} {r.qps_one:8.1f} "
+            f"{r.qps_many:8.1f} {x_many:>8}"
         )
-    for top, base in (("gpulab", "engine"), ("engine", "faiss-hnsw")):
-        a, b = results.get(top), results.get(base)
-        if isinstance(a, Result) and isinstance(b, Result):
+    for top in ("engine", "gpulab"):
+        a = results.get(top)
+        if isinstance(a, Result) and isinstance(anchor, Result):
+            goals = [
+                ("recall@10 >= 0.95", a.recall >= 0.95, f"{a.recall:.4f}"),
+                (
+                    "p50 added <= 2 ms",
+                    a.p50_ms - anchor.p50_ms <= 2,
+                    f"+{a.p50_ms - anchor.p50_ms:.2f} ms",
+                ),
+                (
+                    f"q/s {clients} clients >= 0.5x",
+                    a.qps_many >= 0.5 * anchor.qps_many,
+                    times(a.qps_many / anchor.qps_many),
+                ),
+                (
+                    "inserts >= 10,000/s",
+                    len(data.ids) / a.load_s >= 10_000,
+                    f"{len(data.ids) / a.load_s:.0f}/s",
+                ),
+            ]
             print(
-                f"{top} / {base}: q/s 1 client {times(a.qps_one / b.qps_one)}, "
-                f"{clients} clients {times(a.qps_many / b.qps_many)}; vectors/s "
-                f"{times(b.load_s / a.load_s)}; recall@10 {a.recall - b.recall:+.4f}"
-            )
-        elif a is not None and b is not None:
-            print(
-                f"{top} / {base}: not measured ({top if isinstance(a, str) else base} has no figures)"
+                f"{top} against the anchor: "
+                + "; ".join(
+                    f"{name}: {got} {'met' if ok else 'NOT met'}" for name, ok, got in goals
+                )
             )
 
 
@@ -555,7 +635,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--hub-url", help="a running hub for the gpulab row (with --token)")
     parser.add_argument("--token", help="a hub API token of the user who owns the collection")
+    parser.add_argument(
+        "--scratch",
+        default=os.environ.get("GPULAB_BENCH_SCRATCH", ".bench-venv"),
+        help="the virtualenv of usearch, Milvus Lite 2.5 and LanceDB (default .bench-venv)",
+    )
     args = parser.parse_args(argv)
+    # A SIGTERM (timeout, kill) unwinds as an exit: the hub and engines started here stop.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     systems = [s for s in args.systems.split(",") if s]
     unknown = set(systems) - set(SYSTEMS)
     if unknown:
@@ -563,22 +650,27 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.hub_url) != bool(args.token):
         parser.error("--hub-url and --token go together")
 
-    with EngineProcess() as engine, gpulab_access(args, systems) as gpulab:
+    before = EngineProcess() if "engine-before" in systems else contextlib.nullcontext()
+    embedded = FaissEngineProcess() if "engine" in systems else contextlib.nullcontext()
+    with before as engine, embedded as faiss_engine, gpulab_access(args, systems) as gpulab:
         loaders = {
             "exact": load_exact,
             "faiss-hnsw": load_faiss_hnsw,
             "hnswlib": load_hnswlib,
-            "engine": lambda d: load_engine(d, engine, args.batch),
+            "engine-before": lambda d: load_engine(d, engine, args.batch),
+            "engine": lambda d: load_faiss_engine(d, faiss_engine, args.batch),
             "gpulab": None
             if isinstance(gpulab, str)
             else lambda d: load_gpulab(d, gpulab, args.batch),
         }
         print(
             f"recall@{K} against exact search (FAISS IndexFlatIP, cosine); HNSW M={M}, "
-            f"efConstruction={EF_CONSTRUCTION}, ef={EF_SEARCH} everywhere; one query per call; "
-            f"inserts {args.batch} rows per call; load: empty to indexed; queries: answered by "
-            f"the one-client pass within {args.budget:g}s; x exact: q/s over the anchor's, "
-            f"same run; {os.cpu_count()} CPU cores"
+            f"efConstruction={EF_CONSTRUCTION}, ef={EF_SEARCH} where a system takes them "
+            f"(gpulab's engine builds with efConstruction=64); one query per call; "
+            f"inserts {args.batch} rows per call; inserts/s: empty to searchable; queries: "
+            f"answered by the one-client pass within {args.budget:g}s; x anchor: q/s with "
+            f"{args.clients} clients over FAISS HNSW's in-process, same run; "
+            f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}"
         )
         for name in args.datasets.split(","):
             if name == "stdlib":
@@ -594,7 +686,11 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"{name}: ground truth in {time.perf_counter() - start:.1f}s")
             results: dict[str, Result | str] = {}
             for system in systems:
-                if loaders[system] is None:
+                if system in SCRATCH_SYSTEMS:
+                    results[system] = measure_scratch(
+                        system, data, args.scratch, args.clients, args.budget
+                    )
+                elif loaders[system] is None:
                     results[system] = gpulab
                 else:
                     try:
