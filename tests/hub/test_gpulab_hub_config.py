@@ -52,10 +52,8 @@ def test_both_hubs_give_the_service_and_servers_the_same_scopes(both):
     up_roles, chart_roles = by_name(up.JupyterHub.load_roles), by_name(chart.JupyterHub.load_roles)
     access = "access:services!service=gpulab"
     mlflow = "access:services!service=mlflow"
-    assert up_roles["user"] == chart_roles["user"] == {
-        "name": "user",
-        "scopes": [access, mlflow, "self"],
-    }
+    users = {"name": "user", "scopes": [access, mlflow, "self"]}
+    assert up_roles["user"] == chart_roles["user"] == users
     assert up_roles["gpulab-service"] == chart_roles["gpulab-service"]
     scopes = chart_roles["gpulab-service"]["scopes"]
     # The reconciler, the ledger guard (an admin's forced release stops the server),
