@@ -1,7 +1,7 @@
 """The vector collections table: one row per collection a user made.
 
-The vectors themselves live in the vector engine (Milvus Lite in the data dir, or a
-Milvus cluster), one engine database per owner; this row is what the service decides
+The vectors themselves live in the vector engine (FAISS behind gpulab's log in the
+data dir, or a Milvus cluster), one engine database per owner; this row is what the service decides
 with: owner, name, dimension, metric, the embedding endpoint it names, sharing, and
 where it came from (``lineage``: who made it and when, the embedding endpoint's
 version and that version's own lineage). A dropped collection's row is deleted in the

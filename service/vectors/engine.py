@@ -1,5 +1,7 @@
-"""The vector engine's client: Milvus's API (pymilvus) over the embedded engine's socket
-or a Milvus cluster's address, called from a thread pool (pymilvus blocks).
+"""The client of a Milvus cluster (``c.GpuLabService.vector_engine_uri``): Milvus's API
+(pymilvus), called from a thread pool (pymilvus blocks). The embedded engine has a
+client of its own with the same calls (:mod:`.embedded`); the errors, the owner's
+database name and the hints here are shared by both.
 
 Users' data never mixes: each owner has a database of their own in the engine
 (:func:`database_of`), and the service alone names it; a collection's engine name is

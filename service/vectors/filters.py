@@ -25,7 +25,8 @@ holds values of mixed types, and turns ``like`` into a backtracking regular expr
 conditions and the lists are capped.
 
 Nothing here knows Milvus beyond :func:`to_milvus`: another engine takes the same tree
-and writes its own query.
+and writes its own query. The embedded engine reads the text :func:`to_milvus` writes
+with :func:`parse` again and evaluates the tree over its rows (:mod:`.filter_match`).
 """
 
 from __future__ import annotations
