@@ -107,11 +107,12 @@ def say(request):
     return lambda line: _say(request.config, line)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def live_kube(request):
     """The cluster the live suite runs against: a site's (``GPULAB_TEST_KUBECONFIG``),
     else one the suite builds (cached) and starts (``tests/support/live_kube``), and
-    removes at the end of the session."""
+    removes when the module's tests end (module scope: under xdist the worker goes on
+    to other files, which need its memory; a second module would start its own, ~10 s)."""
     site = os.environ.get("GPULAB_TEST_KUBECONFIG")
     if site:
         yield SiteCluster(site)
