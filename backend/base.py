@@ -58,6 +58,11 @@ class Backend(Plugin):
     #: Whether each node rank of a job runs on a machine of its own (then the
     #: ledger places node ranks on distinct inventory nodes).
     nodes_apart = False
+    #: Whether ranks are processes of the service's own host, held to its accounts'
+    #: CPU and memory quota there (other places' nodes have quotas of their own).
+    runs_on_this_host = False
+    #: Whether :meth:`resize` can change a running job's node count in place.
+    can_resize_in_place = False
 
     @property
     def jobs_root(self) -> str:
@@ -78,8 +83,19 @@ class Backend(Plugin):
     async def reattach(self, spec: JobSpec) -> bool:
         raise NotImplementedError
 
-    async def cancel(self, spec: JobSpec) -> None:
+    async def cancel(self, spec: JobSpec, grace_s: float | None = None) -> None:
+        """Stop the job and wait until it is gone: at most ``grace_s`` seconds (None:
+        the backend's own default), after which a local backend kills what is left
+        and a cluster's is left to finish deleting it."""
         raise NotImplementedError
+
+    async def resize(self, spec: JobSpec, nodes: int, allocations: list[dict]) -> bool:
+        """Change a running job to ``nodes`` nodes in place (``allocations``: the slices
+        it keeps); False when it cannot, and the service relaunches it instead."""
+        return False
+
+    async def close(self) -> None:
+        """Let go of what the backend holds (a cluster's client) when the service stops."""
 
     async def preempt(self, spec: JobSpec) -> None:
         raise NotImplementedError

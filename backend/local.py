@@ -114,6 +114,7 @@ class LocalBackend(Backend):
 
     name = "local"
     can_preempt = True
+    runs_on_this_host = True
 
     home = Unicode(None, allow_none=True, help="The ranks' HOME; None: the job's folder.")
     gpu_count = Int(help="How many GPUs the machine has (the pool's).")
@@ -431,8 +432,10 @@ class LocalBackend(Backend):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(node["pgid"], signal.SIGTERM)
 
-    async def cancel(self, spec: JobSpec, grace_s: float = CANCEL_GRACE_S) -> None:
-        """SIGTERM the agents (they stop their workers), then SIGKILL whatever is left."""
+    async def cancel(self, spec: JobSpec, grace_s: float | None = None) -> None:
+        """SIGTERM the agents (they stop their workers), then SIGKILL whatever is left
+        after ``grace_s`` (default CANCEL_GRACE_S)."""
+        grace_s = CANCEL_GRACE_S if grace_s is None else grace_s
         jd = self.jobdir(spec.id)
         launch = jd.read_json("launch.json", {}) or {}
         groups = [n["pgid"] for n in launch.get("nodes", [])]

@@ -332,13 +332,14 @@ class SlurmBackend(Backend):
         with contextlib.suppress(SlurmError):
             await self.site.run(argv, user=account.name if account else None, timeout=60)
 
-    async def cancel(self, spec: JobSpec) -> None:
-        """``scancel``, then wait until ``squeue`` no longer lists the job."""
+    async def cancel(self, spec: JobSpec, grace_s: float | None = None) -> None:
+        """``scancel``, then wait (``grace_s``, default CANCEL_WAIT_S) until ``squeue``
+        no longer lists the job."""
         job_id = self.slurm_id(spec)
         if job_id is None:
             return
         await self.site.cancel(job_id)
-        deadline = time.monotonic() + CANCEL_WAIT_S
+        deadline = time.monotonic() + (CANCEL_WAIT_S if grace_s is None else grace_s)
         while time.monotonic() < deadline:
             info = await self.site.job(job_id)
             if info is None or info["state"] not in ACTIVE_STATES:

@@ -1241,7 +1241,7 @@ class GpuLabService(
             ssl_options=tls.server_context(),  # https under internal_ssl (service/tls.py)
         )
         server.listen(url.port, url.hostname)
-        listen_addresses.listen_extra(server, url.port, self, url.hostname)
+        listen_addresses.listen_extra(server, url.port, self.extra_listen_ips, url.hostname)
         log.info(
             "gpulab service on %s (prefix %s), %d GPU(s), database %s",
             url.geturl(),

@@ -57,18 +57,18 @@ def check_addresses(values) -> list[str]:
     return out
 
 
-def extra_addresses(service, main_host: str | None = None) -> list[str]:
-    """``service.extra_listen_ips``, checked, without the URL's own address."""
-    addresses = check_addresses(getattr(service, "extra_listen_ips", None) or [])
+def extra_addresses(ips: list[str], main_host: str | None = None) -> list[str]:
+    """``ips`` (c.GpuLabService.extra_listen_ips), checked, without the URL's own address."""
+    addresses = check_addresses(ips)
     return [a for a in addresses if a != main_host]
 
 
-def listen_extra(server, port: int, service, main_host: str | None = None) -> list[str]:
+def listen_extra(server, port: int, ips: list[str], main_host: str | None = None) -> list[str]:
     """``server.listen(port, ip)`` on each extra address; those this machine does not
     have now (the sandbox's bridge is down) are skipped with a warning, since the
     service's own URL must not fail with them. Returns the addresses listened on."""
     done = []
-    for ip in extra_addresses(service, main_host):
+    for ip in extra_addresses(ips, main_host):
         try:
             server.listen(port, ip)
         except OSError as e:

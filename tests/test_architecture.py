@@ -376,3 +376,18 @@ def test_a_page_that_disagrees_with_the_rules_is_found():
     assert doc_disagreements(planted) == [
         "service/jobs/: the page says ['shared'], the rules ['shared', 'telemetry']"
     ]
+
+
+def test_no_manager_holds_the_app():
+    """Collaborators are passed by name: no partial of the app, no optional lookups on
+    it, no test of a backend's concrete class (backends declare what they can)."""
+    holes = re.compile(
+        r"partial\([^)]*\bservice\b|getattr\(service\b|isinstance\([^)]*LocalBackend"
+    )
+    broken = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in sorted((ROOT / "service").rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if holes.search(line)
+    ]
+    assert not broken, "\n".join(broken)

@@ -53,6 +53,7 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
     """
 
     name = "kubernetes"
+    can_resize_in_place = True
 
     options = Instance(JobOptions, help="What every job's objects get.")
     pod_patch_for = Callable(
@@ -385,8 +386,13 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
     async def reattach(self, spec: JobSpec) -> bool:
         return (await self.poll(spec)).state == "running"
 
-    async def cancel(self, spec: JobSpec, wait_s: float = CANCEL_WAIT_S) -> None:
-        """Delete the job in the foreground (its pods go first) and wait until it is gone."""
+    async def close(self) -> None:
+        await ApiClientHolder.close(self)  # Backend's hook comes first in the bases
+
+    async def cancel(self, spec: JobSpec, grace_s: float | None = None) -> None:
+        """Delete the job in the foreground (its pods go first) and wait until it is
+        gone (``grace_s``, default CANCEL_WAIT_S; the cluster finishes after that)."""
+        wait_s = CANCEL_WAIT_S if grace_s is None else grace_s
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 

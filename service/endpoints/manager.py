@@ -63,7 +63,7 @@ from gpulab.service.endpoints.table import EndpointTable
 from gpulab.service.endpoints.token_meter import LlmLimits, TokenMeter
 from gpulab.service.endpoints.traffic import quantile_ms
 from gpulab.service.endpoints.versions import Versions
-from gpulab.service.jobs.cpu_quota import over_quota
+from gpulab.service.jobs.cpu_quota import CpuQuota
 from gpulab.service.plugins import build
 from gpulab.service.tasks import KeptTask, TaskSet, wait_for_wake
 
@@ -175,7 +175,7 @@ class DeploymentManager:
             preemption=service.preemption,
             groups_of=service.groups_of,
             identify=service.identify,
-            over_quota=functools.partial(over_quota, service),
+            over_quota=CpuQuota.of(service).over,
             limits=EndpointLimits(
                 slice_sizes=tuple(service.slice_sizes),
                 max_deployment_replicas=service.max_deployment_replicas,
@@ -184,7 +184,7 @@ class DeploymentManager:
                 model_storage_quota_mib=service.model_storage_quota_mib,
                 cold_start_seconds=service.endpoint_cold_start_seconds,
                 stop_with_server=service.deployments_stop_with_server,
-                local=getattr(service.serving_backend_class, "name", None) == "local",
+                local=service.serving_backend_class.name == "local",
             ),
             prefix=service.prefix,
             data_dir=service.data_dir,
@@ -195,7 +195,7 @@ class DeploymentManager:
                 port=service.endpoint_router_port,
                 url=service.endpoint_router_url,
             ),
-            job_facts=getattr(getattr(service, "jobs", None), "lineage_of", None),
+            job_facts=service.jobs.lineage_of,  # built before this manager
             meter=TokenMeter(
                 service.llm_limits(),
                 save=functools.partial(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from gpulab.backend.base import Backend, JobStatus
 from gpulab.backend.kubernetes.backend import KubernetesBackend
-from gpulab.backend.local import LocalBackend
 from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.service.plugins import ConfigError, build
 
@@ -32,7 +31,7 @@ def refuse_local_user_code(service, trait: str, cls: type | None = None) -> None
     if service.user_code_in_service:
         return
     local = service.traits()[trait].validate(service, "local")
-    if not issubclass(cls or getattr(service, trait), local):
+    if not issubclass(cls or service.traits()[trait].get(service), local):
         return
     what, chart = _LOCAL_USER_CODE[trait]
     where = f"c.GpuLabService.{trait} is" if cls is None else "a pool's backend is"
@@ -81,7 +80,7 @@ def job_backends(service, root: str) -> dict[str, Backend]:
 
 def pool_backend(service, pool, root: str) -> Backend:
     cls = pool.jobs
-    if issubclass(cls, LocalBackend):
+    if cls.runs_on_this_host:
         # Named as the site set it: the trait, or a pool of c.GpuLabService.pools.
         refuse_local_user_code(service, "jobs_backend_class", cls if service.pools else None)
     shortcut = ("kubernetes_jobs", service.kubernetes_jobs)

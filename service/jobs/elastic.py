@@ -210,13 +210,12 @@ class Resizes:
         re-rendezvous at the new size; the ranks checkpoint and go on): the resize
         is recorded at once. False: it cannot, the service relaunches the job."""
         backend = self.jobs.backend_for(job)
-        resize = getattr(backend, "resize", None)
-        if resize is None or backend.can_preempt:
+        if not backend.can_resize_in_place or backend.can_preempt:
             return False
         spec = self.jobs.spec(job)
         rows = await self._release_above(job, job["max_nodes"])
         try:
-            done = await resize(spec, nodes, rows)
+            done = await backend.resize(spec, nodes, rows)
         except Exception:
             log.exception("Resizing job %s in place", job["id"])
             done = False

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
 import logging
 import os
 import time
@@ -27,7 +26,6 @@ from dataclasses import dataclass
 
 from gpulab.backend.base import Backend
 from gpulab.backend.jobdir import JobDir
-from gpulab.backend.local import LocalBackend
 from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
 from gpulab.db import clock
 from gpulab.db.jobs import TERMINAL
@@ -36,13 +34,13 @@ from gpulab.scheduler.priority import PriorityError
 from gpulab.scheduler.queue import PREEMPTED, JobQueue, Place, never_fits
 from gpulab.scheduler.slices import MILLI_PER_GPU, SliceError, label, noun, parse_gpu_milli, plural
 from gpulab.service.jobs.backends import NoLocalJobs, job_backends
-from gpulab.service.jobs.cpu_quota import over_quota
+from gpulab.service.jobs.cpu_quota import CpuQuota
 from gpulab.service.jobs.elastic import Resizes, nodes_word
 from gpulab.service.jobs.lineage import JobLineage
 from gpulab.service.jobs.pools import AUTO, Pool, PoolRefused
 from gpulab.service.jobs.preemption import Claim, Preemption, article
 from gpulab.service.tasks import KeptTask, wait_for_wake
-from gpulab.service.telemetry.allreduce import record_from_job
+from gpulab.service.telemetry.allreduce import AllreduceRecords
 
 log = logging.getLogger("gpulab.service.jobs.manager")
 
@@ -147,8 +145,8 @@ class JobManager:
             priorities=service.priorities,
             granted_classes=service.granted_classes,
             groups_of=service.groups_of,
-            over_quota=functools.partial(over_quota, service),
-            record_probe=functools.partial(record_from_job, service),
+            over_quota=CpuQuota.of(service).over,
+            record_probe=AllreduceRecords(service.node_name, service.telemetry).from_job,
             record_run=service.run_recorder.record if service.run_recorder else None,
             limits=JobLimits(
                 slice_sizes=tuple(service.slice_sizes),
@@ -205,11 +203,7 @@ class JobManager:
             log.info("Stopped %d running job(s) until gpulab's next start", len(running))
 
     async def _kill_now(self, job: dict, spec: JobSpec) -> None:
-        backend = self.backend_for(job)
-        if isinstance(backend, LocalBackend):
-            await backend.cancel(spec, grace_s=0.5)  # SIGTERM was its grace
-        else:
-            await backend.cancel(spec)
+        await self.backend_for(job).cancel(spec, grace_s=0.5)  # SIGTERM was its grace
 
     async def stop(self) -> None:
         """End the queue loop between passes (jobs themselves run on: a restarted
@@ -224,13 +218,11 @@ class JobManager:
         finally:
             if held:
                 self.lock.release()
-        for backend in self.backends.values():
-            close = getattr(backend, "close", None)  # Kubernetes backends hold a client
-            if close is not None:
-                try:
-                    await close()
-                except Exception:
-                    log.exception("Closing the %s backend", backend.name)
+        for backend in self.backends.values():  # a cluster's holds a client
+            try:
+                await backend.close()
+            except Exception:
+                log.exception("Closing the %s backend", backend.name)
 
     # -- reading -----------------------------------------------------------------------
     def backend_of(self, job: dict) -> Backend | None:
@@ -254,7 +246,7 @@ class JobManager:
         """Why ``ranks`` ranks of ``job`` would not fit its owner's CPU and memory
         quota on this host, or None (and None off this host: Slurm and Kubernetes
         nodes have their own)."""
-        if not isinstance(self.backend_of(job), LocalBackend):
+        if not self.backend_of(job).runs_on_this_host:
             return None
         return self.over_quota(job["user"], ranks, job["gpu_milli"], "ranks")
 
@@ -372,7 +364,7 @@ class JobManager:
         total = spec.gpu_milli * spec.world_size
         groups = await self.groups_of(who.name)
         reason = never_fits(self.ledger.quotas, who.name, total, groups)
-        if not reason and all(isinstance(self.backends[p.name], LocalBackend) for p in places):
+        if not reason and all(self.backends[p.name].runs_on_this_host for p in places):
             # The quota is this host's; Slurm and Kubernetes nodes have their own.
             reason = self.over_quota(who.name, spec.world_size, spec.gpu_milli, "ranks")
         if reason:

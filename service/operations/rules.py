@@ -67,9 +67,8 @@ class Thresholds:
         """The service's values of every field but those that are no setting: a
         setting renamed on one side fails the service's start here, rather than the
         rule silently keeping its default."""
-        return cls(
-            **{f.name: getattr(service, f.name) for f in fields(cls) if f.name not in NOT_SETTINGS}
-        )
+        values = service.trait_values(config=True)
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name not in NOT_SETTINGS})
 
 
 #: Thresholds' fields that are not settings of the service (they keep their defaults).

@@ -23,6 +23,7 @@ import os
 import re
 import stat
 import time
+from dataclasses import dataclass
 
 from gpulab.training import env as rank_env
 
@@ -116,25 +117,35 @@ def read_result_file(path: str) -> object:
     return json.loads(raw.decode("utf-8"), parse_constant=refuse)
 
 
-def record_from_job(service, job: dict, jobdir) -> dict | None:
-    """After a job succeeded: record its probe result, if it wrote one."""
-    path = jobdir.p("out", rank_env.ALLREDUCE_RESULT)
-    if not os.path.lexists(path):
-        return None
-    world = job["nodes"] * job["nproc_per_node"]
-    try:
-        result = validate(read_result_file(path), world_size=world, max_nodes=job["nodes"])
-    except (BadResult, OSError, ValueError, RecursionError) as e:
-        jobdir.event(f"all-reduce result not recorded: {rank_env.ALLREDUCE_RESULT}: {e}")
-        log.warning("Job %s of %s: all-reduce result not recorded: %s", job["id"], job["user"], e)
-        return None
-    record = {
-        "ts": time.time(),
-        "user": job["user"],
-        "job_id": job["id"],
-        **result,
-        "node": (result["nodes"] or [service.node_name])[0],
-    }
-    service.telemetry.add_allreduce(record)
-    jobdir.event("all-reduce result recorded for the dashboard's Network tab")
-    return record
+@dataclass(frozen=True)
+class AllreduceRecords:
+    """Jobs' all-reduce probe results into the telemetry store (the dashboard's
+    Network tab). ``node_name``: the node a result names when it names none."""
+
+    node_name: str
+    telemetry: object  # has add_allreduce(record)
+
+    def from_job(self, job: dict, jobdir) -> dict | None:
+        """After a job succeeded: record its probe result, if it wrote one."""
+        path = jobdir.p("out", rank_env.ALLREDUCE_RESULT)
+        if not os.path.lexists(path):
+            return None
+        world = job["nodes"] * job["nproc_per_node"]
+        try:
+            result = validate(read_result_file(path), world_size=world, max_nodes=job["nodes"])
+        except (BadResult, OSError, ValueError, RecursionError) as e:
+            jobdir.event(f"all-reduce result not recorded: {rank_env.ALLREDUCE_RESULT}: {e}")
+            log.warning(
+                "Job %s of %s: all-reduce result not recorded: %s", job["id"], job["user"], e
+            )
+            return None
+        record = {
+            "ts": time.time(),
+            "user": job["user"],
+            "job_id": job["id"],
+            **result,
+            "node": (result["nodes"] or [self.node_name])[0],
+        }
+        self.telemetry.add_allreduce(record)
+        jobdir.event("all-reduce result recorded for the dashboard's Network tab")
+        return record

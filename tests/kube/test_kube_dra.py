@@ -486,7 +486,7 @@ async def test_a_job_gets_a_claim_template_made_before_it_and_gone_with_it(job_c
     assert not [k for k in resources.get("limits", {}) if k.startswith("nvidia.com/")]
     validate_strict(job)
     await backend.start(spec, rows)  # started again after a crash: no error
-    await backend.cancel(spec, wait_s=0)
+    await backend.cancel(spec, grace_s=0)
     assert server.get(TEMPLATES, "gpulab-f00dfeed0001-gpu") is None
 
 
@@ -506,7 +506,7 @@ async def test_a_shared_card_is_one_claim_for_every_job_on_it(job_cluster):
         assert job["spec"]["template"]["spec"]["resourceClaims"] == [
             {"name": "gpu", "resourceClaimName": name}
         ]
-    await backend.cancel(job_spec(), wait_s=0)
+    await backend.cancel(job_spec(), grace_s=0)
     assert server.get(CLAIMS, name) is not None  # the other job still uses the card
     # Ranks on two cards cannot share one card's claim: said before anything is sent.
     two = [{"gpu_uuid": UUID_A}, {"gpu_uuid": UUID_B}]

@@ -3,7 +3,6 @@ own URL, and skipped with a warning where this machine lacks the address (live, 
 the Slurm sandbox's nodes: tests/slurm/test_slurm_spawner.py)."""
 
 import socket
-from types import SimpleNamespace
 
 import pytest
 from tornado.httpserver import HTTPServer
@@ -22,9 +21,8 @@ def test_addresses_are_ips_once_each():
 
 
 def test_the_urls_own_address_is_not_listened_on_twice():
-    service = SimpleNamespace(extra_listen_ips=["127.0.0.1", "127.0.0.2"])
-    assert extra_addresses(service, "127.0.0.1") == ["127.0.0.2"]
-    assert extra_addresses(SimpleNamespace(), "127.0.0.1") == []  # no such setting yet
+    assert extra_addresses(["127.0.0.1", "127.0.0.2"], "127.0.0.1") == ["127.0.0.2"]
+    assert extra_addresses([], "127.0.0.1") == []
 
 
 async def test_listens_on_each_and_skips_one_this_machine_lacks(caplog):
@@ -35,8 +33,8 @@ async def test_listens_on_each_and_skips_one_this_machine_lacks(caplog):
     try:
         server.listen(port, "127.0.0.1")
         # 192.0.2.1 (TEST-NET-1) is no address of this machine: a warning, not a failure.
-        service = SimpleNamespace(extra_listen_ips=["127.0.0.2", "192.0.2.1"])
-        assert listen_extra(server, port, service, "127.0.0.1") == ["127.0.0.2"]
+        ips = ["127.0.0.2", "192.0.2.1"]
+        assert listen_extra(server, port, ips, "127.0.0.1") == ["127.0.0.2"]
         with socket.create_connection(("127.0.0.2", port), timeout=5):
             pass
         assert "Not listening on 192.0.2.1" in caplog.text
