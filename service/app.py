@@ -98,7 +98,7 @@ from gpulab.service.plugins import (
     ConfigError,
     NamedType,
 )
-from gpulab.service.sharing import SharingSettings
+from gpulab.service.sharing import HubGroups, SharingSettings
 from gpulab.service.tasks import run_unless
 from gpulab.service.telemetry.local_sampler import LocalSampler
 from gpulab.service.telemetry.metrics import (
@@ -832,6 +832,7 @@ class GpuLabService(
             self.init_db,
             self.init_ledger,
             self.init_audit,
+            self.init_telemetry_store,
             self.init_jobs,
             self.init_deployments,
             self.init_vectors,
@@ -934,6 +935,10 @@ class GpuLabService(
         return self.traits()["inventory_class"].validate(self, self.inventory_source)
 
     def init_jobs(self):
+        #: What hub groups say (limits, guarantees, classes), read from the hub at each ask.
+        self.hub_groups = HubGroups(
+            self.hub, self.ledger.quotas, self.group_quota_milli, self.group_guaranteed_milli
+        )
         #: Frees slices for servers, endpoints and jobs of a higher class by stopping jobs.
         self.preemption = Preemption.of(self)
         #: Writes each ended job as an MLflow run of its user (None: no MLflow service).
@@ -992,8 +997,11 @@ class GpuLabService(
         if not issubclass(getattr(self, trait), kube):
             setattr(self, trait, kube)
 
-    def init_telemetry(self):
+    def init_telemetry_store(self):
+        #: Nodes' samples and jobs' all-reduce results (the job manager records those).
         self.telemetry = TelemetryStore()
+
+    def init_telemetry(self):
         self.metrics.registry.register(SampleCollector(self.telemetry.latest_for_export))
         if self.local_sampler:
             self.sampler = LocalSampler(

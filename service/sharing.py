@@ -135,10 +135,23 @@ class SharingSettings(Configurable):
         except PriorityError as e:
             raise ValueError(f"c.GpuLabService.priority_classes: {e}") from None
 
-    # -- what hub groups say --------------------------------------------------------
-    async def group_settings(self) -> dict[str, dict]:
-        """Per hub group: ``{"members", "limit", "guaranteed", "classes"}`` from its
-        properties and the config (the config wins). Also refreshes the ledger's."""
+
+class HubGroups:
+    """What hub groups say about sharing: each group's members and, from its
+    properties and the config (the config wins), its limit, guarantee and priority
+    classes. Read from the hub at each ask; :meth:`refresh` also brings the ledger's
+    group quotas up to date. ``group_quota_milli``/``group_guaranteed_milli``: the
+    settings of :class:`SharingSettings`."""
+
+    def __init__(self, hub, quotas, group_quota_milli: Mapping, group_guaranteed_milli: Mapping):
+        self.hub = hub
+        self.quotas = quotas
+        self.group_quota_milli = dict(group_quota_milli)
+        self.group_guaranteed_milli = dict(group_guaranteed_milli)
+
+    async def refresh(self) -> dict[str, dict]:
+        """Per hub group: ``{"members", "limit", "guaranteed", "classes"}``; the
+        ledger's group limits and guarantees set from them."""
         out = {}
         for g in await self.hub.groups():
             props = g.get("properties") or {}
@@ -156,12 +169,11 @@ class SharingSettings(Configurable):
                 if isinstance(classes, list)
                 else [],
             }
-        quotas = self.ledger.quotas
-        quotas.group_milli = {
+        self.quotas.group_milli = {
             **{n: s["limit"] for n, s in out.items() if s["limit"] is not None},
             **self.group_quota_milli,
         }
-        quotas.group_guaranteed = {
+        self.quotas.group_guaranteed = {
             **{n: s["guaranteed"] for n, s in out.items() if s["guaranteed"]},
             **self.group_guaranteed_milli,
         }
@@ -169,21 +181,18 @@ class SharingSettings(Configurable):
 
     async def groups_of(self, user: str) -> dict[str, set[str]]:
         """The user's groups that carry a limit or a guarantee, with their members."""
-        return groups_by_user(await self.group_settings()).get(user, {})
+        return groups_by_user(await self.refresh()).get(user, {})
 
     async def granted_classes(self, user: str) -> set[str]:
         """Priority classes the user's groups grant them."""
         return {
-            c
-            for s in (await self.group_settings()).values()
-            if user in s["members"]
-            for c in s["classes"]
+            c for s in (await self.refresh()).values() if user in s["members"] for c in s["classes"]
         }
 
 
 def groups_by_user(settings: Mapping[str, dict]) -> dict[str, dict[str, set[str]]]:
     """user -> {group: members} for the groups that carry a limit or a guarantee,
-    from :meth:`SharingSettings.group_settings`."""
+    from :meth:`HubGroups.refresh`."""
     out: dict[str, dict[str, set[str]]] = defaultdict(dict)
     for name, s in settings.items():
         if s["limit"] is None and not s["guaranteed"]:

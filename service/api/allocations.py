@@ -86,7 +86,7 @@ class AllocationsHandler(ReleaseMixin, APIHandler):
                 await self.gpulab.refuse_over_budget(user, milli)
             except BudgetExceeded as e:
                 raise web.HTTPError(403, str(e)) from None
-        groups = await self.gpulab.groups_of(user)
+        groups = await self.gpulab.hub_groups.groups_of(user)
         started = time.perf_counter()
         result = "placed"
         place = self.gpulab.ledger_for(owner_kind)
@@ -197,7 +197,7 @@ class AvailabilityHandler(APIHandler):
         user = self.get_argument("user", who.name)
         if not who.can_act_for(user):
             raise web.HTTPError(403, "you can only ask about your own availability")
-        groups = await self.gpulab.groups_of(user)
+        groups = await self.gpulab.hub_groups.groups_of(user)
         # What the spawn form offers: the pool servers start in.
         place = self.gpulab.ledger_for("server")
         sizes = await place.aio.availability(user, self.gpulab.slice_sizes, groups)

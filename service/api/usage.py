@@ -59,7 +59,7 @@ class UsageHandler(APIHandler):
             raise web.HTTPError(400, "'since' must be before 'until'")
         groups_of = None
         if group_by == "group":
-            settings = await self.gpulab.group_settings()
+            settings = await self.gpulab.hub_groups.refresh()
             groups_of = {}
             for name, s in settings.items():
                 for member in s["members"]:

@@ -173,7 +173,7 @@ class DeploymentManager:
             engine=service.ledger.engine,
             serving=serving_backend(service),
             preemption=service.preemption,
-            groups_of=service.groups_of,
+            groups_of=service.hub_groups.groups_of,
             identify=service.identify,
             over_quota=CpuQuota.of(service).over,
             limits=EndpointLimits(

@@ -165,8 +165,8 @@ class Preemption:
             ledger=service.ledger,
             priorities=service.priorities,
             grace_seconds=service.preemption_grace_seconds,
-            group_settings=service.group_settings,
-            groups_of=service.groups_of,
+            group_settings=service.hub_groups.refresh,
+            groups_of=service.hub_groups.groups_of,
             pool_for=service.pool_for,
         )
 

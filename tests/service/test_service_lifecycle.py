@@ -23,6 +23,7 @@ STEPS = [
     "init_db",
     "init_ledger",
     "init_audit",
+    "init_telemetry_store",
     "init_jobs",
     "init_deployments",
     "init_reconcile",
