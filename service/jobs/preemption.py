@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 
 from gpulab.scheduler.elastic import is_surplus, shrink_targets, surplus_holders
-from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
+from gpulab.scheduler.ledger import OWNER_KINDS, NoCapacity, OwnerConflict
 from gpulab.scheduler.policy import Request
 from gpulab.scheduler.preemption import Holder, Plan, choose_victims, placeable
 from gpulab.scheduler.quota import QuotaExceeded, Quotas
@@ -144,14 +144,15 @@ class Preemption:
         grace_seconds: float,
         group_settings: Callable[[], Awaitable[dict]],
         groups_of: Callable[[str], Awaitable[dict]],
-        pool_for: Callable[[str], str],
+        pools: Mapping[str, str],
     ):
         self.ledger = ledger
         self.priorities = priorities
         self.grace_seconds = grace_seconds
         self.group_settings = group_settings
         self.groups_of = groups_of
-        self.pool_for = pool_for
+        #: The pool a slice of each owner kind (ledger.OWNER_KINDS) is made room in.
+        self.pools = dict(pools)
         self.jobs = None  # the job manager, once attached
         self.hibernations = None  # idle servers it may hibernate first, once attached
         self.claims: dict[tuple[str, str], Claim] = {}
@@ -167,7 +168,7 @@ class Preemption:
             grace_seconds=service.preemption_grace_seconds,
             group_settings=service.hub_groups.refresh,
             groups_of=service.hub_groups.groups_of,
-            pool_for=service.pool_for,
+            pools={kind: service.pool_for(kind) for kind in OWNER_KINDS},
         )
 
     def attach(self, jobs, on_placed: Callable) -> None:
@@ -206,7 +207,7 @@ class Preemption:
                 members,
                 klass.value,
                 f"{article(klass.name)} {what}",
-                self.pool_for(kind),
+                self.pools[kind],
             )
 
     async def make_room(
