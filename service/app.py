@@ -31,7 +31,18 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
-from traitlets import Bool, Dict, Float, Instance, Int, List, TraitError, Unicode, default
+from traitlets import (
+    Bool,
+    Dict,
+    Float,
+    Instance,
+    Int,
+    List,
+    TraitError,
+    Unicode,
+    default,
+    validate,
+)
 from traitlets.config import Application, PyFileConfigLoader
 
 from gpulab.backend.kubernetes.inventory import KubernetesInventory
@@ -508,6 +519,35 @@ class GpuLabService(
         c.GpuLabService.cpu_overcommit = 1
         """,
     ).tag(config=True)
+
+    # -- ranges, checked as each setting is set ---------------------------------------
+    @validate(
+        "job_stall_seconds",
+        "alert_interval_seconds",
+        "alert_slice_idle_seconds",
+        "alert_endpoint_p99_ms",
+        "hibernate_max_bytes",
+    )
+    def _positive(self, proposal):
+        if proposal.value <= 0:
+            raise TraitError(
+                f"c.GpuLabService.{proposal.trait.name} must be positive, got {proposal.value}"
+            )
+        return proposal.value
+
+    @validate(
+        "hibernate_idle_seconds",
+        "hibernate_for_others_seconds",
+        "job_stall_restarts",
+        "gpu_idle_cull_seconds",
+    )
+    def _zero_or_more(self, proposal):
+        if proposal.value < 0:
+            raise TraitError(
+                f"c.GpuLabService.{proposal.trait.name} must be 0 (off) or more, "
+                f"got {proposal.value}"
+            )
+        return proposal.value
 
     @default("user_cpu_quota")
     def _user_cpu_quota(self):
@@ -1016,16 +1056,6 @@ class GpuLabService(
     def init_hibernation(self):
         """Hibernation of idle servers; the scheduler's preemption asks it for idle
         servers before it stops any batch job."""
-        for name in ("hibernate_idle_seconds", "hibernate_for_others_seconds"):
-            if getattr(self, name) < 0:
-                raise ConfigError(
-                    f"c.GpuLabService.{name} must be 0 (off) or more, got {getattr(self, name)}"
-                )
-        if self.hibernate_max_bytes <= 0:
-            raise ConfigError(
-                f"c.GpuLabService.hibernate_max_bytes must be positive, got "
-                f"{self.hibernate_max_bytes}"
-            )
         self.hibernations = Hibernations(
             engine=self.engine,
             db_threads=self.db_threads,
@@ -1044,16 +1074,6 @@ class GpuLabService(
     def init_alerts(self):
         """The alert engine (its rules read the settings above) and the metrics the
         chart's PrometheusRule reads."""
-        for name in (
-            "job_stall_seconds",
-            "alert_interval_seconds",
-            "alert_slice_idle_seconds",
-            "alert_endpoint_p99_ms",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(
-                    f"c.GpuLabService.{name} must be positive, got {getattr(self, name)}"
-                )
         self.alerts = AlertEngine(
             builder=FactsBuilder(
                 ledger=self.ledger,
@@ -1071,11 +1091,6 @@ class GpuLabService(
             webhook_url=self.alert_webhook_url,
             prefix=self.prefix,
         )
-        for name in ("job_stall_restarts", "gpu_idle_cull_seconds"):
-            if getattr(self, name) < 0:
-                raise ConfigError(
-                    f"c.GpuLabService.{name} must be 0 (off) or more, got {getattr(self, name)}"
-                )
         self.alert_actions = AlertActions(
             alerts=self.alerts,
             healer=self.healer,
