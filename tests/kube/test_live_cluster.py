@@ -743,3 +743,94 @@ async def test_two_pod_job_trains_to_the_local_weights(
     a, b = weights(single_dir), weights(jd)
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+# -- a notebook server through KubeSpawner ---------------------------------------------------
+class SpawnUser:
+    name = "alice"
+    id = 7
+    url = "/user/alice/"
+
+
+async def test_kubespawner_starts_and_stops_a_server(
+    live_kube, api, namespace, image, tmp_path, monkeypatch
+):
+    """gpulab's FractionalKubeSpawner as the hub runs it: the slice from the real gpulab
+    service (in this process), the pod created by KubeSpawner and followed by its
+    watch until it runs, then stopped and gone."""
+    if not live_kube.local:
+        pytest.skip("uses the suite's own cluster's credentials (a site's hub has its own)")
+    from kubernetes_asyncio.config import kube_config
+
+    # KubeSpawner reads the default kubeconfig; its host and CA make it load again.
+    monkeypatch.setenv("KUBECONFIG", live_kube.admin_kubeconfig)
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", live_kube.admin_kubeconfig)
+    from kubespawner import KubeSpawner
+    from kubespawner.clients import load_config
+
+    try:
+        await spawn_and_stop(live_kube, api, namespace, image, tmp_path)
+    finally:
+        # KubeSpawner keeps its pod watch and its API settings per process: later
+        # tests in this process must not inherit a watch of a cluster that is gone.
+        await KubeSpawner._stop_all_reflectors()
+        load_config.cache_clear()
+
+
+async def spawn_and_stop(live_kube, api, namespace, image, tmp_path):
+    from support.service import running_service
+    from traitlets.config import Config
+
+    from gpulab.spawner.kube import FractionalKubeSpawner
+
+    async with running_service(
+        tmp_path / "svc", "c.GpuLabService.stop_work_on_exit = True\n", simulate=""
+    ) as svc:
+        c = Config()
+        c.KubeSpawner.namespace = namespace
+        c.KubeSpawner.image = image
+        c.KubeSpawner.image_pull_policy = "Never"
+        c.KubeSpawner.k8s_api_host = live_kube.server
+        c.KubeSpawner.k8s_api_ssl_ca_cert = live_kube.pki.ca
+        # A server that listens where KubeSpawner expects one (the image has no Jupyter;
+        # IPv4: the pod network has no IPv6, where bind='' would listen).
+        serve = "import http.server as h; h.test(h.SimpleHTTPRequestHandler, port=8888, bind="
+        c.KubeSpawner.cmd = ["python", "-c", serve + "'0.0.0.0')"]
+        c.KubeSpawner.start_timeout = 120
+        c.FractionalKubeSpawner.gpulab_api_url = svc.api
+        c.FractionalKubeSpawner.gpulab_api_token = svc.fake_hub.service_token
+        c.FractionalKubeSpawner.enforcement = "hami"
+        c.FractionalKubeSpawner.notebook_priority_class = ""
+        spawner = FractionalKubeSpawner(config=c, user=SpawnUser(), _mock=True)
+        spawner.api_token = "user-server-token"
+        spawner.user_options = {"gpu_milli": 0}
+        try:
+            url = await asyncio.wait_for(spawner.start(), 180)
+        except TimeoutError:
+            events = await api["core"].list_namespaced_event(namespace)
+            said = [(e.involved_object.name, e.reason, e.message) for e in events.items]
+            raise AssertionError(f"the server did not start; events: {said}") from None
+        pod = await api["core"].read_namespaced_pod(spawner.pod_name, namespace)
+        assert pod.status.phase == "Running"
+        assert url.endswith(":8888") and pod.status.pod_ip in url
+
+        def answers():  # as the hub does: Running is not yet listening
+            try:
+                with urllib.request.urlopen(url + "/", timeout=5) as r:
+                    return r.status
+            except OSError:
+                return None
+
+        async def serving():
+            return await asyncio.to_thread(answers)
+
+        assert await wait_for("the server to answer", serving, timeout=60) == 200
+        await asyncio.wait_for(spawner.stop(), 180)
+
+        async def gone():
+            pods = await api["core"].list_namespaced_pod(
+                namespace, field_selector=f"metadata.name={spawner.pod_name}"
+            )
+            return not pods.items
+
+        await wait_for("the server's pod to be gone", gone, timeout=60)
