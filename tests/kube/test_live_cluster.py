@@ -766,15 +766,22 @@ async def test_kubespawner_starts_and_stops_a_server(
     monkeypatch.setenv("KUBECONFIG", live_kube.admin_kubeconfig)
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", live_kube.admin_kubeconfig)
     from kubespawner import KubeSpawner
-    from kubespawner.clients import load_config
+    from kubespawner import clients as kubespawner_clients
 
+    def forget_kubespawner_state():
+        # KubeSpawner keeps its API settings and clients per process and event loop
+        # (the suite's loop is one for the session): an earlier test's spawner, made
+        # for an offline cluster, left a client this one would reuse, and the next
+        # tests must not inherit this cluster's once it is gone.
+        kubespawner_clients.load_config.cache_clear()
+        kubespawner_clients._client_cache.clear()
+
+    forget_kubespawner_state()
     try:
         await spawn_and_stop(live_kube, api, namespace, image, tmp_path)
     finally:
-        # KubeSpawner keeps its pod watch and its API settings per process: later
-        # tests in this process must not inherit a watch of a cluster that is gone.
         await KubeSpawner._stop_all_reflectors()
-        load_config.cache_clear()
+        forget_kubespawner_state()
 
 
 async def spawn_and_stop(live_kube, api, namespace, image, tmp_path):
