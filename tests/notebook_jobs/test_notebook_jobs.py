@@ -82,6 +82,19 @@ def server(hub, user: str, token: str, method: str, path: str, **kw) -> requests
     )
 
 
+def notebook_job(notebook: str, name: str, **fields) -> dict:
+    """A Jupyter Scheduler job (or job definition) body: ``notebook`` on a quarter GPU
+    in gpulab's environment, its output notebook kept; ``fields`` add or replace."""
+    return {
+        "input_uri": notebook,
+        "runtime_environment_name": ENV,
+        "compute_type": "1/4 GPU",
+        "output_formats": ["ipynb"],
+        "name": name,
+        **fields,
+    }
+
+
 def start(hub, user: str, files: dict[str, str]) -> str:
     token = hub.create_user(user)
     for name, text in files.items():
@@ -124,21 +137,14 @@ def test_a_parameterized_notebook_job_runs_on_a_slice_as_its_user(hub):
     assert "1/4 GPU" in env["compute_types"] and "1 GPU" in env["compute_types"]
 
     name = f"sweep-{alice}"
-    r = server(
-        hub,
-        alice,
-        token,
-        "POST",
-        "jobs",
-        json={
-            "input_uri": "train.ipynb",
-            "runtime_environment_name": env["name"],
-            "compute_type": "1/4 GPU",
-            "parameters": {"epochs": "3", "label": "nightly"},
-            "output_formats": ["ipynb", "html"],
-            "name": name,
-        },
+    body = notebook_job(
+        "train.ipynb",
+        name,
+        runtime_environment_name=env["name"],
+        parameters={"epochs": "3", "label": "nightly"},
+        output_formats=["ipynb", "html"],
     )
+    r = server(hub, alice, token, "POST", "jobs", json=body)
     assert r.status_code == 200, r.text
     job = finished(hub, alice, token, r.json()["job_id"])
     assert job["status"] == "COMPLETED", job
@@ -170,19 +176,9 @@ def test_a_parameterized_notebook_job_runs_on_a_slice_as_its_user(hub):
 def test_a_failed_cell_is_in_the_output_notebook_and_the_status_message(hub):
     alice = fresh_user("alice")
     token = start(hub, alice, {"broken.ipynb": BROKEN})
-    r = server(
-        hub,
-        alice,
-        token,
-        "POST",
-        "jobs",
-        json={
-            "input_uri": "broken.ipynb",
-            "runtime_environment_name": ENV,
-            "output_formats": ["ipynb"],
-            "name": "broken",
-        },
-    )
+    body = notebook_job("broken.ipynb", "broken")
+    del body["compute_type"]  # the server's own slice
+    r = server(hub, alice, token, "POST", "jobs", json=body)
     assert r.status_code == 200, r.text
     job = finished(hub, alice, token, r.json()["job_id"])
     assert job["status"] == "FAILED"
@@ -197,20 +193,7 @@ def test_bob_can_neither_see_nor_stop_alices_notebook_job(hub):
     token = start(hub, alice, {"long.ipynb": LONG})
     bob_token = hub.create_user(bob)
     name = f"private-{alice}"
-    r = server(
-        hub,
-        alice,
-        token,
-        "POST",
-        "jobs",
-        json={
-            "input_uri": "long.ipynb",
-            "runtime_environment_name": ENV,
-            "compute_type": "1/4 GPU",
-            "output_formats": ["ipynb"],
-            "name": name,
-        },
-    )
+    r = server(hub, alice, token, "POST", "jobs", json=notebook_job("long.ipynb", name))
     job_id = r.json()["job_id"]
     (gj,) = [j for j in hub.gpulab("GET", "/jobs", token).json() if j["name"] == name]
 
@@ -246,23 +229,14 @@ def test_a_scheduled_job_definition_runs_while_the_server_is_stopped(hub):
     token = start(hub, alice, {"train.ipynb": TRAIN})
     bob_token = hub.create_user(bob)
     name = f"nightly-{alice}"
-    r = server(
-        hub,
-        alice,
-        token,
-        "POST",
-        "job_definitions",
-        json={
-            "input_uri": "train.ipynb",
-            "runtime_environment_name": ENV,
-            "compute_type": "1/4 GPU",
-            "parameters": {"label": "scheduled"},
-            "output_formats": ["ipynb"],
-            "name": name,
-            "schedule": "0 3 * * *",
-            "timezone": "UTC",
-        },
+    body = notebook_job(
+        "train.ipynb",
+        name,
+        parameters={"label": "scheduled"},
+        schedule="0 3 * * *",
+        timezone="UTC",
     )
+    r = server(hub, alice, token, "POST", "job_definitions", json=body)
     assert r.status_code == 200, r.text
     definition_id = r.json()["job_definition_id"]
     (sched,) = [s for s in hub.gpulab("GET", "/schedules", token).json() if s["name"] == name]
@@ -330,14 +304,7 @@ def test_the_labs_notebook_jobs_panel_lists_a_job_that_ran_on_a_slice(hub, brows
     token = lab_pages.lab_user(hub, user, password)
     hub.write_home_file(user, "train.ipynb", TRAIN)
     name = f"panel-{user}"
-    body = {
-        "input_uri": "train.ipynb",
-        "runtime_environment_name": ENV,
-        "compute_type": "1/4 GPU",
-        "parameters": {"label": "from-the-panel"},
-        "output_formats": ["ipynb"],
-        "name": name,
-    }
+    body = notebook_job("train.ipynb", name, parameters={"label": "from-the-panel"})
     r = server(hub, user, token, "POST", "jobs", json=body)
     assert finished(hub, user, token, r.json()["job_id"])["status"] == "COMPLETED"
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -32,6 +33,8 @@ from tornado.netutil import bind_sockets
 from traitlets.config import Config
 
 from support.loop_dump import dump_loop_state
+
+log = logging.getLogger("tests.support.service")
 
 SERVICE_NAME = "gpulab"
 PREFIX = "/services/gpulab/"
@@ -138,9 +141,26 @@ class FakeHubAPI:
 
 def _listen(app, **kw) -> tuple[HTTPServer, int]:
     [sock] = bind_sockets(0, "127.0.0.1")
+    forget_stale_registration(sock.fileno())
     server = HTTPServer(app, **kw)
     server.add_sockets([sock])
     return server, sock.getsockname()[1]
+
+
+def forget_stale_registration(fd: int) -> None:
+    """A new socket's number may still be registered with the session's event loop by
+    an earlier test's socket that was closed without being removed from it. asyncio
+    would then only swap the callback, never asking the kernel to watch the new socket
+    (``selectors`` ``modify`` with the same events): the server would never accept,
+    and its callers would wait until they time out (seen on CI). Whatever is
+    registered under a number just made is stale: it goes, and the log names it."""
+    loop = asyncio.get_running_loop()
+    key = loop._selector.get_map().get(fd)  # noqa: SLF001 - asyncio keeps no public view
+    if key is None:
+        return
+    log.warning("fd %d was still registered with the event loop by %r; removed", fd, key.data)
+    loop.remove_reader(fd)
+    loop.remove_writer(fd)
 
 
 class InProcessService:
