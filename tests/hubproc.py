@@ -178,12 +178,18 @@ class RunningHub:
         return self.log_path.read_bytes()[-n:].decode(errors="replace")
 
     def service_pid(self) -> int | None:
+        """The gpulab service's process: ``python -m gpulab.service``, named exactly (not
+        the MLflow service, ``gpulab.service.experiments``, nor the standby router,
+        ``gpulab.service endpoint-standby``)."""
         for p in psutil.Process(self.proc.pid).children(recursive=True):
             try:
-                if "gpulab.service" in " ".join(p.cmdline()):
-                    return p.pid
+                argv = p.cmdline()
             except psutil.NoSuchProcess:
-                pass
+                continue
+            for i in range(len(argv) - 1):
+                named = argv[i : i + 2] == ["-m", "gpulab.service"]
+                if named and argv[i + 2 : i + 3] != ["endpoint-standby"]:
+                    return p.pid
         return None
 
     def wait_service_restarted(self, old_pid: int, timeout: float = 180) -> None:
