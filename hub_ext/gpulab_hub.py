@@ -99,17 +99,12 @@ def add_gpulab_to_hub(
     ``agent_service_name`` and ``agent_token``: node agents that push telemetry as a
     service of their own (no URL: the hub's API only; the chart's DaemonSet).
     """
-    service = {
-        "name": service_name,
-        "url": service_url,
-        "api_token": service_token,
-        "display": True,
-        "oauth_no_confirm": True,
-    }
-    if service_command:
-        service["command"] = list(service_command)
-        service["environment"] = dict(service_environment or {})
-    add_service(c, service)
+    add_service(
+        c,
+        managed_service(
+            service_name, service_url, service_token, service_command, service_environment
+        ),
+    )
     if agent_service_name:
         add_service(c, {"name": agent_service_name, "api_token": agent_token})
 
@@ -134,6 +129,22 @@ def add_gpulab_to_hub(
     configure_audit(c, api_url, service_token, service_name)
 
 
+def managed_service(name, url, token, command=None, environment=None) -> dict:
+    """A hub service users log in to (OAuth without a confirmation page), started by
+    the hub when ``command`` is given (the chart runs it as a Deployment instead)."""
+    service = {
+        "name": name,
+        "url": url,
+        "api_token": token,
+        "display": True,
+        "oauth_no_confirm": True,
+    }
+    if command:
+        service["command"] = list(command)
+        service["environment"] = dict(environment or {})
+    return service
+
+
 #: The hub's name of the MLflow service (``<hub>/services/mlflow``).
 MLFLOW_SERVICE_NAME = "mlflow"
 
@@ -154,17 +165,12 @@ def add_mlflow_to_hub(
     to record jobs' runs in their users' names. Call after :func:`add_gpulab_to_hub`.
     """
     access = service_access(MLFLOW_SERVICE_NAME)
-    service = {
-        "name": MLFLOW_SERVICE_NAME,
-        "url": service_url,
-        "api_token": service_token,
-        "display": True,
-        "oauth_no_confirm": True,
-    }
-    if service_command:
-        service["command"] = list(service_command)
-        service["environment"] = dict(service_environment or {})
-    add_service(c, service)
+    add_service(
+        c,
+        managed_service(
+            MLFLOW_SERVICE_NAME, service_url, service_token, service_command, service_environment
+        ),
+    )
     add_role(
         c, {"name": "gpulab-mlflow", "services": [MLFLOW_SERVICE_NAME], "scopes": ["read:users"]}
     )
