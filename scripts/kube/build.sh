@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the live-cluster suite's Kubernetes binaries from the Go module proxy,
-# once: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet (v1.34.4,
+# once: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy (v1.34.4,
 # version-stamped so helm's kubeVersion checks pass), etcd and helm. Everything
 # (binaries, Go module cache, Go build cache) lives under one cache folder keyed by
 # the versions, so a second run (or a fresh clone on the same machine) does nothing.
@@ -36,7 +36,7 @@ LDFLAGS="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION \
  -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
 
 kube_missing=""
-for c in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+for c in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
   [ -x "$BIN/$c" ] || kube_missing="$kube_missing $c"
 done
 if [ -n "$kube_missing" ]; then
@@ -60,6 +60,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
     # k8s.io/kubernetes replaces its staging modules with ./staging/src paths; a
@@ -69,6 +70,10 @@ GO
     for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*#\1#p' "$modfile"); do
       echo "replace $m => $m $staging" >> go.mod
     done
+    go mod tidy
+  elif ! grep -q cmd/kube-proxy tools.go; then
+    # A module from before kube-proxy (Services' cluster IPs) was built: add its packages.
+    sed -i 's#^\t_ "k8s.io/kubernetes/cmd/kubelet"$#&\n\t_ "k8s.io/kubernetes/cmd/kube-proxy"#' tools.go
     go mod tidy
   fi
   for c in $kube_missing; do
