@@ -140,6 +140,9 @@ class LiveCluster:
         self._import_images()
         self._spawn("kubelet", self._kubelet_argv())
         self._wait("the node to be Ready", self._node_ready, deadline, "kubelet")
+        # Services' cluster IPs (the endpoint Services, z2jh's hub and proxy-api): rules in
+        # the node's namespace, which the host reaches through the route to the service range.
+        self._spawn("kube-proxy", self._kube_proxy_argv())
         self._wait(
             "the default ServiceAccount",
             lambda: self.get("/api/v1/namespaces/default/serviceaccounts/default", missing=None),
@@ -181,6 +184,7 @@ class LiveCluster:
             ("scheduler", "system:kube-scheduler", ()),
             ("kubelet", f"system:node:{self.node_name}", ("system:nodes",)),
             ("coredns", "gpulab-test:coredns", ()),
+            ("kube-proxy", "system:kube-proxy", ()),  # bound to system:node-proxier
         ]:
             pair = pki.client(name, user, groups)
             kc[name] = pki.kubeconfig(self.base / f"{name}.kubeconfig", self.server, pair, name)
@@ -310,6 +314,26 @@ class LiveCluster:
             f"--authorization-kubeconfig={kc}",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
+            "--v=1",
+        ]
+
+    def _kube_proxy_argv(self) -> list[str]:
+        return [
+            str(self.bins / "kube-proxy"),
+            f"--kubeconfig={self.kubeconfigs['kube-proxy']}",
+            f"--hostname-override={self.node_name}",
+            "--proxy-mode=iptables",
+            f"--cluster-cidr={self.net.pod_cidr}",
+            # A pod calling a Service whose replica sits on the same bridge gets the
+            # answer back through the node (no br_netfilter here), and so does the host.
+            "--masquerade-all",
+            f"--nodeport-addresses={self.net.node_ip}/32",
+            # Host-wide conntrack settings are left alone.
+            "--conntrack-max-per-core=0",
+            "--conntrack-tcp-timeout-established=0",
+            "--conntrack-tcp-timeout-close-wait=0",
+            "--healthz-bind-address=127.0.0.1:10256",
+            "--metrics-bind-address=127.0.0.1:10249",
             "--v=1",
         ]
 

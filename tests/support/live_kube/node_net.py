@@ -6,7 +6,8 @@ Slot ``n`` (0-15, one per cluster running on the machine at once) owns:
 - the link ``172.31.250.4n/30``: the host's end ``.4n+1``, the node's ``.4n+2``
   (the node's address: the API server, the kubelet, cluster DNS);
 - pods ``10.251.n.0/24`` (a bridge inside the namespace; the host routes it to the node);
-- services ``10.252.n.0/24`` (virtual: the API server allocates them).
+- services ``10.252.n.0/24`` (the API server allocates them; kube-proxy's rules in the
+  namespace answer them, and the host routes the range to the node too).
 
 The namespace has no default route: nothing in it can address anything beyond this
 machine's veth.
@@ -74,6 +75,8 @@ class NodeNet:
         sh(*inside, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
         sh(*inside, "sysctl", "-q", "-w", "net.bridge.bridge-nf-call-iptables=0", check=False)
         sh("ip", "route", "add", self.pod_cidr, "via", self.node_ip)
+        # Services' cluster IPs too: kube-proxy's rules in the namespace answer them.
+        sh("ip", "route", "add", self.service_cidr, "via", self.node_ip)
 
     def exec(self) -> list[str]:
         """The prefix that runs a command inside the node's network namespace, and only
@@ -85,6 +88,7 @@ class NodeNet:
     def remove(self) -> None:
         """The namespace (its end of the veth with it), the host's route; no error if gone."""
         sh("ip", "route", "del", self.pod_cidr, check=False)
+        sh("ip", "route", "del", self.service_cidr, check=False)
         sh("ip", "link", "del", self.host_veth, check=False)
         if self.exists():
             sh("ip", "netns", "del", self.netns, check=False)
