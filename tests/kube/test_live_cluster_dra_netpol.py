@@ -1,0 +1,513 @@
+"""On the suite's live cluster: DRA claims allocated by the real kube-scheduler, and
+gpulab's NetworkPolicies enforced by a real policy plugin.
+
+**DRA.** gpulab's Kubernetes backend, under the ``dra`` enforcement backend, sends a
+job's ResourceClaimTemplate (or a card's shared ResourceClaim) and its Indexed Job,
+as the service does; the cluster's resourceclaim controller makes each pod's claim
+and kube-scheduler v1.34.4 allocates it against the ResourceSlice a stand-in driver
+publishes for the node (``support/live_kube/dra_driver.py``: two simulated H100
+cards, MIG devices on the second, the attributes NVIDIA's driver publishes). No
+kubelet plugin runs, so those pods' containers never start (the kubelet says the
+driver is not registered): the tests assert what the scheduler decides, which is
+what the claims are for: which device each claim gets, that the pod is bound to
+the node, that one card is not given twice, that pods sharing a card share one
+claim.
+
+**NetworkPolicies.** kube-router's firewall (``support/live_kube/firewall.py``) runs
+on the node and enforces the policies the backend sends with a job and an
+endpoint: a pod of another user reaches neither a job's rendezvous port nor an
+endpoint's replica; the job's own pods and the router's pods do.
+
+Only on the suite's own cluster (a site's has its own driver, GPUs and plugin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+
+import pytest
+from kube_helpers import endpoint_unit
+from test_live_cluster import api, image, namespace, wait_for  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.slow
+
+RESOURCE = ("resource.k8s.io", "v1")
+JOBS_PVC = "gpulab-jobs"
+MODELS_PVC = "gpulab-models"
+
+
+@pytest.fixture(scope="module")
+def driver(live_kube):
+    if not live_kube.local:
+        pytest.skip("the stand-in DRA driver publishes only on the suite's own cluster")
+    from support.live_kube.dra_driver import StandInDriver
+
+    d = StandInDriver(live_kube).publish()
+    yield d
+    d.remove()
+
+
+@pytest.fixture(scope="module")
+async def jobs_volume(api, namespace, tmp_path_factory):  # noqa: F811
+    """The jobs and models claims the backend's pods mount, each bound to a local
+    volume (no provisioner runs here); the jobs folder."""
+    folders = {}
+    for claim in (JOBS_PVC, MODELS_PVC):
+        path = folders[claim] = tmp_path_factory.mktemp(claim)
+        path.chmod(0o777)
+        await api["core"].create_persistent_volume(
+            {
+                "metadata": {"name": f"{namespace}-{claim}", "labels": {"gpulab.io/test": "true"}},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteMany"],
+                    "hostPath": {"path": str(path), "type": "Directory"},
+                    "claimRef": {"namespace": namespace, "name": claim},
+                },
+            }
+        )
+        await api["core"].create_namespaced_persistent_volume_claim(
+            namespace,
+            {
+                "metadata": {"name": claim},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                    "storageClassName": "",
+                },
+            },
+        )
+    yield str(folders[JOBS_PVC])
+    for claim in (JOBS_PVC, MODELS_PVC):
+        await api["core"].delete_persistent_volume(f"{namespace}-{claim}")
+
+
+@pytest.fixture(scope="module")
+async def inventory(driver, live_kube):
+    """The GPUs as gpulab's inventory reads them: the driver's slices, from the real API."""
+    from gpulab.backend.kubernetes.dra_inventory import (
+        fetch_resource_slices,
+        mig_devices,
+        parse_resource_slices,
+    )
+
+    slices, _ = await fetch_resource_slices(live_kube.admin_kubeconfig)
+    gpus, problem = parse_resource_slices(slices)
+    return gpus, problem, mig_devices(slices)
+
+
+async def test_the_inventory_reads_the_drivers_slices(driver, inventory):
+    gpus, problem, migs = inventory
+    assert problem is None
+    assert [(g.uuid, g.node, g.memory_mib) for g in gpus] == [
+        (g.uuid, driver.node, 81559) for g in driver.gpus
+    ]
+    assert migs == {driver.gpus[1].uuid: ["1g.10gb", "2g.20gb"]}
+
+
+def dra_backend(live_kube, namespace, jobs_root, gpus, sharing: str):  # noqa: F811
+    """gpulab's job backend as the service runs it under ``dra`` (admin credentials: the
+    chart grants its ServiceAccount DRA rights only when installed with dra)."""
+    from gpulab.backend.kubernetes.backend import KubernetesBackend
+
+    return KubernetesBackend(
+        jobs_root,
+        namespace=namespace,
+        jobs_pvc=JOBS_PVC,
+        kubeconfig=live_kube.admin_kubeconfig,
+        enforcement="dra",
+        enforcement_options={"sharing": sharing},
+        gpus=gpus,
+    )
+
+
+def job_spec(image: str, nodes: int, gpu_milli: int):
+    from gpulab.backend.spec import JobSpec
+
+    spec = JobSpec(
+        code="# never runs: no kubelet plugin prepares the devices",
+        nodes=nodes,
+        gpu_milli=gpu_milli,
+        image=image,
+        id=secrets.token_hex(4),
+        user="tester",
+        max_restarts=0,
+        backend="kubernetes",
+    )
+    spec.validate()
+    return spec
+
+
+def selector_of(which) -> str:
+    """A job's pods (its spec) or any pods (a label selector)."""
+    return which if isinstance(which, str) else f"gpulab.io/job-id={which.id}"
+
+
+async def pods_of(api, namespace, which) -> list:  # noqa: F811
+    found = await api["core"].list_namespaced_pod(namespace, label_selector=selector_of(which))
+    return found.items
+
+
+def index_of(pod) -> str:
+    return pod.metadata.annotations["batch.kubernetes.io/job-completion-index"]
+
+
+async def claim(api, namespace, name: str) -> dict:  # noqa: F811
+    from kubernetes_asyncio import client
+
+    return await client.CustomObjectsApi(api["client"]).get_namespaced_custom_object(
+        *RESOURCE, namespace, "resourceclaims", name
+    )
+
+
+async def scheduled(api, namespace, which, count: int) -> list[tuple]:  # noqa: F811
+    """Once ``count`` pods of ``which`` are bound: ``[(pod, its claim)]``, by name."""
+
+    async def bound():
+        pods = await pods_of(api, namespace, which)
+        for p in pods:
+            unschedulable = [
+                c.message
+                for c in p.status.conditions or []
+                if c.type == "PodScheduled" and c.reason == "Unschedulable"
+            ]
+            assert not unschedulable, unschedulable
+        if len(pods) < count or not all(p.spec.node_name for p in pods):
+            return None
+        return sorted(pods, key=lambda p: p.metadata.name)
+
+    pods = await wait_for(f"{count} pods of {selector_of(which)} to be bound", bound, timeout=120)
+    out = []
+    for p in pods:
+        # A template's claim is the pod's own, named by the resourceclaim controller
+        # in the pod's status; a shared card's claim is named in the pod's spec.
+        [source] = p.spec.resource_claims
+        name = source.resource_claim_name
+        if name is None:
+            [status] = p.status.resource_claim_statuses
+            name = status.resource_claim_name
+        out.append((p, await claim(api, namespace, name)))
+    return out
+
+
+def allocated(c: dict) -> list[tuple[str, str, str]]:
+    results = c["status"]["allocation"]["devices"]["results"]
+    return [(r["driver"], r["pool"], r["device"]) for r in results]
+
+
+async def claims_gone(api, namespace, which):  # noqa: F811
+    """Once ``which``'s pods are gone, and the claims made for them."""
+    from kubernetes_asyncio import client
+
+    custom = client.CustomObjectsApi(api["client"])
+
+    async def gone():
+        if await pods_of(api, namespace, which):
+            return False
+        claims = await custom.list_namespaced_custom_object(*RESOURCE, namespace, "resourceclaims")
+        return not [c for c in claims["items"] if c["metadata"].get("ownerReferences")]
+
+    what = f"the pods of {selector_of(which)} and their claims to be gone"
+    await wait_for(what, gone, timeout=120)
+
+
+async def test_whole_cards_are_allocated_once_each(
+    live_kube,
+    api,
+    namespace,
+    driver,
+    jobs_volume,
+    inventory,
+    image,  # noqa: F811
+):
+    """A two-node job of one card per node: each pod's claim (made from the job's
+    template) gets a card of its own, and a third pod finds none left."""
+    gpus, _, _ = inventory
+    backend = dra_backend(live_kube, namespace, jobs_volume, gpus, "mig")
+    two = job_spec(image, nodes=2, gpu_milli=1000)
+    rows = [{"gpu_uuid": g.uuid, "milli": 1000, "node": g.node} for g in gpus]
+    one = job_spec(image, nodes=1, gpu_milli=1000)
+    try:
+        await backend.start(two, rows)
+        placed = await scheduled(api, namespace, two, 2)
+        devices = sorted(d for _, c in placed for d in allocated(c))
+        assert devices == [
+            ("gpu.nvidia.com", driver.node, "gpu-0"),
+            ("gpu.nvidia.com", driver.node, "gpu-1"),
+        ]
+        for pod, c in placed:
+            assert pod.spec.node_name == driver.node
+            assert [r["name"] for r in c["status"]["reservedFor"]] == [pod.metadata.name]
+        # Both cards are held: the scheduler leaves a third whole-card pod pending.
+        await backend.start(one, rows[:1])
+
+        async def refused():
+            for p in await pods_of(api, namespace, one):
+                for cond in p.status.conditions or []:
+                    if cond.type == "PodScheduled" and cond.reason == "Unschedulable":
+                        return cond.message
+            return None
+
+        message = await wait_for("the third pod to be refused", refused, timeout=120)
+        assert "cannot allocate all claims" in message, message
+    finally:
+        for spec in (two, one):
+            await backend.cancel(spec, grace_s=0)
+        await backend.close()
+    await claims_gone(api, namespace, two)
+    await claims_gone(api, namespace, one)
+
+
+async def test_a_fraction_under_mig_gets_the_profile_that_holds_it(
+    live_kube,
+    api,
+    namespace,
+    driver,
+    jobs_volume,
+    inventory,
+    image,  # noqa: F811
+):
+    gpus, _, _ = inventory
+    backend = dra_backend(live_kube, namespace, jobs_volume, gpus, "mig")
+    spec = job_spec(image, nodes=1, gpu_milli=250)
+    try:
+        await backend.start(spec, [{"gpu_uuid": gpus[1].uuid, "milli": 250, "node": driver.node}])
+        [(pod, c)] = await scheduled(api, namespace, spec, 1)
+        # A quarter of an 80 GB H100 snaps up to 2g.20gb (not the 1g.10gb beside it).
+        assert allocated(c) == [("gpu.nvidia.com", driver.node, "gpu-1-mig-2g20gb-0")]
+        env = {e.name: e.value for e in pod.spec.containers[0].env if e.value}
+        assert env["GPULAB_MIG_PROFILE"] == "2g.20gb"
+    finally:
+        await backend.cancel(spec, grace_s=0)
+        await backend.close()
+    await claims_gone(api, namespace, spec)
+
+
+async def test_jobs_sharing_a_card_under_mps_share_its_one_claim(
+    live_kube,
+    api,
+    namespace,
+    driver,
+    jobs_volume,
+    inventory,
+    image,  # noqa: F811
+):
+    """Two jobs' quarters of one card: one ResourceClaim of that card, allocated once
+    (its UUID pinned), reserved for both jobs' pods."""
+    from gpulab.enforcement.kube.dra import shared_claim_name
+
+    gpus, _, _ = inventory
+    backend = dra_backend(live_kube, namespace, jobs_volume, gpus, "mps")
+    card = gpus[0]
+    specs = [job_spec(image, nodes=1, gpu_milli=250) for _ in range(2)]
+    try:
+        for spec in specs:
+            await backend.start(spec, [{"gpu_uuid": card.uuid, "milli": 250, "node": card.node}])
+        placed = [(await scheduled(api, namespace, spec, 1))[0] for spec in specs]
+        name = shared_claim_name(card.uuid)
+        assert {c["metadata"]["name"] for _, c in placed} == {name}
+        shared = await claim(api, namespace, name)
+        assert allocated(shared) == [("gpu.nvidia.com", driver.node, "gpu-0")]
+        reserved = {r["name"] for r in shared["status"]["reservedFor"]}
+        assert reserved == {pod.metadata.name for pod, _ in placed}
+        # The sharing the driver would apply, passed through to it untouched.
+        [config] = shared["status"]["allocation"]["devices"]["config"]
+        assert config["opaque"]["parameters"]["sharing"] == {"strategy": "MPS"}
+    finally:
+        for spec in specs:
+            await backend.cancel(spec, grace_s=0)
+        await backend.close()
+    for spec in specs:
+        await claims_gone(api, namespace, spec)
+
+
+async def test_an_endpoints_replicas_get_a_card_each(
+    live_kube,
+    api,
+    namespace,
+    driver,
+    jobs_volume,
+    inventory,
+    image,  # noqa: F811
+):
+    """An endpoint version of two whole-card replicas: the version's claim template
+    gives each replica a claim of its own, and each claim a card of its own."""
+    gpus, _, _ = inventory
+    serving = serving_of(live_kube, namespace, jobs_volume, enforcement="dra", gpus=gpus)
+    dep = endpoint_unit(id="d4a", replicas=2, gpu_milli=1000)
+    serving.prepare(dep["id"])
+    try:
+        await serving.launch(dep, [{"gpu_uuid": g.uuid, "node": g.node} for g in gpus])
+        selector = f"gpulab.io/endpoint={serving.k8s_name(dep)}"
+        placed = await scheduled(api, namespace, selector, 2)
+        assert sorted(d for _, c in placed for d in allocated(c)) == [
+            ("gpu.nvidia.com", driver.node, "gpu-0"),
+            ("gpu.nvidia.com", driver.node, "gpu-1"),
+        ]
+    finally:
+        await serving.stop(dep, wait_s=0)
+        await serving.close()
+    await claims_gone(api, namespace, selector)
+
+
+def serving_of(live_kube, namespace, root, **settings):
+    """gpulab's serving backend as the service runs it (admin credentials here)."""
+    from gpulab.backend.kubernetes.serving import KubernetesServing
+
+    return KubernetesServing(
+        str(Path(root).parent / "deployments"),
+        namespace=namespace,
+        models_pvc=MODELS_PVC,
+        image=live_kube.image,
+        kubeconfig=live_kube.admin_kubeconfig,
+        **settings,
+    )
+
+
+# -- NetworkPolicies, enforced ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def firewall(live_kube):
+    if not live_kube.local:
+        pytest.skip("kube-router runs only on the suite's own cluster's node")
+    from support.live_kube.firewall import Firewall, missing
+
+    problem = missing()
+    if problem:
+        pytest.fail(f"NetworkPolicy enforcement cannot run: {problem}", pytrace=False)
+    return Firewall(live_kube).start()
+
+
+#: A pod a user's server would be (z2jh's labels for it), in the jobs' namespace.
+USERS_POD = {"component": "singleuser-server", "hub.jupyter.org/username": "mallory"}
+
+# Connects to host:port once (the target's firewall is in place before it runs), or
+# until it gets through (a permitted pod's own address reaches kube-router's sets a
+# moment after the pod starts).
+PROBE = """
+import socket, sys, time
+host, port, until = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+for _ in range(60 if until == "open" else 1):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        print("open", flush=True)
+        break
+    except OSError as e:
+        print("blocked:", e, flush=True)
+        if until == "open":
+            time.sleep(1)
+"""
+
+
+async def probe(api, namespace, image, name: str, labels: dict, ip: str, port: int, until=""):  # noqa: F811
+    """What a pod with ``labels`` gets when it connects to ``ip:port``: its last line."""
+    pod = {
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpulab-test", **labels}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", PROBE, ip, str(port), until],
+                }
+            ],
+        },
+    }
+    await api["core"].create_namespaced_pod(namespace, pod)
+    try:
+
+        async def finished():
+            p = await api["core"].read_namespaced_pod(name, namespace)
+            return p.status.phase in ("Succeeded", "Failed") and p.status.phase
+
+        assert await wait_for(f"probe {name} to finish", finished, timeout=120) == "Succeeded"
+        log = await api["core"].read_namespaced_pod_log(name, namespace)
+        return log.strip().splitlines()[-1]
+    finally:
+        await api["core"].delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+
+# Index 0 accepts connections for as long as it runs and prints each peer's rank;
+# index 1 connects to it by the rendezvous name (the job's Service) and exits.
+LISTENER = """
+import os, socket, sys, time
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+host, port = args["rdzv-endpoint"].rsplit(":", 1)
+if args["rdzv-conf"].split(",")[0] == "is_host=1":
+    server = socket.create_server(("", int(port)))
+    print("listening", flush=True)
+    while True:
+        conn, _ = server.accept()
+        print("peer", conn.recv(64).decode() or "(said nothing)", flush=True)
+        conn.close()
+for _ in range(120):
+    try:
+        socket.create_connection((host, int(port)), timeout=3).sendall(b"1")
+        print("connected", flush=True)
+        break
+    except OSError:
+        time.sleep(1)
+else:
+    sys.exit("cannot reach " + host)
+"""
+
+
+async def test_a_jobs_pods_take_connections_only_from_each_other(
+    live_kube,
+    api,
+    namespace,
+    firewall,
+    jobs_volume,
+    image,  # noqa: F811
+):
+    from test_live_cluster import stand_in
+
+    from gpulab.backend.kubernetes.backend import KubernetesBackend
+
+    def listener(template):
+        template = stand_in()(template)
+        template["spec"]["containers"][0]["args"][2] = LISTENER
+        return template
+
+    backend = KubernetesBackend(
+        jobs_volume,
+        namespace=namespace,
+        jobs_pvc=JOBS_PVC,
+        kubeconfig=live_kube.admin_kubeconfig,
+        pod_patch_for=lambda spec, allocations: listener,
+    )
+    spec = job_spec(image, nodes=2, gpu_milli=0)
+    try:
+        await backend.start(spec, [])
+        pods = {}
+
+        async def index_1_connected():
+            pods.update({index_of(p): p for p in await pods_of(api, namespace, spec)})
+            assert pods.get("1") is None or pods["1"].status.phase != "Failed"
+            return pods.get("1") and pods["1"].status.phase == "Succeeded"
+
+        await wait_for("the job's index 1 to reach index 0", index_1_connected, timeout=180)
+        host = pods["0"]
+        port = int(host.spec.containers[0].ports[0].container_port)
+        await wait_for(
+            "kube-router to guard index 0",
+            lambda: asyncio.to_thread(firewall.guards, namespace, host.metadata.name),
+        )
+        said = await probe(api, namespace, image, "intruder", USERS_POD, host.status.pod_ip, port)
+        assert said.startswith("blocked"), said
+        # At the same moment a pod of the job (its label) gets through: index 0 listens.
+        own = {"gpulab.io/job-id": spec.id}
+        said = await probe(api, namespace, image, "own", own, host.status.pod_ip, port, "open")
+        assert said == "open", said
+        log = await api["core"].read_namespaced_pod_log(host.metadata.name, namespace)
+        peers = [line for line in log.splitlines() if line.startswith("peer")]
+        assert peers == ["peer 1", "peer (said nothing)"], log  # index 1, own; no intruder
+    finally:
+        await backend.cancel(spec, grace_s=0)
+        await backend.close()
