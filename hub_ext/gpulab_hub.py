@@ -34,7 +34,7 @@ def gpulab_service_scopes(service_name: str) -> list[str]:
         "read:users",
         # which servers run: the reconciler and the ledger guard release dead ones' slices
         "read:servers",
-        # stops servers: GPU-idle culling (c.GpuLabService.gpu_idle_cull_seconds) and
+        # stops servers: GPU-idle culling (c.Thresholds.gpu_idle_cull_seconds) and
         # an admin's forced release of a running server's slice (ledger guard)
         "delete:servers",
         # hibernation asks a server's kernels to save themselves (service/hibernation/)

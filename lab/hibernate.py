@@ -39,10 +39,10 @@ from .handlers import GpuLabHandler
 
 #: A hibernation's id as the service makes them (``h-`` and hex).
 ID = re.compile(r"h-[0-9a-f]{6,32}")
-#: What to do about state over the cap (c.GpuLabService.hibernate_max_bytes).
+#: What to do about state over the cap (c.Hibernation.hibernate_max_bytes).
 TOO_LARGE_FIX = (
     "delete large variables you can make again (del x), or ask an admin to raise "
-    "c.GpuLabService.hibernate_max_bytes"
+    "c.Hibernation.hibernate_max_bytes"
 )
 #: Hibernations kept per user besides the cap on bytes.
 KEEP = 10

@@ -41,7 +41,6 @@ from traitlets import (
     TraitError,
     Unicode,
     default,
-    validate,
 )
 from traitlets.config import Application, PyFileConfigLoader
 
@@ -86,20 +85,22 @@ from gpulab.service.endpoints.manager import DeploymentManager
 from gpulab.service.experiments.settings import ExperimentSettings
 from gpulab.service.hibernation.manager import Hibernations
 from gpulab.service.hibernation.servers import ServerCalls
+from gpulab.service.hibernation.settings import Hibernation
 from gpulab.service.hubapi import HubAPI
 from gpulab.service.jobs.backends import refuse_local_user_code
 from gpulab.service.jobs.manager import JobManager
 from gpulab.service.jobs.pools import Pools, load_gpus, read_pools
 from gpulab.service.jobs.preemption import Preemption
 from gpulab.service.jobs.schedules import ScheduledJobs
+from gpulab.service.moved_settings import carry_moved, moved_map
 from gpulab.service.operations.actions import AlertActions
+from gpulab.service.operations.alerting import Alerting
 from gpulab.service.operations.alerts import AlertEngine
 from gpulab.service.operations.audit import LOOPBACK, AuditLog
 from gpulab.service.operations.facts import FactsBuilder
 from gpulab.service.operations.lost_slices import LostSlices
 from gpulab.service.operations.metrics import OpsCollector
 from gpulab.service.operations.reconcile import Reconciler
-from gpulab.service.operations.rules import DEFAULTS as ALERT_DEFAULTS
 from gpulab.service.operations.rules import Thresholds
 from gpulab.service.operations.self_healing import CordonCollector, SelfHealing
 from gpulab.service.plugins import (
@@ -150,6 +151,12 @@ ROUTE_MODULES = (
 #: and leaves the work running too.
 LEAVE_WORK_SIGNAL = signal.SIGUSR1
 
+#: The parts' own settings classes, once settings of GpuLabService: built with
+#: ``parent=`` the service (the same config file); ``c.GpuLabService.<name>`` still
+#: sets each, with a warning that names the new place (moved_settings.py).
+SETTINGS_PARTS = (Thresholds, Alerting, Hibernation)
+MOVED_SETTINGS = moved_map(SETTINGS_PARTS)
+
 #: What one init step may raise that means "this configuration cannot work".
 CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
 
@@ -168,7 +175,16 @@ class GpuLabService(
         KubernetesInventory,
         UserAccounts,
         AccountLimits,
+        *SETTINGS_PARTS,
     ]
+
+    def _load_config(self, cfg, section_names=None, traits=None):
+        """Carry settings that moved to a part (``c.GpuLabService.job_stall_seconds``
+        -> ``c.Thresholds``) to their new place first, in the config itself, so the
+        part built with ``parent=self`` reads them and this class does not warn of
+        an unknown name."""
+        carry_moved(cfg, MOVED_SETTINGS)
+        super()._load_config(cfg, section_names=section_names, traits=traits)
 
     data_dir = Unicode(
         help="""Where the service keeps its database. Set by `gpulab up --data-dir`.
@@ -520,35 +536,6 @@ class GpuLabService(
         """,
     ).tag(config=True)
 
-    # -- ranges, checked as each setting is set ---------------------------------------
-    @validate(
-        "job_stall_seconds",
-        "alert_interval_seconds",
-        "alert_slice_idle_seconds",
-        "alert_endpoint_p99_ms",
-        "hibernate_max_bytes",
-    )
-    def _positive(self, proposal):
-        if proposal.value <= 0:
-            raise TraitError(
-                f"c.GpuLabService.{proposal.trait.name} must be positive, got {proposal.value}"
-            )
-        return proposal.value
-
-    @validate(
-        "hibernate_idle_seconds",
-        "hibernate_for_others_seconds",
-        "job_stall_restarts",
-        "gpu_idle_cull_seconds",
-    )
-    def _zero_or_more(self, proposal):
-        if proposal.value < 0:
-            raise TraitError(
-                f"c.GpuLabService.{proposal.trait.name} must be 0 (off) or more, "
-                f"got {proposal.value}"
-            )
-        return proposal.value
-
     @default("user_cpu_quota")
     def _user_cpu_quota(self):
         return host_user_quota(os.cpu_count() or 1, host_memory())[0]
@@ -640,152 +627,6 @@ class GpuLabService(
         """,
     ).tag(config=True)
 
-    job_stall_seconds = Float(
-        ALERT_DEFAULTS.job_stall_seconds,
-        help="""Seconds a running job may go without a report() from its rank 0 (or,
-        before its first, since it started) before the JobStalled alert fires for its
-        owner (GET /api/v1/alerts).
-
-        c.GpuLabService.job_stall_seconds = 1800
-        """,
-    ).tag(config=True)
-
-    alert_interval_seconds = Float(
-        15.0,
-        help="""Seconds between two evaluations of the alert rules by the service
-        (docs/howto/alerts.md).
-
-        c.GpuLabService.alert_interval_seconds = 30
-        """,
-    ).tag(config=True)
-
-    alert_webhook_url = Unicode(
-        "",
-        help="""Where to POST each alert that fires or resolves, as Alertmanager's webhook
-        JSON (version 4); empty: nowhere. Retried with backoff; the URL is never logged
-        beyond its host, so it may carry a token.
-
-        c.GpuLabService.alert_webhook_url = "https://hooks.example.org/gpulab?token=..."
-        """,
-    ).tag(config=True)
-
-    alert_gpu_temperature_celsius = Float(
-        ALERT_DEFAULTS.alert_gpu_temperature_celsius,
-        help="""GpuTemperatureHigh fires when a GPU stays at or above this many °C for 5 min.
-
-        c.GpuLabService.alert_gpu_temperature_celsius = 80
-        """,
-    ).tag(config=True)
-
-    alert_endpoint_error_ratio = Float(
-        ALERT_DEFAULTS.alert_endpoint_error_ratio,
-        help="""EndpointErrorRateHigh fires when more than this share (0-1) of an endpoint
-        version's calls fail (5xx, or no replica answered) over a minute, for 2 min.
-
-        c.GpuLabService.alert_endpoint_error_ratio = 0.01
-        """,
-    ).tag(config=True)
-
-    alert_endpoint_p99_ms = Float(
-        ALERT_DEFAULTS.alert_endpoint_p99_ms,
-        help="""EndpointLatencyHigh fires when an endpoint version's p99 latency over a
-        minute stays above this many milliseconds for 5 min.
-
-        c.GpuLabService.alert_endpoint_p99_ms = 500
-        """,
-    ).tag(config=True)
-
-    alert_slice_idle_seconds = Float(
-        ALERT_DEFAULTS.alert_slice_idle_seconds,
-        help="""SliceIdle fires (for the holder) when a slice's GPU stays below 1%
-        utilisation for this many seconds (real GPUs only: simulated ones report none).
-
-        c.GpuLabService.alert_slice_idle_seconds = 7200
-        """,
-    ).tag(config=True)
-
-    alert_quota_used_ratio = Float(
-        ALERT_DEFAULTS.alert_quota_used_ratio,
-        help="""QuotaNearlyUsed fires (for the user) when their allocations hold at least
-        this share (0-1) of their milli-GPU quota for 5 min.
-
-        c.GpuLabService.alert_quota_used_ratio = 0.8
-        """,
-    ).tag(config=True)
-
-    alert_disk_used_ratio = Float(
-        ALERT_DEFAULTS.alert_disk_used_ratio,
-        help="""DiskNearlyFull fires when the disk of the data dir or of the dataset cache
-        ($GPULAB_CACHE_DIR) is at least this share (0-1) full for 5 min.
-
-        c.GpuLabService.alert_disk_used_ratio = 0.95
-        """,
-    ).tag(config=True)
-
-    job_stall_restarts = Int(
-        0,
-        help="""How often a stalled job (JobStalled: no report() for job_stall_seconds) is
-        restarted from its latest checkpoint before it is left to its owner. 0: never.
-
-        c.GpuLabService.job_stall_restarts = 2
-        """,
-    ).tag(config=True)
-
-    gpu_idle_cull_seconds = Float(
-        0.0,
-        help="""Stop a server this many seconds after SliceIdle warned its owner that its
-        GPU slice sits idle (alert_slice_idle_seconds below 1% utilisation), unless the
-        GPU got busy meanwhile. 0: never (the warning only). Needs real GPUs.
-
-        c.GpuLabService.gpu_idle_cull_seconds = 1800
-        """,
-    ).tag(config=True)
-
-    hibernate_idle_seconds = Float(
-        0.0,
-        help="""Hibernate a server holding a GPU slice once no kernel of it has been busy
-        (and, on a real GPU, its GPU has done no work) for this long: each kernel's
-        variables are saved to the user's own files, the server stops and its slice
-        goes back; starting it again brings the variables back. 0: never (users and
-        the scheduler still may).
-
-        c.GpuLabService.hibernate_idle_seconds = 3600
-        """,
-    ).tag(config=True)
-
-    hibernate_for_others_seconds = Float(
-        300.0,
-        help="""A server idle this long may be hibernated to make room for another user's
-        server or endpoint of its class or higher, before any running batch job is
-        stopped. 0: never.
-
-        c.GpuLabService.hibernate_for_others_seconds = 900
-        """,
-    ).tag(config=True)
-
-    hibernate_max_bytes = Int(
-        20 * 10**9,
-        help="""Most bytes of hibernated state kept per user (their files, under
-        ~/.gpulab/hibernate): a hibernation larger than this fails and the server
-        runs on; older hibernations are removed to stay under it.
-
-        c.GpuLabService.hibernate_max_bytes = 50 * 10**9
-        """,
-    ).tag(config=True)
-
-    servers_url = Unicode(
-        help="""Where the service reaches users' servers: the hub's proxy, as seen from
-        the service (hibernation asks a server's kernels to save themselves there).
-        Default: $GPULAB_SERVERS_URL. The chart sets http://proxy-public.
-
-        c.GpuLabService.servers_url = "http://127.0.0.1:8000"
-        """,
-    ).tag(config=True)
-
-    @default("servers_url")
-    def _default_servers_url(self):
-        return os.environ.get("GPULAB_SERVERS_URL", "")
-
     config_file = Unicode(
         help="Python config file to load. Default: <data-dir>/gpulab_config.py if it exists."
     ).tag(config=True)
@@ -826,6 +667,10 @@ class GpuLabService(
     accounts = Instance(UserAccounts)
     #: Their CPU, memory and device limits (c.AccountLimits settings).
     account_limits = Instance(AccountLimits)
+    #: The parts' settings (SETTINGS_PARTS), built first by init_settings.
+    thresholds = Instance(Thresholds, allow_none=True)
+    alerting = Instance(Alerting, allow_none=True)
+    hibernation = Instance(Hibernation, allow_none=True)
     service_name = Unicode()
     prefix = Unicode()
 
@@ -868,6 +713,7 @@ class GpuLabService(
                 raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from e
         for step in (
             self.init_logging,
+            self.init_settings,
             self.init_hub,
             self.init_db,
             self.init_ledger,
@@ -893,6 +739,13 @@ class GpuLabService(
         logging.basicConfig(
             level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s"
         )
+
+    def init_settings(self):
+        """The parts' settings, from the same config: a value out of range stops the
+        start here (one line, from the trait's @validate)."""
+        self.thresholds = Thresholds(parent=self)
+        self.alerting = Alerting(parent=self)
+        self.hibernation = Hibernation(parent=self)
 
     def init_hub(self):
         """The hub's API (``self.hub``, built from these variables), which the parts
@@ -1062,12 +915,12 @@ class GpuLabService(
             ledger=self.ledger,
             hub=self.hub,
             # Never the service's own token: each call into a server gets one of its own.
-            servers=ServerCalls(self.hub, self.servers_url),
+            servers=ServerCalls(self.hub, self.hibernation.servers_url),
             audit=self.audit,
             telemetry=self.telemetry,
-            idle_seconds=self.hibernate_idle_seconds,
-            for_others_seconds=self.hibernate_for_others_seconds,
-            max_bytes=self.hibernate_max_bytes,
+            idle_seconds=self.hibernation.hibernate_idle_seconds,
+            for_others_seconds=self.hibernation.hibernate_for_others_seconds,
+            max_bytes=self.hibernation.hibernate_max_bytes,
         )
         self.preemption.attach_servers(self.hibernations)
 
@@ -1084,11 +937,11 @@ class GpuLabService(
                 deployments=self.deployments,
                 data_dir=self.data_dir,
             ),
-            thresholds=Thresholds.from_service(self),
+            thresholds=self.thresholds,
             engine=self.engine,
             db_threads=self.db_threads,
-            interval=self.alert_interval_seconds,
-            webhook_url=self.alert_webhook_url,
+            interval=self.alerting.alert_interval_seconds,
+            webhook_url=self.alerting.alert_webhook_url,
             prefix=self.prefix,
         )
         self.alert_actions = AlertActions(
@@ -1096,9 +949,9 @@ class GpuLabService(
             healer=self.healer,
             hub=self.hub,
             audit=self.audit,
-            stall_restarts=self.job_stall_restarts,
-            cull_seconds=self.gpu_idle_cull_seconds,
-            alert_interval=self.alert_interval_seconds,
+            stall_restarts=self.alerting.job_stall_restarts,
+            cull_seconds=self.thresholds.gpu_idle_cull_seconds,
+            alert_interval=self.alerting.alert_interval_seconds,
         )
         self.metrics.registry.register(OpsCollector(self.alerts))
 

@@ -3,7 +3,7 @@ back; record what each kernel says when it wakes.
 
 Three things hibernate a server (:meth:`Hibernations.request`): its user (``%gpulab
 hibernate``, the lab panel, ``POST /hibernations``), the idle rule
-(``c.GpuLabService.hibernate_idle_seconds``: no kernel busy and, on a real GPU, no
+(``c.Hibernation.hibernate_idle_seconds``: no kernel busy and, on a real GPU, no
 GPU activity for that long; :meth:`Hibernations.loop`) and the scheduler, which
 hibernates an idle server before it stops any running batch job
 (:meth:`Hibernations.idle_servers`, used by :mod:`gpulab.service.jobs.preemption`).

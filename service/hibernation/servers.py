@@ -83,7 +83,7 @@ class ServerCalls:
         if not self.servers_url:
             raise ServerRefused(
                 "the service does not know where users' servers are: set "
-                "c.GpuLabService.servers_url (the hub's proxy, as the service reaches it)"
+                "c.Hibernation.servers_url (the hub's proxy, as the service reaches it)"
             )
         model = (await self.hub.user_servers(user)).get(server)
         if not model or not model.get("ready"):

@@ -1,12 +1,12 @@
 """Acting on alerts: restart stalled jobs, stop servers whose GPU idles. Both opt-in.
 
-* ``c.GpuLabService.job_stall_restarts`` = N (default 0: never). When JobStalled
+* ``c.Alerting.job_stall_restarts`` = N (default 0: never). When JobStalled
   fires for a job (no ``report()`` for ``job_stall_seconds``), the service stops its
   processes and requeues it; it resumes from its latest checkpoint
   (:meth:`gpulab.service.operations.self_healing.SelfHealing.restart_stalled`). At most N times per
   job, so a
   job that stalls for good is left for its owner to look at (the alert stays).
-* ``c.GpuLabService.gpu_idle_cull_seconds`` = S (default 0: never). SliceIdle firing
+* ``c.Thresholds.gpu_idle_cull_seconds`` = S (default 0: never). SliceIdle firing
   for a server is its owner's warning (dashboard, ``%gpulab``, the webhook; its
   message says when the server stops); S seconds after it fired, if the GPU is still
   idle, the service stops the server through the hub's API and its slice goes back.

@@ -1,7 +1,7 @@
 """The alert engine: the rules of :mod:`gpulab.service.operations.rules`, evaluated by the service
 itself.
 
-Every ``c.GpuLabService.alert_interval_seconds`` it takes a
+Every ``c.Alerting.alert_interval_seconds`` it takes a
 :class:`~gpulab.service.operations.rules.Facts` snapshot
 (:class:`~gpulab.service.operations.facts.FactsBuilder`) and
 runs every rule on it. A finding must hold for its rule's ``for`` before it
@@ -14,7 +14,7 @@ alerts are left as they are for that round.
 Others hear of each change through :meth:`AlertEngine.subscribe` (self-healing,
 for one): ``callback("fired" | "resolved" | "acknowledged", alert)``, where ``alert`` has the
 shape of ``GET /alerts``; a coroutine callback runs as a task of its own, and a
-callback that raises is logged. With ``c.GpuLabService.alert_webhook_url`` each
+callback that raises is logged. With ``c.Alerting.alert_webhook_url`` each
 change is also POSTed as Alertmanager's webhook JSON (:mod:`gpulab.service.operations.webhook`).
 Resolved rows older than :data:`KEEP_RESOLVED_DAYS` days are pruned.
 

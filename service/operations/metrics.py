@@ -63,7 +63,7 @@ class OpsCollector:
         )
         quota = GaugeMetricFamily(
             "gpulab_quota_users_near_limit",
-            "Users whose allocations hold at least c.GpuLabService.alert_quota_used_ratio "
+            "Users whose allocations hold at least c.Thresholds.alert_quota_used_ratio "
             "of their milli-GPU quota.",
         )
         disk = GaugeMetricFamily(

@@ -5,8 +5,8 @@ over the ``gpulab_*`` metrics (what the Helm chart's ``PrometheusRule`` carries)
 ``evaluate(facts)``, the same condition judged by the service itself on a
 :class:`Facts` snapshot (what :mod:`gpulab.service.operations.alerts` builds every round), so the
 embedded
-platform alerts without a Prometheus. Thresholds come from the service's settings
-(:class:`Thresholds`, ``c.GpuLabService.job_stall_seconds``...).
+platform alerts without a Prometheus. Thresholds are settings of their own
+(:class:`Thresholds`, ``c.Thresholds.job_stall_seconds``...).
 
 ``python -m gpulab.service.operations.rules`` prints the rules file of the chart
 (``helm/gpulab/files/alerts/prometheus-rules.yaml``) with the default thresholds.
@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+
+from traitlets import Float, TraitError, validate
+from traitlets.config import Configurable
 
 from gpulab.scheduler.slices import label
 from gpulab.telemetry.gpu_health import gpu_faults
@@ -46,33 +49,112 @@ ENDPOINT_MIN_RPS = 0.2
 IDLE_UTILIZATION = 0.01
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    """The settings rules read; the defaults are GpuLabService's."""
+class Thresholds(Configurable):
+    """What the alert rules compare with: ``c.Thresholds.*`` in the service's config
+    (``c.GpuLabService.<name>`` still works, with a warning). Built by the service with
+    ``parent=``; ``Thresholds(job_stall_seconds=1800)`` renders a site's own rules."""
 
-    job_stall_seconds: float = 600.0
-    alert_gpu_temperature_celsius: float = 85.0
-    alert_endpoint_error_ratio: float = 0.05
-    alert_endpoint_p99_ms: float = 2000.0
-    alert_slice_idle_seconds: float = 3600.0
-    alert_quota_used_ratio: float = 0.9
-    alert_disk_used_ratio: float = 0.9
-    #: Servers SliceIdle warned are stopped this long after (0: never; alert_actions).
-    gpu_idle_cull_seconds: float = 0.0
+    job_stall_seconds = Float(
+        600.0,
+        help="""Seconds a running job may go without a report() from its rank 0 (or,
+        before its first, since it started) before the JobStalled alert fires for its
+        owner (GET /api/v1/alerts). DESIGN.md's name, c.GpuLabService.job_stall_seconds,
+        stays supported.
+
+        c.Thresholds.job_stall_seconds = 1800
+        """,
+    ).tag(config=True)
+
+    alert_gpu_temperature_celsius = Float(
+        85.0,
+        help="""GpuTemperatureHigh fires when a GPU stays at or above this many °C for 5 min.
+
+        c.Thresholds.alert_gpu_temperature_celsius = 80
+        """,
+    ).tag(config=True)
+
+    alert_endpoint_error_ratio = Float(
+        0.05,
+        help="""EndpointErrorRateHigh fires when more than this share (0-1) of an endpoint
+        version's calls fail (5xx, or no replica answered) over a minute, for 2 min.
+
+        c.Thresholds.alert_endpoint_error_ratio = 0.01
+        """,
+    ).tag(config=True)
+
+    alert_endpoint_p99_ms = Float(
+        2000.0,
+        help="""EndpointLatencyHigh fires when an endpoint version's p99 latency over a
+        minute stays above this many milliseconds for 5 min.
+
+        c.Thresholds.alert_endpoint_p99_ms = 500
+        """,
+    ).tag(config=True)
+
+    alert_slice_idle_seconds = Float(
+        3600.0,
+        help="""SliceIdle fires (for the holder) when a slice's GPU stays below 1%
+        utilisation for this many seconds (real GPUs only: simulated ones report none).
+
+        c.Thresholds.alert_slice_idle_seconds = 7200
+        """,
+    ).tag(config=True)
+
+    alert_quota_used_ratio = Float(
+        0.9,
+        help="""QuotaNearlyUsed fires (for the user) when their allocations hold at least
+        this share (0-1) of their milli-GPU quota for 5 min.
+
+        c.Thresholds.alert_quota_used_ratio = 0.8
+        """,
+    ).tag(config=True)
+
+    alert_disk_used_ratio = Float(
+        0.9,
+        help="""DiskNearlyFull fires when the disk of the data dir or of the dataset cache
+        ($GPULAB_CACHE_DIR) is at least this share (0-1) full for 5 min.
+
+        c.Thresholds.alert_disk_used_ratio = 0.95
+        """,
+    ).tag(config=True)
+
+    gpu_idle_cull_seconds = Float(
+        0.0,
+        help="""Stop a server this many seconds after SliceIdle warned its owner that its
+        GPU slice sits idle (alert_slice_idle_seconds below 1% utilisation), unless the
+        GPU got busy meanwhile. 0: never (the warning only). Needs real GPUs.
+
+        c.Thresholds.gpu_idle_cull_seconds = 1800
+        """,
+    ).tag(config=True)
+
     #: A node whose latest sample is older than this is stale (not a setting).
-    node_stale_seconds: float = 120.0
+    node_stale_seconds = Float(120.0)
 
-    @classmethod
-    def from_service(cls, service) -> Thresholds:
-        """The service's values of every field but those that are no setting: a
-        setting renamed on one side fails the service's start here, rather than the
-        rule silently keeping its default."""
-        values = service.trait_values(config=True)
-        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name not in NOT_SETTINGS})
+    @validate("job_stall_seconds", "alert_slice_idle_seconds", "alert_endpoint_p99_ms")
+    def _positive(self, proposal):
+        if proposal.value <= 0:
+            raise TraitError(
+                f"c.Thresholds.{proposal.trait.name} must be positive, got {proposal.value}"
+            )
+        return proposal.value
 
+    @validate("alert_endpoint_error_ratio", "alert_quota_used_ratio", "alert_disk_used_ratio")
+    def _ratio(self, proposal):
+        if not 0 <= proposal.value <= 1:
+            raise TraitError(
+                f"c.Thresholds.{proposal.trait.name} is a share from 0 to 1 "
+                f"(0.9 = 90%), got {proposal.value}"
+            )
+        return proposal.value
 
-#: Thresholds' fields that are not settings of the service (they keep their defaults).
-NOT_SETTINGS = frozenset({"node_stale_seconds"})
+    @validate("gpu_idle_cull_seconds")
+    def _zero_or_more(self, proposal):
+        if proposal.value < 0:
+            raise TraitError(
+                f"c.Thresholds.{proposal.trait.name} must be 0 (off) or more, got {proposal.value}"
+            )
+        return proposal.value
 
 
 DEFAULTS = Thresholds()
@@ -496,7 +578,7 @@ def rules(th: Thresholds = DEFAULTS) -> list[Rule]:
             f"gpulab_gpu_temperature_celsius >= {th.alert_gpu_temperature_celsius:g}",
             "GPU {{ $labels.gpu }} on {{ $labels.hostname }} runs hot ({{ $value }} °C)",
             f"At or above {th.alert_gpu_temperature_celsius:g} °C for 5 minutes "
-            "(c.GpuLabService.alert_gpu_temperature_celsius). Check the node's cooling "
+            "(c.Thresholds.alert_gpu_temperature_celsius). Check the node's cooling "
             "before the GPU throttles.",
             _temperature(th),
         ),
@@ -527,7 +609,7 @@ def rules(th: Thresholds = DEFAULTS) -> list[Rule]:
             f"time() - gpulab_job_last_report_timestamp_seconds > {stall}",
             "Job {{ $labels.job_id }} sends no report()",
             f"A running job whose rank 0 called report() last over {_minutes(stall)} ago "
-            "(c.GpuLabService.job_stall_seconds). Read its logs for a hang; cancel it if stuck.",
+            "(c.Thresholds.job_stall_seconds). Read its logs for a hang; cancel it if stuck.",
             _stalled(th),
         ),
         Rule(
@@ -557,7 +639,7 @@ def rules(th: Thresholds = DEFAULTS) -> list[Rule]:
             f"({errors} / {calls} > {err:g}) and {calls} >= {ENDPOINT_MIN_RPS:g}",
             "Endpoint {{ $labels.deployment }} v{{ $labels.version }} fails calls",
             f"More than {err:.0%} of calls fail (5xx or no replica) "
-            "(c.GpuLabService.alert_endpoint_error_ratio). Read the replicas' logs or roll back.",
+            "(c.Thresholds.alert_endpoint_error_ratio). Read the replicas' logs or roll back.",
             _error_rate(th),
         ),
         Rule(
@@ -567,7 +649,7 @@ def rules(th: Thresholds = DEFAULTS) -> list[Rule]:
             f"gpulab_endpoint_latency_p99_seconds > {th.alert_endpoint_p99_ms / 1000:g}",
             "Endpoint {{ $labels.deployment }} v{{ $labels.version }} is slow",
             f"p99 latency over {th.alert_endpoint_p99_ms:g} ms for 5 minutes "
-            "(c.GpuLabService.alert_endpoint_p99_ms). Add replicas or lower the batch delay.",
+            "(c.Thresholds.alert_endpoint_p99_ms). Add replicas or lower the batch delay.",
             _latency(th),
         ),
         Rule(
@@ -589,7 +671,7 @@ def rules(th: Thresholds = DEFAULTS) -> list[Rule]:
             "and on (UUID) gpulab_gpu_allocated_ratio > 0",
             "GPU {{ $labels.gpu }} on {{ $labels.hostname }} is held but idle",
             f"Allocated but below {IDLE_UTILIZATION:.0%} utilisation for "
-            f"{_minutes(th.alert_slice_idle_seconds)} (c.GpuLabService.alert_slice_idle_seconds)."
+            f"{_minutes(th.alert_slice_idle_seconds)} (c.Thresholds.alert_slice_idle_seconds)."
             " Ask its holder to stop it.",
             _idle(th),
         ),
@@ -600,7 +682,7 @@ def rules(th: Thresholds = DEFAULTS) -> list[Rule]:
             "gpulab_quota_users_near_limit > 0",
             "Users holding nearly all of their GPU quota: {{ $value }}",
             f"At or above {th.alert_quota_used_ratio:.0%} of their GPU quota "
-            "(c.GpuLabService.alert_quota_used_ratio). The metric counts them; who they "
+            "(c.Thresholds.alert_quota_used_ratio). The metric counts them; who they "
             "are is in GET /api/v1/alerts (admins). Stop idle work or raise the quota.",
             _quota(th),
         ),
@@ -611,7 +693,7 @@ def rules(th: Thresholds = DEFAULTS) -> list[Rule]:
             f"1 - gpulab_disk_free_ratio >= {th.alert_disk_used_ratio:g}",
             "The {{ $labels.role }} disk ({{ $labels.path }}) is nearly full",
             f"At or above {th.alert_disk_used_ratio:.0%} used "
-            "(c.GpuLabService.alert_disk_used_ratio). Free space or grow the volume.",
+            "(c.Thresholds.alert_disk_used_ratio). Free space or grow the volume.",
             _disk(th),
         ),
     ]

@@ -1,4 +1,4 @@
-"""Alert notifications as Alertmanager's webhook JSON (``c.GpuLabService.alert_webhook_url``).
+"""Alert notifications as Alertmanager's webhook JSON (``c.Alerting.alert_webhook_url``).
 
 Each fired or resolved alert is one POST of the payload Alertmanager sends to a
 ``webhook_config`` receiver (version "4"), so whatever takes Alertmanager's

@@ -35,10 +35,10 @@ WAIT_S = 240  # a bound on a loaded 2-core machine, not a sleep
 # The scheduler may hibernate a server idle for 2 s (the default is 5 min): the test
 # need not wait minutes for alice's notebook to count as idle.
 CONFIG = """
-c.GpuLabService.hibernate_for_others_seconds = 2
+c.Hibernation.hibernate_for_others_seconds = 2
 c.GpuLabService.preemption_grace_seconds = 10
 # Small, so that one test's notebook can hold more than is kept.
-c.GpuLabService.hibernate_max_bytes = 50 * 10**6
+c.Hibernation.hibernate_max_bytes = 50 * 10**6
 """
 
 NOTEBOOK = [

@@ -18,7 +18,7 @@ from support.service import running_service
 
 from gpulab.service.hibernation.servers import KernelActivity, ServerRefused
 
-IDLE = "c.GpuLabService.hibernate_idle_seconds = 600\n"
+IDLE = "c.Hibernation.hibernate_idle_seconds = 600\n"
 
 
 class FakeServer:
@@ -210,9 +210,7 @@ async def test_settings_are_checked(tmp_path):
     from gpulab.service.plugins import ConfigError
 
     with pytest.raises(ConfigError, match="hibernate_idle_seconds must be 0"):
-        async with running_service(
-            tmp_path / "svc", "c.GpuLabService.hibernate_idle_seconds = -1\n"
-        ):
+        async with running_service(tmp_path / "svc", "c.Hibernation.hibernate_idle_seconds = -1\n"):
             pass
 
 

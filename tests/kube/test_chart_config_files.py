@@ -13,6 +13,7 @@ from traitlets.config import Config
 from gpulab.backend.kubernetes.serving import KubernetesServing
 from gpulab.hub_ext.admin_page import HUB_PAGES, show_slices_on_admin_page
 from gpulab.service.app import GpuLabService
+from gpulab.service.hibernation.settings import Hibernation
 from gpulab.service.jobs.manager import JobManager
 from gpulab.spawner.admin_slices import slices_template_var
 from gpulab.spawner.kube import FractionalKubeSpawner
@@ -375,11 +376,12 @@ def test_hibernation_on_kubernetes(tmp_path, monkeypatch):
     c = service_config(
         tmp_path, monkeypatch, {"hibernation": {"idleSeconds": 3600, "maxBytes": 5 * 10**9}}
     )
-    svc = c.GpuLabService
-    assert svc.hibernate_idle_seconds == 3600 and svc.hibernate_max_bytes == 5 * 10**9
-    assert svc.hibernate_for_others_seconds == 300
-    assert svc.servers_url == "http://proxy-public"
-    assert set(svc) <= set(GpuLabService.class_trait_names())
+    hib = c.Hibernation
+    assert hib.hibernate_idle_seconds == 3600 and hib.hibernate_max_bytes == 5 * 10**9
+    assert hib.hibernate_for_others_seconds == 300
+    assert hib.servers_url == "http://proxy-public"
+    assert set(hib) <= set(Hibernation.class_trait_names())
+    assert set(c.GpuLabService) <= set(GpuLabService.class_trait_names())
 
     z2jh = yaml.safe_load((CHART / "z2jh-values.yaml").read_text())
     storage = z2jh["singleuser"].get("storage") or {}

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 WAIT_S = 150  # a bound on a loaded 2-core machine, not a sleep
 #: Ranks run as the service's own account (no per-user Unix accounts in a tmp dir).
-CONFIG = "c.GpuLabService.alert_interval_seconds = 0.3\nc.UserAccounts.enabled = False\n"
+CONFIG = "c.Alerting.alert_interval_seconds = 0.3\nc.UserAccounts.enabled = False\n"
 FAILS = 'raise ValueError("bad batch shape on purpose")\n'
 
 

@@ -179,16 +179,18 @@ def test_the_webhook_url_is_never_logged_whole():
     assert redact("http://127.0.0.1:9093") == "http://127.0.0.1:9093"
 
 
-def test_thresholds_come_from_the_services_settings_by_name():
-    from dataclasses import fields
+def test_thresholds_are_the_services_settings():
+    """The service's Thresholds are built from its config: the rules read exactly
+    what a site set (c.Thresholds.*)."""
+    from traitlets.config import Config
 
     from gpulab.service.app import GpuLabService
-    from gpulab.service.operations.rules import NOT_SETTINGS
 
-    svc = GpuLabService(alert_endpoint_p99_ms=750.0, job_stall_seconds=90.0)
-    th = Thresholds.from_service(svc)
+    cfg = Config()
+    cfg.Thresholds.alert_endpoint_p99_ms = 750.0
+    cfg.Thresholds.job_stall_seconds = 90.0
+    svc = GpuLabService(config=cfg)
+    svc.init_settings()
+    th = svc.thresholds
     assert (th.alert_endpoint_p99_ms, th.job_stall_seconds) == (750.0, 90.0)
-    # Every field but the named exceptions is a setting of the service: a rename on
-    # either side fails here (and at the service's start), not silently.
-    settings = GpuLabService.class_traits(config=True)
-    assert {f.name for f in fields(Thresholds)} - set(settings) == NOT_SETTINGS
+    assert {r.name: r for r in rules(th)}["JobStalled"].expr.endswith("> 90")

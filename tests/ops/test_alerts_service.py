@@ -31,12 +31,12 @@ pytestmark = pytest.mark.asyncio
 
 WAIT_S = 150  # a bound on a loaded 2-core machine, not a sleep
 FAST = """
-c.GpuLabService.alert_interval_seconds = 0.3
+c.Alerting.alert_interval_seconds = 0.3
 """
 #: How long a job may send no report() before JobStalled (the default, ten minutes).
 STALL_S = 600
 #: Ranks run as the service's own account (no per-user Unix accounts in a test's tmp dir).
-JOBS = FAST + f"c.GpuLabService.job_stall_seconds = {STALL_S}\nc.UserAccounts.enabled = False\n"
+JOBS = FAST + f"c.Thresholds.job_stall_seconds = {STALL_S}\nc.UserAccounts.enabled = False\n"
 STALLS = """
 import time
 from gpulab.training import report
@@ -225,7 +225,7 @@ async def test_webhook_gets_alertmanager_json_on_fire_and_resolve(tmp_path, capl
     receiver = Receiver()
     secret = "s3cret-token-in-path"
     url = f"http://127.0.0.1:{receiver.port}/hook/{secret}?key={secret}"
-    config = FAST + f"c.GpuLabService.alert_webhook_url = {url!r}\n"
+    config = FAST + f"c.Alerting.alert_webhook_url = {url!r}\n"
     caplog.set_level(logging.INFO)
     try:
         async with running_service(tmp_path / "svc", config) as svc:
@@ -367,7 +367,7 @@ async def test_alerts_need_a_token(tmp_path):
 
 
 async def test_a_zero_interval_stops_the_start_with_the_fix(tmp_path):
-    config = "c.GpuLabService.alert_interval_seconds = 0\n"
+    config = "c.Alerting.alert_interval_seconds = 0\n"
     with pytest.raises(ConfigError, match="alert_interval_seconds must be positive, got 0"):
         async with running_service(tmp_path / "svc", config):
             pass

@@ -185,7 +185,7 @@ def tiny_model(tmp_path: Path) -> bytes:
 
 async def scrape_after_work(tmp_path: Path) -> dict:
     """Run the service, give it work, and scrape it; return what a test checks."""
-    config = "c.GpuLabService.alert_interval_seconds = 0.3\nc.UserAccounts.enabled = False\n"
+    config = "c.Alerting.alert_interval_seconds = 0.3\nc.UserAccounts.enabled = False\n"
     async with running_service(tmp_path / "svc", config, simulate=SIMULATE) as svc:
         alice = svc.create_user("alice")
         [node] = (await svc.request("GET", "/inventory")).json()["nodes"]

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 CONFIG = """
 c.GpuLabService.local_sampler = True
 c.GpuLabService.sample_interval = 0.2
-c.GpuLabService.alert_interval_seconds = 0.3
+c.Alerting.alert_interval_seconds = 0.3
 c.UserAccounts.enabled = False
 """
 
@@ -152,13 +152,13 @@ async def ended(job):
 
 
 async def test_a_stalled_job_is_restarted_and_resumes_from_its_checkpoint(tmp_path, ticking_clock):
-    """c.GpuLabService.job_stall_restarts: a job that stops reporting fires JobStalled
+    """c.Alerting.job_stall_restarts: a job that stops reporting fires JobStalled
     for its owner, the service restarts it and it resumes from its latest checkpoint.
     The job's own code stalls (it waits for a file at step 5) until the test lets it
     on after the restart; ten minutes of the stall pass on the fake clock."""
     gate = tmp_path / "go"
     config = CONFIG + (
-        f"c.GpuLabService.job_stall_seconds = {STALL_S}\nc.GpuLabService.job_stall_restarts = 1\n"
+        f"c.Thresholds.job_stall_seconds = {STALL_S}\nc.Alerting.job_stall_restarts = 1\n"
     )
     async with running_service(tmp_path / "svc", config) as svc:
         carol = svc.create_user("carol")
@@ -222,7 +222,7 @@ async def _when(get, check):
 
 
 async def test_a_gpu_idle_server_is_warned_then_stopped(tmp_path, monkeypatch, frozen_clock):
-    """c.GpuLabService.gpu_idle_cull_seconds: SliceIdle warns the owner of a server
+    """c.Thresholds.gpu_idle_cull_seconds: SliceIdle warns the owner of a server
     whose GPU idles, and the server is stopped (through the hub's API: here the
     stand-in hub, which records it) that long after; a server whose GPU works stays.
     NVML is the stand-in (this machine has no GPU to sit idle or busy)."""
@@ -230,8 +230,8 @@ async def test_a_gpu_idle_server_is_warned_then_stopped(tmp_path, monkeypatch, f
     for name, value in driver.env().items():
         monkeypatch.setenv(name, value)
     config = CONFIG + (
-        f"c.GpuLabService.alert_slice_idle_seconds = {IDLE_S}\n"
-        f"c.GpuLabService.gpu_idle_cull_seconds = {CULL_S}\n"
+        f"c.Thresholds.alert_slice_idle_seconds = {IDLE_S}\n"
+        f"c.Thresholds.gpu_idle_cull_seconds = {CULL_S}\n"
     )
     async with running_service(tmp_path / "svc", config) as svc:
         idle, busy = (g.uuid for g in svc.app.gpus)

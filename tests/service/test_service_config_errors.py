@@ -57,12 +57,12 @@ CASES = {
     ),
     # Ranges, checked as the setting is set (traitlets' @validate).
     "a duration that must be positive": (
-        "c.GpuLabService.alert_interval_seconds = 0",
-        "c.GpuLabService.alert_interval_seconds must be positive, got 0",
+        "c.Alerting.alert_interval_seconds = 0",
+        "c.Alerting.alert_interval_seconds must be positive, got 0",
     ),
     "a duration that may be 0 (off)": (
-        "c.GpuLabService.hibernate_idle_seconds = -5",
-        "c.GpuLabService.hibernate_idle_seconds must be 0 (off) or more, got -5",
+        "c.Hibernation.hibernate_idle_seconds = -5",
+        "c.Hibernation.hibernate_idle_seconds must be 0 (off) or more, got -5",
     ),
     # The chart's service pod runs no user code; a local backend there is a mistake.
     "local jobs without user code here": (

@@ -44,7 +44,7 @@ def row(name, severity, kind, subject, owner, message, since_min, resolved_min=N
 
 #: The alert engine evaluates once at start (nothing fires on this empty cluster) and
 #: not again during a test: the alerts are exactly the rows a test writes.
-CONFIG = "c.GpuLabService.alert_interval_seconds = 3600\n"
+CONFIG = "c.Alerting.alert_interval_seconds = 3600\n"
 
 
 def serve(tmp_path):

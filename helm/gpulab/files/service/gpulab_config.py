@@ -23,10 +23,10 @@ c.GpuLabService.local_sampler = False
 c.GpuLabService.user_code_in_service = bool(gpulab.get("userCodeInServicePod", False))
 # Hibernation: users' servers are reached through z2jh's proxy-public Service.
 hibernation = gpulab.get("hibernation") or {}
-c.GpuLabService.hibernate_idle_seconds = float(hibernation.get("idleSeconds", 0))
-c.GpuLabService.hibernate_for_others_seconds = float(hibernation.get("forOthersSeconds", 300))
-c.GpuLabService.hibernate_max_bytes = int(hibernation.get("maxBytes", 20 * 10**9))
-c.GpuLabService.servers_url = hibernation.get("serversUrl") or "http://proxy-public"
+c.Hibernation.hibernate_idle_seconds = float(hibernation.get("idleSeconds", 0))
+c.Hibernation.hibernate_for_others_seconds = float(hibernation.get("forOthersSeconds", 300))
+c.Hibernation.hibernate_max_bytes = int(hibernation.get("maxBytes", 20 * 10**9))
+c.Hibernation.servers_url = hibernation.get("serversUrl") or "http://proxy-public"
 # Vector collections: a Milvus cluster, or (no uri) the embedded engine in this pod.
 c.GpuLabService.vector_engine_uri = (gpulab.get("vectors") or {}).get("uri") or ""
 c.GpuLabService.vector_engine_token = os.environ.get("GPULAB_VECTOR_ENGINE_TOKEN", "")

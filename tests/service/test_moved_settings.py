@@ -1,0 +1,115 @@
+"""Settings that moved off GpuLabService to the part that reads them (c.Thresholds,
+c.JobQueue...): the new name works, the old one still takes effect with one warning
+line that names the new place, and a value out of range stops the start with a
+message naming the setting."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from support.service import running_service
+from traitlets import TraitError
+from traitlets.config import Config, PyFileConfigLoader
+
+from gpulab.service.app import MOVED_SETTINGS, SETTINGS_PARTS, GpuLabService
+from gpulab.service.plugins import ConfigError
+
+
+def built(text: str, tmp_path) -> GpuLabService:
+    """The service's settings parts as a gpulab_config.py of ``text`` makes them (the
+    file loaded as initialize() loads it, without starting anything)."""
+    path = tmp_path / "gpulab_config.py"
+    path.write_text(text)
+    svc = GpuLabService()
+    svc.update_config(PyFileConfigLoader(str(path)).load_config())
+    svc.init_settings()
+    return svc
+
+
+def test_an_old_name_still_takes_effect_and_says_where_it_is_now(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="gpulab.service"):
+        svc = built(
+            "c.GpuLabService.alert_interval_seconds = 7\n"
+            "c.GpuLabService.hibernate_max_bytes = 10**9\n"
+            "c.GpuLabService.policy = 'best-fit'\n",  # a setting that stayed
+            tmp_path,
+        )
+    assert svc.alerting.alert_interval_seconds == 7
+    assert svc.hibernation.hibernate_max_bytes == 10**9
+    assert svc.policy == "best-fit"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "c.GpuLabService.alert_interval_seconds is now c.Alerting.alert_interval_seconds",
+        "c.GpuLabService.hibernate_max_bytes is now c.Hibernation.hibernate_max_bytes",
+    ]
+
+
+def test_the_design_documents_name_stays_without_a_warning(tmp_path, caplog):
+    # DESIGN.md names c.GpuLabService.job_stall_seconds as a contract.
+    with caplog.at_level(logging.INFO, logger="gpulab.service"):
+        svc = built("c.GpuLabService.job_stall_seconds = 90\n", tmp_path)
+    assert svc.thresholds.job_stall_seconds == 90
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_the_new_name_works_and_wins_over_the_old(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="gpulab.service"):
+        svc = built("c.Thresholds.alert_slice_idle_seconds = 7200\n", tmp_path)
+    assert svc.thresholds.alert_slice_idle_seconds == 7200
+    assert not caplog.records  # the new name warns of nothing
+    svc = built(
+        "c.Thresholds.alert_disk_used_ratio = 0.95\nc.GpuLabService.alert_disk_used_ratio = 0.5\n",
+        tmp_path,
+    )
+    assert svc.thresholds.alert_disk_used_ratio == 0.95
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            "c.Thresholds.alert_quota_used_ratio = 90",
+            "c.Thresholds.alert_quota_used_ratio is a share from 0 to 1",
+        ),
+        (
+            "c.Alerting.alert_interval_seconds = 0",
+            "c.Alerting.alert_interval_seconds must be positive, got 0",
+        ),
+        (
+            "c.GpuLabService.hibernate_idle_seconds = -5",
+            "c.Hibernation.hibernate_idle_seconds must be 0 (off) or more, got -5",
+        ),
+    ],
+)
+def test_a_value_out_of_range_is_refused_naming_the_setting(tmp_path, line, message):
+    with pytest.raises(TraitError) as refused:
+        built(line + "\n", tmp_path)
+    assert str(refused.value).startswith(message)
+
+
+async def test_the_running_service_reads_an_old_name_from_its_config_file(tmp_path):
+    async with running_service(
+        tmp_path / "svc", "c.GpuLabService.alert_interval_seconds = 42\n"
+    ) as svc:
+        assert svc.app.alerts.interval == 42
+    with pytest.raises(ConfigError, match="c.Alerting.alert_interval_seconds must be positive"):
+        async with running_service(
+            tmp_path / "bad", "c.GpuLabService.alert_interval_seconds = -1\n"
+        ):
+            pass
+
+
+def test_every_moved_setting_has_one_home():
+    """A moved name is no longer a trait of the service (the map would be ambiguous),
+    each part shows in --help-all, and every setting of a part is a moved name."""
+    assert not set(MOVED_SETTINGS) & set(GpuLabService.class_trait_names())
+    assert set(SETTINGS_PARTS) <= set(GpuLabService.classes)
+    for part in SETTINGS_PARTS:
+        for name in part.class_own_traits(config=True):
+            assert MOVED_SETTINGS[name] == part.__name__
+            assert f"c.{part.__name__}.{name} = " in part.class_traits()[name].help
+    cfg = Config()
+    cfg.GpuLabService.max_job_ranks_typo = 1  # an unknown name is not carried anywhere
+    GpuLabService(config=cfg)
+    assert "max_job_ranks_typo" in cfg.GpuLabService
