@@ -19,11 +19,12 @@ PYTEST_ARGS ?=
 # runs the curl line it prints), slurm-wlm and munge (the Slurm backend's tests
 # run a throwaway cluster: `gpulab slurm-sandbox`), slirp4netns (outbound network
 # for a job's own network namespace), containerd + runc + containernetworking-plugins
-# (the live Kubernetes cluster's node: `make test-kube`). Installed when run as root.
+# (the live Kubernetes cluster's node: `make test-kube`), iptables + ipset (its
+# kube-proxy, and kube-router enforcing NetworkPolicies). Installed when run as root.
 system-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  missing=""; \
-	  for p in chromium libnss3-tools postgresql iproute2 curl slurm-wlm munge slirp4netns containerd runc containernetworking-plugins; do \
+	  for p in chromium libnss3-tools postgresql iproute2 curl slurm-wlm munge slirp4netns containerd runc containernetworking-plugins iptables ipset; do \
 	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \
@@ -122,7 +123,7 @@ test: system-deps deps reach lint kube-bins
 	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The live Kubernetes cluster's binaries (kube-apiserver, -controller-manager,
-# -scheduler, kubelet 1.34.4; etcd; CoreDNS; helm 4), built once from the Go module
+# -scheduler, kubelet 1.34.4; etcd; CoreDNS; helm 4; kube-router 2.1), built once from the Go module
 # proxy into ~/.cache/gpulab-kube (GPULAB_KUBE_CACHE): 15-25 min cold on 2 cores, a
 # second run does nothing. `make test-kube` runs only the live-cluster suite on them
 # (docs/howto/live-kubernetes-tests.md).
@@ -130,7 +131,7 @@ kube-bins:
 	nice -n 10 scripts/kube/build.sh
 
 test-kube: system-deps deps reach kube-bins
-	$(PY) -m pytest tests/kube/test_live_cluster.py -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests/kube/test_live_cluster.py tests/kube/test_live_cluster_dra_netpol.py -p no:cacheprovider $(PYTEST_ARGS)
 
 bench-deps: deps
 	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,llm,mlflow,test,bench]'

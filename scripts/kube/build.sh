@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the live-cluster suite's Kubernetes binaries from the Go module proxy,
 # once: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy (v1.34.4,
-# version-stamped so helm's kubeVersion checks pass), etcd and helm. Everything
+# version-stamped so helm's kubeVersion checks pass), etcd, helm, CoreDNS and
+# kube-router (its NetworkPolicy firewall enforces the chart's policies). Everything
 # (binaries, Go module cache, Go build cache) lives under one cache folder keyed by
 # the versions, so a second run (or a fresh clone on the same machine) does nothing.
 #
@@ -15,6 +16,8 @@ K8S_VERSION=${K8S_VERSION:-v1.34.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 HELM_VERSION=${HELM_VERSION:-v4.3.2}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.14.7}
+# v2.1.0: the newest kube-router/v2 release the Go module proxy serves (later tags are refused).
+KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
 CACHE=${GPULAB_KUBE_CACHE:-$HOME/.cache/gpulab-kube}
 BIN="$CACHE/bin-k8s$K8S_VERSION-etcd$ETCD_VERSION-helm$HELM_VERSION-coredns$COREDNS_VERSION"
 WORK="$CACHE/work-k8s$K8S_VERSION"
@@ -130,6 +133,17 @@ GO
   fi
   go build -trimpath -ldflags "-s -w" -o "$BIN/coredns.tmp" .
   mv "$BIN/coredns.tmp" "$BIN/coredns"
+fi
+
+# NetworkPolicy enforcement for the live cluster's node: kube-router, run with only its
+# firewall (--run-firewall=true --run-router=false --run-service-proxy=false). A plain
+# module (no replace directives), so `go install pkg@version` builds it (~7 min cold).
+if [ ! -x "$BIN/kube-router" ]; then
+  log "go install kube-router $KUBE_ROUTER_VERSION"
+  GOBIN="$WORK/kube-router-bin" go install -trimpath -ldflags "-s -w \
+    -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION" \
+    "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+  mv "$WORK/kube-router-bin/kube-router" "$BIN/kube-router"
 fi
 
 log "done in $(( $(date +%s) - T0 )) s"
