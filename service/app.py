@@ -719,12 +719,12 @@ class GpuLabService(
             self.init_ledger,
             self.init_audit,
             self.init_telemetry_store,
+            self.init_hibernation,
             self.init_jobs,
             self.init_deployments,
             self.init_vectors,
             self.init_reconcile,
             self.init_telemetry,
-            self.init_hibernation,
             self.init_alerts,
             self.init_handlers,
         ):
@@ -832,12 +832,13 @@ class GpuLabService(
         self.hub_groups = HubGroups(
             self.hub, self.ledger.quotas, self.group_quota_milli, self.group_guaranteed_milli
         )
-        #: Frees slices for servers, endpoints and jobs of a higher class by stopping jobs.
-        self.preemption = Preemption.of(self)
         #: Writes each ended job as an MLflow run of its user (None: no MLflow service).
         self.run_recorder = self.make_run_recorder()
         # job_backends() stops the start on a local backend where user code may not run.
-        self.jobs = JobManager.of(self, self.preemption)
+        self.jobs = JobManager.of(self)
+        #: Frees slices for servers, endpoints and jobs of a higher class by stopping
+        #: jobs: a part of the job manager (its victims are jobs), which others use too.
+        self.preemption = self.jobs.preemption
         #: Jobs submitted on a cron schedule, as their owner (notebook job definitions).
         self.schedules = ScheduledJobs.of(self)
 
@@ -907,8 +908,8 @@ class GpuLabService(
         self.metrics.registry.register(CordonCollector(self.ledger, self.gpus))
 
     def init_hibernation(self):
-        """Hibernation of idle servers; the scheduler's preemption asks it for idle
-        servers before it stops any batch job."""
+        """Hibernation of idle servers; the scheduler's preemption (built with the job
+        manager, after this) asks it for idle servers before it stops any batch job."""
         self.hibernations = Hibernations(
             engine=self.engine,
             db_threads=self.db_threads,
@@ -922,7 +923,6 @@ class GpuLabService(
             for_others_seconds=self.hibernation.hibernate_for_others_seconds,
             max_bytes=self.hibernation.hibernate_max_bytes,
         )
-        self.preemption.attach_servers(self.hibernations)
 
     def init_alerts(self):
         """The alert engine (its rules read the settings above) and the metrics the

@@ -28,12 +28,16 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 
 from gpulab.backend.spec import JobSpec
 from gpulab.db import clock
 from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.quota import QuotaExceeded
 from gpulab.scheduler.slices import plural
+from gpulab.service.jobs.book import JobBook, elastic
+from gpulab.service.jobs.places import JobPlaces
+from gpulab.service.jobs.stops import JobStops
 from gpulab.training.preemption import RESIZING
 
 log = logging.getLogger("gpulab.service.jobs.elastic")
@@ -44,10 +48,26 @@ def nodes_word(n: int) -> str:
 
 
 class Resizes:
-    """The job manager's elastic part: each resize from its start to the relaunch."""
+    """The job manager's elastic part: each resize from its start to the relaunch.
+    Given the ``book`` of jobs, how a job ends (``stops``) and where jobs may run
+    (``places``: growth waits for queued work that could use the pool)."""
 
-    def __init__(self, jobs, *, grow_after_s: float, grace_s: float):
-        self.jobs = jobs
+    def __init__(
+        self,
+        *,
+        book: JobBook,
+        stops: JobStops,
+        places: JobPlaces,
+        priorities,
+        groups_of: Callable[[str], Awaitable[dict[str, set[str]]]],
+        grow_after_s: float,
+        grace_s: float,
+    ):
+        self.book = book
+        self.stops = stops
+        self.places = places
+        self.priorities = priorities
+        self.groups_of = groups_of
         #: How long a job runs at a size before it may grow again (after a start, a
         #: resize or a failure): growth restarts it, so not on every freed slice.
         self.grow_after_s = grow_after_s
@@ -55,9 +75,7 @@ class Resizes:
         self.grace_s = grace_s
 
     # -- what the scheduler reads ------------------------------------------------------
-    @staticmethod
-    def elastic(job: dict) -> bool:
-        return bool(job.get("max_nodes")) and job["min_nodes"] < job["max_nodes"]
+    elastic = staticmethod(elastic)
 
     def resizable(self, job: dict) -> bool:
         """May it be resized without losing work? Running, not being stopped or
@@ -68,7 +86,7 @@ class Resizes:
             and job["state"] == "running"
             and not job.get("preempting")
             and not job.get("resizing")
-            and self.jobs.jobdir(job).resumable()
+            and self.book.jobdir(job).resumable()
         )
 
     def _owner(self, job: dict, rank: int) -> str:
@@ -89,8 +107,8 @@ class Resizes:
             nodes = job["nodes"] + added[0]
             rows = rows + added[1]
             spec.nodes = nodes
-            self.jobs.jobdir(job).write_json("spec.json", spec.to_dict())
-            self.jobs.queue.update(job["id"], nodes=nodes)
+            self.book.jobdir(job).write_json("spec.json", spec.to_dict())
+            self.book.queue.update(job["id"], nodes=nodes)
             job["nodes"] = nodes
         return rows
 
@@ -99,13 +117,13 @@ class Resizes:
         nodes in all, and within the owner's CPU and memory quota): ``(count, rows)``,
         or None when not one fits."""
         nproc = job["nproc_per_node"]
-        while most > have and self.jobs.over_host_quota(job, most * nproc):
+        while most > have and self.book.over_host_quota(job, most * nproc):
             most -= 1
         if not job["gpu_milli"]:
             count = most - have  # CPU ranks hold no slice
             return (count, []) if count > 0 else None
-        ledger = self.jobs.ledger.pool(job.get("pool") or None)
-        groups = await self.jobs.groups_of(job["user"])
+        ledger = self.book.ledger.pool(job.get("pool") or None)
+        groups = await self.groups_of(job["user"])
         for count in range(most - have, 0, -1):
             nodes = range(have, have + count)
             members = [m for node in nodes for m in self._node_members(job, node)]
@@ -120,16 +138,16 @@ class Resizes:
     def _blocked(self, job: dict) -> bool:
         """Would growing take room that other work waits for? A claim, or a queued
         job of the same or a higher class in the job's pool."""
-        if self.jobs.preemption.claims:
+        if self.book.claims:
             return True
-        priorities = self.jobs.priorities
+        priorities = self.priorities
         mine = priorities.value(job["priority_class"], "job")
-        for other in self.jobs.queue.queued():
+        for other in self.book.queue.queued():
             if other["id"] == job["id"] or not other["gpu_milli"]:
                 continue
             if priorities.value(other["priority_class"], "job") < mine:
                 continue
-            pools = self.jobs.candidates(other)
+            pools = self.places.candidates(other)
             if not job.get("pool") or job["pool"] in pools:
                 return True
         return False
@@ -137,19 +155,19 @@ class Resizes:
     def _settled(self, job: dict) -> bool:
         """Has it trained at this size long enough to restart for more? Counted from
         when its ranks began stepping (a relaunch's start-up is not training)."""
-        since = self.jobs.jobdir(job).stepping_since()
+        since = self.book.jobdir(job).stepping_since()
         return since is not None and clock.now() - since >= self.grow_after_s
 
     async def grow(self) -> None:
         """Grow each running elastic job below MAX into slices free now (in the loop,
         after admission: queued jobs that fit went first)."""
-        for job in self.jobs.queue.list(states=("running",)):
+        for job in self.book.queue.list(states=("running",)):
             if (
                 not self.resizable(job)
                 or job["nodes"] >= job["max_nodes"]
                 or not self._settled(job)
                 or self._blocked(job)
-                or not self._can_resize(self.jobs.backend_of(job))
+                or not self._can_resize(self.book.backend_of(job))
             ):
                 continue
             placed = await self._place_nodes(job, job["nodes"], job["max_nodes"])
@@ -162,13 +180,13 @@ class Resizes:
     def _can_resize(backend) -> bool:
         """Ranks the service can stop at a step boundary, or a backend that resizes
         its jobs in place."""
-        return backend is not None and (backend.can_preempt or hasattr(backend, "resize"))
+        return backend is not None and (backend.can_preempt or backend.can_resize_in_place)
 
     # -- shrinking -----------------------------------------------------------------
     async def shrink(self, job_id: str, nodes: int, reason: str, claim_key=None) -> bool:
         """Shrink a running elastic job to ``nodes`` (>= MIN) for other work; the
         caller holds the job manager's lock. False if it cannot be resized now."""
-        job = self.jobs.queue.get(job_id)
+        job = self.book.queue.get(job_id)
         if job is None or not self.resizable(job) or not job["min_nodes"] <= nodes < job["nodes"]:
             return False
         await self.begin(job, nodes, reason, claim_key)
@@ -181,12 +199,12 @@ class Resizes:
         that resizes in place (Kubernetes: an elastic Indexed Job) is asked to."""
         verb = "growing" if nodes > job["nodes"] else "shrinking"
         deadline = time.time() + self.grace_s
-        jd = self.jobs.jobdir(job)
+        jd = self.book.jobdir(job)
         # The ranks' event says the job goes on, not that it waits in the queue.
         jd.write_json(RESIZING, {"nodes": nodes, "reason": reason})
         if await self._in_place(job, nodes, reason):
             return
-        self.jobs.queue.update(
+        self.book.queue.update(
             job["id"],
             resizing={
                 "nodes": nodes,
@@ -203,16 +221,16 @@ class Resizes:
             f"saves a checkpoint at the next step, then the job goes on at the new size"
         )
         log.info("Job %s of %s: %s to %d nodes (%s)", job["id"], job["user"], verb, nodes, reason)
-        await self.jobs.backend_for(job).preempt(self.jobs.spec(job))
+        await self.book.backend_for(job).preempt(self.book.spec(job))
 
     async def _in_place(self, job: dict, nodes: int, reason: str) -> bool:
         """Resize through the backend itself, if it can (its torchrun agents
         re-rendezvous at the new size; the ranks checkpoint and go on): the resize
         is recorded at once. False: it cannot, the service relaunches the job."""
-        backend = self.jobs.backend_for(job)
+        backend = self.book.backend_for(job)
         if not backend.can_resize_in_place or backend.can_preempt:
             return False
-        spec = self.jobs.spec(job)
+        spec = self.book.spec(job)
         rows = await self._release_above(job, job["max_nodes"])
         try:
             done = await backend.resize(spec, nodes, rows)
@@ -222,7 +240,7 @@ class Resizes:
         if not done:
             await self._release_above(job, job["nodes"])  # what growth placed goes back
             return False
-        records, _ = self.jobs.jobdir(job).metrics(0)
+        records, _ = self.book.jobdir(job).metrics(0)
         step = records[-1].get("step", 0) if records else 0
         await self._record(job, spec, nodes, reason, step)
         return True
@@ -231,20 +249,20 @@ class Resizes:
         """A job being resized: relaunch it at its new size once its ranks stopped
         (or were stopped after the grace)."""
         resizing = job["resizing"]
-        jd = self.jobs.jobdir(job)
+        jd = self.book.jobdir(job)
         if status.state == "running":
             if time.time() > resizing["deadline"]:
                 jd.event(
                     "the grace period ended: stopping the ranks (the steps since the "
                     "last checkpoint run again)"
                 )
-                await self.jobs.backend_for(job).cancel(spec)
+                await self.book.backend_for(job).cancel(spec)
                 await self.relaunch(job, spec, resizing["nodes"], resizing["reason"])
             return
         if status.state == "succeeded" and jd.preempted_at() is None:
             # It finished before the step boundary came: nothing to resize.
             await self._release_above(job, job["nodes"])
-            await self.jobs.end(job, spec, "succeeded", "succeeded", restarts=job["restarts"])
+            await self.stops.end(job, spec, "succeeded", "succeeded", restarts=job["restarts"])
             return
         await self.relaunch(job, spec, resizing["nodes"], resizing["reason"])
 
@@ -260,15 +278,15 @@ class Resizes:
         where = f"rank {err['rank']} failed" if err.get("rank") is not None else "a node failed"
         what = f"{err.get('type')}: {err.get('message')}" if err.get("type") else status.message
         nodes = max(job["min_nodes"], job["nodes"] - 1)
-        self.jobs.queue.update(job["id"], restarts=job["restarts"] + 1)
-        job = self.jobs.queue.get(job["id"])
+        self.book.queue.update(job["id"], restarts=job["restarts"] + 1)
+        job = self.book.queue.get(job["id"])
         await self.relaunch(job, spec, nodes, f"{where} ({_short(what)})")
         return True
 
     async def relaunch(self, job: dict, spec: JobSpec, nodes: int, reason: str) -> None:
         """Its ranks have stopped: the slices of nodes that leave go back, and the job
         starts again at ``nodes`` from its latest checkpoint, still ``running``."""
-        jd = self.jobs.jobdir(job)
+        jd = self.book.jobdir(job)
         step = jd.preempted_at()
         if step is None:
             latest = jd.checkpoint()
@@ -279,19 +297,19 @@ class Resizes:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(jd.p(RESIZING))
         try:
-            await self.jobs.backend_for(job).start(spec, rows)
+            await self.book.backend_for(job).start(spec, rows)
         except Exception as e:
             log.exception("Relaunching job %s", job["id"])
-            await self.jobs.end(job, spec, "failed", f"could not start again at {nodes}: {e}")
+            await self.stops.end(job, spec, "failed", f"could not start again at {nodes}: {e}")
 
     async def _record(self, job: dict, spec: JobSpec, nodes: int, reason: str, step: int):
         """The job's new size, in its spec, its row (``resizes``) and its events."""
-        jd = self.jobs.jobdir(job)
+        jd = self.book.jobdir(job)
         was = job["nodes"]
         spec.nodes = nodes
         jd.write_json("spec.json", spec.to_dict())
         said = _said(was, nodes, step, reason)
-        self.jobs.queue.update(
+        self.book.queue.update(
             job["id"],
             nodes=nodes,
             resizing=None,
@@ -314,7 +332,7 @@ class Resizes:
         """Give back the slices of ranks on nodes ``nodes`` and up; the rows of the rest."""
         keep = nodes * job["nproc_per_node"]
         most = job["max_nodes"] * job["nproc_per_node"]
-        ledger = self.jobs.ledger
+        ledger = self.book.ledger
 
         def swap() -> list[dict]:
             for r in range(keep, most):

@@ -6,7 +6,7 @@ servers (a request of the servers' class or higher may hibernate them: their
 kernels' variables are saved, no work is lost), then the preemptible jobs it may
 take from (:func:`eligible`), with the scheduler's
 :func:`~gpulab.scheduler.preemption.choose_victims`. Each victim is asked to
-checkpoint and stop (:meth:`JobManager.preempt`); the request becomes a
+checkpoint and stop (:meth:`.stops.JobStops.preempt`); the request becomes a
 *claim*. The job loop requeues victims as they stop and then places the claim
 (:meth:`Preemption.settle`), before any queued job can take the room. The
 spawner and ``%deploy`` see the claim as "freeing a slice" until it is placed.
@@ -31,11 +31,14 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 
 from gpulab.scheduler.elastic import is_surplus, shrink_targets, surplus_holders
-from gpulab.scheduler.ledger import OWNER_KINDS, NoCapacity, OwnerConflict
+from gpulab.scheduler.ledger import NoCapacity, OwnerConflict
 from gpulab.scheduler.policy import Request
 from gpulab.scheduler.preemption import Holder, Plan, choose_victims, placeable
 from gpulab.scheduler.quota import QuotaExceeded, Quotas
 from gpulab.scheduler.slices import MILLI_PER_GPU, shape_of
+from gpulab.service.jobs.book import JobBook
+from gpulab.service.jobs.elastic import Resizes
+from gpulab.service.jobs.stops import JobStops
 from gpulab.service.sharing import groups_by_user
 
 log = logging.getLogger("gpulab.service.jobs.preemption")
@@ -131,9 +134,12 @@ class Preemption:
     """The service's part that frees slices for others: claims, their victims, and
     placing a claim once its victims have stopped.
 
-    Built by the app from what it needs, by name (:meth:`of`). Its victims are jobs:
-    the job manager attaches itself (:meth:`attach`) since each needs the other (a
-    claim stops jobs; the job loop places claims between passes).
+    Built by the job manager from what it needs, by name: its victims are the running jobs
+    of ``book``, which it stops through ``stops`` (checkpoint and requeue) or
+    shrinks through ``resizes`` (elastic jobs), and idle servers, which
+    ``hibernations`` puts to sleep first. The job loop calls :meth:`settle` between
+    its passes; what a placed claim starts is the hook its kind registered in
+    :attr:`on_placed` when it was built (jobs, endpoints).
     """
 
     def __init__(
@@ -145,6 +151,10 @@ class Preemption:
         group_settings: Callable[[], Awaitable[dict]],
         groups_of: Callable[[str], Awaitable[dict]],
         pools: Mapping[str, str],
+        book: JobBook,
+        stops: JobStops,
+        resizes: Resizes,
+        hibernations=None,
     ):
         self.ledger = ledger
         self.priorities = priorities
@@ -153,39 +163,22 @@ class Preemption:
         self.groups_of = groups_of
         #: The pool a slice of each owner kind (ledger.OWNER_KINDS) is made room in.
         self.pools = dict(pools)
-        self.jobs = None  # the job manager, once attached
-        self.hibernations = None  # idle servers it may hibernate first, once attached
-        self.claims: dict[tuple[str, str], Claim] = {}
-        #: Called with (claim, ledger rows) when a claim of that kind is placed.
-        self.on_placed: dict[str, Callable] = {}
-
-    @classmethod
-    def of(cls, service) -> Preemption:
-        """The service's preemption, from its settings and parts."""
-        return cls(
-            ledger=service.ledger,
-            priorities=service.priorities,
-            grace_seconds=service.preemption_grace_seconds,
-            group_settings=service.hub_groups.refresh,
-            groups_of=service.hub_groups.groups_of,
-            pools={kind: service.pool_for(kind) for kind in OWNER_KINDS},
-        )
-
-    def attach(self, jobs, on_placed: Callable) -> None:
-        """The job manager whose preemptible jobs are the victims; ``on_placed``
-        starts a job whose claim was placed."""
-        self.jobs = jobs
-        self.on_placed["job"] = on_placed
-
-    def attach_servers(self, hibernations) -> None:
-        """Idle servers come first: ``hibernations`` lists them and hibernates one
-        (its kernels' variables saved, nothing lost) before any batch job is stopped."""
+        self.book = book
+        self.stops = stops
+        self.resizes = resizes
+        #: Idle servers come first: it lists them and hibernates one (its kernels'
+        #: variables saved, nothing lost) before any batch job is stopped. None: none.
         self.hibernations = hibernations
+        #: The claims waiting for their victims (the book's: moves add their own).
+        self.claims: dict[tuple[str, str], Claim] = book.claims
+        #: Called with (claim, ledger rows) when a claim of that kind is placed;
+        #: each kind's part registers its hook once, when it is built.
+        self.on_placed: dict[str, Callable] = {}
 
     # -- restarting ----------------------------------------------------------------
     def restore(self) -> None:
         """Claims of victims still stopping when the service stopped."""
-        for job in self.jobs.queue.list(states=("running",)):
+        for job in self.book.queue.list(states=("running",)):
             if job.get("preempting"):
                 claim = Claim.from_json(job["preempting"]["claim"])
                 self.claims.setdefault(claim.key, claim)
@@ -200,7 +193,7 @@ class Preemption:
         would make room."""
         klass = self.priorities.of_kind(kind)
         what = {"server": "server", "deployment": "endpoint"}.get(kind, kind)
-        async with self.jobs.lock:
+        async with self.book.lock:
             return await self.make_room(
                 kind,
                 user,
@@ -256,10 +249,10 @@ class Preemption:
         for owner in claim.servers:
             await self.hibernations.hibernate_for_others(idle[owner], f"{what} of {user}")
         for job_id, nodes in list(claim.shrinks.items()):
-            if not await self.jobs.resizes.shrink(job_id, nodes, f"{what} needed a GPU", key):
+            if not await self.resizes.shrink(job_id, nodes, f"{what} needed a GPU", key):
                 del claim.shrinks[job_id]  # it changed meanwhile; the claim waits less
         for victim in claim.victims:
-            await self.jobs.preempt(victim, claim)
+            await self.stops.preempt(victim, claim)
         log.info(
             "Preempting %s for %s of %s (%.0f GPU-seconds at risk, %d milli freed)",
             ", ".join(claim.servers + list(claim.shrinks) + claim.victims),
@@ -314,8 +307,8 @@ class Preemption:
         priorities = self.priorities
         holders, surplus = [], []
         now = time.time()
-        for job in self.jobs.queue.list(states=("running",)):
-            backend = self.jobs.backend_of(job)
+        for job in self.book.queue.list(states=("running",)):
+            backend = self.book.backend_of(job)
             rows = by_job.get(job["id"])
             if backend is None or not backend.can_preempt or not rows:
                 continue
@@ -323,7 +316,7 @@ class Preemption:
                 continue  # on a GPU the inventory no longer lists: freeing it helps no one
             victim_value = priorities.value(job["priority_class"], "job")
             whole = rows
-            if victim_value <= value and self.jobs.resizes.resizable(job):
+            if victim_value <= value and self.resizes.resizable(job):
                 # Its part above MIN is borrowed: the same class or higher takes it back.
                 surplus += surplus_holders(
                     job["id"],
@@ -382,7 +375,7 @@ class Preemption:
     def at_risk(self, job: Mapping, rows: list[dict], now: float) -> float:
         """GPU-seconds of the job's work since its last checkpoint (or its start)."""
         since = _epoch(job["started"])
-        latest = self.jobs.jobdir(job).checkpoint()
+        latest = self.book.jobdir(job).checkpoint()
         if latest and isinstance(latest.get("time"), (int, float)):
             since = max(since, float(latest["time"]))
         return max(0.0, now - since) * sum(a["milli"] for a in rows) / MILLI_PER_GPU
@@ -390,7 +383,7 @@ class Preemption:
     # -- placing -------------------------------------------------------------------
     async def settle(self) -> None:
         """Place every claim whose victims have all stopped (in the job loop)."""
-        running = {j["id"]: j for j in self.jobs.queue.list(states=("running",))}
+        running = {j["id"]: j for j in self.book.queue.list(states=("running",))}
         for key, claim in list(self.claims.items()):
             waiting = [v for v in claim.victims if v in running and running[v].get("preempting")]
             waiting += [j for j in claim.shrinks if j in running and running[j].get("resizing")]

@@ -1,0 +1,150 @@
+"""A job submitted: checked against the site's caps, its class and its owner's
+quotas, stored with its inputs in a directory of its own, and queued.
+
+What is refused is refused here, with the HTTP status to answer with
+(:class:`~.book.JobRefused`), never later in the queue.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+
+from gpulab.backend.jobdir import JobDir
+from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
+from gpulab.scheduler.priority import PriorityError
+from gpulab.scheduler.queue import never_fits
+from gpulab.scheduler.slices import SliceError, label, noun, parse_gpu_milli, plural
+from gpulab.service.jobs.book import JobBook, JobLimits, JobRefused
+from gpulab.service.jobs.places import JobPlaces
+from gpulab.service.jobs.pools import AUTO
+
+#: Fields of a job spec the service fills in; a client may not send them.
+SERVICE_FIELDS = ("id", "user", "checkpoint_dir")
+
+
+class JobIntake:
+    """Submits checked and queued in ``book``, in the pools ``places`` finds."""
+
+    def __init__(
+        self,
+        *,
+        book: JobBook,
+        places: JobPlaces,
+        priorities,
+        granted_classes: Callable[[str], Awaitable[set[str]]],
+        groups_of: Callable[[str], Awaitable[dict[str, set[str]]]],
+        limits: JobLimits,
+    ):
+        self.book = book
+        self.places = places
+        self.priorities = priorities
+        self.granted_classes = granted_classes
+        self.groups_of = groups_of
+        self.limits = limits
+
+    async def submit(self, who, body: dict) -> dict:
+        """The queued job's row; :class:`JobRefused` with the reason otherwise."""
+        if who.kind != "user":
+            raise JobRefused(403, "jobs are submitted by users (with a user's token)")
+        sent = sorted(set(body) & set(SERVICE_FIELDS))
+        if sent:
+            raise JobRefused(
+                400,
+                f"{noun(len(sent), 'field')} set by the service, not the client: {', '.join(sent)}",
+            )
+        try:
+            spec = JobSpec.from_dict(body)
+            parse_gpu_milli(spec.gpu_milli, self.limits.slice_sizes)
+        except SpecTooLarge as e:
+            raise JobRefused(413, str(e)) from None
+        except (SpecError, SliceError, TypeError) as e:
+            raise JobRefused(400, str(e)) from None
+        self._check_limits(spec)
+        # An elastic job waits for MIN nodes; the service sets its size at each launch.
+        spec.nodes = spec.least_nodes
+        if spec.priority > 0 and not who.admin:
+            raise JobRefused(
+                403,
+                f"priority {spec.priority}: users may lower their jobs' "
+                f"priority (down to -100); raising it is for admins",
+            )
+        try:
+            klass = self.priorities.for_job(
+                spec.priority_class, who.admin, await self.granted_classes(who.name)
+            )
+        except PriorityError as e:
+            status = 403 if spec.priority_class in self.priorities.by_name else 400
+            raise JobRefused(status, str(e)) from None
+        # The backends' checks may name the job (a Kubernetes Job's name is its id).
+        spec.id = uuid.uuid4().hex[:12]
+        spec.user = who.name
+        book = self.book
+        places = self.places.places_for(spec)
+        total = spec.gpu_milli * spec.world_size
+        groups = await self.groups_of(who.name)
+        reason = never_fits(book.ledger.quotas, who.name, total, groups)
+        if not reason and all(book.backends[p.name].runs_on_this_host for p in places):
+            # The quota is this host's; Slurm and Kubernetes nodes have their own.
+            reason = book.over_quota(who.name, spec.world_size, spec.gpu_milli, "ranks")
+        if reason:
+            raise JobRefused(403, reason)
+        pool = places[0].name if len(places) == 1 else AUTO
+
+        jd = JobDir(book.root, spec.id)
+        os.makedirs(jd.path)
+        spec.checkpoint_dir = jd.p("checkpoints")
+        jd.write_inputs(spec)
+        job = book.queue.add(
+            {
+                "id": spec.id,
+                "user": who.name,
+                "name": spec.name,
+                "priority": spec.priority,
+                "priority_class": spec.priority_class,
+                "preemptible": spec.preemptible and klass.preemptible,
+                "backend": places[0].kind if len(places) == 1 else "",
+                "pool": pool,
+                "nodes": spec.nodes,
+                "min_nodes": spec.min_nodes if spec.elastic else None,
+                "max_nodes": spec.max_nodes if spec.elastic else None,
+                "nproc_per_node": spec.nproc_per_node,
+                "gpu_milli": spec.gpu_milli,
+                "message": "queued",
+            }
+        )
+        where = (
+            f"pool {pool}" if pool != AUTO else f"the first pool with room ({book.pools.names()})"
+        )
+        size = (
+            f"{spec.min_nodes} to {spec.max_nodes} nodes of {plural(spec.nproc_per_node, 'rank')}"
+            if spec.elastic
+            else plural(spec.world_size, "rank")
+        )
+        jd.event(f"job {spec.id} queued: {size} x {label(spec.gpu_milli)}, for {where}")
+        book.wake.set()
+        return job
+
+    def _check_limits(self, spec: JobSpec) -> None:
+        """The site's caps: every rank is a process somewhere, GPU or not."""
+        cap = self.limits.max_job_ranks
+        ranks = spec.most_nodes * spec.nproc_per_node
+        if ranks > cap:
+            raise JobRefused(
+                400,
+                f"the job asks for {ranks} ranks ({plural(spec.most_nodes, 'node')} "
+                f"x {spec.nproc_per_node}); at most {cap} per job "
+                f"here: use fewer --nodes or --nproc-per-node (an admin can "
+                f"raise c.GpuLabService.max_job_ranks)",
+            )
+        limit = self.limits.max_job_vars_mib * 2**20
+        if spec.vars_size > limit:
+            raise JobRefused(
+                413,
+                f"the job's variables are {spec.vars_size / 2**20:.1f} MiB "
+                f"(pickled), over the {self.limits.max_job_vars_mib} MiB a "
+                f"job may carry; save large data to a file or dataset the "
+                f"ranks read (an admin can raise "
+                f"c.GpuLabService.max_job_vars_mib)",
+            )
