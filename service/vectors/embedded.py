@@ -148,7 +148,8 @@ class EmbeddedEngine:
     async def write(self, owner: str, cid: str, rows: list[dict], upsert: bool) -> None:
         """Insert or upsert ``rows`` ({id, vector, metadata}): a row whose id is there
         already is replaced (inserts of ids that exist were refused before this). Done
-        when the engine's log holds them, fsynced."""
+        when the engine's log holds them, fsynced; searchable from then on, indexed in
+        the background."""
         vectors = np.asarray([r["vector"] for r in rows], dtype=np.float32)
         body = {
             "cid": cid,
@@ -166,8 +167,14 @@ class EmbeddedEngine:
     async def count(self, owner: str, cid: str) -> int:
         return (await self._call("count", owner, {"cid": cid}))["count"]
 
+    async def stats(self, owner: str, cid: str) -> dict:
+        """The rows, and how many of them wait for the index (searched exactly meanwhile)."""
+        answer = await self._call("count", owner, {"cid": cid})
+        return {"count": answer["count"], "pending_index_rows": answer["pending_index_rows"]}
+
     async def flush(self, owner: str, cid: str) -> None:
-        """Writes paused: the engine folds a long log into a snapshot (no one waits)."""
+        """Writes paused: the engine folds a long log into a snapshot once its index
+        caught up (no one waits)."""
         await self._call("flush", owner, {"cid": cid}, limited=False)
 
     async def search(

@@ -3,7 +3,8 @@
 
 The database is the owner's (``database_of``, named by the service) and the
 collection's name the id of its row in the service's database, so names here are
-the service's, never a user's; they are still checked to be plain names.
+the service's, never a user's; they are still checked to be plain names. One indexer
+(:mod:`.indexer`) builds every open collection's index behind its log.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shutil
 import threading
 
 from .faiss_collection import Collection
+from .indexer import Indexer
 
 NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 
@@ -30,6 +32,17 @@ class Store:
         self._lock = threading.Lock()
         #: One opening at a time per collection (its log replays once).
         self._opening: dict[tuple[str, str], threading.Lock] = {}
+        self.indexer = Indexer(self.opened)
+
+    def opened(self) -> list[Collection]:
+        with self._lock:
+            return list(self._open.values())
+
+    def _watched(self, collection: Collection) -> Collection:
+        """The indexer builds its index from now on (a reopened one: what its log replayed)."""
+        collection.on_write = self.indexer.wake
+        self.indexer.wake()
+        return collection
 
     def path(self, db: str, cid: str) -> str:
         if not NAME.match(db) or not NAME.match(cid):
@@ -63,7 +76,7 @@ class Store:
             collection = Collection.open(path)
             with self._lock:
                 self._open[key] = collection
-            return collection
+            return self._watched(collection)
 
     def create(self, db: str, cid: str, dim: int, metric: str, index: str) -> Collection:
         path = self.path(db, cid)
@@ -73,22 +86,23 @@ class Store:
                 raise FileExistsError(f"collection {cid} exists already")
             collection = Collection.create(path, dim, metric, index)
             self._open[(db, cid)] = collection
-            return collection
+        return self._watched(collection)
 
     def drop(self, db: str, cid: str) -> None:
         path = self.path(db, cid)
         with self._lock:
             collection = self._open.pop((db, cid), None)
         if collection is not None:
-            with collection.lock.write():
-                collection.close()
+            collection.close()
         if os.path.exists(path):
             trash = path + ".dropped"
             os.rename(path, trash)  # gone at once, even if the removal below is cut short
             shutil.rmtree(trash, ignore_errors=True)
 
     def close(self) -> None:
-        """At a clean stop: what the logs hold into snapshots, so the next start replays nothing."""
+        """At a clean stop: the indexer stops, and what the logs hold goes into
+        snapshots (the rows not indexed yet as the tail), so the next start replays nothing."""
+        self.indexer.stop()
         with self._lock:
             opened = list(self._open.values())
             self._open.clear()

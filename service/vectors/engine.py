@@ -220,6 +220,11 @@ class VectorEngine:
 
         return await self._call(count, owner, cid)
 
+    async def stats(self, owner: str, cid: str) -> dict:
+        """The rows (the cluster indexes sealed segments itself, and says nothing here
+        of what waits for its index)."""
+        return {"count": await self.count(owner, cid)}
+
     async def flush(self, owner: str, cid: str) -> None:
         """Seal what was written into indexed segments (searches then use the index).
         In the background, with no one waiting: no time limit (a big seal takes long)."""

@@ -6,8 +6,10 @@ served over gRPC on a Unix socket.
 host can reach it; the socket's directory is the engine account's and the service's
 alone. Every write is in its collection's log, fsynced, before it is answered
 (:mod:`.wal`), so a kill -9 of this process loses no acknowledged row; a start replays
-the logs after the last snapshot. Collections an older gpulab kept in Milvus Lite
-(``DATA_DIR`` itself) are copied in at the first start (:mod:`.lite_migration`).
+the logs after the last snapshot. The HNSW index is built behind the log by a thread
+of its own (:mod:`.indexer`); rows not in it yet are searched exactly. Collections an
+older gpulab kept in Milvus Lite (``DATA_DIR`` itself) are copied in at the first
+start (:mod:`.lite_migration`).
 It dies with the service that started it (``PARENT_PID``): the kernel kills it when
 its parent goes, so no engine outlives a killed service.
 """
@@ -31,9 +33,6 @@ log = logging.getLogger("gpulab.service.vectors.engine")
 
 #: gRPC worker threads: the service sends calls from a pool of the same size.
 WORKERS = 8
-#: A collection told to flush (its writes paused) folds a log this big into a snapshot,
-#: so a restart replays little.
-FLUSH_SNAPSHOT_BYTES = 32 * 2**20
 #: The folder, in DATA_DIR, of this engine's collections.
 FOLDER = "faiss"
 
@@ -77,12 +76,14 @@ class Handlers:
         return {}
 
     def count(self, h, _):
-        return {"count": self.store.get(h["db"], h["cid"]).count()}
+        collection = self.store.get(h["db"], h["cid"])
+        return {"count": collection.count(), "pending_index_rows": collection.pending()}
 
     def flush(self, h, _):
-        collection = self.store.get(h["db"], h["cid"])
-        if collection.log is not None and collection.log.size > FLUSH_SNAPSHOT_BYTES:
-            collection.snapshot()
+        """Writes paused: the indexer folds the log into a snapshot once the index
+        caught up (no one waits for it)."""
+        self.store.get(h["db"], h["cid"]).idle = True
+        self.store.indexer.wake()
         return {}
 
     def search(self, h, queries):

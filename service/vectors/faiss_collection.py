@@ -1,22 +1,34 @@
-"""One collection of the embedded engine: a FAISS index, the rows' ids and metadata held
-beside it, its write-ahead log and its snapshots.
+"""One collection of the embedded engine: a FAISS index, the rows not in it yet (the
+tail, :mod:`.tail`), the rows' ids and metadata held beside them, its write-ahead log
+and its snapshots.
 
 On disk (``<root>/<database>/<collection>/``)::
 
     schema.json        dim, metric, index (written once, at create)
-    snap-<seq>/        index.faiss, rows.json (ids, metadata, deleted marks), done
+    snap-<seq>/        index.faiss, tail.f32 (the rows not indexed then), rows.json
+                       (ids, metadata, deleted marks), done
     wal-<seq>          the writes after snapshot <seq>, each fsynced before it is answered
 
-A write goes to the log, then to the index; a restart loads the newest complete
-snapshot and replays the logs after it. A snapshot is taken when the log passed
-``SNAPSHOT_BYTES`` (and at a clean stop); then older snapshots and logs go.
+A write is answered once it is in the log (fsynced) and in memory: its rows go to the
+tail, searched exactly, so the next search finds them. The engine's indexer
+(:mod:`.indexer`, a thread of its own) moves rows from the tail into the HNSW graph in
+large batches; a search merges the graph's hits with the tail's. A restart loads the
+newest complete snapshot and replays the logs after it into the tail, and the indexer
+builds from there: a kill -9 loses no acknowledged row, only indexing work.
 
-Rows are FAISS labels 0, 1, 2, ... in the order written. A delete (or the old row of an
-upsert) marks its label dead; searches skip dead labels (FAISS's ``IDSelector``), and
-a snapshot with more dead than live rows rebuilds the index from the live ones.
-Cosine is the inner product of normalised vectors. A filter is evaluated over the
-metadata first: few matches are searched exactly, many through the index restricted
-to them, so a filtered search returns k hits when k rows match.
+Rows are FAISS labels 0, 1, 2, ... in the order written; those below ``tail.start``
+are in the index. A delete (or the old row of an upsert) marks its label dead;
+searches skip dead labels in both parts (FAISS's ``IDSelector`` in the index, a label
+list in the tail), and a snapshot with more dead than live rows rebuilds the index
+from the live ones (in the background: they go back to the tail). Cosine is the inner
+product of normalised vectors. A filter is evaluated over the metadata first: few
+matches are searched exactly, many through the index restricted to them (and the
+tail's matches exactly), so a filtered search returns k hits when k rows match.
+
+Locks, always taken in this order: ``builder`` (one change to the index at a time:
+the indexer's add, a snapshot), ``_writing`` (writes in log order), ``lock`` (the
+rows: ids, metadata, tail; searches share it) and ``index_lock`` (the FAISS index:
+searches share it, an add holds it alone).
 """
 
 from __future__ import annotations
@@ -26,66 +38,28 @@ import json
 import os
 import shutil
 import threading
+import time
+from collections.abc import Callable
 
 import faiss
 import numpy as np
 
 from . import wal
 from .filter_match import Predicate
+from .rwlock import RWLock
+from .tail import Tail, best, scores
 
 #: HNSW's graph degree and build breadth; search breadth is max(EF_SEARCH, 2k).
 M = 16
 EF_CONSTRUCTION = 64
 EF_SEARCH = 64
-#: A log past this many bytes is folded into a snapshot.
+#: A log past this many bytes (or past the last snapshot's size, so that snapshots
+#: cost at most as much again as the data) is folded into a snapshot.
 SNAPSHOT_BYTES = 256 * 2**20
+#: A collection whose writes paused and whose index caught up folds a log this big.
+IDLE_SNAPSHOT_BYTES = 32 * 2**20
 #: Filters matching at most this many rows are searched exactly over those rows.
 EXACT_BELOW = 20_000
-
-
-class RWLock:
-    """Many searches at once, or one write."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writing = False
-
-    def read(self):
-        return _Held(self, False)
-
-    def write(self):
-        return _Held(self, True)
-
-    def _acquire(self, write: bool) -> None:
-        with self._cond:
-            if write:
-                while self._writing or self._readers:
-                    self._cond.wait()
-                self._writing = True
-            else:
-                while self._writing:
-                    self._cond.wait()
-                self._readers += 1
-
-    def _release(self, write: bool) -> None:
-        with self._cond:
-            if write:
-                self._writing = False
-            else:
-                self._readers -= 1
-            self._cond.notify_all()
-
-
-class _Held:
-    def __init__(self, lock: RWLock, write: bool):
-        self.lock, self.write = lock, write
-
-    def __enter__(self):
-        self.lock._acquire(self.write)
-
-    def __exit__(self, *exc):
-        self.lock._release(self.write)
 
 
 def new_index(dim: int, metric: str, kind: str):
@@ -100,14 +74,27 @@ def new_index(dim: int, metric: str, kind: str):
 class Collection:
     def __init__(self, path: str, dim: int, metric: str, kind: str):
         self.path, self.dim, self.metric, self.kind = path, dim, metric, kind
+        self.builder = threading.Lock()
+        self._writing = threading.Lock()
         self.lock = RWLock()
+        self.index_lock = RWLock()
         self.index = new_index(dim, metric, kind)
+        self.tail = Tail(dim)
         self.ids: list[str | None] = []  # by label; None: deleted
         self.metadata: list[dict | None] = []
         self.label_of: dict[str, int] = {}
         self.seq = 0  # of the last write
         self._live: tuple[int, np.ndarray | None] = (-1, None)
         self.log: wal.Log | None = None
+        self.closed = False
+        #: Writes paused (the service said so): fold the log once the index caught up.
+        self.idle = False
+        #: The bytes of the last snapshot's vectors: a log this long is folded too.
+        self.snapshot_bytes = 0
+        #: Called after each write, outside the locks: the indexer's wake-up.
+        self.on_write: Callable[[], None] | None = None
+        #: When it was last searched (time.monotonic()): the indexer's batches are short then.
+        self.searched_at = -float("inf")
 
     # -- on disk ---------------------------------------------------------------------
     @classmethod
@@ -145,7 +132,14 @@ class Collection:
                 rows = json.load(f)
             self.ids, self.metadata = rows["ids"], rows["metadata"]
             self.label_of = {rid: i for i, rid in enumerate(self.ids) if rid is not None}
+            self.tail = Tail(self.dim, self.index.ntotal)
+            tail_file = os.path.join(snap, "tail.f32")
+            if os.path.exists(tail_file):
+                self.tail.append(np.fromfile(tail_file, dtype="<f4").reshape(-1, self.dim))
+            if self.tail.end != len(self.ids):
+                raise RuntimeError(f"{snap}: {self.tail.end} vectors for {len(self.ids)} rows")
             self.seq = snaps[-1]
+            self.snapshot_bytes = len(self.ids) * self.dim * 4
         logs = sorted(
             glob.glob(os.path.join(self.path, "wal-*")), key=lambda p: int(p.rsplit("-", 1)[1])
         )
@@ -156,30 +150,50 @@ class Collection:
                     self.seq = header["seq"]
         self.log = wal.Log(logs[-1] if logs else os.path.join(self.path, f"wal-{self.seq}"))
 
+    def snapshot_due(self) -> bool:
+        """Whether the log is long enough to fold (checked by the indexer)."""
+        size = 0 if self.log is None else self.log.size
+        if size > max(SNAPSHOT_BYTES, self.snapshot_bytes):
+            return True
+        return self.idle and not self.tail.rows and size > IDLE_SNAPSHOT_BYTES
+
     def snapshot(self) -> None:
-        """The index and rows as of now into ``snap-<seq>``; then a new log, and the
-        older snapshots and logs go. Searches and writes wait meanwhile (rare: once per
-        ``SNAPSHOT_BYTES`` of writes, and at a clean stop)."""
-        with self.lock.write():
-            seq = self.seq
-            final = os.path.join(self.path, f"snap-{seq}")
-            if os.path.exists(os.path.join(final, "done")):
-                return
+        """The index, the tail and the rows as of now into ``snap-<seq>``; writes go to
+        a new log from then on, and the older snapshots and logs go. Writes and
+        searches wait only while the rows are copied, not while the files are written."""
+        with self.builder:
+            with self._writing, self.lock.write():
+                if self.closed:
+                    return
+                seq = self.seq
+                final = os.path.join(self.path, f"snap-{seq}")
+                if os.path.exists(os.path.join(final, "done")):
+                    return
+                if self.kind == "hnsw" and len(self.label_of) * 2 < len(self.ids):
+                    self._rebuild()
+                rows = {"ids": list(self.ids), "metadata": list(self.metadata)}
+                tail_blocks = list(self.tail.blocks)
+                old_log = self.log
+                self.log = wal.Log(os.path.join(self.path, f"wal-{seq}"))
+                self.idle = False
+            old_log.close()
             tmp = final + ".tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp, mode=0o700)
-            if self.kind == "hnsw" and len(self.label_of) * 2 < len(self.ids):
-                self._rebuild()
+            # Only this thread changes the index now (it holds the builder); searches
+            # read it meanwhile, as this does.
             faiss.write_index(self.index, os.path.join(tmp, "index.faiss"))
-            _write_json(
-                os.path.join(tmp, "rows.json"), {"ids": self.ids, "metadata": self.metadata}
-            )
+            with open(os.path.join(tmp, "tail.f32"), "wb") as f:
+                for block in tail_blocks:
+                    f.write(np.ascontiguousarray(block, "<f4").tobytes())
+                f.flush()
+                os.fsync(f.fileno())
+            _write_json(os.path.join(tmp, "rows.json"), rows)
+            _fsync_file(os.path.join(tmp, "index.faiss"))
             _write_json(os.path.join(tmp, "done"), {"seq": seq})
             os.rename(tmp, final)
-            old_log = self.log
-            self.log = wal.Log(os.path.join(self.path, f"wal-{seq}"))
-            old_log.close()
             _fsync_dir(self.path)
+            self.snapshot_bytes = len(rows["ids"]) * self.dim * 4
         for path in glob.glob(os.path.join(self.path, "snap-*")) + glob.glob(
             os.path.join(self.path, "wal-*")
         ):
@@ -187,39 +201,81 @@ class Collection:
                 shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
 
     def _rebuild(self) -> None:
-        """The index of the live rows only (labels renumbered): after many deletes."""
-        live = [i for i, rid in enumerate(self.ids) if rid is not None]
-        vectors = self.vectors()[live] if live else np.empty((0, self.dim), "f4")
-        self.index = new_index(self.dim, self.metric, self.kind)
-        if len(vectors):
-            self.index.add(vectors)
+        """After many deletes: the live rows only (labels renumbered), all in the tail
+        again, so the indexer builds their graph anew in the background. Under the
+        builder and the rows' write lock."""
+        live = np.asarray([i for i, rid in enumerate(self.ids) if rid is not None], np.int64)
+        with self.index_lock.write():
+            vectors = self._gather(live)
+            self.index = new_index(self.dim, self.metric, self.kind)
+        self.tail = Tail(self.dim)
+        self.tail.append(vectors)
         self.ids = [self.ids[i] for i in live]
         self.metadata = [self.metadata[i] for i in live]
         self.label_of = {rid: i for i, rid in enumerate(self.ids)}
 
     def close(self) -> None:
-        if self.log is not None:
-            self.log.close()
-            self.log = None
+        """No more writes, indexing or snapshots (a drop, a clean stop)."""
+        with self.builder, self._writing, self.lock.write():
+            self.closed = True
+            if self.log is not None:
+                self.log.close()
+                self.log = None
+
+    # -- the index, built behind the log -----------------------------------------------
+    def pending(self) -> int:
+        """Rows written but not in the index yet."""
+        return self.tail.rows
+
+    def index_some(self, rows: int) -> int:
+        """Move up to ``rows`` rows from the tail into the index (the indexer's step);
+        how many it moved. Searches wait for the index only during FAISS's add."""
+        with self.builder:
+            with self.lock.read():
+                if self.closed or not self.tail.rows:
+                    return 0
+                start = self.tail.start
+                chunk = self.tail.front(rows)
+            with self.index_lock.write():
+                self.index.add(chunk)
+            # Between here and the tail's move, a search finds these rows in both
+            # parts: it takes the index's hits below tail.start only.
+            with self.lock.write():
+                if self.tail.start == start:
+                    self.tail.drop_front(len(chunk))
+            return len(chunk)
+
+    def build(self) -> None:
+        """Index every pending row now (tests, a migration, a clean stop's caller)."""
+        while self.index_some(50_000):
+            pass
 
     # -- rows ------------------------------------------------------------------------
     def write(self, ids: list[str], vectors: np.ndarray, metadata: list[dict]) -> None:
-        """Upsert: a row whose id is here already replaces it."""
+        """Upsert: a row whose id is here already replaces it. Answered once it is in
+        the log, fsynced; searchable at once (the tail), indexed soon after."""
         vectors = self._prepared(vectors)
-        with self.lock.write():
+        with self._writing:
+            if self.log is None:
+                raise RuntimeError("the collection was closed (dropped meanwhile?)")
             header = {"seq": self.seq + 1, "op": "write", "ids": ids, "metadata": metadata}
             self.log.append(header, vectors)
-            self._apply(header, vectors)
-            self.seq += 1
-        if self.log.size > SNAPSHOT_BYTES:
-            self.snapshot()
+            with self.lock.write():
+                self._apply(header, vectors)
+                self.seq = header["seq"]
+                self.idle = False
+        if self.on_write is not None:
+            self.on_write()
 
     def delete(self, ids: list[str]) -> None:
-        with self.lock.write():
+        with self._writing:
+            if self.log is None:
+                raise RuntimeError("the collection was closed (dropped meanwhile?)")
             header = {"seq": self.seq + 1, "op": "delete", "ids": ids}
             self.log.append(header, None)
-            self._apply(header, None)
-            self.seq += 1
+            with self.lock.write():
+                self._apply(header, None)
+                self.seq = header["seq"]
 
     def _apply(self, header: dict, vectors: np.ndarray | None) -> None:
         ids = header["ids"]
@@ -230,16 +286,17 @@ class Collection:
                 self.metadata[label] = None
         if header["op"] != "write":
             return
+        metadata = header["metadata"]
         if len(set(ids)) != len(ids):  # the last of repeated ids wins, as in Milvus
             last = {rid: i for i, rid in enumerate(ids)}
             keep = sorted(last.values())
             ids = [ids[i] for i in keep]
             vectors = vectors[keep]
-            header = {**header, "metadata": [header["metadata"][i] for i in keep]}
+            metadata = [metadata[i] for i in keep]
         start = len(self.ids)
-        self.index.add(vectors)
+        self.tail.append(vectors)
         self.ids.extend(ids)
-        self.metadata.extend(header["metadata"])
+        self.metadata.extend(metadata)
         self.label_of.update((rid, start + i) for i, rid in enumerate(ids))
 
     def _prepared(self, vectors) -> np.ndarray:
@@ -255,9 +312,9 @@ class Collection:
     def count(self) -> int:
         return len(self.label_of)
 
-    def vectors(self) -> np.ndarray:
-        """Every label's vector: a view of the index's own storage, no copy (valid while
-        the index is not written to: under the collection's lock)."""
+    def _indexed_vectors(self) -> np.ndarray:
+        """The index's vectors: a view of its own storage, no copy (valid while the
+        index is not added to: under ``index_lock``)."""
         storage = self.index.storage if self.kind == "hnsw" else self.index
         codes = faiss.downcast_index(storage).codes
         if codes.size() == 0:
@@ -265,61 +322,98 @@ class Collection:
         raw = faiss.rev_swig_ptr(codes.data(), codes.size())
         return raw.view(np.float32).reshape(-1, self.dim)
 
+    def _gather(self, labels: np.ndarray) -> np.ndarray:
+        """The vectors of ``labels``, from the index or the tail (under both locks)."""
+        out = np.empty((len(labels), self.dim), dtype=np.float32)
+        indexed = labels < self.tail.start
+        if indexed.any():
+            out[indexed] = self._indexed_vectors()[labels[indexed]]
+        if not indexed.all():
+            out[~indexed] = self.tail.gather(labels[~indexed])
+        return out
+
     def rows(self):
         """(id, vector, metadata) of every live row, for a copy elsewhere."""
-        with self.lock.read():
-            vectors = self.vectors()
-            for label, rid in enumerate(self.ids):
-                if rid is not None:
-                    yield rid, vectors[label], self.metadata[label]
+        with self.lock.read(), self.index_lock.read():
+            live = np.asarray([i for i, rid in enumerate(self.ids) if rid is not None], np.int64)
+            vectors = self._gather(live)
+            return [
+                (self.ids[label], vectors[n], self.metadata[label])
+                for n, label in enumerate(live.tolist())
+            ]
 
     # -- search ----------------------------------------------------------------------
     def search(self, queries, k: int, match: Predicate | None = None) -> list[list[tuple]]:
         """(id, score, metadata) of the best ``k`` rows per query; ``match``: only rows
         it takes. Cosine and IP scores are similarities, L2 a squared distance."""
         queries = self._prepared(queries)
-        with self.lock.read():
-            n = len(self.ids)
+        self.searched_at = time.monotonic()
+        with self.lock.read(), self.index_lock.read():
             if not self.label_of:
                 return [[] for _ in queries]
-            if match is not None:
-                labels = np.fromiter(
-                    (
-                        i
-                        for i, rid in enumerate(self.ids)
-                        if rid is not None and match(rid, self.metadata[i])
-                    ),
-                    dtype=np.int64,
-                )
-            elif len(self.label_of) < n:  # rows deleted: the live ones, kept till a write
-                if self._live[0] != self.seq:
-                    live = np.fromiter(self.label_of.values(), dtype=np.int64)
-                    self._live = (self.seq, np.sort(live))
-                labels = self._live[1]
-            else:
-                labels = None
+            labels = self._wanted(match)
             if labels is not None and len(labels) == 0:
                 return [[] for _ in queries]
             if labels is not None and (len(labels) <= EXACT_BELOW or self.kind == "flat"):
-                scores, found = self._exact(queries, labels, k)
+                found = scores(queries, self._gather(labels), self.metric)
+                scored, found = best(found, np.broadcast_to(labels, found.shape), k, self.metric)
             else:
-                scores, found = self._indexed(queries, labels, k, n)
+                scored, found = self._both(queries, labels, k)
             return [
                 [
                     (self.ids[label], float(score), self.metadata[label])
                     for score, label in zip(row_scores, row_labels, strict=True)
                     if label >= 0
                 ]
-                for row_scores, row_labels in zip(scores, found, strict=True)
+                for row_scores, row_labels in zip(scored, found, strict=True)
             ]
 
-    def _indexed(self, queries, labels, k: int, n: int):
+    def _wanted(self, match: Predicate | None) -> np.ndarray | None:
+        """The labels a search may return (sorted), or None for every label."""
+        if match is not None:
+            return np.fromiter(
+                (
+                    i
+                    for i, rid in enumerate(self.ids)
+                    if rid is not None and match(rid, self.metadata[i])
+                ),
+                dtype=np.int64,
+            )
+        if len(self.label_of) < len(self.ids):  # rows deleted: the live ones, kept till a write
+            if self._live[0] != self.seq:
+                live = np.fromiter(self.label_of.values(), dtype=np.int64)
+                self._live = (self.seq, np.sort(live))
+            return self._live[1]
+        return None
+
+    def _both(self, queries, labels, k: int):
+        """The index's hits and the tail's (exact), merged: the best ``k`` of both."""
+        start = self.tail.start
+        parts = []
+        if start:
+            mine = None if labels is None else labels[labels < start]
+            if mine is None or len(mine):
+                parts.append(self._indexed(queries, mine, k, start))
+        if self.tail.rows:
+            mine = None if labels is None else labels[labels >= start]
+            if mine is None or len(mine):
+                parts.append(self.tail.search(queries, k, self.metric, mine))
+        if not parts:
+            return np.empty((len(queries), 0)), np.empty((len(queries), 0), np.int64)
+        if len(parts) == 1:
+            return parts[0]
+        return best(
+            np.hstack([p[0] for p in parts]), np.hstack([p[1] for p in parts]), k, self.metric
+        )
+
+    def _indexed(self, queries, labels, k: int, start: int):
+        """The index's best ``k`` among labels below ``start`` (or ``labels``)."""
         params = None
         selector = None
         if labels is not None:
-            bitmap = np.zeros((n + 7) // 8, dtype=np.uint8)
+            bitmap = np.zeros((start + 7) // 8, dtype=np.uint8)
             np.bitwise_or.at(bitmap, labels >> 3, (1 << (labels & 7)).astype(np.uint8))
-            selector = faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap))
+            selector = faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap))
         if self.kind == "hnsw":
             params = faiss.SearchParametersHNSW()
             params.efSearch = max(EF_SEARCH, 2 * k)
@@ -328,20 +422,9 @@ class Collection:
         elif selector is not None:
             params = faiss.SearchParameters()
             params.sel = selector
-        scores, found = self.index.search(queries, min(k, n), params=params)
-        return scores, found
-
-    def _exact(self, queries, labels, k: int):
-        vectors = self.vectors()[labels]
-        if self.metric == "l2":
-            scores = (
-                (queries**2).sum(1)[:, None] - 2 * queries @ vectors.T + (vectors**2).sum(1)[None]
-            )
-            order = np.argsort(scores, axis=1)[:, :k]
-        else:
-            scores = queries @ vectors.T
-            order = np.argsort(-scores, axis=1)[:, :k]
-        return np.take_along_axis(scores, order, 1), labels[order]
+        found_scores, found = self.index.search(queries, min(k, start), params=params)
+        found = np.where(found >= start, -1, found)  # in the tail still: found there
+        return found_scores, found
 
 
 def _write_json(path: str, value) -> None:
@@ -351,9 +434,13 @@ def _write_json(path: str, value) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: str) -> None:
+def _fsync_file(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    _fsync_file(path)

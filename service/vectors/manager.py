@@ -225,7 +225,10 @@ class CollectionManager:
         }
 
     async def counted_view(self, row: dict) -> dict:
-        return self.view(row, await self._engine(self.engine.count, row["user"], row["id"]))
+        """The view with its rows counted; the embedded engine also says how many wait
+        for its index (``pending_index_rows``: searchable already, exactly)."""
+        stats = await self._engine(self.engine.stats, row["user"], row["id"])
+        return {**self.view(row, stats.pop("count")), **stats}
 
     # -- making and dropping -------------------------------------------------------------
     async def create(self, who, body: dict) -> dict:

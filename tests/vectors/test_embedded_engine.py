@@ -5,12 +5,19 @@ match (searched exactly or through the index restricted to the matching rows).""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
 
 import numpy as np
 import pytest
 
 from gpulab.service.vectors import faiss_collection
+from gpulab.service.vectors.embedded_store import Store
 from gpulab.service.vectors.faiss_collection import Collection
 from gpulab.service.vectors.filter_match import predicate
 from gpulab.service.vectors.filters import parse
@@ -119,3 +126,174 @@ def test_filters_follow_milvus_semantics_over_json():
     assert matching('metadata["deep"]["k"] == 1') == []  # a boolean is not a number
     assert matching('id in ["b", "c"] and metadata["n"] in [2.5]') == ["b"]
     assert matching('metadata["tags"][1] == "y"') == ["a"]
+
+
+@pytest.mark.parametrize("exact_below", [0, 10_000])
+def test_rows_not_indexed_yet_are_found_hidden_and_filtered_with_the_indexed(
+    tmp_path, monkeypatch, exact_below
+):
+    """A write is searchable before the index holds it (the tail, searched exactly):
+    a search merges both parts, deletes and upserts hide rows in both, and a filter
+    keeps k hits across both (through the index restricted to the matches, exact_below
+    0, or exactly over the matches)."""
+    monkeypatch.setattr(faiss_collection, "EXACT_BELOW", exact_below)
+    path = str(tmp_path / "c1")
+    c = Collection.create(path, DIM, "cosine", "hnsw")
+    v = unit(400)
+    meta = [{"lang": ("en", "de")[i % 2], "n": i} for i in range(400)]
+    c.write([f"r{i}" for i in range(300)], v[:300], meta[:300])
+    c.build()
+    c.write([f"r{i}" for i in range(300, 400)], v[300:], meta[300:])
+    assert (c.index.ntotal, c.pending()) == (300, 100)
+    assert ids_of(c.search(v[350:351], 1)[0]) == ["r350"]  # read your writes
+    assert ids_of(c.search(v[10:11], 1)[0]) == ["r10"]
+    queries = unit(5, seed=1)
+    exact = np.argsort(-(queries @ v.T), axis=1)[:, :10]
+    found = c.search(queries, 10)
+    for hits, best in zip(found, exact, strict=True):
+        assert set(ids_of(hits)) == {f"r{i}" for i in best}
+        assert [h[1] for h in hits] == sorted((h[1] for h in hits), reverse=True)
+    # A delete in each part, and an indexed row replaced by a new vector (now in the tail).
+    c.delete(["r10", "r350"])
+    moved = -v[20:21]
+    c.write(["r20"], moved, [{"lang": "de", "n": 1000}])
+    assert "r10" not in ids_of(c.search(v[10:11], 5)[0])
+    assert "r350" not in ids_of(c.search(v[350:351], 5)[0])
+    assert "r20" not in ids_of(c.search(v[20:21], 5)[0])
+    assert ids_of(c.search(moved, 1)[0]) == ["r20"]
+    # Matches on both sides of the index's end: k hits, all matching, the tail's found.
+    match = predicate(parse('metadata["lang"] == "de" and metadata["n"] >= 250'))
+    for hits in c.search(np.vstack([v[261], v[353], moved[0]]), 10, match):
+        assert len(hits) == 10
+        assert all(h[2]["lang"] == "de" and h[2]["n"] >= 250 for h in hits)
+    assert ids_of(c.search(v[353:354], 1, match)[0]) == ["r353"]
+    assert ids_of(c.search(moved, 1, match)[0]) == ["r20"]
+
+
+def test_a_snapshot_keeps_the_index_built_so_far_and_the_rows_waiting(tmp_path):
+    """Snapshots do not wait for the index: the part built is saved as built, the rest
+    as the tail; a crash after more writes replays them into the tail too."""
+    path = str(tmp_path / "c1")
+    c = Collection.create(path, DIM, "l2", "hnsw")
+    v = unit(500)
+    c.write([f"r{i}" for i in range(300)], v[:300], [{"n": i} for i in range(300)])
+    c.index_some(100)
+    c.snapshot()
+    c.write([f"r{i}" for i in range(300, 500)], v[300:], [{"n": i} for i in range(300, 500)])
+    # No close: as after kill -9 while the indexer was at work.
+    again = Collection.open(path)
+    assert (again.index.ntotal, again.pending(), again.count()) == (100, 400, 500)
+    for i in (5, 150, 420):
+        hit = again.search(v[i : i + 1], 1)[0][0]
+        assert hit[0] == f"r{i}" and hit[2] == {"n": i} and hit[1] == pytest.approx(0, abs=1e-5)
+    again.build()
+    assert (again.index.ntotal, again.pending()) == (500, 0)
+    assert ids_of(again.search(v[420:421], 1)[0]) == ["r420"]
+
+
+def test_the_engines_indexer_builds_behind_the_writes_and_a_clean_stop_keeps_it(tmp_path):
+    """The store's indexer thread indexes what is written; a clean stop snapshots it,
+    so the next start replays no log and indexes nothing again."""
+    store = Store(str(tmp_path / "engine"))
+    c = store.create("db", "c1", DIM, "cosine", "hnsw")
+    v = unit(3000)
+    for start in range(0, 3000, 500):
+        ids = [f"r{i}" for i in range(start, start + 500)]
+        c.write(ids, v[start : start + 500], [{}] * 500)
+    assert c.count() == 3000
+    indexed = threading.Event()
+    while c.pending():  # the indexer's pace: each step is a batch it indexed
+        indexed.wait(0.05)
+    assert c.index.ntotal == 3000
+    store.close()
+    again = Store(str(tmp_path / "engine"))
+    try:
+        reopened = again.get("db", "c1")
+        assert (reopened.index.ntotal, reopened.pending(), reopened.count()) == (3000, 0, 3000)
+        assert os.path.getsize(reopened.log.path) == 0
+        assert ids_of(reopened.search(v[2999:3000], 1)[0]) == ["r2999"]
+    finally:
+        again.close()
+
+
+class EngineServer:
+    """The engine's real process (as the service runs it) on a data dir of the test's."""
+
+    def __init__(self, data: str, socket: str):
+        self.data, self.socket = data, socket
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpulab.service.vectors.engine_server"]
+            + [self.data, self.socket, str(os.getpid())],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout.readline().startswith("vector engine ready")
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
+async def answered(call, tries: int = 50):
+    """The call's answer once the client found the restarted engine (a 503 until then,
+    as the service's callers get)."""
+    from gpulab.service.vectors.engine import EngineError
+
+    for _ in range(tries - 1):
+        try:
+            return await call()
+        except EngineError as e:
+            assert e.status == 503, e
+            await asyncio.sleep(0.1)
+    return await call()
+
+
+async def test_a_kill_9_while_rows_wait_for_the_index_loses_no_acknowledged_row(tmp_path):
+    """Writes are answered once in the log, before the index holds them. The engine is
+    killed (SIGKILL) with acknowledged rows still waiting for its index; after a restart
+    every acknowledged row is there and found by a search, deleted rows stay deleted,
+    and the indexer takes up the rows the log replayed."""
+    from gpulab.service.vectors.embedded import EmbeddedEngine
+
+    dim, n = 384, 6000
+    v = np.random.default_rng(0).normal(size=(n, dim)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    folder = tempfile.mkdtemp(prefix="gpulab-crash-")  # a socket's path must be short
+    server = EngineServer(str(tmp_path / "data"), os.path.join(folder, "engine.sock"))
+    server.start()
+    client = EmbeddedEngine("unix:" + server.socket, call_timeout=60)
+    try:
+        await client.create("alice", "c1", dim, "cosine", "hnsw")
+        acknowledged = []
+        for start in range(0, n, 1000):
+            rows = [
+                {"id": f"r{i}", "vector": v[i], "metadata": {"n": i}}
+                for i in range(start, start + 1000)
+            ]
+            await client.write("alice", "c1", rows, upsert=False)
+            acknowledged += [r["id"] for r in rows]
+        await client.delete("alice", "c1", ["r7", "r5999"])
+        before = await client.stats("alice", "c1")
+        assert before == {"count": n - 2, "pending_index_rows": before["pending_index_rows"]}
+        assert before["pending_index_rows"] > 0  # killed with rows the index did not hold
+        server.kill()
+        server.start()
+        after = await answered(lambda: client.stats("alice", "c1"))
+        assert after["count"] == n - 2
+        live = set(acknowledged) - {"r7", "r5999"}
+        assert await client.existing("alice", "c1", acknowledged) == live
+        for i in (0, 3000, 5998):
+            hit = (await client.search("alice", "c1", [v[i]], 1, "cosine", ""))[0][0]
+            assert hit["id"] == f"r{i}" and hit["metadata"] == {"n": i}
+        hits = await client.search("alice", "c1", [v[5999]], 5, "cosine", "")
+        assert "r5999" not in [h["id"] for h in hits[0]]
+        pending = after["pending_index_rows"]
+        while pending == after["pending_index_rows"]:  # the indexer is at work again
+            pending = (await client.stats("alice", "c1"))["pending_index_rows"]
+    finally:
+        client.close()
+        server.kill()
+        shutil.rmtree(folder, ignore_errors=True)
