@@ -511,3 +511,50 @@ async def test_a_jobs_pods_take_connections_only_from_each_other(
     finally:
         await backend.cancel(spec, grace_s=0)
         await backend.close()
+
+
+async def test_an_endpoints_replicas_take_calls_only_from_the_router(
+    live_kube,
+    api,
+    namespace,
+    firewall,
+    jobs_volume,
+    image,  # noqa: F811
+):
+    """The serving backend's objects (Secret, NetworkPolicy, Deployment, Service), a
+    plain HTTP server in the replica: the router's pods reach it, a user's pod does
+    not (calls go through the router, which checks the caller's token)."""
+    from test_live_cluster import ready_addresses, stand_in
+
+    from gpulab.backend.kubernetes.isolation import ROUTER_POD_LABELS
+
+    serving = serving_of(
+        live_kube,
+        namespace,
+        jobs_volume,
+        pod_patch_for=lambda dep, rows: stand_in(["python", "-m", "http.server", "8080"]),
+    )
+    dep = endpoint_unit(id="f1e", replicas=1, gpu_milli=0)
+    serving.prepare(dep["id"])
+    name = serving.k8s_name(dep)
+    try:
+        await serving.launch(dep, [])
+
+        async def ready():
+            return await ready_addresses(api, namespace, serving.object_name(dep))
+
+        [ip] = await wait_for("the replica to be ready (the kubelet's probe gets in)", ready)
+        [replica] = await pods_of(api, namespace, f"gpulab.io/endpoint={name}")
+        await wait_for(
+            "kube-router to guard the replica",
+            lambda: asyncio.to_thread(firewall.guards, namespace, replica.metadata.name),
+        )
+        said = await probe(api, namespace, image, "caller", USERS_POD, ip, serving.port)
+        assert said.startswith("blocked"), said
+        said = await probe(
+            api, namespace, image, "router", ROUTER_POD_LABELS, ip, serving.port, "open"
+        )
+        assert said == "open", said
+    finally:
+        await serving.stop(dep, wait_s=0)
+        await serving.close()

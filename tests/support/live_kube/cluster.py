@@ -580,15 +580,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         if self._stopped or self.net is None:
             return
         self._stopped = True
-        for _, p in reversed(self.procs):
-            _signal_group(p, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for _, p in reversed(self.procs):
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
-                p.wait(timeout=10)
+        # etcd last: a kube-apiserver stopping removes its own address from the
+        # "kubernetes" Endpoints, and with etcd gone it retried that until killed (15 s).
+        for last in (False, True):
+            procs = [p for name, p in reversed(self.procs) if (name == "etcd") == last]
+            for p in procs:
+                _signal_group(p, signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            for p in procs:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    _signal_group(p, signal.SIGKILL)
+                    p.wait(timeout=10)
         self.procs.clear()
         self._cleanup()
         if self._lock is not None:
