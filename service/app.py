@@ -77,7 +77,7 @@ from gpulab.service.api import telemetry as telemetry_api
 from gpulab.service.api import usage as usage_api
 from gpulab.service.api.request_body import JSON_BODY_LIMIT
 from gpulab.service.auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
-from gpulab.service.budgets import BudgetSettings
+from gpulab.service.budgets import BudgetSettings, UserBudgets
 from gpulab.service.endpoints.fine_tuning import FineTuning
 from gpulab.service.endpoints.fine_tuning_api import FineTuningRoutes
 from gpulab.service.endpoints.llm_settings import LlmSettings
@@ -652,6 +652,7 @@ class GpuLabService(
     reconciler = Instance(Reconciler, allow_none=True)
     preemption = Instance(Preemption, allow_none=True)
     jobs = Instance(JobManager, allow_none=True)
+    budgets = Instance(UserBudgets, allow_none=True)
     schedules = Instance(ScheduledJobs, allow_none=True)
     deployments = Instance("gpulab.service.endpoints.manager.DeploymentManager", allow_none=True)
     fine_tuning = Instance(FineTuning, allow_none=True)
@@ -806,6 +807,13 @@ class GpuLabService(
         self.metrics = Metrics()
         self.metrics.registry.register(LedgerCollector(self.ledger, self.gpus, self.slice_sizes))
         self.metrics.registry.register(JobQueueCollector(self.engine))
+        #: Where each user stands against the GPU-hour budgets (BudgetSettings).
+        self.budgets = UserBudgets(
+            hub=self.hub,
+            engine=self.ledger.engine,
+            db_threads=self.db_threads,
+            config=self.budget_config(),
+        )
 
     def init_audit(self):
         """The audit trail; its writes run on the service's database threads."""

@@ -1,7 +1,9 @@
 """GPU-hour budgets: the site's settings, and where a user stands against them.
 
 The settings live on :class:`BudgetSettings`, which the service inherits, so they are
-set as ``c.GpuLabService.<name>``. Hub groups carry a budget as the property
+set as ``c.GpuLabService.<name>``; the service builds :class:`UserBudgets` from them
+(:meth:`BudgetSettings.budget_config`) and the hub's API, and the routes ask it
+(``GpuLabService.budgets``). Hub groups carry a budget as the property
 ``gpulab_budget_gpu_hours`` (and ``gpulab_budget_overdraft: true``) an admin sets on
 the hub's admin page; the config wins. The arithmetic is :mod:`gpulab.scheduler.budget`.
 
@@ -12,6 +14,8 @@ status bar and ``%gpulab`` (``GET /budget``); who is refused: a server with a GP
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from traitlets import Dict, Float, List, Unicode, validate
 from traitlets.config import Configurable
 
@@ -21,7 +25,7 @@ from gpulab.scheduler.budget import PERIODS, BudgetExceeded, Budgets, budget_sta
 GROUP_BUDGET_PROPERTY = "gpulab_budget_gpu_hours"
 GROUP_OVERDRAFT_PROPERTY = "gpulab_budget_overdraft"
 
-__all__ = ["BudgetExceeded", "BudgetSettings"]
+__all__ = ["BudgetConfig", "BudgetExceeded", "BudgetSettings", "UserBudgets"]
 
 
 def _hours(value) -> float | None:
@@ -113,12 +117,52 @@ class BudgetSettings(Configurable):
         """,
     ).tag(config=True)
 
+    def budget_config(self) -> BudgetConfig:
+        """These settings as the budgets part (:class:`UserBudgets`) takes them."""
+        return BudgetConfig(
+            period=self.budget_period,
+            default_user_hours=self.default_user_budget_gpu_hours,
+            user_hours={k: float(v) for k, v in self.user_budget_gpu_hours.items()},
+            group_hours={k: float(v) for k, v in self.group_budget_gpu_hours.items()},
+            overdraft_groups=frozenset(self.group_budget_overdraft),
+            price_per_gpu_hour=self.price_per_gpu_hour,
+            currency=self.price_currency,
+            contact=self.budget_contact,
+        )
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """The site's budget settings (:class:`BudgetSettings`), read once at the start."""
+
+    period: str
+    default_user_hours: float | None
+    user_hours: dict[str, float]
+    group_hours: dict[str, float]
+    overdraft_groups: frozenset[str]
+    price_per_gpu_hour: float
+    currency: str
+    contact: str
+
+
+class UserBudgets:
+    """Where each user stands against the budgets, and the refusal of GPU work over
+    them. Given what it reads by name: the hub's API (group properties, admins), the
+    ledger's database and the threads that query it, and the settings."""
+
+    def __init__(self, *, hub, engine, db_threads, config: BudgetConfig):
+        self.hub = hub
+        self.engine = engine
+        self.db_threads = db_threads
+        self.config = config
+
     async def budgets(self) -> tuple[Budgets, dict[str, set[str]]]:
         """The budgets now (config over hub group properties) and every hub group's
         members."""
+        config = self.config
         groups: dict[str, set[str]] = {}
         group_hours: dict[str, float] = {}
-        overdraft = set(self.group_budget_overdraft)
+        overdraft = set(config.overdraft_groups)
         for g in await self.hub.groups():
             props = g.get("properties") or {}
             groups[g["name"]] = set(g.get("users") or [])
@@ -127,15 +171,15 @@ class BudgetSettings(Configurable):
                 group_hours[g["name"]] = hours
             if props.get(GROUP_OVERDRAFT_PROPERTY) is True:
                 overdraft.add(g["name"])
-        group_hours.update({k: float(v) for k, v in self.group_budget_gpu_hours.items()})
+        group_hours.update(config.group_hours)
         budgets = Budgets(
-            period=self.budget_period,
-            default_user_hours=self.default_user_budget_gpu_hours,
-            user_hours={k: float(v) for k, v in self.user_budget_gpu_hours.items()},
+            period=config.period,
+            default_user_hours=config.default_user_hours,
+            user_hours=dict(config.user_hours),
             group_hours=group_hours,
             overdraft_groups=frozenset(overdraft),
-            price_per_gpu_hour=self.price_per_gpu_hour,
-            currency=self.price_currency,
+            price_per_gpu_hour=config.price_per_gpu_hour,
+            currency=config.currency,
         )
         return budgets, groups
 
@@ -145,19 +189,19 @@ class BudgetSettings(Configurable):
         new GPU work is refused with now (None: it is not)."""
         budgets, groups = await self.budgets()
         theirs = {name: members for name, members in groups.items() if user in members}
-        status = await self.db_threads.run(budget_status, self.ledger.engine, budgets, user, theirs)
+        status = await self.db_threads.run(budget_status, self.engine, budgets, user, theirs)
         status["set"] = status["user"]["budget_gpu_hours"] is not None or bool(status["groups"])
         status["refusal"] = None
         if status["over"]:  # the words new GPU work is refused with, said before it is sent
             try:
-                check(status, await self.budget_contact_words())
+                check(status, await self.contact_words())
             except BudgetExceeded as e:
                 status["refusal"] = str(e)
         return status
 
-    async def budget_contact_words(self) -> str:
-        if self.budget_contact:
-            return self.budget_contact
+    async def contact_words(self) -> str:
+        if self.config.contact:
+            return self.config.contact
         admins = await self.hub.admins()
         if admins:
             return f"an admin ({', '.join(admins)})"

@@ -83,7 +83,7 @@ class AllocationsHandler(ReleaseMixin, APIHandler):
             raise web.HTTPError(400, str(e)) from None
         if owner_kind == "server":  # jobs and deployments are checked where they are sent
             try:
-                await self.gpulab.refuse_over_budget(user, milli)
+                await self.gpulab.budgets.refuse_over_budget(user, milli)
             except BudgetExceeded as e:
                 raise web.HTTPError(403, str(e)) from None
         groups = await self.gpulab.hub_groups.groups_of(user)
@@ -203,7 +203,7 @@ class AvailabilityHandler(APIHandler):
         sizes = await place.aio.availability(user, self.gpulab.slice_sizes, groups)
         usage = (await self.gpulab.ledger.aio.usage()).get(user, 0)
         cordons = await self.gpulab.ledger.aio.run(self.gpulab.ledger.cordons)
-        budget = await self.gpulab.budget_of(user)
+        budget = await self.gpulab.budgets.budget_of(user)
         self.write_json(
             {
                 "user": user,

@@ -134,7 +134,7 @@ class DeploymentsHandler(_DeploymentHandler):
             milli = settings.get("gpu_milli")
             try:
                 # A bad gpu_milli is the manager's 400; any GPU asked for costs GPU-hours.
-                await self.gpulab.refuse_over_budget(
+                await self.gpulab.budgets.refuse_over_budget(
                     who.name, milli if isinstance(milli, int) else 0
                 )
             except BudgetExceeded as e:

@@ -73,7 +73,9 @@ class JobsHandler(_JobHandler):
         milli = body.get("gpu_milli")
         try:
             # A bad gpu_milli is the job manager's 400; any GPU asked for costs GPU-hours.
-            await self.gpulab.refuse_over_budget(who.name, milli if isinstance(milli, int) else 0)
+            await self.gpulab.budgets.refuse_over_budget(
+                who.name, milli if isinstance(milli, int) else 0
+            )
         except BudgetExceeded as e:
             raise web.HTTPError(403, str(e)) from None
         try:

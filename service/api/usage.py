@@ -148,7 +148,7 @@ class BudgetHandler(APIHandler):
         user = self.get_argument("user", who.name)
         if not who.can_act_for(user):
             raise web.HTTPError(403, "you can only ask about your own budget")
-        self.write_json(await self.gpulab.budget_of(user))
+        self.write_json(await self.gpulab.budgets.budget_of(user))
 
 
 routes = [(r"api/v1/usage", UsageHandler), (r"api/v1/budget", BudgetHandler)]
