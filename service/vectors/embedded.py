@@ -2,7 +2,8 @@
 gpulab's write-ahead log, in a process of its own on a Unix socket).
 
 The same calls as :class:`.engine.VectorEngine` (the client of a Milvus cluster), so
-the manager does not know which it holds. Calls go through per-owner work queues
+the manager does not know which it holds. Calls go on the event loop over a few kept
+connections (:mod:`.engine_transport`), through per-owner work queues
 (:mod:`.owner_queues`): one owner holds at most ``PER_OWNER`` of the ``THREADS``
 calls in flight, so bob's expensive searches leave alice's a free slot. Errors: the
 engine's 400/404 as they come, the engine down or restarting 503, a call past
@@ -13,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from . import engine_protocol as protocol
 from .engine import ABANDONED_HINTS, EngineError, database_of
+from .engine_transport import Client, EngineGone
 from .owner_queues import OwnerQueues
 
 log = logging.getLogger("gpulab.service.vectors")
@@ -33,32 +33,8 @@ class EmbeddedEngine:
     def __init__(self, uri: str, call_timeout: float = 30.0):
         self.uri = uri
         self.call_timeout = call_timeout
-        self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="gpulab-vectors")
         self.queues = OwnerQueues(THREADS, PER_OWNER)
-        self._channel = None
-        self._stubs: dict[str, object] = {}
-        self._lock = threading.Lock()
-
-    # -- plumbing ----------------------------------------------------------------------
-    def _stub(self, method: str):
-        import grpc
-
-        with self._lock:
-            if self._channel is None:
-                self._channel = grpc.insecure_channel(
-                    self.uri,
-                    options=[
-                        ("grpc.max_receive_message_length", protocol.MAX_MESSAGE),
-                        ("grpc.max_send_message_length", protocol.MAX_MESSAGE),
-                        # A restarted engine is found again within a second.
-                        ("grpc.initial_reconnect_backoff_ms", 100),
-                        ("grpc.min_reconnect_backoff_ms", 100),
-                        ("grpc.max_reconnect_backoff_ms", 1000),
-                    ],
-                )
-            if method not in self._stubs:
-                self._stubs[method] = self._channel.unary_unary(protocol.path(method))
-            return self._stubs[method]
+        self.client = Client(uri.removeprefix("unix:"))
 
     async def _call(
         self,
@@ -73,22 +49,21 @@ class EmbeddedEngine:
         if vectors is not None:
             header["dim"] = vectors.shape[1]
         request = protocol.pack(header, vectors)
-        stub = self._stub(method)
-        timeout = self.call_timeout if limited else None
-        loop = asyncio.get_running_loop()
 
-        async def call():
-            return await loop.run_in_executor(self.pool, lambda: stub(request, timeout=timeout))
+        def call():
+            return self.client.call(method, request)
 
         try:
             if limited:
-                reply = await asyncio.wait_for(self.queues.run(owner, call), timeout + 1)
+                reply = await asyncio.wait_for(self.queues.run(owner, call), self.call_timeout)
             else:
                 reply = await self.queues.run(owner, call)
         except TimeoutError:
             raise self._abandoned(what) from None
-        except Exception as e:
-            raise self._translated(e, what) from None
+        except EngineGone:
+            raise EngineError(
+                503, "the vector engine is not answering (restarting?); try again"
+            ) from None
         answer, _ = protocol.unpack(reply)
         if "error" in answer:
             message = " ".join(str(answer["error"]).split())
@@ -106,36 +81,17 @@ class EmbeddedEngine:
             f"(c.GpuLabService.vector_call_timeout), so it was abandoned: {hint}",
         )
 
-    def _translated(self, e: Exception, what: str) -> EngineError:
-        import grpc
-
-        if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return self._abandoned(what)
-        if not isinstance(e, grpc.RpcError):
-            log.warning("Vector engine call failed: %s: %s", type(e).__name__, e)
-        return EngineError(503, "the vector engine is not answering (restarting?); try again")
-
     async def ping(self, timeout: float) -> bool:
         """Whether the engine answers a call (not only its socket) within ``timeout``;
         outside the owners' queues, which a stuck engine fills."""
-        stub = self._stub("ping")
-
-        def ping():
-            stub(protocol.pack({}), timeout=timeout)
-
         try:
-            await asyncio.wait_for(asyncio.to_thread(ping), timeout + 1)
-        except Exception:
+            await asyncio.wait_for(self.client.call("ping", protocol.pack({})), timeout)
+        except (TimeoutError, EngineGone):
             return False
         return True
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            if self._channel is not None:
-                self._channel.close()
-                self._channel = None
-                self._stubs.clear()
+        self.client.close()
 
     # -- collections -------------------------------------------------------------------
     async def create(self, owner: str, cid: str, dim: int, metric: str, index: str) -> None:

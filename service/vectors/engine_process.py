@@ -25,7 +25,7 @@ from pathlib import Path
 from gpulab.enforcement.accounts import unreachable
 from gpulab.enforcement.system_accounts import ensure_system_account, running_as_root
 
-from . import socket_dir
+from . import engine_transport, socket_dir
 
 log = logging.getLogger("gpulab.service.vectors")
 
@@ -104,8 +104,6 @@ class EngineProcess:
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Until the socket answers (the engine replays its logs first)."""
-        import grpc
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -113,15 +111,8 @@ class EngineProcess:
                     f"the vector engine exited with {self.proc.returncode} as it started; "
                     f"see {os.path.dirname(self.root)}/vector-engine.log"
                 )
-            if os.path.exists(self.socket):
-                channel = grpc.insecure_channel("unix:" + self.socket)
-                try:
-                    grpc.channel_ready_future(channel).result(timeout=1)
-                    return
-                except grpc.FutureTimeoutError:
-                    pass
-                finally:
-                    channel.close()
+            if os.path.exists(self.socket) and engine_transport.answers(self.socket, 1.0):
+                return
             time.sleep(0.1)
         raise RuntimeError(f"the vector engine did not answer within {timeout:g} s")
 

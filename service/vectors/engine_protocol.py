@@ -1,5 +1,6 @@
 """The messages between the service and its embedded engine (:mod:`.engine_server`),
-over gRPC on a Unix socket: ``[header length u32][JSON header][float32 vectors]``.
+on a Unix socket (:mod:`.engine_transport`): ``[header length u32][JSON header][float32
+vectors]``.
 
 No pickle: the engine runs under another account, and neither side runs what the
 other sends. A reply's header holds ``error`` and ``status`` when the call failed.
@@ -12,7 +13,6 @@ import struct
 
 import numpy as np
 
-SERVICE = "gpulab.vectors.Engine"
 METHODS = ("create", "drop", "write", "existing", "delete", "count", "flush", "search", "ping")
 LENGTH = struct.Struct("<I")
 #: Messages up to this size (a 1,000-row batch of 4,096-d vectors is 16 MB).
@@ -33,7 +33,3 @@ def unpack(message: bytes) -> tuple[dict, np.ndarray | None]:
     if raw:
         vectors = np.frombuffer(raw, dtype="<f4").reshape(-1, header["dim"])
     return header, vectors
-
-
-def path(method: str) -> str:
-    return f"/{SERVICE}/{method}"

@@ -1,5 +1,5 @@
 """The embedded vector engine's process: FAISS indexes behind gpulab's write-ahead log,
-served over gRPC on a Unix socket.
+served on a Unix socket (:mod:`.engine_transport`).
 
 ``python -m gpulab.service.vectors.engine_server DATA_DIR SOCKET PARENT_PID`` serves
 :mod:`.engine_protocol` over ``SOCKET`` only: no TCP port, so no user's process on the
@@ -22,17 +22,15 @@ import os
 import signal
 import sys
 import threading
-from concurrent import futures
 
 from . import engine_protocol as protocol
 from . import filters
 from .embedded_store import NotFound, Store
+from .engine_transport import Server
 from .filter_match import predicate
 
 log = logging.getLogger("gpulab.service.vectors.engine")
 
-#: gRPC worker threads: the service sends calls from a pool of the same size.
-WORKERS = 8
 #: The folder, in DATA_DIR, of this engine's collections.
 FOLDER = "faiss"
 
@@ -99,7 +97,7 @@ class Handlers:
 
 
 def handler(fn):
-    def call(request: bytes, context) -> bytes:
+    def call(request: bytes) -> bytes:
         try:
             header, vectors = protocol.unpack(request)
             return protocol.pack(fn(header, vectors))
@@ -117,41 +115,23 @@ def handler(fn):
 
 
 def serve(data_dir: str, socket_path: str) -> None:
-    import grpc
-
     from . import lite_migration
 
     store = Store(os.path.join(data_dir, FOLDER))
     lite_migration.migrate(data_dir, store)
     handlers = Handlers(store)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=WORKERS),
-        options=[
-            ("grpc.max_receive_message_length", protocol.MAX_MESSAGE),
-            ("grpc.max_send_message_length", protocol.MAX_MESSAGE),
-        ],
-    )
-    server.add_generic_rpc_handlers(
-        [
-            grpc.method_handlers_generic_handler(
-                protocol.SERVICE,
-                {
-                    name: grpc.unary_unary_rpc_method_handler(handler(getattr(handlers, name)))
-                    for name in protocol.METHODS
-                },
-            )
-        ]
-    )
     if os.path.exists(socket_path):  # a socket left by a killed engine
         os.unlink(socket_path)
-    server.add_insecure_port("unix:" + socket_path)
-    server.start()
+    server = Server(
+        socket_path, {name: handler(getattr(handlers, name)) for name in protocol.METHODS}
+    )
+    threading.Thread(target=server.serve_forever, name="engine-accept", daemon=True).start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(f"vector engine ready on {socket_path}", flush=True)
     stop.wait()
-    server.stop(grace=5).wait()
+    server.stop()
     store.close()
 
 
