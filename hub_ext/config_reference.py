@@ -326,9 +326,18 @@ def _markdown_help(text: str) -> list[str]:
     return out
 
 
+def moved_settings() -> dict[str, str]:
+    """Setting name -> the class it moved to from ``GpuLabService``, whose old name
+    still sets it (``gpulab.service.moved_settings``)."""
+    from gpulab.service.app import MOVED_SETTINGS
+
+    return MOVED_SETTINGS
+
+
 def as_markdown(secs: list[Section] | None = None) -> str:
     """``docs/reference/config.md``."""
     secs = sections() if secs is None else secs
+    moved = moved_settings()
     lines = [
         "# Configuration reference",
         "",
@@ -367,6 +376,8 @@ def as_markdown(secs: list[Section] | None = None) -> str:
                 meta += f"; {t.choices}"
             if t.inherited_from:
                 meta += f" (a {t.inherited_from} setting; gpulab sets its default)"
+            if moved.get(t.name) == s.name:
+                meta += f"; formerly `c.GpuLabService.{t.name}`, which still sets it"
             if t.defined_on:
                 # Examples may name the base: both reach this class.
                 meta += (

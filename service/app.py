@@ -82,6 +82,7 @@ from gpulab.service.endpoints.fine_tuning import FineTuning
 from gpulab.service.endpoints.fine_tuning_api import FineTuningRoutes
 from gpulab.service.endpoints.llm_settings import LlmSettings
 from gpulab.service.endpoints.manager import DeploymentManager
+from gpulab.service.endpoints.site_settings import Endpoints
 from gpulab.service.experiments.settings import ExperimentSettings
 from gpulab.service.hibernation.manager import Hibernations
 from gpulab.service.hibernation.servers import ServerCalls
@@ -154,7 +155,7 @@ LEAVE_WORK_SIGNAL = signal.SIGUSR1
 #: The parts' own settings classes, once settings of GpuLabService: built with
 #: ``parent=`` the service (the same config file); ``c.GpuLabService.<name>`` still
 #: sets each, with a warning that names the new place (moved_settings.py).
-SETTINGS_PARTS = (Thresholds, Alerting, Hibernation)
+SETTINGS_PARTS = (Thresholds, Alerting, Hibernation, Endpoints)
 MOVED_SETTINGS = moved_map(SETTINGS_PARTS)
 
 #: What one init step may raise that means "this configuration cannot work".
@@ -403,15 +404,6 @@ class GpuLabService(
         """,
     ).tag(config=True)
 
-    deployments_stop_with_server = Bool(
-        False,
-        help="""Stop a user's deployments when their (default) server stops, unless the
-        deployment says otherwise (`%deploy --stop-with-server` / `--keep-running`).
-
-        c.GpuLabService.deployments_stop_with_server = True
-        """,
-    ).tag(config=True)
-
     max_upload_mib = Int(
         2048,
         help="""Largest request body the service takes, in MiB: a model uploaded by
@@ -419,86 +411,6 @@ class GpuLabService(
         routes take JSON bodies of at most 1 MiB (jobs: see max_job_vars_mib).
 
         c.GpuLabService.max_upload_mib = 8192
-        """,
-    ).tag(config=True)
-
-    endpoint_cold_start_seconds = Float(
-        180.0,
-        help="""How long a call to an endpoint scaled to zero (`%deploy --replicas 0:N`)
-        waits for its first replica to answer before it gets 503 with Retry-After.
-
-        c.GpuLabService.endpoint_cold_start_seconds = 300
-        """,
-    ).tag(config=True)
-
-    proxy_api_url = Unicode(
-        help="""The REST API of the hub's configurable-http-proxy. With it (and the
-        proxy's token in the service's environment as CONFIGPROXY_AUTH_TOKEN) the service
-        routes endpoint calls from the proxy to its endpoint router, a lighter front door
-        than its own routes; without it the service's routes answer them. `gpulab up`
-        sets both; default: $GPULAB_PROXY_API_URL.
-
-        c.GpuLabService.proxy_api_url = "http://proxy-api:8001"
-        """,
-    ).tag(config=True)
-
-    @default("proxy_api_url")
-    def _default_proxy_api_url(self):
-        return os.environ.get("GPULAB_PROXY_API_URL", "")
-
-    endpoint_router_ip = Unicode(
-        "127.0.0.1",
-        help="""Where the endpoint router listens (see proxy_api_url).
-
-        c.GpuLabService.endpoint_router_ip = "0.0.0.0"
-        """,
-    ).tag(config=True)
-
-    endpoint_router_port = Int(
-        0,
-        help="""The endpoint router's port; 0: one the system picks.
-
-        c.GpuLabService.endpoint_router_port = 8082
-        """,
-    ).tag(config=True)
-
-    endpoint_router_url = Unicode(
-        "",
-        help="""The URL the proxy sends endpoint calls to, where it differs from
-        http://<endpoint_router_ip>:<port> (another host, a Kubernetes Service).
-
-        c.GpuLabService.endpoint_router_url = "http://gpulab-service:8082"
-        """,
-    ).tag(config=True)
-
-    max_model_mib = Int(
-        4096,
-        help="""Largest model a `%deploy` upload may unpack to, in MiB (model.pt2 and
-        model.json together, as the archive declares them). A small .tar.xz can expand to
-        gigabytes; it is refused (413) before it is unpacked, and nothing is kept.
-
-        c.GpuLabService.max_model_mib = 16384
-        """,
-    ).tag(config=True)
-
-    model_storage_quota_mib = Int(
-        8192,
-        min=1,
-        help="""What one user's models may hold on disk together, in MiB: every version of
-        every deployment of theirs, counted as unpacked (a 1 MB gzip can unpack to a GiB),
-        not as uploaded. An upload that would pass it is refused (413, with the numbers)
-        before a byte of it is unpacked, and nothing of it is kept; stopping a deployment
-        gives its room back. Each model is also bounded by max_model_mib.
-
-        c.GpuLabService.model_storage_quota_mib = 32768
-        """,
-    ).tag(config=True)
-
-    max_deployment_replicas = Int(
-        4,
-        help="""Most replicas one deployment may ask for (`%deploy --replicas`).
-
-        c.GpuLabService.max_deployment_replicas = 8
         """,
     ).tag(config=True)
 
@@ -543,14 +455,6 @@ class GpuLabService(
     @default("user_memory_quota")
     def _user_memory_quota(self):
         return host_user_quota(os.cpu_count() or 1, host_memory())[1]
-
-    max_user_deployments = Int(
-        5,
-        help="""Most deployments one user may have at once (failed ones count until stopped).
-
-        c.GpuLabService.max_user_deployments = 10
-        """,
-    ).tag(config=True)
 
     max_job_ranks = Int(
         64,
@@ -672,6 +576,7 @@ class GpuLabService(
     thresholds = Instance(Thresholds, allow_none=True)
     alerting = Instance(Alerting, allow_none=True)
     hibernation = Instance(Hibernation, allow_none=True)
+    endpoint_settings = Instance(Endpoints, allow_none=True)
     service_name = Unicode()
     prefix = Unicode()
 
@@ -747,6 +652,7 @@ class GpuLabService(
         self.thresholds = Thresholds(parent=self)
         self.alerting = Alerting(parent=self)
         self.hibernation = Hibernation(parent=self)
+        self.endpoint_settings = Endpoints(parent=self)
 
     def init_hub(self):
         """The hub's API (``self.hub``, built from these variables), which the parts

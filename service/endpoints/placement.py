@@ -53,7 +53,7 @@ def model_message(cap: int) -> Callable[[int], str]:
     return lambda declared: (
         f"the model archive expands to more than {cap / 2**20:g} MiB (at least "
         f"{_mib(declared)}); export a smaller model or quantize it (%quantize); an admin "
-        f"can raise c.GpuLabService.max_model_mib"
+        f"can raise c.Endpoints.max_model_mib"
     )
 
 
@@ -62,7 +62,7 @@ def quota_message(used: int, quota: int) -> Callable[[int], str]:
     return lambda declared: (
         f"the model unpacks to more than the {_mib(left)} left of your model storage (at "
         f"least {_mib(declared)}; you use {_mib(used)} of your {_mib(quota)}, "
-        f"c.GpuLabService.model_storage_quota_mib): stop a deployment you no longer need "
+        f"c.Endpoints.model_storage_quota_mib): stop a deployment you no longer need "
         f"(%deploy --stop NAME), or export a smaller model or quantize it (%quantize)"
     )
 

@@ -12,7 +12,7 @@ route for ``<prefix>endpoints`` (a longer prefix than the service's own route)
 through the proxy's REST API, keeps it there (the proxy may restart), and takes
 it away when the service stops, so calls fall back to the service's own
 endpoint route. Calls without a token (a browser's hub cookie) go to that route
-too. Without ``c.GpuLabService.proxy_api_url`` (and ``CONFIGPROXY_AUTH_TOKEN``)
+too. Without ``c.Endpoints.proxy_api_url`` (and ``CONFIGPROXY_AUTH_TOKEN``)
 there is no router; the service's route answers every call.
 
 The OpenAI-compatible gateway (:mod:`.openai_gateway`) comes in the same way: a
@@ -139,7 +139,7 @@ class AiohttpReply:
 @dataclass(frozen=True)
 class RouterAddress:
     """Where the service's router listens and how the proxy is told of it (the
-    ``c.GpuLabService`` settings ``proxy_api_url`` and ``endpoint_router_*``)."""
+    ``c.Endpoints`` settings ``proxy_api_url`` and ``endpoint_router_*``)."""
 
     proxy_api_url: str
     ip: str
@@ -186,7 +186,7 @@ class EndpointRouter:
     async def start(self) -> None:
         api = self.address.proxy_api_url if self.address is not None else ""
         if not api or not os.environ.get("CONFIGPROXY_AUTH_TOKEN"):
-            log.info("No proxy API (c.GpuLabService.proxy_api_url): endpoints via the service")
+            log.info("No proxy API (c.Endpoints.proxy_api_url): endpoints via the service")
             return
         if self.hub_auth is None:
             from jupyterhub.services.auth import HubOAuth

@@ -182,7 +182,7 @@ def check_replicas(limits: EndpointLimits, body: dict) -> tuple[int, int]:
             raise DeployRefused(
                 400,
                 f"{key!r} {body[key]} is more than the {cap} one deployment may "
-                f"have; an admin can raise c.GpuLabService.max_deployment_replicas",
+                f"have; an admin can raise c.Endpoints.max_deployment_replicas",
             )
     ranged = body["min_replicas"] is not None or body["max_replicas"] is not None
     if body["replicas"] is not None:

@@ -28,7 +28,7 @@ the autoscaler (the next service starts from none), hear of revoked tokens from
 the hub's events (a revoked token works here for 5 s at most). A clean stop of
 the service stops it first (:class:`StandbyProcess`); ``gpulab up`` ends one that
 a killed hub left (its command line is ``python -m gpulab.service ...``). With a
-fixed ``c.GpuLabService.endpoint_router_port`` there is no standby: the next
+fixed ``c.Endpoints.endpoint_router_port`` there is no standby: the next
 service could not bind the port it holds.
 
 The service starts it as ``python -m gpulab.service endpoint-standby <table>

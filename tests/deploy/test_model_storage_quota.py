@@ -2,7 +2,7 @@
 
 A gzip of zeros of a few KB unpacks to MiB (a 1 MB one to a GiB): what counts is what the
 archive unpacks to, added to what the owner's deployments already hold on disk
-(``c.GpuLabService.model_storage_quota_mib``). Over it, nothing is unpacked, nothing stays,
+(``c.Endpoints.model_storage_quota_mib``). Over it, nothing is unpacked, nothing stays,
 and the 413 gives the numbers. On the real service in this process (a stand-in hub API);
 deployments are scaled to zero, so no replica starts.
 """
@@ -21,7 +21,7 @@ from support.service import running_service
 from gpulab.client.deployments import pack_model_dir
 from gpulab.serving.export import export_model
 
-CONFIG = "c.GpuLabService.model_storage_quota_mib = 1\n"
+CONFIG = "c.Endpoints.model_storage_quota_mib = 1\n"
 SPEC = {"min_replicas": 0, "max_replicas": 1}
 
 
@@ -80,7 +80,7 @@ async def test_unpacked_bytes_count_against_the_owners_model_quota(tmp_path, sma
         error = r.json()["error"]
         assert "unpacks to more than the 1 MiB left of your model storage" in error, error
         assert "at least 2 MiB; you use 0 MiB of your 1 MiB" in error, error
-        assert "c.GpuLabService.model_storage_quota_mib" in error and "\n" not in error
+        assert "c.Endpoints.model_storage_quota_mib" in error and "\n" not in error
         assert model_files(svc) == []
         assert not any((svc.data_dir / "uploads").iterdir())
 
@@ -93,7 +93,7 @@ async def test_unpacked_bytes_count_against_the_owners_model_quota(tmp_path, sma
         almost = zeros_archive((1 << 20) - (4 << 10))
         r = await deploy(svc, alice, "second", almost)
         assert r.status_code == 413, r.text
-        assert "of your 1 MiB, c.GpuLabService.model_storage_quota_mib" in r.json()["error"]
+        assert "of your 1 MiB, c.Endpoints.model_storage_quota_mib" in r.json()["error"]
         assert "%deploy --stop" in r.json()["error"]
         assert model_files(svc) == held
         # The quota is each user's own: bob's first model is not counted against alice's.

@@ -30,11 +30,11 @@ pytestmark = pytest.mark.slow
 
 CONFIG = """
 c.GpuLabService.max_upload_mib = 1
-c.GpuLabService.max_model_mib = 1536
+c.Endpoints.max_model_mib = 1536
 c.GpuLabService.max_job_ranks = 8
 c.GpuLabService.max_job_vars_mib = 1
-c.GpuLabService.max_deployment_replicas = 2
-c.GpuLabService.max_user_deployments = 1
+c.Endpoints.max_deployment_replicas = 2
+c.Endpoints.max_user_deployments = 1
 c.GpuLabService.reconcile_interval = 1
 """
 WAIT_S = 240  # a bound on a loaded 2-core machine, not a sleep

@@ -77,6 +77,10 @@ def test_the_new_name_works_and_wins_over_the_old(tmp_path, caplog):
             "c.Alerting.alert_interval_seconds must be positive, got 0",
         ),
         (
+            "c.Endpoints.endpoint_router_port = 70000",
+            "c.Endpoints.endpoint_router_port is a TCP port from 1 to 65535",
+        ),
+        (
             "c.GpuLabService.hibernate_idle_seconds = -5",
             "c.Hibernation.hibernate_idle_seconds must be 0 (off) or more, got -5",
         ),
