@@ -345,8 +345,15 @@ class CollectionManager:
 
     # -- rows ----------------------------------------------------------------------------
     async def write(self, who, row: dict, body: dict, upsert: bool) -> dict:
-        checks.fields(body, ("ids", "vectors", "texts", "metadata"))
-        if "vectors" in body and "texts" in body:
+        checks.fields(body, ("ids", "vectors", "vectors_base64", "texts", "metadata"))
+        if "vectors_base64" in body:  # the packed form: no numbers to parse one by one
+            if "vectors" in body:
+                raise Refused(400, "send vectors or vectors_base64, not both")
+            vectors = checks.packed_vectors(body["vectors_base64"], row["dim"], self.limits)
+            texts = body.get("texts")
+            if texts is not None:
+                texts = checks.texts_of_vectors(texts, len(vectors), self.limits)
+        elif "vectors" in body and "texts" in body:
             # Vectors the caller embedded, and the texts they came from, kept beside them.
             vectors = checks.vectors(body["vectors"], row["dim"], self.limits)
             texts = checks.texts_of_vectors(body["texts"], len(vectors), self.limits)

@@ -6,6 +6,7 @@ endpoints, and no acknowledged row lost when the engine is killed."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import signal
@@ -25,6 +26,11 @@ def unit_vectors(n: int, seed: int = 0) -> list[list[float]]:
     rng = np.random.default_rng(seed)
     v = rng.normal(size=(n, DIM))
     return (v / np.linalg.norm(v, axis=1, keepdims=True)).tolist()
+
+
+def packed(vectors) -> str:
+    """``vectors_base64``: base64 of little-endian float32 values, row after row."""
+    return base64.b64encode(np.asarray(vectors, dtype="<f4").tobytes()).decode()
 
 
 async def make(svc, token, name="docs", **body):
@@ -130,6 +136,12 @@ async def test_bad_input_is_refused_with_the_reason_and_nothing_is_written(tmp_p
             (insert, {"vectors": good, "metadata": [{}, {}]}, 400, "list of 3 objects"),
             (insert, {"vectors": good, "colour": 1}, 400, "unknown field"),
             (insert, {"texts": ["hello"]}, 400, "names no embedding endpoint"),
+            # The packed form (base64 of float32): bad base64, a cut vector, inf, both forms.
+            (insert, {"vectors_base64": "not base64!"}, 400, "is not base64"),
+            (insert, {"vectors_base64": packed([[1.0] * 5])}, 400, "not a whole number"),
+            (insert, {"vectors_base64": packed([[np.inf] * DIM])}, 400, "not finite"),
+            (insert, {"vectors_base64": packed(good), "vectors": good}, 400, "not both"),
+            (insert, {"vectors_base64": packed(unit_vectors(1001))}, 413, "at most 1000"),
             ("/collections/alice/docs/search", {"vector": good[0], "filter": "lang =="}, 400, ""),
             ("/collections/alice/docs/search", {"vector": good[0], "k": 0}, 400, "k must be"),
             ("/collections", {"name": "x", "dim": 4, "metric": "hamming"}, 400, "unknown metric"),
