@@ -18,13 +18,17 @@ on the node and enforces the policies the backend sends with a job and an
 endpoint: a pod of another user reaches neither a job's rendezvous port nor an
 endpoint's replica; the job's own pods and the router's pods do.
 
-Only on the suite's own cluster (a site's has its own driver, GPUs and plugin).
+The backends send their objects as the chart's ServiceAccount, with only the RBAC
+the chart renders for ``enforcement.backend=dra``. Only on the suite's own cluster
+(a site's has its own driver, GPUs and plugin).
 """
 
+# ruff: noqa: F811 (the fixtures imported from test_live_cluster, named as parameters)
 from __future__ import annotations
 
 import asyncio
 import secrets
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -50,7 +54,7 @@ def driver(live_kube):
 
 
 @pytest.fixture(scope="module")
-async def jobs_volume(api, namespace, tmp_path_factory):  # noqa: F811
+async def jobs_volume(api, namespace, tmp_path_factory):
     """The jobs and models claims the backend's pods mount, each bound to a local
     volume (no provisioner runs here); the jobs folder."""
     folders = {}
@@ -84,8 +88,50 @@ async def jobs_volume(api, namespace, tmp_path_factory):  # noqa: F811
         await api["core"].delete_persistent_volume(f"{namespace}-{claim}")
 
 
+#: Where each kind the chart's RBAC template holds is created (admin, as helm would).
+RBAC_PATHS = {
+    "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+}
+
+
 @pytest.fixture(scope="module")
-async def inventory(driver, live_kube):
+async def service_account(live_kube, api, namespace, tmp_path_factory):
+    """A kubeconfig of the chart's ServiceAccount with only the chart's RBAC, rendered
+    for ``enforcement.backend=dra`` (``helm template --show-only templates/rbac.yaml``):
+    the backends below send what the service sends, with the rights the chart gives."""
+    import yaml
+    from test_live_cluster import CHART, kubeconfig_with_token
+
+    helm = str(live_kube.bins / "helm")
+    argv = [helm, "template", "gpulab", str(CHART), "--namespace", namespace]
+    argv += ["--set", "enforcement.backend=dra", "--show-only", "templates/rbac.yaml"]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, out.decode()
+    made = []
+    for obj in yaml.safe_load_all(out):
+        if obj:
+            path = RBAC_PATHS[obj["kind"]].format(ns=namespace)
+            await asyncio.to_thread(live_kube.request, "POST", path, obj)
+            made.append(f"{path}/{obj['metadata']['name']}")
+    token = await api["core"].create_namespaced_service_account_token(
+        "gpulab", namespace, {"spec": {"expirationSeconds": 3600}}
+    )
+    path = tmp_path_factory.mktemp("chart-sa") / "kubeconfig"
+    yield kubeconfig_with_token(live_kube.admin_kubeconfig, token.status.token, path)
+    for path in made:
+        if path.startswith("/apis/rbac.authorization.k8s.io/v1/cluster"):
+            await asyncio.to_thread(live_kube.request, "DELETE", path)
+
+
+@pytest.fixture(scope="module")
+async def inventory(driver, service_account):
     """The GPUs as gpulab's inventory reads them: the driver's slices, from the real API."""
     from gpulab.backend.kubernetes.dra_inventory import (
         fetch_resource_slices,
@@ -93,7 +139,7 @@ async def inventory(driver, live_kube):
         parse_resource_slices,
     )
 
-    slices, _ = await fetch_resource_slices(live_kube.admin_kubeconfig)
+    slices, _ = await fetch_resource_slices(service_account)
     gpus, problem = parse_resource_slices(slices)
     return gpus, problem, mig_devices(slices)
 
@@ -107,16 +153,15 @@ async def test_the_inventory_reads_the_drivers_slices(driver, inventory):
     assert migs == {driver.gpus[1].uuid: ["1g.10gb", "2g.20gb"]}
 
 
-def dra_backend(live_kube, namespace, jobs_root, gpus, sharing: str):  # noqa: F811
-    """gpulab's job backend as the service runs it under ``dra`` (admin credentials: the
-    chart grants its ServiceAccount DRA rights only when installed with dra)."""
+def dra_backend(kubeconfig, namespace, jobs_root, gpus, sharing: str):
+    """gpulab's job backend as the service runs it under ``dra``."""
     from gpulab.backend.kubernetes.backend import KubernetesBackend
 
     return KubernetesBackend(
         jobs_root,
         namespace=namespace,
         jobs_pvc=JOBS_PVC,
-        kubeconfig=live_kube.admin_kubeconfig,
+        kubeconfig=kubeconfig,
         enforcement="dra",
         enforcement_options={"sharing": sharing},
         gpus=gpus,
@@ -145,7 +190,7 @@ def selector_of(which) -> str:
     return which if isinstance(which, str) else f"gpulab.io/job-id={which.id}"
 
 
-async def pods_of(api, namespace, which) -> list:  # noqa: F811
+async def pods_of(api, namespace, which) -> list:
     found = await api["core"].list_namespaced_pod(namespace, label_selector=selector_of(which))
     return found.items
 
@@ -154,7 +199,7 @@ def index_of(pod) -> str:
     return pod.metadata.annotations["batch.kubernetes.io/job-completion-index"]
 
 
-async def claim(api, namespace, name: str) -> dict:  # noqa: F811
+async def claim(api, namespace, name: str) -> dict:
     from kubernetes_asyncio import client
 
     return await client.CustomObjectsApi(api["client"]).get_namespaced_custom_object(
@@ -162,7 +207,7 @@ async def claim(api, namespace, name: str) -> dict:  # noqa: F811
     )
 
 
-async def scheduled(api, namespace, which, count: int) -> list[tuple]:  # noqa: F811
+async def scheduled(api, namespace, which, count: int) -> list[tuple]:
     """Once ``count`` pods of ``which`` are bound: ``[(pod, its claim)]``, by name."""
 
     async def bound():
@@ -197,7 +242,7 @@ def allocated(c: dict) -> list[tuple[str, str, str]]:
     return [(r["driver"], r["pool"], r["device"]) for r in results]
 
 
-async def claims_gone(api, namespace, which):  # noqa: F811
+async def claims_gone(api, namespace, which):
     """Once ``which``'s pods are gone, and the claims made for them."""
     from kubernetes_asyncio import client
 
@@ -214,18 +259,12 @@ async def claims_gone(api, namespace, which):  # noqa: F811
 
 
 async def test_whole_cards_are_allocated_once_each(
-    live_kube,
-    api,
-    namespace,
-    driver,
-    jobs_volume,
-    inventory,
-    image,  # noqa: F811
+    service_account, api, namespace, driver, jobs_volume, inventory, image
 ):
     """A two-node job of one card per node: each pod's claim (made from the job's
     template) gets a card of its own, and a third pod finds none left."""
     gpus, _, _ = inventory
-    backend = dra_backend(live_kube, namespace, jobs_volume, gpus, "mig")
+    backend = dra_backend(service_account, namespace, jobs_volume, gpus, "mig")
     two = job_spec(image, nodes=2, gpu_milli=1000)
     rows = [{"gpu_uuid": g.uuid, "milli": 1000, "node": g.node} for g in gpus]
     one = job_spec(image, nodes=1, gpu_milli=1000)
@@ -261,16 +300,10 @@ async def test_whole_cards_are_allocated_once_each(
 
 
 async def test_a_fraction_under_mig_gets_the_profile_that_holds_it(
-    live_kube,
-    api,
-    namespace,
-    driver,
-    jobs_volume,
-    inventory,
-    image,  # noqa: F811
+    service_account, api, namespace, driver, jobs_volume, inventory, image
 ):
     gpus, _, _ = inventory
-    backend = dra_backend(live_kube, namespace, jobs_volume, gpus, "mig")
+    backend = dra_backend(service_account, namespace, jobs_volume, gpus, "mig")
     spec = job_spec(image, nodes=1, gpu_milli=250)
     try:
         await backend.start(spec, [{"gpu_uuid": gpus[1].uuid, "milli": 250, "node": driver.node}])
@@ -286,20 +319,14 @@ async def test_a_fraction_under_mig_gets_the_profile_that_holds_it(
 
 
 async def test_jobs_sharing_a_card_under_mps_share_its_one_claim(
-    live_kube,
-    api,
-    namespace,
-    driver,
-    jobs_volume,
-    inventory,
-    image,  # noqa: F811
+    service_account, api, namespace, driver, jobs_volume, inventory, image
 ):
     """Two jobs' quarters of one card: one ResourceClaim of that card, allocated once
     (its UUID pinned), reserved for both jobs' pods."""
     from gpulab.enforcement.kube.dra import shared_claim_name
 
     gpus, _, _ = inventory
-    backend = dra_backend(live_kube, namespace, jobs_volume, gpus, "mps")
+    backend = dra_backend(service_account, namespace, jobs_volume, gpus, "mps")
     card = gpus[0]
     specs = [job_spec(image, nodes=1, gpu_milli=250) for _ in range(2)]
     try:
@@ -324,18 +351,14 @@ async def test_jobs_sharing_a_card_under_mps_share_its_one_claim(
 
 
 async def test_an_endpoints_replicas_get_a_card_each(
-    live_kube,
-    api,
-    namespace,
-    driver,
-    jobs_volume,
-    inventory,
-    image,  # noqa: F811
+    service_account, api, namespace, driver, jobs_volume, inventory, image
 ):
     """An endpoint version of two whole-card replicas: the version's claim template
     gives each replica a claim of its own, and each claim a card of its own."""
     gpus, _, _ = inventory
-    serving = serving_of(live_kube, namespace, jobs_volume, enforcement="dra", gpus=gpus)
+    serving = serving_of(
+        service_account, image, namespace, jobs_volume, enforcement="dra", gpus=gpus
+    )
     dep = endpoint_unit(id="d4a", replicas=2, gpu_milli=1000)
     serving.prepare(dep["id"])
     try:
@@ -352,16 +375,16 @@ async def test_an_endpoints_replicas_get_a_card_each(
     await claims_gone(api, namespace, selector)
 
 
-def serving_of(live_kube, namespace, root, **settings):
-    """gpulab's serving backend as the service runs it (admin credentials here)."""
+def serving_of(kubeconfig, image, namespace, root, **settings):
+    """gpulab's serving backend as the service runs it."""
     from gpulab.backend.kubernetes.serving import KubernetesServing
 
     return KubernetesServing(
         str(Path(root).parent / "deployments"),
         namespace=namespace,
         models_pvc=MODELS_PVC,
-        image=live_kube.image,
-        kubeconfig=live_kube.admin_kubeconfig,
+        image=image,
+        kubeconfig=kubeconfig,
         **settings,
     )
 
@@ -402,7 +425,7 @@ for _ in range(60 if until == "open" else 1):
 """
 
 
-async def probe(api, namespace, image, name: str, labels: dict, ip: str, port: int, until=""):  # noqa: F811
+async def probe(api, namespace, image, name: str, labels: dict, ip: str, port: int, until=""):
     """What a pod with ``labels`` gets when it connects to ``ip:port``: its last line."""
     pod = {
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpulab-test", **labels}},
@@ -459,12 +482,7 @@ else:
 
 
 async def test_a_jobs_pods_take_connections_only_from_each_other(
-    live_kube,
-    api,
-    namespace,
-    firewall,
-    jobs_volume,
-    image,  # noqa: F811
+    service_account, api, namespace, firewall, jobs_volume, image
 ):
     from test_live_cluster import stand_in
 
@@ -479,7 +497,7 @@ async def test_a_jobs_pods_take_connections_only_from_each_other(
         jobs_volume,
         namespace=namespace,
         jobs_pvc=JOBS_PVC,
-        kubeconfig=live_kube.admin_kubeconfig,
+        kubeconfig=service_account,
         pod_patch_for=lambda spec, allocations: listener,
     )
     spec = job_spec(image, nodes=2, gpu_milli=0)
@@ -514,12 +532,7 @@ async def test_a_jobs_pods_take_connections_only_from_each_other(
 
 
 async def test_an_endpoints_replicas_take_calls_only_from_the_router(
-    live_kube,
-    api,
-    namespace,
-    firewall,
-    jobs_volume,
-    image,  # noqa: F811
+    service_account, api, namespace, firewall, jobs_volume, image
 ):
     """The serving backend's objects (Secret, NetworkPolicy, Deployment, Service), a
     plain HTTP server in the replica: the router's pods reach it, a user's pod does
@@ -529,7 +542,8 @@ async def test_an_endpoints_replicas_take_calls_only_from_the_router(
     from gpulab.backend.kubernetes.isolation import ROUTER_POD_LABELS
 
     serving = serving_of(
-        live_kube,
+        service_account,
+        image,
         namespace,
         jobs_volume,
         pod_patch_for=lambda dep, rows: stand_in(["python", "-m", "http.server", "8080"]),
