@@ -322,7 +322,7 @@ async def test_jobs_sharing_a_card_under_mps_share_its_one_claim(
     service_account, api, namespace, driver, jobs_volume, inventory, image
 ):
     """Two jobs' quarters of one card: one ResourceClaim of that card, allocated once
-    (its UUID pinned), reserved for both jobs' pods."""
+    (its UUID pinned), reserved for both jobs' pods, and the card free again after."""
     from gpulab.enforcement.kube.dra import shared_claim_name
 
     gpus, _, _ = inventory
@@ -348,6 +348,14 @@ async def test_jobs_sharing_a_card_under_mps_share_its_one_claim(
         await backend.close()
     for spec in specs:
         await claims_gone(api, namespace, spec)
+
+    # The card's claim outlives the jobs (the backend deletes only templates); the
+    # cluster frees the card once no pod holds the claim.
+    async def released():
+        status = (await claim(api, namespace, name)).get("status") or {}
+        return not status.get("reservedFor") and not status.get("allocation")
+
+    await wait_for("the shared claim to give the card back", released, timeout=60)
 
 
 async def test_an_endpoints_replicas_get_a_card_each(
