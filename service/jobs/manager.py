@@ -25,7 +25,6 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from gpulab.backend.base import Backend
 from gpulab.backend.jobdir import JobDir
-from gpulab.backend.spec import JobSpec
 from gpulab.db.jobs import TERMINAL
 from gpulab.scheduler.ledger import OWNER_KINDS
 from gpulab.service.jobs.admission import JobAdmission, QueueOrder
@@ -79,7 +78,7 @@ class JobManager:
         hibernations=None,
         record_run: Callable[[dict, JobDir, str], object] | None = None,
     ):
-        self.priorities = priorities
+        #: The site's caps on one job (fine-tuning checks a job's size against them).
         self.limits = limits
         book = self.book = JobBook(
             ledger=ledger,
@@ -181,26 +180,14 @@ class JobManager:
             hibernations=service.hibernations,
         )
 
-    # -- what the parts share, as the routes and other rooms read it -------------------
+    # -- what the routes and other rooms read -----------------------------------------
     @property
     def queue(self):
         return self.book.queue
 
     @property
-    def ledger(self):
-        return self.book.ledger
-
-    @property
-    def lock(self) -> asyncio.Lock:
-        return self.book.lock
-
-    @property
     def backends(self) -> dict[str, Backend]:
         return self.book.backends
-
-    @property
-    def pools(self):
-        return self.book.pools
 
     @property
     def root(self) -> str:
@@ -214,17 +201,8 @@ class JobManager:
         """The backend of a job's pool; LookupError if its pool is gone."""
         return self.book.backend_for(job)
 
-    def over_host_quota(self, job: dict, ranks: int) -> str | None:
-        return self.book.over_host_quota(job, ranks)
-
-    def spec(self, job: dict) -> JobSpec:
-        return self.book.spec(job)
-
     def jobdir(self, job: dict) -> JobDir:
         return self.book.jobdir(job)
-
-    def candidates(self, job: dict) -> list[str]:
-        return self.places.candidates(job)
 
     # -- running -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -350,14 +328,6 @@ class JobManager:
                 await book.backend_for(job).cancel(spec)
             await self.stops.end(job, spec, "cancelled", reason)
         return self.view(book.queue.get(job["id"]))
-
-    async def end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
-        """End a job: ``state`` with ``message``; its slices go back."""
-        await self.stops.end(job, spec, state, message, **values)
-
-    async def preempt(self, job_id: str, claim) -> None:
-        """Ask a running job to checkpoint and stop for ``claim`` (within the grace)."""
-        await self.stops.preempt(job_id, claim)
 
     async def move(self, job_id: str, what: str, why: str) -> bool:
         """Checkpoint a running job and requeue it, e.g. off a cordoned GPU
