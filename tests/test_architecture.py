@@ -475,3 +475,48 @@ def test_a_link_after_construction_is_found(tmp_path):
         "service/jobs/manager.py:3 hands itself back: preemption.jobs = self",
         "service/jobs/preemption.py:2 defines attach()",
     ]
+
+
+#: The managers built of parts: each part is given what it calls, so none imports its
+#: manager back (a part that needed the manager would be handed it after it was built).
+MANAGERS = ("gpulab.service.jobs.manager", "gpulab.service.endpoints.manager")
+
+
+def parts_importing_their_manager(root: pathlib.Path = ROOT) -> list[str]:
+    """Modules a manager imports (its parts, in its own folder) that import it back."""
+    found: dict[str, list[tuple[pathlib.Path, int, str]]] = {}
+    for path, line, module, names in imports("service", root):
+        name = "gpulab." + ".".join(path.relative_to(root).with_suffix("").parts)
+        for target in [module] + [f"{module}.{n}" for n in names]:
+            found.setdefault(name, []).append((path, line, target))
+    broken = []
+    for manager in MANAGERS:
+        folder = manager.rsplit(".", 1)[0]
+        parts = {t for _, _, t in found.get(manager, ()) if t.rsplit(".", 1)[0] == folder}
+        for part in sorted(parts - {manager}):
+            for path, line, target in found.get(part, ()):
+                if target == manager:
+                    broken.append(f"{where(path, line, root)}: a part of {manager} imports it")
+    return broken
+
+
+def test_no_part_imports_its_manager():
+    broken = parts_importing_their_manager()
+    assert not broken, "give the part what it calls instead:\n" + "\n".join(broken)
+
+
+def test_a_part_importing_its_manager_is_found(tmp_path):
+    root = plant(
+        tmp_path,
+        {
+            "service/jobs/manager.py": "from .poller import JobPoller\nfrom . import stops\n",
+            "service/jobs/poller.py": "from gpulab.service.jobs.manager import JobManager\n",
+            "service/jobs/stops.py": "from . import manager\n",
+            # A client of the manager in its folder is not one of its parts.
+            "service/jobs/schedules.py": "from .manager import JobManager\n",
+        },
+    )
+    assert parts_importing_their_manager(root) == [
+        "service/jobs/poller.py:1: a part of gpulab.service.jobs.manager imports it",
+        "service/jobs/stops.py:1: a part of gpulab.service.jobs.manager imports it",
+    ]
