@@ -70,8 +70,10 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return out
 
 
-#: Each JSON string, with the colon after it when it is an object's key.
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"(\s*:)?')
+#: Each JSON string, with the colon after it when it is an object's key. Runs of plain
+#: characters are taken at once (an alternation per character took 0.4 s over the 2 MB
+#: string of a 1,000-row insert's vectors_base64; this, 0.03 s).
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?')
 #: Floats the fast parser reads as the checked one does: at least the smallest normal
 #: double (orjson reads 1e-320 as a denormal and 1e-400 as 0, which the checked parser
 #: refuses; a body with a 0.0 in it is left to the checked parser, which knows which
