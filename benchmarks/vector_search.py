@@ -23,7 +23,9 @@ the system takes them):
   before (pymilvus client, ``--batch`` rows per insert, then flushed and indexed);
 * engine: gpulab's embedded engine today (FAISS HNSW behind its write-ahead log, in its
   own process over a Unix socket), called with the service's own client;
-* gpulab: the same, through the service's REST API (``/collections``) behind the hub:
+* gpulab: the same, through the service's REST API (``/collections``) behind the hub
+  (searches from a kept-alive ``http.client`` connection per client thread, bodies by
+  orjson):
   ``--gpulab`` starts a real hub for it, ``--hub-url`` and ``--token`` use a running one;
   without either the row is skipped and the table says so.
 
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import http.client
 import json
 import os
 import shutil
@@ -57,8 +60,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
+import orjson
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -492,6 +497,18 @@ class GpulabCollections:
             self._local.session = self._requests.Session()
         return self._local.session
 
+    def connection(self) -> http.client.HTTPConnection:
+        """This thread's kept-alive connection for searches: the standard library's
+        client, as a user's hot loop would hold it (requests spends more per call than
+        gpulab's service does), the body written by orjson from the numpy vector."""
+        if not hasattr(self._local, "connection"):
+            url = urlsplit(self.api)
+            kind = (
+                http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+            )
+            self._local.connection = kind(url.hostname, url.port, timeout=300)
+        return self._local.connection
+
     def call(self, method: str, path: str, body=None, ok=(200, 201)):
         deadline = time.monotonic() + 180
         while True:
@@ -517,8 +534,20 @@ class GpulabCollections:
         return self.call("GET", f"/collections/{self.owner}/{name}")
 
     def search(self, name: str, vector: np.ndarray, k: int) -> list[dict]:
-        body = {"vector": vector.tolist(), "k": k}
-        return self.call("POST", f"/collections/{self.owner}/{name}/search", body)["hits"]
+        body = orjson.dumps({"vector": vector, "k": k}, option=orjson.OPT_SERIALIZE_NUMPY)
+        path = urlsplit(self.api).path + f"/collections/{self.owner}/{name}/search"
+        headers = {**self.headers, "Content-Type": "application/json"}
+        conn = self.connection()
+        try:
+            conn.request("POST", path, body, headers)
+            r = conn.getresponse()
+            data = r.read()
+        except (OSError, http.client.HTTPException):
+            conn.close()  # reconnects at the next request
+            raise
+        if r.status != 200:
+            raise RuntimeError(f"search: {r.status} {data[:300]!r}")
+        return orjson.loads(data)["hits"]
 
     def drop(self, name: str) -> None:
         self.call("DELETE", f"/collections/{self.owner}/{name}", ok=(200, 204))

@@ -21,6 +21,7 @@ from . import engine_protocol as protocol
 from .engine import ABANDONED_HINTS, EngineError, database_of
 from .engine_transport import Client, EngineGone
 from .owner_queues import OwnerQueues
+from .search_batches import SearchBatches
 
 log = logging.getLogger("gpulab.service.vectors")
 
@@ -35,6 +36,8 @@ class EmbeddedEngine:
         self.call_timeout = call_timeout
         self.queues = OwnerQueues(THREADS, PER_OWNER)
         self.client = Client(uri.removeprefix("unix:"))
+        #: Searches of one collection that arrive while one is under way go together.
+        self.batches = SearchBatches(self._search)
 
     async def _call(
         self,
@@ -137,9 +140,13 @@ class EmbeddedEngine:
         self, owner: str, cid: str, vectors: list[list[float]], k: int, metric: str, filter: str
     ) -> list[list[dict]]:
         queries = np.asarray(vectors, dtype=np.float32)
-        body = {"cid": cid, "k": k, "filter": filter}
-        found = await self._call("search", owner, body, queries, what="search")
+        found = await self.batches.search(owner, cid, queries, k, filter)
         return [
             [{"id": rid, "score": score, "metadata": meta or {}} for rid, score, meta in hits]
-            for hits in found["results"]
+            for hits in found
         ]
+
+    async def _search(self, owner: str, cid: str, queries: np.ndarray, k: int, filter: str):
+        """One call of the engine for a batch of searches (:mod:`.search_batches`)."""
+        body = {"cid": cid, "k": k, "filter": filter}
+        return (await self._call("search", owner, body, queries, what="search"))["results"]
