@@ -422,6 +422,37 @@ def test_defaults_render_for_every_backend(chart, backend):
     assert "Deployment/gpulab-mlflow" not in objects  # MLflow is off by default
 
 
+def test_service_pod_takes_the_sites_extras(chart):
+    """``service.extra*``, as z2jh's ``hub.extra*``: variables, volumes and mounts of the
+    site's own in the service's pod, and Python run after the chart's configuration."""
+    extras = {
+        "service": {
+            "extraEnv": [{"name": "GPULAB_CA_FILE", "value": "/etc/site-ca/ca.crt"}],
+            "extraVolumes": [{"name": "site-ca", "configMap": {"name": "site-ca"}}],
+            "extraVolumeMounts": [{"name": "site-ca", "mountPath": "/etc/site-ca"}],
+            "extraConfig": 'c.KubernetesServingSettings.priority_class = "serving"\n',
+        }
+    }
+    objects = render(chart, extras)
+    container = objects["Deployment/gpulab"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPULAB_CA_FILE"] == "/etc/site-ca/ca.crt"
+    assert env["JUPYTERHUB_SERVICE_NAME"] == "gpulab"  # the chart's own stay
+    mounts, volumes = volume_mounts(objects, "gpulab")
+    assert mounts["/etc/site-ca"] == "site-ca" and mounts["/srv/gpulab"] == "data"
+    assert volumes["site-ca"]["configMap"] == {"name": "site-ca"}
+    config = objects["ConfigMap/gpulab-service"]["data"]["gpulab_config.py"]
+    chart_part, _, site_part = config.partition("# service.extraConfig")
+    assert "c.GpuLabService.inventory_source" in chart_part
+    assert 'c.KubernetesServingSettings.priority_class = "serving"' in site_part
+    # Without them the pod and the file are the chart's alone.
+    plain = render(chart, {})
+    assert (
+        "service.extraConfig" not in plain["ConfigMap/gpulab-service"]["data"]["gpulab_config.py"]
+    )
+    assert "site-ca" not in json.dumps(plain["Deployment/gpulab"])
+
+
 def test_minimal_install_without_agent_rbac_or_scraping(chart):
     objects = render(
         chart,

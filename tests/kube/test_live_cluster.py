@@ -841,3 +841,210 @@ async def spawn_and_stop(live_kube, api, namespace, image, tmp_path):
             return not pods.items
 
         await wait_for("the server's pod to be gone", gone, timeout=60)
+
+
+# -- a hub in pods, the chart's service in its pod, an endpoint through the hub --------------
+async def run_helm(live_kube, *args: str) -> str:
+    helm = helm_binary(live_kube)
+    proc = await asyncio.create_subprocess_exec(
+        helm,
+        *args,
+        "--kubeconfig",
+        live_kube.admin_kubeconfig,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, f"helm {args[0]} failed:\n{out.decode()}"
+    return out.decode()
+
+
+async def pods_said(api, namespace: str) -> str:
+    """Each pod's phase, its containers' states and the end of their logs (the
+    previous run's, for a container that restarted): what a failed wait shows."""
+    lines = []
+    for p in (await api["core"].list_namespaced_pod(namespace)).items:
+        for s in p.status.container_statuses or []:
+            lines.append(
+                f"{p.metadata.name}/{s.name} {p.status.phase} ready={s.ready} "
+                f"restarts={s.restart_count} state={s.state} last={s.last_state}"
+            )
+            try:
+                log = await api["core"].read_namespaced_pod_log(
+                    p.metadata.name,
+                    namespace,
+                    container=s.name,
+                    tail_lines=20,
+                    previous=bool(s.restart_count),
+                )
+            except Exception as e:  # noqa: BLE001 - evidence only
+                log = f"(no log: {e})"
+            lines.append(log)
+    return "\n".join(lines)
+
+
+async def crash_looping(api, namespace: str) -> list[str]:
+    """The containers of ``namespace`` that restarted three times: a crash loop, not a
+    wait (under load the kubelet now and then replaces a new pod's sandbox once)."""
+    pods = (await api["core"].list_namespaced_pod(namespace)).items
+    return [
+        f"{p.metadata.name}/{s.name}"
+        for p in pods
+        for s in p.status.container_statuses or []
+        if s.restart_count >= 3
+    ]
+
+
+@pytest.fixture(scope="module")
+async def hub_site(live_kube, api, tmp_path_factory):
+    """What z2jh and the gpulab chart make, in a namespace of their own: the hub and
+    its proxy in pods (tests/support/live_kube/hub_site.py, with
+    helm/gpulab/z2jh-values.yaml's hub settings), the chart's service in its pod
+    with only its ServiceAccount's rights, and the hub's public address (the
+    proxy-public Service's cluster IP, which the host routes to the node)."""
+    if not live_kube.local:
+        pytest.skip("runs the hub from this machine's venv (a site's cluster has its own hub)")
+    from kubernetes_asyncio import utils
+    from support.live_kube import hub_site as site
+
+    ns = f"gpulab-hub-{secrets.token_hex(3)}"
+    await api["core"].create_namespace(
+        {"metadata": {"name": ns, "labels": {"gpulab.io/test": "true"}}}
+    )
+
+    async def default_account():
+        accounts = await api["core"].list_namespaced_service_account(ns)
+        return any(a.metadata.name == "default" for a in accounts.items)
+
+    await wait_for("the hub namespace's default ServiceAccount", default_account)
+    await bind_local_volumes(api, ns, {}, tmp_path_factory)
+    values = tmp_path_factory.mktemp("hub-site") / "values.yaml"
+    values.write_text(yaml.safe_dump(site.service_values(live_kube.image)))
+    await run_helm(live_kube, "install", RELEASE, str(CHART), "--namespace", ns, "-f", str(values))
+    admin_token = secrets.token_hex(16)
+    for obj in site.objects(live_kube.image, secrets.token_hex(16), admin_token):
+        await utils.create_from_dict(api["client"], obj, namespace=ns)
+
+    async def all_available():
+        crashed = await crash_looping(api, ns)
+        assert not crashed, f"{crashed} crashed"
+        for name in ("proxy", "hub", RELEASE):
+            d = await api["apps"].read_namespaced_deployment_status(name, ns)
+            if not d.status.available_replicas:
+                return False
+        return True
+
+    try:
+        await wait_for("the hub, proxy and service pods to be ready", all_available, timeout=180)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{await pods_said(api, ns)}") from None
+    proxy = await api["core"].read_namespaced_service("proxy-public", ns)
+    yield {
+        "namespace": ns,
+        "url": f"http://{proxy.spec.cluster_ip}",
+        "admin_token": admin_token,
+        "said": lambda: pods_said(api, ns),
+    }
+    await api["core"].delete_namespace(ns)
+
+
+def hub_call(url: str, method: str = "GET", token: str | None = None, body: bytes | None = None):
+    """(status, body) of one HTTP call, redirects not followed."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    req = urllib.request.Request(url, data=body, method=method)
+    if token:
+        req.add_header("Authorization", f"token {token}")
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.build_opener(NoRedirect).open(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+async def test_endpoint_answers_through_the_hub(hub_site, api, tmp_path):
+    """``%deploy`` on the site: alice's model goes to the gpulab service in its pod
+    through the hub's proxy, becomes replica pods behind a Service, and answers
+    her call at the hub's URL with her token; without a token, or with bob's, the
+    call is refused. Stopping it removes its objects from the cluster."""
+    import numpy as np
+    import torch
+
+    from gpulab.client import Client, Endpoint
+    from gpulab.serving.export import export_model
+
+    url, ns = hub_site["url"], hub_site["namespace"]
+
+    def user_token(name: str) -> str:
+        admin = hub_site["admin_token"]
+        status, said = hub_call(f"{url}/hub/api/users/{name}", "POST", admin, b"{}")
+        assert status == 201, (status, said)
+        status, said = hub_call(f"{url}/hub/api/users/{name}/tokens", "POST", admin, b"{}")
+        assert status == 201, (status, said)
+        return json.loads(said)["token"]
+
+    alice_token, bob_token = (
+        await asyncio.to_thread(user_token, "alice"),
+        await asyncio.to_thread(user_token, "bob"),
+    )
+    model = torch.nn.Linear(4, 2).eval()
+    export_model(model, torch.randn(2, 4), str(tmp_path / "model"), max_batch_size=8)
+    alice = Client(f"{url}/services/gpulab/api/v1", token=alice_token, timeout=120)
+    dep = await asyncio.to_thread(
+        alice.create_deployment,
+        str(tmp_path / "model"),
+        {"name": "lin", "replicas": 1, "gpu_milli": 0},
+    )
+    name = f"gpulab-ep-d{dep['id']}"
+
+    async def running():
+        d = await asyncio.to_thread(alice.get_deployment, "lin")
+        assert d["state"] not in ("failed", "stopped"), d
+        return d if d["state"] == "running" else None
+
+    try:
+        await wait_for("alice's endpoint to be running", running, timeout=180)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{await hub_site['said']()}") from None
+    deployment = await api["apps"].read_namespaced_deployment(name, ns)
+    assert deployment.spec.template.spec.service_account_name in (None, "default")
+
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    endpoint = await asyncio.to_thread(Endpoint, "alice/lin", client=alice)
+    out = await asyncio.to_thread(endpoint.infer, x)
+    expected = model(torch.from_numpy(x)).detach().numpy()
+    [answer] = out.values()
+    np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-6)
+
+    # One OIP v2 call at the hub's URL: alice's token answers; none, or bob's, is refused.
+    call = f"{endpoint.url}/v2/models/lin/infer"
+    tensor = {"shape": [3, 4], "datatype": "FP32", "data": x.ravel().tolist()}
+    body = json.dumps({"inputs": [{"name": endpoint.inputs[0]["name"], **tensor}]}).encode()
+    as_alice = await asyncio.to_thread(hub_call, call, "POST", alice_token, body)
+    anonymous = await asyncio.to_thread(hub_call, call, "POST", None, body)
+    as_bob = await asyncio.to_thread(hub_call, call, "POST", bob_token, body)
+    assert as_alice[0] == 200 and b"outputs" in as_alice[1], as_alice
+    assert anonymous[0] in (302, 401, 403) and b"outputs" not in anonymous[1], anonymous
+    assert as_bob[0] in (403, 404) and b"outputs" not in as_bob[1], as_bob
+    assert call.startswith(f"{url}/services/gpulab/endpoints/alice/lin"), call
+
+    await asyncio.to_thread(alice.stop_deployment, "lin")
+    selector = f"gpulab.io/endpoint=d{dep['id']}"
+
+    async def gone():
+        left = {
+            "deployments": await api["apps"].list_namespaced_deployment(
+                ns, label_selector=selector
+            ),
+            "services": await api["core"].list_namespaced_service(ns, label_selector=selector),
+            "secrets": await api["core"].list_namespaced_secret(ns, label_selector=selector),
+            "pods": await api["core"].list_namespaced_pod(ns, label_selector=selector),
+        }
+        return not any(v.items for v in left.values())
+
+    await wait_for("the stopped endpoint's objects to be gone", gone, timeout=120)
