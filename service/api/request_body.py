@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 
 import orjson
@@ -70,10 +69,29 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return out
 
 
-#: Each JSON string, with the colon after it when it is an object's key. Runs of plain
-#: characters are taken at once (an alternation per character took 0.4 s over the 2 MB
-#: string of a 1,000-row insert's vectors_base64; this, 0.03 s).
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?')
+def _key_count(raw: bytes) -> int:
+    """How many object keys valid JSON text holds: its strings followed by a colon.
+    Found quote to quote with ``bytes.find`` (C's speed over a long string: a regular
+    expression took 30 to 400 ms over the 2 MB vectors_base64 of a 1,000-row insert)."""
+    keys, end = 0, len(raw)
+    start = raw.find(b'"')
+    while start >= 0:
+        close = raw.find(b'"', start + 1)
+        while True:  # a quote after an odd number of backslashes is inside the string
+            back = close - 1
+            while raw[back] == 0x5C:
+                back -= 1
+            if (close - 1 - back) % 2 == 0:
+                break
+            close = raw.find(b'"', close + 1)
+        after = close + 1
+        while after < end and raw[after] in b" \t\r\n":
+            after += 1
+        keys += after < end and raw[after] == 0x3A
+        start = raw.find(b'"', after)
+    return keys
+
+
 #: Floats the fast parser reads as the checked one does: at least the smallest normal
 #: double (orjson reads 1e-320 as a denormal and 1e-400 as 0, which the checked parser
 #: refuses; a body with a 0.0 in it is left to the checked parser, which knows which
@@ -126,8 +144,7 @@ def _fast(raw: bytes) -> dict | None:
         return None
     if not isinstance(body, dict):
         return None
-    keys = _STRING.findall(raw)
-    if len(keys) - keys.count(b"") != _checked_shape(body):  # a key twice, or a float
+    if _key_count(raw) != _checked_shape(body):  # a key twice, or a float
         return None
     return body
 
