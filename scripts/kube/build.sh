@@ -2,7 +2,8 @@
 # Builds the live-cluster suite's Kubernetes binaries from the Go module proxy,
 # once: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy (v1.34.4,
 # version-stamped so helm's kubeVersion checks pass), etcd, helm, CoreDNS and
-# kube-router (its NetworkPolicy firewall enforces the chart's policies). Everything
+# kube-router (its NetworkPolicy firewall enforces the chart's policies), and the
+# suite's stand-in DRA kubelet plugin (scripts/kube/dra-plugin). Everything
 # (binaries, Go module cache, Go build cache) lives under one cache folder keyed by
 # the versions, so a second run (or a fresh clone on the same machine) does nothing.
 #
@@ -144,6 +145,22 @@ if [ ! -x "$BIN/kube-router" ]; then
     -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION" \
     "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
   mv "$WORK/kube-router-bin/kube-router" "$BIN/kube-router"
+fi
+
+# The stand-in DRA kubelet plugin (scripts/kube/dra-plugin/main.go, on
+# k8s.io/dynamic-resource-allocation's kubeletplugin helper): the simulated GPUs'
+# claims are prepared, so their pods start. Rebuilt when its source changes.
+PLUGIN_SRC="$(cd "$(dirname "$0")" && pwd)/dra-plugin/main.go"
+if [ ! -x "$BIN/gpulab-dra-plugin" ] || [ "$PLUGIN_SRC" -nt "$BIN/gpulab-dra-plugin" ]; then
+  log "go build gpulab-dra-plugin (k8s.io/dynamic-resource-allocation $staging)"
+  mkdir -p "$WORK/dra-plugin" && cd "$WORK/dra-plugin"
+  cp "$PLUGIN_SRC" main.go
+  if [ ! -f go.sum ]; then
+    printf 'module gpulab.local/draplugin\n\ngo 1.24\n\nrequire k8s.io/dynamic-resource-allocation %s\n' "$staging" > go.mod
+    go mod tidy
+  fi
+  go build -trimpath -ldflags "-s -w" -o "$BIN/gpulab-dra-plugin.tmp" .
+  mv "$BIN/gpulab-dra-plugin.tmp" "$BIN/gpulab-dra-plugin"
 fi
 
 log "done in $(( $(date +%s) - T0 )) s"

@@ -6,12 +6,12 @@ job's ResourceClaimTemplate (or a card's shared ResourceClaim) and its Indexed J
 as the service does; the cluster's resourceclaim controller makes each pod's claim
 and kube-scheduler v1.34.4 allocates it against the ResourceSlice a stand-in driver
 publishes for the node (``support/live_kube/dra_driver.py``: two simulated H100
-cards, MIG devices on the second, the attributes NVIDIA's driver publishes). No
-kubelet plugin runs, so those pods' containers never start (the kubelet says the
-driver is not registered): the tests assert what the scheduler decides, which is
-what the claims are for: which device each claim gets, that the pod is bound to
-the node, that one card is not given twice, that pods sharing a card share one
-claim.
+cards, MIG devices on the second, the attributes NVIDIA's driver publishes). The
+tests assert what the scheduler decides: which device each claim gets, that the
+pod is bound to the node, that one card is not given twice, that pods sharing a
+card share one claim. The driver's stand-in kubelet plugin (``scripts/kube/
+dra-plugin``) then prepares the devices, so the pods start: each says the slice's
+environment it got.
 
 **NetworkPolicies.** kube-router's firewall (``support/live_kube/firewall.py``) runs
 on the node and enforces the policies the backend sends with a job and an
@@ -48,7 +48,7 @@ def driver(live_kube):
         pytest.skip("the stand-in DRA driver publishes only on the suite's own cluster")
     from support.live_kube.dra_driver import StandInDriver
 
-    d = StandInDriver(live_kube).publish()
+    d = StandInDriver(live_kube).publish().start_plugin()
     yield d
     d.remove()
 
@@ -153,11 +153,42 @@ async def test_the_inventory_reads_the_drivers_slices(driver, inventory):
     assert migs == {driver.gpus[1].uuid: ["1g.10gb", "2g.20gb"]}
 
 
+# What a pod holding a slice runs here: it says what the slice put into its
+# environment, then stays (the test reads the claims of running pods).
+HOLD = """
+import os, time
+slice = [f"{k}={v}" for k, v in os.environ.items() if k.startswith(("GPULAB_GPU", "GPULAB_MIG"))]
+print("slice", *sorted(slice), flush=True)
+time.sleep(3600)
+"""
+
+
+def holding(slice_patch):
+    """A pod patch: the backend's own (the claim, the slice's environment), then the
+    container's command swapped for HOLD (the image has no torchrun, no model server)."""
+
+    def apply(template):
+        template = slice_patch(template)
+        template["spec"]["terminationGracePeriodSeconds"] = 1  # python as PID 1: no SIGTERM
+        c = template["spec"]["containers"][0]
+        if c.get("args"):  # a job's node: the wrapper stays, HOLD runs under it
+            c["args"] = ["python", "-c", HOLD]
+        else:  # a replica
+            c["command"], c["args"] = ["python", "-c", HOLD], []
+        for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
+            c.pop(probe, None)
+        c["resources"]["requests"] = {"cpu": "50m", "memory": "64Mi"}
+        c["resources"].setdefault("limits", {})["memory"] = "256Mi"
+        return template
+
+    return apply
+
+
 def dra_backend(kubeconfig, namespace, jobs_root, gpus, sharing: str):
-    """gpulab's job backend as the service runs it under ``dra``."""
+    """gpulab's job backend as the service runs it under ``dra``, its pods holding."""
     from gpulab.backend.kubernetes.backend import KubernetesBackend
 
-    return KubernetesBackend(
+    backend = KubernetesBackend(
         jobs_root,
         namespace=namespace,
         jobs_pvc=JOBS_PVC,
@@ -166,13 +197,38 @@ def dra_backend(kubeconfig, namespace, jobs_root, gpus, sharing: str):
         enforcement_options={"sharing": sharing},
         gpus=gpus,
     )
+    backend.pod_patch_for = lambda spec, rows: holding(backend.settings_pod_patch(spec, rows))
+    return backend
+
+
+async def started(api, namespace, pods) -> list[dict]:
+    """Once every pod of ``pods`` runs (the kubelet had the plugin prepare its claim):
+    the slice's environment each one printed."""
+
+    async def running():
+        seen = []
+        for pod in pods:
+            p = await api["core"].read_namespaced_pod(pod.metadata.name, namespace)
+            assert p.status.phase in ("Pending", "Running"), p.status
+            if p.status.phase != "Running":
+                return None
+            log = await api["core"].read_namespaced_pod_log(pod.metadata.name, namespace)
+            if not log.startswith("slice"):
+                return None
+            seen.append(dict(kv.split("=", 1) for kv in log.split("\n")[0].split()[1:]))
+        return seen
+
+    names = ", ".join(p.metadata.name for p in pods)
+    return await wait_for(
+        f"pods {names} to start with their devices prepared", running, timeout=120
+    )
 
 
 def job_spec(image: str, nodes: int, gpu_milli: int):
     from gpulab.backend.spec import JobSpec
 
     spec = JobSpec(
-        code="# never runs: no kubelet plugin prepares the devices",
+        code="# never runs: the pods hold (HOLD)",
         nodes=nodes,
         gpu_milli=gpu_milli,
         image=image,
@@ -279,6 +335,8 @@ async def test_whole_cards_are_allocated_once_each(
         for pod, c in placed:
             assert pod.spec.node_name == driver.node
             assert [r["name"] for r in c["status"]["reservedFor"]] == [pod.metadata.name]
+        envs = await started(api, namespace, [pod for pod, _ in placed])
+        assert [e["GPULAB_GPU_MILLI"] for e in envs] == ["1000", "1000"]
         # Both cards are held: the scheduler leaves a third whole-card pod pending.
         await backend.start(one, rows[:1])
 
@@ -310,8 +368,8 @@ async def test_a_fraction_under_mig_gets_the_profile_that_holds_it(
         [(pod, c)] = await scheduled(api, namespace, spec, 1)
         # A quarter of an 80 GB H100 snaps up to 2g.20gb (not the 1g.10gb beside it).
         assert allocated(c) == [("gpu.nvidia.com", driver.node, "gpu-1-mig-2g20gb-0")]
-        env = {e.name: e.value for e in pod.spec.containers[0].env if e.value}
-        assert env["GPULAB_MIG_PROFILE"] == "2g.20gb"
+        [env] = await started(api, namespace, [pod])
+        assert (env["GPULAB_MIG_PROFILE"], env["GPULAB_GPU_MEMORY_MIB"]) == ("2g.20gb", "20480")
     finally:
         await backend.cancel(spec, grace_s=0)
         await backend.close()
@@ -342,6 +400,9 @@ async def test_jobs_sharing_a_card_under_mps_share_its_one_claim(
         # The sharing the driver would apply, passed through to it untouched.
         [config] = shared["status"]["allocation"]["devices"]["config"]
         assert config["opaque"]["parameters"]["sharing"] == {"strategy": "MPS"}
+        # Both run on the one prepared device, each with its own MPS client limits.
+        envs = await started(api, namespace, [pod for pod, _ in placed])
+        assert [e["GPULAB_GPU_MILLI"] for e in envs] == ["250", "250"]
     finally:
         for spec in specs:
             await backend.cancel(spec, grace_s=0)
@@ -367,6 +428,7 @@ async def test_an_endpoints_replicas_get_a_card_each(
     serving = serving_of(
         service_account, image, namespace, jobs_volume, enforcement="dra", gpus=gpus
     )
+    serving.pod_patch_for = lambda dep, rows: holding(serving.settings_pod_patch(dep, rows))
     dep = endpoint_unit(id="d4a", replicas=2, gpu_milli=1000)
     serving.prepare(dep["id"])
     try:
@@ -377,6 +439,8 @@ async def test_an_endpoints_replicas_get_a_card_each(
             ("gpu.nvidia.com", driver.node, "gpu-0"),
             ("gpu.nvidia.com", driver.node, "gpu-1"),
         ]
+        envs = await started(api, namespace, [pod for pod, _ in placed])
+        assert [e["GPULAB_GPU_MILLI"] for e in envs] == ["1000", "1000"]
     finally:
         await serving.stop(dep, wait_s=0)
         await serving.close()
@@ -525,12 +589,14 @@ async def test_a_jobs_pods_take_connections_only_from_each_other(
             "kube-router to guard index 0",
             lambda: asyncio.to_thread(firewall.guards, namespace, host.metadata.name),
         )
-        said = await probe(api, namespace, image, "intruder", USERS_POD, host.status.pod_ip, port)
-        assert said.startswith("blocked"), said
-        # At the same moment a pod of the job (its label) gets through: index 0 listens.
-        own = {"gpulab.io/job-id": spec.id}
-        said = await probe(api, namespace, image, "own", own, host.status.pod_ip, port, "open")
-        assert said == "open", said
+        # Side by side, a user's pod and a pod of the job (its label): the second gets
+        # through (index 0 listens all along), the first does not.
+        ip, own = host.status.pod_ip, {"gpulab.io/job-id": spec.id}
+        intruder, member = await asyncio.gather(
+            probe(api, namespace, image, "intruder", USERS_POD, ip, port),
+            probe(api, namespace, image, "own", own, ip, port, "open"),
+        )
+        assert intruder.startswith("blocked") and member == "open", (intruder, member)
         log = await api["core"].read_namespaced_pod_log(host.metadata.name, namespace)
         peers = [line for line in log.splitlines() if line.startswith("peer")]
         assert peers == ["peer 1", "peer (said nothing)"], log  # index 1, own; no intruder
@@ -571,12 +637,11 @@ async def test_an_endpoints_replicas_take_calls_only_from_the_router(
             "kube-router to guard the replica",
             lambda: asyncio.to_thread(firewall.guards, namespace, replica.metadata.name),
         )
-        said = await probe(api, namespace, image, "caller", USERS_POD, ip, serving.port)
-        assert said.startswith("blocked"), said
-        said = await probe(
-            api, namespace, image, "router", ROUTER_POD_LABELS, ip, serving.port, "open"
+        caller, router = await asyncio.gather(
+            probe(api, namespace, image, "caller", USERS_POD, ip, serving.port),
+            probe(api, namespace, image, "router", ROUTER_POD_LABELS, ip, serving.port, "open"),
         )
-        assert said == "open", said
+        assert caller.startswith("blocked") and router == "open", (caller, router)
     finally:
         await serving.stop(dep, wait_s=0)
         await serving.close()

@@ -12,16 +12,18 @@ The slice is written with the node's own credentials (``system:node:<name>``), a
 the kubelet plugin running on the node would: the API server's Node authorizer
 and NodeRestriction let a node publish slices for itself only.
 
-No kubelet plugin runs (no gRPC server registers with the kubelet), so a pod whose
-claim the scheduler allocated is bound to the node but its containers do not
-start: the kubelet reports the driver as not registered. What the cluster decides
-(allocation, placement, sharing of one claim) is all the scheduler's.
+:meth:`StandInDriver.start_plugin` runs the driver's kubelet plugin on the node
+(``scripts/kube/dra-plugin``, Go, on ``k8s.io/dynamic-resource-allocation``'s
+kubeletplugin helper; built by ``scripts/kube/build.sh``): it registers with the
+kubelet and prepares each allocated device (no CDI device: no GPU exists here), so
+a pod whose claims the scheduler allocated starts. It stops with the cluster.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -164,3 +166,31 @@ class StandInDriver:
         self.as_node.request("DELETE", f"{RESOURCE}/resourceslices/{self.node}-{DRIVER}")
         for c in device_classes():
             self.admin.request("DELETE", f"{RESOURCE}/deviceclasses/{c['metadata']['name']}")
+
+    def start_plugin(self, timeout: float = 60.0) -> StandInDriver:
+        """The kubelet plugin, as the node (the Node authorizer lets it read the claims
+        of the node's pods); returns once the kubelet has registered it."""
+        c = self.cluster
+        binary = c.bins / "gpulab-dra-plugin"
+        if not binary.exists():
+            raise RuntimeError(f"no {binary}: scripts/kube/build.sh builds it")
+        # Where its DaemonSet would mount the kubelet's plugin folder for its socket.
+        (c.base / "kubelet" / "plugins" / DRIVER).mkdir(parents=True, exist_ok=True)
+        c._spawn(
+            "dra-plugin",
+            [
+                str(binary),
+                f"--kubeconfig={c.kubeconfigs['kubelet']}",
+                f"--node={self.node}",
+                f"--kubelet-dir={c.base / 'kubelet'}",
+                f"--driver={DRIVER}",
+            ],
+        )
+        log = c.base / "logs" / "dra-plugin.log"
+        c._wait(
+            "the kubelet to register the DRA plugin",
+            lambda: "the kubelet registered the plugin" in log.read_text(errors="replace"),
+            time.monotonic() + timeout,
+            "dra-plugin",
+        )
+        return self
