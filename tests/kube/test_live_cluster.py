@@ -967,6 +967,16 @@ def hub_call(url: str, method: str = "GET", token: str | None = None, body: byte
         return e.code, e.read()
 
 
+def hub_user(hub_site, name: str) -> str:
+    """A new hub user ``name`` and a token of theirs, made with the suite's admin token."""
+    url, admin = hub_site["url"], hub_site["admin_token"]
+    status, said = hub_call(f"{url}/hub/api/users/{name}", "POST", admin, b"{}")
+    assert status == 201, (status, said)
+    status, said = hub_call(f"{url}/hub/api/users/{name}/tokens", "POST", admin, b"{}")
+    assert status == 201, (status, said)
+    return json.loads(said)["token"]
+
+
 async def test_endpoint_answers_through_the_hub(hub_site, api, tmp_path):
     """``%deploy`` on the site: alice's model goes to the gpulab service in its pod
     through the hub's proxy, becomes replica pods behind a Service, and answers
@@ -980,18 +990,8 @@ async def test_endpoint_answers_through_the_hub(hub_site, api, tmp_path):
 
     url, ns = hub_site["url"], hub_site["namespace"]
 
-    def user_token(name: str) -> str:
-        admin = hub_site["admin_token"]
-        status, said = hub_call(f"{url}/hub/api/users/{name}", "POST", admin, b"{}")
-        assert status == 201, (status, said)
-        status, said = hub_call(f"{url}/hub/api/users/{name}/tokens", "POST", admin, b"{}")
-        assert status == 201, (status, said)
-        return json.loads(said)["token"]
-
-    alice_token, bob_token = (
-        await asyncio.to_thread(user_token, "alice"),
-        await asyncio.to_thread(user_token, "bob"),
-    )
+    alice_token = await asyncio.to_thread(hub_user, hub_site, "alice")
+    bob_token = await asyncio.to_thread(hub_user, hub_site, "bob")
     model = torch.nn.Linear(4, 2).eval()
     export_model(model, torch.randn(2, 4), str(tmp_path / "model"), max_batch_size=8)
     alice = Client(f"{url}/services/gpulab/api/v1", token=alice_token, timeout=120)
@@ -1048,3 +1048,46 @@ async def test_endpoint_answers_through_the_hub(hub_site, api, tmp_path):
         return not any(v.items for v in left.values())
 
     await wait_for("the stopped endpoint's objects to be gone", gone, timeout=120)
+
+
+async def test_user_spawns_through_the_hub(hub_site, api):
+    """A server started through the hub in its pod: gpulab's FractionalKubeSpawner asks
+    the service pod for the slice, KubeSpawner makes the pod with the hub's own
+    ServiceAccount, the proxy routes ``/user/<name>/`` to it; stopped, the pod goes."""
+    url, ns = hub_site["url"], hub_site["namespace"]
+    token = await asyncio.to_thread(hub_user, hub_site, "carol")
+    options = json.dumps({"gpu_milli": 0}).encode()
+    status, said = await asyncio.to_thread(
+        hub_call, f"{url}/hub/api/users/carol/server", "POST", token, options
+    )
+    assert status in (201, 202), (status, said)
+
+    async def ready():
+        status, said = await asyncio.to_thread(hub_call, f"{url}/hub/api/users/carol", "GET", token)
+        assert status == 200, (status, said)
+        server = json.loads(said)["servers"].get("")
+        assert server is not None, "the hub gave up on the server"
+        return server["ready"]
+
+    try:
+        await wait_for("carol's server to be ready", ready, timeout=150)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{await hub_site['said']()}") from None
+    status, said = await asyncio.to_thread(hub_call, f"{url}/user/carol/api/status", "GET", token)
+    assert status == 200 and b"started" in said, (status, said)
+    pod = await api["core"].read_namespaced_pod("jupyter-carol", ns)
+    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    assert env["GPULAB_GPU_MILLI"] == "0"
+
+    status, said = await asyncio.to_thread(
+        hub_call, f"{url}/hub/api/users/carol/server", "DELETE", token
+    )
+    assert status in (202, 204), (status, said)
+
+    async def gone():
+        pods = await api["core"].list_namespaced_pod(
+            ns, field_selector="metadata.name=jupyter-carol"
+        )
+        return not pods.items
+
+    await wait_for("carol's pod to be gone", gone, timeout=60)

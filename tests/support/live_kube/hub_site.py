@@ -49,6 +49,25 @@ c.JupyterHub.services = [{"name": "suite", "api_token": os.environ["SUITE_ADMIN_
 c.JupyterHub.load_roles = [
     {"name": "suite", "scopes": ["admin:users", "tokens"], "services": ["suite"]}
 ]
+# z2jh's singleuser values, as its file turns them into KubeSpawner's settings: the
+# suite's image with this machine's venv (jupyterhub-singleuser) and libraries.
+c.KubeSpawner.namespace = os.environ["POD_NAMESPACE"]
+c.KubeSpawner.image = os.environ["SINGLEUSER_IMAGE"]
+c.KubeSpawner.image_pull_policy = "Never"
+c.KubeSpawner.cmd = ["jupyterhub-singleuser"]
+c.KubeSpawner.uid = 1000
+c.KubeSpawner.environment = {"PATH": os.environ["PATH"], "HOME": "/tmp", "USER": "jovyan"}
+c.KubeSpawner.volumes = [
+    {"name": n, "hostPath": {"path": p, "type": "Directory"}}
+    for n, p in (("gpulab-venv", os.environ["VENV_ROOT"]), ("host-libs", os.environ["HOST_LIBS"]))
+]
+c.KubeSpawner.volume_mounts = [
+    {"name": "gpulab-venv", "mountPath": os.environ["VENV_ROOT"], "readOnly": True},
+    {"name": "host-libs", "mountPath": os.environ["HOST_LIBS"], "readOnly": True},
+]
+c.KubeSpawner.start_timeout = 120
+# python as PID 1 ignores SIGTERM: a stopped server would take its 30 s.
+c.KubeSpawner.extra_pod_config = {"terminationGracePeriodSeconds": 1}
 # As z2jh's file does: each of jupyterhub_config.d/ run in this file's namespace (the
 # same config: what gpulab's file adds keeps the services and roles set above).
 for path in sorted(glob.glob("/usr/local/etc/jupyterhub/jupyterhub_config.d/*.py")):
@@ -162,6 +181,13 @@ def objects(image: str, proxy_token: str, admin_token: str) -> list[dict]:
                 "valueFrom": {"secretKeyRef": {"name": "hub", "key": "suite-admin-token"}},
             },
             {"name": "PYTHONUNBUFFERED", "value": "1"},
+            {
+                "name": "POD_NAMESPACE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            },
+            {"name": "SINGLEUSER_IMAGE", "value": image},
+            {"name": "VENV_ROOT", "value": str(REPO)},
+            {"name": "HOST_LIBS", "value": LIBS},
             *_env(z2jh["extraEnv"]),
         ],
         "volumeMounts": [
