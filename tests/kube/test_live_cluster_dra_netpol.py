@@ -612,7 +612,8 @@ async def test_an_endpoints_replicas_take_calls_only_from_the_router(
 ):
     """The serving backend's objects (Secret, NetworkPolicy, Deployment, Service), a
     plain HTTP server in the replica: the router's pods reach it, a user's pod does
-    not (calls go through the router, which checks the caller's token)."""
+    not (calls go through the router, which checks the caller's token), nor does a
+    pod wearing the router's labels in another namespace."""
     from test_live_cluster import ready_addresses, stand_in
 
     from gpulab.backend.kubernetes.isolation import ROUTER_POD_LABELS
@@ -627,8 +628,16 @@ async def test_an_endpoints_replicas_take_calls_only_from_the_router(
     dep = endpoint_unit(id="f1e", replicas=1, gpu_milli=0)
     serving.prepare(dep["id"])
     name = serving.k8s_name(dep)
+    elsewhere = f"{namespace}-users"
+    await api["core"].create_namespace({"metadata": {"name": elsewhere}})
     try:
         await serving.launch(dep, [])
+
+        async def can_hold_pods():  # its "default" ServiceAccount, made a moment after
+            accounts = await api["core"].list_namespaced_service_account(elsewhere)
+            return any(a.metadata.name == "default" for a in accounts.items)
+
+        await wait_for(f"namespace {elsewhere}'s default ServiceAccount", can_hold_pods)
 
         async def ready():
             return await ready_addresses(api, namespace, serving.object_name(dep))
@@ -639,11 +648,16 @@ async def test_an_endpoints_replicas_take_calls_only_from_the_router(
             "kube-router to guard the replica",
             lambda: asyncio.to_thread(firewall.guards, namespace, replica.metadata.name),
         )
-        caller, router = await asyncio.gather(
-            probe(api, namespace, image, "caller", USERS_POD, ip, serving.port),
-            probe(api, namespace, image, "router", ROUTER_POD_LABELS, ip, serving.port, "open"),
+        router_labels, port = ROUTER_POD_LABELS, serving.port
+        caller, spoof, router = await asyncio.gather(
+            probe(api, namespace, image, "caller", USERS_POD, ip, port),
+            probe(api, elsewhere, image, "spoof", router_labels, ip, port),
+            probe(api, namespace, image, "router", router_labels, ip, port, "open"),
         )
-        assert caller.startswith("blocked") and router == "open", (caller, router)
+        said = (caller, spoof, router)
+        assert caller.startswith("blocked") and spoof.startswith("blocked"), said
+        assert router == "open", said
     finally:
         await serving.stop(dep, wait_s=0)
         await serving.close()
+        await api["core"].delete_namespace(elsewhere)
