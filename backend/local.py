@@ -67,7 +67,7 @@ PEER_GRACE_S = 30.0
 #: How long a cancelled job's processes get after SIGTERM before SIGKILL. Short: a
 #: cancelled job does not resume, so it saves nothing, and ranks of the gpulab runner
 #: read SIGTERM as "checkpoint at the next step" (a preemption's, which has its own
-#: grace: c.GpuLabService.preemption_grace_seconds), so they would wait out any grace.
+#: grace: c.JobQueue.preemption_grace_seconds), so they would wait out any grace.
 CANCEL_GRACE_S = 2.0
 _WRAPPER = (
     '"$@"; code=$?; echo $code > "$GPULAB_EXIT_FILE.tmp"; '

@@ -92,6 +92,7 @@ from gpulab.service.jobs.backends import refuse_local_user_code
 from gpulab.service.jobs.manager import JobManager
 from gpulab.service.jobs.pools import Pools, load_gpus, read_pools
 from gpulab.service.jobs.preemption import Preemption
+from gpulab.service.jobs.queue_settings import JobQueue
 from gpulab.service.jobs.schedules import ScheduledJobs
 from gpulab.service.moved_settings import carry_moved, moved_map
 from gpulab.service.operations.actions import AlertActions
@@ -155,7 +156,7 @@ LEAVE_WORK_SIGNAL = signal.SIGUSR1
 #: The parts' own settings classes, once settings of GpuLabService: built with
 #: ``parent=`` the service (the same config file); ``c.GpuLabService.<name>`` still
 #: sets each, with a warning that names the new place (moved_settings.py).
-SETTINGS_PARTS = (Thresholds, Alerting, Hibernation, Endpoints)
+SETTINGS_PARTS = (Thresholds, Alerting, Hibernation, Endpoints, JobQueue)
 MOVED_SETTINGS = moved_map(SETTINGS_PARTS)
 
 #: What one init step may raise that means "this configuration cannot work".
@@ -408,7 +409,7 @@ class GpuLabService(
         2048,
         help="""Largest request body the service takes, in MiB: a model uploaded by
         `%deploy` (as sent, compressed), or an inference request to an endpoint. Other
-        routes take JSON bodies of at most 1 MiB (jobs: see max_job_vars_mib).
+        routes take JSON bodies of at most 1 MiB (jobs: see c.JobQueue.max_job_vars_mib).
 
         c.GpuLabService.max_upload_mib = 8192
         """,
@@ -456,15 +457,6 @@ class GpuLabService(
     def _user_memory_quota(self):
         return host_user_quota(os.cpu_count() or 1, host_memory())[1]
 
-    max_job_ranks = Int(
-        64,
-        help="""Most ranks one job may have (nodes x nproc_per_node), CPU-only jobs too:
-        each rank is a process on a node of the cluster.
-
-        c.GpuLabService.max_job_ranks = 256
-        """,
-    ).tag(config=True)
-
     job_log_max_bytes = Int(
         DEFAULT_LOG_MAX_BYTES,
         help="""Most bytes each log of a job (each node's and each rank's) and of an
@@ -473,16 +465,6 @@ class GpuLabService(
         dropped"). 0: not capped.
 
         c.GpuLabService.job_log_max_bytes = 256 * 2**20
-        """,
-    ).tag(config=True)
-
-    max_job_vars_mib = Int(
-        256,
-        help="""Largest variables a job may carry, in MiB (the cloudpickle bytes of
-        `%%train_distributed --vars`, before base64). Larger data belongs in a dataset
-        the ranks read (the dataset cache), not in the request.
-
-        c.GpuLabService.max_job_vars_mib = 1024
         """,
     ).tag(config=True)
 
@@ -577,6 +559,7 @@ class GpuLabService(
     alerting = Instance(Alerting, allow_none=True)
     hibernation = Instance(Hibernation, allow_none=True)
     endpoint_settings = Instance(Endpoints, allow_none=True)
+    job_queue = Instance(JobQueue, allow_none=True)
     service_name = Unicode()
     prefix = Unicode()
 
@@ -653,6 +636,7 @@ class GpuLabService(
         self.alerting = Alerting(parent=self)
         self.hibernation = Hibernation(parent=self)
         self.endpoint_settings = Endpoints(parent=self)
+        self.job_queue = JobQueue(parent=self)
 
     def init_hub(self):
         """The hub's API (``self.hub``, built from these variables), which the parts

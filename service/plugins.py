@@ -127,7 +127,7 @@ def build(cls: type, service, *, root: str, gpus, shortcut: tuple[str, dict] | N
             accounts=service.accounts,
             limits=service.account_limits,
             log_max_bytes=service.job_log_max_bytes,
-            grace_seconds=service.preemption_grace_seconds,
+            grace_seconds=service.job_queue.preemption_grace_seconds,
             **given,
         )
         plugin.check_settings()

@@ -1,5 +1,5 @@
-"""How users share the GPUs: limits (quotas), guarantees, priority classes, preemption,
-fair share.
+"""How users share the GPUs: limits (quotas), guarantees, priority classes (the
+queue's own settings, preemption's grace and fair share, are c.JobQueue's).
 
 The settings live on :class:`SharingSettings`, which the service inherits, so
 they are set as ``c.GpuLabService.<name>``. Hub groups carry the same values as
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
-from traitlets import Dict, Float, Int, List
+from traitlets import Dict, Int, List
 from traitlets.config import Configurable
 
 from gpulab.scheduler.priority import PriorityClasses, PriorityError
@@ -53,27 +53,6 @@ class SharingSettings(Configurable):
         """,
     ).tag(config=True)
 
-    preemption_grace_seconds = Float(
-        30.0,
-        help="""Seconds a preempted job gets between SIGTERM and SIGKILL. gpulab's
-        training library saves a checkpoint at the next step boundary and exits
-        within it; the job goes back to the queue and resumes from there.
-
-        c.GpuLabService.preemption_grace_seconds = 60
-        """,
-    ).tag(config=True)
-
-    elastic_grow_after_seconds = Float(
-        10.0,
-        help="""Seconds an elastic job (`--nodes MIN:MAX`) runs at one size before
-        it may grow into free slices again. Growing restarts its ranks from a
-        checkpoint taken at a step boundary, so it is not done for every slice
-        that frees; this also spaces a job's regrowth after a failed node.
-
-        c.GpuLabService.elastic_grow_after_seconds = 60
-        """,
-    ).tag(config=True)
-
     priority_classes = List(
         Dict(),
         help="""Priority classes, as [{"name", "value", "preemptible", "access"}].
@@ -90,16 +69,6 @@ class SharingSettings(Configurable):
             {"name": "batch", "value": 100, "preemptible": True},
             {"name": "scavenger", "value": 50, "preemptible": True},
         ]
-        """,
-    ).tag(config=True)
-
-    fair_share_half_life_seconds = Float(
-        7 * 86400.0,
-        help="""Half-life of past GPU use in the queue's fair share. Queued jobs of
-        one class start in order of their owner's decayed use, least first (a
-        GPU-hour one half-life ago weighs half as much as one now).
-
-        c.GpuLabService.fair_share_half_life_seconds = 86400
         """,
     ).tag(config=True)
 

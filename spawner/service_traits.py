@@ -75,7 +75,7 @@ class GpuLabServiceMixin(LoggingConfigurable):
         120.0,
         help="""Seconds a start waits while the service frees a slice for it (batch jobs
         saving a checkpoint to stop). Keep it above the service's
-        preemption_grace_seconds, and c.Spawner.start_timeout above both.
+        c.JobQueue.preemption_grace_seconds, and c.Spawner.start_timeout above both.
 
         c.FractionalLocalSpawner.gpulab_freeing_timeout = 180
         """,

@@ -46,9 +46,9 @@ c.GpuLabService.user_quota_milli = {"capped-jobs": 500, "capped-spawn": 250,
 # that never checkpoint (SLEEPS) are killed when the grace ends, which need not be 30 s
 # (a checkpointing one saves at its next step, within a second).
 c.GpuLabService.user_guaranteed_milli = {"guaranteed-jobs": 1000}
-c.GpuLabService.preemption_grace_seconds = 10
+c.JobQueue.preemption_grace_seconds = 10
 # tests/jobs/test_elastic.py: an elastic job grows back a few seconds after a resize.
-c.GpuLabService.elastic_grow_after_seconds = 3
+c.JobQueue.elastic_grow_after_seconds = 3
 """
 
 

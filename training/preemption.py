@@ -1,7 +1,7 @@
 """Preemption inside a rank: SIGTERM becomes a checkpoint at the next step boundary.
 
 The service asks a preemptible job to make room by sending every rank SIGTERM,
-then waits a grace period (``c.GpuLabService.preemption_grace_seconds``) before
+then waits a grace period (``c.JobQueue.preemption_grace_seconds``) before
 it kills what is left. The runner turns SIGTERM into a flag
 (:func:`install`); :func:`~gpulab.training.checkpoint.resume_range` looks at it
 after every step, and since the signal reaches ranks at slightly different

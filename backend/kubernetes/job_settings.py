@@ -154,7 +154,7 @@ class KubernetesJobsSettings(Configurable):
         allow_none=True,
         help="""Seconds a job's pods get from SIGTERM to SIGKILL when they are stopped or
         preempted (by gpulab, Kueue or the kube-scheduler): their
-        terminationGracePeriodSeconds, rounded up. None: c.GpuLabService.preemption_grace_seconds
+        terminationGracePeriodSeconds, rounded up. None: c.JobQueue.preemption_grace_seconds
         (when the service has it), else Kubernetes' default (30 s).
 
         c.KubernetesJobsSettings.termination_grace_seconds = 120

@@ -44,14 +44,16 @@ class _JobHandler(APIHandler):
 
 
 class JobsHandler(_JobHandler):
-    body_setting = "max_job_vars_mib"
+    body_setting = "JobQueue.max_job_vars_mib"
     audit_actions = {"POST": "job.submit"}
 
     def body_limit(self) -> int:
         if self.request.method != "POST":
             return super().body_limit()
         # The variables travel base64-encoded (4/3) beside the cell and the settings.
-        return self.gpulab.max_job_vars_mib * 2**20 * 4 // 3 + MAX_CODE_BYTES * 2 + (1 << 20)
+        return (
+            self.gpulab.job_queue.max_job_vars_mib * 2**20 * 4 // 3 + MAX_CODE_BYTES * 2 + (1 << 20)
+        )
 
     def get(self):
         user = self.listed_user("jobs")

@@ -32,7 +32,8 @@ def mib(n: int) -> str:
 
 def too_large(what: str, size: int | None, limit: int, setting: str = "") -> web.HTTPError:
     sent = f" ({mib(size)})" if size is not None else ""
-    fix = f"; an admin can raise c.GpuLabService.{setting}" if setting else ""
+    where = setting if "." in setting else f"GpuLabService.{setting}"  # JobQueue.max_job_vars_mib
+    fix = f"; an admin can raise c.{where}" if setting else ""
     return web.HTTPError(
         413, f"{what}{sent} is larger than the {mib(limit)} this route takes: send less{fix}"
     )

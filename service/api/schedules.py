@@ -37,12 +37,12 @@ class _ScheduleHandler(APIHandler):
 
 class SchedulesHandler(_ScheduleHandler):
     audit_actions = {"POST": "schedule.create"}
-    body_setting = "max_job_vars_mib"
+    body_setting = "JobQueue.max_job_vars_mib"
 
     def body_limit(self) -> int:
         if self.request.method != "POST":
             return super().body_limit()
-        return job_body_limit(self.gpulab.max_job_vars_mib)
+        return job_body_limit(self.gpulab.job_queue.max_job_vars_mib)
 
     def get(self):
         user = self.listed_user("schedules")
@@ -57,12 +57,12 @@ class SchedulesHandler(_ScheduleHandler):
 
 class ScheduleHandler(_ScheduleHandler):
     audit_actions = {"PATCH": "schedule.update", "DELETE": "schedule.delete"}
-    body_setting = "max_job_vars_mib"
+    body_setting = "JobQueue.max_job_vars_mib"
 
     def body_limit(self) -> int:
         if self.request.method != "PATCH":
             return super().body_limit()
-        return job_body_limit(self.gpulab.max_job_vars_mib)
+        return job_body_limit(self.gpulab.job_queue.max_job_vars_mib)
 
     async def get(self, schedule_id):
         self.write_json(await self.call(self.schedules.get, self.require_identity(), schedule_id))

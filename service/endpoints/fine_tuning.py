@@ -216,7 +216,7 @@ class FineTuning:
                 413,
                 f"the base model `{model}` and the training file are {size:.0f} MiB; a "
                 f"fine-tuning job carries them as its variables, at most {cap} MiB here "
-                f"(an admin can raise c.GpuLabService.max_job_vars_mib)",
+                f"(an admin can raise c.JobQueue.max_job_vars_mib)",
                 param="model",
             )
 

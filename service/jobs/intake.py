@@ -136,7 +136,7 @@ class JobIntake:
                 f"the job asks for {ranks} ranks ({plural(spec.most_nodes, 'node')} "
                 f"x {spec.nproc_per_node}); at most {cap} per job "
                 f"here: use fewer --nodes or --nproc-per-node (an admin can "
-                f"raise c.GpuLabService.max_job_ranks)",
+                f"raise c.JobQueue.max_job_ranks)",
             )
         limit = self.limits.max_job_vars_mib * 2**20
         if spec.vars_size > limit:
@@ -146,5 +146,5 @@ class JobIntake:
                 f"(pickled), over the {self.limits.max_job_vars_mib} MiB a "
                 f"job may carry; save large data to a file or dataset the "
                 f"ranks read (an admin can raise "
-                f"c.GpuLabService.max_job_vars_mib)",
+                f"c.JobQueue.max_job_vars_mib)",
             )

@@ -170,12 +170,12 @@ class JobManager:
             record_run=service.run_recorder.record if service.run_recorder else None,
             limits=JobLimits(
                 slice_sizes=tuple(service.slice_sizes),
-                max_job_ranks=service.max_job_ranks,
-                max_job_vars_mib=service.max_job_vars_mib,
-                fair_share_half_life_seconds=service.fair_share_half_life_seconds,
-                elastic_grow_after_seconds=service.elastic_grow_after_seconds,
+                max_job_ranks=service.job_queue.max_job_ranks,
+                max_job_vars_mib=service.job_queue.max_job_vars_mib,
+                fair_share_half_life_seconds=service.job_queue.fair_share_half_life_seconds,
+                elastic_grow_after_seconds=service.job_queue.elastic_grow_after_seconds,
             ),
-            grace_seconds=service.preemption_grace_seconds,
+            grace_seconds=service.job_queue.preemption_grace_seconds,
             pool_of_kind={kind: service.pool_for(kind) for kind in OWNER_KINDS},
             hibernations=service.hibernations,
         )

@@ -36,7 +36,7 @@ WAIT_S = 240  # a bound on a loaded 2-core machine, not a sleep
 # need not wait minutes for alice's notebook to count as idle.
 CONFIG = """
 c.Hibernation.hibernate_for_others_seconds = 2
-c.GpuLabService.preemption_grace_seconds = 10
+c.JobQueue.preemption_grace_seconds = 10
 # Small, so that one test's notebook can hold more than is kept.
 c.Hibernation.hibernate_max_bytes = 50 * 10**6
 """

@@ -13,7 +13,7 @@ from support.clock import fake_clock
 from gpulab.db.usage import decayed
 
 HOUR = 3600.0
-HALF_LIFE = 86400.0  # a day, as c.GpuLabService.fair_share_half_life_seconds may say
+HALF_LIFE = 86400.0  # a day, as c.JobQueue.fair_share_half_life_seconds may say
 
 
 def an_hour_now(half_life: float = HALF_LIFE) -> float:

@@ -81,6 +81,10 @@ def test_the_new_name_works_and_wins_over_the_old(tmp_path, caplog):
             "c.Endpoints.endpoint_router_port is a TCP port from 1 to 65535",
         ),
         (
+            "c.GpuLabService.max_job_ranks = 0",
+            "c.JobQueue.max_job_ranks must be positive, got 0",
+        ),
+        (
             "c.GpuLabService.hibernate_idle_seconds = -5",
             "c.Hibernation.hibernate_idle_seconds must be 0 (off) or more, got -5",
         ),

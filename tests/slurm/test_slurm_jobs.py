@@ -329,7 +329,7 @@ async def test_an_elastic_job_goes_on_without_a_failed_node_then_regrows(sandbox
     data = slurm_base / "elastic"
     data.mkdir()
     os.chmod(data, 0o755)  # the ranks' accounts pass through it
-    config = service_config(sandbox) + "c.GpuLabService.elastic_grow_after_seconds = 2\n"
+    config = service_config(sandbox) + "c.JobQueue.elastic_grow_after_seconds = 2\n"
     async with running_service(data, config, simulate="") as svc:
         alice = svc.create_user("alice")
         body = {"min_nodes": 1, "max_nodes": 2, "max_restarts": 1, "checkpoint_every": 5}

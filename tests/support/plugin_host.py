@@ -4,6 +4,7 @@ one the service's way (:func:`gpulab.service.plugins.build`) without starting on
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 from traitlets import Dict, Float, Int
 from traitlets.config import Config, Configurable
@@ -21,6 +22,12 @@ class Host(Configurable):
     accounts = None
     account_limits = None
     log = logging.getLogger("tests.plugin_host")
+
+    @property
+    def job_queue(self):
+        """The service's c.JobQueue as a backend reads it: the preemption grace (None
+        here unless c.Host sets it: the backend's own default)."""
+        return SimpleNamespace(preemption_grace_seconds=self.preemption_grace_seconds)
 
 
 def built(cls, root: str, gpus=(), *, shortcut: tuple[str, dict] | None = None, config=None):

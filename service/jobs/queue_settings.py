@@ -1,0 +1,78 @@
+"""How the job queue admits, orders and preempts jobs: ``c.JobQueue.*`` in the
+service's config, read by :class:`~gpulab.service.jobs.manager.JobManager` and its
+parts (and by the job backends, for the preemption grace)."""
+
+from __future__ import annotations
+
+from traitlets import Float, Int, TraitError, validate
+from traitlets.config import Configurable
+
+
+class JobQueue(Configurable):
+    """The caps on one job, the queue's fair share, preemption and elastic growth."""
+
+    max_job_ranks = Int(
+        64,
+        help="""Most ranks one job may have (nodes x nproc_per_node), CPU-only jobs too:
+        each rank is a process on a node of the cluster.
+
+        c.JobQueue.max_job_ranks = 256
+        """,
+    ).tag(config=True)
+
+    max_job_vars_mib = Int(
+        256,
+        help="""Largest variables a job may carry, in MiB (the cloudpickle bytes of
+        `%%train_distributed --vars`, before base64). Larger data belongs in a dataset
+        the ranks read (the dataset cache), not in the request.
+
+        c.JobQueue.max_job_vars_mib = 1024
+        """,
+    ).tag(config=True)
+
+    preemption_grace_seconds = Float(
+        30.0,
+        help="""Seconds a preempted job gets between SIGTERM and SIGKILL. gpulab's
+        training library saves a checkpoint at the next step boundary and exits
+        within it; the job goes back to the queue and resumes from there.
+
+        c.JobQueue.preemption_grace_seconds = 60
+        """,
+    ).tag(config=True)
+
+    fair_share_half_life_seconds = Float(
+        7 * 86400.0,
+        help="""Half-life of past GPU use in the queue's fair share. Queued jobs of
+        one class start in order of their owner's decayed use, least first (a
+        GPU-hour one half-life ago weighs half as much as one now).
+
+        c.JobQueue.fair_share_half_life_seconds = 86400
+        """,
+    ).tag(config=True)
+
+    elastic_grow_after_seconds = Float(
+        10.0,
+        help="""Seconds an elastic job (`--nodes MIN:MAX`) runs at one size before
+        it may grow into free slices again. Growing restarts its ranks from a
+        checkpoint taken at a step boundary, so it is not done for every slice
+        that frees; this also spaces a job's regrowth after a failed node.
+
+        c.JobQueue.elastic_grow_after_seconds = 60
+        """,
+    ).tag(config=True)
+
+    @validate("max_job_ranks", "max_job_vars_mib", "fair_share_half_life_seconds")
+    def _positive(self, proposal):
+        if proposal.value <= 0:
+            raise TraitError(
+                f"c.JobQueue.{proposal.trait.name} must be positive, got {proposal.value}"
+            )
+        return proposal.value
+
+    @validate("preemption_grace_seconds", "elastic_grow_after_seconds")
+    def _zero_or_more(self, proposal):
+        if proposal.value < 0:
+            raise TraitError(
+                f"c.JobQueue.{proposal.trait.name} must be 0 or more seconds, got {proposal.value}"
+            )
+        return proposal.value
