@@ -261,7 +261,7 @@ async def test_a_restarted_service_reattaches_by_slurm_job_id(sandbox, slurm_bas
     # No service now; the Slurm job runs on, held at step 5.
     slurm_id = (data / "jobs" / job["id"] / "slurm" / "job_id").read_text().strip()
     assert squeue(sandbox, "-j", slurm_id, "-o", "%T").strip() == "RUNNING"
-    caplog.set_level("INFO", logger="gpulab.service.jobs.manager")
+    caplog.set_level("INFO", logger="gpulab.service.jobs")  # the job manager and its parts
     async with running_service(data, service_config(sandbox), simulate="", fake_hub=hub) as second:
         assert f"Job {job['id']}: re-attached" in caplog.text
         gate.touch()
