@@ -7,6 +7,9 @@ owner (``owner_kind`` + ``owner``): asking again for an owner that already
 holds a slice returns what it holds, so a client that retries after losing the
 answer (the service died mid-request) never gets a second slice.
 
+The queries are :class:`gpulab.db.ledger.LedgerStore`'s; this module decides (where
+a slice goes, whether the quota allows it) inside the store's transaction.
+
 The calls block (on the database's write lock, at worst for SQLite's 30 s
 timeout); code on an event loop awaits them through :attr:`Ledger.aio`.
 
@@ -19,7 +22,6 @@ until its owner moves or stops. Cordoning a GPU with MIG on cordons its MIG devi
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import functools
 import threading
 import uuid
@@ -28,12 +30,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Engine
 
-from gpulab.db.engine import allocations, lock_for_write, utcnow, writer
-from gpulab.db.operations import gpu_cordons
-from gpulab.db.usage import closed_row, usage
+from gpulab.db.engine import utcnow
+from gpulab.db.ledger import LedgerStore
 
 from .async_ledger import AsyncLedger
 from .inventory import Gpu
@@ -57,18 +57,6 @@ class OwnerConflict(Exception):
 
 class UnknownGpu(LookupError):
     """No GPU (or MIG parent) of the inventory has that UUID."""
-
-
-def _cordon_dict(row) -> dict:
-    since = row.since
-    if since.tzinfo is None:  # SQLite drops the zone; we only ever store UTC
-        since = since.replace(tzinfo=dt.UTC)
-    return {
-        "reason": row.reason,
-        "by": row.by,
-        "since": since.isoformat().replace("+00:00", "Z"),
-        "node": row.node,
-    }
 
 
 @dataclass(frozen=True)
@@ -116,15 +104,6 @@ def none_fits(cluster: Cluster, milli: int) -> str:
     )
 
 
-def _row_to_dict(row) -> dict:
-    d = dict(row._mapping)
-    created = d["created"]
-    if created.tzinfo is None:  # SQLite drops the zone; we only ever store UTC
-        created = created.replace(tzinfo=dt.UTC)
-    d["created"] = created.isoformat()
-    return d
-
-
 class Ledger:
     def __init__(
         self,
@@ -134,7 +113,7 @@ class Ledger:
         quotas: Quotas | None = None,
     ):
         self.engine = engine
-        self._writer = writer(engine)
+        self.rows = LedgerStore(engine)
         self.gpus = list(gpus)
         self.policy = policy
         self.quotas = quotas or Quotas()
@@ -168,45 +147,21 @@ class Ledger:
     def list(
         self, user: str | None = None, owner_kind: str | None = None, owner: str | None = None
     ) -> list[dict]:
-        q = select(allocations).order_by(allocations.c.created, allocations.c.id)
-        if user is not None:
-            q = q.where(allocations.c.user == user)
-        if owner_kind is not None:
-            q = q.where(allocations.c.owner_kind == owner_kind)
-        if owner is not None:
-            q = q.where(allocations.c.owner == owner)
-        with self.engine.connect() as conn:
-            return [_row_to_dict(r) for r in conn.execute(q)]
+        return self.rows.list(user, owner_kind, owner)
 
     def get(self, alloc_id: str) -> dict | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(allocations).where(allocations.c.id == alloc_id)).first()
-        return _row_to_dict(row) if row else None
+        return self.rows.get(alloc_id)
 
     def usage(self, conn=None) -> dict[str, int]:
         """Milli-GPU held per user."""
-        q = select(allocations.c.user, func.sum(allocations.c.milli)).group_by(allocations.c.user)
-        if conn is None:
-            with self.engine.connect() as c:
-                return {u: int(m) for u, m in c.execute(q)}
-        return {u: int(m) for u, m in conn.execute(q)}
+        return self.rows.held_by_user(conn)
 
     def allocated_by_gpu(self, conn=None) -> dict[str, int]:
-        q = select(allocations.c.gpu_uuid, func.sum(allocations.c.milli)).group_by(
-            allocations.c.gpu_uuid
-        )
-        if conn is None:
-            with self.engine.connect() as c:
-                return {g: int(m) for g, m in c.execute(q)}
-        return {g: int(m) for g, m in conn.execute(q)}
+        return self.rows.held_by_gpu(conn)
 
     def cordons(self, conn=None) -> dict[str, dict]:
         """Cordoned GPUs: UUID -> {"reason", "by", "since" (ISO 8601, UTC), "node"}."""
-        q = select(gpu_cordons).order_by(gpu_cordons.c.since)
-        if conn is None:
-            with self.engine.connect() as c:
-                return {r.gpu_uuid: _cordon_dict(r) for r in c.execute(q)}
-        return {r.gpu_uuid: _cordon_dict(r) for r in conn.execute(q)}
+        return self.rows.cordons(conn)
 
     def cordon_of(self, gpu: Gpu, cordons: Mapping[str, dict]) -> dict | None:
         """The cordon that keeps ``gpu`` out of placement (its own or its MIG parent's)."""
@@ -224,29 +179,15 @@ class Ledger:
         """Take a GPU out of placement. Returns (its cordon, whether this call made it):
         a GPU already cordoned keeps its first reason. Raises :class:`UnknownGpu`."""
         node = self._node_of(gpu_uuid)
-        with self._lock, self._writer.begin() as conn:
-            lock_for_write(conn)
-            cond = gpu_cordons.c.gpu_uuid == gpu_uuid
-            row = conn.execute(select(gpu_cordons).where(cond)).first()
-            if row is not None:
-                return _cordon_dict(row), False
-            conn.execute(
-                insert(gpu_cordons).values(
-                    gpu_uuid=gpu_uuid, node=node, reason=reason, by=by, since=utcnow()
-                )
-            )
-            return _cordon_dict(conn.execute(select(gpu_cordons).where(cond)).one()), True
+        with self._lock, self.rows.transaction() as conn:
+            return self.rows.cordon(conn, gpu_uuid, node, reason, by)
 
     def uncordon(self, gpu_uuid: str) -> dict | None:
         """Return a GPU to placement; the cordon it had, or None if it had none.
         Raises :class:`UnknownGpu`."""
         self._node_of(gpu_uuid)
-        with self._lock, self._writer.begin() as conn:
-            lock_for_write(conn)
-            cond = gpu_cordons.c.gpu_uuid == gpu_uuid
-            row = conn.execute(select(gpu_cordons).where(cond)).first()
-            conn.execute(delete(gpu_cordons).where(cond))
-        return _cordon_dict(row) if row is not None else None
+        with self._lock, self.rows.transaction() as conn:
+            return self.rows.uncordon(conn, gpu_uuid)
 
     def cluster(
         self, held: Mapping[str, int], cordons: Mapping[str, dict] | None = None
@@ -352,24 +293,19 @@ class Ledger:
         """
         if owner_kind not in OWNER_KINDS:
             raise ValueError(f"owner_kind must be one of {OWNER_KINDS}, got {owner_kind!r}")
-        with self._lock, self._writer.begin() as conn:
-            lock_for_write(conn)
+        with self._lock, self.rows.transaction() as conn:
             kept: list[dict] = []
             todo: list[tuple[str, int]] = []
             for owner, milli in members:
-                existing = conn.execute(
-                    select(allocations).where(
-                        (allocations.c.owner_kind == owner_kind) & (allocations.c.owner == owner)
-                    )
-                ).all()
+                existing = self.rows.owner_rows(conn, owner_kind, owner)
                 if existing:
-                    held = sum(r.milli for r in existing)
-                    if held != shape_of(milli).total_milli or existing[0].user != user:
+                    held = sum(r["milli"] for r in existing)
+                    if held != shape_of(milli).total_milli or existing[0]["user"] != user:
                         raise OwnerConflict(
                             f"{owner_kind} {owner!r} already holds {held} milli-GPU; "
                             f"release it before asking for {milli}"
                         )
-                    kept += [_row_to_dict(r) for r in existing]
+                    kept += existing
                 elif milli:
                     todo.append((owner, milli))
             if not todo:
@@ -414,7 +350,7 @@ class Ledger:
                             "created": now,
                         }
                     )
-            conn.execute(insert(allocations), rows)
+            self.rows.insert(conn, rows)
         return kept + [{**r, "created": r["created"].isoformat()} for r in rows]
 
     def _no_capacity_message(
@@ -440,15 +376,8 @@ class Ledger:
 
     def release(self, owner_kind: str, owner: str) -> list[dict]:
         """Free everything ``owner`` holds; returns the released rows (maybe none)."""
-        with self._lock, self._writer.begin() as conn:
-            lock_for_write(conn)
-            cond = (allocations.c.owner_kind == owner_kind) & (allocations.c.owner == owner)
-            held = conn.execute(select(allocations).where(cond)).all()
-            conn.execute(delete(allocations).where(cond))
-            if held:  # its GPU time, in the same transaction: never lost, never twice
-                now = utcnow()
-                conn.execute(insert(usage), [closed_row(r._mapping, now) for r in held])
-        return [_row_to_dict(r) for r in held]
+        with self._lock, self.rows.transaction() as conn:
+            return self.rows.release(conn, owner_kind, owner)
 
     def release_id(self, alloc_id: str) -> dict | None:
         """Free one allocation row (and the rest of its owner's rows)."""
