@@ -156,16 +156,22 @@ LEAVE_WORK_SIGNAL = signal.SIGUSR1
 #: The parts' own settings classes, once settings of GpuLabService: built with
 #: ``parent=`` the service (the same config file); ``c.GpuLabService.<name>`` still
 #: sets each, with a warning that names the new place (moved_settings.py).
-SETTINGS_PARTS = (Thresholds, Alerting, Hibernation, Endpoints, JobQueue)
+SETTINGS_PARTS = (
+    Thresholds,
+    Alerting,
+    Hibernation,
+    Endpoints,
+    JobQueue,
+    VectorSettings,
+    LlmSettings,
+)
 MOVED_SETTINGS = moved_map(SETTINGS_PARTS)
 
 #: What one init step may raise that means "this configuration cannot work".
 CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
 
 
-class GpuLabService(
-    SharingSettings, BudgetSettings, VectorSettings, LlmSettings, ExperimentSettings, Application
-):
+class GpuLabService(SharingSettings, BudgetSettings, ExperimentSettings, Application):
     name = "gpulab-service"
     description = (
         "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."
@@ -560,6 +566,8 @@ class GpuLabService(
     hibernation = Instance(Hibernation, allow_none=True)
     endpoint_settings = Instance(Endpoints, allow_none=True)
     job_queue = Instance(JobQueue, allow_none=True)
+    vector_settings = Instance(VectorSettings, allow_none=True)
+    llm_settings = Instance(LlmSettings, allow_none=True)
     service_name = Unicode()
     prefix = Unicode()
 
@@ -637,6 +645,8 @@ class GpuLabService(
         self.hibernation = Hibernation(parent=self)
         self.endpoint_settings = Endpoints(parent=self)
         self.job_queue = JobQueue(parent=self)
+        self.vector_settings = VectorSettings(parent=self)
+        self.llm_settings = LlmSettings(parent=self)
 
     def init_hub(self):
         """The hub's API (``self.hub``, built from these variables), which the parts

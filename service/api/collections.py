@@ -41,10 +41,10 @@ def refusals():
 
 
 class _CollectionHandler(APIHandler):
-    body_setting = "collection_body_limit_mib"
+    body_setting = "VectorSettings.collection_body_limit_mib"
 
     def body_limit(self) -> int:
-        return self.gpulab.collection_body_limit_mib << 20
+        return self.gpulab.vector_settings.collection_body_limit_mib << 20
 
     def json_body(self) -> dict:
         body = super().json_body()

@@ -1,4 +1,4 @@
-"""The OpenAI gateway's limits per user, as ``c.GpuLabService`` settings
+"""The OpenAI gateway's limits per user, as ``c.LlmSettings`` settings
 (:mod:`.token_meter` applies them)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class LlmSettings(Configurable):
         streamed or not) one user may have in flight at once; over it, 429 with
         Retry-After. A caller that goes away frees its slot. 0: no limit.
 
-        c.GpuLabService.llm_max_streams_per_user = 4
+        c.LlmSettings.llm_max_streams_per_user = 4
         """,
     ).tag(config=True)
 
@@ -28,7 +28,7 @@ class LlmSettings(Configurable):
         gateway may use in a minute (the last 60 s); over it, 429 with Retry-After.
         0: no limit.
 
-        c.GpuLabService.llm_tokens_per_minute_per_user = 20000
+        c.LlmSettings.llm_tokens_per_minute_per_user = 20000
         """,
     ).tag(config=True)
 
@@ -37,7 +37,7 @@ class LlmSettings(Configurable):
         help="""Per hub group, llm_max_streams_per_user for its members instead of the
         default (a member of several gets the most generous; 0: no limit).
 
-        c.GpuLabService.llm_max_streams_per_group = {"researchers": 16}
+        c.LlmSettings.llm_max_streams_per_group = {"researchers": 16}
         """,
     ).tag(config=True)
 
@@ -46,7 +46,7 @@ class LlmSettings(Configurable):
         help="""Per hub group, llm_tokens_per_minute_per_user for its members instead of
         the default (a member of several gets the most generous; 0: no limit).
 
-        c.GpuLabService.llm_tokens_per_minute_per_group = {"researchers": 200000}
+        c.LlmSettings.llm_tokens_per_minute_per_group = {"researchers": 200000}
         """,
     ).tag(config=True)
 

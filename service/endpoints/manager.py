@@ -197,7 +197,7 @@ class DeploymentManager:
             ),
             job_facts=service.jobs.lineage_of,  # built before this manager
             meter=TokenMeter(
-                service.llm_limits(),
+                service.llm_settings.llm_limits(),
                 save=functools.partial(
                     service.db_threads.run, record_tokens, service.ledger.engine
                 ),

@@ -1,6 +1,6 @@
 """Tokens through the OpenAI-compatible gateway: limits per user, accounting, metrics.
 
-Limits (``c.GpuLabService.llm_max_streams_per_user`` and
+Limits (``c.LlmSettings.llm_max_streams_per_user`` and
 ``llm_tokens_per_minute_per_user``, 0 = none; a member of a group in the
 ``..._per_group`` settings gets the most generous of their groups' values):
 
@@ -140,7 +140,7 @@ class TokenMeter:
         raise OpenAIError(
             429,
             f"{who.name} used {used} tokens in the last minute, over the limit of {limit} "
-            "(c.GpuLabService.llm_tokens_per_minute_per_user); retry after the Retry-After "
+            "(c.LlmSettings.llm_tokens_per_minute_per_user); retry after the Retry-After "
             "seconds",
             code="rate_limit_exceeded",
             retry_after=max(1, math.ceil(wait)),
@@ -155,7 +155,7 @@ class TokenMeter:
             raise OpenAIError(
                 429,
                 f"{who.name} has {held} calls in flight, the most allowed "
-                "(c.GpuLabService.llm_max_streams_per_user); retry when one ends",
+                "(c.LlmSettings.llm_max_streams_per_user); retry when one ends",
                 code="rate_limit_exceeded",
                 retry_after=1,
             )

@@ -81,7 +81,7 @@ class EmbeddedEngine:
         return EngineError(
             504,
             f"the vector engine did not finish this {what} within {self.call_timeout:g} s "
-            f"(c.GpuLabService.vector_call_timeout), so it was abandoned: {hint}",
+            f"(c.VectorSettings.vector_call_timeout), so it was abandoned: {hint}",
         )
 
     async def ping(self, timeout: float) -> bool:

@@ -1,4 +1,4 @@
-"""The client of a Milvus cluster (``c.GpuLabService.vector_engine_uri``): Milvus's API
+"""The client of a Milvus cluster (``c.VectorSettings.vector_engine_uri``): Milvus's API
 (pymilvus), called from a thread pool (pymilvus blocks). The embedded engine has a
 client of its own with the same calls (:mod:`.embedded`); the errors, the owner's
 database name and the hints here are shared by both.
@@ -129,7 +129,7 @@ class VectorEngine:
         return EngineError(
             504,
             f"the vector engine did not finish this {what} within {self.call_timeout:g} s "
-            f"(c.GpuLabService.vector_call_timeout), so it was abandoned: {hint}",
+            f"(c.VectorSettings.vector_call_timeout), so it was abandoned: {hint}",
         )
 
     async def ping(self, timeout: float) -> bool:

@@ -85,26 +85,28 @@ class CollectionManager:
     @classmethod
     def of(cls, service) -> CollectionManager:
         process = None
-        if service.vector_engine_uri:  # a Milvus cluster, through pymilvus
+        if service.vector_settings.vector_engine_uri:  # a Milvus cluster, through pymilvus
             engine = VectorEngine(
-                service.vector_engine_uri,
-                service.vector_engine_token,
-                call_timeout=service.vector_call_timeout,
+                service.vector_settings.vector_engine_uri,
+                service.vector_settings.vector_engine_token,
+                call_timeout=service.vector_settings.vector_call_timeout,
             )
         else:  # the embedded engine, a process of the service's
             process = EngineProcess(service.data_dir)
             process.prepare()
-            engine = EmbeddedEngine(process.uri, call_timeout=service.vector_call_timeout)
+            engine = EmbeddedEngine(
+                process.uri, call_timeout=service.vector_settings.vector_call_timeout
+            )
         deployments = service.deployments
         return cls(
             store=CollectionStore(service.engine),
             engine=engine,
             limits=CollectionLimits(
-                max_rows=service.collection_max_rows,
-                max_dim=service.collection_max_dim,
-                max_per_user=service.max_user_collections,
-                max_queries=service.collection_max_queries,
-                max_hits=service.collection_max_hits,
+                max_rows=service.vector_settings.collection_max_rows,
+                max_dim=service.vector_settings.collection_max_dim,
+                max_per_user=service.vector_settings.max_user_collections,
+                max_queries=service.vector_settings.collection_max_queries,
+                max_hits=service.vector_settings.collection_max_hits,
             ),
             embedder=deployments.calls.embed if deployments is not None else None,
             endpoint_lineage=lambda owner, name: _endpoint_lineage(deployments, owner, name),

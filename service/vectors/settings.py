@@ -1,8 +1,9 @@
-"""The site's settings for vector collections (``c.GpuLabService.<name>``)."""
+"""The site's settings for vector collections (``c.VectorSettings.<name>``), read by
+:class:`~gpulab.service.vectors.manager.CollectionManager` and the collections routes."""
 
 from __future__ import annotations
 
-from traitlets import Float, Int, Unicode
+from traitlets import Float, Int, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 
@@ -15,7 +16,7 @@ class VectorSettings(Configurable):
         `<data-dir>/vectors/faiss`; its first start copies in what an older gpulab kept
         in Milvus Lite. Else a Milvus cluster's address (the chart's `vectors.milvus.uri`).
 
-        c.GpuLabService.vector_engine_uri = "http://milvus.gpulab.svc:19530"
+        c.VectorSettings.vector_engine_uri = "http://milvus.gpulab.svc:19530"
         """,
     ).tag(config=True)
 
@@ -24,7 +25,7 @@ class VectorSettings(Configurable):
         help="""The token for vector_engine_uri (Milvus `user:password` or an API key);
         never shown to users or logged.
 
-        c.GpuLabService.vector_engine_token = "root:Milvus"
+        c.VectorSettings.vector_engine_token = "root:Milvus"
         """,
     ).tag(config=True)
 
@@ -33,7 +34,7 @@ class VectorSettings(Configurable):
         help="""The most rows (vectors or texts) one insert, upsert, delete or search may
         carry; more is refused with 413 (send them in batches).
 
-        c.GpuLabService.collection_max_rows = 1000
+        c.VectorSettings.collection_max_rows = 1000
         """,
     ).tag(config=True)
 
@@ -41,7 +42,7 @@ class VectorSettings(Configurable):
         4096,
         help="""The largest vector dimension a collection may have.
 
-        c.GpuLabService.collection_max_dim = 4096
+        c.VectorSettings.collection_max_dim = 4096
         """,
     ).tag(config=True)
 
@@ -49,7 +50,7 @@ class VectorSettings(Configurable):
         50,
         help="""How many collections one user may have.
 
-        c.GpuLabService.max_user_collections = 50
+        c.VectorSettings.max_user_collections = 50
         """,
     ).tag(config=True)
 
@@ -58,7 +59,7 @@ class VectorSettings(Configurable):
         help="""The largest body (MiB) an insert, upsert or search takes (1,000 vectors
         of 4,096 floats are about 40 MiB of JSON).
 
-        c.GpuLabService.collection_body_limit_mib = 64
+        c.VectorSettings.collection_body_limit_mib = 64
         """,
     ).tag(config=True)
 
@@ -67,7 +68,7 @@ class VectorSettings(Configurable):
         help="""The most query vectors (or texts) one search may carry; more is refused
         with 400 (send several searches).
 
-        c.GpuLabService.collection_max_queries = 100
+        c.VectorSettings.collection_max_queries = 100
         """,
     ).tag(config=True)
 
@@ -77,7 +78,7 @@ class VectorSettings(Configurable):
         search's work grows with both (1,000 queries of k=1,000 held the embedded engine
         21 s for everyone); more is refused with 400.
 
-        c.GpuLabService.collection_max_hits = 10000
+        c.VectorSettings.collection_max_hits = 10000
         """,
     ).tag(config=True)
 
@@ -88,6 +89,30 @@ class VectorSettings(Configurable):
         does not answer at all (a call holds it), it is restarted: it replays its log,
         so no acknowledged row is lost.
 
-        c.GpuLabService.vector_call_timeout = 30
+        c.VectorSettings.vector_call_timeout = 30
         """,
     ).tag(config=True)
+
+    @validate(
+        "collection_max_rows",
+        "collection_max_dim",
+        "collection_body_limit_mib",
+        "collection_max_queries",
+        "collection_max_hits",
+        "vector_call_timeout",
+    )
+    def _positive(self, proposal):
+        if proposal.value <= 0:
+            raise TraitError(
+                f"c.VectorSettings.{proposal.trait.name} must be positive, got {proposal.value}"
+            )
+        return proposal.value
+
+    @validate("max_user_collections")
+    def _zero_or_more(self, proposal):
+        if proposal.value < 0:
+            raise TraitError(
+                f"c.VectorSettings.{proposal.trait.name} must be 0 (no collections) or more, "
+                f"got {proposal.value}"
+            )
+        return proposal.value

@@ -72,8 +72,6 @@ def test_every_class_with_settings_is_listed(secs):
         "GpuLabServiceMixin",
         "SharingSettings",
         "BudgetSettings",
-        "VectorSettings",
-        "LlmSettings",
         "ExperimentSettings",
         "FractionalHostSpawner",
     }

@@ -401,7 +401,7 @@ def test_hibernation_on_kubernetes(tmp_path, monkeypatch):
 def test_the_service_uses_a_milvus_cluster_the_chart_names(tmp_path, monkeypatch):
     # Without one: the embedded engine (no uri, no token).
     c = service_config(tmp_path, monkeypatch, {})
-    assert c.GpuLabService.vector_engine_uri == ""
+    assert c.VectorSettings.vector_engine_uri == ""
     values = {
         "vectors": {
             "milvus": {
@@ -412,8 +412,8 @@ def test_the_service_uses_a_milvus_cluster_the_chart_names(tmp_path, monkeypatch
     }
     monkeypatch.setenv("GPULAB_VECTOR_ENGINE_TOKEN", "root:Milvus")
     c = service_config(tmp_path, monkeypatch, values)
-    assert c.GpuLabService.vector_engine_uri == "http://milvus.data.svc:19530"
-    assert c.GpuLabService.vector_engine_token == "root:Milvus"
+    assert c.VectorSettings.vector_engine_uri == "http://milvus.data.svc:19530"
+    assert c.VectorSettings.vector_engine_token == "root:Milvus"
     # The token reaches the service's container from the Secret, never the ConfigMap.
     with helm.Chart.load(str(CHART)) as chart:
         out = chart.render({"jupyterhub": {"enabled": False}, **values}, name="gpulab")

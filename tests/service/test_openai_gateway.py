@@ -192,9 +192,9 @@ async def test_chat_through_the_gateway_streams_counts_and_limits(tmp_path, chat
     let_accounts_reach(tmp_path)
     a, b = users("alice"), users("bob")
     config = (
-        "c.GpuLabService.llm_max_streams_per_user = 1\n"
-        "c.GpuLabService.llm_tokens_per_minute_per_user = 60\n"
-        'c.GpuLabService.llm_tokens_per_minute_per_group = {"heavy": 0}\n'
+        "c.LlmSettings.llm_max_streams_per_user = 1\n"
+        "c.LlmSettings.llm_tokens_per_minute_per_user = 60\n"
+        'c.LlmSettings.llm_tokens_per_minute_per_group = {"heavy": 0}\n'
     )
     async with running_service(tmp_path / "svc", config=config + STOP_REPLICAS) as svc:
         alice = svc.create_user(a, groups=["heavy"])

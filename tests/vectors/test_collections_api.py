@@ -542,12 +542,12 @@ async def test_what_could_hang_or_crash_the_engine_is_a_400_before_it(tmp_path, 
 
 
 async def test_a_call_past_its_limit_is_abandoned_and_a_stuck_engine_restarted(tmp_path):
-    """Past c.GpuLabService.vector_call_timeout a call is answered 504 with one line;
+    """Past c.VectorSettings.vector_call_timeout a call is answered 504 with one line;
     an engine that answers nothing then (here stopped with SIGSTOP, as a call that held
     it would) is killed and started again, and bob's search and alice's rows are there
     after."""
     let_accounts_reach(tmp_path)
-    config = "c.GpuLabService.vector_call_timeout = 2\n"
+    config = "c.VectorSettings.vector_call_timeout = 2\n"
     async with running_service(tmp_path / "svc", config=config) as svc:
         alice = svc.create_user("alice")
         bob = svc.create_user("bob")

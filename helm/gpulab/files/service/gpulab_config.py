@@ -28,8 +28,8 @@ c.Hibernation.hibernate_for_others_seconds = float(hibernation.get("forOthersSec
 c.Hibernation.hibernate_max_bytes = int(hibernation.get("maxBytes", 20 * 10**9))
 c.Hibernation.servers_url = hibernation.get("serversUrl") or "http://proxy-public"
 # Vector collections: a Milvus cluster, or (no uri) the embedded engine in this pod.
-c.GpuLabService.vector_engine_uri = (gpulab.get("vectors") or {}).get("uri") or ""
-c.GpuLabService.vector_engine_token = os.environ.get("GPULAB_VECTOR_ENGINE_TOKEN", "")
+c.VectorSettings.vector_engine_uri = (gpulab.get("vectors") or {}).get("uri") or ""
+c.VectorSettings.vector_engine_token = os.environ.get("GPULAB_VECTOR_ENGINE_TOKEN", "")
 # GPUs come from the cluster's nodes (gpulab.backend.kubernetes.inventory).
 c.GpuLabService.inventory_source = "kubernetes"
 c.GpuLabService.kubernetes_node_selector = gpulab.get("nodeLabelSelector") or ""
