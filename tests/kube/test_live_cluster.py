@@ -895,35 +895,55 @@ async def crash_looping(api, namespace: str) -> list[str]:
     ]
 
 
-@pytest.fixture(scope="module")
-async def hub_site(live_kube, api, tmp_path_factory):
+@pytest.fixture(scope="module", autouse=True)
+async def hub_site_objects(live_kube, api, tmp_path_factory):
     """What z2jh and the gpulab chart make, in a namespace of their own: the hub and
     its proxy in pods (tests/support/live_kube/hub_site.py, with
-    helm/gpulab/z2jh-values.yaml's hub settings), the chart's service in its pod
-    with only its ServiceAccount's rights, and the hub's public address (the
-    proxy-public Service's cluster IP, which the host routes to the node)."""
+    helm/gpulab/z2jh-values.yaml's hub settings) and the chart's service in its pod
+    with only its ServiceAccount's rights. Made as the module starts, so the pods come
+    up while the other tests run (``hub_site`` waits for them); what went wrong here
+    fails only the tests that use them."""
     if not live_kube.local:
-        pytest.skip("runs the hub from this machine's venv (a site's cluster has its own hub)")
+        yield None
+        return
     from kubernetes_asyncio import utils
     from support.live_kube import hub_site as site
 
     ns = f"gpulab-hub-{secrets.token_hex(3)}"
+    made = {"namespace": ns, "admin_token": secrets.token_hex(16), "error": None}
     await api["core"].create_namespace(
         {"metadata": {"name": ns, "labels": {"gpulab.io/test": "true"}}}
     )
+    try:
 
-    async def default_account():
-        accounts = await api["core"].list_namespaced_service_account(ns)
-        return any(a.metadata.name == "default" for a in accounts.items)
+        async def default_account():
+            accounts = await api["core"].list_namespaced_service_account(ns)
+            return any(a.metadata.name == "default" for a in accounts.items)
 
-    await wait_for("the hub namespace's default ServiceAccount", default_account)
-    await bind_local_volumes(api, ns, {}, tmp_path_factory)
-    values = tmp_path_factory.mktemp("hub-site") / "values.yaml"
-    values.write_text(yaml.safe_dump(site.service_values(live_kube.image)))
-    await run_helm(live_kube, "install", RELEASE, str(CHART), "--namespace", ns, "-f", str(values))
-    admin_token = secrets.token_hex(16)
-    for obj in site.objects(live_kube.image, secrets.token_hex(16), admin_token):
-        await utils.create_from_dict(api["client"], obj, namespace=ns)
+        await wait_for("the hub namespace's default ServiceAccount", default_account)
+        await bind_local_volumes(api, ns, {}, tmp_path_factory)
+        values = tmp_path_factory.mktemp("hub-site") / "values.yaml"
+        values.write_text(yaml.safe_dump(site.service_values(live_kube.image)))
+        await run_helm(
+            live_kube, "install", RELEASE, str(CHART), "--namespace", ns, "-f", str(values)
+        )
+        for obj in site.objects(live_kube.image, secrets.token_hex(16), made["admin_token"]):
+            await utils.create_from_dict(api["client"], obj, namespace=ns)
+    except Exception as e:  # noqa: BLE001 - reported by the tests that use the site
+        made["error"] = e
+    yield made
+    await api["core"].delete_namespace(ns)
+
+
+@pytest.fixture(scope="module")
+async def hub_site(hub_site_objects, api):
+    """The site once its hub, proxy and service pods are ready, and the hub's public
+    address (the proxy-public Service's cluster IP, which the host routes to the node)."""
+    if hub_site_objects is None:
+        pytest.skip("runs the hub from this machine's venv (a site's cluster has its own hub)")
+    if hub_site_objects["error"] is not None:
+        raise hub_site_objects["error"]
+    ns = hub_site_objects["namespace"]
 
     async def all_available():
         crashed = await crash_looping(api, ns)
@@ -939,13 +959,11 @@ async def hub_site(live_kube, api, tmp_path_factory):
     except AssertionError as e:
         raise AssertionError(f"{e}\n{await pods_said(api, ns)}") from None
     proxy = await api["core"].read_namespaced_service("proxy-public", ns)
-    yield {
-        "namespace": ns,
+    return {
+        **hub_site_objects,
         "url": f"http://{proxy.spec.cluster_ip}",
-        "admin_token": admin_token,
         "said": lambda: pods_said(api, ns),
     }
-    await api["core"].delete_namespace(ns)
 
 
 def hub_call(url: str, method: str = "GET", token: str | None = None, body: bytes | None = None):
