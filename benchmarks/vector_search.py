@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import contextlib
 import glob
 import http.client
@@ -61,6 +62,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -73,6 +75,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _vector_measure import DIM, EF_CONSTRUCTION, EF_SEARCH, K, M, progress  # noqa: E402
 from _vector_measure import measure as measure_pass  # noqa: E402
 from support.stdlib_corpus import docstrings  # noqa: E402
+
+from gpulab.client.collections import IN_FLIGHT  # noqa: E402
 
 SYSTEMS = [
     "exact",
@@ -588,8 +592,16 @@ def load_gpulab(data: Dataset, gpulab: GpulabCollections, batch: int, wait_s: fl
     name = "bench"
     gpulab.create(name, DIM)
     start = time.perf_counter()
-    for lo, hi in in_chunks(len(data.ids), batch, "gpulab insert"):
-        gpulab.insert(name, data.ids[lo:hi], data.vectors[lo:hi], data.metadata[lo:hi])
+    # As Collection.insert sends them: IN_FLIGHT requests at once (a thread each here).
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        sent = collections.deque()
+        for lo, hi in in_chunks(len(data.ids), batch, "gpulab insert"):
+            rows = (data.ids[lo:hi], data.vectors[lo:hi], data.metadata[lo:hi])
+            sent.append(pool.submit(gpulab.insert, name, *rows))
+            if len(sent) >= IN_FLIGHT:
+                sent.popleft().result()
+        for done in sent:
+            done.result()
     acked_s = time.perf_counter() - start
     wait_indexed("gpulab", lambda: gpulab.describe(name), len(data.ids), wait_s)
     row = {id_: i for i, id_ in enumerate(data.ids)}

@@ -23,7 +23,10 @@ For LangChain and LlamaIndex: :mod:`gpulab.client.langchain`, :mod:`gpulab.clien
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import collections
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -35,6 +38,8 @@ from .errors import BadRequest, ConfigurationError, NotFound
 
 #: Rows per request (the service's default cap, c.GpuLabService.collection_max_rows).
 BATCH = 1000
+#: Requests of one insert or upsert in flight at once.
+IN_FLIGHT = 4
 
 
 class CollectionsAPI:
@@ -168,11 +173,10 @@ class Collection:
         n = len(next(iter(columns.values())))
         if any(len(c) != n for c in columns.values()):
             raise BadRequest(400, f"{len(columns['texts'])} texts for {n} vectors: one text each")
-        out: list[str] = []
-        bar = bulk.progress_bar(n, verb) if n > batch else None  # long work shows progress
-        try:
+
+        def bodies():
             for start in range(0, n, batch):
-                end = start + batch
+                end = min(start + batch, n)
                 body = {key: column[start:end] for key, column in columns.items()}
                 if packed is not None:
                     body["vectors_base64"] = base64.b64encode(packed[start:end].tobytes()).decode()
@@ -180,25 +184,60 @@ class Collection:
                     body["metadata"] = list(metadata[start:end])
                 if ids is not None:
                     body["ids"] = list(ids[start:end])
-                out += self._call(verb, body)["ids"]
-                if bar is not None:
-                    bar.update(end - start if end < n else n - start)
-        finally:
-            if bar is not None:
-                bar.close()
-        return out
+                yield end - start, body
+
+        bar = bulk.progress_bar(n, verb) if n > batch else None  # long work shows progress
+        return self._sent(verb, bodies(), bar)
 
     def _write_rows(self, verb: str, source, batch: int) -> list[str]:
         """Rows of a table (:mod:`.bulk`), a request per ``batch``, with a progress bar."""
         total, chunks = bulk.batches(source, batch)
-        out: list[str] = []
-        bar = bulk.progress_bar(total, verb)
-        try:
+
+        def bodies():
+            first = 0
             for rows in chunks:
-                out += self._call(verb, bulk.body_of(rows, len(out)))["ids"]
-                bar.update(len(rows))
+                body = bulk.body_of(rows, first)
+                vectors = body.get("vectors")
+                packed = None if vectors is None else _packed(vectors)
+                if packed is not None:
+                    body["vectors_base64"] = base64.b64encode(packed.tobytes()).decode()
+                    del body["vectors"]
+                first += len(rows)
+                yield len(rows), body
+
+        return self._sent(verb, bodies(), bulk.progress_bar(total, verb))
+
+    def _sent(self, verb: str, bodies, bar) -> list[str]:
+        """Each (rows, body) as a request, ``IN_FLIGHT`` at a time (the service checks
+        one while the engine writes another); the ids in the order sent. The first
+        refusal is raised once the requests in flight have been answered (batches
+        before it are written, as are those in flight that were not refused)."""
+        out: list[str] = []
+        flying: collections.deque = collections.deque()
+        from .base import client_loop  # base imports this module
+
+        loop = client_loop()
+
+        def land() -> None:
+            rows, future = flying.popleft()
+            out.extend(future.result()["ids"])
+            if bar is not None:
+                bar.update(rows)
+
+        try:
+            for rows, body in bodies:
+                call = self.client.aio.collection_call(self.owner, self.name, verb, body)
+                flying.append((rows, asyncio.run_coroutine_threadsafe(call, loop)))
+                if len(flying) >= IN_FLIGHT:
+                    land()
+            while flying:
+                land()
         finally:
-            bar.close()
+            for _, future in flying:  # after a refusal: let those in flight finish
+                with contextlib.suppress(Exception):
+                    future.result()
+            if bar is not None:
+                bar.close()
         return out
 
     def insert(
