@@ -83,6 +83,7 @@ from gpulab.service.endpoints.fine_tuning_api import FineTuningRoutes
 from gpulab.service.endpoints.llm_settings import LlmSettings
 from gpulab.service.endpoints.manager import DeploymentManager
 from gpulab.service.endpoints.site_settings import Endpoints
+from gpulab.service.experiments.recorder import RunRecorder
 from gpulab.service.experiments.settings import ExperimentSettings
 from gpulab.service.hibernation.manager import Hibernations
 from gpulab.service.hibernation.servers import ServerCalls
@@ -164,6 +165,8 @@ SETTINGS_PARTS = (
     JobQueue,
     VectorSettings,
     LlmSettings,
+    BudgetSettings,
+    ExperimentSettings,
 )
 MOVED_SETTINGS = moved_map(SETTINGS_PARTS)
 
@@ -171,7 +174,7 @@ MOVED_SETTINGS = moved_map(SETTINGS_PARTS)
 CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
 
 
-class GpuLabService(SharingSettings, BudgetSettings, ExperimentSettings, Application):
+class GpuLabService(SharingSettings, Application):
     name = "gpulab-service"
     description = (
         "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."
@@ -568,6 +571,10 @@ class GpuLabService(SharingSettings, BudgetSettings, ExperimentSettings, Applica
     job_queue = Instance(JobQueue, allow_none=True)
     vector_settings = Instance(VectorSettings, allow_none=True)
     llm_settings = Instance(LlmSettings, allow_none=True)
+    budget_settings = Instance(BudgetSettings, allow_none=True)
+    experiment_settings = Instance(ExperimentSettings, allow_none=True)
+    #: Writes each ended job as an MLflow run of its user (None: no MLflow service).
+    run_recorder = Instance(RunRecorder, allow_none=True)
     service_name = Unicode()
     prefix = Unicode()
 
@@ -647,6 +654,8 @@ class GpuLabService(SharingSettings, BudgetSettings, ExperimentSettings, Applica
         self.job_queue = JobQueue(parent=self)
         self.vector_settings = VectorSettings(parent=self)
         self.llm_settings = LlmSettings(parent=self)
+        self.budget_settings = BudgetSettings(parent=self)
+        self.experiment_settings = ExperimentSettings(parent=self)
 
     def init_hub(self):
         """The hub's API (``self.hub``, built from these variables), which the parts
@@ -712,7 +721,7 @@ class GpuLabService(SharingSettings, BudgetSettings, ExperimentSettings, Applica
             hub=self.hub,
             engine=self.ledger.engine,
             db_threads=self.db_threads,
-            config=self.budget_config(),
+            config=self.budget_settings.budget_config(),
         )
 
     def init_audit(self):
@@ -741,7 +750,7 @@ class GpuLabService(SharingSettings, BudgetSettings, ExperimentSettings, Applica
             self.hub, self.ledger.quotas, self.group_quota_milli, self.group_guaranteed_milli
         )
         #: Writes each ended job as an MLflow run of its user (None: no MLflow service).
-        self.run_recorder = self.make_run_recorder()
+        self.run_recorder = self.experiment_settings.make_run_recorder()
         # job_backends() stops the start on a local backend where user code may not run.
         self.jobs = JobManager.of(self)
         #: Frees slices for servers, endpoints and jobs of a higher class by stopping

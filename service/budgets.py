@@ -1,7 +1,7 @@
 """GPU-hour budgets: the site's settings, and where a user stands against them.
 
-The settings live on :class:`BudgetSettings`, which the service inherits, so they are
-set as ``c.GpuLabService.<name>``; the service builds :class:`UserBudgets` from them
+The settings live on :class:`BudgetSettings`, a part of the service set as
+``c.BudgetSettings.<name>``; the service builds :class:`UserBudgets` from them
 (:meth:`BudgetSettings.budget_config`) and the hub's API, and the routes ask it
 (``GpuLabService.budgets``). Hub groups carry a budget as the property
 ``gpulab_budget_gpu_hours`` (and ``gpulab_budget_overdraft: true``) an admin sets on
@@ -39,7 +39,7 @@ class BudgetSettings(Configurable):
         help="""The period GPU-hour budgets run over: "month" (calendar month, UTC),
         "week" (from Monday) or "day". Use is counted afresh from each period's start.
 
-        c.GpuLabService.budget_period = "week"
+        c.BudgetSettings.budget_period = "week"
         """,
     ).tag(config=True)
 
@@ -47,7 +47,7 @@ class BudgetSettings(Configurable):
     def _check_period(self, proposal):
         if proposal.value not in PERIODS:
             raise ValueError(
-                f"c.GpuLabService.budget_period must be one of {', '.join(PERIODS)}, "
+                f"c.BudgetSettings.budget_period must be one of {', '.join(PERIODS)}, "
                 f"not {proposal.value!r}"
             )
         return proposal.value
@@ -59,14 +59,14 @@ class BudgetSettings(Configurable):
         together; a 1/4 GPU held for 4 hours is one GPU-hour), unless set per user.
         None: no budget per user.
 
-        c.GpuLabService.default_user_budget_gpu_hours = 50
+        c.BudgetSettings.default_user_budget_gpu_hours = 50
         """,
     ).tag(config=True)
 
     user_budget_gpu_hours = Dict(
         help="""Per-user GPU-hour budgets per period.
 
-        c.GpuLabService.user_budget_gpu_hours = {"alice": 200}
+        c.BudgetSettings.user_budget_gpu_hours = {"alice": 200}
         """,
     ).tag(config=True)
 
@@ -76,7 +76,7 @@ class BudgetSettings(Configurable):
         group at its budget is refused new GPU work until the next period (running
         work goes on), unless it may overdraw (group_budget_overdraft).
 
-        c.GpuLabService.group_budget_gpu_hours = {"students": 500}
+        c.BudgetSettings.group_budget_gpu_hours = {"students": 500}
         """,
     ).tag(config=True)
 
@@ -86,7 +86,7 @@ class BudgetSettings(Configurable):
         what is left are still shown, but nothing is refused. A hub group's property
         `gpulab_budget_overdraft: true` does the same.
 
-        c.GpuLabService.group_budget_overdraft = ["vision-lab"]
+        c.BudgetSettings.group_budget_overdraft = ["vision-lab"]
         """,
     ).tag(config=True)
 
@@ -96,7 +96,7 @@ class BudgetSettings(Configurable):
         `cost` beside the hours, and the spawn form, the lab's status bar and %gpulab
         say what the period's use cost. 0: no price, no cost shown.
 
-        c.GpuLabService.price_per_gpu_hour = 2.5
+        c.BudgetSettings.price_per_gpu_hour = 2.5
         """,
     ).tag(config=True)
 
@@ -104,7 +104,7 @@ class BudgetSettings(Configurable):
         "USD",
         help="""The currency of price_per_gpu_hour, as shown beside each cost.
 
-        c.GpuLabService.price_currency = "EUR"
+        c.BudgetSettings.price_currency = "EUR"
         """,
     ).tag(config=True)
 
@@ -113,7 +113,7 @@ class BudgetSettings(Configurable):
         help="""Who raises a budget, as a refusal names them ("ask ..."). Empty: the
         hub's admins by name.
 
-        c.GpuLabService.budget_contact = "gpu-admins@example.org"
+        c.BudgetSettings.budget_contact = "gpu-admins@example.org"
         """,
     ).tag(config=True)
 
@@ -205,7 +205,7 @@ class UserBudgets:
         admins = await self.hub.admins()
         if admins:
             return f"an admin ({', '.join(admins)})"
-        return "an admin (c.GpuLabService.group_budget_gpu_hours)"
+        return "an admin (c.BudgetSettings.group_budget_gpu_hours)"
 
     async def refuse_over_budget(self, user: str, gpu_milli: int) -> None:
         """Raise :class:`BudgetExceeded` when ``user`` (or a group of theirs) has used

@@ -106,7 +106,7 @@ class RunningHub:
         quick = "c.GpuLabHub.quick_restart_after_seconds = 1\n"
         # mlflow_runs: ended jobs are written to MLflow as runs, which starts MLflow's
         # server (0.6 GB) in the hub; only the shared hub does (tests/experiments/).
-        runs = "" if mlflow_runs else 'c.GpuLabService.mlflow_url = ""\n'
+        runs = "" if mlflow_runs else 'c.ExperimentSettings.mlflow_url = ""\n'
         (self.data_dir / "gpulab_config.py").write_text(homes + quick + runs + config)
         if run_as:
             for path in (self.data_dir, self.data_dir / "gpulab_config.py"):

@@ -75,7 +75,10 @@ class UsageHandler(APIHandler):
             bucket,
             {g.uuid: g.pool for g in self.gpulab.gpus},
         )
-        price, currency = self.gpulab.price_per_gpu_hour, self.gpulab.price_currency
+        price, currency = (
+            self.gpulab.budget_settings.price_per_gpu_hour,
+            self.gpulab.budget_settings.price_currency,
+        )
         if price:  # the site set a price: what each row's hours cost
             for r in rows:
                 r["cost"] = round(r["gpu_hours"] * price, 2)

@@ -1,4 +1,4 @@
-"""The service's settings for recording jobs in MLflow (``c.GpuLabService.<name>``)."""
+"""The service's settings for recording jobs in MLflow (``c.ExperimentSettings.<name>``)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,12 @@ from .recorder import RunRecorder
 
 
 class ExperimentSettings(Configurable):
-    #: Made in ``init_jobs`` (:meth:`make_run_recorder`).
-    run_recorder: RunRecorder | None = None
-
     mlflow_url = Unicode(
         help="""The MLflow service behind the hub as the gpulab service reaches it; each
         ended %%train_distributed job is written there as a run of its user. `gpulab up`
         sets it (the hub's `mlflow` service); empty: jobs are not recorded in MLflow.
 
-        c.GpuLabService.mlflow_url = "http://mlflow.gpulab.svc:10102/services/mlflow"
+        c.ExperimentSettings.mlflow_url = "http://mlflow.gpulab.svc:10102/services/mlflow"
         """,
     ).tag(config=True)
 
@@ -32,7 +29,7 @@ class ExperimentSettings(Configurable):
         help="""A job's --out model (its state dict) up to this size is logged as the
         run's `model/state_dict.pt` artifact; a larger one is not copied into MLflow.
 
-        c.GpuLabService.mlflow_model_max_mib = 1024
+        c.ExperimentSettings.mlflow_model_max_mib = 1024
         """,
     ).tag(config=True)
 

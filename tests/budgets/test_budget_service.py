@@ -22,10 +22,10 @@ pytestmark = pytest.mark.asyncio
 MID_MONTH = dt.datetime(2026, 12, 15, 9, 0, tzinfo=dt.UTC).timestamp()
 
 CONFIG = """
-c.GpuLabService.group_budget_gpu_hours = {"students": 2, "vision": 1}
-c.GpuLabService.group_budget_overdraft = ["vision"]
-c.GpuLabService.price_per_gpu_hour = 2.5
-c.GpuLabService.price_currency = "EUR"
+c.BudgetSettings.group_budget_gpu_hours = {"students": 2, "vision": 1}
+c.BudgetSettings.group_budget_overdraft = ["vision"]
+c.BudgetSettings.price_per_gpu_hour = 2.5
+c.BudgetSettings.price_currency = "EUR"
 c.GpuLabService.stop_work_on_exit = True
 """
 
@@ -159,8 +159,8 @@ async def test_a_group_at_its_budget_is_refused_with_the_figure_until_next_month
 
 
 async def test_users_see_only_their_own_budget_and_a_site_contact(tmp_path):
-    config = CONFIG + 'c.GpuLabService.budget_contact = "gpu-admins@example.org"\n'
-    config += "c.GpuLabService.user_budget_gpu_hours = {'dave': 0.25}\n"
+    config = CONFIG + 'c.BudgetSettings.budget_contact = "gpu-admins@example.org"\n'
+    config += "c.BudgetSettings.user_budget_gpu_hours = {'dave': 0.25}\n"
     with fake_clock(start=MID_MONTH) as clock:
         async with running_service(tmp_path / "svc", config) as svc:
             dave = svc.create_user("dave")
