@@ -22,14 +22,10 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
-    delete,
-    insert,
-    select,
-    update,
 )
-from sqlalchemy.engine import Engine
 
-from .engine import metadata, utcnow, writer
+from .engine import metadata, utcnow
+from .store import Store, json_columns
 
 collections = Table(
     "gpulab_collections",
@@ -61,61 +57,33 @@ def _row(r) -> dict:
     return d
 
 
+def _encoded(values: dict) -> dict:
+    return json_columns(values, lists=_LISTS, objects=("lineage",))
+
+
 class CollectionNameTaken(Exception):
     """The user already has a collection of that name."""
 
 
-class CollectionStore:
-    def __init__(self, engine: Engine):
-        self.engine = engine
-
+class CollectionStore(Store):
     def add(self, row: dict) -> dict:
         row = {"created": utcnow(), "lineage": {}, "share_users": [], "share_groups": [], **row}
-        for k in _LISTS:
-            row[k] = json.dumps(sorted(row[k]))
-        row["lineage"] = json.dumps(row["lineage"])
-        with writer(self.engine).begin() as conn:
-            taken = conn.execute(
-                select(collections.c.id).where(
-                    (collections.c.user == row["user"]) & (collections.c.name == row["name"])
-                )
-            ).first()
-            if taken:
-                raise CollectionNameTaken(row["name"])
-            conn.execute(insert(collections), [row])
+        with self.writing() as conn:
+            self.insert_named(conn, collections, _encoded(row), CollectionNameTaken)
         return self.get(row["id"])
 
     def get(self, cid: str) -> dict | None:
-        with self.engine.connect() as conn:
-            r = conn.execute(select(collections).where(collections.c.id == cid)).first()
-        return _row(r) if r else None
+        return self.by_id(collections, cid, _row)
 
     def find(self, user: str, name: str) -> dict | None:
-        with self.engine.connect() as conn:
-            r = conn.execute(
-                select(collections).where(
-                    (collections.c.user == user) & (collections.c.name == name)
-                )
-            ).first()
-        return _row(r) if r else None
+        return self.by_name(collections, user, name, _row)
 
     def list(self, user: str | None = None) -> list[dict]:
         """Every collection (``user``'s with a name), by owner and name."""
-        q = select(collections).order_by(collections.c.user, collections.c.name)
-        if user is not None:
-            q = q.where(collections.c.user == user)
-        with self.engine.connect() as conn:
-            return [_row(r) for r in conn.execute(q)]
+        return self.of_user(collections, user, (collections.c.user, collections.c.name), _row)
 
     def update(self, cid: str, **values) -> None:
-        for k in _LISTS:
-            if k in values:
-                values[k] = json.dumps(sorted(values[k]))
-        if "lineage" in values:
-            values["lineage"] = json.dumps(values["lineage"])
-        with self.engine.begin() as conn:
-            conn.execute(update(collections).where(collections.c.id == cid).values(**values))
+        self.update_by_id(collections, cid, _encoded(values))
 
     def remove(self, cid: str) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(delete(collections).where(collections.c.id == cid))
+        self.delete_where(collections, collections.c.id == cid)

@@ -32,9 +32,9 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import Engine
 
-from .engine import metadata, utcnow, writer
+from .engine import metadata, utcnow
+from .store import Store, json_columns
 
 # "starting": replicas launched, not all ready yet; "running": every replica
 # answers ready; "degraded": some replica is down and being restarted;
@@ -116,10 +116,7 @@ class NameTaken(Exception):
     """The user already has a deployment of that name."""
 
 
-class DeploymentStore:
-    def __init__(self, engine: Engine):
-        self.engine = engine
-
+class DeploymentStore(Store):
     def add(self, dep: dict, lineage: dict | None = None) -> dict:
         """A new deployment and its version 1 (same id, ``lineage`` its model's), in
         one transaction."""
@@ -131,21 +128,15 @@ class DeploymentStore:
             "stop_with_server": False,
             "max_replicas": dep["replicas"],
             "rollback_margin": None,
+            "share_users": [],
+            "share_groups": [],
             **dep,
         }
-        for k in _JSON:
-            row[k] = json.dumps(sorted(row.get(k) or []))
+        row = json_columns(row, lists=_JSON)
         # A writer from BEGIN: SQLite refuses at once (no busy wait) to turn this
         # read-then-insert into a write while the job queue writes.
-        with writer(self.engine).begin() as conn:
-            taken = conn.execute(
-                select(deployments.c.id).where(
-                    (deployments.c.user == row["user"]) & (deployments.c.name == row["name"])
-                )
-            ).first()
-            if taken:
-                raise NameTaken(row["name"])
-            conn.execute(insert(deployments), [row])
+        with self.writing() as conn:
+            self.insert_named(conn, deployments, row, NameTaken)
             conn.execute(
                 insert(versions),
                 [
@@ -174,7 +165,7 @@ class DeploymentStore:
     ) -> dict:
         """Version ``n+1`` of a deployment (``settings``: UNIT_SETTINGS and ``replicas``;
         ``lineage``: its model's)."""
-        with self.engine.begin() as conn:
+        with self.writing() as conn:
             last = conn.execute(
                 select(versions.c.version)
                 .where(versions.c.deployment_id == dep_id)
@@ -200,63 +191,42 @@ class DeploymentStore:
         return self.version(version_id)
 
     def version(self, version_id: str) -> dict | None:
-        with self.engine.connect() as conn:
-            r = conn.execute(select(versions).where(versions.c.id == version_id)).first()
-        return _version(r) if r else None
+        return self.by_id(versions, version_id, _version)
 
     def versions(self, dep_id: str | None = None) -> list[dict]:
         """A deployment's versions (all deployments' with None), oldest first."""
         q = select(versions).order_by(versions.c.deployment_id, versions.c.version)
         if dep_id is not None:
             q = q.where(versions.c.deployment_id == dep_id)
-        with self.engine.connect() as conn:
-            return [_version(r) for r in conn.execute(q)]
+        return self.all(q, _version)
 
     def update_version(self, version_id: str, **values) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(update(versions).where(versions.c.id == version_id).values(**values))
+        self.update_by_id(versions, version_id, values)
 
     def set_weights(self, weights: dict[str, int]) -> None:
         """Several versions' weights at once (a promotion or a rollback)."""
-        with self.engine.begin() as conn:
+        with self.writing() as conn:
             for version_id, weight in weights.items():
                 conn.execute(
                     update(versions).where(versions.c.id == version_id).values(weight=weight)
                 )
 
     def remove_version(self, version_id: str) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(delete(versions).where(versions.c.id == version_id))
+        self.delete_where(versions, versions.c.id == version_id)
 
     def get(self, dep_id: str) -> dict | None:
-        with self.engine.connect() as conn:
-            r = conn.execute(select(deployments).where(deployments.c.id == dep_id)).first()
-        return _row(r) if r else None
+        return self.by_id(deployments, dep_id, _row)
 
     def find(self, user: str, name: str) -> dict | None:
-        with self.engine.connect() as conn:
-            r = conn.execute(
-                select(deployments).where(
-                    (deployments.c.user == user) & (deployments.c.name == name)
-                )
-            ).first()
-        return _row(r) if r else None
+        return self.by_name(deployments, user, name, _row)
 
     def list(self, user: str | None = None) -> list[dict]:
-        q = select(deployments).order_by(deployments.c.created, deployments.c.id)
-        if user is not None:
-            q = q.where(deployments.c.user == user)
-        with self.engine.connect() as conn:
-            return [_row(r) for r in conn.execute(q)]
+        return self.of_user(deployments, user, (deployments.c.created, deployments.c.id), _row)
 
     def update(self, dep_id: str, **values) -> None:
-        for k in _JSON:
-            if k in values:
-                values[k] = json.dumps(sorted(values[k]))
-        with self.engine.begin() as conn:
-            conn.execute(update(deployments).where(deployments.c.id == dep_id).values(**values))
+        self.update_by_id(deployments, dep_id, json_columns(values, lists=_JSON))
 
     def remove(self, dep_id: str) -> bool:
-        with self.engine.begin() as conn:
+        with self.writing() as conn:
             conn.execute(delete(versions).where(versions.c.deployment_id == dep_id))
             return conn.execute(delete(deployments).where(deployments.c.id == dep_id)).rowcount == 1

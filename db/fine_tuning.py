@@ -21,14 +21,12 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    delete,
     insert,
     select,
-    update,
 )
-from sqlalchemy.engine import Engine
 
-from .engine import metadata, utcnow, writer
+from .engine import metadata, utcnow
+from .store import Store, json_columns
 
 ft_files = Table(
     "gpulab_ft_files",
@@ -69,54 +67,40 @@ ft_jobs = Table(
 FINAL = ("succeeded", "failed", "cancelled")
 
 
-def _file(r) -> dict:
-    return dict(r._mapping)
-
-
 def _job(r) -> dict:
     d = dict(r._mapping)
     d["hyperparameters"] = json.loads(d["hyperparameters"] or "{}")
     return d
 
 
-class FineTuningStore:
+class FineTuningStore(Store):
     """Rows of both tables; every query of a user's rows names the user."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
 
     # -- files ---------------------------------------------------------------------
     def add_file(self, row: dict) -> dict:
-        with writer(self.engine).begin() as conn:
+        with self.writing() as conn:
             conn.execute(insert(ft_files), [{"created": utcnow(), **row}])
         return self.file(row["id"])
 
     def file(self, fid: str) -> dict | None:
-        with self.engine.connect() as conn:
-            r = conn.execute(select(ft_files).where(ft_files.c.id == fid)).first()
-        return _file(r) if r else None
+        return self.by_id(ft_files, fid)
 
     def files(self, user: str) -> list[dict]:
-        q = select(ft_files).where(ft_files.c.user == user).order_by(ft_files.c.created.desc())
-        with self.engine.connect() as conn:
-            return [_file(r) for r in conn.execute(q)]
+        return self.of_user(ft_files, user, (ft_files.c.created.desc(),))
 
     def remove_file(self, fid: str) -> None:
-        with writer(self.engine).begin() as conn:
-            conn.execute(delete(ft_files).where(ft_files.c.id == fid))
+        self.delete_where(ft_files, ft_files.c.id == fid)
 
     # -- jobs ----------------------------------------------------------------------
     def add_job(self, row: dict) -> dict:
         row = {"created": utcnow(), **row}
         row["hyperparameters"] = json.dumps(row.get("hyperparameters") or {})
-        with writer(self.engine).begin() as conn:
+        with self.writing() as conn:
             conn.execute(insert(ft_jobs), [row])
         return self.job(row["id"])
 
     def job(self, jid: str) -> dict | None:
-        with self.engine.connect() as conn:
-            r = conn.execute(select(ft_jobs).where(ft_jobs.c.id == jid)).first()
-        return _job(r) if r else None
+        return self.by_id(ft_jobs, jid, _job)
 
     def jobs(self, user: str | None = None, open_only: bool = False) -> list[dict]:
         """``user``'s jobs, newest first (every user's: None); ``open_only``: not final."""
@@ -125,14 +109,11 @@ class FineTuningStore:
             q = q.where(ft_jobs.c.user == user)
         if open_only:
             q = q.where(ft_jobs.c.status.not_in(FINAL))
-        with self.engine.connect() as conn:
-            return [_job(r) for r in conn.execute(q)]
+        return self.all(q, _job)
 
     def update_job(self, jid: str, **values) -> dict | None:
-        if "hyperparameters" in values:
-            values["hyperparameters"] = json.dumps(values["hyperparameters"])
+        values = json_columns(values, objects=("hyperparameters",))
         if values.get("status") in FINAL and "finished" not in values:
             values["finished"] = utcnow()
-        with writer(self.engine).begin() as conn:
-            conn.execute(update(ft_jobs).where(ft_jobs.c.id == jid).values(**values))
+        self.update_by_id(ft_jobs, jid, values)
         return self.job(jid)
