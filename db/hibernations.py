@@ -27,9 +27,9 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import Engine
 
-from .engine import metadata, utcnow, writer
+from .engine import metadata, utcnow
+from .store import Store
 
 #: saving: the server's kernels are being saved; hibernated: saved, the server
 #: stopped and its slice given back; woken: every saved kernel came back;
@@ -80,111 +80,98 @@ def row_json(row) -> dict:
     return r
 
 
-def add_hibernation(
-    engine: Engine, id: str, user: str, server: str, reason: str, actor: str, gpu_milli: int
-) -> dict:
-    """A new row in state ``saving``."""
-    values = {
-        "id": id,
-        "user": user,
-        "server": server,
-        "state": "saving",
-        "reason": reason,
-        "actor": actor,
-        "gpu_milli": gpu_milli,
-        "created": utcnow(),
-        "kernels": 0,
-        "bytes": 0,
-        "detail": "{}",
-    }
-    with writer(engine).begin() as conn:
-        conn.execute(insert(hibernations).values(**values))
-    return get_hibernation(engine, id)
+class HibernationStore(Store):
+    def add(self, id: str, user: str, server: str, reason: str, actor: str, gpu_milli: int) -> dict:
+        """A new row in state ``saving``."""
+        values = {
+            "id": id,
+            "user": user,
+            "server": server,
+            "state": "saving",
+            "reason": reason,
+            "actor": actor,
+            "gpu_milli": gpu_milli,
+            "created": utcnow(),
+            "kernels": 0,
+            "bytes": 0,
+            "detail": "{}",
+        }
+        with self.writing() as conn:
+            conn.execute(insert(hibernations).values(**values))
+        return self.get(id)
 
+    def get(self, id: str) -> dict | None:
+        return self.by_id(hibernations, id, row_json)
 
-def get_hibernation(engine: Engine, id: str) -> dict | None:
-    with engine.connect() as conn:
-        row = conn.execute(select(hibernations).where(hibernations.c.id == id)).first()
-    return None if row is None else row_json(row)
+    def list(
+        self,
+        user: str | None = None,
+        server: str | None = None,
+        states: tuple[str, ...] | None = None,
+        limit: int = 100,
+    ) -> list[dict]:
+        """Newest first; ``user`` None: everyone's."""
+        t = hibernations
+        q = select(t).order_by(t.c.created.desc(), t.c.id.desc()).limit(limit)
+        if user is not None:
+            q = q.where(t.c.user == user)
+        if server is not None:
+            q = q.where(t.c.server == server)
+        if states:
+            q = q.where(t.c.state.in_(states))
+        return self.all(q, row_json)
 
+    def finish(
+        self,
+        id: str,
+        state: str,
+        *,
+        kernels: list[dict] | None = None,
+        total_bytes: int = 0,
+        error: str | None = None,
+    ) -> dict | None:
+        """A saving row ends: ``hibernated`` (with what each kernel saved) or ``failed``."""
+        detail = {"kernels": kernels or [], "wakes": []}
+        values = {
+            "state": state,
+            "finished": utcnow(),
+            "kernels": len(kernels or []),
+            "bytes": int(total_bytes),
+            "error": error,
+            "detail": json.dumps(detail),
+        }
+        self.update_by_id(hibernations, id, values)
+        return self.get(id)
 
-def list_hibernations(
-    engine: Engine,
-    user: str | None = None,
-    server: str | None = None,
-    states: tuple[str, ...] | None = None,
-    limit: int = 100,
-) -> list[dict]:
-    """Newest first; ``user`` None: everyone's."""
-    t = hibernations
-    q = select(t).order_by(t.c.created.desc(), t.c.id.desc()).limit(limit)
-    if user is not None:
-        q = q.where(t.c.user == user)
-    if server is not None:
-        q = q.where(t.c.server == server)
-    if states:
-        q = q.where(t.c.state.in_(states))
-    with engine.connect() as conn:
-        return [row_json(r) for r in conn.execute(q)]
+    def add_wake(self, id: str, wake: dict) -> dict | None:
+        """One kernel came back: its report is kept; once every saved kernel has
+        reported (or one reported twice: a notebook woken again by hand) the row is
+        ``woken``."""
+        t = hibernations
+        with self.writing() as conn:
+            row = conn.execute(select(t).where(t.c.id == id)).first()
+            if row is None:
+                return None
+            detail = json.loads(row.detail or "{}")
+            wakes = [w for w in detail.get("wakes") or [] if w.get("name") != wake.get("name")]
+            wakes.append(wake)
+            detail["wakes"] = wakes
+            names = {k.get("name") for k in detail.get("kernels") or []}
+            values = {"detail": json.dumps(detail)}
+            if row.state == "hibernated" and names <= {w.get("name") for w in wakes}:
+                values.update(state="woken", woken_at=utcnow())
+            conn.execute(update(t).where(t.c.id == id).values(**values))
+        return self.get(id)
 
-
-def finish_hibernation(
-    engine: Engine,
-    id: str,
-    state: str,
-    *,
-    kernels: list[dict] | None = None,
-    total_bytes: int = 0,
-    error: str | None = None,
-) -> dict | None:
-    """A saving row ends: ``hibernated`` (with what each kernel saved) or ``failed``."""
-    detail = {"kernels": kernels or [], "wakes": []}
-    with writer(engine).begin() as conn:
-        conn.execute(
-            update(hibernations)
-            .where(hibernations.c.id == id)
-            .values(
-                state=state,
-                finished=utcnow(),
-                kernels=len(kernels or []),
-                bytes=int(total_bytes),
-                error=error,
-                detail=json.dumps(detail),
+    def fail_unfinished(self, error: str) -> int:
+        """Rows left ``saving`` by a service that stopped mid-way: ``failed`` (the server
+        was not stopped by this service; the user asks again)."""
+        with self.writing() as conn:
+            return (
+                conn.execute(
+                    update(hibernations)
+                    .where(hibernations.c.state == "saving")
+                    .values(state="failed", finished=utcnow(), error=error)
+                ).rowcount
+                or 0
             )
-        )
-    return get_hibernation(engine, id)
-
-
-def add_wake(engine: Engine, id: str, wake: dict) -> dict | None:
-    """One kernel came back: its report is kept; once every saved kernel has
-    reported (or one reported twice: a notebook woken again by hand) the row is
-    ``woken``."""
-    t = hibernations
-    with writer(engine).begin() as conn:
-        row = conn.execute(select(t).where(t.c.id == id)).first()
-        if row is None:
-            return None
-        detail = json.loads(row.detail or "{}")
-        wakes = [w for w in detail.get("wakes") or [] if w.get("name") != wake.get("name")]
-        wakes.append(wake)
-        detail["wakes"] = wakes
-        names = {k.get("name") for k in detail.get("kernels") or []}
-        values = {"detail": json.dumps(detail)}
-        if row.state == "hibernated" and names <= {w.get("name") for w in wakes}:
-            values.update(state="woken", woken_at=utcnow())
-        conn.execute(update(t).where(t.c.id == id).values(**values))
-    return get_hibernation(engine, id)
-
-
-def fail_unfinished(engine: Engine, error: str) -> int:
-    """Rows left ``saving`` by a service that stopped mid-way: ``failed`` (the server
-    was not stopped by this service; the user asks again)."""
-    with writer(engine).begin() as conn:
-        return (
-            conn.execute(
-                update(hibernations)
-                .where(hibernations.c.state == "saving")
-                .values(state="failed", finished=utcnow(), error=error)
-            ).rowcount
-            or 0
-        )

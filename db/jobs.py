@@ -2,8 +2,9 @@
 
 The spec itself (code, variables) lives in the job's directory; the row holds
 what the queue and the API need. A change to it needs a revision in
-``migrations/versions`` (see :mod:`.migrate`). Its queries are below the table;
-the queue's order and admission over them live in :mod:`gpulab.scheduler.queue`.
+``migrations/versions`` (see :mod:`.migrate`). Its queries are :class:`JobStore`'s,
+below the table; the queue's order and admission over them live in
+:mod:`gpulab.scheduler.queue`.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import Engine
 
 from .engine import metadata, utcnow
+from .store import Store, json_columns
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -89,56 +90,47 @@ def job_json(r) -> dict:
     return d
 
 
-def add_job(engine: Engine, job: dict) -> None:
-    """A new job, queued unless ``job`` says otherwise."""
-    row = {
-        "state": "queued",
-        "priority": 0,
-        "message": "",
-        "restarts": 0,
-        "submitted": utcnow(),
-        **job,
-    }
-    with engine.begin() as conn:
-        conn.execute(insert(jobs), [row])
+#: The JSON columns a job's values may set.
+_JSON = ("error", "preempting", "resizes", "resizing")
 
 
-def get_job(engine: Engine, job_id: str) -> dict | None:
-    with engine.connect() as conn:
-        r = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
-    return job_json(r) if r else None
+class JobStore(Store):
+    def add(self, job: dict) -> None:
+        """A new job, queued unless ``job`` says otherwise."""
+        row = {
+            "state": "queued",
+            "priority": 0,
+            "message": "",
+            "restarts": 0,
+            "submitted": utcnow(),
+            **job,
+        }
+        with self.writing() as conn:
+            conn.execute(insert(jobs), [row])
 
+    def get(self, job_id: str) -> dict | None:
+        return self.by_id(jobs, job_id, job_json)
 
-def list_jobs(
-    engine: Engine, user: str | None = None, states: tuple[str, ...] | None = None
-) -> list[dict]:
-    """Jobs in submit order, of ``user`` and in ``states`` where given."""
-    q = select(jobs).order_by(jobs.c.submitted, jobs.c.id)
-    if user is not None:
-        q = q.where(jobs.c.user == user)
-    if states:
-        q = q.where(jobs.c.state.in_(states))
-    with engine.connect() as conn:
-        return [job_json(r) for r in conn.execute(q)]
+    def list(self, user: str | None = None, states: tuple[str, ...] | None = None) -> list[dict]:
+        """Jobs in submit order, of ``user`` and in ``states`` where given."""
+        q = select(jobs).order_by(jobs.c.submitted, jobs.c.id)
+        if user is not None:
+            q = q.where(jobs.c.user == user)
+        if states:
+            q = q.where(jobs.c.state.in_(states))
+        return self.all(q, job_json)
 
+    def update(self, job_id: str, **values) -> None:
+        self.update_by_id(jobs, job_id, json_columns(values, objects=_JSON, skip_none=True))
 
-def update_job(engine: Engine, job_id: str, **values) -> None:
-    for k in ("error", "preempting", "resizes", "resizing"):
-        if values.get(k) is not None:
-            values[k] = json.dumps(values[k])
-    with engine.begin() as conn:
-        conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
-
-
-def finish_job(engine: Engine, job_id: str, state: str, message: str = "", **values) -> bool:
-    """Move a job to a terminal state once; ``False`` if it already was in one."""
-    assert state in TERMINAL
-    if values.get("error") is not None:
-        values["error"] = json.dumps(values["error"])
-    with engine.begin() as conn:
-        done = conn.execute(
-            update(jobs)
-            .where((jobs.c.id == job_id) & ~jobs.c.state.in_(TERMINAL))
-            .values(state=state, message=message, finished=utcnow(), **values)
-        )
-        return done.rowcount == 1
+    def finish(self, job_id: str, state: str, message: str = "", **values) -> bool:
+        """Move a job to a terminal state once; ``False`` if it already was in one."""
+        assert state in TERMINAL
+        values = json_columns(values, objects=("error",), skip_none=True)
+        with self.writing() as conn:
+            done = conn.execute(
+                update(jobs)
+                .where((jobs.c.id == job_id) & ~jobs.c.state.in_(TERMINAL))
+                .values(state=state, message=message, finished=utcnow(), **values)
+            )
+            return done.rowcount == 1

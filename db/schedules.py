@@ -25,11 +25,10 @@ from sqlalchemy import (
     delete,
     insert,
     select,
-    update,
 )
-from sqlalchemy.engine import Engine
 
 from .engine import metadata, utcnow
+from .store import Store, json_columns
 
 schedules = Table(
     "gpulab_schedules",
@@ -84,67 +83,50 @@ def schedule_json(r) -> dict:
     return d
 
 
-def add_schedule(engine: Engine, row: dict) -> None:
-    row = {**row, "job": json.dumps(row["job"]), "meta": json.dumps(row.get("meta") or {})}
-    row.setdefault("created", utcnow())
-    with engine.begin() as conn:
-        conn.execute(insert(schedules), [row])
+class ScheduleStore(Store):
+    def add(self, row: dict) -> None:
+        row = json_columns({**row, "meta": row.get("meta") or {}}, objects=("job", "meta"))
+        row.setdefault("created", utcnow())
+        with self.writing() as conn:
+            conn.execute(insert(schedules), [row])
 
+    def get(self, schedule_id: str) -> dict | None:
+        return self.by_id(schedules, schedule_id, schedule_json)
 
-def get_schedule(engine: Engine, schedule_id: str) -> dict | None:
-    with engine.connect() as conn:
-        r = conn.execute(select(schedules).where(schedules.c.id == schedule_id)).first()
-    return schedule_json(r) if r else None
+    def list(self, user: str | None = None) -> list[dict]:
+        """Schedules in the order they were made, of ``user`` where given."""
+        order = (schedules.c.created, schedules.c.id)
+        return self.of_user(schedules, user, order, schedule_json)
 
-
-def list_schedules(engine: Engine, user: str | None = None) -> list[dict]:
-    """Schedules in the order they were made, of ``user`` where given."""
-    q = select(schedules).order_by(schedules.c.created, schedules.c.id)
-    if user is not None:
-        q = q.where(schedules.c.user == user)
-    with engine.connect() as conn:
-        return [schedule_json(r) for r in conn.execute(q)]
-
-
-def due_schedules(engine: Engine, now: dt.datetime) -> list[dict]:
-    """Active schedules whose next run has come."""
-    q = (
-        select(schedules)
-        .where(schedules.c.active & (schedules.c.next_run <= now))
-        .order_by(schedules.c.next_run, schedules.c.id)
-    )
-    with engine.connect() as conn:
-        return [schedule_json(r) for r in conn.execute(q)]
-
-
-def update_schedule(engine: Engine, schedule_id: str, **values) -> None:
-    for k in ("job", "meta"):
-        if k in values:
-            values[k] = json.dumps(values[k])
-    with engine.begin() as conn:
-        conn.execute(update(schedules).where(schedules.c.id == schedule_id).values(**values))
-
-
-def delete_schedule(engine: Engine, schedule_id: str) -> None:
-    """The schedule and its list of runs (the jobs themselves stay, as they ended)."""
-    with engine.begin() as conn:
-        conn.execute(delete(schedule_runs).where(schedule_runs.c.schedule_id == schedule_id))
-        conn.execute(delete(schedules).where(schedules.c.id == schedule_id))
-
-
-def add_run(engine: Engine, schedule_id: str, job_id: str, fired: dt.datetime) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            insert(schedule_runs), [{"schedule_id": schedule_id, "job_id": job_id, "fired": fired}]
+    def due(self, now: dt.datetime) -> list[dict]:
+        """Active schedules whose next run has come."""
+        q = (
+            select(schedules)
+            .where(schedules.c.active & (schedules.c.next_run <= now))
+            .order_by(schedules.c.next_run, schedules.c.id)
         )
+        return self.all(q, schedule_json)
 
+    def update(self, schedule_id: str, **values) -> None:
+        self.update_by_id(schedules, schedule_id, json_columns(values, objects=("job", "meta")))
 
-def list_runs(engine: Engine, schedule_id: str) -> list[dict]:
-    """``[{"job_id", "fired"}]`` of a schedule, oldest first."""
-    q = (
-        select(schedule_runs)
-        .where(schedule_runs.c.schedule_id == schedule_id)
-        .order_by(schedule_runs.c.fired, schedule_runs.c.id)
-    )
-    with engine.connect() as conn:
-        return [{"job_id": r.job_id, "fired": _iso(r.fired)} for r in conn.execute(q)]
+    def remove(self, schedule_id: str) -> None:
+        """The schedule and its list of runs (the jobs themselves stay, as they ended)."""
+        with self.writing() as conn:
+            conn.execute(delete(schedule_runs).where(schedule_runs.c.schedule_id == schedule_id))
+            conn.execute(delete(schedules).where(schedules.c.id == schedule_id))
+
+    # -- runs ------------------------------------------------------------------------
+    def add_run(self, schedule_id: str, job_id: str, fired: dt.datetime) -> None:
+        row = {"schedule_id": schedule_id, "job_id": job_id, "fired": fired}
+        with self.writing() as conn:
+            conn.execute(insert(schedule_runs), [row])
+
+    def runs(self, schedule_id: str) -> list[dict]:
+        """``[{"job_id", "fired"}]`` of a schedule, oldest first."""
+        q = (
+            select(schedule_runs)
+            .where(schedule_runs.c.schedule_id == schedule_id)
+            .order_by(schedule_runs.c.fired, schedule_runs.c.id)
+        )
+        return self.all(q, lambda r: {"job_id": r.job_id, "fired": _iso(r.fired)})

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 
 from gpulab.db.engine import utcnow
-from gpulab.db.jobs import add_job, finish_job, get_job, list_jobs, update_job
+from gpulab.db.jobs import JobStore
 
 from .ledger import Ledger, NoCapacity
 from .quota import QuotaExceeded, Quotas
@@ -89,31 +89,32 @@ def submit_order(job: dict) -> tuple:
 class JobQueue:
     def __init__(self, engine: Engine, order: Callable[[list[dict]], Callable] | None = None):
         self.engine = engine
+        self.rows = JobStore(engine)
         #: Given the queued rows, the sort key to order them by (read once per pass).
         self.order = order or (lambda _rows: submit_order)
 
-    # -- rows (the queries: gpulab.db.jobs) ----------------------------------------------
+    # -- rows (the queries: gpulab.db.jobs.JobStore) ----------------------------------------
     def add(self, job: dict) -> dict:
-        add_job(self.engine, job)
+        self.rows.add(job)
         return self.get(job["id"])
 
     def get(self, job_id: str) -> dict | None:
-        return get_job(self.engine, job_id)
+        return self.rows.get(job_id)
 
     def list(self, user: str | None = None, states: tuple[str, ...] | None = None) -> list[dict]:
-        return list_jobs(self.engine, user, states)
+        return self.rows.list(user, states)
 
     def update(self, job_id: str, **values) -> None:
-        update_job(self.engine, job_id, **values)
+        self.rows.update(job_id, **values)
 
     def finish(self, job_id: str, state: str, message: str = "", **values) -> bool:
         """Move a job to a terminal state once; ``False`` if it already was in one."""
-        return finish_job(self.engine, job_id, state, message, **values)
+        return self.rows.finish(job_id, state, message, **values)
 
     # -- order -----------------------------------------------------------------------
     def queued(self) -> list[dict]:
         """Queued jobs, the next to start first."""
-        rows = list_jobs(self.engine, states=("queued",))
+        rows = self.rows.list(states=("queued",))
         return sorted(rows, key=self.order(rows))
 
     def positions(self) -> dict[str, int]:

@@ -33,14 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpulab.db import clock as gpulab_clock
-from gpulab.db.hibernations import (
-    add_hibernation,
-    add_wake,
-    fail_unfinished,
-    finish_hibernation,
-    get_hibernation,
-    list_hibernations,
-)
+from gpulab.db.hibernations import HibernationStore
 from gpulab.service.tasks import KeptTask, TaskSet, every
 from gpulab.training.sizes import size_words
 
@@ -102,6 +95,7 @@ class Hibernations:
         clock: Callable[[], float] = gpulab_clock.now,
     ):
         self.engine = engine
+        self.rows = HibernationStore(engine)
         self.db_threads = db_threads
         self.ledger = ledger
         self.hub = hub
@@ -121,7 +115,7 @@ class Hibernations:
     # -- running -------------------------------------------------------------------
     async def start(self) -> None:
         n = await self.db_threads.run(
-            fail_unfinished, self.engine, "the gpulab service restarted while saving"
+            self.rows.fail_unfinished, "the gpulab service restarted while saving"
         )
         if n:
             log.warning("%d hibernation(s) were cut short by a restart; their servers run on", n)
@@ -134,11 +128,11 @@ class Hibernations:
 
     # -- reading ---------------------------------------------------------------------
     async def list(self, user: str | None, server: str | None = None) -> list[dict]:
-        rows = await self.db_threads.run(list_hibernations, self.engine, user, server)
+        rows = await self.db_threads.run(self.rows.list, user, server)
         return [view(r) for r in rows]
 
     async def get(self, id: str) -> dict | None:
-        row = await self.db_threads.run(get_hibernation, self.engine, id)
+        row = await self.db_threads.run(self.rows.get, id)
         return None if row is None else view(row)
 
     def busy(self, owner: str) -> bool:
@@ -164,9 +158,7 @@ class Hibernations:
                 )
             rows = await self.ledger.aio.list(owner_kind="server", owner=owner)
             milli = sum(r["milli"] for r in rows)
-            row = await self.db_threads.run(
-                add_hibernation, self.engine, hid, user, server, reason, actor, milli
-            )
+            row = await self.db_threads.run(self.rows.add, hid, user, server, reason, actor, milli)
         except BaseException:
             self.saving.pop(owner, None)
             raise
@@ -193,8 +185,7 @@ class Hibernations:
                 await self._fail(row, f"saved, but the server did not stop: {e}", actor, actor_kind)
                 return
             done = await self.db_threads.run(
-                finish_hibernation,
-                self.engine,
+                self.rows.finish,
                 hid,
                 "hibernated",
                 kernels=kernels,
@@ -247,9 +238,7 @@ class Hibernations:
         self._failed_at[owner] = self.clock()
         log.warning("Hibernating %s failed: %s", owner, error)
         try:
-            await self.db_threads.run(
-                finish_hibernation, self.engine, row["id"], "failed", error=error
-            )
+            await self.db_threads.run(self.rows.finish, row["id"], "failed", error=error)
         finally:
             await self.audit.record(
                 "server.hibernate",
@@ -266,7 +255,7 @@ class Hibernations:
     # -- waking ----------------------------------------------------------------------
     async def woke(self, row: dict, wake: dict, actor: str) -> dict:
         """A kernel of this hibernation came back and says how it went."""
-        done = await self.db_threads.run(add_wake, self.engine, row["id"], wake)
+        done = await self.db_threads.run(self.rows.add_wake, row["id"], wake)
         await self.audit.record(
             "server.wake",
             f"{row['user']}/{row['server']}",

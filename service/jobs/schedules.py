@@ -25,7 +25,7 @@ from croniter import CroniterBadCronError, croniter
 
 from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.db import clock
-from gpulab.db import schedules as rows
+from gpulab.db.schedules import ScheduleStore
 from gpulab.scheduler.slices import noun
 from gpulab.service.auth import Identity
 from gpulab.service.jobs.manager import JobManager, JobRefused
@@ -87,6 +87,7 @@ class ScheduledJobs:
 
     def __init__(self, *, engine, jobs: JobManager, identity_of, audit=None):
         self.engine = engine
+        self.rows = ScheduleStore(engine)
         self.jobs = jobs
         #: The audit trail (``record(action, subject, **fields)``): each run's submit.
         self.audit = audit
@@ -124,16 +125,16 @@ class ScheduledJobs:
         """Submit the job of every schedule whose time has come; the ids submitted."""
         now = clock.utcnow()
         submitted = []
-        for sched in await asyncio.to_thread(rows.due_schedules, self.engine, now):
+        for sched in await asyncio.to_thread(self.rows.due, now):
             job_id, error = await self._fire(sched)
             values = {
                 "last_run": now,
                 "last_error": error,
                 "next_run": next_run(sched["schedule"], sched["timezone"], now),
             }
-            await asyncio.to_thread(rows.update_schedule, self.engine, sched["id"], **values)
+            await asyncio.to_thread(self.rows.update, sched["id"], **values)
             if job_id:
-                await asyncio.to_thread(rows.add_run, self.engine, sched["id"], job_id, now)
+                await asyncio.to_thread(self.rows.add_run, sched["id"], job_id, now)
                 submitted.append(job_id)
         return submitted
 
@@ -163,17 +164,17 @@ class ScheduledJobs:
     # -- reading -----------------------------------------------------------------------
     def get(self, who, schedule_id: str) -> dict:
         """A schedule the caller may see (their own; admins any), else a 404."""
-        sched = rows.get_schedule(self.engine, schedule_id)
+        sched = self.rows.get(schedule_id)
         if sched is None or not who.can_act_for(sched["user"]):
             raise ScheduleRefused(404, f"no schedule {schedule_id!r}")
         return sched
 
     def list(self, user: str | None) -> list[dict]:
-        return rows.list_schedules(self.engine, user)
+        return self.rows.list(user)
 
     def runs(self, who, schedule_id: str) -> list[dict]:
         self.get(who, schedule_id)
-        return rows.list_runs(self.engine, schedule_id)
+        return self.rows.runs(schedule_id)
 
     # -- changing ----------------------------------------------------------------------
     def _check_job(self, job) -> None:
@@ -213,7 +214,7 @@ class ScheduledJobs:
             raise ScheduleRefused(403, "schedules are made by users (with a user's token)")
         base = {"timezone": "UTC", "active": True, "meta": {}}
         sched = self._checked(body, base)
-        if len(rows.list_schedules(self.engine, who.name)) >= MAX_PER_USER:
+        if len(self.rows.list(who.name)) >= MAX_PER_USER:
             raise ScheduleRefused(
                 409, f"you have {MAX_PER_USER} schedules, the most one user keeps; delete one"
             )
@@ -225,9 +226,9 @@ class ScheduledJobs:
             "created": now,
             "next_run": next_run(sched["schedule"], sched["timezone"], now),
         }
-        await asyncio.to_thread(rows.add_schedule, self.engine, row)
+        await asyncio.to_thread(self.rows.add, row)
         self._wake.set()
-        return rows.get_schedule(self.engine, row["id"])
+        return self.rows.get(row["id"])
 
     async def update(self, who, schedule_id: str, body) -> dict:
         current = self.get(who, schedule_id)
@@ -239,11 +240,11 @@ class ScheduledJobs:
             current["active"],
         ):
             values["next_run"] = next_run(sched["schedule"], sched["timezone"], clock.utcnow())
-        await asyncio.to_thread(rows.update_schedule, self.engine, schedule_id, **values)
+        await asyncio.to_thread(self.rows.update, schedule_id, **values)
         self._wake.set()
-        return rows.get_schedule(self.engine, schedule_id)
+        return self.rows.get(schedule_id)
 
     async def delete(self, who, schedule_id: str) -> None:
         """The schedule goes; jobs it submitted stay (cancel them with DELETE /jobs/{id})."""
         self.get(who, schedule_id)
-        await asyncio.to_thread(rows.delete_schedule, self.engine, schedule_id)
+        await asyncio.to_thread(self.rows.remove, schedule_id)

@@ -39,7 +39,7 @@ from support.service import running_service
 from support.wait import wait_until_async
 
 from gpulab.client.deployments import pack_model_dir
-from gpulab.db.jobs import update_job
+from gpulab.db.jobs import JobStore
 from gpulab.serving.export import export_model
 from gpulab.serving.metrics import ServingMetrics
 
@@ -224,7 +224,7 @@ async def scrape_after_work(tmp_path: Path) -> dict:
         declared = declared_labels(svc.app.metrics.registry)
         # The count a preemption writes on the job's row (service/jobs/manager.py):
         # preempting for real needs running ranks (tests/jobs covers it).
-        update_job(svc.app.engine, waiting["id"], preemptions=2)
+        JobStore(svc.app.engine).update(waiting["id"], preemptions=2)
         preempted = (await svc.request("GET", "/../../metrics")).text
         # Endpoints outlive the service (they keep answering across its restarts): stop
         # this one, or its replica would outlive the test.
