@@ -18,7 +18,7 @@ import datetime as dt
 
 from tornado import web
 
-from gpulab.db.operations import get_alert, list_alerts
+from gpulab.db.operations import AlertStore
 from gpulab.service.api.query_args import int_arg, time_arg
 from gpulab.service.auth import APIHandler
 from gpulab.service.operations.alerts import STATES
@@ -37,7 +37,7 @@ class AlertsHandler(APIHandler):
         )
         owner = None if (who.admin or who.internal) else who.name
         alerts, firing = await self.gpulab.db_threads.run(
-            list_alerts, self.gpulab.engine, owner, state, since
+            AlertStore(self.gpulab.engine).list, owner, state, since
         )
         self.write_json({"alerts": alerts, "firing": firing})
 
@@ -49,7 +49,7 @@ class AlertAckHandler(APIHandler):
         who = self.require_identity()
         number = int_arg("the alert id", alert_id, None, 1)
         svc = self.gpulab
-        row = await svc.db_threads.run(get_alert, svc.engine, number)
+        row = await svc.db_threads.run(AlertStore(svc.engine).get, number)
         if row is None or not (who.admin or who.internal or row.owner == who.name):
             # Another user's alert is not theirs to know of: the same answer as none.
             raise web.HTTPError(404, f"no alert {number} of yours; %gpulab alerts --all lists them")

@@ -37,14 +37,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from gpulab.db import clock as gpulab_clock
-from gpulab.db.operations import (
-    acknowledge_alert,
-    acknowledged_keys,
-    alert_json,
-    iso,
-    open_alerts,
-    write_alerts,
-)
+from gpulab.db.operations import AlertStore, alert_json, iso
 from gpulab.service.operations.facts import FactsBuilder
 from gpulab.service.operations.rules import (
     RESOLVED_BY_ACKNOWLEDGING,
@@ -82,6 +75,7 @@ class AlertEngine:
         clock=gpulab_clock.now,
     ):
         self.engine = engine
+        self.rows = AlertStore(engine)
         self.db_threads = db_threads
         self.prefix = prefix
         self.clock = clock
@@ -115,10 +109,10 @@ class AlertEngine:
     async def start(self) -> None:
         """Reload the alerts still firing (a restart), then evaluate every interval."""
         try:
-            rows = await self.db_threads.run(open_alerts, self.engine)
+            rows = await self.db_threads.run(self.rows.open)
             self._open = {r.key: alert_json(r) | {"_key": r.key} for r in rows}
             since = dt.datetime.fromtimestamp(self.clock(), dt.UTC) - dt.timedelta(days=1)
-            self._acknowledged = await self.db_threads.run(acknowledged_keys, self.engine, since)
+            self._acknowledged = await self.db_threads.run(self.rows.acknowledged_keys, since)
         except Exception:
             log.exception("Reloading open alerts")
         if self.webhook is not None:
@@ -202,7 +196,7 @@ class AlertEngine:
         nothing."""
         resolve = row.name in RESOLVED_BY_ACKNOWLEDGING and row.resolved_at is None
         at = dt.datetime.fromtimestamp(self.clock(), dt.UTC)
-        after = await self.db_threads.run(acknowledge_alert, self.engine, row.id, by, at, resolve)
+        after = await self.db_threads.run(self.rows.acknowledge, row.id, by, at, resolve)
         alert = alert_json(after)
         key = after.key
         held = self._open.get(key)
@@ -244,8 +238,8 @@ class AlertEngine:
             (alert["id"], {"message": f.message, "labels": json.dumps(f.labels), "owner": f.owner})
             for alert, f in changed
         ]
-        inserted, gone = write_alerts(
-            self.engine, at, rows, updates, [a["id"] for a in resolve], prune_before
+        inserted, gone = self.rows.write_round(
+            at, rows, updates, [a["id"] for a in resolve], prune_before
         )
         if gone:
             log.info("Pruned %d alert(s) resolved over %d days ago", gone, KEEP_RESOLVED_DAYS)
