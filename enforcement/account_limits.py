@@ -14,7 +14,7 @@ both read them)::
     c.AccountLimits.pids_max = 4096
 
 The service also holds each user to their quota (``quota_cpu``, ``quota_memory``,
-from ``c.GpuLabService.user_cpu_quota`` and ``user_memory_quota``): no group of
+from ``c.HostQuota.user_cpu_quota`` and ``user_memory_quota``): no group of
 theirs gets more, and the account's groups together are held to it.
 """
 
@@ -110,7 +110,7 @@ class AccountLimits(Configurable):
         """,
     ).tag(config=True)
 
-    #: The user's quota, set by the service (c.GpuLabService.user_cpu_quota and
+    #: The user's quota, set by the service (c.HostQuota.user_cpu_quota and
     #: user_memory_quota): no group gets more; 0: none (the hub's own instance).
     quota_cpu = Float(0.0)
     quota_memory = Int(0)

@@ -68,7 +68,7 @@ def systemd_properties(
 
 def slice_dropin(limits: Limits) -> str:
     """A drop-in for an account's slice: its groups' CPU, memory and tasks together."""
-    lines = ["# Written by gpulab: the account's quota (c.GpuLabService.user_cpu_quota ...)"]
+    lines = ["# Written by gpulab: the account's quota (c.HostQuota.user_cpu_quota ...)"]
     lines += ["[Slice]", *quota_properties(limits)]
     return "\n".join(lines) + "\n"
 

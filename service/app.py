@@ -51,9 +51,8 @@ from gpulab.backend.log_pipe import DEFAULT_LOG_MAX_BYTES
 from gpulab.backend.spec import SpecError
 from gpulab.db.engine import make_engine
 from gpulab.db.threads import DbThreads
-from gpulab.enforcement.account_limits import AccountLimits, host_memory
+from gpulab.enforcement.account_limits import AccountLimits
 from gpulab.enforcement.accounts import UserAccounts
-from gpulab.enforcement.limits import host_user_quota
 from gpulab.scheduler.inventory import Gpu, InventoryError
 from gpulab.scheduler.ledger import Ledger
 from gpulab.scheduler.policy import get_policy
@@ -90,6 +89,7 @@ from gpulab.service.hibernation.servers import ServerCalls
 from gpulab.service.hibernation.settings import Hibernation
 from gpulab.service.hubapi import HubAPI
 from gpulab.service.jobs.backends import refuse_local_user_code
+from gpulab.service.jobs.cpu_quota import HostQuota
 from gpulab.service.jobs.manager import JobManager
 from gpulab.service.jobs.pools import Pools, load_gpus, read_pools
 from gpulab.service.jobs.preemption import Preemption
@@ -99,7 +99,8 @@ from gpulab.service.moved_settings import carry_moved, moved_map
 from gpulab.service.operations.actions import AlertActions
 from gpulab.service.operations.alerting import Alerting
 from gpulab.service.operations.alerts import AlertEngine
-from gpulab.service.operations.audit import LOOPBACK, AuditLog
+from gpulab.service.operations.audit import AuditLog
+from gpulab.service.operations.audit_settings import AuditTrail
 from gpulab.service.operations.facts import FactsBuilder
 from gpulab.service.operations.lost_slices import LostSlices
 from gpulab.service.operations.metrics import OpsCollector
@@ -167,6 +168,8 @@ SETTINGS_PARTS = (
     LlmSettings,
     BudgetSettings,
     ExperimentSettings,
+    HostQuota,
+    AuditTrail,
 )
 MOVED_SETTINGS = moved_map(SETTINGS_PARTS)
 
@@ -424,48 +427,6 @@ class GpuLabService(SharingSettings, Application):
         """,
     ).tag(config=True)
 
-    user_cpu_quota = Float(
-        help="""CPU cores one user's work on this host (jobs of the local backend,
-        local endpoints' replicas) may use at once. Held by the kernel: no job node
-        or replica gets more (not ranks x c.AccountLimits.cpu_floor), and all of the
-        user's groups together are held to it. A job asking more than
-        cpu_overcommit times it is refused at submit. Default: the host's cores.
-        0: no CPU quota.
-
-        c.GpuLabService.user_cpu_quota = 8
-        """,
-    ).tag(config=True)
-
-    user_memory_quota = Int(
-        help="""Memory in bytes one user's work on this host may use at once, held as
-        user_cpu_quota is; a job whose ranks' memory (c.AccountLimits.memory_floor or
-        their slices' share each) is over it is refused at submit. Default: the
-        host's memory less a tenth (kept for the hub, the service and the kernel).
-        0: no memory quota.
-
-        c.GpuLabService.user_memory_quota = 64 * 2**30
-        """,
-    ).tag(config=True)
-
-    cpu_overcommit = Float(
-        4.0,
-        help="""How many times their CPU quota one job or deployment of a user may ask
-        (ranks x c.AccountLimits.cpu_floor): CPU time is shared, so ranks beyond the
-        quota run slower rather than fail, up to this (OpenStack's default CPU
-        allocation ratio is 4 too).
-
-        c.GpuLabService.cpu_overcommit = 1
-        """,
-    ).tag(config=True)
-
-    @default("user_cpu_quota")
-    def _user_cpu_quota(self):
-        return host_user_quota(os.cpu_count() or 1, host_memory())[0]
-
-    @default("user_memory_quota")
-    def _user_memory_quota(self):
-        return host_user_quota(os.cpu_count() or 1, host_memory())[1]
-
     job_log_max_bytes = Int(
         DEFAULT_LOG_MAX_BYTES,
         help="""Most bytes each log of a job (each node's and each rank's) and of an
@@ -498,27 +459,6 @@ class GpuLabService(SharingSettings, Application):
         (a killed job resumes from its previous checkpoint).
 
         c.GpuLabService.exit_grace_seconds = 3
-        """,
-    ).tag(config=True)
-
-    audit_retention_days = Float(
-        365.0,
-        help="""Days the audit trail (GET /api/v1/audit) keeps an entry; older ones are
-        deleted once an hour. 0: keep every entry forever.
-
-        c.GpuLabService.audit_retention_days = 730
-        """,
-    ).tag(config=True)
-
-    audit_trusted_proxies = List(
-        Unicode(),
-        list(LOOPBACK),
-        help="""Addresses (or networks) of the proxies in front of the hub and the service,
-        whose X-Forwarded-For the audit trail believes when it records where a change
-        came from. Default: this machine (the embedded hub's proxy). On Kubernetes, add
-        the pods' network, and an ingress's address if one is in front.
-
-        c.GpuLabService.audit_trusted_proxies = ["127.0.0.0/8", "::1/128", "10.0.0.0/8"]
         """,
     ).tag(config=True)
 
@@ -573,6 +513,8 @@ class GpuLabService(SharingSettings, Application):
     llm_settings = Instance(LlmSettings, allow_none=True)
     budget_settings = Instance(BudgetSettings, allow_none=True)
     experiment_settings = Instance(ExperimentSettings, allow_none=True)
+    host_quota = Instance(HostQuota, allow_none=True)
+    audit_trail = Instance(AuditTrail, allow_none=True)
     #: Writes each ended job as an MLflow run of its user (None: no MLflow service).
     run_recorder = Instance(RunRecorder, allow_none=True)
     service_name = Unicode()
@@ -588,8 +530,9 @@ class GpuLabService(SharingSettings, Application):
 
     @default("account_limits")
     def _account_limits(self):
+        quota = self.host_quota or HostQuota(parent=self)  # asked before init_settings
         return AccountLimits(
-            parent=self, quota_cpu=self.user_cpu_quota, quota_memory=self.user_memory_quota
+            parent=self, quota_cpu=quota.user_cpu_quota, quota_memory=quota.user_memory_quota
         )
 
     @default("service_name")
@@ -656,6 +599,8 @@ class GpuLabService(SharingSettings, Application):
         self.llm_settings = LlmSettings(parent=self)
         self.budget_settings = BudgetSettings(parent=self)
         self.experiment_settings = ExperimentSettings(parent=self)
+        self.host_quota = HostQuota(parent=self)
+        self.audit_trail = AuditTrail(parent=self)
 
     def init_hub(self):
         """The hub's API (``self.hub``, built from these variables), which the parts
@@ -729,8 +674,8 @@ class GpuLabService(SharingSettings, Application):
         self.audit = AuditLog(
             self.engine,
             run=self.db_threads.run,
-            retention_days=self.audit_retention_days,
-            trusted_proxies=self.audit_trusted_proxies,
+            retention_days=self.audit_trail.audit_retention_days,
+            trusted_proxies=self.audit_trail.audit_trusted_proxies,
         )
 
     def _inventory_class(self) -> type:

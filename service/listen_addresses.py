@@ -12,7 +12,7 @@ HubAuth, at the same prefix), and a peer on such an address is never the
 platform's own caller (its ``X-Forwarded-For`` counts only from loopback sockets of
 the platform's own account, :mod:`gpulab.enforcement.peer_account`; a node's socket
 is in another network namespace, so it is not one of this machine's, and its
-address is not in ``c.GpuLabService.audit_trusted_proxies`` unless an admin puts it
+address is not in ``c.AuditTrail.audit_trusted_proxies`` unless an admin puts it
 there).
 """
 

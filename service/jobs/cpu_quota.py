@@ -1,6 +1,6 @@
 """A user's CPU and memory quota: what their work may use at once, on by default.
 
-``c.GpuLabService.user_cpu_quota`` (default: the host's cores) and
+``c.HostQuota.user_cpu_quota`` (default: the host's cores) and
 ``user_memory_quota`` (default: the host's memory less a tenth, kept for the hub,
 the service and the kernel) are held by the kernel, not counted here: every group
 of the user's (a job node, a replica) is capped at the quota instead of asking
@@ -15,9 +15,80 @@ A job that could never run within them is refused with the fix (403).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from gpulab.enforcement.limits import format_bytes
+from traitlets import Float, Int, TraitError, default, validate
+from traitlets.config import Configurable
+
+from gpulab.enforcement.account_limits import host_memory
+from gpulab.enforcement.limits import format_bytes, host_user_quota
+
+
+class HostQuota(Configurable):
+    """The settings of one user's quota on this host: ``c.HostQuota.*`` in the
+    service's config (the kernel holds the account to them; :class:`CpuQuota` checks
+    a job's or a deployment's ask against them)."""
+
+    user_cpu_quota = Float(
+        help="""CPU cores one user's work on this host (jobs of the local backend,
+        local endpoints' replicas) may use at once. Held by the kernel: no job node
+        or replica gets more (not ranks x c.AccountLimits.cpu_floor), and all of the
+        user's groups together are held to it. A job asking more than
+        cpu_overcommit times it is refused at submit. Default: the host's cores.
+        0: no CPU quota.
+
+        c.HostQuota.user_cpu_quota = 8
+        """,
+    ).tag(config=True)
+
+    user_memory_quota = Int(
+        help="""Memory in bytes one user's work on this host may use at once, held as
+        user_cpu_quota is; a job whose ranks' memory (c.AccountLimits.memory_floor or
+        their slices' share each) is over it is refused at submit. Default: the
+        host's memory less a tenth (kept for the hub, the service and the kernel).
+        0: no memory quota.
+
+        c.HostQuota.user_memory_quota = 64 * 2**30
+        """,
+    ).tag(config=True)
+
+    cpu_overcommit = Float(
+        4.0,
+        help="""How many times their CPU quota one job or deployment of a user may ask
+        (ranks x c.AccountLimits.cpu_floor): CPU time is shared, so ranks beyond the
+        quota run slower rather than fail, up to this (OpenStack's default CPU
+        allocation ratio is 4 too).
+
+        c.HostQuota.cpu_overcommit = 1
+        """,
+    ).tag(config=True)
+
+    @default("user_cpu_quota")
+    def _user_cpu_quota(self):
+        return host_user_quota(os.cpu_count() or 1, host_memory())[0]
+
+    @default("user_memory_quota")
+    def _user_memory_quota(self):
+        return host_user_quota(os.cpu_count() or 1, host_memory())[1]
+
+    @validate("user_cpu_quota", "user_memory_quota")
+    def _zero_or_more(self, proposal):
+        if proposal.value < 0:
+            raise TraitError(
+                f"c.HostQuota.{proposal.trait.name} must be 0 (no quota) or more, "
+                f"got {proposal.value}"
+            )
+        return proposal.value
+
+    @validate("cpu_overcommit")
+    def _at_least_one(self, proposal):
+        if proposal.value < 1:
+            raise TraitError(
+                f"c.HostQuota.cpu_overcommit must be 1 (no overcommit) or more, "
+                f"got {proposal.value}"
+            )
+        return proposal.value
 
 
 @dataclass(frozen=True)
@@ -37,9 +108,9 @@ class CpuQuota:
         return cls(
             account_limits=service.account_limits,
             gpu_count=len(service.gpus),
-            cpu_quota=service.user_cpu_quota,
-            cpu_overcommit=service.cpu_overcommit,
-            memory_quota=service.user_memory_quota,
+            cpu_quota=service.host_quota.user_cpu_quota,
+            cpu_overcommit=service.host_quota.cpu_overcommit,
+            memory_quota=service.host_quota.user_memory_quota,
         )
 
     def per_process(self, gpu_milli: int) -> tuple[float, int]:
@@ -60,7 +131,7 @@ class CpuQuota:
             return (
                 f"{asks} {cpu:g} CPUs; your quota is {quota:g} "
                 f"(up to {quota * overcommit:g} shared): use fewer {what} "
-                f"or ask an admin to raise c.GpuLabService.user_cpu_quota"
+                f"or ask an admin to raise c.HostQuota.user_cpu_quota"
             )
         memory = processes * memory_each
         if self.memory_quota and memory > self.memory_quota:
@@ -68,6 +139,6 @@ class CpuQuota:
                 f"{asks} {format_bytes(memory)} of memory "
                 f"({format_bytes(memory_each)} each); your quota is "
                 f"{format_bytes(self.memory_quota)}: use fewer {what} or ask an admin to "
-                f"raise c.GpuLabService.user_memory_quota"
+                f"raise c.HostQuota.user_memory_quota"
             )
         return None

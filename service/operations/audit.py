@@ -10,7 +10,7 @@ actor_kind="system", reason="xid 79")``.
 
 A route's entry is committed before the route answers, so a ``kill -9`` of the
 service right after an answer loses nothing. Writes run on the ledger's threads,
-off the event loop. Entries older than ``c.GpuLabService.audit_retention_days``
+off the event loop. Entries older than ``c.AuditTrail.audit_retention_days``
 are deleted once an hour (0: kept forever).
 
 Actions (``result`` is ``ok``, ``denied`` for refused attempts, or ``failed``):
@@ -150,7 +150,7 @@ def proxy_networks(trusted: Iterable[str]) -> tuple:
             out.append(ipaddress.ip_network(n, strict=False))
         except ValueError:
             raise ValueError(
-                f"c.GpuLabService.audit_trusted_proxies: {n!r} is not an address or "
+                f"c.AuditTrail.audit_trusted_proxies: {n!r} is not an address or "
                 f"network (write it like 10.0.0.0/8 or 127.0.0.1)"
             ) from None
     return tuple(out)

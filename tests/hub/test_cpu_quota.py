@@ -1,7 +1,7 @@
 """Limits that hold the host, on a real hub: a user's CPU and memory quota (held
 by the kernel, checked at submit), processes per job node, logs under their cap.
 
-``c.GpuLabService.user_cpu_quota = 2`` (cores), one core per CPU-only rank and
+``c.HostQuota.user_cpu_quota = 2`` (cores), one core per CPU-only rank and
 ``cpu_overcommit = 1.5`` (so one job may ask 3); a 5 GiB memory quota; logs of
 1 MiB. Jobs run as real accounts in real cgroups (v1 here), read back from the
 cgroup filesystem.
@@ -25,9 +25,9 @@ def hub(tmp_path_factory):
         tmp_path_factory.mktemp("cpuquota"),
         simulate="1xA100-80GB",
         config=(
-            "c.GpuLabService.user_cpu_quota = 2\n"
-            "c.GpuLabService.cpu_overcommit = 1.5\n"
-            "c.GpuLabService.user_memory_quota = 5 * 2**30\n"
+            "c.HostQuota.user_cpu_quota = 2\n"
+            "c.HostQuota.cpu_overcommit = 1.5\n"
+            "c.HostQuota.user_memory_quota = 5 * 2**30\n"
             "c.AccountLimits.cpu_floor = 1\n"
             "c.AccountLimits.memory_floor = 2**30\n"
             "c.AccountLimits.memory_per_gpu = 8 * 2**30\n"
@@ -62,7 +62,7 @@ def test_a_job_asks_no_more_than_the_quota_and_a_job_that_cannot_fit_is_refused(
     assert too_many.status_code == 403
     assert too_many.json()["error"] == (
         "4 ranks need 4 CPUs; your quota is 2 (up to 3 shared): use fewer ranks or ask "
-        "an admin to raise c.GpuLabService.user_cpu_quota"
+        "an admin to raise c.HostQuota.user_cpu_quota"
     )
     # A 1/4 slice's rank asks a quarter of 8 GiB; three of them are over 5 GiB.
     memory = hub.gpulab(
@@ -71,7 +71,7 @@ def test_a_job_asks_no_more_than_the_quota_and_a_job_that_cannot_fit_is_refused(
     assert memory.status_code == 403
     assert memory.json()["error"] == (
         "3 ranks need 6 GiB of memory (2 GiB each); your quota is 5 GiB: use fewer ranks "
-        "or ask an admin to raise c.GpuLabService.user_memory_quota"
+        "or ask an admin to raise c.HostQuota.user_memory_quota"
     )
     files = {"spec": (None, '{"name": "cpu", "gpu_milli": 0, "replicas": 4}'), "model": ("m", b"x")}
     refused = hub.gpulab("POST", "/deployments", token=alice, files=files)

@@ -244,7 +244,7 @@ def test_the_client_address_is_the_last_untrusted_hop():
 
 
 async def test_old_entries_are_pruned_by_the_retention_setting(tmp_path):
-    config = "c.GpuLabService.audit_retention_days = 30\n"
+    config = "c.AuditTrail.audit_retention_days = 30\n"
     async with running_service(tmp_path / "svc", config) as svc:
         trail = svc.app.audit
         old = dt.datetime.now(dt.UTC) - dt.timedelta(days=31)
@@ -275,7 +275,7 @@ def test_a_bad_trusted_proxy_stops_the_start(tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:9/hub/api")
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "unused")
     path = tmp_path / "gpulab_config.py"
-    path.write_text('c.GpuLabService.audit_trusted_proxies = ["proxy.example.org"]\n')
+    path.write_text('c.AuditTrail.audit_trusted_proxies = ["proxy.example.org"]\n')
     app = GpuLabService(data_dir=str(tmp_path), simulate_gpus="1xA100-80GB")
     with pytest.raises(ConfigError, match="'proxy.example.org' is not an address or network"):
         app.initialize([f"--config={path}"])
