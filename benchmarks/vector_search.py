@@ -588,7 +588,9 @@ class GpulabCollections:
         self.call("DELETE", f"/collections/{self.owner}/{name}", ok=(200, 204))
 
 
-def load_gpulab(data: Dataset, gpulab: GpulabCollections, batch: int, wait_s: float):
+def load_gpulab(
+    data: Dataset, gpulab: GpulabCollections, batch: int, wait_s: float, snapshot: bool = False
+):
     name = "bench"
     gpulab.create(name, DIM)
     start = time.perf_counter()
@@ -604,8 +606,28 @@ def load_gpulab(data: Dataset, gpulab: GpulabCollections, batch: int, wait_s: fl
             done.result()
     acked_s = time.perf_counter() - start
     wait_indexed("gpulab", lambda: gpulab.describe(name), len(data.ids), wait_s)
+    if snapshot:  # written by the engine once its index caught up: not during the queries
+        whole_graph(gpulab)
     row = {id_: i for i, id_ in enumerate(data.ids)}
     return (lambda q: [row[h["id"]] for h in gpulab.search(name, q, K)]), acked_s
+
+
+def whole_graph(gpulab: GpulabCollections, timeout: float = 900) -> str:
+    """The index file of gpulab's engine's snapshot taken with no row waiting for the
+    index (it snapshots a collection once its index caught up and writes paused)."""
+    if gpulab.engine_root is None:
+        raise RuntimeError("--anchor-from-gpulab needs --gpulab (the hub's engine here)")
+    deadline = time.monotonic() + timeout
+    while True:
+        done = glob.glob(str(gpulab.engine_root / "vectors/faiss/*/*/snap-*/done"))
+        whole = [
+            d for d in done if os.path.getsize(os.path.join(os.path.dirname(d), "tail.f32")) == 0
+        ]
+        if whole:
+            return os.path.join(os.path.dirname(whole[-1]), "index.faiss")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no snapshot of gpulab's whole graph after {timeout:g} s: {done}")
+        time.sleep(2)
 
 
 def load_gpulab_graph(data: Dataset, gpulab: GpulabCollections):
@@ -614,22 +636,7 @@ def load_gpulab_graph(data: Dataset, gpulab: GpulabCollections):
     anchor with ``--anchor-from-gpulab``, where a second build would not fit the time."""
     import faiss
 
-    if gpulab.engine_root is None:
-        raise RuntimeError("--anchor-from-gpulab needs --gpulab (the hub's engine here)")
-    deadline = time.monotonic() + 600
-    while True:
-        # The engine snapshots a collection once its index caught up and writes paused.
-        done = glob.glob(str(gpulab.engine_root / "vectors/faiss/*/*/snap-*/done"))
-        # A snapshot taken with no row waiting for the index: the whole graph.
-        found = [
-            d for d in done if os.path.getsize(os.path.join(os.path.dirname(d), "tail.f32")) == 0
-        ]
-        if found:
-            break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no snapshot of gpulab's whole graph after 600 s: {done}")
-        time.sleep(2)
-    index = faiss.read_index(os.path.join(os.path.dirname(found[-1]), "index.faiss"))
+    index = faiss.read_index(whole_graph(gpulab))
     index.hnsw.efSearch = EF_SEARCH
     return lambda q: index.search(q[None, :], K)[1][0].tolist()
 
@@ -781,7 +788,9 @@ def main(argv: list[str] | None = None) -> int:
             "engine": lambda d: load_faiss_engine(d, faiss_engine, args.batch, args.index_wait),
             "gpulab": None
             if isinstance(gpulab, str)
-            else lambda d: load_gpulab(d, gpulab, args.batch, args.index_wait),
+            else lambda d: load_gpulab(
+                d, gpulab, args.batch, args.index_wait, args.anchor_from_gpulab
+            ),
         }
         if args.anchor_from_gpulab and not isinstance(gpulab, str):
             loaders["faiss-hnsw"] = lambda d: load_gpulab_graph(d, gpulab)

@@ -91,6 +91,8 @@ class Collection:
         self.idle = False
         #: The bytes of the last snapshot's vectors: a log this long is folded too.
         self.snapshot_bytes = 0
+        #: Whether the last snapshot saved rows that were not indexed yet.
+        self.snapshot_tail = False
         #: Called after each write, outside the locks: the indexer's wake-up.
         self.on_write: Callable[[], None] | None = None
         #: When it was last searched (time.monotonic()): the indexer's batches are short then.
@@ -140,6 +142,7 @@ class Collection:
                 raise RuntimeError(f"{snap}: {self.tail.end} vectors for {len(self.ids)} rows")
             self.seq = snaps[-1]
             self.snapshot_bytes = len(self.ids) * self.dim * 4
+            self.snapshot_tail = bool(self.tail.rows)
         logs = sorted(
             glob.glob(os.path.join(self.path, "wal-*")), key=lambda p: int(p.rsplit("-", 1)[1])
         )
@@ -155,7 +158,10 @@ class Collection:
         size = 0 if self.log is None else self.log.size
         if size > max(SNAPSHOT_BYTES, self.snapshot_bytes):
             return True
-        return self.idle and not self.tail.rows and size > IDLE_SNAPSHOT_BYTES
+        # Writes paused and the index caught up: fold a long log, or one after a
+        # snapshot that saved rows not indexed then (a restart would index them again).
+        caught_up = self.idle and not self.tail.rows and size
+        return bool(caught_up) and (size > IDLE_SNAPSHOT_BYTES or self.snapshot_tail)
 
     def snapshot(self) -> None:
         """The index, the tail and the rows as of now into ``snap-<seq>``; writes go to
@@ -194,6 +200,7 @@ class Collection:
             os.rename(tmp, final)
             _fsync_dir(self.path)
             self.snapshot_bytes = len(rows["ids"]) * self.dim * 4
+            self.snapshot_tail = bool(tail_blocks)
         for path in glob.glob(os.path.join(self.path, "snap-*")) + glob.glob(
             os.path.join(self.path, "wal-*")
         ):

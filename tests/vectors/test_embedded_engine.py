@@ -189,6 +189,18 @@ def test_a_snapshot_keeps_the_index_built_so_far_and_the_rows_waiting(tmp_path):
     again.build()
     assert (again.index.ntotal, again.pending()) == (500, 0)
     assert ids_of(again.search(v[420:421], 1)[0]) == ["r420"]
+    # Once writes paused and the index caught up, the snapshot that saved rows not
+    # indexed then is taken again (a restart would index them once more).
+    assert not again.snapshot_due()
+    again.idle = True
+    again.write(["r0"], v[:1], [{"n": 0}])
+    assert not again.snapshot_due()  # a write: no longer paused
+    again.idle = True
+    again.build()
+    assert again.snapshot_due()
+    again.snapshot()
+    assert not again.snapshot_due()
+    assert (Collection.open(path).index.ntotal, Collection.open(path).pending()) == (501, 0)
 
 
 def test_the_engines_indexer_builds_behind_the_writes_and_a_clean_stop_keeps_it(tmp_path):
