@@ -3,8 +3,8 @@
 A *quota* (:mod:`.quota`) caps what a user holds at once; a *budget* caps what they
 (or a group, all members together) use over a period: a calendar month by default,
 as Run:ai's and OpenCost's per-team budgets do. Use is read from the same ledger as
-``GET /usage`` (:func:`gpulab.db.usage.report`: released slices plus slices still
-held, up to now), so the figure people see and the one that refuses them agree.
+``GET /usage`` (:meth:`gpulab.db.usage.UsageStore.report`: released slices plus slices
+still held, up to now), so the figure people see and the one that refuses them agree.
 
 A user or a group at or over its budget is refused new GPU work (a server with a
 GPU, a job, a deployment) until the next period, unless an admin lets the group
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import Engine
 
 from gpulab.db import clock
-from gpulab.db.usage import report
+from gpulab.db.usage import UsageStore
 
 #: The periods a budget may run over; each starts at 00:00 UTC.
 PERIODS = ("month", "week", "day")
@@ -101,7 +101,8 @@ def budget_status(
     since, until = period_window(now, budgets.period)
     members = {g: set(m) | {user} for g, m in groups.items() if g in budgets.group_hours}
     everyone = set().union({user}, *members.values())
-    rows = report(engine, since, min(until, now), "user", everyone) if now > since else []
+    used = UsageStore(engine)
+    rows = used.report(since, min(until, now), "user", everyone) if now > since else []
     hours = {r["user"]: r["gpu_hours"] for r in rows}
     mine = hours.get(user, 0.0)
     out_user = _line(user, budgets.user_budget(user), mine, budgets.cost(mine))

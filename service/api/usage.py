@@ -19,8 +19,8 @@ from tornado import web
 
 from gpulab.db import clock
 from gpulab.db.llm_usage import COLUMNS as TOKEN_COLUMNS
-from gpulab.db.llm_usage import report as token_report
-from gpulab.db.usage import BUCKETS, GROUP_BYS, report
+from gpulab.db.llm_usage import TokenUsageStore
+from gpulab.db.usage import BUCKETS, GROUP_BYS, UsageStore
 from gpulab.service.api.query_args import time_arg
 from gpulab.service.auth import APIHandler
 
@@ -65,8 +65,7 @@ class UsageHandler(APIHandler):
                 for member in s["members"]:
                     groups_of.setdefault(member, []).append(name)
         rows = await self.gpulab.db_threads.run(
-            report,
-            self.gpulab.ledger.engine,
+            UsageStore(self.gpulab.ledger.engine).report,
             since,
             until,
             group_by,
@@ -127,7 +126,10 @@ class UsageHandler(APIHandler):
         # them, so a call that has answered shows in the report asked for next.
         await self.gpulab.deployments.gateway.meter.flush()
         rows = await self.gpulab.db_threads.run(
-            token_report, self.gpulab.ledger.engine, since, until, None if user is None else [user]
+            TokenUsageStore(self.gpulab.ledger.engine).report,
+            since,
+            until,
+            None if user is None else [user],
         )
         if fmt == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")

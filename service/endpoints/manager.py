@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from gpulab.backend.serving_base import ServingBackend
 from gpulab.db import clock as gpulab_clock
 from gpulab.db.deployments import DeploymentStore, NameTaken
-from gpulab.db.llm_usage import record as record_tokens
+from gpulab.db.llm_usage import TokenUsageStore
 from gpulab.scheduler.slices import plural
 from gpulab.service.auth import Identity
 from gpulab.service.endpoints.calls import LiveCalls
@@ -199,7 +199,7 @@ class DeploymentManager:
             meter=TokenMeter(
                 service.llm_settings.llm_limits(),
                 save=functools.partial(
-                    service.db_threads.run, record_tokens, service.ledger.engine
+                    service.db_threads.run, TokenUsageStore(service.ledger.engine).record
                 ),
             ),
         )

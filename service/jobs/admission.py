@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from gpulab.db.usage import decayed
+from gpulab.db.usage import UsageStore
 from gpulab.scheduler.slices import noun, plural
 from gpulab.service.jobs.book import JobBook, elastic
 from gpulab.service.jobs.elastic import Resizes, nodes_word
@@ -31,7 +31,7 @@ class QueueOrder:
     def __call__(self, queued: list[dict]) -> Callable[[dict], tuple]:
         priorities = self.priorities
         use = (
-            decayed(self.engine, self.half_life_seconds)
+            UsageStore(self.engine).decayed(self.half_life_seconds)
             if len({j["user"] for j in queued}) > 1
             else {}
         )

@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 
 from gpulab.db import clock
 from gpulab.db.jobs import jobs
-from gpulab.db.usage import totals
+from gpulab.db.usage import UsageStore
 from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
 
 #: Labels whose value is one user's job or endpoint id (``job``: a nettest job's
@@ -94,7 +94,7 @@ class LedgerCollector:
             labels=["kind"],
         )
         by_kind_s: Counter = Counter()
-        for (_user, kind), milli_seconds in totals(self.ledger.engine).items():
+        for (_user, kind), milli_seconds in UsageStore(self.ledger.engine).totals().items():
             by_kind_s[kind] += milli_seconds / 1000
         for kind in ("server", "job", "deployment"):
             used.add_metric([kind], by_kind_s.get(kind, 0.0))

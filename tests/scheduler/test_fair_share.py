@@ -1,4 +1,4 @@
-"""Fair share: past GPU time weighs less as it ages (``gpulab.db.usage.decayed``, which
+"""Fair share: past GPU time weighs less as it ages (``gpulab.db.usage.UsageStore.decayed``, which
 the job queue orders users of one class by, least first).
 
 A real ledger on a real SQLite file; time passes on a fake clock (``support.clock``),
@@ -10,7 +10,7 @@ import math
 import pytest
 from support.clock import fake_clock
 
-from gpulab.db.usage import decayed
+from gpulab.db.usage import UsageStore
 
 HOUR = 3600.0
 HALF_LIFE = 86400.0  # a day, as c.JobQueue.fair_share_half_life_seconds may say
@@ -27,11 +27,11 @@ def test_a_gpu_hour_one_half_life_ago_counts_half(ledger):
         ledger.allocate("alice", "server", "alice/", 1000)
         clock.advance(HOUR)
         ledger.release("server", "alice/")
-        fresh = decayed(ledger.engine, HALF_LIFE)
+        fresh = UsageStore(ledger.engine).decayed(HALF_LIFE)
         clock.advance(HALF_LIFE)
-        a_day_on = decayed(ledger.engine, HALF_LIFE)
+        a_day_on = UsageStore(ledger.engine).decayed(HALF_LIFE)
         clock.advance(HALF_LIFE)
-        two_days_on = decayed(ledger.engine, HALF_LIFE)
+        two_days_on = UsageStore(ledger.engine).decayed(HALF_LIFE)
     assert fresh["alice"] == pytest.approx(an_hour_now())
     assert a_day_on["alice"] == pytest.approx(an_hour_now() / 2)
     assert two_days_on["alice"] == pytest.approx(an_hour_now() / 4)
@@ -47,7 +47,7 @@ def test_a_held_slice_counts_up_to_now_and_recent_use_outweighs_old(ledger):
         clock.advance(2 * HALF_LIFE - HOUR)
         ledger.allocate("bob", "server", "bob/", 500)
         clock.advance(HOUR)
-        weights = decayed(ledger.engine, HALF_LIFE)
+        weights = UsageStore(ledger.engine).decayed(HALF_LIFE)
     assert weights["bob"] == pytest.approx(an_hour_now() / 2)  # still held: up to now
     assert weights["alice"] == pytest.approx(an_hour_now() / 4)
     assert sorted(weights, key=weights.get) == ["alice", "bob"]
@@ -59,4 +59,4 @@ def test_use_older_than_ten_half_lives_is_not_read(ledger):
         clock.advance(HOUR)
         ledger.release("server", "carol/")
         clock.advance(10 * HALF_LIFE + HOUR)
-        assert decayed(ledger.engine, HALF_LIFE) == {}
+        assert UsageStore(ledger.engine).decayed(HALF_LIFE) == {}

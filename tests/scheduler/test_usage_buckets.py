@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from gpulab.db.engine import make_engine
-from gpulab.db.usage import closed_row, report, usage
+from gpulab.db.usage import UsageStore, closed_row, usage
 
 UTC = dt.UTC
 
@@ -49,7 +49,7 @@ def engine(tmp_path):
 
 
 def test_a_slice_held_across_midnight_counts_in_each_day_for_its_hours(engine):
-    rows = report(engine, at(29, 0), at(31, 0), "user", bucket="day")
+    rows = UsageStore(engine).report(at(29, 0), at(31, 0), "user", bucket="day")
     got = {(r["day"], r["user"]): r["gpu_hours"] for r in rows}
     assert got == {
         ("2026-11-29", "alice"): 1.0,
@@ -69,8 +69,9 @@ def test_a_slice_held_across_midnight_counts_in_each_day_for_its_hours(engine):
 
 def test_the_days_add_up_to_the_whole_window_and_are_clipped_to_it(engine):
     since, until = at(28, 6), at(30, 1)
-    whole = {r["kind"]: r["milli_gpu_seconds"] for r in report(engine, since, until, "kind")}
-    days = report(engine, since, until, "kind", bucket="day")
+    report = UsageStore(engine).report
+    whole = {r["kind"]: r["milli_gpu_seconds"] for r in report(since, until, "kind")}
+    days = UsageStore(engine).report(since, until, "kind", bucket="day")
     assert {r["day"] for r in days} == {"2026-11-28", "2026-11-29", "2026-11-30"}
     for kind, total in whole.items():
         assert sum(r["milli_gpu_seconds"] for r in days if r["kind"] == kind) == pytest.approx(
@@ -86,4 +87,4 @@ def test_the_days_add_up_to_the_whole_window_and_are_clipped_to_it(engine):
 
 def test_an_unknown_bucket_is_refused(engine):
     with pytest.raises(ValueError, match="bucket must be one of day"):
-        report(engine, at(29, 0), at(30, 0), bucket="week")
+        UsageStore(engine).report(at(29, 0), at(30, 0), bucket="week")
