@@ -47,7 +47,7 @@ def json_columns(
 
 
 class Store:
-    """The queries of one room's tables, given the engine."""
+    """The queries of one module's tables, given the engine (subclass it per module)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
