@@ -548,6 +548,7 @@ class GpuLabService(SharingSettings, Application):
         """Parse the command line and config file, then build every part in order.
         Raises :class:`ConfigError` (one line that says what to fix) for settings
         the service cannot start with; nothing listens yet."""
+        self.init_logging()  # first: loading the config logs where moved settings are now
         super().initialize(argv)
         path = self.config_file or os.path.join(self.data_dir, "gpulab_config.py")
         if os.path.exists(path):
