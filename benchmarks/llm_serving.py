@@ -1,14 +1,16 @@
 """A language model served by gpulab, against its own engine and against others:
 16 streaming chat clients, tokens/s and time to first token, one run, side by side.
 
-    .venv/bin/python benchmarks/llm_serving.py [--clients 16] [--tokens 32]
+    .venv/bin/python benchmarks/llm_serving.py [--clients 16] [--tokens 32] [--rounds 3]
         [--only gateway,engine,transformers-serve,one-at-a-time,one-batch]
 
 A 33.4M-parameter Llama with random weights and a byte-level BPE tokenizer, both
 made here (tests/tiny_lm.py; throughput does not depend on what the weights say),
 saved once as a Hugging Face folder. Every target gets the same ``--clients`` chat
-requests at once, each for ``--tokens`` tokens, greedy; the targets take turns
-(never two under load at once):
+requests at once, each for ``--tokens`` tokens, greedy. Every target starts first
+and stays up idle; then ``--rounds`` rounds run them in turn (never two under load
+at once, the order reversed every other round), and the table shows each target's
+medians: on a shared machine one slow spell moves one round, not the figure.
 
 * ``gateway``: a real hub (``gpulab up``, one simulated GPU) started here; the model
   deployed as a user does (the ``causal-lm`` archive, one replica on the whole GPU,
@@ -33,7 +35,8 @@ requests at once, each for ``--tokens`` tokens, greedy; the targets take turns
 simulated one, and deploys on half a GPU, the slice ``vllm-serve`` gets too.
 
 Prints tokens/s (completion tokens over the wall time from the first request to the
-last token) and TTFT p50/p99 per target, then the issue's goals: gateway >= 0.9x
+last token) and TTFT p50/p99 per target, then the issue's goals, each the median of
+the rounds' ratios or differences (a round's targets ran back to back): gateway >= 0.9x
 its engine and <= 15 ms added to TTFT p50; >= 4x one-at-a-time; ahead of
 transformers serve; the share of the one-batch ceiling (aim 0.8x).
 """
@@ -42,10 +45,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -130,19 +135,24 @@ async def _stream_clients(base_url: str, api_key: str, model: str, chats, tokens
     return summary(wall, firsts, counted)
 
 
-def openai_load(base_url: str, api_key: str, model: str, chats, tokens: int) -> dict:
-    asyncio.run(_stream_clients(base_url, api_key, model, chats[:2], 4))  # warm up
-    return asyncio.run(_stream_clients(base_url, api_key, model, chats, tokens))
+def openai_rounds(base_url: str, api_key: str, model: str):
+    """A round against an OpenAI server: ``(chats, tokens) -> summary``, warmed up."""
+
+    def one_round(chats, tokens: int) -> dict:
+        return asyncio.run(_stream_clients(base_url, api_key, model, chats, tokens))
+
+    one_round(messages(2), 4)  # connections, lazy setup
+    return one_round
 
 
 #: The slice the gateway deploys on with --real-gpus, and vllm-serve's memory share.
 REAL_GPU_MILLI = 500
 
 
-def gateway(
-    folder: str, work: str, chats, tokens: int, real_gpus: bool = False
-) -> tuple[dict, str]:
-    """Deploy the archive ``folder`` on a fresh hub as a user; drive it through the gateway."""
+@contextlib.contextmanager
+def gateway(folder: str, work: str, clients: int, real_gpus: bool = False):
+    """Deploy the archive ``folder`` on a fresh hub as a user; yields a round through
+    the gateway and the engine the replica says serves it."""
     from gpulab.client import Client
 
     # One simulated GPU, deployed whole: its share of the host is every core, as the
@@ -157,18 +167,21 @@ def gateway(
             "min_replicas": 1,
             "max_replicas": 1,
             "gpu_milli": REAL_GPU_MILLI if real_gpus else 1000,
-            "max_batch_size": len(chats),
+            "max_batch_size": clients,
         }
         dep = client.create_deployment(folder, spec)
-        deadline = time.monotonic() + 600
-        while dep["state"] != "running":
+        deadline, running_since = time.monotonic() + 600, None
+        while True:
             if dep["state"] == "failed" or time.monotonic() > deadline:
                 raise RuntimeError(f"the deployment did not start: {dep.get('message')}")
+            if dep["state"] == "running":
+                # The engine's name is asked of the replica in the background: a nicety.
+                running_since = running_since or time.monotonic()
+                if dep.get("engine") or time.monotonic() - running_since > 10:
+                    break
             time.sleep(0.5)
             dep = client.get_deployment("chat")
-        engine = dep.get("engine") or "?"
-        result = openai_load(f"{hub.url}/services/gpulab/v1", token, "chat", chats, tokens)
-        return result, engine
+        yield openai_rounds(f"{hub.url}/services/gpulab/v1", token, "chat"), dep.get("engine")
     except Exception:
         print(f"the hub's log ends:\n{hub.log_tail(6000)}", file=sys.stderr)
         raise
@@ -182,7 +195,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def transformers_serve(folder: str, work: str, chats, tokens: int) -> dict:
+def transformers_serve(folder: str, work: str):
     exe = shutil.which("transformers", path=os.path.dirname(sys.executable))
     if exe is None:
         raise RuntimeError("the transformers command is not installed beside this python")
@@ -194,10 +207,10 @@ def transformers_serve(folder: str, work: str, chats, tokens: int) -> dict:
         + ["--cb-num-blocks", "256", "--cb-block-size", "32"]
         + ["--device", "cpu", "--log-level", "warning", folder]
     )
-    return openai_server(argv, port, "transformers serve", work, folder, chats, tokens)
+    return openai_server(argv, port, "transformers serve", work, folder)
 
 
-def vllm_serve(folder: str, work: str, chats, tokens: int) -> dict:
+def vllm_serve(folder: str, work: str, clients: int):
     """``vllm serve`` alone on ``folder``, with the gateway's slice's memory share."""
     import importlib.util
 
@@ -206,20 +219,21 @@ def vllm_serve(folder: str, work: str, chats, tokens: int) -> dict:
     port = free_port()
     argv = (
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder]
-        + ["--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(len(chats))]
+        + ["--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(clients)]
         + ["--gpu-memory-utilization", f"{REAL_GPU_MILLI / 1000:g}"]
     )
-    return openai_server(argv, port, "vllm serve", work, folder, chats, tokens)
+    return openai_server(argv, port, "vllm serve", work, folder)
 
 
-def openai_server(argv, port: int, what: str, work: str, model: str, chats, tokens) -> dict:
-    """Start another project's OpenAI server (``argv``, on ``port``), drive it with the
-    clients once it answers /health, stop it."""
+@contextlib.contextmanager
+def openai_server(argv, port: int, what: str, work: str, model: str):
+    """Start another project's OpenAI server (``argv``, on ``port``); yields a round
+    against it once it answers /health; stops it."""
     with open(os.path.join(work, what.replace(" ", "-") + ".log"), "w+") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_health(proc, log, f"http://127.0.0.1:{port}/health", what)
-            return openai_load(f"http://127.0.0.1:{port}/v1", "none", model, chats, tokens)
+            yield openai_rounds(f"http://127.0.0.1:{port}/v1", "none", model), None
         finally:
             proc.terminate()
             try:
@@ -258,7 +272,8 @@ def prompt_ids(tokenizer, chats) -> list[list[int]]:
     return out
 
 
-def engine_direct(folder: str, chats, tokens: int) -> tuple[dict, str]:
+@contextlib.contextmanager
+def engine_direct(folder: str, clients: int):
     """The replica's engine (the same choice) called directly in this process."""
     from gpulab.serving.llm_engine import SamplingParams, build_engine, choose_engine
     from gpulab.serving.llm_export import load_causal_lm
@@ -268,13 +283,12 @@ def engine_direct(folder: str, chats, tokens: int) -> tuple[dict, str]:
     engine = build_engine(
         kind,
         model,
-        max_num_seqs=len(chats),
-        max_queue=len(chats),
+        max_num_seqs=clients,
+        max_queue=clients,
         max_model_len=card["max_model_len"],
     )
-    prompts = prompt_ids(tokenizer, chats)
 
-    async def clients(batch, n):
+    async def clients_of(prompts, n):
         params = SamplingParams(max_tokens=n, temperature=0.0)
         start = time.perf_counter()
         firsts: list[float] = []
@@ -289,13 +303,16 @@ def engine_direct(folder: str, chats, tokens: int) -> tuple[dict, str]:
                 counted += 1
             firsts.append(first)
 
-        await asyncio.gather(*(one(p) for p in batch))
+        await asyncio.gather(*(one(p) for p in prompts))
         return summary(time.perf_counter() - start, firsts, counted)
+
+    def one_round(chats, tokens: int) -> dict:
+        return asyncio.run(clients_of(prompt_ids(tokenizer, chats), tokens))
 
     engine.start()
     try:
-        asyncio.run(clients(prompts[:2], 4))  # warm up
-        return asyncio.run(clients(prompts, tokens)), why
+        one_round(messages(2), 4)  # warm up
+        yield one_round, why
     finally:
         engine.stop()
 
@@ -312,14 +329,14 @@ def _greedy(tokenizer, tokens: int):
     )
 
 
-def one_at_a_time(folder: str, chats, tokens: int) -> dict:
+@contextlib.contextmanager
+def one_at_a_time(folder: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.generation.streamers import BaseStreamer
 
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    prompts = prompt_ids(tokenizer, chats)
 
     class FirstToken(BaseStreamer):
         """Notes when the first new token comes (the first put is the prompt)."""
@@ -335,38 +352,51 @@ def one_at_a_time(folder: str, chats, tokens: int) -> dict:
         def end(self):
             pass
 
-    with torch.inference_mode():
-        model.generate(torch.tensor([prompts[0]]), generation_config=_greedy(tokenizer, 2))
-        start, firsts, counted = time.perf_counter(), [], 0
-        for p in prompts:
-            streamer = FirstToken()
-            out = model.generate(
-                torch.tensor([p]), generation_config=_greedy(tokenizer, tokens), streamer=streamer
-            )
-            firsts.append(streamer.at - start)
-            counted += out.shape[1] - len(p)
-    return summary(time.perf_counter() - start, firsts, counted)
+    def one_round(chats, tokens: int) -> dict:
+        prompts = prompt_ids(tokenizer, chats)
+        with torch.inference_mode():
+            start, firsts, counted = time.perf_counter(), [], 0
+            for p in prompts:
+                streamer = FirstToken()
+                out = model.generate(
+                    torch.tensor([p]),
+                    generation_config=_greedy(tokenizer, tokens),
+                    streamer=streamer,
+                )
+                firsts.append(streamer.at - start)
+                counted += out.shape[1] - len(p)
+        return summary(time.perf_counter() - start, firsts, counted)
+
+    one_round(messages(1), 2)  # warm up
+    yield one_round, None
 
 
-def one_batch(folder: str, chats, tokens: int) -> dict:
+@contextlib.contextmanager
+def one_batch(folder: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    prompts = prompt_ids(tokenizer, chats)
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    with torch.inference_mode():
-        model.generate(ids[:2], attention_mask=mask[:2], generation_config=_greedy(tokenizer, 2))
-        start = time.perf_counter()
-        out = model.generate(ids, attention_mask=mask, generation_config=_greedy(tokenizer, tokens))
-        wall = time.perf_counter() - start
-    return summary(wall, [wall] * len(prompts), (out.shape[1] - width) * len(prompts))
+
+    def one_round(chats, tokens: int) -> dict:
+        prompts = prompt_ids(tokenizer, chats)
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        with torch.inference_mode():
+            start = time.perf_counter()
+            out = model.generate(
+                ids, attention_mask=mask, generation_config=_greedy(tokenizer, tokens)
+            )
+            wall = time.perf_counter() - start
+        return summary(wall, [wall] * len(prompts), (out.shape[1] - width) * len(prompts))
+
+    one_round(messages(2), 2)  # warm up
+    yield one_round, None
 
 
 # --- the table ---------------------------------------------------------------------------
@@ -376,51 +406,82 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.0f}"
 
 
+def p50(r: dict) -> float:
+    return percentile(r["ttft"], 50)
+
+
+def median_of(rounds: list[dict], figure) -> float:
+    return statistics.median(figure(r) for r in rounds)
+
+
+def paired(results: dict, a: str, b: str, figure) -> float:
+    """The median over rounds of ``figure(a's round, b's round)``: each round's
+    targets ran back to back, so a slow spell of the machine weighs on both."""
+    return statistics.median(figure(x, y) for x, y in zip(results[a], results[b], strict=False))
+
+
 def report(results: dict, notes: dict) -> None:
+    rounds = max((len(r) for r in results.values() if isinstance(r, list)), default=0)
+    print(f"medians of {rounds} rounds")
     print(f"{'target':<20} {'tokens/s':>9} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'tokens':>7}")
     for name, r in results.items():
         if isinstance(r, str):
             print(f"{name:<20} {'-':>9} {'-':>12} {'-':>12} {'-':>7}  ({r})")
             continue
         print(
-            f"{name:<20} {r['tok_s']:9.1f} {ms(percentile(r['ttft'], 50)):>12} "
-            f"{ms(percentile(r['ttft'], 99)):>12} {r['tokens']:7d}"
+            f"{name:<20} {median_of(r, lambda x: x['tok_s']):9.1f} {ms(median_of(r, p50)):>12} "
+            f"{ms(median_of(r, lambda x: percentile(x['ttft'], 99))):>12} {r[0]['tokens']:7d}"
         )
+    for name, r in results.items():
+        if isinstance(r, list):
+            each = ", ".join(f"{x['tok_s']:.0f}/{ms(p50(x))}" for x in r)
+            print(f"  {name} rounds (tokens/s / TTFT p50 ms): {each}")
     for name, note in notes.items():
-        print(f"  {name}: {note}")
+        if note:
+            print(f"  {name} engine: {note}")
 
     def ok(name):
-        return isinstance(results.get(name), dict)
+        return isinstance(results.get(name), list)
 
-    print("goals:")
+    def ratio(a, b):
+        return paired(results, a, b, lambda x, y: x["tok_s"] / y["tok_s"])
+
+    print("goals (medians of the rounds' ratios and differences):")
     if ok("gateway") and ok("engine"):
-        g, e = results["gateway"], results["engine"]
-        ratio = g["tok_s"] / e["tok_s"]
-        added = percentile(g["ttft"], 50) - percentile(e["ttft"], 50)
-        print(f"  gateway / engine tokens/s: {ratio:.2f}x (goal >= 0.9x)")
+        added = paired(results, "gateway", "engine", lambda x, y: p50(x) - p50(y))
+        print(f"  gateway / engine tokens/s: {ratio('gateway', 'engine'):.2f}x (goal >= 0.9x)")
         print(f"  gateway TTFT p50 added: {added * 1e3:+.1f} ms (goal <= 15 ms)")
     best = "gateway" if ok("gateway") else "engine" if ok("engine") else None
     if best and ok("one-at-a-time"):
-        ratio = results[best]["tok_s"] / results["one-at-a-time"]["tok_s"]
-        print(f"  {best} / one-at-a-time tokens/s: {ratio:.2f}x (goal >= 4x)")
+        print(
+            f"  {best} / one-at-a-time tokens/s: {ratio(best, 'one-at-a-time'):.2f}x (goal >= 4x)"
+        )
     if best and ok("transformers-serve"):
-        ratio = results[best]["tok_s"] / results["transformers-serve"]["tok_s"]
-        print(f"  {best} / transformers serve --continuous-batching: {ratio:.2f}x (goal > 1x)")
+        print(
+            f"  {best} / transformers serve --continuous-batching: "
+            f"{ratio(best, 'transformers-serve'):.2f}x (goal > 1x)"
+        )
     if ok("gateway") and ok("vllm-serve"):
-        g, v = results["gateway"], results["vllm-serve"]
-        ratio = g["tok_s"] / v["tok_s"]
-        added = percentile(g["ttft"], 50) - percentile(v["ttft"], 50)
-        print(f"  gateway / vllm serve alone tokens/s: {ratio:.2f}x (goal >= 0.9x)")
+        added = paired(results, "gateway", "vllm-serve", lambda x, y: p50(x) - p50(y))
+        print(
+            f"  gateway / vllm serve alone tokens/s: {ratio('gateway', 'vllm-serve'):.2f}x "
+            "(goal >= 0.9x)"
+        )
         print(f"  gateway TTFT p50 added to vllm serve's: {added * 1e3:+.1f} ms")
     if best and ok("one-batch"):
-        ratio = results[best]["tok_s"] / results["one-batch"]["tok_s"]
-        print(f"  {best} / one-batch ceiling: {ratio:.2f}x (aim 0.8x)")
+        print(f"  {best} / one-batch ceiling: {ratio(best, 'one-batch'):.2f}x (aim 0.8x)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of every target, interleaved (the table shows their medians)",
+    )
     parser.add_argument(
         "--only",
         default="",
@@ -437,6 +498,9 @@ def main() -> None:
     targets = ["gateway", "engine", "transformers-serve", "one-at-a-time", "one-batch"]
     known = [*targets, "vllm-serve"]
     only = [t for t in args.only.split(",") if t] or targets
+    for t in only:
+        if t not in known:
+            raise SystemExit(f"--only: no target {t!r}; one of {', '.join(known)}")
     chats = messages(args.clients)
     with tempfile.TemporaryDirectory(prefix="gpulab-llm-bench-") as work:
         os.chmod(work, 0o755)  # the user's account reads the archive through it
@@ -452,42 +516,72 @@ def main() -> None:
         del model
         print(
             f"Llama {n_params:.1f}M parameters, {args.clients} streaming clients x "
-            f"{args.tokens} tokens, {os.cpu_count()} CPUs"
+            f"{args.tokens} tokens, {os.cpu_count()} CPUs, {args.rounds} rounds"
         )
+        setups = {
+            "gateway": lambda: gateway(archive, work, args.clients, real_gpus=args.real_gpus),
+            "engine": lambda: engine_direct(archive, args.clients),
+            "transformers-serve": lambda: transformers_serve(folder, work),
+            "one-at-a-time": lambda: one_at_a_time(folder),
+            "one-batch": lambda: one_batch(folder),
+            "vllm-serve": lambda: vllm_serve(folder, work, args.clients),
+        }
         results: dict = {}
         notes: dict = {}
-        for target in only:
-            print(f"running {target}...", flush=True)
-            try:
-                if target == "gateway":
-                    results[target], notes["gateway engine"] = gateway(
-                        archive, work, chats, args.tokens, real_gpus=args.real_gpus
+        rounds: dict = {}
+        with contextlib.ExitStack() as stack:
+            # Every target starts first and stays up (idle, each waits for work); then
+            # the rounds run them in turn, never two under load at once, the order
+            # reversed every other round so that neither end of a round is favoured.
+            for target in only:
+                print(f"starting {target}...", flush=True)
+                try:
+                    rounds[target], notes[target] = stack.enter_context(setups[target]())
+                    results[target] = []
+                except Exception as e:  # noqa: BLE001 - one target's failure is a row
+                    results[target] = f"not run: {type(e).__name__}: {_first_line(e)}"
+            for n in range(args.rounds):
+                order = list(rounds) if n % 2 == 0 else list(reversed(rounds))
+                for target in order:
+                    if not isinstance(results[target], list):
+                        continue
+                    try:
+                        r = rounds[target](chats, args.tokens)
+                    except Exception as e:  # noqa: BLE001
+                        results[target] = f"failed: {type(e).__name__}: {_first_line(e)}"
+                        continue
+                    results[target].append(r)
+                    print(
+                        f"  round {n + 1} {target}: {r['tok_s']:.1f} tokens/s, TTFT p50 "
+                        f"{ms(p50(r))} ms",
+                        flush=True,
                     )
-                elif target == "engine":
-                    results[target], notes["engine"] = engine_direct(archive, chats, args.tokens)
-                elif target == "transformers-serve":
-                    results[target] = transformers_serve(folder, work, chats, args.tokens)
-                elif target == "one-at-a-time":
-                    results[target] = one_at_a_time(folder, chats, args.tokens)
-                elif target == "one-batch":
-                    results[target] = one_batch(folder, chats, args.tokens)
-                elif target == "vllm-serve":
-                    results[target] = vllm_serve(folder, work, chats, args.tokens)
-                else:
-                    raise SystemExit(f"--only: no target {target!r}; one of {', '.join(known)}")
-            except Exception as e:  # noqa: BLE001 - one target's failure is a row, not the end
-                results[target] = f"not run: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-            r = results[target]
-            if isinstance(r, dict):
-                print(
-                    f"  {target}: {r['tok_s']:.1f} tokens/s, TTFT p50 "
-                    f"{ms(percentile(r['ttft'], 50))} ms",
-                    flush=True,
-                )
         report(results, notes)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"results": results, "notes": notes}, f, indent=1)
+                json.dump({"results": as_json(results), "notes": notes}, f, indent=1)
+
+
+def as_json(results: dict) -> dict:
+    """Per target its medians (``tok_s``, ``ttft_p50``, ``ttft_p99``: what
+    ``gpu_check`` reads) and its rounds, or why it did not run."""
+    out = {}
+    for name, r in results.items():
+        if not isinstance(r, list) or not r:
+            out[name] = r if isinstance(r, str) else "no round ran"
+            continue
+        out[name] = {
+            "tok_s": median_of(r, lambda x: x["tok_s"]),
+            "ttft_p50": median_of(r, p50),
+            "ttft_p99": median_of(r, lambda x: percentile(x["ttft"], 99)),
+            "tokens": r[0]["tokens"],
+            "rounds": r,
+        }
+    return out
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [""])[0][:120]
 
 
 if __name__ == "__main__":

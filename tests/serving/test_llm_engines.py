@@ -80,6 +80,44 @@ def test_a_closed_stream_leaves_the_batch(llama):
     assert engine.tokens_made < 400
 
 
+def test_a_request_arriving_during_a_prefill_is_prefilled_before_the_next_decode(llama):
+    """Requests over HTTP arrive milliseconds apart: one that comes while another's
+    prompt is being prefilled gets its own prefill next, not after the first one's
+    next token (time to first token is one prefill's wait, not a decode's too)."""
+    import threading
+
+    model, tokenizer = llama
+    first, late = (tokenizer(p).input_ids for p in PROMPTS[:2])
+    engine = StepBatchEngine(model, max_num_seqs=4)
+    gate, busy = threading.Event(), threading.Event()
+    shapes = []
+
+    def hold_the_first_forward(module, args, kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+        busy.set()
+        assert gate.wait(60), "the test never let the first prefill go on"
+
+    async def main():
+        a = asyncio.ensure_future(collect(engine, first, 3))
+        await asyncio.to_thread(busy.wait, 60)  # the first prompt's prefill is running
+        tokens = engine.generate(late, SamplingParams(max_tokens=3, temperature=0))
+        b = asyncio.ensure_future(anext(tokens))
+        await asyncio.sleep(0)  # b is submitted: it waits while the prefill runs
+        assert engine.load == 2  # the one being prefilled counts
+        gate.set()
+        answer_b = [await b] + [t async for t in tokens]
+        return [await a, answer_b]
+
+    hook = model.register_forward_pre_hook(hold_the_first_forward, with_kwargs=True)
+    try:
+        answers = run(engine, main())
+    finally:
+        gate.set()
+        hook.remove()
+    assert shapes[:3] == [(1, len(first)), (1, len(late)), (2, 1)]
+    assert answers == [alone(model, first, 3), alone(model, late, 3)]
+
+
 def test_a_full_engine_refuses(llama):
     """Not started, the engine generates nothing: what is submitted stays, so the
     count is exact. One running slot and one waiting place: the third is refused."""
