@@ -1029,6 +1029,13 @@ async def test_endpoint_answers_through_the_hub(hub_site, api, tmp_path):
         await wait_for("alice's endpoint to be running", running, timeout=180)
     except AssertionError as e:
         raise AssertionError(f"{e}\n{await hub_site['said']()}") from None
+    # Made by the service pod as the chart's ServiceAccount; the replicas get none.
+    [service_pod] = (
+        await api["core"].list_namespaced_pod(
+            ns, label_selector="app.kubernetes.io/component=service"
+        )
+    ).items
+    assert service_pod.spec.service_account_name == RELEASE
     deployment = await api["apps"].read_namespaced_deployment(name, ns)
     assert deployment.spec.template.spec.service_account_name in (None, "default")
 
