@@ -187,8 +187,9 @@ class StepBatchEngine(Engine):
         self._cache = None
         self._mask: torch.Tensor | None = None
         self.steps = 0
-        #: How long a prefill pass takes (a moving average): the admission window's scale.
-        self.prefill_s = 0.0
+        #: A prefill pass's time over its prompts (a moving average; one prompt alone:
+        #: its whole pass): the admission window's scale.
+        self.prompt_prefill_s = 0.0
 
     @property
     def load(self) -> int:
@@ -242,18 +243,18 @@ class StepBatchEngine(Engine):
     def _gather_arrivals(self) -> None:
         """An idle engine that a request wakes waits a moment for the requests arriving
         with it, so that a burst is prefilled in one pass: until none came for a
-        quarter of a prefill pass's time, half a pass in all at most, or the batch
-        would be full. Over HTTP a burst reaches the replica spread out, and a pass
-        started on the first arrival also slows the event loop taking the others;
-        each extra pass costs its fixed part again (measured, 2 loaded cores: one
-        40-token prompt 116 ms a pass, 16 of them 1.25 s). Traced through the gateway,
-        a burst of 16 reached the replica over 30 to 60 ms; without the wait, the first
-        was prefilled alone and the other 15 waited for that pass. Scaled by the
-        measured pass time (a loaded machine takes longer for both), so a lone request
-        waits a quarter of a pass. Called with ``_wake`` held; ``wait`` lets the event
-        loop submit meanwhile."""
-        window = min(self.prefill_s / 2, MAX_ADMISSION_WINDOW_S)
-        gap = max(min(self.prefill_s / 4, window), MIN_ARRIVAL_GAP_S)
+        quarter of one prompt's prefill time, one prompt's time in all at most, or
+        the batch would be full. Over HTTP a burst reaches the replica spread out, and
+        a pass started on the first arrival also slows the event loop taking the
+        others; each extra pass costs its fixed part again (measured, 2 loaded cores:
+        one 40-token prompt 116 ms a pass, 16 of them 1.25 s). Traced through the
+        gateway, a burst of 16 reached the replica over 30 to 60 ms; without the wait,
+        the first was prefilled alone and the other 15 waited for that pass. Scaled by
+        the measured time (a loaded machine takes longer for both), so a lone request
+        waits a quarter of its own prefill. Called with ``_wake`` held; ``wait`` lets
+        the event loop submit meanwhile."""
+        window = min(self.prompt_prefill_s, MAX_ADMISSION_WINDOW_S)
+        gap = max(min(self.prompt_prefill_s / 4, window), MIN_ARRIVAL_GAP_S)
         first = self._waiting[0].t_submit
         while not self._stopping and 0 < len(self._waiting) < self.max_num_seqs:
             now = time.perf_counter()
@@ -319,8 +320,9 @@ class StepBatchEngine(Engine):
         cache = DynamicCache(config=self.model.config)
         started = time.perf_counter()
         out = self._forward(ids, mask, positions, cache, new)
-        took = time.perf_counter() - started
-        self.prefill_s = took if not self.prefill_s else 0.7 * self.prefill_s + 0.3 * took
+        took = (time.perf_counter() - started) / len(new)
+        last = self.prompt_prefill_s
+        self.prompt_prefill_s = took if not last else 0.7 * last + 0.3 * took
         tokens = sample(out.logits[:, -1], new)
         for s, t in zip(new, tokens, strict=True):
             s.length = len(s.prompt)
