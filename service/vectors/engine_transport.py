@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import socketserver
+import sys
 import threading
 import time
 from collections.abc import Callable
 
 from .engine_protocol import LENGTH, MAX_MESSAGE
+
+log = logging.getLogger("gpulab.service.vectors.engine")
 
 #: A message past this is refused (a 1,000-row insert of 4,096-d vectors is 16 MB).
 MAX_FRAME = MAX_MESSAGE + 256
@@ -66,6 +70,13 @@ class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             with self._idle:
                 self._calls -= 1
                 self._idle.notify_all()
+
+    def handle_error(self, request, client_address) -> None:
+        """A connection the service closed (its call's time ran out, or it stopped) is
+        not the engine's error; anything else is logged, as socketserver would."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, ConnectionError):
+            log.exception("vector engine connection failed")
 
     def stop(self) -> None:
         """No new connections; then the calls under way end (at most STOP_GRACE_S)."""
