@@ -177,6 +177,13 @@ MOVED_SETTINGS = moved_map(SETTINGS_PARTS)
 CONFIG_ERRORS = (ConfigError, SpecError, InventoryError, TraitError, ValueError)
 
 
+def configure_logging() -> None:
+    """The service's log format on the root logger (once: later calls change nothing)."""
+    logging.basicConfig(
+        level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s"
+    )
+
+
 class GpuLabService(SharingSettings, Application):
     name = "gpulab-service"
     description = (
@@ -548,7 +555,7 @@ class GpuLabService(SharingSettings, Application):
         """Parse the command line and config file, then build every part in order.
         Raises :class:`ConfigError` (one line that says what to fix) for settings
         the service cannot start with; nothing listens yet."""
-        self.init_logging()  # first: loading the config logs where moved settings are now
+        configure_logging()  # first: loading the config logs where moved settings are now
         super().initialize(argv)
         path = self.config_file or os.path.join(self.data_dir, "gpulab_config.py")
         if os.path.exists(path):
@@ -584,9 +591,7 @@ class GpuLabService(SharingSettings, Application):
                 raise ConfigError(str(e)) from e
 
     def init_logging(self):
-        logging.basicConfig(
-            level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s"
-        )
+        configure_logging()
 
     def init_settings(self):
         """The parts' settings, from the same config: a value out of range stops the

@@ -19,6 +19,7 @@ from gpulab.service.tasks import run_unless
 
 STEPS = [
     "init_logging",
+    "init_settings",
     "init_hub",
     "init_db",
     "init_ledger",
