@@ -320,17 +320,3 @@ class AuditStore(Store):
     def prune(self, before: dt.datetime) -> int:
         """Delete the entries older than ``before``; how many went."""
         return self.delete_where(audit, audit.c.ts < before)
-
-
-# The audit trail's calls of before AuditStore, until service/operations/audit.py moves
-# to it (it was being edited by another change when the store came).
-def add_audit(engine, values: dict) -> int:
-    return AuditStore(engine).add(values)
-
-
-def read_audit(engine, filters, only_of=None, limit=100, before_id=None):
-    return AuditStore(engine).read(filters, only_of, limit, before_id)
-
-
-def prune_audit(engine, before: dt.datetime) -> int:
-    return AuditStore(engine).prune(before)

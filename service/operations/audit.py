@@ -64,7 +64,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 from sqlalchemy.engine import Engine
 
-from gpulab.db.operations import AuditFilters, add_audit, prune_audit, read_audit, utc
+from gpulab.db.operations import AuditFilters, AuditStore, utc
 
 # Who a request came from (LOOPBACK: the proxies trusted by default): the hub's login
 # throttle asks the same, so the answer lives beside the socket-owner lookup.
@@ -168,6 +168,7 @@ class AuditLog:
         trusted_proxies: Iterable[str] = LOOPBACK,
     ):
         self.engine = engine
+        self.rows = AuditStore(engine)
         self._run = run
         self.retention_days = retention_days
         self.trusted_proxies = proxy_networks(trusted_proxies)
@@ -211,7 +212,7 @@ class AuditLog:
             "result": result,
             "detail": clean_detail(detail),
         }
-        return add_audit(self.engine, values)
+        return self.rows.add(values)
 
     async def record(self, action: str, subject: str, **kwargs) -> int | None:
         """:meth:`record_sync` off the event loop. The trail never breaks the change it
@@ -239,7 +240,7 @@ class AuditLog:
         """Entries ``viewer`` may read (users: theirs, as owner or actor; admins and
         None: all), newest first; and the ``before_id`` of the next page (None: last)."""
         sees_all = viewer is None or viewer.admin or viewer.internal
-        return read_audit(self.engine, filters, None if sees_all else viewer.name, limit, before_id)
+        return self.rows.read(filters, None if sees_all else viewer.name, limit, before_id)
 
     async def query(
         self, viewer, filters: AuditFilters, limit: int = 100, before_id: int | None = None
@@ -262,7 +263,7 @@ class AuditLog:
         if not self.retention_days or self.retention_days <= 0:
             return 0
         cutoff = (now or dt.datetime.now(dt.UTC)) - dt.timedelta(days=self.retention_days)
-        return prune_audit(self.engine, cutoff)
+        return self.rows.prune(cutoff)
 
     async def _prune_loop(self) -> None:
         while True:

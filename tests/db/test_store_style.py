@@ -19,11 +19,6 @@ OUTSIDE_STORES = {
     "migrate.py: alembic_config",
     "migrate.py: current",
     "migrate.py: upgrade",
-    # The audit trail's calls of before AuditStore, left while service/operations/audit.py
-    # was being changed by another piece of work (issue 50).
-    "operations.py: add_audit",
-    "operations.py: read_audit",
-    "operations.py: prune_audit",
 }
 
 
