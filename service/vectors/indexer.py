@@ -10,12 +10,14 @@ searches of that collection wait for FAISS's add: a collection searched in the l
 ``SEARCHED_S`` seconds gets short batches (``SHORT_BATCH_S``), one being loaded with
 no one searching it long ones (HNSW adds larger batches more efficiently). It is a thread of its
 own, never a worker of a pool that answers calls, and FAISS's add runs its OpenMP
-threads from it.
+threads from it; they run ``NICE`` steps nicer than the engine's calls, so a write or
+a search that wants a core gets it before the graph's construction does.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +34,8 @@ SHORT_BATCH_S, SHORT_BATCH_ROWS = 0.1, (50, 50_000)
 SEARCHED_S = 10.0
 #: After a failure (logged), the next try waits this long.
 RETRY_S = 5.0
+#: How much nicer than the engine's calls the indexer's threads run.
+NICE = 5
 
 
 class Indexer:
@@ -56,6 +60,13 @@ class Indexer:
         self._thread.join()
 
     def _run(self) -> None:
+        # Linux keeps a nice value per thread, and the OpenMP threads FAISS starts from
+        # this one inherit it.
+        me = threading.get_native_id()
+        try:
+            os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + NICE))
+        except OSError as e:
+            log.warning("the indexer runs at the engine's priority: %s", e)
         while not self._stopping:
             self._wake.wait()
             self._wake.clear()
