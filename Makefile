@@ -123,7 +123,7 @@ test: system-deps deps reach lint kube-bins
 	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The live Kubernetes cluster's binaries (kube-apiserver, -controller-manager,
-# -scheduler, kubelet 1.34.4; etcd; CoreDNS; helm 4; kube-router 2.1), built once from the Go module
+# -scheduler, kubelet 1.34.4; etcd; CoreDNS; helm 4; kube-router 2.1; Kueue 0.14), built once from the Go module
 # proxy into ~/.cache/gpulab-kube (GPULAB_KUBE_CACHE): 15-25 min cold on 2 cores, a
 # second run does nothing. `make test-kube` runs only the live-cluster suite on them
 # (docs/howto/live-kubernetes-tests.md).
@@ -131,7 +131,7 @@ kube-bins:
 	nice -n 10 scripts/kube/build.sh
 
 test-kube: system-deps deps reach kube-bins
-	$(PY) -m pytest tests/kube/test_live_cluster.py tests/kube/test_live_cluster_dra_netpol.py -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests/kube/test_live_cluster.py tests/kube/test_live_cluster_dra_netpol.py tests/kube/test_live_cluster_kueue.py -p no:cacheprovider $(PYTEST_ARGS)
 
 bench-deps: deps
 	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,llm,mlflow,test,bench]'

@@ -32,6 +32,13 @@ from .dra_claims import DRA_GROUP, DRA_VERSION, claim_plural, delete_claim
 from .isolation import guard_objects, owned_by
 from .job import KUEUE_ELASTIC_GATE, job_objects
 from .job_settings import KubernetesJobsSettings, claim_template_name
+from .kueue_status import (
+    JOB_UID_LABEL,
+    WORKLOAD_GROUP,
+    WORKLOAD_PLURAL,
+    WORKLOAD_VERSION,
+    queue_state,
+)
 from .pods import JobOptions, check_spec, job_name, rdzv_secret_name
 
 #: How long ``cancel`` waits for the cluster to remove a job's pods.
@@ -208,8 +215,9 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
             },
         )
 
-    async def _read(self, spec: JobSpec) -> tuple[str, dict | None]:
-        """(kind, the object's status as a dict) or (kind, None) when it does not exist."""
+    async def _read(self, spec: JobSpec) -> tuple[str, dict | None, dict]:
+        """(kind, the object's status as a dict, the object) or (kind, None, {}) when it
+        does not exist."""
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -222,16 +230,17 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
                 obj = await client.CustomObjectsApi(api).get_namespaced_custom_object(
                     jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, name
                 )
-                return "JobSet", obj.get("status") or {}
+                return "JobSet", obj.get("status") or {}, obj
             job = await client.BatchV1Api(api).read_namespaced_job(name, self.namespace)
-            return "Job", api.sanitize_for_serialization(job.status) or {}
+            obj = api.sanitize_for_serialization(job)
+            return "Job", obj.get("status") or {}, obj
         except ApiException as e:
             if e.status == 404:
-                return ("JobSet" if await self._jobset(spec) else "Job"), None
+                return ("JobSet" if await self._jobset(spec) else "Job"), None, {}
             raise
 
     async def poll(self, spec: JobSpec) -> JobStatus:
-        kind, status = await self._read(spec)
+        kind, status, obj = await self._read(spec)
         jd = self.jobdir(spec.id)
         if status is None:
             return JobStatus(
@@ -253,6 +262,9 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
             return JobStatus("succeeded", exit_code=0, restarts=restarts, details=details)
         failed = conditions.get("Failed")
         if failed is None:
+            queue = ((obj.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
+            if kind == "Job" and queue:
+                return await self._queued_status(queue, obj, restarts, details)
             return JobStatus("running", restarts=restarts, details=details)
         errors = [e for e in jd.errors() if e.get("restart", 0) == jd.restarts()] or jd.errors()
         if errors:
@@ -272,6 +284,36 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
             restarts=restarts,
             details=details,
             message=f"the {kind} failed" + (f" ({why})" if why else ""),
+        )
+
+    async def _queued_status(self, queue: str, job: dict, restarts: int, details: dict):
+        """A running (not finished) Job in Kueue ``queue``: still "running" to the
+        service, with Kueue's word in the message and ``details["kueue"]``: waiting
+        for quota (and why), admitted, or preempted (:mod:`.kueue_status`)."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        suspended = bool((job.get("spec") or {}).get("suspend"))
+        uid = (job.get("metadata") or {}).get("uid", "")
+        try:
+            found = await client.CustomObjectsApi(await self.api()).list_namespaced_custom_object(
+                WORKLOAD_GROUP,
+                WORKLOAD_VERSION,
+                self.namespace,
+                WORKLOAD_PLURAL,
+                label_selector=f"{JOB_UID_LABEL}={uid}",
+            )
+            workloads = found.get("items") or []
+        except ApiException as e:
+            if e.status not in (403, 404):  # no Kueue, or no right to read its Workloads
+                raise
+            workloads = []
+        state = queue_state(queue, suspended, workloads)
+        return JobStatus(
+            "running",
+            restarts=restarts,
+            details={**details, "kueue": state},
+            message=state.get("message", ""),
         )
 
     # -- elastic jobs ----------------------------------------------------------------

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import copy
 
+from gpulab.enforcement.kube.kueue import QUEUE_LABEL
+
 from ..spec import JobSpec, SpecError
 from .pods import (
     CONTAINER,
@@ -146,6 +148,12 @@ def make_job(spec: JobSpec, options: JobOptions) -> dict:
         job_spec["activeDeadlineSeconds"] = max(1, int(spec.timeout))
     if options.ttl_seconds_after_finished is not None:
         job_spec["ttlSecondsAfterFinished"] = options.ttl_seconds_after_finished
+    if QUEUE_LABEL in options.labels:
+        # Kueue unsuspends it on admission. Kueue's webhook suspends a queued Job as
+        # it is made; where no webhook is reached (Kueue run without one) the pods of
+        # a Job made running start outside the quota until Kueue's reconciler
+        # suspends it ("Running job is not admitted by a cluster queue").
+        job_spec["suspend"] = True
     annotations = {USER_ANNOTATION: spec.user}
     if spec.elastic:
         annotations[KUEUE_ELASTIC_ANNOTATION] = "true"

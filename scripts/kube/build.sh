@@ -2,8 +2,8 @@
 # Builds the live-cluster suite's Kubernetes binaries from the Go module proxy,
 # once: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy (v1.34.4,
 # version-stamped so helm's kubeVersion checks pass), etcd, helm, CoreDNS and
-# kube-router (its NetworkPolicy firewall enforces the chart's policies), and the
-# suite's stand-in DRA kubelet plugin (scripts/kube/dra-plugin). Everything
+# kube-router (its NetworkPolicy firewall enforces the chart's policies), Kueue, and
+# the suite's stand-in DRA kubelet plugin (scripts/kube/dra-plugin). Everything
 # (binaries, Go module cache, Go build cache) lives under one cache folder keyed by
 # the versions, so a second run (or a fresh clone on the same machine) does nothing.
 #
@@ -19,6 +19,9 @@ HELM_VERSION=${HELM_VERSION:-v4.3.2}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.14.7}
 # v2.1.0: the newest kube-router/v2 release the Go module proxy serves (later tags are refused).
 KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
+# v0.14.0: the Kueue release the Go module proxy serves that is built on k8s.io v0.34
+# (v0.13.x and v0.14.1+ are refused; v0.17.0 is served but built for later libraries).
+KUEUE_VERSION=${KUEUE_VERSION:-v0.14.0}
 CACHE=${GPULAB_KUBE_CACHE:-$HOME/.cache/gpulab-kube}
 BIN="$CACHE/bin-k8s$K8S_VERSION-etcd$ETCD_VERSION-helm$HELM_VERSION-coredns$COREDNS_VERSION"
 WORK="$CACHE/work-k8s$K8S_VERSION"
@@ -161,6 +164,27 @@ if [ ! -x "$BIN/gpulab-dra-plugin" ] || [ "$PLUGIN_SRC" -nt "$BIN/gpulab-dra-plu
   fi
   go build -trimpath -ldflags "-s -w" -o "$BIN/gpulab-dra-plugin.tmp" .
   mv "$BIN/gpulab-dra-plugin.tmp" "$BIN/gpulab-dra-plugin"
+fi
+
+# Kueue (quota, admission and preemption of the Kubernetes backend's Jobs): its
+# controller manager, with the module's CRDs (config/components/crd/bases) and the
+# manager's ClusterRole (config/components/rbac/role.yaml) copied beside it. A plain
+# module (no replace directives), so `go install` builds it (14 min cold here, load 10).
+KUEUE_MOD="$GOMODCACHE/sigs.k8s.io/kueue@$KUEUE_VERSION"
+if [ ! -x "$BIN/kueue-$KUEUE_VERSION" ]; then
+  log "go install kueue $KUEUE_VERSION"
+  GOBIN="$WORK/kueue-bin" go install -trimpath -ldflags "-s -w \
+    -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+    "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  mv "$WORK/kueue-bin/kueue" "$BIN/kueue-$KUEUE_VERSION"
+fi
+if [ ! -f "$BIN/kueue-role-$KUEUE_VERSION.yaml" ]; then
+  [ -d "$KUEUE_MOD" ] || go mod download "sigs.k8s.io/kueue@$KUEUE_VERSION"
+  rm -rf "$BIN/kueue-crds-$KUEUE_VERSION"
+  cp -r "$KUEUE_MOD/config/components/crd/bases" "$BIN/kueue-crds-$KUEUE_VERSION"
+  chmod -R u+w "$BIN/kueue-crds-$KUEUE_VERSION"
+  cp "$KUEUE_MOD/config/components/rbac/role.yaml" "$BIN/kueue-role-$KUEUE_VERSION.yaml"
+  chmod u+w "$BIN/kueue-role-$KUEUE_VERSION.yaml"
 fi
 
 log "done in $(( $(date +%s) - T0 )) s"
