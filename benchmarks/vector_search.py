@@ -620,11 +620,12 @@ def whole_graph(gpulab: GpulabCollections, timeout: float = 900) -> str:
     deadline = time.monotonic() + timeout
     while True:
         done = glob.glob(str(gpulab.engine_root / "vectors/faiss/*/*/snap-*/done"))
-        whole = [
-            d for d in done if os.path.getsize(os.path.join(os.path.dirname(d), "tail.f32")) == 0
-        ]
-        if whole:
-            return os.path.join(os.path.dirname(whole[-1]), "index.faiss")
+        for path in done:
+            try:  # a newer snapshot may have replaced it since the glob
+                if os.path.getsize(os.path.join(os.path.dirname(path), "tail.f32")) == 0:
+                    return os.path.join(os.path.dirname(path), "index.faiss")
+            except FileNotFoundError:
+                continue
         if time.monotonic() > deadline:
             raise RuntimeError(f"no snapshot of gpulab's whole graph after {timeout:g} s: {done}")
         time.sleep(2)
