@@ -157,7 +157,7 @@ async def backend(site, api, namespace, jobs_volume):
 
     b.start = start
     yield b
-    for spec in started:
+    for spec in reversed(started):  # the waiting ones first: none is admitted on the way
         await b.cancel(spec, grace_s=0)
     await b.close()
 
