@@ -25,6 +25,8 @@ template with kubernetes-validate.
 
 from __future__ import annotations
 
+from gpulab.enforcement.kube.kueue import QUEUE_LABEL
+
 from ..spec import JobSpec
 from .job import elastic_template
 from .pods import USER_ANNOTATION, JobOptions, common_labels, job_name, pod_labels, pod_template
@@ -74,6 +76,8 @@ def make_jobset(spec: JobSpec, options: JobOptions) -> dict:
         job_spec["activeDeadlineSeconds"] = max(1, int(spec.timeout))
     if options.ttl_seconds_after_finished is not None:
         jobset_spec["ttlSecondsAfterFinished"] = options.ttl_seconds_after_finished
+    if QUEUE_LABEL in options.labels:
+        jobset_spec["suspend"] = True  # as a queued Job (job.py): Kueue starts it
     return {
         "apiVersion": API_VERSION,
         "kind": "JobSet",

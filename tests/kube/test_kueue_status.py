@@ -5,6 +5,7 @@ queued Job is made suspended (no webhook needed to keep it in the queue)."""
 from __future__ import annotations
 
 from gpulab.backend.kubernetes.job import make_job
+from gpulab.backend.kubernetes.jobset import make_jobset
 from gpulab.backend.kubernetes.kueue_status import queue_state
 from gpulab.backend.kubernetes.pods import JobOptions
 from gpulab.backend.spec import JobSpec
@@ -65,4 +66,10 @@ def test_a_queued_job_is_made_suspended_and_an_unqueued_one_is_not():
     assert (
         "suspend"
         not in make_job(spec, JobOptions(jobs_root="/jobs", jobs_pvc="gpulab-jobs"))["spec"]
+    )
+    # A JobSet in a queue too (Kueue's JobSet integration starts it the same way).
+    assert make_jobset(spec, queued)["spec"]["suspend"] is True
+    assert (
+        "suspend"
+        not in make_jobset(spec, JobOptions(jobs_root="/jobs", jobs_pvc="gpulab-jobs"))["spec"]
     )
