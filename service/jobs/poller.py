@@ -63,7 +63,13 @@ class JobPoller:
         if status.restarts != job["restarts"]:
             book.queue.update(job["id"], restarts=status.restarts)
         if status.state == "running":
-            if job["message"] == "starting":
+            if "kueue" in status.details:
+                # Kueue's word while the job waits for quota or after a preemption
+                # (the Kubernetes backend reads its Workload); "running" once admitted.
+                shown = status.message or "running"
+                if job["message"] != shown:
+                    book.queue.update(job["id"], message=shown)
+            elif job["message"] == "starting":
                 book.queue.update(job["id"], message="running")
             if spec.timeout and job["started"] and _age(job) > spec.timeout:
                 await backend.cancel(spec)
