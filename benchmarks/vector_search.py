@@ -607,12 +607,12 @@ def load_gpulab(
     acked_s = time.perf_counter() - start
     wait_indexed("gpulab", lambda: gpulab.describe(name), len(data.ids), wait_s)
     if snapshot:  # written by the engine once its index caught up: not during the queries
-        whole_graph(gpulab)
+        whole_graph(gpulab, len(data.ids))
     row = {id_: i for i, id_ in enumerate(data.ids)}
     return (lambda q: [row[h["id"]] for h in gpulab.search(name, q, K)]), acked_s
 
 
-def whole_graph(gpulab: GpulabCollections, timeout: float = 900) -> str:
+def whole_graph(gpulab: GpulabCollections, rows: int, timeout: float = 900) -> str:
     """The index file of gpulab's engine's snapshot taken with no row waiting for the
     index (it snapshots a collection once its index caught up and writes paused)."""
     if gpulab.engine_root is None:
@@ -620,10 +620,17 @@ def whole_graph(gpulab: GpulabCollections, timeout: float = 900) -> str:
     deadline = time.monotonic() + timeout
     while True:
         done = glob.glob(str(gpulab.engine_root / "vectors/faiss/*/*/snap-*/done"))
+        # The newest first (not a .tmp one being written), and only one of every row.
+        done = [d for d in done if not os.path.dirname(d).endswith(".tmp")]
+        done.sort(key=lambda d: int(os.path.dirname(d).rsplit("-", 1)[1]), reverse=True)
         for path in done:
+            folder = os.path.dirname(path)
             try:  # a newer snapshot may have replaced it since the glob
-                if os.path.getsize(os.path.join(os.path.dirname(path), "tail.f32")) == 0:
-                    return os.path.join(os.path.dirname(path), "index.faiss")
+                if os.path.getsize(os.path.join(folder, "tail.f32")) != 0:
+                    continue
+                with open(os.path.join(folder, "rows.json")) as f:
+                    if len(json.load(f)["ids"]) == rows:
+                        return os.path.join(folder, "index.faiss")
             except FileNotFoundError:
                 continue
         if time.monotonic() > deadline:
@@ -637,7 +644,7 @@ def load_gpulab_graph(data: Dataset, gpulab: GpulabCollections):
     anchor with ``--anchor-from-gpulab``, where a second build would not fit the time."""
     import faiss
 
-    index = faiss.read_index(whole_graph(gpulab))
+    index = faiss.read_index(whole_graph(gpulab, len(data.ids)))
     index.hnsw.efSearch = EF_SEARCH
     return lambda q: index.search(q[None, :], K)[1][0].tolist()
 
