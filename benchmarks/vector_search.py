@@ -640,13 +640,18 @@ def whole_graph(gpulab: GpulabCollections, rows: int, timeout: float = 900) -> s
 
 def load_gpulab_graph(data: Dataset, gpulab: GpulabCollections):
     """FAISS in-process over the HNSW graph gpulab's engine built for the same vectors
-    (read from its last snapshot; its labels are the rows in insertion order): the
+    (read from its last snapshot, its labels mapped to rows by the snapshot's ids): the
     anchor with ``--anchor-from-gpulab``, where a second build would not fit the time."""
     import faiss
 
-    index = faiss.read_index(whole_graph(gpulab, len(data.ids)))
+    path = whole_graph(gpulab, len(data.ids))
+    index = faiss.read_index(path)
     index.hnsw.efSearch = EF_SEARCH
-    return lambda q: index.search(q[None, :], K)[1][0].tolist()
+    # Labels are in the order the engine took the rows (inserts go several at a time).
+    with open(os.path.join(os.path.dirname(path), "rows.json")) as f:
+        row = {id_: i for i, id_ in enumerate(data.ids)}
+        of_label = np.asarray([row[id_] for id_ in json.load(f)["ids"]])
+    return lambda q: of_label[index.search(q[None, :], K)[1][0]].tolist()
 
 
 def indexed(info: dict, n: int) -> bool:
