@@ -36,7 +36,7 @@ from . import bulk
 from .chunking import chunk_text
 from .errors import BadRequest, ConfigurationError, NotFound
 
-#: Rows per request (the service's default cap, c.GpuLabService.collection_max_rows).
+#: Rows per request (the service's default cap, c.VectorSettings.collection_max_rows).
 BATCH = 1000
 #: Requests of one insert or upsert in flight at once.
 IN_FLIGHT = 4
