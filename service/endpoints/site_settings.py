@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 
-from traitlets import Bool, Float, Int, TraitError, Unicode, default, validate
+from traitlets import Bool, Float, Int, Unicode, default, validate
 from traitlets.config import Configurable
+
+from ..setting_checks import positive, tcp_port, zero_or_more
 
 
 class Endpoints(Configurable):
@@ -117,26 +119,12 @@ class Endpoints(Configurable):
         "max_deployment_replicas",
     )
     def _positive(self, proposal):
-        if proposal.value <= 0:
-            raise TraitError(
-                f"c.Endpoints.{proposal.trait.name} must be positive, got {proposal.value}"
-            )
-        return proposal.value
+        return positive(proposal)
 
     @validate("max_user_deployments")
     def _zero_or_more(self, proposal):
-        if proposal.value < 0:
-            raise TraitError(
-                f"c.Endpoints.{proposal.trait.name} must be 0 (no deployments) or more, "
-                f"got {proposal.value}"
-            )
-        return proposal.value
+        return zero_or_more(proposal, "no deployments")
 
     @validate("endpoint_router_port")
     def _port(self, proposal):
-        if not 0 <= proposal.value <= 65535:
-            raise TraitError(
-                f"c.Endpoints.endpoint_router_port is a TCP port from 1 to 65535 (0: one "
-                f"the system picks), got {proposal.value}"
-            )
-        return proposal.value
+        return tcp_port(proposal)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 
-from traitlets import Float, Int, TraitError, Unicode, default, validate
+from traitlets import Float, Int, Unicode, default, validate
 from traitlets.config import Configurable
+
+from ..setting_checks import positive, zero_or_more
 
 
 class Hibernation(Configurable):
@@ -60,16 +62,8 @@ class Hibernation(Configurable):
 
     @validate("hibernate_max_bytes")
     def _positive(self, proposal):
-        if proposal.value <= 0:
-            raise TraitError(
-                f"c.Hibernation.{proposal.trait.name} must be positive, got {proposal.value}"
-            )
-        return proposal.value
+        return positive(proposal)
 
     @validate("hibernate_idle_seconds", "hibernate_for_others_seconds")
     def _zero_or_more(self, proposal):
-        if proposal.value < 0:
-            raise TraitError(
-                f"c.Hibernation.{proposal.trait.name} must be 0 (off) or more, got {proposal.value}"
-            )
-        return proposal.value
+        return zero_or_more(proposal, "off")

@@ -18,11 +18,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from traitlets import Float, Int, TraitError, default, validate
+from traitlets import Float, Int, default, validate
 from traitlets.config import Configurable
 
 from gpulab.enforcement.account_limits import host_memory
 from gpulab.enforcement.limits import format_bytes, host_user_quota
+
+from ..setting_checks import at_least_one, zero_or_more
 
 
 class HostQuota(Configurable):
@@ -74,21 +76,11 @@ class HostQuota(Configurable):
 
     @validate("user_cpu_quota", "user_memory_quota")
     def _zero_or_more(self, proposal):
-        if proposal.value < 0:
-            raise TraitError(
-                f"c.HostQuota.{proposal.trait.name} must be 0 (no quota) or more, "
-                f"got {proposal.value}"
-            )
-        return proposal.value
+        return zero_or_more(proposal, "no quota")
 
     @validate("cpu_overcommit")
     def _at_least_one(self, proposal):
-        if proposal.value < 1:
-            raise TraitError(
-                f"c.HostQuota.cpu_overcommit must be 1 (no overcommit) or more, "
-                f"got {proposal.value}"
-            )
-        return proposal.value
+        return at_least_one(proposal, "no overcommit")
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ parts (and by the job backends, for the preemption grace)."""
 
 from __future__ import annotations
 
-from traitlets import Float, Int, TraitError, validate
+from traitlets import Float, Int, validate
 from traitlets.config import Configurable
+
+from ..setting_checks import positive, zero_or_more
 
 
 class JobQueue(Configurable):
@@ -63,16 +65,8 @@ class JobQueue(Configurable):
 
     @validate("max_job_ranks", "max_job_vars_mib", "fair_share_half_life_seconds")
     def _positive(self, proposal):
-        if proposal.value <= 0:
-            raise TraitError(
-                f"c.JobQueue.{proposal.trait.name} must be positive, got {proposal.value}"
-            )
-        return proposal.value
+        return positive(proposal)
 
     @validate("preemption_grace_seconds", "elastic_grow_after_seconds")
     def _zero_or_more(self, proposal):
-        if proposal.value < 0:
-            raise TraitError(
-                f"c.JobQueue.{proposal.trait.name} must be 0 or more seconds, got {proposal.value}"
-            )
-        return proposal.value
+        return zero_or_more(proposal, "no wait")

@@ -4,8 +4,10 @@ thresholds are :class:`~gpulab.service.operations.rules.Thresholds`)."""
 
 from __future__ import annotations
 
-from traitlets import Float, Int, TraitError, Unicode, validate
+from traitlets import Float, Int, Unicode, validate
 from traitlets.config import Configurable
+
+from ..setting_checks import positive, zero_or_more
 
 
 class Alerting(Configurable):
@@ -43,16 +45,8 @@ class Alerting(Configurable):
 
     @validate("alert_interval_seconds")
     def _positive(self, proposal):
-        if proposal.value <= 0:
-            raise TraitError(
-                f"c.Alerting.{proposal.trait.name} must be positive, got {proposal.value}"
-            )
-        return proposal.value
+        return positive(proposal)
 
     @validate("job_stall_restarts")
     def _zero_or_more(self, proposal):
-        if proposal.value < 0:
-            raise TraitError(
-                f"c.Alerting.{proposal.trait.name} must be 0 (off) or more, got {proposal.value}"
-            )
-        return proposal.value
+        return zero_or_more(proposal, "off")

@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
-from traitlets import Float, List, TraitError, Unicode, validate
+from traitlets import Float, List, Unicode, validate
 from traitlets.config import Configurable
 
 from gpulab.service.operations.audit import LOOPBACK
+
+from ..setting_checks import zero_or_more
 
 
 class AuditTrail(Configurable):
@@ -36,9 +38,4 @@ class AuditTrail(Configurable):
 
     @validate("audit_retention_days")
     def _zero_or_more(self, proposal):
-        if proposal.value < 0:
-            raise TraitError(
-                f"c.AuditTrail.audit_retention_days must be 0 (keep every entry) or more, "
-                f"got {proposal.value}"
-            )
-        return proposal.value
+        return zero_or_more(proposal, "keep every entry")

@@ -21,11 +21,13 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from traitlets import Float, TraitError, validate
+from traitlets import Float, validate
 from traitlets.config import Configurable
 
 from gpulab.scheduler.slices import label
 from gpulab.telemetry.gpu_health import gpu_faults
+
+from ..setting_checks import positive, share, zero_or_more
 
 SEVERITIES = ("critical", "warning", "info")
 SUBJECT_KINDS = ("gpu", "node", "job", "deployment", "server", "user", "disk")
@@ -133,28 +135,15 @@ class Thresholds(Configurable):
 
     @validate("job_stall_seconds", "alert_slice_idle_seconds", "alert_endpoint_p99_ms")
     def _positive(self, proposal):
-        if proposal.value <= 0:
-            raise TraitError(
-                f"c.Thresholds.{proposal.trait.name} must be positive, got {proposal.value}"
-            )
-        return proposal.value
+        return positive(proposal)
 
     @validate("alert_endpoint_error_ratio", "alert_quota_used_ratio", "alert_disk_used_ratio")
     def _ratio(self, proposal):
-        if not 0 <= proposal.value <= 1:
-            raise TraitError(
-                f"c.Thresholds.{proposal.trait.name} is a share from 0 to 1 "
-                f"(0.9 = 90%), got {proposal.value}"
-            )
-        return proposal.value
+        return share(proposal)
 
     @validate("gpu_idle_cull_seconds")
     def _zero_or_more(self, proposal):
-        if proposal.value < 0:
-            raise TraitError(
-                f"c.Thresholds.{proposal.trait.name} must be 0 (off) or more, got {proposal.value}"
-            )
-        return proposal.value
+        return zero_or_more(proposal, "off")
 
 
 DEFAULTS = Thresholds()

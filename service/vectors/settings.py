@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
-from traitlets import Float, Int, TraitError, Unicode, validate
+from traitlets import Float, Int, Unicode, validate
 from traitlets.config import Configurable
+
+from ..setting_checks import positive, zero_or_more
 
 
 class VectorSettings(Configurable):
@@ -102,17 +104,8 @@ class VectorSettings(Configurable):
         "vector_call_timeout",
     )
     def _positive(self, proposal):
-        if proposal.value <= 0:
-            raise TraitError(
-                f"c.VectorSettings.{proposal.trait.name} must be positive, got {proposal.value}"
-            )
-        return proposal.value
+        return positive(proposal)
 
     @validate("max_user_collections")
     def _zero_or_more(self, proposal):
-        if proposal.value < 0:
-            raise TraitError(
-                f"c.VectorSettings.{proposal.trait.name} must be 0 (no collections) or more, "
-                f"got {proposal.value}"
-            )
-        return proposal.value
+        return zero_or_more(proposal, "no collections")
