@@ -36,6 +36,8 @@ ENGINE_MODULE = "gpulab.service.vectors.engine_server"
 READY_TIMEOUT_S = 300.0
 #: Waits between restarts of an engine that keeps exiting: 1 s doubling to a minute.
 RESTART_BACKOFF_S = (1.0, 60.0)
+#: How often the watcher looks whether the engine is still running (seconds).
+WATCH_INTERVAL_S = 0.5
 
 
 class EngineProcess:
@@ -139,7 +141,7 @@ class EngineProcess:
     async def _watch(self) -> None:
         delay = RESTART_BACKOFF_S[0]
         while not self._stopping:
-            code = await asyncio.to_thread(self.proc.wait)
+            code = await self._exited()
             if self._stopping:
                 return
             log.warning("The vector engine exited with %s; starting it again", code)
@@ -151,6 +153,14 @@ class EngineProcess:
             except Exception as e:
                 log.error("Starting the vector engine again failed: %s", e)
                 delay = min(delay * 2, RESTART_BACKOFF_S[1])
+
+    async def _exited(self) -> int:
+        """The engine's exit code once it exits. Polled: a thread of the loop's shared
+        pool parked on ``wait`` for the engine's whole life would be one fewer for
+        everything else."""
+        while (code := self.proc.poll()) is None:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+        return code
 
     def kill(self) -> None:
         """SIGKILL the engine (one stuck in a call); the watcher starts it again."""
