@@ -378,19 +378,63 @@ def test_a_page_that_disagrees_with_the_rules_is_found():
     ]
 
 
+#: A lookup on the app, or a test of a backend's concrete class, on one line.
+APP_LOOKUPS = re.compile(r"getattr\(service\b|isinstance\([^)]*LocalBackend")
+
+
+def parts_holding_the_app(root: pathlib.Path = ROOT) -> list[str]:
+    """A ``partial`` that binds anything of the app (``service``), however its call
+    is wrapped over lines (read from the syntax tree), and the one-line lookups of
+    :data:`APP_LOOKUPS`."""
+    broken = []
+    for path in sorted((root / "service").rglob("*.py")):
+        rel = path.relative_to(root)
+        source = path.read_text()
+        for n, line in enumerate(source.splitlines(), 1):
+            if APP_LOOKUPS.search(line):
+                broken.append(f"{rel}:{n}: {line.strip()}")
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            bound = [*node.args, *(k.value for k in node.keywords)]
+            if name == "partial" and any(
+                isinstance(n, ast.Name) and n.id == "service"
+                for arg in bound
+                for n in ast.walk(arg)
+            ):
+                broken.append(f"{rel}:{node.lineno}: partial of the app")
+    return broken
+
+
 def test_no_manager_holds_the_app():
     """Collaborators are passed by name: no partial of the app, no optional lookups on
     it, no test of a backend's concrete class (backends declare what they can)."""
-    holes = re.compile(
-        r"partial\([^)]*\bservice\b|getattr\(service\b|isinstance\([^)]*LocalBackend"
-    )
-    broken = [
-        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
-        for path in sorted((ROOT / "service").rglob("*.py"))
-        for n, line in enumerate(path.read_text().splitlines(), 1)
-        if holes.search(line)
-    ]
+    broken = parts_holding_the_app()
     assert not broken, "\n".join(broken)
+
+
+def test_a_partial_of_the_app_over_lines_is_found(tmp_path):
+    root = plant(
+        tmp_path,
+        {
+            "service/endpoints/manager.py": (
+                "import functools\n"
+                "meter = Meter(\n"
+                "    save=functools.partial(\n"
+                "        service.db_threads.run, store.record\n"
+                "    ),\n"
+                ")\n"
+                "ok = functools.partial(store.record, 1)\n"
+                "jobs = getattr(service, 'jobs', None)\n"
+            ),
+        },
+    )
+    assert parts_holding_the_app(root) == [
+        "service/endpoints/manager.py:8: jobs = getattr(service, 'jobs', None)",
+        "service/endpoints/manager.py:3: partial of the app",
+    ]
 
 
 #: Links the app still sets on a part after building it, each with why it is left.

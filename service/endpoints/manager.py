@@ -24,7 +24,6 @@ from (its job, its quantization) in :mod:`.lineage`.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
@@ -198,9 +197,8 @@ class DeploymentManager:
             job_facts=service.jobs.lineage_of,  # built before this manager
             meter=TokenMeter(
                 service.llm_settings.llm_limits(),
-                save=functools.partial(
-                    service.db_threads.run, TokenUsageStore(service.ledger.engine).record
-                ),
+                store=TokenUsageStore(service.ledger.engine),
+                threads=service.db_threads,
             ),
         )
 

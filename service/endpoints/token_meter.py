@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Histogram
@@ -64,17 +64,20 @@ class LlmLimits:
 
 
 class TokenMeter:
-    """Admits calls under the limits and counts what they use. ``save``: writes one
-    call's row to the database (run off the event loop), or None."""
+    """Admits calls under the limits and counts what they use. ``store`` (a
+    ``TokenUsageStore``) keeps one row a call, written on ``threads`` (the service's
+    ``DbThreads``, off the event loop); without them nothing is written."""
 
     def __init__(
         self,
         limits: LlmLimits,
-        save: Callable[..., Awaitable[None]] | None = None,
+        store=None,
+        threads=None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.limits = limits
-        self.save = save
+        self.store = store
+        self.threads = threads
         self.clock = clock
         self.streams: dict[str, int] = {}
         self._used: dict[str, deque[tuple[float, int]]] = {}
@@ -183,9 +186,18 @@ class TokenMeter:
         labels = (dep["id"], str(version))
         self.tokens.labels(*labels, "prompt").inc(prompt)
         self.tokens.labels(*labels, "completion").inc(completion)
-        if self.save is not None:
+        if self.store is not None:
             task = asyncio.ensure_future(
-                self.save(who.name, dep["user"], dep["name"], version, prompt, completion, adapter)
+                self.threads.run(
+                    self.store.record,
+                    who.name,
+                    dep["user"],
+                    dep["name"],
+                    version,
+                    prompt,
+                    completion,
+                    adapter,
+                )
             )
             self._saving.add(task)
             task.add_done_callback(self._saved)
