@@ -719,7 +719,7 @@ class GpuLabService(SharingSettings, Application):
         self.deployments.gateway.meter.register(self.metrics.registry)
         #: The fine-tuning API (v1/files, v1/fine_tuning/jobs): LoRA jobs on endpoints.
         self.fine_tuning = FineTuning.of(self)
-        self.deployments.gateway.fine_tuning = FineTuningRoutes(self.fine_tuning)
+        FineTuningRoutes(self.fine_tuning, self.deployments.gateway)  # adds itself to it
 
     def init_vectors(self):
         #: Vector collections; the embedded engine starts at their first use.

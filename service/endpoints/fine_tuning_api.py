@@ -54,8 +54,10 @@ class FineTuningRoutes:
     """Answers the paths :meth:`handles` claims, for the gateway; returns
     ``(status, content type, bytes)``."""
 
-    def __init__(self, fine_tuning: FineTuning):
+    def __init__(self, fine_tuning: FineTuning, gateway):
         self.ft = fine_tuning
+        # The one way back: these routes are added to the gateway as they are built.
+        gateway.more_routes.append(self)
 
     @staticmethod
     def handles(path: str) -> bool:

@@ -201,8 +201,9 @@ class OpenAIGateway:
         #: version id -> the engine its replicas say serve it, and why (``%deploy --list``).
         self.engines: dict[str, str] = {}
         self._asking: set[str] = set()
-        #: ``files`` and ``fine_tuning/...`` (:mod:`.fine_tuning_api`); None: not offered.
-        self.fine_tuning = None
+        #: More routes under ``v1/``, each added by the part that answers them as it is
+        #: built (the fine-tuning API: ``files``, ``fine_tuning/...``).
+        self.more_routes: list = []
 
     def note_ready(self, dep: dict, unit, spawn) -> None:
         """A version has a replica ready: for a language model, ask it once which
@@ -245,8 +246,9 @@ class OpenAIGateway:
         """Answer ``method path`` (``path`` after ``v1/``) for ``who`` on ``reply``;
         ``content_type`` and ``query`` matter to the fine-tuning API's routes."""
         try:
-            if self.fine_tuning is not None and self.fine_tuning.handles(path.strip("/")):
-                status, kind, data = await self.fine_tuning.answer(
+            routes = next((r for r in self.more_routes if r.handles(path.strip("/"))), None)
+            if routes is not None:
+                status, kind, data = await routes.answer(
                     who, method, path.strip("/"), query, body, content_type
                 )
                 await reply.start(
