@@ -29,7 +29,8 @@ system-deps:
 	  done; \
 	  if [ -n "$$missing" ]; then \
 	    echo "Installing Debian packages:$$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	    for i in 1 2 3; do apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing && break; \
+	      [ $$i = 3 ] && exit 1; sleep 10; done; \
 	  fi; \
 	fi
 
@@ -46,16 +47,22 @@ venv-base:
 	fi
 
 # torch is pinned to 2.13.0: its CPU build lies on this kind of machine's disk.
+# The registry's downloads can break off mid-file (CUDA wheels are 200 MB+): pip
+# resumes a broken download many times, and the whole install is tried three
+# times before make gives up (what pip has by then is cached).
+PIP_INSTALL := $(PY) -m pip install -q --retries 10 --resume-retries 50
+
 $(STAMP): pyproject.toml
 	$(BASE_PY) -m venv $(VENV)
-	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,llm,mlflow,test]'
+	for i in 1 2 3; do $(PY) -m pip install -q --retries 10 -U pip && break; [ $$i = 3 ] && exit 1; sleep 5; done
+	for i in 1 2 3; do $(PIP_INSTALL) -e '.[torch,notebook,embeddings,llm,mlflow,test]' && break; \
+	  [ $$i = 3 ] && exit 1; echo "pip install failed (try $$i of 3); trying again"; sleep 10; done
 	# torchao 0.18 works with torch 2.13 but asks for other releases: no deps.
-	$(PY) -m pip install -q --no-deps torchao==0.18.0
+	for i in 1 2 3; do $(PIP_INSTALL) --no-deps torchao==0.18.0 && break; [ $$i = 3 ] && exit 1; sleep 5; done
 	touch $@
 
 $(CHP): package.json
-	npm install --no-audit --no-fund
+	for i in 1 2 3; do npm install --no-audit --no-fund && break; [ $$i = 3 ] && exit 1; sleep 10; done
 	touch $@
 
 deps: venv-base $(STAMP) $(CHP) lab
@@ -72,7 +79,7 @@ LAB_DEST     := $(VENV)/share/jupyter/labextensions/@gpulab/lab
 LAB_SERVER   := $(VENV)/etc/jupyter/jupyter_server_config.d/gpulab.json
 
 $(LAB_NODE): $(LAB_JS)/package.json
-	cd $(LAB_JS) && npm install --no-audit --no-fund
+	cd $(LAB_JS) && for i in 1 2 3; do npm install --no-audit --no-fund && break; [ $$i = 3 ] && exit 1; sleep 10; done
 	touch $@
 
 # jupyter-builder (JupyterLab's build tool, in the venv) runs node from lab/js.
@@ -134,7 +141,7 @@ test-kube: system-deps deps reach kube-bins
 	$(PY) -m pytest tests/kube/test_live_cluster.py tests/kube/test_live_cluster_dra_netpol.py tests/kube/test_live_cluster_kueue.py -p no:cacheprovider $(PYTEST_ARGS)
 
 bench-deps: deps
-	$(PY) -m pip install -q -e '.[torch,notebook,embeddings,llm,mlflow,test,bench]'
+	$(PIP_INSTALL) -e '.[torch,notebook,embeddings,llm,mlflow,test,bench]'
 
 # gpulab's GPU paths on a GPU machine, as one table (benchmarks/gpu_check.py), in
 # under 8 minutes. Uses the venv if there is one (no install: GPU machines may be

@@ -31,6 +31,9 @@ export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local CGO_ENABLED=0
 command -v go >/dev/null || { echo "build.sh: no 'go' on PATH; install Go >= 1.24 (https://go.dev/dl)" >&2; exit 1; }
 mkdir -p "$BIN" "$WORK"
 
+# The module proxy can break off a download: each go command that fetches is tried
+# three times (what it fetched is kept in the module cache).
+retry() { local i; for i in 1 2 3; do "$@" && return 0; [ $i = 3 ] || { log "failed (try $i of 3): $*"; sleep 10; }; done; return 1; }
 log() { printf '[kube-bins %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 T0=$(date +%s)
 
@@ -72,20 +75,20 @@ import (
 GO
     # k8s.io/kubernetes replaces its staging modules with ./staging/src paths; a
     # module that requires it must pin each to the published v0.x release instead.
-    go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null
+    retry go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null
     modfile="$GOMODCACHE/cache/download/k8s.io/kubernetes/@v/$K8S_VERSION.mod"
     for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*#\1#p' "$modfile"); do
       echo "replace $m => $m $staging" >> go.mod
     done
-    go mod tidy
+    retry go mod tidy
   elif ! grep -q cmd/kube-proxy tools.go; then
     # A module from before kube-proxy (Services' cluster IPs) was built: add its packages.
     sed -i 's#^\t_ "k8s.io/kubernetes/cmd/kubelet"$#&\n\t_ "k8s.io/kubernetes/cmd/kube-proxy"#' tools.go
-    go mod tidy
+    retry go mod tidy
   fi
   for c in $kube_missing; do
     log "go build $c"
-    go build -trimpath -ldflags "$LDFLAGS" -o "$BIN/$c.tmp" "k8s.io/kubernetes/cmd/$c"
+    retry go build -trimpath -ldflags "$LDFLAGS" -o "$BIN/$c.tmp" "k8s.io/kubernetes/cmd/$c"
     mv "$BIN/$c.tmp" "$BIN/$c"
   done
 fi
@@ -94,13 +97,13 @@ if [ ! -x "$BIN/etcd" ]; then
   log "go build etcd $ETCD_VERSION"
   mkdir -p "$WORK/etcd" && cd "$WORK/etcd"
   [ -f go.mod ] || { printf 'module gpulab.local/etcdbin\n\ngo 1.24\n' > go.mod; go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"; }
-  go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3
+  retry go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3
   mv "$BIN/etcd.tmp" "$BIN/etcd"
 fi
 
 if [ ! -x "$BIN/helm" ]; then
   log "go install helm $HELM_VERSION"
-  GOBIN="$WORK/helm-bin" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+  GOBIN="$WORK/helm-bin" retry go install -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
   mv "$WORK/helm-bin/helm" "$BIN/helm"
 fi
 
@@ -133,9 +136,9 @@ func init() {
 func main() { coremain.Run() }
 GO
     go get "github.com/coredns/coredns@$COREDNS_VERSION"
-    go mod tidy
+    retry go mod tidy
   fi
-  go build -trimpath -ldflags "-s -w" -o "$BIN/coredns.tmp" .
+  retry go build -trimpath -ldflags "-s -w" -o "$BIN/coredns.tmp" .
   mv "$BIN/coredns.tmp" "$BIN/coredns"
 fi
 
@@ -144,7 +147,7 @@ fi
 # module (no replace directives), so `go install pkg@version` builds it (~7 min cold).
 if [ ! -x "$BIN/kube-router" ]; then
   log "go install kube-router $KUBE_ROUTER_VERSION"
-  GOBIN="$WORK/kube-router-bin" go install -trimpath -ldflags "-s -w \
+  GOBIN="$WORK/kube-router-bin" retry go install -trimpath -ldflags "-s -w \
     -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION" \
     "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
   mv "$WORK/kube-router-bin/kube-router" "$BIN/kube-router"
@@ -160,9 +163,9 @@ if [ ! -x "$BIN/gpulab-dra-plugin" ] || [ "$PLUGIN_SRC" -nt "$BIN/gpulab-dra-plu
   cp "$PLUGIN_SRC" main.go
   if [ ! -f go.sum ]; then
     printf 'module gpulab.local/draplugin\n\ngo 1.24\n\nrequire k8s.io/dynamic-resource-allocation %s\n' "$staging" > go.mod
-    go mod tidy
+    retry go mod tidy
   fi
-  go build -trimpath -ldflags "-s -w" -o "$BIN/gpulab-dra-plugin.tmp" .
+  retry go build -trimpath -ldflags "-s -w" -o "$BIN/gpulab-dra-plugin.tmp" .
   mv "$BIN/gpulab-dra-plugin.tmp" "$BIN/gpulab-dra-plugin"
 fi
 
@@ -173,13 +176,13 @@ fi
 KUEUE_MOD="$GOMODCACHE/sigs.k8s.io/kueue@$KUEUE_VERSION"
 if [ ! -x "$BIN/kueue-$KUEUE_VERSION" ]; then
   log "go install kueue $KUEUE_VERSION"
-  GOBIN="$WORK/kueue-bin" go install -trimpath -ldflags "-s -w \
+  GOBIN="$WORK/kueue-bin" retry go install -trimpath -ldflags "-s -w \
     -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
     "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
   mv "$WORK/kueue-bin/kueue" "$BIN/kueue-$KUEUE_VERSION"
 fi
 if [ ! -f "$BIN/kueue-role-$KUEUE_VERSION.yaml" ]; then
-  [ -d "$KUEUE_MOD" ] || go mod download "sigs.k8s.io/kueue@$KUEUE_VERSION"
+  [ -d "$KUEUE_MOD" ] || retry go mod download "sigs.k8s.io/kueue@$KUEUE_VERSION"
   rm -rf "$BIN/kueue-crds-$KUEUE_VERSION"
   cp -r "$KUEUE_MOD/config/components/crd/bases" "$BIN/kueue-crds-$KUEUE_VERSION"
   chmod -R u+w "$BIN/kueue-crds-$KUEUE_VERSION"
