@@ -123,11 +123,24 @@ lint: venv-base $(STAMP)
 # waits on processes it started (servers starting, a hub's poll), which a third
 # worker fills on 2 cores (2 workers: 1100 s; 3: 925 s). At most 5 (memory).
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 5 ? n + 1 : 5 )))
-# tests/kube/test_live_cluster.py runs on a real Kubernetes the suite starts, from
-# binaries kube-bins builds once (its own line says how long; the suite prints the
-# cluster's start time). GPULAB_TEST_LIVE_KUBE=0 leaves it out (reported as skipped).
+# The live Kubernetes cluster's suite (a real cluster the suite starts, from binaries
+# kube-bins builds once) runs as a second pytest after the rest, so each prints its own
+# time: the suite's pytest time outside the live cluster, then the live cluster's (its
+# lines say how long the build and the cluster's start took). Both always run; `make
+# test` fails if either failed. GPULAB_TEST_LIVE_KUBE=0 leaves the cluster out
+# (reported as skipped).
+LIVE_KUBE_TESTS := tests/kube/test_live_cluster.py tests/kube/test_live_cluster_dra_netpol.py tests/kube/test_live_cluster_kueue.py
+PYTEST_WORKERS   = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: system-deps deps reach lint kube-bins
-	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	@suite=0; kube=0; t0=$$(date +%s); \
+	echo "== pytest: the suite outside the live Kubernetes cluster =="; \
+	$(PY) -m pytest $(PYTEST_WORKERS) $(addprefix --ignore=,$(LIVE_KUBE_TESTS)) $(PYTEST_ARGS) || suite=$$?; \
+	t1=$$(date +%s); \
+	echo "== pytest: the live Kubernetes cluster suite (make test-kube) =="; \
+	$(PY) -m pytest $(LIVE_KUBE_TESTS) -p no:cacheprovider $(PYTEST_ARGS) || kube=$$?; \
+	t2=$$(date +%s); \
+	echo "pytest time: $$((t1 - t0)) s outside the live cluster (exit $$suite), $$((t2 - t1)) s the live-cluster suite (exit $$kube)"; \
+	[ $$suite = 0 ] && [ $$kube = 0 ]
 
 # The live Kubernetes cluster's binaries (kube-apiserver, -controller-manager,
 # -scheduler, kubelet 1.34.4; etcd; CoreDNS; helm 4; kube-router 2.1; Kueue 0.14), built once from the Go module
@@ -138,7 +151,7 @@ kube-bins:
 	nice -n 10 scripts/kube/build.sh
 
 test-kube: system-deps deps reach kube-bins
-	$(PY) -m pytest tests/kube/test_live_cluster.py tests/kube/test_live_cluster_dra_netpol.py tests/kube/test_live_cluster_kueue.py -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest $(LIVE_KUBE_TESTS) -p no:cacheprovider $(PYTEST_ARGS)
 
 bench-deps: deps
 	$(PIP_INSTALL) -e '.[torch,notebook,embeddings,llm,mlflow,test,bench]'
