@@ -35,17 +35,13 @@ def pytest_testnodedown(node, error):
             reporter.write_line(line)
 
 
-#: The shared hub's settings: those of every module that uses it, for users of its own.
+#: Settings of the shared hub itself: its one job queue's, which a module cannot set
+#: for itself without starting a hub of its own. A module's users get their quotas and
+#: guarantees from hub groups of the module's own (tests/support/group_limits.py).
 SHARED_HUB_CONFIG = """
-# Users whose quota is below what their tests ask: tests/jobs/test_jobs_api.py (half a
-# GPU), tests/hub/test_rest_spawn.py (a quarter), tests/browser/test_spawn_in_browser.py
-# (half a GPU, shown on the spawn form).
-c.GpuLabService.user_quota_milli = {"capped-jobs": 500, "capped-spawn": 250,
-                                    "alice-browser": 500}
-# tests/jobs/test_preemption.py: a user whose guarantee lets her reclaim a GPU; victims
-# that never checkpoint (SLEEPS) are killed when the grace ends, which need not be 30 s
-# (a checkpointing one saves at its next step, within a second).
-c.GpuLabService.user_guaranteed_milli = {"guaranteed-jobs": 1000}
+# tests/jobs/test_preemption.py: victims that never checkpoint (SLEEPS) are killed when
+# the grace ends, which need not be 30 s (a checkpointing one saves at its next step,
+# within a second).
 c.JobQueue.preemption_grace_seconds = 10
 # tests/jobs/test_elastic.py: an elastic job grows back a few seconds after a resize.
 c.JobQueue.elastic_grow_after_seconds = 3

@@ -11,17 +11,28 @@ import pytest
 from hubproc import fresh_user
 from logins import admin_password, browser_log_in, sign_up_approved
 from playwright.sync_api import expect
+from support.group_limits import limited_user
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-#: alice's hub name; her quota is 500 milli-GPU (SHARED_HUB_CONFIG in tests/conftest.py).
-ALICE = "alice-browser"
+ALICE = fresh_user("alice")
 HOLDER = fresh_user("holder")
 
 
-def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_dir):
+@pytest.fixture(scope="module")
+def alice(hub):
+    """alice signed up and approved, with a quota of half a GPU (a hub group's, this
+    module's own)."""
+    sign_up_approved(hub, ALICE, "alices own long password")
+    # A hub user before her first login, to be in a group.
+    assert hub.hub_api("POST", f"/users/{ALICE}").status_code in (201, 409)
+    with limited_user(hub, ALICE, quota_milli=500):
+        yield ALICE
+
+
+def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, alice, artifacts_dir):
     # Someone else already holds a whole GPU, so the form has something to say. The
     # form reads the ledger: the holder's slice is what it needs, not their JupyterLab
     # (which starts meanwhile; the admin page below waits for it).
@@ -29,7 +40,6 @@ def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, artifacts_d
     spawned = []
     holder = threading.Thread(target=lambda: spawned.append(hub.spawn(HOLDER, {"gpu_milli": 1000})))
     holder.start()
-    sign_up_approved(hub, ALICE, "alices own long password")
     wait_until(
         lambda: hub.gpulab("GET", "/allocations", params={"user": HOLDER}).json(),
         f"{HOLDER}'s slice in the ledger",

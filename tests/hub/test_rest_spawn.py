@@ -4,13 +4,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hubproc import fresh_user
+from support.group_limits import limited_user
 from support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
-#: Her quota is a quarter GPU: SHARED_HUB_CONFIG in tests/conftest.py.
-CAPPED = "capped-spawn"
-ALICE, BOB = fresh_user("alice"), fresh_user("bob")
+ALICE, BOB, CAPPED = fresh_user("alice"), fresh_user("bob"), fresh_user("capped")
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +17,14 @@ def hub(plain_hub):
     """The session's shared hub (empty when this module starts; its servers stopped
     at its end)."""
     return plain_hub
+
+
+@pytest.fixture(scope="module")
+def capped(hub):
+    """A user whose quota (a hub group's, this module's own) is a quarter GPU: the group."""
+    hub.hub_api("POST", f"/users/{CAPPED}")
+    with limited_user(hub, CAPPED, quota_milli=250) as group:
+        yield group
 
 
 def stop_all(hub, users):
@@ -84,37 +91,42 @@ def test_bad_user_options_are_400_and_change_nothing(hub, options, message):
     assert hub.gpulab("GET", "/allocations").json() == before
 
 
-def test_quota_exceeded_is_refused_with_the_reason(hub):
-    hub.hub_api("POST", f"/users/{CAPPED}")
+def test_quota_exceeded_is_refused_with_the_reason(hub, capped):
     r = hub.spawn(CAPPED, {"gpu_milli": 500})
     assert r.status_code == 403
-    assert "over your quota" in r.json()["message"]
+    assert f"over the quota of group {capped!r}" in r.json()["message"]
     assert not hub.hub_api("GET", f"/users/{CAPPED}").json()["servers"]
     assert hub.gpulab("GET", "/allocations", params={"user": CAPPED}).json() == []
 
 
 def test_group_quota_from_hub_group_properties(hub):
-    for u in ("g1", "g2"):
+    g1, g2, lab = fresh_user("g1"), fresh_user("g2"), fresh_user("lab")
+    for u in (g1, g2):
         hub.hub_api("POST", f"/users/{u}")
-    hub.hub_api("POST", "/groups/lab", json={"users": ["g1", "g2"]})
-    r = hub.hub_api("PUT", "/groups/lab/properties", json={"gpulab_quota_milli": 250})
-    assert r.status_code == 200, r.text
-    # The service caches group lookups briefly; the availability route shows the quota.
-    avail = wait_until(
-        lambda: (
-            (a := hub.gpulab("GET", "/availability", params={"user": "g2"}).json())["quota_milli"]
-            == 250
-            and a
-        ),
-        "the group quota to show for g2",
-        30,
-    )
-    assert avail["quota_milli"] == 250
-    assert hub.spawn("g1", {"gpu_milli": 250}).status_code in (201, 202)
-    hub.wait_server("g1")
-    r = hub.spawn("g2", {"gpu_milli": 100})
-    assert r.status_code == 403 and "group 'lab'" in r.json()["message"]
-    stop_all(hub, ["g1"])
+    r = hub.hub_api("POST", f"/groups/{lab}", json={"users": [g1, g2]})
+    assert r.status_code == 201, r.text
+    try:
+        r = hub.hub_api("PUT", f"/groups/{lab}/properties", json={"gpulab_quota_milli": 250})
+        assert r.status_code == 200, r.text
+        # The service caches group lookups briefly; the availability route shows the quota.
+        avail = wait_until(
+            lambda: (
+                (a := hub.gpulab("GET", "/availability", params={"user": g2}).json())["quota_milli"]
+                == 250
+                and a
+            ),
+            f"the group quota to show for {g2}",
+            30,
+        )
+        assert avail["quota_milli"] == 250
+        assert hub.spawn(g1, {"gpu_milli": 250}).status_code in (201, 202)
+        hub.wait_server(g1)
+        r = hub.spawn(g2, {"gpu_milli": 100})
+        assert r.status_code == 403 and f"group {lab!r}" in r.json()["message"]
+        stop_all(hub, [g1])
+    finally:
+        # The group is this test's: no later test on the shared hub sees it.
+        hub.hub_api("DELETE", f"/groups/{lab}")
 
 
 def test_no_gpu_server_holds_nothing(hub):

@@ -10,13 +10,12 @@ import torch
 from cells import FAILS_ON_RANK_1, LINEAR, SLEEPS
 from hubproc import fresh_user
 from jobhelpers import pid_alive, submit, wait_job
+from support.group_limits import limited_user
 from support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
-#: Her quota is 500 milli-GPU: SHARED_HUB_CONFIG in tests/conftest.py.
-CAPPED = "capped-jobs"
-ALICE, BOB = fresh_user("alice"), fresh_user("bob")
+ALICE, BOB, CAPPED = fresh_user("alice"), fresh_user("bob"), fresh_user("capped")
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +27,14 @@ def hub(plain_hub):
 @pytest.fixture(scope="module")
 def alice(hub):
     return hub.create_user(ALICE)
+
+
+@pytest.fixture(scope="module")
+def capped(hub):
+    """A user whose quota (a hub group's, this module's own) is half a GPU."""
+    token = hub.create_user(CAPPED)
+    with limited_user(hub, CAPPED, quota_milli=500) as group:
+        yield token, group
 
 
 @pytest.fixture(scope="module")
@@ -182,12 +189,13 @@ def test_other_users_cannot_see_read_or_cancel(hub, alice, bob):
     assert not [p for p in pids if pid_alive(p)]
 
 
-def test_over_quota_is_refused_with_the_reason_and_nothing_starts(hub):
-    capped = hub.create_user(CAPPED)
+def test_over_quota_is_refused_with_the_reason_and_nothing_starts(hub, capped):
+    capped, group = capped
     r = submit(hub, capped, LINEAR, nproc_per_node=2, gpu_milli=500)
     assert r.status_code == 403
     assert (
-        "over your quota: the job needs 1 GPU in all and your quota is 1/2 GPU" in r.json()["error"]
+        f"over the quota of group {group!r}: the job needs 1 GPU in all and the group's "
+        "quota is 1/2 GPU" in r.json()["error"]
     )
     assert hub.gpulab("GET", "/jobs", token=capped).json() == []
     assert hub.gpulab("GET", "/allocations", token=capped).json() == []

@@ -13,12 +13,13 @@ import torch
 from cells import LINEAR, SLEEPS
 from hubproc import fresh_user
 from jobhelpers import submit, wait_job, wait_metrics
+from support.group_limits import limited_user
 from support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
-GUARANTEED = "guaranteed-jobs"  # 1000 milli guaranteed: SHARED_HUB_CONFIG
-CAPPED = "capped-jobs"  # a 500 milli limit
+GUARANTEED = fresh_user("guaranteed")  # 1000 milli guaranteed: the `guaranteed` fixture
+CAPPED = fresh_user("capped")  # a 500 milli limit: the `capped` fixture
 BOTH_GPUS = {"nproc_per_node": 2, "gpu_milli": 1000}
 TRAIN = {"checkpoint_every": 10, "out": "model", **BOTH_GPUS}
 
@@ -26,6 +27,23 @@ TRAIN = {"checkpoint_every": 10, "out": "model", **BOTH_GPUS}
 @pytest.fixture(scope="module")
 def hub(plain_hub):
     return plain_hub
+
+
+@pytest.fixture(scope="module")
+def guaranteed(hub):
+    """A token of a user who gets a whole GPU back by preemption (a hub group's
+    guarantee, this module's own)."""
+    token = hub.create_user(GUARANTEED)
+    with limited_user(hub, GUARANTEED, guaranteed_milli=1000):
+        yield token
+
+
+@pytest.fixture(scope="module")
+def capped(hub):
+    """A user whose limit (a hub group's, this module's own) is half a GPU: the group."""
+    hub.create_user(CAPPED)
+    with limited_user(hub, CAPPED, quota_milli=500) as group:
+        yield group
 
 
 def weights(hub, token, job_id) -> dict:
@@ -125,9 +143,9 @@ def test_a_serving_replica_preempts_batch(hub, tmp_path):
     hub.gpulab("DELETE", f"/jobs/{batch['id']}", token=bob_token)
 
 
-def test_a_user_within_her_guarantee_reclaims_from_a_borrower(hub):
+def test_a_user_within_her_guarantee_reclaims_from_a_borrower(hub, guaranteed):
     dave = fresh_user("dave")
-    dave_token, mine = hub.create_user(dave), hub.create_user(GUARANTEED)
+    dave_token, mine = hub.create_user(dave), guaranteed
     borrowed = submit(hub, dave_token, SLEEPS, **BOTH_GPUS).json()
     wait_metrics(hub, dave_token, borrowed["id"], 2)
 
@@ -143,12 +161,13 @@ def test_a_user_within_her_guarantee_reclaims_from_a_borrower(hub):
         hub.gpulab("DELETE", f"/jobs/{j['id']}", token=token)
 
 
-def test_a_request_over_the_limit_is_refused_with_the_reason(hub):
-    hub.create_user(CAPPED)
+def test_a_request_over_the_limit_is_refused_with_the_reason(hub, capped):
     r = hub.gpulab(
         "POST",
         "/allocations",
         json={"user": CAPPED, "owner_kind": "server", "owner": f"{CAPPED}/", "gpu_milli": 1000},
     )
     assert r.status_code == 403
-    assert r.json()["error"].startswith("over your quota: you hold no GPU of your 1/2 GPU")
+    assert r.json()["error"].startswith(
+        f"over the quota of group {capped!r}: its members hold no GPU of 1/2 GPU"
+    )
