@@ -19,7 +19,22 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 PASSWORD = "a long budget password"
 
 
-def group_with_budget(hub, members: list[str], hours: float) -> str:
+@pytest.fixture
+def group_with_budget(hub):
+    """Makes hub groups with a budget for one test, and removes them after it, so no
+    later module on the shared hub sees them."""
+    made = []
+
+    def make(members: list[str], hours: float) -> str:
+        made.append(_group_with_budget(hub, members, hours))
+        return made[-1]
+
+    yield make
+    for name in made:
+        hub.hub_api("DELETE", f"/groups/{name}")
+
+
+def _group_with_budget(hub, members: list[str], hours: float) -> str:
     """A hub group of ``members`` whose property gives it ``hours`` GPU-hours a month."""
     name = fresh_user("budget-lab")
     assert hub.hub_api("POST", f"/groups/{name}").status_code in (200, 201)
@@ -41,15 +56,15 @@ def group_with_budget(hub, members: list[str], hours: float) -> str:
 
 
 def test_the_form_shows_hours_used_and_left_and_refuses_a_group_at_its_budget(
-    browser, hub, artifacts_dir
+    browser, hub, artifacts_dir, group_with_budget
 ):
     alice, bob = fresh_user("budget-alice"), fresh_user("budget-bob")
     sign_up_approved(hub, alice, PASSWORD)
     sign_up_approved(hub, bob, PASSWORD)
     for name in (alice, bob):  # hub users before their first login, to be in a group
         assert hub.hub_api("POST", f"/users/{name}").status_code in (201, 409)
-    roomy = group_with_budget(hub, [alice], 10)
-    spent = group_with_budget(hub, [bob], 0)
+    roomy = group_with_budget([alice], 10)
+    spent = group_with_budget([bob], 0)
 
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(120_000)
@@ -80,10 +95,10 @@ def test_the_form_shows_hours_used_and_left_and_refuses_a_group_at_its_budget(
     page.close()
 
 
-def test_the_lab_status_bar_says_the_hours_left(browser, hub, artifacts_dir):
+def test_the_lab_status_bar_says_the_hours_left(browser, hub, artifacts_dir, group_with_budget):
     carol = fresh_user("budget-carol")
     lab_pages.lab_user(hub, carol, PASSWORD, gpu_milli=0)
-    group = group_with_budget(hub, [carol], 10)
+    group = group_with_budget([carol], 10)
     context, page, errors = lab_pages.open_lab(browser, hub, carol, PASSWORD)
     try:
         status = page.locator(".gpulab-SliceStatus")
