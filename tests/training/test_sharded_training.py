@@ -33,10 +33,13 @@ def losses(jd) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records}
 
 
-def killed_and_resumed(backend, env: dict, steps: int, user: str | None = None, log_has=()):
-    """A clean run, then the same job with rank 1 SIGKILLed between checkpoints: it
-    resumes, and its loss curve and weights are the clean run's. The killed job's dir."""
-    fields = dict(nproc_per_node=2, out="model", checkpoint_every=4, env=env, user=user)
+def killed_and_resumed(
+    backend, env: dict, steps: int, user: str | None = None, log_has=(), every: int = 4
+):
+    """A clean run, then the same job with rank 1 SIGKILLed between checkpoints (one
+    every ``every`` steps): it resumes, and its loss curve and weights are the clean
+    run's. The killed job's dir."""
+    fields = dict(nproc_per_node=2, out="model", checkpoint_every=every, env=env, user=user)
     clean, clean_dir = run(backend, new_spec(SHARDED_LM, **fields))
     log = open(clean_dir.p("logs", "rank0.log")).read()
     assert clean.state == "succeeded", (clean, log[-3000:])
@@ -55,7 +58,8 @@ def killed_and_resumed(backend, env: dict, steps: int, user: str | None = None, 
             step = max(losses(jd))
         except (OSError, ValueError):
             return
-        if latest >= 4 and step >= latest + 1:
+        # A step past the checkpoint reported: the next one is under way.
+        if latest >= every and step >= latest:
             pid = json.load(open(jd.p("pids", "rank1.json")))["pid"]
             os.kill(pid, signal.SIGKILL)
             killed.update(pid=pid, at_step=step, checkpoint=latest)
