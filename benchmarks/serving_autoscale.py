@@ -28,6 +28,10 @@ more replicas add little capacity there: read the p99 columns with that in mind.
 
     python benchmarks/serving_autoscale.py [--phases 40,40,80] [--clients 8,64,8]
         [--min 1] [--max 3] [--target-inflight 16] [--scale-down-delay 15]
+        [--hub URL --token TOKEN]
+
+``--hub`` (with a user's ``--token``) measures on a hub already running instead of
+starting one: its test uses the suite's shared hub.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import datetime as dt
 import math
 import os
@@ -168,6 +173,23 @@ def usage_seconds(client, t0: float, t1: float) -> float | None:
     return 0.0
 
 
+@contextlib.contextmanager
+def running_hub(url: str, token: str, work: str, dims: list[int]):
+    """A hub already running at ``url`` as :func:`serving_hub` yields one: ``(hub,
+    client, token, model_dir)``, the MLP of ``dims`` built in ``work``. Nothing is
+    stopped on exit but the deployments, which each configuration stops itself."""
+    from types import SimpleNamespace
+
+    from serving_batching import build_model
+
+    from gpulab.client import Client
+
+    hub = SimpleNamespace(url=url.rstrip("/"), api=f"{url.rstrip('/')}/services/gpulab/api/v1")
+    model_dir = os.path.join(work, "mlp")
+    build_model(dims, model_dir)
+    yield hub, Client(hub.api, token=token), token, model_dir
+
+
 def run_config(hub, client, token, model_dir, label, name, spec, need, args, bodies) -> dict:
     """Deploy, warm up, drive the three phases, measure, stop."""
     print(f"{label}: deploying {spec}", file=sys.stderr, flush=True)
@@ -256,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dims", default="512,4096,4096,10")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-latency-ms", type=float, default=5.0)
+    parser.add_argument("--hub", help="a running hub's URL: measure there, start none")
+    parser.add_argument("--token", help="with --hub: an API token of the user who deploys")
     args = parser.parse_args(argv)
+    if bool(args.hub) != bool(args.token):
+        parser.error("--hub and --token go together")
     args.phases = [float(x) for x in args.phases.split(",")]
     args.clients = [int(x) for x in args.clients.split(",")]
     fixed = [int(x) for x in args.fixed.split(",") if x]
@@ -287,14 +313,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     results = []
-    with (
-        tempfile.TemporaryDirectory(prefix="gpulab-bench-autoscale-") as work,
-        serving_hub(work, dims) as (hub, client, token, model_dir),
-    ):
-        for label, name, spec, need in configs:
-            results.append(
-                run_config(hub, client, token, model_dir, label, name, spec, need, args, bodies)
-            )
+    with tempfile.TemporaryDirectory(prefix="gpulab-bench-autoscale-") as work:
+        where = (
+            running_hub(args.hub, args.token, work, dims) if args.hub else serving_hub(work, dims)
+        )
+        with where as (hub, client, token, model_dir):
+            for label, name, spec, need in configs:
+                results.append(
+                    run_config(hub, client, token, model_dir, label, name, spec, need, args, bodies)
+                )
 
     report(results, args, dims)
     return 0

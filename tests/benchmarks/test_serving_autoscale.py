@@ -1,11 +1,13 @@
-"""benchmarks/serving_autoscale.py end to end with short phases: a real hub, fixed 3
-replicas then an autoscaled deployment under the 8 -> 64 -> 8 clients step."""
+"""benchmarks/serving_autoscale.py end to end with short phases: on the suite's shared
+hub (``--hub``: a hub of its own would start for this test alone), fixed 3 replicas then
+an autoscaled deployment under the 8 -> 64 -> 8 clients step."""
 
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hubproc import fresh_user
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "serving_autoscale.py"
@@ -13,11 +15,16 @@ SCRIPT = REPO / "benchmarks" / "serving_autoscale.py"
 pytestmark = pytest.mark.slow
 
 
-def test_short_step_load_scales_up_and_is_reported():
+def test_short_step_load_scales_up_and_is_reported(plain_hub):
+    token = plain_hub.create_user(fresh_user("bench"))
     done = subprocess.run(
         [
             sys.executable,
             str(SCRIPT),
+            "--hub",
+            plain_hub.url,
+            "--token",
+            token,
             "--fixed",
             "3",
             # B long enough for the autoscaler (a look a second) to add replicas and
