@@ -98,3 +98,78 @@ def test_hub_auth_builds_one_tls_context_for_the_same_files(tmp_path):
         assert auth.make_ssl_context.cache_info().misses == 1
     finally:
         auth.make_ssl_context = original
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def warm_router(users: dict):
+    from gpulab.service.endpoints.router import TokenCache
+
+    hub = CountingHubAuth(users)
+    r = router(hub)
+    clock = Clock()
+    r.tokens = TokenCache(clock=clock)
+    return r, hub, clock
+
+
+ALICE = {"name": "alice", "kind": "user", "scopes": ["access:services!service=gpulab"]}
+
+
+async def test_a_token_in_use_is_asked_again_before_its_answer_expires():
+    """A client that pauses between bursts finds its token's answer still fresh:
+    the router asked the hub again in the background, not on the burst's path."""
+    from gpulab.service.endpoints.router import REFRESH_AHEAD_S, TOKEN_TTL_S
+
+    r, hub, clock = warm_router({"t": ALICE})
+    await r._identify("t")
+    assert hub.calls == 1
+    clock.now += TOKEN_TTL_S - REFRESH_AHEAD_S - 0.5  # not due yet
+    assert await r.refresh_tokens() == 0
+    clock.now += 1.0  # within REFRESH_AHEAD_S of its expiry
+    assert await r.refresh_tokens() == 1
+    assert hub.calls == 2
+    clock.now += TOKEN_TTL_S - 0.1  # past the first answer's expiry, not the second's
+    assert (await r._identify("t")).name == "alice"
+    assert hub.calls == 2  # the call did not wait for the hub
+
+
+async def test_a_token_revoked_meanwhile_is_refused_after_the_refresh():
+    from gpulab.service.endpoints.router import REFRESH_AHEAD_S, TOKEN_TTL_S
+
+    users = {"t": ALICE}
+    r, hub, clock = warm_router(users)
+    await r._identify("t")
+    users.clear()  # revoked at the hub
+    clock.now += TOKEN_TTL_S - REFRESH_AHEAD_S + 0.5
+    assert await r.refresh_tokens() == 1
+    with pytest.raises(Denied) as refused:
+        await r._identify("t")
+    assert refused.value.status == 401
+    assert await r.refresh_tokens() == 0  # a refusal is not kept warm
+
+
+async def test_an_idle_token_is_not_kept_warm():
+    from gpulab.service.endpoints.router import KEEP_WARM_S, TOKEN_TTL_S
+
+    r, hub, clock = warm_router({"t": ALICE})
+    await r._identify("t")
+    # Kept warm while used recently; a minute after its last use, no more.
+    while clock.now < 1000.0 + KEEP_WARM_S - TOKEN_TTL_S:
+        clock.now += 1.0
+        await r.refresh_tokens()
+    asked = hub.calls
+    assert asked > 1
+    clock.now += KEEP_WARM_S
+    assert await r.refresh_tokens() == 0
+    assert hub.calls == asked
+    # Used again: a miss asks the hub, then it is kept warm again.
+    await r._identify("t")
+    assert hub.calls == asked + 1
+    clock.now += TOKEN_TTL_S - 1.0
+    assert await r.refresh_tokens() == 1
