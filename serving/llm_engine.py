@@ -37,9 +37,37 @@ import torch
 ENGINES = ("auto", "step-batch", "transformers-cb", "vllm")
 
 
-#: The longest an idle engine waits for a burst's other requests (see _gather_arrivals).
+#: The longest an idle engine waits for a burst's other requests (see _gather_arrivals),
+#: by default; the replica's ``--max-admission-window-ms`` (0: no wait).
 MAX_ADMISSION_WINDOW_S = 0.1
 MIN_ARRIVAL_GAP_S = 0.001
+#: After a prefill, the longest the engine thread waits for the event loop to take
+#: the first tokens out before it decodes again (see _let_first_tokens_out).
+FIRST_TOKENS_WAIT_S = 0.02
+
+
+def admission_deadline(
+    first: float, last: float, waiting: int, prompt_s: float, max_window_s: float
+) -> float:
+    """When an idle engine stops waiting for more of a burst and prefills what came:
+    ``first`` and ``last`` are when the first and the latest waiting request came,
+    ``waiting`` how many wait, ``prompt_s`` one prompt's share of a prefill pass.
+
+    The pass the waiting requests would take is ``waiting * prompt_s``: the engine
+    waits at most that long from the first arrival (``max_window_s`` at most), and
+    no longer than a quarter of it after the latest arrival. Waiting costs those
+    already there; not waiting makes a late one wait for that whole pass and then
+    pay a pass of its own, so the more have come, the longer a pause between two
+    arrivals is worth sitting out (traced through the gateway on 2 loaded cores:
+    16 requests reached the replica over 25 to 60 ms, 5 to 12 ms apart at times; a
+    window of one prompt's time split such a burst, and the 14 late ones waited for
+    the first 2's pass). A lone request still waits a quarter of its own pass."""
+    if max_window_s <= 0:
+        return first
+    pending = waiting * prompt_s
+    window = min(pending, max_window_s)
+    gap = max(min(pending / 4, window), MIN_ARRIVAL_GAP_S)
+    return min(first + window, last + gap)
 
 
 class QueueFull(Exception):
@@ -171,9 +199,17 @@ class StepBatchEngine(Engine):
 
     name = "step-batch"
 
-    def __init__(self, model, max_num_seqs: int = 16, max_queue: int = 64):
+    def __init__(
+        self,
+        model,
+        max_num_seqs: int = 16,
+        max_queue: int = 64,
+        max_admission_window_s: float = MAX_ADMISSION_WINDOW_S,
+    ):
         super().__init__(max_num_seqs, max_queue)
         self.model = model
+        #: The longest an idle engine waits for a burst (:func:`admission_deadline`).
+        self.max_admission_window_s = max_admission_window_s
         self.reason = "gpulab continuous batching on transformers"
         #: LoRA adapters of a PEFT model: rows of one batch may each use another.
         self.adapters = set(getattr(model, "peft_config", {}) or {})
@@ -190,6 +226,10 @@ class StepBatchEngine(Engine):
         #: A prefill pass's time over its prompts (a moving average; one prompt alone:
         #: its whole pass): the admission window's scale.
         self.prompt_prefill_s = 0.0
+        #: Prefill passes run, and the requests they prefilled (a burst gathered into
+        #: one pass: one more pass, as many more requests).
+        self.prefills = 0
+        self.prefilled = 0
 
     @property
     def load(self) -> int:
@@ -242,23 +282,24 @@ class StepBatchEngine(Engine):
 
     def _gather_arrivals(self) -> None:
         """An idle engine that a request wakes waits a moment for the requests arriving
-        with it, so that a burst is prefilled in one pass: until none came for a
-        quarter of one prompt's prefill time, one prompt's time in all at most, or
-        the batch would be full. Over HTTP a burst reaches the replica spread out, and
-        a pass started on the first arrival also slows the event loop taking the
-        others; each extra pass costs its fixed part again (measured, 2 loaded cores:
-        one 40-token prompt 116 ms a pass, 16 of them 1.25 s). Traced through the
-        gateway, a burst of 16 reached the replica over 30 to 60 ms; without the wait,
-        the first was prefilled alone and the other 15 waited for that pass. Scaled by
-        the measured time (a loaded machine takes longer for both), so a lone request
-        waits a quarter of its own prefill. Called with ``_wake`` held; ``wait`` lets
-        the event loop submit meanwhile."""
-        window = min(self.prompt_prefill_s, MAX_ADMISSION_WINDOW_S)
-        gap = max(min(self.prompt_prefill_s / 4, window), MIN_ARRIVAL_GAP_S)
+        with it, so that a burst is prefilled in one pass (until
+        :func:`admission_deadline`, or the batch is full). Over HTTP a burst reaches
+        the replica spread out, and a pass started on the first arrival also slows
+        the event loop taking the others; each extra pass costs its fixed part again
+        (measured, 2 loaded cores: one 40-token prompt 116 ms a pass, 16 of them
+        1.25 s). Scaled by the measured time (a loaded machine takes longer for
+        both), so a lone request waits a quarter of its own prefill. Called with
+        ``_wake`` held; ``wait`` lets the event loop submit meanwhile."""
         first = self._waiting[0].t_submit
         while not self._stopping and 0 < len(self._waiting) < self.max_num_seqs:
+            until = admission_deadline(
+                first,
+                self._waiting[-1].t_submit,
+                len(self._waiting),
+                self.prompt_prefill_s,
+                self.max_admission_window_s,
+            )
             now = time.perf_counter()
-            until = min(first + window, self._waiting[-1].t_submit + gap)
             if now >= until:
                 return
             self._wake.wait(until - now)
@@ -323,11 +364,33 @@ class StepBatchEngine(Engine):
         took = (time.perf_counter() - started) / len(new)
         last = self.prompt_prefill_s
         self.prompt_prefill_s = took if not last else 0.7 * last + 0.3 * took
+        self.prefills += 1
+        self.prefilled += len(new)
         tokens = sample(out.logits[:, -1], new)
         for s, t in zip(new, tokens, strict=True):
             s.length = len(s.prompt)
             self._emit(s, t)
         self._merge(out.cache, mask, new)
+        self._let_first_tokens_out(new)
+
+    def _let_first_tokens_out(self, seqs: list[_Sequence]) -> None:
+        """Wait (FIRST_TOKENS_WAIT_S at most) until the event loops of ``seqs`` have
+        taken their first tokens: a decode started at once holds the cores (and
+        the GIL between its ops) while the replica's loop detokenizes and writes
+        16 first chunks; traced through the gateway, they reached the service 15 to
+        20 ms after the prefill. The loop runs the second hop after the tasks the
+        tokens woke (callbacks run in order), so that is when they are out."""
+        waits = []
+        for loop in {s.loop for s in seqs}:
+            out = threading.Event()
+            try:
+                loop.call_soon_threadsafe(loop.call_soon, out.set)
+            except RuntimeError:  # that loop is closed: nobody to wait for
+                continue
+            waits.append(out)
+        deadline = time.perf_counter() + FIRST_TOKENS_WAIT_S
+        for out in waits:
+            out.wait(max(0.0, deadline - time.perf_counter()))
 
     def _merge(self, cache, mask: torch.Tensor, new: list[_Sequence]) -> None:
         if self._cache is None:
@@ -506,11 +569,18 @@ def choose_engine(requested: str = "auto") -> tuple[str, str]:
 
 
 def build_engine(
-    kind: str, model, *, max_num_seqs: int, max_queue: int, max_model_len: int, eos=None
+    kind: str,
+    model,
+    *,
+    max_num_seqs: int,
+    max_queue: int,
+    max_model_len: int,
+    eos=None,
+    max_admission_window_s: float = MAX_ADMISSION_WINDOW_S,
 ) -> Engine:
     if kind == "transformers-cb" and not getattr(model, "peft_config", None):
         return TransformersCBEngine(model, max_num_seqs, max_queue, eos, max_model_len)
-    return StepBatchEngine(model, max_num_seqs, max_queue)
+    return StepBatchEngine(model, max_num_seqs, max_queue, max_admission_window_s)
 
 
 def now() -> float:

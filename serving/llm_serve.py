@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from .llm_engine import build_engine, choose_engine
+from .llm_engine import MAX_ADMISSION_WINDOW_S, build_engine, choose_engine
 from .llm_export import load_causal_lm, read_card
 from .openai_routes import LlmServer
 
@@ -55,6 +55,10 @@ async def load_llm_server(args: argparse.Namespace, token: str) -> LlmServer:
             max_num_seqs=card["max_num_seqs"],
             max_queue=args.max_queue,
             max_model_len=card["max_model_len"],
+            max_admission_window_s=getattr(
+                args, "max_admission_window_ms", MAX_ADMISSION_WINDOW_S * 1e3
+            )
+            / 1e3,
         )
     engine.reason = reason
     server = LlmServer(model, tokenizer, card, engine, token=token)

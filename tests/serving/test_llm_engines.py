@@ -3,6 +3,7 @@ says for each prompt alone, whoever shares the batch and whenever they join; a
 cancelled sequence leaves the batch; a full engine refuses."""
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -188,3 +189,86 @@ def test_rows_of_one_batch_each_use_their_lora_adapter():
 async def collect_with(engine, ids, params, delay=0.0):
     await asyncio.sleep(delay)
     return [t async for t in engine.generate(ids, params)]
+
+
+def test_the_admission_wait_grows_with_the_burst_and_has_a_cap():
+    from gpulab.serving.llm_engine import admission_deadline
+
+    # A lone request waits a quarter of its own pass after it came.
+    assert admission_deadline(10.0, 10.0, 1, 0.02, 0.1) == pytest.approx(10.005)
+    # Eight waiting would take eight prompts' pass: a pause of a quarter of that
+    # (40 ms) after the latest is sat out, 160 ms from the first at most...
+    assert admission_deadline(10.0, 10.03, 8, 0.02, 0.2) == pytest.approx(10.07)
+    assert admission_deadline(10.0, 10.15, 8, 0.02, 0.2) == pytest.approx(10.16)
+    # ... and never more than the setting; 0: no wait at all.
+    assert admission_deadline(10.0, 10.09, 8, 0.02, 0.1) == pytest.approx(10.1)
+    assert admission_deadline(10.0, 10.0, 8, 0.02, 0.0) == 10.0
+
+
+def test_an_idle_engine_prefills_a_burst_in_one_pass(llama):
+    """Requests that arrive one by one, each a moment after the other (as a burst
+    comes over HTTP), are gathered into one prefill: the engine's own counters say
+    one pass for all three. The wait ends because the batch is full, not on a timer
+    (one prompt's prefill is set long, so the window outlasts any slow machine)."""
+    model, tokenizer = llama
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    engine = StepBatchEngine(model, max_num_seqs=3, max_admission_window_s=600)
+    engine.prompt_prefill_s = 60.0
+
+    async def main():
+        tasks = []
+        for ids in prompts:
+            tasks.append(asyncio.ensure_future(collect(engine, ids, 4)))
+            await asyncio.sleep(0.001)  # the next arrives later
+        return await asyncio.gather(*tasks)
+
+    answers = run(engine, main())
+    assert (engine.prefills, engine.prefilled) == (1, 3)
+    assert answers == [alone(model, ids, 4) for ids in prompts]
+
+
+def test_first_tokens_leave_before_the_next_decode(llama, monkeypatch):
+    """After a prefill the engine lets the event loop take the first tokens out
+    before it decodes again (a decode would hold the cores meanwhile)."""
+    from gpulab.serving import llm_engine
+
+    monkeypatch.setattr(llm_engine, "FIRST_TOKENS_WAIT_S", 600.0)  # no timer decides
+    model, tokenizer = llama
+    ids = tokenizer(PROMPTS[0]).input_ids
+    engine = StepBatchEngine(model, max_num_seqs=2)
+    seen_first = []
+    decodes_after_first = []
+    loops = []
+
+    def note_decode(module, args, kwargs):
+        if kwargs["input_ids"].shape[1] == 1:  # a decode step
+            decodes_after_first.append(bool(seen_first))
+        elif loops:  # the prefill: the event loop is kept busy a while meanwhile
+            loops.pop().call_soon_threadsafe(time.sleep, 1.0)
+
+    async def main():
+        loops.append(asyncio.get_running_loop())
+        tokens = engine.generate(ids, SamplingParams(max_tokens=3, temperature=0))
+        out = [await anext(tokens)]
+        seen_first.append(True)
+        return out + [t async for t in tokens]
+
+    hook = model.register_forward_pre_hook(note_decode, with_kwargs=True)
+    try:
+        answer = run(engine, main())
+    finally:
+        hook.remove()
+    assert answer == alone(model, ids, 3)
+    assert decodes_after_first and all(decodes_after_first)
+
+
+def test_the_replica_takes_the_admission_window_setting(capsys):
+    from gpulab.serving.server import main, parse_args
+
+    assert parse_args(["--model-dir", "m"]).max_admission_window_ms == 100
+    assert (
+        parse_args(["--model-dir", "m", "--max-admission-window-ms", "0"]).max_admission_window_ms
+        == 0
+    )
+    assert main(["--model-dir", "m", "--max-admission-window-ms", "-1"]) == 2
+    assert "--max-admission-window-ms must be 0 or more" in capsys.readouterr().err
