@@ -31,9 +31,11 @@ PER_OWNER = THREADS // 2
 
 
 class EmbeddedEngine:
-    def __init__(self, uri: str, call_timeout: float = 30.0):
+    def __init__(self, uri: str, call_timeout: float = 30.0, search_ef: int | None = None):
         self.uri = uri
         self.call_timeout = call_timeout
+        #: HNSW's search breadth (c.VectorSettings.collection_search_ef); None: the engine's.
+        self.search_ef = search_ef
         self.queues = OwnerQueues(THREADS, PER_OWNER)
         self.client = Client(uri.removeprefix("unix:"))
         #: Searches of one collection that arrive while one is under way go together.
@@ -149,4 +151,6 @@ class EmbeddedEngine:
     async def _search(self, owner: str, cid: str, queries: np.ndarray, k: int, filter: str):
         """One call of the engine for a batch of searches (:mod:`.search_batches`)."""
         body = {"cid": cid, "k": k, "filter": filter}
+        if self.search_ef is not None:
+            body["ef"] = self.search_ef
         return (await self._call("search", owner, body, queries, what="search"))["results"]

@@ -27,6 +27,7 @@ from . import engine_protocol as protocol
 from . import filters
 from .embedded_store import NotFound, Store
 from .engine_transport import Server
+from .faiss_collection import EF_SEARCH
 from .filter_match import predicate
 
 log = logging.getLogger("gpulab.service.vectors.engine")
@@ -89,11 +90,22 @@ class Handlers:
         # The service parsed and bounded this filter already; it is parsed again here
         # with the same grammar, so nothing unbounded runs even if a caller skipped that.
         match = predicate(filters.parse(h["filter"])) if h.get("filter") else None
-        found = collection.search(queries, h["k"], match)
+        found = collection.search(queries, h["k"], match, search_ef(h.get("ef", EF_SEARCH)))
         return {"results": [[list(hit) for hit in hits] for hits in found]}
 
     def ping(self, h, _):
         return {}
+
+
+#: The widest search breadth a call may ask for (the service's setting is checked too).
+MAX_EF = 4096
+
+
+def search_ef(ef) -> int:
+    """HNSW's search breadth a call asked for, an int within 1..MAX_EF."""
+    if not isinstance(ef, int) or isinstance(ef, bool) or not 1 <= ef <= MAX_EF:
+        raise ValueError(f"ef must be an integer from 1 to {MAX_EF}, not {ef!r}")
+    return ef
 
 
 def handler(fn):

@@ -49,10 +49,12 @@ from .filter_match import Predicate
 from .rwlock import RWLock
 from .tail import Tail, best, scores
 
-#: HNSW's graph degree and build breadth; search breadth is max(EF_SEARCH, 2k).
+#: HNSW's graph degree and build breadth; search breadth is max(ef, 2k), ef the
+#: service's (c.VectorSettings.collection_search_ef, whose default and reason this
+#: is), EF_SEARCH where a call gives none.
 M = 16
 EF_CONSTRUCTION = 64
-EF_SEARCH = 64
+EF_SEARCH = 128
 #: A log past this many bytes (or past the last snapshot's size, so that snapshots
 #: cost at most as much again as the data) is folded into a snapshot.
 SNAPSHOT_BYTES = 256 * 2**20
@@ -350,7 +352,9 @@ class Collection:
             ]
 
     # -- search ----------------------------------------------------------------------
-    def search(self, queries, k: int, match: Predicate | None = None) -> list[list[tuple]]:
+    def search(
+        self, queries, k: int, match: Predicate | None = None, ef: int = EF_SEARCH
+    ) -> list[list[tuple]]:
         """(id, score, metadata) of the best ``k`` rows per query; ``match``: only rows
         it takes. Cosine and IP scores are similarities, L2 a squared distance."""
         queries = self._prepared(queries)
@@ -365,7 +369,7 @@ class Collection:
                 found = scores(queries, self._gather(labels), self.metric)
                 scored, found = best(found, np.broadcast_to(labels, found.shape), k, self.metric)
             else:
-                scored, found = self._both(queries, labels, k)
+                scored, found = self._both(queries, labels, k, ef)
             return [
                 [
                     (self.ids[label], float(score), self.metadata[label])
@@ -393,14 +397,14 @@ class Collection:
             return self._live[1]
         return None
 
-    def _both(self, queries, labels, k: int):
+    def _both(self, queries, labels, k: int, ef: int = EF_SEARCH):
         """The index's hits and the tail's (exact), merged: the best ``k`` of both."""
         start = self.tail.start
         parts = []
         if start:
             mine = None if labels is None else labels[labels < start]
             if mine is None or len(mine):
-                parts.append(self._indexed(queries, mine, k, start))
+                parts.append(self._indexed(queries, mine, k, start, ef))
         if self.tail.rows:
             mine = None if labels is None else labels[labels >= start]
             if mine is None or len(mine):
@@ -413,7 +417,7 @@ class Collection:
             np.hstack([p[0] for p in parts]), np.hstack([p[1] for p in parts]), k, self.metric
         )
 
-    def _indexed(self, queries, labels, k: int, start: int):
+    def _indexed(self, queries, labels, k: int, start: int, ef: int = EF_SEARCH):
         """The index's best ``k`` among labels below ``start`` (or ``labels``)."""
         params = None
         selector = None
@@ -423,7 +427,7 @@ class Collection:
             selector = faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap))
         if self.kind == "hnsw":
             params = faiss.SearchParametersHNSW()
-            params.efSearch = max(EF_SEARCH, 2 * k)
+            params.efSearch = max(ef, 2 * k)
             if selector is not None:
                 params.sel = selector
         elif selector is not None:

@@ -95,7 +95,9 @@ class CollectionManager:
             process = EngineProcess(service.data_dir)
             process.prepare()
             engine = EmbeddedEngine(
-                process.uri, call_timeout=service.vector_settings.vector_call_timeout
+                process.uri,
+                call_timeout=service.vector_settings.vector_call_timeout,
+                search_ef=service.vector_settings.collection_search_ef,
             )
         deployments = service.deployments
         return cls(
@@ -519,8 +521,10 @@ class CollectionManager:
 
 def _with_text(hit: dict) -> dict:
     """The hit with the text its row keeps as ``text`` (None for a row of vectors alone)."""
-    metadata = dict(hit["metadata"])
-    text = metadata.pop(checks.TEXT_KEY, None)
+    metadata, text = hit["metadata"], None
+    if checks.TEXT_KEY in metadata:  # copied only then: most hits of a search keep none
+        metadata = dict(metadata)
+        text = metadata.pop(checks.TEXT_KEY)
     return {**hit, "metadata": metadata, "text": text}
 
 

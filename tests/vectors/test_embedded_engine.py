@@ -171,6 +171,68 @@ def test_rows_not_indexed_yet_are_found_hidden_and_filtered_with_the_indexed(
     assert ids_of(c.search(moved, 1, match)[0]) == ["r20"]
 
 
+class _BreadthSpy:
+    """The collection's FAISS index, noting the efSearch each search asked of it."""
+
+    def __init__(self, index):
+        self.index, self.asked = index, []
+
+    def search(self, queries, k, params=None):
+        self.asked.append(params.efSearch)
+        return self.index.search(queries, k, params=params)
+
+    def __getattr__(self, name):
+        return getattr(self.index, name)
+
+
+def test_a_search_goes_as_wide_as_asked_and_at_least_twice_k(tmp_path):
+    """The service's c.VectorSettings.collection_search_ef reaches FAISS: a search's
+    breadth is the ef asked (the engine's default without one), never under 2k; the
+    engine refuses a breadth out of range, as a 400."""
+    from gpulab.service.vectors.engine_server import search_ef
+
+    c = Collection.create(str(tmp_path / "c1"), DIM, "cosine", "hnsw")
+    v = unit(200)
+    c.write([f"r{i}" for i in range(200)], v, [{} for _ in range(200)])
+    c.build()
+    c.index = spy = _BreadthSpy(c.index)
+    assert ids_of(c.search(v[5:6], 1, ef=200)[0]) == ["r5"]
+    assert ids_of(c.search(v[6:7], 1)[0]) == ["r6"]
+    c.search(v[:1], 50, ef=16)
+    assert spy.asked == [200, faiss_collection.EF_SEARCH, 100]
+    assert search_ef(256) == 256
+    for wrong in (0, 5000, 64.5, "64", True):
+        with pytest.raises(ValueError, match="ef must be an integer"):
+            search_ef(wrong)
+
+
+async def test_the_service_sends_its_search_breadth_with_each_search():
+    """EmbeddedEngine(search_ef=N) asks the engine for breadth N on every search, a
+    batch of searches included; without it the engine's default holds."""
+    from gpulab.service.vectors import engine_protocol as protocol
+    from gpulab.service.vectors.embedded import EmbeddedEngine
+
+    class Engine:
+        def __init__(self):
+            self.headers = []
+
+        async def call(self, method, request):
+            header, vectors = protocol.unpack(request)
+            self.headers.append(header)
+            return protocol.pack({"results": [[] for _ in vectors]})
+
+    for breadth, expected in ((300, 300), (None, None)):
+        engine = EmbeddedEngine("unix:/nowhere", search_ef=breadth)
+        engine.client = fake = Engine()
+        await asyncio.gather(
+            *(
+                engine.search("alice", "c1", [unit(1, seed=i)[0]], 10, "cosine", "")
+                for i in range(3)
+            )
+        )
+        assert fake.headers and all(h.get("ef") == expected for h in fake.headers)
+
+
 def test_a_snapshot_keeps_the_index_built_so_far_and_the_rows_waiting(tmp_path):
     """Snapshots do not wait for the index: the part built is saved as built, the rest
     as the tail; a crash after more writes replays them into the tail too."""
