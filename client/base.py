@@ -14,8 +14,6 @@ they work inside Jupyter (whose own loop is already running).
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
 import json
 import os
 import ssl
@@ -39,9 +37,6 @@ from .usage import UsageAPI
 
 #: What aiohttp raises when no (whole) answer came: the client raises ServiceUnreachable.
 _NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError)
-#: Seconds a kept-alive connection may idle before the client closes it: under the hub
-#: proxy's (node's 5 s), so a request never goes out on a connection being closed.
-KEEPALIVE_S = 2.0
 
 
 class _LoopThread:
@@ -59,25 +54,6 @@ class _LoopThread:
                     target=cls._loop.run_forever, name="gpulab-client", daemon=True
                 ).start()
             return cls._loop
-
-
-#: The sync face's kept sessions, by (https, CA files): see AsyncClient._calls_session.
-_KEPT: dict[tuple, aiohttp.ClientSession] = {}
-
-
-@atexit.register
-def _close_kept() -> None:
-    """Close the kept sessions as the process ends (else aiohttp warns of them)."""
-    loop = _LoopThread._loop
-    if loop is None or not _KEPT:
-        return
-
-    async def close_all():
-        for session in list(_KEPT.values()):
-            await session.close()
-
-    with contextlib.suppress(Exception):  # the process ends either way
-        asyncio.run_coroutine_threadsafe(close_all(), loop).result(2)
 
 
 def client_loop() -> asyncio.AbstractEventLoop:
@@ -131,42 +107,15 @@ class AsyncClient(
         # environment belongs to the server it ran in: rebuilt from what was given.
         return (type(self), self._given)
 
-    def _session(
-        self, timeout: aiohttp.ClientTimeout, keepalive: float | None = None
-    ) -> aiohttp.ClientSession:
-        # Kept: no cookies carried from one call to the next (nor between clients, whose
-        # tokens differ), as a session per call carried none.
-        kept = {} if keepalive is None else {"cookie_jar": aiohttp.DummyCookieJar()}
-        keep = {} if keepalive is None else {"keepalive_timeout": keepalive}
+    def _session(self, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
         if not self.api_url.startswith("https:"):
-            connector = aiohttp.TCPConnector(**keep) if keep else None
-            return aiohttp.ClientSession(timeout=timeout, connector=connector, **kept)
+            return aiohttp.ClientSession(timeout=timeout)
         if self._ssl is None:
             try:
                 self._ssl = client_context(self._ca_files)
             except OSError as e:
                 raise ConfigurationError(0, str(e)) from None
-        return aiohttp.ClientSession(
-            timeout=timeout, connector=aiohttp.TCPConnector(ssl=self._ssl, **keep), **kept
-        )
-
-    @contextlib.asynccontextmanager
-    async def _calls_session(self):
-        """The session of one JSON call. On the sync face's loop (which lives as long as
-        the process) one session is kept, and with it its connections: a search in a
-        loop (``Collection.search``) paid a new connection, through the hub's proxy,
-        each time. Elsewhere (a caller's own loop, which may end) a session per call."""
-        if asyncio.get_running_loop() is not _LoopThread._loop:
-            async with self._session(self.timeout) as s:
-                yield s
-            return
-        # One per kind of connection, not per client: a Collection() makes a client,
-        # and a session dropped unclosed with it would warn.
-        key = (self.api_url.startswith("https:"), tuple(self._ca_files))
-        kept = _KEPT.get(key)
-        if kept is None or kept.closed:
-            kept = _KEPT[key] = self._session(self.timeout, keepalive=KEEPALIVE_S)
-        yield kept
+        return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(ssl=self._ssl))
 
     @property
     def headers(self) -> dict[str, str]:
@@ -193,11 +142,10 @@ class AsyncClient(
         """One call; ``body`` is sent as JSON, or ``form`` as multipart/form-data."""
         try:
             async with (
-                self._calls_session() as s,
+                self._session(self.timeout) as s,
                 s.request(
                     method,
                     self.url(path, query),
-                    timeout=self.timeout,
                     headers=self.headers,
                     json=body if form is None else None,
                     data=form,
