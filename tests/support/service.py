@@ -206,7 +206,7 @@ class InProcessService:
                 **kw,
             )
         except requests.Timeout:
-            dump_loop_state(f"{method} {path} got no answer")
+            dump_loop_state(f"{method} {path} got no answer from {self.url}")
             raise
 
     async def raw(
