@@ -29,7 +29,8 @@ from urllib.parse import unquote
 import requests
 from tornado import web
 from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
+from tornado.ioloop import IOLoop
+from tornado.netutil import add_accept_handler, bind_sockets
 from traitlets.config import Config
 
 from support.loop_dump import dump_loop_state
@@ -167,8 +168,11 @@ class InProcessService:
     """A started service: ``url``/``api`` like :class:`hubproc.RunningHub`, and
     ``request``/``raw`` to call it from an async test."""
 
-    def __init__(self, app, hub: FakeHubAPI, data_dir: Path, port: int, hub_server=None):
+    def __init__(
+        self, app, hub: FakeHubAPI, data_dir: Path, port: int, hub_server=None, server=None
+    ):
         self.app = app  # the GpuLabService
+        self.server = server  # its tornado HTTPServer
         self.fake_hub = hub
         #: The fake hub's HTTP server: a test stops it to see the service with the hub down.
         self.hub_server = hub_server
@@ -176,6 +180,29 @@ class InProcessService:
         self.url = f"http://127.0.0.1:{port}"
         self.api = f"{self.url}{PREFIX}api/v1"
         self.admin_token = hub.add_user("admin", admin=True)
+
+    def watch_listening_again(self) -> None:
+        """The tests' services share one event loop. Three full runs saw a service whose
+        listening socket the loop no longer watched (its fd missing from the loop's
+        selector while the socket listened: an earlier test's socket with that number,
+        closed late, took the registration with it), so it never accepted. Watch it
+        again, and say so in the log."""
+        if self.server is None or self.server._stopped:  # noqa: SLF001 - a test stopped it
+            return
+        loop = asyncio.get_running_loop()
+        watched = loop._selector.get_map()  # noqa: SLF001 - asyncio keeps no public view
+        io_loop = IOLoop.current()
+        for fd, sock in list(self.server._sockets.items()):  # noqa: SLF001
+            if fd in watched or sock.fileno() != fd:
+                continue
+            log.warning("fd %d (the service's listening socket) was not watched; again", fd)
+            if fd in io_loop.handlers:  # tornado still has it: only asyncio forgot it
+                loop.add_reader(fd, io_loop._handle_events, fd, IOLoop.READ)  # noqa: SLF001
+            else:
+                self.server._handlers[fd] = add_accept_handler(  # noqa: SLF001
+                    sock,
+                    self.server._handle_connection,  # noqa: SLF001
+                )
 
     def create_user(self, name: str, **kw) -> str:
         return self.fake_hub.add_user(name, **kw)
@@ -196,6 +223,7 @@ class InProcessService:
         (none at all with ``anonymous``)."""
         headers = {} if anonymous else self.auth(token)
         headers.update(headers_extra or {})
+        self.watch_listening_again()
         try:
             return await asyncio.to_thread(
                 requests.request,
@@ -271,7 +299,7 @@ async def running_service(
 
         server, port = _listen(app, xheaders=True, max_body_size=JSON_BODY_LIMIT)
         await _start_background(svc)
-        yield InProcessService(svc, hub, data_dir, port, hub_server)
+        yield InProcessService(svc, hub, data_dir, port, hub_server, server)
     finally:
         if server is not None:
             server.stop()
