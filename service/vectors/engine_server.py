@@ -11,12 +11,15 @@ of its own (:mod:`.indexer`); rows not in it yet are searched exactly. Collectio
 older gpulab kept in Milvus Lite (``DATA_DIR`` itself) are copied in at the first
 start (:mod:`.lite_migration`).
 It dies with the service that started it (``PARENT_PID``): the kernel kills it when
-its parent goes, so no engine outlives a killed service.
+its parent goes, so no engine outlives a killed service. One engine at a time holds
+``DATA_DIR`` (a lock): a second would write the same logs, and could keep answering
+on connections made before the first was replaced, so it exits, saying why.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import logging
 import os
 import signal
@@ -34,6 +37,8 @@ log = logging.getLogger("gpulab.service.vectors.engine")
 
 #: The folder, in DATA_DIR, of this engine's collections.
 FOLDER = "faiss"
+#: In DATA_DIR: held (flock) by the engine that serves it, for its whole life.
+LOCK_FILE = "engine.lock"
 
 PR_SET_PDEATHSIG = 1
 
@@ -126,9 +131,25 @@ def handler(fn):
     return call
 
 
+def hold(data_dir: str) -> int:
+    """Lock ``data_dir`` for this process's life (the kernel lets go when it exits, a
+    kill -9 too); another engine holding it: exit, naming it."""
+    os.makedirs(data_dir, exist_ok=True)
+    fd = os.open(os.path.join(data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        sys.exit(f"another vector engine (pid {holder}) serves {data_dir}; not starting")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 def serve(data_dir: str, socket_path: str) -> None:
     from . import lite_migration
 
+    hold(data_dir)
     store = Store(os.path.join(data_dir, FOLDER))
     lite_migration.migrate(data_dir, store)
     handlers = Handlers(store)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import os
 import signal
@@ -541,12 +542,13 @@ async def test_what_could_hang_or_crash_the_engine_is_a_400_before_it(tmp_path, 
     assert [r.getMessage()[:200] for r in pymilvus_log.records] == []
 
 
-async def test_a_call_past_its_limit_is_abandoned_and_a_stuck_engine_restarted(tmp_path):
+async def test_a_call_past_its_limit_is_abandoned_and_a_stuck_engine_restarted(tmp_path, caplog):
     """Past c.VectorSettings.vector_call_timeout a call is answered 504 with one line;
     an engine that answers nothing then (here stopped with SIGSTOP, as a call that held
     it would) is killed and started again, and bob's search and alice's rows are there
     after."""
     let_accounts_reach(tmp_path)
+    caplog.set_level(logging.INFO, "gpulab.service.vectors")
     config = "c.VectorSettings.vector_call_timeout = 2\n"
     async with running_service(tmp_path / "svc", config=config) as svc:
         alice = svc.create_user("alice")
@@ -565,6 +567,7 @@ async def test_a_call_past_its_limit_is_abandoned_and_a_stuck_engine_restarted(t
         process = svc.app.vectors.process
         stuck = process.proc.pid
         os.kill(stuck, signal.SIGSTOP)
+        await wait_until_async(lambda: _state(stuck) == "T", "the engine stopped")
         r = await svc.request(
             "POST",
             "/collections/alice/docs/search",
@@ -572,6 +575,8 @@ async def test_a_call_past_its_limit_is_abandoned_and_a_stuck_engine_restarted(t
             json={"vector": vectors[0]},
             timeout=120,
         )
+        if r.status_code != 504:  # say what held the answer, for whoever reads CI
+            print(_engines_seen(process, stuck, caplog))
         assert r.status_code == 504, r.text
         error = r.json()["error"]
         assert "within 2 s" in error and "abandoned" in error and "\n" not in error
@@ -590,6 +595,26 @@ async def test_a_call_past_its_limit_is_abandoned_and_a_stuck_engine_restarted(t
         assert r.json()["hits"][0]["id"] == "r3"
         r = await svc.request("GET", "/collections/alice/docs", token=alice)
         assert r.json()["count"] == 4
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (T: stopped), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _engines_seen(process, stuck: int, caplog) -> str:
+    """The engine processes of this test's service and what the log said: two seen in
+    CI runs answered a search while the one stopped with SIGSTOP was held."""
+    import psutil
+
+    lines = [f"stopped pid {stuck}, now pid {process.proc.pid}, restarts {process.restarts}"]
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "engine_server" in " ".join(child.cmdline()):
+                lines.append(f"engine {child.pid}: {child.status()} {child.cmdline()[-3:]}")
+    lines += [f"log: {r.levelname} {r.getMessage()[:200]}" for r in caplog.records]
+    return "\n".join(lines)
 
 
 async def _searched(svc, token, path, vector) -> bool:

@@ -316,6 +316,33 @@ class EngineServer:
         self.proc.stdout.close()
 
 
+def test_a_second_engine_on_the_same_data_refuses_to_start(tmp_path):
+    """Two engines on one data dir would both write its logs (and the older one could
+    go on answering connections made before the newer took the socket): the second
+    exits at once, naming the first; once the first is gone, an engine starts."""
+    folder = tempfile.mkdtemp(prefix="gpulab-lock-")  # a socket's path must be short
+    first = EngineServer(str(tmp_path / "data"), os.path.join(folder, "a.sock"))
+    first.start()
+    try:
+        second = subprocess.run(
+            [sys.executable, "-m", "gpulab.service.vectors.engine_server"]
+            + [first.data, os.path.join(folder, "b.sock"), str(os.getpid())],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode != 0
+        assert f"another vector engine (pid {first.proc.pid}) serves" in second.stderr
+        assert not os.path.exists(os.path.join(folder, "b.sock"))
+        first.kill()
+        again = EngineServer(first.data, os.path.join(folder, "b.sock"))
+        again.start()
+        again.kill()
+    finally:
+        first.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 async def answered(call, tries: int = 50):
     """The call's answer once the client found the restarted engine (a 503 until then,
     as the service's callers get)."""
