@@ -123,6 +123,7 @@ from gpulab.service.telemetry.metrics import (
     LedgerCollector,
     Metrics,
 )
+from gpulab.service.telemetry.settings import TelemetrySettings
 from gpulab.service.telemetry.store import TelemetryStore
 from gpulab.service.vectors.manager import CollectionManager
 from gpulab.service.vectors.settings import VectorSettings
@@ -170,6 +171,7 @@ SETTINGS_PARTS = (
     ExperimentSettings,
     HostQuota,
     AuditTrail,
+    TelemetrySettings,
 )
 MOVED_SETTINGS = moved_map(SETTINGS_PARTS)
 
@@ -375,36 +377,6 @@ class GpuLabService(SharingSettings, Application):
         """,
     ).tag(config=True)
 
-    authenticate_prometheus = Bool(
-        True,
-        help="""Require a hub token for /metrics (as JupyterHub does for its own). Every
-        series needs an admin or a token with JupyterHub's read:metrics scope (give
-        Prometheus one); a user's token reads the cluster's series and those of the
-        user's own jobs and endpoints. Off: a call without a token reads every series
-        straight at the service's port, and the cluster's only through the hub's proxy
-        (the Helm chart's annotation scrape; keep users off the service's port).
-
-        c.GpuLabService.authenticate_prometheus = False
-        """,
-    ).tag(config=True)
-
-    local_sampler = Bool(
-        True,
-        help="""Sample this node's GPUs, NICs and dataset cache in the service itself
-        (the embedded default). Turn off where `gpulab agent` runs on every node.
-
-        c.GpuLabService.local_sampler = False
-        """,
-    ).tag(config=True)
-
-    sample_interval = Float(
-        1.0,
-        help="""Seconds between local telemetry samples.
-
-        c.GpuLabService.sample_interval = 2.0
-        """,
-    ).tag(config=True)
-
     kubernetes_jobs = Dict(
         help="""Deprecated: set jobs_backend_class = "kubernetes" and c.KubernetesJobsSettings
         (same names) instead. Still works: it selects that class and sets those settings.
@@ -522,6 +494,7 @@ class GpuLabService(SharingSettings, Application):
     experiment_settings = Instance(ExperimentSettings, allow_none=True)
     host_quota = Instance(HostQuota, allow_none=True)
     audit_trail = Instance(AuditTrail, allow_none=True)
+    telemetry_settings = Instance(TelemetrySettings, allow_none=True)
     #: Writes each ended job as an MLflow run of its user (None: no MLflow service).
     run_recorder = Instance(RunRecorder, allow_none=True)
     service_name = Unicode()
@@ -607,6 +580,7 @@ class GpuLabService(SharingSettings, Application):
         self.experiment_settings = ExperimentSettings(parent=self)
         self.host_quota = HostQuota(parent=self)
         self.audit_trail = AuditTrail(parent=self)
+        self.telemetry_settings = TelemetrySettings(parent=self)
 
     def init_hub(self):
         """The hub's API (``self.hub``, built from these variables), which the parts
@@ -765,9 +739,10 @@ class GpuLabService(SharingSettings, Application):
 
     def init_telemetry(self):
         self.metrics.registry.register(SampleCollector(self.telemetry.latest_for_export))
-        if self.local_sampler:
+        settings = self.telemetry_settings
+        if settings.local_sampler:
             self.sampler = LocalSampler(
-                telemetry=self.telemetry, node=self.node_name, interval=self.sample_interval
+                telemetry=self.telemetry, node=self.node_name, interval=settings.sample_interval
             )
         self.healer = SelfHealing(
             ledger=self.ledger, gpus=self.gpus, jobs=self.jobs, audit=self.audit

@@ -237,9 +237,10 @@ class MetricsHandler(APIHandler):
     """Prometheus text. Series of one job or endpoint go to admins, the service and
     tokens with ``read:metrics`` (even without the service's access scope, as the
     hub's own ``/hub/metrics``); a user gets the cluster's series and their own.
-    Where ``authenticate_prometheus`` is off (the Helm chart's annotation scrape), a
-    call without a token gets every series straight at the service's port, and the
-    cluster's only through the hub's proxy (which adds X-Forwarded-For)."""
+    Where ``c.TelemetrySettings.authenticate_prometheus`` is off (the Helm chart's
+    annotation scrape), a call without a token gets every series straight at the
+    service's port, and the cluster's only through the hub's proxy (which adds
+    X-Forwarded-For)."""
 
     def set_default_headers(self):
         self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -251,7 +252,7 @@ class MetricsHandler(APIHandler):
             mine = None
         elif who is not None:
             mine = self._ids_of(who.name)
-        elif self.gpulab.authenticate_prometheus:
+        elif self.gpulab.telemetry_settings.authenticate_prometheus:
             self.require_identity()  # 401, or 403 naming the missing scope
         elif "X-Forwarded-For" in self.request.headers:
             mine = frozenset()  # through the hub's proxy, which any user reaches

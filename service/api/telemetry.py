@@ -107,7 +107,7 @@ class TelemetryHandler(APIHandler):
         self.write_json(
             {
                 "now": time.time(),
-                "interval_s": svc.sample_interval,
+                "interval_s": svc.telemetry_settings.sample_interval,
                 "nodes": nodes,
                 "you": {"name": who.name, "admin": who.admin},
                 "inventory": svc.inventory(),

@@ -1,5 +1,5 @@
 """This node's telemetry, sampled by the service itself where no node agent runs
-(``c.GpuLabService.local_sampler``; off where `gpulab agent` runs on every node)."""
+(``c.TelemetrySettings.local_sampler``; off where `gpulab agent` runs on every node)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ log = logging.getLogger("gpulab.service")
 
 
 class LocalSampler:
-    """Samples this node every ``sample_interval`` seconds, off the event loop
-    (c.GpuLabService.local_sampler; off where `gpulab agent` runs on every node)."""
+    """Samples this node every ``c.TelemetrySettings.sample_interval`` seconds, off the event loop
+    (c.TelemetrySettings.local_sampler; off where `gpulab agent` runs on every node)."""
 
     def __init__(self, *, telemetry: TelemetryStore, node: str, interval: float):
         self.telemetry = telemetry

@@ -24,8 +24,8 @@ from support.wait import wait_until_async
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 CONFIG = """
-c.GpuLabService.local_sampler = True
-c.GpuLabService.sample_interval = 0.2
+c.TelemetrySettings.local_sampler = True
+c.TelemetrySettings.sample_interval = 0.2
 c.Alerting.alert_interval_seconds = 0.3
 c.UserAccounts.enabled = False
 """

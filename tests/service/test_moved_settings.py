@@ -45,6 +45,22 @@ def test_an_old_name_still_takes_effect_and_says_where_it_is_now(tmp_path, caplo
     ]
 
 
+def test_an_old_telemetry_name_is_carried_to_telemetry_settings(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="gpulab.service"):
+        svc = built(
+            "c.GpuLabService.sample_interval = 2.5\n"
+            "c.TelemetrySettings.local_sampler = False\n",  # the new name: no warning
+            tmp_path,
+        )
+    assert svc.telemetry_settings.sample_interval == 2.5
+    assert svc.telemetry_settings.local_sampler is False
+    assert svc.telemetry_settings.authenticate_prometheus is True  # the default stays
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "c.GpuLabService.sample_interval is now c.TelemetrySettings.sample_interval"
+    ]
+
+
 def test_the_design_documents_name_stays_without_a_warning(tmp_path, caplog):
     # DESIGN.md names c.GpuLabService.job_stall_seconds as a contract.
     with caplog.at_level(logging.INFO, logger="gpulab.service"):

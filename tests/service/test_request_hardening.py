@@ -269,7 +269,7 @@ def test_metrics_show_a_caller_only_their_own_jobs_and_endpoints():
 
 
 async def test_metrics_without_a_token_through_the_proxy_show_no_ones_jobs(tmp_path):
-    config = "c.GpuLabService.authenticate_prometheus = False\n"
+    config = "c.TelemetrySettings.authenticate_prometheus = False\n"
     async with running_service(tmp_path / "svc", config=config) as svc:
         svc.app.metrics.registry.register(_Owned())
         bob = svc.create_user("bob")

@@ -69,7 +69,7 @@ def test_initialize_runs_the_steps_in_order(make_service, monkeypatch):
 
 def test_stop_ends_every_background_task(make_service):
     app = make_service(
-        "c.GpuLabService.local_sampler = True\nc.GpuLabService.sample_interval = 0.05\n"
+        "c.TelemetrySettings.local_sampler = True\nc.TelemetrySettings.sample_interval = 0.05\n"
     )
 
     async def run():

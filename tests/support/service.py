@@ -289,7 +289,7 @@ async def running_service(
         cfg.GpuLabService.data_dir = str(data_dir)
         cfg.GpuLabService.simulate_gpus = simulate
         # Route logic needs no sampling of this machine.
-        cfg.GpuLabService.local_sampler = False
+        cfg.TelemetrySettings.local_sampler = False
         svc = GpuLabService(config=cfg)
         svc.initialize([])
         # The hub's OAuth helper is a singleton: a fresh one for this service's hub.

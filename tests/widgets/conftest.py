@@ -22,7 +22,7 @@ from support.wait import wait_until_async
 from gpulab.client import Client
 
 #: The embedded default's sampler (running_service turns it off for route tests).
-SAMPLING = "c.GpuLabService.local_sampler = True\n"
+SAMPLING = "c.TelemetrySettings.local_sampler = True\n"
 
 #: What each user's server holds, in milli-GPU.
 HELD = {"alice": 250, "bob": 500}

@@ -14,9 +14,9 @@ c.GpuLabService.slice_sizes = [int(m) for m in slices["sizes"]]
 c.GpuLabService.default_user_quota_milli = slices.get("defaultUserQuotaMilli")
 c.GpuLabService.user_quota_milli = slices.get("userQuotaMilli") or {}
 c.GpuLabService.group_quota_milli = slices.get("groupQuotaMilli") or {}
-c.GpuLabService.authenticate_prometheus = bool(gpulab["authenticatePrometheus"])
+c.TelemetrySettings.authenticate_prometheus = bool(gpulab["authenticatePrometheus"])
 # Node agents sample the GPU nodes; the service's own pod has no GPU.
-c.GpuLabService.local_sampler = False
+c.TelemetrySettings.local_sampler = False
 # The service pod holds the hub's tokens and the database: jobs and endpoints
 # run as pods of their own, and a job for the "local" backend is refused
 # (unless the installer set service.allowUserCodeInServicePod).
