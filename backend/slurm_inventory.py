@@ -1,6 +1,6 @@
 """The GPUs of a Slurm cluster, read from its nodes' GRES (``sinfo --json``).
 
-``c.GpuLabService.inventory_class = "slurm"`` lists every GPU the nodes of
+``c.InventorySettings.inventory_class = "slurm"`` lists every GPU the nodes of
 gpulab's partition declare (``Gres=gpu:4,shard:80``) as a :class:`Gpu` row:
 ``node`` is the Slurm node name, ``index`` the GPU's place on the node. A node
 that is down, drained, draining or failing offers none (the reason says which
@@ -22,7 +22,7 @@ gpulab partition asks Slurm for one kind of GRES only, chosen by
   held (:class:`PoolError`).
 - **whole GPUs** (``whole_gpus = True``): every slice is ``--gres=gpu:N``;
   fractions cannot be held (:class:`PoolError`; offer whole sizes only with
-  ``c.GpuLabService.slice_sizes``).
+  ``c.InventorySettings.slice_sizes``).
 
 Either way what the ledger holds per node is exactly what Slurm holds (shards
 per GPU that divide the slice sizes: 20 per GPU serves 1/10, 1/4 and 1/2
@@ -135,7 +135,7 @@ def gres_request(milli: int, gres: dict[str, int], pool: str = SHARD_POOL) -> st
 
 
 class SlurmInventory(Inventory):
-    """The GPUs of the Slurm cluster's nodes (``c.GpuLabService.inventory_class = "slurm"``).
+    """The GPUs of the Slurm cluster's nodes (``c.InventorySettings.inventory_class = "slurm"``).
 
     A cluster that cannot be read at start (no ``sinfo``, controller down) stops the
     service with the reason, instead of serving an empty cluster.
@@ -182,7 +182,7 @@ class SlurmInventory(Inventory):
         help="""Hand out whole GPUs (--gres=gpu:N) instead of shards (--gres=shard:K, the
         default). With shards, only nodes that declare shard GRES are offered and a
         slice is at most 1 GPU; with whole GPUs, every slice is 1 GPU or more (offer
-        whole sizes: c.GpuLabService.slice_sizes). See docs/howto/slurm.md for why
+        whole sizes: c.InventorySettings.slice_sizes). See docs/howto/slurm.md for why
         one partition never mixes the two.
 
         c.SlurmInventory.whole_gpus = True

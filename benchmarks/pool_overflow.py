@@ -18,7 +18,7 @@ job on each pool (the account's creation, cold imports) is not counted. Prints b
 medians, the ratio overflow / box and the difference (goal: overflow adds <= 5 s).
 
 Needs root, Debian's slurm-wlm + munge, and a service with pools
-(``c.GpuLabService.pools``); without them it says so and measures nothing.
+(``c.InventorySettings.pools``); without them it says so and measures nothing.
 
     .venv/bin/python benchmarks/pool_overflow.py [--rounds 5] [--box-gpus 1xA100-80GB] [--quick]
 """
@@ -164,7 +164,7 @@ async def bench(args, tmp: Path, state: dict) -> dict | None:
         if names != ["box", "slurm"]:
             print(
                 f"this service has no pools box, slurm (GET /pools: {r.status_code} "
-                f"{r.text[:200]}): c.GpuLabService.pools is not built yet; nothing measured",
+                f"{r.text[:200]}): c.InventorySettings.pools is not built yet; nothing measured",
                 file=sys.stderr,
             )
             return None

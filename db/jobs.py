@@ -41,7 +41,7 @@ jobs = Table(
     Column("state", String(16), nullable=False),
     Column("priority", Integer, nullable=False, default=0),
     Column("backend", String(32), nullable=False),
-    # The site's pool it runs in (c.GpuLabService.pools); NULL for jobs of before
+    # The site's pool it runs in (c.InventorySettings.pools); NULL for jobs of before
     # pools, whose backend's kind names it.
     Column("pool", String(32)),
     Column("nodes", Integer, nullable=False),

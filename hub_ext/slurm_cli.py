@@ -55,14 +55,14 @@ def _module_exists(name: str) -> bool:
 
 
 def _pools_lines() -> list[str]:
-    """``c.GpuLabService.pools = [...]``, one pool a line (an admin edits it by hand)."""
+    """``c.InventorySettings.pools = [...]``, one pool a line (an admin edits it by hand)."""
     rows = [
         "    {" + ", ".join(f'"{k}": "{v}"' for k, v in pool.items()) + "},"
         for pool in HYBRID_POOLS
     ]
     return [
         "# Two pools: the box first, then the Slurm cluster (`auto` tries them in this order).",
-        "c.GpuLabService.pools = [",
+        "c.InventorySettings.pools = [",
         *rows,
         "]",
     ]
@@ -72,7 +72,7 @@ def _single_backend(line: str) -> bool:
     """A line that picks the site's one inventory or jobs backend: with pools each pool
     names its own, so a hybrid config leaves these out."""
     return line.lstrip("# ").startswith(
-        ("c.GpuLabService.inventory_class", "c.GpuLabService.jobs_backend_class")
+        ("c.InventorySettings.inventory_class", "c.GpuLabService.jobs_backend_class")
     )
 
 
@@ -87,11 +87,11 @@ def config_text(state: dict, hybrid: bool = False) -> str:
         'c.GpuLabService.jobs_backend_class = "slurm"',
     ]
     if _module_exists("gpulab.backend.slurm_inventory"):
-        lines.append('c.GpuLabService.inventory_class = "slurm"')
+        lines.append('c.InventorySettings.inventory_class = "slurm"')
         # The sandbox's GPUs are GRES without hardware: nothing to pin ranks to.
         lines.append("c.SlurmInventory.simulated = True")
     else:  # the inventory is not part of this installation yet
-        lines.append('# c.GpuLabService.inventory_class = "slurm"  (no slurm_inventory module)')
+        lines.append('# c.InventorySettings.inventory_class = "slurm"  (no slurm_inventory module)')
     try:  # the Slurm spawner's settings for this sandbox, where it is installed
         from gpulab.spawner.slurm import sandbox_settings as settings
     except ImportError:
@@ -109,7 +109,7 @@ def config_text(state: dict, hybrid: bool = False) -> str:
         lines = [line for line in "\n".join(lines).split("\n") if not _single_backend(line)]
         pools = _pools_lines()
         if state.get("spawner"):  # servers are Slurm jobs: their slices are the cluster's
-            pools.append('c.GpuLabService.server_pool = "slurm"')
+            pools.append('c.InventorySettings.server_pool = "slurm"')
         lines[2:2] = pools
     lines.append(END)
     return "\n".join(lines) + "\n"

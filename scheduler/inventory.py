@@ -36,7 +36,7 @@ class Gpu:
     node: str
     simulated: bool = False
     mig_parent: str | None = None  # the physical GPU's UUID for a MIG device
-    #: The site's pool the GPU is in (c.GpuLabService.pools): the box, a Slurm or a
+    #: The site's pool the GPU is in (c.InventorySettings.pools): the box, a Slurm or a
     #: Kubernetes cluster. A job runs where its slices are, so a pool's GPUs only
     #: take work of the pool's own backend.
     pool: str = ""
@@ -91,14 +91,14 @@ def parse_simulated(spec: str, node: str | None = None) -> list[Gpu]:
 
 class Inventory(LoggingConfigurable):
     """Where the GPUs the ledger places slices on come from (the service's
-    ``c.GpuLabService.inventory_class``). ``load()`` runs once, before the service
+    ``c.InventorySettings.inventory_class``). ``load()`` runs once, before the service
     listens: an inventory that cannot be read raises :class:`InventoryError`, so a
     misconfigured service stops instead of serving an empty cluster.
     """
 
-    #: This node's name (the service sets it from c.GpuLabService.node_name).
+    #: This node's name (the service sets it from c.InventorySettings.node_name).
     node = Unicode()
-    #: A declared inventory (c.GpuLabService.simulate_gpus); wins over any source.
+    #: A declared inventory (c.InventorySettings.simulate_gpus); wins over any source.
     simulate = Unicode()
 
     def load(self) -> tuple[list[Gpu], str | None]:

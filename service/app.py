@@ -23,7 +23,6 @@ import hmac
 import logging
 import os
 import signal
-import socket
 import sys
 from urllib.parse import urlparse
 
@@ -57,7 +56,6 @@ from gpulab.scheduler.inventory import Gpu, InventoryError
 from gpulab.scheduler.ledger import Ledger
 from gpulab.scheduler.policy import get_policy
 from gpulab.scheduler.quota import Quotas
-from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
 from gpulab.service import listen_addresses, tls
 from gpulab.service.api import alerts as alerts_api
 from gpulab.service.api import allocations as api
@@ -90,6 +88,7 @@ from gpulab.service.hibernation.settings import Hibernation
 from gpulab.service.hubapi import HubAPI
 from gpulab.service.jobs.backends import refuse_local_user_code
 from gpulab.service.jobs.cpu_quota import HostQuota
+from gpulab.service.jobs.inventory_settings import InventorySettings
 from gpulab.service.jobs.manager import JobManager
 from gpulab.service.jobs.pools import Pools, load_gpus, read_pools
 from gpulab.service.jobs.preemption import Preemption
@@ -108,7 +107,6 @@ from gpulab.service.operations.reconcile import Reconciler
 from gpulab.service.operations.rules import Thresholds
 from gpulab.service.operations.self_healing import CordonCollector, SelfHealing
 from gpulab.service.plugins import (
-    INVENTORIES,
     JOB_BACKENDS,
     SERVING_BACKENDS,
     ConfigError,
@@ -172,6 +170,7 @@ SETTINGS_PARTS = (
     HostQuota,
     AuditTrail,
     TelemetrySettings,
+    InventorySettings,
 )
 MOVED_SETTINGS = moved_map(SETTINGS_PARTS)
 
@@ -231,48 +230,6 @@ class GpuLabService(SharingSettings, Application):
     def _db_url(self):
         return os.environ.get("GPULAB_DB_URL") or f"sqlite:///{self.data_dir}/gpulab.sqlite"
 
-    simulate_gpus = Unicode(
-        help="""Declare GPUs on a machine without any (nothing is enforced on them).
-
-        c.GpuLabService.simulate_gpus = "2xA100-80GB"
-        """,
-    ).tag(config=True)
-
-    @default("simulate_gpus")
-    def _simulate_gpus(self):
-        return os.environ.get("GPULAB_SIMULATE_GPUS", "")
-
-    node_name = Unicode(
-        help="""Name of this node in the inventory. Default: the host name.
-
-        c.GpuLabService.node_name = "gpu-node-1"
-        """,
-    ).tag(config=True)
-
-    @default("node_name")
-    def _node_name(self):
-        return socket.gethostname()
-
-    inventory_source = Unicode(
-        "local",
-        help="""Where GPUs come from: "local" (NVML, or simulate_gpus) or "kubernetes"
-        (the cluster's nodes: allocatable GPUs, MIG resources, HAMi's registration).
-        A shortcut for inventory_class; a cluster that cannot be listed stops the start.
-
-        c.GpuLabService.inventory_source = "kubernetes"
-        """,
-    ).tag(config=True)
-
-    inventory_class = NamedType(
-        INVENTORIES,
-        klass="gpulab.scheduler.inventory.Inventory",
-        help="""The class that lists the GPUs (a gpulab.scheduler.inventory.Inventory):
-        "local", "kubernetes" or an import path. Wins over inventory_source.
-
-        c.GpuLabService.inventory_class = "kubernetes"
-        """,
-    ).tag(config=True)
-
     jobs_backend_class = NamedType(
         JOB_BACKENDS,
         klass="gpulab.backend.base.Backend",
@@ -281,40 +238,13 @@ class GpuLabService(SharingSettings, Application):
         c.KubernetesJobsSettings says where), "slurm" (one sbatch allocation per job;
         c.SlurmSite says which cluster), a site's own entry point, or an import path of
         a gpulab.backend.base.Backend (its settings are its own traits).
-        A site of several places sets c.GpuLabService.pools instead.
+        A site of several places sets c.InventorySettings.pools instead.
 
         c.GpuLabService.jobs_backend_class = "slurm"
         """,
     ).tag(config=True)
 
-    pools = List(
-        Dict(),
-        help="""The places where this site's GPUs are, in the order jobs try them: each
-        a dict with "name", "inventory" and "jobs" (local, slurm, kubernetes or an
-        import path) and optionally "serving" (endpoints run in the first pool that has
-        it) and "simulate" (a declared inventory). A job that names no pool runs on
-        the first with room ("auto"); the ledger, quotas, usage and the dashboard see
-        every pool. Empty: one pool from inventory_class, jobs_backend_class and
-        serving_backend_class, named after the job backend.
-
-        c.GpuLabService.pools = [
-            {"name": "box", "inventory": "local", "jobs": "local", "serving": "local"},
-            {"name": "slurm", "inventory": "slurm", "jobs": "slurm"},
-        ]
-        """,
-    ).tag(config=True)
-
     extra_listen_ips = List(Unicode(), help=listen_addresses.HELP).tag(config=True)
-
-    server_pool = Unicode(
-        "",
-        help="""The pool users' servers take their slices in ("" = the first pool): the
-        one the spawner starts servers on (the box for gpulab-local, the Slurm pool
-        for gpulab-slurm).
-
-        c.GpuLabService.server_pool = "slurm"
-        """,
-    ).tag(config=True)
 
     serving_backend_class = NamedType(
         SERVING_BACKENDS,
@@ -346,24 +276,6 @@ class GpuLabService(SharingSettings, Application):
         help="""Label selector of the Kubernetes nodes whose GPUs are counted.
 
         c.GpuLabService.kubernetes_node_selector = "nvidia.com/gpu.present=true"
-        """,
-    ).tag(config=True)
-
-    policy = Unicode(
-        "gpulab",
-        help="""Placement policy (see `gpulab.scheduler.policy.policy_names()`): gpulab's
-        fragmentation-aware default, or best-fit, fgd, packing, dot-product, random.
-
-        c.GpuLabService.policy = "best-fit"
-        """,
-    ).tag(config=True)
-
-    slice_sizes = List(
-        Int(),
-        list(DEFAULT_SLICE_SIZES),
-        help="""Slice sizes offered, in milli-GPU (250 = 1/4 GPU, 2000 = 2 GPUs).
-
-        c.GpuLabService.slice_sizes = [0, 100, 250, 500, 1000, 2000, 4000]
         """,
     ).tag(config=True)
 
@@ -448,7 +360,7 @@ class GpuLabService(SharingSettings, Application):
     aliases = {
         "config": "GpuLabService.config_file",
         "db-url": "GpuLabService.db_url",
-        "simulate-gpus": "GpuLabService.simulate_gpus",
+        "simulate-gpus": "InventorySettings.simulate_gpus",
     }
 
     # -- what initialize() builds (not configuration) -----------------------------------
@@ -495,6 +407,7 @@ class GpuLabService(SharingSettings, Application):
     host_quota = Instance(HostQuota, allow_none=True)
     audit_trail = Instance(AuditTrail, allow_none=True)
     telemetry_settings = Instance(TelemetrySettings, allow_none=True)
+    inventory_settings = Instance(InventorySettings, allow_none=True)
     #: Writes each ended job as an MLflow run of its user (None: no MLflow service).
     run_recorder = Instance(RunRecorder, allow_none=True)
     service_name = Unicode()
@@ -581,6 +494,7 @@ class GpuLabService(SharingSettings, Application):
         self.host_quota = HostQuota(parent=self)
         self.audit_trail = AuditTrail(parent=self)
         self.telemetry_settings = TelemetrySettings(parent=self)
+        self.inventory_settings = InventorySettings(parent=self)
 
     def init_hub(self):
         """The hub's API (``self.hub``, built from these variables), which the parts
@@ -603,10 +517,8 @@ class GpuLabService(SharingSettings, Application):
 
     def init_ledger(self):
         """The inventory (from inventory_class), the ledger over it, and what watches it."""
-        try:
-            policy = get_policy(self.policy)
-        except ValueError as e:  # an unknown name; the message says which exist
-            raise ConfigError(f"c.GpuLabService.policy: {e}") from None
+        placing = self.inventory_settings
+        policy = get_policy(placing.policy)  # a known name (InventorySettings checks it)
         if self.kubernetes_jobs:
             self._deprecated_shortcut(
                 "kubernetes_jobs", "jobs_backend_class", "c.KubernetesJobsSettings"
@@ -616,9 +528,9 @@ class GpuLabService(SharingSettings, Application):
                 "kubernetes_deployments", "serving_backend_class", "c.KubernetesServingSettings"
             )
         self.site_pools = Pools(read_pools(self))
-        if self.server_pool and self.server_pool not in self.site_pools.by_name:
+        if placing.server_pool and placing.server_pool not in self.site_pools.by_name:
             raise ConfigError(
-                f"c.GpuLabService.server_pool = {self.server_pool!r} is not a pool; "
+                f"c.InventorySettings.server_pool = {placing.server_pool!r} is not a pool; "
                 f"this site's pools: {self.site_pools.names()}"
             )
         self.gpus, self.inventory_reason = load_gpus(self, self.site_pools.list)
@@ -639,7 +551,7 @@ class GpuLabService(SharingSettings, Application):
         )
         self.priorities = self.make_priorities()
         self.metrics = Metrics()
-        self.metrics.registry.register(LedgerCollector(self.ledger, self.gpus, self.slice_sizes))
+        self.metrics.registry.register(LedgerCollector(self.ledger, self.gpus, placing.slice_sizes))
         self.metrics.registry.register(JobQueueCollector(self.engine))
         #: Where each user stands against the GPU-hour budgets (BudgetSettings).
         self.budgets = UserBudgets(
@@ -658,17 +570,6 @@ class GpuLabService(SharingSettings, Application):
             trusted_proxies=self.audit_trail.audit_trusted_proxies,
         )
 
-    def _inventory_class(self) -> type:
-        if "inventory_class" in self.config.GpuLabService:
-            return self.inventory_class
-        if self.inventory_source not in INVENTORIES:
-            raise ConfigError(
-                f"c.GpuLabService.inventory_source = {self.inventory_source!r} is "
-                f"not a source; use one of {', '.join(map(repr, INVENTORIES))} "
-                f"(or set c.GpuLabService.inventory_class)"
-            )
-        return self.traits()["inventory_class"].validate(self, self.inventory_source)
-
     def init_jobs(self):
         #: What hub groups say (limits, guarantees, classes), read from the hub at each ask.
         self.hub_groups = HubGroups(
@@ -685,7 +586,7 @@ class GpuLabService(SharingSettings, Application):
         self.schedules = ScheduledJobs.of(self)
 
     def init_deployments(self):
-        serving = self.site_pools.serving() if self.pools else None
+        serving = self.site_pools.serving() if self.inventory_settings.pools else None
         refuse_local_user_code(self, "serving_backend_class", serving and serving.serving)
         # Configuration errors surface here, before anything listens.
         self.deployments = DeploymentManager.of(self)
@@ -742,7 +643,9 @@ class GpuLabService(SharingSettings, Application):
         settings = self.telemetry_settings
         if settings.local_sampler:
             self.sampler = LocalSampler(
-                telemetry=self.telemetry, node=self.node_name, interval=settings.sample_interval
+                telemetry=self.telemetry,
+                node=self.inventory_settings.node_name,
+                interval=settings.sample_interval,
             )
         self.healer = SelfHealing(
             ledger=self.ledger, gpus=self.gpus, jobs=self.jobs, audit=self.audit
@@ -818,7 +721,7 @@ class GpuLabService(SharingSettings, Application):
             )
             pool_of[gpu.node] = gpu.pool
         if not nodes:
-            nodes[self.node_name] = []
+            nodes[self.inventory_settings.node_name] = []
         return {
             "nodes": [
                 {"name": n, "pool": pool_of.get(n, self.server_pool_name), "gpus": g}
@@ -829,8 +732,8 @@ class GpuLabService(SharingSettings, Application):
 
     @property
     def server_pool_name(self) -> str:
-        """The pool servers take their slices in (c.GpuLabService.server_pool)."""
-        return self.server_pool or self.site_pools.list[0].name
+        """The pool servers take their slices in (c.InventorySettings.server_pool)."""
+        return self.inventory_settings.server_pool or self.site_pools.list[0].name
 
     def pool_for(self, kind: str) -> str:
         """The pool a server's or an endpoint's slices go to: the server pool, or the

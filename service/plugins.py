@@ -7,7 +7,7 @@ entry point and nothing else::
     [project.entry-points."gpulab.jobs_backends"]
     mycluster = "mysite.backend:MyClusterBackend"
 
-after which ``c.GpuLabService.pools = [{"name": "lab", "jobs": "mycluster"}]`` (or
+after which ``c.InventorySettings.pools = [{"name": "lab", "jobs": "mycluster"}]`` (or
 ``c.GpuLabService.jobs_backend_class = "mycluster"``) runs jobs on it. Names are read
 when a setting is, so an installed package is found without a change to gpulab.
 """

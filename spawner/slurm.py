@@ -1,7 +1,7 @@
 """FractionalSlurmSpawner: the user's JupyterLab as a Slurm job, held to its slice.
 
 Use it with ``c.JupyterHub.spawner_class = "gpulab-slurm"`` (and
-``c.SlurmSite.*``, ``c.GpuLabService.inventory_class = "slurm"``; see
+``c.SlurmSite.*``, ``c.InventorySettings.inventory_class = "slurm"``; see
 docs/howto/slurm.md). The model is batchspawner's: a server is a batch job.
 What gpulab adds is the slice:
 
@@ -104,7 +104,7 @@ def sandbox_settings(info: dict) -> str:
     addr = info["controller_address"]
     inventory = [
         f"c.SlurmSite.slurm_conf = {info['slurm_conf']!r}",
-        'c.GpuLabService.inventory_class = "slurm"',
+        'c.InventorySettings.inventory_class = "slurm"',
         'c.SlurmInventory.gpu_model = "A100-80GB"',
         "c.SlurmInventory.simulated = True",
     ]

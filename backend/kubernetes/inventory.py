@@ -213,7 +213,7 @@ async def load_cluster_inventory(
 
 
 class KubernetesInventory(Inventory):
-    """The cluster's GPU nodes (``c.GpuLabService.inventory_class = "kubernetes"``).
+    """The cluster's GPU nodes (``c.InventorySettings.inventory_class = "kubernetes"``).
 
     A cluster that cannot be listed at start (no credentials, API down, RBAC) is
     an error, not an empty inventory: the service exits and the hub restarts it.

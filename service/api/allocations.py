@@ -78,7 +78,9 @@ class AllocationsHandler(ReleaseMixin, APIHandler):
                 "deploying a model, not directly",
             )
         try:
-            milli = parse_gpu_milli(body.get("gpu_milli"), tuple(self.gpulab.slice_sizes))
+            milli = parse_gpu_milli(
+                body.get("gpu_milli"), tuple(self.gpulab.inventory_settings.slice_sizes)
+            )
         except SliceError as e:
             raise web.HTTPError(400, str(e)) from None
         if owner_kind == "server":  # jobs and deployments are checked where they are sent
@@ -200,7 +202,9 @@ class AvailabilityHandler(APIHandler):
         groups = await self.gpulab.hub_groups.groups_of(user)
         # What the spawn form offers: the pool servers start in.
         place = self.gpulab.ledger_for("server")
-        sizes = await place.aio.availability(user, self.gpulab.slice_sizes, groups)
+        sizes = await place.aio.availability(
+            user, self.gpulab.inventory_settings.slice_sizes, groups
+        )
         usage = (await self.gpulab.ledger.aio.usage()).get(user, 0)
         cordons = await self.gpulab.ledger.aio.run(self.gpulab.ledger.cordons)
         budget = await self.gpulab.budgets.budget_of(user)

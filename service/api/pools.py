@@ -17,7 +17,7 @@ class PoolsHandler(APIHandler):
         pools = []
         for pool in svc.site_pools.list:
             view = svc.ledger.pool(pool.name)
-            per_node = await view.aio.free_sizes(svc.slice_sizes)
+            per_node = await view.aio.free_sizes(svc.inventory_settings.slice_sizes)
             free = {}
             for sizes in per_node.values():
                 for s in sizes:

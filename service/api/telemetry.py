@@ -101,7 +101,7 @@ class TelemetryHandler(APIHandler):
             }
             for a in svc.ledger.list(user=mine)
         ]
-        free = svc.ledger.free_sizes(svc.slice_sizes)
+        free = svc.ledger.free_sizes(svc.inventory_settings.slice_sizes)
         allreduce = [r for r in store.allreduce() if mine is None or r.get("user") in (None, mine)]
         jobs = svc.jobs.summaries(mine) if svc.jobs is not None else []
         self.write_json(
@@ -160,7 +160,7 @@ class AllreduceHandler(APIHandler):
             "ts": time.time(),
             "user": who.name,
             **result,
-            "node": (result["nodes"] or [self.gpulab.node_name])[0],
+            "node": (result["nodes"] or [self.gpulab.inventory_settings.node_name])[0],
             "job_id": job_id[:64] if isinstance(job_id, str) and job_id else None,
         }
         self.gpulab.telemetry.add_allreduce(record)

@@ -176,7 +176,7 @@ class DeploymentManager:
             identify=service.identify,
             over_quota=CpuQuota.of(service).over,
             limits=EndpointLimits(
-                slice_sizes=tuple(service.slice_sizes),
+                slice_sizes=tuple(service.inventory_settings.slice_sizes),
                 max_deployment_replicas=service.endpoint_settings.max_deployment_replicas,
                 max_user_deployments=service.endpoint_settings.max_user_deployments,
                 max_model_mib=service.endpoint_settings.max_model_mib,

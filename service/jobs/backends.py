@@ -81,8 +81,9 @@ def job_backends(service, root: str) -> dict[str, Backend]:
 def pool_backend(service, pool, root: str) -> Backend:
     cls = pool.jobs
     if cls.runs_on_this_host:
-        # Named as the site set it: the trait, or a pool of c.GpuLabService.pools.
-        refuse_local_user_code(service, "jobs_backend_class", cls if service.pools else None)
+        # Named as the site set it: the trait, or a pool of c.InventorySettings.pools.
+        pools = service.inventory_settings.pools
+        refuse_local_user_code(service, "jobs_backend_class", cls if pools else None)
     shortcut = ("kubernetes_jobs", service.kubernetes_jobs)
     return build(
         cls,

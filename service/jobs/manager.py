@@ -156,6 +156,7 @@ class JobManager:
         built here, before the service listens: bad settings stop the start."""
         root = os.path.join(service.data_dir, "jobs")
         os.makedirs(root, exist_ok=True)
+        placing = service.inventory_settings
         return cls(
             ledger=service.ledger,
             pools=service.site_pools,
@@ -166,10 +167,10 @@ class JobManager:
             groups_of=service.hub_groups.groups_of,
             group_settings=service.hub_groups.refresh,
             over_quota=CpuQuota.of(service).over,
-            record_probe=AllreduceRecords(service.node_name, service.telemetry).from_job,
+            record_probe=AllreduceRecords(placing.node_name, service.telemetry).from_job,
             record_run=service.run_recorder.record if service.run_recorder else None,
             limits=JobLimits(
-                slice_sizes=tuple(service.slice_sizes),
+                slice_sizes=tuple(placing.slice_sizes),
                 max_job_ranks=service.job_queue.max_job_ranks,
                 max_job_vars_mib=service.job_queue.max_job_vars_mib,
                 fair_share_half_life_seconds=service.job_queue.fair_share_half_life_seconds,

@@ -1,9 +1,9 @@
 """The site's pools: the places where its GPUs are, each with its inventory and backend.
 
-``c.GpuLabService.pools`` lists them in the site's order, e.g. the box itself first
+``c.InventorySettings.pools`` lists them in the site's order, e.g. the box itself first
 and a Slurm cluster for the overflow::
 
-    c.GpuLabService.pools = [
+    c.InventorySettings.pools = [
         {"name": "box", "inventory": "local", "jobs": "local", "serving": "local"},
         {"name": "slurm", "inventory": "slurm", "jobs": "slurm"},
     ]
@@ -80,19 +80,20 @@ def _short(cls: type, names: dict[str, str]) -> str:
 
 def read_pools(service) -> list[Pool]:
     """The pools of ``service``'s settings, checked; ConfigError says what to fix."""
-    if not service.pools:
+    placing = service.inventory_settings
+    if not placing.pools:
         return [
             Pool(
                 service.jobs_backend_class.name,
-                service._inventory_class(),
+                placing.inventory_type(),
                 service.jobs_backend_class,
                 service.serving_backend_class,
-                simulate=service.simulate_gpus,
+                simulate=placing.simulate_gpus,
             )
         ]
     out: list[Pool] = []
-    for i, entry in enumerate(service.pools):
-        where = f"c.GpuLabService.pools[{i}]"
+    for i, entry in enumerate(placing.pools):
+        where = f"c.InventorySettings.pools[{i}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a dict like {{'name': 'box', 'jobs': 'local'}}")
         unknown = set(entry) - _KEYS
@@ -129,7 +130,8 @@ def read_pools(service) -> list[Pool]:
     return out
 
 
-#: A pool's key -> the service's trait that reads its value, and the short names.
+#: A pool's key -> the trait that reads its value (the service's, or InventorySettings'
+#: for the inventory), and the short names.
 _TRAITS = {
     "jobs": ("jobs_backend_class", JOB_BACKENDS),
     "inventory": ("inventory_class", INVENTORIES),
@@ -143,8 +145,9 @@ def _class(service, entry: dict, where: str, key: str, default: str | None) -> t
     if value is None:
         return None
     trait, names = _TRAITS[key]
+    owner = service if service.has_trait(trait) else service.inventory_settings
     try:
-        return service.traits()[trait].validate(service, value)
+        return owner.traits()[trait].validate(owner, value)
     except Exception:
         raise ConfigError(
             f"{where}[{key!r}] = {value!r}: use one of "
@@ -167,14 +170,15 @@ def load_gpus(service, pools: list[Pool]) -> tuple[list[Gpu], str | None]:
     owner: dict[str, str] = {}
     for pool in pools:
         simulate = pool.simulate
+        placing = service.inventory_settings
         if simulate is None:
             single = len(pools) == 1  # as before pools: simulate_gpus wins everywhere
             simulate = (
-                service.simulate_gpus
+                placing.simulate_gpus
                 if single or issubclass(pool.inventory, LocalInventory)
                 else ""
             )
-        kwargs = {"node": service.node_name, "simulate": simulate or ""}
+        kwargs = {"node": placing.node_name, "simulate": simulate or ""}
         if issubclass(pool.inventory, KubernetesInventory) and service.kubernetes_node_selector:
             kwargs["label_selector"] = service.kubernetes_node_selector
         gpus, pool.reason = pool.inventory(parent=service, **kwargs).load()
@@ -184,7 +188,7 @@ def load_gpus(service, pools: list[Pool]) -> tuple[list[Gpu], str | None]:
             if other != pool.name:
                 raise ConfigError(
                     f"node {gpu.node!r} is in pools {other!r} and {pool.name!r}: a node "
-                    f"belongs to one pool (set c.GpuLabService.node_name for the box)"
+                    f"belongs to one pool (set c.InventorySettings.node_name for the box)"
                 )
         site += pool.gpus
     if site:
@@ -241,7 +245,7 @@ class Pools:
             )
             return (
                 f"this site runs jobs {where}; {here} runs no user code (leave --backend "
-                f"out, or an admin adds the box as a pool: c.GpuLabService.pools)"
+                f"out, or an admin adds the box as a pool: c.InventorySettings.pools)"
             )
         return f"no pool runs the {backend} backend here; this site's pools: {self.names()}"
 

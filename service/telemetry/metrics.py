@@ -56,7 +56,7 @@ class _OwnersView:
 class LedgerCollector:
     """Reads the ledger at scrape time, so the numbers are never stale.
 
-    ``sizes``: the slice sizes the site offers (``c.GpuLabService.slice_sizes``), the
+    ``sizes``: the slice sizes the site offers (``c.InventorySettings.slice_sizes``), the
     sizes ``gpulab_slices_free`` counts per node, as the spawn form does.
     """
 

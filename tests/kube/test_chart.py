@@ -443,7 +443,7 @@ def test_service_pod_takes_the_sites_extras(chart):
     assert volumes["site-ca"]["configMap"] == {"name": "site-ca"}
     config = objects["ConfigMap/gpulab-service"]["data"]["gpulab_config.py"]
     chart_part, _, site_part = config.partition("# service.extraConfig")
-    assert "c.GpuLabService.inventory_source" in chart_part
+    assert "c.InventorySettings.inventory_source" in chart_part
     assert 'c.KubernetesServingSettings.priority_class = "serving"' in site_part
     # Without them the pod and the file are the chart's alone.
     plain = render(chart, {})

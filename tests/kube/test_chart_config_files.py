@@ -14,6 +14,7 @@ from gpulab.backend.kubernetes.serving import KubernetesServing
 from gpulab.hub_ext.admin_page import HUB_PAGES, show_slices_on_admin_page
 from gpulab.service.app import GpuLabService
 from gpulab.service.hibernation.settings import Hibernation
+from gpulab.service.jobs.inventory_settings import InventorySettings
 from gpulab.service.jobs.manager import JobManager
 from gpulab.service.telemetry.settings import TelemetrySettings
 from gpulab.spawner.admin_slices import slices_template_var
@@ -112,14 +113,16 @@ def test_service_config(tmp_path, monkeypatch):
     monkeypatch.setenv("GPULAB_SERVICE_VALUES", str(values))
     c = run_config(data["gpulab_config.py"], Config())
     svc = c.GpuLabService
-    assert svc.slice_sizes == [0, 250, 1000] and svc.default_user_quota_milli == 1000
+    placing = c.InventorySettings
+    assert placing.slice_sizes == [0, 250, 1000] and svc.default_user_quota_milli == 1000
     assert svc.group_quota_milli == {"students": 2000}
     telemetry = c.TelemetrySettings
     assert telemetry.local_sampler is False and telemetry.authenticate_prometheus is False
     # Every setting the chart writes is one the service (or its part) has.
     assert set(svc) <= set(GpuLabService.class_trait_names())
     assert set(telemetry) <= set(TelemetrySettings.class_trait_names())
-    assert svc.inventory_source == "kubernetes"
+    assert set(placing) <= set(InventorySettings.class_trait_names())
+    assert placing.inventory_source == "kubernetes"
     # The chart's priority classes are the service's: gpulab's defaults.
     from gpulab.scheduler.priority import DEFAULT_CLASSES
 
@@ -318,7 +321,7 @@ def test_service_starts_from_the_chart_config(tmp_path, monkeypatch):
         "batch-high",
         "batch",
     ]
-    assert app.slice_sizes == [0, 100, 250, 500, 1000, 2000]
+    assert app.inventory_settings.slice_sizes == [0, 100, 250, 500, 1000, 2000]
     telemetry = app.telemetry_settings
     assert telemetry.local_sampler is False and telemetry.authenticate_prometheus is False
     assert app.db_url == f"sqlite:///{tmp_path / 'data'}/gpulab.sqlite"

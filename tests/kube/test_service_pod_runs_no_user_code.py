@@ -28,7 +28,7 @@ pytestmark = pytest.mark.asyncio
 
 REFUSAL = (
     "this site runs jobs as Kubernetes pods; the service pod runs no user code "
-    "(leave --backend out, or an admin adds the box as a pool: c.GpuLabService.pools)"
+    "(leave --backend out, or an admin adds the box as a pool: c.InventorySettings.pools)"
 )
 
 

@@ -274,8 +274,9 @@ def test_a_bad_trusted_proxy_stops_the_start(tmp_path, monkeypatch):
 
     monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:9/hub/api")
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "unused")
+    monkeypatch.setenv("GPULAB_SIMULATE_GPUS", "1xA100-80GB")
     path = tmp_path / "gpulab_config.py"
     path.write_text('c.AuditTrail.audit_trusted_proxies = ["proxy.example.org"]\n')
-    app = GpuLabService(data_dir=str(tmp_path), simulate_gpus="1xA100-80GB")
+    app = GpuLabService(data_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="'proxy.example.org' is not an address or network"):
         app.initialize([f"--config={path}"])

@@ -107,7 +107,7 @@ async def test_admins_cordon_and_uncordon_through_the_api(tmp_path):
         available = (await svc.request("GET", "/availability", token=user)).json()
         assert {s["milli"]: s["count"] for s in available["sizes"]}[1000] == 1
         assert available["cordoned"] == [
-            {"uuid": first, "index": 0, "node": svc.app.node_name, **cordon}
+            {"uuid": first, "index": 0, "node": svc.app.inventory_settings.node_name, **cordon}
         ]
         form = render_form(available, demo=False)
         assert "1 GPU out of service (cordoned)" in form and "RMA: fan failure" in form

@@ -296,7 +296,7 @@ async def test_an_agents_sample_with_new_ecc_errors_cordons_the_gpu(tmp_path):
     A server's slice on the GPU stays where it is; only new slices avoid the GPU."""
     async with running_service(tmp_path / "svc") as svc:
         first, second = (g.uuid for g in svc.app.gpus)
-        node = svc.app.node_name
+        node = svc.app.inventory_settings.node_name
         svc.create_user("alice")
         svc.fake_hub.users["alice"]["servers"] = {"": {"ready": True}}
         r = await svc.request(

@@ -32,12 +32,12 @@ def test_an_old_name_still_takes_effect_and_says_where_it_is_now(tmp_path, caplo
         svc = built(
             "c.GpuLabService.alert_interval_seconds = 7\n"
             "c.GpuLabService.hibernate_max_bytes = 10**9\n"
-            "c.GpuLabService.policy = 'best-fit'\n",  # a setting that stayed
+            "c.GpuLabService.reconcile_interval = 30\n",  # a setting that stayed
             tmp_path,
         )
     assert svc.alerting.alert_interval_seconds == 7
     assert svc.hibernation.hibernate_max_bytes == 10**9
-    assert svc.policy == "best-fit"
+    assert svc.reconcile_interval == 30
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         "c.GpuLabService.alert_interval_seconds is now c.Alerting.alert_interval_seconds",
@@ -59,6 +59,19 @@ def test_an_old_telemetry_name_is_carried_to_telemetry_settings(tmp_path, caplog
     assert warnings == [
         "c.GpuLabService.sample_interval is now c.TelemetrySettings.sample_interval"
     ]
+
+
+def test_an_old_inventory_name_is_carried_to_inventory_settings(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="gpulab.service"):
+        svc = built(
+            "c.GpuLabService.simulate_gpus = '2xA100-80GB'\n"
+            "c.InventorySettings.policy = 'best-fit'\n",  # the new name: no warning
+            tmp_path,
+        )
+    assert svc.inventory_settings.simulate_gpus == "2xA100-80GB"
+    assert svc.inventory_settings.policy == "best-fit"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["c.GpuLabService.simulate_gpus is now c.InventorySettings.simulate_gpus"]
 
 
 def test_the_design_documents_name_stays_without_a_warning(tmp_path, caplog):
@@ -99,6 +112,10 @@ def test_the_new_name_works_and_wins_over_the_old(tmp_path, caplog):
         (
             "c.GpuLabService.max_job_ranks = 0",
             "c.JobQueue.max_job_ranks must be positive, got 0",
+        ),
+        (
+            "c.GpuLabService.policy = 'tightest'",
+            "c.InventorySettings.policy: unknown placement policy 'tightest'",
         ),
         (
             "c.GpuLabService.hibernate_idle_seconds = -5",

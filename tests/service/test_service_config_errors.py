@@ -29,13 +29,16 @@ CASES = {
         'c.GpuLabService.kubernetes_deployments = {"namespace": "ml", "flavour": 1}',
         "unknown key flavour",
     ),
-    "policy": ('c.GpuLabService.policy = "tightest"', "unknown placement policy 'tightest'"),
+    "policy": (
+        'c.InventorySettings.policy = "tightest"',
+        "c.InventorySettings.policy: unknown placement policy 'tightest'",
+    ),
     "inventory source": (
-        'c.GpuLabService.inventory_source = "kube"',
+        'c.InventorySettings.inventory_source = "kube"',
         "inventory_source = 'kube' is not a source",
     ),
     "no cluster": (
-        'c.GpuLabService.inventory_source = "kubernetes"\n'
+        'c.InventorySettings.inventory_source = "kubernetes"\n'
         "c.KubernetesInventory.kubeconfig = {kubeconfig!r}",
         "cluster's nodes cannot be listed",
     ),
@@ -44,16 +47,16 @@ CASES = {
         "jobs_backend_class",
     ),
     "pool name": (
-        'c.GpuLabService.pools = [{"name": "Big Box", "jobs": "local"}]',
-        "c.GpuLabService.pools[0]['name'] = 'Big Box': give 1-32 lowercase letters",
+        'c.InventorySettings.pools = [{"name": "Big Box", "jobs": "local"}]',
+        "c.InventorySettings.pools[0]['name'] = 'Big Box': give 1-32 lowercase letters",
     ),
     "pool key": (
-        'c.GpuLabService.pools = [{"name": "box", "jobs": "local", "gpus": 2}]',
-        "c.GpuLabService.pools[0] has unknown key gpus",
+        'c.InventorySettings.pools = [{"name": "box", "jobs": "local", "gpus": 2}]',
+        "c.InventorySettings.pools[0] has unknown key gpus",
     ),
     "server pool": (
-        'c.GpuLabService.server_pool = "slurm"',
-        "c.GpuLabService.server_pool = 'slurm' is not a pool; this site's pools: local",
+        'c.InventorySettings.server_pool = "slurm"',
+        "c.InventorySettings.server_pool = 'slurm' is not a pool; this site's pools: local",
     ),
     # Ranges, checked as the setting is set (traitlets' @validate).
     "a duration that must be positive": (

@@ -62,7 +62,7 @@ def test_initialize_runs_the_steps_in_order(make_service, monkeypatch):
     assert seen == STEPS
     assert isinstance(app.jobs, JobManager) and app.deployments is not None
     assert app.telemetry is not None and app.tornado_app is not None and len(app.gpus) == 2
-    assert app.inventory_class is LocalInventory
+    assert app.inventory_settings.inventory_class is LocalInventory
     for name in ("jobs", "deployments", "ledger", "telemetry", "sampler", "reconciler"):
         assert name in GpuLabService.class_trait_names()
 
@@ -136,13 +136,13 @@ def test_a_sites_own_backend_is_a_class_and_an_entry_point(make_service, tmp_pat
         "class LabCluster(LocalBackend):\n    name = 'labcluster'\n"
     )
     monkeypatch.syspath_prepend(str(site))
-    app = make_service('c.GpuLabService.pools = [{"name": "lab", "jobs": "labcluster"}]\n')
+    app = make_service('c.InventorySettings.pools = [{"name": "lab", "jobs": "labcluster"}]\n')
     backend = app.jobs.backends["lab"]
     assert type(backend).__name__ == "LabCluster" and app.site_pools.list[0].kind == "labcluster"
     app = make_service('c.GpuLabService.jobs_backend_class = "labcluster"\n')
     assert set(app.jobs.backends) == {"labcluster"}
     with pytest.raises(ConfigError, match="'labcluster'"):  # the names it offers include it
-        make_service('c.GpuLabService.pools = [{"name": "lab", "jobs": "nowhere"}]\n')
+        make_service('c.InventorySettings.pools = [{"name": "lab", "jobs": "nowhere"}]\n')
 
 
 class SlowToStart:

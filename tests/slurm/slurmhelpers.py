@@ -19,7 +19,7 @@ def service_config(sandbox: dict) -> str:
     return (
         f'c.SlurmSite.slurm_conf = "{conf}"\n'
         'c.GpuLabService.jobs_backend_class = "slurm"\n'
-        'c.GpuLabService.inventory_class = "slurm"\n'
+        'c.InventorySettings.inventory_class = "slurm"\n'
         "c.SlurmInventory.simulated = True\n"
     )
 

@@ -60,7 +60,7 @@ async def test_the_box_first_then_slurm_takes_the_overflow(site, sandbox):
     ]
     inventory = (await svc.request("GET", "/inventory", alice)).json()
     assert {n["name"]: n["pool"] for n in inventory["nodes"]} == {
-        svc.app.node_name: "box",
+        svc.app.inventory_settings.node_name: "box",
         **{n: "slurm" for n in slurm_nodes},
     }
 

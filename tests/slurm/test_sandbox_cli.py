@@ -60,7 +60,7 @@ async def test_up_writes_a_config_gpulab_loads_and_down_removes_it_all(slurm_bas
         assert c.GpuLabService.jobs_backend_class == "slurm"
         assert c.GpuLabService.max_upload_mib == 7
         # Without --hybrid the site is the cluster alone: no pools, no box.
-        assert "pools" not in c.GpuLabService and "--simulate-gpus" not in up.stdout
+        assert "pools" not in c.InventorySettings and "--simulate-gpus" not in up.stdout
         # The daemons outlived the command: Slurm answers with both nodes idle.
         sinfo = subprocess.run(
             ["sinfo", "-h", "-N", "-o", "%N %t"],
@@ -133,15 +133,15 @@ def test_hybrid_config_is_two_pools_box_first(tmp_path, spawner):
     path = tmp_path / "gpulab_config.py"
     path.write_text(text)
     c = load_config(path)
-    assert c.GpuLabService.pools == [BOX, SLURM]
+    assert c.InventorySettings.pools == [BOX, SLURM]
     # Each pool names its inventory and backend: no single-backend settings beside them.
     assert "jobs_backend_class" not in c.GpuLabService
-    assert "inventory_class" not in c.GpuLabService
+    assert "inventory_class" not in c.InventorySettings
     assert c.SlurmSite.slurm_conf == str(tmp_path / "slurm" / "etc" / "slurm.conf")
     assert c.SlurmInventory.simulated is True
     assert (c.JupyterHub.spawner_class == "gpulab-slurm") is spawner
     # Servers started as Slurm jobs take their slices in the Slurm pool; else the box's.
-    assert c.GpuLabService.get("server_pool", "") == ("slurm" if spawner else "")
+    assert c.InventorySettings.get("server_pool", "") == ("slurm" if spawner else "")
     # The non-hybrid text is unchanged by the flag's existence.
     plain = slurm_cli.config_text(fake_state(tmp_path))
     assert "pools" not in plain and 'jobs_backend_class = "slurm"' in plain
@@ -165,7 +165,7 @@ def test_up_hybrid_writes_the_pools_and_says_how_to_start_the_box(tmp_path, monk
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert f"gpulab up --data-dir {data} --simulate-gpus {slurm_cli.HYBRID_BOX_GPUS}" in out
-    assert load_config(data / "gpulab_config.py").GpuLabService.pools == [BOX, SLURM]
+    assert load_config(data / "gpulab_config.py").InventorySettings.pools == [BOX, SLURM]
 
 
 def test_hybrid_is_in_the_help():

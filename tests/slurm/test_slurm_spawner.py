@@ -58,7 +58,7 @@ def slurm_hub(sandbox, slurm_base):
     # The spawner is off unless asked for: its lines come commented out.
     off = sandbox_settings({**info, "spawner": False})
     assert '# c.JupyterHub.spawner_class = "gpulab-slurm"' in off.splitlines()
-    assert 'c.GpuLabService.inventory_class = "slurm"' in off.splitlines()
+    assert 'c.InventorySettings.inventory_class = "slurm"' in off.splitlines()
     addr = sandbox["ctl_addr"]
     on = sandbox_settings(info).splitlines()
     # The nodes reach the service on the bridge, as they reach the hub's API.

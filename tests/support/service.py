@@ -287,7 +287,7 @@ async def running_service(
     try:
         cfg = Config()
         cfg.GpuLabService.data_dir = str(data_dir)
-        cfg.GpuLabService.simulate_gpus = simulate
+        cfg.InventorySettings.simulate_gpus = simulate
         # Route logic needs no sampling of this machine.
         cfg.TelemetrySettings.local_sampler = False
         svc = GpuLabService(config=cfg)

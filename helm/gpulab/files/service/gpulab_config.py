@@ -9,8 +9,8 @@ with open(os.environ.get("GPULAB_SERVICE_VALUES", "/etc/gpulab/service-values.js
     gpulab = json.load(f)
 
 slices = gpulab["slices"]
-c.GpuLabService.policy = slices["policy"]
-c.GpuLabService.slice_sizes = [int(m) for m in slices["sizes"]]
+c.InventorySettings.policy = slices["policy"]
+c.InventorySettings.slice_sizes = [int(m) for m in slices["sizes"]]
 c.GpuLabService.default_user_quota_milli = slices.get("defaultUserQuotaMilli")
 c.GpuLabService.user_quota_milli = slices.get("userQuotaMilli") or {}
 c.GpuLabService.group_quota_milli = slices.get("groupQuotaMilli") or {}
@@ -31,7 +31,7 @@ c.Hibernation.servers_url = hibernation.get("serversUrl") or "http://proxy-publi
 c.VectorSettings.vector_engine_uri = (gpulab.get("vectors") or {}).get("uri") or ""
 c.VectorSettings.vector_engine_token = os.environ.get("GPULAB_VECTOR_ENGINE_TOKEN", "")
 # GPUs come from the cluster's nodes (gpulab.backend.kubernetes.inventory).
-c.GpuLabService.inventory_source = "kubernetes"
+c.InventorySettings.inventory_source = "kubernetes"
 c.GpuLabService.kubernetes_node_selector = gpulab.get("nodeLabelSelector") or ""
 # With DRA the cards (real UUIDs) come from the DRA driver's ResourceSlices.
 if gpulab["enforcement"]["backend"] == "dra":
