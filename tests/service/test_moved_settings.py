@@ -45,33 +45,29 @@ def test_an_old_name_still_takes_effect_and_says_where_it_is_now(tmp_path, caplo
     ]
 
 
-def test_an_old_telemetry_name_is_carried_to_telemetry_settings(tmp_path, caplog):
+@pytest.mark.parametrize(
+    "part, old, old_value, new, new_value",
+    [
+        ("TelemetrySettings", "sample_interval", 2.5, "local_sampler", False),
+        ("InventorySettings", "simulate_gpus", "2xA100-80GB", "policy", "best-fit"),
+    ],
+)
+def test_an_old_name_of_a_newer_part_is_carried_there(
+    tmp_path, caplog, part, old, old_value, new, new_value
+):
     with caplog.at_level(logging.INFO, logger="gpulab.service"):
         svc = built(
-            "c.GpuLabService.sample_interval = 2.5\n"
-            "c.TelemetrySettings.local_sampler = False\n",  # the new name: no warning
+            f"c.GpuLabService.{old} = {old_value!r}\n"
+            f"c.{part}.{new} = {new_value!r}\n",  # the new name: no warning
             tmp_path,
         )
-    assert svc.telemetry_settings.sample_interval == 2.5
-    assert svc.telemetry_settings.local_sampler is False
-    assert svc.telemetry_settings.authenticate_prometheus is True  # the default stays
+    settings = {
+        "TelemetrySettings": svc.telemetry_settings,
+        "InventorySettings": svc.inventory_settings,
+    }[part]
+    assert (getattr(settings, old), getattr(settings, new)) == (old_value, new_value)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == [
-        "c.GpuLabService.sample_interval is now c.TelemetrySettings.sample_interval"
-    ]
-
-
-def test_an_old_inventory_name_is_carried_to_inventory_settings(tmp_path, caplog):
-    with caplog.at_level(logging.INFO, logger="gpulab.service"):
-        svc = built(
-            "c.GpuLabService.simulate_gpus = '2xA100-80GB'\n"
-            "c.InventorySettings.policy = 'best-fit'\n",  # the new name: no warning
-            tmp_path,
-        )
-    assert svc.inventory_settings.simulate_gpus == "2xA100-80GB"
-    assert svc.inventory_settings.policy == "best-fit"
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == ["c.GpuLabService.simulate_gpus is now c.InventorySettings.simulate_gpus"]
+    assert warnings == [f"c.GpuLabService.{old} is now c.{part}.{old}"]
 
 
 def test_the_design_documents_name_stays_without_a_warning(tmp_path, caplog):
