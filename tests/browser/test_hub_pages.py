@@ -230,8 +230,16 @@ def test_the_home_page_says_what_else_the_user_holds_and_stops_it(
     expect(held).to_contain_text("These keep running when your server stops, holding 1/5 GPU:")
     expect(held).to_contain_text("endpoint held-linear (1/10 GPU, running)")
     expect(held).to_contain_text("job held-train (1/10 GPU, running)")
-    # The hub's own stop: the server goes, the box stays.
-    page.click("#stop")
+    # The hub's own stop: the server goes, the box stays. Its button works once the
+    # page's scripts are in (in one CI run the click made no stop call): wait for
+    # them, then for the stop call the click makes.
+    page.wait_for_load_state("networkidle")
+    with page.expect_response(
+        lambda r: (
+            r.request.method == "DELETE" and r.url.split("?")[0].endswith(f"/users/{HOLDER}/server")
+        )
+    ):
+        page.click("#stop")
     hub.wait_server(HOLDER, ready=False)
     expect(held).to_contain_text("endpoint held-linear")
     page.screenshot(path=os.path.join(artifacts_dir, "home-held.png"), full_page=True)

@@ -16,6 +16,14 @@ def hub(plain_hub):
     return plain_hub
 
 
+#: Each rank says who it is in one write: two ranks' ``print`` pieces interleave on
+#: the shared pipe ("rankrank 0 of 2" was seen on CI).
+RANKS = (
+    "import os\n"
+    "os.write(1, ('rank %s of %s\\n' % (os.environ['RANK'], os.environ['WORLD_SIZE'])).encode())\n"
+)
+
+
 def test_torchrun_runs_a_script_from_a_notebook(hub):
     token = hub.create_user(USER)
     hub.spawn_ready({USER: {"gpu_milli": 0}})
@@ -27,8 +35,7 @@ def test_torchrun_runs_a_script_from_a_notebook(hub):
         "print('found', shutil.which('torchrun'))\n"
         "path = os.environ['PATH'].split(':')\n"
         "print('unreachable', [p for p in path if p.startswith('/root')])\n"
-        "open('ranks.py', 'w').write(\"import os; print('rank', os.environ['RANK'], 'of', "
-        "os.environ['WORLD_SIZE'])\\n\")\n"
+        f"open('ranks.py', 'w').write({RANKS!r})\n"
         "!torchrun --standalone --nproc-per-node 2 ranks.py 2>&1 | grep rank | sort\n"
         "!python -m torch.distributed.run --standalone --nproc-per-node 1 ranks.py 2>&1 "
         "| grep rank",
