@@ -604,8 +604,8 @@ def _state(pid: int) -> str:
 
 
 def _engines_seen(process, stuck: int, caplog) -> str:
-    """The engine processes of this test's service and what the log said: two seen in
-    CI runs answered a search while the one stopped with SIGSTOP was held."""
+    """The engine processes of this test's service and what the log said: in two CI
+    runs a search was answered while the engine stopped with SIGSTOP was held."""
     import psutil
 
     lines = [f"stopped pid {stuck}, now pid {process.proc.pid}, restarts {process.restarts}"]
