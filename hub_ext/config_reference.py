@@ -326,12 +326,15 @@ def _markdown_help(text: str) -> list[str]:
     return out
 
 
-def moved_settings() -> dict[str, str]:
-    """Setting name -> the class it moved to from ``GpuLabService``, whose old name
-    still sets it (``gpulab.service.moved_settings``)."""
+def moved_settings() -> dict[tuple[str, str], str]:
+    """(class, setting) -> its former name on ``GpuLabService``, which still sets it
+    (``gpulab.service.moved_settings``)."""
     from gpulab.service.app import MOVED_SETTINGS
+    from gpulab.service.moved_settings import RENAMED
 
-    return MOVED_SETTINGS
+    formerly = {(cls, name): name for name, cls in MOVED_SETTINGS.items()}
+    formerly.update({place: old for old, place in RENAMED.items()})
+    return formerly
 
 
 def as_markdown(secs: list[Section] | None = None) -> str:
@@ -376,8 +379,9 @@ def as_markdown(secs: list[Section] | None = None) -> str:
                 meta += f"; {t.choices}"
             if t.inherited_from:
                 meta += f" (a {t.inherited_from} setting; gpulab sets its default)"
-            if moved.get(t.name) == s.name:
-                meta += f"; formerly `c.GpuLabService.{t.name}`, which still sets it"
+            if (s.name, t.name) in moved:
+                old = moved[s.name, t.name]
+                meta += f"; formerly `c.GpuLabService.{old}`, which still sets it"
             if t.defined_on:
                 # Examples may name the base: both reach this class.
                 meta += (

@@ -271,14 +271,6 @@ class GpuLabService(SharingSettings, Application):
         """,
     ).tag(config=True)
 
-    kubernetes_node_selector = Unicode(
-        "",
-        help="""Label selector of the Kubernetes nodes whose GPUs are counted.
-
-        c.GpuLabService.kubernetes_node_selector = "nvidia.com/gpu.present=true"
-        """,
-    ).tag(config=True)
-
     reconcile_interval = Float(
         60.0,
         help="""Seconds between checks that every server allocation still has a server,

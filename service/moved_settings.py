@@ -23,6 +23,10 @@ log = logging.getLogger("gpulab.service")
 #: contracts (``c.GpuLabService.job_stall_seconds``).
 KEPT_NAMES = frozenset({"job_stall_seconds"})
 
+#: Settings that moved under another name: old name -> (class, new name). The node
+#: selector was a second name for the inventory's own setting.
+RENAMED = {"kubernetes_node_selector": ("KubernetesInventory", "label_selector")}
+
 
 def moved_map(classes) -> dict[str, str]:
     """Setting name -> the class that now holds it, for every ``config=True`` trait
@@ -36,20 +40,28 @@ def moved_map(classes) -> dict[str, str]:
     return moved
 
 
-def carry_moved(cfg: Config, moved: dict[str, str], section: str = "GpuLabService") -> None:
-    """Move ``cfg[section][name]`` to ``cfg[<new class>][name]`` for every moved name
-    (in place; a value already set under the new name is kept), warning once each."""
+def carry_moved(
+    cfg: Config,
+    moved: dict[str, str],
+    section: str = "GpuLabService",
+    renamed: dict[str, tuple[str, str]] = RENAMED,
+) -> None:
+    """Move ``cfg[section][name]`` to ``cfg[<new class>][name]`` for every moved name,
+    and to ``cfg[<class>][<new name>]`` for every renamed one (in place; a value
+    already set in the new place is kept), warning once each."""
     if section not in cfg:
         return
     old = cfg[section]
-    for name in [n for n in old if n in moved]:
+    places = {**{n: (c, n) for n, c in moved.items()}, **renamed}
+    for name in [n for n in old if n in places]:
         value = old.pop(name)
-        new = moved[name]
-        if name not in cfg[new]:
-            cfg[new][name] = value
-            line = f"c.{section}.{name} is now c.{new}.{name}"
+        new, new_name = places[name]
+        there = f"c.{new}.{new_name}"
+        if new_name not in cfg[new]:
+            cfg[new][new_name] = value
+            line = f"c.{section}.{name} is now {there}"
         else:
-            line = f"c.{section}.{name} is now c.{new}.{name}; c.{new}.{name} wins"
+            line = f"c.{section}.{name} is now {there}; {there} wins"
         if name in KEPT_NAMES:
             log.info("%s (both names stay supported)", line)
         else:

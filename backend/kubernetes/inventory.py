@@ -230,8 +230,7 @@ class KubernetesInventory(Inventory):
 
     label_selector = Unicode(
         "",
-        help="""Label selector of the nodes whose GPUs are counted (also set by
-        c.GpuLabService.kubernetes_node_selector).
+        help="""Label selector of the nodes whose GPUs are counted.
 
         c.KubernetesInventory.label_selector = "nvidia.com/gpu.present=true"
         """,

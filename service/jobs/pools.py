@@ -163,7 +163,6 @@ def _kind_of(jobs: type) -> str:
 def load_gpus(service, pools: list[Pool]) -> tuple[list[Gpu], str | None]:
     """Each pool's inventory, loaded and tagged with the pool's name; the site's GPUs
     and why there are none (if so). A node in two pools stops the start."""
-    from gpulab.backend.kubernetes.inventory import KubernetesInventory
     from gpulab.backend.local_inventory import LocalInventory
 
     site: list[Gpu] = []
@@ -179,8 +178,6 @@ def load_gpus(service, pools: list[Pool]) -> tuple[list[Gpu], str | None]:
                 else ""
             )
         kwargs = {"node": placing.node_name, "simulate": simulate or ""}
-        if issubclass(pool.inventory, KubernetesInventory) and service.kubernetes_node_selector:
-            kwargs["label_selector"] = service.kubernetes_node_selector
         gpus, pool.reason = pool.inventory(parent=service, **kwargs).load()
         pool.gpus = [dataclasses.replace(g, pool=pool.name) for g in gpus]
         for gpu in pool.gpus:

@@ -70,6 +70,26 @@ def test_an_old_name_of_a_newer_part_is_carried_there(
     assert warnings == [f"c.GpuLabService.{old} is now c.{part}.{old}"]
 
 
+def test_the_node_selector_is_the_kubernetes_inventorys_label_selector(tmp_path, caplog):
+    """c.GpuLabService.kubernetes_node_selector was a second name for it."""
+    from gpulab.backend.kubernetes.inventory import KubernetesInventory
+
+    with caplog.at_level(logging.INFO, logger="gpulab.service"):
+        svc = built('c.GpuLabService.kubernetes_node_selector = "gpu=yes"\n', tmp_path)
+    assert KubernetesInventory(parent=svc).label_selector == "gpu=yes"
+    assert "kubernetes_node_selector" not in GpuLabService.class_trait_names()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "c.GpuLabService.kubernetes_node_selector is now c.KubernetesInventory.label_selector"
+    ]
+    svc = built(
+        'c.KubernetesInventory.label_selector = "pool=big"\n'
+        'c.GpuLabService.kubernetes_node_selector = "gpu=yes"\n',
+        tmp_path,
+    )
+    assert KubernetesInventory(parent=svc).label_selector == "pool=big"
+
+
 def test_the_design_documents_name_stays_without_a_warning(tmp_path, caplog):
     # DESIGN.md names c.GpuLabService.job_stall_seconds as a contract.
     with caplog.at_level(logging.INFO, logger="gpulab.service"):

@@ -32,7 +32,7 @@ c.VectorSettings.vector_engine_uri = (gpulab.get("vectors") or {}).get("uri") or
 c.VectorSettings.vector_engine_token = os.environ.get("GPULAB_VECTOR_ENGINE_TOKEN", "")
 # GPUs come from the cluster's nodes (gpulab.backend.kubernetes.inventory).
 c.InventorySettings.inventory_source = "kubernetes"
-c.GpuLabService.kubernetes_node_selector = gpulab.get("nodeLabelSelector") or ""
+c.KubernetesInventory.label_selector = gpulab.get("nodeLabelSelector") or ""
 # With DRA the cards (real UUIDs) come from the DRA driver's ResourceSlices.
 if gpulab["enforcement"]["backend"] == "dra":
     c.KubernetesInventory.source = "resourceslices"
