@@ -2,7 +2,8 @@
 16 streaming chat clients, tokens/s and time to first token, one run, side by side.
 
     .venv/bin/python benchmarks/llm_serving.py [--clients 16] [--tokens 32] [--rounds 3]
-        [--only gateway,engine,transformers-serve,one-at-a-time,one-batch]
+        [--only gateway,engine,client-floor,transformers-serve,one-at-a-time,one-batch]
+        [--connections kept|new]
 
 A 33.4M-parameter Llama with random weights and a byte-level BPE tokenizer, both
 made here (tests/tiny_lm.py; throughput does not depend on what the weights say),
@@ -17,6 +18,10 @@ medians: on a shared machine one slow spell moves one round, not the figure.
   whose CPU share is then the whole host, as the in-process targets'); the unmodified
   ``openai`` SDK's async client streams through ``<hub>/services/gpulab/v1`` with the
   user's hub token (configurable-http-proxy, the service's gateway, the replica);
+  with ``--connections kept`` (the default) one client serves the whole run and its
+  connections stay open between rounds, as an application holds its ``AsyncOpenAI``;
+  ``new`` makes a client each round, so every request opens a connection through
+  the proxy (the case of a script that starts, calls and exits);
 * ``engine``: the same engine the replica chose (``choose_engine``), on the same
   folder, called directly in this process with the chat template's token ids
   (no HTTP, no detokenizing): the anchor of "the gateway costs little";
@@ -25,6 +30,12 @@ medians: on a shared machine one slow spell moves one round, not the figure.
   ``pip install -e .[bench]``);
 * ``one-at-a-time``: one ``generate`` per request, in turn, in this process (what a
   server without batching does; request i's first token waits for all before it);
+* ``client-floor``: the same openai client against a server that computes nothing
+  (``_openai_floor.py``, its own process): it answers a burst at once when the last
+  call of it is in, as a batching engine does after its prefill, so its time to first
+  token is the client's own (building and sending 16 calls, reading their first
+  events: 2 to 3 ms of CPU a call here), which a call through the gateway pays on
+  top of the engine's; the table says how much of the gateway's added time it is;
 * ``one-batch``: one ``generate`` of all prompts at once, left-padded: the ceiling
   (nothing streams, nobody joins late);
 * ``vllm-serve``: ``vllm serve`` (its OpenAI server) alone on the same folder, with
@@ -89,17 +100,20 @@ def summary(wall: float, firsts: list[float], tokens: int) -> dict:
 # --- OpenAI-compatible servers (the gateway, transformers serve) -----------------------
 
 
-async def _stream_clients(base_url: str, api_key: str, model: str, chats, tokens: int) -> dict:
+def _openai_client(base_url: str, api_key: str, connections: int):
     import httpx
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(
+    return AsyncOpenAI(
         base_url=base_url,
         api_key=api_key,
         max_retries=0,
         timeout=600,
-        http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=len(chats) + 4)),
+        http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=connections + 4)),
     )
+
+
+async def _stream_clients(client, model: str, chats, tokens: int) -> dict:
     start = time.perf_counter()
     firsts: list[float] = []
     counted = 0
@@ -127,22 +141,49 @@ async def _stream_clients(base_url: str, api_key: str, model: str, chats, tokens
         firsts.append(first if first is not None else time.perf_counter() - start)
         counted += used if used is not None else pieces
 
+    await asyncio.gather(*(one(c) for c in chats))
+    return summary(time.perf_counter() - start, firsts, counted)
+
+
+#: How the openai clients connect (--connections): ``kept``, one client for the whole
+#: run whose connections stay open between rounds, as an application holds its
+#: ``AsyncOpenAI``; ``new``, a new client each round (every request a new connection
+#: through the proxy too).
+CONNECTIONS = ("kept", "new")
+
+
+@contextlib.contextmanager
+def openai_rounds(base_url: str, api_key: str, model: str, clients: int, connections: str):
+    """Rounds against an OpenAI server: yields ``(chats, tokens) -> summary``, warmed
+    up (with ``kept``, ``clients`` calls at once, so that as many connections are open)."""
+    with asyncio.Runner() as runner:
+        kept = None
+        if connections == "kept":
+            kept = runner.run(_make_client(base_url, api_key, clients))
+
+        def one_round(chats, tokens: int) -> dict:
+            if kept is not None:
+                return runner.run(_stream_clients(kept, model, chats, tokens))
+            return runner.run(_with_new_client(base_url, api_key, model, chats, tokens))
+
+        try:
+            one_round(messages(clients if kept is not None else 2), 4)  # lazy setup
+            yield one_round
+        finally:
+            if kept is not None:
+                runner.run(kept.close())
+
+
+async def _make_client(base_url: str, api_key: str, connections: int):
+    return _openai_client(base_url, api_key, connections)  # made on the runner's loop
+
+
+async def _with_new_client(base_url: str, api_key: str, model: str, chats, tokens: int):
+    client = _openai_client(base_url, api_key, len(chats))
     try:
-        await asyncio.gather(*(one(c) for c in chats))
-        wall = time.perf_counter() - start
+        return await _stream_clients(client, model, chats, tokens)
     finally:
         await client.close()
-    return summary(wall, firsts, counted)
-
-
-def openai_rounds(base_url: str, api_key: str, model: str):
-    """A round against an OpenAI server: ``(chats, tokens) -> summary``, warmed up."""
-
-    def one_round(chats, tokens: int) -> dict:
-        return asyncio.run(_stream_clients(base_url, api_key, model, chats, tokens))
-
-    one_round(messages(2), 4)  # connections, lazy setup
-    return one_round
 
 
 #: The slice the gateway deploys on with --real-gpus, and vllm-serve's memory share.
@@ -150,7 +191,7 @@ REAL_GPU_MILLI = 500
 
 
 @contextlib.contextmanager
-def gateway(folder: str, work: str, clients: int, real_gpus: bool = False):
+def gateway(folder: str, work: str, clients: int, connections: str, real_gpus: bool = False):
     """Deploy the archive ``folder`` on a fresh hub as a user; yields a round through
     the gateway and the engine the replica says serves it."""
     from gpulab.client import Client
@@ -181,7 +222,9 @@ def gateway(folder: str, work: str, clients: int, real_gpus: bool = False):
                     break
             time.sleep(0.5)
             dep = client.get_deployment("chat")
-        yield openai_rounds(f"{hub.url}/services/gpulab/v1", token, "chat"), dep.get("engine")
+        base = f"{hub.url}/services/gpulab/v1"
+        with openai_rounds(base, token, "chat", clients, connections) as one_round:
+            yield one_round, dep.get("engine")
     except Exception:
         print(f"the hub's log ends:\n{hub.log_tail(6000)}", file=sys.stderr)
         raise
@@ -195,7 +238,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def transformers_serve(folder: str, work: str):
+def transformers_serve(folder: str, work: str, clients: int, connections: str):
     exe = shutil.which("transformers", path=os.path.dirname(sys.executable))
     if exe is None:
         raise RuntimeError("the transformers command is not installed beside this python")
@@ -207,10 +250,18 @@ def transformers_serve(folder: str, work: str):
         + ["--cb-num-blocks", "256", "--cb-block-size", "32"]
         + ["--device", "cpu", "--log-level", "warning", folder]
     )
-    return openai_server(argv, port, "transformers serve", work, folder)
+    return openai_server(argv, port, "transformers serve", work, folder, clients, connections)
 
 
-def vllm_serve(folder: str, work: str, clients: int):
+def client_floor(work: str, clients: int, connections: str):
+    """The openai client against a server that computes nothing (_openai_floor.py)."""
+    port = free_port()
+    floor = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_openai_floor.py")
+    argv = [sys.executable, floor, str(port), str(clients)]
+    return openai_server(argv, port, "client floor", work, "floor", clients, connections)
+
+
+def vllm_serve(folder: str, work: str, clients: int, connections: str):
     """``vllm serve`` alone on ``folder``, with the gateway's slice's memory share."""
     import importlib.util
 
@@ -222,18 +273,22 @@ def vllm_serve(folder: str, work: str, clients: int):
         + ["--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(clients)]
         + ["--gpu-memory-utilization", f"{REAL_GPU_MILLI / 1000:g}"]
     )
-    return openai_server(argv, port, "vllm serve", work, folder)
+    return openai_server(argv, port, "vllm serve", work, folder, clients, connections)
 
 
 @contextlib.contextmanager
-def openai_server(argv, port: int, what: str, work: str, model: str):
+def openai_server(
+    argv, port: int, what: str, work: str, model: str, clients: int, connections: str
+):
     """Start another project's OpenAI server (``argv``, on ``port``); yields a round
     against it once it answers /health; stops it."""
     with open(os.path.join(work, what.replace(" ", "-") + ".log"), "w+") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_health(proc, log, f"http://127.0.0.1:{port}/health", what)
-            yield openai_rounds(f"http://127.0.0.1:{port}/v1", "none", model), None
+            base = f"http://127.0.0.1:{port}/v1"
+            with openai_rounds(base, "none", model, clients, connections) as one_round:
+                yield one_round, None
         finally:
             proc.terminate()
             try:
@@ -451,6 +506,13 @@ def report(results: dict, notes: dict) -> None:
         added = paired(results, "gateway", "engine", lambda x, y: p50(x) - p50(y))
         print(f"  gateway / engine tokens/s: {ratio('gateway', 'engine'):.2f}x (goal >= 0.9x)")
         print(f"  gateway TTFT p50 added: {added * 1e3:+.1f} ms (goal <= 15 ms)")
+        if ok("client-floor"):
+            floor = median_of(results["client-floor"], p50)
+            print(
+                f"    of which the openai client's own (its TTFT p50 against a server that "
+                f"computes nothing): {floor * 1e3:.1f} ms; the gateway's path: "
+                f"{(added - floor) * 1e3:+.1f} ms"
+            )
     best = "gateway" if ok("gateway") else "engine" if ok("engine") else None
     if best and ok("one-at-a-time"):
         print(
@@ -485,8 +547,15 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated targets (default: gateway,engine,transformers-serve,"
-        "one-at-a-time,one-batch)",
+        help="comma-separated targets (default: gateway,engine,client-floor,"
+        "transformers-serve,one-at-a-time,one-batch)",
+    )
+    parser.add_argument(
+        "--connections",
+        choices=CONNECTIONS,
+        default="kept",
+        help="kept: one openai client per target for the run, its connections open "
+        "between rounds (as an application holds one); new: a new client each round",
     )
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
@@ -495,7 +564,14 @@ def main() -> None:
         help="the gateway's hub on this machine's GPUs (half of one), not a simulated one",
     )
     args = parser.parse_args()
-    targets = ["gateway", "engine", "transformers-serve", "one-at-a-time", "one-batch"]
+    targets = [
+        "gateway",
+        "engine",
+        "client-floor",
+        "transformers-serve",
+        "one-at-a-time",
+        "one-batch",
+    ]
     known = [*targets, "vllm-serve"]
     only = [t for t in args.only.split(",") if t] or targets
     for t in only:
@@ -516,15 +592,21 @@ def main() -> None:
         del model
         print(
             f"Llama {n_params:.1f}M parameters, {args.clients} streaming clients x "
-            f"{args.tokens} tokens, {os.cpu_count()} CPUs, {args.rounds} rounds"
+            f"{args.tokens} tokens, {os.cpu_count()} CPUs, {args.rounds} rounds, "
+            f"{args.connections} connections"
         )
         setups = {
-            "gateway": lambda: gateway(archive, work, args.clients, real_gpus=args.real_gpus),
+            "gateway": lambda: gateway(
+                archive, work, args.clients, args.connections, real_gpus=args.real_gpus
+            ),
             "engine": lambda: engine_direct(archive, args.clients),
-            "transformers-serve": lambda: transformers_serve(folder, work),
+            "transformers-serve": lambda: transformers_serve(
+                folder, work, args.clients, args.connections
+            ),
             "one-at-a-time": lambda: one_at_a_time(folder),
             "one-batch": lambda: one_batch(folder),
-            "vllm-serve": lambda: vllm_serve(folder, work, args.clients),
+            "vllm-serve": lambda: vllm_serve(folder, work, args.clients, args.connections),
+            "client-floor": lambda: client_floor(work, args.clients, args.connections),
         }
         results: dict = {}
         notes: dict = {}
