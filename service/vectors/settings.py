@@ -101,11 +101,10 @@ class VectorSettings(Configurable):
         at least 2k). Wider finds more of the true nearest rows and costs more per
         search. On clustered 384-d vectors shaped like text embeddings
         (benchmarks/vector_search.py), recall@10 at 64 / 128 / 256: 0.999 / 1.000 /
-        1.000 at 100,000 rows, 0.945 / 0.983 / 0.990 at 300,000, 0.66 / 0.80 / 0.89 at
-        1,000,000 (where the graph itself, built with efConstruction 64, caps it: 0.92
-        at 1024). 128 rather than FAISS's 64: through the REST path a search's time is
-        mostly not the index's (p50 2.1 ms at 64, 2.2 ms at 256, 1,000,000 rows). At
-        most 4096.
+        1.000 at 100,000 rows, 0.914 / 0.977 / 0.995 at 1,000,000 (FAISS on a graph
+        built with efConstruction 128, as the engine builds it). 128 rather than
+        FAISS's 64: through the REST path a search's time is mostly not the index's
+        (p50 2.1 ms at 64, 2.2 ms at 256, 1,000,000 rows). At most 4096.
 
         c.VectorSettings.collection_search_ef = 128
         """,
