@@ -10,7 +10,7 @@ work that fills every gap and yields when asked::
     batch-high   200   jobs             granted by admins or a group property
     batch        100   jobs (default)   preemptible
 
-A site changes the list with ``c.GpuLabService.priority_classes``.
+A site changes the list with ``c.SharingSettings.priority_classes``.
 """
 
 from __future__ import annotations

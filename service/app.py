@@ -5,8 +5,8 @@ The hub starts it (``python -m gpulab.service``) with the usual
 ``<data-dir>/gpulab_config.py``, the same file that overrides the hub's
 configuration, e.g.::
 
-    c.GpuLabService.default_user_quota_milli = 1000
-    c.GpuLabService.group_quota_milli = {"students": 4000}
+    c.SharingSettings.default_user_quota_milli = 1000
+    c.SharingSettings.group_quota_milli = {"students": 4000}
 
 It is built in one place, :meth:`GpuLabService.initialize`, as an ordered list of
 ``init_*`` steps; a setting it cannot work with stops it there, before anything
@@ -171,6 +171,7 @@ SETTINGS_PARTS = (
     AuditTrail,
     TelemetrySettings,
     InventorySettings,
+    SharingSettings,
 )
 MOVED_SETTINGS = moved_map(SETTINGS_PARTS)
 
@@ -185,7 +186,7 @@ def configure_logging() -> None:
     )
 
 
-class GpuLabService(SharingSettings, Application):
+class GpuLabService(Application):
     name = "gpulab-service"
     description = (
         "The gpulab service: GPU inventory, slice allocations and quotas behind JupyterHub."
@@ -487,6 +488,7 @@ class GpuLabService(SharingSettings, Application):
         self.audit_trail = AuditTrail(parent=self)
         self.telemetry_settings = TelemetrySettings(parent=self)
         self.inventory_settings = InventorySettings(parent=self)
+        self.sharing_settings = SharingSettings(parent=self)
 
     def init_hub(self):
         """The hub's API (``self.hub``, built from these variables), which the parts
@@ -509,7 +511,7 @@ class GpuLabService(SharingSettings, Application):
 
     def init_ledger(self):
         """The inventory (from inventory_class), the ledger over it, and what watches it."""
-        placing = self.inventory_settings
+        placing, sharing = self.inventory_settings, self.sharing_settings
         policy = get_policy(placing.policy)  # a known name (InventorySettings checks it)
         if self.kubernetes_jobs:
             self._deprecated_shortcut(
@@ -533,15 +535,15 @@ class GpuLabService(SharingSettings, Application):
             self.gpus,
             policy,
             Quotas(
-                self.default_user_quota_milli,
-                dict(self.user_quota_milli),
-                dict(self.group_quota_milli),
-                self.default_user_guaranteed_milli,
-                dict(self.user_guaranteed_milli),
-                dict(self.group_guaranteed_milli),
+                sharing.default_user_quota_milli,
+                dict(sharing.user_quota_milli),
+                dict(sharing.group_quota_milli),
+                sharing.default_user_guaranteed_milli,
+                dict(sharing.user_guaranteed_milli),
+                dict(sharing.group_guaranteed_milli),
             ),
         )
-        self.priorities = self.make_priorities()
+        self.priorities = sharing.make_priorities()
         self.metrics = Metrics()
         self.metrics.registry.register(LedgerCollector(self.ledger, self.gpus, placing.slice_sizes))
         self.metrics.registry.register(JobQueueCollector(self.engine))
@@ -564,8 +566,9 @@ class GpuLabService(SharingSettings, Application):
 
     def init_jobs(self):
         #: What hub groups say (limits, guarantees, classes), read from the hub at each ask.
+        sharing = self.sharing_settings
         self.hub_groups = HubGroups(
-            self.hub, self.ledger.quotas, self.group_quota_milli, self.group_guaranteed_milli
+            self.hub, self.ledger.quotas, sharing.group_quota_milli, sharing.group_guaranteed_milli
         )
         #: Writes each ended job as an MLflow run of its user (None: no MLflow service).
         self.run_recorder = self.experiment_settings.make_run_recorder()

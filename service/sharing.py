@@ -1,9 +1,10 @@
 """How users share the GPUs: limits (quotas), guarantees, priority classes (the
 queue's own settings, preemption's grace and fair share, are c.JobQueue's).
 
-The settings live on :class:`SharingSettings`, which the service inherits, so
-they are set as ``c.GpuLabService.<name>``. Hub groups carry the same values as
-properties an admin sets on the hub's admin page; the config wins.
+The settings live on :class:`SharingSettings` (``c.SharingSettings.<name>``), a
+part the service builds from its config; ``c.GpuLabService.<name>``, where they
+were, still sets each. Hub groups carry the same values as properties an admin sets
+on the hub's admin page; the config wins.
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ class SharingSettings(Configurable):
         allow_none=True,
         help="""Milli-GPU each user may hold at once, unless set per user. None: unlimited.
 
-        c.GpuLabService.default_user_quota_milli = 1000
+        c.SharingSettings.default_user_quota_milli = 1000
         """,
     ).tag(config=True)
 
     user_quota_milli = Dict(
         help="""Per-user quotas in milli-GPU.
 
-        c.GpuLabService.user_quota_milli = {"alice": 4000}
+        c.SharingSettings.user_quota_milli = {"alice": 4000}
         """,
     ).tag(config=True)
 
@@ -49,7 +50,7 @@ class SharingSettings(Configurable):
         group's property `gpulab_quota_milli` (or `gpulab_limit_milli`) sets it
         too; this setting wins.
 
-        c.GpuLabService.group_quota_milli = {"students": 2000}
+        c.SharingSettings.group_quota_milli = {"students": 2000}
         """,
     ).tag(config=True)
 
@@ -62,7 +63,7 @@ class SharingSettings(Configurable):
         or a hub group whose property `gpulab_priority_classes` lists them.
         Empty: interactive 1000, serving 500, batch-high 200 (granted), batch 100.
 
-        c.GpuLabService.priority_classes = [
+        c.SharingSettings.priority_classes = [
             {"name": "interactive", "value": 1000},
             {"name": "serving", "value": 500},
             {"name": "batch-high", "value": 200, "preemptible": True, "access": "granted"},
@@ -78,14 +79,14 @@ class SharingSettings(Configurable):
         set per user). Above it a user borrows idle GPUs, and their preemptible
         jobs there may be preempted by someone within their own guarantee.
 
-        c.GpuLabService.default_user_guaranteed_milli = 500
+        c.SharingSettings.default_user_guaranteed_milli = 500
         """,
     ).tag(config=True)
 
     user_guaranteed_milli = Dict(
         help="""Per-user guarantees in milli-GPU.
 
-        c.GpuLabService.user_guaranteed_milli = {"alice": 2000}
+        c.SharingSettings.user_guaranteed_milli = {"alice": 2000}
         """,
     ).tag(config=True)
 
@@ -93,7 +94,7 @@ class SharingSettings(Configurable):
         help="""Per-group guarantees in milli-GPU (all members together). A hub
         group's property `gpulab_guaranteed_milli` sets it too; this setting wins.
 
-        c.GpuLabService.group_guaranteed_milli = {"vision-lab": 4000}
+        c.SharingSettings.group_guaranteed_milli = {"vision-lab": 4000}
         """,
     ).tag(config=True)
 
@@ -102,7 +103,7 @@ class SharingSettings(Configurable):
         try:
             return PriorityClasses.from_config(self.priority_classes)
         except PriorityError as e:
-            raise ValueError(f"c.GpuLabService.priority_classes: {e}") from None
+            raise ValueError(f"c.SharingSettings.priority_classes: {e}") from None
 
 
 class HubGroups:

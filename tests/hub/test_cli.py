@@ -16,7 +16,7 @@ def test_bad_gpu_spec_says_how_to_write_it(tmp_path):
 
 def test_help_all_lists_settings_with_examples():
     r = subprocess.run([GPULAB, "up", "--help-all"], capture_output=True, text=True, check=True)
-    assert "c.GpuLabService.default_user_quota_milli = 1000" in r.stdout
+    assert "c.SharingSettings.default_user_quota_milli = 1000" in r.stdout
     assert "c.FractionalLocalSpawner.gpulab_api_url" in r.stdout
 
 

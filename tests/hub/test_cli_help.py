@@ -42,7 +42,7 @@ def test_help_all_lists_every_gpulab_class(help_all):
     ):
         assert f"\n# {name}\n" in help_all, name
     assert "c.UserAccounts.prefix" in help_all
-    assert "c.GpuLabService.default_user_quota_milli = 1000" in help_all
+    assert "c.SharingSettings.default_user_quota_milli = 1000" in help_all
     # The mixin's traits show under each spawner that users configure.
     assert "# c.FractionalLocalSpawner.gpulab_api_url = ''" in help_all
     assert "# c.FractionalKubeSpawner.gpulab_api_url = ''" in help_all

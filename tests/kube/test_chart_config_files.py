@@ -16,6 +16,7 @@ from gpulab.service.app import GpuLabService
 from gpulab.service.hibernation.settings import Hibernation
 from gpulab.service.jobs.inventory_settings import InventorySettings
 from gpulab.service.jobs.manager import JobManager
+from gpulab.service.sharing import SharingSettings
 from gpulab.service.telemetry.settings import TelemetrySettings
 from gpulab.spawner.admin_slices import slices_template_var
 from gpulab.spawner.kube import FractionalKubeSpawner
@@ -113,20 +114,21 @@ def test_service_config(tmp_path, monkeypatch):
     monkeypatch.setenv("GPULAB_SERVICE_VALUES", str(values))
     c = run_config(data["gpulab_config.py"], Config())
     svc = c.GpuLabService
-    placing = c.InventorySettings
-    assert placing.slice_sizes == [0, 250, 1000] and svc.default_user_quota_milli == 1000
-    assert svc.group_quota_milli == {"students": 2000}
+    placing, sharing = c.InventorySettings, c.SharingSettings
+    assert placing.slice_sizes == [0, 250, 1000] and sharing.default_user_quota_milli == 1000
+    assert sharing.group_quota_milli == {"students": 2000}
     telemetry = c.TelemetrySettings
     assert telemetry.local_sampler is False and telemetry.authenticate_prometheus is False
     # Every setting the chart writes is one the service (or its part) has.
     assert set(svc) <= set(GpuLabService.class_trait_names())
     assert set(telemetry) <= set(TelemetrySettings.class_trait_names())
     assert set(placing) <= set(InventorySettings.class_trait_names())
+    assert set(sharing) <= set(SharingSettings.class_trait_names())
     assert placing.inventory_source == "kubernetes"
     # The chart's priority classes are the service's: gpulab's defaults.
     from gpulab.scheduler.priority import DEFAULT_CLASSES
 
-    assert svc.priority_classes == [c.to_dict() for c in DEFAULT_CLASSES]
+    assert sharing.priority_classes == [c.to_dict() for c in DEFAULT_CLASSES]
 
 
 def service_config(tmp_path, monkeypatch, values: dict, namespace: str = "hub") -> Config:
@@ -315,7 +317,7 @@ def started_service(tmp_path, monkeypatch, data: dict) -> GpuLabService:
 def test_service_starts_from_the_chart_config(tmp_path, monkeypatch):
     """The service's own start-up reads the chart's file as the pod runs it."""
     app = started_service(tmp_path, monkeypatch, rendered_data({}))
-    assert [c["name"] for c in app.priority_classes] == [
+    assert [c["name"] for c in app.sharing_settings.priority_classes] == [
         "interactive",
         "serving",
         "batch-high",

@@ -374,7 +374,7 @@ async def test_a_zero_interval_stops_the_start_with_the_fix(tmp_path):
 
 
 async def test_prometheus_counts_users_near_their_quota_without_naming_them(tmp_path):
-    config = FAST + 'c.GpuLabService.user_quota_milli = {"alice": 1000, "bob": 1000}\n'
+    config = FAST + 'c.SharingSettings.user_quota_milli = {"alice": 1000, "bob": 1000}\n'
     async with running_service(tmp_path / "svc", config) as svc:
         svc.create_user("alice")
         svc.create_user("bob")

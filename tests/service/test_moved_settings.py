@@ -50,6 +50,7 @@ def test_an_old_name_still_takes_effect_and_says_where_it_is_now(tmp_path, caplo
     [
         ("TelemetrySettings", "sample_interval", 2.5, "local_sampler", False),
         ("InventorySettings", "simulate_gpus", "2xA100-80GB", "policy", "best-fit"),
+        ("SharingSettings", "user_quota_milli", {"alice": 4000}, "group_quota_milli", {"x": 1}),
     ],
 )
 def test_an_old_name_of_a_newer_part_is_carried_there(
@@ -64,6 +65,7 @@ def test_an_old_name_of_a_newer_part_is_carried_there(
     settings = {
         "TelemetrySettings": svc.telemetry_settings,
         "InventorySettings": svc.inventory_settings,
+        "SharingSettings": svc.sharing_settings,
     }[part]
     assert (getattr(settings, old), getattr(settings, new)) == (old_value, new_value)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -11,9 +11,9 @@ with open(os.environ.get("GPULAB_SERVICE_VALUES", "/etc/gpulab/service-values.js
 slices = gpulab["slices"]
 c.InventorySettings.policy = slices["policy"]
 c.InventorySettings.slice_sizes = [int(m) for m in slices["sizes"]]
-c.GpuLabService.default_user_quota_milli = slices.get("defaultUserQuotaMilli")
-c.GpuLabService.user_quota_milli = slices.get("userQuotaMilli") or {}
-c.GpuLabService.group_quota_milli = slices.get("groupQuotaMilli") or {}
+c.SharingSettings.default_user_quota_milli = slices.get("defaultUserQuotaMilli")
+c.SharingSettings.user_quota_milli = slices.get("userQuotaMilli") or {}
+c.SharingSettings.group_quota_milli = slices.get("groupQuotaMilli") or {}
 c.TelemetrySettings.authenticate_prometheus = bool(gpulab["authenticatePrometheus"])
 # Node agents sample the GPU nodes; the service's own pod has no GPU.
 c.TelemetrySettings.local_sampler = False
@@ -37,7 +37,7 @@ c.KubernetesInventory.label_selector = gpulab.get("nodeLabelSelector") or ""
 if gpulab["enforcement"]["backend"] == "dra":
     c.KubernetesInventory.source = "resourceslices"
 # gpulab's priority classes: the same list the chart made PriorityClasses of.
-c.GpuLabService.priority_classes = [
+c.SharingSettings.priority_classes = [
     {
         "name": item["name"],
         "value": int(item["value"]),
