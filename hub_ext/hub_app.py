@@ -151,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     # SIGTERM before then is taken as Ctrl-C (its default would end the hub at once).
     signal.signal(signal.SIGTERM, _interrupt)
+    # And Ctrl-C is Ctrl-C, as it is once JupyterHub's handler is in place, whatever
+    # this process inherited: one started by a parent that ignores SIGINT (a shell
+    # script's background job, a test runner's worker) would otherwise ignore it
+    # until then, and a Ctrl-C while it starts would leave it running.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         GpuLabHub.launch_instance(argv)
     except KeyboardInterrupt:

@@ -78,13 +78,21 @@ def test_ctrl_c_on_an_idle_hub_leaves_nothing(tmp_path):
 
 def test_ctrl_c_while_it_starts_leaves_nothing(tmp_path):
     """Before the hub's shutdown is in place: it has started the proxy and its service
-    and waits for the service to answer; they are ended with it."""
+    and waits for the service to answer; they are ended with it. Started as a parent
+    that ignores SIGINT starts it (a shell script's background job; in one CI run a
+    test worker), whose children inherit the ignoring."""
     data = tmp_path / "hub"
     argv = [GPULAB, "up", "--port", str(free_port()), "--data-dir", str(data)]
     argv += ["--simulate-gpus", "2xA100-80GB"]
     output = tmp_path / "up.log"  # a file: what it left would hold a pipe open
     with open(output, "wb") as out:
-        up = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        up = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
     try:
         wait_until(
             lambda: any(
