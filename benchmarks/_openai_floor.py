@@ -25,30 +25,38 @@ from aiohttp import web
 BURST_WAIT_S = 1.0
 
 
+class Burst:
+    """The calls let go together, and what let them go."""
+
+    def __init__(self):
+        self.open = asyncio.Event()
+        self.opened_by = ""
+
+
 class Floor:
     def __init__(self, burst: int):
         self.burst = burst
         self.waiting = 0
-        self.release = asyncio.Event()
+        self.current = Burst()
         self.timer: asyncio.TimerHandle | None = None
 
     async def arrive(self) -> str:
         """Wait until this call's burst opens; what opened it."""
-        release = self.release  # this burst's (opening it starts the next one's)
+        burst = self.current  # this call's (opening it starts the next one)
         self.waiting += 1
         if self.waiting == 1:
             self.timer = asyncio.get_running_loop().call_later(BURST_WAIT_S, self._open, "wait")
         if self.waiting >= self.burst:
             self._open("burst")
-        await release.wait()
-        return release.opened_by
+        await burst.open.wait()
+        return burst.opened_by
 
     def _open(self, by: str) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        release, self.release, self.waiting, self.timer = self.release, asyncio.Event(), 0, None
-        release.opened_by = by
-        release.set()
+        burst, self.current, self.waiting, self.timer = self.current, Burst(), 0, None
+        burst.opened_by = by
+        burst.open.set()
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         doc = await request.json()

@@ -285,7 +285,7 @@ def openai_server(
     with open(os.path.join(work, what.replace(" ", "-") + ".log"), "w+") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_health(proc, log, f"http://127.0.0.1:{port}/health", what)
+            wait_health(proc, log, f"http://127.0.0.1:{port}/health", what)
             base = f"http://127.0.0.1:{port}/v1"
             with openai_rounds(base, "none", model, clients, connections) as one_round:
                 yield one_round, None
@@ -298,7 +298,7 @@ def openai_server(
                 proc.wait()
 
 
-def _wait_health(proc, log, url: str, what: str) -> None:
+def wait_health(proc, log, url: str, what: str) -> None:
     import httpx
 
     deadline = time.monotonic() + 300

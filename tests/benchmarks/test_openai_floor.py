@@ -7,42 +7,29 @@ unmodified ``openai`` client reads every token and the usage of each stream."""
 import asyncio
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from llm_serving import free_port, messages, openai_rounds  # noqa: E402
+from llm_serving import free_port, messages, openai_rounds, wait_health  # noqa: E402
 
 BURST = 3
 
 
 @pytest.fixture(scope="module")
-def floor():
+def floor(tmp_path_factory):
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "benchmarks" / "_openai_floor.py"), str(port), str(BURST)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the floor server did not answer /health"
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    argv = [sys.executable, str(REPO / "benchmarks" / "_openai_floor.py"), str(port), str(BURST)]
+    with open(tmp_path_factory.mktemp("floor") / "floor.log", "w+") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_health(proc, log, f"http://127.0.0.1:{port}/health", "the floor server")
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            proc.terminate()
+            proc.wait(10)
 
 
 def let_go_by(base_url: str, calls: int) -> list[str]:
