@@ -46,6 +46,33 @@ def host_network(message: str) -> bool:
     return "net::ERR_NETWORK_CHANGED" in message
 
 
+def watch_failed_requests(page) -> list[str]:
+    """The requests ``page`` could not make (``"<reason> <url>"``), from now on."""
+    failed: list[str] = []
+    page.on("requestfailed", lambda r: failed.append(f"{r.failure} {r.url}"))
+    return failed
+
+
+def click_launcher_card(page, label: str, failed: list[str], timeout: float = 120_000) -> None:
+    """Click the launcher's ``label`` card once JupyterLab has drawn it. When a
+    request of the page failed on the way (``failed``, from
+    :func:`watch_failed_requests`: the host's network change cuts connections while
+    other tests' jobs make network namespaces; one lost bundle and JupyterLab never
+    starts), the lab is loaded again, as a user reloads it. With no failed request, a
+    missing card fails the test."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    card = page.locator(".jp-LauncherCard", has_text=label).first
+    try:
+        card.wait_for(timeout=timeout)
+    except PlaywrightTimeout:
+        if not failed:
+            raise
+        page.reload()
+        card.wait_for(timeout=timeout)
+    card.click()
+
+
 def open_lab(browser, hub, user: str, password: str, width: int = 1400, clipboard=False):
     """``(context, page, errors)`` with ``user``'s JupyterLab loading in ``page``."""
     context = browser.new_context(viewport={"width": width, "height": 900})

@@ -7,7 +7,7 @@ import time
 
 import pytest
 from hubproc import RunningHub, fresh_user
-from lab_pages import lab_user
+from lab_pages import click_launcher_card, lab_user, watch_failed_requests
 from logins import browser_log_in
 from playwright.sync_api import expect
 from support.wait import wait_until
@@ -99,11 +99,12 @@ def test_dashboard_draws_and_updates_while_another_cell_sleeps(browser, hub, art
 
     page = browser.new_page(viewport={"width": 1400, "height": 1500})
     watch_console(page)
+    failed = watch_failed_requests(page)
     page.set_default_timeout(120_000)
     browser_log_in(page, hub, USER, "alices own long password")
     page.wait_for_url(re.compile(r".*/(hub|user)/.*"))
     page.goto(f"{hub.url}/user/{USER}/lab")
-    page.locator(".jp-LauncherCard", has_text="Python 3 (gpulab)").first.click()
+    click_launcher_card(page, "Python 3 (gpulab)", failed)
     expect(page.get_by_text("| Idle")).to_be_visible(timeout=120_000)
     page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
 

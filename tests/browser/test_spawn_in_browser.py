@@ -9,6 +9,7 @@ import threading
 
 import pytest
 from hubproc import fresh_user
+from lab_pages import click_launcher_card, watch_failed_requests
 from logins import admin_password, browser_log_in, sign_up_approved
 from playwright.sync_api import expect
 from support.group_limits import limited_user
@@ -48,6 +49,7 @@ def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, alice, arti
 
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(120_000)
+    failed = watch_failed_requests(page)
     browser_log_in(page, hub, ALICE, "alices own long password")
     page.wait_for_url(re.compile(r".*/hub/spawn.*"))
     form = page.locator("fieldset.gpulab-slices")
@@ -89,7 +91,7 @@ def test_login_pick_a_quarter_and_see_it_in_the_kernel(browser, hub, alice, arti
     page.screenshot(path=os.path.join(artifacts_dir, "spawn-progress.png"), full_page=True)
     page.wait_for_url(re.compile(rf".*/user/{re.escape(ALICE)}/lab.*"), timeout=240_000)
 
-    page.locator(".jp-LauncherCard", has_text="Python 3 (gpulab)").first.click()
+    click_launcher_card(page, "Python 3 (gpulab)", failed)
     expect(page.get_by_text("| Idle")).to_be_visible(timeout=120_000)
     cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
     cell.click()

@@ -23,6 +23,7 @@ import requests
 import torch
 import tritonclient.http as httpclient
 from hubproc import RunningHub, fresh_user, let_accounts_reach
+from lab_pages import click_launcher_card, watch_failed_requests
 from logins import browser_log_in, toggle_approval
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
@@ -96,6 +97,7 @@ def test_a_browser_trusting_the_ca_signs_up_spawns_and_runs_a_cell(
     user = fresh_user("tls")
     page = trusting_browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(120_000)
+    failed = watch_failed_requests(page)
     page.goto(f"{hub.url}/hub/signup")
     page.fill("#username_input", user)
     page.fill("#password_input", PASSWORD)
@@ -110,7 +112,7 @@ def test_a_browser_trusting_the_ca_signs_up_spawns_and_runs_a_cell(
     page.check("#gpulab-slice-250")
     page.click("input[type=submit], button[type=submit]")
     page.wait_for_url(re.compile(rf".*/user/{re.escape(user)}/lab.*"), timeout=240_000)
-    page.locator(".jp-LauncherCard", has_text="Python 3 (gpulab)").first.click()
+    click_launcher_card(page, "Python 3 (gpulab)", failed)
     expect(page.get_by_text("| Idle")).to_be_visible(timeout=120_000)
     cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
     cell.click()
