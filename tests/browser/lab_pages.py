@@ -53,23 +53,28 @@ def watch_failed_requests(page) -> list[str]:
     return failed
 
 
-def click_launcher_card(page, label: str, failed: list[str], timeout: float = 120_000) -> None:
-    """Click the launcher's ``label`` card once JupyterLab has drawn it. When a
-    request of the page failed on the way (``failed``, from
-    :func:`watch_failed_requests`: the host's network change cuts connections while
-    other tests' jobs make network namespaces; one lost bundle and JupyterLab never
-    starts), the lab is loaded again, as a user reloads it. With no failed request, a
-    missing card fails the test."""
+def wait_or_reload(page, locator, failed: list[str], timeout: float = 120_000) -> None:
+    """Wait for ``locator`` in JupyterLab. When a request of the page failed on the
+    way (``failed``, from :func:`watch_failed_requests`: the host's network change
+    cuts connections while other tests' jobs make network namespaces; one lost bundle
+    and JupyterLab never starts), the lab is loaded again, as a user reloads it. With
+    no failed request, a locator that never shows fails the test."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    card = page.locator(".jp-LauncherCard", has_text=label).first
     try:
-        card.wait_for(timeout=timeout)
+        locator.wait_for(timeout=timeout)
     except PlaywrightTimeout:
         if not failed:
             raise
         page.reload()
-        card.wait_for(timeout=timeout)
+        locator.wait_for(timeout=timeout)
+
+
+def click_launcher_card(page, label: str, failed: list[str], timeout: float = 120_000) -> None:
+    """Click the launcher's ``label`` card once JupyterLab has drawn it (see
+    :func:`wait_or_reload`)."""
+    card = page.locator(".jp-LauncherCard", has_text=label).first
+    wait_or_reload(page, card, failed, timeout)
     card.click()
 
 
@@ -81,6 +86,7 @@ def open_lab(browser, hub, user: str, password: str, width: int = 1400, clipboar
     page = context.new_page()
     page.set_default_timeout(120_000)
     dismiss_false_connection_lost(page, hub, user)
+    failed = watch_failed_requests(page)
     errors: list[str] = []
     page.on(
         "console",
@@ -104,6 +110,7 @@ def open_lab(browser, hub, user: str, password: str, width: int = 1400, clipboar
         except Exception as e:
             if attempt == 2 or not host_network(str(e)):
                 raise
+    wait_or_reload(page, page.locator("#jp-main-dock-panel"), failed)
     return context, page, errors
 
 
