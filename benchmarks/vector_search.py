@@ -53,7 +53,11 @@ the system takes them):
   without either the row is skipped and the table says so;
 * gpulab-direct: the gpulab row's collection searched at the service's own address,
   not through the hub's proxy (configurable-http-proxy): the path servers take where
-  the chart runs them (``hubIntegration.publicApiUrl`` defaults to the service).
+  the chart runs them (``hubIntegration.publicApiUrl`` defaults to the service);
+* client-floor: the same clients, bodies and connections against a server in its own
+  process that searches nothing (:mod:`_search_floor`: each query's exact top 10 handed
+  back as soon as its body is read, so its recall is 1.0): the most queries/s any REST
+  search path reaches on this machine with these clients, whatever its server does.
 
 Per system: inserts/s (rows acknowledged, and searchable, per second, ``--batch`` rows
 per call where it takes calls; gpulab's engine answers a write once its log holds it
@@ -120,6 +124,7 @@ SYSTEMS = [
     "engine",
     "gpulab",
     "gpulab-direct",
+    "client-floor",
 ]
 LABELS = {
     "exact": "exact: FAISS flat",
@@ -133,6 +138,7 @@ LABELS = {
     "engine": "engine: FAISS + gpulab WAL",
     "gpulab": "gpulab REST (engine)",
     "gpulab-direct": "gpulab REST, no hub proxy",
+    "client-floor": "client floor (searches nothing)",
 }
 #: Run in the scratch virtualenv (their pins clash with gpulab's).
 SCRATCH_SYSTEMS = ("usearch", "milvus-lite-2.5", "lancedb")
@@ -607,6 +613,11 @@ def wait_engine_indexed(collection_dir: str, rows: int, who: str = "engine", tim
         time.sleep(0.5)
 
 
+def search_body(vector: np.ndarray, k: int) -> bytes:
+    """A search request's body, as the clients here send it."""
+    return orjson.dumps({"vector": vector, "k": k}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
 class GpulabCollections:
     """gpulab's vector collections over plain HTTP: ``<hub>/services/gpulab/api/v1/collections``."""
 
@@ -679,7 +690,7 @@ class GpulabCollections:
         return self.call("GET", f"/collections/{self.owner}/{name}")
 
     def search(self, name: str, vector: np.ndarray, k: int) -> list[dict]:
-        body = orjson.dumps({"vector": vector, "k": k}, option=orjson.OPT_SERIALIZE_NUMPY)
+        body = search_body(vector, k)
         path = urlsplit(self.search_api).path + f"/collections/{self.owner}/{name}/search"
         headers = {**self.headers, "Content-Type": "application/json"}
         conn = self.connection()
@@ -696,6 +707,15 @@ class GpulabCollections:
 
     def drop(self, name: str) -> None:
         self.call("DELETE", f"/collections/{self.owner}/{name}", ok=(200, 204))
+
+    @classmethod
+    def searching_at(cls, service_url: str) -> GpulabCollections:
+        """A client that only searches, at ``service_url`` (no hub behind it)."""
+        client = cls.__new__(cls)
+        client.search_api = f"{service_url.rstrip('/')}/services/gpulab/api/v1"
+        client.headers = {"Authorization": "token floor"}
+        client.owner, client._local = "floor", threading.local()
+        return client
 
     def direct(self) -> GpulabCollections:
         """The same client with its searches sent to the service, not through the hub."""
@@ -738,6 +758,43 @@ def load_gpulab_direct(data: Dataset, gpulab: GpulabCollections):
         raise RuntimeError("gpulab-direct searches the gpulab row's collection: run it first")
     row = {id_: i for i, id_ in enumerate(data.ids)}
     return lambda q: [row[h["id"]] for h in direct.search("bench", q, K)]
+
+
+class SearchFloor:
+    """:mod:`_search_floor` in a process of its own, answering ``answers``."""
+
+    def __init__(self, answers: str):
+        self.answers = answers
+
+    def __enter__(self):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_search_floor.py")
+        self.proc = subprocess.Popen(
+            [sys.executable, script, self.answers], stdout=subprocess.PIPE, text=True
+        )
+        port = self.proc.stdout.readline().strip()
+        if not port:
+            raise RuntimeError(f"the floor server ended (exit {self.proc.wait()})")
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def load_client_floor(data: Dataset, stack: contextlib.ExitStack):
+    """Every query's body mapped to its exact top 10 (the ground truth), served by a
+    :class:`SearchFloor` that lives until ``stack`` closes."""
+    folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpulab-floor-"))
+    answers = os.path.join(folder, "answers")
+    with open(answers, "wb") as f:
+        for query, top in zip(data.queries, data.truth.tolist(), strict=True):
+            hits = orjson.dumps({"hits": [{"id": data.ids[j], "score": 0.0} for j in top]})
+            f.write(base64.b64encode(search_body(query, K)) + b"\t" + hits + b"\n")
+    floor = stack.enter_context(SearchFloor(answers))
+    client = GpulabCollections.searching_at(floor.url)
+    row = {id_: i for i, id_ in enumerate(data.ids)}
+    return lambda q: [row[h["id"]] for h in client.search("bench", q, K)]
 
 
 def whole_graph(gpulab: GpulabCollections, rows: int, timeout: float = 900) -> str:
@@ -823,6 +880,13 @@ def print_table(data: Dataset, results: dict[str, Result | str], clients: int) -
             f"{rate(len(data.ids), r.load_s):>9} {r.recall:9.4f} "
             f"{r.answered:7d} {r.p50_ms:7.2f} {r.p99_ms:7.2f} {r.qps_one:8.1f} "
             f"{r.qps_many:8.1f} {x_many:>8}"
+        )
+    floor = results.get("client-floor")
+    if isinstance(floor, Result) and isinstance(anchor, Result):
+        print(
+            f"client floor: {clients} clients reach {floor.qps_many:.0f} q/s against a server "
+            f"that searches nothing, {times(floor.qps_many / anchor.qps_many)} the anchor: "
+            f"no REST search path passes that here"
         )
     for top in ("engine", "gpulab", "gpulab-direct"):
         a = results.get(top)
@@ -939,7 +1003,12 @@ def main(argv: list[str] | None = None) -> int:
     embedded = (
         FaissEngineProcess(args.gpulab_ef) if "engine" in systems else contextlib.nullcontext()
     )
-    with before as engine, embedded as faiss_engine, gpulab_access(args, systems) as gpulab:
+    with (
+        before as engine,
+        embedded as faiss_engine,
+        gpulab_access(args, systems) as gpulab,
+        contextlib.ExitStack() as floors,
+    ):
         loaders = {
             "exact": load_exact,
             "faiss-hnsw": load_faiss_hnsw,
@@ -955,6 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
             "gpulab-direct": None
             if isinstance(gpulab, str)
             else lambda d: load_gpulab_direct(d, gpulab),
+            "client-floor": lambda d: load_client_floor(d, floors),
         }
         if args.anchor_from_gpulab and not isinstance(gpulab, str):
             loaders["faiss-hnsw"] = lambda d: load_gpulab_graph(d, gpulab)
@@ -1001,10 +1071,12 @@ def main(argv: list[str] | None = None) -> int:
                         results[system] = measure(
                             system, data, loaders[system], args.clients, args.budget
                         )
-                        # Nothing loaded: a graph built elsewhere, the gpulab row's rows.
+                        # Nothing loaded: a graph built elsewhere, the gpulab row's rows,
+                        # the floor's answers.
                         if (system == "faiss-hnsw" and args.anchor_from_gpulab) or system in (
                             "faiss-hnsw-ef",
                             "gpulab-direct",
+                            "client-floor",
                         ):
                             results[system].load_s = results[system].acked_s = float("nan")
                     except Exception as e:  # one system failing leaves the others' figures

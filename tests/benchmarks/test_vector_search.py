@@ -1,7 +1,8 @@
 """benchmarks/vector_search.py end to end with small numbers and the in-process
 systems (no hub): the synthetic set's table, the anchor's recall by efSearch, the row
 at gpulab's efSearch on the anchor's graph, and a gpulab row said skipped without a
-hub, not silently left out."""
+hub, not silently left out; the client floor's server hands back every query's exact
+answer over the same client."""
 
 import re
 import subprocess
@@ -26,7 +27,7 @@ def test_a_small_synthetic_run_prints_every_row_and_the_recall_by_ef():
             "--datasets",
             "synthetic",
             "--systems",
-            "exact,faiss-hnsw,faiss-hnsw-ef,gpulab",
+            "exact,faiss-hnsw,faiss-hnsw-ef,gpulab,client-floor",
             "--gpulab-ef",
             "32",
             "--budget",
@@ -48,3 +49,7 @@ def test_a_small_synthetic_run_prints_every_row_and_the_recall_by_ef():
     assert rows["FAISS HNSW (anchor)"][3] == "50"  # every query answered
     assert rows["FAISS HNSW, ef 32 (gpulab's)"][:2] == ["-", "-"]  # nothing loaded
     assert rows["gpulab REST (engine)"][0] == "skipped:"
+    # The floor's server answers each query's own body with its exact top 10, at once.
+    assert rows["client floor (searches nothing)"][:4] == ["-", "-", "1.0000", "50"]
+    floor = re.search(r"client floor: 8 clients reach (\d+) q/s .* ([\d.]+)x the anchor", out)
+    assert floor and int(floor[1]) > 0, out
