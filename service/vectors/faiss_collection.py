@@ -167,10 +167,11 @@ class Collection:
         size = 0 if self.log is None else self.log.size
         if size > max(SNAPSHOT_BYTES, self.snapshot_bytes):
             return True
-        # Writes paused and the index caught up: fold a long log, or one after a
-        # snapshot that saved rows not indexed then (a restart would index them again).
-        caught_up = self.idle and not self.tail.rows and size
-        return bool(caught_up) and (size > IDLE_SNAPSHOT_BYTES or self.snapshot_tail)
+        # Writes paused and the index caught up: fold a long log, or take again a
+        # snapshot that saved rows not indexed then (a restart would index them once
+        # more), even with no write after it (a bulk load's log folded at its last write).
+        caught_up = self.idle and not self.tail.rows
+        return caught_up and (size > IDLE_SNAPSHOT_BYTES or self.snapshot_tail)
 
     def snapshot(self) -> None:
         """The index, the tail and the rows as of now into ``snap-<seq>``; writes go to
@@ -180,17 +181,18 @@ class Collection:
             with self._writing, self.lock.write():
                 if self.closed:
                     return
+                if os.path.exists(os.path.join(self.path, f"snap-{self.seq}", "done")):
+                    # No write since that snapshot (taken again without its tail): the
+                    # new one is the next in order, and the next write's after it.
+                    self.seq += 1
                 seq = self.seq
                 final = os.path.join(self.path, f"snap-{seq}")
-                if os.path.exists(os.path.join(final, "done")):
-                    return
                 if self.kind == "hnsw" and len(self.label_of) * 2 < len(self.ids):
                     self._rebuild()
                 rows = {"ids": list(self.ids), "metadata": list(self.metadata)}
                 tail_blocks = list(self.tail.blocks)
                 old_log = self.log
                 self.log = wal.Log(os.path.join(self.path, f"wal-{seq}"))
-                self.idle = False
             old_log.close()
             tmp = final + ".tmp"
             shutil.rmtree(tmp, ignore_errors=True)

@@ -72,6 +72,32 @@ def test_a_torn_last_record_is_dropped_and_the_log_goes_on(tmp_path):
     assert hit[0] == "r12" and hit[1] == pytest.approx(0, abs=1e-5)
 
 
+def test_a_snapshot_at_the_last_write_is_taken_again_once_indexed(tmp_path):
+    """A bulk load whose log folded at its last write, before the index caught up (seen
+    at 1,000,000 vectors): once the index has, the snapshot is taken again without the
+    rows that waited, with no write after it, so a restart does not index them again."""
+    path = str(tmp_path / "c1")
+    c = Collection.create(path, DIM, "l2", "hnsw")
+    v = unit(301)
+    c.write([f"r{i}" for i in range(300)], v[:300], [{"n": i} for i in range(300)])
+    c.idle = True  # the client's flush: writes paused
+    c.snapshot()  # every row still waiting for the index
+    assert os.path.getsize(os.path.join(path, "wal-1")) == 0
+    assert not c.snapshot_due()  # not while the index is behind
+    c.build()
+    assert c.snapshot_due()
+    c.snapshot()
+    assert not c.snapshot_due()
+    assert sorted(os.listdir(path)) == ["schema.json", "snap-2", "wal-2"]
+    again = Collection.open(path)
+    assert (again.index.ntotal, again.pending(), again.count()) == (300, 0, 300)
+    # The next write goes on after that snapshot, and survives a crash.
+    c.write(["r300"], v[300:], [{"n": 300}])
+    again = Collection.open(path)
+    assert (again.index.ntotal, again.pending(), again.count()) == (300, 1, 301)
+    assert ids_of(again.search(v[300:301], 1)[0]) == ["r300"]
+
+
 def test_a_snapshot_folds_the_log_and_drops_what_deletes_left(tmp_path):
     path = str(tmp_path / "c1")
     c = Collection.create(path, DIM, "cosine", "hnsw")
