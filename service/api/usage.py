@@ -116,15 +116,16 @@ class UsageHandler(APIHandler):
         fmt = self.get_argument("format", "json")
         if fmt not in ("json", "csv"):
             raise web.HTTPError(400, "format must be json or csv")
+        # The rows of calls that just ended are written off the call's path: wait for
+        # them, so a call that has answered shows in the report asked for next. First:
+        # a row is stamped when it is written, and "now" is the report's end.
+        await self.gpulab.deployments.gateway.meter.flush()
         until = time_arg("until", self.get_argument("until", None)) or clock.utcnow()
         since = time_arg("since", self.get_argument("since", None)) or until - dt.timedelta(
             days=DEFAULT_DAYS
         )
         if since >= until:
             raise web.HTTPError(400, "'since' must be before 'until'")
-        # The rows of calls that just ended are written off the call's path: wait for
-        # them, so a call that has answered shows in the report asked for next.
-        await self.gpulab.deployments.gateway.meter.flush()
         rows = await self.gpulab.db_threads.run(
             TokenUsageStore(self.gpulab.ledger.engine).report,
             since,
