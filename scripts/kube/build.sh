@@ -12,6 +12,8 @@
 #
 # Why 1.34: machines here mount cgroup v1, which later kubelets refuse by default.
 set -euo pipefail
+# Before any cd below: $0 may be a relative path (make runs scripts/kube/build.sh).
+HERE="$(cd "$(dirname "$0")" && pwd)"
 
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
@@ -156,7 +158,7 @@ fi
 # The stand-in DRA kubelet plugin (scripts/kube/dra-plugin/main.go, on
 # k8s.io/dynamic-resource-allocation's kubeletplugin helper): the simulated GPUs'
 # claims are prepared, so their pods start. Rebuilt when its source changes.
-PLUGIN_SRC="$(cd "$(dirname "$0")" && pwd)/dra-plugin/main.go"
+PLUGIN_SRC="$HERE/dra-plugin/main.go"
 if [ ! -x "$BIN/gpulab-dra-plugin" ] || [ "$PLUGIN_SRC" -nt "$BIN/gpulab-dra-plugin" ]; then
   log "go build gpulab-dra-plugin (k8s.io/dynamic-resource-allocation $staging)"
   mkdir -p "$WORK/dra-plugin" && cd "$WORK/dra-plugin"
