@@ -14,6 +14,7 @@ error, which becomes the job's message.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 
@@ -75,6 +76,36 @@ def _cell_error(nb, err) -> str:
     return str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
 
 
+_SCRATCH = re.compile(r"gpulab-notebook-(\d+)-\w+")
+
+
+def sweep_leftovers(tmp: str | None = None) -> list[str]:
+    """Remove this account's scratch folders of notebook ranks that are gone (a rank
+    killed with SIGKILL, by a cancel or the OOM killer, runs no ``finally``); the
+    folder's name carries its rank's pid. Returns what it removed."""
+    tmp = tmp or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(tmp))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _SCRATCH.fullmatch(entry.name)
+        try:
+            if not m or not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue  # another account's: not ours to judge
+            os.kill(int(m[1]), 0)
+            continue  # its rank still runs (or the pid is reused: keep it, to be safe)
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+        except OSError:
+            continue
+    return removed
+
+
 def run_in_rank(job_input: dict) -> dict:
     """Run the notebook in ``job_input`` (``notebook``: its JSON text, ``filename``,
     ``files``: {relative path: bytes} of its folder) in a folder of the rank's own.
@@ -83,14 +114,33 @@ def run_in_rank(job_input: dict) -> dict:
     "skipped": [paths too large], "error": None}``. On a failed cell it saves that
     (with ``error``) as the job's ``--out`` and raises :class:`NotebookCellError`.
     """
+    # The job's folder is the service's (the rank writes only its logs, checkpoints
+    # and out there): the notebook runs in a folder of the rank's own, and so do the
+    # kernel's connection files and IPython's profile.
+    sweep_leftovers()
+    scratch = tempfile.mkdtemp(prefix=f"gpulab-notebook-{os.getpid()}-")
+    try:
+        result = _execute(scratch, job_input)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if result["error"] is None:
+        return result
+    # The runner keeps --out only when the cell succeeds: keep it first, then fail.
+    from . import env
+    from .runner import save_out
+
+    out = env.get(env.OUT)
+    if out:
+        save_out(os.environ[env.JOB_DIR], out, {out: result}, env.rank())
+    raise NotebookCellError(result["error"])
+
+
+def _execute(scratch: str, job_input: dict) -> dict:
+    """The notebook run in ``scratch``: what :func:`run_in_rank` returns."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
-    # The job's folder is the service's (the rank writes only its logs, checkpoints
-    # and out there): the notebook runs in a folder of the rank's own, and so do the
-    # kernel's connection files and IPython's profile.
-    scratch = tempfile.mkdtemp(prefix="gpulab-notebook-")
     for var, sub in (
         ("JUPYTER_RUNTIME_DIR", "runtime"),
         ("IPYTHONDIR", "ipython"),
@@ -125,20 +175,9 @@ def run_in_rank(job_input: dict) -> dict:
     except CellExecutionError as e:
         error = _cell_error(nb, e)
     files, skipped = _written(work, before, filename)
-    shutil.rmtree(scratch, ignore_errors=True)
-    result = {
+    return {
         "notebook": nbformat.writes(nb),
         "files": files,
         "skipped": skipped,
         "error": error,
     }
-    if error is None:
-        return result
-    # The runner keeps --out only when the cell succeeds: keep it first, then fail.
-    from . import env
-    from .runner import save_out
-
-    out = env.get(env.OUT)
-    if out:
-        save_out(os.environ[env.JOB_DIR], out, {out: result}, env.rank())
-    raise NotebookCellError(error)

@@ -1,0 +1,38 @@
+"""A notebook job's rank leaves no scratch folder behind, however it ends."""
+
+import os
+import subprocess
+import tempfile
+
+import pytest
+
+from gpulab.training import notebook
+
+
+@pytest.fixture
+def tmp(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_a_rank_that_fails_before_any_cell_removes_its_scratch_folder(tmp):
+    # Not a cell's error (those are the notebook's result): the notebook is not JSON.
+    from nbformat.reader import NotJSONError
+
+    with pytest.raises(NotJSONError):
+        notebook.run_in_rank({"notebook": "not a notebook", "filename": "a.ipynb"})
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("gpulab-notebook-")]
+
+
+def test_the_scratch_of_a_killed_rank_is_removed_by_the_next_one(tmp):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = tmp / f"gpulab-notebook-{gone.pid}-abc123"
+    (left / "notebook").mkdir(parents=True)
+    (left / "notebook" / "big.bin").write_bytes(b"0" * 1024)
+    running = tmp / f"gpulab-notebook-{os.getpid()}-def456"
+    running.mkdir()
+    other = tmp / "gpulab-notebook-not-a-rank"
+    other.mkdir()
+    assert notebook.sweep_leftovers() == [str(left)]
+    assert sorted(p.name for p in tmp.iterdir()) == sorted([running.name, other.name])
