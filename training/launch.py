@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import stat
 import sys
 
 RUNNER = "gpulab.training.runner"
@@ -45,6 +47,7 @@ def forked_rank(job_dir: str) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)  # the agent's raise SignalException
+    _close_inherited_listeners()
     sys.argv = [runner.__file__, job_dir]
     runner.run(job_dir)
     runner.finish()
@@ -54,6 +57,23 @@ def forked_rank(job_dir: str) -> None:
     import multiprocessing.util
 
     multiprocessing.util._exit_function = lambda: os._exit(0)
+
+
+def _close_inherited_listeners() -> None:
+    """The agent's listening sockets (its rendezvous store's) are not the rank's: a rank
+    that outlived its agent would keep the port (a new interpreter inherits none)."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd < 3 or not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue  # the listing's own fd, gone by now
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            sock.close()
+        else:
+            sock.detach()
 
 
 def main(argv: list[str] | None = None) -> None:

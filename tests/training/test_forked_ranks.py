@@ -11,9 +11,24 @@ from localrun import new_spec, run  # noqa: E402
 from gpulab.backend.local import LocalBackend  # noqa: E402
 
 WHO_AM_I = """
-import json, os, random, sys
+import json, os, random, socket, stat, sys
 import numpy as np
 from gpulab.training import setup
+
+def listening():  # before setup(): then rank 0 listens for its peers itself
+    found = []
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                s = socket.socket(fileno=fd)
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    found.append(s.getsockname())
+                s.detach()
+        except OSError:
+            pass
+    return found
+
+inherited = listening()
 ctx = setup()
 with open(os.path.join(os.environ["GPULAB_JOB_DIR"], f"who{ctx.rank}.json"), "w") as f:
     json.dump({
@@ -21,7 +36,7 @@ with open(os.path.join(os.environ["GPULAB_JOB_DIR"], f"who{ctx.rank}.json"), "w"
         "parent": open(f"/proc/{os.getppid()}/cmdline", "rb").read().decode().split("\\0"),
         "argv": sys.argv,
         "cmdline": open("/proc/self/cmdline", "rb").read().decode().split("\\0"),
-        "numpy": np.random.rand(), "random": random.random(),
+        "numpy": np.random.rand(), "random": random.random(), "listening": inherited,
         "rank_env": os.environ["RANK"], "local_rank": os.environ["LOCAL_RANK"],
     }, f)
 """
@@ -46,6 +61,8 @@ def test_ranks_are_forked_from_the_agent_and_are_still_ranks_of_their_own(tmp_pa
         assert who["argv"][1:] == [jd.path] and who["argv"][0].endswith("runner.py")
         assert (who["rank_env"], who["local_rank"]) == (str(r), str(r))
         assert json.load(open(jd.p("pids", f"rank{r}.json")))["pid"] == who["pid"]
+        # Not the agent's rendezvous port: a rank that outlived it would hold it.
+        assert who["listening"] == []
     # Forked from one process, the ranks still draw different random numbers.
     assert ranks[0]["numpy"] != ranks[1]["numpy"]
     assert ranks[0]["random"] != ranks[1]["random"]
