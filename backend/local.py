@@ -61,7 +61,6 @@ PASS_ENV = (
     "CUDA_HOME",
     "NVIDIA_VISIBLE_DEVICES",
     "NVIDIA_DRIVER_CAPABILITIES",
-    "GPULAB_RANK_START",  # "exec": ranks as new interpreters, not forked (training.launch)
 )
 # After one node's agent fails, how long the others get to notice before we stop them.
 PEER_GRACE_S = 30.0

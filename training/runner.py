@@ -94,14 +94,6 @@ def finish_output(timeout: float = 5.0) -> None:
         _WRITER.wait(timeout)
 
 
-def finish() -> None:
-    """A rank that ran its cell to the end: its logging and output all written."""
-    import logging
-
-    logging.shutdown()
-    finish_output()
-
-
 def _write_json(path: str, data) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -211,8 +203,11 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m gpulab.training.runner JOB_DIR")
     run(sys.argv[1])
-    finish()
     # Done, and everything is written. Skip the interpreter's teardown: with gloo's
     # threads still unwinding it sometimes aborts ("terminate called without an
     # active exception", about 1 exit in 10 here), which would fail a finished job.
+    import logging
+
+    logging.shutdown()
+    finish_output()
     os._exit(0)
