@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import tempfile
 
 #: Files the kernel wrote, sent back; past these, a file is named in ``skipped``.
@@ -76,7 +77,12 @@ def _cell_error(nb, err) -> str:
     return str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
 
 
-_SCRATCH = re.compile(r"gpulab-notebook-(\d+)-\w+")
+_SCRATCH = re.compile(r"gpulab-notebook-(\d+)@(.+)-\w+")
+
+
+def _scratch_prefix() -> str:
+    # Its rank's pid and host: a /tmp shared by several nodes holds others' ranks too.
+    return f"gpulab-notebook-{os.getpid()}@{socket.gethostname()}-"
 
 
 def sweep_leftovers(tmp: str | None = None) -> list[str]:
@@ -92,7 +98,7 @@ def sweep_leftovers(tmp: str | None = None) -> list[str]:
     for entry in entries:
         m = _SCRATCH.fullmatch(entry.name)
         try:
-            if not m or not entry.is_dir(follow_symlinks=False):
+            if not m or m[2] != socket.gethostname() or not entry.is_dir(follow_symlinks=False):
                 continue
             if entry.stat(follow_symlinks=False).st_uid != os.getuid():
                 continue  # another account's: not ours to judge
@@ -118,7 +124,7 @@ def run_in_rank(job_input: dict) -> dict:
     # and out there): the notebook runs in a folder of the rank's own, and so do the
     # kernel's connection files and IPython's profile.
     sweep_leftovers()
-    scratch = tempfile.mkdtemp(prefix=f"gpulab-notebook-{os.getpid()}-")
+    scratch = tempfile.mkdtemp(prefix=_scratch_prefix())
     try:
         result = _execute(scratch, job_input)
     finally:

@@ -1,6 +1,7 @@
 """A notebook job's rank leaves no scratch folder behind, however it ends."""
 
 import os
+import socket
 import subprocess
 import tempfile
 
@@ -27,12 +28,17 @@ def test_a_rank_that_fails_before_any_cell_removes_its_scratch_folder(tmp):
 def test_the_scratch_of_a_killed_rank_is_removed_by_the_next_one(tmp):
     gone = subprocess.Popen(["true"])
     gone.wait()
-    left = tmp / f"gpulab-notebook-{gone.pid}-abc123"
+    host = socket.gethostname()
+    left = tmp / f"gpulab-notebook-{gone.pid}@{host}-abc123"
     (left / "notebook").mkdir(parents=True)
     (left / "notebook" / "big.bin").write_bytes(b"0" * 1024)
-    running = tmp / f"gpulab-notebook-{os.getpid()}-def456"
+    running = tmp / f"gpulab-notebook-{os.getpid()}@{host}-def456"
     running.mkdir()
+    elsewhere = tmp / f"gpulab-notebook-{gone.pid}@another-node-ghi789"  # a shared /tmp
+    elsewhere.mkdir()
     other = tmp / "gpulab-notebook-not-a-rank"
     other.mkdir()
     assert notebook.sweep_leftovers() == [str(left)]
-    assert sorted(p.name for p in tmp.iterdir()) == sorted([running.name, other.name])
+    assert sorted(p.name for p in tmp.iterdir()) == sorted(
+        [running.name, elsewhere.name, other.name]
+    )
