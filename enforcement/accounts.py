@@ -83,7 +83,16 @@ class Account:
         return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
     def env(self) -> dict[str, str]:
-        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name, "SHELL": self.shell}
+        return {
+            "HOME": self.home,
+            "USER": self.name,
+            "LOGNAME": self.name,
+            "SHELL": self.shell,
+            # torch.compile's cache (compiled code it loads again) is by default
+            # /tmp/torchinductor_<account>: a name another account can make first, in
+            # mode 0777, and then swap the code in. In the private home nobody can.
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(self.home, ".cache", "torchinductor"),
+        }
 
     def owns(self, st: os.stat_result) -> bool:
         return st.st_uid == self.uid

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -232,6 +234,39 @@ def test_alices_job_ranks_reach_nothing_of_bobs_or_the_hubs(hub, world):
     )
     line = next(ln for ln in logs.splitlines() if "ATTACK-RESULT " in ln)
     assert_all_refused(json.loads(line.split("ATTACK-RESULT ", 1)[1]), world)
+
+
+def test_a_compile_cache_alice_plants_in_tmp_never_holds_bobs_code(hub, world):
+    """torch.compile keeps code it loads again in /tmp/torchinductor_<account> unless
+    told otherwise: alice can make bob's folder first, writable by all, and swap code
+    into it. bob's server, kernels, ranks and replicas keep theirs in his home."""
+    planted = Path(tempfile.gettempdir(), f"torchinductor_{unix_name(BOB)}")
+    shutil.rmtree(planted, ignore_errors=True)  # one an earlier run left
+    run_in_kernel(
+        f"{hub.url}/user/{ALICE}",
+        world["tokens"][ALICE],
+        f"import os; os.makedirs({str(planted)!r}); os.chmod({str(planted)!r}, 0o777)",
+    )
+    try:
+        assert planted.stat().st_uid == world["uid"][ALICE]
+        out = run_in_kernel(
+            f"{hub.url}/user/{BOB}",
+            world["tokens"][BOB],
+            "import torch\n"
+            "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
+            "torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))\n"
+            "print('CACHE', cache_dir())",
+        )
+        cache = Path(next(ln for ln in out.splitlines() if ln.startswith("CACHE ")).split()[1])
+        assert cache.is_relative_to(hub.home(BOB)), cache
+        assert cache.stat().st_uid == world["uid"][BOB]
+        assert list(planted.iterdir()) == []
+        for unit, pid in world[BOB].items():
+            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            env = dict(kv.decode().split("=", 1) for kv in raw if b"=" in kv)
+            assert env.get("TORCHINDUCTOR_CACHE_DIR") == str(cache), unit
+    finally:
+        shutil.rmtree(planted, ignore_errors=True)
 
 
 def test_alices_replica_runs_as_alice_and_her_job_files_are_hers(hub, world, tmp_path):
