@@ -26,6 +26,7 @@ from support.wait import wait_until
 from gpulab.client.states import JOB_TERMINAL
 from gpulab.enforcement.accounts import UserAccounts, unix_name
 from gpulab.hub_ext.ports import free_port
+from gpulab.service.vectors import socket_dir
 
 GPULAB = str(Path(sys.executable).with_name("gpulab"))
 
@@ -280,6 +281,9 @@ class RunningHub:
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                 if (p.info["environ"] or {}).get("GPULAB_DATA_DIR") == data_dir:
                     p.kill()
+        # The vector engine's socket folder in /tmp, when the service was killed before
+        # it could remove it: what the next service on this data dir would do.
+        socket_dir.remove_left(data_dir)
         self._log.close()
         for fd in self._terminal or ():
             with contextlib.suppress(OSError):
