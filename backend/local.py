@@ -36,6 +36,7 @@ from traitlets import Instance, Int, Unicode, default
 
 from gpulab.enforcement.accounts import separated, unreachable
 from gpulab.enforcement.environments import SiteEnvironments, job_environment
+from gpulab.enforcement.slice_env import mps_client_env, mps_pipe_directory
 from gpulab.enforcement.user_env import user_python
 from gpulab.training.env import NODE_MEMORY_BYTES
 from gpulab.training.memory import killed_line
@@ -228,6 +229,7 @@ class LocalBackend(Backend):
             env = {
                 **self._base_env(jd),
                 **(account.env() if account else {}),
+                **(mps_client_env(mps_pipe_directory()) if self.real_gpus else {}),
                 **launch.env,
                 **(environment[1] if environment is not None else {}),
                 "GPULAB_EXIT_FILE": jd.p("pids", f"node{launch.node_rank}.exit"),

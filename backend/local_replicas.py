@@ -37,6 +37,7 @@ import time
 from traitlets import Int, default
 
 from gpulab.enforcement.accounts import separated
+from gpulab.enforcement.slice_env import mps_client_env, mps_pipe_directory
 from gpulab.enforcement.user_env import user_python
 
 from .deployment_dir import ADAPTERS_DIR, HF_DIR
@@ -128,6 +129,8 @@ class LocalReplicas(ServingBackend):
             # The slice's card, or none: a CPU replica must not grab a GPU.
             CUDA_VISIBLE_DEVICES=gpu_uuid if (self.real_gpus and gpu_uuid) else "",
         )
+        if self.real_gpus:
+            env.update(mps_client_env(mps_pipe_directory()))
         if self.real_gpus and gpu_uuid and 0 < dep["gpu_milli"] < 1000:
             env["PYTORCH_CUDA_ALLOC_CONF"] = (
                 f"per_process_memory_fraction:{dep['gpu_milli'] / 1000:g}"

@@ -11,6 +11,12 @@ On one machine (no Kubernetes), three mechanisms stack:
    caps the SMs the process may use and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
    caps its device memory in the driver.
 
+CUDA looks for that daemon in ``/tmp/nvidia-mps`` unless told otherwise, a folder any
+account can make first: a daemon a user starts there would take every other user's
+CUDA processes as clients (queued behind its own server, or served by it). So only a
+daemon of root's (or of the service's account) is used, and without one every local
+process on a real GPU is pointed at a folder in root's ``/run`` that nobody makes.
+
 Whatever the user or the hub's own environment set for these is removed
 first, so a slice cannot be widened from the outside.
 """
@@ -52,17 +58,33 @@ def strip_enforcement_vars(env: dict[str, str]) -> dict[str, str]:
     }
 
 
+#: Where CUDA looks for the MPS control daemon by default.
+DEFAULT_MPS_DIR = "/tmp/nvidia-mps"
+#: Where local processes look when the host has no daemon gpulab trusts: only root
+#: can make anything in /run, and nothing makes this.
+NO_MPS_DIR = "/run/gpulab/no-mps-daemon"
+
+
 def mps_pipe_directory(env: dict[str, str] | None = None) -> str | None:
-    """The MPS pipe directory if an MPS control daemon is listening there."""
+    """The MPS pipe directory if a control daemon gpulab trusts listens there: the
+    folder (not a link) and its control pipe are root's or this service's account's."""
     env = env if env is not None else dict(os.environ)
-    path = env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    control = os.path.join(path, "control")
+    path = env.get("CUDA_MPS_PIPE_DIRECTORY", DEFAULT_MPS_DIR)
+    trusted = {0, os.geteuid()}
     try:
-        if stat.S_ISFIFO(os.stat(control).st_mode) or stat.S_ISSOCK(os.stat(control).st_mode):
-            return path
+        folder = os.lstat(path)
+        control = os.lstat(os.path.join(path, "control"))
     except OSError:
-        pass
+        return None
+    pipe = stat.S_ISFIFO(control.st_mode) or stat.S_ISSOCK(control.st_mode)
+    if stat.S_ISDIR(folder.st_mode) and pipe and {folder.st_uid, control.st_uid} <= trusted:
+        return path
     return None
+
+
+def mps_client_env(mps_dir: str | None) -> dict[str, str]:
+    """Which daemon a local process on a real GPU may reach: ``mps_dir``, else none."""
+    return {"CUDA_MPS_PIPE_DIRECTORY": mps_dir or NO_MPS_DIR}
 
 
 def slice_env(allocations: list[dict], simulated: bool, mps_dir: str | None) -> dict[str, str]:
@@ -89,10 +111,10 @@ def slice_env(allocations: list[dict], simulated: bool, mps_dir: str | None) -> 
         env["GPULAB_GPU_ENFORCEMENT"] = "none: a simulated GPU"
         return env
     env["GPULAB_GPU_ENFORCEMENT"] = enforcement_text(uuids, per_gpu, mps_dir)
+    env.update(mps_client_env(mps_dir))
     if per_gpu < 1000:
         env["PYTORCH_CUDA_ALLOC_CONF"] = f"per_process_memory_fraction:{per_gpu / 1000:.3f}"
         if mps_dir:
-            env["CUDA_MPS_PIPE_DIRECTORY"] = mps_dir
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, per_gpu // 10))
             # Device 0 is the slice's GPU once CUDA_VISIBLE_DEVICES narrowed the view.
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={allocations[0]['memory_mib']}M"

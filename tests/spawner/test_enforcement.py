@@ -6,8 +6,16 @@ from outside can widen it.
 """
 
 import os
+import pwd
 
-from gpulab.enforcement.slice_env import mps_pipe_directory, slice_env, strip_enforcement_vars
+import pytest
+
+from gpulab.enforcement.slice_env import (
+    NO_MPS_DIR,
+    mps_pipe_directory,
+    slice_env,
+    strip_enforcement_vars,
+)
 from gpulab.spawner.local import parse_user_options
 
 QUARTER = [{"gpu_uuid": "GPU-1111", "milli": 250, "memory_mib": 20480}]
@@ -18,7 +26,10 @@ def test_quarter_on_a_real_gpu_without_mps():
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-1111"
     assert env["GPULAB_GPU_MILLI"] == "250"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "per_process_memory_fraction:0.250"
-    assert not any(k.startswith("CUDA_MPS_") for k in env)
+    # CUDA looks for no daemon in /tmp, where another account could have started one.
+    assert {k: v for k, v in env.items() if k.startswith("CUDA_MPS_")} == {
+        "CUDA_MPS_PIPE_DIRECTORY": NO_MPS_DIR
+    }
 
 
 def test_quarter_with_an_mps_daemon(tmp_path):
@@ -26,9 +37,29 @@ def test_quarter_with_an_mps_daemon(tmp_path):
     mps = mps_pipe_directory({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)})
     assert mps == str(tmp_path)
     env = slice_env(QUARTER, simulated=False, mps_dir=mps)
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path)
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
     assert mps_pipe_directory({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "none")}) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the folder to another account")
+def test_a_daemon_folder_another_account_made_is_not_used(tmp_path):
+    """bob makes the default pipe folder first and starts his own daemon there: neither
+    his folder nor his pipe in root's folder, nor a link to either, is used."""
+    nobody = pwd.getpwnam("nobody").pw_uid
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    os.mkfifo(planted / "control")
+    os.chown(planted / "control", nobody, -1)
+    os.chown(planted, nobody, -1)
+    assert mps_pipe_directory({"CUDA_MPS_PIPE_DIRECTORY": str(planted)}) is None
+    os.chown(planted, 0, -1)  # root's folder, his pipe in it
+    assert mps_pipe_directory({"CUDA_MPS_PIPE_DIRECTORY": str(planted)}) is None
+    os.chown(planted / "control", 0, -1)
+    assert mps_pipe_directory({"CUDA_MPS_PIPE_DIRECTORY": str(planted)}) == str(planted)
+    (tmp_path / "link").symlink_to(planted)
+    assert mps_pipe_directory({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "link")}) is None
 
 
 def test_whole_gpus_get_no_fraction_and_simulated_enforces_nothing():
