@@ -312,15 +312,19 @@ def unreachable(path: str, execute: bool = False) -> str | None:
     return None
 
 
-def run_module_as(account: Account, module: str, *args: str) -> str | None:
+def run_module_as(
+    account: Account, module: str, *args: str, stdin: str | None = None
+) -> str | None:
     """``python -I -m module args...`` as ``account``, in its home: the way root does
     something in a user's home (a link they planted there cannot make root write
-    elsewhere). None on success, else the child's last line."""
+    elsewhere). ``stdin``: what it reads (a secret never goes on a command line).
+    None on success, else the child's last line."""
     run = subprocess.run(
         # -I: not the home (the cwd) on sys.path, nor the user site: only gpulab runs.
         [sys.executable, "-I", "-m", module, *args],
         env={**account.env(), "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
         cwd=account.home,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=60,

@@ -7,8 +7,9 @@ What gpulab adds is the slice:
 
 1. ``start`` asks the gpulab service for the slice (as ``gpulab-local`` does);
    the ledger picks the node and GPU.
-2. It writes a job folder in the user's home (shared filesystem, mode 0700,
-   owned by the user): ``env.sh`` with the server's environment (JupyterHub's
+2. The user's own account writes a job folder in their home (shared filesystem,
+   mode 0700; :mod:`.slurm_job_dir`, never root, whom a planted link would lead
+   elsewhere): ``env.sh`` with the server's environment (JupyterHub's
    API token among it, so it never goes on a command line: ``/proc/*/cmdline``
    is world-readable) and ``job.sh``, which picks a free port on the node,
    writes it to ``port`` and execs ``jupyterhub-singleuser``.
@@ -30,7 +31,6 @@ import asyncio
 import os
 import pwd
 import shlex
-import shutil
 import time
 from urllib.parse import urlsplit, urlunsplit
 
@@ -44,6 +44,7 @@ from gpulab.enforcement.accounts import Account
 from gpulab.enforcement.slice_env import slice_env
 from gpulab.scheduler.slices import label
 
+from . import slurm_job_dir
 from .host import FractionalHostSpawner
 from .placement import STARTING_LAB
 from .user_options import parse_user_options
@@ -243,24 +244,6 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
             None, accounts.ensure, self.user.name
         )
 
-    def _make_job_dir(self, account: Account) -> str:
-        """``~/.gpulab/slurm/<server>``: 0700, the user's, emptied of an earlier start."""
-        top = os.path.join(account.home, ".gpulab")
-        path = os.path.join(top, "slurm", self.name or "default")
-        shutil.rmtree(path, ignore_errors=True)
-        os.makedirs(account.home, mode=0o700, exist_ok=True)
-        for folder in (account.home, top, os.path.dirname(path), path):
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            os.chown(folder, account.uid, account.gid)
-        return path
-
-    def _write(self, path: str, text: str, mode: int, account: Account) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chown(path, account.uid, account.gid)
-        os.chmod(path, mode)
-
     # -- the server's life ----------------------------------------------------------------
     async def start(self):
         if self.internal_ssl:
@@ -312,19 +295,21 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
 
     async def _submit(self, site: SlurmSite, node: str, gres: str, milli: int) -> None:
         account = self.account
-        self.slurm_job_dir = job_dir = await asyncio.get_running_loop().run_in_executor(
-            None, self._make_job_dir, account
-        )
-        env = self.get_env()
+        server = self.name or "default"
+        job_dir = slurm_job_dir.path_in(account.home, server)
         command = " ".join(shlex.quote(a) for a in [*self.cmd, *self.get_args()])
         python = shlex.quote(self._python())
-        self._write(os.path.join(job_dir, "env.sh"), env_file(env), 0o600, account)
-        self._write(
-            os.path.join(job_dir, "job.sh"),
-            job_script(python, command, job_dir, self.chosen_environment()[1].get("modules", [])),
-            0o700,
-            account,
-        )
+        modules = self.chosen_environment()[1].get("modules", [])
+        files = {
+            "env.sh": (env_file(self.get_env()), 0o600),
+            "job.sh": (job_script(python, command, job_dir, modules), 0o700),
+        }
+        try:
+            self.slurm_job_dir = await asyncio.get_running_loop().run_in_executor(
+                None, slurm_job_dir.make_as, account, server, files
+            )
+        except RuntimeError as e:
+            raise web.HTTPError(500, str(e)) from None
         argv = [
             "sbatch",
             "--parsable",
@@ -382,9 +367,9 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
             if state == "PENDING" and job.get("reason") and job["reason"] != said:
                 said = job["reason"]
                 self.report_progress(55, f"Waiting in Slurm's queue ({said})")
-            if state == "RUNNING" and os.path.exists(port_file):
-                with open(port_file) as f:
-                    port = int(f.read().strip())
+            written = self._users_file(port_file, 32) if state == "RUNNING" else None
+            if written and written.strip().isdigit():
+                port = int(written)
                 node = job["nodes"]
                 address = (nodes.get(node) or {}).get("address") or node
                 self.report_progress(
@@ -393,13 +378,17 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
                 return address, port
             await asyncio.sleep(self.slurm_poll_seconds)
 
+    def _users_file(self, path: str, limit: int, tail: bool = False) -> bytes | None:
+        """A file the server's job wrote in the user's home, as its account's plain file
+        (root reads it: never through a link, never a FIFO, never another's file)."""
+        return slurm_job_dir.read_users_file(path, self.account.uid, limit, tail)
+
     def _job_log_tail(self) -> str:
         path = os.path.join(self.slurm_job_dir, f"slurm-{self.slurm_job_id}.out")
-        try:
-            with open(path, errors="replace") as f:
-                return f.read()[-1500:] or "(its log is empty)"
-        except OSError:
+        tail = self._users_file(path, 1500, tail=True)
+        if tail is None:
             return f"(no log at {path})"
+        return tail.decode(errors="replace") or "(its log is empty)"
 
     async def poll(self):
         if not self.slurm_job_id:
