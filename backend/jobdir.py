@@ -56,6 +56,9 @@ PREEMPTED = os.path.join("pids", "preempted.json")
 #: Rank 0's note that its run stops at step boundaries when asked
 #: (:data:`gpulab.training.preemption.RESUMABLE`).
 RESUMABLE = os.path.join("pids", "resumable.json")
+#: The most of a ranks' ``report()`` file one read takes: a rank may write any amount
+#: (a sparse file of many GiB costs it nothing), the service reads it in steps.
+METRICS_READ_BYTES = 8 << 20
 #: The job's rendezvous secret: ``0600`` the service's, ``root:<owner's private
 #: group> 0640`` once handed over, so only the owner's ranks read it.
 RDZV_SECRET = "rdzv.secret"
@@ -278,19 +281,36 @@ class JobDir:
         path = self.p("out", "value.pkl")
         return path if os.path.isfile(path) and not os.path.islink(path) else None
 
-    def metrics(self, rank: int = 0, cursor: int = 0) -> tuple[list[dict], int]:
-        """``report()`` records of one rank from byte ``cursor``; and the next cursor."""
-        path = self.p("metrics", f"rank{rank}.jsonl")
+    def metrics(
+        self, rank: int = 0, cursor: int = 0, limit: int = METRICS_READ_BYTES
+    ) -> tuple[list[dict], int]:
+        """``report()`` records of one rank from byte ``cursor``, at most ``limit``
+        bytes of them; and the next cursor."""
         records = []
         try:
-            data = self.read_user(os.path.relpath(path, self.path), cursor)
+            data = self.read_user(f"metrics/rank{rank}.jsonl", cursor, limit)
         except OSError:
             return [], cursor
         end = data.rfind(b"\n") + 1  # a line still being written waits for next time
+        if not end and len(data) == limit:
+            return [], cursor + limit  # no record is that long: step over it
         for line in data[:end].splitlines():
             with contextlib.suppress(ValueError):
                 records.append(json.loads(line))
         return records, cursor + end
+
+    def last_metric(self, rank: int = 0) -> dict | None:
+        """The last whole ``report()`` record of one rank, read from the file's end."""
+        try:
+            data = self.read_user_end(f"metrics/rank{rank}.jsonl", 1 << 16)
+        except OSError:
+            return None
+        for line in reversed(data[: data.rfind(b"\n") + 1].splitlines()):
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    return record
+        return None
 
     def log_sources(self) -> list[tuple[str, str]]:
         """(prefix, path) of every log: gpulab's events, ranks in order, then agents."""

@@ -8,6 +8,7 @@ Only a job's owner and admins see a job; to anyone else it does not exist
 from __future__ import annotations
 
 import asyncio
+import os
 
 from tornado import web
 from tornado.iostream import StreamClosedError
@@ -25,6 +26,8 @@ from gpulab.service.jobs.manager import JobManager, JobRefused
 FOLLOW_POLL_S = 0.5
 #: The most lines ``?tail=`` may ask for (all lines: leave ``tail`` out).
 MAX_TAIL_LINES = 100_000
+#: What one read of an ``--out`` value takes (and one write sends).
+OUT_STEP_BYTES = 1 << 20
 
 
 class _JobHandler(APIHandler):
@@ -182,24 +185,32 @@ class JobMetricsHandler(_JobHandler):
 
 
 class JobOutHandler(_JobHandler):
-    """The ``--out`` value: cloudpickle bytes written by rank 0."""
+    """The ``--out`` value: cloudpickle bytes written by rank 0, sent in steps read off
+    the event loop (it may be a whole model, or a sparse file of any size)."""
 
-    def get(self, job_id):
+    async def get(self, job_id):
         job = self.find(job_id)
-        path = self.jobs.jobdir(job).out_path()
-        if path is None:
+        jd = self.jobs.jobdir(job)
+        if jd.out_path() is None:
             raise web.HTTPError(
                 404,
                 f"job {job_id} has no --out value" + ("" if job["state"] in TERMINAL else " yet"),
             )
         try:
-            data = self.jobs.jobdir(job).read_user("out/value.pkl")
+            fd = jd.open_user("out/value.pkl")
         except OSError:
             raise web.HTTPError(
                 404, f"job {job_id}'s --out value is not a plain file of the job's own"
             ) from None
         self.set_header("Content-Type", "application/octet-stream")
-        self.finish(data)
+        with os.fdopen(fd, "rb") as f:
+            try:
+                while chunk := await asyncio.to_thread(f.read, OUT_STEP_BYTES):
+                    self.write(chunk)
+                    await self.flush()
+            except StreamClosedError:
+                return  # the reader went away
+        self.finish()
 
 
 routes = [

@@ -136,6 +136,22 @@ def job_object(row: dict) -> dict:
     }
 
 
+def adapter_files(jd, max_mib: int) -> dict[str, bytes]:
+    """The adapter a fine-tuning job wrote (``out/``), each file at most the site's
+    model size: the ranks may write any amount, and the service holds it in memory."""
+    files = {}
+    for name in ADAPTER_FILES:
+        data = jd.read_user(f"out/{name}", limit=(max_mib << 20) + 1)
+        if len(data) > max_mib << 20:
+            raise PublishFailed(
+                f"the job's adapter file out/{name} is over {max_mib} MiB, the site's "
+                f"largest model (c.Endpoints.max_model_mib); train a smaller adapter "
+                f"(a lower LoRA rank)"
+            )
+        files[name] = data
+    return files
+
+
 class FineTuning:
     """Training files and fine-tuning jobs over the job manager (``jobs``) and the
     deployment manager (``deployments``); a loop follows each open job."""
@@ -395,7 +411,9 @@ class FineTuning:
         try:
             jd = self.jobs.jobdir(job)
             try:
-                files = {n: jd.read_user(f"out/{n}") for n in ADAPTER_FILES}
+                files = await asyncio.to_thread(
+                    adapter_files, jd, self.deployments.limits.max_model_mib
+                )
             except OSError as e:
                 raise PublishFailed(
                     f"job {job['id']} ended without its adapter ({e.strerror or e}: "

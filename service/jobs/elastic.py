@@ -240,8 +240,8 @@ class Resizes:
         if not done:
             await self._release_above(job, job["nodes"])  # what growth placed goes back
             return False
-        records, _ = self.book.jobdir(job).metrics(0)
-        step = records[-1].get("step", 0) if records else 0
+        last = self.book.jobdir(job).last_metric(0)
+        step = last.get("step", 0) if last else 0
         await self._record(job, spec, nodes, reason, step)
         return True
 

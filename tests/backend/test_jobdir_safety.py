@@ -93,3 +93,22 @@ def test_the_ranks_own_files_are_read(job):
 
     as_user(nobody.pw_uid, nobody.pw_gid, write)
     assert "[r0] hello" in LogTail(jd).read()
+
+
+def test_a_huge_sparse_report_file_is_read_in_steps(job):
+    """A rank makes its report file 64 GiB of nothing (it costs no disk): each look
+    of the service reads a bounded step, and the records around it still count."""
+    jd, nobody, _ = job
+
+    def write():
+        with open(jd.p("metrics", "rank0.jsonl"), "wb") as f:
+            f.write(b'{"step": 0}\n')
+            f.truncate(64 << 30)
+            f.seek(0, os.SEEK_END)
+            f.write(b'\n{"step": 7}\n')
+
+    as_user(nobody.pw_uid, nobody.pw_gid, write)
+    records, cursor = jd.metrics(0, 0, limit=1 << 20)
+    assert (records, cursor) == ([{"step": 0}], 12)
+    assert jd.metrics(0, cursor, limit=1 << 20) == ([], cursor + (1 << 20))  # no line in it
+    assert jd.last_metric(0) == {"step": 7}

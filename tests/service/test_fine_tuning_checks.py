@@ -5,6 +5,7 @@ reply only. Pure functions: no service."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -126,3 +127,24 @@ def test_an_adapter_joins_the_model_archive_the_service_unpacks_and_the_replica_
     pack_with_adapter(str(tmp_path / "v2"), "pw-2", files, str(tmp_path / "v3.tar.gz"))
     card = unpack_model(str(tmp_path / "v3.tar.gz"), str(tmp_path / "v3"), 2**30)
     assert card["adapters"] == ["pw-1", "pw-2"]
+
+
+def test_an_adapter_over_the_sites_model_size_is_refused_before_it_is_read_whole(tmp_path):
+    """The ranks may write any amount in out/; the service holds the adapter in memory."""
+    from gpulab.backend.jobdir import JobDir
+    from gpulab.service.endpoints.fine_tuning import adapter_files
+    from gpulab.service.endpoints.fine_tuning_publish import PublishFailed
+
+    jd = JobDir(str(tmp_path), "ft1")
+    os.makedirs(jd.p("out"))
+    (tmp_path / "ft1" / "out" / "adapter_config.json").write_text("{}")
+    with open(jd.p("out", "adapter_model.safetensors"), "wb") as f:
+        f.truncate(64 << 30)  # sparse: no disk, 64 GiB to whoever reads it whole
+    with pytest.raises(PublishFailed, match="over 1 MiB, the site's largest model"):
+        adapter_files(jd, 1)
+    with open(jd.p("out", "adapter_model.safetensors"), "wb") as f:
+        f.write(b"w" * 1000)
+    assert adapter_files(jd, 1) == {
+        "adapter_config.json": b"{}",
+        "adapter_model.safetensors": b"w" * 1000,
+    }
