@@ -37,7 +37,13 @@ import time
 from typing import Protocol
 
 from gpulab.service.endpoints.calls import EMBEDDING_KIND, CallRefused
-from gpulab.service.endpoints.openai_errors import OpenAIError, as_openai, model_not_found
+from gpulab.service.endpoints.openai_errors import (
+    OpenAIError,
+    as_openai,
+    error_body,
+    model_not_found,
+)
+from gpulab.service.endpoints.proxy import AnswerTooLarge, read_answer
 from gpulab.service.endpoints.token_meter import TokenMeter
 
 #: The card kind of a language model's endpoint (gpulab.serving.llm_export).
@@ -46,6 +52,9 @@ CAUSAL_LM_KIND = "causal-lm"
 GENERATION = {"chat/completions": CAUSAL_LM_KIND, "completions": CAUSAL_LM_KIND}
 SSE = "text/event-stream"
 JSON = "application/json"
+#: The longest one server-sent event of a replica may be (a chunk of a few tokens is
+#: well under a KiB); the service holds an event whole before it passes it on.
+MAX_EVENT_BYTES = 1 << 20
 
 
 class Reply(Protocol):
@@ -119,7 +128,7 @@ class SseRelay:
     def __init__(self, keep_usage: bool, started: float):
         self.keep_usage = keep_usage
         self.started = started
-        self._buf = b""
+        self._buf = bytearray()
         self.usage: dict | None = None
         self.content_chunks = 0
         self.first_token_s: float | None = None
@@ -127,16 +136,24 @@ class SseRelay:
         self._last: float | None = None
 
     def feed(self, data: bytes) -> bytes:
-        """The whole events ``data`` completes, to send on."""
+        """The whole events ``data`` completes, to send on; AnswerTooLarge when an
+        event passes :data:`MAX_EVENT_BYTES` (the replica runs its owner's code)."""
+        # What is held has no event end in it: look only where ``data`` could make one.
+        start = max(0, len(self._buf) - 1)
         self._buf += data
-        if b"\n\n" not in self._buf:
+        cut = self._buf.rfind(b"\n\n", start)
+        if cut < 0:
+            if len(self._buf) > MAX_EVENT_BYTES:
+                raise AnswerTooLarge(MAX_EVENT_BYTES)
             return b""
-        *events, self._buf = self._buf.split(b"\n\n")
+        events = bytes(self._buf[:cut]).split(b"\n\n")
+        del self._buf[: cut + 2]
         return b"".join(e + b"\n\n" for e in events if self._keep(e))
 
     def rest(self) -> bytes:
         """Whatever the replica sent after its last whole event."""
-        rest, self._buf = self._buf, b""
+        rest = bytes(self._buf)
+        self._buf.clear()
         return rest
 
     def _keep(self, event: bytes) -> bool:
@@ -428,7 +445,11 @@ class OpenAIGateway:
             headers = {"Content-Type": JSON}
             async with self.calls.open(dep, unit, "POST", f"v1/{path}", headers, body) as resp:
                 if resp.status != 200 or SSE not in resp.headers.get("Content-Type", ""):
-                    data = await resp.read()
+                    try:
+                        data = await read_answer(resp)
+                    except AnswerTooLarge as e:
+                        resp.close()
+                        raise OpenAIError(502, str(e)) from None
                     if resp.status == 200:
                         try:
                             usage = json.loads(data).get("usage")
@@ -462,6 +483,9 @@ class OpenAIGateway:
             rest = relay.rest()
             if rest.strip():
                 await reply.write(rest)
+        except AnswerTooLarge as e:
+            resp.close()
+            await reply.write(b"data: " + error_body(502, str(e)) + b"\n\n")
         finally:
             # Counted however the stream ended: a caller that went away used what the
             # replica generated until then (its usage never came: the chunks count).

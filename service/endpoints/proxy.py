@@ -10,6 +10,7 @@ caller's hub token never goes on: the replicas get their own secret.
 from __future__ import annotations
 
 import contextlib
+import json
 
 import aiohttp
 
@@ -20,6 +21,35 @@ CALL_TIMEOUT_S = 300
 #: A streamed answer (a language model's tokens) may take longer as a whole; what
 #: may not is a silence between two of its chunks.
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=CALL_TIMEOUT_S)
+
+
+#: The most of one replica's answer the service holds whole: replicas run their
+#: owner's code, and an answer of any size must not fill the service's memory.
+MAX_ANSWER_BYTES = 256 << 20
+
+
+class AnswerTooLarge(Exception):
+    """A replica's answer (or one event of its stream) passed what the service holds."""
+
+    def __init__(self, limit: int):
+        super().__init__(
+            f"the replica's answer is over {limit / 2**20:g} MiB, more than gpulab "
+            f"passes on; ask for less (a smaller batch, fewer tokens)"
+        )
+
+
+async def read_answer(resp: aiohttp.ClientResponse, limit: int | None = None) -> bytes:
+    """A replica's whole answer; AnswerTooLarge past ``limit`` bytes
+    (:data:`MAX_ANSWER_BYTES` by default)."""
+    limit = MAX_ANSWER_BYTES if limit is None else limit
+    if resp.content_length is not None and resp.content_length > limit:
+        raise AnswerTooLarge(limit)
+    data = bytearray()
+    async for chunk in resp.content.iter_any():
+        data += chunk
+        if len(data) > limit:
+            raise AnswerTooLarge(limit)
+    return bytes(data)
 
 
 def forwarding_session(connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
@@ -42,12 +72,17 @@ class EndpointProxy:
     ):
         """Send one call to the replica at ``base`` (``unix:<socket>`` or a URL):
         ``(status, reason, headers, body)``, or None when it refuses the connection
-        (it just went away)."""
+        (it just went away). An answer over :data:`MAX_ANSWER_BYTES` becomes a 502."""
         headers = {**headers, "Authorization": f"Bearer {token}"}
         session, url = await self._sessions.get(base)
         try:
             async with session.request(method, f"{url}/{path}", headers=headers, data=body) as resp:
-                return resp.status, resp.reason, resp.headers, await resp.read()
+                try:
+                    return resp.status, resp.reason, resp.headers, await read_answer(resp)
+                except AnswerTooLarge as e:
+                    resp.close()  # the rest is not read: the connection cannot be kept
+                    error = json.dumps({"error": str(e)}).encode()
+                    return 502, "Bad Gateway", {"Content-Type": "application/json"}, error
         except aiohttp.ClientConnectionError:
             return None
 
