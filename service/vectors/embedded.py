@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import numpy as np
 
@@ -53,10 +54,12 @@ class EmbeddedEngine:
         header = {"db": database_of(owner), **header}
         if vectors is not None:
             header["dim"] = vectors.shape[1]
-        request = protocol.pack(header, vectors)
+        deadline = time.monotonic() + self.call_timeout
 
         def call():
-            return self.client.call(method, request)
+            if limited:  # the time left when the owner's turn comes: the engine stops then
+                header["time_limit_s"] = max(0.0, deadline - time.monotonic())
+            return self.client.call(method, protocol.pack(header, vectors))
 
         try:
             if limited:

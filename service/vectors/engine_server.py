@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from . import engine_protocol as protocol
 from . import filters
@@ -95,11 +96,41 @@ class Handlers:
         # The service parsed and bounded this filter already; it is parsed again here
         # with the same grammar, so nothing unbounded runs even if a caller skipped that.
         match = predicate(filters.parse(h["filter"])) if h.get("filter") else None
+        if match is not None and h.get("time_limit_s") is not None:
+            match = within(match, float(h["time_limit_s"]))
         found = collection.search(queries, h["k"], match, search_ef(h.get("ef", EF_SEARCH)))
         return {"results": [[list(hit) for hit in hits] for hits in found]}
 
     def ping(self, h, _):
         return {}
+
+
+class SearchTimedOut(Exception):
+    """A filter still going through rows when the service had given the call up."""
+
+
+#: Rows a timed filter reads between two looks at the clock.
+ROWS_BETWEEN_CLOCK_LOOKS = 256
+
+
+def within(match, seconds: float):
+    """``match``, which raises SearchTimedOut once ``seconds`` have passed: the service
+    abandons a call at its time limit, and the engine then stops the filter's work
+    rather than go on for a caller who is gone (while others' calls wait)."""
+    deadline = time.monotonic() + seconds
+    seen = 0
+
+    def timed(rid, meta):
+        nonlocal seen
+        seen += 1
+        if seen % ROWS_BETWEEN_CLOCK_LOOKS == 0 and time.monotonic() > deadline:
+            raise SearchTimedOut(
+                f"the filter was still reading rows after the call's {seconds:g} s; "
+                f"narrow it (fewer values, an id or a plain comparison first)"
+            )
+        return match(rid, meta)
+
+    return timed
 
 
 #: The widest search breadth a call may ask for (the service's setting is checked too).
@@ -122,6 +153,8 @@ def handler(fn):
             return protocol.pack({"status": 404, "error": str(e)})
         except filters.FilterError as e:
             return protocol.pack({"status": 400, "error": str(e)})
+        except SearchTimedOut as e:
+            return protocol.pack({"status": 504, "error": str(e)})
         except (ValueError, KeyError, TypeError, FileExistsError) as e:
             return protocol.pack({"status": 400, "error": f"{type(e).__name__}: {e}"})
         except Exception as e:  # the engine's own failure: one line to the caller and the log

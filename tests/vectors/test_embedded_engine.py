@@ -155,6 +155,62 @@ def test_filters_follow_milvus_semantics_over_json():
     assert matching('metadata["tags"][1] == "y"') == ["a"]
 
 
+def test_json_contains_is_the_same_over_long_lists_and_mixed_kinds():
+    """Each row's list is read once (a row may hold 30,000 items and a filter hundreds
+    of values); what matches is as before: the same kind and value, 1 and 1.0 alike,
+    never true for 1."""
+    rng = np.random.default_rng(3)
+    pool = [0, 1, 1.0, 2.5, True, False, "1", "a", "b", None, [1], {"k": 1}]
+    rows = [(f"r{i}", {"t": [pool[j] for j in rng.integers(0, len(pool), 6)]}) for i in range(300)]
+    rows += [("long", {"t": list(range(30_000))}), ("scalar", {"t": 1})]
+
+    def kind(x):
+        if isinstance(x, bool):
+            return "bool"
+        return "number" if isinstance(x, int | float) else "str" if isinstance(x, str) else "-"
+
+    def naive(values, every):
+        """Milvus's rule, word for word: every (or any) value is an item of the list."""
+        for rid, meta in rows:
+            t = meta["t"]
+            if isinstance(t, list) and (all if every else any)(
+                any(kind(x) == kind(v) != "-" and x == v for x in t) for v in values
+            ):
+                yield rid
+
+    for text, values, every in (
+        ('json_contains_any(metadata["t"], [1, "a"])', [1, "a"], False),
+        ('json_contains_all(metadata["t"], [1, true])', [1, True], True),
+        ('json_contains(metadata["t"], 2.5)', [2.5], False),
+        ('json_contains_any(metadata["t"], [29999, -1])', [29999, -1], False),
+        ('json_contains_all(metadata["t"], [false, "b", 0])', [False, "b", 0], True),
+    ):
+        p = predicate(parse(text))
+        assert [rid for rid, meta in rows if p(rid, meta)] == list(naive(values, every)), text
+    many = "[" + ",".join(str(v) for v in range(900)) + "]"  # as many as 4,096 characters hold
+    p = predicate(parse(f'json_contains_all(metadata["t"], {many})'))
+    assert [rid for rid, meta in rows if p(rid, meta)] == ["long"]
+
+
+def test_a_filter_past_the_calls_time_is_stopped_in_the_engine_with_a_504(tmp_path):
+    """The service gives a call up at its time limit; the engine stops the filter's
+    work then too, rather than go on through every row for a caller who is gone."""
+    from gpulab.service.vectors import engine_protocol as protocol
+    from gpulab.service.vectors.engine_server import Handlers, handler
+
+    store = Store(str(tmp_path))
+    search = handler(Handlers(store).search)
+    store.create("alice", "c1", DIM, "cosine", "flat")
+    store.get("alice", "c1").write(
+        [f"r{i}" for i in range(2000)], unit(2000), [{"n": i} for i in range(2000)]
+    )
+    header = {"db": "alice", "cid": "c1", "k": 5, "filter": 'metadata["n"] >= 0', "dim": DIM}
+    answer, _ = protocol.unpack(search(protocol.pack({**header, "time_limit_s": 0.0}, unit(1))))
+    assert answer["status"] == 504 and "still reading rows" in answer["error"]
+    answer, _ = protocol.unpack(search(protocol.pack({**header, "time_limit_s": 30.0}, unit(1))))
+    assert len(answer["results"][0]) == 5
+
+
 @pytest.mark.parametrize("exact_below", [0, 10_000])
 def test_rows_not_indexed_yet_are_found_hidden_and_filtered_with_the_indexed(
     tmp_path, monkeypatch, exact_below
