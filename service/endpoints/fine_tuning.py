@@ -171,7 +171,8 @@ class FineTuning:
     def of(cls, service) -> FineTuning:
         store = FineTuningStore(service.ledger.engine)
         folder = os.path.join(service.data_dir, "fine_tuning", "files")
-        return cls(store, TrainingFiles(store, folder), service.jobs, service.deployments)
+        files = TrainingFiles(store, folder, service.llm_settings.training_files_quota_mib)
+        return cls(store, files, service.jobs, service.deployments)
 
     # -- jobs ------------------------------------------------------------------------
     def base_endpoint(self, who, model) -> dict:
@@ -211,22 +212,27 @@ class FineTuning:
             )
         return dep
 
-    def _base_files(self, dep: dict) -> dict[str, bytes]:
+    def _base_paths(self, dep: dict) -> dict[str, str]:
+        """The base model's Hugging Face files (the service unpacked them: no links)."""
         stable = self.deployments.store.versions(dep["id"])[0]
         hf = os.path.join(self.deployments.serving.model_dir(stable["id"]), "hf")
+        paths = {name: os.path.join(hf, name) for name in sorted(os.listdir(hf))}
+        return {n: p for n, p in paths.items() if os.path.isfile(p) and not os.path.islink(p)}
+
+    @staticmethod
+    def _read_all(paths: dict[str, str]) -> dict[str, bytes]:
         out = {}
-        for name in sorted(os.listdir(hf)):
-            path = os.path.join(hf, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                with open(path, "rb") as f:
-                    out[name] = f.read()
+        for name, path in paths.items():
+            with open(path, "rb") as f:
+                out[name] = f.read()
         return out
 
-    def _check_size(self, model: str, base: dict[str, bytes], data: bytes) -> None:
+    def _check_size(self, model: str, size_bytes: int) -> None:
         """The job carries the base model and the file as its variables: within the
-        site's cap on a job's variables, or a 413 that says which cap."""
+        site's cap on a job's variables (checked before either is read), or a 413 that
+        says which cap."""
         cap = self.jobs.limits.max_job_vars_mib
-        size = (sum(len(b) for b in base.values()) + len(data)) / 2**20
+        size = size_bytes / 2**20
         if size > cap:
             raise OpenAIError(
                 413,
@@ -258,13 +264,15 @@ class FineTuning:
                 param="suffix",
             )
         row = self.files.get(who, fid)
+        paths = await asyncio.to_thread(self._base_paths, dep)
+        sizes = await asyncio.to_thread(lambda: sum(os.path.getsize(p) for p in paths.values()))
+        self._check_size(doc["model"].strip(), sizes + row["bytes"])
         data = await asyncio.to_thread(self.files.read, row)
         # Checked at upload; again here (off the loop), so no job ever starts on a bad line.
         await asyncio.to_thread(check_training_file, data)
         ft_id = f"ftjob-{uuid.uuid4().hex[:24]}"
         adapter = f"{suffix or 'ft'}-{ft_id[6:14]}"
-        base = await asyncio.to_thread(self._base_files, dep)
-        self._check_size(doc["model"].strip(), base, data)
+        base = await asyncio.to_thread(self._read_all, paths)
         variables = {"ft_base": base, "ft_training": data, "ft_hyperparameters": hyper}
         # Off the event loop: a base model is megabytes to gigabytes.
         vars_b64 = await asyncio.to_thread(

@@ -95,7 +95,8 @@ class FineTuningRoutes:
         files = self.ft.files
         if not rest:
             if method == "POST":
-                upload, purpose = parse_upload(body, content_type)
+                # Off the event loop: a body may be as large as max_upload_mib.
+                upload, purpose = await asyncio.to_thread(parse_upload, body, content_type)
                 row = await asyncio.to_thread(files.create, who, upload, purpose)
                 return self._ok(file_object(row))
             self._method(method, "GET", "files")

@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import threading
 import uuid
 
 from tornado.httputil import HTTPFile, parse_body_arguments
@@ -113,11 +114,15 @@ def parse_upload(body: bytes | None, content_type: str) -> tuple[HTTPFile, str]:
 
 
 class TrainingFiles:
-    """Users' training files: the rows in ``store``, the bytes in ``folder``."""
+    """Users' training files: the rows in ``store``, the bytes in ``folder``; each
+    user's together at most ``quota_mib``."""
 
-    def __init__(self, store: FineTuningStore, folder: str):
+    def __init__(self, store: FineTuningStore, folder: str, quota_mib: int):
         self.store = store
         self.folder = folder
+        self.quota_mib = quota_mib
+        #: A user's uploads are counted against the quota one at a time.
+        self._adding = threading.Lock()
         os.makedirs(folder, mode=0o700, exist_ok=True)
 
     def path(self, fid: str) -> str:
@@ -132,21 +137,36 @@ class TrainingFiles:
                 param="purpose",
             )
         lines = check_training_file(upload.body)
-        fid = f"file-{uuid.uuid4().hex[:24]}"
-        fd = os.open(self.path(fid), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(upload.body)
-        filename = os.path.basename(upload.filename or "train.jsonl")[:255] or "train.jsonl"
-        return self.store.add_file(
-            {
-                "id": fid,
-                "user": who.name,
-                "filename": filename,
-                "purpose": purpose,
-                "bytes": len(upload.body),
-                "lines": lines,
-            }
-        )
+        with self._adding:
+            self._check_quota(who, len(upload.body))
+            fid = f"file-{uuid.uuid4().hex[:24]}"
+            fd = os.open(self.path(fid), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(upload.body)
+            filename = os.path.basename(upload.filename or "train.jsonl")[:255] or "train.jsonl"
+            return self.store.add_file(
+                {
+                    "id": fid,
+                    "user": who.name,
+                    "filename": filename,
+                    "purpose": purpose,
+                    "bytes": len(upload.body),
+                    "lines": lines,
+                }
+            )
+
+    def _check_quota(self, who, size: int) -> None:
+        used = sum(row["bytes"] for row in self.store.files(who.name))
+        if used + size > self.quota_mib << 20:
+            raise OpenAIError(
+                413,
+                f"this file is {size / 2**20:.1f} MiB and your training files hold "
+                f"{used / 2**20:.1f} MiB of your {self.quota_mib} MiB; delete files you no "
+                f"longer need (client.files.delete(file_id)) or ask an admin to raise "
+                f"c.LlmSettings.training_files_quota_mib",
+                param="file",
+                code="storage_quota_exceeded",
+            )
 
     def get(self, who, fid: str) -> dict:
         row = self.store.file(fid)

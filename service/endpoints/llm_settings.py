@@ -50,6 +50,18 @@ class LlmSettings(Configurable):
         """,
     ).tag(config=True)
 
+    training_files_quota_mib = Int(
+        1024,
+        min=1,
+        help="""What one user's fine-tuning training files (`POST /v1/files`) may hold
+        together on the service's disk, in MiB. An upload that would pass it is refused
+        (413, with the numbers) and nothing of it is kept; deleting a file gives its room
+        back.
+
+        c.LlmSettings.training_files_quota_mib = 4096
+        """,
+    ).tag(config=True)
+
     def llm_limits(self) -> LlmLimits:
         return LlmLimits(
             max_streams=self.llm_max_streams_per_user,

@@ -187,6 +187,13 @@ class RouterAddress:
     url: str = ""  # where the proxy reaches the router; "": http://ip:port
 
 
+def changes_state(method: str, path: str) -> bool:
+    """A gateway call that changes something (an upload, a fine-tuning job, a cancel, a
+    delete): its token is asked of the hub, never a cached answer, as the service's own
+    routes do. Generation and embeddings only read."""
+    return method not in ("GET", "HEAD") and path.lstrip("/").startswith(("files", "fine_tuning"))
+
+
 class EndpointRouter:
     """Answers endpoint calls under ``<prefix>endpoints/`` through ``calls`` (an
     :class:`~gpulab.service.endpoints.calls.EndpointCalls`); ``identify`` says who a
@@ -378,7 +385,7 @@ class EndpointRouter:
     async def _openai(self, request: web.BaseRequest, token: str, path: str):
         """A call to the OpenAI gateway: refusals in OpenAI's shape, the answer streamed."""
         try:
-            who = await self._identify(token)
+            who = await self._identify(token, fresh=changes_state(request.method, path))
             length = request.content_length
             if length is not None and length > self.max_upload_mib * 2**20:
                 raise Denied(
@@ -409,8 +416,10 @@ class EndpointRouter:
         except ConnectionResetError:  # the caller went away (its slot is free again)
             return reply.response
 
-    async def _identify(self, token: str):
-        who, known = self.tokens.get(token)
+    async def _identify(self, token: str, fresh: bool = False):
+        """Who ``token`` is: the cached answer (up to TOKEN_TTL_S old), or with
+        ``fresh`` (a call that changes something) the hub's answer now."""
+        who, known = self.tokens.get(token) if not fresh else (None, False)
         if known:
             if who is None:
                 raise Denied(401, "invalid token: create one on the hub's token page")

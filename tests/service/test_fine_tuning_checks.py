@@ -148,3 +148,30 @@ def test_an_adapter_over_the_sites_model_size_is_refused_before_it_is_read_whole
         "adapter_config.json": b"{}",
         "adapter_model.safetensors": b"w" * 1000,
     }
+
+
+def test_a_users_training_files_are_held_to_the_quota_and_deleting_gives_room_back(tmp_path):
+    """Without a quota, POST /v1/files of the upload size again and again filled the
+    service's disk (its databases' too)."""
+    from tornado.httputil import HTTPFile
+
+    from gpulab.db.engine import make_engine
+    from gpulab.db.fine_tuning import FineTuningStore
+    from gpulab.service.auth import Identity
+    from gpulab.service.endpoints.fine_tuning_files import TrainingFiles
+
+    store = FineTuningStore(make_engine(f"sqlite:///{tmp_path}/ft.sqlite"))
+    files = TrainingFiles(store, str(tmp_path / "files"), quota_mib=1)
+    alice, bob = Identity("alice", "user"), Identity("bob", "user")
+    example = lines(GOOD)
+    body = example * ((600 << 10) // len(example))  # 0.6 MiB of examples
+    upload = HTTPFile(filename="train.jsonl", body=body, content_type="application/jsonl")
+    first = files.create(alice, upload, "fine-tune")
+    with pytest.raises(OpenAIError) as e:
+        files.create(alice, upload, "fine-tune")
+    assert e.value.status == 413
+    assert "your training files hold 0.6 MiB of your 1 MiB" in str(e.value)
+    assert len(os.listdir(tmp_path / "files")) == 1  # nothing of the refused one kept
+    files.create(bob, upload, "fine-tune")  # bob's quota is his own
+    files.delete(alice, first["id"])
+    files.create(alice, upload, "fine-tune")

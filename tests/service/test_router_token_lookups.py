@@ -173,3 +173,27 @@ async def test_an_idle_token_is_not_kept_warm():
     assert hub.calls == asked + 1
     clock.now += TOKEN_TTL_S - 1.0
     assert await r.refresh_tokens() == 1
+
+
+async def test_a_call_that_changes_something_asks_the_hub_again():
+    """A token revoked a moment ago still reads from the cache for up to its TTL, but an
+    upload, a fine-tuning job or a delete through the gateway asks the hub afresh."""
+    from gpulab.service.endpoints.router import changes_state
+
+    alice = {"name": "alice", "kind": "user", "scopes": ["access:services!service=gpulab"]}
+    hub = CountingHubAuth({"t": alice})
+    r = router(hub)
+    assert (await r._identify("t")).name == "alice"
+    del hub.users["t"]  # revoked on the hub
+    assert (await r._identify("t")).name == "alice"  # a read: the cached answer
+    with pytest.raises(Denied) as e:
+        await r._identify("t", fresh=True)
+    assert e.value.status == 401
+    for method, path in (
+        ("POST", "files"),
+        ("DELETE", "files/file-1"),
+        ("POST", "/fine_tuning/jobs"),
+    ):
+        assert changes_state(method, path), (method, path)
+    for method, path in (("POST", "chat/completions"), ("GET", "files"), ("POST", "embeddings")):
+        assert not changes_state(method, path), (method, path)
