@@ -218,8 +218,8 @@ def configure(c, s: Settings) -> None:
     c.Spawner.start_timeout = 180
     c.Spawner.http_timeout = 120
 
-    # One dataset cache per node, shared by every user's server and read by
-    # the service's sampler.
+    # The dataset caches' folder on this node: one cache per account under it (one
+    # for every server without accounts), read by the service's sampler.
     cache_dir = str(data / "dataset-cache")
     c.FractionalHostSpawner.cache_root = cache_dir
     service_env = {
