@@ -204,3 +204,14 @@ def open_stats_only(cache_dir: str) -> sqlite3.Connection:
     except sqlite3.OperationalError:
         # An agent running as another user may only read the cache.
         return sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60)
+
+
+if __name__ == "__main__":
+    # ``python -I -m gpulab.cache.index DIR``: DIR's counters as one JSON line, for a
+    # sampler that reads another account's cache as that account (telemetry's
+    # cache_sampler: root must not open an index its user can write).
+    import json
+    import sys
+
+    _conn = open_stats_only(sys.argv[1])
+    print(json.dumps(read_stats(_conn)))
