@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import glob
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -404,17 +405,29 @@ class LocalBackend(Backend):
         return None
 
     # -- stopping -----------------------------------------------------------------
-    def _rank_pids(self, jd) -> list[int]:
+    def _rank_pidfds(self, jd) -> dict[int, int]:
+        """The job's live ranks, pid -> pidfd. Each pidfd is opened before its process
+        is checked (the job's account, a command line naming the job): a signal sent
+        through it reaches that process or none, never one that took its pid since.
+        The caller closes them (:func:`_close_all`)."""
         # torchrun starts each worker in a session of its own, so signalling the
         # agent's group does not reach them; the ranks record their pids.
-        pids = []
+        fds: dict[int, int] = {}
         uid = jd.owner()[0]
         for path in glob.glob(jd.p("pids", "rank*.json")):
             info = jd.read_user_json(os.path.relpath(path, jd.path))
             pid = info.get("pid") if isinstance(info, dict) else None
-            if isinstance(pid, int) and pid > 1 and process_alive(pid, jd.path, uid):
-                pids.append(pid)
-        return pids
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1 or pid in fds:
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            if process_alive(pid, jd.path, uid):
+                fds[pid] = fd
+            else:
+                os.close(fd)
+        return fds
 
     async def preempt(self, spec: JobSpec) -> None:
         """Ask the ranks to stop at their next step boundary (SIGTERM; they checkpoint).
@@ -423,11 +436,10 @@ class LocalBackend(Backend):
         the ranks have started there is nothing to save: the agents stop them.
         """
         jd = self.jobdir(spec.id)
-        pids = self._rank_pids(jd)
-        if pids:
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
+        ranks = self._rank_pidfds(jd)
+        if ranks:
+            _signal_all(ranks, signal.SIGTERM)
+            _close_all(ranks)
             return
         launch = jd.read_json("launch.json", {}) or {}
         for node in launch.get("nodes", []):
@@ -442,30 +454,67 @@ class LocalBackend(Backend):
         launch = jd.read_json("launch.json", {}) or {}
         groups = [n["pgid"] for n in launch.get("nodes", [])]
         # A rank seen once stays watched until it is gone: a process tearing down
-        # its memory after SIGKILL already reads an empty command line, so
-        # _rank_pids no longer names it while it still runs.
-        ranks = set(self._rank_pids(jd))
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            for pgid in groups:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, sig)
-            if sig == signal.SIGKILL:
-                ranks |= set(self._rank_pids(jd))
-                for pid in ranks:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                self._reap(spec.id)
-                ranks = {p for p in ranks | set(self._rank_pids(jd)) if _running(p)}
-                if not any(_group_alive(g) for g in groups) and not ranks:
-                    self._children.pop(spec.id, None)
-                    await self._release(spec)
-                    return
-                await asyncio.sleep(0.1)
-        self._reap(spec.id)
-        self._children.pop(spec.id, None)
-        await self._release(spec)
+        # its memory after SIGKILL already reads an empty command line, so it is no
+        # longer found while it still runs.
+        ranks = self._rank_pidfds(jd)
+        try:
+            for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+                for pgid in groups:
+                    # A group that is gone may have given its id to another by now.
+                    if sig == signal.SIGTERM or _group_alive(pgid):
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.killpg(pgid, sig)
+                if sig == signal.SIGKILL:
+                    _merge(ranks, self._rank_pidfds(jd))
+                    _signal_all(ranks, signal.SIGKILL)
+                deadline = time.monotonic() + wait
+                while time.monotonic() < deadline:
+                    self._reap(spec.id)
+                    _merge(ranks, self._rank_pidfds(jd))
+                    _drop_ended(ranks)
+                    if not any(_group_alive(g) for g in groups) and not ranks:
+                        self._children.pop(spec.id, None)
+                        await self._release(spec)
+                        return
+                    await asyncio.sleep(0.1)
+            self._reap(spec.id)
+            self._children.pop(spec.id, None)
+            await self._release(spec)
+        finally:
+            _close_all(ranks)
+
+
+def _signal_all(fds: dict[int, int], sig: int) -> None:
+    for fd in fds.values():
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(fd, sig)
+
+
+def _ended(fd: int) -> bool:
+    """Has the process of a pidfd ended (a pidfd polls readable once it has)?"""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _merge(into: dict[int, int], found: dict[int, int]) -> None:
+    """Add the ranks in ``found`` not watched yet; close the pidfds already held."""
+    for pid, fd in found.items():
+        if pid in into:
+            os.close(fd)
+        else:
+            into[pid] = fd
+
+
+def _drop_ended(fds: dict[int, int]) -> None:
+    for pid in [p for p, fd in fds.items() if _ended(fd)]:
+        os.close(fds.pop(pid))
+
+
+def _close_all(fds: dict[int, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
+    fds.clear()
 
 
 def _stat(pid: int | str) -> list[str] | None:

@@ -96,9 +96,14 @@ def _environ(pid: int) -> dict[bytes, bytes]:
 def identify(pid: int, data_dir: Path) -> str | None:
     """What the process ``pid`` is when it is one of ours on ``data_dir``, else None."""
     try:
+        # The account first: another account's command line is never read (a process
+        # can make a read of its own command line block, with memory it maps from a
+        # FUSE mount it then stalls).
+        if _uid(pid) != os.getuid():
+            return None
         argv = [a.decode(errors="replace") for a in _read(f"/proc/{pid}/cmdline").split(b"\0")]
         what = kind_of([a for a in argv if a] if argv else [])
-        if what is None or _uid(pid) != os.getuid():
+        if what is None:
             return None
         env = _environ(pid)
     except (OSError, ValueError):  # gone, a zombie, or not ours to read

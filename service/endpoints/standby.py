@@ -288,9 +288,13 @@ def main(argv: list[str]) -> None:
 # -- the service's side ---------------------------------------------------------------------
 def _is_standby(pid: int, table: str) -> bool:
     try:
+        # The account first: another account's command line is never read (a read of
+        # it can be made to block).
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().decode(errors="replace").split("\0")
-        return COMMAND in argv and table in argv and os.stat(f"/proc/{pid}").st_uid == os.getuid()
+        return COMMAND in argv and table in argv
     except OSError:
         return False
 

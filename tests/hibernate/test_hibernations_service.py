@@ -15,6 +15,7 @@ import datetime as dt
 import pytest
 from support.clock import fake_clock
 from support.service import running_service
+from support.wait import wait_until_async
 
 from gpulab.service.hibernation.servers import KernelActivity, ServerRefused
 
@@ -115,10 +116,13 @@ async def test_the_idle_rule_hibernates_only_idle_servers(tmp_path):
             assert held == []
             # Nobody else was touched, and nothing is tried twice.
             assert await svc.app.hibernations.hibernate_idle() == []
-            entries = (
-                await svc.request("GET", "/audit", params={"action": "server.hibernate"})
-            ).json()["entries"]
-            assert [(e["subject"], e["result"]) for e in entries] == [("idle/", "ok")]
+
+            async def audited():
+                answer = await svc.request("GET", "/audit", params={"action": "server.hibernate"})
+                return [(e["subject"], e["result"]) for e in answer.json()["entries"]]
+
+            # Written on the ledger's threads just after the row says hibernated.
+            assert await wait_until_async(audited, "the audit entry") == [("idle/", "ok")]
 
 
 async def test_a_server_at_work_besides_its_cells_is_not_idle(tmp_path):
