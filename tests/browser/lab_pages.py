@@ -88,10 +88,20 @@ def open_lab(browser, hub, user: str, password: str, width: int = 1400, clipboar
     dismiss_false_connection_lost(page, hub, user)
     failed = watch_failed_requests(page)
     errors: list[str] = []
-    page.on(
-        "console",
-        lambda m: errors.append(m.text) if m.type == "error" and not host_network(m.text) else None,
-    )
+
+    def console(message) -> None:
+        if message.type != "error" or host_network(message.text):
+            return
+        if "Failed to fetch" in message.text:
+            # A fetch whose request the host's network change cut (Chromium failed it
+            # with ERR_NETWORK_CHANGED just before): the browser's, not the page's.
+            if any(host_network(f) for f in failed):
+                return
+            errors.append(f"{message.text} (requests failed so far: {failed})")
+            return
+        errors.append(message.text)
+
+    page.on("console", console)
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on(
         "response",

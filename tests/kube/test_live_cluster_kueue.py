@@ -215,8 +215,12 @@ async def test_a_job_within_quota_runs_and_one_over_it_waits_with_kueues_reason(
     await wait_for("the admitted job's pod to run", lambda: running_pods(api, namespace, first), 90)
 
     await backend.start(second, [])
+    # Kueue marks the workload Pending first and says what is short a moment later.
     status = await until_kueue(
-        backend, second, "Kueue to hold the second job", lambda k: k.get("reason") == "Pending"
+        backend,
+        second,
+        "Kueue to hold the second job and say why",
+        lambda k: k.get("reason") == "Pending" and "quota" in (k.get("message") or ""),
     )
     # Kueue's own words, through gpulab's status: what is short in which flavor.
     assert status.message.startswith("waiting in Kueue queue gpulab: "), status.message
