@@ -125,8 +125,9 @@ def within(match, seconds: float):
         seen += 1
         if seen % ROWS_BETWEEN_CLOCK_LOOKS == 0 and time.monotonic() > deadline:
             raise SearchTimedOut(
-                f"the filter was still reading rows after the call's {seconds:g} s; "
-                f"narrow it (fewer values, an id or a plain comparison first)"
+                "the filter was still reading rows when the call's time ran out "
+                "(c.VectorSettings.vector_call_timeout); narrow it (fewer values, an id "
+                "or a plain comparison first)"
             )
         return match(rid, meta)
 
