@@ -161,10 +161,13 @@ async def test_a_failed_hibernation_leaves_the_server_running(tmp_path):
             assert svc.fake_hub.stopped == []
             held = (await svc.request("GET", "/allocations", params={"user": "alice"})).json()
             assert [a["milli"] for a in held] == [250]
-            entries = (
-                await svc.request("GET", "/audit", params={"action": "server.hibernate"})
-            ).json()["entries"]
-            assert entries[0]["result"] == "failed"
+
+            async def audited():
+                answer = await svc.request("GET", "/audit", params={"action": "server.hibernate"})
+                return [e["result"] for e in answer.json()["entries"]]
+
+            # Written just after the row says failed.
+            assert await wait_until_async(audited, "the audit entry") == ["failed"]
 
 
 async def test_who_may_hibernate_and_report_a_wake(tmp_path):
