@@ -54,6 +54,7 @@ class EngineProcess:
         self._stopping = False
         self._account = None
         self._made = False
+        self._socket_made = False
 
     @property
     def uri(self) -> str:
@@ -65,15 +66,18 @@ class EngineProcess:
 
     def prepare(self) -> None:
         """Stop the engine a killed service left behind (it holds the data directory's
-        lock) and make the socket's directory; the rest waits for the first use."""
+        lock) and choose the socket's folder; the rest waits for the first start."""
         self._stop_leftover()
         # A short path of its own (:mod:`.socket_dir`); the one a killed service left goes.
-        self.socket_dir = socket_dir.make(self.data_dir)
+        self.socket_dir = socket_dir.choose(self.data_dir)
 
     def _make_room(self) -> None:
         """The engine's account and its data directory, which it must be able to reach."""
         account = ensure_system_account(ENGINE_ACCOUNT) if running_as_root() else None
         os.makedirs(self.root, mode=0o700, exist_ok=True)
+        if not self._socket_made:  # once: a retry after a failure below finds it made
+            socket_dir.make(self.data_dir, self.socket_dir)
+            self._socket_made = True
         if account is not None:
             why = unreachable(os.path.dirname(self.root))
             if why:

@@ -5,13 +5,15 @@ socket lives in a folder of its own in the temporary folder
 (``/tmp/gpulab-vectors-<random>``, mode 0700). A service that stops removes it; one
 killed (``kill -9``, the OOM killer) cannot, so the data dir names it
 (``<data-dir>/vector-engine.socket-dir``) and the next service on that data dir
-removes it before it makes its own.
+removes it before it makes its own. The folder is made when the engine first starts, not
+when the service is built: a service built and never started leaves nothing in /tmp.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,12 +23,24 @@ PREFIX = "gpulab-vectors-"
 NAMED_IN = "vector-engine.socket-dir"
 
 
-def make(data_dir: str) -> str:
-    """A new socket folder, named in ``data_dir``; the one named there before is removed."""
+def choose(data_dir: str) -> str:
+    """The path of a new socket folder (made later by :func:`make`); the one a killed
+    service named in ``data_dir`` is removed now."""
     remove_left(data_dir)
-    path = tempfile.mkdtemp(prefix=PREFIX)
+    return os.path.join(tempfile.gettempdir(), PREFIX + secrets.token_hex(8))
+
+
+def make(data_dir: str, path: str) -> None:
+    """Make the folder chosen (mode 0700) and name it in ``data_dir``. Its name is
+    random and told to no one before: one that exists was not made for us."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        raise RuntimeError(
+            f"the vector engine's socket folder {path} exists already: it was not made by "
+            "this service; remove it (or restart the service, which picks another name)"
+        ) from None
     Path(data_dir, NAMED_IN).write_text(path)
-    return path
 
 
 def remove(data_dir: str, path: str) -> None:
