@@ -96,13 +96,22 @@ async def owner_account(accounts, python: str, jobs_root: str, user: str, jd):
     return account
 
 
-def process_alive(pid: int, marker: str, uid: int | None = None) -> bool:
-    """Is ``pid`` still our process (its command line names the job dir, and it
-    runs as ``uid`` when given: a pid read from a user's file must not lead the
-    service to signal anyone else's process)?"""
+def process_alive(
+    pid: int, marker: str, uid: int | None = None, members: set[int] | None = None
+) -> bool:
+    """Is ``pid`` still our process (it runs as ``uid`` when given: a pid read from a
+    user's file must not lead the service to signal anyone else's process)? Ours: one
+    of ``members`` (the pids of the job's cgroups) when given, else a process whose
+    command line names ``marker`` (the job dir).
+
+    A command line is the process's own memory, which its owner can make a read of
+    block (backed by a FUSE file that never answers); the cgroup's list is the
+    kernel's, so it is used wherever the job has cgroups."""
     try:
         if uid is not None and os.stat(f"/proc/{pid}").st_uid != uid:
             return False
+        if members is not None:
+            return pid in members and _running(pid)
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read()
     except OSError:
@@ -337,6 +346,7 @@ class LocalBackend(Backend):
         ours = {p.pid: p for p in self._children.get(spec.id, [])}
         states = []
         uid = jd.owner()[0]
+        members = self._job_members(spec)
         for node in launch.get("nodes", []):
             exit_file = f"pids/node{node['node']}.exit"
             try:
@@ -347,7 +357,11 @@ class LocalBackend(Backend):
             child = ours.get(node["pid"])
             # Our own child is asked directly: right after fork its command line
             # is still ours, so the marker test below would call it dead.
-            if (child.poll() is None) if child else process_alive(node["pid"], jd.path, uid):
+            if (
+                (child.poll() is None)
+                if child
+                else process_alive(node["pid"], jd.path, uid, members)
+            ):
                 states.append(None)
             else:
                 # The exit file is written right after torchrun ends; give it a look again.
@@ -404,16 +418,32 @@ class LocalBackend(Backend):
                     return node, events.get("limit")
         return None
 
+    def _job_members(self, spec: JobSpec) -> set[int] | None:
+        """The pids in the job's nodes' cgroups, as the kernel lists them; None where
+        its nodes have no cgroup (no limits, or a host without a mechanism)."""
+        if self.limits is None or self.accounts is None:
+            return None
+        cgroups = self.limits.cgroups()
+        account = self.accounts.lookup(spec.user)
+        if cgroups.kind == "none" or account is None:
+            return None
+        members: set[int] = set()
+        for node in range(spec.nodes):
+            members.update(cgroups.open(f"{account.name}/job-{spec.id}-node{node}").pids())
+        return members
+
     # -- stopping -----------------------------------------------------------------
-    def _rank_pidfds(self, jd) -> dict[int, int]:
+    def _rank_pidfds(self, spec: JobSpec) -> dict[int, int]:
         """The job's live ranks, pid -> pidfd. Each pidfd is opened before its process
-        is checked (the job's account, a command line naming the job): a signal sent
-        through it reaches that process or none, never one that took its pid since.
-        The caller closes them (:func:`_close_all`)."""
+        is checked (the job's account; in the job's cgroups, or else a command line
+        naming the job): a signal sent through it reaches that process or none, never
+        one that took its pid since. The caller closes them (:func:`_close_all`)."""
         # torchrun starts each worker in a session of its own, so signalling the
         # agent's group does not reach them; the ranks record their pids.
+        jd = self.jobdir(spec.id)
         fds: dict[int, int] = {}
         uid = jd.owner()[0]
+        members = self._job_members(spec)
         for path in glob.glob(jd.p("pids", "rank*.json")):
             info = jd.read_user_json(os.path.relpath(path, jd.path))
             pid = info.get("pid") if isinstance(info, dict) else None
@@ -423,7 +453,7 @@ class LocalBackend(Backend):
                 fd = os.pidfd_open(pid)
             except OSError:
                 continue
-            if process_alive(pid, jd.path, uid):
+            if process_alive(pid, jd.path, uid, members):
                 fds[pid] = fd
             else:
                 os.close(fd)
@@ -436,7 +466,7 @@ class LocalBackend(Backend):
         the ranks have started there is nothing to save: the agents stop them.
         """
         jd = self.jobdir(spec.id)
-        ranks = self._rank_pidfds(jd)
+        ranks = self._rank_pidfds(spec)
         if ranks:
             _signal_all(ranks, signal.SIGTERM)
             _close_all(ranks)
@@ -456,7 +486,7 @@ class LocalBackend(Backend):
         # A rank seen once stays watched until it is gone: a process tearing down
         # its memory after SIGKILL already reads an empty command line, so it is no
         # longer found while it still runs.
-        ranks = self._rank_pidfds(jd)
+        ranks = self._rank_pidfds(spec)
         try:
             for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
                 for pgid in groups:
@@ -465,12 +495,12 @@ class LocalBackend(Backend):
                         with contextlib.suppress(ProcessLookupError, PermissionError):
                             os.killpg(pgid, sig)
                 if sig == signal.SIGKILL:
-                    _merge(ranks, self._rank_pidfds(jd))
+                    _merge(ranks, self._rank_pidfds(spec))
                     _signal_all(ranks, signal.SIGKILL)
                 deadline = time.monotonic() + wait
                 while time.monotonic() < deadline:
                     self._reap(spec.id)
-                    _merge(ranks, self._rank_pidfds(jd))
+                    _merge(ranks, self._rank_pidfds(spec))
                     _drop_ended(ranks)
                     if not any(_group_alive(g) for g in groups) and not ranks:
                         self._children.pop(spec.id, None)
