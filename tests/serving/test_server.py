@@ -115,12 +115,8 @@ def test_concurrent_requests_are_batched(servers, tiny_model):
     assert metric(url, "gpulab_serving_queue_depth", {"model": "tiny"}) == 0
 
 
-def test_a_full_queue_answers_429_and_the_server_carries_on(servers):
-    url = servers["overload"].url
-    # 48 requests of 256 rows at once: each takes the model tens of ms, so the
-    # burst arrives far faster than it is served, even on an idle machine.
-    c = client(url, concurrency=48)
-    x = np.random.default_rng(2).standard_normal((256, 512), dtype=np.float32)
+def burst(c, x) -> list[int]:
+    """48 requests at once; the status each got."""
     pending = []
     for _ in range(48):
         inp = triton.InferInput("input", [256, 512], "FP32")
@@ -134,6 +130,21 @@ def test_a_full_queue_answers_429_and_the_server_carries_on(servers):
         except InferenceServerException as exc:
             assert "queue full" in exc.message()
             codes.append(int(exc.status()))
+    return codes
+
+
+def test_a_full_queue_answers_429_and_the_server_carries_on(servers):
+    url = servers["overload"].url
+    # 48 requests of 256 rows at once: each takes the model ~3x as long as the client
+    # takes to send it, so the burst arrives faster than it is served. Should a busy
+    # machine slow the client's sends to the model's pace (no queue forms), the burst
+    # is sent again, at most 3 times.
+    c = client(url, concurrency=48)
+    x = np.random.default_rng(2).standard_normal((256, 512), dtype=np.float32)
+    for _ in range(3):
+        codes = burst(c, x)
+        if 429 in codes:
+            break
     c.close()
     assert set(codes) == {200, 429}, codes
     assert metric(url, "gpulab_serving_requests_total", {"model": "heavy", "code": "429"}) >= 1
