@@ -420,17 +420,20 @@ class LocalBackend(Backend):
 
     def _job_members(self, spec: JobSpec) -> set[int] | None:
         """The pids in the job's nodes' cgroups, as the kernel lists them; None where
-        its nodes have no cgroup (no limits, or a host without a mechanism)."""
+        its nodes have none (no limits, a host without a mechanism, a group the host
+        refused: such nodes run unlimited, see ``AccountLimits.group``)."""
         if self.limits is None or self.accounts is None:
             return None
         cgroups = self.limits.cgroups()
         account = self.accounts.lookup(spec.user)
         if cgroups.kind == "none" or account is None:
             return None
-        members: set[int] = set()
-        for node in range(spec.nodes):
-            members.update(cgroups.open(f"{account.name}/job-{spec.id}-node{node}").pids())
-        return members
+        groups = [
+            cgroups.open(f"{account.name}/job-{spec.id}-node{node}") for node in range(spec.nodes)
+        ]
+        if not any(g.exists() for g in groups):
+            return None
+        return {pid for g in groups for pid in g.pids()}
 
     # -- stopping -----------------------------------------------------------------
     def _rank_pidfds(self, spec: JobSpec) -> dict[int, int]:

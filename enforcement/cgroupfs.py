@@ -44,6 +44,9 @@ class FsGroup(Group):
         # Encoded now: the child only opens and writes, nothing that may lock.
         self._procs = [os.fsencode(os.path.join(d, "cgroup.procs")) for d in dirs]
 
+    def exists(self) -> bool:
+        return any(os.path.isdir(d) for d in self.dirs)
+
     def join_in_child(self) -> None:
         pid = str(os.getpid()).encode()
         for path in self._procs:

@@ -308,6 +308,10 @@ class Group:
         }
         return list(argv), {k: v for k, v in kwargs.items() if v is not None}
 
+    def exists(self) -> bool:
+        """Is the group on the host now (made, and not removed since)?"""
+        return False
+
     def pids(self) -> list[int]:
         return []
 

@@ -122,6 +122,10 @@ class SystemdGroup(Group):
         kwargs = {"preexec_fn": preexec_fn} if preexec_fn is not None else {}
         return cmd + list(argv), kwargs
 
+    def exists(self) -> bool:
+        # A scope is collected once its last process ends (--collect).
+        return self._cgroup_dir() is not None
+
     def _cgroup_dir(self) -> str | None:
         done = subprocess.run(
             ["systemctl", "show", "--property=ControlGroup", "--value", self.scope],

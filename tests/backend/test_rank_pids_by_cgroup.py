@@ -87,3 +87,28 @@ def zombie(pid: int) -> bool:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return False
+
+
+def test_a_job_whose_cgroups_the_host_refused_is_still_found_after_a_restart(limited, monkeypatch):
+    backend, user = limited
+    # The host refused the nodes' groups (AccountLimits.group says so and returns
+    # None): the job runs unlimited, and its processes are known by their command line.
+    monkeypatch.setattr(backend.limits, "group", lambda *a, **k: None)
+    spec = new_spec(SLEEPS, nproc_per_node=1, user=user)
+    jd = prepare(backend, spec)
+
+    async def go():
+        await backend.start(spec, [])
+        await wait_until_async(
+            lambda: os.path.exists(jd.p("metrics", "rank0.jsonl")), "rank 0's first metrics", 300
+        )
+        rank = json.load(open(jd.p("pids", "rank0.json")))["pid"]
+        # The service restarts: a new backend, the nodes no longer its children.
+        again = LocalBackend(backend.root, accounts=backend.accounts, limits=backend.limits)
+        running = await again.reattach(spec)
+        await again.cancel(spec)
+        return running, rank
+
+    running, rank = asyncio.run(go())
+    assert running, "the restarted service took the running job for ended"
+    assert not os.path.exists(f"/proc/{rank}") or zombie(rank)
