@@ -47,17 +47,22 @@ def limited(tmp_path):
         subprocess.run(["userdel", accounts.name_for(user)], capture_output=True)
 
 
+async def training(backend, spec, jd) -> int:
+    """Start the job; once its rank has reported a step, that rank's pid."""
+    await backend.start(spec, [])
+    await wait_until_async(
+        lambda: os.path.exists(jd.p("metrics", "rank0.jsonl")), "rank 0's first metrics", 300
+    )
+    return json.load(open(jd.p("pids", "rank0.json")))["pid"]
+
+
 def test_a_pid_file_naming_the_owners_other_process_stops_only_the_jobs(limited):
     backend, user = limited
     spec = new_spec(SLEEPS, nproc_per_node=1, user=user)
     jd = prepare(backend, spec)
 
     async def go():
-        await backend.start(spec, [])
-        await wait_until_async(
-            lambda: os.path.exists(jd.p("metrics", "rank0.jsonl")), "rank 0's first metrics", 300
-        )
-        rank = json.load(open(jd.p("pids", "rank0.json")))["pid"]
+        rank = await training(backend, spec, jd)
         account = backend.accounts.lookup(user)
         # The owner's own process outside the job, its command line naming the job's
         # folder (what the old check looked for), written into a pid file of the job.
@@ -98,11 +103,7 @@ def test_a_job_whose_cgroups_the_host_refused_is_still_found_after_a_restart(lim
     jd = prepare(backend, spec)
 
     async def go():
-        await backend.start(spec, [])
-        await wait_until_async(
-            lambda: os.path.exists(jd.p("metrics", "rank0.jsonl")), "rank 0's first metrics", 300
-        )
-        rank = json.load(open(jd.p("pids", "rank0.json")))["pid"]
+        rank = await training(backend, spec, jd)
         # The service restarts: a new backend, the nodes no longer its children.
         again = LocalBackend(backend.root, accounts=backend.accounts, limits=backend.limits)
         running = await again.reattach(spec)
