@@ -296,6 +296,9 @@ class Hibernations:
                 activity, started = await self.servers.activity(user, server)
             except ServerRefused:
                 return None
+            except Exception:  # a user's server answered: it never fails everyone's pass
+                log.warning("Asking %s about its activity failed", owner, exc_info=True)
+                return None
             idle = activity.idle_for(now, started)
             # A GPU's utilisation speaks for a server only on a GPU it holds alone.
             uuids = {a["gpu_uuid"] for a in held[owner] if holders[a["gpu_uuid"]] == {owner}}

@@ -23,7 +23,6 @@ import contextlib
 import datetime as dt
 import json
 import logging
-from contextlib import suppress
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -63,10 +62,14 @@ class KernelActivity:
         return max(0.0, now - (self.last_activity or server_started))
 
 
-def _epoch(iso: str | None) -> float | None:
-    if not iso:
+def _epoch(iso) -> float | None:
+    """An ISO time a user's server gave, as epoch seconds; None for anything else."""
+    if not iso or not isinstance(iso, str):
         return None
-    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    try:
+        return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 class ServerCalls:
@@ -130,7 +133,10 @@ class ServerCalls:
             raise ServerRefused(_error_of(e)) from None
         except OSError as e:
             raise ServerRefused(f"the server did not answer ({e})") from None
-        return json.loads(resp.body or b"null")
+        try:
+            return json.loads(resp.body or b"null")
+        except ValueError:
+            raise ServerRefused("the server's answer is not JSON") from None
 
     async def activity(self, user: str, server: str) -> tuple[KernelActivity, float]:
         """The server's kernels now, and when the server started (epoch seconds)."""
@@ -143,14 +149,16 @@ class ServerCalls:
             )
             # Threads, subprocesses and terminals at work (gpulab's server extension).
             other = await self._call(f"{url}gpulab/activity", token, "GET", None, 10)
+        # The user's server says all this: any shape may come back.
+        if not isinstance(kernels, list) or not all(isinstance(k, dict) for k in kernels):
+            raise ServerRefused("its kernel list is not a list of kernels")
         busy = sum(1 for k in kernels if k.get("execution_state") in ("busy", "starting"))
         times = [t for t in (_epoch(k.get("last_activity")) for k in kernels) if t]
         other = other if isinstance(other, dict) else {}
-        work = tuple(str(w)[:300] for w in (other.get("work") or [])[:50])
-        terminal = other.get("terminals_last_activity")
-        with suppress(ValueError, TypeError, AttributeError):  # the user's server says it
-            if terminal := _epoch(terminal):
-                times.append(terminal)
+        work = other.get("work")
+        work = tuple(str(w)[:300] for w in work[:50]) if isinstance(work, list) else ()
+        if terminal := _epoch(other.get("terminals_last_activity")):
+            times.append(terminal)
         started = _epoch(model.get("started")) or 0.0
         last = max(times) if times else None
         return KernelActivity(len(kernels), busy, last, work), started
