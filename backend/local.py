@@ -96,6 +96,11 @@ async def owner_account(accounts, python: str, jobs_root: str, user: str, jd):
     return account
 
 
+def node_unit(spec: JobSpec, node: int) -> str:
+    """The cgroup of one node of a job, under its owner's account's."""
+    return f"job-{spec.id}-node{node}"
+
+
 def process_alive(
     pid: int, marker: str, uid: int | None = None, members: set[int] | None = None
 ) -> bool:
@@ -314,7 +319,7 @@ class LocalBackend(Backend):
             devices = device_paths_for_uuids(real)
         return self.limits.group(
             account.name,
-            f"job-{spec.id}-node{node}",
+            node_unit(spec, node),
             spec.gpu_milli,
             self.gpu_count,
             ranks=spec.nproc_per_node,
@@ -329,7 +334,7 @@ class LocalBackend(Backend):
             account = self.accounts.lookup(spec.user)
             if account is not None:
                 for node in range(spec.nodes):
-                    self.limits.remove(account.name, f"job-{spec.id}-node{node}")
+                    self.limits.remove(account.name, node_unit(spec, node))
         if self.accounts is not None:
             await asyncio.get_running_loop().run_in_executor(None, delete_network, spec.id)
 
@@ -412,7 +417,7 @@ class LocalBackend(Backend):
             return None
         for node in range(spec.nodes):
             with contextlib.suppress(Exception):  # a host that cannot say: no line
-                group = self.limits.cgroups().open(f"{account.name}/job-{spec.id}-node{node}")
+                group = self.limits.cgroups().open(f"{account.name}/{node_unit(spec, node)}")
                 events = group.memory_events()
                 if events.get("oom_kills"):
                     return node, events.get("limit")
@@ -429,7 +434,7 @@ class LocalBackend(Backend):
         if cgroups.kind == "none" or account is None:
             return None
         groups = [
-            cgroups.open(f"{account.name}/job-{spec.id}-node{node}") for node in range(spec.nodes)
+            cgroups.open(f"{account.name}/{node_unit(spec, node)}") for node in range(spec.nodes)
         ]
         if not any(g.exists() for g in groups):
             return None
