@@ -23,8 +23,10 @@ from sqlalchemy import (
     Table,
     Text,
     delete,
+    func,
     insert,
     select,
+    update,
 )
 
 from .engine import metadata, utcnow
@@ -83,12 +85,43 @@ def schedule_json(r) -> dict:
     return d
 
 
+class OverLimit(Exception):
+    """A user's schedules would be more than they may keep; ``args``: what they have."""
+
+
+#: What a schedule takes, as stored: its JSON columns' characters (ASCII: bytes).
+_SIZE = func.length(schedules.c.job) + func.coalesce(func.length(schedules.c.meta), 0)
+
+
+def stored_size(row: dict) -> int:
+    """The bytes a schedule's job and meta take as stored (``json_columns``' text)."""
+    encoded = json_columns(
+        {"job": row["job"], "meta": row.get("meta") or {}}, objects=("job", "meta")
+    )
+    return len(encoded["job"]) + len(encoded["meta"])
+
+
 class ScheduleStore(Store):
-    def add(self, row: dict) -> None:
+    def add(self, row: dict, *, max_count: int, max_bytes: int) -> None:
+        """Add ``row`` unless its user would then keep more than ``max_count``
+        schedules or ``max_bytes`` of them (counted in the write's transaction, so two
+        requests at once cannot both pass): then :class:`OverLimit`."""
         row = json_columns({**row, "meta": row.get("meta") or {}}, objects=("job", "meta"))
         row.setdefault("created", utcnow())
+        size = len(row["job"]) + len(row["meta"])
         with self.writing() as conn:
+            count, used = self._usage(conn, row["user"])
+            if count + 1 > max_count or used + size > max_bytes:
+                raise OverLimit(count, used)
             conn.execute(insert(schedules), [row])
+
+    def _usage(self, conn, user: str, excluding: str | None = None) -> tuple[int, int]:
+        """How many schedules ``user`` keeps and their bytes, but ``excluding``'s."""
+        q = select(func.count(), func.coalesce(func.sum(_SIZE), 0)).where(schedules.c.user == user)
+        if excluding is not None:
+            q = q.where(schedules.c.id != excluding)
+        count, used = conn.execute(q).one()
+        return int(count), int(used)
 
     def get(self, schedule_id: str) -> dict | None:
         return self.by_id(schedules, schedule_id, schedule_json)
@@ -109,6 +142,17 @@ class ScheduleStore(Store):
 
     def update(self, schedule_id: str, **values) -> None:
         self.update_by_id(schedules, schedule_id, json_columns(values, objects=("job", "meta")))
+
+    def replace(self, schedule_id: str, user: str, values: dict, *, max_bytes: int) -> None:
+        """Set a schedule's fields (``job`` and ``meta`` among them) unless its user's
+        schedules would then take more than ``max_bytes``: then :class:`OverLimit`."""
+        encoded = json_columns(values, objects=("job", "meta"))
+        size = len(encoded["job"]) + len(encoded["meta"])
+        with self.writing() as conn:
+            count, used = self._usage(conn, user, excluding=schedule_id)
+            if used + size > max_bytes:
+                raise OverLimit(count, used)
+            conn.execute(update(schedules).where(schedules.c.id == schedule_id).values(**encoded))
 
     def remove(self, schedule_id: str) -> None:
         """The schedule and its list of runs (the jobs themselves stay, as they ended)."""

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from tornado import web
 
-from gpulab.backend.spec import MAX_CODE_BYTES
 from gpulab.service.auth import APIHandler
 from gpulab.service.jobs.schedules import ScheduledJobs, ScheduleRefused
 
 
-def job_body_limit(max_job_vars_mib: int) -> int:
-    """A schedule carries a job's body: its variables (base64, 4/3), cell and settings."""
-    return max_job_vars_mib * 2**20 * 4 // 3 + MAX_CODE_BYTES * 2 + (1 << 20)
+def schedule_body_limit(max_schedules_mib: int) -> int:
+    """A schedule's body: its job and meta (at most what all of a user's schedules may
+    keep; the store judges the total) and a little for its other fields."""
+    return (max_schedules_mib << 20) + (1 << 20)
 
 
 class _ScheduleHandler(APIHandler):
@@ -37,16 +37,16 @@ class _ScheduleHandler(APIHandler):
 
 class SchedulesHandler(_ScheduleHandler):
     audit_actions = {"POST": "schedule.create"}
-    body_setting = "JobQueue.max_job_vars_mib"
+    body_setting = "JobQueue.max_schedules_mib"
 
     def body_limit(self) -> int:
         if self.request.method != "POST":
             return super().body_limit()
-        return job_body_limit(self.gpulab.job_queue.max_job_vars_mib)
+        return schedule_body_limit(self.gpulab.job_queue.max_schedules_mib)
 
-    def get(self):
+    async def get(self):
         user = self.listed_user("schedules")
-        self.write_json(self.schedules.list(user))
+        self.write_json(await self.schedules.list(user))
 
     async def post(self):
         who = self.require_identity()
@@ -57,12 +57,12 @@ class SchedulesHandler(_ScheduleHandler):
 
 class ScheduleHandler(_ScheduleHandler):
     audit_actions = {"PATCH": "schedule.update", "DELETE": "schedule.delete"}
-    body_setting = "JobQueue.max_job_vars_mib"
+    body_setting = "JobQueue.max_schedules_mib"
 
     def body_limit(self) -> int:
         if self.request.method != "PATCH":
             return super().body_limit()
-        return job_body_limit(self.gpulab.job_queue.max_job_vars_mib)
+        return schedule_body_limit(self.gpulab.job_queue.max_schedules_mib)
 
     async def get(self, schedule_id):
         self.write_json(await self.call(self.schedules.get, self.require_identity(), schedule_id))

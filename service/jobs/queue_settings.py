@@ -32,6 +32,17 @@ class JobQueue(Configurable):
         """,
     ).tag(config=True)
 
+    max_schedules_mib = Int(
+        64,
+        help="""The most MiB the job bodies of one user's schedules take together, as
+        stored (a notebook job's notebook, parameters and packaged files, in base64).
+        Each schedule keeps its body in the service's database and submits it at every
+        run, so data belongs in a folder or dataset the job reads, not in the schedule.
+
+        c.JobQueue.max_schedules_mib = 256
+        """,
+    ).tag(config=True)
+
     preemption_grace_seconds = Float(
         30.0,
         help="""Seconds a preempted job gets between SIGTERM and SIGKILL. gpulab's
@@ -63,7 +74,9 @@ class JobQueue(Configurable):
         """,
     ).tag(config=True)
 
-    @validate("max_job_ranks", "max_job_vars_mib", "fair_share_half_life_seconds")
+    @validate(
+        "max_job_ranks", "max_job_vars_mib", "max_schedules_mib", "fair_share_half_life_seconds"
+    )
     def _positive(self, proposal):
         return positive(proposal)
 

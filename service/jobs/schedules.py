@@ -25,8 +25,8 @@ from croniter import CroniterBadCronError, croniter
 
 from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.db import clock
-from gpulab.db.schedules import ScheduleStore
-from gpulab.scheduler.slices import noun
+from gpulab.db.schedules import OverLimit, ScheduleStore, stored_size
+from gpulab.scheduler.slices import noun, plural
 from gpulab.service.auth import Identity
 from gpulab.service.jobs.manager import JobManager, JobRefused
 from gpulab.service.tasks import KeptTask, wait_for_wake
@@ -37,6 +37,8 @@ log = logging.getLogger("gpulab.service.jobs.schedules")
 TICK_S = 1.0
 #: The most schedules one user keeps.
 MAX_PER_USER = 100
+#: What one user's schedules may take together unless said (``c.JobQueue.max_schedules_mib``).
+DEFAULT_MAX_BYTES = 64 << 20
 #: Fields of a schedule a client sets.
 FIELDS = ("name", "schedule", "timezone", "active", "job", "meta")
 
@@ -85,10 +87,14 @@ class ScheduledJobs:
     """Schedules kept, checked and fired. Built from the job manager (which submits
     each run as its owner) and who a user is (their admin flag and groups)."""
 
-    def __init__(self, *, engine, jobs: JobManager, identity_of, audit=None):
+    def __init__(
+        self, *, engine, jobs: JobManager, identity_of, audit=None, max_bytes=DEFAULT_MAX_BYTES
+    ):
         self.engine = engine
         self.rows = ScheduleStore(engine)
         self.jobs = jobs
+        #: The most bytes one user's schedules take together, as stored.
+        self.max_bytes = max_bytes
         #: The audit trail (``record(action, subject, **fields)``): each run's submit.
         self.audit = audit
         #: ``await identity_of(user)``: the owner as the hub says now (admin, groups).
@@ -102,7 +108,11 @@ class ScheduledJobs:
             return await service.identify({"kind": "user", "name": user})
 
         return cls(
-            engine=service.engine, jobs=service.jobs, identity_of=identity_of, audit=service.audit
+            engine=service.engine,
+            jobs=service.jobs,
+            identity_of=identity_of,
+            audit=service.audit,
+            max_bytes=service.job_queue.max_schedules_mib << 20,
         )
 
     # -- running -----------------------------------------------------------------------
@@ -161,20 +171,20 @@ class ScheduledJobs:
                 "job.submit", subject, user=sched["user"], result=result, **detail
             )
 
-    # -- reading -----------------------------------------------------------------------
-    def get(self, who, schedule_id: str) -> dict:
+    # -- reading (in a thread: a user's schedules may hold tens of MiB of bodies) -------
+    async def get(self, who, schedule_id: str) -> dict:
         """A schedule the caller may see (their own; admins any), else a 404."""
-        sched = self.rows.get(schedule_id)
+        sched = await asyncio.to_thread(self.rows.get, schedule_id)
         if sched is None or not who.can_act_for(sched["user"]):
             raise ScheduleRefused(404, f"no schedule {schedule_id!r}")
         return sched
 
-    def list(self, user: str | None) -> list[dict]:
-        return self.rows.list(user)
+    async def list(self, user: str | None) -> list[dict]:
+        return await asyncio.to_thread(self.rows.list, user)
 
-    def runs(self, who, schedule_id: str) -> list[dict]:
-        self.get(who, schedule_id)
-        return self.rows.runs(schedule_id)
+    async def runs(self, who, schedule_id: str) -> list[dict]:
+        await self.get(who, schedule_id)
+        return await asyncio.to_thread(self.rows.runs, schedule_id)
 
     # -- changing ----------------------------------------------------------------------
     def _check_job(self, job) -> None:
@@ -213,11 +223,7 @@ class ScheduledJobs:
         if who.kind != "user":
             raise ScheduleRefused(403, "schedules are made by users (with a user's token)")
         base = {"timezone": "UTC", "active": True, "meta": {}}
-        sched = self._checked(body, base)
-        if len(self.rows.list(who.name)) >= MAX_PER_USER:
-            raise ScheduleRefused(
-                409, f"you have {MAX_PER_USER} schedules, the most one user keeps; delete one"
-            )
+        sched = await asyncio.to_thread(self._checked, body, base)
         now = clock.utcnow()
         row = {
             **{k: sched[k] for k in FIELDS},
@@ -226,13 +232,23 @@ class ScheduledJobs:
             "created": now,
             "next_run": next_run(sched["schedule"], sched["timezone"], now),
         }
-        await asyncio.to_thread(self.rows.add, row)
+        try:
+            await asyncio.to_thread(
+                self.rows.add, row, max_count=MAX_PER_USER, max_bytes=self.max_bytes
+            )
+        except OverLimit as e:
+            count, used = e.args
+            if count >= MAX_PER_USER:
+                raise ScheduleRefused(
+                    409, f"you have {MAX_PER_USER} schedules, the most one user keeps; delete one"
+                ) from None
+            raise self._too_large(row, count, used) from None
         self._wake.set()
-        return self.rows.get(row["id"])
+        return await asyncio.to_thread(self.rows.get, row["id"])
 
     async def update(self, who, schedule_id: str, body) -> dict:
-        current = self.get(who, schedule_id)
-        sched = self._checked(body, {k: current[k] for k in FIELDS})
+        current = await self.get(who, schedule_id)
+        sched = await asyncio.to_thread(self._checked, body, {k: current[k] for k in FIELDS})
         values = {k: sched[k] for k in FIELDS}
         if (sched["schedule"], sched["timezone"], sched["active"]) != (
             current["schedule"],
@@ -240,11 +256,40 @@ class ScheduledJobs:
             current["active"],
         ):
             values["next_run"] = next_run(sched["schedule"], sched["timezone"], clock.utcnow())
-        await asyncio.to_thread(self.rows.update, schedule_id, **values)
+        try:
+            await asyncio.to_thread(
+                self.rows.replace, schedule_id, current["user"], values, max_bytes=self.max_bytes
+            )
+        except OverLimit as e:
+            count, used = e.args
+            raise self._too_large(values, count, used) from None
         self._wake.set()
-        return self.rows.get(schedule_id)
+        return await asyncio.to_thread(self.rows.get, schedule_id)
+
+    def _too_large(self, sched: dict, others: int, used: int) -> ScheduleRefused:
+        """Why a schedule of this size is refused: alone over the cap (413), or with the
+        owner's ``others`` schedules, which take ``used`` bytes (409)."""
+        size, cap = stored_size(sched), self.max_bytes
+
+        def mib(n: int) -> str:
+            return f"{n / 2**20:.1f} MiB"
+
+        fix = "an admin can raise c.JobQueue.max_schedules_mib"
+        if size > cap:
+            return ScheduleRefused(
+                413,
+                f"the schedule's job and meta take {mib(size)}, over the {mib(cap)} one "
+                f"user's schedules may keep; put the data in a folder or dataset the job "
+                f"reads ({fix})",
+            )
+        return ScheduleRefused(
+            409,
+            f"your other {plural(others, 'schedule')} take {mib(used)}; with this one "
+            f"({mib(size)}) they would be over the {mib(cap)} one user's schedules may "
+            f"keep: delete one or make this one smaller ({fix})",
+        )
 
     async def delete(self, who, schedule_id: str) -> None:
         """The schedule goes; jobs it submitted stay (cancel them with DELETE /jobs/{id})."""
-        self.get(who, schedule_id)
+        await self.get(who, schedule_id)
         await asyncio.to_thread(self.rows.remove, schedule_id)

@@ -107,3 +107,36 @@ async def test_a_bad_schedule_is_refused_with_what_to_fix(tmp_path, body, messag
         assert r.status_code == 400, r.text
         assert message in r.json()["error"]
         assert (await svc.request("GET", "/schedules", alice)).json() == []
+
+
+async def test_what_one_users_schedules_keep_is_capped_and_said(tmp_path):
+    """Each schedule keeps its job body in the service's database and every listing
+    reads them all: one user cannot store hundreds of MiB there (they once could keep
+    100 schedules of up to the 256 MiB variables limit each)."""
+    config = CONFIG + "c.JobQueue.max_schedules_mib = 1\n"
+    # About 0.6 MiB each as stored: one fits, two do not.
+    job = {**JOB, "vars_b64": "A" * 600_000}
+    async with running_service(tmp_path / "svc", config) as svc:
+        alice, bob = svc.create_user("alice"), svc.create_user("bob")
+        body = {"name": "n", "schedule": "0 3 * * *", "job": job}
+        first = await svc.request("POST", "/schedules", alice, json=body)
+        assert first.status_code == 201, first.text
+        r = await svc.request("POST", "/schedules", alice, json=body)
+        assert r.status_code == 409, r.text
+        error = r.json()["error"]
+        assert "your other 1 schedule take 0.6 MiB" in error
+        assert "c.JobQueue.max_schedules_mib" in error
+        # Growing the one she has past the cap is refused the same way, and keeps it.
+        big = {"job": {**JOB, "vars_b64": "A" * 1_200_000}}
+        r = await svc.request("PATCH", f"/schedules/{first.json()['id']}", alice, json=big)
+        assert r.status_code == 413, r.text
+        assert "put the data in a folder or dataset the job reads" in r.json()["error"]
+        (kept,) = (await svc.request("GET", "/schedules", alice)).json()
+        assert kept["job"]["vars_b64"] == job["vars_b64"]
+        # The cap is each user's: bob's first schedule is his to make.
+        r = await svc.request("POST", "/schedules", bob, json=body)
+        assert r.status_code == 201, r.text
+        # A body far over it is cut off at the door, naming the setting.
+        huge = {**body, "job": {**JOB, "vars_b64": "A" * 3_000_000}}
+        r = await svc.request("POST", "/schedules", bob, json=huge)
+        assert r.status_code == 413 and "max_schedules_mib" in r.json()["error"]
