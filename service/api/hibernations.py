@@ -11,6 +11,8 @@
 - ``POST /api/v1/hibernations/{id}/wakes``: a kernel of that hibernation came back
   and says what did (``{"name", "restored": [names], "failed": [{"name", "why"}],
   "seconds", "device"}``); sent by the user's own kernel with its server's token.
+  The row keeps how many came back and failed (``restored_count``,
+  ``failed_count``) and the first names of each, not every name.
 
 No route reads or returns the kernels' state: it stays in the user's files.
 """
@@ -24,9 +26,10 @@ from tornado import web
 from gpulab.service.auth import APIHandler, actor_kind
 from gpulab.service.hibernation.manager import HibernationError
 
-#: Most names one wake report may carry (a namespace of more is cut, not refused).
-MAX_NAMES = 10_000
-MAX_TEXT = 500
+#: Names of each list a wake report keeps (the counts are kept whole): each saved
+#: kernel has its report on the hibernation's row, which every listing reads.
+MAX_SHOWN = 20
+MAX_TEXT = 300
 
 
 def _text(value, what: str, limit: int = MAX_TEXT) -> str:
@@ -51,15 +54,17 @@ def wake_report(body: dict) -> dict:
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
         raise web.HTTPError(400, "'seconds' must be a number of seconds >= 0")
     out_failed = []
-    for item in failed[:MAX_NAMES]:
+    for item in failed[:MAX_SHOWN]:
         if not isinstance(item, dict):
             raise web.HTTPError(400, 'each of \'failed\' must be {"name": ..., "why": ...}')
         name_ = _text(item.get("name"), "a failed name", 255)
         out_failed.append({"name": name_, "why": _text(item.get("why", ""), "'why'")})
     return {
         "name": name,
-        "restored": [_text(n, "a restored name", 255) for n in restored[:MAX_NAMES]],
+        "restored": [_text(n, "a restored name", 255) for n in restored[:MAX_SHOWN]],
+        "restored_count": len(restored),
         "failed": out_failed,
+        "failed_count": len(failed),
         "seconds": round(float(seconds), 3) if math.isfinite(seconds) else 0.0,
         "device": _text(body.get("device") or "cpu", "'device'", 32),
     }

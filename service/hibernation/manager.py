@@ -264,8 +264,8 @@ class Hibernations:
             user=row["user"],
             id=row["id"],
             kernel=wake.get("name"),
-            restored=len(wake.get("restored") or []),
-            failed=len(wake.get("failed") or []),
+            restored=wake["restored_count"],
+            failed=wake["failed_count"],
             seconds=wake.get("seconds"),
         )
         return view(done)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 
 import pytest
 from support.clock import fake_clock
@@ -211,6 +212,21 @@ async def test_who_may_hibernate_and_report_a_wake(tmp_path):
             assert r.status_code == 200, r.text
             assert r.json()["state"] == "woken" and r.json()["wakes"][0]["restored"] == ["x", "y"]
             assert r.json()["summary"].startswith("woken at ")
+
+            # A kernel of thousands of variables is kept as counts and the first names:
+            # the row (read by every listing) holds a report per saved kernel.
+            names = [f"v{i:05d}" + "x" * 100 for i in range(3000)]
+            failed = [{"name": n, "why": "w" * 300} for n in names[:1000]]
+            many = {**wake, "restored": names, "failed": failed}
+            r = await svc.request("POST", f"/hibernations/{hid}/wakes", token=alice, json=many)
+            assert r.status_code == 200, r.text
+            (kept,) = (await svc.request("GET", f"/hibernations/{hid}", token=alice)).json()[
+                "wakes"
+            ]
+            assert (kept["restored_count"], kept["failed_count"]) == (3000, 1000)
+            assert kept["restored"] == names[:20]
+            assert [f["name"] for f in kept["failed"]] == names[:20]
+            assert len(json.dumps(kept)) < 20_000
 
 
 async def test_settings_are_checked(tmp_path):
