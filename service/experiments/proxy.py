@@ -11,12 +11,18 @@ runs in their users' names (``X-Gpulab-User``), never as an admin.
 
 The browser's requests are cross-site-checked here (``Sec-Fetch-Site``/``Origin``)
 rather than with the hub's xsrf token, which MLflow's UI does not send.
+
+Who asks is known before the body is read (the handler streams its body): a request
+without a valid token is answered at its headers, and a body is held to its route's
+size (an artifact upload to ``c.MlflowProxy.max_upload_mib``, a JSON call to
+:data:`API_BODY_LIMIT`) in a file past its first MiB, not in the proxy's memory.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -36,7 +42,7 @@ from .ownership import (
     owner_of,
     with_owner_tag,
 )
-from .surface import API_ROOTS, OWNER_TAG, Check, classify
+from .surface import API_ROOTS, ARTIFACT_ROOTS, OWNER_TAG, Check, classify
 
 log = logging.getLogger("gpulab.experiments")
 
@@ -61,6 +67,12 @@ DROP_RESPONSE = frozenset(
 )
 #: Characters a user name may not hold here: it goes into MLflow's filter strings.
 UNSAFE_NAME = frozenset("'`\\\"")
+#: The largest body of a JSON call of MLflow's API (a batch of metrics, a query).
+API_BODY_LIMIT = 16 << 20
+#: Routes whose body is a file (an artifact), up to ``c.MlflowProxy.max_upload_mib``.
+UPLOAD_ROUTES = (*ARTIFACT_ROOTS, "ajax-api/2.0/mlflow/upload-artifact")
+#: How much of a body is held in memory before it goes to a temporary file.
+BODY_IN_MEMORY = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -130,8 +142,14 @@ class MlflowBackend:
             await self._session.close()
 
 
+@web.stream_request_body
 class ProxyHandler(HubOAuthenticated, web.RequestHandler):
-    """Every path under the prefix: identify, check, pass on, narrow the answer."""
+    """Every path under the prefix: identify (at the headers), take the body, check,
+    pass on, narrow the answer."""
+
+    caller: Caller | None = None
+    body_file = None
+    body_size = 0
 
     @property
     def proxy(self):
@@ -152,7 +170,7 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(mlflow_error(status, code, message)))
 
-    async def _caller(self) -> Caller | None:
+    async def _identify(self) -> Caller | None:
         try:
             model = await self.hub_auth.get_user(self, sync=False)
         except Exception as e:
@@ -178,14 +196,12 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         user = await self.proxy.hub.user(model["name"]) or {}
         return Caller(model["name"], admin=bool(user.get("admin")))
 
-    async def get(self, path):
-        await self._handle(path)
-
-    post = put = patch = delete = head = get
-
-    async def _handle(self, path: str) -> None:
+    async def prepare(self):
+        """Who asks and whether the path and body size can be taken, before any of
+        the body is read: a refused request never sends it."""
+        path = self.path_args[0] if self.path_args else ""
         try:
-            caller = await self._caller()
+            caller = await self._identify()
         except Refused as e:
             return self._error(e.status, e.code, e.message)
         if caller is None:
@@ -206,14 +222,49 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
             return self._error(
                 400, "INVALID_PARAMETER_VALUE", "a path with '.', '..' or '//' is refused"
             )
+        upload = path.startswith(UPLOAD_ROUTES)
+        limit = self.proxy.max_upload_mib << 20 if upload else API_BODY_LIMIT
+        sent = self.request.headers.get("Content-Length", "")
+        if sent.isdigit() and int(sent) > limit:
+            what = "an artifact" if upload else "a call of MLflow's API"
+            fix = "an admin can raise c.MlflowProxy.max_upload_mib" if upload else "send less"
+            return self._error(
+                413,
+                "REQUEST_LIMIT_EXCEEDED",
+                f"the body ({int(sent) / 2**20:.1f} MiB) is over the {limit / 2**20:.0f} MiB "
+                f"{what} may send here; {fix}",
+            )
+        self.request.connection.set_max_body_size(limit)  # a chunked body, too
+        self.caller = caller
+        # Closed in on_finish (or by the collector, for a caller who left mid-way).
+        self.body_file = tempfile.SpooledTemporaryFile(max_size=BODY_IN_MEMORY)  # noqa: SIM115
+
+    def data_received(self, chunk: bytes) -> None:
+        self.body_file.write(chunk)
+        self.body_size += len(chunk)
+
+    def on_finish(self) -> None:
+        if self.body_file is not None:
+            self.body_file.close()
+
+    async def get(self, path):
+        await self._handle(path)
+
+    post = put = patch = delete = head = get
+
+    async def _handle(self, path: str) -> None:
+        caller = self.caller
         args = {k: [v.decode() for v in vs] for k, vs in self.request.query_arguments.items()}
-        body, raw = {}, self.request.body
+        body = {}
+        self.body_file.seek(0)
+        raw = self.body_file if self.body_size else b""
         is_api = (path.startswith(API_ROOTS) or path == "graphql") and self.request.method in (
             "POST",
             "PATCH",
             "DELETE",
         )
-        if is_api and raw:
+        if is_api and self.body_size:
+            raw = self.body_file.read()  # at most API_BODY_LIMIT
             try:
                 body = json.loads(raw)
             except ValueError:
@@ -278,10 +329,15 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         else:  # a kind this proxy does not know is never let through
             raise Refused(403, "PERMISSION_DENIED", "not offered")
 
-    async def _pass_on(self, path: str, args: dict, raw: bytes, check: Check, caller: Caller):
+    async def _pass_on(self, path: str, args: dict, raw, check: Check, caller: Caller):
+        """``raw``: the body, bytes or the file it was kept in (sent as it is read)."""
         backend: MlflowBackend = self.proxy.backend
         headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in DROP_REQUEST}
         headers["Host"] = "localhost"
+        if self.request.method not in ("GET", "HEAD"):
+            # Said, so a body from a file is not sent chunked.
+            size = len(raw) if isinstance(raw, bytes) else self.body_size
+            headers["Content-Length"] = str(size)
         query = urlencode([(k, v) for k, vs in args.items() for v in vs])
         url = backend.url(path) + (f"?{query}" if query else "")
         # Answers the proxy narrows are read whole (plain JSON, a page of results).

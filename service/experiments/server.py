@@ -80,7 +80,9 @@ class MlflowProxy(Application):
 
     max_upload_mib = Int(
         1024,
-        help="""The largest request (an artifact upload) the proxy takes, in MiB.
+        help="""The largest artifact upload the proxy takes, in MiB (a call of MLflow's
+        JSON API takes at most 16 MiB). A body is taken only from a caller the hub
+        knows, and past its first MiB it waits in a temporary file, not in memory.
 
             c.MlflowProxy.max_upload_mib = 4096
         """,

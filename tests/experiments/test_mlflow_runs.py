@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+from urllib.parse import urlsplit
 
 import nbformat
 import pytest
@@ -259,6 +261,39 @@ def test_without_a_token_nothing_answers(hub, tokens):
         timeout=300,
     )
     assert r.returncode != 0 and "set MLFLOW_TRACKING_TOKEN" in r.stderr, r.stderr[-2000:]
+
+
+def _headers_only(hub, method: str, path: str, headers: dict) -> str:
+    """The status line answered to a request that says a body is coming and sends only
+    its first 64 KiB (the hub's proxy passes the headers on with the first bytes): what
+    the service decides before reading the body."""
+    url = urlsplit(f"{tracking_uri(hub)}/{path}")
+    lines = [
+        f"{method} {url.path} HTTP/1.1",
+        f"Host: {url.netloc}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + b"x" * (64 << 10))
+        return sock.recv(4096).decode(errors="replace").split("\r\n", 1)[0]
+
+
+def test_a_body_is_judged_by_who_sends_it_before_it_is_read(hub, tokens, alice_run):
+    """The proxy took up to 1 GiB of anyone's body before asking the hub who sent it."""
+    artifacts = alice_run["info"]["artifact_uri"].split("mlflow-artifacts:/", 1)[1]
+    upload = f"api/2.0/mlflow-artifacts/artifacts/{artifacts}/big.bin"
+    gib = {"Content-Length": str(1 << 30), "Content-Type": "application/octet-stream"}
+    # No token: refused at once (the service read the whole GiB first before).
+    assert " 401 " in _headers_only(hub, "PUT", upload, gib)
+    # A JSON call of MLflow's API is held to 16 MiB, even for its owner.
+    alice = {"Authorization": f"Bearer {tokens[ALICE]}"}
+    call = "api/2.0/mlflow/runs/log-batch"
+    assert " 413 " in _headers_only(hub, "POST", call, {**alice, "Content-Length": str(17 << 20)})
+    # Her artifact of a few MiB (kept in a file on the way) arrives whole.
+    data = os.urandom(3 << 20)
+    url = f"{tracking_uri(hub)}/{upload}"
+    assert requests.put(url, headers=alice, data=data, timeout=120).status_code == 200
+    assert requests.get(url, headers=alice, timeout=120).content == data
 
 
 def test_what_the_proxy_cannot_check_is_refused(hub, tokens):
