@@ -62,14 +62,22 @@ def run_metrics(records: list[dict]) -> list[dict]:
     out = []
     for n, record in enumerate(records):
         step = record.get("step")
-        step = step if isinstance(step, int) else n
-        stamp = int(float(record.get("time") or 0) * 1000)
+        step = step if isinstance(step, int) and not isinstance(step, bool) else n
+        stamp = _epoch_ms(record.get("time"))
         for key, value in record.items():
             if key in NOT_METRICS or isinstance(value, bool):
                 continue
             if isinstance(value, (int, float)) and math.isfinite(value):
                 out.append({"key": key, "value": float(value), "timestamp": stamp, "step": step})
     return out
+
+
+def _epoch_ms(seconds) -> int:
+    """A record's ``time`` (seconds since the epoch, as ``report()`` writes it) in
+    milliseconds; 0 for anything else (the rank's file is its user's to write)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return 0
+    return int(seconds * 1000) if math.isfinite(seconds) and 0 <= seconds < 1e11 else 0
 
 
 def read_reports(jobdir: JobDir, limit: int = MAX_REPORT_BYTES) -> list[dict]:
@@ -203,8 +211,8 @@ class RunRecorder:
             jobdir.write_json, RUN_FILE, {"run_id": run_id, "experiment_id": experiment_id}
         )
         params = job_params(spec)
-        records = await asyncio.to_thread(read_reports, jobdir)
-        metrics = run_metrics(records)
+        # Up to MAX_REPORT_BYTES of the rank's lines, parsed off the event loop.
+        metrics = await asyncio.to_thread(lambda: run_metrics(read_reports(jobdir)))
         for i in range(0, max(len(params), 1), BATCH_PARAMS):
             chunk = params[i : i + BATCH_PARAMS]
             if chunk:

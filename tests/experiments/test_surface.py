@@ -191,5 +191,9 @@ def test_a_jobs_reports_become_metrics_and_its_flags_params(tmp_path):
     )
     metrics = run_metrics(read_reports(jd))
     assert metrics == [{"key": "loss", "value": 0.5, "timestamp": 1500, "step": 3}]
+    # The file is the rank's (its user's) to write: an odd time or step is not an error
+    # that loses the run's other metrics.
+    odd = [{"time": "soon", "loss": 1.0}, {"time": 1e308, "step": True, "loss": 2.0}]
+    assert [(m["timestamp"], m["step"]) for m in run_metrics(odd)] == [(0, 0), (0, 1)]
     params = job_params({"nodes": 2, "out": "model", "env": {"SECRET": "s"}, "code": "x=1"})
     assert params == [{"key": "nodes", "value": "2"}, {"key": "out", "value": "model"}]
