@@ -271,11 +271,15 @@ class Hibernations:
         return view(done)
 
     # -- idle servers ------------------------------------------------------------------
-    async def idle_servers(self, min_idle_seconds: float) -> list[IdleServer]:
+    async def idle_servers(
+        self, min_idle_seconds: float, timeout: float | None = None
+    ) -> list[IdleServer]:
         """Servers holding a slice whose kernels have been idle (and, on a real GPU
         they hold alone, their GPU too: a shared GPU's utilisation is everyone's) for
         at least ``min_idle_seconds``, most idle first. A server that cannot be
-        asked, or whose hibernation failed lately, is left out."""
+        asked, or whose hibernation failed lately, is left out; so is one that does
+        not answer within ``timeout`` seconds, and it is not asked again for
+        ``RETRY_AFTER_FAILURE_S`` (preemption asks with the job queue's lock held)."""
         held: dict[str, list[dict]] = {}
         holders: dict[str, set[str]] = {}  # GPU -> who holds a slice of it
         for a in await self.ledger.aio.list():
@@ -293,8 +297,14 @@ class Hibernations:
         async def ask(owner: str) -> IdleServer | None:
             user, _, server = owner.partition("/")
             try:
-                activity, started = await self.servers.activity(user, server)
+                activity, started = await asyncio.wait_for(
+                    self.servers.activity(user, server), timeout
+                )
             except ServerRefused:
+                return None
+            except TimeoutError:
+                log.info("%s did not say what it does within %.0f s: left awake", owner, timeout)
+                self._failed_at[owner] = self.clock()
                 return None
             except Exception:  # a user's server answered: it never fails everyone's pass
                 log.warning("Asking %s about its activity failed", owner, exc_info=True)

@@ -49,6 +49,9 @@ RESIZE_PAUSE_S = 10.0
 #: How long a claim may wait after its grace period before it is given up
 #: (a victim that will not die; the requester asks again and gets a new plan).
 CLAIM_SLACK_S = 60.0
+#: How long preemption waits for users' servers to say whether they are idle: it
+#: asks with the job queue's lock held, so a server that hangs must not hold it long.
+IDLE_ASK_S = 3.0
 
 
 @dataclasses.dataclass
@@ -272,7 +275,7 @@ class Preemption:
             return {}
         if value < self.priorities.of_kind("server").value:
             return {}
-        found = await h.idle_servers(h.for_others_seconds)
+        found = await h.idle_servers(h.for_others_seconds, timeout=IDLE_ASK_S)
         return {s.owner: s for s in found if s.user != user}
 
     def _plan(

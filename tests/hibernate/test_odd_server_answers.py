@@ -5,7 +5,9 @@ scheduler runs before it preempts or hibernates anything)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import time
 
 import pytest
 import tornado.httpserver
@@ -15,6 +17,7 @@ from support.service import running_service
 from test_hibernations_service import FakeServer, start_server
 from tornado.testing import bind_unused_port
 
+from gpulab.service.hibernation.manager import RETRY_AFTER_FAILURE_S
 from gpulab.service.hibernation.servers import ServerCalls, ServerRefused
 
 ANSWERS = [
@@ -95,3 +98,34 @@ async def test_one_servers_failure_leaves_the_others_found_idle(tmp_path):
             fake.idle_s = {"alice/": 700, "bob/": 700}
             idle = await svc.app.hibernations.idle_servers(600)
             assert [s.owner for s in idle] == ["alice/"]
+
+
+class Hanging(FakeServer):
+    """bob's server takes its time answering (as long as the service would wait)."""
+
+    async def activity(self, user, server):
+        if user == "bob":
+            await asyncio.sleep(3600)
+        return await super().activity(user, server)
+
+
+async def test_a_server_that_hangs_is_left_awake_without_holding_the_queue(tmp_path):
+    """Preemption asks about idle servers with the job queue's lock held: a server that
+    never answers must not hold every job's start and cancel with it."""
+    with fake_clock() as clock:
+        async with running_service(tmp_path / "svc") as svc:
+            hibernations = svc.app.hibernations
+            fake = hibernations.servers = Hanging(clock)
+            for user in ("alice", "bob"):
+                await start_server(svc, user)
+            fake.idle_s = {"alice/": 700, "bob/": 700}
+            started = time.monotonic()
+            idle = await hibernations.idle_servers(600, timeout=0.5)
+            assert [s.owner for s in idle] == ["alice/"]
+            assert time.monotonic() - started < 30
+            # Not asked again for a while: the next pass does not wait for it.
+            fake.activity = FakeServer.activity.__get__(fake)
+            assert [s.owner for s in await hibernations.idle_servers(600)] == ["alice/"]
+            clock.advance(RETRY_AFTER_FAILURE_S)
+            owners = sorted(s.owner for s in await hibernations.idle_servers(600))
+            assert owners == ["alice/", "bob/"]
