@@ -51,6 +51,11 @@ from .serving_base import ServingBackend
 STARTING_NICE = 10
 
 
+def replica_unit(dep_id: str, replica: int) -> str:
+    """The name of a replica's cgroup under its owner's account."""
+    return f"deploy-{dep_id}-r{replica}"
+
+
 class LocalReplicas(ServingBackend):
     """The replica processes of every deployment under ``root``."""
 
@@ -118,7 +123,7 @@ class LocalReplicas(ServingBackend):
                     devices = device_paths_for_uuids([gpu_uuid])
                 group = self.limits.group(
                     account.name,
-                    f"deploy-{dep_id}-r{replica}",
+                    replica_unit(dep_id, replica),
                     dep["gpu_milli"],
                     self.gpu_count,
                     gpu_devices=devices,
@@ -183,6 +188,9 @@ class LocalReplicas(ServingBackend):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.setpriority(os.PRIO_PGRP, proc.pid, STARTING_NICE)
         record = {"pid": proc.pid, "socket": path, "started": time.time()}
+        if group is not None:
+            # The replica is known by its group's processes after a service restart.
+            record["group"] = f"{account.name}/{replica_unit(dep_id, replica)}"
         tmp = self.path(dep_id, f"replica{replica}.json.tmp")
         with open(tmp, "w") as f:
             json.dump(record, f)
@@ -219,7 +227,20 @@ class LocalReplicas(ServingBackend):
         if child is not None and child.pid == rec["pid"]:
             # Our own child is asked directly (this also reaps it when it died).
             return child.poll() is None
-        return process_alive(rec["pid"], self.model_dir(dep_id))
+        return process_alive(rec["pid"], self.model_dir(dep_id), members=self._members(rec))
+
+    def _members(self, rec: dict) -> set[int] | None:
+        """The pids in the replica's cgroup, as the kernel lists them: its command line
+        is the replica's own memory, which the owner's code in it can make a read of
+        block. None where the replica has no group (it is known by its command line)."""
+        name = rec.get("group")
+        if not name or self.limits is None:
+            return None
+        cgroups = self.limits.cgroups()
+        if cgroups.kind == "none":
+            return None
+        group = cgroups.open(name)
+        return set(group.pids()) if group.exists() else None
 
     def exit_code(self, dep_id: str, replica: int) -> int | None:
         child = self._children.get((dep_id, replica))
@@ -283,4 +304,4 @@ class LocalReplicas(ServingBackend):
         account = self.accounts.lookup(dep["user"]) if self.limits is not None else None
         if account is not None:
             for i in replicas:
-                self.limits.remove(account.name, f"deploy-{dep_id}-r{i}")
+                self.limits.remove(account.name, replica_unit(dep_id, i))
