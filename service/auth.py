@@ -168,14 +168,19 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     def require_identity(self) -> Identity:
         if self.identity is not None:
             return self.identity
+        raise self.stranger_refusal()
+
+    def stranger_refusal(self) -> web.HTTPError:
+        """What a caller the service may not serve is told: 403 for a token without
+        the service's scope, else 401."""
         if self._forbidden_model is not None:
-            raise web.HTTPError(
+            return web.HTTPError(
                 403,
                 f"{self._forbidden_model.get('kind', 'user')} "
                 f"{self._forbidden_model.get('name')} may not use the gpulab service: "
                 f"the token lacks the scope access:services!service=gpulab",
             )
-        raise web.HTTPError(
+        return web.HTTPError(
             401,
             "authentication required: send 'Authorization: token <JupyterHub API token>'"
             " (create one on the hub's token page) or log in to the hub",
@@ -208,6 +213,10 @@ class APIHandler(BoundedBody, BaseHandler):
             # A NUL reaches no row, and PostgreSQL refuses it outright (a 500).
             raise web.HTTPError(400, "the URL path holds a NUL byte (%00)")
         await super().prepare()
+        if self.identity is None and self.request.method not in READ_METHODS:
+            # A caller the service may not serve: the body is read and dropped, never
+            # kept, and the 401 or 403 answered once it is in (see BoundedBody).
+            self.refuse_after_body(self.stranger_refusal())
 
     def check_xsrf_cookie(self):
         # Token-authenticated requests need no XSRF token; cookie-authenticated

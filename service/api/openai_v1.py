@@ -19,6 +19,7 @@ from tornado import iostream, web
 
 from gpulab.service.auth import APIHandler
 from gpulab.service.endpoints.openai_errors import error_body
+from gpulab.service.endpoints.openai_gateway import MAX_CALL_BYTES, body_limit
 
 
 class TornadoReply:
@@ -45,9 +46,12 @@ class _OpenAIHandler(APIHandler):
     path = ""
 
     def body_limit(self) -> int:
-        return self.gpulab.max_upload_mib * 2**20
+        return body_limit(self.request.method, self.path, self.gpulab.max_upload_mib)
 
-    body_setting = "max_upload_mib"
+    @property
+    def body_setting(self) -> str:
+        """The setting a 413 names: only an upload's limit is one."""
+        return "max_upload_mib" if self.body_limit() > MAX_CALL_BYTES else ""
 
     def changes_state(self) -> bool:
         return False  # a call reads: its token may be a cached answer

@@ -30,6 +30,7 @@ the caller did not ask for it. Refusals are in OpenAI's shape (:mod:`.openai_err
 from __future__ import annotations
 
 import array
+import asyncio
 import base64
 import json
 import sys
@@ -55,6 +56,18 @@ JSON = "application/json"
 #: The longest one server-sent event of a replica may be (a chunk of a few tokens is
 #: well under a KiB); the service holds an event whole before it passes it on.
 MAX_EVENT_BYTES = 1 << 20
+#: The largest body of a generation or embedding call (a 128k-token context is under
+#: 1 MiB of text); only an upload (``POST files``) may send up to ``max_upload_mib``.
+MAX_CALL_BYTES = 16 << 20
+#: Texts one embedding call may carry, as OpenAI's API allows.
+MAX_EMBEDDING_INPUTS = 2048
+
+
+def body_limit(method: str, path: str, max_upload_mib: int) -> int:
+    """The largest body the gateway takes for ``method path`` (``path`` after ``v1/``)."""
+    if method == "POST" and path.strip("/") == "files":
+        return max_upload_mib << 20
+    return MAX_CALL_BYTES
 
 
 class Reply(Protocol):
@@ -106,6 +119,13 @@ def embedding_texts(doc: dict) -> list[str]:
             400,
             "input must be a string or a non-empty list of strings (this endpoint embeds "
             "text, not token ids)",
+            param="input",
+        )
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise OpenAIError(
+            400,
+            f"input holds {len(texts)} texts, over the {MAX_EMBEDDING_INPUTS} one call "
+            f"embeds; send them in batches of {MAX_EMBEDDING_INPUTS}",
             param="input",
         )
     return texts
@@ -308,10 +328,13 @@ class OpenAIGateway:
                     await self._json(reply, m)
                     return
             raise model_not_found(wanted_id)
-        elif path == "embeddings":
-            await self.embeddings(who, parse_body(body), reply)
         else:
-            await self.generate(who, path, parse_body(body), reply)
+            # Up to MAX_CALL_BYTES of JSON: parsed off the event loop.
+            doc = await asyncio.to_thread(parse_body, body)
+            if path == "embeddings":
+                await self.embeddings(who, doc, reply)
+            else:
+                await self.generate(who, path, doc, reply)
 
     @staticmethod
     async def _json(reply: Reply, doc, status: int = 200) -> None:

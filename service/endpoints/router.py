@@ -41,6 +41,7 @@ from gpulab.service import tls
 from gpulab.service.auth import TOKEN_CACHE_S, Identity
 from gpulab.service.endpoints.calls import CallRefused
 from gpulab.service.endpoints.openai_errors import error_body
+from gpulab.service.endpoints.openai_gateway import MAX_CALL_BYTES, body_limit
 from gpulab.service.hub_down import HUB_DOWN, hub_unreachable
 from gpulab.service.tasks import KeptTask
 
@@ -192,6 +193,18 @@ def changes_state(method: str, path: str) -> bool:
     delete): its token is asked of the hub, never a cached answer, as the service's own
     routes do. Generation and embeddings only read."""
     return method not in ("GET", "HEAD") and path.lstrip("/").startswith(("files", "fine_tuning"))
+
+
+async def read_at_most(request: web.BaseRequest, limit: int) -> bytes:
+    """The body, refused (413) once it is over ``limit`` bytes: a chunked body says its
+    size only as it comes."""
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise Denied(413, f"the request is larger than {limit >> 20} MiB; send less")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class EndpointRouter:
@@ -386,14 +399,16 @@ class EndpointRouter:
         """A call to the OpenAI gateway: refusals in OpenAI's shape, the answer streamed."""
         try:
             who = await self._identify(token, fresh=changes_state(request.method, path))
+            limit = body_limit(request.method, unquote(path), self.max_upload_mib)
             length = request.content_length
-            if length is not None and length > self.max_upload_mib * 2**20:
-                raise Denied(
-                    413,
-                    f"the request is larger than {self.max_upload_mib} MiB; an admin "
-                    f"can raise c.GpuLabService.max_upload_mib",
+            if length is not None and length > limit:
+                fix = (
+                    "an admin can raise c.GpuLabService.max_upload_mib"
+                    if limit > MAX_CALL_BYTES
+                    else "send less"
                 )
-            body = await request.read() if request.method == "POST" else None
+                raise Denied(413, f"the request is larger than {limit >> 20} MiB; {fix}")
+            body = await read_at_most(request, limit) if request.method == "POST" else None
         except Denied as e:
             return web.Response(
                 status=e.status,
@@ -496,7 +511,9 @@ class EndpointRouter:
             for k, v in request.headers.items()
             if k.lower() not in ("host", "content-length", "transfer-encoding", "connection")
         }
-        body = await request.read() if request.method == "POST" else None
+        # Streamed as it comes: the service reads a body only from a caller it knows
+        # (a hub cookie), and drops a stranger's.
+        body = request.content.iter_chunked(1 << 16) if request.method == "POST" else None
         async with self._session.request(
             request.method, base + request.raw_path, headers=headers, data=body
         ) as resp:

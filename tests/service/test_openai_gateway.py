@@ -154,6 +154,23 @@ async def test_embeddings_through_the_gateway_follow_the_sharing_rules(tmp_path,
         assert "sentence-embedding endpoint, not a language model" in e.value.body["message"]
         r = await post_v1(svc, alice, "embeddings", b'{"model": "\xff"}')
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        # As OpenAI's API: at most 2048 texts a call; a call's body at most 16 MiB (an
+        # upload to /files may be larger), on the service's route and the router's.
+        with pytest.raises(openai.BadRequestError) as e:
+            await ai.embeddings.create(model="minilm", input=["a"] * 2049)
+        assert "batches of 2048" in e.value.body["message"]
+        huge = json.dumps({"model": "minilm", "input": "a " * (9 << 20)}).encode()
+        r = await post_v1(svc, alice, "embeddings", huge)
+        assert r.status_code == 413 and "16 MiB" in r.json()["error"]["message"], r.text
+        async with endpoint_router(svc) as v1:
+            r = await asyncio.to_thread(
+                requests.post,
+                f"{v1}/embeddings",
+                data=huge,
+                headers={"Authorization": f"Bearer {alice}"},
+                timeout=60,
+            )
+        assert r.status_code == 413 and "16 MiB" in r.json()["error"]["message"], r.text
         with pytest.raises(openai.AuthenticationError):
             await client(svc, "not-a-token").models.list()
 

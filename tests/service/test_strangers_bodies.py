@@ -1,0 +1,53 @@
+"""A request the service may not serve (no token, a bad one, a token without the
+service's scope) has its body read and dropped, never kept: the 401 or 403 comes once
+it is in. Every route took up to its limit (64 MiB for collections, 2 GiB for the
+gateway) into memory before the handler asked who sent it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import requests
+from support.service import running_service
+
+from gpulab.service.api import request_body
+
+#: 8 MiB of JSON: within every route's limit below.
+BODY = b'{"ids": ["' + b"x" * (8 << 20) + b'"]}'
+
+
+@pytest.fixture
+def kept(monkeypatch):
+    """The most bytes any handler held of a body while it came in."""
+    most = {"bytes": 0}
+    received = request_body.BoundedBody.data_received
+
+    def spy(self, chunk):
+        received(self, chunk)
+        most["bytes"] = max(most["bytes"], sum(len(c) for c in self._chunks))
+
+    monkeypatch.setattr(request_body.BoundedBody, "data_received", spy)
+    return most
+
+
+async def post(svc, path: str, token: str | None) -> requests.Response:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"token {token}"
+    url = f"{svc.url}/services/gpulab/{path}"
+    return await asyncio.to_thread(requests.post, url, data=BODY, headers=headers, timeout=120)
+
+
+@pytest.mark.parametrize("path", ["api/v1/collections", "v1/embeddings", "api/v1/jobs"])
+async def test_a_strangers_body_is_dropped_and_refused(tmp_path, kept, path):
+    async with running_service(tmp_path / "svc") as svc:
+        alice = svc.create_user("alice")
+        for token in (None, "not-a-token"):
+            r = await post(svc, path, token)
+            assert r.status_code == 401, r.text
+            assert kept["bytes"] == 0, f"{kept['bytes']} bytes kept of a stranger's body"
+        # The same body from alice is read (and judged on what it says).
+        r = await post(svc, path, alice)
+        assert r.status_code not in (401, 403), r.text
+        assert kept["bytes"] == len(BODY)
