@@ -21,12 +21,14 @@ manager's (:mod:`gpulab.service.vectors.manager`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 
 import orjson
 from tornado import web
 
+from gpulab.service.api.request_body import JSON_BODY_LIMIT
 from gpulab.service.auth import APIHandler
 from gpulab.service.vectors import checks
 from gpulab.service.vectors.checks import Refused
@@ -43,11 +45,6 @@ def refusals():
 
 
 class _CollectionHandler(APIHandler):
-    body_setting = "VectorSettings.collection_body_limit_mib"
-
-    def body_limit(self) -> int:
-        return self.gpulab.vector_settings.collection_body_limit_mib << 20
-
     def json_body(self) -> dict:
         body = super().json_body()
         # "\ud800" is valid JSON but not text: refused here, not a 500 deep in the engine.
@@ -130,6 +127,11 @@ class CollectionHandler(_CollectionHandler):
 
 class RowsHandler(_CollectionHandler):
     audit_actions = {"POST": "collection.use"}
+    #: Rows and queries are the only bodies past JSON_BODY_LIMIT (1 MiB).
+    body_setting = "VectorSettings.collection_body_limit_mib"
+
+    def body_limit(self) -> int:
+        return max(JSON_BODY_LIMIT, self.gpulab.vector_settings.collection_body_limit_mib << 20)
 
     def changes_state(self) -> bool:
         # A search only reads: its token may be checked from the cache, as a GET's (a
@@ -139,7 +141,8 @@ class RowsHandler(_CollectionHandler):
 
     async def post(self, owner, name, verb):
         row = self.found(owner, name)
-        body = self.json_body()
+        # Up to collection_body_limit_mib of JSON, parsed and checked off the event loop.
+        body = await asyncio.to_thread(self.json_body)
         manager = self.collections
         who = self.identity
         work = {

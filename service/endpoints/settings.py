@@ -65,11 +65,22 @@ def _number(body: dict, key: str, lo: float, hi: float, kind=int):
     return kind(v)
 
 
+#: The most names one share list holds (each listing of endpoints and collections
+#: reads every list; a larger audience is a group).
+MAX_SHARED_NAMES = 1000
+
+
 def _names(body: dict, key: str) -> list[str]:
     v = body[key]
     what = "user" if key == "share_users" else "group"
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
         raise DeployRefused(400, f"{key!r} must be a list of {what} names")
+    if len(v) > MAX_SHARED_NAMES:
+        raise DeployRefused(
+            400,
+            f"{key!r} holds {len(v)} names, over the {MAX_SHARED_NAMES} one share list "
+            f"takes; share with a group instead",
+        )
     for x in v:
         if not PRINCIPAL.match(x):
             raise DeployRefused(

@@ -29,6 +29,8 @@ log = logging.getLogger("gpulab.service.vectors")
 THREADS = 8
 #: Calls in flight for one owner at most: the rest of the slots stay free for others.
 PER_OWNER = THREADS // 2
+#: A reply larger than this is read in a thread, not on the service's event loop.
+UNPACK_ON_LOOP = 1 << 20
 
 
 class EmbeddedEngine:
@@ -72,7 +74,10 @@ class EmbeddedEngine:
             raise EngineError(
                 503, "the vector engine is not answering (restarting?); try again"
             ) from None
-        answer, _ = protocol.unpack(reply)
+        if len(reply) > UNPACK_ON_LOOP:  # a search's many hits (at most MAX_SEARCH_REPLY)
+            answer, _ = await asyncio.to_thread(protocol.unpack, reply)
+        else:
+            answer, _ = protocol.unpack(reply)
         if "error" in answer:
             message = " ".join(str(answer["error"]).split())
             if answer.get("status") == 500:

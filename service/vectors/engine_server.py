@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -99,6 +100,7 @@ class Handlers:
         if match is not None and h.get("time_limit_s") is not None:
             match = within(match, float(h["time_limit_s"]))
         found = collection.search(queries, h["k"], match, search_ef(h.get("ef", EF_SEARCH)))
+        check_reply_size(found)
         return {"results": [[list(hit) for hit in hits] for hits in found]}
 
     def ping(self, h, _):
@@ -107,6 +109,33 @@ class Handlers:
 
 class SearchTimedOut(Exception):
     """A filter still going through rows when the service had given the call up."""
+
+
+class ReplyTooLarge(Exception):
+    """A search's hits, with their rows' metadata, over MAX_SEARCH_REPLY."""
+
+
+#: The most bytes of hits one search answers: each hit carries its row's metadata (up
+#: to 64 KiB), and the service reads the answer whole.
+MAX_SEARCH_REPLY = 32 << 20
+
+
+def check_reply_size(found: list[list[tuple]]) -> None:
+    """Refuse a search whose answer would pass MAX_SEARCH_REPLY, before writing it: a
+    row's metadata is measured once however many queries found it."""
+    size, measured = 0, {}
+    for hits in found:
+        for rid, _, meta in hits:
+            n = measured.get(id(meta))
+            if n is None:
+                n = measured[id(meta)] = len(json.dumps(meta, separators=(",", ":")))
+            size += n + len(str(rid)) + 32  # the id, the score and the brackets
+            if size > MAX_SEARCH_REPLY:
+                raise ReplyTooLarge(
+                    f"the hits and their rows' metadata are over {MAX_SEARCH_REPLY >> 20} "
+                    f"MiB, the most one search answers: ask for fewer (a smaller k, fewer "
+                    f"queries)"
+                )
 
 
 #: Rows a timed filter reads between two looks at the clock.
@@ -156,6 +185,8 @@ def handler(fn):
             return protocol.pack({"status": 400, "error": str(e)})
         except SearchTimedOut as e:
             return protocol.pack({"status": 504, "error": str(e)})
+        except ReplyTooLarge as e:
+            return protocol.pack({"status": 413, "error": str(e)})
         except (ValueError, KeyError, TypeError, FileExistsError) as e:
             return protocol.pack({"status": 400, "error": f"{type(e).__name__}: {e}"})
         except Exception as e:  # the engine's own failure: one line to the caller and the log

@@ -141,6 +141,8 @@ class Client:
         try:
             writer.write(request_frame(method, message))
             (n,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+            if n > MAX_FRAME:  # not a reply of this engine's: nothing that size is read
+                raise EngineGone(f"the engine's reply of {n} bytes is over {MAX_FRAME}")
             reply = await reader.readexactly(n)
             ok = True
             return reply

@@ -129,6 +129,7 @@ async def test_bad_input_is_refused_with_the_reason_and_nothing_is_written(tmp_p
         await make(svc, alice, dim=DIM)
         insert = "/collections/alice/docs/insert"
         good = unit_vectors(3)
+        many = [f"u{i}" for i in range(1001)]
         cases = [
             (insert, {"vectors": [good[0], good[1][:5]]}, 400, "has 5 numbers"),
             (insert, {"vectors": [good[0], [1.0] * (DIM - 1) + ["x"]]}, 400, "not a number"),
@@ -150,6 +151,10 @@ async def test_bad_input_is_refused_with_the_reason_and_nothing_is_written(tmp_p
             ("/collections", {"name": "x"}, 400, "dim is missing"),
             ("/collections", {"name": "x", "dim": 100_000}, 400, "dim must be"),
             ("/collections", {"name": "docs", "dim": 4}, 409, "already has"),
+            # Every listing reads every share list: a list is at most 1000 names.
+            ("/collections", {"name": "y", "dim": 4, "share_users": many}, 400, "a group"),
+            # Only rows and queries may be large; a collection's own fields are 1 MiB.
+            ("/collections", {"name": "z", "dim": 4, "meta": "x" * (2 << 20)}, 413, "1 MiB"),
         ]
         for path, body, status, words in cases:
             r = await svc.request("POST", path, token=alice, json=body)

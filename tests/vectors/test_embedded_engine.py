@@ -485,3 +485,33 @@ async def test_a_kill_9_while_rows_wait_for_the_index_loses_no_acknowledged_row(
         client.close()
         server.kill()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_search_whose_hits_would_be_too_large_is_refused_in_the_engine(tmp_path):
+    """Each hit carries its row's metadata (up to 64 KiB) and the service reads the
+    answer whole, on its event loop: 1,000 hits of such rows were 64 MB."""
+    from gpulab.service.vectors import engine_protocol as protocol
+    from gpulab.service.vectors.engine_server import MAX_SEARCH_REPLY, Handlers, handler
+
+    handlers = Handlers(Store(str(tmp_path / "faiss")))
+    head = {"db": "d", "cid": "c"}
+    handlers.create({**head, "dim": DIM, "metric": "cosine", "index": "flat"}, None)
+    fat = {"blob": "x" * 60_000}
+    rows = 600  # 36 MB of metadata
+    ids = [f"r{i}" for i in range(rows)]
+    handlers.write({**head, "ids": ids, "metadata": [fat] * rows}, unit(rows))
+    search = handler(handlers.search)
+
+    def answer(k: int, queries: int) -> dict:
+        request = protocol.pack({**head, "k": k, "dim": DIM}, unit(queries, seed=1))
+        return protocol.unpack(search(request))[0]
+
+    refused = answer(k=rows, queries=1)
+    assert refused["status"] == 413 and "a smaller k" in refused["error"]
+    assert refused["error"].startswith(
+        f"the hits and their rows' metadata are over {MAX_SEARCH_REPLY >> 20} MiB"
+    )
+    # What fits is answered: 10 hits of the fat rows, and many hits of small ones.
+    assert [len(hits) for hits in answer(k=10, queries=2)["results"]] == [10, 10]
+    handlers.write({**head, "ids": ids, "metadata": [{"n": i} for i in range(rows)]}, unit(rows))
+    assert [len(hits) for hits in answer(k=rows, queries=3)["results"]] == [rows] * 3
