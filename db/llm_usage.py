@@ -75,6 +75,13 @@ class TokenUsageStore(Store):
                 )
             )
 
+    def record_many(self, rows: list[dict]) -> None:
+        """Rows as :meth:`record` writes them, each with its own ``at``, in one
+        transaction."""
+        if rows:
+            with self.writing() as conn:
+                conn.execute(llm_usage.insert(), rows)
+
     def report(
         self, since: dt.datetime, until: dt.datetime, users: Iterable[str] | None = None
     ) -> list[dict]:

@@ -59,19 +59,26 @@ class UsageStore(Store):
     """GPU time used, read from the usage and allocations tables (written by the
     ledger's :class:`~.ledger.LedgerStore`)."""
 
-    def spans(self, since: dt.datetime, until: dt.datetime) -> list[dict]:
-        """Every stretch a slice was held that overlaps ``[since, until)``.
+    def spans(
+        self, since: dt.datetime, until: dt.datetime, users: Iterable[str] | None = None
+    ) -> list[dict]:
+        """Every stretch a slice was held that overlaps ``[since, until)``, of ``users``
+        where given (selected in SQL: a user's report reads no one else's rows).
 
         ``{"id", "user", "kind", "gpu_uuid", "milli", "start", "end"}``, clipped to the window;
         held slices end at ``min(now, until)``.
         """
         now = clock.utcnow()
         out = []
+        closed_q = select(usage).where((usage.c.ended > since) & (usage.c.started < until))
+        held_q = select(allocations).where(allocations.c.created < until)
+        if users is not None:
+            wanted = sorted(set(users))
+            closed_q = closed_q.where(usage.c.user.in_(wanted))
+            held_q = held_q.where(allocations.c.user.in_(wanted))
         with self.reading() as conn:
-            closed = conn.execute(
-                select(usage).where((usage.c.ended > since) & (usage.c.started < until))
-            ).all()
-            held = conn.execute(select(allocations).where(allocations.c.created < until)).all()
+            closed = conn.execute(closed_q).all()
+            held = conn.execute(held_q).all()
         for r in closed:
             out.append(
                 (r.id, r.user, r.owner_kind, r.gpu_uuid, r.milli, _utc(r.started), _utc(r.ended))
@@ -120,12 +127,9 @@ class UsageStore(Store):
             raise ValueError(f"group_by must be one of {', '.join(GROUP_BYS)}, got {group_by!r}")
         if bucket is not None and bucket not in BUCKETS:
             raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}, got {bucket!r}")
-        wanted = set(users) if users is not None else None
         totals: dict[tuple[str, str], float] = defaultdict(float)
         counts: dict[tuple[str, str], set[str]] = defaultdict(set)
-        for s in self.spans(since, until):
-            if wanted is not None and s["user"] not in wanted:
-                continue
+        for s in self.spans(since, until, users):
             if group_by == "user":
                 keys = [s["user"]]
             elif group_by == "kind":

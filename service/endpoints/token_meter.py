@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Histogram
 
+from gpulab.db import clock as db_clock
 from gpulab.service.endpoints.openai_errors import OpenAIError
 
 log = logging.getLogger("gpulab.service.endpoints.token_meter")
@@ -66,7 +67,8 @@ class LlmLimits:
 class TokenMeter:
     """Admits calls under the limits and counts what they use. ``store`` (a
     ``TokenUsageStore``) keeps one row a call, written on ``threads`` (the service's
-    ``DbThreads``, off the event loop); without them nothing is written."""
+    ``DbThreads``, off the event loop) by one writer, many rows a transaction, however
+    fast calls come; without them nothing is written."""
 
     def __init__(
         self,
@@ -83,7 +85,9 @@ class TokenMeter:
         self._used: dict[str, deque[tuple[float, int]]] = {}
         #: deployment id -> (when, completion tokens) of its calls in the last minute.
         self._generated: dict[str, deque[tuple[float, int]]] = {}
-        self._saving: set[asyncio.Task] = set()
+        #: Rows not written yet, and the one task writing them.
+        self._rows: list[dict] = []
+        self._writer: asyncio.Task | None = None
         self.tokens = Counter(
             "gpulab_llm_tokens",
             "Prompt and completion tokens of the calls through the OpenAI gateway.",
@@ -110,12 +114,17 @@ class TokenMeter:
             registry.register(metric)
 
     # -- limits --------------------------------------------------------------------------
-    def _in_window(self, window: deque | None) -> int:
-        if not window:
-            return 0
+    def _trim(self, window: deque) -> None:
+        """Drop what is older than the window (each count trims: a user who never
+        meets a limit keeps one minute of calls, not all of them)."""
         horizon = self.clock() - WINDOW_S
         while window and window[0][0] <= horizon:
             window.popleft()
+
+    def _in_window(self, window: deque | None) -> int:
+        if not window:
+            return 0
+        self._trim(window)
         return sum(n for _, n in window)
 
     def used_last_minute(self, user: str) -> int:
@@ -180,34 +189,42 @@ class TokenMeter:
         (by ``adapter`` too, the LoRA adapter the call named; '' for the base model)."""
         prompt, completion = max(0, int(prompt)), max(0, int(completion))
         if prompt + completion:
-            self._used.setdefault(who.name, deque()).append((self.clock(), prompt + completion))
+            used = self._used.setdefault(who.name, deque())
+            used.append((self.clock(), prompt + completion))
+            self._trim(used)
         if completion:
-            self._generated.setdefault(dep["id"], deque()).append((self.clock(), completion))
+            made = self._generated.setdefault(dep["id"], deque())
+            made.append((self.clock(), completion))
+            self._trim(made)
         labels = (dep["id"], str(version))
         self.tokens.labels(*labels, "prompt").inc(prompt)
         self.tokens.labels(*labels, "completion").inc(completion)
         if self.store is not None:
-            task = asyncio.ensure_future(
-                self.threads.run(
-                    self.store.record,
-                    who.name,
-                    dep["user"],
-                    dep["name"],
-                    version,
-                    prompt,
-                    completion,
-                    adapter,
-                )
+            self._rows.append(
+                {
+                    "at": db_clock.utcnow(),
+                    "user": who.name,
+                    "owner": dep["user"],
+                    "endpoint": dep["name"],
+                    "version": version,
+                    "adapter": adapter,
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                }
             )
-            self._saving.add(task)
-            task.add_done_callback(self._saved)
+            if self._writer is None or self._writer.done():
+                self._writer = asyncio.ensure_future(self._write())
 
-    def _saved(self, task: asyncio.Task) -> None:
-        self._saving.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("Could not record LLM token use: %s", task.exception())
+    async def _write(self) -> None:
+        """Write the rows waiting, as many as came meanwhile in each transaction."""
+        while self._rows:
+            rows, self._rows = self._rows, []
+            try:
+                await self.threads.run(self.store.record_many, rows)
+            except Exception as e:  # noqa: BLE001 - the next rows are still written
+                log.error("Could not record LLM token use of %d calls: %s", len(rows), e)
 
     async def flush(self) -> None:
         """Wait for the rows being written (a clean stop; tests)."""
-        if self._saving:
-            await asyncio.gather(*list(self._saving), return_exceptions=True)
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)

@@ -65,3 +65,15 @@ def test_a_slot_frees_however_its_call_ends():
     with pytest.raises(ConnectionResetError), meter.stream_slot(bob):
         raise ConnectionResetError  # the caller went away
     assert meter.streams == {}
+
+
+def test_a_users_window_keeps_one_minute_of_calls_without_a_limit():
+    """Without a token limit the rate is never checked: counting trims the window
+    itself (it grew by one entry a call for good)."""
+    clock = Clock()
+    meter = TokenMeter(LlmLimits(), clock=clock)
+    bob = Identity("bob", "user")
+    for _ in range(1000):
+        meter.count(bob, DEP, 1, 1, 1)
+        clock.now += 1
+    assert len(meter._used["bob"]) <= 61 and len(meter._generated["d1"]) <= 61
