@@ -397,9 +397,14 @@ class EndpointRouter:
 
     async def _openai(self, request: web.BaseRequest, token: str, path: str):
         """A call to the OpenAI gateway: refusals in OpenAI's shape, the answer streamed."""
+        # Judged as the gateway will read it: "%66iles" is "files", a call that changes
+        # state (whose token the hub is asked about afresh).
+        path = unquote(path)
         try:
+            if "\x00" in path:
+                raise Denied(400, "the URL path holds a NUL byte (%00)")
             who = await self._identify(token, fresh=changes_state(request.method, path))
-            limit = body_limit(request.method, unquote(path), self.max_upload_mib)
+            limit = body_limit(request.method, path, self.max_upload_mib)
             length = request.content_length
             if length is not None and length > limit:
                 fix = (
@@ -421,7 +426,7 @@ class EndpointRouter:
             await self.gateway.answer(
                 who,
                 request.method,
-                unquote(path),
+                path,
                 body,
                 reply,
                 content_type=request.headers.get("Content-Type", ""),

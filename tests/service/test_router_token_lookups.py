@@ -197,3 +197,20 @@ async def test_a_call_that_changes_something_asks_the_hub_again():
         assert changes_state(method, path), (method, path)
     for method, path in (("POST", "chat/completions"), ("GET", "files"), ("POST", "embeddings")):
         assert not changes_state(method, path), (method, path)
+
+
+async def test_an_encoded_path_is_judged_as_the_gateway_reads_it():
+    """``v1/%66iles`` is ``v1/files``: an upload, whose token the hub is asked about
+    afresh (judged on the raw path it was a read, answered from the cache)."""
+    from aiohttp.test_utils import make_mocked_request
+
+    alice = {"name": "alice", "kind": "user", "scopes": ["access:services!service=gpulab"]}
+    hub = CountingHubAuth({"t": alice})
+    r = router(hub)
+    await r._identify("t")
+    del hub.users["t"]  # revoked on the hub
+    request = make_mocked_request("POST", "/services/gpulab/v1/%66iles")
+    answer = await r._openai(request, "t", "%66iles")
+    assert answer.status == 401
+    nul = await r._openai(make_mocked_request("POST", "/x"), "t", "files%00")
+    assert nul.status == 400
