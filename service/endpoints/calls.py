@@ -30,7 +30,12 @@ import time
 
 from gpulab.backend.serving_base import ServingBackend
 from gpulab.service.endpoints.live import LiveEndpoints, serving_unit
-from gpulab.service.endpoints.proxy import EndpointProxy
+from gpulab.service.endpoints.proxy import (
+    MAX_ANSWER_BYTES,
+    AnswerTooLarge,
+    EndpointProxy,
+    over_answer,
+)
 from gpulab.service.endpoints.settings import EndpointLimits
 from gpulab.service.endpoints.table import DEPLOYMENT_FIELDS, VERSION_FIELDS
 
@@ -237,6 +242,7 @@ class EndpointCalls:
         ``dep`` (its caller and kind already checked, as :meth:`embed` does)."""
         path = f"v2/models/{dep['name']}/infer"
         rows: list[list[float]] = []
+        answered = 0  # bytes of the replica's answers, held to one answer's cap together
         # The most rows one request may carry (the standby's table does not say: all).
         step = max(1, int(unit.row.get("max_batch_size") or len(texts)))
         for i in range(0, len(texts), step):
@@ -251,7 +257,10 @@ class EndpointCalls:
             status, _, _, data = await self._forward(
                 dep, unit, "POST", path, {"Content-Type": "application/json"}, body
             )
-            rows += _embeddings(dep, status, data, len(chunk))
+            answered += len(data)
+            if answered > MAX_ANSWER_BYTES:
+                raise CallRefused(502, str(AnswerTooLarge(MAX_ANSWER_BYTES)))
+            rows += await over_answer(data, _embeddings, dep, status, data, len(chunk))
         return rows
 
 

@@ -35,6 +35,7 @@ import base64
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from gpulab.service.endpoints.calls import EMBEDDING_KIND, CallRefused
@@ -44,7 +45,7 @@ from gpulab.service.endpoints.openai_errors import (
     error_body,
     model_not_found,
 )
-from gpulab.service.endpoints.proxy import AnswerTooLarge, read_answer
+from gpulab.service.endpoints.proxy import AnswerTooLarge, over_answer, read_answer
 from gpulab.service.endpoints.token_meter import TokenMeter
 
 #: The card kind of a language model's endpoint (gpulab.serving.llm_export).
@@ -56,11 +57,16 @@ JSON = "application/json"
 #: The longest one server-sent event of a replica may be (a chunk of a few tokens is
 #: well under a KiB); the service holds an event whole before it passes it on.
 MAX_EVENT_BYTES = 1 << 20
+#: Events past this size are passed on without being parsed (a token's chunk or the
+#: usage is a few hundred bytes; parsing a 1 MiB event on the loop at every event is not).
+MAX_READ_EVENT_BYTES = 64 << 10
 #: The largest body of a generation or embedding call (a 128k-token context is under
 #: 1 MiB of text); only an upload (``POST files``) may send up to ``max_upload_mib``.
 MAX_CALL_BYTES = 16 << 20
 #: Texts one embedding call may carry, as OpenAI's API allows.
 MAX_EMBEDDING_INPUTS = 2048
+#: An embedding answer of more floats than this is made in a thread (about 1 MiB).
+EMBEDDING_FLOATS_ON_LOOP = 1 << 16
 
 
 def body_limit(method: str, path: str, max_upload_mib: int) -> int:
@@ -145,14 +151,18 @@ class SseRelay:
     Reads each event to time the tokens and take the usage; drops the usage chunk
     where the caller did not ask for it (``keep_usage`` False)."""
 
-    def __init__(self, keep_usage: bool, started: float):
+    def __init__(
+        self, keep_usage: bool, started: float, on_gap: Callable[[float], None] | None = None
+    ):
         self.keep_usage = keep_usage
         self.started = started
+        #: Told each gap between two tokens as it happens (a stream may be endless:
+        #: nothing is kept per token).
+        self.on_gap = on_gap
         self._buf = bytearray()
         self.usage: dict | None = None
         self.content_chunks = 0
         self.first_token_s: float | None = None
-        self.gaps: list[float] = []
         self._last: float | None = None
 
     def feed(self, data: bytes) -> bytes:
@@ -181,8 +191,8 @@ class SseRelay:
         if not payload.startswith(b"data:"):
             return True  # a comment or another field: as it is
         payload = payload[5:].strip()
-        if payload == b"[DONE]":
-            return True
+        if payload == b"[DONE]" or len(payload) > MAX_READ_EVENT_BYTES:
+            return True  # passed on unread: a token or the usage is a small event
         try:
             chunk = json.loads(payload)
         except ValueError:
@@ -197,10 +207,19 @@ class SseRelay:
             self.content_chunks += 1
             if self._last is None:
                 self.first_token_s = now - self.started
-            else:
-                self.gaps.append(now - self._last)
+            elif self.on_gap is not None:
+                self.on_gap(now - self._last)
             self._last = now
         return True
+
+
+def _usage_of(answer: bytes) -> dict | None:
+    """The ``usage`` of a replica's whole (not streamed) answer, if it says one."""
+    try:
+        usage = json.loads(answer).get("usage")
+    except (ValueError, AttributeError):
+        return None
+    return usage if isinstance(usage, dict) else None
 
 
 def _adapters(card: dict) -> list[str]:
@@ -338,7 +357,8 @@ class OpenAIGateway:
 
     @staticmethod
     async def _json(reply: Reply, doc, status: int = 200) -> None:
-        data = json.dumps(doc).encode()
+        """``doc`` as JSON (bytes: written already)."""
+        data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         await reply.start(
             status,
             {"Content-Type": JSON, "Cache-Control": "no-store", "Content-Length": str(len(data))},
@@ -474,13 +494,10 @@ class OpenAIGateway:
                         resp.close()
                         raise OpenAIError(502, str(e)) from None
                     if resp.status == 200:
-                        try:
-                            usage = json.loads(data).get("usage")
-                        except (ValueError, AttributeError):
-                            usage = None
+                        usage = await over_answer(data, _usage_of, data)
                         self.meter.count(who, dep, version, *_usage_counts(usage), adapter)
                     else:
-                        data = as_openai(resp.status, data)
+                        data = await over_answer(data, as_openai, resp.status, data)
                     out = {"Content-Type": JSON, "Cache-Control": "no-store"}
                     if "Retry-After" in resp.headers:
                         out["Retry-After"] = resp.headers["Retry-After"]
@@ -494,7 +511,11 @@ class OpenAIGateway:
     async def _relay(
         self, who, dep, version, resp, wants_usage, started, reply: Reply, adapter: str = ""
     ) -> None:
-        relay = SseRelay(keep_usage=wants_usage, started=started)
+        relay = SseRelay(
+            keep_usage=wants_usage,
+            started=started,
+            on_gap=self.meter.itl.labels(dep["id"]).observe,
+        )
         await reply.start(
             200, {"Content-Type": SSE, "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         )
@@ -518,8 +539,6 @@ class OpenAIGateway:
             self.meter.count(who, dep, version, prompt, completion, adapter)
             if relay.first_token_s is not None:
                 self.meter.ttft.labels(dep["id"]).observe(relay.first_token_s)
-            for gap in relay.gaps:
-                self.meter.itl.labels(dep["id"]).observe(gap)
 
     # -- embeddings ------------------------------------------------------------------------
     async def embeddings(self, who, doc: dict, reply: Reply) -> None:
@@ -532,7 +551,8 @@ class OpenAIGateway:
             )
         dep, unit = self.resolve(who, model, EMBEDDING_KIND)
         self.meter.check_rate(who)
-        rows = await self.calls.embed_on(dep, unit, texts)
+        with self.meter.stream_slot(who):  # a call in flight, as a generation is
+            rows = await self.calls.embed_on(dep, unit, texts)
         dims = doc.get("dimensions")
         if dims is not None and rows and dims != len(rows[0]):
             raise OpenAIError(
@@ -544,9 +564,9 @@ class OpenAIGateway:
         # The embedding server does not report tokens: words count as its tokens.
         words = sum(len(t.split()) for t in texts)
         self.meter.count(who, dep, unit.row["version"], words, 0)
-        await self._json(
-            reply,
-            {
+
+        def answer() -> bytes:
+            doc = {
                 "object": "list",
                 "data": [
                     {"object": "embedding", "index": i, "embedding": encode_embedding(r, fmt)}
@@ -554,5 +574,9 @@ class OpenAIGateway:
                 ],
                 "model": model,
                 "usage": {"prompt_tokens": words, "total_tokens": words},
-            },
-        )
+            }
+            return json.dumps(doc).encode()
+
+        # Up to 2048 rows of the replica's width: written in a thread when large.
+        large = sum(len(r) for r in rows) > EMBEDDING_FLOATS_ON_LOOP
+        await self._json(reply, await asyncio.to_thread(answer) if large else answer())

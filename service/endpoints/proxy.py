@@ -9,8 +9,11 @@ caller's hub token never goes on: the replicas get their own secret.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+from collections.abc import Callable
+from typing import TypeVar
 
 import aiohttp
 
@@ -26,6 +29,7 @@ STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=CA
 #: The most of one replica's answer the service holds whole: replicas run their
 #: owner's code, and an answer of any size must not fill the service's memory.
 MAX_ANSWER_BYTES = 256 << 20
+T = TypeVar("T")
 
 
 class AnswerTooLarge(Exception):
@@ -50,6 +54,19 @@ async def read_answer(resp: aiohttp.ClientResponse, limit: int | None = None) ->
         if len(data) > limit:
             raise AnswerTooLarge(limit)
     return bytes(data)
+
+
+#: Work over a replica's answer larger than this (parsing it) runs in a thread: a
+#: replica runs its owner's code, and its answer may be up to MAX_ANSWER_BYTES.
+PARSE_ON_LOOP_BYTES = 1 << 20
+
+
+async def over_answer(data: bytes, work: Callable[..., T], *args) -> T:
+    """``work(*args)`` over the answer ``data``: on the event loop when it is small
+    (a thread costs more than parsing a few KiB), else in a thread."""
+    if len(data) <= PARSE_ON_LOOP_BYTES:
+        return work(*args)
+    return await asyncio.to_thread(work, *args)
 
 
 def forwarding_session(connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:

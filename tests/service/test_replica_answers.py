@@ -34,6 +34,20 @@ def test_whole_events_pass_on_however_the_reads_cut_them():
     assert relay.rest() == b""
 
 
+def test_gaps_are_told_as_they_come_and_large_events_pass_unread():
+    """A stream may be endless: nothing is kept per token (its gaps were a list read
+    once the stream ended), and an event too big to be a token is not parsed."""
+    gaps = []
+    relay = SseRelay(keep_usage=True, started=0.0, on_gap=gaps.append)
+    for n in range(1, 4):
+        relay.feed(chunk("t"))
+        assert len(gaps) == n - 1  # told at once
+    assert not hasattr(relay, "gaps")
+    big = {"choices": [{"delta": {"content": "x" * (100 << 10)}}]}
+    event = b"data: " + json.dumps(big).encode() + b"\n\n"
+    assert relay.feed(event) == event and relay.content_chunks == 3
+
+
 def test_an_event_that_never_ends_is_cut_at_the_cap():
     relay = SseRelay(keep_usage=True, started=0.0)
     assert relay.feed(b"data: " + b"x" * (MAX_EVENT_BYTES - 100)) == b""
