@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    func,
     insert,
     select,
 )
@@ -87,6 +88,12 @@ class FineTuningStore(Store):
 
     def files(self, user: str) -> list[dict]:
         return self.of_user(ft_files, user, (ft_files.c.created.desc(),))
+
+    def file_bytes(self, user: str) -> int:
+        """What ``user``'s training files hold together, counted in SQL."""
+        with self.reading() as conn:
+            q = select(func.coalesce(func.sum(ft_files.c.bytes), 0)).where(ft_files.c.user == user)
+            return int(conn.execute(q).scalar())
 
     def remove_file(self, fid: str) -> None:
         self.delete_where(ft_files, ft_files.c.id == fid)

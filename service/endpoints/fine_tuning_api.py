@@ -95,12 +95,15 @@ class FineTuningRoutes:
         files = self.ft.files
         if not rest:
             if method == "POST":
-                # Off the event loop: a body may be as large as max_upload_mib.
+                # A user over their quota is told so before the body is parsed; parsed
+                # off the event loop (a body may be as large as max_upload_mib).
+                await asyncio.to_thread(files.check_quota, who, len(body or b""))
                 upload, purpose = await asyncio.to_thread(parse_upload, body, content_type)
                 row = await asyncio.to_thread(files.create, who, upload, purpose)
                 return self._ok(file_object(row))
             self._method(method, "GET", "files")
-            return self._ok(_page([file_object(r) for r in files.list(who)], q, 10000, 10000))
+            rows = await asyncio.to_thread(files.list, who)
+            return self._ok(_page([file_object(r) for r in rows], q, 10000, 10000))
         fid = rest[0]
         if len(rest) == 1:
             if method == "DELETE":

@@ -121,8 +121,10 @@ class TrainingFiles:
         self.store = store
         self.folder = folder
         self.quota_mib = quota_mib
-        #: A user's uploads are counted against the quota one at a time.
-        self._adding = threading.Lock()
+        #: Each user's uploads are counted against their quota one at a time (one
+        #: user's upload being written never holds another's).
+        self._adding: dict[str, threading.Lock] = {}
+        self._locks = threading.Lock()
         os.makedirs(folder, mode=0o700, exist_ok=True)
 
     def path(self, fid: str) -> str:
@@ -137,8 +139,8 @@ class TrainingFiles:
                 param="purpose",
             )
         lines = check_training_file(upload.body)
-        with self._adding:
-            self._check_quota(who, len(upload.body))
+        with self._lock_of(who.name):
+            self.check_quota(who, len(upload.body))
             fid = f"file-{uuid.uuid4().hex[:24]}"
             fd = os.open(self.path(fid), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
@@ -155,8 +157,14 @@ class TrainingFiles:
                 }
             )
 
-    def _check_quota(self, who, size: int) -> None:
-        used = sum(row["bytes"] for row in self.store.files(who.name))
+    def _lock_of(self, user: str) -> threading.Lock:
+        with self._locks:
+            return self._adding.setdefault(user, threading.Lock())
+
+    def check_quota(self, who, size: int) -> None:
+        """413 if ``size`` more bytes would pass ``who``'s quota (before an upload is
+        parsed, and again under their lock before it is kept)."""
+        used = self.store.file_bytes(who.name)
         if used + size > self.quota_mib << 20:
             raise OpenAIError(
                 413,

@@ -167,6 +167,9 @@ def test_a_users_training_files_are_held_to_the_quota_and_deleting_gives_room_ba
     body = example * ((600 << 10) // len(example))  # 0.6 MiB of examples
     upload = HTTPFile(filename="train.jsonl", body=body, content_type="application/jsonl")
     first = files.create(alice, upload, "fine-tune")
+    # The route asks this before it parses the next upload: refused unread.
+    with pytest.raises(OpenAIError, match="hold 0.6 MiB of your 1 MiB"):
+        files.check_quota(alice, len(body))
     with pytest.raises(OpenAIError) as e:
         files.create(alice, upload, "fine-tune")
     assert e.value.status == 413
