@@ -327,24 +327,28 @@ class CollectionManager:
         ep = self.endpoint_row(ep_owner, ep_name)
         if ep is None:
             return ""
-        users = [u for u in row["share_users"] if u != ep_owner and u not in ep["share_users"]]
-        groups = [g for g in row["share_groups"] if g not in ep["share_groups"]]
+        ep_users, ep_groups = set(ep["share_users"]), set(ep["share_groups"])
+        users = [u for u in row["share_users"] if u != ep_owner and u not in ep_users]
+        groups = [g for g in row["share_groups"] if g not in ep_groups]
         if not users and not groups:
             return ""
         who = ", ".join(users + [f"group {g}" for g in groups])
-        fix = ", ".join(
-            f"share_{kind}={current + missing!r}"
-            for kind, current, missing in (
-                ("users", ep["share_users"], users),
-                ("groups", ep["share_groups"], groups),
+        if row["user"] == ep_owner:  # the endpoint is theirs: its lists are theirs to see
+            fix = ", ".join(
+                f"share_{kind}={current + missing!r}"
+                for kind, current, missing in (
+                    ("users", ep["share_users"], users),
+                    ("groups", ep["share_groups"], groups),
+                )
+                if missing
             )
-            if missing
-        )
+            how = f'Client().share_deployment("{ep_name}", {fix})'
+        else:  # another's endpoint: who else may call it is not the caller's to read
+            how = f"ask {ep_owner} to share endpoint {ep_name} with them"
         return (
             f"{row['user']}/{row['name']} embeds texts through endpoint {row['embed']}, "
             f"which {who} may not call: they can search it with vectors, but text searches "
-            f"and inserts of texts are refused until the endpoint is shared too: "
-            f'Client().share_deployment("{ep_name}", {fix})'
+            f"and inserts of texts are refused until the endpoint is shared too: {how}"
         )
 
     # -- rows ----------------------------------------------------------------------------

@@ -627,3 +627,23 @@ async def _searched(svc, token, path, vector) -> bool:
         "POST", f"/collections/{path}/search", token=token, json={"vector": vector, "k": 1}
     )
     return r.status_code == 200
+
+
+def test_the_endpoint_warning_shows_only_the_callers_own_share_lists():
+    """A collection that embeds through bob's endpoint (shared with alice): sharing it
+    said bob's whole share lists to alice, in the fix it suggested."""
+    from types import SimpleNamespace
+
+    from gpulab.service.vectors.manager import CollectionManager
+
+    endpoints = {
+        ("bob", "ep"): {"share_users": ["alice", "secret-friend"], "share_groups": ["hidden"]},
+        ("alice", "mine"): {"share_users": ["dan"], "share_groups": []},
+    }
+    manager = SimpleNamespace(endpoint_row=lambda owner, name: endpoints[(owner, name)])
+    row = {"user": "alice", "name": "docs", "share_users": ["carol"], "share_groups": []}
+    said = CollectionManager._endpoint_not_shared(manager, {**row, "embed": "bob/ep"})
+    assert "which carol may not call" in said and "ask bob to share endpoint ep" in said
+    assert "secret-friend" not in said and "hidden" not in said
+    own = CollectionManager._endpoint_not_shared(manager, {**row, "embed": "alice/mine"})
+    assert "share_users=['dan', 'carol']" in own
