@@ -136,19 +136,34 @@ def job_object(row: dict) -> dict:
     }
 
 
+#: The largest adapter_config.json taken (PEFT writes a few hundred bytes).
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def adapter_files(jd, max_mib: int) -> dict[str, bytes]:
     """The adapter a fine-tuning job wrote (``out/``), each file at most the site's
     model size: the ranks may write any amount, and the service holds it in memory."""
     files = {}
     for name in ADAPTER_FILES:
-        data = jd.read_user(f"out/{name}", limit=(max_mib << 20) + 1)
-        if len(data) > max_mib << 20:
+        # Its config is a few hundred bytes of JSON, read and checked here (a thread).
+        config = name == "adapter_config.json"
+        most = MAX_CONFIG_BYTES if config else max_mib << 20
+        data = jd.read_user(f"out/{name}", limit=most + 1)
+        if len(data) > most:
+            why = (
+                "more than an adapter's config holds"
+                if config
+                else "the site's largest model (c.Endpoints.max_model_mib); train a smaller "
+                "adapter (a lower LoRA rank)"
+            )
             raise PublishFailed(
-                f"the job's adapter file out/{name} is over {max_mib} MiB, the site's "
-                f"largest model (c.Endpoints.max_model_mib); train a smaller adapter "
-                f"(a lower LoRA rank)"
+                f"the job's adapter file out/{name} is over {most / 2**20:g} MiB, {why}"
             )
         files[name] = data
+    try:
+        json.loads(files["adapter_config.json"])
+    except ValueError:
+        raise PublishFailed("the job wrote an adapter_config.json that is not JSON") from None
     return files
 
 
@@ -426,12 +441,6 @@ class FineTuning:
                 raise PublishFailed(
                     f"job {job['id']} ended without its adapter ({e.strerror or e}: "
                     f"out/{ADAPTER_FILES[1]}); its log says why: GET /jobs/{job['id']}/logs"
-                ) from None
-            try:
-                json.loads(files["adapter_config.json"])
-            except ValueError:
-                raise PublishFailed(
-                    "the job wrote an adapter_config.json that is not JSON"
                 ) from None
             summary = jd.read_user_json("out/sft.json", {}) or {}
             dep = self.deployments.store.get(row["deployment_id"])

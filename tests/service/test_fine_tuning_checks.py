@@ -148,6 +148,15 @@ def test_an_adapter_over_the_sites_model_size_is_refused_before_it_is_read_whole
         "adapter_config.json": b"{}",
         "adapter_model.safetensors": b"w" * 1000,
     }
+    # The config is read in the same thread and held to 1 MiB whatever the model's cap
+    # (it was parsed on the service's event loop, up to the model's size).
+    with open(jd.p("out", "adapter_config.json"), "wb") as f:
+        f.truncate(64 << 30)
+    with pytest.raises(PublishFailed, match="more than an adapter's config holds"):
+        adapter_files(jd, 4096)
+    (tmp_path / "ft1" / "out" / "adapter_config.json").write_text("{not json")
+    with pytest.raises(PublishFailed, match="not JSON"):
+        adapter_files(jd, 4096)
 
 
 def test_a_users_training_files_are_held_to_the_quota_and_deleting_gives_room_back(tmp_path):
