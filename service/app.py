@@ -304,8 +304,9 @@ class GpuLabService(Application):
     max_upload_mib = Int(
         2048,
         help="""Largest request body the service takes, in MiB: a model uploaded by
-        `%deploy` (as sent, compressed), or an inference request to an endpoint. Other
-        routes take JSON bodies of at most 1 MiB (jobs: see c.JobQueue.max_job_vars_mib).
+        `%deploy` (as sent, compressed), an OIP v2 inference request to an endpoint, a
+        training file (`POST v1/files`). Other routes take JSON bodies of at most 1 MiB
+        (jobs: see c.JobQueue.max_job_vars_mib; the OpenAI gateway's calls: 16 MiB).
 
         c.GpuLabService.max_upload_mib = 8192
         """,
