@@ -59,20 +59,20 @@ class _CollectionHandler(APIHandler):
             raise web.HTTPError(503, "vector collections are still starting; try again")
         return manager
 
-    def found(self, owner: str, name: str, manage: bool = False) -> dict:
+    async def found(self, owner: str, name: str, manage: bool = False) -> dict:
         who = self.require_identity()
         self.audit_subject, self.audit_user = f"{owner}/{name}", owner
         with refusals():
-            return self.collections.find(who, owner, name, manage)
+            return await self.collections.find(who, owner, name, manage)
 
 
 class CollectionsHandler(_CollectionHandler):
     audit_actions = {"POST": "collection.create"}
 
-    def get(self):
+    async def get(self):
         who = self.require_identity()
         manager = self.collections
-        self.write_json([manager.view(row) for row in manager.visible(who)])
+        self.write_json([manager.view(row) for row in await manager.visible(who)])
 
     async def post(self):
         who = self.require_identity()
@@ -99,15 +99,15 @@ class CollectionHandler(_CollectionHandler):
     }
 
     async def get(self, owner, name):
-        row = self.found(owner, name)
+        row = await self.found(owner, name)
         with refusals():
             self.write_json(await self.collections.counted_view(row))
 
     async def patch(self, owner, name):
-        row = self.found(owner, name, manage=True)
+        row = await self.found(owner, name, manage=True)
         body = self.json_body()
         with refusals():
-            view = self.collections.share(row, body)
+            view = await self.collections.share(row, body)
         await self.audit(
             "collection.share",
             view["collection"],
@@ -118,7 +118,7 @@ class CollectionHandler(_CollectionHandler):
         self.write_json(view)
 
     async def delete(self, owner, name):
-        row = self.found(owner, name, manage=True)
+        row = await self.found(owner, name, manage=True)
         with refusals():
             await self.collections.drop(row)
         await self.audit("collection.drop", f"{owner}/{name}", user=owner)
@@ -140,7 +140,7 @@ class RowsHandler(_CollectionHandler):
         return not self.request.path.endswith("/search")
 
     async def post(self, owner, name, verb):
-        row = self.found(owner, name)
+        row = await self.found(owner, name)
         # Up to collection_body_limit_mib of JSON, parsed and checked off the event loop.
         body = await asyncio.to_thread(self.json_body)
         manager = self.collections

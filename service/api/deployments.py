@@ -195,7 +195,7 @@ class ModelsHandler(_DeploymentHandler):
     (``"kind": "endpoint"``), and beside them the vector collections they may use
     (``"kind": "collection"``)."""
 
-    def get(self):
+    async def get(self):
         who = self.require_identity()
         manager = self.deployments
         out = []
@@ -222,7 +222,7 @@ class ModelsHandler(_DeploymentHandler):
                 }
             )
         collections = self.gpulab.vectors
-        for row in collections.visible(who) if collections is not None else []:
+        for row in await collections.visible(who) if collections is not None else []:
             view = collections.view(row)
             out.append(
                 {

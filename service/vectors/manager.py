@@ -186,15 +186,16 @@ class CollectionManager:
             self._probing = False
 
     # -- finding -------------------------------------------------------------------------
-    def visible(self, who) -> list[dict]:
-        return [row for row in self.store.list() if can_use(who, row)]
+    # The store is read in a thread: every user's call would wait for it on the loop.
+    async def visible(self, who) -> list[dict]:
+        return [row for row in await asyncio.to_thread(self.store.list) if can_use(who, row)]
 
-    def find(self, who, owner: str, name: str, manage: bool = False) -> dict:
+    async def find(self, who, owner: str, name: str, manage: bool = False) -> dict:
         """``owner/name`` if ``who`` may use it (``manage``: share or drop it); else 404
         to its owner and admins, 403 to others (a stranger is not told whether it exists)."""
         row = self._rows.get((owner, name))
         if row is None:
-            row = self.store.find(owner, name)
+            row = await asyncio.to_thread(self.store.find, owner, name)
             if row is not None:
                 self._rows[(owner, name)] = row
         allowed = row is not None and (who.can_act_for(owner) if manage else can_use(who, row))
@@ -247,7 +248,7 @@ class CollectionManager:
             sharing = check_sharing(body)
         except DeployRefused as e:
             raise Refused(e.status, str(e)) from None
-        if len(self.store.list(owner)) >= self.limits.max_per_user:
+        if len(await asyncio.to_thread(self.store.list, owner)) >= self.limits.max_per_user:
             raise Refused(
                 403,
                 f"{owner} has {self.limits.max_per_user} collections, the most allowed; "
@@ -277,7 +278,8 @@ class CollectionManager:
         cid = "c" + uuid.uuid4().hex
         await self._engine(self.engine.create, owner, cid, dim, metric, index)
         try:
-            row = self.store.add(
+            row = await asyncio.to_thread(
+                self.store.add,
                 {
                     "id": cid,
                     "user": owner,
@@ -288,7 +290,7 @@ class CollectionManager:
                     "embed": embed,
                     "lineage": lineage,
                     **sharing,
-                }
+                },
             )
         except CollectionNameTaken:
             await self._engine(self.engine.drop, owner, cid)
@@ -299,21 +301,25 @@ class CollectionManager:
         # The row goes first: a crash between the two leaves an engine collection no row
         # names (unreachable, harmless), never a row whose vectors are gone.
         self._rows.pop((row["user"], row["name"]), None)
-        self.store.remove(row["id"])
+        await asyncio.to_thread(self.store.remove, row["id"])
         await self._engine(self.engine.drop, row["user"], row["id"])
 
-    def share(self, row: dict, body: dict) -> dict:
+    async def share(self, row: dict, body: dict) -> dict:
         checks.fields(body, SHARING)
         try:
             values = check_sharing(body)
         except DeployRefused as e:
             raise Refused(e.status, str(e)) from None
-        if values:
-            self.store.update(row["id"], **values)
-        row = self.store.get(row["id"])
+
+        def save() -> tuple[dict, str]:
+            if values:
+                self.store.update(row["id"], **values)
+            saved = self.store.get(row["id"])
+            return saved, self._endpoint_not_shared(saved)
+
+        row, warning = await asyncio.to_thread(save)
         self._rows[(row["user"], row["name"])] = row
         view = self.view(row)
-        warning = self._endpoint_not_shared(row)
         if warning:
             view["warning"] = warning
         return view
@@ -515,7 +521,7 @@ class CollectionManager:
         await self._seal(row)
 
     async def _seal(self, row: dict) -> None:
-        if self.store.get(row["id"]) is None:  # dropped meanwhile
+        if await asyncio.to_thread(self.store.get, row["id"]) is None:  # dropped meanwhile
             return
         try:
             await self.engine.flush(row["user"], row["id"])
