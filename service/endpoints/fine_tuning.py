@@ -409,7 +409,7 @@ class FineTuning:
     async def follow(self) -> None:
         """Each open fine-tuning job takes its gpulab job's state; a succeeded one has
         its adapter served first."""
-        for row in self.store.jobs(open_only=True):
+        for row in await asyncio.to_thread(self.store.jobs, open_only=True):
             job = self.jobs.queue.get(row["job_id"]) if row["job_id"] else None
             if job is None:
                 self.store.update_job(row["id"], status="failed", error="its job is gone")

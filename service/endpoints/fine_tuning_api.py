@@ -123,15 +123,18 @@ class FineTuningRoutes:
             if method == "POST":
                 return self._ok(await ft.create(who, _json_body(body)))
             self._method(method, "GET", "fine_tuning/jobs")
-            return self._ok(_page([job_object(r) for r in ft.list(who)], q))
+            rows = await asyncio.to_thread(ft.list, who)
+            return self._ok(_page([job_object(r) for r in rows], q))
         ft_id = rest[0]
         where = f"fine_tuning/jobs/{ft_id}"
         if len(rest) == 1:
             self._method(method, "GET", where)
-            return self._ok(job_object(ft.get(who, ft_id)))
+            return self._ok(job_object(await asyncio.to_thread(ft.get, who, ft_id)))
         if rest[1:] == ["events"]:
             self._method(method, "GET", f"{where}/events")
-            events = ft.events(ft.get(who, ft_id))
+            # Up to 8 MiB of the job's metrics are read: in a thread.
+            row = await asyncio.to_thread(ft.get, who, ft_id)
+            events = await asyncio.to_thread(ft.events, row)
             return self._ok(_page(events[::-1], q))
         if rest[1:] == ["cancel"]:
             self._method(method, "POST", f"{where}/cancel")
