@@ -20,6 +20,8 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from .owner_queues import OwnerQueues
+
 log = logging.getLogger("gpulab.service.vectors")
 
 #: Milvus's metric names for ours.
@@ -53,6 +55,7 @@ class VectorEngine:
         #: Seconds one call may take before it is abandoned (504).
         self.call_timeout = call_timeout
         self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="gpulab-vectors")
+        self.queues = OwnerQueues(THREADS, THREADS // 2)
         self._clients: dict[str, object] = {}
         self._lock = threading.Lock()
         # pymilvus logs every refused call at ERROR with its traceback (30 lines for a
@@ -109,12 +112,17 @@ class VectorEngine:
             self._client(database_of(owner)).load_collection(cid, timeout=self.call_timeout)
             return fn()
 
-        future = loop.run_in_executor(self.pool, run)
+        async def in_pool():
+            return await loop.run_in_executor(self.pool, run)
+
+        # An owner's calls take at most half the pool's threads: a slow owner's
+        # searches queue behind each other, not in front of everyone's.
+        work = in_pool() if owner is None else self.queues.run(owner, in_pool)
         try:
             if not limited:
-                return await future
+                return await work
             # A moment past the engine's own deadline: its answer says more than ours.
-            return await asyncio.wait_for(future, self.call_timeout + 1)
+            return await asyncio.wait_for(work, self.call_timeout + 1)
         except EngineError:
             raise
         except TimeoutError:

@@ -80,3 +80,24 @@ async def test_a_cancelled_wait_gives_its_turn_on():
     assert calls.started == ["bob0", "carol0"]
     await calls.finish("carol0")
     assert calls.queues.busy == 0 and not calls.queues.waiting
+
+
+async def test_one_owners_slow_calls_on_a_milvus_cluster_leave_threads_for_another():
+    """The Milvus client's pool of 8 threads was first come, first served: 8 slow
+    searches of bob's held every thread until they ended."""
+    import threading
+
+    from gpulab.service.vectors.engine import THREADS, VectorEngine
+
+    engine = VectorEngine("http://127.0.0.1:9", call_timeout=60)
+    gate = threading.Event()
+    try:
+        bobs = [asyncio.ensure_future(engine._call(gate.wait, "bob")) for _ in range(THREADS)]
+        await asyncio.sleep(0.2)
+        answer = await asyncio.wait_for(engine._call(lambda: "alice's", "alice"), 10)
+        assert answer == "alice's"
+        gate.set()
+        assert all(await asyncio.gather(*bobs))
+    finally:
+        gate.set()
+        engine.pool.shutdown(wait=False)
