@@ -50,6 +50,8 @@ class CollectionLimits:
     #: Query vectors in one search, and query vectors times k (the hits it returns).
     max_queries: int = 100
     max_hits: int = 10_000
+    #: Rows one owner's collections hold together.
+    max_rows_per_user: int = 5_000_000
 
 
 def fields(body: dict, known: tuple[str, ...]) -> None:

@@ -38,6 +38,9 @@ EMBED_CONCURRENCY = 4
 #: a snapshot, so a restart replays little.
 FLUSH_ROWS = 20_000
 SEAL_IDLE_S = 2.0
+#: How old the count of an owner's rows may be before a write counts them again in
+#: the engine (between counts, this manager adds what it writes and deletes).
+ROWS_RECOUNT_S = 60.0
 #: After a call ran past its limit, how long the embedded engine has to answer a ping
 #: before it is taken as stuck in that call and restarted.
 PING_S = 5.0
@@ -81,6 +84,9 @@ class CollectionManager:
         self._rows: dict[tuple[str, str], dict] = {}
         self._tasks: set[asyncio.Task] = set()
         self._probing = False
+        #: owner -> (when counted, rows their collections hold): counted in the engine
+        #: at most every ROWS_RECOUNT_S, kept up to date by this manager's writes.
+        self._held: dict[str, tuple[float, int]] = {}
 
     @classmethod
     def of(cls, service) -> CollectionManager:
@@ -109,6 +115,7 @@ class CollectionManager:
                 max_per_user=service.vector_settings.max_user_collections,
                 max_queries=service.vector_settings.collection_max_queries,
                 max_hits=service.vector_settings.collection_max_hits,
+                max_rows_per_user=service.vector_settings.max_rows_per_user,
             ),
             embedder=deployments.calls.embed if deployments is not None else None,
             endpoint_lineage=lambda owner, name: _endpoint_lineage(deployments, owner, name),
@@ -301,6 +308,7 @@ class CollectionManager:
         # The row goes first: a crash between the two leaves an engine collection no row
         # names (unreachable, harmless), never a row whose vectors are gone.
         self._rows.pop((row["user"], row["name"]), None)
+        self._held.pop(row["user"], None)  # counted again at the next write
         await asyncio.to_thread(self.store.remove, row["id"])
         await self._engine(self.engine.drop, row["user"], row["id"])
 
@@ -392,9 +400,34 @@ class CollectionManager:
             {"id": i, "vector": v, "metadata": m}
             for i, v, m in zip(ids, vectors, metadata, strict=True)
         ]
+        await self._room_for(row["user"], n)
         await self._engine(self.engine.write, row["user"], row["id"], rows, upsert)
+        self._add_held(row["user"], n)  # an upsert that replaced rows: recounted later
         self._written(row, n)
         return {"ids": ids, "count": n}
+
+    async def _room_for(self, owner: str, n: int) -> None:
+        """403 if ``n`` more rows would pass what ``owner``'s collections may hold."""
+        most = self.limits.max_rows_per_user
+        counted = self._held.get(owner)
+        if counted is None or time.monotonic() - counted[0] > ROWS_RECOUNT_S:
+            mine = await asyncio.to_thread(self.store.list, owner)
+            held = 0
+            for r in mine:
+                held += await self._engine(self.engine.count, owner, r["id"])
+            self._held[owner] = counted = (time.monotonic(), held)
+        if counted[1] + n > most:
+            raise Refused(
+                403,
+                f"{owner}'s collections hold {counted[1]:,} rows; {n:,} more would pass "
+                f"the {most:,} one user's collections may hold: delete rows or drop a "
+                f"collection (an admin can raise c.VectorSettings.max_rows_per_user)",
+            )
+
+    def _add_held(self, owner: str, n: int) -> None:
+        if owner in self._held:
+            when, held = self._held[owner]
+            self._held[owner] = (when, max(0, held + n))
 
     async def delete(self, row: dict, body: dict) -> dict:
         if set(body) != {"ids"}:
@@ -407,6 +440,7 @@ class CollectionManager:
         found = await self._engine(self.engine.existing, row["user"], row["id"], ids)
         if found:
             await self._engine(self.engine.delete, row["user"], row["id"], sorted(found))
+            self._add_held(row["user"], -len(found))
         return {"deleted": len(found)}
 
     async def search(self, who, row: dict, body: dict) -> dict:

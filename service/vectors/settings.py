@@ -40,6 +40,17 @@ class VectorSettings(Configurable):
         """,
     ).tag(config=True)
 
+    max_rows_per_user = Int(
+        5_000_000,
+        help="""The most rows one user's collections hold together (rows written into a
+        collection shared with you count as its owner's). The embedded engine keeps
+        every row in memory (a 384-d vector and its metadata: about 2 KiB), so one
+        user's rows must not fill the host; a write past it is refused with 403.
+
+        c.VectorSettings.max_rows_per_user = 20_000_000
+        """,
+    ).tag(config=True)
+
     collection_max_dim = Int(
         4096,
         help="""The largest vector dimension a collection may have.
@@ -122,6 +133,7 @@ class VectorSettings(Configurable):
         "collection_body_limit_mib",
         "collection_max_queries",
         "collection_max_hits",
+        "max_rows_per_user",
         "vector_call_timeout",
     )
     def _positive(self, proposal):

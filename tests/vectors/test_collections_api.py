@@ -647,3 +647,50 @@ def test_the_endpoint_warning_shows_only_the_callers_own_share_lists():
     assert "secret-friend" not in said and "hidden" not in said
     own = CollectionManager._endpoint_not_shared(manager, {**row, "embed": "alice/mine"})
     assert "share_users=['dan', 'carol']" in own
+
+
+async def test_one_users_collections_hold_at_most_their_rows(tmp_path):
+    """The embedded engine keeps every row in memory: inserts in a loop by one user
+    filled it for everyone. A collection's rows count as its owner's, whoever writes."""
+    let_accounts_reach(tmp_path)
+    config = "c.VectorSettings.max_rows_per_user = 5\n"
+    async with running_service(tmp_path / "svc", config) as svc:
+        alice, bob = svc.create_user("alice"), svc.create_user("bob")
+        await make(svc, alice, dim=DIM, share_users=["bob"])
+        await make(svc, alice, name="more", dim=DIM)
+
+        async def insert(token, name, n, seed=0):
+            body = {"vectors": unit_vectors(n, seed)}
+            return await svc.request(
+                "POST", f"/collections/alice/{name}/insert", token=token, json=body
+            )
+
+        assert (await insert(alice, "docs", 3)).status_code == 200
+        r = await insert(bob, "docs", 3, seed=1)  # bob writes into alice's: hers
+        assert r.status_code == 403, r.text
+        assert "alice's collections hold 3 rows; 3 more would pass the 5" in r.json()["error"]
+        assert "max_rows_per_user" in r.json()["error"]
+        assert (await insert(alice, "more", 2, seed=2)).status_code == 200
+        assert (await insert(alice, "more", 1, seed=3)).status_code == 403
+        # Deleting gives room back.
+        hits = await svc.request(
+            "POST",
+            "/collections/alice/docs/search",
+            token=alice,
+            json={"vector": unit_vectors(1)[0], "k": 3},
+        )
+        gone = [h["id"] for h in hits.json()["hits"]][:2]
+        r = await svc.request(
+            "POST", "/collections/alice/docs/delete", token=alice, json={"ids": gone}
+        )
+        assert r.json() == {"deleted": 2}
+        assert (await insert(alice, "more", 2, seed=4)).status_code == 200
+        # Bob's own collections are his to fill.
+        await make(svc, bob, name="his", dim=DIM)
+        r = await svc.request(
+            "POST",
+            "/collections/bob/his/insert",
+            token=bob,
+            json={"vectors": unit_vectors(5, seed=5)},
+        )
+        assert r.status_code == 200, r.text
