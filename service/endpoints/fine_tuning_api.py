@@ -18,6 +18,7 @@ import asyncio
 import json
 from urllib.parse import parse_qs
 
+from gpulab.service.endpoints.file_answer import FileAnswer
 from gpulab.service.endpoints.fine_tuning import FineTuning, job_object
 from gpulab.service.endpoints.fine_tuning_files import file_object, parse_upload
 from gpulab.service.endpoints.openai_errors import OpenAIError
@@ -113,8 +114,9 @@ class FineTuningRoutes:
             return self._ok(file_object(files.get(who, fid)))
         if rest[1:] == ["content"]:
             self._method(method, "GET", f"files/{fid}/content")
-            data = await asyncio.to_thread(files.read, files.get(who, fid))
-            return 200, "application/jsonl", data
+            row = await asyncio.to_thread(files.get, who, fid)
+            # Sent a chunk at a time: a file may be as large as its owner's quota.
+            return 200, "application/jsonl", FileAnswer(files.path(row["id"]), f"no file {fid}")
         raise self._no_route("files/" + "/".join(rest))
 
     async def _jobs(self, who, method, rest, q, body):

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gpulab.service.endpoints.calls import EMBEDDING_KIND, CallRefused
+from gpulab.service.endpoints.file_answer import FileAnswer
 from gpulab.service.endpoints.openai_errors import (
     OpenAIError,
     as_openai,
@@ -307,6 +308,9 @@ class OpenAIGateway:
                 status, kind, data = await routes.answer(
                     who, method, path.strip("/"), query, body, content_type
                 )
+                if isinstance(data, FileAnswer):
+                    await data.send(reply, status, kind)
+                    return
                 await reply.start(
                     status,
                     {

@@ -187,3 +187,32 @@ def test_a_users_training_files_are_held_to_the_quota_and_deleting_gives_room_ba
     files.create(bob, upload, "fine-tune")  # bob's quota is his own
     files.delete(alice, first["id"])
     files.create(alice, upload, "fine-tune")
+
+
+async def test_a_training_file_is_sent_a_chunk_at_a_time(tmp_path):
+    """A download held the whole file (up to the owner's 1 GiB quota) in the service's
+    memory, once per download running."""
+    from gpulab.service.endpoints.file_answer import CHUNK_BYTES, FileAnswer
+
+    class Reply:
+        started = False
+
+        def __init__(self):
+            self.headers, self.writes = {}, []
+
+        async def start(self, status, headers):
+            self.started, self.status, self.headers = True, status, headers
+
+        async def write(self, data):
+            self.writes.append(data)
+
+    data = os.urandom(2 * CHUNK_BYTES + 12345)
+    (tmp_path / "f.jsonl").write_bytes(data)
+    reply = Reply()
+    await FileAnswer(str(tmp_path / "f.jsonl")).send(reply, 200, "application/jsonl")
+    assert reply.headers["Content-Length"] == str(len(data))
+    assert [len(w) for w in reply.writes] == [CHUNK_BYTES, CHUNK_BYTES, 12345]
+    assert b"".join(reply.writes) == data
+    with pytest.raises(OpenAIError) as e:
+        await FileAnswer(str(tmp_path / "gone.jsonl"), "no file file-1").send(Reply(), 200, "x")
+    assert e.value.status == 404 and "no file file-1" in str(e.value)
