@@ -25,6 +25,7 @@ import datetime as dt
 import json
 import os
 
+from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from gpulab.client.hibernations import work_file
@@ -168,6 +169,7 @@ def _iso(t) -> str | None:
 
 class ActivityHandler(GpuLabHandler):
     @web.authenticated
+    @authorized
     async def get(self):
         answer = await server_work(
             self.settings["kernel_manager"], self.settings.get("terminal_manager")

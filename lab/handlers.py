@@ -24,6 +24,7 @@ import json
 import os
 import time
 
+from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
@@ -35,6 +36,11 @@ from .slice_info import describe, read_slice
 
 
 class GpuLabHandler(APIHandler):
+    #: What jupyter_server's authorizer is asked about (``@authorized``: read for GET,
+    #: write for POST and DELETE): a site whose authorizer gives a server's sharers
+    #: read-only access keeps them from acting with the owner's token here.
+    auth_resource = "gpulab"
+
     def initialize(self, lab: GpuLabLab):
         self.lab = lab
 
@@ -126,6 +132,7 @@ class SliceHandler(GpuLabHandler):
         return cls.models, None
 
     @web.authenticated
+    @authorized
     async def get(self):
         s = read_slice(dict(os.environ))
         models, problem = (await self.gpu_models()) if s["managed"] and s["gpus"] else ({}, None)
@@ -148,14 +155,17 @@ class ProxyHandler(GpuLabHandler):
         await self.pass_on(method, target, self.request.query, body)
 
     @web.authenticated
+    @authorized
     async def get(self, path):
         await self.forward("GET", path)
 
     @web.authenticated
+    @authorized
     async def post(self, path):
         await self.forward("POST", path)
 
     @web.authenticated
+    @authorized
     async def delete(self, path):
         await self.forward("DELETE", path)
 
@@ -165,6 +175,7 @@ class TryHandler(GpuLabHandler):
     status (the view shows a refusal as it shows a result)."""
 
     @web.authenticated
+    @authorized
     async def post(self, path):
         target = safe_path(path)
         if target is None or target.count("/") < 2:
@@ -178,6 +189,7 @@ class ChatHandler(GpuLabHandler):
     completions``, with this server's token; the answer comes back whatever its status."""
 
     @web.authenticated
+    @authorized
     async def post(self):
         try:
             request = json.loads(self.request.body or b"null")

@@ -31,6 +31,7 @@ import re
 import shutil
 import time
 
+from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from gpulab.client.hibernations import state_folder
@@ -271,6 +272,7 @@ async def hibernate_kernels(serverapp_settings, hid: str, cap: int) -> dict:
 
 class HibernateHandler(GpuLabHandler):
     @web.authenticated
+    @authorized
     async def post(self):
         try:
             body = json.loads(self.request.body or b"{}")

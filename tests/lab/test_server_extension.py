@@ -124,3 +124,40 @@ def test_pyproject_ships_the_prebuilt_extension():
     data = tool["data-files"]
     assert data["share/jupyter/labextensions/@gpulab/lab/static"] == ["lab/labextension/static/*"]
     assert data["etc/jupyter/jupyter_server_config.d"] == ["lab/jupyter-config/gpulab.json"]
+
+
+READ_ONLY_AUTHORIZER = '''
+from jupyter_server.auth.authorizer import Authorizer
+
+
+class ReadOnly(Authorizer):
+    """A site's granular permissions: this caller may read, not act."""
+
+    def is_authorized(self, handler, user, action, resource):
+        return action == "read"
+'''
+
+
+async def test_a_read_only_sharer_cannot_act_through_the_proxy(tmp_path):
+    """The proxy acts with the owner's token: where the site's authorizer gives a
+    server's sharers read-only access (JupyterHub's granular permissions), they read
+    through it but cannot submit, cancel or delete."""
+    (tmp_path / "authz").mkdir()
+    (tmp_path / "authz" / "read_only_authorizer.py").write_text(READ_ONLY_AUTHORIZER)
+    async with running_service(tmp_path / "svc") as svc:
+        alice = svc.create_user("alice")
+        env = {
+            "GPULAB_API_URL": svc.api,
+            "JUPYTERHUB_API_TOKEN": alice,
+            "PYTHONPATH": str(tmp_path / "authz"),
+        }
+        authz = "--ServerApp.authorizer_class=read_only_authorizer.ReadOnly"
+        with jupyter_server(tmp_path / "alice", env, authz) as url:
+            assert (await get(url, "/gpulab/api/v1/jobs")).status_code == 200
+            assert (await get(url, "/gpulab/slice")).status_code == 200
+            job = {"code": "print(1)", "gpu_milli": 0}
+            r = await get(url, "/gpulab/api/v1/jobs", method="POST", json=job)
+            assert r.status_code == 403, r.text
+            r = await get(url, "/gpulab/api/v1/jobs/x", method="DELETE")
+            assert r.status_code == 403, r.text
+        assert (await svc.request("GET", "/jobs", token=alice)).json() == []
