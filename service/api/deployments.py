@@ -31,11 +31,13 @@ reaches the model server.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from tornado import web
 
 from gpulab.scheduler.budget import BudgetExceeded
+from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 from gpulab.service.api.query_args import int_arg
 from gpulab.service.api.request_body import parse_json_object
 from gpulab.service.auth import APIHandler
@@ -105,6 +107,19 @@ class DeploymentsHandler(_DeploymentHandler):
             self.body_setting,
         )
 
+    def _milli_of(self, who, settings: dict) -> int:
+        """The slice the version will hold, as the manager will read it: ``"1000"`` is
+        1000, and a canary without one takes its deployment's (a bad value is the
+        manager's 400: 0 here)."""
+        asked = settings.get("gpu_milli")
+        if asked is None and "canary" in settings:
+            current = self.deployments.store.find(who.name, str(settings.get("name", "")))
+            asked = current["gpu_milli"] if current else 0
+        try:
+            return parse_gpu_milli(asked if asked is not None else 0)
+        except SliceError:
+            return 0
+
     def data_received(self, chunk: bytes) -> None:
         if self.upload is not None:
             self.upload.feed(chunk)
@@ -131,11 +146,10 @@ class DeploymentsHandler(_DeploymentHandler):
                     "model directory); %deploy does this for you",
                 )
             settings = parse_json_object(spec, "'spec'")
-            milli = settings.get("gpu_milli")
             try:
-                # A bad gpu_milli is the manager's 400; any GPU asked for costs GPU-hours.
+                # Any GPU the new version will hold costs GPU-hours.
                 await self.gpulab.budgets.refuse_over_budget(
-                    who.name, milli if isinstance(milli, int) else 0
+                    who.name, await asyncio.to_thread(self._milli_of, who, settings)
                 )
             except BudgetExceeded as e:
                 raise web.HTTPError(403, str(e)) from None

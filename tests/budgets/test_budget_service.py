@@ -91,17 +91,20 @@ async def test_a_group_at_its_budget_is_refused_with_the_figure_until_next_month
             )
             assert r.status_code == 403, r.text
             assert figure in r.json()["error"]
-            r = await svc.request(
-                "POST",
-                "/deployments",
-                token=alice,
-                files={
-                    "spec": (None, '{"name": "m", "gpu_milli": 250}'),
-                    "model": ("model.tar", b"not read: refused before"),
-                },
-            )
-            assert r.status_code == 403, r.text
-            assert figure in r.json()["error"]
+            # The size as text ("1000" reads as 1000) is refused alike: it went past the
+            # check as 0 and was deployed at 1000.
+            for size in ("250", '"1000"'):
+                r = await svc.request(
+                    "POST",
+                    "/deployments",
+                    token=alice,
+                    files={
+                        "spec": (None, f'{{"name": "m", "gpu_milli": {size}}}'),
+                        "model": ("model.tar", b"not read: refused before"),
+                    },
+                )
+                assert r.status_code == 403, r.text
+                assert figure in r.json()["error"]
             # Work without a GPU costs no GPU-hours: still allowed.
             assert (await start_server(svc, "bob", 0, owner="bob/cpu")).status_code == 201
 
@@ -179,3 +182,25 @@ async def test_users_see_only_their_own_budget_and_a_site_contact(tmp_path):
             )
             mine = (await svc.request("GET", "/budget", token=dave)).json()
             assert mine["refusal"] == r.json()["error"]
+
+
+def test_the_budget_judges_the_slice_a_version_will_hold():
+    """A canary without gpu_milli takes its deployment's slice (it was judged as 0);
+    text reads as the manager reads it; a bad value is the manager's 400 (0 here)."""
+    from types import SimpleNamespace
+
+    from gpulab.service.api.deployments import DeploymentsHandler
+
+    found = {("alice", "chat"): {"gpu_milli": 500}}
+    store = SimpleNamespace(find=lambda user, name: found.get((user, name)))
+    handler = SimpleNamespace(deployments=SimpleNamespace(store=store))
+    alice = SimpleNamespace(name="alice")
+
+    def milli(settings):
+        return DeploymentsHandler._milli_of(handler, alice, settings)
+
+    assert milli({"name": "chat", "canary": 10}) == 500
+    assert milli({"name": "chat", "canary": 10, "gpu_milli": "250"}) == 250
+    assert milli({"name": "new", "gpu_milli": "1000"}) == 1000
+    assert milli({"name": "new"}) == 0
+    assert milli({"name": "new", "gpu_milli": "a lot"}) == 0
