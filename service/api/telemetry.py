@@ -13,6 +13,7 @@ jobs plus totals; an admin sees everyone's, with names.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import math
@@ -58,7 +59,7 @@ class TelemetryHandler(APIHandler):
         # A node's sample lists every GPU process; agents are trusted, not unbounded.
         return 8 << 20
 
-    def get(self):
+    async def get(self):
         who = self.require_identity()
         since = self.get_argument("since", None)
         try:
@@ -103,7 +104,8 @@ class TelemetryHandler(APIHandler):
         ]
         free = svc.ledger.free_sizes(svc.inventory_settings.slice_sizes)
         allreduce = [r for r in store.allreduce() if mine is None or r.get("user") in (None, mine)]
-        jobs = svc.jobs.summaries(mine) if svc.jobs is not None else []
+        # Reads each running job's metrics file (its end): in a thread.
+        jobs = await asyncio.to_thread(svc.jobs.summaries, mine) if svc.jobs is not None else []
         self.write_json(
             {
                 "now": time.time(),
