@@ -59,6 +59,19 @@ RESUMABLE = os.path.join("pids", "resumable.json")
 #: The most of a ranks' ``report()`` file one read takes: a rank may write any amount
 #: (a sparse file of many GiB costs it nothing), the service reads it in steps.
 METRICS_READ_BYTES = 8 << 20
+#: The most restarts a job is taken to have had (a rank's pid file says its restart;
+#: a job's own --max-restarts is far below).
+MAX_RESTARTS = 1000
+#: The most error files of failed ranks read (one per rank; far above any job's ranks).
+MAX_ERROR_FILES = 4096
+
+
+def _number_or_0(value) -> float:
+    """A field of a rank's file as a sort key: a number, else 0."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return value if ok and value == value else 0
+
+
 #: The job's rendezvous secret: ``0600`` the service's, ``root:<owner's private
 #: group> 0640`` once handed over, so only the owner's ranks read it.
 RDZV_SECRET = "rdzv.secret"
@@ -195,28 +208,35 @@ class JobDir:
             f.write(message.rstrip("\n") + "\n")
 
     def read_user_json(self, name: str, default=None):
+        """A JSON file the ranks write (at most 1 MiB): ``default`` for one that is
+        missing or not JSON (deep nesting included: RecursionError)."""
         try:
             return json.loads(self.read_user(name, limit=1 << 20))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return default
 
     # -- outputs -----------------------------------------------------------------
     def errors(self) -> list[dict]:
-        """Failed ranks' errors, earliest first."""
+        """Failed ranks' errors, earliest first (at most MAX_ERROR_FILES of them: the
+        ranks may write any number of files)."""
         found = []
-        for path in glob.glob(self.p("errors", "rank*.json")):
+        for path in sorted(glob.glob(self.p("errors", "rank*.json")))[:MAX_ERROR_FILES]:
             error = self.read_user_json(os.path.relpath(path, self.path))
             if isinstance(error, dict):
                 found.append(error)
-        return sorted(found, key=lambda e: (e.get("time", 0), e.get("rank", 0)))
+        return sorted(
+            found, key=lambda e: (_number_or_0(e.get("time")), _number_or_0(e.get("rank")))
+        )
 
     def restarts(self) -> int:
+        """The highest restart a rank says it is in, at most MAX_RESTARTS (the pid
+        files are their owner's to write)."""
         seen = [0]
         for path in glob.glob(self.p("pids", "rank*.json")):
             info = self.read_user_json(os.path.relpath(path, self.path))
-            with contextlib.suppress(AttributeError, TypeError, ValueError):
+            with contextlib.suppress(AttributeError, TypeError, ValueError, OverflowError):
                 seen.append(int(info.get("restart", 0)))
-        return max(seen)
+        return max(0, min(max(seen), MAX_RESTARTS))
 
     def restart_steps(self) -> dict[int, int | None]:
         """Restart number -> the checkpoint step the ranks resumed from (None: the
@@ -295,7 +315,7 @@ class JobDir:
         if not end and len(data) == limit:
             return [], cursor + limit  # no record is that long: step over it
         for line in data[:end].splitlines():
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):
                 records.append(json.loads(line))
         return records, cursor + end
 
@@ -306,7 +326,7 @@ class JobDir:
         except OSError:
             return None
         for line in reversed(data[: data.rfind(b"\n") + 1].splitlines()):
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):
                 record = json.loads(line)
                 if isinstance(record, dict):
                     return record
@@ -332,6 +352,9 @@ class JobDir:
 #: The most bytes one read of a job's logs returns (a whole-log read, or a tail of
 #: long lines); what is older is skipped with a note saying so.
 MAX_READ_BYTES = 8 << 20
+#: The most lines one read returns over all of a job's logs (each is a Python string:
+#: 8 MiB of empty lines would be millions); the rest come at the next read.
+MAX_READ_LINES = 100_000
 #: Blocks a tail is read in, from the end of the file back.
 TAIL_BLOCK = 64 << 10
 
@@ -360,24 +383,33 @@ class LogTail:
 
     def read(self, final: bool = False, tail: int | None = None) -> list[str]:
         """New lines since the last call; ``final`` also returns an unterminated last
-        line; ``tail``: of what is there, only the last ``tail`` lines (first call)."""
-        opened = []
-        for prefix, path in self._sources():
-            try:
-                fd = self.jobdir.open_user(os.path.relpath(path, self.jobdir.path))
-            except OSError:
+        line; ``tail``: of what is there, only the last ``tail`` lines (first call).
+
+        One file is open at a time, and all of them together give at most
+        :data:`MAX_READ_BYTES` and :data:`MAX_READ_LINES` a call (the ranks may write
+        any number of logs): what is left is read at the next call."""
+        sources = self._sources()
+        if tail is not None:
+            return self._tail(sources, final, tail)
+        budget = {"bytes": MAX_READ_BYTES, "lines": MAX_READ_LINES}
+        lines: list[str] = []
+        for prefix, path in sources:
+            if budget["bytes"] <= 0 or budget["lines"] <= 0:
+                break
+            fd = self._open(path)
+            if fd is None:
                 continue
-            opened.append((prefix, path, fd))
-        try:
-            if tail is not None:
-                return self._tail(opened, final, tail)
-            lines = []
-            for prefix, path, fd in opened:
-                lines += self._new(prefix, path, fd, final)
-            return lines
-        finally:
-            for _, _, fd in opened:
+            try:
+                lines += self._new(prefix, path, fd, final, budget)
+            finally:
                 os.close(fd)
+        return lines
+
+    def _open(self, path: str) -> int | None:
+        try:
+            return self.jobdir.open_user(os.path.relpath(path, self.jobdir.path))
+        except OSError:
+            return None
 
     def _start(self, path: str, fd: int) -> int:
         """Where to go on reading ``path``: the last offset, moved over a cut."""
@@ -395,36 +427,49 @@ class LogTail:
             offset = len(line) + offset - dropped if moved else 0
         return min(offset, st.st_size)
 
-    def _new(self, prefix: str, path: str, fd: int, final: bool) -> list[str]:
+    def _new(self, prefix: str, path: str, fd: int, final: bool, budget: dict) -> list[str]:
         offset = self._start(path, fd)
         size = os.fstat(fd).st_size
         skipped = size - offset > MAX_READ_BYTES
         if skipped:
             offset = size - MAX_READ_BYTES
-        data = os.pread(fd, size - offset, offset)
-        end = len(data) if final else data.rfind(b"\n") + 1
+        # The call's budget left: only whole lines of it, the rest at the next call.
+        short = size - offset > budget["bytes"]
+        data = os.pread(fd, min(size - offset, budget["bytes"]), offset)
+        end = len(data) if final and not short else data.rfind(b"\n") + 1
+        if data.count(b"\n", 0, end) > budget["lines"]:
+            end = _after_nth_newline(data, budget["lines"])
         self.offsets[path] = offset + end
         body = data[:end]
+        budget["bytes"] -= end
         lines = []
         if skipped:
             cut = body.find(b"\n") + 1  # from the start of a line
             body = body[cut:]
             lines.append(f"{prefix}[gpulab] {_mib(offset + cut)} of this log skipped")
         lines += [prefix + raw.decode(errors="replace") for raw in body.splitlines()]
+        budget["lines"] -= len(lines)
         return lines
 
-    def _tail(self, opened, final: bool, n: int) -> list[str]:
-        """The last ``n`` lines over all sources (in their order), read from the ends."""
+    def _tail(self, sources, final: bool, n: int) -> list[str]:
+        """The last ``n`` lines over all sources (in their order), read from the ends,
+        one file open at a time."""
         found: list[list[str]] = []
         budget = MAX_READ_BYTES
-        for prefix, path, fd in reversed(opened):
-            size = os.fstat(fd).st_size
-            self._start(path, fd)
-            end = size if final else _last_newline(fd, size)
-            self.offsets[path] = end
-            if n <= 0 or budget <= 0:
+        for prefix, path in reversed(sources):
+            fd = self._open(path)
+            if fd is None:
                 continue
-            raws, used, complete = _last_lines(fd, end, n, budget)
+            try:
+                size = os.fstat(fd).st_size
+                self._start(path, fd)
+                end = size if final else _last_newline(fd, size)
+                self.offsets[path] = end
+                if n <= 0 or budget <= 0:
+                    continue
+                raws, used, complete = _last_lines(fd, end, n, budget)
+            finally:
+                os.close(fd)
             budget -= used
             lines = [prefix + raw.decode(errors="replace") for raw in raws]
             if not complete:
@@ -432,6 +477,14 @@ class LogTail:
             n -= len(raws)
             found.append(lines)
         return [line for lines in reversed(found) for line in lines]
+
+
+def _after_nth_newline(data: bytes, n: int) -> int:
+    """The offset just after the ``n``-th newline of ``data`` (0 for n = 0)."""
+    end = 0
+    for _ in range(n):
+        end = data.index(b"\n", end) + 1
+    return end
 
 
 def _mib(n: int) -> str:

@@ -24,7 +24,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 
 from gpulab.backend.base import Backend
-from gpulab.backend.jobdir import JobDir
+from gpulab.backend.jobdir import MAX_RESTARTS, JobDir
 from gpulab.db.jobs import TERMINAL
 from gpulab.scheduler.ledger import OWNER_KINDS
 from gpulab.service.jobs.admission import JobAdmission, QueueOrder
@@ -284,7 +284,9 @@ class JobManager:
         if job.get("restarts"):
             # Where each restart resumed: a checkpoint's step, or None (step 0, none yet).
             told = jd.restart_steps()
-            out["restarted_from"] = [told.get(n) for n in range(1, job["restarts"] + 1)]
+            # A row from before MAX_RESTARTS held what a rank wrote: bounded here too.
+            shown = min(int(job["restarts"]), MAX_RESTARTS)
+            out["restarted_from"] = [told.get(n) for n in range(1, shown + 1)]
         out.update(self.lineage.of(job, jd))
         if not out.get("pool"):
             found = book.pools.of_kind(job["backend"])

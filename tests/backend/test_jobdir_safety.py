@@ -112,3 +112,58 @@ def test_a_huge_sparse_report_file_is_read_in_steps(job):
     assert (records, cursor) == ([{"step": 0}], 12)
     assert jd.metrics(0, cursor, limit=1 << 20) == ([], cursor + (1 << 20))  # no line in it
     assert jd.last_metric(0) == {"step": 7}
+
+
+def test_thousands_of_logs_are_read_one_at_a_time_within_one_budget(job):
+    """A rank hard-links one 8 MiB log of empty lines as rank0..rank1999.log (no disk):
+    the service opened every file at once (out of descriptors) and read 8 MiB of each
+    (millions of strings per file). Now one file is open at a time, and a read gives
+    at most MAX_READ_LINES lines over all of them; the rest come at the next read."""
+    from gpulab.backend.jobdir import MAX_READ_LINES
+
+    jd, nobody, _ = job
+
+    def write():
+        with open(jd.p("logs", "rank0.log"), "wb") as f:
+            f.write(b"\n" * (8 << 20))
+        for r in range(1, 2000):
+            os.link(jd.p("logs", "rank0.log"), jd.p("logs", f"rank{r}.log"))
+
+    as_user(nobody.pw_uid, nobody.pw_gid, write)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    tail = LogTail(jd)
+    first = tail.read()
+    assert len(first) <= MAX_READ_LINES and first[0] == "[gpulab] queued"
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    second = tail.read()  # goes on where the first stopped
+    assert 0 < len(second) <= MAX_READ_LINES
+    assert len(LogTail(jd).read(tail=50)) == 50
+
+
+def test_restart_counts_and_records_of_any_shape_are_survived(job):
+    """A rank's pid file is its owner's: a restart count of 10**12 was kept and made
+    every view of the job loop over it; deep nesting raised RecursionError in every
+    poll; errors of mixed time types failed the sort."""
+    from gpulab.backend.jobdir import MAX_RESTARTS
+
+    jd, nobody, _ = job
+
+    def write():
+        files = {
+            "pids/rank0.json": '{"pid": 1, "restart": 1000000000000}',
+            "pids/rank1.json": "[" * 5000 + "]" * 5000,
+            "pids/rank2.json": '{"pid": 2, "restart": Infinity}',
+            "errors/rank0.json": '{"rank": 0, "time": 5, "error": "a"}',
+            "errors/rank1.json": '{"rank": 1, "time": "soon", "error": "b"}',
+            "errors/rank2.json": "[" * 5000,
+        }
+        for name, text in files.items():
+            with open(jd.p(name), "w") as f:
+                f.write(text)
+        with open(jd.p("metrics", "rank0.jsonl"), "w") as f:
+            f.write("[" * 5000 + "]" * 5000 + "\n" + '{"step": 1}\n')
+
+    as_user(nobody.pw_uid, nobody.pw_gid, write)
+    assert jd.restarts() == MAX_RESTARTS
+    assert [e["rank"] for e in jd.errors()] == [1, 0]  # a time that is no number: 0
+    assert jd.metrics(0, 0)[0] == [{"step": 1}]
