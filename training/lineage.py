@@ -94,8 +94,8 @@ def datasets_read(lines: Iterable[bytes | str]) -> list[dict]:
         try:
             note = json.loads(line)
             name, url, size = note["dataset"], note["url"], int(note["size"])
-        except (ValueError, TypeError, KeyError):
-            continue
+        except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
+            continue  # a rank's file says anything: infinity, deep nesting
         if isinstance(name, str) and isinstance(url, str) and size >= 0:
             shards.setdefault(name, {})[url] = size
     return [

@@ -57,6 +57,8 @@ def test_ranks_notes_merge_into_one_version_per_dataset():
         json.dumps({"dataset": "eval", "url": "e0", "size": 5}),
         "not json",
         json.dumps({"dataset": "toy"}),
+        '{"dataset": "toy", "url": "u9", "size": Infinity}',  # a rank's file: anything
+        "[" * 5000,
     ]
     assert datasets_read(lines) == [
         {"name": "eval", "version": by_hand([("e0", 5)]), "shards": 1, "bytes": 5},
