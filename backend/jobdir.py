@@ -175,7 +175,9 @@ class JobDir:
             with open(self.p("vars.pkl"), "wb") as f:
                 f.write(spec.vars_bytes)
         self.write_rdzv_secret()
-        self.write_json("spec.json", spec.to_dict())
+        # The variables are in vars.pkl: spec.json, read at every poll of the job, is
+        # kept small (it held them again, up to 345 MB of base64, parsed each second).
+        self.write_json("spec.json", {**spec.to_dict(), "vars_b64": ""})
 
     def write_rdzv_secret(self) -> None:
         """A fresh secret for the job's rendezvous, if it has none (a requeue keeps it)."""

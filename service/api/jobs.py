@@ -8,6 +8,7 @@ Only a job's owner and admins see a job; to anyone else it does not exist
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 from tornado import web
@@ -18,6 +19,7 @@ from gpulab.backend.spec import MAX_CODE_BYTES
 from gpulab.db.jobs import STATES, TERMINAL
 from gpulab.enforcement.environments import SiteEnvironments
 from gpulab.scheduler.budget import BudgetExceeded
+from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 from gpulab.service.api.query_args import int_arg
 from gpulab.service.auth import APIHandler
 from gpulab.service.jobs.manager import JobManager, JobRefused
@@ -58,29 +60,35 @@ class JobsHandler(_JobHandler):
             self.gpulab.job_queue.max_job_vars_mib * 2**20 * 4 // 3 + MAX_CODE_BYTES * 2 + (1 << 20)
         )
 
-    def get(self):
+    async def get(self):
         user = self.listed_user("jobs")
         state = self.get_argument("state", None)
         if state is not None and state not in STATES:
             raise web.HTTPError(400, f"state must be one of {', '.join(STATES)}")
-        rows = self.jobs.queue.list(user=user, states=(state,) if state else None)
-        positions = self.jobs.queue.positions()
-        self.write_json([self.jobs.view(j, positions) for j in rows])
+
+        def views() -> list[dict]:  # each reads its job's folder: in a thread
+            rows = self.jobs.queue.list(user=user, states=(state,) if state else None)
+            positions = self.jobs.queue.positions()
+            return [self.jobs.view(j, positions) for j in rows]
+
+        self.write_json(await asyncio.to_thread(views))
 
     async def post(self):
         who = self.require_identity()
-        body = self.json_body()
+        # Up to max_job_vars_mib of base64 in it: parsed in a thread.
+        body = await asyncio.to_thread(self.json_body)
         environment = body.get("environment")
         site = SiteEnvironments(parent=self.gpulab).environments
         if isinstance(environment, str) and environment and environment not in site:
             known = ", ".join(sorted(site)) or "none are set up"
             raise web.HTTPError(400, f"unknown environment {environment!r}; this site's: {known}")
-        milli = body.get("gpu_milli")
         try:
-            # A bad gpu_milli is the job manager's 400; any GPU asked for costs GPU-hours.
-            await self.gpulab.budgets.refuse_over_budget(
-                who.name, milli if isinstance(milli, int) else 0
-            )
+            milli = parse_gpu_milli(body.get("gpu_milli", 0))  # "1000" is 1000, as the job's
+        except SliceError:
+            milli = 0  # the job manager's 400
+        try:
+            # Any GPU asked for costs GPU-hours.
+            await self.gpulab.budgets.refuse_over_budget(who.name, milli)
         except BudgetExceeded as e:
             raise web.HTTPError(403, str(e)) from None
         try:
@@ -99,8 +107,9 @@ class JobsHandler(_JobHandler):
 
 
 class JobHandler(_JobHandler):
-    def get(self, job_id):
-        self.write_json(self.jobs.view(self.find(job_id)))
+    async def get(self, job_id):
+        job = self.find(job_id)
+        self.write_json(await asyncio.to_thread(self.jobs.view, job))
 
     async def delete(self, job_id):
         """Cancel: stop every rank, release the slices. A finished job stays as it ended."""
@@ -168,20 +177,24 @@ class JobLogsHandler(_JobHandler):
 class JobMetricsHandler(_JobHandler):
     """``report()`` records of one rank (default 0) from ``?cursor=`` on."""
 
-    def get(self, job_id):
+    async def get(self, job_id):
         job = self.find(job_id)
         rank = int_arg("rank", self.get_argument("rank", None), 0, 0)
         cursor = int_arg("cursor", self.get_argument("cursor", None), 0, 0)
         jd = self.jobs.jobdir(job)
-        records, cursor = jd.metrics(rank, cursor)
-        self.write_json(
-            {
-                "records": records,
-                "cursor": cursor,
-                "state": job["state"],
-                "checkpoints": jd.checkpoint_steps(),
-            }
-        )
+
+        def answer() -> str:  # up to 8 MiB of the rank's records: read and written here
+            records, after = jd.metrics(rank, cursor)
+            return json.dumps(
+                {
+                    "records": records,
+                    "cursor": after,
+                    "state": job["state"],
+                    "checkpoints": jd.checkpoint_steps(),
+                }
+            )
+
+        self.finish(await asyncio.to_thread(answer))
 
 
 class JobOutHandler(_JobHandler):

@@ -7,6 +7,7 @@ What is refused is refused here, with the HTTP status to answer with
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import Awaitable, Callable
@@ -55,7 +56,8 @@ class JobIntake:
                 f"{noun(len(sent), 'field')} set by the service, not the client: {', '.join(sent)}",
             )
         try:
-            spec = JobSpec.from_dict(body)
+            # Its variables may be hundreds of MB of base64, checked here: in a thread.
+            spec = await asyncio.to_thread(JobSpec.from_dict, body)
             parse_gpu_milli(spec.gpu_milli, self.limits.slice_sizes)
         except SpecTooLarge as e:
             raise JobRefused(413, str(e)) from None
@@ -95,7 +97,7 @@ class JobIntake:
         jd = JobDir(book.root, spec.id)
         os.makedirs(jd.path)
         spec.checkpoint_dir = jd.p("checkpoints")
-        jd.write_inputs(spec)
+        await asyncio.to_thread(jd.write_inputs, spec)  # the variables decoded and written
         job = book.queue.add(
             {
                 "id": spec.id,
