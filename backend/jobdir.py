@@ -198,11 +198,24 @@ class JobDir:
         os.replace(tmp, self.p(name))
 
     def read_json(self, name: str, default=None):
+        """A JSON file of the service's in the folder: only a regular file, never
+        followed through a link, never waited on (where a job's pods run as the same
+        account as the service, they could put a FIFO in its place)."""
         try:
-            with open(self.p(name)) as f:
-                return json.load(f)
-        except (OSError, ValueError):
+            fd = os.open(self.p(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
             return default
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return default
+            with os.fdopen(fd, "rb") as f:
+                fd = -1
+                return json.load(f)
+        except (OSError, ValueError, RecursionError):
+            return default
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def event(self, message: str) -> None:
         fd = self.open_user(EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)

@@ -161,8 +161,11 @@ def node_gpus(spec: JobSpec) -> list[str]:
 
 def _volumes(spec: JobSpec, options: JobOptions, ckpt_dir: str) -> tuple[list, list]:
     volumes = [{"name": "jobs", "persistentVolumeClaim": {"claimName": options.jobs_pvc}}]
-    mounts = [{"name": "jobs", "mountPath": options.jobs_root}]
-    inside = (ckpt_dir + "/").startswith(options.jobs_root.rstrip("/") + "/")
+    # The job's own folder of the volume, at its path in the service's: other jobs'
+    # folders (their specs, checkpoints and outputs) are not in its pods at all.
+    job_dir = JobDir(options.jobs_root, spec.id).path
+    mounts = [{"name": "jobs", "mountPath": job_dir, "subPath": spec.id}]
+    inside = (ckpt_dir + "/").startswith(job_dir.rstrip("/") + "/")
     if options.checkpoint_pvc:
         volumes.append(
             {"name": "checkpoints", "persistentVolumeClaim": {"claimName": options.checkpoint_pvc}}
@@ -170,8 +173,8 @@ def _volumes(spec: JobSpec, options: JobOptions, ckpt_dir: str) -> tuple[list, l
         mounts.append({"name": "checkpoints", "mountPath": ckpt_dir})
     elif not inside:
         raise SpecError(
-            f"checkpoint_dir {ckpt_dir!r} is not on the jobs volume "
-            f"({options.jobs_root}): leave it empty, or set checkpoint_pvc"
+            f"checkpoint_dir {ckpt_dir!r} is not in the job's folder on the jobs volume "
+            f"({job_dir}): leave it empty, or set checkpoint_pvc"
         )
     return volumes, mounts
 

@@ -100,7 +100,13 @@ class JobBook:
         return JobDir(self.root, job["id"])
 
     def spec(self, job: dict) -> JobSpec:
-        return self.jobdir(job).spec()
+        """The job's spec from its folder, with who and what it is taken from its row:
+        where its pods can write the folder (Kubernetes), a spec naming another job's
+        id, or more GPU than was granted, is not believed."""
+        spec = self.jobdir(job).spec()
+        spec.id, spec.user = job["id"], job["user"]
+        spec.gpu_milli, spec.nproc_per_node = job["gpu_milli"], job["nproc_per_node"]
+        return spec
 
     def over_host_quota(self, job: dict, ranks: int) -> str | None:
         """Why ``ranks`` ranks of ``job`` would not fit its owner's CPU and memory

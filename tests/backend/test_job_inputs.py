@@ -23,3 +23,30 @@ def test_the_variables_are_kept_once_and_spec_json_stays_small(tmp_path):
     assert stored["vars_b64"] == "" and stored["code"] == "print(x)"
     assert jd.spec().vars_b64 == ""  # what a poll reads
     assert (tmp_path / "j1" / "spec.json").stat().st_size < 4096
+
+
+def test_a_spec_rewritten_in_the_folder_does_not_change_who_or_what_the_job_is(tmp_path):
+    """On Kubernetes a job's pods may run as the service's account and write its
+    folder: a spec.json naming another job's id made cancelling it delete the other
+    job's Kubernetes Job, and a FIFO in its place would block the service."""
+    import os
+    from types import SimpleNamespace
+
+    from gpulab.service.jobs.book import JobBook
+
+    jd = JobDir(str(tmp_path), "mine")
+    jd.write_inputs(JobSpec.from_dict({"code": "x", "gpu_milli": 250, "user": "alice"}))
+    forged = {**json.load(open(jd.p("spec.json"))), "id": "victim", "user": "bob"}
+    forged |= {"gpu_milli": 8000, "nproc_per_node": 8}
+    json.dump(forged, open(jd.p("spec.json"), "w"))
+    row = {"id": "mine", "user": "alice", "gpu_milli": 250, "nproc_per_node": 1}
+    book = SimpleNamespace(jobdir=lambda job: JobDir(str(tmp_path), job["id"]))
+    spec = JobBook.spec(book, row)
+    assert (spec.id, spec.user, spec.gpu_milli, spec.nproc_per_node) == ("mine", "alice", 250, 1)
+
+    os.unlink(jd.p("spec.json"))
+    os.mkfifo(jd.p("spec.json"))
+    assert jd.read_json("spec.json", "none") == "none"  # at once, not waiting for a writer
+    os.unlink(jd.p("spec.json"))
+    os.symlink("/etc/hostname", jd.p("spec.json"))
+    assert jd.read_json("spec.json", "none") == "none"

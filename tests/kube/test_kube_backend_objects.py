@@ -211,7 +211,10 @@ def test_job_volume_and_checkpoints():
         {"name": "jobs", "persistentVolumeClaim": {"claimName": "gpulab-jobs"}}
     ]
     c = pod["containers"][0]
-    assert c["volumeMounts"] == [{"name": "jobs", "mountPath": JOBS_ROOT}]
+    # The job's own folder only: no other job's spec, checkpoints or outputs.
+    assert c["volumeMounts"] == [
+        {"name": "jobs", "mountPath": f"{JOBS_ROOT}/{s.id}", "subPath": s.id}
+    ]
     assert env_of(c)["GPULAB_CHECKPOINT_DIR"] == f"{JOBS_ROOT}/{s.id}/checkpoints"
     assert c["workingDir"] == f"{JOBS_ROOT}/{s.id}"
 
