@@ -265,7 +265,7 @@ class MetricsHandler(APIHandler):
             # the network keeps users' pods off this port (z2jh's egress policy).
             mine = None
         self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.finish(self.gpulab.metrics.render(mine))
+        self.finish(self.gpulab.metrics.render(mine, who.name if who is not None else ""))
 
     def _ids_of(self, user: str) -> frozenset[str]:
         """The ids of the user's jobs and endpoints (the owner labels' values)."""

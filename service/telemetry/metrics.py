@@ -33,17 +33,23 @@ from gpulab.scheduler.slices import DEFAULT_SLICE_SIZES
 #: Labels whose value is one user's job or endpoint id (``job``: a nettest job's
 #: all-reduce result).
 OWNER_LABELS = ("job_id", "deployment", "job")
+#: The label whose value is a user's name (GPU memory by user).
+USER_LABEL = "user"
 
 
 class _OwnersView:
     """A registry read as one caller may: a series with an :data:`OWNER_LABELS`
-    label only when ``mine`` holds its value."""
+    label only when ``mine`` holds its value, and one with a user's name only when it
+    is ``user``'s (no one else's name, nor what they use, is shown)."""
 
-    def __init__(self, registry: CollectorRegistry, mine: frozenset[str]):
+    def __init__(self, registry: CollectorRegistry, mine: frozenset[str], user: str = ""):
         self.registry = registry
         self.mine = mine
+        self.user = user
 
     def _visible(self, labels: dict) -> bool:
+        if USER_LABEL in labels and (not self.user or labels[USER_LABEL] != self.user):
+            return False
         return all(labels[k] in self.mine for k in OWNER_LABELS if k in labels)
 
     def collect(self):
@@ -228,9 +234,9 @@ class Metrics:
         self.placements.labels(result).inc()
         self.placement_seconds.observe(seconds)
 
-    def render(self, mine: frozenset[str] | None = None) -> bytes:
+    def render(self, mine: frozenset[str] | None = None, user: str = "") -> bytes:
         """Every series (``mine`` None), or the cluster's and those of the jobs and
-        endpoints whose ids ``mine`` holds."""
+        endpoints whose ids ``mine`` holds and of ``user`` ("": no user's)."""
         if mine is None:
             return generate_latest(self.registry)
-        return generate_latest(_OwnersView(self.registry, frozenset(mine)))
+        return generate_latest(_OwnersView(self.registry, frozenset(mine), user))

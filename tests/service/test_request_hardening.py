@@ -250,6 +250,11 @@ class _Owned:
         c = GaugeMetricFamily("gpulab_c", "cluster", labels=["hostname"])
         c.add_metric(["node"], 4)
         yield c
+        u = GaugeMetricFamily("gpulab_u", "by user", labels=["gpu", "user"])
+        u.add_metric(["0", "alice"], 5)
+        u.add_metric(["0", "bob"], 6)
+        u.add_metric(["0", ""], 7)
+        yield u
 
 
 def test_metrics_show_a_caller_only_their_own_jobs_and_endpoints():
@@ -286,8 +291,11 @@ async def test_metrics_without_a_token_through_the_proxy_show_no_ones_jobs(tmp_p
             assert r.status_code == 200
             assert "job-a" not in r.text and "dep-a" not in r.text
             assert 'gpulab_c{hostname="node"} 4.0' in r.text
+            # Users' names and their GPU memory: bob's own only, no one else's.
+            assert 'user="alice"' not in r.text and 'user=""' not in r.text
+        assert 'user="bob"' in r.text  # the last one: bob's token
         admin = (await svc.request("GET", "/../../metrics")).text
-        assert 'job_id="job-b"' in admin
+        assert 'job_id="job-b"' in admin and 'user="alice"' in admin
 
 
 # -- the audit source --------------------------------------------------------------------
