@@ -120,6 +120,13 @@ class JobStore(Store):
             q = q.where(jobs.c.state.in_(states))
         return self.all(q, job_json)
 
+    def newest(self, user: str | None, n: int) -> list[dict]:
+        """The ``n`` jobs submitted last (of ``user`` where given), newest first."""
+        q = select(jobs).order_by(jobs.c.submitted.desc(), jobs.c.id.desc()).limit(n)
+        if user is not None:
+            q = q.where(jobs.c.user == user)
+        return self.all(q, job_json)
+
     def update(self, job_id: str, **values) -> None:
         self.update_by_id(jobs, job_id, json_columns(values, objects=_JSON, skip_none=True))
 

@@ -104,6 +104,10 @@ class JobQueue:
     def list(self, user: str | None = None, states: tuple[str, ...] | None = None) -> list[dict]:
         return self.rows.list(user, states)
 
+    def newest(self, user: str | None, n: int) -> list[dict]:
+        """The ``n`` jobs submitted last (of ``user`` where given), newest first."""
+        return self.rows.newest(user, n)
+
     def update(self, job_id: str, **values) -> None:
         self.rows.update(job_id, **values)
 

@@ -115,7 +115,7 @@ def allocation_rows(service, allocations: list[dict], user: str | None, now=None
 def job_rows(service, user: str | None, now=None) -> list[dict]:
     if service.jobs is None:
         return []
-    jobs = service.jobs.queue.list(user=user)[-JOBS_SHOWN:]
+    newest = service.jobs.queue.newest(user, JOBS_SHOWN)  # a user may have thousands
     return [
         {
             "id": j["id"],
@@ -126,7 +126,7 @@ def job_rows(service, user: str | None, now=None) -> list[dict]:
             "ranks": j["nodes"] * j["nproc_per_node"],
             "submitted": ago(j["submitted"], now),
         }
-        for j in reversed(jobs)
+        for j in newest
     ]
 
 

@@ -10,6 +10,7 @@ hub's XSRF token.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -60,7 +61,7 @@ ENV = page_environment()
 
 
 class HomeHandler(BaseHandler):
-    def get(self):
+    async def get(self):
         if self.identity is None:
             if self._forbidden_model is None:
                 return self.redirect(self.get_login_url())
@@ -72,36 +73,41 @@ class HomeHandler(BaseHandler):
         hub_prefix = self.hub_auth.hub_prefix  # "/hub/"
         base = hub_prefix[: -len("hub/")] if hub_prefix.endswith("hub/") else "/"
         public = f"{self.request.protocol}://{self.request.host}"
-        html = ENV.get_template("gpulab.html").render(
-            # What JupyterHub's page.html reads (its handlers' template_namespace).
-            base_url=hub_prefix,
-            prefix=base,
-            user=SimpleNamespace(
-                name=who.name, json_escaped_name=json.dumps(who.name)[1:-1], admin=who.admin
-            ),
-            static_url=lambda path, include_version=True: f"{hub_prefix}static/{path}",
-            logout_url=f"{hub_prefix}logout",
-            login_url=f"{hub_prefix}login",
-            parsed_scopes={"admin-ui"} if who.admin else set(),
-            services=[SimpleNamespace(name="gpulab", href=gpulab.prefix)],
-            admin_access=who.admin,
-            no_spawner_check=True,
-            # The share forms send it back (the hub's check of cookie-authenticated changes).
-            xsrf_token=self.xsrf_token.decode(),
-            version_hash="",
-            # The page itself.
-            scope="You are an admin: everyone's allocations, jobs and endpoints."
-            if who.admin
-            else "Your allocations, jobs and endpoints.",
-            api_url=f"{gpulab.prefix}api/v1/",
-            inventory_reason=inventory.get("reason"),
-            simulated=any(g["simulated"] for n in inventory["nodes"] for g in n["gpus"]),
-            gpus=gpu_rows(inventory),
-            allocations=allocation_rows(gpulab, gpulab.ledger.list(user=only), only),
-            jobs=job_rows(gpulab, only),
-            endpoints=endpoint_rows(gpulab, only, public),
-            shared=[] if who.admin else shared_rows(gpulab, who, public),
-            state_colors=STATE_COLORS,
+        # The share forms send it back (the hub's check of cookie-authenticated changes).
+        xsrf_token = self.xsrf_token.decode()
+        # The page reads the ledger, jobs and endpoints (their cards from disk): the
+        # rows are gathered and the page written in a thread, not on the event loop.
+        html = await asyncio.to_thread(
+            lambda: ENV.get_template("gpulab.html").render(
+                # What JupyterHub's page.html reads (its handlers' template_namespace).
+                base_url=hub_prefix,
+                prefix=base,
+                user=SimpleNamespace(
+                    name=who.name, json_escaped_name=json.dumps(who.name)[1:-1], admin=who.admin
+                ),
+                static_url=lambda path, include_version=True: f"{hub_prefix}static/{path}",
+                logout_url=f"{hub_prefix}logout",
+                login_url=f"{hub_prefix}login",
+                parsed_scopes={"admin-ui"} if who.admin else set(),
+                services=[SimpleNamespace(name="gpulab", href=gpulab.prefix)],
+                admin_access=who.admin,
+                no_spawner_check=True,
+                xsrf_token=xsrf_token,
+                version_hash="",
+                # The page itself.
+                scope="You are an admin: everyone's allocations, jobs and endpoints."
+                if who.admin
+                else "Your allocations, jobs and endpoints.",
+                api_url=f"{gpulab.prefix}api/v1/",
+                inventory_reason=inventory.get("reason"),
+                simulated=any(g["simulated"] for n in inventory["nodes"] for g in n["gpus"]),
+                gpus=gpu_rows(inventory),
+                allocations=allocation_rows(gpulab, gpulab.ledger.list(user=only), only),
+                jobs=job_rows(gpulab, only),
+                endpoints=endpoint_rows(gpulab, only, public),
+                shared=[] if who.admin else shared_rows(gpulab, who, public),
+                state_colors=STATE_COLORS,
+            )
         )
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(html)

@@ -104,3 +104,14 @@ def test_never_fits_names_the_limit():
     assert never_fits(quotas, "u", 0, {"lab": {"u"}}) is None
     assert "needs 3 GPUs in all and your quota is 2 GPUs" in never_fits(quotas, "u", 3000, {})
     assert "group 'lab'" in never_fits(quotas, "u", 1500, {"lab": {"u", "v"}})
+
+
+def test_the_newest_jobs_are_read_by_the_database_not_all_of_them(setup):
+    """The gpulab page shows a user's last jobs: it read every job ever submitted (with
+    each failed one's error, up to 1 MiB) to keep 50."""
+    q, _ = setup
+    for i in range(5):
+        add(q, f"a{i}", user="alice")
+        add(q, f"b{i}", user="bob")
+    assert [j["id"] for j in q.newest("alice", 3)] == ["a4", "a3", "a2"]
+    assert [j["id"] for j in q.newest(None, 2)] == ["b4", "a4"]
