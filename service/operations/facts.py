@@ -17,7 +17,7 @@ import logging
 import os
 from collections import deque
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, func, select
 
 from gpulab.db import clock as gpulab_clock
 from gpulab.db.jobs import jobs as jobs_table
@@ -33,6 +33,10 @@ log = logging.getLogger("gpulab.service.operations.alerts")
 
 #: A node that sent nothing for this long is forgotten (and its alert resolves).
 FORGET_NODE_S = 86400
+#: Failed jobs of one user an alert round looks at (the newest), and how much of each
+#: one's message: a user's thousands of failures are not thousands of alerts.
+FAILED_JOBS_PER_USER = 10
+FAILED_MESSAGE_CHARS = 400
 #: Where the dataset cache is, as the spawners and the agents read it.
 CACHE_DIR_ENV = "GPULAB_CACHE_DIR"
 
@@ -231,13 +235,19 @@ class FactsBuilder:
         t = jobs_table
         cutoff = dt.datetime.fromtimestamp(now - JOB_FAILED_WINDOW_S, dt.UTC)
         out = []
+        # A job's message may be long (a rank's error): its start is enough for the
+        # alert. And one user's thousands of failed jobs make at most a few alerts.
+        message = func.substr(t.c.message, 1, FAILED_MESSAGE_CHARS).label("message")
+        shown: dict[str, int] = {}
         with self.engine.connect() as conn:
             failed = conn.execute(
-                select(t.c.id, t.c.user, t.c.name, t.c.submitted, t.c.finished, t.c.message).where(
-                    and_(t.c.state == "failed", t.c.finished >= cutoff)
-                )
+                select(t.c.id, t.c.user, t.c.name, t.c.submitted, t.c.finished, message)
+                .where(and_(t.c.state == "failed", t.c.finished >= cutoff))
+                .order_by(t.c.finished.desc())
             ).all()
             for row in failed:
+                if shown.get(row.user, 0) >= FAILED_JOBS_PER_USER:
+                    continue
                 later = conn.execute(
                     select(t.c.id)
                     .where(
@@ -250,6 +260,7 @@ class FactsBuilder:
                     .limit(1)
                 ).first()
                 if later is None:
+                    shown[row.user] = shown.get(row.user, 0) + 1
                     out.append(
                         {
                             "id": row.id,

@@ -194,3 +194,34 @@ def test_thresholds_are_the_services_settings():
     th = svc.thresholds
     assert (th.alert_endpoint_p99_ms, th.job_stall_seconds) == (750.0, 90.0)
     assert {r.name: r for r in rules(th)}["JobStalled"].expr.endswith("> 90")
+
+
+def test_one_users_many_failed_jobs_are_a_few_alerts_of_short_messages(tmp_path):
+    """Every round read each failed job's whole message (a rank's error, up to 1 MiB)
+    and made an alert of each: one user's thousands of failures pushed everyone's
+    alerts out of the webhook's queue."""
+    import time
+
+    from gpulab.db.engine import make_engine
+    from gpulab.db.jobs import JobStore
+    from gpulab.service.operations.facts import (
+        FAILED_JOBS_PER_USER,
+        FAILED_MESSAGE_CHARS,
+        FactsBuilder,
+    )
+
+    engine = make_engine(f"sqlite:///{tmp_path}/jobs.sqlite")
+    store = JobStore(engine)
+    size = {"backend": "local", "nodes": 1, "nproc_per_node": 1, "gpu_milli": 0}
+    for i in range(FAILED_JOBS_PER_USER + 5):
+        store.add({"id": f"m{i}", "user": "mallory", "name": f"n{i}", **size})
+        store.finish(f"m{i}", "failed", "x" * 100_000)
+    store.add({"id": "a0", "user": "alice", "name": "train", **size})
+    store.finish("a0", "failed", "out of memory")
+    builder = FactsBuilder.__new__(FactsBuilder)
+    builder.engine = engine
+    failed = builder._failed_jobs(time.time())
+    by_user = {u: [f for f in failed if f["user"] == u] for u in ("mallory", "alice")}
+    assert len(by_user["mallory"]) == FAILED_JOBS_PER_USER
+    assert all(len(f["message"]) <= FAILED_MESSAGE_CHARS for f in failed)
+    assert [f["message"] for f in by_user["alice"]] == ["out of memory"]
