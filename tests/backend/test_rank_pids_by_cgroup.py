@@ -12,11 +12,11 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 
 import pytest
 from cells import SLEEPS
 from localrun import new_spec, prepare
+from support.cgroup_accounts import cgroup_accounts
 from support.wait import wait_until_async
 
 from gpulab.backend.local import LocalBackend
@@ -29,22 +29,9 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def limited(tmp_path):
     """A local backend whose job nodes run in cgroups as their owner's account."""
-    from hubproc import fresh_user, let_accounts_reach
-
-    from gpulab.enforcement.account_limits import AccountLimits
-    from gpulab.enforcement.accounts import UserAccounts
-
-    let_accounts_reach(tmp_path)
-    limits = AccountLimits()
-    if limits.cgroups().kind == "none":
-        pytest.skip(f"no cgroup mechanism on this host: {limits.cgroups().describe()}")
-    accounts = UserAccounts(home_root=str(tmp_path / "homes"), enabled=True)
-    user = fresh_user(f"pid{uuid.uuid4().hex[:4]}")
-    (tmp_path / "jobs").mkdir()
-    try:
+    with cgroup_accounts(tmp_path, "pid") as (accounts, limits, user):
+        (tmp_path / "jobs").mkdir()
         yield LocalBackend(str(tmp_path / "jobs"), accounts=accounts, limits=limits), user
-    finally:
-        subprocess.run(["userdel", accounts.name_for(user)], capture_output=True)
 
 
 async def training(backend, spec, jd) -> int:

@@ -8,9 +8,9 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 
 import pytest
+from support.cgroup_accounts import cgroup_accounts
 
 from gpulab.backend.local_replicas import LocalReplicas, replica_unit
 
@@ -24,39 +24,28 @@ DEP = "0123456789ab"
 @pytest.fixture
 def replicas(tmp_path):
     """Replicas run as their owner's account, in cgroups; a deployment folder made."""
-    from hubproc import fresh_user, let_accounts_reach
+    with cgroup_accounts(tmp_path, "rep") as (accounts, limits, user):
+        backend = LocalReplicas(str(tmp_path / "deployments"), accounts=accounts, limits=limits)
+        backend.prepare(DEP)
+        account = accounts.ensure(user)
+        procs = []
 
-    from gpulab.enforcement.account_limits import AccountLimits
-    from gpulab.enforcement.accounts import UserAccounts
+        def run(argv, in_group: bool) -> subprocess.Popen:
+            """A process of the owner naming the model folder, in the replica's group or not."""
+            run_as = account.popen_kwargs()
+            if in_group:
+                group = limits.group(account.name, replica_unit(DEP, 0), 100, 1)
+                argv, run_as = group.launch(argv, **run_as)
+            procs.append(subprocess.Popen(argv, start_new_session=True, **run_as))
+            return procs[-1]
 
-    let_accounts_reach(tmp_path)
-    limits = AccountLimits()
-    if limits.cgroups().kind == "none":
-        pytest.skip(f"no cgroup mechanism on this host: {limits.cgroups().describe()}")
-    accounts = UserAccounts(home_root=str(tmp_path / "homes"), enabled=True)
-    user = fresh_user(f"rep{uuid.uuid4().hex[:4]}")
-    backend = LocalReplicas(str(tmp_path / "deployments"), accounts=accounts, limits=limits)
-    backend.prepare(DEP)
-    account = accounts.ensure(user)
-    procs = []
-
-    def run(argv, in_group: bool) -> subprocess.Popen:
-        """A process of the owner naming the model folder, in the replica's group or not."""
-        run_as = account.popen_kwargs()
-        if in_group:
-            group = limits.group(account.name, replica_unit(DEP, 0), 100, 1)
-            argv, run_as = group.launch(argv, **run_as)
-        procs.append(subprocess.Popen(argv, start_new_session=True, **run_as))
-        return procs[-1]
-
-    try:
-        yield backend, account, run
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        limits.remove(account.name, replica_unit(DEP, 0))
-        subprocess.run(["userdel", account.name], capture_output=True)
+        try:
+            yield backend, account, run
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+            limits.remove(account.name, replica_unit(DEP, 0))
 
 
 def test_a_restarted_service_knows_a_replica_by_its_cgroup(replicas):
