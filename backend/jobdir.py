@@ -443,23 +443,28 @@ class LogTail:
         return min(offset, st.st_size)
 
     def _new(self, prefix: str, path: str, fd: int, final: bool, budget: dict) -> list[str]:
+        """The file's new lines within what is left of the call's ``budget``. A file
+        more than MAX_READ_BYTES behind gives its newest lines (the older are skipped,
+        with a line saying so); one within it gives what fits, in order, and the rest
+        at the next call."""
         offset = self._start(path, fd)
         size = os.fstat(fd).st_size
+        room = budget["bytes"]
         skipped = size - offset > MAX_READ_BYTES
         if skipped:
-            offset = size - MAX_READ_BYTES
-        # The call's budget left: only whole lines of it, the rest at the next call.
-        short = size - offset > budget["bytes"]
-        data = os.pread(fd, min(size - offset, budget["bytes"]), offset)
+            offset = size - min(MAX_READ_BYTES, room)
+        short = size - offset > room
+        data = os.pread(fd, min(size - offset, room), offset)
         end = len(data) if final and not short else data.rfind(b"\n") + 1
-        if data.count(b"\n", 0, end) > budget["lines"]:
+        if not skipped and data.count(b"\n", 0, end) > budget["lines"]:
             end = _after_nth_newline(data, budget["lines"])
         self.offsets[path] = offset + end
         body = data[:end]
         budget["bytes"] -= end
         lines = []
         if skipped:
-            cut = body.find(b"\n") + 1  # from the start of a line
+            # From the start of a line, and at most the lines left: the newest.
+            cut = max(body.find(b"\n") + 1, _last_lines_start(body, budget["lines"] - 1))
             body = body[cut:]
             lines.append(f"{prefix}[gpulab] {_mib(offset + cut)} of this log skipped")
         lines += [prefix + raw.decode(errors="replace") for raw in body.splitlines()]
@@ -492,6 +497,17 @@ class LogTail:
             n -= len(raws)
             found.append(lines)
         return [line for lines in reversed(found) for line in lines]
+
+
+def _last_lines_start(data: bytes, n: int) -> int:
+    """Where the last ``n`` lines of ``data`` (ending in a newline) start (0: it has
+    no more than ``n``)."""
+    pos = len(data) - 1  # the last newline ends the last line; it starts none
+    for _ in range(max(n, 0)):
+        pos = data.rfind(b"\n", 0, pos)
+        if pos < 0:
+            return 0
+    return pos + 1 if n > 0 else len(data)
 
 
 def _after_nth_newline(data: bytes, n: int) -> int:

@@ -73,6 +73,9 @@ API_BODY_LIMIT = 16 << 20
 UPLOAD_ROUTES = (*ARTIFACT_ROOTS, "ajax-api/2.0/mlflow/upload-artifact")
 #: How much of a body is held in memory before it goes to a temporary file.
 BODY_IN_MEMORY = 1 << 20
+#: How far past what a route takes a refused body is still read (and dropped) so the
+#: refusal reaches the caller; a body claiming more is answered at once.
+DRAIN_LIMIT = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,8 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
     pass on, narrow the answer."""
 
     caller: Caller | None = None
+    #: Why this request is refused (see _judge), or None.
+    refusal = None
     body_file = None
     body_size = 0
 
@@ -198,48 +203,68 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
 
     async def prepare(self):
         """Who asks and whether the path and body size can be taken, before any of
-        the body is read: a refused request never sends it."""
+        the body is read. A refused request's body is read and dropped, then answered
+        (closing a connection with its body unread makes the hub's proxy answer its
+        own 503, for that request or the next on the connection); one claiming more
+        than DRAIN_LIMIT past what is taken is answered at once."""
         path = self.path_args[0] if self.path_args else ""
+        self.refusal = refusal = await self._judge(path)
+        upload = path.startswith(UPLOAD_ROUTES)
+        limit = self.proxy.max_upload_mib << 20 if upload else API_BODY_LIMIT
+        sent = self.request.headers.get("Content-Length", "")
+        size = int(sent) if sent.isdigit() else None
+        if refusal is None and size is not None and size > limit:
+            what = "an artifact" if upload else "a call of MLflow's API"
+            fix = "an admin can raise c.MlflowProxy.max_upload_mib" if upload else "send less"
+            self.refusal = refusal = (
+                413,
+                "REQUEST_LIMIT_EXCEEDED",
+                f"the body ({size / 2**20:.1f} MiB) is over the {limit / 2**20:.0f} MiB "
+                f"{what} may send here; {fix}",
+            )
+        if refusal is not None:
+            most = (0 if refusal[0] == 413 else limit) + DRAIN_LIMIT
+            if size is not None and size > most:
+                return self._refuse()  # too much to read for nothing: hung up on
+            self.request.connection.set_max_body_size(size if size is not None else most)
+            return
+        self.request.connection.set_max_body_size(limit)  # a chunked body, too
+        # Closed in on_finish (or by the collector, for a caller who left mid-way).
+        self.body_file = tempfile.SpooledTemporaryFile(max_size=BODY_IN_MEMORY)  # noqa: SIM115
+
+    async def _judge(self, path: str):
+        """None if the caller may send this request, else how it is refused:
+        ``(status, code, message)``, or ``"login"`` (a person opening the UI)."""
         try:
-            caller = await self._identify()
+            self.caller = caller = await self._identify()
         except Refused as e:
-            return self._error(e.status, e.code, e.message)
+            return (e.status, e.code, e.message)
         if caller is None:
             api = path.startswith(("api/", "ajax-api/")) or self.request.method != "GET"
             if not api:  # a person opening the UI: the hub's login, then back here
-                return self.redirect(self.get_login_url())
-            return self._error(
+                return "login"
+            return (
                 401,
                 "UNAUTHENTICATED",
                 "authentication required: set MLFLOW_TRACKING_TOKEN to a JupyterHub API "
                 "token (the hub's token page) or log in to the hub",
             )
         if any(c in UNSAFE_NAME for c in caller.name):
-            return self._error(403, "PERMISSION_DENIED", "this user name cannot use MLflow here")
+            return (403, "PERMISSION_DENIED", "this user name cannot use MLflow here")
         if not plain_path(path):
             # The client library normalizes "1/../2" to "2" before MLflow sees it: what
             # was checked would not be what is reached.
-            return self._error(
-                400, "INVALID_PARAMETER_VALUE", "a path with '.', '..' or '//' is refused"
-            )
-        upload = path.startswith(UPLOAD_ROUTES)
-        limit = self.proxy.max_upload_mib << 20 if upload else API_BODY_LIMIT
-        sent = self.request.headers.get("Content-Length", "")
-        if sent.isdigit() and int(sent) > limit:
-            what = "an artifact" if upload else "a call of MLflow's API"
-            fix = "an admin can raise c.MlflowProxy.max_upload_mib" if upload else "send less"
-            return self._error(
-                413,
-                "REQUEST_LIMIT_EXCEEDED",
-                f"the body ({int(sent) / 2**20:.1f} MiB) is over the {limit / 2**20:.0f} MiB "
-                f"{what} may send here; {fix}",
-            )
-        self.request.connection.set_max_body_size(limit)  # a chunked body, too
-        self.caller = caller
-        # Closed in on_finish (or by the collector, for a caller who left mid-way).
-        self.body_file = tempfile.SpooledTemporaryFile(max_size=BODY_IN_MEMORY)  # noqa: SIM115
+            return (400, "INVALID_PARAMETER_VALUE", "a path with '.', '..' or '//' is refused")
+        return None
+
+    def _refuse(self) -> None:
+        if self.refusal == "login":
+            return self.redirect(self.get_login_url())
+        return self._error(*self.refusal)
 
     def data_received(self, chunk: bytes) -> None:
+        if self.refusal is not None:
+            return  # dropped: the answer is a refusal
         self.body_file.write(chunk)
         self.body_size += len(chunk)
 
@@ -248,6 +273,8 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
             self.body_file.close()
 
     async def get(self, path):
+        if self.refusal is not None:
+            return self._refuse()
         await self._handle(path)
 
     post = put = patch = delete = head = get

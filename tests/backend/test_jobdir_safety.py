@@ -134,7 +134,7 @@ def test_thousands_of_logs_are_read_one_at_a_time_within_one_budget(job):
     tail = LogTail(jd)
     first = tail.read()
     assert len(first) <= MAX_READ_LINES and first[0] == "[gpulab] queued"
-    assert len(os.listdir("/proc/self/fd")) == fds_before
+    assert len(os.listdir("/proc/self/fd")) <= fds_before  # none left open
     second = tail.read()  # goes on where the first stopped
     assert 0 < len(second) <= MAX_READ_LINES
     assert len(LogTail(jd).read(tail=50)) == 50
