@@ -125,6 +125,10 @@ class CollectionHandler(_CollectionHandler):
         self.write_json({"dropped": f"{owner}/{name}"})
 
 
+#: A rows or search body up to this size is parsed on the event loop.
+PARSE_ON_LOOP_BYTES = 256 << 10
+
+
 class RowsHandler(_CollectionHandler):
     audit_actions = {"POST": "collection.use"}
     #: Rows and queries are the only bodies past JSON_BODY_LIMIT (1 MiB).
@@ -141,8 +145,12 @@ class RowsHandler(_CollectionHandler):
 
     async def post(self, owner, name, verb):
         row = await self.found(owner, name)
-        # Up to collection_body_limit_mib of JSON, parsed and checked off the event loop.
-        body = await asyncio.to_thread(self.json_body)
+        # Up to collection_body_limit_mib of JSON: a large body is parsed and checked
+        # off the event loop; a search's few KiB here (a thread costs more than it).
+        if self._received > PARSE_ON_LOOP_BYTES:
+            body = await asyncio.to_thread(self.json_body)
+        else:
+            body = self.json_body()
         manager = self.collections
         who = self.identity
         work = {

@@ -34,7 +34,7 @@ from gpulab.service.endpoints.proxy import (
     MAX_ANSWER_BYTES,
     AnswerTooLarge,
     EndpointProxy,
-    over_answer,
+    off_loop_if_large,
 )
 from gpulab.service.endpoints.settings import EndpointLimits
 from gpulab.service.endpoints.table import DEPLOYMENT_FIELDS, VERSION_FIELDS
@@ -260,7 +260,7 @@ class EndpointCalls:
             answered += len(data)
             if answered > MAX_ANSWER_BYTES:
                 raise CallRefused(502, str(AnswerTooLarge(MAX_ANSWER_BYTES)))
-            rows += await over_answer(data, _embeddings, dep, status, data, len(chunk))
+            rows += await off_loop_if_large(data, _embeddings, dep, status, data, len(chunk))
         return rows
 
 

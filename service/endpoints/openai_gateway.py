@@ -46,7 +46,7 @@ from gpulab.service.endpoints.openai_errors import (
     error_body,
     model_not_found,
 )
-from gpulab.service.endpoints.proxy import AnswerTooLarge, over_answer, read_answer
+from gpulab.service.endpoints.proxy import AnswerTooLarge, off_loop_if_large, read_answer
 from gpulab.service.endpoints.token_meter import TokenMeter
 
 #: The card kind of a language model's endpoint (gpulab.serving.llm_export).
@@ -352,8 +352,8 @@ class OpenAIGateway:
                     return
             raise model_not_found(wanted_id)
         else:
-            # Up to MAX_CALL_BYTES of JSON: parsed off the event loop.
-            doc = await asyncio.to_thread(parse_body, body)
+            # Up to MAX_CALL_BYTES of JSON: a large one parsed off the event loop.
+            doc = await off_loop_if_large(body or b"", parse_body, body)
             if path == "embeddings":
                 await self.embeddings(who, doc, reply)
             else:
@@ -498,10 +498,10 @@ class OpenAIGateway:
                         resp.close()
                         raise OpenAIError(502, str(e)) from None
                     if resp.status == 200:
-                        usage = await over_answer(data, _usage_of, data)
+                        usage = await off_loop_if_large(data, _usage_of, data)
                         self.meter.count(who, dep, version, *_usage_counts(usage), adapter)
                     else:
-                        data = await over_answer(data, as_openai, resp.status, data)
+                        data = await off_loop_if_large(data, as_openai, resp.status, data)
                     out = {"Content-Type": JSON, "Cache-Control": "no-store"}
                     if "Retry-After" in resp.headers:
                         out["Retry-After"] = resp.headers["Retry-After"]

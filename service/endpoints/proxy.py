@@ -56,14 +56,14 @@ async def read_answer(resp: aiohttp.ClientResponse, limit: int | None = None) ->
     return bytes(data)
 
 
-#: Work over a replica's answer larger than this (parsing it) runs in a thread: a
-#: replica runs its owner's code, and its answer may be up to MAX_ANSWER_BYTES.
+#: Work over a body larger than this (parsing it) runs in a thread: a replica's answer
+#: (its owner's code wrote it) may be up to MAX_ANSWER_BYTES, a call up to 16 MiB.
 PARSE_ON_LOOP_BYTES = 1 << 20
 
 
-async def over_answer(data: bytes, work: Callable[..., T], *args) -> T:
-    """``work(*args)`` over the answer ``data``: on the event loop when it is small
-    (a thread costs more than parsing a few KiB), else in a thread."""
+async def off_loop_if_large(data: bytes, work: Callable[..., T], *args) -> T:
+    """``work(*args)`` over ``data`` (an answer or a call's body): on the event loop
+    when it is small (a thread costs more than parsing a few KiB), else in a thread."""
     if len(data) <= PARSE_ON_LOOP_BYTES:
         return work(*args)
     return await asyncio.to_thread(work, *args)
