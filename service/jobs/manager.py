@@ -97,7 +97,6 @@ class JobManager:
         self.stops = JobStops(
             book=book,
             places=self.places,
-            progress=self.progress,
             grace_seconds=grace_seconds,
             record_probe=record_probe,
             record_run=record_run,

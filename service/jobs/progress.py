@@ -43,9 +43,6 @@ class JobProgress:
     def __init__(self, book: JobBook):
         self.book = book
 
-    def forget(self, job_id: str) -> None:
-        """The job ended or went back to the queue (nothing is kept to forget)."""
-
     def summaries(self, user: str | None) -> list[dict]:
         """Queued and running jobs with their latest step, loss and throughput.
 

@@ -16,7 +16,6 @@ from gpulab.db.jobs import TERMINAL
 from gpulab.scheduler.queue import PREEMPTED
 from gpulab.service.jobs.book import JobBook, elastic
 from gpulab.service.jobs.places import JobPlaces
-from gpulab.service.jobs.progress import JobProgress
 
 log = logging.getLogger("gpulab.service.jobs.stops")
 
@@ -29,14 +28,12 @@ class JobStops:
         *,
         book: JobBook,
         places: JobPlaces,
-        progress: JobProgress,
         grace_seconds: float,
         record_probe: Callable[[dict, JobDir], object],
         record_run: Callable[[dict, JobDir, str], object] | None = None,
     ):
         self.book = book
         self.places = places
-        self.progress = progress
         #: How long a job asked to stop gets to save its checkpoint.
         self.grace_seconds = grace_seconds
         #: A succeeded job's all-reduce probe result, recorded for the dashboard.
@@ -59,7 +56,6 @@ class JobStops:
     async def end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
         """End a job: ``state`` with ``message``; its slices go back."""
         book = self.book
-        self.progress.forget(job["id"])
         current = book.queue.get(job["id"])
         if current is not None and current["state"] not in TERMINAL:
             # Before the row ends: a reader following the log stops once it sees the
@@ -152,7 +148,6 @@ class JobStops:
             jd.write_json("spec.json", spec.to_dict())
         jd.reset_run()
         await book.ledger.aio.run(requeue)
-        self.progress.forget(job["id"])
         jd.event(message)
         log.info("Job %s of %s preempted (%s)", job["id"], job["user"], message)
         book.wake.set()
