@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    func,
     insert,
     select,
     update,
@@ -31,6 +32,11 @@ from .store import Store, json_columns
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class QueueFull(Exception):
+    """A user's queued jobs are at the cap; ``args[0]`` is how many are queued."""
+
 
 jobs = Table(
     "gpulab_jobs",
@@ -95,8 +101,10 @@ _JSON = ("error", "preempting", "resizes", "resizing")
 
 
 class JobStore(Store):
-    def add(self, job: dict) -> None:
-        """A new job, queued unless ``job`` says otherwise."""
+    def add(self, job: dict, most_queued: int | None = None) -> None:
+        """A new job, queued unless ``job`` says otherwise; :class:`QueueFull` when its
+        user already has ``most_queued`` jobs queued (counted in the insert's own
+        transaction, so two submits at once cannot both take the last place)."""
         row = {
             "state": "queued",
             "priority": 0,
@@ -106,6 +114,14 @@ class JobStore(Store):
             **job,
         }
         with self.writing() as conn:
+            if most_queued is not None:
+                waiting = conn.execute(
+                    select(func.count())
+                    .select_from(jobs)
+                    .where(jobs.c.user == row["user"], jobs.c.state == "queued")
+                ).scalar_one()
+                if waiting >= most_queued:
+                    raise QueueFull(waiting)
             conn.execute(insert(jobs), [row])
 
     def get(self, job_id: str) -> dict | None:

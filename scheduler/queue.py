@@ -94,8 +94,10 @@ class JobQueue:
         self.order = order or (lambda _rows: submit_order)
 
     # -- rows (the queries: gpulab.db.jobs.JobStore) ----------------------------------------
-    def add(self, job: dict) -> dict:
-        self.rows.add(job)
+    def add(self, job: dict, most_queued: int | None = None) -> dict:
+        """The new row; :class:`~gpulab.db.jobs.QueueFull` when its user already has
+        ``most_queued`` jobs queued."""
+        self.rows.add(job, most_queued)
         return self.get(job["id"])
 
     def get(self, job_id: str) -> dict | None:

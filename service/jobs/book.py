@@ -37,6 +37,8 @@ class JobLimits:
     max_job_ranks: int
     max_job_vars_mib: int
     fair_share_half_life_seconds: float
+    #: The most jobs one user may have queued (``c.JobQueue.max_queued_jobs_per_user``).
+    max_queued_jobs_per_user: int = 500
     #: Elastic jobs: how long one runs at a size before it may grow again.
     elastic_grow_after_seconds: float = 10.0
 

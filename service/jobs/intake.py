@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import uuid
 from collections.abc import Awaitable, Callable
 
 from gpulab.backend.jobdir import JobDir
 from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
+from gpulab.db.jobs import QueueFull
 from gpulab.scheduler.priority import PriorityError
 from gpulab.scheduler.queue import never_fits
 from gpulab.scheduler.slices import SliceError, label, noun, parse_gpu_milli, plural
@@ -98,10 +100,36 @@ class JobIntake:
         os.makedirs(jd.path)
         spec.checkpoint_dir = jd.p("checkpoints")
         await asyncio.to_thread(jd.write_inputs, spec)  # the variables decoded and written
-        job = book.queue.add(
+        try:
+            job = self._queue(spec, klass, places, pool)
+        except QueueFull as e:
+            await asyncio.to_thread(shutil.rmtree, jd.path, True)
+            cap = self.limits.max_queued_jobs_per_user
+            raise JobRefused(
+                429,
+                f"you have {plural(e.args[0], 'job')} waiting in the queue, the most "
+                f"one user may have here ({cap}): wait for some to start, or cancel "
+                f"those you no longer need (an admin can raise "
+                f"c.JobQueue.max_queued_jobs_per_user)",
+            ) from None
+        where = (
+            f"pool {pool}" if pool != AUTO else f"the first pool with room ({book.pools.names()})"
+        )
+        size = (
+            f"{spec.min_nodes} to {spec.max_nodes} nodes of {plural(spec.nproc_per_node, 'rank')}"
+            if spec.elastic
+            else plural(spec.world_size, "rank")
+        )
+        jd.event(f"job {spec.id} queued: {size} x {label(spec.gpu_milli)}, for {where}")
+        book.wake.set()
+        return job
+
+    def _queue(self, spec: JobSpec, klass, places, pool: str) -> dict:
+        """The job's row, queued: at most the owner's cap of waiting jobs."""
+        return self.book.queue.add(
             {
                 "id": spec.id,
-                "user": who.name,
+                "user": spec.user,
                 "name": spec.name,
                 "priority": spec.priority,
                 "priority_class": spec.priority_class,
@@ -114,19 +142,9 @@ class JobIntake:
                 "nproc_per_node": spec.nproc_per_node,
                 "gpu_milli": spec.gpu_milli,
                 "message": "queued",
-            }
+            },
+            most_queued=self.limits.max_queued_jobs_per_user,
         )
-        where = (
-            f"pool {pool}" if pool != AUTO else f"the first pool with room ({book.pools.names()})"
-        )
-        size = (
-            f"{spec.min_nodes} to {spec.max_nodes} nodes of {plural(spec.nproc_per_node, 'rank')}"
-            if spec.elastic
-            else plural(spec.world_size, "rank")
-        )
-        jd.event(f"job {spec.id} queued: {size} x {label(spec.gpu_milli)}, for {where}")
-        book.wake.set()
-        return job
 
     def _check_limits(self, spec: JobSpec) -> None:
         """The site's caps: every rank is a process somewhere, GPU or not."""

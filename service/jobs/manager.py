@@ -172,6 +172,7 @@ class JobManager:
                 slice_sizes=tuple(placing.slice_sizes),
                 max_job_ranks=service.job_queue.max_job_ranks,
                 max_job_vars_mib=service.job_queue.max_job_vars_mib,
+                max_queued_jobs_per_user=service.job_queue.max_queued_jobs_per_user,
                 fair_share_half_life_seconds=service.job_queue.fair_share_half_life_seconds,
                 elastic_grow_after_seconds=service.job_queue.elastic_grow_after_seconds,
             ),

@@ -32,6 +32,18 @@ class JobQueue(Configurable):
         """,
     ).tag(config=True)
 
+    max_queued_jobs_per_user = Int(
+        500,
+        help="""Most jobs one user may have waiting in the queue at once; a submit over
+        it is refused (HTTP 429) until some start or are cancelled. Every pass of the
+        queue reads the waiting jobs, and each keeps its variables on disk, so one
+        user's thousands of submits would slow and fill the service for everyone.
+        Running jobs do not count, nor do schedules until they submit.
+
+        c.JobQueue.max_queued_jobs_per_user = 2000
+        """,
+    ).tag(config=True)
+
     max_schedules_mib = Int(
         64,
         help="""The most MiB the job bodies of one user's schedules take together, as
@@ -75,7 +87,11 @@ class JobQueue(Configurable):
     ).tag(config=True)
 
     @validate(
-        "max_job_ranks", "max_job_vars_mib", "max_schedules_mib", "fair_share_half_life_seconds"
+        "max_job_ranks",
+        "max_job_vars_mib",
+        "max_queued_jobs_per_user",
+        "max_schedules_mib",
+        "fair_share_half_life_seconds",
     )
     def _positive(self, proposal):
         return positive(proposal)
