@@ -14,11 +14,12 @@ jobs plus totals; an admin sees everyone's, with names.
 from __future__ import annotations
 
 import asyncio
-import copy
+import json
 import logging
 import math
 import time
 
+import orjson
 from tornado import web
 
 from gpulab.service.api.page_views import holder_name, version_names
@@ -34,24 +35,37 @@ log = logging.getLogger("gpulab.service")
 AGENT_SERVICE = "gpulab-agent"
 
 
+#: What a user sees of another user's GPU process: that it is there, and its memory.
+_HIDDEN = {"user": None, "unix_user": None, "pid": None, "cmdline": None, "other_user": True}
+
+
 def _visible_sample(sample: dict, who: Identity) -> dict:
-    """Hide other users' names on GPU processes from non-admins."""
-    if who.admin or who.internal:
+    """Hide other users' names on GPU processes from non-admins. The stored sample is
+    shared by every viewer: only the dicts that change are copied (a deep copy of a
+    node's 15 minutes cost as much as encoding them)."""
+    if who.admin or who.internal or not sample.get("gpus"):
         return sample
-    out = copy.deepcopy(sample)
-    for gpu in out.get("gpus") or []:
-        for proc in gpu.get("processes") or []:
-            if proc.get("user") != who.name:
-                proc.update(
-                    {
-                        "user": None,
-                        "unix_user": None,
-                        "pid": None,
-                        "cmdline": None,
-                        "other_user": True,
-                    }
-                )
-    return out
+
+    def gpu(g: dict) -> dict:
+        procs = g.get("processes")
+        if not procs:
+            return g
+        return {
+            **g,
+            "processes": [p if p.get("user") == who.name else {**p, **_HIDDEN} for p in procs],
+        }
+
+    return {**sample, "gpus": [gpu(g) for g in sample["gpus"]]}
+
+
+def _encoded(answer: dict) -> bytes:
+    """The answer in JSON: orjson's (a node's 15 minutes of samples, 4 to 27 MB, took
+    json 120 to 470 ms of the service's loop, orjson a twentieth), json's for what
+    orjson does not write (an integer past 64 bits)."""
+    try:
+        return orjson.dumps(answer, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:
+        return json.dumps(answer).encode()
 
 
 class TelemetryHandler(APIHandler):
@@ -106,18 +120,21 @@ class TelemetryHandler(APIHandler):
         allreduce = [r for r in store.allreduce() if mine is None or r.get("user") in (None, mine)]
         # Reads each running job's metrics file (its end): in a thread.
         jobs = await asyncio.to_thread(svc.jobs.summaries, mine) if svc.jobs is not None else []
-        self.write_json(
-            {
-                "now": time.time(),
-                "interval_s": svc.telemetry_settings.sample_interval,
-                "nodes": nodes,
-                "you": {"name": who.name, "admin": who.admin},
-                "inventory": svc.inventory(),
-                "slices": slices,
-                "free_sizes": free,
-                "jobs": jobs,
-                "allreduce": allreduce,
-            }
+        self.set_header("Content-Type", "application/json")
+        self.finish(
+            _encoded(
+                {
+                    "now": time.time(),
+                    "interval_s": svc.telemetry_settings.sample_interval,
+                    "nodes": nodes,
+                    "you": {"name": who.name, "admin": who.admin},
+                    "inventory": svc.inventory(),
+                    "slices": slices,
+                    "free_sizes": free,
+                    "jobs": jobs,
+                    "allreduce": allreduce,
+                }
+            )
         )
 
     def post(self):
