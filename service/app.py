@@ -563,6 +563,7 @@ class GpuLabService(Application):
             run=self.db_threads.run,
             retention_days=self.audit_trail.audit_retention_days,
             trusted_proxies=self.audit_trail.audit_trusted_proxies,
+            denials_per_minute=self.audit_trail.denials_per_minute,
         )
 
     def init_jobs(self):

@@ -301,7 +301,7 @@ class APIHandler(BoundedBody, BaseHandler):
         subject = "/".join(a for a in self.path_args if isinstance(a, str))
         subject = subject or self.get_argument("owner", None) or self.request.path
         subject = self.audit_subject or subject
-        trail.record_soon(action, subject, result="denied", **self._audit_fields(self.audit_user))
+        trail.record_refusal_soon(action, subject, **self._audit_fields(self.audit_user))
 
     def write_error(self, status_code: int, **kwargs) -> None:
         self.set_allow(status_code)

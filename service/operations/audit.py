@@ -69,6 +69,7 @@ from gpulab.db.operations import AuditFilters, AuditStore, utc
 # Who a request came from (LOOPBACK: the proxies trusted by default): the hub's login
 # throttle asks the same, so the answer lives beside the socket-owner lookup.
 from gpulab.enforcement.peer_account import LOOPBACK, client_source  # noqa: F401
+from gpulab.service.operations.denials import DenialThrottle
 from gpulab.service.tasks import KeptTask
 
 log = logging.getLogger("gpulab.service.operations.audit")
@@ -166,6 +167,7 @@ class AuditLog:
         run: Callable | None = None,
         retention_days: float = 365,
         trusted_proxies: Iterable[str] = LOOPBACK,
+        denials_per_minute: int = 60,
     ):
         self.engine = engine
         self.rows = AuditStore(engine)
@@ -174,6 +176,7 @@ class AuditLog:
         self.trusted_proxies = proxy_networks(trusted_proxies)
         self._pruner = KeptTask("gpulab-audit-prune", self._prune_loop)
         self._soon: set[asyncio.Task] = set()
+        self.denials = DenialThrottle(denials_per_minute)
 
     async def _off_loop(self, fn, *args, **kwargs):
         if self._run is not None:
@@ -232,6 +235,16 @@ class AuditLog:
         self._soon.add(task)
         task.add_done_callback(self._soon.discard)
         return task
+
+    def record_refusal_soon(self, action: str, subject: str, **kwargs) -> None:
+        """A refused change (``result="denied"``), written as :meth:`record_soon`
+        unless its actor is past ``denials_per_minute`` (:mod:`.denials`)."""
+        unwritten = self.denials.admit(str(kwargs.get("actor", "")))
+        if unwritten is None:
+            return
+        if unwritten:
+            kwargs["unwritten_denials"] = unwritten
+        self.record_soon(action, subject, result="denied", **kwargs)
 
     # -- reading -------------------------------------------------------------------------
     def query_sync(

@@ -4,12 +4,12 @@
 
 from __future__ import annotations
 
-from traitlets import Float, List, Unicode, validate
+from traitlets import Float, Int, List, Unicode, validate
 from traitlets.config import Configurable
 
 from gpulab.service.operations.audit import LOOPBACK
 
-from ..setting_checks import zero_or_more
+from ..setting_checks import positive, zero_or_more
 
 
 class AuditTrail(Configurable):
@@ -35,6 +35,22 @@ class AuditTrail(Configurable):
         c.AuditTrail.audit_trusted_proxies = ["127.0.0.0/8", "::1/128", "10.0.0.0/8"]
         """,
     ).tag(config=True)
+
+    denials_per_minute = Int(
+        60,
+        help="""Refusals (403) of one caller the audit trail writes a minute. Past it,
+        the rest of that minute's are counted, not written, and the caller's next
+        entry says how many were not (detail.unwritten_denials): one caller looping
+        on a refused request would otherwise fill the trail and hold every other
+        change's write behind its own.
+
+        c.AuditTrail.denials_per_minute = 600
+        """,
+    ).tag(config=True)
+
+    @validate("denials_per_minute")
+    def _positive(self, proposal):
+        return positive(proposal)
 
     @validate("audit_retention_days")
     def _zero_or_more(self, proposal):

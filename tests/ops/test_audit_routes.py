@@ -5,6 +5,7 @@ events come in only with the service's token, and old entries are pruned."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 from pathlib import Path
@@ -280,3 +281,41 @@ def test_a_bad_trusted_proxy_stops_the_start(tmp_path, monkeypatch):
     app = GpuLabService(data_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="'proxy.example.org' is not an address or network"):
         app.initialize([f"--config={path}"])
+
+
+def test_past_the_minutes_refusals_a_caller_is_counted_then_told():
+    from gpulab.service.operations.denials import DenialThrottle
+
+    now = [1000.0]
+    throttle = DenialThrottle(per_minute=3, clock=lambda: now[0])
+    assert [throttle.admit("mallory") for _ in range(5)] == [0, 0, 0, None, None]
+    assert throttle.admit("alice") == 0  # another caller's minute is their own
+    now[0] += 30
+    assert throttle.admit("mallory") is None  # the same minute
+    now[0] += 31
+    # The next minute's first entry says how many went unwritten before it.
+    assert [throttle.admit("mallory") for _ in range(4)] == [3, 0, 0, None]
+    now[0] += 60
+    assert throttle.admit("mallory") == 1
+
+
+async def test_a_loop_of_refused_changes_writes_a_minutes_worth_then_counts(tmp_path):
+    config = "c.AuditTrail.denials_per_minute = 5\n"
+    async with running_service(tmp_path / "svc", config) as svc:
+        alice, bob = svc.create_user("alice"), svc.create_user("bob")
+        body = {"user": "alice", "owner_kind": "job", "owner": "x/0", "gpu_milli": 250}
+        for _ in range(40):
+            r = await svc.request("POST", "/allocations", token=alice, json=body)
+            assert r.status_code == 403
+        r = await svc.request("POST", "/allocations", token=bob, json=body)
+        assert r.status_code == 403
+        await asyncio.gather(*svc.app.audit._soon)  # noqa: SLF001 - the writes in flight
+        denied = await entries(svc, result="denied")
+        assert [e["actor"] for e in denied].count("alice") == 5
+        assert [e["actor"] for e in denied].count("bob") == 1
+        # The minute past, alice's next refusal says how many were not written.
+        svc.app.audit.denials._callers["alice"].start -= 60  # noqa: SLF001
+        r = await svc.request("POST", "/allocations", token=alice, json=body)
+        await asyncio.gather(*svc.app.audit._soon)  # noqa: SLF001
+        newest = (await entries(svc, result="denied"))[0]
+        assert newest["actor"] == "alice" and newest["detail"]["unwritten_denials"] == 35
