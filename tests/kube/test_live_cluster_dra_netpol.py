@@ -56,7 +56,7 @@ def driver(live_kube):
 @pytest.fixture(scope="module")
 async def jobs_volume(api, namespace, tmp_path_factory):
     """The jobs and models claims the backend's pods mount, each bound to a local
-    volume (no provisioner runs here); the jobs folder."""
+    volume (no provisioner runs here) before any test makes a pod; the jobs folder."""
     folders = {}
     for claim in (JOBS_PVC, MODELS_PVC):
         path = folders[claim] = tmp_path_factory.mktemp(claim)
@@ -83,6 +83,16 @@ async def jobs_volume(api, namespace, tmp_path_factory):
                 },
             },
         )
+
+    async def bound():
+        claims = await api["core"].list_namespaced_persistent_volume_claim(namespace)
+        phases = {c.metadata.name: c.status.phase for c in claims.items}
+        return all(phases.get(claim) == "Bound" for claim in (JOBS_PVC, MODELS_PVC))
+
+    # The volume controller binds a claim to its reserved volume on its own time (up
+    # to its 15 s resync when it saw the claim before the volume); a pod made before
+    # that is marked unschedulable, which the tests below take as a failure.
+    await wait_for("the jobs and models claims to be bound", bound, timeout=120)
     yield str(folders[JOBS_PVC])
     for claim in (JOBS_PVC, MODELS_PVC):
         await api["core"].delete_persistent_volume(f"{namespace}-{claim}")
