@@ -18,7 +18,13 @@ FIELDS = ("step", "total_steps", "loss", "lr", "samples", "time")
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number a float holds (an integer of 400 digits is not one)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def last_records(data: bytes, n: int = 2) -> list[dict]:
@@ -28,7 +34,7 @@ def last_records(data: bytes, n: int = 2) -> list[dict]:
     for line in reversed(data[: data.rfind(b"\n") + 1].splitlines()):
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
             continue
         if isinstance(record, dict):
             out.append({k: record[k] for k in FIELDS if _number(record.get(k))})

@@ -30,6 +30,13 @@ def test_odd_records_are_skipped_and_only_numbers_taken():
     assert last == {"time": 12.0, "step": 3, "samples": 64, "loss": 1.0, "total_steps": 10}
 
 
+def test_numbers_past_a_float_and_deep_nesting_are_skipped():
+    good = b'{"step": 7, "loss": 0.5}\n'
+    huge = b'{"step": 1' + b"0" * 400 + b', "loss": 0.25}\n'  # an int no float holds
+    deep = b"[" * 100_000 + b"]" * 100_000 + b"\n"  # past Python's recursion limit
+    assert last_records(good + huge + deep) == [{"step": 7, "loss": 0.5}, {"loss": 0.25}]
+
+
 def test_a_huge_file_is_read_at_its_end_only(tmp_path):
     jd = JobDir(str(tmp_path), "j1")
     (tmp_path / "j1" / "metrics").mkdir(parents=True)
