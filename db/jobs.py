@@ -136,6 +136,12 @@ class JobStore(Store):
             q = q.where(jobs.c.state.in_(states))
         return self.all(q, job_json)
 
+    def queued_of(self, user: str) -> int:
+        """How many of ``user``'s jobs wait in the queue."""
+        q = select(func.count()).select_from(jobs)
+        with self.reading() as conn:
+            return conn.execute(q.where(jobs.c.user == user, jobs.c.state == "queued")).scalar_one()
+
     def newest(self, user: str | None, n: int) -> list[dict]:
         """The ``n`` jobs submitted last (of ``user`` where given), newest first."""
         q = select(jobs).order_by(jobs.c.submitted.desc(), jobs.c.id.desc()).limit(n)

@@ -103,6 +103,9 @@ class JobQueue:
     def get(self, job_id: str) -> dict | None:
         return self.rows.get(job_id)
 
+    def queued_of(self, user: str) -> int:
+        return self.rows.queued_of(user)
+
     def list(self, user: str | None = None, states: tuple[str, ...] | None = None) -> list[dict]:
         return self.rows.list(user, states)
 

@@ -57,6 +57,11 @@ class JobIntake:
                 400,
                 f"{noun(len(sent), 'field')} set by the service, not the client: {', '.join(sent)}",
             )
+        # At the cap, before the body's variables are decoded and written (the insert
+        # checks again, in its own transaction).
+        waiting = await asyncio.to_thread(self.book.queue.queued_of, who.name)
+        if waiting >= self.limits.max_queued_jobs_per_user:
+            raise self._queue_full(waiting)
         try:
             # Its variables may be hundreds of MB of base64, checked here: in a thread.
             spec = await asyncio.to_thread(JobSpec.from_dict, body)
@@ -104,14 +109,7 @@ class JobIntake:
             job = self._queue(spec, klass, places, pool)
         except QueueFull as e:
             await asyncio.to_thread(shutil.rmtree, jd.path, True)
-            cap = self.limits.max_queued_jobs_per_user
-            raise JobRefused(
-                429,
-                f"you have {plural(e.args[0], 'job')} waiting in the queue, the most "
-                f"one user may have here ({cap}): wait for some to start, or cancel "
-                f"those you no longer need (an admin can raise "
-                f"c.JobQueue.max_queued_jobs_per_user)",
-            ) from None
+            raise self._queue_full(e.args[0]) from None
         where = (
             f"pool {pool}" if pool != AUTO else f"the first pool with room ({book.pools.names()})"
         )
@@ -123,6 +121,15 @@ class JobIntake:
         jd.event(f"job {spec.id} queued: {size} x {label(spec.gpu_milli)}, for {where}")
         book.wake.set()
         return job
+
+    def _queue_full(self, waiting: int) -> JobRefused:
+        return JobRefused(
+            429,
+            f"you have {plural(waiting, 'job')} waiting in the queue, the most one user "
+            f"may have here ({self.limits.max_queued_jobs_per_user}): wait for some to "
+            f"start, or cancel those you no longer need (an admin can raise "
+            f"c.JobQueue.max_queued_jobs_per_user)",
+        )
 
     def _queue(self, spec: JobSpec, klass, places, pool: str) -> dict:
         """The job's row, queued: at most the owner's cap of waiting jobs."""

@@ -64,6 +64,9 @@ async def test_a_submit_over_the_cap_is_refused_with_the_fact_and_the_fix(tmp_pa
         assert "c.JobQueue.max_queued_jobs_per_user" in error
         assert len((await svc.request("GET", "/jobs", token=alice)).json()) == 2
         assert sorted(os.listdir(svc.app.jobs.book.root)) == folders  # nothing left behind
+        # At the cap, a body is not even read (its variables may be 256 MiB).
+        r = await svc.request("POST", "/jobs", token=alice, json={**job, "timeout": -1})
+        assert r.status_code == 429, r.text
 
         r = await svc.request("POST", "/jobs", token=bob, json=job)
         assert r.status_code == 201, r.text
