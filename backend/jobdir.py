@@ -388,6 +388,8 @@ class LogTail:
         self.rank = rank
         self.offsets: dict[str, int] = {}
         self.inodes: dict[str, int] = {}
+        #: The last read stopped at its budget with lines left to read (read again).
+        self.behind = False
 
     def _sources(self) -> list[tuple[str, str]]:
         return [
@@ -404,12 +406,14 @@ class LogTail:
         :data:`MAX_READ_BYTES` and :data:`MAX_READ_LINES` a call (the ranks may write
         any number of logs): what is left is read at the next call."""
         sources = self._sources()
+        self.behind = False
         if tail is not None:
             return self._tail(sources, final, tail)
         budget = {"bytes": MAX_READ_BYTES, "lines": MAX_READ_LINES}
         lines: list[str] = []
         for prefix, path in sources:
             if budget["bytes"] <= 0 or budget["lines"] <= 0:
+                self.behind = True
                 break
             fd = self._open(path)
             if fd is None:
@@ -458,6 +462,8 @@ class LogTail:
         end = len(data) if final and not short else data.rfind(b"\n") + 1
         if not skipped and data.count(b"\n", 0, end) > budget["lines"]:
             end = _after_nth_newline(data, budget["lines"])
+            short = True
+        self.behind = self.behind or short
         self.offsets[path] = offset + end
         body = data[:end]
         budget["bytes"] -= end

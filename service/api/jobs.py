@@ -28,6 +28,8 @@ from gpulab.service.jobs.manager import JobManager, JobRefused
 FOLLOW_POLL_S = 0.5
 #: The most lines ``?tail=`` may ask for (all lines: leave ``tail`` out).
 MAX_TAIL_LINES = 100_000
+#: Reads (each at most 8 MiB and 100,000 lines) one answer makes at once: 512 MiB.
+MAX_CATCH_UP_READS = 64
 #: What one read of an ``--out`` value takes (and one write sends).
 OUT_STEP_BYTES = 1 << 20
 
@@ -126,8 +128,9 @@ class JobLogsHandler(_JobHandler):
 
     ``?follow=1`` streams (chunked) until the job ends; ``?rank=R`` only that rank;
     ``?tail=N`` starts with the last N lines so far (like ``kubectl logs --tail``),
-    read from the ends of the files. A read returns at most 8 MiB (older lines are
-    skipped, with a line saying so): ``tail`` or follow for the rest.
+    read from the ends of the files. A log more than 8 MiB behind gives its newest
+    8 MiB (a line says what was skipped), and one answer at most 512 MiB of all of
+    a job's logs at once: ``tail`` or follow for the rest.
     """
 
     def set_default_headers(self):
@@ -141,6 +144,7 @@ class JobLogsHandler(_JobHandler):
         last = self._tail_lines()
         tail = LogTail(self.jobs.jobdir(job), rank)
         loop = asyncio.get_running_loop()
+        rounds = 0
         try:
             while True:
                 # Ask first, read second: lines written before the job ended are not lost.
@@ -151,8 +155,15 @@ class JobLogsHandler(_JobHandler):
                 if lines:
                     self.write("\n".join(lines) + "\n")
                     await self.flush()
+                # A read stops at its budget (8 MiB, 100,000 lines): the rest of what
+                # is there now follows at once, a read at a time, up to a bound (a
+                # running job may write as fast as it is read).
+                if tail.behind and rounds < MAX_CATCH_UP_READS:
+                    rounds += 1
+                    continue
                 if ended or not follow:
                     break
+                rounds = 0
                 await asyncio.sleep(FOLLOW_POLL_S)
         except StreamClosedError:
             return  # the reader went away

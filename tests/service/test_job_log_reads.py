@@ -92,3 +92,30 @@ async def test_a_200_mb_log_is_read_from_the_end_off_the_event_loop(tmp_path):
         assert grown < 100 * MB, f"peak RSS grew {grown / MB:.0f} MB for a bounded read"
         print(f"whole read of the same log: peak RSS +{grown / MB:.1f} MB")
         assert (await svc.request("DELETE", f"/jobs/{job_id}", token=alice)).status_code == 200
+
+
+@pytest.mark.slow
+async def test_a_finished_jobs_log_of_150000_lines_is_read_to_its_traceback(tmp_path):
+    """One read's budget is 100,000 lines: an answer reads on to the end of the log."""
+    let_accounts_reach(tmp_path)
+    async with running_service(tmp_path / "svc", simulate="1xA100-80GB") as svc:
+        alice = svc.create_user(fresh_user("alice"))
+        code = (
+            "import sys\n"
+            "sys.stdout.write(''.join(f'line {i}\\n' for i in range(150_000)))\n"
+            "raise RuntimeError('the very end')\n"
+        )
+        r = await svc.request("POST", "/jobs", token=alice, json={"code": code})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+
+        async def ended():
+            job = (await svc.request("GET", f"/jobs/{job_id}", token=alice)).json()
+            return job if job["state"] in ("succeeded", "failed", "cancelled") else None
+
+        assert (await wait_until_async(ended, f"job {job_id} to end"))["state"] == "failed"
+        r = await svc.request("GET", f"/jobs/{job_id}/logs", token=alice, params={"rank": 0})
+        assert r.status_code == 200
+        lines = r.text.splitlines()
+        assert "[r0] line 149999" in lines
+        assert any("RuntimeError: the very end" in line for line in lines[-5:]), lines[-5:]
