@@ -285,10 +285,12 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         body = {}
         self.body_file.seek(0)
         raw = self.body_file if self.body_size else b""
-        is_api = (path.startswith(API_ROOTS) or path == "graphql") and self.request.method in (
-            "POST",
-            "PATCH",
-            "DELETE",
+        # An upload's body is the file (the UI's upload-artifact is under the API's
+        # root): streamed on as it came, never read whole or parsed.
+        is_api = (
+            (path.startswith(API_ROOTS) or path == "graphql")
+            and not path.startswith(UPLOAD_ROUTES)
+            and self.request.method in ("POST", "PATCH", "DELETE")
         )
         if is_api and self.body_size:
             raw = self.body_file.read()  # at most API_BODY_LIMIT

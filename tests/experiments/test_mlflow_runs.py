@@ -239,6 +239,21 @@ def test_the_artifact_store_is_closed_to_another_user(hub, tokens, alice_run):
     assert b"report(loss=" in requests.get(url, headers=alice, timeout=60).content
 
 
+def test_the_uis_upload_takes_a_binary_file_for_its_owners_run_only(hub, tokens, alice_run):
+    """The UI's upload-artifact sits under the API's root; its body is the file."""
+    ajax = f"{tracking_uri(hub)}/ajax-api/2.0/mlflow/upload-artifact"
+    where = {"run_uuid": alice_run["info"]["run_id"], "path": "notes/weights.bin"}
+    data = bytes(range(256)) * 64  # not JSON, not UTF-8
+    bob = {"Authorization": f"Bearer {tokens[BOB]}"}
+    assert requests.post(ajax, params=where, headers=bob, data=data, timeout=60).status_code == 404
+    alice = {"Authorization": f"Bearer {tokens[ALICE]}"}
+    r = requests.post(ajax, params=where, headers=alice, data=data, timeout=60)
+    assert r.status_code == 200, r.text
+    artifacts = alice_run["info"]["artifact_uri"].split("mlflow-artifacts:/", 1)[1]
+    url = f"{tracking_uri(hub)}/api/2.0/mlflow-artifacts/artifacts/{artifacts}/notes/weights.bin"
+    assert requests.get(url, headers=alice, timeout=60).content == data
+
+
 def test_without_a_token_nothing_answers(hub, tokens):
     api = f"{tracking_uri(hub)}/api/2.0/mlflow"
     for headers in ({}, {"Authorization": "Bearer not-a-token"}):
