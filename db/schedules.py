@@ -144,13 +144,16 @@ class ScheduleStore(Store):
         self.update_by_id(schedules, schedule_id, json_columns(values, objects=("job", "meta")))
 
     def replace(self, schedule_id: str, user: str, values: dict, *, max_bytes: int) -> None:
-        """Set a schedule's fields (``job`` and ``meta`` among them) unless its user's
-        schedules would then take more than ``max_bytes``: then :class:`OverLimit`."""
+        """Set a schedule's fields (``job`` and ``meta`` among them) unless it grows and
+        its user's schedules would then take more than ``max_bytes``: then
+        :class:`OverLimit`. One that does not grow is always saved (a user over a cap
+        an admin lowered can still pause or rename their schedules)."""
         encoded = json_columns(values, objects=("job", "meta"))
         size = len(encoded["job"]) + len(encoded["meta"])
         with self.writing() as conn:
             count, used = self._usage(conn, user, excluding=schedule_id)
-            if used + size > max_bytes:
+            now = conn.execute(select(_SIZE).where(schedules.c.id == schedule_id)).scalar()
+            if used + size > max_bytes and size > (now or 0):
                 raise OverLimit(count, used)
             conn.execute(update(schedules).where(schedules.c.id == schedule_id).values(**encoded))
 

@@ -136,6 +136,13 @@ async def test_what_one_users_schedules_keep_is_capped_and_said(tmp_path):
         # The cap is each user's: bob's first schedule is his to make.
         r = await svc.request("POST", "/schedules", bob, json=body)
         assert r.status_code == 201, r.text
+        # With the cap lowered under what she keeps, she can still pause hers.
+        svc.app.schedules.max_bytes = 2**19  # what an admin restarting with 0.5 MiB sets
+        r = await svc.request(
+            "PATCH", f"/schedules/{first.json()['id']}", alice, json={"active": False}
+        )
+        assert r.status_code == 200 and r.json()["active"] is False, r.text
+        svc.app.schedules.max_bytes = 2**20
         # A body far over it is cut off at the door, naming the setting.
         huge = {**body, "job": {**JOB, "vars_b64": "A" * 3_000_000}}
         r = await svc.request("POST", "/schedules", bob, json=huge)
