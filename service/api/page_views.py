@@ -8,6 +8,7 @@ with the full ISO time beside them for a ``title`` attribute.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 
 from gpulab.scheduler.slices import label
@@ -130,24 +131,23 @@ def job_rows(service, user: str | None, now=None) -> list[dict]:
     ]
 
 
-def endpoint_rows(service, user: str | None, hub_url: str) -> list[dict]:
-    """The endpoints of ``user`` (None: everyone's), with whom each is shared."""
-    if service.deployments is None:
-        return []
-    manager = service.deployments
-    return [_endpoint_row(manager, dep, hub_url) for dep in manager.store.list(user=user)]
+async def endpoint_rows(service, who, user: str | None, hub_url: str) -> tuple[list, list]:
+    """The endpoints of ``user`` (None: everyone's), with whom each is shared; and
+    other users' endpoints shared with ``who`` (by name or by one of their groups;
+    none for admins, who see all in the first).
 
-
-def shared_rows(service, who, hub_url: str) -> list[dict]:
-    """Other users' endpoints shared with ``who`` (by name or by one of their groups)."""
-    if service.deployments is None:
-        return []
+    The rows are read in a thread; each endpoint's view on the event loop, whose
+    state it reads and updates (its replicas, traffic and token counts)."""
     manager = service.deployments
-    return [
-        _endpoint_row(manager, dep, hub_url)
-        for dep in manager.store.list()
-        if dep["user"] != who.name and manager.calls.can_use(who, dep)
-    ]
+    if manager is None:
+        return [], []
+    mine = await asyncio.to_thread(manager.store.list, user=user)
+    others = [] if who.admin else await asyncio.to_thread(manager.store.list)
+    shared = [d for d in others if d["user"] != who.name and manager.calls.can_use(who, d)]
+    return (
+        [_endpoint_row(manager, dep, hub_url) for dep in mine],
+        [_endpoint_row(manager, dep, hub_url) for dep in shared],
+    )
 
 
 def _endpoint_row(manager, dep: dict, hub_url: str) -> dict:

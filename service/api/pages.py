@@ -24,7 +24,6 @@ from gpulab.service.api.page_views import (
     endpoint_rows,
     gpu_rows,
     job_rows,
-    shared_rows,
 )
 from gpulab.service.auth import BaseHandler
 
@@ -75,8 +74,9 @@ class HomeHandler(BaseHandler):
         public = f"{self.request.protocol}://{self.request.host}"
         # The share forms send it back (the hub's check of cookie-authenticated changes).
         xsrf_token = self.xsrf_token.decode()
-        # The page reads the ledger, jobs and endpoints (their cards from disk): the
-        # rows are gathered and the page written in a thread, not on the event loop.
+        endpoints, shared = await endpoint_rows(gpulab, who, only, public)
+        # The page reads the ledger and jobs: those rows are gathered and the page
+        # written in a thread, not on the event loop.
         html = await asyncio.to_thread(
             lambda: ENV.get_template("gpulab.html").render(
                 # What JupyterHub's page.html reads (its handlers' template_namespace).
@@ -104,8 +104,8 @@ class HomeHandler(BaseHandler):
                 gpus=gpu_rows(inventory),
                 allocations=allocation_rows(gpulab, gpulab.ledger.list(user=only), only),
                 jobs=job_rows(gpulab, only),
-                endpoints=endpoint_rows(gpulab, only, public),
-                shared=[] if who.admin else shared_rows(gpulab, who, public),
+                endpoints=endpoints,
+                shared=shared,
                 state_colors=STATE_COLORS,
             )
         )
