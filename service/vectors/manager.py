@@ -82,6 +82,9 @@ class CollectionManager:
         #: (owner, name) -> its row: every call looks one up, and only this manager
         #: changes rows (sharing, drop), so a query per call (1.5 ms) is not needed.
         self._rows: dict[tuple[str, str], dict] = {}
+        #: Drops so far: a row read in a thread while one ran may be the dropped one,
+        #: and is not cached (it would outlive its collection, and hide a new one).
+        self._drops = 0
         self._tasks: set[asyncio.Task] = set()
         self._probing = False
         #: owner -> (when counted, rows their collections hold): counted in the engine
@@ -202,8 +205,9 @@ class CollectionManager:
         to its owner and admins, 403 to others (a stranger is not told whether it exists)."""
         row = self._rows.get((owner, name))
         if row is None:
+            drops = self._drops
             row = await asyncio.to_thread(self.store.find, owner, name)
-            if row is not None:
+            if row is not None and drops == self._drops:
                 self._rows[(owner, name)] = row
         allowed = row is not None and (who.can_act_for(owner) if manage else can_use(who, row))
         if allowed:
@@ -307,9 +311,11 @@ class CollectionManager:
     async def drop(self, row: dict) -> None:
         # The row goes first: a crash between the two leaves an engine collection no row
         # names (unreachable, harmless), never a row whose vectors are gone.
+        self._drops += 1
         self._rows.pop((row["user"], row["name"]), None)
         self._held.pop(row["user"], None)  # counted again at the next write
         await asyncio.to_thread(self.store.remove, row["id"])
+        self._drops += 1  # a read begun before the removal is not cached either
         await self._engine(self.engine.drop, row["user"], row["id"])
 
     async def share(self, row: dict, body: dict) -> dict:
@@ -319,14 +325,19 @@ class CollectionManager:
         except DeployRefused as e:
             raise Refused(e.status, str(e)) from None
 
-        def save() -> tuple[dict, str]:
+        def save() -> tuple[dict | None, str]:
             if values:
                 self.store.update(row["id"], **values)
             saved = self.store.get(row["id"])
-            return saved, self._endpoint_not_shared(saved)
+            return saved, self._endpoint_not_shared(saved) if saved else ""
 
-        row, warning = await asyncio.to_thread(save)
-        self._rows[(row["user"], row["name"])] = row
+        drops = self._drops
+        saved, warning = await asyncio.to_thread(save)
+        if saved is None:  # dropped meanwhile
+            raise Refused(404, f"no collection {row['name']!r} of {row['user']}")
+        row = saved
+        if drops == self._drops:
+            self._rows[(row["user"], row["name"])] = row
         view = self.view(row)
         if warning:
             view["warning"] = warning

@@ -694,3 +694,39 @@ async def test_one_users_collections_hold_at_most_their_rows(tmp_path):
             json={"vectors": unit_vectors(5, seed=5)},
         )
         assert r.status_code == 200, r.text
+
+
+async def test_a_lookup_that_straddles_a_drop_does_not_bring_the_collection_back(tmp_path):
+    """A lookup reads the row in a thread; a drop meanwhile must not leave the dropped
+    row cached (its calls would go to a collection that is gone, and a new one of the
+    name would stay hidden behind it)."""
+    from gpulab.service.auth import Identity
+
+    let_accounts_reach(tmp_path)
+    async with running_service(tmp_path / "svc") as svc:
+        alice = svc.create_user("alice")
+        await make(svc, alice, dim=DIM)
+        manager = svc.app.vectors
+        row = await manager.find(Identity("alice", "user"), "alice", "docs")
+        manager._rows.clear()  # noqa: SLF001 - the next lookup reads the store
+        reading, dropped = asyncio.Event(), asyncio.Event()
+        loop = asyncio.get_running_loop()
+        find = manager.store.find
+
+        def slow_find(owner, name):
+            found = find(owner, name)  # read before the drop
+            loop.call_soon_threadsafe(reading.set)
+            asyncio.run_coroutine_threadsafe(dropped.wait(), loop).result(30)
+            return found
+
+        manager.store.find = slow_find
+        lookup = asyncio.create_task(manager.find(Identity("alice", "user"), "alice", "docs"))
+        await reading.wait()
+        manager.store.find = find
+        await manager.drop(row)
+        dropped.set()
+        assert (await lookup)["id"] == row["id"]  # what it read, once
+        await make(svc, alice, dim=DIM)
+        assert (await manager.find(Identity("alice", "user"), "alice", "docs"))["id"] != row["id"]
+        r = await svc.request("GET", "/collections/alice/docs", token=alice)
+        assert r.status_code == 200 and r.json()["count"] == 0, r.text
