@@ -50,8 +50,10 @@ RESIZE_PAUSE_S = 10.0
 #: (a victim that will not die; the requester asks again and gets a new plan).
 CLAIM_SLACK_S = 60.0
 #: How long preemption waits for users' servers to say whether they are idle: it
-#: asks with the job queue's lock held, so a server that hangs must not hold it long.
-IDLE_ASK_S = 3.0
+#: asks with the job queue's lock held, so a server that hangs must not hold it long
+#: (and is not asked again for 10 minutes). An ask is six calls through the hub and
+#: the server (a token made, checked and revoked): 3 s was too short on a loaded host.
+IDLE_ASK_S = 10.0
 
 
 @dataclasses.dataclass
