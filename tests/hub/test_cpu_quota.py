@@ -81,9 +81,16 @@ def test_a_job_asks_no_more_than_the_quota_and_a_job_that_cannot_fit_is_refused(
     if os.geteuid() != 0:
         pytest.skip("the cgroups are made only as root")
     job_id = first.json()["id"]
+
+    def held() -> str | None:
+        # The group is made, its limits written, then the node's agent started in it:
+        # once a process is in it, every limit has been written.
+        found = _node_dir("cpu", job_id)
+        return found if found and _read(os.path.join(found, "cgroup.procs")) else None
+
     cpu = wait_until(
-        lambda: _node_dir("cpu", job_id),
-        f"job {job_id}'s node cgroup",
+        held,
+        f"job {job_id}'s node cgroup with its agent in it",
         detail=lambda: str(hub.gpulab("GET", f"/jobs/{job_id}", token=alice).json()),
     )
     # Three ranks at a core each would ask 3 cores: the node gets the quota's 2.
