@@ -122,6 +122,9 @@ def run(target):
     print("C10D-RESULT " + json.dumps(results), flush=True)
 
 
+JOIN_WAIT_S = 180
+
+
 def join(python, job, host, port):
     """A torchrun agent of the attacker's, joining the job's rendezvous as a node."""
     argv = [
@@ -138,10 +141,12 @@ def join(python, job, host, port):
         "-m",
         "platform",
     ]
+    # Its own timeouts end a refused join in about 30 s; a loaded 2-core host running
+    # five of these at once (each importing torch) takes more than 60 s to get there.
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=JOIN_WAIT_S)
     except subprocess.TimeoutExpired:
-        return "ALLOWED joined: the agent was still in the rendezvous after 60 s"
+        return f"ALLOWED joined: the agent was still in the rendezvous after {JOIN_WAIT_S} s"
     text = done.stdout + done.stderr
     if done.returncode == 0:
         return "ALLOWED joined and ran a worker"
