@@ -214,7 +214,9 @@ def test_scales_to_zero_and_a_cold_call_succeeds(hub, users, models):
             "name": "sleepy",
             "min_replicas": 0,
             "max_replicas": 1,
-            "scale_down_delay_s": 2,
+            # Long enough that the replica a cold call starts is still there when the
+            # test counts its slice, two calls later on a loaded machine.
+            "scale_down_delay_s": 10,
             "gpu_milli": 250,
         },
     )
