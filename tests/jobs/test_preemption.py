@@ -63,13 +63,14 @@ def test_a_server_preempts_a_batch_job_which_resumes_to_the_same_weights(hub):
     bob_token, alice_token = hub.create_user(bob), hub.create_user(alice)
 
     # What an uninterrupted run ends with.
-    ref = submit(hub, bob_token, LINEAR, env={"STEPS": "40"}, name="ref", **TRAIN).json()
+    ref = submit(hub, bob_token, LINEAR, env={"STEPS": "60"}, name="ref", **TRAIN).json()
     done = wait_job(hub, bob_token, ref["id"])
     assert done["state"] == "succeeded", done
     expected = weights(hub, bob_token, ref["id"])
 
-    # The same job again, slowed down until it is preempted; it holds both GPUs.
-    slow = {"STEPS": "40", "STEP_DELAY": "0.3", "FAST_ONCE_RESUMED": "1"}
+    # The same job again, slowed down until it is preempted (14 s left after step 12,
+    # for the spawn to reach the queue on a loaded machine); it holds both GPUs.
+    slow = {"STEPS": "60", "STEP_DELAY": "0.3", "FAST_ONCE_RESUMED": "1"}
     run = submit(hub, bob_token, LINEAR, env=slow, name="long", **TRAIN).json()
     wait_metrics(hub, bob_token, run["id"], 12)  # past its first checkpoint (step 10)
 
@@ -84,7 +85,7 @@ def test_a_server_preempts_a_batch_job_which_resumes_to_the_same_weights(hub):
     assert requeued["message"].startswith("preempted for an interactive server"), requeued
     jd = hub.data_dir / "jobs" / run["id"]
     stopped_at = json.loads((jd / "checkpoints" / "latest").read_text())["step"]
-    assert 12 <= stopped_at < 40  # the checkpoint of the preemption, not the periodic one
+    assert 12 <= stopped_at < 60  # the checkpoint of the preemption, not the periodic one
     assert f"resumes from its checkpoint at step {stopped_at}" in requeued["message"]
     # Alice's slice is held by her server; bob's ranks hold nothing while queued.
     held = hub.gpulab("GET", "/allocations").json()
