@@ -60,7 +60,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -74,6 +73,9 @@ sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 )
 from tiny_lm import BENCH_33M, tiny_llama  # noqa: E402
+
+# Below the ephemeral range: a port the kernel handed out is the next client's.
+from gpulab.hub_ext.ports import free_port  # noqa: E402
 
 TOPICS = ["GPUs", "notebooks", "tokens", "schedulers", "caches", "foxes", "dogs", "slices"]
 
@@ -230,12 +232,6 @@ def gateway(folder: str, work: str, clients: int, connections: str, real_gpus: b
         raise
     finally:
         hub.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def transformers_serve(folder: str, work: str, clients: int, connections: str):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 import uuid
 from contextlib import contextmanager
+
+from gpulab.hub_ext.ports import free_port
 
 
 def _bindir() -> str:
@@ -21,12 +22,6 @@ def _bindir() -> str:
             "(the PostgreSQL tests need a real server)"
         )
     return os.path.dirname(found[-1])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -47,7 +42,9 @@ def postgres_server():
         check=True,
         capture_output=True,
     )
-    port = _free_port()
+    # Below the ephemeral range: a port the kernel handed out once is handed to any
+    # client's connection next, before PostgreSQL binds it.
+    port = free_port()
     proc = subprocess.Popen(
         as_user
         + [
