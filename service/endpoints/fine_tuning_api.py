@@ -98,7 +98,7 @@ class FineTuningRoutes:
             if method == "POST":
                 # A user over their quota is told so before the body is parsed; parsed
                 # off the event loop (a body may be as large as max_upload_mib).
-                await asyncio.to_thread(files.check_quota, who, len(body or b""))
+                await asyncio.to_thread(files.check_upload, who, len(body or b""))
                 upload, purpose = await asyncio.to_thread(parse_upload, body, content_type)
                 row = await asyncio.to_thread(files.create, who, upload, purpose)
                 return self._ok(file_object(row))

@@ -27,6 +27,9 @@ PURPOSE = "fine-tune"
 ROLES = ("system", "developer", "user", "assistant")
 #: Most examples one file may hold.
 MAX_EXAMPLES = 100_000
+#: What a multipart upload holds besides its file, at most (boundaries, part headers,
+#: the purpose field): the quota's check before parsing counts the file alone.
+UPLOAD_ENVELOPE_BYTES = 64 << 10
 
 
 def epoch(when) -> int:
@@ -160,6 +163,12 @@ class TrainingFiles:
     def _lock_of(self, user: str) -> threading.Lock:
         with self._locks:
             return self._adding.setdefault(user, threading.Lock())
+
+    def check_upload(self, who, body_bytes: int) -> None:
+        """:meth:`check_quota` for a multipart body of ``body_bytes``, before it is
+        parsed: less its envelope (boundaries, headers, the purpose field), so a file
+        that fits exactly is not refused for the envelope around it."""
+        self.check_quota(who, max(0, body_bytes - UPLOAD_ENVELOPE_BYTES))
 
     def check_quota(self, who, size: int) -> None:
         """413 if ``size`` more bytes would pass ``who``'s quota (before an upload is

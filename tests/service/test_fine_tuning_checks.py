@@ -187,6 +187,11 @@ def test_a_users_training_files_are_held_to_the_quota_and_deleting_gives_room_ba
     files.create(bob, upload, "fine-tune")  # bob's quota is his own
     files.delete(alice, first["id"])
     files.create(alice, upload, "fine-tune")
+    # A file that fits exactly is not refused for its multipart envelope.
+    carol = Identity("carol", "user")
+    files.check_upload(carol, (1 << 20) + 300)
+    with pytest.raises(OpenAIError, match="storage_quota_exceeded|your training files"):
+        files.check_upload(carol, (1 << 20) + (64 << 10) + 1)
 
 
 async def test_a_training_file_is_sent_a_chunk_at_a_time(tmp_path):
