@@ -11,7 +11,7 @@ GPUS    ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo 2xA100-80GB)
 ARGS    ?=
 PYTEST_ARGS ?=
 
-.PHONY: up test lint deps venv-base reach system-deps bench-deps gpu-check clean lab kube-bins test-kube
+.PHONY: up test lint deps venv-base reach system-deps run-deps bench-deps gpu-check clean lab kube-bins test-kube
 
 # Debian packages the tests drive for real: Chromium (browser tests; libnss3-tools
 # puts gpulab's CA in its certificate store for the https test), PostgreSQL
@@ -21,10 +21,16 @@ PYTEST_ARGS ?=
 # for a job's own network namespace), containerd + runc + containernetworking-plugins
 # (the live Kubernetes cluster's node: `make test-kube`), iptables + ipset (its
 # kube-proxy, and kube-router enforcing NetworkPolicies). Installed when run as root.
-system-deps:
+# `make up` installs only what a running site uses (RUN_PACKAGES: the jobs' network
+# namespaces and their outbound network); `make test` all of them.
+RUN_PACKAGES  := iproute2 slirp4netns
+TEST_PACKAGES := chromium libnss3-tools postgresql curl slurm-wlm munge containerd runc containernetworking-plugins iptables ipset
+system-deps: PACKAGES = $(RUN_PACKAGES) $(TEST_PACKAGES)
+run-deps: PACKAGES = $(RUN_PACKAGES)
+system-deps run-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  missing=""; \
-	  for p in chromium libnss3-tools postgresql iproute2 curl slurm-wlm munge slirp4netns containerd runc containernetworking-plugins iptables ipset; do \
+	  for p in $(PACKAGES); do \
 	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \
@@ -97,7 +103,7 @@ $(LAB_SERVER): lab/jupyter-config/gpulab.json | $(STAMP)
 
 lab: $(LAB_DEST)/.built $(LAB_SERVER)
 
-up: deps reach
+up: run-deps deps reach
 	$(VENV)/bin/gpulab up $(if $(GPUS),--simulate-gpus $(GPUS)) $(ARGS)
 
 # As root the tests make real per-user accounts, which must reach this checkout

@@ -67,7 +67,7 @@ def slice_and_queue() -> dict:
 
 # Jobs with backend "kubernetes" run as Indexed Jobs/JobSets in the release's
 # namespace; the jobs directory (<data-dir>/jobs) is the claim the chart mounts
-# there, and every pod of a job mounts it at the same path.
+# there, and each job's pods mount that job's folder of it at the same path.
 jobs = gpulab.get("kubernetesJobs") or {}
 if jobs.get("enabled"):
     c.GpuLabService.kubernetes_jobs = {
