@@ -271,9 +271,10 @@ async def test_chat_through_the_gateway_streams_counts_and_limits(tmp_path, chat
         bob_ai = client(svc, bob)
         await bob_ai.chat.completions.create(model=f"{a}/chat", messages=CHAT, max_tokens=2)
 
-        # One stream at a time for bob: a second while the first is open is 429.
+        # One stream at a time for bob: a second while the first is open is 429. Greedy
+        # (a sampled end-of-text token in the first few would end it before the second).
         first = await bob_ai.chat.completions.create(
-            model=f"{a}/chat", messages=CHAT, max_tokens=64, stream=True
+            model=f"{a}/chat", messages=CHAT, max_tokens=64, temperature=0, stream=True
         )
         await first.__anext__()  # the first chunk is here: the call is in flight
         with pytest.raises(openai.RateLimitError) as e:
