@@ -286,7 +286,10 @@ class SlurmBackend(Backend):
         details = {"slurm_job_id": job_id, "slurm_state": state}
         if info and info.get("nodes"):
             details["slurm_nodes"] = info["nodes"]
-        if all(c == 0 for c in codes):
+        # The exit files are in a folder the job's ranks can write: they are believed
+        # once Slurm says the allocation ended (a job could write 0s and train on,
+        # its GPUs given back to gpulab while Slurm still held them for it).
+        if all(c == 0 for c in codes) and state not in ACTIVE_STATES:
             return JobStatus("succeeded", exit_code=0, restarts=restarts, details=details)
         if state in ACTIVE_STATES and not any(c not in (None, 0) for c in codes):
             message = f"Slurm job {job_id} {state.lower()}"

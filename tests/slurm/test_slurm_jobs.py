@@ -6,6 +6,7 @@ jobs are submitted for it (``sbatch --uid --gid``). Each job is one Slurm job
 across both nodes (``srun`` starts one torchrun agent per node).
 """
 
+import asyncio
 import json
 import os
 import pwd
@@ -203,6 +204,38 @@ async def test_a_failing_rank_fails_the_slurm_job_with_its_root_cause(svc, sandb
     assert "rank 1 failed: ValueError: bad batch shape on purpose" in done["message"], done
     slurm_id = (jobdir(svc, job["id"]) / "slurm" / "job_id").read_text().strip()
     assert squeue(sandbox, "-j", slurm_id, "-o", "%i").strip() == ""
+
+
+FAKES_ITS_END = """
+import os, time
+pids = os.path.join(os.environ["GPULAB_JOB_DIR"], "pids")
+for node in range(2):  # what the launchers write when the nodes end
+    with open(os.path.join(pids, f"node{node}.exit"), "w") as f:
+        f.write("0\\n")
+print("wrote the exit files", flush=True)
+time.sleep(600)
+"""
+
+
+async def test_a_job_that_writes_its_own_exit_files_runs_on_in_gpulab_too(svc, sandbox):
+    """The exit files are in a folder the ranks can write: a job writing 0s and going
+    on must not be ended in gpulab (its slices given to others) while Slurm holds its
+    nodes."""
+    alice = svc.create_user("alice")
+    job = await submit(svc, alice, code=FAKES_ITS_END)
+    jd = jobdir(svc, job["id"])
+    await wait_until_async(
+        lambda: (jd / "pids" / "node1.exit").exists() and (jd / "pids" / "node0.exit").exists(),
+        "the job's fake exit files",
+        180,
+    )
+    slurm_id = (jd / "slurm" / "job_id").read_text().strip()
+    await asyncio.sleep(5)  # several passes of the job loop (one a second)
+    now = (await svc.request("GET", f"/jobs/{job['id']}", alice)).json()
+    assert now["state"] == "running", now
+    assert squeue(sandbox, "-j", slurm_id, "-o", "%T").strip() == "RUNNING"
+    assert (await svc.request("DELETE", f"/jobs/{job['id']}", alice)).status_code == 200
+    assert (await wait_job(svc, alice, job["id"]))["state"] == "cancelled"
 
 
 async def test_only_the_owner_sees_and_cancels_and_cancel_leaves_no_slurm_job(
