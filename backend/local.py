@@ -37,6 +37,7 @@ from traitlets import Instance, Int, Unicode, default
 
 from gpulab.enforcement.accounts import separated, unreachable
 from gpulab.enforcement.environments import SiteEnvironments, job_environment
+from gpulab.enforcement.gpu_nodes import no_gpu_unless
 from gpulab.enforcement.slice_env import mps_client_env, mps_pipe_directory
 from gpulab.enforcement.user_env import user_python
 from gpulab.training.env import NODE_MEMORY_BYTES
@@ -312,11 +313,8 @@ class LocalBackend(Backend):
             if self.real_gpus
             else []
         )
-        devices = None
-        if real:
-            from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
-
-            devices = device_paths_for_uuids(real)
+        # A CPU-only job on a host with real cards opens none of them.
+        devices = no_gpu_unless(real, self.real_gpus)
         return self.limits.group(
             account.name,
             node_unit(spec, node),

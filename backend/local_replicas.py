@@ -37,6 +37,7 @@ import time
 from traitlets import Int, default
 
 from gpulab.enforcement.accounts import separated
+from gpulab.enforcement.gpu_nodes import no_gpu_unless
 from gpulab.enforcement.slice_env import mps_client_env, mps_pipe_directory
 from gpulab.enforcement.user_env import user_python
 
@@ -116,11 +117,8 @@ class LocalReplicas(ServingBackend):
             env.update(account.env())
             run_as = account.popen_kwargs()
             if self.limits is not None:
-                devices = None
-                if self.real_gpus and gpu_uuid:
-                    from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
-
-                    devices = device_paths_for_uuids([gpu_uuid])
+                # A CPU-only replica on a host with real cards opens none of them.
+                devices = no_gpu_unless([gpu_uuid] if gpu_uuid else [], self.real_gpus)
                 group = self.limits.group(
                     account.name,
                     replica_unit(dep_id, replica),

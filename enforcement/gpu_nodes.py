@@ -183,6 +183,15 @@ def denied_nodes(host_nodes: list[DeviceNode], allowed_paths: tuple[str, ...]) -
     ]
 
 
+def no_gpu_unless(uuids: list[str], real_cards: bool) -> tuple[str, ...] | None:
+    """The device nodes work holding ``uuids`` may open: theirs; none at all on a host
+    with real cards where it holds none; not limited (None) where the host has no
+    real card (simulated GPUs: there is nothing to open)."""
+    if not real_cards:
+        return None
+    return device_paths_for_uuids(uuids) if uuids else ()
+
+
 def device_paths_for_uuids(uuids: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """The device nodes a slice on these GPU (or MIG) UUIDs needs (NVML)."""
     import pynvml

@@ -31,7 +31,7 @@ from traitlets import Float, default
 
 from gpulab.enforcement.account_limits import AccountLimits
 from gpulab.enforcement.accounts import unreachable
-from gpulab.enforcement.gpu_nodes import device_paths_for_uuids
+from gpulab.enforcement.gpu_nodes import no_gpu_unless
 from gpulab.enforcement.slice_env import mps_pipe_directory, slice_env
 from gpulab.scheduler.slices import label
 
@@ -193,9 +193,12 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
         memory and (real GPUs) device limits."""
         limits = AccountLimits(config=self.config)
         real = [a["gpu_uuid"] for a in allocations if a.get("gpu_uuid") and not a.get("simulated")]
-        devices = device_paths_for_uuids(real) if real else None
         inventory = await self._client().request("GET", "/inventory")
         gpu_count = sum(len(n["gpus"]) for n in inventory["nodes"])
+        cards = [g for n in inventory["nodes"] for g in n["gpus"]]
+        # On a host with real cards, a server without a slice opens none of them
+        # (None would leave devices unlimited: every card, and no slice held).
+        devices = no_gpu_unless(real, any(not g.get("simulated") for g in cards))
         self._unit = f"server-{self.name or 'default'}-{secrets.token_hex(4)}"
         group = await asyncio.get_running_loop().run_in_executor(
             None,

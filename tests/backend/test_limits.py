@@ -157,3 +157,27 @@ def test_a_slice_is_denied_every_other_card_and_keeps_the_control_nodes():
         "c 195:255 rwm",
         "c 509:0 rwm",
     ]
+
+
+def test_work_without_a_slice_opens_no_card_where_the_cards_are_real(tmp_path):
+    """A CPU-only job (or server, or replica) on a host with real cards is denied every
+    GPU device node, not left unlimited (``None`` let it open every card)."""
+    from types import SimpleNamespace
+
+    from gpulab.backend.local import LocalBackend
+    from gpulab.backend.spec import JobSpec
+    from gpulab.enforcement.gpu_nodes import no_gpu_unless
+
+    assert no_gpu_unless([], real_cards=True) == ()
+    assert no_gpu_unless([], real_cards=False) is None  # simulated: nothing to open
+    asked = {}
+
+    class Limits:
+        def group(self, account, unit, milli, gpu_count, ranks=1, gpu_devices=None):
+            asked["devices"] = gpu_devices
+
+    backend = LocalBackend(str(tmp_path / "jobs"), real_gpus=True)
+    backend.limits = Limits()  # the accounts' limits, as the service gives them as root
+    spec = JobSpec(code="print(1)", gpu_milli=0, id="cpuonly1", user="alice")
+    backend._node_group(spec, SimpleNamespace(name="gpulab-alice"), 0, [])  # noqa: SLF001
+    assert asked["devices"] == ()
