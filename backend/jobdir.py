@@ -62,8 +62,15 @@ METRICS_READ_BYTES = 8 << 20
 #: The most restarts a job is taken to have had (a rank's pid file says its restart;
 #: a job's own --max-restarts is far below).
 MAX_RESTARTS = 1000
-#: The most error files of failed ranks read (one per rank; far above any job's ranks).
+#: The most error files of failed ranks read (one per rank; far above any job's ranks),
+#: and what all of them together may give (a traceback is a few KiB).
 MAX_ERROR_FILES = 4096
+ERRORS_READ_BYTES = 8 << 20
+#: The most pid files read for a job's restart count, and of each (``{"pid", "restart"}``
+#: is a few dozen bytes): every pass of the job loop reads them, and the ranks may
+#: hard-link one big file as thousands.
+MAX_PID_FILES = 1024
+PID_FILE_BYTES = 4096
 
 
 def _number_or_0(value) -> float:
@@ -222,11 +229,11 @@ class JobDir:
         with os.fdopen(fd, "a") as f:
             f.write(message.rstrip("\n") + "\n")
 
-    def read_user_json(self, name: str, default=None):
-        """A JSON file the ranks write (at most 1 MiB): ``default`` for one that is
-        missing or not JSON (deep nesting included: RecursionError)."""
+    def read_user_json(self, name: str, default=None, limit: int = 1 << 20):
+        """A JSON file the ranks write (at most ``limit`` bytes): ``default`` for one
+        that is missing, larger, or not JSON (deep nesting included: RecursionError)."""
         try:
-            return json.loads(self.read_user(name, limit=1 << 20))
+            return json.loads(self.read_user(name, limit=limit))
         except (OSError, ValueError, RecursionError):
             return default
 
@@ -234,9 +241,19 @@ class JobDir:
     def errors(self) -> list[dict]:
         """Failed ranks' errors, earliest first (at most MAX_ERROR_FILES of them: the
         ranks may write any number of files)."""
-        found = []
+        found, left = [], ERRORS_READ_BYTES
         for path in sorted(glob.glob(self.p("errors", "rank*.json")))[:MAX_ERROR_FILES]:
-            error = self.read_user_json(os.path.relpath(path, self.path))
+            if left <= 0:
+                break
+            try:
+                data = self.read_user(os.path.relpath(path, self.path), limit=min(1 << 20, left))
+            except OSError:
+                continue
+            left -= len(data)
+            try:
+                error = json.loads(data)
+            except (ValueError, RecursionError):
+                continue
             if isinstance(error, dict):
                 found.append(error)
         return sorted(
@@ -247,8 +264,8 @@ class JobDir:
         """The highest restart a rank says it is in, at most MAX_RESTARTS (the pid
         files are their owner's to write)."""
         seen = [0]
-        for path in glob.glob(self.p("pids", "rank*.json")):
-            info = self.read_user_json(os.path.relpath(path, self.path))
+        for path in sorted(glob.glob(self.p("pids", "rank*.json")))[:MAX_PID_FILES]:
+            info = self.read_user_json(os.path.relpath(path, self.path), limit=PID_FILE_BYTES)
             with contextlib.suppress(AttributeError, TypeError, ValueError, OverflowError):
                 seen.append(int(info.get("restart", 0)))
         return max(0, min(max(seen), MAX_RESTARTS))

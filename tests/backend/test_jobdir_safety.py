@@ -167,3 +167,36 @@ def test_restart_counts_and_records_of_any_shape_are_survived(job):
     assert jd.restarts() == MAX_RESTARTS
     assert [e["rank"] for e in jd.errors()] == [1, 0]  # a time that is no number: 0
     assert jd.metrics(0, 0)[0] == [{"step": 1}]
+
+
+def test_hard_linked_pid_and_error_files_cost_a_bounded_read(job, monkeypatch):
+    """A rank hard-links one 1 MiB file as 3000 pid files and 3000 error files (no
+    disk): every pass of the job loop parsed 1 MiB of each (3 GB). The pid files are
+    read 4 KiB each, at most MAX_PID_FILES of them; the error files 8 MiB in all."""
+    from gpulab.backend.jobdir import ERRORS_READ_BYTES, MAX_PID_FILES, PID_FILE_BYTES
+
+    jd, nobody, _ = job
+
+    def write():
+        with open(jd.p("errors", "rank0.json"), "w") as f:
+            f.write('{"rank": 0, "restart": 3, "error": "' + "x" * (1 << 20) + '"}')
+        for r in range(3000):
+            os.link(jd.p("errors", "rank0.json"), jd.p("pids", f"rank{r}.json"))
+            if r:
+                os.link(jd.p("errors", "rank0.json"), jd.p("errors", f"rank{r}.json"))
+
+    as_user(nobody.pw_uid, nobody.pw_gid, write)
+    read = []
+    real = JobDir.read_user
+
+    def counted(self, name, offset=0, limit=None):
+        data = real(self, name, offset, limit)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(JobDir, "read_user", counted)
+    assert jd.restarts() == 0  # past 4 KiB a pid file is no pid file
+    assert len(read) <= MAX_PID_FILES and sum(read) <= MAX_PID_FILES * PID_FILE_BYTES
+    read.clear()
+    assert len(jd.errors()) <= ERRORS_READ_BYTES // (1 << 20)
+    assert sum(read) <= ERRORS_READ_BYTES
