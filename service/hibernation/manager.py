@@ -48,6 +48,8 @@ RETRY_AFTER_FAILURE_S = 600.0
 #: The most kernels, and names of what was not saved per kernel, a row keeps.
 MAX_KERNELS = 100
 MAX_SKIPPED = 200
+#: Characters of a failure's message kept (the server's answer may be megabytes).
+MAX_ERROR_CHARS = 500
 #: How long the hub gets to stop a saved server and its spawner to free the slice.
 STOP_TIMEOUT_S = 120.0
 
@@ -234,6 +236,10 @@ class Hibernations:
         raise TimeoutError(f"the hub did not stop it within {STOP_TIMEOUT_S:.0f} s")
 
     async def _fail(self, row: dict, error: str, actor: str, actor_kind: str) -> None:
+        # Often the user's server's own words (its kernel's exception): kept short, as
+        # every listing, the hub's pages and the audit trail show it.
+        if len(error) > MAX_ERROR_CHARS:
+            error = error[: MAX_ERROR_CHARS - 1] + "…"
         owner = f"{row['user']}/{row['server']}"
         self._failed_at[owner] = self.clock()
         log.warning("Hibernating %s failed: %s", owner, error)

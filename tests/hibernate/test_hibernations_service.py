@@ -170,6 +170,14 @@ async def test_a_failed_hibernation_leaves_the_server_running(tmp_path):
             # Written just after the row says failed.
             assert await wait_until_async(audited, "the audit entry") == ["failed"]
 
+            # A server's answer of megabytes (its kernel's exception) is kept short.
+            fake.fail_with = "RuntimeError: " + "x" * 4_000_000
+            clock.advance(3600)  # past the wait after a failure
+            r = await svc.request("POST", "/hibernations", token=alice, json={})
+            row = await ended(svc, r.json()["id"], alice)
+            assert row["state"] == "failed" and len(row["error"]) == 500, len(row["error"])
+            assert row["error"].startswith("nothing was stopped: RuntimeError: xxx")
+
 
 async def test_who_may_hibernate_and_report_a_wake(tmp_path):
     with fake_clock() as clock:
