@@ -106,6 +106,9 @@ def test_graphql_queries_name_their_runs_and_experiments():
         ({"query": "{ __schema { types { name } } }"}, "not offered"),
         ({"query": GET_RUN, "variables": {"data": {}}}, "must name its runs"),
         ({"query": "{ mlflowGetRun("}, "does not parse"),
+        # Parsed on the proxy's event loop: 880 KB of root fields took it 2.2 s.
+        ({"query": "{" + "mlflowGetRun(input: {runId: 1}) { x } " * 3000 + "}"}, "at most 64 KiB"),
+        ({"query": "{" + "mlflowGetRun(input: {runId: 1}) { x } " * 1000 + "}"}, "2000 tokens"),
     ]:
         with pytest.raises(Unchecked, match=why):
             targets(body)
