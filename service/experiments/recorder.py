@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import math
+from collections.abc import Iterable, Iterator
 from urllib.parse import quote, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -39,8 +40,10 @@ KIND = [{"key": "mlflow.experimentKind", "value": "custom_model_development"}]
 NOT_METRICS = frozenset({"time", "rank", "restart", "world_size", "step", "total_steps"})
 #: A job's flags that are not params (its code and variables, who and where).
 NOT_PARAMS = frozenset({"code", "vars_b64", "env", "id", "user", "checkpoint_dir"})
-#: The most of rank 0's reports read into a run.
+#: The most of rank 0's reports read into a run, and the most metric values taken from
+#: them (a line of many one-letter keys made 130,000 values a MiB: 32 MiB held 1.2 GB).
 MAX_REPORT_BYTES = 32 << 20
+MAX_RUN_METRICS = 100_000
 #: MLflow's limits per log-batch call.
 BATCH_METRICS = 1000
 BATCH_PARAMS = 100
@@ -57,10 +60,13 @@ def job_params(spec: dict) -> list[dict]:
     ]
 
 
-def run_metrics(records: list[dict]) -> list[dict]:
-    """``report()`` records as MLflow metrics: each numeric value, its step and time."""
-    out = []
+def run_metrics(records: Iterable[dict], most: int = MAX_RUN_METRICS) -> list[dict]:
+    """``report()`` records as MLflow metrics: each numeric value, its step and time;
+    the first ``most`` of them."""
+    out: list[dict] = []
     for n, record in enumerate(records):
+        if len(out) >= most:
+            break
         step = record.get("step")
         step = step if isinstance(step, int) and not isinstance(step, bool) else n
         stamp = _epoch_ms(record.get("time"))
@@ -69,7 +75,7 @@ def run_metrics(records: list[dict]) -> list[dict]:
                 continue
             if isinstance(value, (int, float)) and math.isfinite(value):
                 out.append({"key": key, "value": float(value), "timestamp": stamp, "step": step})
-    return out
+    return out[:most]
 
 
 def _epoch_ms(seconds) -> int:
@@ -80,22 +86,21 @@ def _epoch_ms(seconds) -> int:
     return int(seconds * 1000) if math.isfinite(seconds) and 0 <= seconds < 1e11 else 0
 
 
-def read_reports(jobdir: JobDir, limit: int = MAX_REPORT_BYTES) -> list[dict]:
+def read_reports(jobdir: JobDir, limit: int = MAX_REPORT_BYTES) -> Iterator[dict]:
     """Rank 0's ``report()`` records, the first ``limit`` bytes of them (a rank may
-    write any amount; the service reads it as every file of the ranks')."""
+    write any amount; the service reads it as every file of the ranks'), one at a time
+    (their reader takes what it keeps)."""
     try:
         data = jobdir.read_user("metrics/rank0.jsonl", 0, limit)
     except OSError:
-        return []
-    records = []
+        return
     for line in data[: data.rfind(b"\n") + 1].splitlines():
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(record, dict):
-            records.append(record)
-    return records
+            yield record
 
 
 def epoch_ms(value) -> int | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpulab.service.experiments.graphql_check import Unchecked, targets
@@ -198,5 +200,10 @@ def test_a_jobs_reports_become_metrics_and_its_flags_params(tmp_path):
     # that loses the run's other metrics.
     odd = [{"time": "soon", "loss": 1.0}, {"time": 1e308, "step": True, "loss": 2.0}]
     assert [(m["timestamp"], m["step"]) for m in run_metrics(odd)] == [(0, 0), (0, 1)]
+    # A line of thousands of keys, many times: the first MAX_RUN_METRICS values only
+    # (32 MiB of them made 4 million dicts in the service, 1.2 GB).
+    wide = json.dumps({f"k{i}": 1 for i in range(5000)}) + "\n"
+    (tmp_path / "j1" / "metrics" / "rank0.jsonl").write_text(wide * 100)
+    assert len(run_metrics(read_reports(jd), most=20_000)) == 20_000
     params = job_params({"nodes": 2, "out": "model", "env": {"SECRET": "s"}, "code": "x=1"})
     assert params == [{"key": "nodes", "value": "2"}, {"key": "out", "value": "model"}]
