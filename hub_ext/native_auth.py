@@ -73,6 +73,8 @@ from .native_pages import (
 from .user_removal import refuse_while_servers_run, service_client_for, stop_work
 
 TEMPLATES = str(Path(__file__).with_name("templates"))
+#: The longest name a login is checked for (an account's name is far shorter).
+MAX_LOGIN_NAME_CHARS = 256
 
 
 class GpuLabNativeAuthenticator(NativeAuthenticator):
@@ -199,12 +201,19 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
         # counted (handler.gpulab_source) and where (handler.gpulab_throttle), for
         # the audit trail and its message.
         source = await asyncio.to_thread(login_source, handler.request) if handler else ""
-        username = self.normalize_username(data.get("username", ""))
+        # A name past any account's length is no account's; cut before it is folded
+        # or kept as a throttle key (100 MB names filled the hub's memory).
+        typed = data.get("username", "")
+        too_long = len(typed) > MAX_LOGIN_NAME_CHARS
+        username = self.normalize_username(typed[:MAX_LOGIN_NAME_CHARS])
         keys = self.throttle_keys(handler, source, username)
         if handler is not None:
             handler.gpulab_source = source
             handler.gpulab_throttle = keys
-        refusal = await self.refusal(keys, username, data.get("password", ""), data)
+        if too_long:
+            refusal = LOCKED_OUT if self.seconds_locked(keys) else UNKNOWN_USER
+        else:
+            refusal = await self.refusal(keys, username, data.get("password", ""), data)
         if refusal is None:
             if handler is not None:
                 remember_device(handler, username)

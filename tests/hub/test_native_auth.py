@@ -121,3 +121,15 @@ def test_an_empty_admin_password_file_stops_the_hub_with_a_reason(db, password_f
     password_file.write_text("\n")
     with pytest.raises(ValueError, match="must hold the admin's password"):
         start(db, password_file)
+
+
+def test_a_name_of_megabytes_is_refused_and_kept_short(db, password_file):
+    """Each failed login keeps its name in a throttle key for a minute: names of 1 MB,
+    100 at a time from one address, held 100 MB in the hub (10 MB names, 1 GB)."""
+    auth = start(db, password_file)
+    for i in range(20):
+        assert login(auth, f"{i}" + "a" * (1 << 20), GOOD) is None
+    assert max(len(key) for key in auth.lockout._failures) < 300  # noqa: SLF001
+    auth.create_user("alice", GOOD)
+    UserInfo.change_authorization(db, "alice")
+    assert login(auth, "alice", GOOD) == "alice"  # another name from that address
