@@ -44,9 +44,11 @@ Settings, in ``<data-dir>/gpulab_config.py``::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import unicodedata
 from pathlib import Path
+from types import SimpleNamespace
 
 import bcrypt
 from jinja2 import ChoiceLoader, FileSystemLoader
@@ -65,6 +67,7 @@ from .native_pages import (
     LOCKED_OUT,
     MAX_PASSWORD_BYTES,
     NOT_APPROVED,
+    PREHASHED,
     UNKNOWN_USER,
     GpuLabLogoutHandler,
     password_matches,
@@ -75,6 +78,23 @@ from .user_removal import refuse_while_servers_run, service_client_for, stop_wor
 TEMPLATES = str(Path(__file__).with_name("templates"))
 #: The longest name a login is checked for (an account's name is far shorter).
 MAX_LOGIN_NAME_CHARS = 256
+
+
+@contextlib.contextmanager
+def _hashed_as(hashed: bytes):
+    """NativeAuthenticator's ``bcrypt.hashpw`` answering ``hashed`` (made in a thread
+    by the sign-up page) for the length of one synchronous ``create_user`` on the
+    hub's thread; its module's name only, not the bcrypt module."""
+    from nativeauthenticator import nativeauthenticator as upstream
+
+    real = upstream.bcrypt
+    upstream.bcrypt = SimpleNamespace(
+        hashpw=lambda password, salt: hashed, gensalt=lambda: b"", checkpw=real.checkpw
+    )
+    try:
+        yield
+    finally:
+        upstream.bcrypt = real
 
 
 class GpuLabNativeAuthenticator(NativeAuthenticator):
@@ -192,7 +212,11 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
     def create_user(self, username, password, **kwargs):
         if self.name_taken(username):
             return None
-        return super().create_user(username, password, **kwargs)
+        made = PREHASHED.get()
+        if made is None or made[0] != password:
+            return super().create_user(username, password, **kwargs)
+        with _hashed_as(made[1]):
+            return super().create_user(username, password, **kwargs)
 
     async def authenticate(self, handler, data):
         # NativeAuthenticator's, with bcrypt off the hub's event loop and failures

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import math
+from contextvars import ContextVar
 
 import bcrypt
 from jupyterhub.handlers.login import LogoutHandler
@@ -64,6 +65,12 @@ NOT_ALLOWED = "not allowed"
 
 def too_long(password: str) -> bool:
     return len(password.encode("utf-8", "surrogatepass")) > MAX_PASSWORD_BYTES
+
+
+#: A sign-up's password and its bcrypt hash, made in a thread by the sign-up page before
+#: NativeAuthenticator creates the record (it hashes on the hub's event loop: a quarter
+#: of a second each, so a few sign-ups a second stalled every login, spawn and API call).
+PREHASHED: ContextVar[tuple[str, bytes] | None] = ContextVar("gpulab_prehashed", default=None)
 
 
 async def password_matches(info: UserInfo, password: str) -> bool:
@@ -273,6 +280,14 @@ class GpuLabSignUpHandler(_FormChecks, SignUpHandler):
         auth = self.authenticator
         name = self.get_body_argument("username", "", strip=False)
         if not (auth.enable_signup and name and auth.name_taken(name)):
+            password = self.get_body_argument("signup_password", "", strip=False)
+            if (
+                not too_long(password)
+                and auth.validate_username(auth.normalize_username(name))
+                and auth.is_password_strong(password)
+            ):
+                hashed = await asyncio.to_thread(bcrypt.hashpw, password.encode(), bcrypt.gensalt())
+                PREHASHED.set((password, hashed))
             return await super().post()
         self.audited("denied", "name taken")
         self.set_status(409)

@@ -133,3 +133,27 @@ def test_a_name_of_megabytes_is_refused_and_kept_short(db, password_file):
     auth.create_user("alice", GOOD)
     UserInfo.change_authorization(db, "alice")
     assert login(auth, "alice", GOOD) == "alice"  # another name from that address
+
+
+def test_a_sign_ups_password_hashed_in_a_thread_is_the_one_kept(db, password_file):
+    """The sign-up page hashes the password in a thread (bcrypt takes a quarter second)
+    and NativeAuthenticator keeps that hash instead of hashing on the hub's loop."""
+    import bcrypt
+    from nativeauthenticator import nativeauthenticator as upstream
+
+    from gpulab.hub_ext.native_pages import PREHASHED
+
+    auth = start(db, password_file)
+    made = bcrypt.hashpw(GOOD.encode(), bcrypt.gensalt(4))
+    token = PREHASHED.set((GOOD, made))
+    try:
+        assert auth.create_user("carol", GOOD) is not None
+        # Another password than the page hashed: hashed here, as before.
+        assert auth.create_user("dave", "dave's other long password") is not None
+    finally:
+        PREHASHED.reset(token)
+    assert upstream.bcrypt is bcrypt  # put back
+    assert auth.get_user("carol").password == made
+    assert bcrypt.checkpw(b"dave's other long password", auth.get_user("dave").password)
+    UserInfo.change_authorization(db, "carol")
+    assert login(auth, "carol", GOOD) == "carol"
