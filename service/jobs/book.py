@@ -104,10 +104,20 @@ class JobBook:
     def spec(self, job: dict) -> JobSpec:
         """The job's spec from its folder, with who and what it is taken from its row:
         where its pods can write the folder (Kubernetes), a spec naming another job's
-        id, or more GPU than was granted, is not believed."""
+        id, more GPU or nodes than were granted, or a class it was not given, is not
+        believed."""
         spec = self.jobdir(job).spec()
         spec.id, spec.user = job["id"], job["user"]
         spec.gpu_milli, spec.nproc_per_node = job["gpu_milli"], job["nproc_per_node"]
+        spec.priority, spec.priority_class = job["priority"], job["priority_class"]
+        spec.preemptible = bool(job["preemptible"])
+        if elastic(job):
+            spec.min_nodes, spec.max_nodes = job["min_nodes"], job["max_nodes"]
+        else:
+            spec.min_nodes = spec.max_nodes = 0
+        # Its size moves with resizes (the spec is written first, then the row): never
+        # past what it may grow to.
+        spec.nodes = max(1, min(spec.nodes, job.get("max_nodes") or job["nodes"]))
         return spec
 
     def over_host_quota(self, job: dict, ranks: int) -> str | None:
