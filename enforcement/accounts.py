@@ -271,6 +271,20 @@ class UserAccounts(Configurable):
         os.chmod(account.home, 0o700)
 
 
+def first_user_uid(login_defs: str = "/etc/login.defs") -> int:
+    """The first uid of people's accounts (``UID_MIN``; 1000 where it is not said):
+    below it are the system's own (root, daemon, slurm, munge...)."""
+    try:
+        with open(login_defs) as f:
+            for line in f:
+                words = line.split()
+                if len(words) == 2 and words[0] == "UID_MIN" and words[1].isdigit():
+                    return int(words[1])
+    except OSError:
+        pass
+    return 1000
+
+
 def _getpw(name: str) -> pwd.struct_passwd | None:
     try:
         return pwd.getpwnam(name)

@@ -40,7 +40,7 @@ from traitlets.config import Config
 
 from gpulab.backend.slurm_inventory import PoolError, SlurmInventory
 from gpulab.backend.slurm_site import ACTIVE_STATES, SlurmError, SlurmSite
-from gpulab.enforcement.accounts import Account
+from gpulab.enforcement.accounts import Account, first_user_uid
 from gpulab.enforcement.slice_env import slice_env
 from gpulab.scheduler.slices import label
 
@@ -232,6 +232,16 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
                     f"(the nodes need it too) or fix "
                     f"c.FractionalSlurmSpawner.unix_user_template",
                 ) from None
+            if pw.pw_uid < first_user_uid():
+                # root, slurm, munge, daemon...: a hub user named so (an approved
+                # sign-up, an OAuth login) would run as the system's own account.
+                raise web.HTTPError(
+                    403,
+                    f"{self.user.name}'s Unix account {name!r} is a system account (uid "
+                    f"{pw.pw_uid}, below UID_MIN {first_user_uid()}): servers do not run as "
+                    f"one; give the user a name of their own or fix "
+                    f"c.FractionalSlurmSpawner.unix_user_template",
+                )
             return Account(name, pw.pw_uid, pw.pw_gid, (), pw.pw_dir, pw.pw_shell or "/bin/sh")
         accounts = self._accounts()
         if not accounts.enabled:

@@ -304,3 +304,27 @@ def test_a_restarted_hub_finds_the_server_by_its_slurm_job(slurm_hub, sandbox):
         assert [a for a in again.gpulab("GET", "/allocations").json() if a["user"] == user] == []
     finally:
         again.stop()
+
+
+def test_a_hub_user_named_as_a_system_account_gets_no_server_as_it(tmp_path):
+    """With ``unix_user_template = "{username}"``, a hub user named root (an approved
+    sign-up, an OAuth login) ran their server as root on the nodes."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from tornado import web
+
+    from gpulab.enforcement.accounts import first_user_uid
+    from gpulab.spawner.slurm import FractionalSlurmSpawner
+
+    defs = tmp_path / "login.defs"
+    defs.write_text("# comment\nUID_MIN\t\t\t 1500\nUID_MAX 60000\n")
+    assert first_user_uid(str(defs)) == 1500
+    assert first_user_uid(str(tmp_path / "none")) == 1000
+    for name in ("root", "daemon"):
+        spawner = FractionalSlurmSpawner(unix_user_template="{username}")
+        spawner.user = SimpleNamespace(name=name)
+        with pytest.raises(web.HTTPError) as refused:
+            asyncio.run(spawner._cluster_account())  # noqa: SLF001
+        assert refused.value.status_code == 403
+        assert "is a system account" in refused.value.log_message
