@@ -83,7 +83,7 @@ def up(args: argparse.Namespace) -> int:
         ip=args.ip,
         port=args.port,
         simulate_gpus=args.simulate_gpus or "",
-        db_url=args.db_url or "",
+        db_url=args.db_url or os.environ.get("GPULAB_DB_URL", ""),
         cull_idle_timeout=args.cull_idle_timeout,
         tls=args.tls or "",
         ssl_cert=os.path.abspath(args.ssl_cert) if args.ssl_cert else "",
@@ -153,8 +153,9 @@ def parser() -> argparse.ArgumentParser:
     )
     u.add_argument(
         "--db-url",
-        help="SQLAlchemy URL for gpulab's database "
-        "(default: SQLite in the data dir), e.g. postgresql://...",
+        help="SQLAlchemy URL for gpulab's database (default: SQLite in the data dir), "
+        "e.g. postgresql://...; one with a password is better in the environment "
+        "(GPULAB_DB_URL): a command line is every account's to read",
     )
     u.add_argument(
         "--cull-idle-timeout",
