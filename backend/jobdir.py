@@ -199,10 +199,26 @@ class JobDir:
         return JobSpec.from_dict(self.read_json("spec.json"))
 
     def write_json(self, name: str, data) -> None:
+        # Where a job's pods write its folder as the service's account (Kubernetes),
+        # a link may wait at the temporary name: removed, never written through.
         tmp = self.p(f".{name}.tmp")
-        with open(tmp, "w") as f:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o666)  # as open(): the umask decides
+        with os.fdopen(fd, "w") as f:
             json.dump(data, f)
         os.replace(tmp, self.p(name))
+
+    def read_own(self, name: str, limit: int) -> bytes:
+        """A file of the service's in the folder (``cell.py``), at most ``limit`` bytes:
+        only a regular file, never followed through a link, never waited on; OSError
+        otherwise (as :meth:`read_json`, for the same pods)."""
+        fd = os.open(self.p(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise PermissionError(f"{self.p(name)}: not a plain file")
+            return f.read(limit)
 
     def read_json(self, name: str, default=None):
         """A JSON file of the service's in the folder: only a regular file, never
@@ -325,6 +341,9 @@ class JobDir:
         """
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.p("launch.json"))
+        if os.path.islink(self.p("pids")):  # its files are found through it: never
+            os.unlink(self.p("pids"))
+            os.makedirs(self.p("pids"), exist_ok=True)
         for path in glob.glob(self.p("pids", "*")):
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 os.unlink(path)  # a symlink is removed, never followed

@@ -25,6 +25,7 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab.backend.jobdir import JobDir
+from gpulab.backend.spec import MAX_CODE_BYTES
 from gpulab.service.jobs.lineage import MLFLOW_RUN_FILE as RUN_FILE
 from gpulab.service.tls import platform_client_context
 
@@ -231,7 +232,7 @@ class RunRecorder:
                 f"{api}/runs/log-batch",
                 {"run_id": run_id, "metrics": metrics[i : i + BATCH_METRICS]},
             )
-        await self._upload(user, artifacts, "code/cell.py", jobdir.p("cell.py"))
+        await self._upload_code(user, artifacts, jobdir)
         await self._upload_model(user, artifacts, jobdir)
         await self._call(
             user,
@@ -245,12 +246,14 @@ class RunRecorder:
         )
         log.info("Job %s of %s recorded as MLflow run %s", job["id"], user, run_id)
 
-    async def _upload(self, user: str, artifacts: str, name: str, path: str) -> None:
+    async def _upload_code(self, user: str, artifacts: str, jobdir: JobDir) -> None:
+        """The job's ``cell.py``: the service's own file, read as one (no link, bounded)."""
         try:
-            data = await asyncio.to_thread(_read, path)
+            data = await asyncio.to_thread(jobdir.read_own, "cell.py", MAX_CODE_BYTES + 1)
         except OSError:
             return
-        await self._put(user, artifacts, name, data)
+        if len(data) <= MAX_CODE_BYTES:
+            await self._put(user, artifacts, "code/cell.py", data)
 
     async def _upload_model(self, user: str, artifacts: str, jobdir: JobDir) -> None:
         """``--out``'s state dict, read as the ranks' files are (no symlinks, bounded)."""
@@ -266,8 +269,3 @@ class RunRecorder:
     async def _put(self, user: str, artifacts: str, name: str, data: bytes) -> None:
         where = quote(f"{artifacts}/{name}")
         await self._call(user, "PUT", f"api/2.0/mlflow-artifacts/artifacts/{where}", raw=data)
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()

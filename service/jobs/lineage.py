@@ -13,6 +13,7 @@ import os
 from collections import OrderedDict
 
 from gpulab.backend.jobdir import JobDir
+from gpulab.backend.spec import MAX_CODE_BYTES
 from gpulab.db.jobs import TERMINAL
 from gpulab.training.lineage import READS_DIR, READS_PREFIX, code_hash, datasets_read
 
@@ -57,8 +58,8 @@ class JobLineage:
     def _code_hash(self, job_id: str, jobdir: JobDir) -> str | None:
         if job_id not in self._hashes:  # the cell never changes
             try:
-                with open(jobdir.p("cell.py"), "rb") as f:
-                    _keep(self._hashes, job_id, code_hash(f.read()))
+                code = jobdir.read_own("cell.py", MAX_CODE_BYTES + 1)
+                _keep(self._hashes, job_id, code_hash(code))
             except OSError:
                 return None  # the directory is gone: nothing to say, nothing kept
         return self._hashes[job_id]

@@ -4,6 +4,7 @@ must not be able to turn that into reading or writing another file of the host.
 Hand-over needs root (CI runs as root); the ranks' account here is ``nobody``.
 """
 
+import json
 import os
 import pwd
 import threading
@@ -200,3 +201,31 @@ def test_hard_linked_pid_and_error_files_cost_a_bounded_read(job, monkeypatch):
     read.clear()
     assert len(jd.errors()) <= ERRORS_READ_BYTES // (1 << 20)
     assert sum(read) <= ERRORS_READ_BYTES
+
+
+def test_links_in_the_folder_are_neither_written_through_nor_read(job, tmp_path):
+    """On Kubernetes a job's pods may write its folder as the service's own account: a
+    link at a temporary name truncated the file it named, a link as cell.py sent the
+    service's secrets to the user's MLflow run, a link as pids/ let a restart delete
+    the files it named."""
+    jd, _, secret = job
+    os.symlink(str(secret), jd.p(".launch.json.tmp"))
+    jd.write_json("launch.json", {"nodes": 1})
+    assert secret.read_text() == "root's secret"
+    assert json.loads(open(jd.p("launch.json")).read()) == {"nodes": 1}
+
+    os.unlink(jd.p("cell.py")) if os.path.lexists(jd.p("cell.py")) else None
+    os.symlink(str(secret), jd.p("cell.py"))
+    with pytest.raises(OSError):
+        jd.read_own("cell.py", 1 << 20)
+
+    victims = tmp_path / "victims"
+    victims.mkdir()
+    (victims / "keep.db").write_text("data")
+    import shutil
+
+    shutil.rmtree(jd.p("pids"))
+    os.symlink(str(victims), jd.p("pids"))
+    jd.reset_run()
+    assert (victims / "keep.db").read_text() == "data"
+    assert os.path.isdir(jd.p("pids")) and not os.path.islink(jd.p("pids"))
