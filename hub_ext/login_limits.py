@@ -60,6 +60,19 @@ def login_source(request) -> str:
     return THIS_MACHINE if _is_loopback(source) else source
 
 
+def throttle_unit(source: str) -> str:
+    """What one source's failed logins count against: an IPv6 address's /64 (one
+    host or site is given a whole /64: by address, it could try as 2**64 sources),
+    else the source as it is (an IPv4 address, ``uid N``, this machine)."""
+    try:
+        ip = ipaddress.ip_address(source)
+    except ValueError:
+        return source
+    if ip.version == 6 and not ip.ipv4_mapped:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return source
+
+
 def _networks(addresses) -> list:
     nets = []
     for text in addresses:

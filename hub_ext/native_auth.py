@@ -59,7 +59,7 @@ from nativeauthenticator.orm import UserInfo
 from traitlets import Integer, Unicode, default
 
 from .login_devices import device_of, remember_device
-from .login_limits import SourceLockout, login_source
+from .login_limits import SourceLockout, login_source, throttle_unit
 from .native_pages import (
     BAD_2FA,
     BAD_PASSWORD,
@@ -255,7 +255,8 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
         device = device_of(handler, name) if handler is not None else None
         if device:
             return [(self.lockout, f"device {device}")]
-        return [(self.lockout, f"{source} as {name}"), (self.source_lockout, source)]
+        unit = throttle_unit(source)
+        return [(self.lockout, f"{unit} as {name}"), (self.source_lockout, unit)]
 
     def seconds_locked(self, keys: list[tuple[SourceLockout, str]]) -> float:
         """How long a try counted at ``keys`` must still wait (0: it may try)."""

@@ -169,6 +169,16 @@ async def test_a_client_cannot_choose_its_address_per_try(auth):
     assert await login(auth, via_proxy("203.0.113.66"), "admin", ADMIN_PASSWORD) is None
 
 
+async def test_an_ipv6_attacker_is_counted_by_its_64_not_by_each_address(auth):
+    """One host or site gets a whole /64: counted by address, each guess could come
+    from a fresh one."""
+    for i in range(11):
+        assert await login(auth, via_proxy(f"2001:db8:1:2::{i + 1:x}"), "admin", "guess") is None
+    assert await login(auth, via_proxy("2001:db8:1:2::99"), "admin", ADMIN_PASSWORD) is None
+    # Another /64 (another site) is not held up.
+    assert await login(auth, via_proxy("2001:db8:1:3::1"), "admin", ADMIN_PASSWORD) == "admin"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="running as another account needs root")
 async def test_another_account_calling_the_hub_directly_is_counted_as_that_account(auth):
     """A kernel on the hub's host can reach the hub's own port, past the proxy, and
