@@ -34,9 +34,11 @@ class SlurmError(Exception):
     """A Slurm command failed; the message is its stderr (or why it did not run)."""
 
 
-#: squeue's fields, in the order of ``_SQUEUE_FORMAT``.
-_SQUEUE_FIELDS = ("job_id", "state", "nodes", "user", "gres", "comment", "name", "reason")
-_SQUEUE_FORMAT = "%i|%T|%N|%u|%b|%k|%j|%r"
+#: squeue's fields, in the order of ``_SQUEUE_FORMAT``: Slurm's own first, then the
+#: two a job's owner writes (``scontrol update Comment=... JobName=...``), which may
+#: hold "|": a line is split at the first six, so they cannot move the others.
+_SQUEUE_FIELDS = ("job_id", "state", "nodes", "user", "gres", "reason", "comment", "name")
+_SQUEUE_FORMAT = "%i|%T|%N|%u|%b|%r|%k|%j"
 #: What a command run as a user inherits from the service's environment.
 _USER_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 # States in which the job still holds (or will hold) its nodes.
@@ -213,9 +215,10 @@ class SlurmSite(Configurable):
                 raise
             out = ""
         for line in out.splitlines():
-            fields = line.strip().split("|")
-            if len(fields) == len(_SQUEUE_FIELDS) and fields[0] == job_id:
-                return dict(zip(_SQUEUE_FIELDS, fields, strict=True))
+            fields = line.strip().split("|", 6)
+            if len(fields) == 7 and fields[0] == job_id:
+                comment, _, name = fields[6].rpartition("|")  # the owner's: best effort
+                return dict(zip(_SQUEUE_FIELDS, [*fields[:6], comment, name], strict=True))
         try:
             text = await self.run(["scontrol", "show", "job", job_id])
         except SlurmError as e:

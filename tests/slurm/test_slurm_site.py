@@ -43,3 +43,20 @@ async def test_a_missing_command_says_what_to_install():
     site = SlurmSite(bin_dir="/nonexistent/slurm/bin")
     with pytest.raises(SlurmError, match="apt-get install slurm-wlm"):
         await site.run(["squeue"])
+
+
+async def test_an_owners_comment_and_name_cannot_move_slurms_own_fields():
+    """A job's owner may set its Comment and JobName (``scontrol update``); one with
+    "|" in it made the squeue line unreadable, and the fallback took a JobState and
+    NodeList written inside the name."""
+    site = SlurmSite()
+    line = "7|RUNNING|sb1n0|gpulab-alice|gres/gpu:1|None|a|b|x JobState=COMPLETED NodeList=evil\n"
+
+    async def run(argv, **kw):
+        assert argv[0] == "squeue", argv  # never the scontrol fallback
+        return line
+
+    site.run = run
+    info = await site.job("7")
+    assert (info["state"], info["nodes"], info["user"]) == ("RUNNING", "sb1n0", "gpulab-alice")
+    assert info["name"] == "x JobState=COMPLETED NodeList=evil"
