@@ -24,6 +24,7 @@ import os
 import socket
 import struct
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 
 #: Proxies trusted to append the client's address to X-Forwarded-For by default:
 #: this machine (configurable-http-proxy in the embedded hub). A loopback peer is
@@ -74,6 +75,55 @@ def peer_uid(peer: tuple[str, int], local: tuple[str, int], tables=_TABLES) -> i
         except (OSError, ValueError):
             continue
     return None
+
+
+#: ``st`` of a listening socket in /proc/net/tcp.
+_LISTEN = "0A"
+
+
+def listener_uid(port: int, tables=_TABLES) -> int | None:
+    """The uid of the socket listening on ``port`` of this machine's loopback (or of
+    every address), or None when nothing listens there."""
+    hexport = f":{port:04X} "
+    for table in tables:
+        try:
+            with open(table) as f:
+                next(f, None)  # the header
+                for line in f:
+                    if hexport not in line:
+                        continue
+                    fields = line.split()
+                    if len(fields) < 8 or fields[3] != _LISTEN:
+                        continue
+                    ip, at = _address(fields[1])
+                    if at == port and (ip.is_loopback or ip.is_unspecified):
+                        return int(fields[7])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def foreign_listener(url: str) -> str | None:
+    """Why a platform token must not go to ``url``: its port on this machine is
+    listened on by another account than this process's (a user's kernel that took the
+    port while the hub or the service was down); None when it may (not this machine,
+    or the platform's own socket, or nothing to tell)."""
+    parts = urlsplit(url)
+    try:
+        ip = ipaddress.ip_address(parts.hostname or "")
+    except ValueError:
+        ip = None
+    if parts.hostname != "localhost" and (ip is None or not _plain(ip).is_loopback):
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    uid = listener_uid(port)
+    if uid is None or uid == os.geteuid():
+        return None
+    return (
+        f"port {port} of this machine is held by uid {uid}, not by gpulab's own account "
+        f"(uid {os.geteuid()}): no token is sent there (another account took the port "
+        f"while the hub or the service was down?)"
+    )
 
 
 def platform_peer(peer: tuple[str, int] | None, local: tuple[str, int] | None) -> bool | None:

@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from gpulab.enforcement.peer_account import foreign_listener
 from gpulab.service.tls import platform_client_context
 
 
@@ -29,6 +30,9 @@ class HubAPI:
     async def _fetch(
         self, path: str, method: str = "GET", timeout: float = 30, body: dict | None = None
     ):
+        foreign = foreign_listener(self.api_url)
+        if foreign:  # as an unreachable hub: the callers' answer to that holds
+            raise ConnectionRefusedError(f"the hub's API: {foreign}")
         req = HTTPRequest(
             f"{self.api_url}{path}",
             method=method,

@@ -16,6 +16,7 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab.client.tls import client_context
+from gpulab.enforcement.peer_account import foreign_listener
 
 
 class ServiceClient:
@@ -47,6 +48,9 @@ class ServiceClient:
                 allow_nonstandard_methods=True,
                 ssl_options=self._ssl,
             )
+            foreign = foreign_listener(url)
+            if foreign:
+                raise web.HTTPError(503, f"the gpulab service: {foreign}")
             try:
                 resp = await AsyncHTTPClient().fetch(req)
                 return json.loads(resp.body) if resp.body else None

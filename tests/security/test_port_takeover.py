@@ -1,0 +1,66 @@
+"""A user's kernel that takes the port of the hub or the service while it is down (a
+crash, a restart) must not be sent the platform's tokens: the hub's and the service's
+clients ask the kernel whose socket listens there first."""
+
+import os
+import pwd
+import subprocess
+import sys
+import time
+
+import pytest
+from tornado import web
+
+from gpulab.enforcement.peer_account import foreign_listener, listener_uid
+from gpulab.service.hubapi import HubAPI
+from gpulab.spawner.service_client import ServiceClient
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="another account's socket needs root")
+
+#: What the attacker runs: listen on a port of loopback and print what comes in.
+CATCHER = """
+import socket, sys
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+s.settimeout(20)
+try:
+    c, _ = s.accept()
+    print(c.recv(65536).decode(errors="replace"), flush=True)
+except OSError:
+    pass
+"""
+
+
+@pytest.fixture
+def catcher():
+    nobody = pwd.getpwnam("nobody")
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-c", CATCHER],
+        user=nobody.pw_uid,
+        group=nobody.pw_gid,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    port = int(proc.stdout.readline())
+    yield port, nobody.pw_uid, proc
+    proc.kill()
+
+
+async def test_no_token_goes_to_a_port_another_account_listens_on(catcher):
+    port, uid, proc = catcher
+    assert listener_uid(port) == uid
+    assert f"held by uid {uid}" in foreign_listener(f"http://127.0.0.1:{port}/hub/api")
+    assert foreign_listener("http://10.1.2.3:8081/hub/api") is None  # not this machine
+
+    client = ServiceClient(f"http://127.0.0.1:{port}/services/gpulab/api/v1", "svc-token")
+    with pytest.raises(web.HTTPError) as refused:
+        await client.request("GET", "/inventory")
+    assert refused.value.status_code == 503 and "held by uid" in refused.value.log_message
+    with pytest.raises(ConnectionRefusedError, match="held by uid"):
+        await HubAPI(f"http://127.0.0.1:{port}/hub/api", "hub-token")._get("/users")
+    time.sleep(0.2)
+    proc.kill()
+    out, _ = proc.communicate()
+    assert "svc-token" not in out and "hub-token" not in out and "GET" not in out
