@@ -66,17 +66,27 @@ def run_metrics(records: Iterable[dict], most: int = MAX_RUN_METRICS) -> list[di
     the first ``most`` of them."""
     out: list[dict] = []
     for n, record in enumerate(records):
-        if len(out) >= most:
-            break
         step = record.get("step")
         step = step if isinstance(step, int) and not isinstance(step, bool) else n
         stamp = _epoch_ms(record.get("time"))
         for key, value in record.items():
+            if len(out) >= most:
+                return out
             if key in NOT_METRICS or isinstance(value, bool):
                 continue
-            if isinstance(value, (int, float)) and math.isfinite(value):
+            if _finite(value):
                 out.append({"key": key, "value": float(value), "timestamp": stamp, "step": step})
-    return out[:most]
+    return out
+
+
+def _finite(value) -> bool:
+    """A number a float holds, finite (an integer of 400 digits raises OverflowError)."""
+    if not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _epoch_ms(seconds) -> int:
