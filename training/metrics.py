@@ -19,6 +19,18 @@ _progress = {"step": None, "total_steps": None}
 _file = None
 
 
+def finite_number(value) -> bool:
+    """What a reader of these files (the service) takes as a metric: a finite number
+    a float holds, not a bool (a line is its rank's user's to write: an integer of
+    400 digits raises OverflowError in ``math.isfinite``)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def set_progress(step: int | None, total_steps: int | None) -> None:
     _progress["step"] = step
     _progress["total_steps"] = total_steps

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 from collections.abc import Iterable, Iterator
 from urllib.parse import quote, urlencode
 
@@ -28,6 +27,7 @@ from gpulab.backend.jobdir import JobDir
 from gpulab.backend.spec import MAX_CODE_BYTES
 from gpulab.service.jobs.lineage import MLFLOW_RUN_FILE as RUN_FILE
 from gpulab.service.tls import platform_client_context
+from gpulab.training.metrics import finite_number
 
 from .proxy import ON_BEHALF_HEADER
 
@@ -72,29 +72,15 @@ def run_metrics(records: Iterable[dict], most: int = MAX_RUN_METRICS) -> list[di
         for key, value in record.items():
             if len(out) >= most:
                 return out
-            if key in NOT_METRICS or isinstance(value, bool):
-                continue
-            if _finite(value):
+            if key not in NOT_METRICS and finite_number(value):
                 out.append({"key": key, "value": float(value), "timestamp": stamp, "step": step})
     return out
-
-
-def _finite(value) -> bool:
-    """A number a float holds, finite (an integer of 400 digits raises OverflowError)."""
-    if not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def _epoch_ms(seconds) -> int:
     """A record's ``time`` (seconds since the epoch, as ``report()`` writes it) in
     milliseconds; 0 for anything else (the rank's file is its user's to write)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        return 0
-    return int(seconds * 1000) if math.isfinite(seconds) and 0 <= seconds < 1e11 else 0
+    return int(seconds * 1000) if finite_number(seconds) and 0 <= seconds < 1e11 else 0
 
 
 def read_reports(jobdir: JobDir, limit: int = MAX_REPORT_BYTES) -> Iterator[dict]:

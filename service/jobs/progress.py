@@ -8,23 +8,13 @@ is skipped, never an error on everyone's dashboard)."""
 from __future__ import annotations
 
 import json
-import math
 
 from gpulab.service.jobs.book import JobBook
+from gpulab.training.metrics import finite_number
 
 #: How much of the end of rank 0's metrics file is read (a record is a few hundred bytes).
 TAIL_BYTES = 1 << 16
 FIELDS = ("step", "total_steps", "loss", "lr", "samples", "time")
-
-
-def _number(value) -> bool:
-    """A finite number a float holds (an integer of 400 digits is not one)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def last_records(data: bytes, n: int = 2) -> list[dict]:
@@ -37,7 +27,7 @@ def last_records(data: bytes, n: int = 2) -> list[dict]:
         except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
             continue
         if isinstance(record, dict):
-            out.append({k: record[k] for k in FIELDS if _number(record.get(k))})
+            out.append({k: record[k] for k in FIELDS if finite_number(record.get(k))})
             if len(out) == n:
                 break
     return out[::-1]
