@@ -232,13 +232,14 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
                     f"(the nodes need it too) or fix "
                     f"c.FractionalSlurmSpawner.unix_user_template",
                 ) from None
-            if pw.pw_uid < first_user_uid():
+            first = first_user_uid()
+            if pw.pw_uid < first:
                 # root, slurm, munge, daemon...: a hub user named so (an approved
                 # sign-up, an OAuth login) would run as the system's own account.
                 raise web.HTTPError(
                     403,
                     f"{self.user.name}'s Unix account {name!r} is a system account (uid "
-                    f"{pw.pw_uid}, below UID_MIN {first_user_uid()}): servers do not run as "
+                    f"{pw.pw_uid}, below UID_MIN {first}): servers do not run as "
                     f"one; give the user a name of their own or fix "
                     f"c.FractionalSlurmSpawner.unix_user_template",
                 )
