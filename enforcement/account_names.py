@@ -16,6 +16,9 @@ passwd`` shows on the host and on Slurm nodes alike)::
     gpulab sha256=<hex SHA-256 of the hub name> <the name, for people>
 
 and an account whose record names another hub user is never used for this one.
+When its hub user is deleted, the record becomes ``gpulab retired <date> <the
+record>`` (:mod:`gpulab.enforcement.retired_accounts`): the account then belongs to
+no one, and a new hub user who takes the name does not get it or its home.
 Accounts made by the earlier rule carry ``gpulab user <hub name>``; that record
 still counts when it names exactly this hub user, so a site upgrading keeps its
 users' accounts and homes.
@@ -37,6 +40,7 @@ PLAIN = re.compile(r"[a-z0-9-]+")
 _UNSAFE = re.compile(r"[^a-z0-9-]")
 RECORD_TAG = "gpulab sha256="
 LEGACY_TAG = "gpulab user "
+RETIRED_TAG = "gpulab retired "
 _LEGACY_HASH_HEX = 8
 #: GECOS holds no ':' or newline; ',' separates its fields.
 _NOT_IN_GECOS = re.compile(r"[^\x20-\x7e]|[:,]")
@@ -79,9 +83,24 @@ def account_record(hub_name: str) -> str:
     return f"{RECORD_TAG}{_digest(hub_name).hex()} {shown}"
 
 
+def retired_record(comment: str, on: str) -> str:
+    """The comment of an account whose hub user was deleted ``on`` (a date)."""
+    return f"{RETIRED_TAG}{on} {comment}"
+
+
+def retired_on(comment: str) -> str | None:
+    """The date a retired account's hub user was deleted, or None (not retired)."""
+    if not comment.startswith(RETIRED_TAG):
+        return None
+    return comment[len(RETIRED_TAG) :].split(" ", 1)[0]
+
+
 def recorded_for(comment: str, hub_name: str) -> bool | None:
-    """True if the comment records this hub user, False if it records another,
-    None if it is no gpulab record (an account gpulab did not make)."""
+    """True if the comment records this hub user, False if it records another
+    (a retired account records an earlier user, even of the same name), None if
+    it is no gpulab record (an account gpulab did not make)."""
+    if comment.startswith(RETIRED_TAG):
+        return False
     if comment.startswith(RECORD_TAG):
         recorded = comment[len(RECORD_TAG) :].split(" ", 1)[0]
         return recorded == _digest(hub_name).hex()

@@ -44,6 +44,7 @@ from .account_names import (
     is_plain,
     legacy_unix_name,
     recorded_for,
+    retired_on,
     unix_name,
 )
 
@@ -178,6 +179,18 @@ class UserAccounts(Configurable):
         name = self.name_for(hub_name)
         pw = _getpw(name)
         if pw is not None:
+            deleted = retired_on(pw.pw_gecos)
+            if deleted is not None:
+                # The message reaches the user's spawn page; the person it names
+                # had their name.
+                raise AccountError(
+                    f"the Unix account {name} belonged to an earlier hub user named "
+                    f"{hub_name!r}, deleted on {deleted}; it is locked and its home "
+                    f"kept. An admin removes it (userdel -r {name}) to give the name to "
+                    f"this user, or, for the same person, gives it back: usermod "
+                    f"--unlock --expiredate '' --comment '{account_record(hub_name)}' "
+                    f"{name}"
+                )
             owner = recorded_for(pw.pw_gecos, hub_name)
             if owner is False or (owner is None and not is_plain(hub_name, self.prefix)):
                 whose = "another hub user's" if owner is False else "not made by gpulab"

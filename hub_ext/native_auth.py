@@ -19,7 +19,8 @@ database) and cannot log in until an admin authorizes them at
 - makes Discard drop only the pending sign-up record: NativeAuthenticator also
   deleted the hub user of that name, whose server then ran on as an orphan
   with its slice released;
-- stops a deleted user's gpulab jobs and endpoints before the record goes
+- stops a deleted user's gpulab jobs and endpoints before the record goes, then
+  retires their Unix account
   (:mod:`~gpulab.hub_ext.user_removal`);
 - counts failed logins per client address and name, with a device cookie for
   browsers that logged in before (:mod:`~gpulab.hub_ext.login_limits`,
@@ -73,7 +74,7 @@ from .native_pages import (
     password_matches,
     too_long,
 )
-from .user_removal import refuse_while_servers_run, service_client_for, stop_work
+from .user_removal import refuse_while_servers_run, retire, service_client_for, stop_work
 
 TEMPLATES = str(Path(__file__).with_name("templates"))
 #: The longest name a login is checked for (an account's name is far shorter).
@@ -296,6 +297,7 @@ class GpuLabNativeAuthenticator(NativeAuthenticator):
                     jobs,
                     deployments,
                 )
+        await retire(self.config, user.name, self.log)
         return super().delete_user(user)
 
     def seed_admin(self) -> None:

@@ -12,14 +12,20 @@ not ended is cancelled and every deployment stopped (the service stops the
 processes, then releases their slices), and the deletion goes on only when the
 service lists none of them any more. If something is left (or the service does
 not answer) the deletion stops with a 409 (503) that says what is left.
+
+Then their Unix account is retired (:func:`retire`): a new user approved under
+the same name later must not get the old user's home, files and processes.
 """
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import quote
 
 from tornado import web
 
+from gpulab.enforcement.accounts import AccountError, UserAccounts
+from gpulab.enforcement.retired_accounts import retire_account
 from gpulab.spawner.service_client import ServiceClient
 from gpulab.spawner.service_traits import GpuLabServiceMixin
 
@@ -77,3 +83,20 @@ async def stop_work(client: ServiceClient, name: str) -> tuple[int, int]:
             f"running: stop them first (DELETE /jobs/<id>, /deployments/<name>?user={name})",
         )
     return len(jobs), len(deployments)
+
+
+async def retire(config, name: str, log) -> None:
+    """Retire ``name``'s Unix account (per-user accounts only); a 500 that says why
+    if it cannot be, so the deletion stops rather than leave it to the next user of
+    the name."""
+    accounts = UserAccounts(config=config)
+    if not accounts.enabled:
+        return
+    try:
+        retired = await asyncio.get_running_loop().run_in_executor(
+            None, retire_account, accounts, name
+        )
+    except AccountError as e:
+        raise web.HTTPError(500, f"{name} is not deleted: {e}") from None
+    if retired:
+        log.info("Deleting %s: Unix account %s locked, its home kept", name, retired)

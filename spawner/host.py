@@ -24,9 +24,10 @@ import shutil
 import sys
 
 from jupyterhub.spawner import Spawner
+from tornado import web
 from traitlets import Bool, Dict, Unicode, default
 
-from gpulab.enforcement.accounts import Account, UserAccounts, unreachable
+from gpulab.enforcement.accounts import Account, AccountError, UserAccounts, unreachable
 from gpulab.enforcement.environments import jupyter_dir as layer_jupyter_dir
 from gpulab.enforcement.environments import (
     layer_dir,
@@ -190,6 +191,17 @@ class FractionalHostSpawner(GpuLabServiceMixin, EnvironmentsMixin, Spawner):
     # -- the user's account and their files ----------------------------------------------
     def _accounts(self) -> UserAccounts:
         return UserAccounts(config=self.config)
+
+    async def _ensure_account(self, accounts: UserAccounts) -> Account:
+        """The user's account, made if missing; one that cannot be theirs (another
+        user's, a deleted user's of the same name) a 403 in the user's words rather
+        than the hub's "Internal Server Error"."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, accounts.ensure, self.user.name
+            )
+        except AccountError as e:
+            raise web.HTTPError(403, str(e)) from None
 
     def _write_kernelspec(self) -> None:
         # A python3 kernelspec that loads gpulab's magics; first on JUPYTER_PATH,

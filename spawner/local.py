@@ -134,9 +134,7 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
                     raise web.HTTPError(
                         500, f"{self.user.name}'s account cannot start JupyterLab: {problem}"
                     )
-                self.account = await asyncio.get_running_loop().run_in_executor(
-                    None, accounts.ensure, self.user.name
-                )
+                self.account = await self._ensure_account(accounts)
                 await self._hold_to_limits(milli, allocations)
                 await self._give_examples()
                 await self._make_user_env()
@@ -162,9 +160,7 @@ class FractionalLocalSpawner(FractionalHostSpawner, SimpleLocalProcessSpawner):
         accounts = self._accounts()
         if not accounts.enabled:
             return paths
-        account = await asyncio.get_running_loop().run_in_executor(
-            None, accounts.ensure, self.user.name
-        )
+        account = await self._ensure_account(accounts)
         return await asyncio.get_running_loop().run_in_executor(
             None, hand_over, paths, account, self._certs_folder()
         )

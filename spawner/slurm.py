@@ -251,9 +251,7 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
                 "servers on Slurm run as their users' accounts: run the hub as root with "
                 "c.UserAccounts.enabled, or set c.FractionalSlurmSpawner.unix_user_template",
             )
-        return await asyncio.get_running_loop().run_in_executor(
-            None, accounts.ensure, self.user.name
-        )
+        return await self._ensure_account(accounts)
 
     # -- the server's life ----------------------------------------------------------------
     async def start(self):

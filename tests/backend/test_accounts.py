@@ -6,13 +6,22 @@ remove them afterwards.
 
 import os
 import pwd
+import shlex
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 from hubproc import let_accounts_reach
 
-from gpulab.enforcement.accounts import MAX_NAME, UserAccounts, unix_name, unreachable
+from gpulab.enforcement.accounts import (
+    MAX_NAME,
+    AccountError,
+    UserAccounts,
+    unix_name,
+    unreachable,
+)
+from gpulab.enforcement.retired_accounts import end_processes_of, retire_account
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="creating accounts needs root")
 
@@ -119,3 +128,55 @@ def test_a_foreign_folder_in_place_of_a_home_is_refused(accounts):
     os.makedirs(made.home_for(hub_name))  # root's, not the account's
     with pytest.raises(Exception, match="not .*own directory"):
         made.ensure(hub_name)
+
+
+@needs_root
+def test_a_deleted_users_account_goes_to_no_new_user_of_the_name(accounts):
+    """A hub user deleted and a new one approved under the same name: the new one
+    must not get the old one's home, files and processes."""
+    made, names = accounts
+    hub_name = f"t{uuid.uuid4().hex[:8]}"
+    names.append(hub_name)
+    account = made.ensure(hub_name)
+    (Path(account.home) / "notes.txt").write_text("the earlier user's")
+    # A process they left running (a nohup'd loop from a terminal), in a session of
+    # its own, and one that forks.
+    left = subprocess.Popen(
+        ["sh", "-c", "sleep 600 & sleep 600"],
+        start_new_session=True,
+        env=account.env(),
+        **account.popen_kwargs(),
+    )
+    try:
+        assert retire_account(made, hub_name, today="2026-12-07") == account.name
+        assert left.wait(timeout=10) == -9
+        assert end_processes_of(account.uid) == 0  # the forked child too
+        status = subprocess.run(["passwd", "-S", account.name], capture_output=True, text=True)
+        assert status.stdout.split()[1] == "L", status.stdout  # locked
+        with pytest.raises(AccountError) as refused:
+            made.ensure(hub_name)
+        said = str(refused.value)
+        assert "belonged to an earlier hub user" in said and "2026-12-07" in said
+        assert f"userdel -r {account.name}" in said
+        assert (Path(account.home) / "notes.txt").read_text() == "the earlier user's"
+        # Retired once is retired: a second deletion of the name finds nothing.
+        assert retire_account(made, hub_name) is None
+
+        # The admin's way back, for the same person, as the refusal gives it.
+        give_back = shlex.split(said.split("gives it back: ", 1)[1])
+        subprocess.run(give_back, check=True, capture_output=True)
+        assert made.ensure(hub_name) == account
+    finally:
+        if left.poll() is None:
+            left.kill()
+
+
+@needs_root
+def test_an_account_the_site_made_itself_is_not_retired(accounts):
+    made, names = accounts
+    hub_name = f"t{uuid.uuid4().hex[:8]}"
+    names.append(hub_name)
+    subprocess.run(["useradd", "--no-create-home", made.name_for(hub_name)], check=True)
+    assert made.lookup(hub_name) is not None  # a plain name: the site's account is used
+    assert retire_account(made, hub_name) is None
+    assert pwd.getpwnam(made.name_for(hub_name)).pw_gecos == ""

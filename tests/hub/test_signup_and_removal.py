@@ -9,7 +9,9 @@ and an admin would try them (issue 24's High and Medium findings):
 - 11 wrong admin passwords locked the admin out.
 """
 
+import pwd
 import re
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,6 +24,7 @@ from requests.adapters import HTTPAdapter
 from support.wait import wait_until
 
 from gpulab.client import Client
+from gpulab.enforcement.accounts import unix_name
 from gpulab.serving.export import export_model
 
 pytestmark = pytest.mark.slow
@@ -151,6 +154,21 @@ def test_deleting_a_user_stops_their_jobs_and_endpoints_first(hub, admin, tmp_pa
     assert replica_pids(hub, dep["id"]) == []
     assert not [a for a in hub.gpulab("GET", "/allocations").json() if a["user"] == name]
 
+    # Their Unix account goes to no one: a new user approved under the name later
+    # does not get the old one's home, files and processes.
+    account = unix_name(name)
+    try:
+        assert pwd.getpwnam(account).pw_gecos.startswith("gpulab retired "), account
+        hub.create_user(name)
+        r = hub.spawn(name, {"gpu_milli": 0})
+        assert r.status_code >= 400, r.text
+        assert f"the Unix account {account} belonged to an earlier hub user" in r.text, r.text
+    finally:
+        hub.hub_api("DELETE", f"/users/{name}")
+        # What an admin does before giving the name to someone else; a later run of
+        # this suite on the same machine uses the name again.
+        subprocess.run(["userdel", "-r", account], capture_output=True)
+
 
 def test_a_user_whose_server_is_still_starting_is_not_deleted(hub):
     """JupyterHub stops only a ready server before deleting its user; one still
@@ -175,6 +193,7 @@ def test_a_user_whose_server_is_still_starting_is_not_deleted(hub):
     hub.wait_server(name)  # still theirs, and it starts
     assert hub.hub_api("DELETE", f"/users/{name}").status_code == 204
     assert not [a for a in hub.gpulab("GET", "/allocations").json() if a["user"] == name]
+    subprocess.run(["userdel", "-r", unix_name(name)], capture_output=True)  # retired
 
 
 class FromAddress(HTTPAdapter):
