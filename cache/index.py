@@ -173,12 +173,25 @@ def _bump(conn: sqlite3.Connection, **counters: int) -> None:
 
 
 def read_stats(conn: sqlite3.Connection) -> dict:
-    """Counters, usage and capacity, as plain ints."""
+    """Counters, usage and capacity, as plain ints.
+
+    Only the known counters, and only integer values, leave the database: the
+    index is its user's to write, and a counter of half a gigabyte of text would
+    otherwise be copied into every reader (the telemetry sampler's among them)."""
     stats = {name: 0 for name in COUNTERS}
-    stats.update(dict(conn.execute("SELECT name, value FROM counters")))
+    marks = ",".join("?" * len(COUNTERS))
+    stats.update(
+        conn.execute(
+            f"SELECT name, value FROM counters WHERE name IN ({marks}) "
+            "AND typeof(value) = 'integer'",
+            COUNTERS,
+        )
+    )
     used, entries = conn.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM entries").fetchone()
-    capacity = conn.execute("SELECT value FROM meta WHERE name = 'capacity'").fetchone()
-    stats.update(used=used, entries=entries, capacity=int(capacity[0]) if capacity else None)
+    capacity = conn.execute(
+        "SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'capacity' AND length(value) <= 20"
+    ).fetchone()
+    stats.update(used=used, entries=entries, capacity=capacity[0] if capacity else None)
     return stats
 
 

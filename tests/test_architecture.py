@@ -28,7 +28,7 @@ ALLOWED = {
     "hub_ext": {"spawner", "scheduler", "telemetry", "enforcement", "service", "backend"},
     "training": set(),
     "serving": set(),
-    "telemetry": {"cache", "client"},
+    "telemetry": {"cache", "client", "enforcement"},
     "cache": {"training"},
     "client": set(),
     "widgets": {"client"},
@@ -43,6 +43,7 @@ NARROW = {
     ("service", "client"): {"gpulab.client.tls"},
     ("backend", "client"): {"gpulab.client.tls"},
     ("telemetry", "client"): {"gpulab.client.tls"},
+    ("telemetry", "enforcement"): {"gpulab.enforcement.account_names"},
 }
 #: service/'s own rooms -> the others it may import. "app" is the composition root
 #: (``app.py`` and ``__main__.py``: it builds every room, no room imports it);

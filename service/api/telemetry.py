@@ -46,14 +46,18 @@ def _visible_sample(sample: dict, who: Identity) -> dict:
     if who.admin or who.internal or not sample.get("gpus"):
         return sample
 
+    def hidden(procs: list[dict]) -> list[dict]:
+        return [p if p.get("user") == who.name else {**p, **_HIDDEN} for p in procs]
+
     def gpu(g: dict) -> dict:
-        procs = g.get("processes")
-        if not procs:
+        # A MIG device lists its own processes: hidden the same way as a card's.
+        migs = g.get("mig") or []
+        if not g.get("processes") and not any(m.get("processes") for m in migs):
             return g
-        return {
-            **g,
-            "processes": [p if p.get("user") == who.name else {**p, **_HIDDEN} for p in procs],
-        }
+        shown = {**g, "processes": hidden(g.get("processes") or [])}
+        if migs:
+            shown["mig"] = [{**m, "processes": hidden(m.get("processes") or [])} for m in migs]
+        return shown
 
     return {**sample, "gpus": [gpu(g) for g in sample["gpus"]]}
 

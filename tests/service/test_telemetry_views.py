@@ -23,6 +23,11 @@ async def test_others_processes_are_hidden_and_the_stored_sample_stays_whole(tmp
         sample["gpus"] = [
             {"uuid": "GPU-a", "processes": [process("alice", 11), process("bob", 22)]},
             {"uuid": "GPU-b", "processes": []},
+            {
+                "uuid": "GPU-c",
+                "processes": [],
+                "mig": [{"uuid": "MIG-c0", "processes": [process("bob", 33)]}],
+            },
         ]
         r = await svc.request("POST", "/telemetry", json=sample)
         assert r.status_code == 201, r.text
@@ -39,5 +44,11 @@ async def test_others_processes_are_hidden_and_the_stored_sample_stays_whole(tmp
             {"pid": None, "user": None, "unix_user": None, "cmdline": None, "other_user": True},
         ]
         assert seen[1] == {"uuid": "GPU-b", "processes": []}
+        # A MIG device's processes too.
+        assert seen[2]["mig"][0]["processes"] == [
+            {"pid": None, "user": None, "unix_user": None, "cmdline": None, "other_user": True}
+        ]
         # The admin, after alice's view, sees bob's process as it was sent.
-        assert (await shown())[0]["processes"] == [process("alice", 11), process("bob", 22)]
+        everything = await shown()
+        assert everything[0]["processes"] == [process("alice", 11), process("bob", 22)]
+        assert everything[2]["mig"][0]["processes"] == [process("bob", 33)]

@@ -87,3 +87,19 @@ def test_a_hard_link_in_a_users_cache_never_hands_roots_file_over(caches):
     st = os.stat(secret)
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
     assert secret.read_text() == "root's\n"
+
+
+def test_a_huge_counter_in_a_users_index_is_never_copied_to_the_sampler(caches):
+    """The index is its user's to write: a counter of text (here 64 MiB) or of a
+    name no counter has is left in the database, not printed to the sampler."""
+    root, (mallory, bob), _ = caches
+    conn = sqlite3.connect(mallory / "index.sqlite")
+    big = "a" * (64 * 2**20)
+    conn.execute("UPDATE counters SET value = ? WHERE name = 'hits'", (big,))
+    conn.execute("INSERT INTO counters VALUES (?, 1)", (big,))
+    conn.execute("UPDATE meta SET value = ? WHERE name = 'capacity'", (big,))
+    conn.commit()
+    conn.close()
+    figures = cache_sampler.read_as_owner(str(mallory), os.stat(mallory))
+    assert figures["hits"] == 0 and figures["misses"] == 1 and figures["capacity"] is None
+    assert CacheSampler(str(root)).sample()["hits"] == 4  # bob's 4, mallory's text none

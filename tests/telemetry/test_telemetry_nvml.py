@@ -2,14 +2,20 @@
 
 import json
 import os
+import pwd
+import subprocess
+import sys
+import uuid
 
 import pynvml
 import pytest
 from fake_nvml import FakeDevice, FakeNvml, a100_mig_3g20gb
+from support.wait import wait_until
 
+from gpulab.enforcement.accounts import UserAccounts
 from gpulab.telemetry.collect import NodeSampler
 from gpulab.telemetry.nvml import NvmlSampler
-from gpulab.telemetry.procs import jupyterhub_user
+from gpulab.telemetry.procs import jupyterhub_user, real_uid, unix_user
 from gpulab.telemetry.sample import SourceMissing
 
 GiB = 2**30
@@ -151,3 +157,72 @@ def test_nvml_that_breaks_between_samples_recovers():
     fake.count_error = None
     assert len(sampler.sample()) == 2
     assert fake.started == 2  # started afresh
+
+
+def test_a_process_naming_itself_in_any_bytes_does_not_stop_the_sample(tmp_path):
+    """A process names itself with prctl(PR_SET_NAME) in any bytes; its stat line is
+    read as bytes (a strict decode raised out of the whole GPU sample)."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import ctypes, os, sys; ctypes.CDLL(None).prctl(15, b'\\xff\\xfe)x', 0, 0, 0); "
+            "pid = os.fork()\n"
+            "if pid == 0: os.environ.pop('JUPYTERHUB_USER', None); print(os.getpid(), flush=True); "
+            "sys.stdin.read()\n"
+            "else: os.waitpid(pid, 0)",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "JUPYTERHUB_USER": "alice"},
+    )
+    try:
+        grandchild = int(child.stdout.readline())
+        with open(f"/proc/{child.pid}/stat", "rb") as f:
+            assert b"\xff\xfe)x" in f.read()
+        # The walk passes through the oddly named parent to the name it holds.
+        assert jupyterhub_user(grandchild) == "alice"
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+
+
+def test_a_claimed_user_is_believed_only_as_far_as_the_account_allows(tmp_path):
+    proc = tmp_path / "proc"
+    me = os.getuid()
+
+    def fake(pid: int, user: bytes, uid: int = me) -> int:
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "environ").write_bytes(b"PATH=/bin\0JUPYTERHUB_USER=" + user + b"\0")
+        (proc / str(pid) / "status").write_bytes(
+            f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n".encode()
+        )
+        (proc / str(pid) / "stat").write_bytes(f"{pid} (x) S 1 1".encode())
+        return pid
+
+    assert jupyterhub_user(fake(10, b"alice"), str(proc)) == "alice"
+    assert jupyterhub_user(fake(11, b"A" * 256), str(proc)) is None  # no hub name is that long
+    assert unix_user(10, str(proc)) == pwd.getpwuid(me).pw_name  # from status, not the folder
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making an account needs root")
+def test_a_gpulab_account_cannot_put_its_gpu_memory_under_another_users_name(tmp_path):
+    accounts = UserAccounts(home_root=str(tmp_path / "homes"), enabled=True)
+    mallory = f"m{uuid.uuid4().hex[:8]}"
+    account = accounts.ensure(mallory)
+    try:
+        for claimed, seen in (("bob", None), (mallory, mallory)):
+            p = subprocess.Popen(
+                ["sleep", "60"],
+                env={"JUPYTERHUB_USER": claimed, "PATH": os.environ["PATH"]},
+                **account.popen_kwargs(),
+            )
+            try:
+                wait_until(lambda p=p: real_uid(p.pid) == account.uid, "the process as the account")
+                assert jupyterhub_user(p.pid) == seen
+                assert unix_user(p.pid) == account.name
+            finally:
+                p.kill()
+                p.wait()
+    finally:
+        subprocess.run(["userdel", account.name], capture_output=True)
