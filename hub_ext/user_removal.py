@@ -7,7 +7,9 @@ leaves running (:func:`refuse_while_servers_run` refuses those). The gpulab
 service does not hear of it either: the user's training jobs and endpoints
 would run on, under an account nobody owns, holding GPUs nobody can free from
 the hub. So the authenticator's ``delete_user`` calls :func:`stop_work`
-first: every job of the user that has
+first: the user's schedules are deleted (else they would fire on, and a later
+user given the name would inherit them, the notebooks in their jobs and the
+runs' output), every job of the user that has
 not ended is cancelled and every deployment stopped (the service stops the
 processes, then releases their slices), and the deletion goes on only when the
 service lists none of them any more. If something is left (or the service does
@@ -65,10 +67,22 @@ async def _left(client: ServiceClient, name: str) -> tuple[list[dict], list[dict
     return active, deployments
 
 
+async def _schedules(client: ServiceClient, name: str) -> list[dict]:
+    return await client.request("GET", "/schedules", query={"user": name}) or []
+
+
 async def stop_work(client: ServiceClient, name: str) -> tuple[int, int]:
-    """Cancel ``name``'s jobs and stop their deployments; (jobs, deployments) stopped.
+    """Delete ``name``'s schedules, cancel their jobs and stop their deployments;
+    (jobs, deployments) stopped.
 
     Raises ``HTTPError(409)`` if any is still there afterwards."""
+    # The schedules go first, so none submits a job while the jobs are cancelled.
+    for sched in await _schedules(client, name):
+        try:
+            await client.request("DELETE", f"/schedules/{quote(str(sched['id']), safe='')}")
+        except web.HTTPError as e:
+            if e.status_code != 404:  # 404: the user deleted it meanwhile
+                raise
     jobs, deployments = await _left(client, name)
     for job in jobs:
         await client.request("DELETE", f"/jobs/{quote(str(job['id']), safe='')}")
@@ -76,11 +90,13 @@ async def stop_work(client: ServiceClient, name: str) -> tuple[int, int]:
         path = f"/deployments/{quote(dep['name'], safe='')}"
         await client.request("DELETE", path, query={"user": name})
     jobs_left, deployments_left = await _left(client, name)
-    if jobs_left or deployments_left:
+    schedules_left = await _schedules(client, name)
+    if jobs_left or deployments_left or schedules_left:
         raise web.HTTPError(
             409,
             f"{name} still has {len(jobs_left)} jobs and {len(deployments_left)} endpoints "
-            f"running: stop them first (DELETE /jobs/<id>, /deployments/<name>?user={name})",
+            f"running and {len(schedules_left)} schedules: stop them first (DELETE "
+            f"/jobs/<id>, /deployments/<name>?user={name}, /schedules/<id>)",
         )
     return len(jobs), len(deployments)
 

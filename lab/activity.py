@@ -168,6 +168,10 @@ def _iso(t) -> str | None:
 
 
 class ActivityHandler(GpuLabHandler):
+    # The service's idle probe is not the user at work: counted, it would keep an idle
+    # server from JupyterHub's culler (jupyter_server's APIHandler honours this).
+    _track_activity = False
+
     @web.authenticated
     @authorized
     async def get(self):

@@ -39,6 +39,15 @@ MAX_CARD_BYTES = 1 << 20
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 #: What an adapter folder must hold for the replica to load it (PEFT, no pickles).
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+#: A card's input or output name. The lab builds a shell line (Copy curl) from the
+#: names, datatypes and shapes of a card anyone may upload, and an admin sees every
+#: user's: they hold no quote, space or `$`.
+TENSOR_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+#: The Open Inference Protocol v2's tensor datatypes.
+OIP_DATATYPES = frozenset(
+    {"BOOL", "BYTES", "BF16", "FP16", "FP32", "FP64"}
+    | {f"{sign}INT{bits}" for sign in ("", "U") for bits in (8, 16, 32, 64)}
+)
 
 
 class ArchiveRefused(Exception):
@@ -226,4 +235,43 @@ def _read_card(path: str) -> dict:
             raise ValueError("it needs 'inputs' (a list) and 'max_batch_size' (an integer >= 1)")
     except (ValueError, OSError, RecursionError) as e:
         raise ArchiveRefused(400, f"model.json is not a gpulab model card: {e}") from None
+    for field in ("inputs", "outputs"):
+        _check_tensors(card.get(field, []), field)
     return card
+
+
+def _shown(value) -> str:
+    """A card's value in an error: a card may hold a megabyte in one."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_tensors(specs, field: str) -> None:
+    """Each of the card's ``inputs`` (``outputs``) a name, an OIP datatype and a shape."""
+    fix = "export the model with gpulab.serving.export_model"
+    if not isinstance(specs, list):
+        raise ArchiveRefused(400, f"model.json's {field} must be a list; {fix}")
+    for i, spec in enumerate(specs):
+        where = f"model.json's {field}[{i}]"
+        if not isinstance(spec, dict):
+            raise ArchiveRefused(400, f"{where} must be an object with name, datatype, shape")
+        name, datatype, shape = spec.get("name"), spec.get("datatype"), spec.get("shape")
+        if not isinstance(name, str) or not TENSOR_NAME.fullmatch(name):
+            raise ArchiveRefused(
+                400,
+                f"{where}'s name {_shown(name)} must be 1 to 64 letters, digits, '_', '.', ':' "
+                f"or '-'; rename it ({fix}'s input_names / output_names)",
+            )
+        if not isinstance(datatype, str) or datatype not in OIP_DATATYPES:
+            raise ArchiveRefused(
+                400,
+                f"{where}'s datatype {_shown(datatype)} is not an OIP v2 datatype; use one of "
+                f"{', '.join(sorted(OIP_DATATYPES))}",
+            )
+        # type(), not isinstance(): a bool is not a dimension.
+        if not isinstance(shape, list) or not all(type(d) is int and d >= -1 for d in shape):
+            raise ArchiveRefused(
+                400,
+                f"{where}'s shape {_shown(shape)} must be a list of integers (-1 for a "
+                f"dimension of any size); {fix}",
+            )

@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import unicodedata
 import uuid
 import zoneinfo
 
-from croniter import CroniterBadCronError, croniter
+from croniter import CroniterBadCronError, CroniterBadDateError, croniter
 
 from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.db import clock
@@ -41,6 +42,10 @@ MAX_PER_USER = 100
 DEFAULT_MAX_BYTES = 64 << 20
 #: Fields of a schedule a client sets.
 FIELDS = ("name", "schedule", "timezone", "active", "job", "meta")
+
+
+class OwnerGone(Exception):
+    """The hub has no user of the schedule's owner's name (any more)."""
 
 
 class ScheduleRefused(Exception):
@@ -66,9 +71,19 @@ def check_schedule(schedule, timezone) -> None:
             f"weekday), e.g. '0 2 * * *' for 02:00 every day; got {schedule!r}",
         )
     try:
-        croniter(schedule)
+        cron = croniter(schedule)
     except (CroniterBadCronError, ValueError, KeyError) as e:
         raise ScheduleRefused(400, f"'schedule' {schedule!r} is not a cron line: {e}") from None
+    try:
+        # A cron line can be well formed and name no date (30 February): refused
+        # here, not a 500 when its next run is worked out.
+        cron.get_next(dt.datetime)
+    except CroniterBadDateError:
+        raise ScheduleRefused(
+            400,
+            f"'schedule' {schedule!r} never matches a date (no month has that day); "
+            f"pick a day the month has",
+        ) from None
     if not isinstance(timezone, str) or not timezone:
         raise ScheduleRefused(
             400,
@@ -97,7 +112,8 @@ class ScheduledJobs:
         self.max_bytes = max_bytes
         #: The audit trail (``record(action, subject, **fields)``): each run's submit.
         self.audit = audit
-        #: ``await identity_of(user)``: the owner as the hub says now (admin, groups).
+        #: ``await identity_of(user)``: the owner as the hub says now (admin, groups);
+        #: raises :class:`OwnerGone` when the hub has no such user.
         self.identity_of = identity_of
         self._wake = asyncio.Event()
         self._loop = KeptTask("gpulab-schedules", self.loop)
@@ -105,6 +121,10 @@ class ScheduledJobs:
     @classmethod
     def of(cls, service) -> ScheduledJobs:
         async def identity_of(user: str) -> Identity:
+            # identify() makes a plain user of a name the hub does not know; a run
+            # for a deleted user (or a later one given the name) must not go.
+            if await service.hub.user(user) is None:
+                raise OwnerGone(user)
             return await service.identify({"kind": "user", "name": user})
 
         return cls(
@@ -136,33 +156,49 @@ class ScheduledJobs:
         now = clock.utcnow()
         submitted = []
         for sched in await asyncio.to_thread(self.rows.due, now):
-            job_id, error = await self._fire(sched)
-            values = {
-                "last_run": now,
-                "last_error": error,
-                "next_run": next_run(sched["schedule"], sched["timezone"], now),
-            }
-            await asyncio.to_thread(self.rows.update, sched["id"], **values)
+            try:
+                job_id = await self._fire(sched, now)
+            except Exception:  # one schedule failing never holds up the others
+                log.exception("Schedule %s of %s", sched["id"], sched["user"])
+                continue
             if job_id:
-                await asyncio.to_thread(self.rows.add_run, sched["id"], job_id, now)
                 submitted.append(job_id)
         return submitted
 
-    async def _fire(self, sched: dict) -> tuple[str | None, str | None]:
+    async def _fire(self, sched: dict, now: dt.datetime) -> str | None:
+        """Submit one due schedule's job; its id, or None when it was not submitted."""
+        sid, user = sched["id"], sched["user"]
+        # Moved on before anything can fail: a schedule fires once per time its cron
+        # names, never again at every tick.
+        following = next_run(sched["schedule"], sched["timezone"], now)
+        await asyncio.to_thread(self.rows.update, sid, last_run=now, next_run=following)
         try:
-            who = await self.identity_of(sched["user"])
+            who = await self.identity_of(user)
             job = await self.jobs.submit(who, dict(sched["job"]))
+        except OwnerGone:
+            reason = f"not run: the hub has no user {user!r} (deleted); the schedule is paused"
+            log.warning("Schedule %s: %s", sid, reason)
+            await asyncio.to_thread(self.rows.update, sid, active=False, last_error=reason)
+            await self._audit(sched, sid, "denied", reason=reason)
+            return None
         except JobRefused as e:
-            log.warning("Schedule %s of %s: the job was refused: %s", sched["id"], sched["user"], e)
-            await self._audit(sched, sched["id"], "denied", reason=str(e))
-            return None, str(e)
+            log.warning("Schedule %s of %s: the job was refused: %s", sid, user, e)
+            await asyncio.to_thread(self.rows.update, sid, last_error=str(e))
+            await self._audit(sched, sid, "denied", reason=str(e))
+            return None
         except Exception as e:  # the hub down: tried again at the next run
-            log.exception("Schedule %s of %s", sched["id"], sched["user"])
-            return None, f"could not submit: {e}"
-        self.jobs.jobdir(job).event(f"submitted by schedule {sched['id']} ({sched['name']})")
-        await self._audit(sched, job["id"], "ok", schedule=sched["id"], name=job.get("name"))
-        log.info("Schedule %s of %s submitted job %s", sched["id"], sched["user"], job["id"])
-        return job["id"], None
+            log.exception("Schedule %s of %s", sid, user)
+            await asyncio.to_thread(self.rows.update, sid, last_error=f"could not submit: {e}")
+            return None
+        await asyncio.to_thread(self.rows.update, sid, last_error=None)
+        await asyncio.to_thread(self.rows.add_run, sid, job["id"], now)
+        try:
+            self.jobs.jobdir(job).event(f"submitted by schedule {sid} ({sched['name']})")
+        except OSError as e:  # the job is submitted and its run recorded all the same
+            log.warning("Schedule %s: job %s's event log: %s", sid, job["id"], e)
+        await self._audit(sched, job["id"], "ok", schedule=sid, name=job.get("name"))
+        log.info("Schedule %s of %s submitted job %s", sid, user, job["id"])
+        return job["id"]
 
     async def _audit(self, sched: dict, subject: str, result: str, **detail) -> None:
         """A run's submit in the audit trail, as the service's on the owner's behalf."""
@@ -211,6 +247,11 @@ class ScheduledJobs:
         name = merged.get("name")
         if not isinstance(name, str) or not name.strip() or len(name) > 255:
             raise ScheduleRefused(400, "'name' must be a text of 1 to 255 characters")
+        # The name goes into its jobs' event logs: a line break in it would forge a line.
+        if any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in name):
+            raise ScheduleRefused(
+                400, f"'name' {name!r} holds a control character or line break; remove it"
+            )
         check_schedule(merged.get("schedule"), merged.get("timezone"))
         if not isinstance(merged.get("active"), bool):
             raise ScheduleRefused(400, "'active' must be true or false")

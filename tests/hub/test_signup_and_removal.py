@@ -117,6 +117,11 @@ def test_deleting_a_user_stops_their_jobs_and_endpoints_first(hub, admin, tmp_pa
     job = hub.gpulab("POST", "/jobs", token=token, json={"code": SLEEPS, "gpu_milli": 250})
     assert job.status_code in (200, 201), job.text
     job_id = job.json()["id"]
+    # A nightly job: left behind, it would run on, and a later user given the name
+    # would inherit it (the notebook in its job, the runs' output).
+    nightly = {"name": "nightly", "schedule": "0 3 * * *", "job": {"code": "print(1)"}}
+    sched = hub.gpulab("POST", "/schedules", token=token, json=nightly)
+    assert sched.status_code == 201, sched.text
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))
     export_model(model.eval(), torch.randn(2, 4), str(tmp_path), name="m", max_batch_size=4)
     dep = Client(hub.api, token=token).create_deployment(
@@ -151,6 +156,7 @@ def test_deleting_a_user_stops_their_jobs_and_endpoints_first(hub, admin, tmp_pa
     assert hub.hub_api("GET", f"/users/{name}").status_code == 404
     assert hub.gpulab("GET", f"/jobs/{job_id}").json()["state"] == "cancelled"
     assert hub.gpulab("GET", "/deployments", params={"user": name}).json() == []
+    assert hub.gpulab("GET", "/schedules", params={"user": name}).json() == []
     assert replica_pids(hub, dep["id"]) == []
     assert not [a for a in hub.gpulab("GET", "/allocations").json() if a["user"] == name]
 

@@ -85,6 +85,9 @@ async def test_slice_and_proxy_through_a_real_jupyter_server(tmp_path):
             # The status bar's and the panel's polling (GETs) is not the user at work:
             # it must not keep the server from being culled as idle.
             assert (await get(url, "/api/status")).json()["last_activity"] == activity
+            # Nor is the service's idle probe.
+            assert (await get(url, "/gpulab/activity")).status_code == 200
+            assert (await get(url, "/api/status")).json()["last_activity"] == activity
 
             # Bodies are bounded.
             r = await get(url, "/gpulab/api/v1/jobs", method="POST", data=b"{" + b" " * 2000 + b"}")

@@ -4,11 +4,16 @@ its clock a fake one, so a schedule due at 03:00 fires when the test says it is.
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 from support.clock import fake_clock
 from support.service import running_service
 from support.wait import wait_until_async
+
+from gpulab.backend.jobdir import JobDir
+from gpulab.hub_ext.user_removal import stop_work
+from gpulab.spawner.service_client import ServiceClient
 
 #: 01:00 UTC: the next 03:00 is two hours away.
 ONE_AM = dt.datetime(2026, 12, 1, 1, 0, tzinfo=dt.UTC).timestamp()
@@ -93,6 +98,13 @@ async def test_the_cron_reads_in_the_schedules_time_zone(tmp_path):
     [
         ({"name": "n", "schedule": "every night", "job": JOB}, "cron line of five fields"),
         ({"name": "n", "schedule": "99 3 * * *", "job": JOB}, "is not a cron line"),
+        # Well formed, but no month has a 30th of February: once a 500 at its next run.
+        ({"name": "n", "schedule": "0 0 30 2 *", "job": JOB}, "never matches a date"),
+        # A line break in the name would forge a line of its jobs' event logs.
+        (
+            {"name": "x)\ncancelled by admin root", "schedule": "0 3 * * *", "job": JOB},
+            "holds a control character or line break",
+        ),
         ({"name": "n", "schedule": "0 3 * * *", "timezone": "Mars/Base", "job": JOB}, "time zone"),
         ({"name": "n", "schedule": "0 3 * * *", "job": {"name": "x"}}, "'code' is required"),
         ({"name": "n", "schedule": "0 3 * * *", "job": JOB, "when": 1}, "unknown field"),
@@ -131,7 +143,10 @@ async def test_what_one_users_schedules_keep_is_capped_and_said(tmp_path):
         r = await svc.request("PATCH", f"/schedules/{first.json()['id']}", alice, json=big)
         assert r.status_code == 413, r.text
         assert "put the data in a folder or dataset the job reads" in r.json()["error"]
+        # The listing says how large each job is; the schedule itself holds it.
         (kept,) = (await svc.request("GET", "/schedules", alice)).json()
+        assert "job" not in kept and kept["job_bytes"] == len(json.dumps(job))
+        kept = (await svc.request("GET", f"/schedules/{kept['id']}", alice)).json()
         assert kept["job"]["vars_b64"] == job["vars_b64"]
         # The cap is each user's: bob's first schedule is his to make.
         r = await svc.request("POST", "/schedules", bob, json=body)
@@ -147,3 +162,92 @@ async def test_what_one_users_schedules_keep_is_capped_and_said(tmp_path):
         huge = {**body, "job": {**JOB, "vars_b64": "A" * 3_000_000}}
         r = await svc.request("POST", "/schedules", bob, json=huge)
         assert r.status_code == 413 and "max_schedules_mib" in r.json()["error"]
+
+
+async def test_a_schedule_whose_run_fails_midway_fires_once_and_holds_up_no_other(
+    tmp_path, monkeypatch
+):
+    """A run's job submitted, then its event log unwritable (a full disk), once left
+    the schedule's next run unsaved: it fired again at every tick, and no schedule due
+    after it fired at all."""
+    with fake_clock(start=ONE_AM) as clock:
+        async with running_service(tmp_path / "svc", CONFIG) as svc:
+            await svc.app.schedules.stop()  # this test fires them
+            alice = svc.create_user("alice")
+            ids = {}
+            for name in ("disk-full", "other"):
+                body = {"name": name, "schedule": "0 3 * * *", "job": JOB}
+                r = await svc.request("POST", "/schedules", alice, json=body)
+                assert r.status_code == 201, r.text
+                ids[name] = r.json()["id"]
+            event = JobDir.event
+
+            def full_disk(jobdir, message):
+                if "(disk-full)" in message:
+                    raise OSError(28, "No space left on device")
+                event(jobdir, message)
+
+            monkeypatch.setattr(JobDir, "event", full_disk)
+            clock.advance(2 * 3600)
+            assert len(await svc.app.schedules.fire_due()) == 2
+            # Each ran once, is recorded, and waits for tomorrow.
+            for sid in ids.values():
+                runs = (await svc.request("GET", f"/schedules/{sid}/runs", alice)).json()
+                assert len(runs) == 1
+                sched = (await svc.request("GET", f"/schedules/{sid}", alice)).json()
+                assert sched["next_run"] == "2026-12-02T03:00:00+00:00"
+            assert await svc.app.schedules.fire_due() == []
+
+            # Whatever else fails in one schedule's run, the others still fire and it
+            # does not fire again before its next time.
+            rows = svc.app.schedules.rows
+            add_run = rows.add_run
+
+            def refused(schedule_id, job_id, fired):
+                if schedule_id == ids["disk-full"]:
+                    raise OSError(5, "Input/output error")
+                add_run(schedule_id, job_id, fired)
+
+            monkeypatch.setattr(rows, "add_run", refused)
+            clock.advance(86400)
+            (fired,) = await svc.app.schedules.fire_due()
+            other = (await svc.request("GET", f"/schedules/{ids['other']}/runs", alice)).json()
+            assert [run["job_id"] for run in other][1:] == [fired]
+            assert await svc.app.schedules.fire_due() == []
+            sched = (await svc.request("GET", f"/schedules/{ids['disk-full']}", alice)).json()
+            assert sched["next_run"] == "2026-12-03T03:00:00+00:00"
+
+
+async def test_a_deleted_users_schedule_is_paused_not_run(tmp_path):
+    """The hub deleted alice (without gpulab's authenticator to delete her schedules
+    first): her nightly job must not run on, as nobody's or as a later alice's."""
+    with fake_clock(start=ONE_AM) as clock:
+        async with running_service(tmp_path / "svc", CONFIG) as svc:
+            await svc.app.schedules.stop()  # this test fires them
+            alice = svc.create_user("alice")
+            body = {"name": "nightly", "schedule": "0 3 * * *", "job": JOB}
+            sched = (await svc.request("POST", "/schedules", alice, json=body)).json()
+            del svc.fake_hub.users["alice"]
+            svc.app.hub.forget_memberships()  # as the hub's user.delete event does
+            clock.advance(2 * 3600)
+            assert await svc.app.schedules.fire_due() == []
+            after = (await svc.request("GET", f"/schedules/{sched['id']}")).json()
+            assert after["active"] is False
+            assert "the hub has no user 'alice'" in after["last_error"]
+            assert (await svc.request("GET", f"/schedules/{sched['id']}/runs")).json() == []
+            assert (await svc.request("GET", "/jobs", params={"user": "alice"})).json() == []
+
+
+async def test_deleting_a_hub_user_deletes_their_schedules_first(tmp_path):
+    """What the hub's delete_user asks of the service (hub_ext.user_removal) with the
+    service's token: a later user given the name inherits none of the schedules."""
+    async with running_service(tmp_path / "svc", CONFIG) as svc:
+        alice, bob = svc.create_user("alice"), svc.create_user("bob")
+        for who in (alice, alice, bob):
+            body = {"name": "nightly", "schedule": "0 3 * * *", "job": JOB}
+            assert (await svc.request("POST", "/schedules", who, json=body)).status_code == 201
+        hub = ServiceClient(svc.api, svc.fake_hub.service_token, retry_seconds=0)
+        assert await stop_work(hub, "alice") == (0, 0)
+        assert (await svc.request("GET", "/schedules", params={"user": "alice"})).json() == []
+        (left,) = (await svc.request("GET", "/schedules")).json()
+        assert left["user"] == "bob"
