@@ -783,6 +783,12 @@ class GpuLabService(Application):
             routes, gpulab=self, hub_auth=hub_auth, cookie_secret=cookie_secret, xsrf_cookies=False
         )
 
+    def make_metrics_app(self) -> web.Application:
+        """The app of ``c.TelemetrySettings.metrics_port``: /metrics alone, every series,
+        no token (for the scraper the network lets through, and no one else)."""
+        paths = (url_path_join(self.prefix, "metrics"), "/metrics")
+        return web.Application([(path, api.ScrapeHandler) for path in paths], gpulab=self)
+
     # -- running -----------------------------------------------------------------
     def managers(self) -> list:
         """What has background work, in start order (stop runs in reverse)."""
@@ -861,6 +867,15 @@ class GpuLabService(Application):
         )
         server.listen(url.port, url.hostname)
         listen_addresses.listen_extra(server, url.port, self.extra_listen_ips, url.hostname)
+        scrape = None
+        if self.telemetry_settings.metrics_port:
+            scrape = HTTPServer(self.make_metrics_app(), ssl_options=tls.server_context())
+            scrape.listen(self.telemetry_settings.metrics_port, url.hostname)
+            log.info(
+                "Every /metrics series without a token on port %d (c.TelemetrySettings"
+                ".metrics_port)",
+                self.telemetry_settings.metrics_port,
+            )
         log.info(
             "gpulab service on %s (prefix %s), %d GPU(s), database %s",
             url.geturl(),
@@ -890,6 +905,8 @@ class GpuLabService(Application):
             await stopping.wait()
         finally:
             server.stop()
+            if scrape is not None:
+                scrape.stop()
             await self.stop()
             log.info("gpulab service stopped")
 

@@ -241,10 +241,10 @@ class MetricsHandler(APIHandler):
     """Prometheus text. Series of one job or endpoint go to admins, the service and
     tokens with ``read:metrics`` (even without the service's access scope, as the
     hub's own ``/hub/metrics``); a user gets the cluster's series and their own.
-    Where ``c.TelemetrySettings.authenticate_prometheus`` is off (the Helm chart's
-    annotation scrape), a call without a token gets every series straight at the
-    service's port, and the cluster's only through the hub's proxy (which adds
-    X-Forwarded-For)."""
+    Where ``c.TelemetrySettings.authenticate_prometheus`` is off, a call without a
+    token gets the cluster's series: users reach this port (their pods call the API
+    on it), so every series without a token is only on ``metrics_port``
+    (:class:`ScrapeHandler`)."""
 
     def set_default_headers(self):
         self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -258,12 +258,8 @@ class MetricsHandler(APIHandler):
             mine = self._ids_of(who.name)
         elif self.gpulab.telemetry_settings.authenticate_prometheus:
             self.require_identity()  # 401, or 403 naming the missing scope
-        elif "X-Forwarded-For" in self.request.headers:
-            mine = frozenset()  # through the hub's proxy, which any user reaches
         else:
-            # Straight to the service's port: the scraper inside the cluster, where
-            # the network keeps users' pods off this port (z2jh's egress policy).
-            mine = None
+            mine = frozenset()  # anyone: no one's jobs, endpoints or name
         self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
         self.finish(self.gpulab.metrics.render(mine, who.name if who is not None else ""))
 
@@ -275,6 +271,16 @@ class MetricsHandler(APIHandler):
         if self.gpulab.deployments is not None:
             ids |= {d["id"] for d in self.gpulab.deployments.store.list(user=user)}
         return frozenset(ids)
+
+
+class ScrapeHandler(web.RequestHandler):
+    """Every series, without a token: served only on ``c.TelemetrySettings.metrics_port``
+    (:meth:`~gpulab.service.app.GpuLabService.make_metrics_app`), a port the network
+    lets only the scraper reach."""
+
+    def get(self):
+        self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.finish(self.settings["gpulab"].metrics.render(None, ""))
 
 
 routes = [

@@ -5,7 +5,7 @@ route), and whether ``/metrics`` asks for a token (the metrics route)."""
 
 from __future__ import annotations
 
-from traitlets import Bool, Float
+from traitlets import Bool, Float, Integer, TraitError, validate
 from traitlets.config import Configurable
 
 
@@ -15,13 +15,34 @@ class TelemetrySettings(Configurable):
         help="""Require a hub token for /metrics (as JupyterHub does for its own). Every
         series needs an admin or a token with JupyterHub's read:metrics scope (give
         Prometheus one); a user's token reads the cluster's series and those of the
-        user's own jobs and endpoints. Off: a call without a token reads every series
-        straight at the service's port, and the cluster's only through the hub's proxy
-        (the Helm chart's annotation scrape; keep users off the service's port).
+        user's own jobs and endpoints. Off: a call without a token reads the cluster's
+        series (no job, endpoint or user of anyone's); every series without a token only
+        on `metrics_port`.
 
         c.TelemetrySettings.authenticate_prometheus = False
         """,
     ).tag(config=True)
+
+    metrics_port = Integer(
+        0,
+        help="""A port of its own where /metrics answers every series without a token,
+        for a scraper that cannot send one (the Helm chart's annotation scrape, with a
+        NetworkPolicy that lets only Prometheus reach this port). The service's API
+        port is one users reach, so it never gives every series without a token.
+        0: no such port.
+
+        c.TelemetrySettings.metrics_port = 10103
+        """,
+    ).tag(config=True)
+
+    @validate("metrics_port")
+    def _check_metrics_port(self, proposal):
+        value = proposal["value"]
+        if not 0 <= value <= 65535:
+            raise TraitError(
+                f"c.TelemetrySettings.metrics_port {value}: a TCP port (1-65535), or 0 for none"
+            )
+        return value
 
     local_sampler = Bool(
         True,

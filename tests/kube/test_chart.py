@@ -58,6 +58,7 @@ def test_all_options_render_and_validate(chart):
         "Deployment/gpulab-all",
         "Deployment/gpulab-all-mlflow",
         "LocalQueue/research",
+        "NetworkPolicy/gpulab-all-service",
         "PersistentVolumeClaim/gpulab-all-data",
         "PersistentVolumeClaim/gpulab-all-jobs",
         "PersistentVolumeClaim/gpulab-all-mlflow",
@@ -118,6 +119,24 @@ def test_all_options_reach_the_objects(chart):
     assert env["GPULAB_DB_URL"] == "postgresql://gpulab@db.example.org/gpulab"
     assert env["JUPYTERHUB_API_URL"] == "http://hub.gpulab.svc:8081/hub/api"
     assert deploy["metadata"]["annotations"]["prometheus.io/path"] == "/services/gpulab/metrics"
+    # The scrape is on a port of its own, which only Prometheus' pods may reach; the
+    # API port stays open to every pod (users' pods call it with their tokens).
+    assert deploy["metadata"]["annotations"]["prometheus.io/port"] == "10103"
+    assert {"name": "metrics", "containerPort": 10103} in container["ports"]
+    policy = objects["NetworkPolicy/gpulab-all-service"]["spec"]
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "service"
+    assert policy["ingress"] == [
+        {"ports": [{"port": "http"}]},
+        {
+            "from": [
+                {
+                    "namespaceSelector": {},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            "ports": [{"port": "metrics"}],
+        },
+    ]
     assert deploy["spec"]["tolerations"][0]["key"] == "dedicated"
     agent = objects["DaemonSet/gpulab-all-agent"]["spec"]["template"]["spec"]
     assert agent["runtimeClassName"] == "nvidia"
@@ -154,6 +173,7 @@ def test_all_options_reach_the_objects(chart):
     service_values = service_values_of(objects, "gpulab-all")
     assert service_values["slices"] == ALL_ON["slices"]
     assert service_values["authenticatePrometheus"] is False
+    assert service_values["metricsPort"] == 10103
     assert service_values["kueue"] == {
         "enabled": True,
         "localQueue": "research",

@@ -15,10 +15,11 @@ import socket
 import subprocess
 import sys
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
-from support.service import running_service
+from support.service import listen, running_service
 
 from gpulab.enforcement.peer_account import platform_peer
 from gpulab.service.api.request_body import JSON_BODY_LIMIT
@@ -273,18 +274,17 @@ def test_metrics_show_a_caller_only_their_own_jobs_and_endpoints():
     assert "# TYPE gpulab_t gauge" in anonymous  # the names stay, empty
 
 
-async def test_metrics_without_a_token_through_the_proxy_show_no_ones_jobs(tmp_path):
+async def test_metrics_without_a_token_show_no_ones_jobs_but_on_the_scrape_port(tmp_path):
     config = "c.TelemetrySettings.authenticate_prometheus = False\n"
     async with running_service(tmp_path / "svc", config=config) as svc:
         svc.app.metrics.registry.register(_Owned())
         bob = svc.create_user("bob")
-        # Straight at the service's port (Prometheus inside the cluster): every series.
-        direct = (await svc.request("GET", "/../../metrics", anonymous=True)).text
-        assert 'job_id="job-a"' in direct and "dep-a" in direct
-        # Through the hub's proxy (it adds X-Forwarded-For), or with a user's token:
-        # the cluster's series, no one else's jobs or endpoints.
+        # Without a token, straight at the service's port (which users' pods reach to
+        # call the API) or through the hub's proxy, or with a user's token: the
+        # cluster's series, no one else's jobs or endpoints.
         forwarded = {"X-Forwarded-For": "127.0.0.1"}
         for r in (
+            await svc.request("GET", "/../../metrics", anonymous=True),
             await svc.request("GET", "/../../metrics", anonymous=True, headers_extra=forwarded),
             await svc.request("GET", "/../../metrics", token=bob),
         ):
@@ -296,6 +296,19 @@ async def test_metrics_without_a_token_through_the_proxy_show_no_ones_jobs(tmp_p
         assert 'user="bob"' in r.text  # the last one: bob's token
         admin = (await svc.request("GET", "/../../metrics")).text
         assert 'job_id="job-b"' in admin and 'user="alice"' in admin
+        # Every series without a token only on the scrape port of its own
+        # (c.TelemetrySettings.metrics_port), which the network keeps users off.
+        server, port = listen(svc.app.make_metrics_app())
+        try:
+            async with httpx.AsyncClient() as client:
+                for path in ("/services/gpulab/metrics", "/metrics"):
+                    r = await client.get(f"http://127.0.0.1:{port}{path}")
+                    assert r.status_code == 200, r.text
+                    assert 'job_id="job-b"' in r.text and "dep-a" in r.text
+                r = await client.get(f"http://127.0.0.1:{port}/services/gpulab/api/v1/jobs")
+                assert r.status_code == 404  # the API is not on it
+        finally:
+            server.stop()
 
 
 # -- the audit source --------------------------------------------------------------------

@@ -140,7 +140,8 @@ class FakeHubAPI:
         )
 
 
-def _listen(app, **kw) -> tuple[HTTPServer, int]:
+def listen(app, **kw) -> tuple[HTTPServer, int]:
+    """``app`` served on a free port of 127.0.0.1: (its server, the port)."""
     [sock] = bind_sockets(0, "127.0.0.1")
     forget_stale_registration(sock.fileno())
     server = HTTPServer(app, **kw)
@@ -271,7 +272,7 @@ async def running_service(
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "gpulab_config.py").write_text(config)
     hub = fake_hub or FakeHubAPI()
-    hub_server, hub_port = _listen(hub.make_app())
+    hub_server, hub_port = listen(hub.make_app())
     env = {
         "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",
         "JUPYTERHUB_API_TOKEN": hub.service_token,
@@ -297,7 +298,7 @@ async def running_service(
         app = svc.make_app()
         from gpulab.service.api.request_body import JSON_BODY_LIMIT
 
-        server, port = _listen(app, xheaders=True, max_body_size=JSON_BODY_LIMIT)
+        server, port = listen(app, xheaders=True, max_body_size=JSON_BODY_LIMIT)
         await _start_background(svc)
         yield InProcessService(svc, hub, data_dir, port, hub_server, server)
     finally:

@@ -15,6 +15,9 @@ c.SharingSettings.default_user_quota_milli = slices.get("defaultUserQuotaMilli")
 c.SharingSettings.user_quota_milli = slices.get("userQuotaMilli") or {}
 c.SharingSettings.group_quota_milli = slices.get("groupQuotaMilli") or {}
 c.TelemetrySettings.authenticate_prometheus = bool(gpulab["authenticatePrometheus"])
+# The annotation scrape's port: every series without a token, reached only by
+# Prometheus (the chart's NetworkPolicy); 0 without the scrape.
+c.TelemetrySettings.metrics_port = int(gpulab.get("metricsPort") or 0)
 # Node agents sample the GPU nodes; the service's own pod has no GPU.
 c.TelemetrySettings.local_sampler = False
 # The service pod holds the hub's tokens and the database: jobs and endpoints
