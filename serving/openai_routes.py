@@ -30,6 +30,12 @@ from .llm_engine import Engine, EngineStopped, QueueFull, SamplingParams
 from .metrics import ServingMetrics
 from .openai_protocol import Answer, OpenAIError, Request, parse
 
+#: Characters of prompt text per token of the context that a request may send. No
+#: tokenizer makes a token of more than a few dozen characters, so a longer text is
+#: over the context anyway; refused before the tokenizer (and the chat template) run
+#: on the event loop over a body of up to 16 MiB.
+CHARS_PER_TOKEN = 32
+
 
 class LlmServer:
     """A causal LM behind an engine; what the routes and the health checks read."""
@@ -41,6 +47,7 @@ class LlmServer:
         self.token = token
         self.ready = False
         self.max_model_len = int(card["max_model_len"])
+        self.max_prompt_chars = self.max_model_len * CHARS_PER_TOKEN
         self.metrics = ServingMetrics()
         self.metrics.track_queue(self.name, lambda: engine.load)
         Gauge(
@@ -88,6 +95,7 @@ class LlmServer:
                 if max(req.prompt) >= len(tok):
                     raise OpenAIError(400, f"token ids must be below {len(tok)}", "prompt")
                 return req.prompt
+            self._check_chars(len(req.prompt), "prompt")
             return tok(req.prompt).input_ids
         if not getattr(tok, "chat_template", None):
             raise OpenAIError(
@@ -96,14 +104,27 @@ class LlmServer:
                 "or deploy a tokenizer that has one",
                 "messages",
             )
+        self._check_chars(sum(len(m["content"]) for m in req.messages), "messages")
         try:
             text = tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # the template refused the conversation (its raise_exception)
             raise OpenAIError(
                 400, f"the chat template refused the messages: {exc}", "messages"
             ) from None
+        self._check_chars(len(text), "messages")  # a template may repeat what it is given
         # The template wrote the special tokens it wants; the tokenizer adds none.
         return tok(text, add_special_tokens=False).input_ids
+
+    def _check_chars(self, chars: int, param: str) -> None:
+        if chars > self.max_prompt_chars:
+            raise OpenAIError(
+                400,
+                f"the prompt text is {chars} characters, over the {self.max_prompt_chars} "
+                f"this model reads ({CHARS_PER_TOKEN} per token of its "
+                f"{self.max_model_len}-token context); shorten it",
+                param,
+                "context_length_exceeded",
+            )
 
     def adapter_of(self, model: str) -> str | None:
         """The LoRA adapter a request's ``model`` names: ``NAME:ADAPTER`` (any prefix

@@ -15,7 +15,8 @@ Routes (OIP v2 plus Prometheus):
 
 Bad requests get 400 with ``{"error": message}``, an infer call naming a model
 this server does not have included (as Triton answers); the metadata of such a
-model and unknown routes 404; a full queue 429. When ``GPULAB_SERVING_TOKEN``
+model and unknown routes 404; a body over ``--max-body-mib`` once unpacked (gzip,
+deflate) 413; a full queue 429. When ``GPULAB_SERVING_TOKEN``
 is set (the gpulab service sets it for the replicas it starts, and is then the
 only caller), every route but ``/v2/health/live`` wants ``Authorization: Bearer
 <token>`` and answers 401 without it (defense in depth: the hub's login is
@@ -51,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import hmac
 import json
 import os
@@ -82,6 +82,8 @@ SERVER_NAME = "gpulab-serving"
 SERVER_VERSION = "0.1.0"
 #: Connections an inherited socket lets wait to be accepted (capped by somaxconn).
 LISTEN_BACKLOG = 1024
+#: The largest request body by default (--max-body-mib), also once unpacked.
+DEFAULT_MAX_BODY_MIB = 256
 
 
 class ModelServer:
@@ -95,6 +97,7 @@ class ModelServer:
         max_latency_ms: float = 5.0,
         max_queue: int = 256,
         token: str = "",
+        max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20,
     ):
         card = model.card
         if max_batch_size > card.max_batch_size:
@@ -105,6 +108,8 @@ class ModelServer:
         self.model = model
         self.card = card
         self.token = token
+        #: The largest body, compressed as sent or unpacked (the HTTP server's limit).
+        self.max_body_bytes = max_body_bytes
         self.metrics = ServingMetrics()
         self.ready = False
         self.batcher = DynamicBatcher(
@@ -271,17 +276,39 @@ class ModelReadyHandler(BaseHandler):
             self.send_json({"name": name, "ready": ready}, 200 if ready else 503)
 
 
-def _decompress(body: bytes, encoding: str | None) -> bytes:
+class BodyTooLarge(BadRequest):
+    """A compressed body that unpacks to more than the server takes: 413."""
+
+
+def _decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """``body`` unpacked, at most ``limit`` bytes of it: a few MiB of gzip can unpack to
+    gigabytes, which would get the replica killed for memory (BodyTooLarge instead)."""
     if not encoding or encoding == "identity":
         return body
+    if encoding not in ("gzip", "deflate"):
+        raise BadRequest(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none")
+    # 16 + MAX_WBITS: a gzip member (header and CRC checked by zlib); MAX_WBITS: zlib's format.
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    out = bytearray()
+    rest = body
     try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except (OSError, EOFError, zlib.error) as exc:
+        while True:
+            stream = zlib.decompressobj(wbits)
+            # One byte past the limit tells "over" from "exactly the limit".
+            out += stream.decompress(rest, limit + 1 - len(out))
+            if len(out) > limit:
+                raise BodyTooLarge(
+                    f"the {encoding} body unpacks to more than {limit / 2**20:g} MiB, the most "
+                    "this model server takes (--max-body-mib); send fewer rows per request"
+                )
+            if not stream.eof:
+                raise BadRequest(f"the body is not valid {encoding}: it is cut short")
+            # gzip.decompress read every member of a multi-member body, and zero padding.
+            rest = stream.unused_data.lstrip(b"\0") if encoding == "gzip" else b""
+            if not rest:
+                return bytes(out)
+    except zlib.error as exc:
         raise BadRequest(f"the body is not valid {encoding}: {exc}") from None
-    raise BadRequest(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none")
 
 
 class InferHandler(BaseHandler):
@@ -304,7 +331,11 @@ class InferHandler(BaseHandler):
             self.send_json({"error": "the model is not ready; retry shortly"}, 503)
             return 503
         try:
-            body = _decompress(self.request.body, self.request.headers.get("Content-Encoding"))
+            body = _decompress(
+                self.request.body,
+                self.request.headers.get("Content-Encoding"),
+                server.max_body_bytes,
+            )
             request = decode_request(
                 body, self.request.headers.get("Inference-Header-Content-Length"), server.card
             )
@@ -313,6 +344,9 @@ class InferHandler(BaseHandler):
                     f"{request.rows} rows in one request exceeds the max batch size "
                     f"{server.batcher.max_batch_size}; split it"
                 )
+        except BodyTooLarge as exc:
+            self.send_json({"error": str(exc)}, 413)
+            return 413
         except BadRequest as exc:
             self.send_json({"error": str(exc)}, 400)
             return 400
@@ -418,8 +452,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--max-body-mib",
         type=float,
-        default=256,
-        help="largest request body accepted, MiB (default 256)",
+        default=DEFAULT_MAX_BODY_MIB,
+        help="largest request body accepted, MiB, as sent and once unpacked (gzip, "
+        "deflate) (default %(default)g)",
     )
     parser.add_argument(
         "--ssl-certfile",
@@ -523,6 +558,7 @@ def _load_tensor_server(args: argparse.Namespace) -> ModelServer:
         max_latency_ms=args.max_latency_ms,
         max_queue=args.max_queue,
         token=os.environ.pop("GPULAB_SERVING_TOKEN", ""),
+        max_body_bytes=int(args.max_body_mib * 2**20),
     )
     server.warm_up()
     return server

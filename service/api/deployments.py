@@ -351,6 +351,7 @@ class EndpointHandler(_DeploymentHandler):
 
     async def _forward(self, user: str, name: str, path: str) -> None:
         dep = self._target(user, name)
+        who = self.require_identity()
         query = f"?{self.request.query}" if self.request.query else ""
         body = self.raw_body() if self.request.method == "POST" else None
         try:
@@ -360,6 +361,7 @@ class EndpointHandler(_DeploymentHandler):
                 path + query,
                 forwarded_headers(self.request.headers),
                 body,
+                who=who,
             )
         except CallRefused as e:
             if e.retry_after is not None:

@@ -5,12 +5,17 @@ service's own route), over the endpoints in memory (:class:`LiveCalls`); the sta
 router runs the same path over the last endpoint table
 (:class:`~gpulab.service.endpoints.standby.TableCalls`). It
 
-1. picks the version: the one the URL names (``/v2/models/M/versions/N/...``,
+1. takes only the Open Inference Protocol v2 routes (``v2/...``, :func:`replica_path`):
+   a language model's OpenAI routes (``v1/...``) are the gateway's, which meters tokens;
+2. picks the version: the one the URL names (``/v2/models/M/versions/N/...``,
    which reaches version N whatever its weight), else by weight;
-2. picks the version's least busy ready replica; where none runs (scaled to
+3. picks the version's least busy ready replica; where none runs (scaled to
    zero) the call waits for a cold start, up to ``endpoint_cold_start_seconds``;
-3. forwards the call with the replicas' own secret and counts it
+4. forwards the call with the replicas' own secret and counts it
    (:class:`~gpulab.service.endpoints.traffic.UnitTraffic`) for the autoscaler and the listing.
+
+A refusal tells the state message of a version (which can hold its replicas' log)
+only to the endpoint's owner and admins (:meth:`CallRefused.told_to`).
 
 :meth:`EndpointCalls.embed` takes the same path for the service's own callers
 (vector collections): texts in, embeddings out, on behalf of a user.
@@ -27,6 +32,8 @@ import json
 import os
 import re
 import time
+
+from yarl import URL
 
 from gpulab.backend.serving_base import ServingBackend
 from gpulab.service.endpoints.live import LiveEndpoints, serving_unit
@@ -46,14 +53,64 @@ EMBEDDING_KIND = "sentence-embedding"
 #: ``v2/models/<name>/versions/<n>/<rest>``: the version the caller asks for.
 VERSIONED = re.compile(r"^(v2/models/[^/]+)/versions/([^/]+)(/.*)?$")
 
+#: What a caller other than the endpoint's owner reads in place of the state message of
+#: its versions, which can hold their replicas' log (the owner's code and data).
+ASK_THE_OWNER = "its owner sees why in %deploy --list"
+
 
 class CallRefused(Exception):
-    """A call that reaches no replica: the HTTP status, a message, maybe Retry-After."""
+    """A call that reaches no replica: the HTTP status, a message, maybe Retry-After;
+    ``owner_message``, where set, is the message its owner and admins read instead."""
 
-    def __init__(self, status: int, message: str, retry_after: int | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        retry_after: int | None = None,
+        owner_message: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
+        self.owner_message = owner_message
+
+    def told_to(self, who, dep: dict) -> CallRefused:
+        """This refusal as ``who`` (None: anyone) may read it about endpoint ``dep``."""
+        if self.owner_message is None or who is None or not who.can_act_for(dep["user"]):
+            return self
+        return CallRefused(self.status, self.owner_message, self.retry_after)
+
+
+def _why_refused(status: int, say, why: str, retry_after: int | None = None) -> CallRefused:
+    """``say(reason)`` with the version's state message ``why`` for its owner and
+    :data:`ASK_THE_OWNER` for everyone else."""
+    return CallRefused(status, say(ASK_THE_OWNER), retry_after, owner_message=say(why))
+
+
+def replica_path(dep: dict, path: str) -> str:
+    """``path`` (after ``endpoints/<owner>/<name>/``, with its query) as the replica will
+    read it; CallRefused 404 unless it is an Open Inference Protocol v2 route.
+
+    A language model's replica also serves OpenAI's routes under ``v1/``: they are the
+    gateway's to call, which meters the tokens. The path is judged as sent, after the
+    client library resolves ``..`` and decodes ``%76`` ("v2/../v1" is "v1")."""
+    url = URL(f"http://replica/{path}")
+    sent = url.raw_path.lstrip("/")
+    if sent != "v2" and not sent.startswith("v2/"):
+        endpoint = f"{dep['user']}/{dep['name']}"
+        if sent == "v1" or sent.startswith("v1/"):
+            raise CallRefused(
+                404,
+                f"the endpoint URL serves Open Inference Protocol v2 (.../v2/...), not {sent}; "
+                "call a language or embedding model's OpenAI routes through the gateway, "
+                f'<hub>/services/gpulab/v1, with model "{endpoint}"',
+            )
+        raise CallRefused(
+            404,
+            f"no route /{sent} at an endpoint URL: it serves Open Inference Protocol v2, "
+            f"<hub>/services/gpulab/endpoints/{endpoint}/v2/...",
+        )
+    return sent + (f"?{url.raw_query_string}" if url.raw_query_string else "")
 
 
 class EndpointCalls:
@@ -124,18 +181,25 @@ class EndpointCalls:
         weights = {vid: u.row["weight"] for vid, u in rec.units.items()}
         chosen = rec.choice.pick(weights)
         if chosen is None:
+            endpoint = f"{dep['user']}/{dep['name']}"
             raise CallRefused(
                 503,
-                f"{dep['user']}/{dep['name']} has no working version "
-                f"({dep['message']}); deploy it again",
+                f"{endpoint} has no working version; {ASK_THE_OWNER}",
+                owner_message=f"{endpoint} has no working version ({dep['message']}); "
+                "deploy it again",
             )
         return rec.units[chosen], path
 
-    async def call(self, dep: dict, method: str, path: str, headers: dict, body: bytes | None):
-        """Forward one call: ``(status, reason, headers, body)``; CallRefused if no
-        replica answers."""
-        unit, path = self._choose(dep, path)
-        return await self._forward(dep, unit, method, path, headers, body)
+    async def call(
+        self, dep: dict, method: str, path: str, headers: dict, body: bytes | None, who=None
+    ):
+        """Forward one call of ``who`` to an OIP v2 route (:func:`replica_path`):
+        ``(status, reason, headers, body)``; CallRefused if no replica answers."""
+        try:
+            unit, path = self._choose(dep, replica_path(dep, path))
+            return await self._forward(dep, unit, method, path, headers, body)
+        except CallRefused as e:
+            raise e.told_to(who, dep) from None
 
     async def _replicas(self, dep: dict, unit):
         """The ready replicas of ``unit`` to try in turn, ``(replica, url)``: the least
@@ -149,10 +213,13 @@ class EndpointCalls:
             yield replica, url
             # That replica just went away (scaled down, crashed): try another.
             ready = [r for r in self.ready(dep, unit) if r[0] not in tried]
-        raise CallRefused(
+        raise _why_refused(
             503,
-            f"no replica of {dep['user']}/{dep['name']} version {unit.row['version']} "
-            f"is ready ({unit.row['state']}: {unit.row['message']}); try again shortly",
+            lambda why: (
+                f"no replica of {dep['user']}/{dep['name']} version "
+                f"{unit.row['version']} is ready ({unit.row['state']}: {why}); try again shortly"
+            ),
+            unit.row["message"],
             retry_after=2,
         )
 
@@ -173,30 +240,38 @@ class EndpointCalls:
                     return answer
         raise AssertionError("unreachable: _replicas raises when none is left")
 
-    def choose(self, dep: dict):
-        """The version (unit) a call without a version in its path goes to: by weight."""
-        return self._choose(dep, "")[0]
+    def choose(self, dep: dict, who=None):
+        """The version (unit) a call of ``who`` without a version in its path goes to:
+        by weight."""
+        try:
+            return self._choose(dep, "")[0]
+        except CallRefused as e:
+            raise e.told_to(who, dep) from None
 
     @contextlib.asynccontextmanager
-    async def open(self, dep: dict, unit, method: str, path: str, headers: dict, body):
-        """Forward one call to a ready replica of ``unit`` and hand its answer over
-        open (:meth:`EndpointProxy.open`), to be read as it streams; the replica counts
-        as busy until the caller is done with it. CallRefused if no replica answers."""
+    async def open(self, dep: dict, unit, method: str, path: str, headers: dict, body, who=None):
+        """Forward one call of ``who`` to a ready replica of ``unit`` (any path: the
+        gateway's) and hand its answer over open (:meth:`EndpointProxy.open`), to be
+        read as it streams; the replica counts as busy until the caller is done with
+        it. CallRefused if no replica answers."""
         start = time.monotonic()
-        async with contextlib.aclosing(self._replicas(dep, unit)) as replicas:
-            async for replica, url in replicas:
-                unit.traffic.begin(replica)
-                error = True
-                try:
-                    async with self.proxy.open(
-                        url, self.token(unit), method, path, headers, body
-                    ) as resp:
-                        if resp is not None:
-                            error = resp.status >= 500
-                            yield resp
-                            return
-                finally:
-                    unit.traffic.end(replica, time.monotonic() - start, error)
+        try:
+            async with contextlib.aclosing(self._replicas(dep, unit)) as replicas:
+                async for replica, url in replicas:
+                    unit.traffic.begin(replica)
+                    error = True
+                    try:
+                        async with self.proxy.open(
+                            url, self.token(unit), method, path, headers, body
+                        ) as resp:
+                            if resp is not None:
+                                error = resp.status >= 500
+                                yield resp
+                                return
+                    finally:
+                        unit.traffic.end(replica, time.monotonic() - start, error)
+        except CallRefused as e:
+            raise e.told_to(who, dep) from None
 
     def endpoints(self) -> list[dict]:
         """Every deployment a call could name (the gateway's model list)."""
@@ -227,7 +302,7 @@ class EndpointCalls:
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise CallRefused(400, "texts must be a non-empty list of strings")
         dep = self.callable_endpoint(who, user, name)
-        unit = self.choose(dep)
+        unit = self.choose(dep, who)
         card = self.card(unit)
         if not card or card.get("kind") != EMBEDDING_KIND:
             raise CallRefused(
@@ -235,11 +310,17 @@ class EndpointCalls:
                 f"{dep['user']}/{dep['name']} is not an embedding endpoint; "
                 "deploy a SentenceTransformer (%deploy) to embed text",
             )
-        return await self.embed_on(dep, unit, texts)
+        return await self.embed_on(dep, unit, texts, who)
 
-    async def embed_on(self, dep: dict, unit, texts: list[str]) -> list[list[float]]:
+    async def embed_on(self, dep: dict, unit, texts: list[str], who=None) -> list[list[float]]:
         """Embeddings of ``texts`` from version ``unit`` of the embedding endpoint
-        ``dep`` (its caller and kind already checked, as :meth:`embed` does)."""
+        ``dep`` (its caller ``who`` and kind already checked, as :meth:`embed` does)."""
+        try:
+            return await self._embed_on(dep, unit, texts)
+        except CallRefused as e:
+            raise e.told_to(who, dep) from None
+
+    async def _embed_on(self, dep: dict, unit, texts: list[str]) -> list[list[float]]:
         path = f"v2/models/{dep['name']}/infer"
         rows: list[list[float]] = []
         answered = 0  # bytes of the replica's answers, held to one answer's cap together
@@ -363,7 +444,11 @@ class LiveCalls(EndpointCalls):
         one when it runs none); its ready replicas, or CallRefused after the wait."""
         limit = self.limits.cold_start_seconds
         if unit.row["state"] == "failed":
-            raise CallRefused(503, f"version {unit.row['version']} failed: {unit.row['message']}")
+            raise _why_refused(
+                503,
+                lambda why: f"version {unit.row['version']} failed: {why}",
+                unit.row["message"],
+            )
         if unit.traffic.waiting >= unit.row["max_queue"]:
             raise CallRefused(
                 429,
@@ -386,10 +471,13 @@ class LiveCalls(EndpointCalls):
         finally:
             unit.traffic.end_wait()
         if not ready:
-            raise CallRefused(
+            raise _why_refused(
                 503,
-                f"{dep['user']}/{dep['name']} did not start within {limit:g} s "
-                f"({unit.row['state']}: {unit.row['message']}); try again shortly",
+                lambda why: (
+                    f"{dep['user']}/{dep['name']} did not start within {limit:g} s "
+                    f"({unit.row['state']}: {why}); try again shortly"
+                ),
+                unit.row["message"],
                 retry_after=5,
             )
         if cold:

@@ -23,8 +23,10 @@ A generation goes to a ready replica as any endpoint call does (version by weigh
 canary included, the least busy replica, the replicas' own secret); a streamed
 answer passes through as its server-sent events arrive, never held back. The
 replica is always asked for the usage (``stream_options.include_usage``), so every
-call's tokens are counted (:mod:`.token_meter`); the usage chunk is dropped when
-the caller did not ask for it. Refusals are in OpenAI's shape (:mod:`.openai_errors`).
+call's tokens are counted (:mod:`.token_meter`), as far as they can be true: the
+replica runs its owner's code, so its numbers are held to the model's context and the
+call's ``max_tokens`` (:func:`token_caps`). The usage chunk is dropped when the caller
+did not ask for it. Refusals are in OpenAI's shape (:mod:`.openai_errors`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ MAX_CALL_BYTES = 16 << 20
 MAX_EMBEDDING_INPUTS = 2048
 #: An embedding answer of more floats than this is made in a thread (about 1 MiB).
 EMBEDDING_FLOATS_ON_LOOP = 1 << 16
+#: The most context a card may claim for counting tokens (16M, past any model's): the
+#: card is the endpoint owner's upload, as is the replica that reports the usage.
+MAX_CONTEXT_TOKENS = 1 << 24
 
 
 def body_limit(method: str, path: str, max_upload_mib: int) -> int:
@@ -238,13 +243,34 @@ def _has_text(choice) -> bool:
     return bool(choice.get("text"))
 
 
-def _usage_counts(usage) -> tuple[int, int]:
+def token_caps(card: dict, doc: dict) -> tuple[int, int]:
+    """The most prompt and completion tokens one call can use: the model's context
+    (its card's ``max_model_len``) and the call's ``max_completion_tokens`` or
+    ``max_tokens`` (as the replica reads them), else the context."""
+    context = card.get("max_model_len")
+    if type(context) is not int or not 1 <= context <= MAX_CONTEXT_TOKENS:
+        context = MAX_CONTEXT_TOKENS
+    asked = doc.get("max_completion_tokens")
+    if asked is None:
+        asked = doc.get("max_tokens")
+    return context, asked if type(asked) is int and 1 <= asked <= context else context
+
+
+def _tokens(n, cap: int) -> int:
+    # type(), not isinstance(): true is not a count.
+    return min(n, cap) if type(n) is int and n > 0 else 0
+
+
+def _usage_counts(usage, caps: tuple[int, int]) -> tuple[int, int]:
+    """A replica's usage as far as it can be true: the replica runs its owner's code,
+    and the numbers go to the caller's token limit and usage rows. Whole numbers above
+    0 only, at most ``caps`` (:func:`token_caps`); anything else counts 0."""
     if not isinstance(usage, dict):
         return 0, 0
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    prompt_cap, completion_cap = caps
     return (
-        prompt if isinstance(prompt, int) else 0,
-        completion if isinstance(completion, int) else 0,
+        _tokens(usage.get("prompt_tokens"), prompt_cap),
+        _tokens(usage.get("completion_tokens"), completion_cap),
     )
 
 
@@ -429,7 +455,7 @@ class OpenAIGateway:
             dep = self.calls.callable_endpoint(who, owner, name)
         except CallRefused:
             raise model_not_found(model) from None
-        unit = self.calls.choose(dep)
+        unit = self.calls.choose(dep, who)
         if colon:
             unit = self._with_adapter(dep, unit, adapter)
             if unit is None:
@@ -474,6 +500,7 @@ class OpenAIGateway:
         started = time.monotonic()
         model = doc["model"]
         dep, unit = self.resolve(who, model, GENERATION[path])
+        caps = token_caps(self.calls.card(unit) or {}, doc)
         stream = doc.get("stream") is True
         wants_usage = False
         if stream:
@@ -490,7 +517,9 @@ class OpenAIGateway:
         with self.meter.stream_slot(who):
             body = json.dumps(doc).encode()
             headers = {"Content-Type": JSON}
-            async with self.calls.open(dep, unit, "POST", f"v1/{path}", headers, body) as resp:
+            async with self.calls.open(
+                dep, unit, "POST", f"v1/{path}", headers, body, who=who
+            ) as resp:
                 if resp.status != 200 or SSE not in resp.headers.get("Content-Type", ""):
                     try:
                         data = await read_answer(resp)
@@ -499,7 +528,7 @@ class OpenAIGateway:
                         raise OpenAIError(502, str(e)) from None
                     if resp.status == 200:
                         usage = await off_loop_if_large(data, _usage_of, data)
-                        self.meter.count(who, dep, version, *_usage_counts(usage), adapter)
+                        self.meter.count(who, dep, version, *_usage_counts(usage, caps), adapter)
                     else:
                         data = await off_loop_if_large(data, as_openai, resp.status, data)
                     out = {"Content-Type": JSON, "Cache-Control": "no-store"}
@@ -509,11 +538,20 @@ class OpenAIGateway:
                     await reply.write(data)
                     return
                 await self._relay(
-                    who, dep, version, resp, wants_usage, started, reply, adapter=adapter
+                    who, dep, version, resp, wants_usage, started, reply, caps, adapter=adapter
                 )
 
     async def _relay(
-        self, who, dep, version, resp, wants_usage, started, reply: Reply, adapter: str = ""
+        self,
+        who,
+        dep,
+        version,
+        resp,
+        wants_usage,
+        started,
+        reply: Reply,
+        caps: tuple[int, int],
+        adapter: str = "",
     ) -> None:
         relay = SseRelay(
             keep_usage=wants_usage,
@@ -537,9 +575,9 @@ class OpenAIGateway:
         finally:
             # Counted however the stream ended: a caller that went away used what the
             # replica generated until then (its usage never came: the chunks count).
-            prompt, completion = _usage_counts(relay.usage)
+            prompt, completion = _usage_counts(relay.usage, caps)
             if relay.usage is None:
-                completion = relay.content_chunks
+                completion = min(relay.content_chunks, caps[1])
             self.meter.count(who, dep, version, prompt, completion, adapter)
             if relay.first_token_s is not None:
                 self.meter.ttft.labels(dep["id"]).observe(relay.first_token_s)
@@ -556,7 +594,7 @@ class OpenAIGateway:
         dep, unit = self.resolve(who, model, EMBEDDING_KIND)
         self.meter.check_rate(who)
         with self.meter.stream_slot(who):  # a call in flight, as a generation is
-            rows = await self.calls.embed_on(dep, unit, texts)
+            rows = await self.calls.embed_on(dep, unit, texts, who)
         dims = doc.get("dimensions")
         if dims is not None and rows and dims != len(rows[0]):
             raise OpenAIError(

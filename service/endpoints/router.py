@@ -390,6 +390,7 @@ class EndpointRouter:
             parts[2] + (f"?{query}" if query else ""),
             forwarded_headers(request.headers),
             body,
+            who=who,
         )
         out = {h: headers[h] for h in FORWARD_RESPONSE if h in headers}
         out["Cache-Control"] = "no-store"

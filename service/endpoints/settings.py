@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from gpulab.scheduler.slices import SliceError, noun, parse_gpu_milli
 
-NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
-PRINCIPAL = re.compile(r"^[^/\s\x00]{1,255}$")
+# Used with fullmatch: ``$`` also matches before a last newline ("chat\n" would pass).
+NAME = re.compile(r"[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?")
+PRINCIPAL = re.compile(r"[^/\s\x00]{1,255}")
 DEFAULT_MAX_BATCH = 32
 
 DEFAULT_SCALE_DOWN_DELAY_S = 300.0
@@ -82,7 +83,7 @@ def _names(body: dict, key: str) -> list[str]:
             f"takes; share with a group instead",
         )
     for x in v:
-        if not PRINCIPAL.match(x):
+        if not PRINCIPAL.fullmatch(x):
             raise DeployRefused(
                 400,
                 f"{x!r} is not a {what} name: a name has no spaces or '/'; "
@@ -149,7 +150,7 @@ def check_create(
         )
     body = {**SETTINGS, **settings}
     name = body["name"]
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise DeployRefused(
             400,
             f"'name' must be 1-63 lower-case letters, digits, '.', '_' "
