@@ -72,7 +72,7 @@ class CollectionsHandler(_CollectionHandler):
     async def get(self):
         who = self.require_identity()
         manager = self.collections
-        self.write_json([manager.view(row) for row in await manager.visible(who)])
+        self.write_json(await manager.views(who, await manager.visible(who)))
 
     async def post(self):
         who = self.require_identity()
@@ -101,13 +101,13 @@ class CollectionHandler(_CollectionHandler):
     async def get(self, owner, name):
         row = await self.found(owner, name)
         with refusals():
-            self.write_json(await self.collections.counted_view(row))
+            self.write_json(await self.collections.counted_view(self.identity, row))
 
     async def patch(self, owner, name):
         row = await self.found(owner, name, manage=True)
         body = self.json_body()
         with refusals():
-            view = await self.collections.share(row, body)
+            view = await self.collections.share(self.identity, row, body)
         await self.audit(
             "collection.share",
             view["collection"],

@@ -34,6 +34,8 @@ NUMBER_TYPES = {int, float}
 #: What only a ``\uD800``-``\uDFFF`` escape in a JSON body can make: a lone surrogate
 #: (the bytes themselves are checked to be UTF-8 by the body parser).
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+#: The largest value a vector may hold: the engines keep vectors as float32.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class Refused(Exception):
@@ -113,6 +115,17 @@ def vectors(values, dim: int, limits: CollectionLimits, what: str = "vectors") -
     finite = np.isfinite(out).all(axis=1)  # the body parser refuses NaN; ints may be huge
     if not finite.all():
         raise Refused(400, f"{what}[{int(np.argmin(finite))}] holds a value that is not finite")
+    # The engines hold float32: a larger value (1e300) would be stored as inf and turn
+    # the row's scores into inf or NaN.
+    fits = (np.abs(out) <= FLOAT32_MAX).all(axis=1)
+    if not fits.all():
+        i = int(np.argmin(fits))
+        value = out[i][np.argmax(np.abs(out[i]) > FLOAT32_MAX)]
+        raise Refused(
+            400,
+            f"{what}[{i}] holds {value:g}, outside float32's range (±{FLOAT32_MAX:.4g}), "
+            "in which vectors are kept: scale the vector down",
+        )
     return out
 
 
@@ -237,20 +250,21 @@ def search_size(n_queries: int, k: int, limits: CollectionLimits) -> None:
         )
 
 
-def filter_expression(value) -> str:
-    """The engine's filter, written by us from the parsed filter (:mod:`.filters`): an
-    expression (``'metadata["lang"] == "en"'``), or ``{key: value}`` pairs that must all
-    match (``{"lang": "en"}``). The text a client sent never reaches the engine."""
+def filter_expression(value, write=filters.to_milvus) -> str:
+    """The engine's filter, written by us (``write``: the engine's writer) from the
+    parsed filter (:mod:`.filters`): an expression (``'metadata["lang"] == "en"'``), or
+    ``{key: value}`` pairs that must all match (``{"lang": "en"}``). The text a client
+    sent never reaches the engine."""
     if value is None or value == "":
         return ""
     try:
         if isinstance(value, str):
-            return filters.to_milvus(filters.parse(value))
+            return write(filters.parse(value))
         if isinstance(value, dict) and value:
             for key in value:
                 if not KEY.match(key):
                     raise Refused(400, f"filter key {key!r}: use letters, digits, '_', '.', '-'")
-            return filters.to_milvus(filters.from_pairs(value))
+            return write(filters.from_pairs(value))
     except filters.FilterError as e:
         raise Refused(400, str(e)) from None
     raise Refused(

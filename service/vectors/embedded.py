@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from . import engine_protocol as protocol
+from . import filters
 from .engine import ABANDONED_HINTS, EngineError, database_of
 from .engine_transport import Client, EngineGone
 from .owner_queues import OwnerQueues
@@ -34,6 +35,9 @@ UNPACK_ON_LOOP = 1 << 20
 
 
 class EmbeddedEngine:
+    #: A filter as the engine reads it: the grammar's own form, which it parses again.
+    filter_text = staticmethod(filters.to_text)
+
     def __init__(self, uri: str, call_timeout: float = 30.0, search_ef: int | None = None):
         self.uri = uri
         self.call_timeout = call_timeout
@@ -47,13 +51,17 @@ class EmbeddedEngine:
     async def _call(
         self,
         method: str,
-        owner: str,
+        owner: str | None,
         header: dict,
         vectors: np.ndarray | None = None,
         what: str = "call",
         limited: bool = True,
     ) -> dict:
-        header = {"db": database_of(owner), **header}
+        """``owner``'s call, in turn in their work queue; ``owner`` None: the service's
+        own (a drop, the start's look for leftovers; ``header`` names the database), sent
+        at once."""
+        if owner is not None:
+            header = {"db": database_of(owner), **header}
         if vectors is not None:
             header["dim"] = vectors.shape[1]
         deadline = time.monotonic() + self.call_timeout
@@ -64,10 +72,11 @@ class EmbeddedEngine:
             return self.client.call(method, protocol.pack(header, vectors))
 
         try:
+            sent = call() if owner is None else self.queues.run(owner, call)
             if limited:
-                reply = await asyncio.wait_for(self.queues.run(owner, call), self.call_timeout)
+                reply = await asyncio.wait_for(sent, self.call_timeout)
             else:
-                reply = await self.queues.run(owner, call)
+                reply = await sent
         except TimeoutError:
             raise self._abandoned(what) from None
         except EngineGone:
@@ -112,7 +121,15 @@ class EmbeddedEngine:
         await self._call("create", owner, body)
 
     async def drop(self, owner: str, cid: str) -> None:
-        await self._call("drop", owner, {"cid": cid})
+        """Not behind the owner's searches: queued, it could wait out its time limit
+        unsent, and the collection's files stayed, its row gone. Sent, the engine
+        finishes it even if its answer comes too late."""
+        await self._call("drop", None, {"db": database_of(owner), "cid": cid})
+
+    async def held(self) -> list[tuple[str, str]]:
+        """(database, collection) of every collection the engine holds."""
+        answer = await self._call("names", None, {})
+        return [(db, cid) for db, cid in answer["collections"]]
 
     async def write(self, owner: str, cid: str, rows: list[dict], upsert: bool) -> None:
         """Insert or upsert ``rows`` ({id, vector, metadata}): a row whose id is there

@@ -20,6 +20,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from . import filters
 from .owner_queues import OwnerQueues
 
 log = logging.getLogger("gpulab.service.vectors")
@@ -49,6 +50,9 @@ def database_of(owner: str) -> str:
 
 
 class VectorEngine:
+    #: A filter as Milvus reads it.
+    filter_text = staticmethod(filters.to_milvus)
+
     def __init__(self, uri: str, token: str = "", call_timeout: float = 30.0):
         self.uri = uri
         self.token = token

@@ -13,7 +13,18 @@ import struct
 
 import numpy as np
 
-METHODS = ("create", "drop", "write", "existing", "delete", "count", "flush", "search", "ping")
+METHODS = (
+    "create",
+    "drop",
+    "names",
+    "write",
+    "existing",
+    "delete",
+    "count",
+    "flush",
+    "search",
+    "ping",
+)
 LENGTH = struct.Struct("<I")
 #: Messages up to this size (a 1,000-row batch of 4,096-d vectors is 16 MB).
 MAX_MESSAGE = 64 * 2**20

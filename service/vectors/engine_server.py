@@ -67,6 +67,9 @@ class Handlers:
         self.store.drop(h["db"], h["cid"])
         return {}
 
+    def names(self, h, _):
+        return {"collections": self.store.names()}
+
     def write(self, h, vectors):
         collection = self.store.get(h["db"], h["cid"])
         if vectors is None or vectors.shape != (len(h["ids"]), collection.dim):

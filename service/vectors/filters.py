@@ -25,13 +25,15 @@ holds values of mixed types, and turns ``like`` into a backtracking regular expr
 conditions and the lists are capped.
 
 Nothing here knows Milvus beyond :func:`to_milvus`: another engine takes the same tree
-and writes its own query. The embedded engine reads the text :func:`to_milvus` writes
-with :func:`parse` again and evaluates the tree over its rows (:mod:`.filter_match`).
+and writes its own query. The embedded engine gets the tree in this grammar's own
+shortest form (:func:`to_text`), reads it with :func:`parse` again and evaluates it
+over its rows (:mod:`.filter_match`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import decimal
 import math
 import re
 from dataclasses import dataclass
@@ -532,7 +534,15 @@ def from_pairs(pairs: dict) -> Expr:
         if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
             raise FilterError(f"filter: the value of {key!r} is out of the 64-bit range")
         conditions.append(Compare(Field("metadata", (key,)), "==", value))
-    return conditions[0] if len(conditions) == 1 else And(tuple(conditions))
+    expr = conditions[0] if len(conditions) == 1 else And(tuple(conditions))
+    # The embedded engine parses the written filter with a text's limits.
+    written = len(to_text(expr))
+    if written > MAX_LENGTH:
+        raise FilterError(
+            f"filter: its keys and values come to {written} characters written out, "
+            f"more than {MAX_LENGTH}; send shorter values"
+        )
+    return expr
 
 
 # -- writing for Milvus --------------------------------------------------------------------
@@ -565,6 +575,77 @@ def to_milvus(expr: Expr) -> str:
             value = _literal(expr.value)
         return f"{expr.function}({_field(expr.field)}, {value})"
     raise TypeError(f"not a filter: {expr!r}")
+
+
+# -- writing for the embedded engine ---------------------------------------------------
+def to_text(expr: Expr) -> str:
+    """The tree in this grammar's shortest form, for the embedded engine, which parses
+    it again with :func:`parse` and its limits: never longer, deeper, or of more
+    conditions than the text it was parsed from, so a filter that passed the checks
+    here passes them there (:func:`to_milvus`'s ``in`` as ``==``s or'd counted a
+    condition per value: 65 values were refused at a place the user never wrote)."""
+    if isinstance(expr, Or):  # its operands are not Or (flattened); and binds tighter
+        return "||".join(to_text(e) for e in expr.operands)
+    if isinstance(expr, And):
+        return "&&".join(
+            f"({to_text(e)})" if isinstance(e, Or) else to_text(e) for e in expr.operands
+        )
+    if isinstance(expr, Not):
+        inner = to_text(expr.operand)
+        return f"!({inner})" if isinstance(expr.operand, And | Or) else "!" + inner
+    field = _short_field(expr.field)
+    # A keyword after the field ``id`` needs a space between (as the user's text did).
+    gap = " " if expr.field.name == "id" else ""
+    if isinstance(expr, Compare):
+        return f"{field}{expr.op}{_short(expr.value)}"
+    if isinstance(expr, In):
+        word = "not in" if expr.negated else "in"
+        return f"{field}{gap}{word}[{','.join(_short(v) for v in expr.values)}]"
+    if isinstance(expr, Like):
+        word = "not like" if expr.negated else "like"
+        return f"{field}{gap}{word}{_short(expr.pattern)}"
+    if isinstance(expr, Contains):
+        if isinstance(expr.value, tuple):
+            value = f"[{','.join(_short(v) for v in expr.value)}]"
+        else:
+            value = _short(expr.value)
+        return f"{expr.function}({field},{value})"
+    raise TypeError(f"not a filter: {expr!r}")
+
+
+def _short_field(field: Field) -> str:
+    return field.name + "".join(f"[{_short(p)}]" for p in field.path)
+
+
+def _short(value: Value) -> str:
+    """A literal as few characters as the user could have written it in."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _short_float(value)
+    # Only the backslash and the quote need escaping (the parser reads any other
+    # character as it is); the quote the value holds fewer of.
+    quote = "'" if value.count('"') > value.count("'") else '"'
+    return quote + value.replace("\\", "\\\\").replace(quote, "\\" + quote) + quote
+
+
+def _short_float(value: float) -> str:
+    """The shortest of repr (``100000.0``) and the exponent forms of its digits
+    (``1e5``, ``123e5``, ``1.23e7``): each reads back as this very float."""
+    if value < 0:
+        return "-" + _short_float(-value)
+    text = repr(value)
+    _, places, exponent = decimal.Decimal(text).as_tuple()
+    digits = "".join(map(str, places)).rstrip("0")
+    if not digits:  # 0.0
+        return text
+    exponent += len(places) - len(digits)  # the zeros stripped off the digits
+    forms = [text, f"{digits}e{exponent}"]
+    if len(digits) > 1:
+        forms.append(f"{digits[0]}.{digits[1:]}e{exponent + len(digits) - 1}")
+    return min(forms, key=len)
 
 
 def _operand(expr: Expr) -> str:

@@ -22,7 +22,7 @@ from gpulab.service.endpoints.settings import DeployRefused, check_sharing
 from . import checks
 from .checks import CollectionLimits, Refused
 from .embedded import EmbeddedEngine
-from .engine import EngineError, VectorEngine
+from .engine import EngineError, VectorEngine, database_of
 from .engine_process import EngineProcess
 
 log = logging.getLogger("gpulab.service.vectors")
@@ -149,7 +149,31 @@ class CollectionManager:
                 log.error("The vector engine did not start: %s", e)
                 self.process.proc = None
                 raise Refused(503, f"the vector engine did not start: {e}") from None
+            await self._sweep()
             self._up = True
+
+    async def _sweep(self) -> None:
+        """Say which of the engine's collections no row names: a drop removes the row
+        first, so one whose engine call failed (the engine down, the service stopped
+        between) left its vectors on disk, uncounted. They are named, not removed: a
+        database restored from a backup, or another site's, names fewer collections
+        than the engine holds, and removing those would lose them."""
+        try:
+            rows = await asyncio.to_thread(self.store.list)
+            held = await self.engine.held()
+        except Exception as e:
+            log.warning("Could not look for dropped collections left in the vector engine: %s", e)
+            return
+        named = {(database_of(row["user"]), row["id"]) for row in rows}
+        left = sorted(f"{db}/{cid}" for db, cid in held if (db, cid) not in named)
+        if left:
+            log.warning(
+                "The vector engine holds %d collections no row names (a drop that did not "
+                "finish, or a database that is not this engine's): %s. Remove their "
+                "folders under the engine's data dir once you know they are not wanted",
+                len(left),
+                ", ".join(left[:50]) + (" ..." if len(left) > 50 else ""),
+            )
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -222,7 +246,13 @@ class CollectionManager:
             f"it does not exist or is not shared with you",
         )
 
-    def view(self, row: dict, count: int | None = None) -> dict:
+    def view(self, row: dict, count: int | None = None, model_shown: bool = False) -> dict:
+        """``model_shown``: the viewer may call the embedding endpoint, so its model's
+        lineage (job, code, datasets, run) is theirs to read, as the endpoint's lineage
+        route says it to its callers only; else the lineage names the endpoint alone."""
+        lineage = row["lineage"]
+        if not model_shown and "embed" in lineage:
+            lineage = {**lineage, "embed": {"endpoint": lineage["embed"].get("endpoint")}}
         return {
             "owner": row["user"],
             "name": row["name"],
@@ -234,17 +264,34 @@ class CollectionManager:
             "share_users": row["share_users"],
             "share_groups": row["share_groups"],
             "created": row["created"],
-            "lineage": row["lineage"],
+            "lineage": lineage,
             # Where the index is built and searched: no GPU index in the embedded engine.
             "device": "cpu",
             "count": count,
         }
 
-    async def counted_view(self, row: dict) -> dict:
+    async def views(self, who, rows: list[dict]) -> list[dict]:
+        """The views of ``rows`` as ``who`` sees them."""
+        shown = await asyncio.to_thread(lambda: [self._may_call_embed(who, r) for r in rows])
+        return [self.view(row, model_shown=s) for row, s in zip(rows, shown, strict=True)]
+
+    async def counted_view(self, who, row: dict) -> dict:
         """The view with its rows counted; the embedded engine also says how many wait
         for its index (``pending_index_rows``: searchable already, exactly)."""
         stats = await self._engine(self.engine.stats, row["user"], row["id"])
-        return {**self.view(row, stats.pop("count")), **stats}
+        shown = await asyncio.to_thread(self._may_call_embed, who, row)
+        return {**self.view(row, stats.pop("count"), shown), **stats}
+
+    def _may_call_embed(self, who, row: dict) -> bool:
+        """Whether ``who`` may call the endpoint that embeds ``row``'s texts (the rules
+        of an endpoint call; reads the endpoint's row: in a thread)."""
+        if not row["embed"]:
+            return True
+        ep_owner, ep_name = row["embed"].split("/", 1)
+        if who.can_act_for(ep_owner):
+            return True
+        ep = self.endpoint_row(ep_owner, ep_name)
+        return ep is not None and can_use(who, ep)
 
     # -- making and dropping -------------------------------------------------------------
     async def create(self, who, body: dict) -> dict:
@@ -306,39 +353,46 @@ class CollectionManager:
         except CollectionNameTaken:
             await self._engine(self.engine.drop, owner, cid)
             raise Refused(409, f"{owner} already has a collection {name!r}") from None
-        return self.view(row, 0)
+        # Its maker just called the endpoint (the dimension probe): may see its model.
+        return self.view(row, 0, model_shown=True)
 
     async def drop(self, row: dict) -> None:
         # The row goes first: a crash between the two leaves an engine collection no row
-        # names (unreachable, harmless), never a row whose vectors are gone.
+        # names (unreachable; the embedded engine's is named at the next start: _sweep),
+        # never a row whose vectors are gone.
         self._drops += 1
         self._rows.pop((row["user"], row["name"]), None)
         self._held.pop(row["user"], None)  # counted again at the next write
         await asyncio.to_thread(self.store.remove, row["id"])
         self._drops += 1  # a read begun before the removal is not cached either
+        # A read that began after the first bump and ended before the removal did
+        # returned the row and cached it meanwhile: it must not outlive this drop.
+        self._rows.pop((row["user"], row["name"]), None)
         await self._engine(self.engine.drop, row["user"], row["id"])
 
-    async def share(self, row: dict, body: dict) -> dict:
+    async def share(self, who, row: dict, body: dict) -> dict:
         checks.fields(body, SHARING)
         try:
             values = check_sharing(body)
         except DeployRefused as e:
             raise Refused(e.status, str(e)) from None
 
-        def save() -> tuple[dict | None, str]:
+        def save() -> tuple[dict | None, str, bool]:
             if values:
                 self.store.update(row["id"], **values)
             saved = self.store.get(row["id"])
-            return saved, self._endpoint_not_shared(saved) if saved else ""
+            if saved is None:
+                return None, "", False
+            return saved, self._endpoint_not_shared(saved), self._may_call_embed(who, saved)
 
         drops = self._drops
-        saved, warning = await asyncio.to_thread(save)
+        saved, warning, shown = await asyncio.to_thread(save)
         if saved is None:  # dropped meanwhile
             raise Refused(404, f"no collection {row['name']!r} of {row['user']}")
         row = saved
         if drops == self._drops:
             self._rows[(row["user"], row["name"])] = row
-        view = self.view(row)
+        view = self.view(row, model_shown=shown)
         if warning:
             view["warning"] = warning
         return view
@@ -469,7 +523,7 @@ class CollectionManager:
         given = query.get("vectors", query.get("texts"))
         if isinstance(given, list):
             checks.search_size(len(given), k, self.limits)
-        expression = checks.filter_expression(body.get("filter"))
+        expression = checks.filter_expression(body.get("filter"), self.engine.filter_text)
         vectors = await self._vectors_of(who, row, query, "vectors", "texts")
         found = await self._engine(
             self.engine.search, row["user"], row["id"], vectors, k, row["metric"], expression

@@ -34,6 +34,10 @@ def decode(body: bytes, head_len: int, dim: int) -> tuple[dict, np.ndarray | Non
     return header, vectors
 
 
+class LogBroken(OSError):
+    """A failed append could not be taken back: the log takes no more writes."""
+
+
 class Log:
     """One collection's log file, appended to and fsynced per write."""
 
@@ -41,14 +45,39 @@ class Log:
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.size = os.fstat(self.fd).st_size
+        #: Why the log takes no more writes (a failed append it could not cut off).
+        self.broken: str | None = None
 
     def append(self, header: dict, vectors: np.ndarray | None) -> None:
+        """The record on disk, fsynced; if anything fails, the file is as before.
+
+        A failed append that stayed in the file would break the log either way: cut
+        short (a full disk), replay stops at it and cuts off every acknowledged record
+        after it; whole but not synced, the caller was told it failed, yet replay
+        applies it, and the next write reuses its sequence number and is skipped."""
+        if self.broken is not None:
+            raise LogBroken(self.broken)
         record = encode(header, vectors)
-        view = memoryview(record)
-        while view:
-            view = view[os.write(self.fd, view) :]
-        os.fdatasync(self.fd)
+        try:
+            view = memoryview(record)
+            while view:
+                view = view[os.write(self.fd, view) :]
+            os.fdatasync(self.fd)
+        except BaseException as failed:
+            self._take_back(failed)
+            raise
         self.size += len(record)
+
+    def _take_back(self, failed: BaseException) -> None:
+        """Cut the file back to its last whole record, or refuse further writes."""
+        try:
+            os.ftruncate(self.fd, self.size)
+            os.fdatasync(self.fd)
+        except OSError as e:
+            self.broken = (
+                f"{self.path}: a write failed ({failed}) and could not be cut off the log "
+                f"({e}); it takes no more writes until the vector engine restarts"
+            )
 
     def close(self) -> None:
         os.close(self.fd)

@@ -19,6 +19,7 @@ import pytest
 from gpulab.service.vectors import faiss_collection
 from gpulab.service.vectors import indexer as indexer_module
 from gpulab.service.vectors.embedded_store import Store
+from gpulab.service.vectors.engine import database_of
 from gpulab.service.vectors.faiss_collection import Collection
 from gpulab.service.vectors.filter_match import predicate
 from gpulab.service.vectors.filters import parse
@@ -70,6 +71,71 @@ def test_a_torn_last_record_is_dropped_and_the_log_goes_on(tmp_path):
     # L2 scores are squared distances: the row itself is at 0.
     hit = Collection.open(path).search(v[12:13], 1)[0][0]
     assert hit[0] == "r12" and hit[1] == pytest.approx(0, abs=1e-5)
+
+
+def _fail_once(monkeypatch, name: str, before=None):
+    """``os.<name>`` raises ENOSPC at its next call (after ``before(args)``), then works."""
+    from gpulab.service.vectors import wal
+
+    real = getattr(wal.os, name)
+    calls = []
+
+    def failing(*args):
+        if calls:
+            return real(*args)
+        calls.append(args)
+        if before is not None:
+            before(real, *args)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(wal.os, name, failing)
+    return calls
+
+
+def test_a_write_that_failed_part_way_leaves_the_log_as_before(tmp_path, monkeypatch):
+    """A full disk cut a record short, or its fsync failed: the write is refused, and
+    the log is cut back, so the acknowledged writes after it survive a restart (replay
+    stopped at the half record and cut them off; a whole unsynced one took the next
+    write's sequence number, which replay then skipped)."""
+    path = str(tmp_path / "c1")
+    c = Collection.create(path, DIM, "l2", "flat")
+    v = unit(5)
+    c.write(["a"], v[0:1], [{}])
+
+    def half(real, fd, data):  # half the record reaches the file, then the disk is full
+        real(fd, bytes(data[: len(data) // 2]))
+
+    _fail_once(monkeypatch, "write", half)
+    with pytest.raises(OSError, match="No space left"):
+        c.write(["b"], v[1:2], [{}])
+    c.write(["c"], v[2:3], [{}])
+    _fail_once(monkeypatch, "fdatasync")
+    with pytest.raises(OSError, match="No space left"):
+        c.write(["d"], v[3:4], [{}])
+    c.write(["e"], v[4:5], [{}])
+    assert c.existing(list("abcde")) == ["a", "c", "e"]
+    again = Collection.open(path)
+    assert again.existing(list("abcde")) == ["a", "c", "e"]
+    assert ids_of(again.search(v[4:5], 1)[0]) == ["e"]
+
+
+def test_a_log_that_cannot_be_cut_back_takes_no_more_writes(tmp_path, monkeypatch):
+    path = str(tmp_path / "c1")
+    c = Collection.create(path, DIM, "l2", "flat")
+    v = unit(3)
+    c.write(["a"], v[0:1], [{}])
+    _fail_once(monkeypatch, "fdatasync")
+    _fail_once(monkeypatch, "ftruncate")
+    with pytest.raises(OSError, match="No space left"):
+        c.write(["b"], v[1:2], [{}])
+    with pytest.raises(OSError, match="could not be cut off the log") as refused:
+        c.write(["c"], v[2:3], [{}])
+    assert "no more writes until the vector engine restarts" in str(refused.value)
+    assert c.existing(["a", "b", "c"]) == ["a"]
+    # Reopened (the engine restarted), it writes again.
+    again = Collection.open(path)
+    again.write(["c"], v[2:3], [{}])
+    assert Collection.open(path).existing(["a", "c"]) == ["a", "c"]
 
 
 def test_a_snapshot_at_the_last_write_is_taken_again_once_indexed(tmp_path):
@@ -515,3 +581,86 @@ def test_a_search_whose_hits_would_be_too_large_is_refused_in_the_engine(tmp_pat
     assert [len(hits) for hits in answer(k=10, queries=2)["results"]] == [10, 10]
     handlers.write({**head, "ids": ids, "metadata": [{"n": i} for i in range(rows)]}, unit(rows))
     assert [len(hits) for hits in answer(k=rows, queries=3)["results"]] == [rows] * 3
+
+
+async def test_a_drop_is_sent_at_once_while_the_owners_searches_hold_her_slots():
+    """A drop went through the owner's work queue: behind her running searches it
+    waited out its time limit unsent (504), its row already gone, and its files stayed
+    on the engine's disk for good."""
+    from gpulab.service.vectors import engine_protocol as protocol
+    from gpulab.service.vectors.embedded import PER_OWNER, EmbeddedEngine
+
+    class Engine:
+        def __init__(self):
+            self.release = asyncio.Event()
+            self.searching = 0
+            self.dropped = []
+
+        async def call(self, method, request):
+            header, vectors = protocol.unpack(request)
+            if method == "drop":
+                self.dropped.append((header["db"], header["cid"]))
+                return protocol.pack({})
+            self.searching += 1
+            await self.release.wait()
+            return protocol.pack({"results": [[] for _ in vectors]})
+
+    engine = EmbeddedEngine("unix:/nowhere")
+    engine.client = fake = Engine()
+    searches = [
+        asyncio.create_task(engine.search("alice", f"c{i}", unit(1), 10, "cosine", ""))
+        for i in range(PER_OWNER + 2)
+    ]
+    while fake.searching < PER_OWNER:  # her slots are all taken; two more wait
+        await asyncio.sleep(0)
+    await engine.drop("alice", "c9")
+    assert fake.dropped == [(database_of("alice"), "c9")]
+    assert fake.searching == PER_OWNER  # the drop took no slot of hers
+    fake.release.set()
+    await asyncio.gather(*searches)
+
+
+async def test_the_start_names_the_engines_collections_no_row_names(tmp_path, caplog):
+    """A drop removes the row first; if the engine's drop then failed (the engine down,
+    the service stopped), the rows stayed on its disk, uncounted. The start names them
+    for the admin and removes nothing: a database restored from a backup names fewer
+    collections than the engine holds, and those must not be lost."""
+    from types import SimpleNamespace
+
+    from gpulab.service.vectors.checks import CollectionLimits
+    from gpulab.service.vectors.embedded import EmbeddedEngine
+    from gpulab.service.vectors.manager import CollectionManager
+
+    folder = tempfile.mkdtemp(prefix="gpulab-sweep-")  # a socket's path must be short
+    server = EngineServer(str(tmp_path / "data"), os.path.join(folder, "engine.sock"))
+    server.start()
+    engine = EmbeddedEngine("unix:" + server.socket)
+
+    async def started():
+        pass
+
+    def manager(rows: list[dict]) -> CollectionManager:
+        return CollectionManager(
+            store=SimpleNamespace(list=lambda: rows),
+            engine=engine,
+            limits=CollectionLimits(max_rows=10, max_dim=DIM, max_per_user=3),
+            embedder=None,
+            endpoint_lineage=lambda owner, name: None,
+            process=SimpleNamespace(start=started),
+        )
+
+    try:
+        for owner, cid in (("alice", "c1"), ("alice", "c2"), ("bob", "c3"), ("bob", "c4")):
+            await engine.create(owner, cid, DIM, "cosine", "flat")
+        everything = sorted(await engine.held())
+        with caplog.at_level("WARNING", logger="gpulab.service.vectors"):
+            await manager([{"user": "alice", "id": "c1"}, {"user": "bob", "id": "c3"}]).ready()
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert "holds 2 collections no row names" in said
+        assert f"{database_of('alice')}/c2" in said and f"{database_of('bob')}/c4" in said
+        assert "/c1" not in said and "/c3" not in said
+        assert sorted(await engine.held()) == everything  # nothing removed
+    finally:
+        engine.close()
+        server.kill()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -134,3 +134,103 @@ def test_the_service_check_refuses_with_a_400_and_never_passes_text_through():
         with pytest.raises(Refused) as refused:
             filter_expression(bad)
         assert refused.value.status == 400
+
+
+#: Filters as people write them, and at the grammar's limits: each as long, as deep and
+#: with as many conditions and values as the checks take.
+AT_THE_LIMITS = [
+    'metadata["doc"] in [' + ", ".join(f'"d{i}"' for i in range(100)) + "]",
+    'metadata["n"] not in [' + ",".join(str(i) for i in range(1000)) + "]",
+    " && ".join(f'metadata["k{i}"] in [1, 2]' for i in range(64)),
+    "!" * 31 + 'metadata["k"] not in [1, 2, 3]',
+    "!(" * 16 + 'metadata["a"] == 1 or metadata["b"] in [1e15, 2e15]' + ")" * 16,
+    'metadata["a"] == 1 OR metadata["b"] == 2 AND NOT metadata["c"] not like "%x"',
+    'id not in ["a"] && json_contains_all(metadata["t"], [1e22, -0.0, 123e5, true])',
+    'metadata["s"] in ["it\'s", \'say "hi"\', "tab\there", "\\u00e9", \'\\\\\']',
+    "metadata['x'][0]==1&&metadata['y']in[1e-5,0.000123]||id in['q']",
+    'metadata["t"] like "%intro%%" and 2020 <= metadata["year"]',
+]
+
+
+@pytest.mark.parametrize("given", AT_THE_LIMITS)
+def test_the_embedded_engines_text_passes_the_checks_its_filter_passed(given):
+    """The embedded engine parses what the service writes with the same limits: in on a
+    metadata path written as ==s or'd counted a condition per value (65 values: "more
+    than 64 conditions at character 1463", where the user wrote none), and not (...)
+    doubled the nesting. Its text keeps in, and is never longer, deeper or of more
+    conditions than the filter sent: it reads back as the same filter."""
+    tree = filters.parse(given)
+    written = filters.to_text(tree)
+    assert filters.parse(written) == tree
+    assert len(written) <= len(given)
+
+
+def test_the_embedded_engines_text_of_any_filter_reads_back_within_the_checks():
+    """Random filters, as tersely or as wordily as the grammar allows (symbols or
+    keywords, spaces or none, redundant parentheses, numbers in short and long forms)."""
+    import random
+
+    rng = random.Random(7)
+    numbers = ["1e5", "100000.0", "123e5", "12.3e9", "0.5", "5e-1", "1e+16", "00012", "7"]
+
+    def gap() -> str:  # a space where the grammar needs none
+        return rng.choice(["", " "])
+
+    def literal() -> str:
+        kind = rng.randrange(4)
+        if kind == 0:
+            return rng.choice(numbers)
+        if kind == 1:
+            return rng.choice(["true", "False", "-3", "-2.5e-7"])
+        text = "".join(rng.choice("ab'\"\\\t é") for _ in range(rng.randrange(6)))
+        quote = rng.choice("'\"")
+        return quote + text.replace("\\", "\\\\").replace(quote, "\\" + quote) + quote
+
+    def field() -> str:
+        if rng.random() < 0.2:
+            return "id "  # a keyword after it needs the space
+        keys = ['"k"', "'k'", "0"]
+        return "metadata" + "".join("[" + rng.choice(keys) + "]" for _ in range(2)) + gap()
+
+    def listing() -> str:
+        return "[" + ("," + gap()).join(literal() for _ in range(rng.randrange(1, 5))) + "]"
+
+    def condition() -> str:
+        kind = rng.randrange(4)
+        if kind == 0:
+            return f"{field()}{rng.choice(['==', '!=', '<', '>='])}{gap()}{literal()}"
+        if kind == 1:
+            return f"{field()}{rng.choice(['in', 'not in'])}{gap()}{listing()}"
+        if kind == 2:
+            return f'{field()}{rng.choice(["like", "not like"])}{gap()}"%a_b%"'
+        return f"json_contains_any({field()},{gap()}{listing()})"
+
+    def expr(depth: int) -> str:
+        if depth <= 0 or rng.random() < 0.3:
+            return condition()
+        kind = rng.randrange(4)
+        if kind == 0:
+            return rng.choice(["not ", "!", "! "]) + expr(depth - 1)
+        if kind == 1:
+            return f"({gap()}{expr(depth - 1)}{gap()})"
+        word = rng.choice([" and ", " AND ", "&&", " && ", " or ", "||", " || "])
+        return word.join(expr(depth - 1) for _ in range(rng.randrange(2, 4)))
+
+    tried = 0
+    while tried < 500:
+        given = expr(rng.randrange(8))
+        try:
+            tree = filters.parse(given)
+        except filters.FilterError:
+            continue  # past a limit already: refused before any engine
+        tried += 1
+        written = filters.to_text(tree)
+        assert filters.parse(written) == tree, (given, written)
+        assert len(written) <= len(given), (given, written)
+
+
+def test_a_dict_filter_too_long_to_write_out_is_refused_here():
+    with pytest.raises(
+        filters.FilterError, match="come to 5017 characters written out, more than 4096"
+    ):
+        filters.from_pairs({"k": "x" * 5000})

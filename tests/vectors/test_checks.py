@@ -1,0 +1,27 @@
+"""What a client may send to a collection, checked before the engine sees it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulab.service.vectors import checks
+from gpulab.service.vectors.checks import CollectionLimits, Refused
+
+LIMITS = CollectionLimits(max_rows=10, max_dim=8, max_per_user=1)
+
+
+@pytest.mark.parametrize("value", [1e300, -3.5e38, 10**39])
+def test_a_value_past_float32s_range_is_a_400_naming_the_row(value):
+    """The engines keep float32: 1e300 passed the check (finite as a float64) and was
+    stored as inf, turning the row's scores into inf or NaN."""
+    with pytest.raises(Refused) as refused:
+        checks.vectors([[0.5, 1.0], [1.0, value]], 2, LIMITS)
+    assert refused.value.status == 400
+    assert str(refused.value) == (
+        f"vectors[1] holds {float(value):g}, outside float32's range (±3.403e+38), "
+        "in which vectors are kept: scale the vector down"
+    )
+
+
+def test_values_within_float32s_range_are_taken():
+    assert checks.vectors([[3.4e38, -3.4e38], [1e-300, 0]], 2, LIMITS).shape == (2, 2)
