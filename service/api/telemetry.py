@@ -72,6 +72,13 @@ def _encoded(answer: dict) -> bytes:
         return json.dumps(answer).encode()
 
 
+def _push_refusal(who: Identity) -> web.HTTPError | None:
+    """Why ``who`` may not push a sample (None: they may)."""
+    if who.internal or who.admin or (who.kind == "service" and who.name == AGENT_SERVICE):
+        return None
+    return web.HTTPError(403, f"only the {AGENT_SERVICE} service or an admin may push samples")
+
+
 class TelemetryHandler(APIHandler):
     def body_limit(self) -> int:
         # A node's sample lists every GPU process; agents are trusted, not unbounded.
@@ -141,13 +148,20 @@ class TelemetryHandler(APIHandler):
             )
         )
 
+    async def prepare(self):
+        await super().prepare()
+        if self.request.method == "POST" and self.identity is not None:
+            refusal = _push_refusal(self.identity)
+            if refusal is not None:
+                # A user's 8 MiB (this route's limit, for agents) is read and dropped,
+                # not kept in the service's memory until the 403.
+                self.refuse_after_body(refusal)
+
     def post(self):
         """An agent's sample. Only gpulab itself, the agent service and admins may push."""
-        who = self.require_identity()
-        if not (who.internal or who.admin or (who.kind == "service" and who.name == AGENT_SERVICE)):
-            raise web.HTTPError(
-                403, f"only the {AGENT_SERVICE} service or an admin may push samples"
-            )
+        refusal = _push_refusal(self.require_identity())
+        if refusal is not None:
+            raise refusal
         sample = self.json_body()
         problems = validate_sample(sample)
         if problems:

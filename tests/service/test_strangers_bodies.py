@@ -31,12 +31,12 @@ def kept(monkeypatch):
     return most
 
 
-async def post(svc, path: str, token: str | None) -> requests.Response:
+async def post(svc, path: str, token: str | None, body: bytes = BODY) -> requests.Response:
     headers = {"Content-Type": "application/json"}
     if token is not None:
         headers["Authorization"] = f"token {token}"
     url = f"{svc.url}/services/gpulab/{path}"
-    return await asyncio.to_thread(requests.post, url, data=BODY, headers=headers, timeout=120)
+    return await asyncio.to_thread(requests.post, url, data=body, headers=headers, timeout=120)
 
 
 # Routes that take 8 MiB from a caller they serve (a collection's rows, a gateway call,
@@ -57,3 +57,15 @@ async def test_a_strangers_body_is_dropped_and_refused(tmp_path, kept, path):
         r = await post(svc, path, alice)
         assert r.status_code in (400, 404), r.text
         assert kept["bytes"] == len(BODY)
+
+
+async def test_a_users_sample_is_dropped_and_refused(tmp_path, kept):
+    """The telemetry route takes 8 MiB from the node agents; a user, who may not push
+    samples, has theirs dropped as it comes, not held until the 403."""
+    async with running_service(tmp_path / "svc") as svc:
+        alice = svc.create_user("alice")
+        sample = b'{"node": "' + b"x" * (6 << 20) + b'"}'  # within the route's 8 MiB
+        r = await post(svc, "api/v1/telemetry", alice, sample)
+        assert r.status_code == 403, r.text
+        assert "only the gpulab-agent service or an admin may push samples" in r.text
+        assert kept["bytes"] == 0, f"{kept['bytes']} bytes kept of a user's sample"
