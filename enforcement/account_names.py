@@ -95,6 +95,14 @@ def retired_on(comment: str) -> str | None:
     return comment[len(RETIRED_TAG) :].split(" ", 1)[0]
 
 
+def retired_for(comment: str, hub_name: str) -> bool:
+    """Whether the comment is of an account retired when ``hub_name`` was deleted."""
+    on = retired_on(comment)
+    if on is None:
+        return False
+    return recorded_for(comment[len(RETIRED_TAG) + len(on) + 1 :], hub_name) is True
+
+
 def recorded_for(comment: str, hub_name: str) -> bool | None:
     """True if the comment records this hub user, False if it records another
     (a retired account records an earlier user, even of the same name), None if

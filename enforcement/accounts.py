@@ -29,6 +29,7 @@ import grp
 import os
 import pwd
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -183,13 +184,13 @@ class UserAccounts(Configurable):
             if deleted is not None:
                 # The message reaches the user's spawn page; the person it names
                 # had their name.
+                record = shlex.quote(account_record(hub_name))
                 raise AccountError(
                     f"the Unix account {name} belonged to an earlier hub user named "
                     f"{hub_name!r}, deleted on {deleted}; it is locked and its home "
                     f"kept. An admin removes it (userdel -r {name}) to give the name to "
                     f"this user, or, for the same person, gives it back: usermod "
-                    f"--unlock --expiredate '' --comment '{account_record(hub_name)}' "
-                    f"{name}"
+                    f"--unlock --expiredate '' --comment {record} {name}"
                 )
             owner = recorded_for(pw.pw_gecos, hub_name)
             if owner is False or (owner is None and not is_plain(hub_name, self.prefix)):

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import time
 
-from .account_names import recorded_for, retired_record
+from .account_names import recorded_for, retired_for, retired_record
 from .accounts import AccountError, UserAccounts
 
 #: Rounds of "find the account's processes, kill them" before giving up on a
@@ -36,7 +36,13 @@ def retire_account(accounts: UserAccounts, hub_name: str, today: str | None = No
     try:
         account = accounts.lookup(hub_name)
     except AccountError:
-        return None  # not this user's: nothing of theirs to retire
+        # Not this user's, or retired already: then a deletion tried again (the
+        # first one's kill failed) ends what still runs as it.
+        pw = _getpw(accounts.name_for(hub_name))
+        if pw is not None and retired_for(pw.pw_gecos, hub_name):
+            end_processes_of(pw.pw_uid)
+            return pw.pw_name
+        return None
     if account is None:
         return None
     comment = pwd.getpwnam(account.name).pw_gecos
@@ -78,12 +84,16 @@ def end_processes_of(uid: int) -> int:
             try:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
                 killed.add(pid)
-            except ProcessLookupError:
+            except OSError:  # ended meanwhile
                 pass
             finally:
                 os.close(fd)
         time.sleep(0.05)
-    raise AccountError(f"processes of uid {uid} keep starting; kill them by hand (pkill -U {uid})")
+    raise AccountError(
+        f"processes of uid {uid} still run after SIGKILL (new ones, or stuck in the "
+        f"kernel: an NFS home, a GPU context); delete the user again later, or kill them "
+        f"by hand (pkill -KILL -U {uid})"
+    )
 
 
 def _processes_of(uid: int) -> list[tuple[int, int]]:
@@ -106,11 +116,19 @@ def _processes_of(uid: int) -> list[tuple[int, int]]:
 
 
 def _runs_as(pid: int, uid: int) -> bool:
+    # Bytes: the Name line is the process's own to set, in any bytes (prctl).
     try:
-        with open(f"/proc/{pid}/status") as f:
-            status = dict(line.split(":", 1) for line in f if ":" in line)
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = dict(line.split(b":", 1) for line in f if b":" in line)
     except OSError:
         return False  # gone
-    if status.get("State", "").split()[:1] == ["Z"]:
+    if status.get(b"State", b"").split()[:1] == [b"Z"]:
         return False  # already ended; its parent reaps it
-    return str(uid) in status.get("Uid", "").split()
+    return str(uid).encode() in status.get(b"Uid", b"").split()
+
+
+def _getpw(name: str) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        return None

@@ -7,10 +7,10 @@ user's environ is readable only by root or that user, so an agent that runs
 unprivileged reports ``user: null`` for those and still gives ``unix_user``.
 
 The variable is the process's own to set, so it is believed only as far as the
-account allows: a process of a gpulab account (per-user accounts) is its hub
-user's, whatever it claims (a claim of another name gives ``null``, so nobody
-puts their GPU memory under another user's name), and a claim longer than a
-hub name can be is no claim. Everything here reads ``/proc`` as bytes: a
+account allows: a process of a gpulab account (per-user accounts) counts as its
+hub user's only when it claims that user (a claim of another name gives ``null``,
+so nobody puts their GPU memory under another user's name), and a claim longer
+than a hub name can be is no claim. Everything here reads ``/proc`` as bytes: a
 process names itself (``prctl``) with any bytes, and none may stop the sample.
 """
 

@@ -8,9 +8,9 @@ in :data:`OWNER_LABELS`: its id) say what a user runs and how busy it is, so
 admins and tokens with JupyterHub's ``read:metrics`` scope (Prometheus) read
 every series; a user reads the cluster's series and those of their own jobs and
 endpoints. Without a token (only where
-``c.TelemetrySettings.authenticate_prometheus = False``, the Helm chart's annotation
-scrape): every series straight at the service's port, the cluster's only through the
-hub's proxy (which any user reaches).
+``c.TelemetrySettings.authenticate_prometheus = False``): the cluster's series on the
+service's port, which users reach; every series on ``metrics_port`` alone (the Helm
+chart's annotation scrape, which the network keeps users off).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from gpulab.scheduler.slices import noun
 from . import filters
 from .engine import ID_MAX, METRICS
 
-NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
+NAME = re.compile(r"[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?")  # fullmatch: "$" lets "x\n" by
 #: A metadata key a dict filter may name.
 KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 METADATA_MAX = 64 * 1024  # bytes of JSON per row
@@ -67,7 +67,7 @@ def fields(body: dict, known: tuple[str, ...]) -> None:
 
 
 def name(value) -> str:
-    if not isinstance(value, str) or not NAME.match(value):
+    if not isinstance(value, str) or not NAME.fullmatch(value):
         raise Refused(
             400,
             f"collection name {value!r}: use 1-63 of a-z, 0-9, '_', '.', '-', "

@@ -9,6 +9,7 @@ the service's, never a user's; they are still checked to be plain names. One ind
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -17,7 +18,9 @@ import threading
 from .faiss_collection import Collection
 from .indexer import Indexer
 
-NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+log = logging.getLogger("gpulab.service.vectors")
+
+NAME = re.compile(r"[A-Za-z0-9_]{1,64}")  # fullmatch: "$" lets "x\n" by
 
 
 class NotFound(Exception):
@@ -45,18 +48,18 @@ class Store:
         return collection
 
     def path(self, db: str, cid: str) -> str:
-        if not NAME.match(db) or not NAME.match(cid):
+        if not NAME.fullmatch(db) or not NAME.fullmatch(cid):
             raise ValueError(f"not a plain name: {db!r}/{cid!r}")
         return os.path.join(self.root, db, cid)
 
     def names(self) -> list[tuple[str, str]]:
         out = []
         for db in sorted(os.listdir(self.root)):
-            if NAME.match(db) and os.path.isdir(os.path.join(self.root, db)):
+            if NAME.fullmatch(db) and os.path.isdir(os.path.join(self.root, db)):
                 out += [
                     (db, cid)
                     for cid in sorted(os.listdir(os.path.join(self.root, db)))
-                    if NAME.match(cid)
+                    if NAME.fullmatch(cid)
                 ]
         return out
 
@@ -89,15 +92,22 @@ class Store:
         return self._watched(collection)
 
     def drop(self, db: str, cid: str) -> None:
-        path = self.path(db, cid)
+        path, key = self.path(db, cid), (db, cid)
         with self._lock:
-            collection = self._open.pop((db, cid), None)
-        if collection is not None:
-            collection.close()
-        if os.path.exists(path):
+            opening = self._opening.setdefault(key, threading.Lock())
+        # A drop is not queued behind its owner's calls: one of theirs that opens the
+        # collection meanwhile waits here, then finds it gone (never a dropped
+        # collection opened again, left in _open over a removed folder).
+        with opening:
+            with self._lock:
+                collection = self._open.pop(key, None)
+            if collection is not None:
+                collection.close()
+            if not os.path.exists(path):
+                return
             trash = path + ".dropped"
             os.rename(path, trash)  # gone at once, even if the removal below is cut short
-            shutil.rmtree(trash, ignore_errors=True)
+        shutil.rmtree(trash, ignore_errors=True)
 
     def close(self) -> None:
         """At a clean stop: the indexer stops, and what the logs hold goes into
@@ -107,6 +117,9 @@ class Store:
             opened = list(self._open.values())
             self._open.clear()
         for collection in opened:
-            if collection.log is not None and collection.log.size:
-                collection.snapshot()
+            try:
+                if collection.log is not None and collection.log.size:
+                    collection.snapshot()
+            except OSError as e:  # one collection's disk error: the others still saved
+                log.warning("Could not snapshot collection %s: %s", collection.path, e)
             collection.close()

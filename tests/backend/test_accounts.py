@@ -8,11 +8,13 @@ import os
 import pwd
 import shlex
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 from hubproc import let_accounts_reach
+from support.wait import wait_until
 
 from gpulab.enforcement.accounts import (
     MAX_NAME,
@@ -130,6 +132,24 @@ def test_a_foreign_folder_in_place_of_a_home_is_refused(accounts):
         made.ensure(hub_name)
 
 
+#: A process that names itself in bytes no UTF-8 reader takes, then sleeps.
+RENAMED_SLEEPER = (
+    "import ctypes, time; ctypes.CDLL(None).prctl(15, bytes([255, 254]), 0, 0, 0); time.sleep(600)"
+)
+
+
+def _names_of(uid: int) -> bytes:
+    """The names of the processes of ``uid``, as the kernel keeps them."""
+    names = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                names.append(Path(f"/proc/{pid}/comm").read_bytes())
+        except OSError:
+            pass
+    return b"".join(names)
+
+
 @needs_root
 def test_a_deleted_users_account_goes_to_no_new_user_of_the_name(accounts):
     """A hub user deleted and a new one approved under the same name: the new one
@@ -140,13 +160,14 @@ def test_a_deleted_users_account_goes_to_no_new_user_of_the_name(accounts):
     account = made.ensure(hub_name)
     (Path(account.home) / "notes.txt").write_text("the earlier user's")
     # A process they left running (a nohup'd loop from a terminal), in a session of
-    # its own, and one that forks.
+    # its own, one that forks, and one that names itself in bytes that are not UTF-8.
     left = subprocess.Popen(
-        ["sh", "-c", "sleep 600 & sleep 600"],
+        ["sh", "-c", f"sleep 600 & {sys.executable} -c '{RENAMED_SLEEPER}'"],
         start_new_session=True,
         env=account.env(),
         **account.popen_kwargs(),
     )
+    wait_until(lambda: b"\xff\xfe" in _names_of(account.uid), "the renamed process")
     try:
         assert retire_account(made, hub_name, today="2026-12-07") == account.name
         assert left.wait(timeout=10) == -9
@@ -159,8 +180,10 @@ def test_a_deleted_users_account_goes_to_no_new_user_of_the_name(accounts):
         assert "belonged to an earlier hub user" in said and "2026-12-07" in said
         assert f"userdel -r {account.name}" in said
         assert (Path(account.home) / "notes.txt").read_text() == "the earlier user's"
-        # Retired once is retired: a second deletion of the name finds nothing.
-        assert retire_account(made, hub_name) is None
+        # A deletion tried again (the first one's kill failed) ends what runs as it now.
+        again = subprocess.Popen(["sleep", "600"], env=account.env(), **account.popen_kwargs())
+        assert retire_account(made, hub_name) == account.name
+        assert again.wait(timeout=10) == -9
 
         # The admin's way back, for the same person, as the refusal gives it.
         give_back = shlex.split(said.split("gives it back: ", 1)[1])

@@ -126,7 +126,13 @@ def test_all_options_reach_the_objects(chart):
     policy = objects["NetworkPolicy/gpulab-all-service"]["spec"]
     assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "service"
     assert policy["ingress"] == [
-        {"ports": [{"port": "http"}]},
+        {  # every port but the metrics port, from anywhere: as without the policy
+            "ports": [
+                {"protocol": "TCP", "port": 1, "endPort": 10102},
+                {"protocol": "TCP", "port": 10104, "endPort": 65535},
+                {"protocol": "UDP", "port": 1, "endPort": 65535},
+            ]
+        },
         {
             "from": [
                 {
@@ -134,7 +140,7 @@ def test_all_options_reach_the_objects(chart):
                     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
                 }
             ],
-            "ports": [{"port": "metrics"}],
+            "ports": [{"protocol": "TCP", "port": "metrics"}],
         },
     ]
     assert deploy["spec"]["tolerations"][0]["key"] == "dedicated"

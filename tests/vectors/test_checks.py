@@ -25,3 +25,10 @@ def test_a_value_past_float32s_range_is_a_400_naming_the_row(value):
 
 def test_values_within_float32s_range_are_taken():
     assert checks.vectors([[3.4e38, -3.4e38], [1e-300, 0]], 2, LIMITS).shape == (2, 2)
+
+
+@pytest.mark.parametrize("value", ["docs\n", "docs\r\n", "Docs", "-docs", ""])
+def test_a_collection_name_with_a_line_break_or_other_characters_is_a_400(value):
+    with pytest.raises(Refused, match="use 1-63 of a-z"):
+        checks.name(value)
+    assert checks.name("docs-2.v1") == "docs-2.v1"

@@ -664,3 +664,41 @@ async def test_the_start_names_the_engines_collections_no_row_names(tmp_path, ca
         engine.close()
         server.kill()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_collection_opened_while_its_drop_runs_is_gone_not_opened_again(tmp_path):
+    """A drop is sent at once, not behind its owner's calls: one of theirs that opens
+    the collection while the drop waits (here, for an index build to end) finds it
+    gone, and nothing of it stays open over the removed folder."""
+    from gpulab.service.vectors.embedded_store import NotFound
+
+    store = Store(str(tmp_path / "data"))
+    collection = store.create("db", "c1", DIM, "cosine", "flat")
+    store.drop("db", "c0")  # no such collection: nothing to do
+    collection.builder.acquire()  # an index build under way: the drop's close waits
+    dropping = threading.Thread(target=store.drop, args=("db", "c1"))
+    dropping.start()
+    try:
+        wait = 0
+        while store.opened() and wait < 500:  # the drop has taken it out of the open set
+            threading.Event().wait(0.01)
+            wait += 1
+        got: list = []
+        opener = threading.Thread(target=lambda: got.append(_get_or_error(store)))
+        opener.start()
+        opener.join(0.5)
+    finally:
+        collection.builder.release()
+    dropping.join(30)
+    opener.join(30)
+    assert isinstance(got[0], NotFound), got
+    assert store.opened() == []
+    assert not os.path.exists(store.path("db", "c1"))
+    store.close()
+
+
+def _get_or_error(store):
+    try:
+        return store.get("db", "c1")
+    except Exception as e:
+        return e
