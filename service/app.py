@@ -304,9 +304,10 @@ class GpuLabService(Application):
     max_upload_mib = Int(
         2048,
         help="""Largest request body the service takes, in MiB: a model uploaded by
-        `%deploy` (as sent, compressed), an OIP v2 inference request to an endpoint, a
-        training file (`POST v1/files`). Other routes take JSON bodies of at most 1 MiB
-        (jobs: see c.JobQueue.max_job_vars_mib; the OpenAI gateway's calls: 16 MiB).
+        `%deploy` (as sent, compressed), an OIP v2 inference request to an endpoint (at
+        most 256 MiB, what a model server takes), a training file (`POST v1/files`).
+        Other routes take JSON bodies of at most 1 MiB (jobs: see
+        c.JobQueue.max_job_vars_mib; the OpenAI gateway's calls: 16 MiB).
 
         c.GpuLabService.max_upload_mib = 8192
         """,

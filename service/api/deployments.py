@@ -41,10 +41,10 @@ from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 from gpulab.service.api.query_args import int_arg
 from gpulab.service.api.request_body import parse_json_object
 from gpulab.service.auth import APIHandler
-from gpulab.service.endpoints.calls import CallRefused
+from gpulab.service.endpoints.calls import MAX_CALL_MIB, CallRefused
 from gpulab.service.endpoints.lineage import audit_summary, model_lineage
 from gpulab.service.endpoints.manager import DeploymentManager, DeployRefused, upload_spool
-from gpulab.service.endpoints.router import FORWARD_RESPONSE, forwarded_headers
+from gpulab.service.endpoints.router import FORWARD_RESPONSE, call_limit, forwarded_headers
 from gpulab.service.endpoints.uploads import MultipartUpload, boundary_of
 
 log = logging.getLogger("gpulab.service.endpoints.manager")
@@ -323,10 +323,15 @@ class EndpointHandler(_DeploymentHandler):
     """The authenticated front of a deployment: forwards OIP v2 calls to a replica."""
 
     SUPPORTED_METHODS = ("GET", "POST", "HEAD")
-    body_setting = "max_upload_mib"
+
+    @property
+    def body_setting(self) -> str:
+        # The setting is the fix only while it holds the limit below what a model
+        # server takes; past that, fewer rows are.
+        return "max_upload_mib" if self.gpulab.max_upload_mib < MAX_CALL_MIB else ""
 
     def body_limit(self) -> int:
-        return self.gpulab.max_upload_mib * 2**20
+        return call_limit(self.gpulab.max_upload_mib)
 
     def changes_state(self) -> bool:
         return False  # a call (POST .../infer) reads: its token may be a cached answer

@@ -50,6 +50,12 @@ from gpulab.service.endpoints.table import DEPLOYMENT_FIELDS, VERSION_FIELDS
 #: does not import serving/).
 EMBEDDING_KIND = "sentence-embedding"
 
+#: The largest call body a replica takes (``gpulab.serving.server``'s
+#: ``DEFAULT_MAX_BODY_MIB``, which replicas run with): a larger one is refused before it
+#: is held in the service's memory (``c.GpuLabService.max_upload_mib``, up to GiBs, is
+#: for model uploads).
+MAX_CALL_MIB = 256
+
 #: ``v2/models/<name>/versions/<n>/<rest>``: the version the caller asks for.
 VERSIONED = re.compile(r"^(v2/models/[^/]+)/versions/([^/]+)(/.*)?$")
 

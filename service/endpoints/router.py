@@ -39,7 +39,7 @@ from aiohttp import web
 
 from gpulab.service import tls
 from gpulab.service.auth import TOKEN_CACHE_S, Identity
-from gpulab.service.endpoints.calls import CallRefused
+from gpulab.service.endpoints.calls import MAX_CALL_MIB, CallRefused
 from gpulab.service.endpoints.openai_errors import error_body
 from gpulab.service.endpoints.openai_gateway import MAX_CALL_BYTES, body_limit
 from gpulab.service.hub_down import HUB_DOWN, hub_unreachable
@@ -195,6 +195,22 @@ def changes_state(method: str, path: str) -> bool:
     return method not in ("GET", "HEAD") and path.lstrip("/").startswith(("files", "fine_tuning"))
 
 
+def call_limit(max_upload_mib: int) -> int:
+    """The most bytes an endpoint call's body may have: what a replica takes, or less
+    where ``c.GpuLabService.max_upload_mib`` is lower."""
+    return min(max_upload_mib, MAX_CALL_MIB) << 20
+
+
+def call_too_large(max_upload_mib: int) -> str:
+    mib = call_limit(max_upload_mib) >> 20
+    if mib < MAX_CALL_MIB:
+        return (
+            f"the request is larger than {mib} MiB; an admin can raise "
+            f"c.GpuLabService.max_upload_mib"
+        )
+    return f"the request is larger than {mib} MiB, the most a model server takes; send fewer rows"
+
+
 async def read_at_most(request: web.BaseRequest, limit: int) -> bytes:
     """The body, refused (413) once it is over ``limit`` bytes: a chunked body says its
     size only as it comes."""
@@ -348,11 +364,7 @@ class EndpointRouter:
             return error(500, "internal error in the gpulab service; see its log")
 
     def _too_large(self) -> web.Response:
-        return error(
-            413,
-            f"the request is larger than {self.max_upload_mib} MiB; an admin "
-            f"can raise c.GpuLabService.max_upload_mib",
-        )
+        return error(413, call_too_large(self.max_upload_mib))
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
@@ -380,10 +392,11 @@ class EndpointRouter:
             raise Denied(405, f"endpoints answer GET, HEAD and POST, not {request.method}")
         who = await self._identify(token.strip())
         dep = self.calls.callable_endpoint(who, user, name)
+        limit = call_limit(self.max_upload_mib)
         length = request.content_length
-        if length is not None and length > self.max_upload_mib * 2**20:
+        if length is not None and length > limit:
             return self._too_large()
-        body = await request.read() if request.method == "POST" else None
+        body = await read_at_most(request, limit) if request.method == "POST" else None
         status, reason, headers, data = await self.calls.call(
             dep,
             request.method,

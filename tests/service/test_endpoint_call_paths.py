@@ -231,3 +231,35 @@ async def test_a_failed_versions_log_is_the_owners_on_the_live_path_too(tmp_path
         assert str(refused.value) == f"version 1 failed: {ASK_THE_OWNER}"
     finally:
         await calls.proxy.close()
+
+
+def test_a_call_is_held_to_what_a_model_server_takes():
+    """A replica refuses a body over 256 MiB (``--max-body-mib``): the service refuses
+    it first, never holding up to ``max_upload_mib`` (GiBs, for model uploads) of it."""
+    from gpulab.service.endpoints.calls import MAX_CALL_MIB
+    from gpulab.service.endpoints.router import call_limit, call_too_large
+    from gpulab.serving.server import DEFAULT_MAX_BODY_MIB
+
+    assert MAX_CALL_MIB == DEFAULT_MAX_BODY_MIB
+    assert call_limit(2048) == 256 << 20 and call_limit(16) == 16 << 20
+    assert call_too_large(2048) == (
+        "the request is larger than 256 MiB, the most a model server takes; send fewer rows"
+    )
+    assert "raise c.GpuLabService.max_upload_mib" in call_too_large(16)
+
+
+async def test_the_router_refuses_a_call_over_its_limit_chunked_or_not(router, replica):
+    headers = {"Authorization": "token bob-token"}
+
+    async def chunks():
+        for _ in range(3):
+            yield b"x" * (1 << 20)  # 3 MiB in all, over the router's 1 MiB
+
+    async with aiohttp.ClientSession() as session:
+        for body in (b"x" * (2 << 20), chunks()):
+            async with session.post(
+                f"{router}/v2/models/chat/infer", data=body, headers=headers
+            ) as r:
+                assert r.status == 413, await r.text()
+                assert "larger than 1 MiB" in (await r.json())["error"]
+    assert replica[1] == []
