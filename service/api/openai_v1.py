@@ -18,6 +18,7 @@ import contextlib
 from tornado import iostream, web
 
 from gpulab.service.auth import APIHandler
+from gpulab.service.endpoints import openai_gateway
 from gpulab.service.endpoints.openai_errors import error_body
 from gpulab.service.endpoints.openai_gateway import MAX_CALL_BYTES, body_limit
 
@@ -38,7 +39,11 @@ class TornadoReply:
 
     async def write(self, data: bytes) -> None:
         self.handler.write(data)
-        await self.handler.flush()
+        try:
+            await asyncio.wait_for(self.handler.flush(), openai_gateway.WRITE_TIMEOUT_S)
+        except TimeoutError:
+            self.handler.request.connection.close()  # a caller that does not read: gone
+            raise iostream.StreamClosedError() from None
 
 
 class _OpenAIHandler(APIHandler):

@@ -82,6 +82,12 @@ def body_limit(method: str, path: str, max_upload_mib: int) -> int:
     return MAX_CALL_BYTES
 
 
+#: Seconds one write to a caller may wait for it to read: a caller that stops reading a
+#: stream (its window shut) would hold its stream slot and a replica's connection for
+#: good. Past it the call ends as if the caller had gone.
+WRITE_TIMEOUT_S = 60.0
+
+
 class Reply(Protocol):
     """Where an answer goes: the front's response (aiohttp's or Tornado's)."""
 

@@ -39,6 +39,7 @@ from aiohttp import web
 
 from gpulab.service import tls
 from gpulab.service.auth import TOKEN_CACHE_S, Identity
+from gpulab.service.endpoints import openai_gateway
 from gpulab.service.endpoints.calls import MAX_CALL_MIB, CallRefused
 from gpulab.service.endpoints.openai_errors import error_body
 from gpulab.service.endpoints.openai_gateway import MAX_CALL_BYTES, body_limit
@@ -170,7 +171,11 @@ class AiohttpReply:
         await self.response.prepare(self.request)
 
     async def write(self, data: bytes) -> None:
-        await self.response.write(data)
+        try:
+            await asyncio.wait_for(self.response.write(data), openai_gateway.WRITE_TIMEOUT_S)
+        except TimeoutError:
+            self.request.transport.close()  # a caller that does not read: gone
+            raise ConnectionResetError("the caller read nothing for a minute") from None
 
     async def finish(self) -> web.StreamResponse:
         await self.response.write_eof()
