@@ -22,6 +22,9 @@ import tempfile
 #: Files the kernel wrote, sent back; past these, a file is named in ``skipped``.
 MAX_FILE_BYTES = 256 << 20
 MAX_TOTAL_BYTES = 1 << 30
+#: The executed notebook sent back: past it the largest cells' outputs are cut (a cell
+#: printing for hours made gigabytes the user's server then read whole).
+MAX_NOTEBOOK_BYTES = 256 << 20
 #: The kernel's start on a loaded node can be slow; a cell has no limit of its own.
 KERNEL_START_S = 300
 
@@ -181,9 +184,39 @@ def _execute(scratch: str, job_input: dict) -> dict:
     except CellExecutionError as e:
         error = _cell_error(nb, e)
     files, skipped = _written(work, before, filename)
+    text, cut = within_limit(nb, MAX_NOTEBOOK_BYTES)
+    if cut:
+        skipped.append(f"the outputs of {cut} cell{'s' if cut > 1 else ''} of {filename}")
     return {
-        "notebook": nbformat.writes(nb),
+        "notebook": text,
         "files": files,
         "skipped": skipped,
         "error": error,
     }
+
+
+def within_limit(nb, limit: int) -> tuple[str, int]:
+    """The notebook as text within ``limit`` bytes (the largest cells' outputs replaced
+    by a line that says so), and how many cells' outputs were cut."""
+    import json
+
+    import nbformat
+
+    text = nbformat.writes(nb)
+    if len(text.encode()) <= limit:
+        return text, 0
+    cells = [c for c in nb.cells if c.get("outputs")]
+    cells.sort(key=lambda c: len(json.dumps(c.outputs)), reverse=True)
+    cut = 0
+    for cell in cells:
+        mib = len(json.dumps(cell.outputs)) / 2**20
+        cell.outputs = [
+            nbformat.v4.new_output(
+                "stream", name="stderr", text=f"[gpulab] output cut: {mib:.0f} MiB, too large\n"
+            )
+        ]
+        cut += 1
+        text = nbformat.writes(nb)  # the largest first: a few cuts at most, as a rule
+        if len(text.encode()) <= limit:
+            break
+    return text, cut

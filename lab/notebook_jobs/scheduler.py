@@ -253,8 +253,21 @@ class GpulabScheduler(Scheduler):
             if job is not None:
                 try:
                     await self._follow(link.job_id, link.gpulab_job_id, job)
-                except Exception:  # one job's files must not hide the others
+                except GpuLabError as e:  # the service: the next look tries again
+                    log.warning("Notebook job %s (gpulab job %s): %s", link.job_id, job["id"], e)
+                except Exception as e:  # one job's files must not hide the others
                     log.exception("Notebook job %s (gpulab job %s)", link.job_id, job["id"])
+                    self._give_up(link.job_id, e)
+
+    def _give_up(self, job_id: str, error: Exception) -> None:
+        """A job whose outputs cannot be written back (no room, a file in the way): said
+        in its status, and not tried again at every look (each read its whole output)."""
+        message = f"its outputs could not be written back: {type(error).__name__}: {error}"
+        self._set(job_id, status=Status.FAILED, status_message=message[:500])
+        with self._links.begin() as conn:
+            conn.execute(
+                update(job_links).where(job_links.c.job_id == job_id).values(collected=True)
+            )
 
     async def _follow(self, job_id: str, gpulab_job_id: str, job: dict) -> None:
         status = STATUS_OF[job["state"]]
@@ -366,8 +379,12 @@ class GpulabScheduler(Scheduler):
         with self.db_session() as session:
             session.query(Job).filter(Job.job_id == job_id).delete()
             session.commit()
+        # The link stays, as done: a scheduled run deleted here would otherwise be
+        # adopted again at the next look (sync_schedules: a run no link names is new).
         with self._links.begin() as conn:
-            conn.execute(delete(job_links).where(job_links.c.job_id == job_id))
+            conn.execute(
+                update(job_links).where(job_links.c.job_id == job_id).values(collected=True)
+            )
 
     # -- job definitions: schedules kept by the service --------------------------------
     def _schedule_of(self, definition_id: str) -> str | None:
