@@ -10,6 +10,7 @@ that endpoint as the caller (who must be allowed to call it), in batches.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 import uuid
@@ -90,6 +91,13 @@ class CollectionManager:
         #: owner -> (when counted, rows their collections hold): counted in the engine
         #: at most every ROWS_RECOUNT_S, kept up to date by this manager's writes.
         self._held: dict[str, tuple[float, int]] = {}
+        #: owner -> rows of writes under way (room held for them: calls at once each
+        #: passed the check on the count before the others' rows were in).
+        self._writing: collections.Counter[str] = collections.Counter()
+        #: owner -> one check of the room at a time (a recount is awaited).
+        self._room_locks: collections.defaultdict[str, asyncio.Lock] = collections.defaultdict(
+            asyncio.Lock
+        )
 
     @classmethod
     def of(cls, service) -> CollectionManager:
@@ -465,29 +473,36 @@ class CollectionManager:
             {"id": i, "vector": v, "metadata": m}
             for i, v, m in zip(ids, vectors, metadata, strict=True)
         ]
-        await self._room_for(row["user"], n)
-        await self._engine(self.engine.write, row["user"], row["id"], rows, upsert)
+        await self._room_for(row["user"], n)  # held in _writing until the write ends
+        try:
+            await self._engine(self.engine.write, row["user"], row["id"], rows, upsert)
+        finally:
+            self._writing[row["user"]] -= n
         self._add_held(row["user"], n)  # an upsert that replaced rows: recounted later
         self._written(row, n)
         return {"ids": ids, "count": n}
 
     async def _room_for(self, owner: str, n: int) -> None:
-        """403 if ``n`` more rows would pass what ``owner``'s collections may hold."""
+        """403 if ``n`` more rows would pass what ``owner``'s collections may hold; else
+        the room is held for them (``_writing``) until the caller's write ends."""
         most = self.limits.max_rows_per_user
-        counted = self._held.get(owner)
-        if counted is None or time.monotonic() - counted[0] > ROWS_RECOUNT_S:
-            mine = await asyncio.to_thread(self.store.list, owner)
-            held = 0
-            for r in mine:
-                held += await self._engine(self.engine.count, owner, r["id"])
-            self._held[owner] = counted = (time.monotonic(), held)
-        if counted[1] + n > most:
-            raise Refused(
-                403,
-                f"{owner}'s collections hold {counted[1]:,} rows; {n:,} more would pass "
-                f"the {most:,} one user's collections may hold: delete rows or drop a "
-                f"collection (an admin can raise c.VectorSettings.max_rows_per_user)",
-            )
+        async with self._room_locks[owner]:
+            counted = self._held.get(owner)
+            if counted is None or time.monotonic() - counted[0] > ROWS_RECOUNT_S:
+                mine = await asyncio.to_thread(self.store.list, owner)
+                held = 0
+                for r in mine:
+                    held += await self._engine(self.engine.count, owner, r["id"])
+                self._held[owner] = counted = (time.monotonic(), held)
+            held = counted[1] + self._writing[owner]
+            if held + n > most:
+                raise Refused(
+                    403,
+                    f"{owner}'s collections hold {held:,} rows; {n:,} more would pass "
+                    f"the {most:,} one user's collections may hold: delete rows or drop a "
+                    f"collection (an admin can raise c.VectorSettings.max_rows_per_user)",
+                )
+            self._writing[owner] += n
 
     def _add_held(self, owner: str, n: int) -> None:
         if owner in self._held:

@@ -3,10 +3,11 @@ stood in for)."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 from gpulab.service.auth import Identity
-from gpulab.service.vectors.checks import CollectionLimits
+from gpulab.service.vectors.checks import CollectionLimits, Refused
 from gpulab.service.vectors.manager import CollectionManager
 
 MODEL = {"job": "j-42", "code_hash": "abc123", "datasets": ["secret-set"], "mlflow_run": "r9"}
@@ -65,3 +66,46 @@ async def test_the_models_lineage_is_shown_only_to_who_may_call_the_endpoint():
     assert (await m.share(Identity("alice", "user"), ROW, {}))["lineage"] == ROW["lineage"]
     # A view for no one in particular (the catalog's) does not say it either.
     assert m.view(ROW)["lineage"] == hidden
+
+
+class SlowEngine:
+    """An engine whose writes wait until released: two inserts at once are both in
+    flight when the second's room is checked."""
+
+    def __init__(self):
+        self.rows = 0
+        self.release = asyncio.Event()
+
+    async def count(self, owner, cid):
+        return self.rows
+
+    async def write(self, owner, cid, rows, upsert):
+        await self.release.wait()
+        self.rows += len(rows)
+
+
+async def test_writes_at_once_cannot_together_pass_the_owners_rows():
+    """Each insert passed the check on the count before the others' rows were in, so
+    N at once overshot an owner's rows by N batches; the room is now held for each
+    write until it ends."""
+    engine = SlowEngine()
+    m = CollectionManager(
+        store=SimpleNamespace(list=lambda owner: [ROW]),
+        engine=engine,
+        limits=CollectionLimits(max_rows=10, max_dim=4, max_per_user=1, max_rows_per_user=5),
+        embedder=None,
+        endpoint_lineage=lambda owner, name: None,
+    )
+    alice = Identity("alice", "user")
+    body = {"vectors": [[1.0, 0.0, 0.0, 0.0]] * 3}
+    first = asyncio.create_task(m.write(alice, ROW, dict(body), upsert=True))
+    second = asyncio.create_task(m.write(alice, ROW, dict(body), upsert=True))
+    await asyncio.sleep(0.1)  # both checked; the first waits in the engine
+    engine.release.set()
+    answers = await asyncio.gather(first, second, return_exceptions=True)
+    assert answers[0] == {"ids": answers[0]["ids"], "count": 3}
+    assert isinstance(answers[1], Refused) and answers[1].status == 403
+    assert "alice's collections hold 3 rows; 3 more would pass the 5" in str(answers[1])
+    assert engine.rows == 3
+    for task in m._tasks:
+        task.cancel()
