@@ -8,7 +8,7 @@ import asyncio
 import socket
 
 import requests
-from support.service import _listen
+from support.service import listen
 from tornado import web
 
 
@@ -23,7 +23,7 @@ async def test_a_server_accepts_on_a_number_an_earlier_socket_left_registered():
     number = old.fileno()
     loop.add_reader(number, lambda: None)
     old.close()  # closed without remove_reader: the loop still holds the number
-    server, port = _listen(web.Application([("/", Hello)]))
+    server, port = listen(web.Application([("/", Hello)]))
     try:
         # The listening socket took the freed number (the lowest free one).
         assert number in {s.fileno() for s in server._sockets.values()}
