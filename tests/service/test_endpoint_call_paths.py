@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 from aiohttp import web
+from support.endpoint_rows import table_row
 from yarl import URL
 
 from gpulab.service.auth import Identity
@@ -37,28 +38,7 @@ ADMIN = Identity("root", "user", admin=True)
 
 
 def endpoint(ready, message="1/1 ready", state="running"):
-    return {
-        "id": "d1",
-        "user": "alice",
-        "name": "chat",
-        "share_users": ["bob"],
-        "share_groups": [],
-        "state": state,
-        "message": message,
-        "versions": [
-            {
-                "id": "d1",
-                "version": 1,
-                "weight": 100,
-                "state": state,
-                "message": message,
-                "max_queue": 8,
-                "replicas": 1,
-                "ready": ready,
-                "token": SECRET,
-            }
-        ],
-    }
+    return table_row(ready, name="chat", shares=["bob"], message=message, state=state)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 from aiohttp import web
+from support.endpoint_rows import table_row
 
 from gpulab.service.auth import Identity
 from gpulab.service.endpoints.calls import CallRefused
@@ -27,28 +28,7 @@ def table_of(data_dir) -> EndpointTable:
 
 
 def endpoint(ready, token="replica-secret", shares=(), groups=()):
-    return {
-        "id": "d1",
-        "user": "alice",
-        "name": "tiny",
-        "share_users": list(shares),
-        "share_groups": list(groups),
-        "state": "running",
-        "message": "1/1 ready",
-        "versions": [
-            {
-                "id": "d1",
-                "version": 1,
-                "weight": 100,
-                "state": "running",
-                "message": "1/1 ready",
-                "max_queue": 8,
-                "replicas": 1,
-                "ready": ready,
-                "token": token,
-            }
-        ],
-    }
+    return table_row(ready, token=token, shares=shares, groups=groups)
 
 
 def test_the_table_is_private_replaced_whole_and_written_only_on_change(tmp_path):

@@ -14,6 +14,7 @@ import json
 
 import pytest
 from aiohttp import web
+from support.endpoint_rows import table_row
 
 from gpulab.service.auth import Identity
 from gpulab.service.endpoints.openai_gateway import OpenAIGateway
@@ -87,32 +88,7 @@ async def replica(tmp_path):
 @pytest.fixture
 async def gateway(replica):
     calls = CardCalls()
-    calls.load(
-        [
-            {
-                "id": "d1",
-                "user": "alice",
-                "name": "chat",
-                "share_users": ["bob"],
-                "share_groups": [],
-                "state": "running",
-                "message": "1/1 ready",
-                "versions": [
-                    {
-                        "id": "d1",
-                        "version": 1,
-                        "weight": 100,
-                        "state": "running",
-                        "message": "1/1 ready",
-                        "max_queue": 8,
-                        "replicas": 1,
-                        "ready": [[0, replica[0]]],
-                        "token": "replica-secret",
-                    }
-                ],
-            }
-        ]
-    )
+    calls.load([table_row([[0, replica[0]]], name="chat", shares=["bob"])])
     rows = Rows()
     gateway = OpenAIGateway(calls, TokenMeter(LlmLimits(), store=rows, threads=rows))
     yield gateway, rows
