@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 from aiohttp import web
-from support.endpoint_rows import table_row
+from support.endpoint_rows import replica_on_socket, table_row
 from yarl import URL
 
 from gpulab.service.auth import Identity
@@ -53,12 +53,8 @@ async def replica(tmp_path):
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    path = str(tmp_path / "replica.sock")
-    await web.UnixSite(runner, path).start()
-    yield f"unix:{path}", seen
-    await runner.cleanup()
+    async with replica_on_socket(app, str(tmp_path / "replica.sock")) as address:
+        yield address, seen
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 from aiohttp import web
-from support.endpoint_rows import table_row
+from support.endpoint_rows import replica_on_socket, table_row
 
 from gpulab.service.auth import Identity
 from gpulab.service.endpoints.calls import CallRefused
@@ -57,12 +57,8 @@ async def replica(tmp_path):
 
     app = web.Application()
     app.router.add_post("/v2/models/tiny/infer", infer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    path = str(tmp_path / "replica.sock")
-    await web.UnixSite(runner, path).start()
-    yield f"unix:{path}", seen
-    await runner.cleanup()
+    async with replica_on_socket(app, str(tmp_path / "replica.sock")) as address:
+        yield address, seen
 
 
 async def test_calls_from_the_table_follow_shares_and_reach_the_replica(replica):

@@ -14,7 +14,7 @@ import json
 
 import pytest
 from aiohttp import web
-from support.endpoint_rows import table_row
+from support.endpoint_rows import replica_on_socket, table_row
 
 from gpulab.service.auth import Identity
 from gpulab.service.endpoints.openai_gateway import OpenAIGateway
@@ -77,12 +77,8 @@ async def replica(tmp_path):
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    path = str(tmp_path / "replica.sock")
-    await web.UnixSite(runner, path).start()
-    yield f"unix:{path}", usage
-    await runner.cleanup()
+    async with replica_on_socket(app, str(tmp_path / "replica.sock")) as address:
+        yield address, usage
 
 
 @pytest.fixture

@@ -1,7 +1,10 @@
 """An endpoint as the endpoint table (and the standby's calls) hold it: one version,
-its replicas' addresses ``ready`` (``[[index, address], ...]``)."""
+its replicas' addresses ``ready`` (``[[index, address], ...]``); a stand-in replica
+on a Unix socket."""
 
 from __future__ import annotations
+
+import contextlib
 
 
 def table_row(
@@ -36,3 +39,18 @@ def table_row(
             }
         ],
     }
+
+
+@contextlib.asynccontextmanager
+async def replica_on_socket(app, path: str):
+    """``app`` (an aiohttp app standing in for a replica) served on Unix socket
+    ``path``; its address as the endpoint table gives it (``unix:<path>``)."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.UnixSite(runner, path).start()
+    try:
+        yield f"unix:{path}"
+    finally:
+        await runner.cleanup()
