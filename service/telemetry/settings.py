@@ -28,7 +28,8 @@ class TelemetrySettings(Configurable):
         help="""A port of its own where /metrics answers every series without a token,
         for a scraper that cannot send one (the Helm chart's annotation scrape, with a
         NetworkPolicy that lets only Prometheus reach this port). The service's API
-        port is one users reach, so it never gives every series without a token.
+        port is one users reach, so it never gives every series without a token. On
+        one machine every account can connect to any port of it: leave it 0 there.
         0: no such port.
 
         c.TelemetrySettings.metrics_port = 10103
