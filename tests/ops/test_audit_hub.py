@@ -87,15 +87,17 @@ def test_hub_events_are_recorded_once_with_their_actor(hub):
     job = r.json()["id"]
     assert hub.gpulab("DELETE", f"/jobs/{job}").status_code == 200
 
-    # The admin changes users and groups.
-    assert hub.hub_api("POST", "/users/dave").status_code == 201
-    assert hub.hub_api("PATCH", "/users/dave", json={"admin": True}).status_code == 200
+    # The admin changes users and groups. A name of its own: deleting a user retires
+    # their Unix account, which is machine-wide (another module's "dave" would lose it).
+    newcomer = f"audit{os.getpid()}c"
+    assert hub.hub_api("POST", f"/users/{newcomer}").status_code == 201
+    assert hub.hub_api("PATCH", f"/users/{newcomer}", json={"admin": True}).status_code == 200
     assert hub.hub_api("POST", "/groups/lab").status_code == 201
-    r = hub.hub_api("POST", "/groups/lab/users", json={"users": ["dave"]})
+    r = hub.hub_api("POST", "/groups/lab/users", json={"users": [newcomer]})
     assert r.status_code == 200
     r = hub.hub_api("PUT", "/groups/lab/properties", json={"gpulab_quota_milli": 2000})
     assert r.status_code == 200
-    assert hub.hub_api("DELETE", "/users/dave").status_code == 204
+    assert hub.hub_api("DELETE", f"/users/{newcomer}").status_code == 204
 
     c = (name, "user")
     a = ("admin", "admin")
@@ -133,11 +135,11 @@ def test_hub_events_are_recorded_once_with_their_actor(hub):
     assert counted(audit(hub, user=other)) == for_other
     admin = collections.Counter(
         {
-            ("user.create", *a, "dave", "ok"): 1,
-            ("user.admin", *a, "dave", "ok"): 1,
+            ("user.create", *a, newcomer, "ok"): 1,
+            ("user.admin", *a, newcomer, "ok"): 1,
             ("group.create", *a, None, "ok"): 1,
             ("group.change", *a, None, "ok"): 2,
-            ("user.delete", *a, "dave", "ok"): 1,
+            ("user.delete", *a, newcomer, "ok"): 1,
         }
     )
     got = wait_entries(hub, admin, actor="admin")
