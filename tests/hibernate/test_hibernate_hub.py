@@ -196,13 +196,13 @@ def test_hibernate_and_wake_on_another_slice(hub):
         timeout=60,
     )
     assert "model" in done["wakes"][0]["restored"]
-    actions = {
-        e["action"]
-        for e in hub.gpulab("GET", "/audit", token=alice, params={"subject": f"{ALICE}/"}).json()[
-            "entries"
-        ]
-    }
-    assert {"server.hibernate", "server.wake"} <= actions
+
+    def actions():
+        entries = hub.gpulab("GET", "/audit", token=alice, params={"subject": f"{ALICE}/"})
+        return {e["action"] for e in entries.json()["entries"]}
+
+    # The wake's audit entry is written just after its row says "woken".
+    until("the wake in the audit trail", lambda: {"server.hibernate", "server.wake"} <= actions())
 
 
 def test_scheduler_hibernates_an_idle_server_before_a_batch_job(hub):
