@@ -35,7 +35,7 @@ import re
 import secrets
 import stat
 
-from .spec import JobSpec
+from .spec import MAX_CODE_BYTES, MAX_ENV_VALUE, MAX_ENV_VARS, JobSpec, SpecError
 
 _RANK_LOG = re.compile(r"rank(\d+)\.log$")
 _NODE_LOG = re.compile(r"node(\d+)\.log$")
@@ -78,6 +78,14 @@ def _number_or_0(value) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     return value if ok and value == value else 0
 
+
+#: The most of a JSON file of the service's (``launch.json``) that is read: where a
+#: job's pods write its folder, they may replace the file with one of any size.
+JSON_READ_BYTES = 1 << 20
+#: ... and of ``spec.json``, which holds the code and the environment at their
+#: limits, each character escaped to at most 12 bytes of JSON (a surrogate pair),
+#: and the other fields in the last MiB.
+SPEC_READ_BYTES = 12 * (MAX_CODE_BYTES + MAX_ENV_VARS * MAX_ENV_VALUE) + (1 << 20)
 
 #: The job's rendezvous secret: ``0600`` the service's, ``root:<owner's private
 #: group> 0640`` once handed over, so only the owner's ranks read it.
@@ -133,7 +141,7 @@ class JobDir:
         uid, gid = self.owner()
         if flags & os.O_CREAT:
             try:
-                fd = os.open(self.p(name), flags | os.O_EXCL | safe, 0o600)
+                fd = self._open_beneath(name, flags | os.O_EXCL | safe, 0o600)
             except FileExistsError:
                 flags &= ~os.O_CREAT
             else:
@@ -141,7 +149,7 @@ class JobDir:
                     os.fchown(fd, uid, gid)
                 os.set_blocking(fd, True)
                 return fd
-        fd = os.open(self.p(name), flags | safe)
+        fd = self._open_beneath(name, flags | safe)
         try:
             st = os.fstat(fd)
             # A job handed over to an account: only that account's files. Otherwise
@@ -155,6 +163,25 @@ class JobDir:
         except BaseException:
             os.close(fd)
             raise
+
+    def _open_beneath(self, name: str, flags: int, mode: int = 0o600) -> int:
+        """``os.open`` of ``name`` (``"logs/rank0.log"``) in the folder, one component
+        at a time, none of them a link (OSError otherwise): the ranks may replace a
+        folder of theirs (``out/``) with a link to another job's, which O_NOFOLLOW on
+        the last component alone would follow."""
+        parts = name.split(os.sep)
+        if any(part in ("", ".", "..") for part in parts):
+            raise PermissionError(f"{self.p(name)}: not a plain path in the job's folder")
+        at = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parts[:-1]:
+                step = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                inner = os.open(part, step, dir_fd=at)
+                os.close(at)
+                at = inner
+            return os.open(parts[-1], flags, mode, dir_fd=at)
+        finally:
+            os.close(at)
 
     def read_user(self, name: str, offset: int = 0, limit: int | None = None) -> bytes:
         """Bytes of a ranks' file from ``offset`` (at most ``limit``); OSError if unsafe."""
@@ -196,7 +223,13 @@ class JobDir:
             f.write(secrets.token_hex(32) + "\n")
 
     def spec(self) -> JobSpec:
-        return JobSpec.from_dict(self.read_json("spec.json"))
+        data = self.read_json("spec.json", limit=SPEC_READ_BYTES)
+        if data is None and os.path.lexists(self.p("spec.json")):
+            raise SpecError(
+                f"{self.p('spec.json')} is not a plain JSON file of at most "
+                f"{SPEC_READ_BYTES >> 20} MiB"
+            )
+        return JobSpec.from_dict(data)
 
     def write_json(self, name: str, data) -> None:
         # Where a job's pods write its folder as the service's account (Kubernetes),
@@ -220,10 +253,11 @@ class JobDir:
                 raise PermissionError(f"{self.p(name)}: not a plain file")
             return f.read(limit)
 
-    def read_json(self, name: str, default=None):
-        """A JSON file of the service's in the folder: only a regular file, never
-        followed through a link, never waited on (where a job's pods run as the same
-        account as the service, they could put a FIFO in its place)."""
+    def read_json(self, name: str, default=None, limit: int = JSON_READ_BYTES):
+        """A JSON file of the service's in the folder: only a regular file of at most
+        ``limit`` bytes, never followed through a link, never waited on (where a job's
+        pods run as the same account as the service, they could put a FIFO in its
+        place, or make it a sparse file of many GiB); ``default`` otherwise."""
         try:
             fd = os.open(self.p(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
@@ -233,7 +267,8 @@ class JobDir:
                 return default
             with os.fdopen(fd, "rb") as f:
                 fd = -1
-                return json.load(f)
+                data = f.read(limit + 1)  # what the service wrote is within the limit
+            return default if len(data) > limit else json.loads(data)
         except (OSError, ValueError, RecursionError):
             return default
         finally:
@@ -349,8 +384,12 @@ class JobDir:
                 os.unlink(path)  # a symlink is removed, never followed
 
     def out_path(self) -> str | None:
-        path = self.p("out", "value.pkl")
-        return path if os.path.isfile(path) and not os.path.islink(path) else None
+        """The --out value's path if it is there, as :meth:`open_user` would open it."""
+        try:
+            os.close(self.open_user(os.path.join("out", "value.pkl")))
+        except OSError:
+            return None
+        return self.p("out", "value.pkl")
 
     def metrics(
         self, rank: int = 0, cursor: int = 0, limit: int = METRICS_READ_BYTES

@@ -13,10 +13,10 @@ What gpulab adds is the slice:
    API token among it, so it never goes on a command line: ``/proc/*/cmdline``
    is world-readable) and ``job.sh``, which picks a free port on the node,
    writes it to ``port`` and execs ``jupyterhub-singleuser``.
-3. It submits ``job.sh`` as the user's Unix account (``sbatch --uid --gid``,
-   ``--export=NIL``: none of the hub's environment travels), pinned to the
-   ledger's node (``--nodelist``) with the slice as GRES (``--gres=shard:K``,
-   see :mod:`gpulab.backend.slurm_inventory`).
+3. It submits ``job.sh`` (its text, on sbatch's stdin) as the user's Unix
+   account (``sbatch --uid --gid``, ``--export=NIL``: none of the hub's
+   environment travels), pinned to the ledger's node (``--nodelist``) with the
+   slice as GRES (``--gres=shard:K``, see :mod:`gpulab.backend.slurm_inventory`).
 4. Once the job runs and has written its port, the server's URL is the node's
    address (from ``sinfo``) and that port.
 
@@ -338,9 +338,11 @@ class FractionalSlurmSpawner(FractionalHostSpawner):
             argv.append(f"--nodelist={node}")
         if gres:
             argv.append(f"--gres={gres}")
-        argv += [*self.sbatch_args, os.path.join(job_dir, "job.sh")]
+        argv += self.sbatch_args
         try:
-            out = await site.run(argv)
+            # The script on stdin, as written here: sbatch runs as root, and would open
+            # a job.sh in the user's folder through whatever link the user put there.
+            out = await site.run(argv, input=files["job.sh"][0].encode())
         except SlurmError as e:
             raise web.HTTPError(503, f"Slurm did not take the server's job: {e}") from None
         self.slurm_job_id = out.strip().split(";")[0]

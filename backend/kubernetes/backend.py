@@ -102,7 +102,8 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
         return self._groups
 
     async def _jobset(self, spec: JobSpec) -> bool:
-        """Whether this job is a JobSet: what it was started as, else what the cluster has."""
+        """Whether this job is a JobSet: what it was started as, else what the cluster
+        has. Only a guess once it runs: its pods can rewrite launch.json (see _read)."""
         launch = self.jobdir(spec.id).read_json("launch.json", {}) or {}
         if "kind" in launch:
             return launch["kind"] == "JobSet"
@@ -223,21 +224,29 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
 
         api = await self.api()
         name = job_name(spec)
-        try:
-            if await self._jobset(spec):
-                # The object, not its /status subresource: the chart's Role grants
-                # jobs and jobsets, not their subresources.
-                obj = await client.CustomObjectsApi(api).get_namespaced_custom_object(
-                    jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, name
-                )
-                return "JobSet", obj.get("status") or {}, obj
-            job = await client.BatchV1Api(api).read_namespaced_job(name, self.namespace)
-            obj = api.sanitize_for_serialization(job)
-            return "Job", obj.get("status") or {}, obj
-        except ApiException as e:
-            if e.status == 404:
-                return ("JobSet" if await self._jobset(spec) else "Job"), None, {}
-            raise
+        # The kind in launch.json only says which to look for first: the job's pods
+        # can rewrite it, and a job taken as gone has its GPUs given back.
+        first = await self._jobset(spec)
+        for jobset in (first, not first):
+            try:
+                if jobset:
+                    # The object, not its /status subresource: the chart's Role grants
+                    # jobs and jobsets, not their subresources.
+                    obj = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+                        jobset_mod.GROUP,
+                        jobset_mod.VERSION,
+                        self.namespace,
+                        jobset_mod.PLURAL,
+                        name,
+                    )
+                    return "JobSet", obj.get("status") or {}, obj
+                job = await client.BatchV1Api(api).read_namespaced_job(name, self.namespace)
+                obj = api.sanitize_for_serialization(job)
+                return "Job", obj.get("status") or {}, obj
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        return ("JobSet" if first else "Job"), None, {}
 
     async def poll(self, spec: JobSpec) -> JobStatus:
         kind, status, obj = await self._read(spec)
@@ -350,7 +359,7 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
                 f"job {spec.id} cannot run on {nodes} nodes: its range is "
                 f"{spec.least_nodes}:{spec.most_nodes}"
             )
-        if await self._jobset(spec):
+        if (await self._read(spec))[0] == "JobSet":  # what the cluster has (see _read)
             return await self._resize_jobset(spec, nodes)
         return await self._resize_job(spec, nodes)
 
@@ -440,7 +449,9 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
 
         api = await self.api()
         name = job_name(spec)
-        jobset = await self._jobset(spec)
+        # Whichever kind the cluster has (see _read), never the one that launch.json
+        # in the pods' folder names.
+        jobset = (await self._read(spec))[0] == "JobSet"
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}
         if jobset:
             deletes = [

@@ -116,8 +116,10 @@ class KubernetesJobsSettings(Configurable):
     checkpoint_pvc = Unicode(
         "",
         help="""A claim of its own for checkpoints, mounted where a job's --checkpoint-dir
-        points when that is outside the jobs claim. Empty: checkpoints go on the jobs
-        claim (under each job's directory), and a checkpoint_dir elsewhere is refused.
+        points when that is outside the jobs claim; each job's pods mount only the
+        job's own folder of it (named by the job id). Empty: checkpoints go on the
+        jobs claim (under each job's directory), and a checkpoint_dir elsewhere is
+        refused.
 
         c.KubernetesJobsSettings.checkpoint_pvc = "gpulab-checkpoints"
         """,

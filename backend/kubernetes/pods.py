@@ -170,7 +170,9 @@ def _volumes(spec: JobSpec, options: JobOptions, ckpt_dir: str) -> tuple[list, l
         volumes.append(
             {"name": "checkpoints", "persistentVolumeClaim": {"claimName": options.checkpoint_pvc}}
         )
-        mounts.append({"name": "checkpoints", "mountPath": ckpt_dir})
+        # The job's own folder of the claim, as for the jobs claim: the whole claim
+        # would be every job's checkpoints, for any job to read or replace.
+        mounts.append({"name": "checkpoints", "mountPath": ckpt_dir, "subPath": spec.id})
     elif not inside:
         raise SpecError(
             f"checkpoint_dir {ckpt_dir!r} is not in the job's folder on the jobs volume "

@@ -105,9 +105,11 @@ class JobBook:
         """The job's spec from its folder, with who and what it is taken from its row:
         where its pods can write the folder (Kubernetes), a spec naming another job's
         id, more GPU or nodes than were granted, or a class it was not given, is not
-        believed."""
+        believed, nor a checkpoint folder elsewhere."""
         spec = self.jobdir(job).spec()
         spec.id, spec.user = job["id"], job["user"]
+        # Where the intake put it, whatever the folder says now.
+        spec.checkpoint_dir = self.jobdir(job).p("checkpoints")
         spec.gpu_milli, spec.nproc_per_node = job["gpu_milli"], job["nproc_per_node"]
         spec.priority, spec.priority_class = job["priority"], job["priority_class"]
         spec.preemptible = bool(job["preemptible"])

@@ -39,6 +39,7 @@ def test_a_spec_rewritten_in_the_folder_does_not_change_who_or_what_the_job_is(t
     forged = {**json.load(open(jd.p("spec.json"))), "id": "victim", "user": "bob"}
     forged |= {"gpu_milli": 8000, "nproc_per_node": 8, "nodes": 8, "min_nodes": 1, "max_nodes": 16}
     forged |= {"priority_class": "urgent", "priority": 100, "preemptible": False}
+    forged |= {"checkpoint_dir": str(tmp_path / "victim" / "checkpoints")}
     json.dump(forged, open(jd.p("spec.json"), "w"))
     row = {"id": "mine", "user": "alice", "gpu_milli": 250, "nproc_per_node": 1, "nodes": 1}
     row |= {"priority": 0, "priority_class": "batch", "preemptible": True}
@@ -48,6 +49,7 @@ def test_a_spec_rewritten_in_the_folder_does_not_change_who_or_what_the_job_is(t
     assert (spec.id, spec.user, spec.gpu_milli, spec.nproc_per_node) == ("mine", "alice", 250, 1)
     assert (spec.nodes, spec.max_nodes, spec.priority_class, spec.priority) == (1, 0, "batch", 0)
     assert spec.preemptible is True
+    assert spec.checkpoint_dir == jd.p("checkpoints")
 
     os.unlink(jd.p("spec.json"))
     os.mkfifo(jd.p("spec.json"))

@@ -174,6 +174,28 @@ async def test_jobset_when_the_crd_is_installed(cluster):
     assert deletes[f"{JOBSETS}/{name}"]["propagationPolicy"] == "Foreground"
 
 
+@pytest.mark.parametrize(
+    "groups, collection, lie",
+    [(("batch", "apps"), JOBS, "JobSet"), (("batch", "apps", "jobset.x-k8s.io"), JOBSETS, "Job")],
+)
+async def test_a_kind_rewritten_in_launch_json_is_not_believed(cluster, groups, collection, lie):
+    """launch.json is in the folder the job's pods write: a pod that wrote another
+    kind there made poll look for that kind, find none and call the job gone (its
+    GPUs given back while it ran on), and made cancel delete nothing."""
+    server, backend = await cluster(groups=groups)
+    spec = make_spec()
+    await backend.start(spec, [])
+    name = "gpulab-f00dfeed0001"
+    assert server.get(collection, name) is not None
+    backend.jobdir(spec.id).write_json("launch.json", {"kind": lie})  # as a pod may
+    status = await backend.poll(spec)
+    assert status.state == "running" and status.details["kind"] != lie
+    await backend.cancel(spec)
+    assert server.get(collection, name) is None
+    status = await backend.poll(spec)
+    assert status.state == "failed" and "is gone" in status.message
+
+
 async def test_check_refuses_what_the_cluster_cannot_run(cluster):
     _, backend = await cluster()
     with pytest.raises(SpecError, match="'image' is required"):

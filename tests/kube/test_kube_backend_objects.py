@@ -220,10 +220,25 @@ def test_job_volume_and_checkpoints():
 
     s = spec(checkpoint_dir="/ckpt/run1")
     c = container(make_job(s, options(checkpoint_pvc="gpulab-ckpt")))
-    assert {"name": "checkpoints", "mountPath": "/ckpt/run1"} in c["volumeMounts"]
+    assert {"name": "checkpoints", "mountPath": "/ckpt/run1", "subPath": s.id} in c["volumeMounts"]
     assert env_of(c)["GPULAB_CHECKPOINT_DIR"] == "/ckpt/run1"
     with pytest.raises(SpecError, match="checkpoint_pvc"):
         make_job(s, options())
+
+
+def test_each_job_mounts_only_its_own_folder_of_the_checkpoint_claim():
+    """The whole checkpoint claim was mounted at every job's checkpoint dir: any job
+    read and replaced the others' checkpoints (a checkpoint's metadata is a pickle)."""
+    o = options(checkpoint_pvc="gpulab-ckpt")
+    for job_id in ("a1b2c3d4e5f6", "0badc0ffee01"):
+        s = spec(id=job_id)
+        for obj in (make_job(s, o), make_jobset(s, o)["spec"]["replicatedJobs"][0]["template"]):
+            [m] = [m for m in container(obj)["volumeMounts"] if m["name"] == "checkpoints"]
+            assert m == {
+                "name": "checkpoints",
+                "mountPath": f"{JOBS_ROOT}/{job_id}/checkpoints",
+                "subPath": job_id,
+            }
 
 
 @pytest.mark.parametrize(

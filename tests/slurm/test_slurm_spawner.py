@@ -328,3 +328,43 @@ def test_a_hub_user_named_as_a_system_account_gets_no_server_as_it(tmp_path):
             asyncio.run(spawner._cluster_account())  # noqa: SLF001
         assert refused.value.status_code == 403
         assert "is a system account" in refused.value.log_message
+
+
+def test_sbatch_reads_the_script_on_stdin_not_from_the_users_folder(tmp_path, monkeypatch):
+    """sbatch runs as root: given ``<user's folder>/job.sh`` it opened whatever the
+    user had linked there (a root-only file) as the script. It gets the text the
+    spawner wrote, on stdin."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gpulab.enforcement.accounts import Account
+    from gpulab.spawner import slurm_job_dir
+    from gpulab.spawner.slurm import FractionalSlurmSpawner
+
+    secret = tmp_path / "shadow"
+    secret.write_text("root's secret\n")
+    written = {}
+
+    def make_as(account, server, files):
+        path = slurm_job_dir.path_in(account.home, server)
+        os.makedirs(path)
+        written.update(files)
+        os.symlink(secret, os.path.join(path, "job.sh"))  # the user's race, won
+        return path
+
+    monkeypatch.setattr(slurm_job_dir, "make_as", make_as)
+    spawner = FractionalSlurmSpawner()
+    spawner.user = SimpleNamespace(name="ann")
+    spawner.account = Account("ann", 1500, 1500, (1500,), str(tmp_path / "home"))
+    spawner.get_env = lambda: {"A": "1"}
+    runs = []
+
+    async def run(argv, *, user=None, input=None, timeout=30):
+        runs.append((argv, input))
+        return "42\n"
+
+    asyncio.run(spawner._submit(SimpleNamespace(run=run, partition=""), "n1", "", 250))  # noqa: SLF001
+    [(argv, stdin)] = runs
+    assert argv[0] == "sbatch" and not any(a.endswith("job.sh") for a in argv)
+    assert stdin == written["job.sh"][0].encode() and stdin.startswith(b"#!/bin/sh")
+    assert spawner.slurm_job_id == "42"
