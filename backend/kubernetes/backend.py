@@ -43,6 +43,12 @@ from .pods import JobOptions, check_spec, job_name, rdzv_secret_name
 
 #: How long ``cancel`` waits for the cluster to remove a job's pods.
 CANCEL_WAIT_S = 120.0
+#: How long ``start`` waits for an earlier run's Job (or JobSet) to go, and how often
+#: it looks.
+STALE_WAIT_S = 60.0
+STALE_POLL_S = 0.5
+#: The conditions of a Job (or JobSet) that has finished, either way.
+FINISHED = ("Complete", "Completed", "Failed")
 MERGE_PATCH = "application/merge-patch+json"
 #: What the API server (or an admission webhook) answers a change it refuses.
 REFUSED = (400, 403, 422)
@@ -140,13 +146,16 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
 
     async def start(self, spec: JobSpec, allocations: list[dict]) -> None:
         """The job's Secret and NetworkPolicy first (so no pod starts without them),
-        then its Service and Job (or JobSet), which becomes their owner."""
+        then its Service and Job (or JobSet), which becomes their owner. An earlier
+        run's Job (or JobSet) still there goes first (:meth:`_clear_earlier_run`)."""
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
         self.check(spec)
         # The service wrote the inputs at submit; the pods write logs beside them.
         os.makedirs(self.jobdir(spec.id).p("logs"), exist_ok=True)
+        # Before anything is created: what the old run owned goes with it.
+        await self._clear_earlier_run(spec)
         api = await self.api()
         jobset = await self._jobset(spec)
         guards = guard_objects(spec, self.job_options(spec), secrets.token_hex(32))
@@ -176,7 +185,9 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
                         jobset_mod.GROUP, jobset_mod.VERSION, self.namespace, jobset_mod.PLURAL, obj
                     )
             except ApiException as e:
-                if e.status != 409:  # already there: a start repeated after a crash
+                # Already there: a start repeated after a crash (an earlier run's
+                # objects were deleted above).
+                if e.status != 409:
                     raise
         if created and (created.get("metadata") or {}).get("uid"):
             # Deleted with the job, however it goes (cancel, ttlSecondsAfterFinished).
@@ -215,6 +226,28 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
                 "started": time.time(),
             },
         )
+
+    async def _clear_earlier_run(self, spec: JobSpec) -> None:
+        """Make way for a new run of ``spec``. A Job (or JobSet) of its name that has
+        finished (an earlier run: an elastic job relaunched after a failed node, or
+        resized) or is being deleted (a cancel that outlasted its wait) is deleted in
+        the foreground, with the Secret, NetworkPolicy and Service it owned, and waited
+        for (STALE_WAIT_S): creating the new run on top of it would answer 409, and
+        the old run would be taken for the new one. One that still runs, not being
+        deleted, is this same run, started again after a crash: it stays."""
+        kind, status, obj = await self._read(spec)
+        if status is None:
+            return
+        deleting = bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+        if not deleting and not _finished(status):
+            return
+        await self._delete(spec, kind)
+        if not await self._wait_gone(spec, STALE_WAIT_S, STALE_POLL_S):
+            raise RuntimeError(
+                f"the {kind} {job_name(spec)} of an earlier run is still being deleted "
+                f"from namespace {self.namespace} after {STALE_WAIT_S:g} s: the job "
+                "cannot start again until it is gone"
+            )
 
     async def _read(self, spec: JobSpec) -> tuple[str, dict | None, dict]:
         """(kind, the object's status as a dict, the object) or (kind, None, {}) when it
@@ -444,14 +477,20 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
         """Delete the job in the foreground (its pods go first) and wait until it is
         gone (``grace_s``, default CANCEL_WAIT_S; the cluster finishes after that)."""
         wait_s = CANCEL_WAIT_S if grace_s is None else grace_s
+        # Whichever kind the cluster has (see _read), never the one that launch.json
+        # in the pods' folder names.
+        await self._delete(spec, (await self._read(spec))[0])
+        await self._wait_gone(spec, wait_s)
+
+    async def _delete(self, spec: JobSpec, kind: str) -> None:
+        """Delete the job's ``kind`` (Job or JobSet) in the foreground, and what it
+        owns; what is already gone is fine."""
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
         api = await self.api()
         name = job_name(spec)
-        # Whichever kind the cluster has (see _read), never the one that launch.json
-        # in the pods' folder names.
-        jobset = (await self._read(spec))[0] == "JobSet"
+        jobset = kind == "JobSet"
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}
         if jobset:
             deletes = [
@@ -483,8 +522,23 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
                     raise
         if self.enforcement == "dra":
             await delete_claim(api, self.namespace, claim_template_name(spec), template=True)
+
+    async def _wait_gone(self, spec: JobSpec, wait_s: float, every_s: float = 1.0) -> bool:
+        """Whether the job's Job (or JobSet) is gone within ``wait_s``."""
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
+        while True:
             if (await self._read(spec))[1] is None:
-                return
-            await asyncio.sleep(1.0)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(every_s)
+
+
+def _finished(status: dict) -> bool:
+    """Whether a Job's (or JobSet's) status says it finished, either way."""
+    if status.get("terminalState") in FINISHED:  # a JobSet's, from JobSet v0.6
+        return True
+    return any(
+        c.get("type") in FINISHED and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )

@@ -6,11 +6,16 @@ output and the slice comes from the real enforcement backend. The Job's
 conditions are set by the test, standing in for the Job controller.
 """
 
+import asyncio
+import itertools
 import json
 
 import pytest
+from aiohttp import web
+from fake_apiserver import FakeApiServer
 
 from gpulab.backend.kubernetes import JobOptions, job_objects, make_jobset
+from gpulab.backend.kubernetes import backend as backend_mod
 from gpulab.backend.kubernetes.backend import KubernetesBackend
 from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.enforcement.kube import GpuSlice, apply_to_pod, pod_slice_patch
@@ -19,6 +24,8 @@ NS = "gpulab"
 JOBS = "/apis/batch/v1/namespaces/gpulab/jobs"
 SERVICES = "/api/v1/namespaces/gpulab/services"
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/gpulab/jobsets"
+SECRETS = "/api/v1/namespaces/gpulab/secrets"
+POLICIES = "/apis/networking.k8s.io/v1/namespaces/gpulab/networkpolicies"
 
 
 def quarter_for(spec, allocations):
@@ -204,3 +211,162 @@ async def test_check_refuses_what_the_cluster_cannot_run(cluster):
         backend.check(JobSpec(code="x", id="abc", image="i", comm_hook="bf16"))
     with pytest.raises(SpecError, match="same path"):
         KubernetesBackend("/a", namespace=NS, options=JobOptions(jobs_root="/b", jobs_pvc="p"))
+
+
+class CollectingApiServer(FakeApiServer):
+    """Deletion as the API server and its garbage collector do it: each object created
+    gets a uid of its own; a foreground delete marks the object (``deletionTimestamp``)
+    and removes it ``linger`` seconds later, with the objects that name it as their
+    owner; any other delete removes it at once, with them too."""
+
+    linger = 0.0
+
+    def __init__(self, groups):
+        super().__init__(groups)
+        self._uids = itertools.count(1)
+
+    async def _objects(self, request):
+        path = "/" + request.match_info["path"]
+        if request.method == "POST":
+            response = await super()._objects(request)
+            if response.status != 201:
+                return response
+            obj = self.objects[f"{path}/{(await request.json())['metadata']['name']}"]
+            obj["metadata"]["uid"] = f"uid-{next(self._uids)}"
+            return web.json_response(obj, status=201)
+        if request.method == "DELETE" and path in self.objects:
+            body = await request.json() if request.can_read_body else None
+            self.requests.append(("DELETE", path, body))
+            obj = self.objects[path]
+            if (body or {}).get("propagationPolicy") != "Foreground":
+                self.collect(path)
+            elif not obj["metadata"].get("deletionTimestamp"):
+                obj["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+                asyncio.get_running_loop().call_later(self.linger, self.collect, path)
+            return web.json_response(obj)
+        return await super()._objects(request)
+
+    def collect(self, key: str) -> None:
+        obj = self.objects.pop(key, None)
+        if obj is None:
+            return
+        uid = obj["metadata"]["uid"]
+        for other, o in list(self.objects.items()):
+            if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or []):
+                self.collect(other)
+
+
+@pytest.fixture
+def collecting(job_cluster):
+    return lambda groups=("batch", "apps"): job_cluster(
+        groups, CollectingApiServer, pod_patch_for=quarter_for
+    )
+
+
+def owner_uid(server, collection, name):
+    return server.get(collection, name)["metadata"]["ownerReferences"][0]["uid"]
+
+
+def assert_owned_by_the_new_run(server, collection, name, old_uid):
+    """The run's Job (or JobSet) is a new one, and its Secret and NetworkPolicy (and a
+    Job's Service) are there, owned by it."""
+    new_uid = server.get(collection, name)["metadata"]["uid"]
+    assert new_uid != old_uid
+    assert "deletionTimestamp" not in server.get(collection, name)["metadata"]
+    assert "status" not in server.get(collection, name)
+    owned = [(SECRETS, "gpulab-f00dfeed0001-rdzv"), (POLICIES, name)]
+    if collection == JOBS:
+        owned.append((SERVICES, name))
+    for where, what in owned:
+        assert server.get(where, what) is not None, f"{where}/{what} is missing"
+        assert owner_uid(server, where, what) == new_uid
+
+
+@pytest.mark.parametrize(
+    "groups, collection, finished",
+    [
+        (("batch", "apps"), JOBS, "Failed"),
+        (("batch", "apps"), JOBS, "Complete"),
+        (("batch", "apps", "jobset.x-k8s.io"), JOBSETS, "Failed"),
+        (("batch", "apps", "jobset.x-k8s.io"), JOBSETS, "Completed"),
+    ],
+)
+async def test_a_start_again_replaces_the_finished_run(collecting, groups, collection, finished):
+    """An elastic job relaunched (a node failed, or it was resized) starts again under
+    the same name while the earlier run's Job is still there, finished: the old one is
+    deleted in the foreground and a new one made; with a 409 taken as "already there"
+    the next poll saw the same failed Job, and each restart was burnt on it."""
+    server, backend = await collecting(groups)
+    spec = make_spec()
+    await backend.start(spec, [])
+    name = "gpulab-f00dfeed0001"
+    assert server.get(SECRETS, "gpulab-f00dfeed0001-rdzv") is not None
+    old_uid = server.get(collection, name)["metadata"]["uid"]
+    server.set_status(collection, name, {"conditions": [{"type": finished, "status": "True"}]})
+    backend.jobdir(spec.id).reset_run()  # as the relaunch does
+    seen = len(server.requests)
+    await backend.start(spec, [])
+    after = [(m, p, b) for m, p, b in server.requests[seen:] if p.startswith(collection)]
+    deleted = [
+        i for i, (m, p, _) in enumerate(after) if m == "DELETE" and p == f"{collection}/{name}"
+    ]
+    created = [i for i, (m, p, _) in enumerate(after) if m == "POST" and p == collection]
+    assert deleted and created and deleted[0] < created[0]
+    assert after[deleted[0]][2]["propagationPolicy"] == "Foreground"
+    assert_owned_by_the_new_run(server, collection, name, old_uid)
+    assert (await backend.poll(spec)).state == "running"
+
+
+async def test_a_start_after_a_cancel_still_deleting_waits_for_it(collecting):
+    """A cancel whose foreground delete outlasted its wait, then a start: the old Job
+    is waited for, then everything made again (not taken as there, then read as gone;
+    nor a Secret made for the new run and collected with the old Job)."""
+    server, backend = await collecting()
+    server.linger = 0.5
+    spec = make_spec()
+    await backend.start(spec, [])
+    name = "gpulab-f00dfeed0001"
+    old_uid = server.get(JOBS, name)["metadata"]["uid"]
+    await backend.cancel(spec, grace_s=0)
+    assert server.get(JOBS, name)["metadata"].get("deletionTimestamp")
+    backend.jobdir(spec.id).reset_run()
+    await backend.start(spec, [])
+    assert_owned_by_the_new_run(server, JOBS, name, old_uid)
+    await asyncio.sleep(0.6)  # whatever the collector had left to do
+    assert_owned_by_the_new_run(server, JOBS, name, old_uid)
+    assert (await backend.poll(spec)).state == "running"
+
+
+async def test_a_start_again_fails_clearly_when_the_old_run_stays(collecting, monkeypatch):
+    server, backend = await collecting()
+    server.linger = 30.0
+    monkeypatch.setattr(backend_mod, "STALE_WAIT_S", 0.3)
+    monkeypatch.setattr(backend_mod, "STALE_POLL_S", 0.05)
+    spec = make_spec()
+    await backend.start(spec, [])
+    name = "gpulab-f00dfeed0001"
+    server.set_status(JOBS, name, {"conditions": [{"type": "Failed", "status": "True"}]})
+    with pytest.raises(RuntimeError, match="earlier run is still being deleted"):
+        await backend.start(spec, [])
+
+
+@pytest.mark.parametrize(
+    "groups, collection",
+    [(("batch", "apps"), JOBS), (("batch", "apps", "jobset.x-k8s.io"), JOBSETS)],
+)
+async def test_a_start_repeated_while_the_run_runs_keeps_it(collecting, groups, collection):
+    """The service crashed between creating the Job and writing launch.json: started
+    again, the running Job is this run, and stays."""
+    server, backend = await collecting(groups)
+    spec = make_spec()
+    await backend.start(spec, [])
+    name = "gpulab-f00dfeed0001"
+    uid = server.get(collection, name)["metadata"]["uid"]
+    server.set_status(collection, name, {"active": 2})
+    backend.jobdir(spec.id).reset_run()
+    seen = len(server.requests)
+    await backend.start(spec, [])
+    assert not [r for r in server.requests[seen:] if r[0] == "DELETE"]
+    assert server.get(collection, name)["metadata"]["uid"] == uid
+    assert owner_uid(server, SECRETS, "gpulab-f00dfeed0001-rdzv") == uid
+    assert (await backend.poll(spec)).state == "running"
