@@ -319,21 +319,14 @@ class Ledger:
                 for r in kept
                 if r["owner"] in group_of and r["node"] in cluster.node_names
             }
+            placed, missing = self._place(cluster, todo, group_of, group_node)
+            if missing is not None:
+                raise NoCapacity(
+                    self._no_capacity_message(cluster, missing, len(todo), len(cordons))
+                )
             now = utcnow()
             rows = []
-            for owner, milli in todo:
-                shape = shape_of(milli)
-                request = Request(gpu_milli=shape.milli_per_gpu, num_gpu=shape.num_gpus)
-                group = group_of.get(owner)
-                view = cluster if group is None else _nodes_for(cluster, group, group_node)
-                placement = self.policy.place(view, request)
-                if placement is None:
-                    raise NoCapacity(
-                        self._no_capacity_message(cluster, milli, len(todo), len(cordons))
-                    )
-                cluster.apply(placement, request)
-                if group is not None:
-                    group_node[group] = placement.node
+            for owner, shape, placement in placed:
                 for g in placement.gpus:
                     gpu = slots[placement.node][g]
                     rows.append(
@@ -352,6 +345,42 @@ class Ledger:
                     )
             self.rows.insert(conn, rows)
         return kept + [{**r, "created": r["created"].isoformat()} for r in rows]
+
+    def could_place_when_empty(
+        self, members: list[tuple[str, int]], node_groups: list[int] | None = None
+    ) -> bool:
+        """Whether :meth:`allocate_gang` could place ``members`` on these GPUs with
+        nothing held and nothing cordoned. A gang that could not would wait at the head
+        of the queue for ever, and every job behind it with it."""
+        cluster, _ = self.cluster({}, {})
+        group_of = dict(zip((o for o, _ in members), node_groups or (), strict=False))
+        _, missing = self._place(cluster, [(o, m) for o, m in members if m], group_of, {})
+        return missing is None
+
+    def _place(
+        self,
+        cluster: Cluster,
+        todo: list[tuple[str, int]],
+        group_of: Mapping[str, int],
+        group_node: dict[int, int],
+    ) -> tuple[list, int | None]:
+        """Place each ``(owner, milli)`` in turn as the policy chooses, taking its room
+        from ``cluster``: ``([(owner, shape, placement)], None)``, or the milli of the
+        first that fits nowhere in place of None."""
+        placed = []
+        for owner, milli in todo:
+            shape = shape_of(milli)
+            request = Request(gpu_milli=shape.milli_per_gpu, num_gpu=shape.num_gpus)
+            group = group_of.get(owner)
+            view = cluster if group is None else _nodes_for(cluster, group, group_node)
+            placement = self.policy.place(view, request)
+            if placement is None:
+                return placed, milli
+            cluster.apply(placement, request)
+            if group is not None:
+                group_node[group] = placement.node
+            placed.append((owner, shape, placement))
+        return placed, None
 
     def _no_capacity_message(
         self, cluster: Cluster, milli: int, gang: int = 1, cordoned: int = 0

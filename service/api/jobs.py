@@ -18,8 +18,6 @@ from gpulab.backend.jobdir import LogTail
 from gpulab.backend.spec import MAX_CODE_BYTES
 from gpulab.db.jobs import STATES, TERMINAL
 from gpulab.enforcement.environments import SiteEnvironments
-from gpulab.scheduler.budget import BudgetExceeded
-from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 from gpulab.service.api.query_args import int_arg
 from gpulab.service.auth import APIHandler
 from gpulab.service.jobs.manager import JobManager, JobRefused
@@ -42,9 +40,9 @@ class _JobHandler(APIHandler):
             raise web.HTTPError(503, "the job manager is not running; try again")
         return manager
 
-    def find(self, job_id: str) -> dict:
+    async def find(self, job_id: str) -> dict:
         who = self.require_identity()
-        job = self.jobs.queue.get(job_id)
+        job = await asyncio.to_thread(self.jobs.queue.get, job_id)  # a database read
         if job is None or not who.can_act_for(job["user"]):
             raise web.HTTPError(404, f"no job {job_id!r}")
         return job
@@ -85,15 +83,7 @@ class JobsHandler(_JobHandler):
             known = ", ".join(sorted(site)) or "none are set up"
             raise web.HTTPError(400, f"unknown environment {environment!r}; this site's: {known}")
         try:
-            milli = parse_gpu_milli(body.get("gpu_milli", 0))  # "1000" is 1000, as the job's
-        except SliceError:
-            milli = 0  # the job manager's 400
-        try:
-            # Any GPU asked for costs GPU-hours.
-            await self.gpulab.budgets.refuse_over_budget(who.name, milli)
-        except BudgetExceeded as e:
-            raise web.HTTPError(403, str(e)) from None
-        try:
+            # GPU-hour budgets too (the job manager judges them for every way in).
             job = await self.jobs.submit(who, body)
         except JobRefused as e:
             raise web.HTTPError(e.status, str(e)) from None
@@ -110,12 +100,12 @@ class JobsHandler(_JobHandler):
 
 class JobHandler(_JobHandler):
     async def get(self, job_id):
-        job = self.find(job_id)
+        job = await self.find(job_id)
         self.write_json(await asyncio.to_thread(self.jobs.view, job))
 
     async def delete(self, job_id):
         """Cancel: stop every rank, release the slices. A finished job stays as it ended."""
-        job = self.find(job_id)
+        job = await self.find(job_id)
         who = self.identity
         by = "its owner" if who.name == job["user"] else f"{who.kind} {who.name}"
         view = await self.jobs.cancel(job, f"cancelled by {by}")
@@ -138,7 +128,7 @@ class JobLogsHandler(_JobHandler):
         self.set_header("Cache-Control", "no-store")
 
     async def get(self, job_id):
-        job = self.find(job_id)
+        job = await self.find(job_id)
         follow = self.get_argument("follow", "0").lower() in ("1", "true", "yes")
         rank = int_arg("rank", self.get_argument("rank", None), None, 0)
         last = self._tail_lines()
@@ -148,7 +138,7 @@ class JobLogsHandler(_JobHandler):
         try:
             while True:
                 # Ask first, read second: lines written before the job ended are not lost.
-                ended = self.jobs.queue.get(job_id)["state"] in TERMINAL
+                ended = (await asyncio.to_thread(self.jobs.queue.get, job_id))["state"] in TERMINAL
                 # Off the event loop: a read of a big log must not stall other requests.
                 lines = await loop.run_in_executor(None, tail.read, ended, last)
                 last = None  # only the first read is cut
@@ -189,7 +179,7 @@ class JobMetricsHandler(_JobHandler):
     """``report()`` records of one rank (default 0) from ``?cursor=`` on."""
 
     async def get(self, job_id):
-        job = self.find(job_id)
+        job = await self.find(job_id)
         rank = int_arg("rank", self.get_argument("rank", None), 0, 0)
         cursor = int_arg("cursor", self.get_argument("cursor", None), 0, 0)
         jd = self.jobs.jobdir(job)
@@ -213,7 +203,7 @@ class JobOutHandler(_JobHandler):
     the event loop (it may be a whole model, or a sparse file of any size)."""
 
     async def get(self, job_id):
-        job = self.find(job_id)
+        job = await self.find(job_id)
         jd = self.jobs.jobdir(job)
         if jd.out_path() is None:
             raise web.HTTPError(

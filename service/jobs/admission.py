@@ -5,6 +5,7 @@ it finds no room and its class may, and the start itself on the pool's backend.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -73,7 +74,9 @@ class JobAdmission:
         """One pass: start every queued job that fits, in order; make room for the
         first that does not."""
         book = self.book
-        queued = book.queue.queued()
+        # Only who waits, unordered and off the event loop: ordering reads every
+        # user's decayed use, and admit() orders them again in its thread anyway.
+        queued = await asyncio.to_thread(book.queue.list, states=("queued",))
         if not queued:
             return
         groups = {u: await self.groups_of(u) for u in {j["user"] for j in queued}}
@@ -123,17 +126,17 @@ class JobAdmission:
             pools[0],
         )
         if claim is not None:
-            self.book.queue.update(job["id"], message=claim.message())
+            await asyncio.to_thread(self.book.queue.update, job["id"], message=claim.message())
 
     async def claim_placed(self, claim, rows: list[dict]) -> None:
         """Preemption placed a job's claim (in the loop, the lock held): start it."""
         book = self.book
-        job = book.queue.get(claim.members[0][0].split("/", 1)[0])
+        job = await asyncio.to_thread(book.queue.get, claim.members[0][0].split("/", 1)[0])
         if job is None or job["state"] != "queued":  # cancelled meanwhile
             for owner, _ in claim.members:
                 await book.ledger.aio.release("job", owner)
             return
         pool = claim.pool or (self.places.candidates(job) or [""])[0]
         kind = book.pools.by_name[pool].kind if pool in book.pools.by_name else ""
-        book.queue.start(job["id"], pool, kind)
-        await self.start(book.queue.get(job["id"]), rows)
+        await asyncio.to_thread(book.queue.start, job["id"], pool, kind)
+        await self.start(await asyncio.to_thread(book.queue.get, job["id"]), rows)

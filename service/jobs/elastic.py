@@ -142,7 +142,8 @@ class Resizes:
             return True
         priorities = self.priorities
         mine = priorities.value(job["priority_class"], "job")
-        for other in self.book.queue.queued():
+        # Unordered: ordering would read every user's decayed use, in each pass.
+        for other in self.book.queue.list(states=("queued",)):
             if other["id"] == job["id"] or not other["gpu_milli"]:
                 continue
             if priorities.value(other["priority_class"], "job") < mine:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from gpulab.backend.jobdir import JobDir
 from gpulab.backend.spec import JobSpec, SpecError, SpecTooLarge
 from gpulab.db.jobs import QueueFull
+from gpulab.scheduler.budget import BudgetExceeded
 from gpulab.scheduler.priority import PriorityError
 from gpulab.scheduler.queue import never_fits
 from gpulab.scheduler.slices import SliceError, label, noun, parse_gpu_milli, plural
@@ -39,6 +40,7 @@ class JobIntake:
         granted_classes: Callable[[str], Awaitable[set[str]]],
         groups_of: Callable[[str], Awaitable[dict[str, set[str]]]],
         limits: JobLimits,
+        refuse_over_budget: Callable[[str, int], Awaitable[None]] | None = None,
     ):
         self.book = book
         self.places = places
@@ -46,11 +48,16 @@ class JobIntake:
         self.granted_classes = granted_classes
         self.groups_of = groups_of
         self.limits = limits
+        #: Raises :class:`BudgetExceeded` when the user (or a group of theirs) has used
+        #: its GPU-hours and asks for a GPU; None: no budgets.
+        self.refuse_over_budget = refuse_over_budget
 
     async def submit(self, who, body: dict) -> dict:
         """The queued job's row; :class:`JobRefused` with the reason otherwise."""
         if who.kind != "user":
             raise JobRefused(403, "jobs are submitted by users (with a user's token)")
+        # Here, not in the route: scheduled runs and fine-tuning jobs come this way too.
+        await self._check_budget(who.name, body)
         sent = sorted(set(body) & set(SERVICE_FIELDS))
         if sent:
             raise JobRefused(
@@ -121,6 +128,19 @@ class JobIntake:
         jd.event(f"job {spec.id} queued: {size} x {label(spec.gpu_milli)}, for {where}")
         book.wake.set()
         return job
+
+    async def _check_budget(self, user: str, body: dict) -> None:
+        """Refuse GPU work to a user over their GPU-hour budget (any GPU costs hours)."""
+        if self.refuse_over_budget is None:
+            return
+        try:
+            milli = parse_gpu_milli(body.get("gpu_milli", 0))  # "1000" is 1000, as the job's
+        except SliceError:
+            milli = 0  # refused below with what is wrong with it
+        try:
+            await self.refuse_over_budget(user, milli)
+        except BudgetExceeded as e:
+            raise JobRefused(403, str(e)) from None
 
     def _queue_full(self, waiting: int) -> JobRefused:
         return JobRefused(

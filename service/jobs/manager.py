@@ -77,6 +77,7 @@ class JobManager:
         pool_of_kind: Mapping[str, str],
         hibernations=None,
         record_run: Callable[[dict, JobDir, str], object] | None = None,
+        refuse_over_budget: Callable[[str, int], Awaitable[None]] | None = None,
     ):
         #: The site's caps on one job (fine-tuning checks a job's size against them).
         self.limits = limits
@@ -132,6 +133,7 @@ class JobManager:
             granted_classes=granted_classes,
             groups_of=groups_of,
             limits=limits,
+            refuse_over_budget=refuse_over_budget,
         )
         self.admission = JobAdmission(
             book=book,
@@ -179,6 +181,7 @@ class JobManager:
             grace_seconds=service.job_queue.preemption_grace_seconds,
             pool_of_kind={kind: service.pool_for(kind) for kind in OWNER_KINDS},
             hibernations=service.hibernations,
+            refuse_over_budget=service.budgets.refuse_over_budget,
         )
 
     # -- what the routes and other rooms read -----------------------------------------
@@ -318,7 +321,9 @@ class JobManager:
     # -- changing ----------------------------------------------------------------------
     async def submit(self, who, body: dict) -> dict:
         """Check and queue a job (:class:`JobRefused` says why not); its view."""
-        return self.view(await self.intake.submit(who, body))
+        job = await self.intake.submit(who, body)
+        # In a thread: a queued job's position orders the queue (every user's decayed use).
+        return await asyncio.to_thread(self.view, job)
 
     async def cancel(self, job: dict, reason: str = "cancelled") -> dict:
         book = self.book
@@ -327,8 +332,16 @@ class JobManager:
             if job["state"] in TERMINAL:
                 return self.view(job)
             spec = book.spec(job)
-            if job["state"] == "running":
-                await book.backend_for(job).cancel(spec)
+            backend = book.backend_of(job)
+            if job["state"] == "running" and backend is None:
+                # Its pool left the config: nothing here can reach its processes, but
+                # the job still ends and its slices go back.
+                reason += (
+                    f"; its pool {job.get('pool') or job['backend']!r} is no longer "
+                    f"configured, so gpulab could not stop its processes"
+                )
+            elif job["state"] == "running":
+                await backend.cancel(spec)
             await self.stops.end(job, spec, "cancelled", reason)
         return self.view(book.queue.get(job["id"]))
 

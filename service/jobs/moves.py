@@ -5,6 +5,7 @@ job itself, so it is placed again (where placement allows) once it has stopped.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from gpulab.service.jobs.book import JobBook
@@ -50,7 +51,8 @@ class JobMoves:
             book.jobdir(job).event(f"{why}; the job saves a checkpoint and moves")
             book.claims[claim.key] = claim
             await self.stops.preempt(job_id, claim)
-            book.queue.update(
+            await asyncio.to_thread(
+                book.queue.update,
                 job_id,
                 message=f"{why}; saving a checkpoint at the next step to move (grace {grace:g} s)",
             )

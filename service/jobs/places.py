@@ -11,7 +11,7 @@ import logging
 
 from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.scheduler.queue import Place
-from gpulab.scheduler.slices import MILLI_PER_GPU, label
+from gpulab.scheduler.slices import MILLI_PER_GPU, label, plural
 from gpulab.service.jobs.book import JobBook, JobRefused
 from gpulab.service.jobs.pools import AUTO, Pool, PoolRefused
 
@@ -68,6 +68,47 @@ class JobPlaces:
             return {"pool": AUTO, "backend": ""}
         return {}
 
+    def _check_placeable(self, spec: JobSpec, pool: Pool) -> None:
+        """Refuse a gang the pool could not place even empty (a 2-GPU rank per node on
+        3-GPU nodes, 3/4-GPU ranks that leave a quarter of each GPU): queued, it would
+        find no room at the head of the queue for ever, and hold up every job behind."""
+        if not spec.gpu_milli:
+            return
+        job = {"nodes": spec.nodes, "nproc_per_node": spec.nproc_per_node}
+        groups = self._node_groups(job, pool.name)
+        members = [(str(r), spec.gpu_milli) for r in range(spec.world_size)]
+        if self.book.ledger.pool(pool.name).could_place_when_empty(members, groups):
+            return
+        # What each node holds when empty: a rank's share is on one GPU, its GPUs on one node.
+        per_node: dict[str, int] = {}
+        for g in pool.gpus:
+            per_node[g.node] = per_node.get(g.node, 0) + 1
+        if spec.gpu_milli < MILLI_PER_GPU:
+            holds = [n * (MILLI_PER_GPU // spec.gpu_milli) for n in per_node.values()]
+        else:
+            holds = [n // (spec.gpu_milli // MILLI_PER_GPU) for n in per_node.values()]
+        size = label(spec.gpu_milli)
+        if groups is None:
+            raise JobRefused(
+                409,
+                f"the job has {spec.world_size} ranks of {size} but this cluster holds at "
+                f"most {sum(holds)} of that size even when every GPU is free; use at most "
+                f"{sum(holds)} ranks, or a --gpu that divides a GPU (or a node's GPUs) evenly",
+            )
+        enough = sum(1 for h in holds if h >= spec.nproc_per_node)
+        if not enough:
+            fact = f"no machine here holds more than {max(holds)}"
+        elif enough < spec.nodes:
+            fact = f"only {plural(enough, 'machine')} here can"
+        else:  # machines enough, but not as this site's placement policy fills them
+            fact = "this cluster's placement cannot put them so"
+        raise JobRefused(
+            409,
+            f"each of the job's {plural(spec.nodes, 'node')} needs {spec.nproc_per_node} "
+            f"ranks of {size} on a machine of its own, and {fact} even when every GPU is "
+            f"free; use fewer --nodes or --nproc-per-node, or a smaller --gpu",
+        )
+
     def _node_groups(self, job: dict, pool: str) -> list[int] | None:
         """Each rank's node rank, for backends whose node ranks run on distinct nodes."""
         backend = self.book.backends.get(pool)
@@ -87,6 +128,7 @@ class JobPlaces:
             try:
                 self.book.backends[pool.name].check(spec)
                 _check_capacity(spec, pool.gpus)
+                self._check_placeable(spec, pool)
             except SpecError as e:
                 refusals.append((400, pool, str(e)))
                 continue

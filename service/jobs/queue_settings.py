@@ -4,10 +4,15 @@ parts (and by the job backends, for the preemption grace)."""
 
 from __future__ import annotations
 
-from traitlets import Float, Int, validate
+import math
+
+from traitlets import Float, Int, TraitError, validate
 from traitlets.config import Configurable
 
-from ..setting_checks import positive, zero_or_more
+from ..setting_checks import positive, setting_name, zero_or_more
+
+#: The longest fair-share half-life: some three years (a year is 3.2e7 s).
+MAX_HALF_LIFE_S = 1e8
 
 
 class JobQueue(Configurable):
@@ -91,10 +96,21 @@ class JobQueue(Configurable):
         "max_job_vars_mib",
         "max_queued_jobs_per_user",
         "max_schedules_mib",
-        "fair_share_half_life_seconds",
     )
     def _positive(self, proposal):
         return positive(proposal)
+
+    @validate("fair_share_half_life_seconds")
+    def _half_life(self, proposal):
+        # Each pass reads ten half-lives of use back from now: NaN, inf or some 6e9 s
+        # reach before year 1, and the queue's ordering would fail in every pass.
+        value = proposal.value
+        if not (math.isfinite(value) and 0 < value <= MAX_HALF_LIFE_S):
+            raise TraitError(
+                f"{setting_name(proposal)} must be a number of seconds above 0 and at "
+                f"most {MAX_HALF_LIFE_S:.0e} (a week is 604800), got {value}"
+            )
+        return value
 
     @validate("preemption_grace_seconds", "elastic_grow_after_seconds")
     def _zero_or_more(self, proposal):

@@ -7,6 +7,7 @@ Every other part of the job manager that stops a job calls this one.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -56,7 +57,7 @@ class JobStops:
     async def end(self, job: dict, spec: JobSpec, state: str, message: str, **values) -> None:
         """End a job: ``state`` with ``message``; its slices go back."""
         book = self.book
-        current = book.queue.get(job["id"])
+        current = await asyncio.to_thread(book.queue.get, job["id"])
         if current is not None and current["state"] not in TERMINAL:
             # Before the row ends: a reader following the log stops once it sees the
             # end, and must find this line there.
@@ -85,9 +86,10 @@ class JobStops:
     async def preempt(self, job_id: str, claim) -> None:
         """Ask a running job to checkpoint and stop for ``claim`` (within the grace)."""
         book = self.book
-        job = book.queue.get(job_id)
+        job = await asyncio.to_thread(book.queue.get, job_id)
         grace = self.grace_seconds
-        book.queue.update(
+        await asyncio.to_thread(
+            book.queue.update,
             job_id,
             preempting={"claim": claim.to_json(), "deadline": claim.deadline},
             message=(

@@ -238,6 +238,29 @@ async def test_a_deleted_users_schedule_is_paused_not_run(tmp_path):
             assert (await svc.request("GET", "/jobs", params={"user": "alice"})).json() == []
 
 
+async def test_a_run_over_its_owners_gpu_hour_budget_is_refused_and_says_why(tmp_path):
+    """The budget is judged where every job is submitted: a scheduled run with a GPU
+    went past it when only POST /jobs asked."""
+    config = CONFIG + 'c.BudgetSettings.user_budget_gpu_hours = {"alice": 0}\n'
+    with fake_clock(start=ONE_AM) as clock:
+        async with running_service(tmp_path / "svc", config) as svc:
+            await svc.app.schedules.stop()  # this test fires them
+            alice = svc.create_user("alice")
+            body = {"name": "nightly", "schedule": "0 3 * * *", "job": {**JOB, "gpu_milli": 250}}
+            r = await svc.request("POST", "/schedules", alice, json=body)
+            assert r.status_code == 201, r.text
+            sched = r.json()
+            clock.advance(2 * 3600)
+            assert await svc.app.schedules.fire_due() == []
+            after = (await svc.request("GET", f"/schedules/{sched['id']}", alice)).json()
+            assert after["last_error"].startswith(
+                "alice has used 0 of their 0 GPU-hours this month"
+            ), after
+            assert after["active"] is True  # the next period may run it
+            assert (await svc.request("GET", f"/schedules/{sched['id']}/runs", alice)).json() == []
+            assert (await svc.request("GET", "/jobs", alice)).json() == []
+
+
 async def test_deleting_a_hub_user_deletes_their_schedules_first(tmp_path):
     """What the hub's delete_user asks of the service (hub_ext.user_removal) with the
     service's token: a later user given the name inherits none of the schedules."""
