@@ -2,7 +2,7 @@
 
 Layout of ``<data_dir>/jobs/<id>/`` (on Kubernetes, the same tree on a shared volume)::
 
-    spec.json  cell.py  vars.pkl      what to run (written at submit)
+    spec.json  cell.py  vars.pkl      what to run (written at submit; vars.pkl removed at its end)
     rdzv.secret                       the rendezvous secret (:mod:`gpulab.training.rendezvous`)
     launch.json                       how it was started
     events.log                        lines for the user ("restart 1: ...")
@@ -200,6 +200,13 @@ class JobDir:
             os.close(fd)
 
     # -- inputs ------------------------------------------------------------------
+    def drop_variables(self) -> None:
+        """Remove the shipped variables once the job has ended: up to
+        max_job_vars_mib a job, written as the service's account (no user's disk
+        quota holds them), read only by the ranks when they start."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.p("vars.pkl"))
+
     def write_inputs(self, spec: JobSpec) -> None:
         for sub in ("logs", "metrics", "errors", "checkpoints", "out"):
             os.makedirs(self.p(sub), exist_ok=True)

@@ -68,6 +68,10 @@ class JobStops:
             self.finish, job, spec.rank_owners(), state, message, values
         )
         if released is not None:
+            try:  # a job that ended starts no rank again: its variables are not needed
+                await asyncio.to_thread(book.jobdir(job).drop_variables)
+            except OSError as e:
+                log.warning("Job %s: could not remove its variables: %s", job["id"], e)
             if state == "succeeded":  # a nettest probe's result, read from the job itself
                 self.record_probe(job, book.jobdir(job))
             if self.record_run is not None:  # in the background: MLflow may be slow

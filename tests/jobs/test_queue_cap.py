@@ -77,3 +77,30 @@ async def test_a_submit_over_the_cap_is_refused_with_the_fact_and_the_fix(tmp_pa
         assert r.status_code == 201, r.text
         jobs = (await svc.request("GET", "/jobs", token=alice)).json()
         assert [j["state"] for j in jobs] == ["cancelled", "queued", "queued"]
+
+
+@pytest.mark.slow
+async def test_an_ended_jobs_variables_leave_the_disk(tmp_path):
+    """Each job's variables (up to max_job_vars_mib) are the service's file, under no
+    user's disk quota: submitting and cancelling in a loop filled the disk."""
+    import base64
+
+    import cloudpickle
+
+    async with running_service(tmp_path / "svc", "", simulate="1xA100-80GB") as svc:
+        alice = svc.create_user("alice")
+        svc.create_user("carol")  # carol's server holds the card: the job waits
+        svc.fake_hub.users["carol"]["servers"][""] = {"ready": True}
+        body = {"user": "carol", "owner_kind": "server", "owner": "carol/", "gpu_milli": 1000}
+        assert (await svc.request("POST", "/allocations", json=body)).status_code == 201
+        shipped = base64.b64encode(cloudpickle.dumps({"x": list(range(1000))})).decode()
+        job = {"code": "print(len(x))", "gpu_milli": 1000, "vars_b64": shipped}
+        r = await svc.request("POST", "/jobs", token=alice, json=job)
+        assert r.status_code == 201, r.text
+        variables = os.path.join(svc.app.jobs.book.root, r.json()["id"], "vars.pkl")
+        assert os.path.getsize(variables) > 1000  # kept while it may still run
+
+        r = await svc.request("DELETE", f"/jobs/{r.json()['id']}", token=alice)
+        assert r.status_code in (200, 202, 204), r.text
+        assert r.json()["state"] == "cancelled"
+        assert not os.path.exists(variables)
