@@ -217,6 +217,16 @@ class APIHandler(BoundedBody, BaseHandler):
             # A caller the service may not serve: the body is read and dropped, never
             # kept, and the 401 or 403 answered once it is in (see BoundedBody).
             self.refuse_after_body(self.stranger_refusal())
+        elif self.identity is not None:
+            self.hold_body_room(f"{self.identity.kind}:{self.identity.name}")
+
+    def on_finish(self):
+        self.release_body_room()
+        super().on_finish()
+
+    def on_connection_close(self):
+        self.release_body_room()  # the caller went away mid-body: on_finish never comes
+        super().on_connection_close()
 
     def check_xsrf_cookie(self):
         # Token-authenticated requests need no XSRF token; cookie-authenticated

@@ -75,6 +75,7 @@ class DeploymentsHandler(_DeploymentHandler):
     (:mod:`gpulab.service.endpoints.uploads`)."""
 
     body_setting = "max_upload_mib"
+    body_in_memory = False  # the upload goes to disk as it comes
     audit_actions = {"POST": "deployment.create"}
 
     def body_limit(self) -> int:
@@ -127,6 +128,7 @@ class DeploymentsHandler(_DeploymentHandler):
     def on_connection_close(self):
         if self.upload is not None:  # the client went away mid-upload
             self.upload.cleanup()
+        super().on_connection_close()
 
     def get(self):
         user = self.listed_user("deployments")

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import math
 import sys
+import weakref
+from collections import Counter
 
 import orjson
 from tornado import web
@@ -24,6 +26,14 @@ from tornado import web
 JSON_BODY_LIMIT = 1 << 20
 #: How far past its limit a body is still read (and dropped) to answer 413 cleanly.
 DRAIN_LIMIT = 256 << 20
+#: The bytes of bodies over JSON_BODY_LIMIT one caller may have in the service's
+#: memory at once: a job's (up to 341 MiB of base64) takes about three times its size
+#: while it is parsed and decoded, and eight sent at once took all the service's
+#: memory. One such body at a time, smaller ones beside it.
+BODY_BYTES_PER_CALLER = 512 << 20
+
+#: Per application: each caller's bytes of bodies held (see BoundedBody.hold_body_room).
+_bodies_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def mib(n: int) -> str:
@@ -199,6 +209,8 @@ class BoundedBody:
 
     #: The trait (of GpuLabService) that sets this route's limit, named in the 413.
     body_setting = ""
+    #: False where the route streams its body to disk (the model upload), not memory.
+    body_in_memory = True
 
     def body_limit(self) -> int:
         return JSON_BODY_LIMIT
@@ -228,6 +240,40 @@ class BoundedBody:
                 raise error  # answering now closes the connection with the body unread
             self.request.connection.set_max_body_size(size)
             self.refuse_after_body(error)
+
+    def hold_body_room(self, caller: str) -> None:
+        """Count this body (its Content-Length, else the route's limit) against the
+        ``caller``'s bodies in memory: past BODY_BYTES_PER_CALLER, with another of
+        theirs still held, it is read, dropped and answered 429. Given back by
+        :meth:`release_body_room` when the request ends."""
+        if not self.body_in_memory or self._refusal is not None:
+            return
+        length = self.request.headers.get("Content-Length")
+        size = int(length) if length is not None else self.body_limit()
+        if size <= JSON_BODY_LIMIT:
+            return
+        held = _bodies_held.setdefault(self.application, Counter())
+        if held[caller] and held[caller] + size > BODY_BYTES_PER_CALLER:
+            self.refuse_after_body(
+                web.HTTPError(
+                    429,
+                    f"you are already sending {mib(held[caller])} of request bodies to "
+                    f"gpulab, and this one ({mib(size)}) would pass the "
+                    f"{mib(BODY_BYTES_PER_CALLER)} one caller may send at once: wait for "
+                    f"those to be answered, then send it again",
+                )
+            )
+            return
+        held[caller] += size
+        self._body_room = (held, caller, size)
+
+    def release_body_room(self) -> None:
+        room, self._body_room = getattr(self, "_body_room", None), None
+        if room is not None:
+            held, caller, size = room
+            held[caller] -= size
+            if held[caller] <= 0:
+                del held[caller]
 
     def refuse_after_body(self, error: web.HTTPError) -> None:
         """Answer ``error`` once the body is in, keeping none of it."""

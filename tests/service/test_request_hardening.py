@@ -61,6 +61,51 @@ async def test_a_chunked_body_over_the_limit_is_a_json_413(svc):
     assert r.status_code == 201, r.text
 
 
+async def test_one_callers_bodies_in_memory_at_once_are_bounded(svc, monkeypatch):
+    """A job's body (up to 341 MiB of base64) takes about three times its size while
+    the service parses it: eight sent at once took all its memory. Past the bytes one
+    caller may send at once, another body is a 429; other callers are not held up,
+    and the room comes back when the caller's request ends (here: it hangs up)."""
+    import asyncio
+    import base64
+    from urllib.parse import urlsplit
+
+    from gpulab.service.api import request_body
+
+    monkeypatch.setattr(request_body, "BODY_BYTES_PER_CALLER", 8 << 20)
+    alice, bob = svc.create_user("alice"), svc.create_user("bob")
+    # alice starts a 6 MiB job body and sends only its first bytes.
+    url = urlsplit(svc.api)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    writer.write(
+        (
+            f"POST {url.path}/jobs HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            f"Authorization: token {alice}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {6 << 20}\r\n\r\n"
+        ).encode()
+        + b'{"code": "print(1)", "vars_b64": "'
+    )
+    await writer.drain()
+    await asyncio.sleep(0.5)  # its headers read, its room held
+    # A 3 MiB body the job intake reads, then refuses (a 400): no job runs here.
+    variables = base64.b64encode(b"x" * (3 << 20)).decode()
+    job = {"code": "print(1)", "gpu_milli": -250, "vars_b64": variables}
+    r = await svc.request("POST", "/jobs", token=alice, json=job)
+    assert r.status_code == 429, r.text
+    assert "you are already sending 6 MiB of request bodies to gpulab" in error_of(r)
+    assert "wait for those to be answered, then send it again" in error_of(r)
+    r = await svc.request("POST", "/jobs", token=bob, json=job)
+    assert r.status_code == 400, r.text  # bob's room is his own
+    writer.close()
+    await writer.wait_closed()
+    for _ in range(50):  # the service sees the hang-up on its next read
+        r = await svc.request("POST", "/jobs", token=alice, json=job)
+        if r.status_code != 429:
+            break
+        await asyncio.sleep(0.1)
+    assert r.status_code == 400, r.text
+
+
 @pytest.mark.parametrize(
     "path",
     ["/usage?since=", "/usage?until=", "/audit?since=", "/alerts?since=", "/telemetry?since="],
