@@ -16,12 +16,19 @@ Who asks is known before the body is read (the handler streams its body): a requ
 without a valid token is answered at its headers, and a body is held to its route's
 size (an artifact upload to ``c.MlflowProxy.max_upload_mib``, a JSON call to
 :data:`API_BODY_LIMIT`) in a file past its first MiB, not in the proxy's memory.
+
+A JSON body names its fields in snake_case, as MLflow's client and UI send them: MLflow
+also takes each field's camelCase name (``runId`` for ``run_id``), and an id under a
+name the checks do not read would be acted on unchecked, so any other top-level key is
+refused (GraphQL's body aside: :mod:`.graphql_check` reads its camelCase inputs).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import re
 import tempfile
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode, urlsplit
@@ -76,6 +83,11 @@ BODY_IN_MEMORY = 1 << 20
 #: How far past what a route takes a refused body is still read (and dropped) so the
 #: refusal reaches the caller; a body claiming more is answered at once.
 DRAIN_LIMIT = 256 << 20
+#: The largest answer of MLflow's the proxy reads whole to narrow it (a page of
+#: experiments, get-by-name's experiment); a larger one is refused, asking for less.
+NARROW_LIMIT = 16 << 20
+#: A JSON body's top-level keys (MLflow's field names as its client sends them).
+SNAKE_KEY = re.compile(r"[a-z0-9_]+")
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,72 @@ class Refused(Exception):
     def __init__(self, status: int, code: str, message: str):
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+
+
+def query_args(query_arguments: dict[str, list[bytes]]) -> dict[str, list[str]]:
+    """The request's query as text; Refused (400) if it is not UTF-8."""
+    try:
+        return {k: [v.decode() for v in vs] for k, vs in query_arguments.items()}
+    except UnicodeDecodeError:
+        raise Refused(400, "INVALID_PARAMETER_VALUE", "the query must be UTF-8") from None
+
+
+def parse_body(raw: bytes, graphql: bool = False) -> dict:
+    """A JSON call's body: one object whose top-level keys are snake_case (but for
+    GraphQL's); Refused (400) otherwise. Runs off the event loop (up to 16 MiB)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
+        raise Refused(400, "INVALID_PARAMETER_VALUE", "the body must be JSON") from None
+    if not isinstance(body, dict):
+        raise Refused(400, "INVALID_PARAMETER_VALUE", "the body must be a JSON object")
+    odd = [k for k in body if not SNAKE_KEY.fullmatch(k)]
+    if odd and not graphql:
+        raise Refused(
+            400,
+            "INVALID_PARAMETER_VALUE",
+            f"the body's field {odd[0][:100]!r} is refused here: name MLflow's fields in "
+            "snake_case (run_id, experiment_ids), as MLflow's client sends them",
+        )
+    return body
+
+
+def encode_body(body: dict) -> bytes:
+    """The body (as checked, rewritten) for MLflow; Refused (400) if it cannot be."""
+    try:
+        return json.dumps(body).encode()
+    except (ValueError, RecursionError):
+        raise Refused(400, "INVALID_PARAMETER_VALUE", "the body must be JSON") from None
+
+
+def narrowed(kind: str, user: str, raw: bytes) -> tuple[int, bytes]:
+    """MLflow's answer (``raw``) to a search or get-by-name, the caller's own only
+    (defence in depth beside the filter): ``(status, body)``. Runs off the event loop."""
+    try:
+        data = json.loads(raw or b"{}")
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        body = mlflow_error(502, "INTERNAL_ERROR", "MLflow's answer could not be read")
+        return 502, json.dumps(body).encode()
+    if kind == "search_experiments":
+        data["experiments"] = [e for e in data.get("experiments") or [] if owner_of(e) == user]
+    elif kind == "experiment_name" and owner_of(data.get("experiment") or {}) != user:
+        body = mlflow_error(404, "RESOURCE_DOES_NOT_EXIST", "no such experiment")
+        return 404, json.dumps(body).encode()
+    return 200, json.dumps(data).encode()
+
+
+async def read_capped(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """All of ``content``, or None once it is past ``limit`` bytes (the rest unread)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class MlflowBackend:
@@ -281,7 +359,6 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
 
     async def _handle(self, path: str) -> None:
         caller = self.caller
-        args = {k: [v.decode() for v in vs] for k, vs in self.request.query_arguments.items()}
         body = {}
         self.body_file.seek(0)
         raw = self.body_file if self.body_size else b""
@@ -290,26 +367,22 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         is_api = (
             (path.startswith(API_ROOTS) or path == "graphql")
             and not path.startswith(UPLOAD_ROUTES)
-            and self.request.method in ("POST", "PATCH", "DELETE")
+            and self.request.method in ("POST", "PUT", "PATCH", "DELETE")
         )
-        if is_api and self.body_size:
-            raw = self.body_file.read()  # at most API_BODY_LIMIT
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                return self._error(400, "INVALID_PARAMETER_VALUE", "the body must be JSON")
-            if not isinstance(body, dict):
-                return self._error(400, "INVALID_PARAMETER_VALUE", "the body must be a JSON object")
-        check = classify(self.request.method, path, args, body)
         try:
+            args = query_args(self.request.query_arguments)
+            if is_api and self.body_size:
+                raw = self.body_file.read()  # at most API_BODY_LIMIT
+                body = await asyncio.to_thread(parse_body, raw, path == "graphql")
+            check = classify(self.request.method, path, args, body)
             if not caller.admin:
                 await self._enforce(check, caller.name, args, body)
+            if body and is_api:
+                raw = await asyncio.to_thread(encode_body, body)
         except Refused as e:
             return self._error(e.status, e.code, e.message)
         except NotFound as e:
             return self._error(404, "RESOURCE_DOES_NOT_EXIST", f"no experiment or run {e} of yours")
-        if body and is_api:
-            raw = json.dumps(body).encode()
         await self._pass_on(path, args, raw, check, caller)
 
     async def _enforce(self, check: Check, user: str, args: dict, body: dict) -> None:
@@ -320,7 +393,8 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         if kind == "refuse":
             raise Refused(403, "PERMISSION_DENIED", check.why)
         if kind == "create_experiment":
-            if body.get("artifact_location"):
+            # (artifactLocation: camelCase is refused before; by name too, for its weight)
+            if body.get("artifact_location") or "artifactLocation" in body:
                 raise Refused(
                     400,
                     "INVALID_PARAMETER_VALUE",
@@ -389,10 +463,20 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
                     elif key.lower() not in DROP_RESPONSE:
                         self.set_header(key, value)
                 if narrow and resp.status == 200:
-                    data = json.loads(await resp.read() or b"{}")
-                    self._narrow(check, caller.name, data)
+                    data = await read_capped(resp.content, NARROW_LIMIT)
+                    if data is None:
+                        self.clear()
+                        return self._error(
+                            400,
+                            "INVALID_PARAMETER_VALUE",
+                            f"MLflow's answer is over the {NARROW_LIMIT >> 20} MiB this proxy "
+                            "reads to narrow it: ask for less (a smaller max_results, a "
+                            "narrower filter)",
+                        )
+                    status, out = await asyncio.to_thread(narrowed, check.kind, caller.name, data)
+                    self.set_status(status)
                     self.clear_header("Content-Encoding")
-                    return self.finish(json.dumps(data))
+                    return self.finish(out)
                 async for chunk in resp.content.iter_chunked(1 << 16):
                     self.write(chunk)
                     await self.flush()
@@ -408,12 +492,3 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
                     "MLflow's server is not answering; retry shortly",
                 )
         self.finish()
-
-    def _narrow(self, check: Check, user: str, data: dict) -> None:
-        """What MLflow answered, the caller's own only (defence in depth beside the filter)."""
-        if check.kind == "search_experiments":
-            data["experiments"] = [e for e in data.get("experiments") or [] if owner_of(e) == user]
-        elif check.kind == "experiment_name" and owner_of(data.get("experiment") or {}) != user:
-            data.clear()
-            data.update(mlflow_error(404, "RESOURCE_DOES_NOT_EXIST", "no such experiment"))
-            self.set_status(404)

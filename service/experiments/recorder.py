@@ -25,6 +25,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab.backend.jobdir import JobDir
 from gpulab.backend.spec import MAX_CODE_BYTES
+from gpulab.enforcement.peer_account import foreign_listener
 from gpulab.service.jobs.lineage import MLFLOW_RUN_FILE as RUN_FILE
 from gpulab.service.tls import platform_client_context
 from gpulab.training.metrics import finite_number
@@ -148,6 +149,12 @@ class RunRecorder:
             log.warning("Job %s of %s not recorded in MLflow: %s", job["id"], job["user"], e)
 
     async def _call(self, user: str, method: str, path: str, body=None, query=None, raw=None):
+        # The service's own token goes with every call: never to a port of this machine
+        # that another account took (a user's kernel, while the MLflow service was down).
+        foreign = await asyncio.to_thread(foreign_listener, self.url)
+        if foreign:
+            log.warning("Not calling MLflow's service at %s: %s", self.url, foreign)
+            raise ConnectionRefusedError(f"MLflow's service: {foreign}")
         url = f"{self.url}/{path}" + (f"?{urlencode(query)}" if query else "")
         headers = {"Authorization": f"token {self._token}", ON_BEHALF_HEADER: user}
         if raw is None and body is not None:

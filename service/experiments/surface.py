@@ -17,6 +17,14 @@ client, the same handlers under ``ajax-api/2.0/mlflow/...`` for the UI):
 - the UI's GraphQL queries of runs and experiments (:mod:`.graphql_check`), and the
   model versions of one run.
 
+Where an id is read from is where MLflow reads it (``_get_request_message`` in
+``mlflow/server/handlers.py``): a GET's query (its body is never passed on), any other
+method's JSON body (MLflow ignores the query then). The UI's ``get-artifact`` and
+``upload-artifact`` read the query whatever the method: every id there is checked. The
+proxy refuses a JSON body with a key that is not snake_case (:mod:`.proxy`): MLflow
+also takes a field's camelCase name (``runId`` for ``run_id``), which no check here
+reads.
+
 Not offered (refused, with the reason): the model registry, logged models (but for
 searching them in one's own experiments), traces,
 datasets, prompts, scorers, webhooks, the AI gateway, workspaces and GraphQL. An admin's
@@ -141,6 +149,21 @@ def _many(args: dict, body: dict, *names: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def what_mlflow_reads(method: str, args: dict, body: dict) -> tuple[dict, dict]:
+    """``(args, body)`` as far as MLflow's API handlers read them: the query of a GET
+    (or HEAD), the JSON body of anything else; the other one empty."""
+    return (args, {}) if method in ("GET", "HEAD") else ({}, body)
+
+
+def _named(method: str, args: dict, body: dict, *names: str) -> tuple[str, ...]:
+    """Every id under ``names`` in the query and the body, or none at all when MLflow
+    reads none there (its handler would act on none of those checked): the ids MLflow
+    acts on are always among those checked, and are there."""
+    if not _many(*what_mlflow_reads(method, args, body), *names):
+        return ()
+    return _many(args, body, *names)
+
+
 def artifact_experiment(path: str) -> str:
     """The experiment an artifact path of MLflow's layout belongs to (``"3"`` of
     ``3/<run id>/artifacts/model.pt``), or ``""`` when it names none."""
@@ -185,7 +208,7 @@ def classify(method: str, path: str, args: dict[str, list[str]], body: dict) -> 
     if route == "experiments/search":
         return Check("search_experiments", route=route)
     if route == "experiments/get-by-name":
-        name = _one(args, body, "experiment_name")
+        name = _one(*what_mlflow_reads(method, args, body), "experiment_name")
         if not name:
             return Check("refuse", why="experiments/get-by-name needs experiment_name")
         return Check("experiment_name", name=name, route=route)
@@ -194,27 +217,29 @@ def classify(method: str, path: str, args: dict[str, list[str]], body: dict) -> 
         if len(exps) > 1:
             return Check("refuse", why="runs/create takes one experiment_id", route=route)
         return Check("create_run", experiments=exps, route=route)
+    # The ids MLflow acts on (a GET's query, another method's body) must be there, and
+    # every id of the request is checked: a POST's query is not what MLflow reads.
     if route in ONE_EXPERIMENT:
-        exps = _many(args, body, "experiment_id")
+        exps = _named(method, args, body, "experiment_id")
         if not exps:
             return Check("refuse", why=f"{route} needs experiment_id", route=route)
         return Check("experiments", experiments=exps, route=route)
     if route in SOME_EXPERIMENTS:
-        exps = _many(args, body, "experiment_ids")
+        exps = _named(method, args, body, "experiment_ids")
         if not exps:
             return Check("refuse", why=f"{route} needs experiment_ids", route=route)
         return Check("experiments", experiments=exps, route=route)
     if route in ONE_RUN:
-        runs = _many(args, body, "run_id", "run_uuid")
+        runs = _named(method, args, body, "run_id", "run_uuid")
         if not runs:
             return Check("refuse", why=f"{route} needs run_id", route=route)
         return Check("runs", runs=runs, route=route)
     if route == "model-versions/search" and method == "GET":
-        found = ONE_RUN_VERSIONS.match(_one(args, body, "filter"))
+        found = ONE_RUN_VERSIONS.match(_one(*what_mlflow_reads(method, args, body), "filter"))
         if found:
             return Check("runs", runs=(found.group(1),), route=route)
     if route in SOME_RUNS:
-        runs = _many(args, body, "run_ids", "run_id")
+        runs = _named(method, args, body, "run_ids", "run_id")
         if not runs:
             return Check("refuse", why=f"{route} needs run_ids", route=route)
         return Check("runs", runs=runs, route=route)
