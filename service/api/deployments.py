@@ -44,7 +44,7 @@ from gpulab.service.auth import APIHandler
 from gpulab.service.endpoints.calls import MAX_CALL_MIB, CallRefused
 from gpulab.service.endpoints.lineage import audit_summary, model_lineage
 from gpulab.service.endpoints.manager import DeploymentManager, DeployRefused, upload_spool
-from gpulab.service.endpoints.router import FORWARD_RESPONSE, call_limit, forwarded_headers
+from gpulab.service.endpoints.router import answer_headers, call_limit, forwarded_headers
 from gpulab.service.endpoints.uploads import MultipartUpload, boundary_of
 
 log = logging.getLogger("gpulab.service.endpoints.manager")
@@ -376,9 +376,8 @@ class EndpointHandler(_DeploymentHandler):
             raise web.HTTPError(e.status, str(e)) from None
         status, reason, resp_headers, resp_body = answer
         self.set_status(status, reason)
-        for h in FORWARD_RESPONSE:
-            if h in resp_headers:
-                self.set_header(h, resp_headers[h])
+        for h, value in answer_headers(resp_headers).items():
+            self.set_header(h, value)
         self.finish(resp_body)
 
 

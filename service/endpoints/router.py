@@ -75,6 +75,27 @@ FORWARD_REQUEST = (
     "Inference-Header-Content-Length",
 )
 FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
+#: What an endpoint's answer may say it is: OIP v2's JSON and binary tensors, text,
+#: streamed events. Any other type (``text/html``, ``image/svg+xml``) would be a page
+#: the replica's owner wrote, run on the hub's origin as whoever opened the URL (an
+#: admin may call every endpoint): it goes as ``application/octet-stream``.
+ANSWER_TYPES = frozenset(
+    {"application/json", "application/octet-stream", "text/plain", "text/event-stream"}
+)
+#: Said on every endpoint answer: no type guessed from its bytes, nothing in it run.
+ANSWER_GUARDS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'none'; sandbox",
+}
+
+
+def answer_headers(headers) -> dict:
+    """The headers of a replica's answer that reach the caller."""
+    out = {h: headers[h] for h in FORWARD_RESPONSE if h in headers}
+    kind = out.get("Content-Type", "").split(";")[0].strip().lower()
+    if kind not in ANSWER_TYPES:
+        out["Content-Type"] = "application/octet-stream"
+    return {**out, **ANSWER_GUARDS}
 
 
 def forwarded_headers(headers) -> dict:
@@ -410,7 +431,7 @@ class EndpointRouter:
             body,
             who=who,
         )
-        out = {h: headers[h] for h in FORWARD_RESPONSE if h in headers}
+        out = answer_headers(headers)
         out["Cache-Control"] = "no-store"
         return web.Response(status=status, reason=reason, body=data, headers=out)
 

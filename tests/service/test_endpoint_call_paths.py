@@ -239,3 +239,76 @@ async def test_the_router_refuses_a_call_over_its_limit_chunked_or_not(router, r
                 assert r.status == 413, await r.text()
                 assert "larger than 1 MiB" in (await r.json())["error"]
     assert replica[1] == []
+
+
+async def test_a_page_a_replica_answers_is_not_run_on_the_hubs_origin(tmp_path):
+    """alice's replica (her code) answers a GET with HTML and a script; she sends an
+    admin (who may call every endpoint) the URL. What the browser gets is bytes to save,
+    never a page of the hub's origin: the type is held to what an endpoint answers,
+    never guessed, and nothing in it runs."""
+    from gpulab.service.endpoints.router import answer_headers
+
+    async def page(request):
+        return web.Response(
+            text="<script>fetch('/hub/api/users')</script>", content_type="text/html"
+        )
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", page)
+    async with replica_on_socket(app, str(tmp_path / "alice.sock")) as address:
+        calls = TableCalls()
+        calls.load([endpoint([[0, address]])])
+        try:
+            dep = calls.callable_endpoint(ADMIN, "alice", "chat")
+            status, _, headers, body = await calls.call(dep, "GET", "v2", {}, None, who=ADMIN)
+        finally:
+            await calls.proxy.close()
+    assert status == 200 and b"<script>" in body
+    out = answer_headers(headers)
+    assert out["Content-Type"] == "application/octet-stream"
+    assert out["X-Content-Type-Options"] == "nosniff"
+    assert out["Content-Security-Policy"] == "default-src 'none'; sandbox"
+    # What an endpoint does answer keeps its type.
+    for kind in ("application/json", "application/octet-stream", "text/event-stream"):
+        assert answer_headers({"Content-Type": kind})["Content-Type"] == kind
+    assert answer_headers({})["Content-Type"] == "application/octet-stream"
+
+
+async def test_the_router_sends_a_replicas_page_as_bytes(tmp_path):
+    async def page(request):
+        return web.Response(text="<svg onload=alert(1)>", content_type="image/svg+xml")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", page)
+    async with replica_on_socket(app, str(tmp_path / "alice.sock")) as address:
+        calls = TableCalls()
+        calls.load([endpoint([[0, address]])])
+
+        async def identify(model):
+            return {"root": ADMIN}[model["name"]]
+
+        router = EndpointRouter(
+            calls,
+            prefix="/services/gpulab/",
+            max_upload_mib=1,
+            identify=identify,
+            hub_auth=StandInHub(),
+        )
+        runner = web.ServerRunner(web.Server(router.handle), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}/services/gpulab/endpoints/alice/chat/v2"
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(url, headers={"Authorization": "token root-token"}) as r,
+            ):
+                assert r.status == 200
+                assert r.headers["Content-Type"] == "application/octet-stream"
+                assert r.headers["X-Content-Type-Options"] == "nosniff"
+                assert "sandbox" in r.headers["Content-Security-Policy"]
+        finally:
+            await runner.cleanup()
+            await calls.proxy.close()
