@@ -175,6 +175,22 @@ class JobQueue:
                     except NoCapacity as e:
                         full.append((place.pool, str(e)))
                 else:
+                    never = [
+                        p.pool
+                        for p in tries
+                        if not p.ledger.could_place_when_empty(members(job), p.node_groups)
+                    ]
+                    if len(never) == len(tries):
+                        # Not even with every GPU free (its pools shrank since it was
+                        # queued): waiting at the head, it would hold up every job behind.
+                        named = ", ".join(p for p in never if p)
+                        where = f" (pool {named} as it is now)" if named else ""
+                        self._wait(
+                            job,
+                            f"no pool here could place it even with every GPU free{where}; "
+                            "cancel it and submit a smaller one",
+                        )
+                        continue
                     self._wait(job, "waiting for free GPUs: " + _full(full))
                     blocked = job
                     break

@@ -47,8 +47,8 @@ CANCEL_WAIT_S = 120.0
 #: it looks.
 STALE_WAIT_S = 60.0
 STALE_POLL_S = 0.5
-#: The conditions of a Job (or JobSet) that has finished, either way.
-FINISHED = ("Complete", "Completed", "Failed")
+#: The conditions of a Job (or JobSet) that has finished, or is finishing, either way.
+FINISHED = ("Complete", "Completed", "Failed", "FailureTarget", "SuccessCriteriaMet")
 MERGE_PATCH = "application/merge-patch+json"
 #: What the API server (or an admission webhook) answers a change it refuses.
 REFUSED = (400, 403, 422)
@@ -277,7 +277,8 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
                 obj = api.sanitize_for_serialization(job)
                 return "Job", obj.get("status") or {}, obj
             except ApiException as e:
-                if e.status != 404:
+                # A site's own Role without jobsets: the other kind is not there.
+                if e.status != 404 and not (e.status == 403 and jobset != first):
                     raise
         return ("JobSet" if first else "Job"), None, {}
 

@@ -23,7 +23,7 @@ from urllib.parse import quote, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from gpulab.backend.jobdir import JobDir
+from gpulab.backend.jobdir import SPEC_READ_BYTES, JobDir
 from gpulab.backend.spec import MAX_CODE_BYTES
 from gpulab.enforcement.peer_account import foreign_listener
 from gpulab.service.jobs.lineage import MLFLOW_RUN_FILE as RUN_FILE
@@ -195,7 +195,7 @@ class RunRecorder:
 
     async def _record(self, job: dict, jobdir: JobDir, state: str) -> None:
         user, api = job["user"], "api/2.0/mlflow"
-        spec = await asyncio.to_thread(jobdir.read_json, "spec.json", {})
+        spec = await asyncio.to_thread(jobdir.read_json, "spec.json", {}, SPEC_READ_BYTES)
         experiment_id = await self._experiment(user)
         run = await self._call(
             user,

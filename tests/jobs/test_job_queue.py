@@ -115,3 +115,17 @@ def test_the_newest_jobs_are_read_by_the_database_not_all_of_them(setup):
         add(q, f"b{i}", user="bob")
     assert [j["id"] for j in q.newest("alice", 3)] == ["a4", "a3", "a2"]
     assert [j["id"] for j in q.newest(None, 2)] == ["b4", "a4"]
+
+
+def test_a_gang_no_empty_pool_could_place_does_not_hold_up_the_queue(setup):
+    """Queued before the site shrank (or before submit refused such gangs): three
+    whole-GPU ranks on a 2-GPU machine never start, and wait aside, saying why."""
+    q, ledger = setup
+    ledger.allocate("x", "server", "x/", 500)
+    add(q, "never", ranks=3, milli=1000, priority=5)
+    add(q, "small", ranks=1)
+    assert admit(q, ledger) == ["small"]
+    message = q.get("never")["message"]
+    assert q.get("never")["state"] == "queued"
+    assert "no pool here could place it even with every GPU free" in message, message
+    assert "cancel it and submit a smaller one" in message
