@@ -85,6 +85,16 @@ def quota_properties(limits: Limits) -> list[str]:
     return props
 
 
+def root_tool(name: str) -> str:
+    """``name``'s full path, found on this process's own PATH. The command runs as root
+    with the environment of what it starts (a server's: its user's folders first on
+    the PATH, where a ``systemd-run`` of theirs would run as root)."""
+    path = shutil.which(name)
+    if path is None:
+        raise CgroupError(f"{name} is not on gpulab's PATH; install it or leave systemd")
+    return os.path.abspath(path)
+
+
 class SystemdGroup(Group):
     """A transient scope: systemd makes it when ``systemd-run --scope`` starts the command."""
 
@@ -99,7 +109,7 @@ class SystemdGroup(Group):
     def launch(self, argv, *, user=None, group=None, extra_groups=None, preexec_fn=None):
         uid, gid, groups = numeric_ids(user, group, extra_groups)
         cmd = [
-            "systemd-run",
+            root_tool("systemd-run"),
             "--scope",
             "--quiet",
             "--collect",
@@ -113,7 +123,7 @@ class SystemdGroup(Group):
             # systemd-run's own --uid keeps root's supplementary groups; setpriv sets them.
             gid = pwd.getpwuid(uid).pw_gid if gid is None else gid
             cmd += [
-                "setpriv",
+                root_tool("setpriv"),
                 f"--reuid={uid}",
                 f"--regid={gid}",
                 f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",

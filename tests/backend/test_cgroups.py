@@ -8,6 +8,7 @@ always run.
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -136,8 +137,12 @@ def test_under_systemd_the_command_runs_in_a_scope_and_drops_to_the_user_there()
     argv, kwargs = group.launch(
         ["jupyterhub-singleuser", "--port=8888"], user=1001, group=1001, extra_groups=[100]
     )
+    # Full paths, from the hub's own PATH: the command starts as root with the server's
+    # environment, whose PATH begins with folders its user writes (their own env's bin).
+    assert argv[0] == shutil.which("systemd-run") and os.path.isabs(argv[0])
+    assert argv[11] == shutil.which("setpriv") and os.path.isabs(argv[11])
     assert argv == [
-        "systemd-run",
+        shutil.which("systemd-run"),
         "--scope",
         "--quiet",
         "--collect",
@@ -148,7 +153,7 @@ def test_under_systemd_the_command_runs_in_a_scope_and_drops_to_the_user_there()
         f"--property=MemoryMax={8 * GIB}",
         "--property=MemorySwapMax=0",
         "--",
-        "setpriv",
+        shutil.which("setpriv"),
         "--reuid=1001",
         "--regid=1001",
         "--groups=100",
