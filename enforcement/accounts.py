@@ -100,6 +100,28 @@ class Account:
         return st.st_uid == self.uid
 
 
+#: The files cron and at read for who may not use them: an account's crontab (or
+#: ``at`` job) would run its processes outside every group gpulab holds it to (no
+#: slice, no memory cap, every GPU device) and after its work has stopped.
+SCHEDULER_DENY_FILES = ("/etc/cron.deny", "/etc/at.deny")
+
+
+def deny_schedulers(name: str) -> None:
+    """Name the account in :data:`SCHEDULER_DENY_FILES` (once; the files are made
+    if missing, which denies no one else). A file that cannot be written is skipped:
+    the account is still made (a site without root has neither cron nor accounts)."""
+    for path in SCHEDULER_DENY_FILES:
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError:
+            continue
+        with os.fdopen(fd, "r+") as f:
+            text = f.read()
+            if name not in text.split():
+                f.write(("" if not text or text.endswith("\n") else "\n") + name + "\n")
+
+
 class UserAccounts(Configurable):
     """Maps hub users to Unix accounts and creates them on first use."""
 
@@ -255,6 +277,7 @@ class UserAccounts(Configurable):
                         f"{hub_name!r}: {done.stderr.strip() or done.returncode}"
                     )
             self._ensure_home(account)
+            deny_schedulers(account.name)
             return account
 
     def _ensure_group(self) -> None:

@@ -102,6 +102,24 @@ def test_ensure_makes_an_account_with_a_private_home_once(accounts):
 
 
 @needs_root
+def test_an_account_may_not_use_cron_or_at(accounts, tmp_path, monkeypatch):
+    """A crontab of the account would run its processes outside gpulab's groups (no
+    slice, no memory cap, every GPU) and after its work has stopped."""
+    from gpulab.enforcement import accounts as accounts_mod
+
+    cron, at = tmp_path / "cron.deny", tmp_path / "at.deny"
+    cron.write_text("daemon")  # the site's own line, without its newline
+    monkeypatch.setattr(accounts_mod, "SCHEDULER_DENY_FILES", (str(cron), str(at)))
+    made, names = accounts
+    hub_name = f"t{uuid.uuid4().hex[:8]}"
+    names.append(hub_name)
+    account = made.ensure(hub_name)
+    made.ensure(hub_name)
+    assert cron.read_text() == f"daemon\n{account.name}\n"
+    assert at.read_text() == f"{account.name}\n"
+
+
+@needs_root
 def test_a_process_started_as_the_account_is_that_account(accounts, tmp_path):
     made, names = accounts
     hub_name = f"t{uuid.uuid4().hex[:8]}"
