@@ -32,6 +32,8 @@ log = logging.getLogger("gpulab.backend.local_serving")
 MAX_CRASHES = 5
 CRASH_WINDOW_S = 300.0
 PROBE_TIMEOUT_S = 2.0
+#: The most of a probe's answer read (a replica answers a few bytes of JSON).
+PROBE_READ_BYTES = 4096
 
 
 @dataclass
@@ -56,8 +58,10 @@ class LocalServing(LocalReplicas):
     def __init__(self, root: str | None = None, **kwargs):
         super().__init__(root, **kwargs)
         self._served: dict[str, Served] = {}
+        # Answers left packed: a replica runs its owner's code, and a gzip of zeros
+        # unpacked would be GiBs in the service (only the status is read).
         self._sessions = ReplicaSessions(
-            lambda connector: aiohttp.ClientSession(connector=connector)
+            lambda connector: aiohttp.ClientSession(connector=connector, auto_decompress=False)
         )
 
     def _state(self, dep: dict, rows: list[dict] | None = None) -> Served:
@@ -175,7 +179,8 @@ class LocalServing(LocalReplicas):
         return served.token
 
     async def _get(self, dep: dict, address: str, path: str):
-        """``(status, body)`` of a GET to one replica, or None if it does not answer."""
+        """``(status, the body's first PROBE_READ_BYTES)`` of a GET to one replica, or
+        None if it does not answer."""
         session, base = await self._sessions.get(address)
         try:
             async with session.get(
@@ -183,7 +188,7 @@ class LocalServing(LocalReplicas):
                 timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
                 headers={"Authorization": f"Bearer {self._token(dep)}"},
             ) as resp:
-                return resp.status, await resp.read()
+                return resp.status, await resp.content.read(PROBE_READ_BYTES)
         except (TimeoutError, aiohttp.ClientError):
             return None
 
