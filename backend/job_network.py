@@ -68,6 +68,10 @@ def netns_path(job_id: str) -> str:
     return os.path.join(NETNS_DIR, netns_name(job_id))
 
 
+class JobNetworkError(RuntimeError):
+    """A job that should have a network of its own could not be given one."""
+
+
 class JobNetwork(Configurable):
     """Which network a local job's nodes run in."""
 
@@ -139,8 +143,14 @@ class JobNetwork(Configurable):
             _ip("-n", name, "link", "set", "lo", "up")
         except (OSError, subprocess.SubprocessError) as e:
             delete(job_id)
-            log.warning("Job %s runs in the host's network: %s", job_id, e)
-            return Network(None, note=f"network: the host's (no network namespace: {e})")
+            # Not the host's network instead: there every account could connect to its
+            # rendezvous store and its ranks' ports, and send them what they unpickle.
+            raise JobNetworkError(
+                f"the job's network namespace could not be made ({e}); without one, other "
+                "accounts could connect to its rendezvous and its ranks. Fix `ip netns add` "
+                'on this host, or set c.JobNetwork.mode = "host" to run jobs in the '
+                "host's network"
+            ) from None
         if not self.outbound:
             return Network(
                 name, note=f"network: {name}, loopback only (c.JobNetwork.outbound = False)"

@@ -385,3 +385,20 @@ def _exists(p: psutil.Process) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_namespace_that_cannot_be_made_stops_the_start_not_the_separation(monkeypatch):
+    """Without its namespace a job would run in the host's network, where every
+    account connects to its rendezvous and its ranks: the start fails, saying how to
+    choose the host's network knowingly."""
+
+    def refuse(*args):
+        raise subprocess.CalledProcessError(1, ["ip", *args], stderr="RTNETLINK: busy")
+
+    monkeypatch.setattr(job_network, "_ip", refuse)
+    job_id = f"nons{uuid.uuid4().hex[:6]}"
+    with pytest.raises(job_network.JobNetworkError) as refused:
+        JobNetwork().open(job_id, separated=True)
+    assert "the job's network namespace could not be made" in str(refused.value)
+    assert 'c.JobNetwork.mode = "host"' in str(refused.value)
+    assert not job_network.exists(job_id)
