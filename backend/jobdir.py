@@ -34,6 +34,7 @@ import os
 import re
 import secrets
 import stat
+from collections import OrderedDict
 
 from .spec import MAX_CODE_BYTES, MAX_ENV_VALUE, MAX_ENV_VARS, JobSpec, SpecError
 
@@ -86,6 +87,22 @@ JSON_READ_BYTES = 1 << 20
 #: limits, each character escaped to at most 12 bytes of JSON (a surrogate pair),
 #: and the other fields in the last MiB.
 SPEC_READ_BYTES = 12 * (MAX_CODE_BYTES + MAX_ENV_VARS * MAX_ENV_VALUE) + (1 << 20)
+
+#: The specs the service wrote (or read once since it started), by job folder, most
+#: recently used last: where a job's pods write its folder (Kubernetes) they may
+#: rewrite spec.json, up to SPEC_READ_BYTES of it, which every poll would otherwise
+#: parse again on the service's loop.
+_SPECS: OrderedDict[str, dict] = OrderedDict()
+#: How many are kept (a spec is at most its code and environment, ~9 MiB).
+SPECS_KEPT = 512
+
+
+def _keep_spec(path: str, data: dict) -> None:
+    _SPECS[path] = data
+    _SPECS.move_to_end(path)
+    while len(_SPECS) > SPECS_KEPT:
+        _SPECS.popitem(last=False)
+
 
 #: The job's rendezvous secret: ``0600`` the service's, ``root:<owner's private
 #: group> 0640`` once handed over, so only the owner's ranks read it.
@@ -218,7 +235,7 @@ class JobDir:
         self.write_rdzv_secret()
         # The variables are in vars.pkl: spec.json, read at every poll of the job, is
         # kept small (it held them again, up to 345 MB of base64, parsed each second).
-        self.write_json("spec.json", {**spec.to_dict(), "vars_b64": ""})
+        self.write_spec({**spec.to_dict(), "vars_b64": ""})
 
     def write_rdzv_secret(self) -> None:
         """A fresh secret for the job's rendezvous, if it has none (a requeue keeps it)."""
@@ -230,13 +247,25 @@ class JobDir:
             f.write(secrets.token_hex(32) + "\n")
 
     def spec(self) -> JobSpec:
+        """The job's spec as the service last wrote it (read from the folder once)."""
+        data = _SPECS.get(self.path)
+        if data is not None:
+            _SPECS.move_to_end(self.path)
+            return JobSpec.from_dict(dict(data))
         data = self.read_json("spec.json", limit=SPEC_READ_BYTES)
         if data is None and os.path.lexists(self.p("spec.json")):
             raise SpecError(
                 f"{self.p('spec.json')} is not a plain JSON file of at most "
                 f"{SPEC_READ_BYTES >> 20} MiB"
             )
-        return JobSpec.from_dict(data)
+        spec = JobSpec.from_dict(dict(data) if isinstance(data, dict) else data)
+        _keep_spec(self.path, data)
+        return spec
+
+    def write_spec(self, data: dict) -> None:
+        """Write the job's spec (``spec.json``), and keep it as :meth:`spec` reads it."""
+        self.write_json("spec.json", data)
+        _keep_spec(self.path, data)
 
     def write_json(self, name: str, data) -> None:
         # Where a job's pods write its folder as the service's account (Kubernetes),

@@ -107,7 +107,7 @@ class Resizes:
             nodes = job["nodes"] + added[0]
             rows = rows + added[1]
             spec.nodes = nodes
-            self.book.jobdir(job).write_json("spec.json", spec.to_dict())
+            self.book.jobdir(job).write_spec(spec.to_dict())
             self.book.queue.update(job["id"], nodes=nodes)
             job["nodes"] = nodes
         return rows
@@ -308,7 +308,7 @@ class Resizes:
         jd = self.book.jobdir(job)
         was = job["nodes"]
         spec.nodes = nodes
-        jd.write_json("spec.json", spec.to_dict())
+        jd.write_spec(spec.to_dict())
         said = _said(was, nodes, step, reason)
         self.book.queue.update(
             job["id"],

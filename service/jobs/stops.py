@@ -151,7 +151,7 @@ class JobStops:
         if elastic(job):  # it waits for MIN nodes again
             back_to["nodes"] = job["min_nodes"]
             spec.nodes = job["min_nodes"]
-            jd.write_json("spec.json", spec.to_dict())
+            jd.write_spec(spec.to_dict())
         jd.reset_run()
         await book.ledger.aio.run(requeue)
         jd.event(message)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 
+from gpulab.backend import jobdir as jobdir_mod
 from gpulab.backend.jobdir import JobDir
 from gpulab.backend.spec import JobSpec
 
@@ -41,6 +42,7 @@ def test_a_spec_rewritten_in_the_folder_does_not_change_who_or_what_the_job_is(t
     forged |= {"priority_class": "urgent", "priority": 100, "preemptible": False}
     forged |= {"checkpoint_dir": str(tmp_path / "victim" / "checkpoints")}
     json.dump(forged, open(jd.p("spec.json"), "w"))
+    jobdir_mod._SPECS.clear()  # as after a restart: the folder is read  # noqa: SLF001
     row = {"id": "mine", "user": "alice", "gpu_milli": 250, "nproc_per_node": 1, "nodes": 1}
     row |= {"priority": 0, "priority_class": "batch", "preemptible": True}
     row |= {"min_nodes": None, "max_nodes": None}
@@ -57,3 +59,28 @@ def test_a_spec_rewritten_in_the_folder_does_not_change_who_or_what_the_job_is(t
     os.unlink(jd.p("spec.json"))
     os.symlink("/etc/hostname", jd.p("spec.json"))
     assert jd.read_json("spec.json", "none") == "none"
+
+
+def test_a_spec_rewritten_in_the_folder_is_not_parsed_again_at_each_poll(tmp_path):
+    """A job's pods (Kubernetes) may pad spec.json to its read limit (~109 MiB of
+    valid JSON), which each poll parsed on the service's loop: what the service wrote
+    is what it reads, and the folder is read once (after a restart)."""
+    jd = JobDir(str(tmp_path), "padded")
+    jd.write_inputs(JobSpec.from_dict({"code": "print(1)", "user": "alice", "nodes": 2}))
+    padded = json.load(open(jd.p("spec.json"))) | {"nodes": 1}
+    with open(jd.p("spec.json"), "w") as f:
+        f.write(json.dumps(padded) + " " * (8 << 20))
+    parses = []
+    real_loads = json.loads
+    jobdir_mod.json.loads = lambda text: parses.append(len(text)) or real_loads(text)
+    try:
+        for _ in range(3):
+            assert JobDir(str(tmp_path), "padded").spec().nodes == 2
+        assert parses == []
+        jd.write_spec({**jd.spec().to_dict(), "nodes": 3})  # the service's own change
+        assert jd.spec().nodes == 3
+        jobdir_mod._SPECS.clear()  # a restart  # noqa: SLF001
+        assert [jd.spec().nodes for _ in range(3)] == [3, 3, 3]
+        assert len(parses) == 1
+    finally:
+        jobdir_mod.json.loads = real_loads
