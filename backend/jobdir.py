@@ -382,7 +382,12 @@ class JobDir:
         if latest is None:
             return []
         try:
-            names = os.listdir(self.p("checkpoints"))
+            # The folder itself, not where a link in its place leads (another job's).
+            fd = self._open_beneath("checkpoints", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                names = os.listdir(fd)
+            finally:
+                os.close(fd)
         except OSError:
             return [latest["step"]]
         steps = {int(m.group(1)) for n in names if (m := _STEP_DIR.match(n))}

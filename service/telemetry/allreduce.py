@@ -95,10 +95,12 @@ def validate(data: object, world_size: int | None = None, max_nodes: int = MAX_N
     return out
 
 
-def read_result_file(path: str) -> object:
-    """The JSON in ``path``: a regular file, not a link, at most MAX_FILE_BYTES."""
-    # O_NONBLOCK: a FIFO put there must not hang the service; O_NOFOLLOW: no links.
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+def read_result_file(path: str, fd: int | None = None) -> object:
+    """The JSON in ``path`` (or in ``fd``, opened already): a regular file, not a
+    link, at most MAX_FILE_BYTES."""
+    if fd is None:
+        # O_NONBLOCK: a FIFO put there must not hang the service; O_NOFOLLOW: no links.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
@@ -132,7 +134,10 @@ class AllreduceRecords:
             return None
         world = job["nodes"] * job["nproc_per_node"]
         try:
-            result = validate(read_result_file(path), world_size=world, max_nodes=job["nodes"])
+            # Opened through the job's folder with no link followed at any step: its
+            # ranks may have put a link to another job's out/ in place of theirs.
+            fd = jobdir.open_user(os.path.join("out", rank_env.ALLREDUCE_RESULT))
+            result = validate(read_result_file(path, fd), world_size=world, max_nodes=job["nodes"])
         except (BadResult, OSError, ValueError, RecursionError) as e:
             jobdir.event(f"all-reduce result not recorded: {rank_env.ALLREDUCE_RESULT}: {e}")
             log.warning(

@@ -3,6 +3,7 @@ folder mounted writable), locally the ranks of the service's own account. What
 they put there must not lead the service to another job's files, nor make it
 read without end."""
 
+import json
 import os
 
 import pytest
@@ -73,5 +74,33 @@ def test_a_huge_json_file_of_the_service_is_not_read_whole(jobs, monkeypatch):
     mine.write_json("spec.json", JobSpec(code="print(1)", id="mine", env=env).to_dict())
     assert mine.spec().env == env
     monkeypatch.setattr(jobdir, "SPEC_READ_BYTES", 1 << 20, raising=False)
+    jobdir._SPECS.clear()  # a restart: the folder is read again  # noqa: SLF001
     with pytest.raises(SpecError, match="at most 1 MiB"):
         mine.spec()
+
+
+def test_an_allreduce_result_is_read_from_the_jobs_own_out_folder(jobs):
+    """The probe's result goes on the dashboard's Network tab under the job's id: a
+    link to another job's ``out/`` recorded that job's result as this one's."""
+    from gpulab.service.telemetry.allreduce import AllreduceRecords
+
+    victim, mine = jobs
+    # A valid result of 2 ranks: busbw = algbw * 2(n-1)/n.
+    result = {"size_bytes": 1 << 26, "world_size": 2, "algbw_bytes_per_second": 1e9}
+    result |= {"busbw_bytes_per_second": 1e9, "backend": "gloo"}
+    with open(victim.p("out", "allreduce.json"), "w") as f:
+        json.dump(result, f)
+    os.symlink(os.path.join("..", "victim", "out"), mine.p("out"))
+    recorded = []
+    records = AllreduceRecords("node0", type("T", (), {"add_allreduce": recorded.append})())
+    job = {"id": "mine", "user": "mallory", "nodes": 1, "nproc_per_node": 2}
+    assert records.from_job(job, mine) is None
+    assert recorded == []
+    assert "all-reduce result not recorded" in open(mine.p("events.log")).read()
+    # Its own result, in its own folder, is recorded.
+    os.unlink(mine.p("out"))
+    os.makedirs(mine.p("out"))
+    with open(mine.p("out", "allreduce.json"), "w") as f:
+        json.dump(result, f)
+    assert records.from_job(job, mine) is not None
+    assert [r["world_size"] for r in recorded] == [2]
