@@ -356,7 +356,11 @@ def _configs(data: Path, state: dict) -> None:
     (etc / "cgroup.conf").write_text("")
     key = data / "munge" / "munge.key"
     if not key.exists():
-        key.write_bytes(os.urandom(1024))
+        # Made 0400: written first and then chmodded, it was readable by everyone for
+        # a moment, and the key forges any uid's credential.
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(1024))
     os.chmod(key, 0o400)
 
 

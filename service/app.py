@@ -26,7 +26,7 @@ import signal
 import sys
 from urllib.parse import urlparse
 
-from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
@@ -73,7 +73,13 @@ from gpulab.service.api import schedules as schedules_api
 from gpulab.service.api import telemetry as telemetry_api
 from gpulab.service.api import usage as usage_api
 from gpulab.service.api.request_body import JSON_BODY_LIMIT
-from gpulab.service.auth import TOKEN_CACHE_S, Identity, TokenAnswers, identity_of
+from gpulab.service.auth import (
+    TOKEN_CACHE_S,
+    GuardedHubOAuth,
+    Identity,
+    TokenAnswers,
+    identity_of,
+)
 from gpulab.service.budgets import BudgetSettings, UserBudgets
 from gpulab.service.endpoints.fine_tuning import FineTuning
 from gpulab.service.endpoints.fine_tuning_api import FineTuningRoutes
@@ -767,7 +773,7 @@ class GpuLabService(Application):
         token = os.environ["JUPYTERHUB_API_TOKEN"]
         cookie_secret = hmac.new(token.encode(), b"gpulab-cookie", hashlib.sha256).hexdigest()
         # The handlers' mixin uses the HubOAuth singleton; configure it once here.
-        hub_auth = HubOAuth.instance(
+        hub_auth = GuardedHubOAuth.instance(
             api_token=token, cache_max_age=TOKEN_CACHE_S, cache=TokenAnswers(TOKEN_CACHE_S)
         )
         p = self.prefix

@@ -21,15 +21,21 @@ the hub's ``token.delete`` event drops the user's answers at once
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, _ExpiringDict
+from jupyterhub.services.auth import HubAuth, HubOAuth, HubOAuthenticated, _ExpiringDict
 from tornado import web
 
-from gpulab.enforcement.peer_account import LOOPBACK, client_source, platform_peer
+from gpulab.enforcement.peer_account import (
+    LOOPBACK,
+    client_source,
+    foreign_listener,
+    platform_peer,
+)
 from gpulab.service.api.request_body import BoundedBody
 from gpulab.service.hub_down import HUB_DOWN, hub_unreachable
 
@@ -43,6 +49,28 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 #: Set while a request that changes something is identified (see TokenAnswers).
 _asks_afresh: ContextVar[bool] = ContextVar("gpulab_token_asks_afresh", default=False)
+
+
+class _AsksOnlyTheHub:
+    """Every call to the hub's API carries this process's own token (the service's,
+    with its role; an OAuth code exchange sends it as the client secret too): none goes
+    to a port of this machine that another account listens on, as a user's kernel can
+    once the hub is down (an OAuth callback with any code would send it there)."""
+
+    async def _api_request(self, method, url, /, **kwargs):
+        foreign = await asyncio.to_thread(foreign_listener, url)
+        if foreign:
+            log.warning("Not asking the hub at %s: %s", url, foreign)
+            raise ConnectionRefusedError(f"the hub's API: {foreign}")
+        return await super()._api_request(method, url, **kwargs)
+
+
+class GuardedHubAuth(_AsksOnlyTheHub, HubAuth):
+    """:class:`HubAuth` that sends its token to no other account's listener."""
+
+
+class GuardedHubOAuth(_AsksOnlyTheHub, HubOAuth):
+    """:class:`HubOAuth` that sends its token to no other account's listener."""
 
 
 class TokenAnswers(_ExpiringDict):

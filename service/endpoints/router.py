@@ -37,6 +37,7 @@ from urllib.parse import unquote
 import aiohttp
 from aiohttp import web
 
+from gpulab.enforcement.peer_account import foreign_listener
 from gpulab.service import tls
 from gpulab.service.auth import TOKEN_CACHE_S, Identity
 from gpulab.service.endpoints import openai_gateway
@@ -346,6 +347,11 @@ class EndpointRouter:
     async def _proxy_api(self, method: str, body: dict | None = None, spec: str | None = None):
         spec = spec or self._routespec()
         url = f"{self.address.proxy_api_url.rstrip('/')}/api/routes{spec}"
+        # The proxy's token (which routes /hub/ too) never goes to a port of this
+        # machine that another account took while the proxy was down.
+        foreign = await asyncio.to_thread(foreign_listener, url)
+        if foreign:
+            raise OSError(f"not calling the proxy's API: {foreign}")
         headers = {"Authorization": f"token {os.environ['CONFIGPROXY_AUTH_TOKEN']}"}
         async with self._session.request(
             method, url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=10)

@@ -52,10 +52,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
-from jupyterhub.services.auth import HubAuth
 
 from gpulab.service import tls
-from gpulab.service.auth import TOKEN_CACHE_S, identity_of
+from gpulab.service.auth import TOKEN_CACHE_S, GuardedHubAuth, identity_of
 from gpulab.service.endpoints.calls import CallRefused, EndpointCalls
 from gpulab.service.endpoints.proxy import EndpointProxy
 from gpulab.service.endpoints.router import EndpointRouter, error
@@ -211,7 +210,7 @@ class Standby:
     async def run(self, stopping: asyncio.Event) -> None:
         token = os.environ["JUPYTERHUB_API_TOKEN"]
         hub = HubAPI(os.environ["JUPYTERHUB_API_URL"], token)
-        hub_auth = HubAuth(api_token=token, cache_max_age=TOKEN_CACHE_S)
+        hub_auth = GuardedHubAuth(api_token=token, cache_max_age=TOKEN_CACHE_S)
         if tls.serves_tls():
             tls.reuse_hub_auth_contexts()
         name = os.environ.get("JUPYTERHUB_SERVICE_NAME", "gpulab")

@@ -17,7 +17,7 @@ import signal
 import sys
 from urllib.parse import urlparse
 
-from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
@@ -25,7 +25,7 @@ from traitlets import Int, List, Unicode, default
 from traitlets.config import Application, PyFileConfigLoader
 
 from gpulab.service import tls
-from gpulab.service.auth import TOKEN_CACHE_S, TokenAnswers
+from gpulab.service.auth import TOKEN_CACHE_S, GuardedHubOAuth, TokenAnswers
 from gpulab.service.hubapi import HubAPI
 
 from .ownership import Owners
@@ -125,7 +125,7 @@ class MlflowProxy(Application):
         cookie_secret = hmac.new(
             token.encode(), b"gpulab-mlflow-cookie", hashlib.sha256
         ).hexdigest()
-        hub_auth = HubOAuth.instance(
+        hub_auth = GuardedHubOAuth.instance(
             api_token=token, cache_max_age=TOKEN_CACHE_S, cache=TokenAnswers(TOKEN_CACHE_S)
         )
         p = self.prefix

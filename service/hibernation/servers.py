@@ -19,6 +19,7 @@ once the answer is in. Captured, it reaches only the server the user already own
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import json
@@ -29,6 +30,7 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab.client.tls import client_context
+from gpulab.enforcement.peer_account import foreign_listener
 
 log = logging.getLogger("gpulab.service.hibernation")
 
@@ -111,6 +113,11 @@ class ServerCalls:
                 log.warning("Could not revoke the token %s (it expires anyway): %s", token_id, e)
 
     async def _call(self, url: str, token: str, method: str, body: dict | None, timeout: float):
+        # A token for the user's server: never to a port of this machine that another
+        # account took (the hub's public port, while the proxy was down).
+        foreign = await asyncio.to_thread(foreign_listener, url)
+        if foreign:
+            raise ServerRefused(f"not calling the server: {foreign}")
         req = HTTPRequest(
             url,
             method=method,

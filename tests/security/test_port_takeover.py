@@ -64,3 +64,35 @@ async def test_no_token_goes_to_a_port_another_account_listens_on(catcher):
     proc.kill()
     out, _ = proc.communicate()
     assert "svc-token" not in out and "hub-token" not in out and "GET" not in out
+
+
+async def test_the_hubs_proxys_and_users_servers_tokens_go_to_no_taken_port(catcher):
+    """The same check for every other platform token sent to a port of this machine:
+    the service's own token to the hub's API (an OAuth callback while the hub was
+    down sent it as the client secret), the proxy's token to its API (the endpoint
+    router's route check, every 15 s), and a hibernation's token for a user's
+    server (to the hub's public port, while the proxy was down)."""
+    from types import SimpleNamespace
+
+    from gpulab.service.auth import GuardedHubAuth, GuardedHubOAuth
+    from gpulab.service.endpoints.router import EndpointRouter
+    from gpulab.service.hibernation.servers import ServerCalls, ServerRefused
+
+    port, uid, proc = catcher
+    url = f"http://127.0.0.1:{port}"
+    for auth in (GuardedHubAuth, GuardedHubOAuth):
+        hub_auth = auth(api_url=f"{url}/hub/api", api_token="service-token")
+        with pytest.raises(ConnectionRefusedError, match="held by uid"):
+            await hub_auth._api_request("POST", f"{url}/hub/api/oauth2/token")  # noqa: SLF001
+    router = SimpleNamespace(
+        address=SimpleNamespace(proxy_api_url=url), _routespec=lambda: "/services/gpulab"
+    )
+    with pytest.raises(OSError, match="held by uid"):
+        await EndpointRouter._proxy_api(router, "GET")  # noqa: SLF001
+    calls = ServerCalls(hub=None, servers_url=url)
+    with pytest.raises(ServerRefused, match="held by uid"):
+        await calls._call(f"{url}/user/alice/api/gpulab/hibernate", "server-token", "GET", None, 5)  # noqa: SLF001
+    time.sleep(0.2)
+    proc.kill()
+    out, _ = proc.communicate()
+    assert "token" not in out and "GET" not in out and "POST" not in out
