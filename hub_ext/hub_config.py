@@ -269,7 +269,12 @@ def configure(c, s: Settings) -> None:
             c,
             {
                 "name": "idle-culler",
+                # Ended with the hub: see gpulab.hub_ext.with_the_hub.
                 "command": [
+                    sys.executable,
+                    "-m",
+                    "gpulab.hub_ext.with_the_hub",
+                    str(os.getpid()),  # this configuration is read by the hub itself
                     sys.executable,
                     "-m",
                     "jupyterhub_idle_culler",

@@ -22,6 +22,7 @@ import pytest
 from hub_work import deploy, infer, rank_pids, server_processes
 from hubproc import RunningHub, fresh_user, replica_pids
 from support.leftovers import cgroups_of, job_namespaces, platform_processes
+from support.wait import wait_until
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "jobs"))
 from cells import LINEAR  # noqa: E402
@@ -111,7 +112,11 @@ def test_second_up_ends_what_the_killed_hub_left_and_adopts_the_work(tmp_path):
 
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait()
-        # What the hub started lives on without it (the reason for this test).
+        # What the hub started lives on without it (the reason for this test), but for
+        # the idle culler, whose token (it stops anyone's server) would go to whoever
+        # takes the hub's port: it ends with the hub.
+        culler = left.pop("culler")
+        wait_until(lambda: not still_running(culler), "the culler to end with the hub", 30)
         assert all(still_running(p) for p in left.values())
 
         log_from = first.log_path.stat().st_size
