@@ -191,6 +191,8 @@ def configure(c, s: Settings) -> None:
     c.JupyterHub.hub_port = s.hub_port
     c.JupyterHub.db_url = f"sqlite:///{data}/jupyterhub.sqlite"
     c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
+    # Its token goes to no port another account took (hub_ext/guarded_proxy.py).
+    c.JupyterHub.proxy_class = "gpulab.hub_ext.guarded_proxy.GuardedProxy"
     c.ConfigurableHTTPProxy.api_url = f"{s.scheme}://127.0.0.1:{s.proxy_api_port}"
     c.ConfigurableHTTPProxy.command = [find_proxy()]
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")

@@ -92,6 +92,11 @@ async def test_the_hubs_proxys_and_users_servers_tokens_go_to_no_taken_port(catc
     calls = ServerCalls(hub=None, servers_url=url)
     with pytest.raises(ServerRefused, match="held by uid"):
         await calls._call(f"{url}/user/alice/api/gpulab/hibernate", "server-token", "GET", None, 5)  # noqa: SLF001
+    from gpulab.hub_ext.guarded_proxy import GuardedProxy
+
+    proxy = GuardedProxy(api_url=url, auth_token="proxy-token")
+    with pytest.raises(ConnectionRefusedError, match="held by uid"):
+        await proxy.api_request("/hub", method="GET")
     time.sleep(0.2)
     proc.kill()
     out, _ = proc.communicate()
