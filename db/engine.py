@@ -68,6 +68,10 @@ def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30})
         _sqlite_immediate_transactions(engine)
+    elif url.startswith("postgresql+psycopg://"):
+        # The password never in the clear: a server that asks for it so (a process of
+        # a user's that took a restarting PostgreSQL's port) is refused by libpq.
+        engine = create_engine(url, pool_pre_ping=True, connect_args={"require_auth": "!password"})
     else:
         engine = create_engine(url, pool_pre_ping=True)
     from .migrate import upgrade  # here: the table modules import this one
