@@ -71,7 +71,8 @@ async def test_the_hubs_proxys_and_users_servers_tokens_go_to_no_taken_port(catc
     the service's own token to the hub's API (an OAuth callback while the hub was
     down sent it as the client secret), the proxy's token to its API (the endpoint
     router's route check, every 15 s), and a hibernation's token for a user's
-    server (to the hub's public port, while the proxy was down)."""
+    server (to the hub's public port, while the proxy was down), the proxy's token from
+    the hub's own client, and the MLflow run recorder's."""
     from types import SimpleNamespace
 
     from gpulab.service.auth import GuardedHubAuth, GuardedHubOAuth
@@ -93,6 +94,12 @@ async def test_the_hubs_proxys_and_users_servers_tokens_go_to_no_taken_port(catc
     with pytest.raises(ServerRefused, match="held by uid"):
         await calls._call(f"{url}/user/alice/api/gpulab/hibernate", "server-token", "GET", None, 5)  # noqa: SLF001
     from gpulab.hub_ext.guarded_proxy import GuardedProxy
+    from gpulab.service.experiments.recorder import RunRecorder
+
+    # The MLflow run recorder (the service's token, on behalf of a job's owner).
+    recorder = RunRecorder(f"{url}/services/mlflow", "svc-token", 1 << 20)
+    with pytest.raises(ConnectionRefusedError, match="held by uid"):
+        await recorder._call("alice", "GET", "api/2.0/mlflow/experiments/search")  # noqa: SLF001
 
     proxy = GuardedProxy(api_url=url, auth_token="proxy-token")
     with pytest.raises(ConnectionRefusedError, match="held by uid"):

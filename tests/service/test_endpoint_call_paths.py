@@ -14,6 +14,7 @@ socket records what reaches it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from types import SimpleNamespace
 
@@ -122,9 +123,10 @@ class StandInHub:
         return set(required) & set(model["scopes"])
 
 
-@pytest.fixture
-async def router(calls):
-    """The endpoint router over the table's calls (as the standby runs it), on a port."""
+@contextlib.asynccontextmanager
+async def serving_router(calls):
+    """The endpoint router over the table's calls (as the standby runs it), on a port:
+    alice's endpoint's URL."""
 
     async def identify(model):
         return {"alice": ALICE, "bob": BOB, "root": ADMIN}[model["name"]]
@@ -141,8 +143,16 @@ async def router(calls):
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}/services/gpulab/endpoints/alice/chat"
-    await runner.cleanup()
+    try:
+        yield f"http://127.0.0.1:{port}/services/gpulab/endpoints/alice/chat"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def router(calls):
+    async with serving_router(calls) as url:
+        yield url
 
 
 async def post(url: str, token: str) -> tuple[int, dict]:
@@ -241,17 +251,13 @@ async def test_the_router_refuses_a_call_over_its_limit_chunked_or_not(router, r
     assert replica[1] == []
 
 
-async def test_a_page_a_replica_answers_is_not_run_on_the_hubs_origin(tmp_path):
-    """alice's replica (her code) answers a GET with HTML and a script; she sends an
-    admin (who may call every endpoint) the URL. What the browser gets is bytes to save,
-    never a page of the hub's origin: the type is held to what an endpoint answers,
-    never guessed, and nothing in it runs."""
-    from gpulab.service.endpoints.router import answer_headers
+@contextlib.asynccontextmanager
+async def calls_to_a_page(tmp_path, text: str, kind: str):
+    """The endpoint table's calls to alice's endpoint, whose replica (her code) answers
+    every route with ``text`` as ``kind``."""
 
     async def page(request):
-        return web.Response(
-            text="<script>fetch('/hub/api/users')</script>", content_type="text/html"
-        )
+        return web.Response(text=text, content_type=kind)
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", page)
@@ -259,10 +265,22 @@ async def test_a_page_a_replica_answers_is_not_run_on_the_hubs_origin(tmp_path):
         calls = TableCalls()
         calls.load([endpoint([[0, address]])])
         try:
-            dep = calls.callable_endpoint(ADMIN, "alice", "chat")
-            status, _, headers, body = await calls.call(dep, "GET", "v2", {}, None, who=ADMIN)
+            yield calls
         finally:
             await calls.proxy.close()
+
+
+async def test_a_page_a_replica_answers_is_not_run_on_the_hubs_origin(tmp_path):
+    """alice's replica (her code) answers a GET with HTML and a script; she sends an
+    admin (who may call every endpoint) the URL. What the browser gets is bytes to save,
+    never a page of the hub's origin: the type is held to what an endpoint answers,
+    never guessed, and nothing in it runs."""
+    from gpulab.service.endpoints.router import answer_headers
+
+    script = "<script>fetch('/hub/api/users')</script>"
+    async with calls_to_a_page(tmp_path, script, "text/html") as calls:
+        dep = calls.callable_endpoint(ADMIN, "alice", "chat")
+        status, _, headers, body = await calls.call(dep, "GET", "v2", {}, None, who=ADMIN)
     assert status == 200 and b"<script>" in body
     out = answer_headers(headers)
     assert out["Content-Type"] == "application/octet-stream"
@@ -275,40 +293,13 @@ async def test_a_page_a_replica_answers_is_not_run_on_the_hubs_origin(tmp_path):
 
 
 async def test_the_router_sends_a_replicas_page_as_bytes(tmp_path):
-    async def page(request):
-        return web.Response(text="<svg onload=alert(1)>", content_type="image/svg+xml")
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", page)
-    async with replica_on_socket(app, str(tmp_path / "alice.sock")) as address:
-        calls = TableCalls()
-        calls.load([endpoint([[0, address]])])
-
-        async def identify(model):
-            return {"root": ADMIN}[model["name"]]
-
-        router = EndpointRouter(
-            calls,
-            prefix="/services/gpulab/",
-            max_upload_mib=1,
-            identify=identify,
-            hub_auth=StandInHub(),
-        )
-        runner = web.ServerRunner(web.Server(router.handle), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        url = f"http://127.0.0.1:{port}/services/gpulab/endpoints/alice/chat/v2"
-        try:
-            async with (
-                aiohttp.ClientSession() as session,
-                session.get(url, headers={"Authorization": "token root-token"}) as r,
-            ):
-                assert r.status == 200
-                assert r.headers["Content-Type"] == "application/octet-stream"
-                assert r.headers["X-Content-Type-Options"] == "nosniff"
-                assert "sandbox" in r.headers["Content-Security-Policy"]
-        finally:
-            await runner.cleanup()
-            await calls.proxy.close()
+    async with (
+        calls_to_a_page(tmp_path, "<svg onload=alert(1)>", "image/svg+xml") as calls,
+        serving_router(calls) as url,
+        aiohttp.ClientSession() as session,
+        session.get(f"{url}/v2", headers={"Authorization": "token root-token"}) as r,
+    ):
+        assert r.status == 200
+        assert r.headers["Content-Type"] == "application/octet-stream"
+        assert r.headers["X-Content-Type-Options"] == "nosniff"
+        assert "sandbox" in r.headers["Content-Security-Policy"]
