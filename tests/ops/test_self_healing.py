@@ -267,7 +267,12 @@ async def test_a_gpu_idle_server_is_warned_then_stopped(tmp_path, monkeypatch, f
         assert svc.fake_hub.stopped == ["erin/"]
         frank = (await svc.request("GET", "/alerts", token=tokens["frank"])).json()["alerts"]
         assert not [a for a in frank if a["name"] == "SliceIdle"]
-        audit = (await svc.request("GET", "/audit?action=server.stop")).json()["entries"]
+
+        async def stops():
+            return (await svc.request("GET", "/audit?action=server.stop")).json()["entries"]
+
+        # The stop's audit entry is written just after the hub stopped the server.
+        audit = await until(stops, "the stop in the audit trail", 30)
         assert [(e["actor"], e["actor_kind"], e["user"]) for e in audit] == [
             ("gpulab", "system", "erin")
         ]
