@@ -19,7 +19,9 @@ trail and the hub's login throttle (:mod:`gpulab.hub_ext.login_limits`) both ask
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import logging
 import os
 import socket
 import struct
@@ -124,6 +126,16 @@ def foreign_listener(url: str) -> str | None:
         f"(uid {os.geteuid()}): no token is sent there (another account took the port "
         f"while the hub or the service was down?)"
     )
+
+
+async def refuse_foreign_listener(url: str, what: str) -> None:
+    """Raise ConnectionRefusedError (``what``: the reason) before a platform token goes
+    to ``url`` when :func:`foreign_listener` objects; the socket table is read in a
+    thread (milliseconds on a busy host)."""
+    foreign = await asyncio.to_thread(foreign_listener, url)
+    if foreign:
+        logging.getLogger("gpulab.peer_account").warning("Not calling %s: %s", what, foreign)
+        raise ConnectionRefusedError(f"{what}: {foreign}")
 
 
 def platform_peer(peer: tuple[str, int] | None, local: tuple[str, int] | None) -> bool | None:

@@ -9,19 +9,14 @@ token over with the first call.
 
 from __future__ import annotations
 
-import asyncio
-
 from jupyterhub.proxy import ConfigurableHTTPProxy
 
-from gpulab.enforcement.peer_account import foreign_listener
+from gpulab.enforcement.peer_account import refuse_foreign_listener
 
 
 class GuardedProxy(ConfigurableHTTPProxy):
     """:class:`ConfigurableHTTPProxy` whose API calls ask whose socket listens first."""
 
     async def api_request(self, path, method="GET", body=None):
-        foreign = await asyncio.to_thread(foreign_listener, self.api_url)
-        if foreign:
-            self.log.error("Not calling the proxy's API: %s", foreign)
-            raise ConnectionRefusedError(f"the proxy's API: {foreign}")
+        await refuse_foreign_listener(self.api_url, "the proxy's API")
         return await super().api_request(path, method=method, body=body)

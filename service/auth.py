@@ -21,7 +21,6 @@ the hub's ``token.delete`` event drops the user's answers at once
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from contextvars import ContextVar
@@ -33,8 +32,8 @@ from tornado import web
 from gpulab.enforcement.peer_account import (
     LOOPBACK,
     client_source,
-    foreign_listener,
     platform_peer,
+    refuse_foreign_listener,
 )
 from gpulab.service.api.request_body import BoundedBody
 from gpulab.service.hub_down import HUB_DOWN, hub_unreachable
@@ -58,10 +57,7 @@ class _AsksOnlyTheHub:
     once the hub is down (an OAuth callback with any code would send it there)."""
 
     async def _api_request(self, method, url, /, **kwargs):
-        foreign = await asyncio.to_thread(foreign_listener, url)
-        if foreign:
-            log.warning("Not asking the hub at %s: %s", url, foreign)
-            raise ConnectionRefusedError(f"the hub's API: {foreign}")
+        await refuse_foreign_listener(url, "the hub's API")
         return await super()._api_request(method, url, **kwargs)
 
 

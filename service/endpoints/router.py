@@ -37,7 +37,7 @@ from urllib.parse import unquote
 import aiohttp
 from aiohttp import web
 
-from gpulab.enforcement.peer_account import foreign_listener
+from gpulab.enforcement.peer_account import refuse_foreign_listener
 from gpulab.service import tls
 from gpulab.service.auth import TOKEN_CACHE_S, Identity
 from gpulab.service.endpoints import openai_gateway
@@ -349,9 +349,7 @@ class EndpointRouter:
         url = f"{self.address.proxy_api_url.rstrip('/')}/api/routes{spec}"
         # The proxy's token (which routes /hub/ too) never goes to a port of this
         # machine that another account took while the proxy was down.
-        foreign = await asyncio.to_thread(foreign_listener, url)
-        if foreign:
-            raise OSError(f"not calling the proxy's API: {foreign}")
+        await refuse_foreign_listener(url, "the proxy's API")
         headers = {"Authorization": f"token {os.environ['CONFIGPROXY_AUTH_TOKEN']}"}
         async with self._session.request(
             method, url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=10)

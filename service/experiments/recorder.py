@@ -25,7 +25,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab.backend.jobdir import SPEC_READ_BYTES, JobDir
 from gpulab.backend.spec import MAX_CODE_BYTES
-from gpulab.enforcement.peer_account import foreign_listener
+from gpulab.enforcement.peer_account import refuse_foreign_listener
 from gpulab.service.jobs.lineage import MLFLOW_RUN_FILE as RUN_FILE
 from gpulab.service.tls import platform_client_context
 from gpulab.training.metrics import finite_number
@@ -151,10 +151,7 @@ class RunRecorder:
     async def _call(self, user: str, method: str, path: str, body=None, query=None, raw=None):
         # The service's own token goes with every call: never to a port of this machine
         # that another account took (a user's kernel, while the MLflow service was down).
-        foreign = await asyncio.to_thread(foreign_listener, self.url)
-        if foreign:
-            log.warning("Not calling MLflow's service at %s: %s", self.url, foreign)
-            raise ConnectionRefusedError(f"MLflow's service: {foreign}")
+        await refuse_foreign_listener(self.url, "MLflow's service")
         url = f"{self.url}/{path}" + (f"?{urlencode(query)}" if query else "")
         headers = {"Authorization": f"token {self._token}", ON_BEHALF_HEADER: user}
         if raw is None and body is not None:

@@ -19,7 +19,6 @@ once the answer is in. Captured, it reaches only the server the user already own
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import json
@@ -30,7 +29,7 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab.client.tls import client_context
-from gpulab.enforcement.peer_account import foreign_listener
+from gpulab.enforcement.peer_account import refuse_foreign_listener
 
 log = logging.getLogger("gpulab.service.hibernation")
 
@@ -115,9 +114,10 @@ class ServerCalls:
     async def _call(self, url: str, token: str, method: str, body: dict | None, timeout: float):
         # A token for the user's server: never to a port of this machine that another
         # account took (the hub's public port, while the proxy was down).
-        foreign = await asyncio.to_thread(foreign_listener, url)
-        if foreign:
-            raise ServerRefused(f"not calling the server: {foreign}")
+        try:
+            await refuse_foreign_listener(url, "the server")
+        except ConnectionRefusedError as e:
+            raise ServerRefused(f"not calling {e}") from None
         req = HTTPRequest(
             url,
             method=method,
