@@ -10,7 +10,7 @@ The routes, as MLflow 3's client and UI call them (``api/2.0/mlflow/...`` for th
 client, the same handlers under ``ajax-api/2.0/mlflow/...`` for the UI):
 
 - experiments: create, search, get, get-by-name, update, delete, restore, tags;
-- runs: create, search, get, update, delete, restore, log-*, tags, outputs;
+- runs: create, search, get, update, delete, restore, log-*, tags;
 - metrics' history, artifact listings and files (``mlflow-artifacts`` under
   ``<experiment id>/<run id>/...``, MLflow's layout when it serves artifacts);
 - the UI's page, its static files, ``health``, ``version`` and ``server-info``;
@@ -78,7 +78,6 @@ ONE_RUN = frozenset(
         "runs/log-batch",
         "runs/log-model",
         "runs/log-inputs",
-        "runs/outputs",
         "runs/set-tag",
         "runs/delete-tag",
         "metrics/get-history",
@@ -230,6 +229,10 @@ def classify(method: str, path: str, args: dict[str, list[str]], body: dict) -> 
             return Check("refuse", why=f"{route} needs experiment_ids", route=route)
         return Check("experiments", experiments=exps, route=route)
     if route in ONE_RUN:
+        if body.get("models"):
+            # log-inputs' ``models`` links logged models (anyone's id) to the run, as
+            # runs/outputs does: logged models are not offered.
+            return Check("refuse", why=f"linking logged models: {NOT_OFFERED}", route=route)
         runs = _named(method, args, body, "run_id", "run_uuid")
         if not runs:
             return Check("refuse", why=f"{route} needs run_id", route=route)

@@ -85,6 +85,7 @@ def test_each_route_names_what_it_touches(method, path, args, body, kind, experi
     [
         "api/2.0/mlflow/registered-models/search",
         "api/2.0/mlflow/logged-models/m-1",
+        "api/2.0/mlflow/runs/outputs",  # links logged models (anyone's) to a run
         "api/3.0/mlflow/traces/search",
         "api/3.0/mlflow/gateway/secrets/list",
         "api/2.0/mlflow/webhooks",
@@ -96,6 +97,15 @@ def test_each_route_names_what_it_touches(method, path, args, body, kind, experi
 )
 def test_what_cannot_be_checked_is_refused(path):
     assert classify("POST", path, {}, {}).kind == "refuse"
+
+
+def test_a_run_cannot_link_logged_models():
+    own = {"run_id": "r1", "models": [{"model_id": "m-of-alice"}]}
+    for route in ("runs/outputs", "runs/log-inputs"):
+        check = classify("POST", f"api/2.0/mlflow/{route}", {}, own)
+        assert check.kind == "refuse" and "logged models" in check.why, (route, check)
+    datasets = {"run_id": "r1", "datasets": [{"dataset": {"name": "d"}}]}
+    assert classify("POST", "api/2.0/mlflow/runs/log-inputs", {}, datasets).runs == ("r1",)
 
 
 def test_graphql_queries_name_their_runs_and_experiments():
