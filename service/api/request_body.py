@@ -110,6 +110,27 @@ def _key_count(raw: bytes) -> int:
 _LOW, _HIGH = sys.float_info.min, float(2**63)
 
 
+#: How deep a body's arrays and objects may nest: more than any route reads, and far
+#: below what would exhaust Python's stack in the code that walks a body afterwards.
+MAX_NESTING = 64
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _too_deep(value) -> bool:
+    """Whether ``value`` nests arrays and objects more than MAX_NESTING deep (without
+    recursing: a body at Python's own limit must not take the handler down)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        items = v.values() if isinstance(v, dict) else v
+        if set(map(type, items)) <= _SCALARS:  # a vector: looked at in C
+            continue
+        if depth >= MAX_NESTING:
+            return True
+        stack.extend((x, depth + 1) for x in items if isinstance(x, (dict, list)))
+    return False
+
+
 def _checked_shape(value) -> int | None:
     """How many keys the objects in ``value`` hold; None where a float is outside what
     the fast parser surely reads right (a list of numbers is looked at in C)."""
@@ -153,8 +174,8 @@ def _fast(raw: bytes) -> dict | None:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(body, dict):
-        return None
+    if not isinstance(body, dict) or _too_deep(body):
+        return None  # the checked parser says what is wrong
     if _key_count(raw) != _checked_shape(body):  # a key twice, or a float
         return None
     return body
@@ -190,6 +211,8 @@ def parse_json_object(raw: bytes | str, what: str = "request body") -> dict:
         raise web.HTTPError(
             400, f"{what} must be a JSON object ({{...}}), not {type(body).__name__}"
         )
+    if _too_deep(body):
+        raise web.HTTPError(400, f"{what} nests arrays and objects more than {MAX_NESTING} deep")
     return body
 
 

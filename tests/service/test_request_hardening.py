@@ -225,6 +225,24 @@ def test_numbers_and_keys_in_long_lists_are_checked_as_anywhere(body, says):
     assert refused.value.status_code == 400 and says in refused.value.log_message
 
 
+@pytest.mark.parametrize("depth", [65, 980, 5000])
+def test_a_body_nested_past_the_limit_is_a_400_at_any_depth(depth):
+    """orjson reads 980 levels; walking them afterwards hit Python's limit (a 500)."""
+    from tornado import web
+
+    from gpulab.service.api.request_body import parse_json_object
+
+    body = b'{"name": ' + b"[" * depth + b"]" * depth + b', "v": [0.5, 1.5]}'
+    with pytest.raises(web.HTTPError) as refused:
+        parse_json_object(body)
+    assert refused.value.status_code == 400, refused.value
+    assert "more than 64 deep" in refused.value.log_message or "nested too deeply" in (
+        refused.value.log_message
+    )
+    fine = b'{"name": ' + b"[" * 63 + b"1" + b"]" * 63 + b"}"
+    assert parse_json_object(fine)["name"]
+
+
 def test_a_body_read_fast_is_what_the_checked_parser_reads():
     import json
 
