@@ -67,9 +67,11 @@ class _ServerTokenHandler(APIHandler):
 
 class ServerTokensHandler(_ServerTokenHandler):
     async def post(self):
+        if self.current_user is None:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
         try:
             body = json.loads(self.request.body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # a body nested past Python's limit too
             body = None
         if not isinstance(body, dict):
             return self._fail(400, 'the body must be JSON: {"user": ..., "server": ...}')

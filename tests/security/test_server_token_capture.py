@@ -142,6 +142,9 @@ def test_only_the_service_mints_server_tokens_and_revokes_only_its_own(hub):
         assert r.status_code == 403, r.text
     r = hub.hub_api("POST", route, token=service, json={"user": dave, "server": ""})
     assert r.status_code == 404 and "not running" in r.json()["error"]
+    deep = "[" * 100_000 + "]" * 100_000
+    r = hub.hub_api("POST", route, token=service, data=deep)
+    assert r.status_code == 400 and "must be JSON" in r.json()["error"], r.text
     for bad in (0, 301, "60", True):
         r = hub.hub_api("POST", route, token=service, json={**body, "expires_in": bad})
         assert r.status_code == 400 and "expires_in" in r.json()["error"], r.text
