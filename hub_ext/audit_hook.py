@@ -255,7 +255,7 @@ def actor_of(handler) -> tuple[str, str] | None:
 def _body_json(handler):
     try:
         return json.loads(handler.request.body or b"null")
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past Python's limit
         return None
 
 

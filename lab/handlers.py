@@ -193,7 +193,7 @@ class ChatHandler(GpuLabHandler):
     async def post(self):
         try:
             request = json.loads(self.request.body or b"null")
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past Python's limit
             request = None
         if not isinstance(request, dict) or not isinstance(request.get("model"), str):
             return self.fail(400, 'a chat turn is a JSON object with "model" and "messages"')

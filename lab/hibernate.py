@@ -276,7 +276,7 @@ class HibernateHandler(GpuLabHandler):
     async def post(self):
         try:
             body = json.loads(self.request.body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past Python's limit
             return self.fail(400, 'the body must be JSON: {"id": "h-...", "max_bytes": N}')
         hid, cap = body.get("id"), body.get("max_bytes")
         if not isinstance(hid, str) or not ID.fullmatch(hid):
