@@ -355,7 +355,7 @@ def _embeddings(dep: dict, status: int, data: bytes, n: int) -> list[list[float]
     """The rows of a replica's OIP v2 answer; CallRefused with its reason if it refused."""
     try:
         doc = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     if status != 200:
         reason = doc.get("error") if isinstance(doc, dict) else None

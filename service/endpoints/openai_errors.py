@@ -81,7 +81,7 @@ def as_openai(status: int, data: bytes) -> bytes:
     """A replica's or gpulab's error body in OpenAI's shape (kept if it already is)."""
     try:
         doc = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
         return data

@@ -113,7 +113,7 @@ def parse_body(body: bytes | None) -> dict:
         raise OpenAIError(400, "the request body is not UTF-8; send JSON in UTF-8") from None
     try:
         doc = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise OpenAIError(400, f"the request body is not JSON ({e}); send a JSON object") from None
     if not isinstance(doc, dict):
         raise OpenAIError(400, "the request body must be a JSON object")
@@ -207,7 +207,7 @@ class SseRelay:
             return True  # passed on unread: a token or the usage is a small event
         try:
             chunk = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             return True
         if not isinstance(chunk, dict):
             return True
@@ -229,7 +229,7 @@ def _usage_of(answer: bytes) -> dict | None:
     """The ``usage`` of a replica's whole (not streamed) answer, if it says one."""
     try:
         usage = json.loads(answer).get("usage")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     return usage if isinstance(usage, dict) else None
 

@@ -142,7 +142,7 @@ class ServerCalls:
             raise ServerRefused(f"the server did not answer ({e})") from None
         try:
             return json.loads(resp.body or b"null")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ServerRefused("the server's answer is not JSON") from None
 
     async def activity(self, user: str, server: str) -> tuple[KernelActivity, float]:
@@ -189,7 +189,7 @@ def _error_of(e: HTTPClientError) -> str:
     body = getattr(e.response, "body", b"") or b""
     try:
         message = json.loads(body).get("error") or json.loads(body).get("message")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         message = None
     if e.code == 404 and not message:
         return "the server has no gpulab extension (gpulab is not installed in its image)"

@@ -97,3 +97,19 @@ async def test_an_answer_over_the_cap_becomes_a_502_that_says_so(replica, monkey
         assert (status, json.loads(body)) == (200, {"outputs": [1, 2]})
     finally:
         await forwarding.close()
+
+
+def test_json_nested_past_pythons_limit_is_read_as_not_json():
+    """A caller's body is a 400 in OpenAI's shape; a replica's event or answer, or a
+    user's server's, is passed on or refused as not JSON (RecursionError was a 500)."""
+    from gpulab.service.endpoints.openai_errors import OpenAIError, as_openai
+    from gpulab.service.endpoints.openai_gateway import _usage_of, parse_body
+
+    deep = b"[" * 20_000 + b"]" * 20_000  # under the size of an event that is read
+    with pytest.raises(OpenAIError) as refused:
+        parse_body(b'{"model": "m", "x": ' + deep + b"}")
+    assert refused.value.status == 400
+    relay = SseRelay(keep_usage=False, started=0.0)
+    assert relay.feed(b"data: " + deep + b"\n\n") == b"data: " + deep + b"\n\n"
+    assert _usage_of(deep) is None
+    assert b"error" in as_openai(500, deep)
