@@ -2,7 +2,8 @@
 
 ::
 
-    GET    api/v1/collections                          yours, shared with you (admins: all)
+    GET    api/v1/collections                          yours, shared with you (admins: all);
+                                                        share lists to owner and admins only
     POST   api/v1/collections                          {"name", "dim", "metric", "index",
                                                         "embed", "share_users", "share_groups"}
     GET    api/v1/collections/{owner}/{name}           one, with its row count
@@ -156,7 +157,7 @@ class RowsHandler(_CollectionHandler):
         work = {
             "insert": lambda: manager.write(who, row, body, upsert=False),
             "upsert": lambda: manager.write(who, row, body, upsert=True),
-            "delete": lambda: manager.delete(row, body),
+            "delete": lambda: manager.delete(who, row, body),
             "search": lambda: manager.search(who, row, body),
         }[verb]
         with refusals():

@@ -7,23 +7,25 @@ wrong and what to do); nothing is written until every row of a request passed.
 from __future__ import annotations
 
 import binascii
-import json
 import re
 import uuid
 from dataclasses import dataclass
 
 import numpy as np
-import orjson
 
 from gpulab.scheduler.slices import noun
 
-from . import filters
+from . import filters, row_cost
 from .engine import ID_MAX, METRICS
 
 NAME = re.compile(r"[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?")  # fullmatch: "$" lets "x\n" by
 #: A metadata key a dict filter may name.
 KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 METADATA_MAX = 64 * 1024  # bytes of JSON per row
+#: Keys and list items in one row's metadata, nested ones too. Held in the engine as
+#: Python objects, each costs about 70 bytes however short its JSON: 64 KiB of small
+#: keys took about 15 times its JSON in the engine's memory.
+METADATA_ITEMS_MAX = 256
 TEXT_MAX = 8192  # characters per text
 #: The key of a row's metadata in the engine that keeps the text it was made from
 #: (returned as the hit's ``text``, not in its metadata). Not a key a client may send.
@@ -54,6 +56,8 @@ class CollectionLimits:
     max_hits: int = 10_000
     #: Rows one owner's collections hold together.
     max_rows_per_user: int = 5_000_000
+    #: Bytes they may cost the embedded engine together (:mod:`.row_cost`).
+    max_bytes_per_user: int = 8192 << 20
 
 
 def fields(body: dict, known: tuple[str, ...]) -> None:
@@ -212,19 +216,17 @@ def metadata(values, n: int) -> list[dict]:
                 f"metadata[{i}] has the key {TEXT_KEY!r}, which keeps the row's text: "
                 "send the text in texts (with vectors, or alone to have it embedded)",
             )
-        if _json_size(m) > METADATA_MAX:
+        items = row_cost.items(m, METADATA_ITEMS_MAX)
+        if items > METADATA_ITEMS_MAX:
+            raise Refused(
+                413,
+                f"metadata[{i}] holds more than {METADATA_ITEMS_MAX} keys and list items "
+                "(nested ones counted): keep a row's metadata to the fields a filter or a "
+                "hit needs, and a long list or document as one string",
+            )
+        if row_cost.json_size(m) > METADATA_MAX:
             raise Refused(413, f"metadata[{i}] is over {METADATA_MAX // 1024} KiB of JSON")
     return values
-
-
-def _json_size(value: dict) -> int:
-    """Bytes of JSON: orjson's (a tenth of the time: a 1,000-row insert's metadata took
-    15 ms of the service's loop), json's for what orjson does not write (an integer
-    past 64 bits)."""
-    try:
-        return len(orjson.dumps(value))
-    except orjson.JSONEncodeError:
-        return len(json.dumps(value))
 
 
 def k(value) -> int:
@@ -281,18 +283,44 @@ def unicode_text(body: dict, raw: bytes) -> None:
 
 
 def _no_surrogate(value, where: str) -> None:
-    if isinstance(value, str):
-        for i, ch in enumerate(value):
-            if 0xD800 <= ord(ch) < 0xE000:
-                raise Refused(
-                    400,
-                    f"{where} holds a lone UTF-16 surrogate (\\u{ord(ch):04x}) at character "
-                    f"{i}, which is not text: send valid Unicode (surrogates come in pairs)",
+    """Walked with a stack of its own, not by recursion (a body nested thousands deep
+    gets the 400, not a RecursionError); a place is written out only for the answer
+    (each level's name built on the way down would cost the depth squared)."""
+    stack = [(value, (None, where, True))]
+    while stack:
+        value, place = stack.pop()
+        if isinstance(value, str):
+            for i, ch in enumerate(value):
+                if 0xD800 <= ord(ch) < 0xE000:
+                    raise Refused(
+                        400,
+                        f"{_written(place)} holds a lone UTF-16 surrogate (\\u{ord(ch):04x}) "
+                        f"at character {i}, which is not text: send valid Unicode "
+                        "(surrogates come in pairs)",
+                    )
+        elif isinstance(value, dict):
+            top = place[0] is None and place[1] == "body"
+            for key, item in reversed(value.items()):  # found in the body's order
+                stack.append(
+                    (item, (place, str(key), True) if top else (place, f"[{key!r}]", False))
                 )
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _no_surrogate(key, f"{where}: a key")
-            _no_surrogate(item, f"{where}[{key!r}]" if where != "body" else str(key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _no_surrogate(item, f"{where}[{i}]")
+                stack.append((key, (place, ": a key", False)))
+        elif isinstance(value, list):
+            for i in range(len(value) - 1, -1, -1):
+                stack.append((value[i], (place, f"[{i}]", False)))
+
+
+def _written(place: tuple, most: int = 32) -> str:
+    """A place of :func:`_no_surrogate` (parent, step, whole): its steps from the last
+    whole one down, the last ``most`` of them."""
+    steps = []
+    while place is not None:
+        parent, step, whole = place
+        if len(steps) == most:
+            steps.append("body...")
+            break
+        steps.append(step)
+        if whole:
+            break
+        place = parent
+    return "".join(reversed(steps))

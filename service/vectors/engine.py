@@ -43,6 +43,15 @@ class EngineError(Exception):
         self.status = status
 
 
+class IdsTaken(EngineError):
+    """An insert refused whole: ``n`` of its ids are in the collection already
+    (``ids``: the first few, sorted). The manager names the collection."""
+
+    def __init__(self, ids: list[str], n: int):
+        super().__init__(409, f"{n} of these ids are in the collection already")
+        self.ids, self.n = ids, n
+
+
 def database_of(owner: str) -> str:
     """The engine database of ``owner``'s collections: a name only the service makes
     (Milvus's names allow letters, digits and ``_``; a hub name may hold anything)."""
@@ -60,6 +69,9 @@ class VectorEngine:
         self.call_timeout = call_timeout
         self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="gpulab-vectors")
         self.queues = OwnerQueues(THREADS, THREADS // 2)
+        #: (owner, cid) -> its writes one at a time: an insert's look for its ids and
+        #: its write are one step (Milvus's insert keeps a second row of an id).
+        self._writes: dict[tuple[str, str], asyncio.Lock] = {}
         self._clients: dict[str, object] = {}
         self._lock = threading.Lock()
         # pymilvus logs every refused call at ERROR with its traceback (30 lines for a
@@ -100,11 +112,13 @@ class VectorEngine:
         cid: str | None = None,
         what: str = "call",
         limited: bool = True,
+        caller: str | None = None,
     ):
         """``fn()`` in the pool; a collection the engine has not loaded (it started again
         since) is loaded and ``fn`` tried once more. ``limited``: past ``call_timeout``
         the caller gets a 504 (the pymilvus call carries the same deadline, so the
-        pool's thread is free again then too)."""
+        pool's thread is free again then too). ``caller``: whose work queue it waits
+        in (the user who asked; else the owner's)."""
         loop = asyncio.get_running_loop()
 
         def run():
@@ -119,9 +133,11 @@ class VectorEngine:
         async def in_pool():
             return await loop.run_in_executor(self.pool, run)
 
-        # An owner's calls take at most half the pool's threads: a slow owner's
-        # searches queue behind each other, not in front of everyone's.
-        work = in_pool() if owner is None else self.queues.run(owner, in_pool)
+        # A caller's calls take at most half the pool's threads (whosever collections
+        # they are): a slow caller's searches queue behind each other, not in front of
+        # everyone's.
+        queue = caller or owner
+        work = in_pool() if queue is None else self.queues.run(queue, in_pool)
         try:
             if not limited:
                 return await work
@@ -190,13 +206,24 @@ class VectorEngine:
         await self._call(create)
 
     async def drop(self, owner: str, cid: str) -> None:
+        self._writes.pop((owner, cid), None)
         await self._call(
             lambda: self._client(database_of(owner)).drop_collection(cid, timeout=self.call_timeout)
         )
 
-    async def write(self, owner: str, cid: str, rows: list[dict], upsert: bool) -> None:
+    async def write(
+        self,
+        owner: str,
+        cid: str,
+        rows: list[dict],
+        upsert: bool,
+        caller: str | None = None,
+        new_ids: bool = False,
+    ) -> None:
         """Insert (or upsert) ``rows`` ({id, vector, metadata}); done when the engine
-        has them in its log (a kill -9 after this loses none)."""
+        has them in its log (a kill -9 after this loses none). An insert whose ids are
+        there already raises :class:`IdsTaken` and writes nothing; ``new_ids``: the
+        service made them just now (none can be there)."""
 
         rows = [{**r, "vector": _floats(r["vector"])} for r in rows]
 
@@ -204,9 +231,22 @@ class VectorEngine:
             client = self._client(database_of(owner))
             (client.upsert if upsert else client.insert)(cid, rows, timeout=self.call_timeout)
 
-        await self._call(write, owner, cid, what="write")
+        if not upsert and new_ids:
+            await self._call(write, owner, cid, what="write", caller=caller)
+            return
+        # An upsert waits too: between an insert's look and its write it would put in
+        # a row of an id the insert then writes again.
+        lock = self._writes.setdefault((owner, cid), asyncio.Lock())
+        async with lock:
+            if not upsert:
+                taken = sorted(await self.existing(owner, cid, [r["id"] for r in rows], caller))
+                if taken:
+                    raise IdsTaken(taken[:5], len(taken))
+            await self._call(write, owner, cid, what="write", caller=caller)
 
-    async def existing(self, owner: str, cid: str, ids: list[str]) -> set[str]:
+    async def existing(
+        self, owner: str, cid: str, ids: list[str], caller: str | None = None
+    ) -> set[str]:
         """Which of ``ids`` the collection holds."""
 
         def get():
@@ -215,27 +255,32 @@ class VectorEngine:
             )
             return {r["id"] for r in rows}
 
-        return await self._call(get, owner, cid)
+        return await self._call(get, owner, cid, caller=caller)
 
-    async def delete(self, owner: str, cid: str, ids: list[str]) -> None:
+    async def delete(self, owner: str, cid: str, ids: list[str], caller: str | None = None) -> None:
         def delete():
             self._client(database_of(owner)).delete(cid, ids=ids, timeout=self.call_timeout)
 
-        await self._call(delete, owner, cid, what="write")
+        await self._call(delete, owner, cid, what="write", caller=caller)
 
-    async def count(self, owner: str, cid: str) -> int:
+    async def count(self, owner: str, cid: str, caller: str | None = None) -> int:
         def count():
             rows = self._client(database_of(owner)).query(
                 cid, filter="", output_fields=["count(*)"], timeout=self.call_timeout
             )
             return int(rows[0]["count(*)"]) if rows else 0
 
-        return await self._call(count, owner, cid)
+        return await self._call(count, owner, cid, caller=caller)
 
-    async def stats(self, owner: str, cid: str) -> dict:
+    async def usage(self, owner: str, cid: str, caller: str | None = None) -> tuple[int, None]:
+        """(rows, None): a Milvus cluster's memory is its own, not the service's to
+        budget (c.VectorSettings.max_mib_per_user is the embedded engine's)."""
+        return await self.count(owner, cid, caller), None
+
+    async def stats(self, owner: str, cid: str, caller: str | None = None) -> dict:
         """The rows (the cluster indexes sealed segments itself, and says nothing here
         of what waits for its index)."""
-        return {"count": await self.count(owner, cid)}
+        return {"count": await self.count(owner, cid, caller)}
 
     async def flush(self, owner: str, cid: str) -> None:
         """Seal what was written into indexed segments (searches then use the index).
@@ -245,7 +290,14 @@ class VectorEngine:
         )
 
     async def search(
-        self, owner: str, cid: str, vectors: list[list[float]], k: int, metric: str, filter: str
+        self,
+        owner: str,
+        cid: str,
+        vectors: list[list[float]],
+        k: int,
+        metric: str,
+        filter: str,
+        caller: str | None = None,
     ) -> list[list[dict]]:
         vectors = [_floats(v) for v in vectors]
 
@@ -260,7 +312,7 @@ class VectorEngine:
                 timeout=self.call_timeout,
             )
 
-        found = await self._call(search, owner, cid, what="search")
+        found = await self._call(search, owner, cid, what="search", caller=caller)
         return [
             [
                 {"id": hit["id"], "score": float(hit["distance"]), "metadata": _metadata(hit)}

@@ -31,9 +31,13 @@ log = logging.getLogger("gpulab.service.vectors")
 
 ENGINE_ACCOUNT = "gpulab_vectors"
 ENGINE_MODULE = "gpulab.service.vectors.engine_server"
-#: How long a start may take: the engine replays its logs first, and its first start
-#: copies what an older gpulab kept in Milvus Lite (a big one, minutes).
+#: How long a start may take: the engine replays its logs first. Its first start
+#: copies what an older gpulab kept in Milvus Lite (a big one, many minutes): while
+#: that copy writes pages, the limit counts from the last page it wrote.
 READY_TIMEOUT_S = 300.0
+#: The copy's progress file (:mod:`.lite_migration`), in the engine's folder of
+#: collections: each page it writes replaces it.
+MIGRATION_PROGRESS = os.path.join("faiss", "lite-migration.json")
 #: Waits between restarts of an engine that keeps exiting: 1 s doubling to a minute.
 RESTART_BACKOFF_S = (1.0, 60.0)
 #: How often the watcher looks whether the engine is still running (seconds).
@@ -109,9 +113,13 @@ class EngineProcess:
             f.write(str(self.proc.pid))
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        """Until the socket answers (the engine replays its logs first)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Until the socket answers (the engine replays its logs first). The limit
+        counts from the start, or from the last page a copy from Milvus Lite wrote:
+        a copy that goes on is waited for however long it takes (killed at the
+        limit, it began again at each start, and never ended)."""
+        started = moved = time.monotonic()
+        progress = self._migration_progress()
+        while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(
                     f"the vector engine exited with {self.proc.returncode} as it started; "
@@ -119,8 +127,20 @@ class EngineProcess:
                 )
             if os.path.exists(self.socket) and engine_transport.answers(self.socket, 1.0):
                 return
+            now, seen = time.monotonic(), self._migration_progress()
+            if seen != progress:
+                progress, moved = seen, now
+            if now - max(started, moved) >= timeout:
+                break
             time.sleep(0.1)
         raise RuntimeError(f"the vector engine did not answer within {timeout:g} s")
+
+    def _migration_progress(self) -> int | None:
+        """When the copy from Milvus Lite last wrote its progress (ns), or None."""
+        try:
+            return os.stat(os.path.join(self.root, MIGRATION_PROGRESS)).st_mtime_ns
+        except OSError:
+            return None
 
     async def start(self) -> None:
         await self._start_and_wait()

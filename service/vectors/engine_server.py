@@ -32,7 +32,7 @@ from . import engine_protocol as protocol
 from . import filters
 from .embedded_store import NotFound, Store
 from .engine_transport import Server
-from .faiss_collection import EF_SEARCH
+from .faiss_collection import EF_SEARCH, IdsTaken
 from .filter_match import predicate
 
 log = logging.getLogger("gpulab.service.vectors.engine")
@@ -74,7 +74,7 @@ class Handlers:
         collection = self.store.get(h["db"], h["cid"])
         if vectors is None or vectors.shape != (len(h["ids"]), collection.dim):
             raise ValueError(f"{len(h['ids'])} ids need as many {collection.dim}-d vectors")
-        collection.write(h["ids"], vectors, h["metadata"])
+        collection.write(h["ids"], vectors, h["metadata"], new_only=bool(h.get("insert")))
         return {}
 
     def existing(self, h, _):
@@ -86,7 +86,10 @@ class Handlers:
 
     def count(self, h, _):
         collection = self.store.get(h["db"], h["cid"])
-        return {"count": collection.count(), "pending_index_rows": collection.pending()}
+        answer = {"count": collection.count(), "pending_index_rows": collection.pending()}
+        if h.get("bytes"):  # what its rows cost (one user's budget): asked for by writes
+            answer["bytes"] = collection.held_bytes()
+        return answer
 
     def flush(self, h, _):
         """Writes paused: the indexer folds the log into a snapshot once the index
@@ -177,6 +180,10 @@ def search_ef(ef) -> int:
     return ef
 
 
+#: Ids an insert's 409 names at most.
+TAKEN_SHOWN = 5
+
+
 def handler(fn):
     def call(request: bytes) -> bytes:
         try:
@@ -184,6 +191,11 @@ def handler(fn):
             return protocol.pack(fn(header, vectors))
         except NotFound as e:
             return protocol.pack({"status": 404, "error": str(e)})
+        except IdsTaken as e:  # the service names the collection and the ids
+            taken = sorted(e.ids)
+            return protocol.pack(
+                {"status": 409, "error": str(e), "taken": taken[:TAKEN_SHOWN], "n": len(taken)}
+            )
         except filters.FilterError as e:
             return protocol.pack({"status": 400, "error": str(e)})
         except SearchTimedOut as e:

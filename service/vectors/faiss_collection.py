@@ -46,8 +46,9 @@ import numpy as np
 
 from . import wal
 from .filter_match import Predicate
+from .row_cost import metadata_cost, rows_cost
 from .rwlock import RWLock
-from .tail import Tail, best, scores
+from .tail import Tail, best, exact_best
 
 #: HNSW's graph degree and build breadth; search breadth is max(ef, 2k), ef the
 #: service's (c.VectorSettings.collection_search_ef, whose default and reason this
@@ -80,6 +81,14 @@ def new_index(dim: int, metric: str, kind: str):
     return index
 
 
+class IdsTaken(Exception):
+    """An insert of ids the collection holds already (nothing of it was written)."""
+
+    def __init__(self, ids: list[str]):
+        super().__init__(f"{len(ids)} of these ids are here already")
+        self.ids = ids
+
+
 class Collection:
     def __init__(self, path: str, dim: int, metric: str, kind: str):
         self.path, self.dim, self.metric, self.kind = path, dim, metric, kind
@@ -106,6 +115,9 @@ class Collection:
         self.on_write: Callable[[], None] | None = None
         #: When it was last searched (time.monotonic()): the indexer's batches are short then.
         self.searched_at = -float("inf")
+        #: What the live rows cost (:mod:`.row_cost`): counted at the first ask, then
+        #: kept up to date by each write and delete; None until asked.
+        self._bytes: int | None = None
 
     # -- on disk ---------------------------------------------------------------------
     @classmethod
@@ -208,6 +220,7 @@ class Collection:
             _write_json(os.path.join(tmp, "rows.json"), rows)
             _fsync_file(os.path.join(tmp, "index.faiss"))
             _write_json(os.path.join(tmp, "done"), {"seq": seq})
+            _fsync_dir(tmp)  # its files' names on disk before it takes the final name
             os.rename(tmp, final)
             _fsync_dir(self.path)
             self.snapshot_bytes = len(rows["ids"]) * self.dim * 4
@@ -269,17 +282,25 @@ class Collection:
             pass
 
     # -- rows ------------------------------------------------------------------------
-    def write(self, ids: list[str], vectors: np.ndarray, metadata: list[dict]) -> None:
-        """Upsert: a row whose id is here already replaces it. Answered once it is in
-        the log, fsynced; searchable at once (the tail), indexed soon after."""
+    def write(
+        self, ids: list[str], vectors: np.ndarray, metadata: list[dict], new_only: bool = False
+    ) -> None:
+        """Upsert: a row whose id is here already replaces it; ``new_only`` (an insert):
+        :class:`IdsTaken` if any id is here already, and nothing is written. Answered
+        once it is in the log, fsynced; searchable at once (the tail), indexed soon after."""
         vectors = self._prepared(vectors)
+        cost = rows_cost(self.dim, metadata)  # outside the locks: a pass over the metadata
         with self._writing:
             if self.log is None:
                 raise RuntimeError("the collection was closed (dropped meanwhile?)")
+            if new_only:  # under _writing: no write of the same ids comes between
+                taken = [rid for rid in ids if rid in self.label_of]
+                if taken:
+                    raise IdsTaken(taken)
             header = {"seq": self.seq + 1, "op": "write", "ids": ids, "metadata": metadata}
             self.log.append(header, vectors)
             with self.lock.write():
-                self._apply(header, vectors)
+                self._apply(header, vectors, cost)
                 self.seq = header["seq"]
                 self.idle = False
         if self.on_write is not None:
@@ -295,12 +316,17 @@ class Collection:
                 self._apply(header, None)
                 self.seq = header["seq"]
 
-    def _apply(self, header: dict, vectors: np.ndarray | None) -> None:
+    def _apply(self, header: dict, vectors: np.ndarray | None, cost: int | None = None) -> None:
+        """``cost``: what the written rows cost (:mod:`.row_cost`), counted by the
+        caller outside the locks; None: counted here if the collection's cost is kept."""
         ids = header["ids"]
+        counted = self._bytes is not None
         for rid in ids:
             label = self.label_of.pop(rid, None)
             if label is not None:
                 self.ids[label] = None
+                if counted:
+                    self._bytes -= self.dim * 4 + metadata_cost(self.metadata[label])
                 self.metadata[label] = None
         if header["op"] != "write":
             return
@@ -311,6 +337,9 @@ class Collection:
             ids = [ids[i] for i in keep]
             vectors = vectors[keep]
             metadata = [metadata[i] for i in keep]
+            cost = None
+        if counted:
+            self._bytes += cost if cost is not None else rows_cost(self.dim, metadata)
         start = len(self.ids)
         self.tail.append(vectors)
         self.ids.extend(ids)
@@ -329,6 +358,16 @@ class Collection:
 
     def count(self) -> int:
         return len(self.label_of)
+
+    def held_bytes(self) -> int:
+        """What the live rows cost (:mod:`.row_cost`): one pass over them at the first
+        ask (its writes wait meanwhile), kept up to date from then on."""
+        with self.lock.read():
+            if self._bytes is None:
+                self._bytes = len(self.label_of) * self.dim * 4 + sum(
+                    metadata_cost(m) for m in self.metadata if m is not None
+                )
+            return self._bytes
 
     def _indexed_vectors(self) -> np.ndarray:
         """The index's vectors: a view of its own storage, no copy (valid while the
@@ -375,8 +414,7 @@ class Collection:
             if labels is not None and len(labels) == 0:
                 return [[] for _ in queries]
             if labels is not None and (len(labels) <= EXACT_BELOW or self.kind == "flat"):
-                found = scores(queries, self._gather(labels), self.metric)
-                scored, found = best(found, np.broadcast_to(labels, found.shape), k, self.metric)
+                scored, found = exact_best(queries, labels, self._gather, k, self.metric)
             else:
                 scored, found = self._both(queries, labels, k, ef)
             return [

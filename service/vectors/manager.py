@@ -20,10 +20,10 @@ from gpulab.db.collections import CollectionNameTaken, CollectionStore
 from gpulab.db.engine import utcnow
 from gpulab.service.endpoints.settings import DeployRefused, check_sharing
 
-from . import checks
+from . import checks, row_cost
 from .checks import CollectionLimits, Refused
 from .embedded import EmbeddedEngine
-from .engine import EngineError, VectorEngine, database_of
+from .engine import EngineError, IdsTaken, VectorEngine, database_of
 from .engine_process import EngineProcess
 
 log = logging.getLogger("gpulab.service.vectors")
@@ -83,17 +83,22 @@ class CollectionManager:
         #: (owner, name) -> its row: every call looks one up, and only this manager
         #: changes rows (sharing, drop), so a query per call (1.5 ms) is not needed.
         self._rows: dict[tuple[str, str], dict] = {}
-        #: Drops so far: a row read in a thread while one ran may be the dropped one,
-        #: and is not cached (it would outlive its collection, and hide a new one).
-        self._drops = 0
+        #: (owner, name) -> how often its row was changed (shared, dropped) here. A row
+        #: read in a thread is cached only if no change began or ended while it was
+        #: read: one read before a change must not outlive it (bob kept using a
+        #: collection alice had stopped sharing with him; a dropped one hid a new one).
+        self._changes: collections.Counter[tuple[str, str]] = collections.Counter()
         self._tasks: set[asyncio.Task] = set()
         self._probing = False
-        #: owner -> (when counted, rows their collections hold): counted in the engine
-        #: at most every ROWS_RECOUNT_S, kept up to date by this manager's writes.
-        self._held: dict[str, tuple[float, int]] = {}
-        #: owner -> rows of writes under way (room held for them: calls at once each
-        #: passed the check on the count before the others' rows were in).
+        #: owner -> (when counted, rows their collections hold, what those cost the
+        #: engine's memory: row_cost; None where the engine does not say): counted in
+        #: the engine at most every ROWS_RECOUNT_S, kept up to date by this manager's
+        #: writes.
+        self._held: dict[str, tuple[float, int, int | None]] = {}
+        #: owner -> rows, and their bytes, of writes under way (room held for them:
+        #: calls at once each passed the check on the count before the others' were in).
         self._writing: collections.Counter[str] = collections.Counter()
+        self._writing_bytes: collections.Counter[str] = collections.Counter()
         #: owner -> one check of the room at a time (a recount is awaited).
         self._room_locks: collections.defaultdict[str, asyncio.Lock] = collections.defaultdict(
             asyncio.Lock
@@ -127,6 +132,7 @@ class CollectionManager:
                 max_queries=service.vector_settings.collection_max_queries,
                 max_hits=service.vector_settings.collection_max_hits,
                 max_rows_per_user=service.vector_settings.max_rows_per_user,
+                max_bytes_per_user=service.vector_settings.max_mib_per_user << 20,
             ),
             embedder=deployments.calls.embed if deployments is not None else None,
             endpoint_lineage=lambda owner, name: _endpoint_lineage(deployments, owner, name),
@@ -195,10 +201,12 @@ class CollectionManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _engine(self, call, *args):
+    async def _engine(self, call, *args, **kwargs):
         await self.ready()
         try:
-            return await call(*args)
+            return await call(*args, **kwargs)
+        except IdsTaken:  # the caller names the collection
+            raise
         except EngineError as e:
             if self.process is not None and not self.process.running:
                 raise Refused(503, "the vector engine is restarting; try again") from None
@@ -235,12 +243,13 @@ class CollectionManager:
     async def find(self, who, owner: str, name: str, manage: bool = False) -> dict:
         """``owner/name`` if ``who`` may use it (``manage``: share or drop it); else 404
         to its owner and admins, 403 to others (a stranger is not told whether it exists)."""
-        row = self._rows.get((owner, name))
+        key = (owner, name)
+        row = self._rows.get(key)
         if row is None:
-            drops = self._drops
+            changes = self._changes[key]
             row = await asyncio.to_thread(self.store.find, owner, name)
-            if row is not None and drops == self._drops:
-                self._rows[(owner, name)] = row
+            if row is not None and changes == self._changes[key]:
+                self._rows[key] = row
         allowed = row is not None and (who.can_act_for(owner) if manage else can_use(who, row))
         if allowed:
             return row
@@ -254,10 +263,20 @@ class CollectionManager:
             f"it does not exist or is not shared with you",
         )
 
-    def view(self, row: dict, count: int | None = None, model_shown: bool = False) -> dict:
+    def view(
+        self,
+        row: dict,
+        count: int | None = None,
+        model_shown: bool = False,
+        lists_shown: bool = False,
+    ) -> dict:
         """``model_shown``: the viewer may call the embedding endpoint, so its model's
         lineage (job, code, datasets, run) is theirs to read, as the endpoint's lineage
-        route says it to its callers only; else the lineage names the endpoint alone."""
+        route says it to its callers only; else the lineage names the endpoint alone.
+        ``lists_shown``: the viewer manages the collection (its owner, an admin), so
+        who else it is shared with is theirs to read; to the others it is shared with,
+        ``share_users`` and ``share_groups`` are empty (an endpoint's lists are its
+        owner's alone too)."""
         lineage = row["lineage"]
         if not model_shown and "embed" in lineage:
             lineage = {**lineage, "embed": {"endpoint": lineage["embed"].get("endpoint")}}
@@ -269,8 +288,8 @@ class CollectionManager:
             "metric": row["metric"],
             "index": row["index_type"],
             "embed": row["embed"],
-            "share_users": row["share_users"],
-            "share_groups": row["share_groups"],
+            "share_users": list(row["share_users"]) if lists_shown else [],
+            "share_groups": list(row["share_groups"]) if lists_shown else [],
             "created": row["created"],
             "lineage": lineage,
             # Where the index is built and searched: no GPU index in the embedded engine.
@@ -281,14 +300,18 @@ class CollectionManager:
     async def views(self, who, rows: list[dict]) -> list[dict]:
         """The views of ``rows`` as ``who`` sees them."""
         shown = await asyncio.to_thread(lambda: [self._may_call_embed(who, r) for r in rows])
-        return [self.view(row, model_shown=s) for row, s in zip(rows, shown, strict=True)]
+        return [
+            self.view(row, model_shown=s, lists_shown=who.can_act_for(row["user"]))
+            for row, s in zip(rows, shown, strict=True)
+        ]
 
     async def counted_view(self, who, row: dict) -> dict:
         """The view with its rows counted; the embedded engine also says how many wait
         for its index (``pending_index_rows``: searchable already, exactly)."""
-        stats = await self._engine(self.engine.stats, row["user"], row["id"])
+        stats = await self._engine(self.engine.stats, row["user"], row["id"], who.name)
         shown = await asyncio.to_thread(self._may_call_embed, who, row)
-        return {**self.view(row, stats.pop("count"), shown), **stats}
+        view = self.view(row, stats.pop("count"), shown, who.can_act_for(row["user"]))
+        return {**view, **stats}
 
     def _may_call_embed(self, who, row: dict) -> bool:
         """Whether ``who`` may call the endpoint that embeds ``row``'s texts (the rules
@@ -326,6 +349,7 @@ class CollectionManager:
         if embed is not None:
             endpoint = self._endpoint(who, embed)
             probe = await self._embed_as(who, endpoint, ["dimension probe"])
+            probe = self._checked_embeddings(endpoint, probe, 1)
             if dim is not None and dim != len(probe[0]):
                 raise Refused(
                     400,
@@ -362,20 +386,23 @@ class CollectionManager:
             await self._engine(self.engine.drop, owner, cid)
             raise Refused(409, f"{owner} already has a collection {name!r}") from None
         # Its maker just called the endpoint (the dimension probe): may see its model.
-        return self.view(row, 0, model_shown=True)
+        return self.view(row, 0, model_shown=True, lists_shown=True)
 
     async def drop(self, row: dict) -> None:
         # The row goes first: a crash between the two leaves an engine collection no row
         # names (unreachable; the embedded engine's is named at the next start: _sweep),
         # never a row whose vectors are gone.
-        self._drops += 1
-        self._rows.pop((row["user"], row["name"]), None)
+        key = (row["user"], row["name"])
+        self._changes[key] += 1
+        self._rows.pop(key, None)
         self._held.pop(row["user"], None)  # counted again at the next write
-        await asyncio.to_thread(self.store.remove, row["id"])
-        self._drops += 1  # a read begun before the removal is not cached either
-        # A read that began after the first bump and ended before the removal did
-        # returned the row and cached it meanwhile: it must not outlive this drop.
-        self._rows.pop((row["user"], row["name"]), None)
+        try:
+            await asyncio.to_thread(self.store.remove, row["id"])
+        finally:
+            self._changes[key] += 1  # a read begun before the removal is not cached either
+            # A read that began after the first bump and ended before the removal did
+            # returned the row and cached it meanwhile: it must not outlive this drop.
+            self._rows.pop(key, None)
         await self._engine(self.engine.drop, row["user"], row["id"])
 
     async def share(self, who, row: dict, body: dict) -> dict:
@@ -393,14 +420,25 @@ class CollectionManager:
                 return None, "", False
             return saved, self._endpoint_not_shared(saved), self._may_call_embed(who, saved)
 
-        drops = self._drops
-        saved, warning, shown = await asyncio.to_thread(save)
+        # Nothing read before the change is cached after it: the cached row goes now,
+        # reads that straddle the save are not cached (their count moved), and the row
+        # as saved is cached once it is in, unless another change came between.
+        key = (row["user"], row["name"])
+        self._changes[key] += 1
+        self._rows.pop(key, None)
+        mine = self._changes[key]
+        try:
+            saved, warning, shown = await asyncio.to_thread(save)
+        finally:
+            last = self._changes[key] == mine
+            self._changes[key] += 1
+            self._rows.pop(key, None)
         if saved is None:  # dropped meanwhile
             raise Refused(404, f"no collection {row['name']!r} of {row['user']}")
         row = saved
-        if drops == self._drops:
-            self._rows[(row["user"], row["name"])] = row
-        view = self.view(row, model_shown=shown)
+        if last:
+            self._rows[key] = row
+        view = self.view(row, model_shown=shown, lists_shown=who.can_act_for(row["user"]))
         if warning:
             view["warning"] = warning
         return view
@@ -460,40 +498,59 @@ class CollectionManager:
         metadata = checks.metadata(body.get("metadata"), n)
         if texts is not None:  # a hit returns what it found: the text is kept in the row
             metadata = [{**m, checks.TEXT_KEY: t} for m, t in zip(metadata, texts, strict=True)]
-        if not upsert and body.get("ids") is not None:
-            taken = await self._engine(self.engine.existing, row["user"], row["id"], ids)
-            if taken:
-                some = ", ".join(sorted(taken)[:5])
-                raise Refused(
-                    409,
-                    f"{len(taken)} of these ids are in {row['user']}/{row['name']} already "
-                    f"({some}); use upsert to replace them",
-                )
         rows = [
             {"id": i, "vector": v, "metadata": m}
             for i, v, m in zip(ids, vectors, metadata, strict=True)
         ]
-        await self._room_for(row["user"], n)  # held in _writing until the write ends
+        owner = row["user"]
+        if n <= 32:
+            cost = row_cost.rows_cost(row["dim"], metadata)
+        else:  # a pass over every row's metadata: off the service's loop
+            cost = await asyncio.to_thread(row_cost.rows_cost, row["dim"], metadata)
+        await self._room_for(who, owner, n, cost)  # held in _writing until the write ends
         try:
-            await self._engine(self.engine.write, row["user"], row["id"], rows, upsert)
+            # An insert's ids are looked for by the engine in the step that writes them
+            # (two inserts of one id at once: one is refused, not both written).
+            await self._engine(
+                self.engine.write,
+                owner,
+                row["id"],
+                rows,
+                upsert,
+                caller=who.name,
+                new_ids=body.get("ids") is None,
+            )
+        except IdsTaken as e:
+            raise Refused(
+                409,
+                f"{e.n} of these ids are in {owner}/{row['name']} already "
+                f"({', '.join(e.ids)}); use upsert to replace them",
+            ) from None
         finally:
-            self._writing[row["user"]] -= n
-        self._add_held(row["user"], n)  # an upsert that replaced rows: recounted later
+            self._writing[owner] -= n
+            self._writing_bytes[owner] -= cost
+        self._add_held(owner, n, cost)  # an upsert that replaced rows: recounted later
         self._written(row, n)
         return {"ids": ids, "count": n}
 
-    async def _room_for(self, owner: str, n: int) -> None:
-        """403 if ``n`` more rows would pass what ``owner``'s collections may hold; else
-        the room is held for them (``_writing``) until the caller's write ends."""
+    async def _room_for(self, who, owner: str, n: int, cost: int) -> None:
+        """403 if ``n`` more rows, costing ``cost`` bytes (:mod:`.row_cost`), would pass
+        what ``owner``'s collections may hold; else the room is held for them
+        (``_writing``) until the caller's write ends."""
         most = self.limits.max_rows_per_user
+        budget = self.limits.max_bytes_per_user
         async with self._room_locks[owner]:
             counted = self._held.get(owner)
             if counted is None or time.monotonic() - counted[0] > ROWS_RECOUNT_S:
                 mine = await asyncio.to_thread(self.store.list, owner)
-                held = 0
+                held, held_bytes = 0, 0
                 for r in mine:
-                    held += await self._engine(self.engine.count, owner, r["id"])
-                self._held[owner] = counted = (time.monotonic(), held)
+                    rows, size = await self._engine(
+                        self.engine.usage, owner, r["id"], caller=who.name
+                    )
+                    held += rows
+                    held_bytes = None if size is None or held_bytes is None else held_bytes + size
+                self._held[owner] = counted = (time.monotonic(), held, held_bytes)
             held = counted[1] + self._writing[owner]
             if held + n > most:
                 raise Refused(
@@ -502,14 +559,29 @@ class CollectionManager:
                     f"the {most:,} one user's collections may hold: delete rows or drop a "
                     f"collection (an admin can raise c.VectorSettings.max_rows_per_user)",
                 )
+            if counted[2] is not None:  # the engine's memory is the host's: budgeted
+                size = counted[2] + self._writing_bytes[owner]
+                if size + cost > budget:
+                    raise Refused(
+                        403,
+                        f"{owner}'s collections take {_mib(size)} of the vector engine's "
+                        f"memory (vectors, and metadata counted as JSON plus "
+                        f"{row_cost.PER_ITEM} bytes a key or list item); these {n:,} rows "
+                        f"({_mib(cost)}) would pass the {_mib(budget)} one user's "
+                        "collections may take: delete rows, drop a collection, or keep "
+                        "less metadata per row (an admin can raise "
+                        "c.VectorSettings.max_mib_per_user)",
+                    )
             self._writing[owner] += n
+            self._writing_bytes[owner] += cost
 
-    def _add_held(self, owner: str, n: int) -> None:
+    def _add_held(self, owner: str, n: int, cost: int = 0) -> None:
         if owner in self._held:
-            when, held = self._held[owner]
-            self._held[owner] = (when, max(0, held + n))
+            when, held, size = self._held[owner]
+            size = None if size is None else max(0, size + cost)
+            self._held[owner] = (when, max(0, held + n), size)
 
-    async def delete(self, row: dict, body: dict) -> dict:
+    async def delete(self, who, row: dict, body: dict) -> dict:
         if set(body) != {"ids"}:
             raise Refused(400, 'send {"ids": [...]}: the ids of the rows to delete')
         ids = body["ids"]
@@ -517,10 +589,12 @@ class CollectionManager:
             raise Refused(400, "ids must be a list")
         checks.rows_count(len(ids), self.limits, "ids")
         ids = checks.ids(ids, len(ids))
-        found = await self._engine(self.engine.existing, row["user"], row["id"], ids)
+        owner = row["user"]
+        found = await self._engine(self.engine.existing, owner, row["id"], ids, who.name)
         if found:
-            await self._engine(self.engine.delete, row["user"], row["id"], sorted(found))
-            self._add_held(row["user"], -len(found))
+            await self._engine(self.engine.delete, owner, row["id"], sorted(found), who.name)
+            # The bytes the rows took are the engine's to say: counted again next write.
+            self._held.pop(owner, None)
         return {"deleted": len(found)}
 
     async def search(self, who, row: dict, body: dict) -> dict:
@@ -541,7 +615,14 @@ class CollectionManager:
         expression = checks.filter_expression(body.get("filter"), self.engine.filter_text)
         vectors = await self._vectors_of(who, row, query, "vectors", "texts")
         found = await self._engine(
-            self.engine.search, row["user"], row["id"], vectors, k, row["metric"], expression
+            self.engine.search,
+            row["user"],
+            row["id"],
+            vectors,
+            k,
+            row["metric"],
+            expression,
+            caller=who.name,
         )
         found = [[_with_text(hit) for hit in hits] for hits in found]
         return {"results": found} if many else {"hits": found[0]}
@@ -588,13 +669,32 @@ class CollectionManager:
                 f'too (Client().share_deployment("{ep_name}", share_users=[..., '
                 f'"{who.name}"])), or send vectors you embed yourself',
             ) from None
-        if any(len(v) != row["dim"] for v in vectors):
+        if any(isinstance(v, list) and len(v) != row["dim"] for v in vectors):
             raise Refused(
                 502,
                 f"endpoint {row['embed']} gave vectors of another size than the "
                 f"collection's {row['dim']}; was it redeployed with another model?",
             )
-        return vectors
+        return self._checked_embeddings(row["embed"], vectors, len(texts), row["dim"])
+
+    def _checked_embeddings(self, endpoint: str, vectors, n: int, dim: int | None = None):
+        """The endpoint's answer as the checks of a user's vectors take it (one list of
+        ``dim`` finite numbers within float32's range per text): the model server is
+        the user's, and a NaN it gave (JSON's parser takes ``NaN``) would go into the
+        index that everyone's searches use. Else a 502 naming the endpoint."""
+        if not isinstance(vectors, list) or len(vectors) != n:
+            got = f"{len(vectors)} vectors" if isinstance(vectors, list) else "no list"
+            raise Refused(502, f"endpoint {endpoint} gave {got} for {n} texts")
+        if dim is None:  # the dimension probe: the endpoint's own size is the collection's
+            dim = len(vectors[0]) if isinstance(vectors[0], list) else 0
+        try:
+            return checks.vectors(vectors, dim, self.limits, "embeddings")
+        except Refused as e:
+            raise Refused(
+                502,
+                f"endpoint {endpoint} gave embeddings the collection cannot keep: {e}; "
+                "is its model server sound (a model giving NaN or inf)?",
+            ) from None
 
     def _endpoint(self, who, embed) -> str:
         if not isinstance(embed, str) or not embed.strip():
@@ -641,6 +741,10 @@ class CollectionManager:
             await self.engine.flush(row["user"], row["id"])
         except Exception as e:  # a later write seals it again
             log.warning("Sealing %s/%s failed: %s", row["user"], row["name"], e)
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
 
 
 def _with_text(hit: dict) -> dict:

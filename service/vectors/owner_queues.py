@@ -1,4 +1,8 @@
-"""Per-owner work queues: a slow owner cannot stall another.
+"""Work queues, one per user: a slow user cannot stall another.
+
+Keyed by whoever makes the calls (the service's engine clients key them by the
+caller, whosever collections the calls touch: bob, given carol's collection, holds
+no more slots for it than for his own). "Owner" below is that key.
 
 The engine has ``slots`` calls' worth of threads. One owner may hold at most
 ``per_owner`` of them at a time; the rest of their calls wait in their own queue. A

@@ -51,6 +51,21 @@ class VectorSettings(Configurable):
         """,
     ).tag(config=True)
 
+    max_mib_per_user = Int(
+        8192,
+        help="""The most memory (MiB) one user's collections may take in the embedded
+        engine together, counted as each row's vector (4 bytes a value), its metadata's
+        JSON and 64 bytes per key or list item of it (what the engine holds it as: many
+        small keys take far more memory than their JSON). Rows written into a collection
+        shared with you count as its owner's. A write past it is refused with 403,
+        naming it; max_rows_per_user holds as well. 8192 MiB holds 5,000,000 384-d rows
+        with a short field or two each. A Milvus cluster (vector_engine_uri) keeps its own
+        quotas: this applies to the embedded engine.
+
+        c.VectorSettings.max_mib_per_user = 16384
+        """,
+    ).tag(config=True)
+
     collection_max_dim = Int(
         4096,
         help="""The largest vector dimension a collection may have.
@@ -134,6 +149,7 @@ class VectorSettings(Configurable):
         "collection_max_queries",
         "collection_max_hits",
         "max_rows_per_user",
+        "max_mib_per_user",
         "vector_call_timeout",
     )
     def _positive(self, proposal):

@@ -43,8 +43,11 @@ class Log:
 
     def __init__(self, path: str):
         self.path = path
+        made = not os.path.exists(path)
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.size = os.fstat(self.fd).st_size
+        if made:  # its name on disk before any write in it is answered (a power cut)
+            fsync_dir(os.path.dirname(path) or ".")
         #: Why the log takes no more writes (a failed append it could not cut off).
         self.broken: str | None = None
 
@@ -81,6 +84,14 @@ class Log:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def replay(path: str, dim: int) -> Iterator[tuple[dict, np.ndarray | None]]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+from unittest.mock import ANY
+
+import pytest
 
 from gpulab.service.auth import Identity
 from gpulab.service.vectors.checks import CollectionLimits, Refused
@@ -30,7 +33,7 @@ ROW = {
 
 
 class Engine:
-    async def stats(self, owner, cid):
+    async def stats(self, owner, cid, caller=None):
         return {"count": 7, "pending_index_rows": 0}
 
 
@@ -76,10 +79,10 @@ class SlowEngine:
         self.rows = 0
         self.release = asyncio.Event()
 
-    async def count(self, owner, cid):
-        return self.rows
+    async def usage(self, owner, cid, caller=None):
+        return self.rows, self.rows * 16
 
-    async def write(self, owner, cid, rows, upsert):
+    async def write(self, owner, cid, rows, upsert, caller=None, new_ids=False):
         await self.release.wait()
         self.rows += len(rows)
 
@@ -108,4 +111,148 @@ async def test_writes_at_once_cannot_together_pass_the_owners_rows():
     assert "alice's collections hold 3 rows; 3 more would pass the 5" in str(answers[1])
     assert engine.rows == 3
     for task in m._tasks:
+        task.cancel()
+
+
+async def test_share_lists_are_shown_only_to_the_owner_and_admins():
+    """Everyone alice's collection was shared with read whom else she shared it with
+    (GET /collections and GET /collections/{owner}/{name}); an endpoint's lists are
+    its owner's alone, and so are a collection's."""
+    m = manager()
+    carol, dan = Identity("carol", "user"), Identity("dan", "user")
+    alice, admin = Identity("alice", "user"), Identity("root", "user", admin=True)
+    for who, users in (
+        (alice, ["carol", "dan"]),
+        (admin, ["carol", "dan"]),
+        (carol, []),
+        (dan, []),
+    ):
+        (listed,) = await m.views(who, [ROW])
+        one = await m.counted_view(who, ROW)
+        for view in (listed, one):
+            assert (view["share_users"], view["share_groups"]) == (users, []), who.name
+    assert (await m.share(alice, ROW, {}))["share_users"] == ["carol", "dan"]
+
+
+class Embedder:
+    """An embedding endpoint's answers, as its model server gave them."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    async def __call__(self, who, owner, name, texts):
+        return [list(v) for v in self.answer(len(texts))]
+
+
+class Written:
+    filter_text = staticmethod(str)
+
+    def __init__(self):
+        self.rows = []
+
+    async def usage(self, owner, cid, caller=None):
+        return len(self.rows), 0
+
+    async def count(self, owner, cid, caller=None):
+        return len(self.rows)
+
+    async def write(self, owner, cid, rows, upsert, caller=None, new_ids=False):
+        self.rows += rows
+
+    async def search(self, owner, cid, vectors, k, metric, filter, caller=None):
+        return [[] for _ in vectors]
+
+
+def texts_manager(answer, engine=None, **limits) -> CollectionManager:
+    return CollectionManager(
+        store=SimpleNamespace(list=lambda owner: [ROW]),
+        engine=engine or Written(),
+        limits=CollectionLimits(max_rows=10, max_dim=4, max_per_user=1, **limits),
+        embedder=Embedder(answer),
+        endpoint_lineage=lambda owner, name: None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (
+            lambda n: [[float("nan"), 0.0, 0.0, 1.0]] * n,
+            "embeddings[0] holds a value that is not finite",
+        ),
+        (lambda n: [[float("inf"), 0.0, 0.0, 1.0]] * n, "not finite"),
+        (lambda n: [[1e300, 0.0, 0.0, 1.0]] * n, "outside float32's range"),
+        (
+            lambda n: [["x", 0.0, 0.0, 1.0]] * n,
+            "embeddings[0] holds something that is not a number",
+        ),
+        (lambda n: [[True, 0.0, 0.0, 1.0]] * n, "not a number"),
+        (lambda n: [[0.5, 0.5, 0.5, 0.5]] * (n - 1), "gave 1 vectors for 2 texts"),
+    ],
+)
+async def test_what_a_model_server_gives_back_is_checked_as_a_users_vectors(answer, said):
+    """NaN and Infinity from a user's model server (JSON's parser takes them) were
+    stored in the index every search of the collection uses; a value that was not a
+    number was a 500."""
+    engine = Written()
+    m = texts_manager(answer, engine)
+    row = {**ROW, "embed": "bob/ep", "dim": 4}
+    alice = Identity("alice", "user")
+    for call in (
+        lambda: m.write(alice, row, {"texts": ["one", "two"]}, upsert=False),
+        lambda: m.search(alice, row, {"texts": ["one", "two"]}),
+    ):
+        with pytest.raises(Refused) as refused:
+            await call()
+        assert refused.value.status == 502, refused.value
+        assert "endpoint bob/ep gave" in str(refused.value) and said in str(refused.value)
+    assert engine.rows == []
+
+
+async def test_a_collection_is_not_made_over_an_endpoint_that_gives_nan():
+    class Engine(Written):
+        async def create(self, *args):
+            raise AssertionError("not made")
+
+    m = texts_manager(lambda n: [[float("nan"), 1.0]] * n, Engine())
+    m.store = SimpleNamespace(list=lambda owner: [])
+    with pytest.raises(Refused) as refused:
+        await m.create(Identity("alice", "user"), {"name": "d", "embed": "bob/ep"})
+    assert refused.value.status == 502 and "endpoint bob/ep gave" in str(refused.value)
+
+
+class Budgeted(Written):
+    """An engine whose collections already take ``held`` bytes."""
+
+    def __init__(self, held: int):
+        super().__init__()
+        self.held = held
+
+    async def usage(self, owner, cid, caller=None):
+        return len(self.rows), self.held
+
+
+async def test_one_users_collections_take_at_most_their_bytes():
+    """5,000,000 rows of 64 KiB of small keys each: one user's inserts took the engine's
+    memory (each 62 MiB request about 625 MiB), and the restarted engine died again
+    reloading them. Rows cost their vector and their metadata, each key counted."""
+    from gpulab.service.vectors import row_cost
+
+    engine = Budgeted(held=900)
+    m = texts_manager(lambda n: [], engine, max_bytes_per_user=1000)
+    alice = Identity("alice", "user")
+    fits = {"vectors": [[1.0, 0.0, 0.0, 0.0]], "metadata": [{"k": 1}]}
+    cost = 16 + row_cost.json_size({"k": 1}) + row_cost.PER_ITEM
+    assert cost == 87
+    assert await m.write(alice, ROW, fits, upsert=False) == {"ids": ANY, "count": 1}
+    with pytest.raises(Refused) as refused:
+        await m.write(alice, ROW, fits, upsert=False)
+    assert refused.value.status == 403
+    assert str(refused.value).startswith(
+        "alice's collections take 0.0 MiB of the vector engine's memory"
+    )
+    assert "c.VectorSettings.max_mib_per_user" in str(refused.value)
+    assert "keep less metadata per row" in str(refused.value)
+    assert len(engine.rows) == 1
+    for task in m._tasks:  # noqa: SLF001 - the seal after the write
         task.cancel()

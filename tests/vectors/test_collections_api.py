@@ -223,13 +223,18 @@ async def test_others_see_nothing_until_it_is_shared_and_admins_see_all(tmp_path
         )
         assert r.status_code == 200, r.text
         for token in (bob, carol):
-            assert [
-                c["collection"]
-                for c in (await svc.request("GET", "/collections", token=token)).json()
-            ] == ["alice/docs"]
+            listed = (await svc.request("GET", "/collections", token=token)).json()
+            assert [c["collection"] for c in listed] == ["alice/docs"]
             for method, path, body in uses:
                 r = await svc.request(method, path, token=token, json=body)
                 assert r.status_code == 200, r.text
+            # Whom else she shares it with is hers (and admins') to read.
+            one = (await svc.request("GET", "/collections/alice/docs", token=token)).json()
+            for view in (listed[0], one):
+                assert (view["share_users"], view["share_groups"]) == ([], [])
+        for token in (alice, None):  # None: the admin
+            one = (await svc.request("GET", "/collections/alice/docs", token=token)).json()
+            assert (one["share_users"], one["share_groups"]) == (["bob"], ["lab"])
         # ... but not change its sharing or drop it.
         r = await svc.request("DELETE", "/collections/alice/docs", token=bob)
         assert r.status_code == 403 and "only alice and admins" in r.json()["error"]
@@ -693,6 +698,40 @@ async def test_one_users_collections_hold_at_most_their_rows(tmp_path):
             json={"vectors": unit_vectors(5, seed=5)},
         )
         assert r.status_code == 200, r.text
+
+
+async def test_one_users_collections_take_at_most_their_memory(tmp_path):
+    """Rows of many small metadata keys took 15 times their JSON in the engine's memory,
+    and the row limit alone let one user fill the host: what the rows cost (vector,
+    metadata JSON, each key) is budgeted per owner, and a row's keys are capped."""
+    let_accounts_reach(tmp_path)
+    config = "c.VectorSettings.max_mib_per_user = 1\n"
+    async with running_service(tmp_path / "svc", config) as svc:
+        alice, bob = svc.create_user("alice"), svc.create_user("bob")
+        await make(svc, alice, dim=DIM, share_users=["bob"])
+
+        async def insert(token, n, seed=0, text="x" * 1500):
+            body = {"vectors": unit_vectors(n, seed), "metadata": [{"t": text}] * n}
+            return await svc.request(
+                "POST", "/collections/alice/docs/insert", token=token, json=body
+            )
+
+        assert (await insert(alice, 500)).status_code == 200  # about 0.8 MiB
+        r = await insert(bob, 200, seed=1)  # bob's rows in alice's collection: hers
+        assert r.status_code == 403, r.text
+        error = r.json()["error"]
+        assert error.startswith("alice's collections take 0.8 MiB of the vector engine's memory")
+        assert "would pass the 1.0 MiB" in error and "max_mib_per_user" in error
+        assert (await insert(alice, 100, seed=2, text="short")).status_code == 200
+        r = await svc.request(
+            "POST",
+            "/collections/alice/docs/insert",
+            token=alice,
+            json={"vectors": unit_vectors(1), "metadata": [{f"k{i}": i for i in range(300)}]},
+        )
+        assert r.status_code == 413 and "more than 256 keys" in r.json()["error"], r.text
+        r = await svc.request("GET", "/collections/alice/docs", token=alice)
+        assert r.json()["count"] == 600
 
 
 async def test_a_lookup_that_straddles_a_drop_does_not_bring_the_collection_back(tmp_path):
