@@ -118,6 +118,16 @@ class FineTuningStore(Store):
             q = q.where(ft_jobs.c.status.not_in(FINAL))
         return self.all(q, _job)
 
+    def open_jobs_of(self, user: str) -> int:
+        """How many of ``user``'s fine-tuning jobs have not ended, counted in SQL."""
+        q = select(func.count()).where((ft_jobs.c.user == user) & ft_jobs.c.status.not_in(FINAL))
+        with self.reading() as conn:
+            return int(conn.execute(q).scalar())
+
+    def remove_job(self, jid: str) -> None:
+        """The job's row (its gpulab job, as it ended, stays in the jobs' table)."""
+        self.delete_where(ft_jobs, ft_jobs.c.id == jid)
+
     def update_job(self, jid: str, **values) -> dict | None:
         values = json_columns(values, objects=("hyperparameters",))
         if values.get("status") in FINAL and "finished" not in values:

@@ -29,7 +29,7 @@ from sqlalchemy import (
     update,
 )
 
-from .engine import metadata, utcnow
+from .engine import lock_for_write, metadata, utcnow
 from .store import Store, json_columns
 
 schedules = Table(
@@ -48,6 +48,10 @@ schedules = Table(
     # formats, parameters...), returned as given.
     Column("meta", Text, nullable=False, default="{}"),
     Column("created", DateTime(timezone=True), nullable=False),
+    # When the hub made the owner (its user model's ``created``) as the schedule was
+    # made: a later user given the name (deleted, then made again) is not its owner.
+    # NULL for schedules made before it was kept, or where the hub did not say.
+    Column("owner_created", DateTime(timezone=True)),
     Column("next_run", DateTime(timezone=True)),
     Column("last_run", DateTime(timezone=True)),
     # Why the last run could not be submitted (the job manager's refusal), or NULL.
@@ -75,12 +79,17 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat()
 
 
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value
+
+
 def schedule_json(r) -> dict:
     """A row as the API shows it: times in ISO 8601 (UTC), the JSON columns parsed
     (a listing's rows have ``job_bytes`` instead of ``job``)."""
     d = dict(r._mapping)
-    for k in ("created", "next_run", "last_run"):
-        d[k] = _iso(d[k])
+    for k in ("created", "next_run", "last_run", "owner_created"):
+        if k in d:
+            d[k] = _iso(d[k])
     if "job" in d:
         d["job"] = json.loads(d["job"])
     d["meta"] = json.loads(d["meta"] or "{}")
@@ -112,6 +121,9 @@ class ScheduleStore(Store):
         row.setdefault("created", utcnow())
         size = len(row["job"]) + len(row["meta"])
         with self.writing() as conn:
+            # On PostgreSQL the count and the insert are one writer's at a time, as on
+            # SQLite (BEGIN IMMEDIATE): two requests at once cannot both pass the cap.
+            lock_for_write(conn)
             count, used = self._usage(conn, row["user"])
             if count + 1 > max_count or used + size > max_bytes:
                 raise OverLimit(count, used)
@@ -147,6 +159,42 @@ class ScheduleStore(Store):
         )
         return self.all(q, schedule_json)
 
+    def claim(self, sched: dict, following: dt.datetime, now: dt.datetime) -> dict | None:
+        """Take the run of ``sched`` (a row :meth:`due` gave) that is due: its next run
+        moved to ``following`` and its last run to ``now``, only if it is still active
+        and unchanged since it was read (its next run, cron and time zone); then the row
+        as it is now (its job the one to submit), else None: paused, deleted, changed
+        or taken meanwhile, and nothing is submitted."""
+        was = _utc(dt.datetime.fromisoformat(sched["next_run"]))
+        q = (
+            update(schedules)
+            .where(
+                (schedules.c.id == sched["id"])
+                & schedules.c.active
+                & (schedules.c.next_run == was)
+                & (schedules.c.schedule == sched["schedule"])
+                & (schedules.c.timezone == sched["timezone"])
+            )
+            .values(next_run=following, last_run=now)
+        )
+        with self.writing() as conn:
+            if conn.execute(q).rowcount != 1:
+                return None
+            row = conn.execute(select(schedules).where(schedules.c.id == sched["id"])).first()
+        return schedule_json(row) if row else None
+
+    def put_back(self, schedule_id: str, taken: dt.datetime, retry: dt.datetime, error: str):
+        """A claimed run that could not be submitted (the hub did not answer) is due
+        again at ``retry``, unless the schedule changed since it was claimed (its next
+        run no longer ``taken``)."""
+        q = (
+            update(schedules)
+            .where((schedules.c.id == schedule_id) & (schedules.c.next_run == _utc(taken)))
+            .values(next_run=retry, last_error=error)
+        )
+        with self.writing() as conn:
+            conn.execute(q)
+
     def update(self, schedule_id: str, **values) -> None:
         self.update_by_id(schedules, schedule_id, json_columns(values, objects=("job", "meta")))
 
@@ -158,6 +206,7 @@ class ScheduleStore(Store):
         encoded = json_columns(values, objects=("job", "meta"))
         size = len(encoded["job"]) + len(encoded["meta"])
         with self.writing() as conn:
+            lock_for_write(conn)  # as in add: one writer's count at a time
             count, used = self._usage(conn, user, excluding=schedule_id)
             now = conn.execute(select(_SIZE).where(schedules.c.id == schedule_id)).scalar()
             if used + size > max_bytes and size > (now or 0):

@@ -9,7 +9,8 @@ would run on, under an account nobody owns, holding GPUs nobody can free from
 the hub. So the authenticator's ``delete_user`` calls :func:`stop_work`
 first: the user's schedules are deleted (else they would fire on, and a later
 user given the name would inherit them, the notebooks in their jobs and the
-runs' output), every job of the user that has
+runs' output), so are their fine-tuning jobs and training files (rows are kept by
+name: a later user of it would read the training data), every job of the user that has
 not ended is cancelled and every deployment stopped (the service stops the
 processes, then releases their slices), and the deletion goes on only when the
 service lists none of them any more. If something is left (or the service does
@@ -22,6 +23,7 @@ the same name later must not get the old user's home, files and processes.
 from __future__ import annotations
 
 import asyncio
+import copy
 from urllib.parse import quote
 
 from tornado import web
@@ -71,18 +73,63 @@ async def _schedules(client: ServiceClient, name: str) -> list[dict]:
     return await client.request("GET", "/schedules", query={"user": name}) or []
 
 
+def gateway_client(client: ServiceClient) -> ServiceClient:
+    """The same service, token and retries at its OpenAI-compatible gateway
+    (``<prefix>v1``, beside ``<prefix>api/v1``), where the fine-tuning API is."""
+    gateway = copy.copy(client)
+    base = client.api_url.rstrip("/")
+    gateway.api_url = base.removesuffix("/api/v1") + "/v1" if base.endswith("/api/v1") else base
+    return gateway
+
+
+async def _fine_tuning(gateway: ServiceClient, name: str) -> tuple[list[dict], list[dict]]:
+    """``name``'s fine-tuning jobs and training files, as the gateway lists them."""
+    jobs = await gateway.request("GET", "/fine_tuning/jobs", query={"user": name, "limit": 1000})
+    files = await gateway.request("GET", "/files", query={"user": name, "limit": 10000})
+    return (jobs or {}).get("data") or [], (files or {}).get("data") or []
+
+
+async def _ignore_gone(call) -> None:
+    try:
+        await call
+    except web.HTTPError as e:
+        if e.status_code != 404:  # 404: the user deleted it meanwhile
+            raise
+
+
+async def remove_fine_tuning(client: ServiceClient, name: str) -> int:
+    """Remove ``name``'s fine-tuning jobs (their training jobs cancelled first) and
+    training files; how many of both. Rows are kept by name: a later user given it
+    would otherwise list them and read the files' content."""
+    gateway = gateway_client(client)
+    removed = 0
+    for _ in range(100):  # a page at a time, until none is left
+        jobs, files = await _fine_tuning(gateway, name)
+        if not jobs and not files:
+            return removed
+        for job in jobs:
+            path = f"/fine_tuning/jobs/{quote(str(job['id']), safe='')}/cancel"
+            await _ignore_gone(gateway.request("POST", path, body={}, query={"remove": "1"}))
+        for f in files:
+            await _ignore_gone(gateway.request("DELETE", f"/files/{quote(str(f['id']), safe='')}"))
+        removed += len(jobs) + len(files)
+    raise web.HTTPError(
+        409, f"{name}'s fine-tuning jobs and training files are still there: remove them first"
+    )
+
+
 async def stop_work(client: ServiceClient, name: str) -> tuple[int, int]:
-    """Delete ``name``'s schedules, cancel their jobs and stop their deployments;
-    (jobs, deployments) stopped.
+    """Delete ``name``'s schedules, their fine-tuning jobs and training files, cancel
+    their jobs and stop their deployments; (jobs, deployments) stopped.
 
     Raises ``HTTPError(409)`` if any is still there afterwards."""
     # The schedules go first, so none submits a job while the jobs are cancelled.
     for sched in await _schedules(client, name):
-        try:
-            await client.request("DELETE", f"/schedules/{quote(str(sched['id']), safe='')}")
-        except web.HTTPError as e:
-            if e.status_code != 404:  # 404: the user deleted it meanwhile
-                raise
+        await _ignore_gone(
+            client.request("DELETE", f"/schedules/{quote(str(sched['id']), safe='')}")
+        )
+    # Then the fine-tuning jobs (each cancels its training job) and files.
+    await remove_fine_tuning(client, name)
     jobs, deployments = await _left(client, name)
     for job in jobs:
         await client.request("DELETE", f"/jobs/{quote(str(job['id']), safe='')}")

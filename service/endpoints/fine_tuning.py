@@ -30,7 +30,13 @@ import uuid
 from gpulab.db.fine_tuning import FINAL, FineTuningStore
 from gpulab.service.auth import Identity
 from gpulab.service.endpoints.calls import CallRefused
-from gpulab.service.endpoints.fine_tuning_files import TrainingFiles, check_training_file, epoch
+from gpulab.service.endpoints.fine_tuning_files import (
+    TrainingFiles,
+    check_training_file,
+    epoch,
+    for_training,
+    listed_user,
+)
 from gpulab.service.endpoints.fine_tuning_files import not_found as _not_found
 from gpulab.service.endpoints.fine_tuning_publish import (
     ADAPTER_FILES,
@@ -59,6 +65,58 @@ SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
 #: the adapter to be served).
 STATUS = {"queued": "queued", "running": "running", "failed": "failed", "cancelled": "cancelled"}
 POLL_S = 1.0
+#: The most fine-tuning jobs one user may have open (queued or running) at once: each
+#: carries a copy of its base model.
+MAX_OPEN_JOBS = 8
+#: What serving its adapter says of one job, at most (the newest are kept).
+MAX_NOTES = 50
+#: The largest ``trained_tokens`` taken from what a job wrote (its column's range).
+MAX_TRAINED_TOKENS = 2**62
+#: Numbers a report() record may carry into an event (a loss, a step, a time).
+_NUMBER_LIMIT = 2**62
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _NUMBER_LIMIT
+
+
+def _number(value) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) < _NUMBER_LIMIT if isinstance(value, int) else math.isfinite(value)
+
+
+def trained_tokens(summary) -> int | None:
+    """``trained_tokens`` of the summary a job wrote (``out/sft.json``, the user's own
+    file): an integer from 0 to 2**62, else None (not a number the table can hold)."""
+    if not isinstance(summary, dict):
+        return None
+    tokens = summary.get("trained_tokens")
+    if isinstance(tokens, bool) or not isinstance(tokens, int):
+        return None
+    return tokens if 0 <= tokens <= MAX_TRAINED_TOKENS else None
+
+
+def metric_event(record, created: int) -> tuple | None:
+    """A ``report()`` record (the user's code wrote it: any JSON) as a step's event,
+    or None when it is not a step's loss: a step that is not a count or a loss that
+    is not a finite number is left out, not a 500 for the whole list."""
+    if not isinstance(record, dict):
+        return None
+    step, loss, total = record.get("step"), record.get("loss"), record.get("total_steps")
+    if not _integer(step) or not _number(loss):
+        return None
+    if not _integer(total):
+        total = None
+    at = record.get("time", created)
+    at = int(at) if _number(at) and at >= 0 else created
+    return (
+        at,
+        "info",
+        "metrics",
+        f"Step {step}/{total}: training loss={loss:.4f}",
+        {"step": step, "total_steps": total, "train_loss": loss},
+    )
 
 
 def check_hyperparameters(doc: dict) -> dict:
@@ -171,11 +229,28 @@ class FineTuning:
     """Training files and fine-tuning jobs over the job manager (``jobs``) and the
     deployment manager (``deployments``); a loop follows each open job."""
 
-    def __init__(self, store: FineTuningStore, files: TrainingFiles, jobs, deployments):
+    def __init__(
+        self,
+        store: FineTuningStore,
+        files: TrainingFiles,
+        jobs,
+        deployments,
+        *,
+        refuse_over_budget=None,
+        max_open_jobs: int = MAX_OPEN_JOBS,
+    ):
         self.store = store
         self.files = files
         self.jobs = jobs
         self.deployments = deployments
+        #: ``await refuse_over_budget(user, gpu_milli)`` raises ``BudgetExceeded`` when
+        #: the user has used their GPU-hours (the check ``POST /deployments`` makes):
+        #: an adapter served is a new version holding a GPU. None: no budgets.
+        self.refuse_over_budget = refuse_over_budget
+        #: The most fine-tuning jobs one user may have open at once.
+        self.max_open_jobs = max_open_jobs
+        #: Each user's creates one at a time: each reads the whole base model.
+        self._creating: dict[str, asyncio.Lock] = {}
         #: Fine-tuning job id -> what serving its adapter has said (events).
         self.notes: dict[str, list[tuple[float, str]]] = {}
         self._publishing: set[str] = set()
@@ -187,7 +262,13 @@ class FineTuning:
         store = FineTuningStore(service.ledger.engine)
         folder = os.path.join(service.data_dir, "fine_tuning", "files")
         files = TrainingFiles(store, folder, service.llm_settings.training_files_quota_mib)
-        return cls(store, files, service.jobs, service.deployments)
+        return cls(
+            store,
+            files,
+            service.jobs,
+            service.deployments,
+            refuse_over_budget=service.budgets.refuse_over_budget,
+        )
 
     # -- jobs ------------------------------------------------------------------------
     def base_endpoint(self, who, model) -> dict:
@@ -279,12 +360,56 @@ class FineTuning:
                 param="suffix",
             )
         row = self.files.get(who, fid)
+        milli = self.deployments.store.versions(dep["id"])[0]["gpu_milli"]
+        # One create of a user's at a time, and what would refuse the job checked
+        # before the base model is read and copied into it (up to the site's cap on a
+        # job's variables, per request): requests at once cannot hold many copies.
+        async with self._creating.setdefault(who.name, asyncio.Lock()):
+            self._check_open(who.name)
+            try:
+                await self.jobs.intake.check_room(who, {"gpu_milli": milli})
+            except JobRefused as e:
+                raise OpenAIError(e.status, str(e)) from None
+            ft_id, adapter, job = await self._submit(who, doc, dep, row, hyper, suffix, milli)
+            ft = self.store.add_job(
+                {
+                    "id": ft_id,
+                    "user": who.name,
+                    "model": doc["model"].strip(),
+                    "deployment_id": dep["id"],
+                    "training_file": fid,
+                    "hyperparameters": hyper,
+                    "suffix": suffix,
+                    "adapter": adapter,
+                    "job_id": job["id"],
+                    "status": "queued",
+                }
+            )
+        log.info("Fine-tuning job %s of %s: job %s on %s", ft_id, who.name, job["id"], dep["name"])
+        return job_object(ft)
+
+    def _check_open(self, user: str) -> None:
+        """429 when ``user`` has as many fine-tuning jobs open as one may."""
+        open_jobs = self.store.open_jobs_of(user)
+        if open_jobs >= self.max_open_jobs:
+            raise OpenAIError(
+                429,
+                f"you have {open_jobs} fine-tuning jobs queued or running, the most one user "
+                f"may have at once ({self.max_open_jobs}): wait for one to end, or cancel "
+                f"one you no longer need (client.fine_tuning.jobs.cancel(id))",
+                code="rate_limit_exceeded",
+            )
+
+    async def _submit(self, who, doc: dict, dep: dict, row: dict, hyper, suffix, milli: int):
+        """``(ft_id, adapter, job)``: the job that trains, submitted as ``who`` with the
+        base model's files and the training file as its variables."""
         paths = await asyncio.to_thread(self._base_paths, dep)
         sizes = await asyncio.to_thread(lambda: sum(os.path.getsize(p) for p in paths.values()))
         self._check_size(doc["model"].strip(), sizes + row["bytes"])
         data = await asyncio.to_thread(self.files.read, row)
         # Checked at upload; again here (off the loop), so no job ever starts on a bad line.
         await asyncio.to_thread(check_training_file, data)
+        data = await asyncio.to_thread(for_training, data)
         ft_id = f"ftjob-{uuid.uuid4().hex[:24]}"
         adapter = f"{suffix or 'ft'}-{ft_id[6:14]}"
         base = await asyncio.to_thread(self._read_all, paths)
@@ -297,28 +422,13 @@ class FineTuning:
             "code": CELL,
             "name": f"fine-tune-{adapter}"[:63],
             "vars_b64": vars_b64,
-            "gpu_milli": self.deployments.store.versions(dep["id"])[0]["gpu_milli"],
+            "gpu_milli": milli,
         }
         try:
             job = await self.jobs.submit(who, body)
         except JobRefused as e:
             raise OpenAIError(e.status, str(e)) from None
-        ft = self.store.add_job(
-            {
-                "id": ft_id,
-                "user": who.name,
-                "model": doc["model"].strip(),
-                "deployment_id": dep["id"],
-                "training_file": fid,
-                "hyperparameters": hyper,
-                "suffix": suffix,
-                "adapter": adapter,
-                "job_id": job["id"],
-                "status": "queued",
-            }
-        )
-        log.info("Fine-tuning job %s of %s: job %s on %s", ft_id, who.name, job["id"], dep["name"])
-        return job_object(ft)
+        return ft_id, adapter, job
 
     def get(self, who, ft_id: str) -> dict:
         row = self.store.job(ft_id)
@@ -326,8 +436,9 @@ class FineTuning:
             raise _not_found("fine-tuning job", ft_id)
         return row
 
-    def list(self, who) -> list[dict]:
-        return self.store.jobs(who.name)
+    def list(self, who, user: str | None = None) -> list[dict]:
+        """The caller's jobs, or (admins and the service: ``?user=``) ``user``'s."""
+        return self.store.jobs(listed_user(who, user, "fine-tuning jobs"))
 
     async def cancel(self, who, ft_id: str) -> dict:
         row = self.get(who, ft_id)
@@ -340,6 +451,20 @@ class FineTuning:
             by = "its owner" if who.name == row["user"] else f"{who.kind} {who.name}"
             await self.jobs.cancel(job, f"fine-tuning job cancelled by {by}")
         return self.store.update_job(ft_id, status="cancelled")
+
+    async def remove(self, who, ft_id: str) -> None:
+        """A job's row gone (its gpulab job cancelled first if it has not ended), for an
+        admin or the service: a hub user removed takes their fine-tuning jobs along,
+        so a later user given the name finds none of them."""
+        if not (who.admin or who.internal):
+            raise OpenAIError(
+                403, "removing a fine-tuning job is for admins; cancel it instead", param="remove"
+            )
+        row = self.get(who, ft_id)
+        if row["status"] not in FINAL:
+            await self.cancel(who, ft_id)
+        self.store.remove_job(ft_id)
+        self.notes.pop(ft_id, None)
 
     # -- events ----------------------------------------------------------------------
     def events(self, row: dict) -> list[dict]:
@@ -354,18 +479,9 @@ class FineTuning:
         if job is not None:
             records, _ = self.jobs.jobdir(job).metrics(0, 0)
             for r in records:
-                if "loss" not in r or "step" not in r:
-                    continue
-                total = r.get("total_steps")
-                out.append(
-                    (
-                        int(r.get("time", created)),
-                        "info",
-                        "metrics",
-                        f"Step {r['step']}/{total}: training loss={r['loss']:.4f}",
-                        {"step": r["step"], "total_steps": total, "train_loss": r["loss"]},
-                    )
-                )
+                event = metric_event(r, created)
+                if event is not None:
+                    out.append(event)
         for at, text in self.notes.get(row["id"], []):
             out.append((int(at), "info", "message", text, None))
         if row["status"] in FINAL:
@@ -428,7 +544,9 @@ class FineTuning:
                 self.store.update_job(row["id"], **values)
 
     def _note(self, ft_id: str, text: str) -> None:
-        self.notes.setdefault(ft_id, []).append((time.time(), text))
+        notes = self.notes.setdefault(ft_id, [])
+        notes.append((time.time(), text))
+        del notes[:-MAX_NOTES]
 
     async def _publish(self, row: dict, job: dict) -> None:
         try:
@@ -442,7 +560,8 @@ class FineTuning:
                     f"job {job['id']} ended without its adapter ({e.strerror or e}: "
                     f"out/{ADAPTER_FILES[1]}); its log says why: GET /jobs/{job['id']}/logs"
                 ) from None
-            summary = jd.read_user_json("out/sft.json", {}) or {}
+            # The user's own file: any JSON, or none.
+            tokens = trained_tokens(jd.read_user_json("out/sft.json", {}))
             dep = self.deployments.store.get(row["deployment_id"])
             if dep is None:
                 raise PublishFailed("its base endpoint was stopped before the adapter was served")
@@ -450,18 +569,33 @@ class FineTuning:
             if row["status"] == "queued":  # it ran between two looks
                 self.store.update_job(row["id"], status="running")
             owner = Identity(row["user"], "user")
-            await serve_adapter(self.deployments, owner, dep, row["adapter"], files, job["id"])
-            if self.store.job(row["id"])["status"] in FINAL:
-                return  # cancelled while its adapter was being served: it is served anyway
+            await serve_adapter(
+                self.deployments,
+                owner,
+                dep,
+                row["adapter"],
+                files,
+                job["id"],
+                refuse_over_budget=self.refuse_over_budget,
+            )
+            current = self.store.job(row["id"])
+            if current is None or current["status"] in FINAL:
+                return  # cancelled (or removed) while its adapter was being served
             self.store.update_job(
                 row["id"],
                 status="succeeded",
                 fine_tuned_model=f"{dep['name']}:{row['adapter']}",
-                trained_tokens=summary.get("trained_tokens"),
+                trained_tokens=tokens,
             )
-        except (PublishFailed, OSError) as e:
-            log.warning("Fine-tuning job %s: %s", row["id"], e)
-            if self.store.job(row["id"])["status"] not in FINAL:
-                self.store.update_job(row["id"], status="failed", error=str(e))
+        except Exception as e:  # anything: the job fails saying why, never tried again
+            if isinstance(e, (PublishFailed, OSError)):
+                log.warning("Fine-tuning job %s: %s", row["id"], e)
+                reason = str(e)
+            else:
+                log.exception("Fine-tuning job %s: serving its adapter", row["id"])
+                reason = f"serving its adapter failed ({type(e).__name__}: {e})"
+            current = self.store.job(row["id"])
+            if current is not None and current["status"] not in FINAL:
+                self.store.update_job(row["id"], status="failed", error=reason[:2000])
         finally:
             self._publishing.discard(row["id"])

@@ -9,7 +9,10 @@ work unchanged:
     GET    fine_tuning/jobs, fine_tuning/jobs/{id}, fine_tuning/jobs/{id}/events
     POST   fine_tuning/jobs/{id}/cancel
 
-Lists take ``limit`` and ``after`` (an id: what comes after it), newest first.
+Lists take ``limit`` and ``after`` (an id: what comes after it), newest first;
+admins and the service also ``user`` (whose files or jobs). ``POST
+fine_tuning/jobs/{id}/cancel?remove=1`` (admins and the service: a hub user being
+removed) cancels the job if it runs and removes it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from gpulab.service.endpoints.openai_errors import OpenAIError
 #: The first part of the paths this answers (after ``v1/``).
 PREFIXES = ("files", "fine_tuning")
 MAX_LIMIT = 1000
+#: How deep a request body's arrays and objects may nest (as the service's own routes
+#: take them: ``gpulab.service.api.request_body.MAX_NESTING``).
+MAX_NESTING = 64
 
 
 def _page(items: list[dict], query: dict, default: int = 20, most: int = MAX_LIMIT) -> dict:
@@ -41,14 +47,41 @@ def _page(items: list[dict], query: dict, default: int = 20, most: int = MAX_LIM
     return {"object": "list", "data": items[:limit], "has_more": len(items) > limit}
 
 
+def _too_deep(value) -> bool:
+    """Whether ``value`` nests arrays and objects more than MAX_NESTING deep (walked
+    without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        items = v.values() if isinstance(v, dict) else v
+        inner = [x for x in items if isinstance(x, (dict, list))]
+        if inner and depth >= MAX_NESTING:
+            return True
+        stack.extend((x, depth + 1) for x in inner)
+    return False
+
+
 def _json_body(body: bytes | None) -> dict:
     try:
         doc = json.loads((body or b"").decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise OpenAIError(400, "the request body must be a JSON object in UTF-8") from None
+    except RecursionError:
+        raise OpenAIError(
+            400, f"the request body nests arrays and objects more than {MAX_NESTING} deep"
+        ) from None
     if not isinstance(doc, dict):
         raise OpenAIError(400, "the request body must be a JSON object")
+    if _too_deep(doc):
+        raise OpenAIError(
+            400, f"the request body nests arrays and objects more than {MAX_NESTING} deep"
+        )
     return doc
+
+
+def _user(query: dict) -> str | None:
+    """``?user=``: whose files or jobs a listing is of (admins and the service)."""
+    return (query.get("user") or [None])[0]
 
 
 class FineTuningRoutes:
@@ -103,7 +136,7 @@ class FineTuningRoutes:
                 row = await asyncio.to_thread(files.create, who, upload, purpose)
                 return self._ok(file_object(row))
             self._method(method, "GET", "files")
-            rows = await asyncio.to_thread(files.list, who)
+            rows = await asyncio.to_thread(files.list, who, _user(q))
             return self._ok(_page([file_object(r) for r in rows], q, 10000, 10000))
         fid = rest[0]
         if len(rest) == 1:
@@ -125,7 +158,7 @@ class FineTuningRoutes:
             if method == "POST":
                 return self._ok(await ft.create(who, _json_body(body)))
             self._method(method, "GET", "fine_tuning/jobs")
-            rows = await asyncio.to_thread(ft.list, who)
+            rows = await asyncio.to_thread(ft.list, who, _user(q))
             return self._ok(_page([job_object(r) for r in rows], q))
         ft_id = rest[0]
         where = f"fine_tuning/jobs/{ft_id}"
@@ -140,5 +173,8 @@ class FineTuningRoutes:
             return self._ok(_page(events[::-1], q))
         if rest[1:] == ["cancel"]:
             self._method(method, "POST", f"{where}/cancel")
+            if (q.get("remove") or [""])[0] in ("1", "true"):
+                await ft.remove(who, ft_id)
+                return self._ok({"id": ft_id, "object": "fine_tuning.job", "deleted": True})
             return self._ok(job_object(await ft.cancel(who, ft_id)))
         raise self._no_route("/".join(["fine_tuning", "jobs", *rest]))

@@ -44,6 +44,16 @@ def not_found(kind: str, ident: str) -> OpenAIError:
     return OpenAIError(404, f"No such {kind}: '{ident}'.", code="not_found")
 
 
+def listed_user(who, user: str | None, what: str) -> str:
+    """Whose ``what`` a listing with ``?user=`` is of: users their own (another's: 403),
+    admins and the service (removing a hub user) anyone's."""
+    if user is None or user == who.name:
+        return who.name
+    if not (who.admin or who.internal):
+        raise OpenAIError(403, f"you can only list your own {what}", param="user")
+    return user
+
+
 def _line_error(n: int, why: str) -> OpenAIError:
     return OpenAIError(
         400,
@@ -60,8 +70,12 @@ def check_example(n: int, line: str) -> None:
     contents, and an assistant reply to learn from."""
     try:
         doc = json.loads(line)
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         raise _line_error(n, f"not JSON ({e.msg} at column {e.colno})") from None
+    except ValueError as e:  # an integer of thousands of digits
+        raise _line_error(n, f"not JSON ({e})") from None
+    except RecursionError:
+        raise _line_error(n, "not JSON (arrays or objects nested too deeply)") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list):
         raise _line_error(n, 'no "messages" list')
     messages = doc["messages"]
@@ -85,7 +99,9 @@ def check_training_file(data: bytes) -> int:
         line = data[: e.start].count(b"\n") + 1
         raise _line_error(line, "not UTF-8") from None
     count = 0
-    for n, line in enumerate(text.splitlines(), 1):
+    # JSONL's lines end at "\n" only: splitlines() would also cut at U+2028, U+2029
+    # and U+0085, which JSON allows inside a string.
+    for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         check_example(n, line)
@@ -97,6 +113,23 @@ def check_training_file(data: bytes) -> int:
     if not count:
         raise OpenAIError(400, "the training file has no examples (JSONL lines)", param="file")
     return count
+
+
+#: Characters JSON allows raw inside a string that Python's ``str.splitlines`` (the
+#: training loop's) takes for line ends.
+_LINE_ENDS_IN_STRINGS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
+
+
+def for_training(data: bytes) -> bytes:
+    """A checked training file as the job gets it: the same examples, with the few
+    characters a string may hold raw that ``splitlines()`` would cut at written as
+    JSON escapes (in a checked file they are only ever inside strings)."""
+    text = data.decode("utf-8")
+    if not any(ch in text for ch in _LINE_ENDS_IN_STRINGS):
+        return data
+    for ch, escaped in _LINE_ENDS_IN_STRINGS.items():
+        text = text.replace(ch, escaped)
+    return text.encode("utf-8")
 
 
 def parse_upload(body: bytes | None, content_type: str) -> tuple[HTTPFile, str]:
@@ -191,8 +224,9 @@ class TrainingFiles:
             raise not_found("file", fid)
         return row
 
-    def list(self, who) -> list[dict]:
-        return self.store.files(who.name)
+    def list(self, who, user: str | None = None) -> list[dict]:
+        """The caller's files, or (admins and the service: ``?user=``) ``user``'s."""
+        return self.store.files(listed_user(who, user, "files"))
 
     def read(self, row: dict) -> bytes:
         with open(self.path(row["id"]), "rb") as f:

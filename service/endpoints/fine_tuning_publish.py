@@ -20,6 +20,7 @@ import tarfile
 import tempfile
 import time
 
+from gpulab.scheduler.budget import BudgetExceeded
 from gpulab.service.endpoints.settings import DeployRefused
 
 #: Files an adapter folder holds (what the archive check and the replica ask for).
@@ -56,9 +57,21 @@ def pack_with_adapter(model_dir: str, adapter: str, files: dict[str, bytes], tar
             tar.addfile(info, io.BytesIO(files[name]))
 
 
-async def serve_adapter(deployments, who, dep: dict, adapter: str, files: dict, job_id: str):
+async def serve_adapter(
+    deployments,
+    who,
+    dep: dict,
+    adapter: str,
+    files: dict,
+    job_id: str,
+    *,
+    refuse_over_budget=None,
+):
     """Add ``adapter`` to ``dep`` (a new version, promoted once ready) for ``who``,
-    its owner; ``job_id``: the training job, the version's lineage."""
+    its owner; ``job_id``: the training job, the version's lineage.
+    ``refuse_over_budget(user, gpu_milli)``: the GPU-hour budget's check that
+    ``POST /deployments`` makes of a new version, made here too (the version holds a
+    GPU as any other); None: no budgets."""
     versions = deployments.store.versions(dep["id"])
     stable = versions[0]
     if len(versions) > 1:
@@ -69,6 +82,12 @@ async def serve_adapter(deployments, who, dep: dict, adapter: str, files: dict, 
     model_dir = deployments.serving.model_dir(stable["id"])
     if adapter in _adapters(model_dir):
         return  # served already (a service restarted after promoting, before it noted so)
+    if refuse_over_budget is not None:
+        try:
+            # The canary takes its deployment's slice, as POST /deployments reads it.
+            await refuse_over_budget(who.name, dep.get("gpu_milli") or 0)
+        except BudgetExceeded as e:
+            raise PublishFailed(f"the adapter could not join {dep['name']}: {e}") from None
     with tempfile.TemporaryDirectory() as tmp:
         tar_path = os.path.join(tmp, "model.tar.gz")
         await asyncio.to_thread(pack_with_adapter, model_dir, adapter, files, tar_path)

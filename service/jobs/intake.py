@@ -58,41 +58,13 @@ class JobIntake:
             raise JobRefused(403, "jobs are submitted by users (with a user's token)")
         # Here, not in the route: scheduled runs and fine-tuning jobs come this way too.
         await self._check_budget(who.name, body)
-        sent = sorted(set(body) & set(SERVICE_FIELDS))
-        if sent:
-            raise JobRefused(
-                400,
-                f"{noun(len(sent), 'field')} set by the service, not the client: {', '.join(sent)}",
-            )
+        self._refuse_service_fields(body)
         # At the cap, before the body's variables are decoded and written (the insert
         # checks again, in its own transaction).
-        waiting = await asyncio.to_thread(self.book.queue.queued_of, who.name)
-        if waiting >= self.limits.max_queued_jobs_per_user:
-            raise self._queue_full(waiting)
-        try:
-            # Its variables may be hundreds of MB of base64, checked here: in a thread.
-            spec = await asyncio.to_thread(JobSpec.from_dict, body)
-            parse_gpu_milli(spec.gpu_milli, self.limits.slice_sizes)
-        except SpecTooLarge as e:
-            raise JobRefused(413, str(e)) from None
-        except (SpecError, SliceError, TypeError) as e:
-            raise JobRefused(400, str(e)) from None
-        self._check_limits(spec)
+        await self._check_queue(who.name)
+        spec, klass = await self.checked_spec(who, body)
         # An elastic job waits for MIN nodes; the service sets its size at each launch.
         spec.nodes = spec.least_nodes
-        if spec.priority > 0 and not who.admin:
-            raise JobRefused(
-                403,
-                f"priority {spec.priority}: users may lower their jobs' "
-                f"priority (down to -100); raising it is for admins",
-            )
-        try:
-            klass = self.priorities.for_job(
-                spec.priority_class, who.admin, await self.granted_classes(who.name)
-            )
-        except PriorityError as e:
-            status = 403 if spec.priority_class in self.priorities.by_name else 400
-            raise JobRefused(status, str(e)) from None
         # The backends' checks may name the job (a Kubernetes Job's name is its id).
         spec.id = uuid.uuid4().hex[:12]
         spec.user = who.name
@@ -128,6 +100,57 @@ class JobIntake:
         jd.event(f"job {spec.id} queued: {size} x {label(spec.gpu_milli)}, for {where}")
         book.wake.set()
         return job
+
+    async def check_room(self, who, body: dict) -> None:
+        """What a submit of ``body`` now would be refused for before its spec is read:
+        the owner's GPU-hour budget and their cap of waiting jobs. A caller that builds
+        a large body (a fine-tuning job reads the base model into it) asks first."""
+        await self._check_budget(who.name, body)
+        await self._check_queue(who.name)
+
+    async def checked_spec(self, who, body: dict):
+        """``(spec, priority class)`` of ``body`` as ``who`` would submit it, by the
+        checks that do not depend on the time (the spec, the slice size, the site's
+        caps, the priority and its class): the same :class:`JobRefused` as a submit.
+        A schedule is checked this way when it is made, not first at its run."""
+        self._refuse_service_fields(body)
+        try:
+            # Its variables may be hundreds of MB of base64, checked here: in a thread.
+            spec = await asyncio.to_thread(JobSpec.from_dict, dict(body))
+            parse_gpu_milli(spec.gpu_milli, self.limits.slice_sizes)
+        except SpecTooLarge as e:
+            raise JobRefused(413, str(e)) from None
+        except (SpecError, SliceError, TypeError) as e:
+            raise JobRefused(400, str(e)) from None
+        self._check_limits(spec)
+        if spec.priority > 0 and not who.admin:
+            raise JobRefused(
+                403,
+                f"priority {spec.priority}: users may lower their jobs' "
+                f"priority (down to -100); raising it is for admins",
+            )
+        try:
+            klass = self.priorities.for_job(
+                spec.priority_class, who.admin, await self.granted_classes(who.name)
+            )
+        except PriorityError as e:
+            status = 403 if spec.priority_class in self.priorities.by_name else 400
+            raise JobRefused(status, str(e)) from None
+        return spec, klass
+
+    @staticmethod
+    def _refuse_service_fields(body: dict) -> None:
+        sent = sorted(set(body) & set(SERVICE_FIELDS))
+        if sent:
+            raise JobRefused(
+                400,
+                f"{noun(len(sent), 'field')} set by the service, not the client: {', '.join(sent)}",
+            )
+
+    async def _check_queue(self, user: str) -> None:
+        waiting = await asyncio.to_thread(self.book.queue.queued_of, user)
+        if waiting >= self.limits.max_queued_jobs_per_user:
+            raise self._queue_full(waiting)
 
     async def _check_budget(self, user: str, body: dict) -> None:
         """Refuse GPU work to a user over their GPU-hour budget (any GPU costs hours)."""

@@ -24,7 +24,6 @@ import zoneinfo
 
 from croniter import CroniterBadCronError, CroniterBadDateError, croniter
 
-from gpulab.backend.spec import JobSpec, SpecError
 from gpulab.db import clock
 from gpulab.db.schedules import OverLimit, ScheduleStore, stored_size
 from gpulab.scheduler.slices import noun, plural
@@ -44,8 +43,17 @@ DEFAULT_MAX_BYTES = 64 << 20
 FIELDS = ("name", "schedule", "timezone", "active", "job", "meta")
 
 
+#: The longest cron line and time zone name kept (their columns' sizes).
+MAX_SCHEDULE_CHARS = 255
+MAX_TIMEZONE_CHARS = 64
+#: A run that could not be submitted because the hub did not answer is tried again
+#: this long after (the missed run is made up, once).
+RETRY_S = 60.0
+
+
 class OwnerGone(Exception):
-    """The hub has no user of the schedule's owner's name (any more)."""
+    """The hub has no user of the schedule's owner's name (any more), or the one it has
+    was made after the schedule (a later user given the name)."""
 
 
 class ScheduleRefused(Exception):
@@ -56,11 +64,42 @@ class ScheduleRefused(Exception):
         self.status = status
 
 
+def _instant(wall: dt.datetime, zone: zoneinfo.ZoneInfo) -> dt.datetime:
+    """The UTC instant of the wall-clock time ``wall`` (naive) in ``zone``, as cron
+    reads it: in the hour repeated when clocks go back, its first pass (``fold=0``);
+    a time the clocks skip when they go forward, the moment they skip to (cron runs
+    such a job right after the change)."""
+    instant = wall.replace(tzinfo=zone, fold=0).astimezone(dt.UTC)
+    if instant.astimezone(zone).replace(tzinfo=None) == wall:
+        return instant
+    # In the gap: the first wall-clock minute after it that exists (clocks skip at most
+    # a day, as Samoa's did in 2011).
+    later = wall.replace(second=0, microsecond=0)
+    for _ in range(26 * 60):
+        later += dt.timedelta(minutes=1)
+        instant = later.replace(tzinfo=zone, fold=0).astimezone(dt.UTC)
+        if instant.astimezone(zone).replace(tzinfo=None) == later:
+            return instant
+    raise ValueError(f"{wall} does not exist in {zone.key}, nor a day after it")
+
+
 def next_run(schedule: str, timezone: str, after: dt.datetime) -> dt.datetime:
     """The first time after ``after`` that ``schedule`` (cron) names, in UTC; the
-    cron's hours are the time zone's."""
-    local = after.astimezone(zoneinfo.ZoneInfo(timezone))
-    return croniter(schedule, local).get_next(dt.datetime).astimezone(dt.UTC)
+    cron's hours are the time zone's wall clock, whatever its offset that day (the
+    cron is read on the local time without its offset, then each time it names is
+    placed in the zone: an offset taken from ``after`` would be an hour off on the
+    other side of a change of daylight saving time, or name ``after`` itself again)."""
+    zone = zoneinfo.ZoneInfo(timezone)
+    after = after.astimezone(dt.UTC) if after.tzinfo else after.replace(tzinfo=dt.UTC)
+    wall = after.astimezone(zone).replace(tzinfo=None)
+    cron = croniter(schedule, wall)
+    # Wall-clock times before ``after`` come only from the repeated hour (an hour at
+    # most, every minute of it) or a gap: a bound far above both.
+    for _ in range(10_000):
+        when = _instant(cron.get_next(dt.datetime), zone)
+        if when > after:
+            return when
+    raise ValueError(f"{schedule!r} in {timezone} names no time after {after.isoformat()}")
 
 
 def check_schedule(schedule, timezone) -> None:
@@ -69,6 +108,12 @@ def check_schedule(schedule, timezone) -> None:
             400,
             f"'schedule' must be a cron line of five fields (minute hour day month "
             f"weekday), e.g. '0 2 * * *' for 02:00 every day; got {schedule!r}",
+        )
+    if len(schedule) > MAX_SCHEDULE_CHARS:
+        raise ScheduleRefused(
+            400,
+            f"'schedule' is {len(schedule)} characters, over the {MAX_SCHEDULE_CHARS} a cron "
+            f"line may have here; name fewer values (ranges such as 1-5, steps such as */5)",
         )
     try:
         cron = croniter(schedule)
@@ -90,12 +135,36 @@ def check_schedule(schedule, timezone) -> None:
             f"'timezone' must be a time zone name such as 'UTC' or "
             f"'Europe/Berlin', got {timezone!r}",
         )
+    bad_zone = ScheduleRefused(
+        400, f"'timezone' {timezone!r} is not a time zone name (e.g. 'UTC', 'Asia/Shanghai')"
+    )
+    if len(timezone) > MAX_TIMEZONE_CHARS:
+        raise bad_zone
     try:
+        # A folder of the time zone database ('America') is an IsADirectoryError, a
+        # name too long for the file system an OSError.
         zoneinfo.ZoneInfo(timezone)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise ScheduleRefused(
-            400, f"'timezone' {timezone!r} is not a time zone name (e.g. 'UTC', 'Asia/Shanghai')"
-        ) from None
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        raise bad_zone from None
+
+
+def hub_time(value) -> dt.datetime | None:
+    """A time in the hub's user model (``"2026-12-01T03:00:00.123456Z"``), in UTC; None
+    when it says none (or something that is not a time)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
+
+
+def _public(sched: dict | None) -> dict | None:
+    """A schedule as the API shows it (what the service keeps of its owner left out)."""
+    if sched is not None:
+        sched.pop("owner_created", None)
+    return sched
 
 
 class ScheduledJobs:
@@ -103,7 +172,14 @@ class ScheduledJobs:
     each run as its owner) and who a user is (their admin flag and groups)."""
 
     def __init__(
-        self, *, engine, jobs: JobManager, identity_of, audit=None, max_bytes=DEFAULT_MAX_BYTES
+        self,
+        *,
+        engine,
+        jobs: JobManager,
+        identity_of,
+        created_of=None,
+        audit=None,
+        max_bytes=DEFAULT_MAX_BYTES,
     ):
         self.engine = engine
         self.rows = ScheduleStore(engine)
@@ -112,25 +188,40 @@ class ScheduledJobs:
         self.max_bytes = max_bytes
         #: The audit trail (``record(action, subject, **fields)``): each run's submit.
         self.audit = audit
-        #: ``await identity_of(user)``: the owner as the hub says now (admin, groups);
-        #: raises :class:`OwnerGone` when the hub has no such user.
+        #: ``await identity_of(user, made)``: the owner as the hub says now (admin,
+        #: groups); raises :class:`OwnerGone` when the hub has no such user, or has one
+        #: made after ``made`` (a UTC time, or None: not judged).
         self.identity_of = identity_of
+        #: ``await created_of(user)``: when the hub made ``user`` (UTC), None if it
+        #: does not say; kept with each schedule made. None: not kept.
+        self.created_of = created_of
         self._wake = asyncio.Event()
         self._loop = KeptTask("gpulab-schedules", self.loop)
 
     @classmethod
     def of(cls, service) -> ScheduledJobs:
-        async def identity_of(user: str) -> Identity:
+        async def identity_of(user: str, made: dt.datetime | None = None) -> Identity:
             # identify() makes a plain user of a name the hub does not know; a run
             # for a deleted user (or a later one given the name) must not go.
-            if await service.hub.user(user) is None:
-                raise OwnerGone(user)
+            model = await service.hub.user(user)
+            if model is None:
+                raise OwnerGone(f"the hub has no user {user!r} (deleted)")
+            created = hub_time(model.get("created"))
+            if made is not None and created is not None and created > made:
+                raise OwnerGone(
+                    f"the hub's user {user!r} was made {created.isoformat()}, after the "
+                    f"schedule's owner of that name (deleted, and the name given again)"
+                )
             return await service.identify({"kind": "user", "name": user})
+
+        async def created_of(user: str) -> dt.datetime | None:
+            return hub_time((await service.hub.user(user) or {}).get("created"))
 
         return cls(
             engine=service.engine,
             jobs=service.jobs,
             identity_of=identity_of,
+            created_of=created_of,
             audit=service.audit,
             max_bytes=service.job_queue.max_schedules_mib << 20,
         )
@@ -165,18 +256,39 @@ class ScheduledJobs:
                 submitted.append(job_id)
         return submitted
 
+    @staticmethod
+    def _following(sched: dict, now: dt.datetime) -> dt.datetime:
+        """The run after this one: always after ``now`` (a run at ``now`` again would
+        fire at every tick)."""
+        following = next_run(sched["schedule"], sched["timezone"], now)
+        if following <= now:
+            following = next_run(
+                sched["schedule"], sched["timezone"], now + dt.timedelta(seconds=RETRY_S)
+            )
+        return following
+
+    @staticmethod
+    def _made(sched: dict) -> dt.datetime | None:
+        """When the schedule's owner was made, as far as it knows: the hub's time kept
+        with it, else (made before that was kept) the schedule's own creation."""
+        return hub_time(sched.get("owner_created")) or hub_time(sched.get("created"))
+
     async def _fire(self, sched: dict, now: dt.datetime) -> str | None:
         """Submit one due schedule's job; its id, or None when it was not submitted."""
         sid, user = sched["id"], sched["user"]
-        # Moved on before anything can fail: a schedule fires once per time its cron
-        # names, never again at every tick.
-        following = next_run(sched["schedule"], sched["timezone"], now)
-        await asyncio.to_thread(self.rows.update, sid, last_run=now, next_run=following)
+        # Taken before anything can fail, and only if nothing changed it since it was
+        # read (paused, deleted, edited or taken by another look): a schedule fires once
+        # per time its cron names, never again at every tick, and with its job as it is.
+        following = self._following(sched, now)
+        claimed = await asyncio.to_thread(self.rows.claim, sched, following, now)
+        if claimed is None:
+            return None
+        sched = claimed
         try:
-            who = await self.identity_of(user)
+            who = await self.identity_of(user, self._made(sched))
             job = await self.jobs.submit(who, dict(sched["job"]))
-        except OwnerGone:
-            reason = f"not run: the hub has no user {user!r} (deleted); the schedule is paused"
+        except OwnerGone as e:
+            reason = f"not run: {e}; the schedule is paused"
             log.warning("Schedule %s: %s", sid, reason)
             await asyncio.to_thread(self.rows.update, sid, active=False, last_error=reason)
             await self._audit(sched, sid, "denied", reason=reason)
@@ -186,9 +298,11 @@ class ScheduledJobs:
             await asyncio.to_thread(self.rows.update, sid, last_error=str(e))
             await self._audit(sched, sid, "denied", reason=str(e))
             return None
-        except Exception as e:  # the hub down: tried again at the next run
+        except Exception as e:  # the hub down: this run is made up once it answers
             log.exception("Schedule %s of %s", sid, user)
-            await asyncio.to_thread(self.rows.update, sid, last_error=f"could not submit: {e}")
+            retry = now + dt.timedelta(seconds=RETRY_S)
+            error = f"could not submit ({e}); tried again at {retry.isoformat()}"
+            await asyncio.to_thread(self.rows.put_back, sid, following, retry, error)
             return None
         await asyncio.to_thread(self.rows.update, sid, last_error=None)
         await asyncio.to_thread(self.rows.add_run, sid, job["id"], now)
@@ -210,28 +324,44 @@ class ScheduledJobs:
     # -- reading (in a thread: a user's schedules may hold tens of MiB of bodies) -------
     async def get(self, who, schedule_id: str) -> dict:
         """A schedule the caller may see (their own; admins any), else a 404."""
-        sched = await asyncio.to_thread(self.rows.get, schedule_id)
+        sched = _public(await asyncio.to_thread(self.rows.get, schedule_id))
         if sched is None or not who.can_act_for(sched["user"]):
             raise ScheduleRefused(404, f"no schedule {schedule_id!r}")
         return sched
 
     async def list(self, user: str | None) -> list[dict]:
-        return await asyncio.to_thread(self.rows.list, user)
+        return [_public(s) for s in await asyncio.to_thread(self.rows.list, user)]
 
     async def runs(self, who, schedule_id: str) -> list[dict]:
         await self.get(who, schedule_id)
         return await asyncio.to_thread(self.rows.runs, schedule_id)
 
     # -- changing ----------------------------------------------------------------------
-    def _check_job(self, job) -> None:
-        """The job body as ``POST /jobs`` would take it (its quota and room are judged
-        at each run, as for a job submitted then)."""
+    @staticmethod
+    def _check_job(job) -> None:
         if not isinstance(job, dict):
             raise ScheduleRefused(400, "'job' must be a job spec, the body of POST /jobs")
+
+    async def _check_job_as(self, owner: Identity, job: dict) -> None:
+        """The job body as ``POST /jobs`` would take it from ``owner`` now, by the
+        checks that do not change with the time (the spec, the slice size, the site's
+        caps, the priority and its class), with the same 4xx: a schedule whose every run
+        would be refused is refused when it is made. Its budget, queue, quota and room
+        are judged at each run, as for a job submitted then."""
         try:
-            JobSpec.from_dict(dict(job))
-        except SpecError as e:
-            raise ScheduleRefused(400, f"'job': {e}") from None
+            await self.jobs.intake.checked_spec(owner, job)
+        except JobRefused as e:
+            raise ScheduleRefused(e.status, f"'job': {e}") from None
+
+    async def _owner(self, who, user: str) -> Identity:
+        """Whom the schedule's runs are submitted as: the caller if it is theirs, else
+        (an admin changing another's) the owner as the hub says, or a plain user."""
+        if who.kind == "user" and who.name == user:
+            return who
+        try:
+            return await self.identity_of(user)
+        except OwnerGone:
+            return Identity(user, "user")
 
     def _checked(self, body, base: dict) -> dict:
         if not isinstance(body, dict):
@@ -265,12 +395,14 @@ class ScheduledJobs:
             raise ScheduleRefused(403, "schedules are made by users (with a user's token)")
         base = {"timezone": "UTC", "active": True, "meta": {}}
         sched = await asyncio.to_thread(self._checked, body, base)
+        await self._check_job_as(who, sched["job"])
         now = clock.utcnow()
         row = {
             **{k: sched[k] for k in FIELDS},
             "id": uuid.uuid4().hex[:12],
             "user": who.name,
             "created": now,
+            "owner_created": await self.created_of(who.name) if self.created_of else None,
             "next_run": next_run(sched["schedule"], sched["timezone"], now),
         }
         try:
@@ -285,11 +417,13 @@ class ScheduledJobs:
                 ) from None
             raise self._too_large(row, count, used) from None
         self._wake.set()
-        return await asyncio.to_thread(self.rows.get, row["id"])
+        return _public(await asyncio.to_thread(self.rows.get, row["id"]))
 
     async def update(self, who, schedule_id: str, body) -> dict:
         current = await self.get(who, schedule_id)
         sched = await asyncio.to_thread(self._checked, body, {k: current[k] for k in FIELDS})
+        if isinstance(body, dict) and "job" in body:  # one left as it was is not judged again
+            await self._check_job_as(await self._owner(who, current["user"]), sched["job"])
         values = {k: sched[k] for k in FIELDS}
         if (sched["schedule"], sched["timezone"], sched["active"]) != (
             current["schedule"],
@@ -305,7 +439,7 @@ class ScheduledJobs:
             count, used = e.args
             raise self._too_large(values, count, used) from None
         self._wake.set()
-        return await asyncio.to_thread(self.rows.get, schedule_id)
+        return _public(await asyncio.to_thread(self.rows.get, schedule_id))
 
     def _too_large(self, sched: dict, others: int, used: int) -> ScheduleRefused:
         """Why a schedule of this size is refused: alone over the cap (413), or with the

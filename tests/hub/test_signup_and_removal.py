@@ -9,6 +9,7 @@ and an admin would try them (issue 24's High and Medium findings):
 - 11 wrong admin passwords locked the admin out.
 """
 
+import json
 import pwd
 import re
 import subprocess
@@ -122,6 +123,20 @@ def test_deleting_a_user_stops_their_jobs_and_endpoints_first(hub, admin, tmp_pa
     nightly = {"name": "nightly", "schedule": "0 3 * * *", "job": {"code": "print(1)"}}
     sched = hub.gpulab("POST", "/schedules", token=token, json=nightly)
     assert sched.status_code == 201, sched.text
+    # A training file of the fine-tuning API: kept by the name, a later user given it
+    # listed it and read its content.
+    gateway = hub.api.removesuffix("/api/v1") + "/v1"
+    chat = [{"role": "user", "content": "pw?"}, {"role": "assistant", "content": "swordfish"}]
+    training = json.dumps({"messages": chat}).encode() + b"\n"
+    upload = requests.post(
+        f"{gateway}/files",
+        headers=hub.auth(token),
+        files={"file": ("t.jsonl", training)},
+        data={"purpose": "fine-tune"},
+        timeout=60,
+        verify=hub.verify,
+    )
+    assert upload.status_code == 200, upload.text
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))
     export_model(model.eval(), torch.randn(2, 4), str(tmp_path), name="m", max_batch_size=4)
     dep = Client(hub.api, token=token).create_deployment(
@@ -157,6 +172,10 @@ def test_deleting_a_user_stops_their_jobs_and_endpoints_first(hub, admin, tmp_pa
     assert hub.gpulab("GET", f"/jobs/{job_id}").json()["state"] == "cancelled"
     assert hub.gpulab("GET", "/deployments", params={"user": name}).json() == []
     assert hub.gpulab("GET", "/schedules", params={"user": name}).json() == []
+    files = requests.get(
+        f"{gateway}/files", headers=hub.auth(), params={"user": name}, timeout=60, verify=hub.verify
+    )
+    assert files.status_code == 200 and files.json()["data"] == [], files.text
     assert replica_pids(hub, dep["id"]) == []
     assert not [a for a in hub.gpulab("GET", "/allocations").json() if a["user"] == name]
 

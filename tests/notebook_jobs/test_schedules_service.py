@@ -106,6 +106,13 @@ async def test_the_cron_reads_in_the_schedules_time_zone(tmp_path):
             "holds a control character or line break",
         ),
         ({"name": "n", "schedule": "0 3 * * *", "timezone": "Mars/Base", "job": JOB}, "time zone"),
+        # A folder of the time zone database: once an IsADirectoryError, a 500.
+        ({"name": "n", "schedule": "0 3 * * *", "timezone": "America", "job": JOB}, "time zone"),
+        # Over its column's 255 characters: once PostgreSQL's error, a 500.
+        (
+            {"name": "n", "schedule": ",".join(["1"] * 200) + " * * * *", "job": JOB},
+            "over the 255 a cron line may have",
+        ),
         ({"name": "n", "schedule": "0 3 * * *", "job": {"name": "x"}}, "'code' is required"),
         ({"name": "n", "schedule": "0 3 * * *", "job": JOB, "when": 1}, "unknown field"),
         ({"name": "", "schedule": "0 3 * * *", "job": JOB}, "'name'"),
@@ -274,3 +281,168 @@ async def test_deleting_a_hub_user_deletes_their_schedules_first(tmp_path):
         assert (await svc.request("GET", "/schedules", params={"user": "alice"})).json() == []
         (left,) = (await svc.request("GET", "/schedules")).json()
         assert left["user"] == "bob"
+
+
+async def test_on_the_night_clocks_go_back_a_schedule_fires_once(tmp_path):
+    """01:59 in New York on 2024-11-03 comes twice; its next run was worked out in the
+    offset before the change, which named the run just made again: it was submitted at
+    every tick for an hour (3,601 jobs)."""
+    start = dt.datetime(2024, 11, 3, 5, 0, tzinfo=dt.UTC).timestamp()  # 01:00 EDT
+    with fake_clock(start=start) as clock:
+        async with running_service(tmp_path / "svc", CONFIG) as svc:
+            await svc.app.schedules.stop()  # this test fires them
+            alice = svc.create_user("alice")
+            body = {
+                "name": "n",
+                "schedule": "59 1 * * *",
+                "timezone": "America/New_York",
+                "job": JOB,
+            }
+            sched = (await svc.request("POST", "/schedules", alice, json=body)).json()
+            assert sched["next_run"] == "2024-11-03T05:59:00+00:00"
+            clock.advance(59 * 60)
+            assert len(await svc.app.schedules.fire_due()) == 1
+            for _ in range(5):
+                clock.advance(1)
+                assert await svc.app.schedules.fire_due() == []
+            clock.advance(3600)  # 01:59 EST: the same wall-clock time, not run again
+            assert await svc.app.schedules.fire_due() == []
+            after = (await svc.request("GET", f"/schedules/{sched['id']}", alice)).json()
+            assert after["next_run"] == "2024-11-04T06:59:00+00:00"
+            assert len((await svc.request("GET", "/jobs", alice)).json()) == 1
+
+
+@pytest.mark.parametrize("change", ["pause", "delete", "edit"])
+async def test_a_schedule_paused_deleted_or_changed_as_it_is_due_runs_as_it_is_now(
+    tmp_path, monkeypatch, change
+):
+    """The due schedules were read, then each submitted as read: a pause or delete in
+    between still ran the old job, and its next run was written over the change."""
+    with fake_clock(start=ONE_AM) as clock:
+        async with running_service(tmp_path / "svc", CONFIG) as svc:
+            await svc.app.schedules.stop()  # this test fires them
+            alice = svc.create_user("alice")
+            body = {"name": "nightly", "schedule": "0 3 * * *", "job": JOB}
+            sched = (await svc.request("POST", "/schedules", alice, json=body)).json()
+            rows = svc.app.schedules.rows
+            due = rows.due
+
+            def changed_after_read(now):
+                found = due(now)
+                if change == "pause":
+                    rows.update(sched["id"], active=False)
+                elif change == "delete":
+                    rows.remove(sched["id"])
+                else:
+                    rows.update(sched["id"], job={**JOB, "name": "edited"})
+                return found
+
+            monkeypatch.setattr(rows, "due", changed_after_read)
+            clock.advance(2 * 3600)
+            fired = await svc.app.schedules.fire_due()
+            jobs = (await svc.request("GET", "/jobs", alice)).json()
+            if change == "edit":  # the job as it is now
+                assert [j["name"] for j in jobs] == ["edited"] and len(fired) == 1
+                return
+            assert fired == [] and jobs == []
+            if change == "pause":
+                after = (await svc.request("GET", f"/schedules/{sched['id']}", alice)).json()
+                assert after["active"] is False and after["last_run"] is None
+                assert after["next_run"] == sched["next_run"]
+            else:
+                r = await svc.request("GET", f"/schedules/{sched['id']}", alice)
+                assert r.status_code == 404
+
+
+async def test_a_run_due_while_the_hub_does_not_answer_is_made_up_once(tmp_path, monkeypatch):
+    """The next run was moved on before the hub was asked who the owner is: a run due
+    while the hub was down was lost, though the docs say missed runs are made up."""
+    with fake_clock(start=ONE_AM) as clock:
+        async with running_service(tmp_path / "svc", CONFIG) as svc:
+            await svc.app.schedules.stop()  # this test fires them
+            alice = svc.create_user("alice")
+            body = {"name": "nightly", "schedule": "0 3 * * *", "job": JOB}
+            sched = (await svc.request("POST", "/schedules", alice, json=body)).json()
+            schedules = svc.app.schedules
+            asked = schedules.identity_of
+
+            async def hub_down(user, made=None):
+                raise ConnectionRefusedError(111, "Connection refused")
+
+            monkeypatch.setattr(schedules, "identity_of", hub_down)
+            clock.advance(2 * 3600)
+            assert await schedules.fire_due() == []
+            after = (await svc.request("GET", f"/schedules/{sched['id']}", alice)).json()
+            assert after["next_run"] == "2026-12-01T03:01:00+00:00"
+            assert after["last_error"].startswith("could not submit (")
+            clock.advance(60)
+            assert await schedules.fire_due() == []  # still down
+            monkeypatch.setattr(schedules, "identity_of", asked)
+            clock.advance(60)
+            (fired,) = await schedules.fire_due()
+            after = (await svc.request("GET", f"/schedules/{sched['id']}", alice)).json()
+            assert after["next_run"] == "2026-12-02T03:00:00+00:00"  # made up once
+            assert after["last_error"] is None
+            runs = (await svc.request("GET", f"/schedules/{sched['id']}/runs", alice)).json()
+            assert [r["job_id"] for r in runs] == [fired]
+
+
+async def test_a_later_user_given_the_owners_name_does_not_inherit_the_schedule(tmp_path):
+    """With an authenticator other than gpulab's a deleted user's schedules stay; the
+    hub only had to know the name for a run to go as the new user of it."""
+    with fake_clock(start=ONE_AM) as clock:
+        async with running_service(tmp_path / "svc", CONFIG) as svc:
+            await svc.app.schedules.stop()  # this test fires them
+            alice, bob = svc.create_user("alice"), svc.create_user("bob")
+            users = svc.fake_hub.users
+            users["alice"]["created"] = "2026-01-05T10:00:00.000000Z"
+            users["bob"]["created"] = "2026-01-05T10:00:00.000000Z"
+            body = {"name": "nightly", "schedule": "0 3 * * *", "job": JOB}
+            ids = {}
+            for name, token in (("alice", alice), ("bob", bob)):
+                ids[name] = (await svc.request("POST", "/schedules", token, json=body)).json()["id"]
+            # alice is deleted and a new alice made (her schedules stay, as they do
+            # with other authenticators).
+            users["alice"] = {**users["alice"], "created": "2026-12-01T01:30:00.000000Z"}
+            svc.app.hub.forget_memberships()  # as the hub's user.delete event does
+            clock.advance(2 * 3600)
+            (fired,) = await svc.app.schedules.fire_due()
+            (job,) = (await svc.request("GET", "/jobs", params={"user": "bob"})).json()
+            assert job["id"] == fired  # bob, unchanged, runs
+            assert (await svc.request("GET", "/jobs", params={"user": "alice"})).json() == []
+            after = (await svc.request("GET", f"/schedules/{ids['alice']}")).json()
+            assert after["active"] is False and "after the schedule's owner" in after["last_error"]
+            assert "owner_created" not in after  # the API shows what it did
+
+
+@pytest.mark.parametrize(
+    ("job", "status", "says"),
+    [
+        ({**JOB, "user": "bob"}, 400, "set by the service, not the client: user"),
+        ({**JOB, "priority": 50}, 403, "raising it is for admins"),
+        ({**JOB, "priority_class": "urgent"}, 400, "urgent"),
+        ({**JOB, "gpu_milli": 300}, 400, "not a slice size offered here"),
+        ({**JOB, "vars_b64": "AAAA" * 400_000}, 413, "c.JobQueue.max_job_vars_mib"),
+    ],
+)
+async def test_a_schedule_whose_every_run_would_be_refused_is_refused_when_made(
+    tmp_path, job, status, says
+):
+    """Only the spec's shape was checked when a schedule was made: a job no run could
+    submit (another user's, a priority only admins may give, a slice that is not a
+    size) was kept and refused at every run."""
+    config = CONFIG + "c.JobQueue.max_job_vars_mib = 1\n"
+    async with running_service(tmp_path / "svc", config) as svc:
+        alice = svc.create_user("alice")
+        direct = await svc.request("POST", "/jobs", alice, json=job)
+        assert direct.status_code == status, direct.text
+        body = {"name": "n", "schedule": "0 3 * * *", "job": job}
+        r = await svc.request("POST", "/schedules", alice, json=body)
+        assert r.status_code == status and says in r.json()["error"], r.text
+        assert direct.json()["error"] in r.json()["error"]  # what POST /jobs says
+        body = {"name": "n", "schedule": "0 3 * * *", "job": JOB}
+        sched = (await svc.request("POST", "/schedules", alice, json=body)).json()
+        r = await svc.request("PATCH", f"/schedules/{sched['id']}", alice, json={"job": job})
+        assert r.status_code == status and says in r.json()["error"], r.text
+        kept = (await svc.request("GET", f"/schedules/{sched['id']}", alice)).json()
+        assert kept["job"] == JOB
