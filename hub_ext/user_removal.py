@@ -12,7 +12,9 @@ user given the name would inherit them, the notebooks in their jobs and the
 runs' output), so are their fine-tuning jobs and training files (rows are kept by
 name: a later user of it would read the training data), every job of the user that has
 not ended is cancelled and every deployment stopped (the service stops the
-processes, then releases their slices), and the deletion goes on only when the
+processes, then releases their slices), their vector collections are dropped and
+their name taken off every endpoint and collection shared with it (for the same
+reason: sharing is by name), and the deletion goes on only when the
 service lists none of them any more. If something is left (or the service does
 not answer) the deletion stops with a 409 (503) that says what is left.
 
@@ -118,6 +120,30 @@ async def remove_fine_tuning(client: ServiceClient, name: str) -> int:
     )
 
 
+async def forget_shares(client: ServiceClient, name: str) -> None:
+    """Drop ``name``'s vector collections and take the name off every endpoint and
+    collection shared with it: both are kept by name, so a later user given it would
+    own the collections and call, or search, what was shared with the one before."""
+    for c in await client.request("GET", "/collections") or []:
+        path = f"/collections/{quote(c['owner'], safe='')}/{quote(c['name'], safe='')}"
+        if c["owner"] == name:
+            await _ignore_gone(client.request("DELETE", path))
+        elif name in (c.get("share_users") or []):
+            users = [u for u in c["share_users"] if u != name]
+            await _ignore_gone(client.request("PATCH", path, body={"share_users": users}))
+    for dep in await client.request("GET", "/deployments") or []:
+        if dep["user"] != name and name in (dep.get("share_users") or []):
+            users = [u for u in dep["share_users"] if u != name]
+            await _ignore_gone(
+                client.request(
+                    "PATCH",
+                    f"/deployments/{quote(dep['name'], safe='')}",
+                    query={"user": dep["user"]},
+                    body={"share_users": users},
+                )
+            )
+
+
 async def stop_work(client: ServiceClient, name: str) -> tuple[int, int]:
     """Delete ``name``'s schedules, their fine-tuning jobs and training files, cancel
     their jobs and stop their deployments; (jobs, deployments) stopped.
@@ -136,6 +162,8 @@ async def stop_work(client: ServiceClient, name: str) -> tuple[int, int]:
     for dep in deployments:
         path = f"/deployments/{quote(dep['name'], safe='')}"
         await client.request("DELETE", path, query={"user": name})
+    # Last, what others shared with the name, and the user's collections.
+    await forget_shares(client, name)
     jobs_left, deployments_left = await _left(client, name)
     schedules_left = await _schedules(client, name)
     if jobs_left or deployments_left or schedules_left:

@@ -841,3 +841,24 @@ async def test_a_filter_of_many_in_values_is_searched_and_deleted_by(tmp_path, m
         docs = await asyncio.to_thread(Collection, "docs", client=client)
         assert await asyncio.to_thread(docs.delete, filter=flt) == 100
         assert await asyncio.to_thread(docs.count) == 20
+
+
+async def test_deleting_a_hub_user_drops_their_collections_and_their_shares(tmp_path):
+    """What the hub's delete_user asks of the service (hub_ext.user_removal): sharing is
+    by name, so a later user given it must not own bob's collections nor search alice's."""
+    from gpulab.hub_ext.user_removal import stop_work
+    from gpulab.spawner.service_client import ServiceClient
+
+    let_accounts_reach(tmp_path)
+    async with running_service(tmp_path / "svc") as svc:
+        alice, bob = svc.create_user("alice"), svc.create_user("bob")
+        await make(svc, alice, dim=DIM, share_users=["bob", "carol"])
+        await make(svc, bob, name="mine", dim=DIM)
+        hub = ServiceClient(svc.api, svc.fake_hub.service_token, retry_seconds=0)
+        assert await stop_work(hub, "bob") == (0, 0)
+        (left,) = (await svc.request("GET", "/collections")).json()
+        assert left["collection"] == "alice/docs" and left["share_users"] == ["carol"], left
+        bob_again = svc.create_user("bob")
+        r = await svc.request("GET", "/collections/alice/docs", token=bob_again)
+        assert r.status_code == 403, r.text
+        assert (await svc.request("GET", "/collections", token=bob_again)).json() == []
