@@ -10,8 +10,12 @@ The objects come from pure functions, one module per kind of work; the
   Service; ``job_objects`` gives both, in the order to create them;
 - :mod:`.jobset`: ``make_jobset(spec, options)`` when the JobSet CRD is installed;
 - :mod:`.isolation`: ``make_job_secret`` (the rendezvous secret) and
-  ``make_job_network_policy`` (ingress from the job's own pods only), made
-  before a job's pods and owned by its Job;
+  ``make_job_network_policy`` (ingress from the job's own pods only; egress to
+  DNS, the job's own pods and addresses outside the blocked ranges, :mod:`.egress`),
+  made before a job's pods and owned by its Job;
+- :mod:`.pod_security`: who a job pod's or replica's code runs as, whatever its
+  image says (a fixed non-root uid, no capabilities, no privilege escalation,
+  seccomp), and the site's allow-list of job images;
 - :mod:`.deploy`: ``make_deployment(...) -> [Deployment, Service]`` and, when
   KServe is installed, ``make_inference_service(...)``;
 - :mod:`.autoscale`: ``make_hpa(name, dep)`` and ``make_scaled_object(name, dep, ...)``,

@@ -119,7 +119,7 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
 
     # -- hooks -----------------------------------------------------------------------
     def check(self, spec: JobSpec) -> None:
-        check_spec(spec)
+        check_spec(spec, self.options)  # its image among the site's allowed ones too
         job_name(spec)
         if spec.comm_hook == "bf16" and not spec.gpu_milli:
             raise SpecError(
@@ -154,6 +154,7 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
         self.check(spec)
         # The service wrote the inputs at submit; the pods write logs beside them.
         os.makedirs(self.jobdir(spec.id).p("logs"), exist_ok=True)
+        self._hand_over(spec)
         # Before anything is created: what the old run owned goes with it.
         await self._clear_earlier_run(spec)
         api = await self.api()
@@ -226,6 +227,17 @@ class KubernetesBackend(KubernetesJobsSettings, Backend, ApiClientHolder):
                 "started": time.time(),
             },
         )
+
+    def _hand_over(self, spec: JobSpec) -> None:
+        """A service running as root (on a box) wrote the job's folder as root, 0600:
+        the pods, never root, read it once it is handed to their uid and gid (their
+        folders theirs, the inputs ``root:<gid> 0640``). The chart's service runs as
+        the pods' uid already."""
+        uid = self.run_as_user
+        if os.geteuid() != 0 or uid is None:
+            return
+        gid = self.run_as_group if self.run_as_group is not None else uid
+        self.jobdir(spec.id).hand_over(uid, gid)
 
     async def _clear_earlier_run(self, spec: JobSpec) -> None:
         """Make way for a new run of ``spec``. A Job (or JobSet) of its name that has

@@ -18,6 +18,10 @@ use ``scheme: HTTPS`` (the kubelet does not verify a probe's certificate; the
 command probe dials its own pod's loopback, which the certificate does not name, so
 it does not verify either), and the Service's port is 443. Its certificate must
 name the Service: ``*.<namespace>.svc`` covers every endpoint of the namespace.
+
+A replica runs its owner's model, so its pod gets the job pods' security contexts
+(:class:`.pod_security.PodSecurity`: a fixed non-root uid, no capabilities, no
+privilege escalation), whatever the image says.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import re
 from collections.abc import Callable
 
 from ..spec import SpecError
+from .pod_security import DEFAULT_POD_SECURITY, PodSecurity
 from .pods import COMMON_LABELS, USER_ANNOTATION
 
 ENDPOINT_LABEL = "gpulab.io/endpoint"
@@ -191,6 +196,7 @@ def _pod(
     pod_patch,
     container_name="server",
     tls_secret="",
+    security: PodSecurity = DEFAULT_POD_SECURITY,
 ) -> dict:
     container = server_container(
         image=image,
@@ -229,6 +235,7 @@ def _pod(
     }
     if priority_class:
         spec["priorityClassName"] = priority_class
+    security.apply(spec)  # a fixed non-root uid, no capabilities, whatever the image says
     # The user is named on the Deployment: enforcement drops gpulab.io/ annotations from pods.
     template = {"metadata": {"labels": labels}, "spec": spec}
     return pod_patch(template) if pod_patch is not None else template
@@ -279,13 +286,15 @@ def make_deployment(
     priority_class: str = "",
     pod_patch: Callable[[dict], dict] | None = None,
     tls_secret: str = "",
+    security: PodSecurity = DEFAULT_POD_SECURITY,
 ) -> list[dict]:
     """``[Deployment, Service]`` of endpoint ``name`` (create in this order).
 
     ``models_pvc`` holds ``models_root``, under which ``model_dir`` lies;
     ``token_secret`` names a Secret whose ``token`` key the server demands;
     ``tls_secret`` a ``kubernetes.io/tls`` Secret: the server then serves https and
-    the Service listens on 443 (:func:`service_port`).
+    the Service listens on 443 (:func:`service_port`); ``security`` who the replicas'
+    code runs as.
     """
     full, lab, template = _checked_pod(
         name,
@@ -303,6 +312,7 @@ def make_deployment(
         priority_class=priority_class,
         pod_patch=pod_patch,
         tls_secret=tls_secret,
+        security=security,
     )
     meta = {"name": full, "labels": lab, "annotations": {USER_ANNOTATION: user}}
     port_name = "https" if tls_secret else "http"
@@ -358,6 +368,7 @@ def make_inference_service(
     labels: dict | None = None,
     priority_class: str = "",
     pod_patch: Callable[[dict], dict] | None = None,
+    security: PodSecurity = DEFAULT_POD_SECURITY,
 ) -> dict:
     """A KServe InferenceService whose predictor is a custom container running our server.
 
@@ -381,6 +392,7 @@ def make_inference_service(
         priority_class=priority_class,
         pod_patch=pod_patch,
         container_name="kserve-container",
+        security=security,
     )
     top = max_replicas if max_replicas is not None else replicas
     if isinstance(top, bool) or not isinstance(top, int) or top < replicas:

@@ -24,17 +24,23 @@ does is a line below: adding one touches this file only.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 
-from traitlets import Bool, Dict, Enum, Float, Int, Unicode, Union
+from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode, Union
 from traitlets.config import Configurable
 
 from gpulab.enforcement.kube import check_backend
 from gpulab.enforcement.kube.kueue import class_patch
 
 from ..spec import JobSpec, SpecError
+from .egress import METADATA_CIDRS
+from .pod_security import PodSecurity
 from .pod_slice import slice_claim_objects, slice_pod_patch
 from .pods import COMMON_LABELS, JobOptions, job_name
+
+log = logging.getLogger(__name__)
 
 
 class KubernetesJobsSettings(Configurable):
@@ -172,6 +178,66 @@ class KubernetesJobsSettings(Configurable):
         """,
     ).tag(config=True)
 
+    run_as_user = Int(
+        1000,
+        allow_none=True,
+        help="""The uid every job pod's code runs as, whatever the image says (the pods
+        are runAsNonRoot, with no capabilities and no privilege escalation). It must be
+        the uid the service writes the jobs claim as (the chart's service pod runs as
+        1000): the ranks read the job's code there and write their logs and
+        checkpoints beside it. 1000 is the Jupyter images' jovyan. None: the image's
+        own user, which must then be a numeric uid other than 0.
+
+        c.KubernetesJobsSettings.run_as_user = 1000
+        """,
+    ).tag(config=True)
+
+    run_as_group = Int(
+        100,
+        allow_none=True,
+        help="""The primary gid of every job pod's code (100: the Jupyter images' users
+        group). None: the image's own.
+
+        c.KubernetesJobsSettings.run_as_group = 100
+        """,
+    ).tag(config=True)
+
+    fs_group = Int(
+        1000,
+        allow_none=True,
+        help="""The job pods' fsGroup: the supplementary group the kubelet gives the
+        volumes that support it (1000: the chart's service pod's fsGroup, so both agree
+        on the jobs claim's group; fsGroupChangePolicy OnRootMismatch). None: none.
+
+        c.KubernetesJobsSettings.fs_group = 1000
+        """,
+    ).tag(config=True)
+
+    allowed_images = List(
+        Unicode(),
+        help="""Glob patterns (fnmatch: * also matches /) a job's image must match, e.g.
+        ["ghcr.io/example/*"]; a job naming another image is refused at submit (400)
+        with the patterns in the message. Empty: any image (which still runs as
+        run_as_user, non-root, with no capabilities).
+
+        c.KubernetesJobsSettings.allowed_images = ["registry.example.org/gpulab-*"]
+        """,
+    ).tag(config=True)
+
+    egress_blocked_cidrs = List(
+        Unicode(),
+        default_value=list(METADATA_CIDRS),
+        help="""IPv4 ranges a job's pods may not connect to (their NetworkPolicy's
+        egress: DNS, the job's own pods and every other IPv4 address are open). The
+        default keeps them from the cloud metadata server; add your private ranges
+        (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16) to keep them from the cluster's
+        and your network's services, as z2jh's singleuser.networkPolicy.egressAllowRules
+        does for notebooks. Holds where the network plugin enforces NetworkPolicies.
+
+        c.KubernetesJobsSettings.egress_blocked_cidrs = ["169.254.169.254/32", "10.0.0.0/8"]
+        """,
+    ).tag(config=True)
+
     # -- what the settings become -------------------------------------------------------
     # The backend (a Plugin) gives root (the jobs directory), gpus and grace_seconds.
     def check_settings(self) -> None:
@@ -183,6 +249,18 @@ class KubernetesJobsSettings(Configurable):
                 )
         check_backend(self.enforcement, self.enforcement_options or None)
         self.base_options()  # its own checks (paths, port)
+        if os.geteuid() == 0 and self.run_as_user is not None:
+            # A service on a box (`gpulab up` as root) writes each job's folder as root;
+            # the backend hands it over to the pods' uid and gid at each start
+            # (JobDir.hand_over: root:<gid> 0640 inputs), which no person may share.
+            log.warning(
+                "The service runs as root: each Kubernetes job's folder on the jobs claim "
+                "is handed to uid %s, group %s (the pods' run_as_user and run_as_group) "
+                "before its pods start. Make them an account and a group of their own on "
+                "this machine: anyone in that group reads every job's code and inputs.",
+                self.run_as_user,
+                self.run_as_group if self.run_as_group is not None else self.run_as_user,
+            )
 
     def base_options(self) -> JobOptions:
         """What every job's objects get (the default class's; each job's own replace them)."""
@@ -193,11 +271,18 @@ class KubernetesJobsSettings(Configurable):
             checkpoint_pvc=self.checkpoint_pvc,
             rdzv_port=self.rdzv_port,
             service_account=self.service_account,
+            security=self.pod_security(),
+            allowed_images=tuple(self.allowed_images),
+            egress_blocked_cidrs=tuple(self.egress_blocked_cidrs),
             termination_grace_seconds=termination_grace(
                 self.grace_seconds if grace is None else grace
             ),
             **self.class_options(None, None),
         )
+
+    def pod_security(self) -> PodSecurity:
+        """Who the job pods' code runs as (``run_as_user``, ``run_as_group``, ``fs_group``)."""
+        return PodSecurity(self.run_as_user, self.run_as_group, self.fs_group)
 
     def class_options(self, work_class: str | None, preemptible: bool | None) -> dict:
         """A job's own class: its PriorityClass, its Kueue WorkloadPriorityClass, and on

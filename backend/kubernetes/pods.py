@@ -19,6 +19,10 @@ a headless Service, an Indexed Job's pod ``<job>-<i>`` is ``<job>-<i>.<service>`
 The job directory (code, logs, metrics, checkpoints) is a PersistentVolumeClaim
 mounted in every pod at the path the service sees it at, so the service reads
 what the ranks write, as with the local backend.
+
+Whatever image the job names, its pods run as a fixed non-root uid with no
+capabilities and no privilege escalation (:mod:`.pod_security`), and a site may
+hold jobs to a list of images (``JobOptions.allowed_images``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from gpulab.training import env as rank_env
 from ..jobdir import JobDir
 from ..render import render_node, torchrun_argv
 from ..spec import JobSpec, SpecError
+from .egress import METADATA_CIDRS, ipv4_networks
+from .pod_security import DEFAULT_POD_SECURITY, PodSecurity, check_image
 
 #: The pod annotation (and label) where the Job controller puts a pod's index.
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -97,6 +103,11 @@ class JobOptions:
     ``gpulab.enforcement.kube``). What depends on the job's own priority class
     comes per job from the backend's ``options_for`` (see
     ``gpulab.enforcement.kube.kueue.class_patch``).
+
+    ``security`` is who the pods' code runs as (:class:`.pod_security.PodSecurity`);
+    ``allowed_images`` the glob patterns a job's image must match (empty: any image);
+    ``egress_blocked_cidrs`` the IPv4 ranges the job's NetworkPolicy keeps its pods
+    from (:func:`.isolation.make_job_network_policy`).
     """
 
     jobs_root: str
@@ -114,6 +125,9 @@ class JobOptions:
     termination_grace_seconds: int | None = None
     ttl_seconds_after_finished: int | None = 3600
     pod_patch: Callable[[dict], dict] | None = None
+    security: PodSecurity = DEFAULT_POD_SECURITY
+    allowed_images: tuple[str, ...] = ()
+    egress_blocked_cidrs: tuple[str, ...] = METADATA_CIDRS
 
     def __post_init__(self):
         if not self.jobs_root.startswith("/"):
@@ -125,6 +139,12 @@ class JobOptions:
             )
         if not 1 <= self.rdzv_port <= 65535:
             raise SpecError(f"rdzv_port must be a TCP port, got {self.rdzv_port!r}")
+        if not isinstance(self.security, PodSecurity):
+            raise SpecError(f"security must be a PodSecurity, got {self.security!r}")
+        for pattern in self.allowed_images:
+            if not isinstance(pattern, str) or not pattern.strip():
+                raise SpecError(f"allowed_images holds glob patterns, got {pattern!r}")
+        ipv4_networks(self.egress_blocked_cidrs, "egress_blocked_cidrs")
 
 
 def pod_labels(spec: JobSpec) -> dict:
@@ -140,13 +160,16 @@ def common_labels(spec: JobSpec, options: JobOptions) -> dict:
     return {**options.labels, **pod_labels(spec)}
 
 
-def check_spec(spec: JobSpec) -> None:
+def check_spec(spec: JobSpec, options: JobOptions | None = None) -> None:
+    """``spec`` can run as pods: it has an image, one the site allows (``options``)."""
     spec.validate()
     if not spec.image:
         raise SpecError(
             "'image' is required on Kubernetes: a container image with gpulab "
             "and torch installed (e.g. the notebook image)"
         )
+    if options is not None:
+        check_image(spec.image, options.allowed_images)
 
 
 def node_gpus(spec: JobSpec) -> list[str]:
@@ -233,7 +256,7 @@ def node_container(spec: JobSpec, options: JobOptions, rdzv_host: str) -> dict:
 
 def pod_template(spec: JobSpec, options: JobOptions, rdzv_host: str, subdomain: str | None) -> dict:
     """The pod template of every node (``subdomain`` gives pods DNS names; JobSet sets its own)."""
-    check_spec(spec)
+    check_spec(spec, options)
     container = node_container(spec, options, rdzv_host)
     ckpt_dir = spec.checkpoint_dir or JobDir(options.jobs_root, spec.id).p("checkpoints")
     volumes, mounts = _volumes(spec, options, ckpt_dir)
@@ -248,6 +271,8 @@ def pod_template(spec: JobSpec, options: JobOptions, rdzv_host: str, subdomain: 
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
     }
+    # Whatever the image says: a fixed non-root uid, no capabilities, no escalation.
+    options.security.apply(pod_spec)
     if subdomain:
         pod_spec["subdomain"] = subdomain
     if options.priority_class:

@@ -121,11 +121,13 @@ class KubernetesServing(KubernetesServingSettings, ApiClientHolder, ServingBacke
         }
 
     def network_policy(self, dep: dict) -> dict:
-        """Calls to the replicas only from the router's pods."""
+        """Calls to the replicas only from the router's pods; out only to DNS (and
+        ``egress_cidrs``)."""
         return make_endpoint_network_policy(
             self.k8s_name(dep),
             port=self.port,
             router_pod_labels=self.router_pod_labels,
+            egress_cidrs=self.egress_cidrs,
             labels={
                 **COMMON_LABELS,
                 "app.kubernetes.io/component": "endpoint",
@@ -157,6 +159,7 @@ class KubernetesServing(KubernetesServingSettings, ApiClientHolder, ServingBacke
                 priority_class=queueing["priority_class_name"] or "",
                 pod_patch=patch,
                 tls_secret=self.tls_secret,
+                security=self.pod_security(),
             ),
         ]
 

@@ -15,13 +15,15 @@ here and what it does is a line below: adding one touches this file only.
 
 from __future__ import annotations
 
-from traitlets import Dict, Integer, TraitError, Unicode, validate
+from traitlets import Dict, Integer, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from gpulab.enforcement.kube import check_backend
 from gpulab.enforcement.kube.kueue import class_patch
 
 from .deploy import ENDPOINT_LABEL, endpoint_name
+from .egress import ipv4_networks
+from .pod_security import PodSecurity
 from .pod_slice import slice_claim_objects, slice_pod_patch
 from .pods import COMMON_LABELS
 
@@ -162,6 +164,47 @@ class KubernetesServingSettings(Configurable):
         """,
     ).tag(config=True)
 
+    run_as_user = Integer(
+        1000,
+        allow_none=True,
+        help="""The uid the replicas' model server runs as, whatever the image says (the
+        pods are runAsNonRoot, with no capabilities and no privilege escalation). It
+        must read what the service wrote to the models claim (the chart's service pod
+        runs as 1000). None: the image's own user, a numeric uid other than 0.
+
+        c.KubernetesServingSettings.run_as_user = 1000
+        """,
+    ).tag(config=True)
+
+    run_as_group = Integer(
+        100,
+        allow_none=True,
+        help="""The replicas' primary gid (100: the Jupyter images' users group). None:
+        the image's own.
+
+        c.KubernetesServingSettings.run_as_group = 100
+        """,
+    ).tag(config=True)
+
+    fs_group = Integer(
+        1000,
+        allow_none=True,
+        help="""The replicas' fsGroup (1000: the chart's service pod's). None: none.
+
+        c.KubernetesServingSettings.fs_group = 1000
+        """,
+    ).tag(config=True)
+
+    egress_cidrs = List(
+        Unicode(),
+        help="""IPv4 ranges the replicas may connect to besides DNS (their
+        NetworkPolicy's egress). A model server loads its model from its volume and
+        answers the router; it calls nothing, so the default is none.
+
+        c.KubernetesServingSettings.egress_cidrs = ["10.20.0.0/16"]
+        """,
+    ).tag(config=True)
+
     @validate("autoscaler")
     def _valid_autoscaler(self, proposal):
         value = proposal["value"]
@@ -190,6 +233,12 @@ class KubernetesServingSettings(Configurable):
                 "'service'"
             )
         check_backend(self.enforcement or "hami", self.enforcement_options or None)
+        self.pod_security()  # its own checks (no uid 0)
+        ipv4_networks(self.egress_cidrs, "c.KubernetesServingSettings.egress_cidrs")
+
+    def pod_security(self) -> PodSecurity:
+        """Who the replicas' code runs as (``run_as_user``, ``run_as_group``, ``fs_group``)."""
+        return PodSecurity(self.run_as_user, self.run_as_group, self.fs_group)
 
     def queueing(self) -> dict:
         """The replicas' Kueue labels and PriorityClass (``class_patch``'s answer)."""

@@ -58,6 +58,7 @@ def test_all_options_render_and_validate(chart):
         "Deployment/gpulab-all",
         "Deployment/gpulab-all-mlflow",
         "LocalQueue/research",
+        "NetworkPolicy/gpulab-all-mlflow",
         "NetworkPolicy/gpulab-all-service",
         "PersistentVolumeClaim/gpulab-all-data",
         "PersistentVolumeClaim/gpulab-all-jobs",
@@ -120,28 +121,28 @@ def test_all_options_reach_the_objects(chart):
     assert env["JUPYTERHUB_API_URL"] == "http://hub.gpulab.svc:8081/hub/api"
     assert deploy["metadata"]["annotations"]["prometheus.io/path"] == "/services/gpulab/metrics"
     # The scrape is on a port of its own, which only Prometheus' pods may reach; the
-    # API port stays open to every pod (users' pods call it with their tokens).
+    # API port only from the pods that call it (users' servers with their tokens).
     assert deploy["metadata"]["annotations"]["prometheus.io/port"] == "10103"
     assert {"name": "metrics", "containerPort": 10103} in container["ports"]
     policy = objects["NetworkPolicy/gpulab-all-service"]["spec"]
     assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "service"
     assert policy["ingress"] == [
-        {  # every port but the metrics port, from anywhere: as without the policy
-            "ports": [
-                {"protocol": "TCP", "port": 1, "endPort": 10102},
-                {"protocol": "TCP", "port": 10104, "endPort": 65535},
-                {"protocol": "UDP", "port": 1, "endPort": 65535},
-            ]
-        },
+        {"from": API_CALLERS_ALL, "ports": [{"protocol": "TCP", "port": "http"}]},
+        {"from": PROMETHEUS, "ports": [{"protocol": "TCP", "port": "metrics"}]},
+        ALL_ON["service"]["networkPolicy"]["extraIngress"][0],
+    ]
+    mlflow_policy = objects["NetworkPolicy/gpulab-all-mlflow"]["spec"]
+    assert mlflow_policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "mlflow"
+    assert mlflow_policy["ingress"] == [
         {
             "from": [
-                {
-                    "namespaceSelector": {},
-                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
-                }
+                {"podSelector": {"matchLabels": {"component": "proxy"}}},
+                {"podSelector": {"matchLabels": {"component": "hub"}}},
+                {"podSelector": {"matchLabels": selector("gpulab", "service")}},
             ],
-            "ports": [{"protocol": "TCP", "port": "metrics"}],
+            "ports": [{"protocol": "TCP", "port": "http"}],
         },
+        ALL_ON["mlflow"]["networkPolicy"]["extraIngress"][0],
     ]
     assert deploy["spec"]["tolerations"][0]["key"] == "dedicated"
     agent = objects["DaemonSet/gpulab-all-agent"]["spec"]["template"]["spec"]
@@ -188,6 +189,56 @@ def test_all_options_reach_the_objects(chart):
     assert service_values["priorityClasses"]["prefix"] == "gpulab-"
 
 
+def test_the_service_policy_admits_only_its_callers(chart):
+    """By default: the API port from z2jh's hub, proxy and users' servers and the node
+    agents, metricsPort from Prometheus' pods in namespace monitoring; nothing else
+    reaches the service pods (no other port, no other namespace). An empty
+    prometheus.from would admit every pod to every series: refused."""
+    objects = render(chart, HUB_OFF)
+    policy = objects["NetworkPolicy/gpulab-service"]
+    validate_strict(policy)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {"from": API_CALLERS_ALL, "ports": [{"protocol": "TCP", "port": "http"}]},
+        {"from": PROMETHEUS, "ports": [{"protocol": "TCP", "port": "metrics"}]},
+    ]
+    # The agents it admits are the ones the chart runs, by their pods' labels.
+    agent = objects["DaemonSet/gpulab-agent"]["spec"]["template"]["metadata"]["labels"]
+    assert selector("gpulab", "agent").items() <= agent.items()
+    with pytest.raises(helm.HelmError, match="prometheus.from is empty"):
+        render(chart, {**HUB_OFF, "prometheus": {"from": []}})
+    assert "NetworkPolicy/gpulab-mlflow" not in objects  # made with MLflow only
+
+
+def selector(instance: str, component: str) -> dict:
+    return {
+        "app.kubernetes.io/name": "gpulab",
+        "app.kubernetes.io/instance": instance,
+        "app.kubernetes.io/component": component,
+    }
+
+
+def api_callers(instance: str) -> list[dict]:
+    """Who may call the service's API port: z2jh's hub, proxy and users' servers (by
+    their component label, in the namespace) and the release's node agents."""
+    return [
+        {"podSelector": {"matchLabels": {"component": "hub"}}},
+        {"podSelector": {"matchLabels": {"component": "proxy"}}},
+        {"podSelector": {"matchLabels": {"component": "singleuser-server"}}},
+        {"podSelector": {"matchLabels": selector(instance, "agent")}},
+    ]
+
+
+#: prometheus.from by default: Prometheus' pods in namespace "monitoring" only.
+PROMETHEUS = [
+    {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+]
+API_CALLERS_ALL = api_callers("gpulab")
+
+
 def service_values_of(objects: dict, release: str = "gpulab") -> dict:
     """The values JSON the chart hands the service's config file."""
     return json.loads(objects[f"ConfigMap/{release}-service"]["data"]["service-values.json"])
@@ -227,8 +278,17 @@ def test_kubernetes_jobs_get_a_shared_jobs_directory(chart):
         "useJobSet": "auto",
         "priorityClassName": "batch-low",
         "rdzvPort": 29500,
+        "podSecurity": {"runAsUser": 1001, "runAsGroup": 1001, "fsGroup": 1001},
+        "allowedImages": ["registry.example.org/gpulab-*", "ghcr.io/example/*"],
+        "egressBlockedCIDRs": [
+            "169.254.169.254/32",
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+        ],
     }
-    # The service's Role covers what the backend does with a job's objects.
+    # The service's Role covers what the backend does with a job's objects, and no
+    # more (tests/kube/test_chart_rbac.py holds it to every call of the code).
     rules = objects["Role/gpulab-all"]["rules"]
 
     def allowed(group, resource, verbs):
@@ -237,18 +297,18 @@ def test_kubernetes_jobs_get_a_shared_jobs_directory(chart):
             for r in rules
         )
 
-    crud = ["get", "list", "watch", "create", "delete"]
     for group, resource, verbs in [
-        ("batch", "jobs", crud),
-        ("jobset.x-k8s.io", "jobsets", crud),
-        ("", "services", crud),
+        ("batch", "jobs", ["get", "create", "patch", "delete"]),
+        ("jobset.x-k8s.io", "jobsets", ["get", "create", "patch", "delete"]),
+        ("", "services", ["create", "patch", "delete"]),
         # The job's rendezvous Secret and NetworkPolicy, made owned by the Job (patch).
-        ("", "secrets", [*crud, "patch"]),
-        ("networking.k8s.io", "networkpolicies", [*crud, "patch"]),
-        ("", "pods", ["get", "list", "watch"]),
-        ("", "pods/log", ["get", "list"]),
+        ("", "secrets", ["create", "patch", "delete"]),
+        ("networking.k8s.io", "networkpolicies", ["create", "patch", "delete"]),
+        ("kueue.x-k8s.io", "workloads", ["list"]),
     ]:
         assert allowed(group, resource, verbs), (group, resource)
+    # A job's Secret is never read back: no get, list or watch of any Secret.
+    assert not any(allowed("", "secrets", [verb]) for verb in ("get", "list", "watch"))
 
 
 def test_kubernetes_jobs_on_an_existing_claim(chart):
@@ -337,6 +397,8 @@ def test_kubernetes_deployments_get_a_shared_models_directory(chart):
         "priorityClassName": "serving-high",
         "autoscaler": "keda",
         "prometheusUrl": "http://prometheus-operated.monitoring.svc:9090",
+        "podSecurity": {"runAsUser": 1002, "runAsGroup": 1002, "fsGroup": 1002},
+        "egressCIDRs": ["10.20.0.0/16"],
     }
     # The service's Role covers what the backend does with an endpoint's objects.
     rules = objects["Role/gpulab-all"]["rules"]
@@ -347,10 +409,14 @@ def test_kubernetes_deployments_get_a_shared_models_directory(chart):
             for r in rules
         )
 
-    crud = ["create", "get", "list", "watch", "delete", "patch"]
-    for group, resource in [("apps", "deployments"), ("", "services"), ("", "secrets")]:
-        assert allowed(group, resource, crud), (group, resource)
-    assert allowed("", "pods", ["get", "list", "watch"])
+    for group, resource, verbs in [
+        ("apps", "deployments", ["create", "get", "update", "patch", "delete"]),
+        ("", "services", ["create", "patch", "delete"]),
+        ("", "secrets", ["create", "update", "delete"]),
+        ("", "pods", ["list"]),
+        ("", "pods/log", ["get"]),
+    ]:
+        assert allowed(group, resource, verbs), (group, resource)
 
 
 def role_allows(objects: dict, role: str, group: str, resource: str, verbs: list[str]) -> bool:
@@ -360,7 +426,11 @@ def role_allows(objects: dict, role: str, group: str, resource: str, verbs: list
     )
 
 
-AUTOSCALER_VERBS = ["get", "create", "update", "patch", "delete"]
+#: What the serving backend does with an endpoint's autoscaler (replace = update).
+AUTOSCALER_VERBS = {
+    "hpa": ["create", "update", "delete"],
+    "keda": ["get", "create", "update", "delete"],
+}
 
 
 @pytest.mark.parametrize("autoscaler", ["service", "hpa", "keda"])
@@ -371,9 +441,9 @@ def test_endpoint_autoscaler_gets_its_rights_only_when_chosen(chart, autoscaler)
         endpoints["prometheusUrl"] = "http://prometheus.monitoring.svc:9090"
     objects = render(chart, {**HUB_OFF, "deployments": {"kubernetes": endpoints}})
     validate_strict(objects["Role/gpulab"])
-    verbs = AUTOSCALER_VERBS
-    hpa = role_allows(objects, "gpulab", "autoscaling", "horizontalpodautoscalers", verbs)
-    keda = role_allows(objects, "gpulab", "keda.sh", "scaledobjects", verbs)
+    hpa_verbs, keda_verbs = AUTOSCALER_VERBS["hpa"], AUTOSCALER_VERBS["keda"]
+    hpa = role_allows(objects, "gpulab", "autoscaling", "horizontalpodautoscalers", hpa_verbs)
+    keda = role_allows(objects, "gpulab", "keda.sh", "scaledobjects", keda_verbs)
     assert (hpa, keda) == (autoscaler == "hpa", autoscaler == "keda")
     # Every autoscaler scales through the Deployment: the service patches its replicas.
     assert role_allows(objects, "gpulab", "apps", "deployments", ["get", "patch"])
@@ -389,7 +459,7 @@ def test_endpoint_autoscaler_rights_stay_off_with_endpoints_off(chart):
         "deployments": {"kubernetes": {"enabled": False, "autoscaler": "hpa"}},
     }
     objects = render(chart, values)
-    assert not role_allows(objects, "gpulab", "autoscaling", "horizontalpodautoscalers", ["get"])
+    assert not role_allows(objects, "gpulab", "autoscaling", "horizontalpodautoscalers", ["create"])
     assert service_values_of(objects)["kubernetesDeployments"]["enabled"] is False
 
 
@@ -496,6 +566,8 @@ def test_minimal_install_without_agent_rbac_or_scraping(chart):
         "ConfigMap",
         "ConfigMap",
         "Deployment",
+        # The service's policy, made without the scrape too: its port only to its callers.
+        "NetworkPolicy",
         # The jobs' and the models' shared claims: job and model-server pods mount them.
         "PersistentVolumeClaim",
         "PersistentVolumeClaim",
@@ -505,6 +577,12 @@ def test_minimal_install_without_agent_rbac_or_scraping(chart):
     ]
     for obj in objects.values():
         validate_strict(obj)
+    # Without the scrape, Prometheus reads /metrics on the API port with a token: the
+    # pods prometheus.from selects join the API port's callers; no metrics port.
+    policy = objects["NetworkPolicy/gpulab-service"]["spec"]
+    assert policy["ingress"] == [
+        {"from": [*API_CALLERS_ALL, *PROMETHEUS], "ports": [{"protocol": "TCP", "port": "http"}]}
+    ]
     template = objects["Deployment/gpulab"]["spec"]["template"]
     assert "prometheus.io/scrape" not in template["metadata"]["annotations"]
     assert {"name": "data", "emptyDir": {}} in template["spec"]["volumes"]

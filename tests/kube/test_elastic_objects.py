@@ -152,8 +152,9 @@ def test_kueue_takes_the_job_as_elastic_but_never_the_jobset():
 
 @pytest.mark.parametrize("kw", [{}, {"gpu_milli": 250, "timeout": 600}])
 def test_a_fixed_job_renders_as_before(kw):
-    """No regression: the golden Job was rendered by the builders before elastic jobs;
-    a range of one size (2:2) is a fixed job too."""
+    """No regression: the golden Job was rendered by the builders before elastic jobs
+    (and rendered again when every job pod got its security contexts: a non-root
+    uid, no capabilities); a range of one size (2:2) is a fixed job too."""
     with open(os.path.join(os.path.dirname(__file__), "golden", "job-fixed.json")) as f:
         golden = json.load(f)
     o = options(pod_patch=quarter("hami"), termination_grace_seconds=120)

@@ -9,6 +9,7 @@ conditions are set by the test, standing in for the Job controller.
 import asyncio
 import itertools
 import json
+import os
 
 import pytest
 from aiohttp import web
@@ -138,6 +139,8 @@ async def test_a_failed_job_names_the_rank_that_failed(cluster):
             },
             f,
         )
+    if os.geteuid() == 0:  # the pods write it as theirs (the folder was handed over)
+        os.chown(jd.p("errors", "rank1.json"), backend.run_as_user, backend.run_as_group)
     status = await backend.poll(spec)
     assert status.message == "rank 1 failed: ValueError: bad batch shape"
     assert status.error["rank"] == 1
@@ -370,3 +373,22 @@ async def test_a_start_repeated_while_the_run_runs_keeps_it(collecting, groups, 
     assert server.get(collection, name)["metadata"]["uid"] == uid
     assert owner_uid(server, SECRETS, "gpulab-f00dfeed0001-rdzv") == uid
     assert (await backend.poll(spec)).state == "running"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a service on a box runs as root")
+async def test_a_root_service_hands_the_job_folder_to_the_pods_uid(cluster):
+    """A service run as root (gpulab up on a box) writes the inputs 0600 as root; the
+    pods, never root, read them once handed over, and write their own folders."""
+    server, backend = await cluster()
+    spec = make_spec()
+    jd = backend.jobdir(spec.id)
+    jd.write_inputs(spec)
+    await backend.start(spec, [])
+    uid, gid = backend.run_as_user, backend.run_as_group
+    for sub in ("logs", "errors", "checkpoints"):
+        st = os.lstat(jd.p(sub))
+        assert (st.st_uid, st.st_gid) == (uid, gid), sub
+    st = os.lstat(jd.p("cell.py"))
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, gid, 0o640)
+    st = os.lstat(jd.path)
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, gid, 0o750)

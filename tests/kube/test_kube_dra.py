@@ -618,9 +618,12 @@ def test_the_chart_grants_dra_rights_only_with_dra(chart):  # noqa: F811
         )
 
     objects = render(chart, {**HUB_OFF, "enforcement": {"backend": "dra"}})
-    crud = ["create", "get", "delete", "patch"]
-    assert allows(objects, "Role", "gpulab", "resourceclaimtemplates", crud)
-    assert allows(objects, "Role", "gpulab", "resourceclaims", crud)
+    # A template made, owned by its Job (patch), replaced by delete and create; a card's
+    # shared claim only made (tests/kube/test_chart_rbac.py: exactly the code's calls).
+    assert allows(
+        objects, "Role", "gpulab", "resourceclaimtemplates", ["create", "delete", "patch"]
+    )
+    assert allows(objects, "Role", "gpulab", "resourceclaims", ["create"])
     assert allows(objects, "ClusterRole", "gpulab-gpulab-inventory", "resourceslices", ["list"])
     assert allows(objects, "Role", "gpulab-hub-dra", "resourceclaims", ["create", "delete"])
     binding = objects["RoleBinding/gpulab-hub-dra"]

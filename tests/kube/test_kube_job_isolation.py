@@ -16,7 +16,7 @@ from gpulab.backend.kubernetes import (
     make_job_secret,
     make_jobset,
 )
-from gpulab.backend.spec import JobSpec
+from gpulab.backend.spec import JobSpec, SpecError
 
 JOBS_ROOT = "/srv/gpulab/jobs"
 NS = "gpulab"
@@ -46,8 +46,8 @@ def spec() -> JobSpec:
     return s
 
 
-def options(root: str = JOBS_ROOT) -> JobOptions:
-    return JobOptions(jobs_root=root, jobs_pvc="gpulab-jobs")
+def options(root: str = JOBS_ROOT, **kw) -> JobOptions:
+    return JobOptions(jobs_root=root, jobs_pvc="gpulab-jobs", **kw)
 
 
 def test_the_secret_holds_the_rendezvous_secret():
@@ -60,6 +60,12 @@ def test_the_secret_holds_the_rendezvous_secret():
     }
 
 
+#: What a job's pods may open: DNS anywhere, the job's own pods (c10d, gloo, NCCL:
+#: every port), every IPv4 address but the cloud metadata server.
+DNS = {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+OUTSIDE = {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}}]}
+
+
 def test_the_network_policy_lets_in_only_the_jobs_own_pods():
     policy = make_job_network_policy(spec(), options())
     own = {"matchLabels": {"gpulab.io/job-id": "a1b2c3d4e5f6"}}
@@ -69,8 +75,9 @@ def test_the_network_policy_lets_in_only_the_jobs_own_pods():
         "metadata": {"name": "gpulab-a1b2c3d4e5f6", "labels": LABELS},
         "spec": {
             "podSelector": own,
-            "policyTypes": ["Ingress"],
+            "policyTypes": ["Ingress", "Egress"],
             "ingress": [{"from": [{"podSelector": own}]}],
+            "egress": [DNS, {"to": [{"podSelector": own}]}, OUTSIDE],
         },
     }
     # It selects the pods of the Job and of the JobSet (their templates' labels).
@@ -83,6 +90,49 @@ def test_the_network_policy_lets_in_only_the_jobs_own_pods():
     other = JobSpec(code="x", nodes=1, image="i", id="0ther0job0id", backend="kubernetes")
     other_labels = make_job(other, options())["spec"]["template"]["metadata"]["labels"]
     assert not own["matchLabels"].items() <= other_labels.items()
+
+
+def test_the_network_policy_keeps_the_jobs_pods_from_the_blocked_ranges():
+    """A site's private ranges join the metadata server (as z2jh's egressAllowRules
+    leave them out for notebooks); DNS and the job's own pods stay open whatever is
+    blocked, and blocking everything leaves only those."""
+    private = ("169.254.169.254/32", "10.0.0.0/8", "172.16.0.0/12", "192.168.1.7/16")
+    policy = make_job_network_policy(spec(), options(egress_blocked_cidrs=private))
+    egress = policy["spec"]["egress"]
+    assert egress[2] == {
+        "to": [
+            {
+                "ipBlock": {
+                    "cidr": "0.0.0.0/0",
+                    "except": [
+                        "169.254.169.254/32",
+                        "10.0.0.0/8",
+                        "172.16.0.0/12",
+                        "192.168.0.0/16",
+                    ],
+                }
+            }
+        ]
+    }
+    assert validate_strict(policy) == K8S_VERSIONS
+    assert make_job_network_policy(spec(), options(egress_blocked_cidrs=()))["spec"]["egress"][
+        2
+    ] == {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}
+    closed = make_job_network_policy(spec(), options(egress_blocked_cidrs=("0.0.0.0/0",)))
+    assert closed["spec"]["egress"] == egress[:2]
+
+
+@pytest.mark.parametrize(
+    "cidrs,message",
+    [
+        (("metadata",), "'metadata' is not a CIDR"),
+        (("fd00:ec2::254/128",), "is IPv6"),
+        ("169.254.169.254/32", "a list of CIDRs"),
+    ],
+)
+def test_blocked_ranges_are_ipv4_cidrs(cidrs, message):
+    with pytest.raises(SpecError, match=message):
+        options(egress_blocked_cidrs=cidrs)
 
 
 @pytest.mark.parametrize("build", [make_job_secret, make_job_network_policy])

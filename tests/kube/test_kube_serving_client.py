@@ -127,10 +127,10 @@ async def test_launch_sends_secret_deployment_service_in_order(cluster):
         assert "namespace" not in body["metadata"] or body["metadata"]["namespace"] == NS
 
     secret, policy, deployment, service = (body for _, body in sent)
-    # Calls to the replicas only from the service's (the router's) pods.
+    # Calls to the replicas only from the service's (the router's) pods; out to DNS only.
     assert policy["spec"] == {
         "podSelector": {"matchLabels": {"gpulab.io/endpoint": "d0a1b2c3d4e5f"}},
-        "policyTypes": ["Ingress"],
+        "policyTypes": ["Ingress", "Egress"],
         "ingress": [
             {
                 "from": [
@@ -146,6 +146,7 @@ async def test_launch_sends_secret_deployment_service_in_order(cluster):
                 "ports": [{"protocol": "TCP", "port": 8080}],
             }
         ],
+        "egress": [{"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}],
     }
     assert base64.b64decode(secret["data"]["token"]).decode() == serving.token(DEP["id"])
     assert secret["metadata"]["annotations"]["gpulab.io/user"] == "ann"

@@ -299,10 +299,13 @@ async def test_service_account_is_denied_what_the_chart_does_not_grant(api, name
     from kubernetes_asyncio.client.exceptions import ApiException
 
     core, rbac = service_api["core"], service_api["rbac"]
-    # Granted: its namespace's pods and jobs; every namespace's pods (the inventory).
+    # Granted: what the code calls (tests/kube/test_chart_rbac.py): its namespace's
+    # pods listed, a job read (a 404 for one that is not there, not a 403), the nodes.
     await core.list_namespaced_pod(namespace)
-    await service_api["batch"].list_namespaced_job(namespace)
-    await core.list_pod_for_all_namespaces(limit=1)
+    with pytest.raises(ApiException) as absent:
+        await service_api["batch"].read_namespaced_job("no-such-job", namespace)
+    assert absent.value.status == 404
+    await core.list_node(limit=1)
     denied = {
         "secrets of another namespace": core.list_namespaced_secret("kube-system"),
         "a namespace": core.create_namespace({"metadata": {"name": f"{namespace}-x"}}),
@@ -314,6 +317,14 @@ async def test_service_account_is_denied_what_the_chart_does_not_grant(api, name
             "any", namespace, command=["true"], stdout=True
         ),
         "jobs of another namespace": service_api["batch"].list_namespaced_job("default"),
+        # Nothing it never reads: every namespace's pods, its own namespace's Secrets
+        # (rendezvous secrets, endpoint tokens), ConfigMaps and claims, a pod's spec.
+        "every namespace's pods": core.list_pod_for_all_namespaces(limit=1),
+        "its namespace's secrets": core.list_namespaced_secret(namespace),
+        "a secret of its namespace": core.read_namespaced_secret("gpulab-tokens", namespace),
+        "its namespace's configmaps": core.list_namespaced_config_map(namespace),
+        "its namespace's claims": core.list_namespaced_persistent_volume_claim(namespace),
+        "a pod": core.read_namespaced_pod("any", namespace),
     }
     refused = {}
     for what, call in denied.items():
@@ -439,6 +450,10 @@ args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and 
 host, port = args["rdzv-endpoint"].rsplit(":", 1)
 is_host = args["rdzv-conf"].split(",")[0]
 print("node", os.environ["PET_NODE_RANK"], is_host, "addr", args["local-addr"], flush=True)
+# Who the pod's code is, whatever the image says: its uid, groups, capabilities.
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+print("uid", os.getuid(), "gid", os.getgid(), "caps", status["CapBnd"].strip(),
+      "nnp", status.get("NoNewPrivs", "?").strip(), flush=True)
 if is_host == "is_host=1":
     conn, _ = socket.create_server(("", int(port))).accept()
     print("peer", conn.recv(64).decode(), flush=True)
@@ -555,6 +570,9 @@ async def test_backend_job_pods_rendezvous_by_name(api, namespace, release, jobs
             ].read_namespaced_pod_log(p.metadata.name, namespace)
         assert "node 0 is_host=1" in logs["0"] and "peer 1" in logs["0"], logs
         assert "node 1 is_host=0" in logs["1"], logs
+        # The image's user is root; the pods run as 1000:100, no capabilities, no setuid.
+        for log in logs.values():
+            assert "uid 1000 gid 100 caps 0000000000000000 nnp 1" in log, logs
         assert status.details["kind"] in ("Job", "JobSet")
     finally:
         await backend.cancel(spec)
@@ -727,6 +745,9 @@ async def test_two_pod_job_trains_to_the_local_weights(
         image=image,
     )
     jd = prepare(backend, spec)
+    # The service (uid 1000 in the chart) owns what it writes on the jobs claim; the
+    # pods, 1000 too whatever the image says, write their logs and checkpoints there.
+    owned_by_the_service(jd.path)
     try:
         await backend.start(spec, [])
 
@@ -743,6 +764,14 @@ async def test_two_pod_job_trains_to_the_local_weights(
     a, b = weights(single_dir), weights(jd)
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def owned_by_the_service(path: str, uid: int = 1000, gid: int = 1000) -> None:
+    """``path`` and everything in it given to the service's uid, as the chart's service
+    pod (uid 1000, fsGroup 1000) would have written it (this process is root)."""
+    for root, dirs, files in os.walk(path):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            os.lchown(name, uid, gid)
 
 
 # -- a notebook server through KubeSpawner ---------------------------------------------------
@@ -1103,6 +1132,11 @@ async def test_user_spawns_through_the_hub(hub_site, api):
     pod = await api["core"].read_namespaced_pod("jupyter-carol", ns)
     env = {e.name: e.value for e in pod.spec.containers[0].env}
     assert env["GPULAB_GPU_MILLI"] == "0"
+    # z2jh-values.yaml's hub.config: the notebook container never root, no capabilities.
+    context = pod.spec.containers[0].security_context
+    assert (context.run_as_user, context.run_as_non_root) == (1000, True), context
+    assert context.allow_privilege_escalation is False and context.capabilities.drop == ["ALL"]
+    assert context.seccomp_profile.type == "RuntimeDefault"
 
     status, said = await asyncio.to_thread(
         hub_call, f"{url}/hub/api/users/carol/server", "DELETE", token

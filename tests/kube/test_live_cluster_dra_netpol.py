@@ -680,3 +680,105 @@ async def test_an_endpoints_replicas_take_calls_only_from_the_router(
         await serving.stop(dep, wait_s=0)
         await serving.close()
         await api["core"].delete_namespace(elsewhere)
+
+
+# Tries host:port every second for up to 90 s and says each change ("open", "blocked"),
+# until it gets ``until``: a job pod's own firewall is set a moment after it starts.
+REACH = """
+import socket, sys, time
+host, port, until = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+last = None
+for _ in range(90):
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        got = "open"
+    except OSError:
+        got = "blocked"
+    if got != last:
+        print(got, flush=True)
+        last = got
+    if got == until:
+        break
+    time.sleep(1)
+"""
+
+
+async def test_a_jobs_pods_reach_out_only_outside_the_blocked_ranges(
+    service_account, api, namespace, firewall, jobs_volume, image
+):
+    """A job's egress: a server outside the job (a plain pod, no policy of its own) is
+    reached by a job whose blocked ranges leave it out, and not by one whose blocked
+    ranges hold it, as a site's private ranges would (the metadata server is blocked
+    by default; nothing listens there here). The job's pods run as 1000, no capabilities."""
+    from test_live_cluster import stand_in
+
+    from gpulab.backend.kubernetes.backend import KubernetesBackend
+
+    server = {
+        "metadata": {"name": "outside", "labels": {"app.kubernetes.io/name": "gpulab-test"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "http",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-m", "http.server", "8080"],
+                    "ports": [{"containerPort": 8080}],
+                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                }
+            ],
+        },
+    }
+    await api["core"].create_namespaced_pod(namespace, server)
+    try:
+
+        async def ready():
+            p = await api["core"].read_namespaced_pod("outside", namespace)
+            ok = any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+            return ok and p.status.pod_ip
+
+        ip = await wait_for("the outside server to be ready", ready, timeout=120)
+        said = {}
+        for name, blocked, until in [
+            ("allowed", ["169.254.169.254/32"], "open"),
+            ("blocked", ["169.254.169.254/32", f"{ip}/32"], "blocked"),
+        ]:
+
+            def reach(template, until=until):
+                template = stand_in()(template)
+                args = ["python", "-c", REACH, ip, "8080", until]
+                template["spec"]["containers"][0]["args"] = args
+                return template
+
+            backend = KubernetesBackend(
+                jobs_volume,
+                namespace=namespace,
+                jobs_pvc=JOBS_PVC,
+                kubeconfig=service_account,
+                egress_blocked_cidrs=blocked,
+                pod_patch_for=lambda spec, allocations, reach=reach: reach,
+            )
+            spec = job_spec(image, nodes=1, gpu_milli=0)
+            try:
+                await backend.start(spec, [])
+
+                async def finished(spec=spec):
+                    pods = await pods_of(api, namespace, spec)
+                    done = [p for p in pods if p.status.phase in ("Succeeded", "Failed")]
+                    return done and done[0]
+
+                pod = await wait_for(f"the {name} job's pod to finish", finished, timeout=150)
+                assert pod.status.phase == "Succeeded", pod.status
+                assert pod.spec.security_context.run_as_user == 1000
+                log = await api["core"].read_namespaced_pod_log(pod.metadata.name, namespace)
+                said[name] = log.split()
+            finally:
+                await backend.cancel(spec, grace_s=0)
+                await backend.close()
+        # The first reaches it at once; the second is stopped once its firewall is in
+        # place (it may get through in the moment before).
+        assert said["allowed"] == ["open"], said
+        assert said["blocked"][-1] == "blocked", said
+    finally:
+        await api["core"].delete_namespaced_pod("outside", namespace, grace_period_seconds=0)

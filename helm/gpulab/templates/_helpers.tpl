@@ -90,3 +90,23 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- $top -}}
 {{- end -}}
+
+{{/* The database URL's variable, GPULAB_DB_URL: from service.dbUrlSecret (a
+secretKeyRef: the password never in the pod spec) or service.dbUrl (plain text in
+the Deployment); nothing without either (SQLite). Include with nindent. */}}
+{{- define "gpulab.dbUrlEnv" -}}
+{{- $secret := .Values.service.dbUrlSecret | default dict -}}
+{{- if and $secret.name .Values.service.dbUrl -}}
+{{- fail "service.dbUrl and service.dbUrlSecret.name are both set: keep dbUrlSecret (the URL holds the database's password; dbUrl puts it in the Deployment as plain text) and remove dbUrl" -}}
+{{- end -}}
+{{- if $secret.name -}}
+- name: GPULAB_DB_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret.name | quote }}
+      key: {{ $secret.key | default "url" | quote }}
+{{- else if .Values.service.dbUrl -}}
+- name: GPULAB_DB_URL
+  value: {{ .Values.service.dbUrl | quote }}
+{{- end -}}
+{{- end -}}

@@ -8,8 +8,9 @@ configurable-http-proxy with ``proxy-api`` (8001) and ``proxy-public`` (80)
 Services. The hub container takes gpulab's part exactly as a site gives it to
 z2jh: ``hub.extraEnv``, ``hub.extraVolumes`` and ``hub.extraVolumeMounts`` of
 ``helm/gpulab/z2jh-values.yaml`` (the ``gpulab-hub-config`` ConfigMap and the
-``gpulab-tokens`` Secret the gpulab chart made), and its ``jupyterhub_config.py``
-loads ``jupyterhub_config.d/`` as z2jh's does.
+``gpulab-tokens`` Secret the gpulab chart made), its ``hub.config`` (the notebook
+containers' security context) applied as z2jh's file applies it, and its
+``jupyterhub_config.py`` loads ``jupyterhub_config.d/`` as z2jh's does.
 
 What stands in for images: the suite's Python image with this machine's ``/usr``
 (node, for the proxy) and the checkout (its venv: jupyterhub, gpulab,
@@ -19,6 +20,7 @@ configurable-http-proxy under ``node_modules``) mounted read-only at the same pa
 from __future__ import annotations
 
 import copy
+import json
 import sysconfig
 from pathlib import Path
 
@@ -32,6 +34,7 @@ HUB_PORT, PROXY_API_PORT, PROXY_PORT = 8081, 8001, 8000
 #: The hub's own configuration, as z2jh's jupyterhub_config.py sets these parts.
 HUB_CONFIG = """\
 import glob
+import json
 import os
 
 c = get_config()  # noqa: F821
@@ -68,6 +71,11 @@ c.KubeSpawner.volume_mounts = [
 c.KubeSpawner.start_timeout = 120
 # python as PID 1 ignores SIGTERM: a stopped server would take its 30 s.
 c.KubeSpawner.extra_pod_config = {"terminationGracePeriodSeconds": 1}
+# z2jh's hub.config, as its file applies it: z2jh-values.yaml's (the notebook
+# containers' security context).
+for section, settings in json.loads(os.environ.get("Z2JH_HUB_CONFIG", "{}")).items():
+    for name, value in settings.items():
+        setattr(c[section], name, value)
 # As z2jh's file does: each of jupyterhub_config.d/ run in this file's namespace (the
 # same config: what gpulab's file adds keeps the services and roles set above).
 for path in sorted(glob.glob("/usr/local/etc/jupyterhub/jupyterhub_config.d/*.py")):
@@ -188,6 +196,7 @@ def objects(image: str, proxy_token: str, admin_token: str) -> list[dict]:
             {"name": "SINGLEUSER_IMAGE", "value": image},
             {"name": "VENV_ROOT", "value": str(REPO)},
             {"name": "HOST_LIBS", "value": LIBS},
+            {"name": "Z2JH_HUB_CONFIG", "value": json.dumps(z2jh.get("config") or {})},
             *_env(z2jh["extraEnv"]),
         ],
         "volumeMounts": [

@@ -68,11 +68,27 @@ def slice_and_queue() -> dict:
     }
 
 
+def pod_security(section, values: dict) -> None:
+    """Who users' code runs as in the pods of ``section`` (c.KubernetesJobsSettings or
+    c.KubernetesServingSettings): podSecurity's uid, gid and fsGroup; one left out
+    (a value set to null, which helm removes) is the image's own, or no fsGroup."""
+    security = values.get("podSecurity") or {}
+    section.run_as_user = security.get("runAsUser")
+    section.run_as_group = security.get("runAsGroup")
+    section.fs_group = security.get("fsGroup")
+
+
 # Jobs with backend "kubernetes" run as Indexed Jobs/JobSets in the release's
 # namespace; the jobs directory (<data-dir>/jobs) is the claim the chart mounts
 # there, and each job's pods mount that job's folder of it at the same path.
 jobs = gpulab.get("kubernetesJobs") or {}
 if jobs.get("enabled"):
+    # Whatever image a job names: its pods run as podSecurity's uid, non-root, with
+    # no capabilities; a site may hold jobs to its images, and keep their pods from
+    # the cloud metadata server (and its private ranges).
+    pod_security(c.KubernetesJobsSettings, jobs)
+    c.KubernetesJobsSettings.allowed_images = list(jobs.get("allowedImages") or [])
+    c.KubernetesJobsSettings.egress_blocked_cidrs = list(jobs.get("egressBlockedCIDRs") or [])
     c.GpuLabService.kubernetes_jobs = {
         "namespace": jobs["namespace"],
         "jobs_pvc": jobs["jobsPvc"],
@@ -100,3 +116,7 @@ if deployments.get("enabled"):
     if deployments.get("tlsSecret"):  # tls.internal: replicas serve https with its certificate
         endpoints["tls_secret"] = deployments["tlsSecret"]
     c.GpuLabService.kubernetes_deployments = endpoints
+    # A replica runs its owner's model: podSecurity's uid, non-root, no capabilities;
+    # out only to DNS (and the ranges the values name).
+    pod_security(c.KubernetesServingSettings, deployments)
+    c.KubernetesServingSettings.egress_cidrs = list(deployments.get("egressCIDRs") or [])
