@@ -6,7 +6,10 @@ client's ``Authorization: Bearer <hub token>`` (``MLFLOW_TRACKING_TOKEN``), ``to
 what the request reaches and the proxy checks it against :mod:`.ownership` before
 MLflow sees it: a user's experiments and runs are theirs alone (another's id answers
 404, as a missing one does); searches are narrowed to the caller's experiments;
-admins reach everything. The gpulab service itself (a trusted service) writes jobs'
+admins reach everything. A hub user's name can be given again (a user deleted, a new
+one made with it): what the earlier user of the name left is not the new one's, for
+the caller's own experiments are those made no earlier than their hub user (its
+``created``). The gpulab service itself (a trusted service) writes jobs'
 runs in their users' names (``X-Gpulab-User``), never as an admin.
 
 The browser's requests are cross-site-checked here (``Sec-Fetch-Site``/``Origin``)
@@ -31,6 +34,7 @@ import logging
 import re
 import tempfile
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
@@ -44,9 +48,9 @@ from .ownership import (
     DEFAULT_EXPERIMENT_ID,
     NotFound,
     Owners,
+    is_theirs,
     namespaced,
     owner_filter,
-    owner_of,
     with_owner_tag,
 )
 from .surface import API_ROOTS, ARTIFACT_ROOTS, OWNER_TAG, Check, classify
@@ -94,6 +98,26 @@ SNAKE_KEY = re.compile(r"[a-z0-9_]+")
 class Caller:
     name: str
     admin: bool = False
+    #: When the hub user was created (ms since the epoch): their experiments are those
+    #: made since, not what an earlier user of the same name left. None: no such limit.
+    since: int | None = None
+
+
+def created_since(model: dict) -> int | None:
+    """The hub user model's ``created`` (ISO 8601, UTC when it names no zone) in ms
+    since the epoch; None without one. Refused (502) if it cannot be read."""
+    created = model.get("created")
+    if not created:
+        return None
+    try:
+        when = datetime.fromisoformat(str(created))
+    except ValueError:
+        raise Refused(
+            502, "INTERNAL_ERROR", "the hub's answer about this user could not be read"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
 
 
 def mlflow_error(status: int, code: str, message: str) -> dict:
@@ -150,7 +174,7 @@ def encode_body(body: dict) -> bytes:
         raise Refused(400, "INVALID_PARAMETER_VALUE", "the body must be JSON") from None
 
 
-def narrowed(kind: str, user: str, raw: bytes) -> tuple[int, bytes]:
+def narrowed(kind: str, user: str, raw: bytes, since: int | None = None) -> tuple[int, bytes]:
     """MLflow's answer (``raw``) to a search or get-by-name, the caller's own only
     (defence in depth beside the filter): ``(status, body)``. Runs off the event loop."""
     try:
@@ -161,8 +185,10 @@ def narrowed(kind: str, user: str, raw: bytes) -> tuple[int, bytes]:
         body = mlflow_error(502, "INTERNAL_ERROR", "MLflow's answer could not be read")
         return 502, json.dumps(body).encode()
     if kind == "search_experiments":
-        data["experiments"] = [e for e in data.get("experiments") or [] if owner_of(e) == user]
-    elif kind == "experiment_name" and owner_of(data.get("experiment") or {}) != user:
+        data["experiments"] = [
+            e for e in data.get("experiments") or [] if is_theirs(e, user, since)
+        ]
+    elif kind == "experiment_name" and not is_theirs(data.get("experiment") or {}, user, since):
         body = mlflow_error(404, "RESOURCE_DOES_NOT_EXIST", "no such experiment")
         return 404, json.dumps(body).encode()
     return 200, json.dumps(data).encode()
@@ -275,9 +301,19 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
                 raise Refused(
                     403, "PERMISSION_DENIED", f"service {model['name']} may not use MLflow here"
                 )
-            return Caller(on_behalf)
-        user = await self.proxy.hub.user(model["name"]) or {}
-        return Caller(model["name"], admin=bool(user.get("admin")))
+            # The runs of a user's job are theirs only if that user is the one now.
+            return Caller(on_behalf, since=created_since(await self._hub_user(on_behalf)))
+        user = await self._hub_user(model["name"])
+        return Caller(model["name"], admin=bool(user.get("admin")), since=created_since(user))
+
+    async def _hub_user(self, name: str) -> dict:
+        """The hub's model of user ``name`` ({} for none)."""
+        try:
+            return await self.proxy.hub.user(name) or {}
+        except Exception as e:
+            if hub_unreachable(e):
+                raise Refused(503, "TEMPORARILY_UNAVAILABLE", HUB_DOWN) from None
+            raise
 
     async def prepare(self):
         """Who asks and whether the path and body size can be taken, before any of
@@ -376,7 +412,7 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
                 body = await asyncio.to_thread(parse_body, raw, path == "graphql")
             check = classify(self.request.method, path, args, body)
             if not caller.admin:
-                await self._enforce(check, caller.name, args, body)
+                await self._enforce(check, caller.name, args, body, caller.since)
             if body and is_api:
                 raw = await asyncio.to_thread(encode_body, body)
         except Refused as e:
@@ -385,7 +421,9 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
             return self._error(404, "RESOURCE_DOES_NOT_EXIST", f"no experiment or run {e} of yours")
         await self._pass_on(path, args, raw, check, caller)
 
-    async def _enforce(self, check: Check, user: str, args: dict, body: dict) -> None:
+    async def _enforce(
+        self, check: Check, user: str, args: dict, body: dict, since: int | None = None
+    ) -> None:
         owners: Owners = self.proxy.owners
         kind = check.kind
         if kind == "open":
@@ -402,35 +440,48 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
                 )
             body["name"] = namespaced(user, str(body.get("name") or ""))
             body["tags"] = with_owner_tag(body.get("tags"), user)
+            await self._make_way(user, body["name"], since)
         elif kind == "search_experiments":
             if self.request.method == "GET":
-                args["filter"] = [owner_filter(user, (args.get("filter") or [""])[0])]
+                args["filter"] = [owner_filter(user, (args.get("filter") or [""])[0], since)]
             else:
-                body["filter"] = owner_filter(user, str(body.get("filter") or ""))
+                body["filter"] = owner_filter(user, str(body.get("filter") or ""), since)
         elif kind == "experiment_name":
             args["experiment_name"] = [namespaced(user, check.name)]
         elif kind == "create_run":
             wanted = check.experiments[0] if check.experiments else DEFAULT_EXPERIMENT_ID
             if wanted == DEFAULT_EXPERIMENT_ID:
-                wanted = await owners.default_experiment(user)
+                wanted = await owners.default_experiment(user, since)
             else:
-                await owners.check_experiments(user, [wanted])
+                await owners.check_experiments(user, [wanted], since)
             # Always in the body, which MLflow reads: the experiment checked is the one used.
             body["experiment_id"] = wanted
         elif kind in ("experiments", "artifact"):
-            await owners.check_experiments(user, check.experiments)
+            await owners.check_experiments(user, check.experiments, since)
             tagging = check.route.endswith(("set-experiment-tag", "delete-experiment-tag"))
             if tagging and body.get("key") == OWNER_TAG:
                 raise Refused(403, "PERMISSION_DENIED", f"the tag {OWNER_TAG} is gpulab's")
             if check.route.endswith("experiments/update") and body.get("new_name"):
                 body["new_name"] = namespaced(user, str(body["new_name"]))
+                await self._make_way(user, body["new_name"], since)
         elif kind == "runs":
-            await owners.check_runs(user, check.runs)
+            await owners.check_runs(user, check.runs, since)
         elif kind == "graphql":
-            await owners.check_experiments(user, check.experiments)
-            await owners.check_runs(user, check.runs)
+            await owners.check_experiments(user, check.experiments, since)
+            await owners.check_runs(user, check.runs, since)
         else:  # a kind this proxy does not know is never let through
             raise Refused(403, "PERMISSION_DENIED", "not offered")
+
+    async def _make_way(self, user: str, name: str, since: int | None) -> None:
+        """An experiment ``name`` left by an earlier hub user of the caller's name is
+        renamed aside (:meth:`.Owners.set_aside`); Refused (409) if it cannot be."""
+        if not await self.proxy.owners.set_aside(user, name, since):
+            raise Refused(
+                409,
+                "RESOURCE_ALREADY_EXISTS",
+                f"an experiment {name!r} is left from an earlier hub user named {user!r}: "
+                "pick another name",
+            )
 
     async def _pass_on(self, path: str, args: dict, raw, check: Check, caller: Caller):
         """``raw``: the body, bytes or the file it was kept in (sent as it is read)."""
@@ -473,7 +524,9 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
                             "reads to narrow it: ask for less (a smaller max_results, a "
                             "narrower filter)",
                         )
-                    status, out = await asyncio.to_thread(narrowed, check.kind, caller.name, data)
+                    status, out = await asyncio.to_thread(
+                        narrowed, check.kind, caller.name, data, caller.since
+                    )
                     self.set_status(status)
                     self.clear_header("Content-Encoding")
                     return self.finish(out)

@@ -9,7 +9,9 @@ MLflow of :func:`real_mlflow` is MLflow's own server on SQLite, as ``gpulab up``
 
 from __future__ import annotations
 
+import asyncio
 import json
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
@@ -18,12 +20,13 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets, bind_unix_socket
 
-from gpulab.service.experiments.ownership import Owners
+from gpulab.service.experiments.ownership import Owners, owner_filter
 from gpulab.service.experiments.proxy import (
     NARROW_LIMIT,
     MlflowBackend,
     ProxyHandler,
     Refused,
+    created_since,
     parse_body,
     query_args,
 )
@@ -35,13 +38,19 @@ API = "api/2.0/mlflow"
 
 
 class FakeHubAuth:
-    """The hub's answer to ``Authorization: token <name>``: that user."""
+    """The hub's answer to ``Authorization: token <name>``: that user
+    (``token service:<name>``: that service)."""
 
     access_scopes: set = set()
 
     async def get_user(self, handler, sync=True):
         auth = handler.request.headers.get("Authorization", "")
-        return {"name": auth.split()[-1], "kind": "user"} if auth.startswith("token ") else None
+        if not auth.startswith("token "):
+            return None
+        name = auth.split()[-1]
+        if name.startswith("service:"):
+            return {"name": name.removeprefix("service:"), "kind": "service"}
+        return {"name": name, "kind": "user"}
 
     def check_scopes(self, scopes, model):
         return True
@@ -51,9 +60,16 @@ class Handler(ProxyHandler):
     _hub_auth = FakeHubAuth()
 
 
+#: The hub users' ``created``, by name (a user not here has none in their model).
+CREATED: dict[str, str] = {}
+
+
 class FakeHub:
     async def user(self, name):
-        return {"name": name, "admin": name == "admin"}
+        model = {"name": name, "admin": name == "admin"}
+        if name in CREATED:
+            model["created"] = CREATED[name]
+        return model
 
 
 def proxy_settings(backend) -> SimpleNamespace:
@@ -78,11 +94,15 @@ async def serve(backend) -> tuple[HTTPServer, str]:
     return server, f"http://127.0.0.1:{sock.getsockname()[1]}{PREFIX}"
 
 
-async def call(base: str, user: str, method: str, path: str, body=None, raw=None):
-    """``(status, json)`` of one request as ``user``."""
+async def call(
+    base: str, user: str, method: str, path: str, body=None, raw=None, on_behalf: str = ""
+):
+    """``(status, json)`` of one request as ``user`` (a service, for ``on_behalf``)."""
     if raw is None and body is not None:
         raw = json.dumps(body).encode()
     headers = {"Authorization": f"token {user}", "Content-Type": "application/json"}
+    if on_behalf:
+        headers["X-Gpulab-User"] = on_behalf
     resp = await AsyncHTTPClient().fetch(
         HTTPRequest(
             base + path,
@@ -140,6 +160,26 @@ def test_the_ids_checked_are_the_ones_mlflow_reads():
     assert set(check.experiments) == {"1", "2"}
     check = classify("GET", f"{API}/runs/get", {"run_id": ["r1"]}, {})
     assert check.runs == ("r1",)
+
+
+def test_a_hub_users_created_time_limits_their_experiments():
+    """``created`` as the hub writes it (UTC, with or without its zone) in ms; none,
+    no limit. The search filter adds it with AND, as MLflow's grammar reads it."""
+    assert created_since({"created": "2024-05-01T00:00:00.5Z"}) == 1714521600500
+    assert created_since({"created": "2024-05-01T00:00:00.5"}) == 1714521600500
+    assert created_since({"created": "2024-05-01T02:00:00.5+02:00"}) == 1714521600500
+    assert created_since({}) is None and created_since({"created": None}) is None
+    with pytest.raises(Refused):
+        created_since({"created": "yesterday"})
+    search_utils = pytest.importorskip("mlflow.utils.search_utils")
+    assert search_utils.SearchExperimentsUtils.parse_search_filter(
+        owner_filter("alice", "name LIKE 'a%'", 1714521600500)
+    ) == [
+        {"type": "tag", "key": OWNER_TAG, "comparator": "=", "value": "alice"},
+        {"type": "attribute", "key": "creation_time", "comparator": ">=", "value": 1714521600500},
+        {"type": "attribute", "key": "name", "comparator": "LIKE", "value": "a%"},
+    ]
+    assert owner_filter("alice") == f"tags.`{OWNER_TAG}` = 'alice'"
 
 
 def test_the_query_must_be_utf8_and_the_body_json():
@@ -319,3 +359,90 @@ async def test_an_experiments_artifact_location_is_gpulabs_under_either_name(rea
     assert status == 400 and "snake_case" in said["message"], said
     status, seen = await call(base, "bob", "GET", f"{API}/experiments/get?experiment_id={bob_exp}")
     assert status == 200 and seen["experiment"]["name"] == "bob/demo", seen
+
+
+@pytest.mark.slow
+async def test_a_new_hub_user_of_a_name_reaches_nothing_the_old_one_left(real_mlflow):
+    """A hub user deleted, a new one made with the same name: the experiments and runs
+    the first one left (tagged with the name) are not the new one's, nor do they block
+    the new one's own ``demo`` or ``Default``. The service's runs for the new one
+    neither."""
+    base, user = real_mlflow, "erin"
+    old_exp, old_run = await experiment_and_run(base, user)
+    status, said = await call(base, user, "POST", f"{API}/runs/create", {})
+    assert status == 200, said
+    old_default = said["run"]["info"]["experiment_id"]
+    await asyncio.sleep(0.01)
+    # erin is deleted, and a new erin made.
+    CREATED[user] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    try:
+        for method, route, body in (
+            ("GET", f"experiments/get?experiment_id={old_exp}", None),
+            ("GET", "experiments/get-by-name?experiment_name=demo", None),
+            ("GET", f"runs/get?run_id={old_run}", None),
+            ("GET", f"artifacts/list?run_id={old_run}", None),
+            ("POST", "runs/search", {"experiment_ids": [old_exp]}),
+            (
+                "POST",
+                "runs/log-metric",
+                {"run_id": old_run, "key": "k", "value": 1, "timestamp": 0},
+            ),
+            ("POST", "runs/create", {"experiment_id": old_exp}),
+            ("POST", "runs/delete", {"run_id": old_run}),
+            ("POST", "experiments/delete", {"experiment_id": old_exp}),
+            ("POST", "experiments/update", {"experiment_id": old_exp, "new_name": "mine"}),
+        ):
+            status, said = await call(base, user, method, f"{API}/{route}", body)
+            assert status == 404, (route, said)
+        status, said = await call(
+            base, user, "GET", f"api/2.0/mlflow-artifacts/artifacts/{old_exp}/{old_run}/x"
+        )
+        assert status == 404, said
+        query = (
+            "query q($d: MlflowGetRunInput) { mlflowGetRun(input: $d) { run { info { runId } } } }"
+        )
+        body = {"query": query, "variables": {"d": {"runId": old_run}}}
+        status, said = await call(base, user, "POST", "graphql", body)
+        assert status == 404, said
+        for method, search, body in (
+            ("GET", "experiments/search?max_results=100", None),
+            ("POST", "experiments/search", {"max_results": 100, "filter": "name LIKE 'erin/%'"}),
+        ):
+            status, said = await call(base, user, method, f"{API}/{search}", body)
+            assert status == 200 and not said.get("experiments"), said
+        # The service writing for the new erin: the old run is not hers either.
+        metric = {"run_id": old_run, "key": "k", "value": 1, "timestamp": 0}
+        status, said = await call(
+            base, "service:gpulab", "POST", f"{API}/runs/log-metric", metric, on_behalf=user
+        )
+        assert status == 404, said
+
+        # Her own demo and Default are new ones; the old ones are set aside by name.
+        new_exp, new_run = await experiment_and_run(base, user)
+        assert new_exp != old_exp
+        status, said = await call(base, user, "POST", f"{API}/runs/create", {})
+        assert status == 200 and said["run"]["info"]["experiment_id"] != old_default
+        new_default = said["run"]["info"]["experiment_id"]
+        metric = {"run_id": new_run, "key": "k", "value": 1, "timestamp": 0}
+        status, said = await call(
+            base, "service:gpulab", "POST", f"{API}/runs/log-metric", metric, on_behalf=user
+        )
+        assert status == 200, said
+        status, said = await call(base, user, "GET", f"{API}/experiments/search?max_results=100")
+        assert status == 200, said
+        assert {e["experiment_id"] for e in said["experiments"]} == {new_exp, new_default}
+        status, said = await call(
+            base, user, "POST", f"{API}/runs/search", {"experiment_ids": [new_exp]}
+        )
+        assert [r["info"]["run_id"] for r in said["runs"]] == [new_run], said
+        status, said = await call(
+            base, user, "GET", f"{API}/experiments/get-by-name?experiment_name=demo"
+        )
+        assert status == 200 and said["experiment"]["experiment_id"] == new_exp, said
+        # An admin still sees the old one, renamed aside.
+        status, said = await call(
+            base, "admin", "GET", f"{API}/experiments/get?experiment_id={old_exp}"
+        )
+        assert status == 200 and said["experiment"]["name"].startswith("erin/demo (before "), said
+    finally:
+        del CREATED[user]
