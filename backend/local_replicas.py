@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import time
@@ -50,6 +51,13 @@ from .serving_base import ServingBackend
 
 #: The nice value of a replica until it answers ready (0: none).
 STARTING_NICE = 10
+
+
+def _ended(pidfd: int) -> bool:
+    """Has the process of a pidfd exited (a pidfd polls readable once it has)?"""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def replica_unit(dep_id: str, replica: int) -> str:
@@ -240,6 +248,27 @@ class LocalReplicas(ServingBackend):
         group = cgroups.open(name)
         return set(group.pids()) if group.exists() else None
 
+    def _leaders(self, dep_id: str, replicas: range) -> list[tuple[int, int]]:
+        """``(pid, pidfd)`` of each live replica's process (its group's leader). Each
+        pidfd is opened before the process is checked to be the replica, so it stands
+        for that process or none, never one that takes its pid later. The caller
+        closes them."""
+        leaders = []
+        for i in replicas:
+            rec = self.record(dep_id, i)
+            pid = rec.get("pid") if isinstance(rec, dict) else None
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue  # gone already
+            if self.alive(dep_id, i):
+                leaders.append((pid, fd))
+            else:
+                os.close(fd)
+        return leaders
+
     def exit_code(self, dep_id: str, replica: int) -> int | None:
         child = self._children.get((dep_id, replica))
         return child.poll() if child is not None else None
@@ -280,20 +309,31 @@ class LocalReplicas(ServingBackend):
         hold no request, so SIGKILL at once (an interpreter's orderly exit costs CPU the
         replicas still serving need)."""
         dep_id = dep["id"]
-        pids = [self.record(dep_id, i)["pid"] for i in replicas if self.alive(dep_id, i)]
+        leaders = self._leaders(dep_id, replicas)
         steps = ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0))
-        for sig, wait in steps[1:] if drained else steps:
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, sig)
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                if not any(self.alive(dep_id, i) for i in replicas):
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                continue
-            break
+        try:
+            for sig, wait in steps[1:] if drained else steps:
+                for pid, fd in leaders:
+                    # Looked at again before each signal: a replica that exited since
+                    # (during the grace period) may have given its pid to another
+                    # process by now. While its leader lives, its group is its own.
+                    if _ended(fd):
+                        continue
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, sig)
+                    with contextlib.suppress(ProcessLookupError):
+                        signal.pidfd_send_signal(fd, sig)  # one that left its group too
+                deadline = time.monotonic() + wait
+                while time.monotonic() < deadline:
+                    if not any(self.alive(dep_id, i) for i in replicas):
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    continue
+                break
+        finally:
+            for _, fd in leaders:
+                os.close(fd)
         for i in replicas:
             self._children.pop((dep_id, i), None)
             self.sockets.unlink(dep_id, i)

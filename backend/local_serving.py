@@ -6,6 +6,13 @@ and supervises them on every :meth:`~LocalServing.check`: a replica whose proces
 gone is started again (on a fresh socket); one that dies ``MAX_CRASHES`` times within
 ``CRASH_WINDOW_S`` fails its deployment. A replica counts as ready once its
 ``/v2/health/ready`` answers 200; calls then go to the ready ones in turn.
+
+:meth:`~LocalServing.check` runs under the deployment manager's lock, which every
+user's changes and cold starts wait for: it never waits on a replica (whose code is
+its owner's, and may never answer). The probes of replicas not ready yet run in
+tasks of their own, all at once, each bounded by ``PROBE_TIMEOUT_S``; what they find
+counts from the moment they find it (calls see a ready replica at once, the
+manager's count at its next check).
 After a restart of the service the replicas are found again by pid
 (:meth:`~LocalServing.adopt`, then the next check).
 """
@@ -41,6 +48,7 @@ class Replica:
     gpu_uuid: str | None = None  # the card of its slice, or None for none
     address: str | None = None  # where it answers (unix:<socket>), set once it is ready
     crashes: list[float] = field(default_factory=list)  # monotonic times it died
+    probing: asyncio.Task | None = None  # its readiness probe under way, if any
 
 
 @dataclass
@@ -58,6 +66,7 @@ class LocalServing(LocalReplicas):
     def __init__(self, root: str | None = None, **kwargs):
         super().__init__(root, **kwargs)
         self._served: dict[str, Served] = {}
+        self._probes: set[asyncio.Task] = set()
         # Answers left packed: a replica runs its owner's code, and a gzip of zeros
         # unpacked would be GiBs in the service (only the status is read).
         self._sessions = ReplicaSessions(
@@ -99,6 +108,9 @@ class LocalServing(LocalReplicas):
         await self.kill(dep, range(replicas, before), drained=True)
         served = self._served.get(dep["id"])
         if served is not None:
+            for rep in served.replicas[replicas:]:
+                if rep.probing is not None:
+                    rep.probing.cancel()
             del served.replicas[replicas:]
 
     async def adopt(self, dep: dict, rows: list[dict]) -> None:
@@ -108,6 +120,9 @@ class LocalServing(LocalReplicas):
     def _start(self, dep: dict, replica: int) -> None:
         rep = self._state(dep).replicas[replica]
         rep.address = None
+        if rep.probing is not None:  # of the process before: its answer counts for nothing
+            rep.probing.cancel()
+            rep.probing = None
         self.start_replica(dep, replica, rep.gpu_uuid)
 
     # -- supervising -----------------------------------------------------------------
@@ -117,8 +132,8 @@ class LocalServing(LocalReplicas):
         down = []
         for r, rep in enumerate(served.replicas[: dep["replicas"]]):
             if self.alive(dep["id"], r):
-                if rep.address is None:
-                    await self._probe(dep, r)
+                if rep.address is None and rep.probing is None:
+                    self._probe_soon(dep, r, rep)
             else:
                 down.append(r)
         for r in down:
@@ -162,15 +177,43 @@ class LocalServing(LocalReplicas):
             )
         return Health(ready, state, message, restarts)
 
-    async def _probe(self, dep: dict, replica: int) -> None:
-        rec = self.record(dep["id"], replica)
-        if rec is None:
-            return
-        address = self.address(rec)
-        resp = await self._get(dep, address, "/v2/health/ready")
-        if resp is not None and resp[0] == 200:
-            self._state(dep).replicas[replica].address = address
+    def _probe_soon(self, dep: dict, replica: int, rep: Replica) -> None:
+        """Ask the replica whether it is ready, in a task of its own (check() does not
+        wait for it)."""
+        task = asyncio.ensure_future(self._probe(dict(dep), replica, rep))
+        rep.probing = task
+        self._probes.add(task)
+        task.add_done_callback(self._probe_done)
+
+    def _probe_done(self, task: asyncio.Task) -> None:
+        self._probes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Probing a replica", exc_info=task.exception())
+
+    async def _probe(self, dep: dict, replica: int, rep: Replica) -> None:
+        try:
+            rec = self.record(dep["id"], replica)
+            if rec is None:
+                return
+            address = self.address(rec)
+            resp = await self._get(dep, address, "/v2/health/ready")
+            if resp is None or resp[0] != 200:
+                return
+            now = self.record(dep["id"], replica)
+            served = self._served.get(dep["id"])
+            if (
+                now is None
+                or (now["pid"], now.get("started")) != (rec["pid"], rec.get("started"))
+                or served is None
+                or replica >= len(served.replicas)
+                or served.replicas[replica] is not rep
+            ):
+                return  # restarted, scaled away or stopped meanwhile: it says nothing now
+            rep.address = address
             self.serving_priority(rec["pid"])
+        finally:
+            if rep.probing is asyncio.current_task():
+                rep.probing = None
 
     def _token(self, dep: dict) -> str:
         served = self._state(dep)
@@ -221,7 +264,14 @@ class LocalServing(LocalReplicas):
         self.forget(dep["id"])
 
     def forget(self, dep_id: str) -> None:
-        self._served.pop(dep_id, None)
+        served = self._served.pop(dep_id, None)
+        for rep in served.replicas if served is not None else ():
+            if rep.probing is not None:
+                rep.probing.cancel()
 
     async def close(self) -> None:
+        probes = list(self._probes)
+        for task in probes:
+            task.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
         await self._sessions.close()

@@ -35,16 +35,24 @@ import asyncio
 import logging
 
 from tornado import web
+from tornado.iostream import StreamClosedError
 
 from gpulab.scheduler.budget import BudgetExceeded
 from gpulab.scheduler.slices import SliceError, parse_gpu_milli
 from gpulab.service.api.query_args import int_arg
 from gpulab.service.api.request_body import parse_json_object
 from gpulab.service.auth import APIHandler
+from gpulab.service.endpoints.call_bytes import NoRoom
 from gpulab.service.endpoints.calls import MAX_CALL_MIB, CallRefused
 from gpulab.service.endpoints.lineage import audit_summary, model_lineage
 from gpulab.service.endpoints.manager import DeploymentManager, DeployRefused, upload_spool
-from gpulab.service.endpoints.router import answer_headers, call_limit, forwarded_headers
+from gpulab.service.endpoints.openai_gateway import WRITE_TIMEOUT_S
+from gpulab.service.endpoints.router import (
+    WRITE_SLICE,
+    answer_headers,
+    call_limit,
+    forwarded_headers,
+)
 from gpulab.service.endpoints.uploads import MultipartUpload, boundary_of
 
 log = logging.getLogger("gpulab.service.endpoints.manager")
@@ -106,6 +114,7 @@ class DeploymentsHandler(_DeploymentHandler):
             "model",
             self.body_limit(),
             self.body_setting,
+            fields=("spec",),
         )
 
     def _milli_of(self, who, settings: dict) -> int:
@@ -322,9 +331,16 @@ class DeploymentLogsHandler(_DeploymentHandler):
 
 
 class EndpointHandler(_DeploymentHandler):
-    """The authenticated front of a deployment: forwards OIP v2 calls to a replica."""
+    """The authenticated front of a deployment: forwards OIP v2 calls to a replica.
+
+    The call's body (from before it is read) and the replica's answer (until it is
+    written) count against the caller's bytes of endpoint calls in memory, the same
+    count the endpoint router keeps (:mod:`gpulab.service.endpoints.call_bytes`): past
+    it, a 429 with Retry-After."""
 
     SUPPORTED_METHODS = ("GET", "POST", "HEAD")
+    _held = None
+    _retry_after: int | None = None
 
     @property
     def body_setting(self) -> str:
@@ -340,6 +356,41 @@ class EndpointHandler(_DeploymentHandler):
 
     def set_default_headers(self):
         self.set_header("Cache-Control", "no-store")
+
+    # -- the call's bytes in memory: the endpoint calls' count, not the REST routes' --
+    def hold_body_room(self, caller: str) -> None:
+        if self._refusal is not None or self.gpulab.deployments is None:
+            return
+        self._held = self.deployments.calls.hold(self.identity)
+        length = self.request.headers.get("Content-Length")
+        if self.request.method == "POST" and length is not None:
+            self._hold(int(length))  # refused before a byte of it is read
+
+    def _hold(self, n: int) -> None:
+        try:
+            self._held.add(n)
+        except NoRoom as e:
+            self._retry_after = e.retry_after
+            self.refuse_after_body(web.HTTPError(e.status, str(e)))
+
+    def release_body_room(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.release()
+
+    def data_received(self, chunk: bytes) -> None:
+        if (
+            self._held is not None
+            and self._refusal is None
+            and "Content-Length" not in self.request.headers
+        ):
+            self._hold(len(chunk))  # a chunked body: counted as it comes
+        super().data_received(chunk)
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        if self._retry_after is not None:  # send_error cleared the headers set before
+            self.set_header("Retry-After", str(self._retry_after))
+        super().write_error(status_code, **kwargs)
 
     def _target(self, user: str, name: str) -> dict:
         try:
@@ -361,6 +412,9 @@ class EndpointHandler(_DeploymentHandler):
         who = self.require_identity()
         query = f"?{self.request.query}" if self.request.query else ""
         body = self.raw_body() if self.request.method == "POST" else None
+        self._chunks.clear()  # joined into ``body``: not held twice
+        if self._held is None:
+            self._held = self.deployments.calls.hold(who)
         try:
             answer = await self.deployments.calls.call(
                 dep,
@@ -369,16 +423,38 @@ class EndpointHandler(_DeploymentHandler):
                 forwarded_headers(self.request.headers),
                 body,
                 who=who,
+                held=self._held,
             )
-        except CallRefused as e:
-            if e.retry_after is not None:
-                self.set_header("Retry-After", str(e.retry_after))
+        except (CallRefused, NoRoom) as e:
+            self._retry_after = e.retry_after
             raise web.HTTPError(e.status, str(e)) from None
         status, reason, resp_headers, resp_body = answer
+        if body is not None:  # answered: only the answer is held while it is written
+            self._held.drop(len(body))
+            del body
         self.set_status(status, reason)
         for h, value in answer_headers(resp_headers).items():
             self.set_header(h, value)
-        self.finish(resp_body)
+        await self._write_answer(status, resp_body)
+
+    async def _write_answer(self, status: int, data) -> None:
+        """``data`` a slice at a time, each flushed within WRITE_TIMEOUT_S (a caller that
+        reads nothing is hung up on): never a second whole copy of a large answer."""
+        if self.request.method == "HEAD" or status in (204, 304) or not data:
+            self.finish(bytes(data) if self.request.method != "HEAD" else None)
+            return
+        self.set_header("Content-Length", str(len(data)))
+        view = memoryview(data)
+        try:
+            for at in range(0, len(view), WRITE_SLICE):
+                self.write(bytes(view[at : at + WRITE_SLICE]))
+                await asyncio.wait_for(self.flush(), WRITE_TIMEOUT_S)
+        except TimeoutError:
+            self.request.connection.close()  # a caller that does not read: gone
+            return
+        except StreamClosedError:
+            return  # the caller went away
+        self.finish()
 
 
 routes = [

@@ -36,6 +36,7 @@ import time
 from yarl import URL
 
 from gpulab.backend.serving_base import ServingBackend
+from gpulab.service.endpoints.call_bytes import CallBytes, Held
 from gpulab.service.endpoints.live import LiveEndpoints, serving_unit
 from gpulab.service.endpoints.proxy import (
     MAX_ANSWER_BYTES,
@@ -127,6 +128,8 @@ class EndpointCalls:
 
     def __init__(self, proxy: EndpointProxy):
         self.proxy = proxy
+        #: The bytes of calls (bodies, answers) each caller holds in memory now.
+        self.budget = CallBytes()
 
     # -- what a subclass says ------------------------------------------------------
     def endpoint(self, user: str, name: str) -> dict | None:
@@ -197,13 +200,22 @@ class EndpointCalls:
         return rec.units[chosen], path
 
     async def call(
-        self, dep: dict, method: str, path: str, headers: dict, body: bytes | None, who=None
+        self,
+        dep: dict,
+        method: str,
+        path: str,
+        headers: dict,
+        body: bytes | None,
+        who=None,
+        held: Held | None = None,
     ):
         """Forward one call of ``who`` to an OIP v2 route (:func:`replica_path`):
-        ``(status, reason, headers, body)``; CallRefused if no replica answers."""
+        ``(status, reason, headers, body)``; CallRefused if no replica answers.
+        ``held``: the call's bytes in memory (:meth:`hold`), which its answer joins as
+        it is read; :class:`~.call_bytes.NoRoom` (a 429) past the caller's share."""
         try:
             unit, path = self._choose(dep, replica_path(dep, path))
-            return await self._forward(dep, unit, method, path, headers, body)
+            return await self._forward(dep, unit, method, path, headers, body, held)
         except CallRefused as e:
             raise e.told_to(who, dep) from None
 
@@ -229,7 +241,14 @@ class EndpointCalls:
             retry_after=2,
         )
 
-    async def _forward(self, dep: dict, unit, method: str, path: str, headers: dict, body):
+    def hold(self, who) -> Held:
+        """A new call's bytes in memory, counted against ``who`` (:mod:`.call_bytes`):
+        its body as it is read, its answer until it is sent; ``release()`` at its end."""
+        return self.budget.hold(f"{who.kind}:{who.name}")
+
+    async def _forward(
+        self, dep: dict, unit, method: str, path: str, headers: dict, body, held=None
+    ):
         start = time.monotonic()
         async with contextlib.aclosing(self._replicas(dep, unit)) as replicas:
             async for replica, url in replicas:
@@ -237,7 +256,7 @@ class EndpointCalls:
                 answer = None
                 try:
                     answer = await self.proxy.forward(
-                        url, self.token(unit), method, path, headers, body
+                        url, self.token(unit), method, path, headers, body, held
                     )
                 finally:
                     error = answer is None or answer[0] >= 500
@@ -390,7 +409,10 @@ class LiveCalls(EndpointCalls):
         self._cards: dict[str, dict] = {}  # version id -> its model card
 
     def endpoint(self, user: str, name: str) -> dict | None:
-        return self.live.find(user, name)
+        dep = self.live.find(user, name)
+        if dep is not None and dep["id"] in self.live.stopping_deployments:
+            return None  # being stopped: as good as gone
+        return dep
 
     def record(self, dep_id: str):
         return self.live.deps[dep_id]
@@ -399,6 +421,12 @@ class LiveCalls(EndpointCalls):
         return [rec.row for rec in list(self.live.deps.values())]
 
     def ready(self, dep: dict, unit) -> list[tuple[int, str]]:
+        if (
+            unit.row["state"] == "failed"
+            or unit.row["id"] in self.live.stopping
+            or dep["id"] in self.live.stopping_deployments
+        ):
+            return []  # its replicas are being stopped
         ready = self.serving.ready_replicas(serving_unit(dep, unit.row))
         if unit.draining_from is not None:
             ready = [r for r in ready if r[0] < unit.draining_from]
@@ -449,6 +477,13 @@ class LiveCalls(EndpointCalls):
         """Wait for a replica of a version that has none ready (the autoscaler starts
         one when it runs none); its ready replicas, or CallRefused after the wait."""
         limit = self.limits.cold_start_seconds
+        if unit.row["id"] in self.live.stopping or dep["id"] in self.live.stopping_deployments:
+            raise CallRefused(
+                503,
+                f"version {unit.row['version']} of {dep['user']}/{dep['name']} is being "
+                f"stopped; call the endpoint without a version",
+                retry_after=5,
+            )
         if unit.row["state"] == "failed":
             raise _why_refused(
                 503,
@@ -471,8 +506,10 @@ class LiveCalls(EndpointCalls):
             while (ready := self.ready(dep, unit)) == [] and time.monotonic() < deadline:
                 unit.became_ready.clear()
                 with contextlib.suppress(TimeoutError):
+                    # The replicas' readiness is probed apart from the loop: looked at
+                    # often, so the first one ready takes the call soon.
                     await asyncio.wait_for(
-                        unit.became_ready.wait(), min(1.0, deadline - time.monotonic())
+                        unit.became_ready.wait(), min(0.25, deadline - time.monotonic())
                     )
         finally:
             unit.traffic.end_wait()

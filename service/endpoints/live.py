@@ -4,7 +4,12 @@ A call looks its endpoint up here, not in the database (:mod:`.calls`); each
 version keeps its traffic, its autoscaler and how many replicas are ready
 (:class:`Unit`). The deployment loop refreshes it every pass and every change
 writes through it (:meth:`LiveEndpoints.record`). Every change to deployments,
-from a route, the loop or a scale step, holds :attr:`LiveEndpoints.lock`.
+from a route, the loop or a scale step, holds :attr:`LiveEndpoints.lock`, and
+never waits on a replica under it (their code is their owners'): a version or
+deployment being stopped is marked in :attr:`LiveEndpoints.stopping` (or
+:attr:`LiveEndpoints.stopping_deployments`) under the
+lock, its replicas stopped after it is released, and nothing else touches it
+meanwhile.
 """
 
 from __future__ import annotations
@@ -77,19 +82,32 @@ def _scaler(row: dict) -> Autoscaler:
     )
 
 
-def _configure(scaler: Autoscaler, row: dict) -> None:
+def scale_down_delay(row: dict, vrow: dict, gpu_floor_s: float) -> float:
+    """The scale-down delay a version runs with: its deployment's, but at least
+    ``gpu_floor_s`` where it holds GPU slices (c.Endpoints.min_gpu_scale_down_delay_s:
+    a GPU endpoint scaled to zero after each call preempted others' jobs again at the
+    next)."""
+    delay = row["scale_down_delay_s"]
+    return max(delay, gpu_floor_s) if vrow.get("gpu_milli") else delay
+
+
+def _configure(scaler: Autoscaler, row: dict, delay: float) -> None:
     scaler.min_replicas, scaler.max_replicas = row["replicas"], row["max_replicas"]
     scaler.target_inflight = row["target_inflight"]
-    scaler.scale_down_delay_s = row["scale_down_delay_s"]
+    scaler.scale_down_delay_s = delay
 
 
 class LiveEndpoints:
     """Every deployment in memory (:class:`Deployment`), by id and by ``(user, name)``,
     over the deployments' ``store``; ``serving`` forgets a version dropped here."""
 
-    def __init__(self, store: DeploymentStore, serving: ServingBackend):
+    def __init__(
+        self, store: DeploymentStore, serving: ServingBackend, gpu_delay_floor_s: float = 0.0
+    ):
         self.store = store
         self.serving = serving
+        #: The shortest scale-down delay of a version holding GPU slices.
+        self.gpu_delay_floor_s = gpu_delay_floor_s
         self.deps: dict[str, Deployment] = {}
         self._by_name: dict[tuple[str, str], str] = {}  # (user, name) -> id
         #: Held by every change to deployments (routes, the loop, scale steps).
@@ -97,6 +115,12 @@ class LiveEndpoints:
         #: Set to run the deployment loop's next pass now (a cold start waits, a
         #: share changed who may call).
         self.wake = asyncio.Event()
+        #: Ids of the versions whose replicas are being stopped outside the lock
+        #: (retired, or their deployment deleted), and of the deployments being deleted
+        #: (version 1's id is its deployment's: two sets): the loop, the autoscaler and
+        #: calls leave them be.
+        self.stopping: set[str] = set()
+        self.stopping_deployments: set[str] = set()
 
     def record(self, row: dict, versions: list[dict] | None = None) -> Deployment:
         """Take in a deployment's row and its versions (read from the store when not
@@ -114,7 +138,7 @@ class LiveEndpoints:
                 unit = rec.units[vrow["id"]] = Unit(vrow, _scaler(row))
                 unit.scaler.changed(gpulab_clock.monotonic())
             unit.row = vrow
-            _configure(unit.scaler, row)
+            _configure(unit.scaler, row, scale_down_delay(row, vrow, self.gpu_delay_floor_s))
         for gone in set(rec.units) - {v["id"] for v in versions}:
             del rec.units[gone]
         return rec

@@ -136,7 +136,9 @@ class DeploymentManager:
         self.max_upload_mib = max_upload_mib
         #: A job's id -> its owner, code hash and datasets (a version's lineage), or None.
         self.job_facts = job_facts
-        self.live = LiveEndpoints(self.store, serving)
+        self.live = LiveEndpoints(
+            self.store, serving, gpu_delay_floor_s=limits.min_gpu_scale_down_delay_s
+        )
         self._tasks = TaskSet()
         self.placement = VersionPlacement(
             self.store, ledger, serving, preemption, groups_of, limits
@@ -159,6 +161,8 @@ class DeploymentManager:
         self.table: EndpointTable | None = None
         self.standby: StandbyProcess | None = None
         self._loop = KeptTask("gpulab-deployments", self.loop)
+        #: Deployments being stopped (their replicas outside the lock): done when gone.
+        self._stopping: dict[str, asyncio.Future] = {}
         # The job loop places claims holding its own lock: launch in a task of ours,
         # so the two managers' locks are never taken in opposite orders.
         preemption.on_placed["deployment"] = self._on_claim_placed
@@ -184,6 +188,7 @@ class DeploymentManager:
                 cold_start_seconds=service.endpoint_settings.endpoint_cold_start_seconds,
                 stop_with_server=service.endpoint_settings.deployments_stop_with_server,
                 local=service.serving_backend_class.name == "local",
+                min_gpu_scale_down_delay_s=service.endpoint_settings.min_gpu_scale_down_delay_s,
             ),
             prefix=service.prefix,
             data_dir=service.data_dir,
@@ -296,8 +301,13 @@ class DeploymentManager:
         ]
 
     def find_version(self, dep: dict, number: int | None) -> dict:
-        """A version row by number (None: the stable one, the oldest)."""
+        """A version row by number (None: the stable one, the oldest); DeployRefused
+        404 when there is no such version (none: the deployment is being stopped)."""
         versions = self.store.versions(dep["id"])
+        if not versions:
+            raise DeployRefused(
+                404, f"{dep['name']} has no version now; it is being stopped or replaced"
+            )
         if number is None:
             return versions[0]
         for v in versions:
@@ -389,6 +399,10 @@ class DeploymentManager:
         async with self.live.lock:
             vrow = self.store.version(version_id)
             dep = self.store.get(vrow["deployment_id"]) if vrow else None
+            if version_id in self.live.stopping or (
+                vrow is not None and vrow["deployment_id"] in self.live.stopping_deployments
+            ):
+                dep = None  # being retired or stopped: not launched
             if version_id in self.placement.waiting:
                 self.placement.waiting.discard(version_id)
                 if dep is not None and vrow["state"] != "failed":
@@ -413,22 +427,63 @@ class DeploymentManager:
         self.live.wake.set()  # and in the standby's table at the next pass
         return self.view(dep)
 
+    def forget_shared_user(self, name: str) -> list[str]:
+        """Take the hub user ``name`` off every deployment shared with them by name,
+        in the table and in what calls read at once (and in the standby's table at the
+        loop's next pass): a user created later under the same name must not call
+        what was shared with the one deleted. The ids of the deployments changed."""
+        changed = self.store.remove_shared_user(name)
+        for dep_id in changed:
+            dep = self.store.get(dep_id)
+            if dep is not None and dep_id in self.live.deps:
+                self.live.record(dep)
+        if changed:
+            self.live.wake.set()
+        return changed
+
     async def stop_deployment(self, dep: dict, reason: str) -> dict:
-        """Stop every replica of every version, release the slices, forget it."""
+        """Stop every replica of every version, release the slices, forget it.
+
+        Marked stopping under the lock (calls, the loop and the autoscaler leave it be;
+        a second stop waits for the first); its replicas, which may take their grace
+        period to exit, are stopped after the lock is released, so nobody else's
+        changes wait for them; its rows go once they are gone."""
         async with self.live.lock:
-            released = 0
-            for vrow in self.store.versions(dep["id"]):
-                released += await self.placement.stop(dep, vrow)
-            self.store.remove(dep["id"])
-            self.live.drop(dep["id"])
-            self.live.wake.set()  # out of the standby's table at the next pass
-        log.info(
-            "Deployment %s/%s stopped (%s); released %d slice(s)",
-            dep["user"],
-            dep["name"],
-            reason,
-            released,
-        )
+            done = self._stopping.get(dep["id"])
+            if done is None:
+                done = self._stopping[dep["id"]] = asyncio.get_running_loop().create_future()
+                versions = self.store.versions(dep["id"])
+                marked = {v["id"] for v in versions} - self.live.stopping  # not retiring
+                self.live.stopping |= marked
+                self.live.stopping_deployments.add(dep["id"])
+                for vrow in versions:
+                    self.placement.waiting.discard(vrow["id"])
+                self.live.wake.set()  # out of the standby's table at the next pass
+            else:
+                versions = None
+        if versions is None:
+            await asyncio.shield(done)  # stopped by the first
+        else:
+            try:
+                released = sum(
+                    await asyncio.gather(*(self.placement.stop(dep, v) for v in versions))
+                )
+                async with self.live.lock:
+                    self.store.remove(dep["id"])
+                    self.live.drop(dep["id"])
+            finally:
+                self.live.stopping -= marked
+                self.live.stopping_deployments.discard(dep["id"])
+                del self._stopping[dep["id"]]
+                done.set_result(None)
+            self.live.wake.set()
+            log.info(
+                "Deployment %s/%s stopped (%s); released %d slice(s)",
+                dep["user"],
+                dep["name"],
+                reason,
+                released,
+            )
         return {
             **dep,
             "state": "stopped",
@@ -550,9 +605,15 @@ class DeploymentManager:
         now = gpulab_clock.monotonic()  # the autoscaler's time: a test may fake it
         for dep in deps:
             rec = self.live.record(dep, [v for v in versions if v["deployment_id"] == dep["id"]])
+            if dep["id"] in self.live.stopping_deployments:
+                continue  # its replicas are being stopped: none is checked or restarted
             for unit in rec.by_version():
                 vrow = unit.row
-                if vrow["state"] == "failed" or vrow["id"] in self.placement.waiting:
+                if (
+                    vrow["state"] == "failed"
+                    or vrow["id"] in self.placement.waiting
+                    or vrow["id"] in self.live.stopping
+                ):
                     continue
                 await self._check(dep, unit)
                 if unit.row["state"] != "failed":
@@ -603,16 +664,17 @@ class DeploymentManager:
                     self.store.update(dep["id"], **mirror)
 
     async def fail_version(self, dep: dict, unit: Unit, message: str, restarts: int) -> None:
-        """A version's replicas keep crashing: stop them, free their slices, send its
-        calls to the other version (if there is one)."""
+        """A version's replicas keep crashing: send its calls to the other version (if
+        there is one), then stop them and free their slices in a task of its own (the
+        loop's lock is not held while they take their grace period to exit)."""
         vrow = unit.row
-        await self.serving.stop(serving_unit(dep, vrow))
         unit.ready = 0
-        for owner in replica_owners(vrow):
-            await self.ledger.aio.release("deployment", owner)
+        unit.became_ready.clear()
         self.store.update_version(
             vrow["id"], state="failed", weight=0, message=message, restarts=restarts
         )
+        vrow.update(state="failed", weight=0, message=message, restarts=restarts)
+        self._tasks.spawn(self._stop_failed(serving_unit(dep, vrow)))
         others = [
             u
             for u in self.live.deps[dep["id"]].units.values()
@@ -629,3 +691,11 @@ class DeploymentManager:
             )
         else:
             self.store.update(dep["id"], state="failed", message=message, restarts=restarts)
+
+    async def _stop_failed(self, unit: dict) -> None:
+        """A failed version's replicas stopped, then its slices released (the loop no
+        longer looks at it: it is failed). Cut short (the service stops), its slices stay
+        held: the next start releases those of failed versions."""
+        await self.serving.stop(unit)
+        for owner in replica_owners(unit):
+            await self.ledger.aio.release("deployment", owner)

@@ -11,6 +11,12 @@ at a time, and refused as soon as anything is wrong:
 - the sizes its headers declare, all members together, may not pass
   ``max_bytes`` (a 300 KB .tar.xz can declare 2 GiB of zeros); this is checked
   before a member's data is decompressed, so a bomb costs almost nothing;
+- headers that are no member of their own (GNU long names ``L``/``K``, pax
+  ``x``/``g``) are read whole by tarfile before the member they describe, where
+  the declared-size cap cannot see them: each may hold at most
+  ``MAX_EXTENSION_BYTES`` and they count, with the members, toward
+  ``MAX_HEADERS`` (a chain of thousands would also recurse that deep); sparse
+  files, whose maps tarfile also reads whole, are refused;
 - member names must stay inside the archive (no absolute paths, no ``..``);
 - links, devices and FIFOs are refused by name rather than skipped silently;
 - each wanted file is created fresh (``O_EXCL | O_NOFOLLOW``) in ``dest``: a
@@ -33,6 +39,19 @@ from gpulab.backend.deployment_dir import ADAPTERS_DIR, HF_DIR, KIND_FILES, MODE
 
 #: More members than an exported model directory could hold.
 MAX_MEMBERS = 64
+#: Headers of every kind: each member may come with one extended header (tarfile
+#: writes a pax header for each file it adds, for its fractional mtime).
+MAX_HEADERS = 2 * MAX_MEMBERS
+#: A long name or a pax header read whole into memory: far more than any name needs.
+MAX_EXTENSION_BYTES = 64 << 10
+#: The header types tarfile reads whole before the member they describe.
+EXTENSION_TYPES = {
+    tarfile.GNUTYPE_LONGNAME: "a GNU long-name header",
+    tarfile.GNUTYPE_LONGLINK: "a GNU long-link header",
+    tarfile.XHDTYPE: "a pax extended header",
+    tarfile.XGLTYPE: "a pax global header",
+    tarfile.SOLARIS_XHDTYPE: "a Solaris extended header",
+}
 #: model.json is a small card.
 MAX_CARD_BYTES = 1 << 20
 #: An adapter's name, as save_causal_lm allows it (it becomes part of a model id).
@@ -54,6 +73,50 @@ class ArchiveRefused(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+
+
+def _guarded_tarinfo() -> type[tarfile.TarInfo]:
+    """A TarInfo class for one archive whose header processing refuses, before reading
+    them, extension headers over ``MAX_EXTENSION_BYTES``, more than ``MAX_HEADERS``
+    headers in all, and sparse files (their maps are read whole too)."""
+    headers = 0
+
+    class GuardedTarInfo(tarfile.TarInfo):
+        # _proc_member is tarfile's documented hook for subclasses: it runs for every
+        # header, members and the extension headers before them (called again,
+        # recursively, for the header after an L/K/x/g), before any of its data is read.
+        def _proc_member(self, tar):
+            nonlocal headers
+            headers += 1
+            if headers > MAX_HEADERS:
+                raise ArchiveRefused(
+                    400,
+                    f"the archive has more than {MAX_HEADERS} tar headers; "
+                    f"upload only the model's files (%deploy packs them for you)",
+                )
+            if self.type in EXTENSION_TYPES and self.size > MAX_EXTENSION_BYTES:
+                raise ArchiveRefused(
+                    400,
+                    f"the archive holds {EXTENSION_TYPES[self.type]} of {self.size} bytes "
+                    f"(at most {MAX_EXTENSION_BYTES >> 10} KiB); pack the model "
+                    f"directory with short relative names (%deploy does this for you)",
+                )
+            if self.type == tarfile.GNUTYPE_SPARSE:
+                self._refuse_sparse()
+            return super()._proc_member(tar)
+
+        def _refuse_sparse(self, member=None, *args) -> None:
+            name = (member or self).name
+            raise ArchiveRefused(
+                400,
+                f"archive member {name!r} is a sparse file; pack the model "
+                f"directory without --sparse (%deploy does this for you)",
+            )
+
+        # A pax header's GNU.sparse.* records: version 1.0 reads a map of any length.
+        _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _refuse_sparse
+
+    return GuardedTarInfo
 
 
 def _wanted(member: tarfile.TarInfo) -> str | None:
@@ -118,7 +181,7 @@ def unpack_model(
     found: set[str] = set()
     try:
         # Iterating reads one header at a time (getmembers() would read them all first).
-        with tarfile.open(tar_path, mode="r:*") as tar:
+        with tarfile.open(tar_path, mode="r:*", tarinfo=_guarded_tarinfo()) as tar:
             for count, member in enumerate(tar, start=1):
                 if count > MAX_MEMBERS:
                     raise ArchiveRefused(
@@ -151,6 +214,11 @@ def unpack_model(
     except (tarfile.TarError, EOFError, OSError, ValueError) as e:
         # ValueError/EOFError/OSError: truncated or corrupt compressed data.
         raise ArchiveRefused(400, f"the model upload is not a readable tar archive: {e}") from None
+    except RecursionError:
+        # Headers chained past Python's stack (MAX_HEADERS should stop them first).
+        raise ArchiveRefused(
+            400, "the model upload is not a readable tar archive: its headers nest too deep"
+        ) from None
     if "model.json" not in found:
         raise ArchiveRefused(
             400,

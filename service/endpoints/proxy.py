@@ -18,6 +18,7 @@ from typing import TypeVar
 import aiohttp
 
 from gpulab.backend.replica_http import ReplicaSessions
+from gpulab.service.endpoints.call_bytes import Held, NoRoom
 
 #: The longest one forwarded call may take.
 CALL_TIMEOUT_S = 300
@@ -42,18 +43,33 @@ class AnswerTooLarge(Exception):
         )
 
 
-async def read_answer(resp: aiohttp.ClientResponse, limit: int | None = None) -> bytes:
+async def read_answer(
+    resp: aiohttp.ClientResponse, limit: int | None = None, held: Held | None = None
+) -> bytes | bytearray:
     """A replica's whole answer; AnswerTooLarge past ``limit`` bytes
-    (:data:`MAX_ANSWER_BYTES` by default)."""
+    (:data:`MAX_ANSWER_BYTES` by default).
+
+    With ``held`` (the call's bytes in the service's memory, :mod:`.call_bytes`) each
+    byte is counted there as it is read (NoRoom past the caller's share), and the
+    answer comes back as the bytearray it was read into: never copied, so it costs
+    its size once. Without, as bytes."""
     limit = MAX_ANSWER_BYTES if limit is None else limit
     if resp.content_length is not None and resp.content_length > limit:
         raise AnswerTooLarge(limit)
+    if held is not None and resp.content_length is not None:
+        held.add(resp.content_length)  # refused before a byte of it is read
+        counted = resp.content_length
+    else:
+        counted = 0
     data = bytearray()
     async for chunk in resp.content.iter_any():
         data += chunk
         if len(data) > limit:
             raise AnswerTooLarge(limit)
-    return bytes(data)
+        if held is not None and len(data) > counted:
+            held.add(len(data) - counted)
+            counted = len(data)
+    return data if held is not None else bytes(data)
 
 
 #: Work over a body larger than this (parsing it) runs in a thread: a replica's answer
@@ -85,17 +101,30 @@ class EndpointProxy:
         self._sessions = ReplicaSessions(forwarding_session, limit=512)
 
     async def forward(
-        self, base: str, token: str, method: str, path: str, headers: dict, body: bytes | None
+        self,
+        base: str,
+        token: str,
+        method: str,
+        path: str,
+        headers: dict,
+        body: bytes | None,
+        held: Held | None = None,
     ):
         """Send one call to the replica at ``base`` (``unix:<socket>`` or a URL):
         ``(status, reason, headers, body)``, or None when it refuses the connection
-        (it just went away). An answer over :data:`MAX_ANSWER_BYTES` becomes a 502."""
+        (it just went away). An answer over :data:`MAX_ANSWER_BYTES` becomes a 502.
+        ``held``: the call's bytes in memory, which its answer joins as it is read
+        (:func:`read_answer`; NoRoom past the caller's share)."""
         headers = {**headers, "Authorization": f"Bearer {token}"}
         session, url = await self._sessions.get(base)
         try:
             async with session.request(method, f"{url}/{path}", headers=headers, data=body) as resp:
                 try:
-                    return resp.status, resp.reason, resp.headers, await read_answer(resp)
+                    answer = await read_answer(resp, held=held)
+                    return resp.status, resp.reason, resp.headers, answer
+                except NoRoom:
+                    resp.close()  # the rest is not read: the connection cannot be kept
+                    raise
                 except AnswerTooLarge as e:
                     resp.close()  # the rest is not read: the connection cannot be kept
                     error = json.dumps({"error": str(e)}).encode()

@@ -41,6 +41,7 @@ from gpulab.enforcement.peer_account import refuse_foreign_listener
 from gpulab.service import tls
 from gpulab.service.auth import TOKEN_CACHE_S, Identity
 from gpulab.service.endpoints import openai_gateway
+from gpulab.service.endpoints.call_bytes import Held, NoRoom
 from gpulab.service.endpoints.calls import MAX_CALL_MIB, CallRefused
 from gpulab.service.endpoints.openai_errors import error_body
 from gpulab.service.endpoints.openai_gateway import MAX_CALL_BYTES, body_limit
@@ -238,16 +239,53 @@ def call_too_large(max_upload_mib: int) -> str:
     return f"the request is larger than {mib} MiB, the most a model server takes; send fewer rows"
 
 
-async def read_at_most(request: web.BaseRequest, limit: int) -> bytes:
+async def read_at_most(request: web.BaseRequest, limit: int, held: Held | None = None) -> bytes:
     """The body, refused (413) once it is over ``limit`` bytes: a chunked body says its
-    size only as it comes."""
+    size only as it comes. ``held``: where its bytes are counted as they come (a
+    :class:`~.call_bytes.NoRoom` past the caller's share)."""
     chunks, size = [], 0
     async for chunk in request.content.iter_chunked(1 << 16):
         size += len(chunk)
         if size > limit:
             raise Denied(413, f"the request is larger than {limit >> 20} MiB; send less")
+        if held is not None:
+            held.add(len(chunk))
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+#: An answer goes to the caller a slice at a time, each waited for (WRITE_TIMEOUT_S):
+#: the transport's buffer never holds a copy of a large answer.
+WRITE_SLICE = 1 << 20
+
+
+async def send_answer(
+    request: web.BaseRequest, status: int, reason: str | None, headers: dict, data
+) -> web.StreamResponse:
+    """Write ``data`` (bytes or a bytearray) as the answer, a slice at a time; a caller
+    that reads nothing for ``WRITE_TIMEOUT_S`` is hung up on, so its answer is not held
+    in memory for as long as it likes."""
+    response = web.StreamResponse(status=status, reason=reason, headers=headers)
+    body = request.method != "HEAD" and status not in (204, 304) and status >= 200
+    response.content_length = len(data) if body else None
+    if not body:
+        response.headers.pop("Content-Length", None)
+    try:
+        await asyncio.wait_for(response.prepare(request), openai_gateway.WRITE_TIMEOUT_S)
+        if body:
+            view = memoryview(data)
+            for at in range(0, len(view), WRITE_SLICE):
+                await asyncio.wait_for(
+                    response.write(view[at : at + WRITE_SLICE]), openai_gateway.WRITE_TIMEOUT_S
+                )
+        await asyncio.wait_for(response.write_eof(), openai_gateway.WRITE_TIMEOUT_S)
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.close()  # a caller that does not read: gone
+        log.info("endpoint call %s: the caller read nothing for a minute", request.path)
+    except ConnectionResetError:
+        pass  # the caller went away
+    return response
 
 
 class EndpointRouter:
@@ -385,7 +423,7 @@ class EndpointRouter:
             return await self._handle(request)
         except Denied as e:
             return error(e.status, str(e))
-        except CallRefused as e:
+        except (CallRefused, NoRoom) as e:
             return error(e.status, str(e), e.retry_after)
         except web.HTTPRequestEntityTooLarge:
             return self._too_large()
@@ -426,18 +464,34 @@ class EndpointRouter:
         length = request.content_length
         if length is not None and length > limit:
             return self._too_large()
-        body = await read_at_most(request, limit) if request.method == "POST" else None
-        status, reason, headers, data = await self.calls.call(
-            dep,
-            request.method,
-            parts[2] + (f"?{query}" if query else ""),
-            forwarded_headers(request.headers),
-            body,
-            who=who,
-        )
-        out = answer_headers(headers)
-        out["Cache-Control"] = "no-store"
-        return web.Response(status=status, reason=reason, body=data, headers=out)
+        # The body, from before it is read, and the answer, until it is written, count
+        # against the caller's bytes in memory (a 429 past them).
+        held = self.calls.hold(who)
+        try:
+            if request.method == "POST" and length is not None:
+                held.add(length)  # refused before a byte of it is read
+            body = (
+                await read_at_most(request, limit, held if length is None else None)
+                if request.method == "POST"
+                else None
+            )
+            status, reason, headers, data = await self.calls.call(
+                dep,
+                request.method,
+                parts[2] + (f"?{query}" if query else ""),
+                forwarded_headers(request.headers),
+                body,
+                who=who,
+                held=held,
+            )
+            if body is not None:
+                held.drop(len(body))  # answered: only the answer is held while it is written
+                del body
+            out = answer_headers(headers)
+            out["Cache-Control"] = "no-store"
+            return await send_answer(request, status, reason, out, data)
+        finally:
+            held.release()
 
     async def _openai(self, request: web.BaseRequest, token: str, path: str):
         """A call to the OpenAI gateway: refusals in OpenAI's shape, the answer streamed."""
@@ -566,11 +620,26 @@ class EndpointRouter:
         async with self._session.request(
             request.method, base + request.raw_path, headers=headers, data=body
         ) as resp:
-            data = await resp.read()
             out = {
                 k: v
                 for k, v in resp.headers.items()
                 if k.lower()
                 not in ("content-length", "transfer-encoding", "connection", "server", "date")
             }
-            return web.Response(status=resp.status, reason=resp.reason, body=data, headers=out)
+            # Passed on as it comes (the service holds the answer, counted, until it is
+            # read here), each piece waited for: never held whole a second time.
+            response = web.StreamResponse(status=resp.status, reason=resp.reason, headers=out)
+            if resp.content_length is not None:
+                response.content_length = resp.content_length
+            try:
+                await asyncio.wait_for(response.prepare(request), openai_gateway.WRITE_TIMEOUT_S)
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    await asyncio.wait_for(response.write(chunk), openai_gateway.WRITE_TIMEOUT_S)
+                await asyncio.wait_for(response.write_eof(), openai_gateway.WRITE_TIMEOUT_S)
+            except TimeoutError:
+                if request.transport is not None:
+                    request.transport.close()  # a caller that does not read: gone
+            except (ConnectionResetError, aiohttp.ClientPayloadError):
+                if request.transport is not None:
+                    request.transport.close()  # the caller, or the service, went away
+            return response

@@ -67,6 +67,13 @@ class Scaling:
     def store(self):
         return self.live.store
 
+    def _stopping(self, vrow: dict) -> bool:
+        """The version, or its deployment, is being stopped (outside the lock)."""
+        return (
+            vrow["id"] in self.live.stopping
+            or vrow["deployment_id"] in self.live.stopping_deployments
+        )
+
     def autoscale(self, dep: dict, unit: Unit, now: float) -> None:
         """One second of the autoscaler for one version: observe, decide, act."""
         vrow = unit.row
@@ -132,7 +139,7 @@ class Scaling:
     async def _launch_more(self, dep: dict, unit, placed: int, rows: list[dict]) -> None:
         async with self.live.lock:
             vrow = self.store.version(unit.row["id"])
-            if vrow is None or vrow["state"] == "failed":  # stopped meanwhile
+            if vrow is None or vrow["state"] == "failed" or self._stopping(vrow):  # meanwhile
                 for row in rows:
                     await self.ledger.aio.release("deployment", row["owner"])
                 return
@@ -150,7 +157,12 @@ class Scaling:
         False when the version no longer wants it (its slices are then released)."""
         replica = int(members[0][0].rsplit("/", 1)[1])
         unit = self.live.unit(dep["id"], vrow["id"])
-        if unit is None or vrow["state"] == "failed" or replica != vrow["replicas"]:
+        if (
+            unit is None
+            or vrow["state"] == "failed"
+            or self._stopping(vrow)
+            or replica != vrow["replicas"]
+        ):
             return False
         self.store.update_version(vrow["id"], replicas=replica + 1)
         await self.serving.scale(serving_unit(dep, vrow), replica + 1, rows)
@@ -171,16 +183,22 @@ class Scaling:
             await asyncio.sleep(0.05)
         async with self.live.lock:
             current = self.store.version(vrow["id"])
-            if current is None or current["state"] == "failed":
+            if current is None or current["state"] == "failed" or self._stopping(current):
                 return
-            await self.serving.scale(serving_unit(dep, current), want, [])
-            for owner in replica_owners(current, range(want, have)):
-                await self.ledger.aio.release("deployment", owner)
+            before = serving_unit(dep, current)
+            # From now on the version runs ``want``: the loop looks at those alone (and
+            # restarts none of the others), calls go to those alone.
             self.store.update_version(vrow["id"], replicas=want)
             unit.row = self.store.version(vrow["id"])
             unit.scaler.changed(gpulab_clock.monotonic())
             if want < unit.ready:
                 unit.ready = want
+        # The replicas going away are stopped outside the lock (a process may be slow to
+        # die: nobody else's change waits for it), then their slices go back. The scale
+        # step is not over until then (``unit.scaling``): the autoscaler waits for it.
+        await self.serving.scale(before, want, [])
+        for owner in replica_owners(current, range(want, have)):
+            await self.ledger.aio.release("deployment", owner)
         log_scaled(dep, vrow, have, want)
 
     async def follow_cluster(self, dep: dict, vrow: dict, replicas: int) -> None:

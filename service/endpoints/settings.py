@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpulab.scheduler.slices import SliceError, noun, parse_gpu_milli
+from gpulab.service.endpoints.autoscale import MAX_SCALE_DOWN_DELAY_S
 
 # Used with fullmatch: ``$`` also matches before a last newline ("chat\n" would pass).
 NAME = re.compile(r"[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?")
@@ -131,6 +132,8 @@ class EndpointLimits:
     stop_with_server: bool
     #: Replicas run on this host, so its CPU and memory quota bounds them.
     local: bool
+    #: The shortest scale-down delay of a version holding GPU slices (c.Endpoints).
+    min_gpu_scale_down_delay_s: float = 60.0
 
 
 def check_create(
@@ -167,7 +170,7 @@ def check_create(
             if body["target_inflight"] is None
             else _number(body, "target_inflight", 0.1, 100_000, float)
         ),
-        "scale_down_delay_s": _number(body, "scale_down_delay_s", 0, 7 * 86400, float),
+        "scale_down_delay_s": _number(body, "scale_down_delay_s", 0, MAX_SCALE_DOWN_DELAY_S, float),
         "rollback_margin": (
             None
             if body["rollback_margin"] is None

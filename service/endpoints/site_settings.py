@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import os
 
-from traitlets import Bool, Float, Int, Unicode, default, validate
+from traitlets import Bool, Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 from ..setting_checks import positive, tcp_port, zero_or_more
+from .autoscale import MAX_SCALE_DOWN_DELAY_S
 
 
 class Endpoints(Configurable):
@@ -100,6 +101,19 @@ class Endpoints(Configurable):
         """,
     ).tag(config=True)
 
+    min_gpu_scale_down_delay_s = Float(
+        60.0,
+        help="""The shortest scale-down delay of an endpoint version that holds GPU slices,
+        in seconds, whatever the deployment asks (`%deploy --scale-down-delay`, up to
+        3600). With 0 a GPU endpoint scaled to zero (`--replicas 0:N`) gives its slice back
+        after each call and takes one again at the next, preempting other users' batch
+        jobs that borrowed the GPU meanwhile, over and over. CPU endpoints keep what
+        they ask.
+
+        c.Endpoints.min_gpu_scale_down_delay_s = 300
+        """,
+    ).tag(config=True)
+
     max_user_deployments = Int(
         5,
         help="""Most deployments one user may have at once (failed ones count until stopped).
@@ -124,6 +138,15 @@ class Endpoints(Configurable):
     @validate("max_user_deployments")
     def _zero_or_more(self, proposal):
         return zero_or_more(proposal, "no deployments")
+
+    @validate("min_gpu_scale_down_delay_s")
+    def _delay_floor(self, proposal):
+        if proposal.value > MAX_SCALE_DOWN_DELAY_S:
+            raise TraitError(
+                f"c.Endpoints.min_gpu_scale_down_delay_s must be from 0 to "
+                f"{MAX_SCALE_DOWN_DELAY_S:g} (the longest scale-down delay), got {proposal.value}"
+            )
+        return zero_or_more(proposal, "as each deployment asks")
 
     @validate("endpoint_router_port")
     def _port(self, proposal):

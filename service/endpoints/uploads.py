@@ -1,8 +1,10 @@
 """The model upload of ``POST /deployments``: multipart/form-data streamed to disk.
 
 The body is parsed as it arrives (:class:`MultipartUpload`): small form fields
-(the ``spec`` JSON) are kept in memory under a cap, the one file field
-(``model``) goes chunk by chunk into a private spool file in the data dir.
+(the ``spec`` JSON) are kept in memory under a cap (:data:`MAX_FIELD_BYTES` all
+together), a field the route does not read is refused by name before a byte of it
+is kept, and the one file field (``model``) goes chunk by chunk into a private
+spool file in the data dir.
 Nothing is held whole in memory, and whatever happens (refusal, a client
 that goes away) the spool file is removed by :meth:`MultipartUpload.cleanup`.
 
@@ -20,7 +22,8 @@ import tempfile
 
 from tornado import web
 
-#: A form field that is not a file (the deployment's JSON settings).
+#: The form fields that are not a file (the deployment's JSON settings), together:
+#: thousands of fields of 64 KiB each held 250 MiB when the cap was per field.
 MAX_FIELD_BYTES = 64 << 10
 #: The part headers of one field.
 MAX_PART_HEADER_BYTES = 16 << 10
@@ -67,7 +70,10 @@ class MultipartUpload:
         file_field: str,
         max_file_bytes: int,
         file_setting: str = "",
+        fields: tuple[str, ...] | None = None,
     ):
+        """``fields``: the names of the form fields (other than the file) the route
+        reads; any other is refused (400, by name). None: any, up to the cap."""
         self._delimiter = b"\r\n--" + boundary
         # The body starts with the delimiter less its CRLF; pretend it had one.
         self._buf = bytearray(b"\r\n")
@@ -79,7 +85,9 @@ class MultipartUpload:
         self.max_file_bytes = max_file_bytes
         self.file_setting = file_setting
         self.spool_dir = spool_dir
+        self.known_fields = fields
         self.fields: dict[str, bytes] = {}
+        self.field_bytes = 0  # of every field but the file, together
         self.file_path: str | None = None
         self.file_bytes = 0
         self.error: web.HTTPError | None = None
@@ -139,7 +147,18 @@ class MultipartUpload:
         if name is None:
             raise web.HTTPError(400, "a multipart part has no Content-Disposition name")
         if name in self.fields or (name == self.file_field and self.file_path is not None):
-            raise web.HTTPError(400, f"the form field {name!r} is sent twice; send it once")
+            raise web.HTTPError(400, f"the form field {name[:100]!r} is sent twice; send it once")
+        if (
+            name != self.file_field
+            and self.known_fields is not None
+            and name not in self.known_fields
+        ):
+            known = ", ".join(repr(f) for f in (*self.known_fields, self.file_field))
+            raise web.HTTPError(
+                400,
+                f"the form field {name[:100]!r} is not one this upload takes; send only "
+                f"{known} (%deploy does this for you)",
+            )
         self._part = name
         self._part_is_file = name == self.file_field
         if self._part_is_file:
@@ -147,6 +166,13 @@ class MultipartUpload:
             fd, self.file_path = tempfile.mkstemp(prefix="upload-", dir=self.spool_dir)
             self._file = os.fdopen(fd, "wb")
         else:
+            self.field_bytes += len(name)  # a name is held too (its part's headers: 16 KiB)
+            if self.field_bytes > MAX_FIELD_BYTES:
+                raise web.HTTPError(
+                    413,
+                    f"the form's fields are over {MAX_FIELD_BYTES >> 10} KiB in all; "
+                    f"the settings are small JSON",
+                )
             self.fields[name] = b""
 
     def _emit(self, data: bytes) -> None:
@@ -158,15 +184,14 @@ class MultipartUpload:
                 raise too_large_upload(self.file_bytes, self.max_file_bytes, self.file_setting)
             self._file.write(data)
         else:
-            value = self.fields[self._part] + data
-            if len(value) > MAX_FIELD_BYTES:
+            self.field_bytes += len(data)
+            if self.field_bytes > MAX_FIELD_BYTES:
                 raise web.HTTPError(
                     413,
-                    f"the form field {self._part!r} is over "
-                    f"{MAX_FIELD_BYTES >> 10} KiB; the settings are small "
-                    f"JSON",
+                    f"the form field {self._part[:100]!r} takes the form's fields over "
+                    f"{MAX_FIELD_BYTES >> 10} KiB in all; the settings are small JSON",
                 )
-            self.fields[self._part] = value
+            self.fields[self._part] += data
 
     def _end_part(self) -> None:
         if self._state == "body" and self._part_is_file:

@@ -75,6 +75,7 @@ class Versions:
                 f"first without --canary",
             )
         weight, unit = check_canary(self.limits, dep, settings)
+        self._refuse_if_stopping(dep, self.store.versions(dep["id"]))
         if len(self.store.versions(dep["id"])) > 1:
             raise DeployRefused(
                 409,
@@ -88,6 +89,7 @@ class Versions:
         del unit["name"]
         try:
             async with self.live.lock:
+                self._refuse_if_stopping(dep, self.store.versions(dep["id"]))
                 if len(self.store.versions(dep["id"])) > 1:
                     raise DeployRefused(409, f"{dep['name']} already has a canary")
                 stable = self.store.versions(dep["id"])[0]
@@ -119,8 +121,24 @@ class Versions:
         )
         return self.store.get(dep["id"])
 
+    def _refuse_if_stopping(self, dep: dict, versions: list[dict]) -> None:
+        """409 while the deployment, or one of its versions, is being stopped (a
+        promotion or rollback under way retires a version until its replicas are gone:
+        a second one at once would retire the other, and leave none)."""
+        if dep["id"] in self.live.stopping_deployments:
+            raise DeployRefused(409, f"{dep['name']} is being stopped")
+        for v in versions:
+            if v["id"] in self.live.stopping:
+                raise DeployRefused(
+                    409,
+                    f"version {v['version']} of {dep['name']} is being retired (a promotion "
+                    f"or rollback is under way); try again once it has stopped",
+                )
+
     def _pair(self, dep: dict) -> tuple[dict, dict]:
+        """The stable version and the canary (under the lock), neither being retired."""
         versions = self.store.versions(dep["id"])
+        self._refuse_if_stopping(dep, versions)
         if len(versions) < 2:
             raise DeployRefused(
                 409,
@@ -139,6 +157,7 @@ class Versions:
                     f"version {new['version']} of {dep['name']} failed "
                     f"({new['message']}); roll it back instead",
                 )
+            self.live.stopping.add(old["id"])  # retired: released by _retire
             self.store.set_weights({new["id"]: 100, old["id"]: 0})
             # New versions of this deployment start from the promoted one's settings.
             self.store.update(
@@ -155,28 +174,48 @@ class Versions:
         """The stable version takes every call again; the canary stops."""
         async with self.live.lock:
             old, new = self._pair(dep)
-            self.store.set_weights({old["id"]: 100, new["id"]: 0})
-            self.store.update_version(
-                old["id"], message=f"takes every call: version {new['version']} {reason}"
-            )
+            if old["state"] == "failed":
+                raise DeployRefused(
+                    409,
+                    f"version {old['version']} of {dep['name']} failed ({old['message']}); "
+                    f"rolling back would leave no working version: promote version "
+                    f"{new['version']} instead, or stop the deployment",
+                )
+            self._begin_rollback(old, new, reason)
         await self._retire(dep, new, reason)
         return self.store.get(dep["id"])
 
+    def _begin_rollback(self, old: dict, new: dict, reason: str) -> None:
+        """Under the lock: the stable version takes every call, the canary is retired."""
+        self.live.stopping.add(new["id"])  # released by _retire
+        self.store.set_weights({old["id"]: 100, new["id"]: 0})
+        self.store.update_version(
+            old["id"], message=f"takes every call: version {new['version']} {reason}"
+        )
+
     async def _retire(self, dep: dict, vrow: dict, reason: str) -> None:
-        """Stop a version that gets no more calls, once the calls it holds are answered."""
-        unit = self.live.unit(dep["id"], vrow["id"])
-        if unit is not None:
-            unit.draining_from = 0
-            deadline = time.monotonic() + RETIRE_DRAIN_S
-            while unit.traffic.busy() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-        async with self.live.lock:
+        """Stop a version that gets no more calls (marked in ``live.stopping`` under the
+        lock by the caller), once the calls it holds are answered. Its replicas are
+        stopped outside the lock (they may take their grace period to exit); its row
+        goes under it once they are gone."""
+        try:
+            unit = self.live.unit(dep["id"], vrow["id"])
+            if unit is not None:
+                unit.draining_from = 0
+                deadline = time.monotonic() + RETIRE_DRAIN_S
+                while unit.traffic.busy() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
             current = self.store.version(vrow["id"])
             if current is None:
                 return
             released = await self.placement.stop(dep, current)
-            self.store.remove_version(vrow["id"])
-            self.live.record(self.store.get(dep["id"]))
+            async with self.live.lock:
+                self.store.remove_version(vrow["id"])
+                now = self.store.get(dep["id"])
+                if now is not None:
+                    self.live.record(now)
+        finally:
+            self.live.stopping.discard(vrow["id"])
         log.info(
             "Deployment %s/%s: version %d stopped (%s); released %d slice(s)",
             dep["user"],
@@ -192,11 +231,18 @@ class Versions:
         units = rec.by_version()
         if margin is None or len(units) < 2 or units[1].row["weight"] == 0:
             return
+        if any(u.row["id"] in self.live.stopping for u in units):
+            return  # a promotion or rollback is under way
+        if units[0].row["state"] == "failed":
+            return  # rolling back would leave no working version
         reason = rollback_reason(
             units[0].traffic.window(), units[1].traffic.window(), margin, units[0].row["version"]
         )
         if reason is not None:
             log.warning("Deployment %s/%s: canary %s", dep["user"], dep["name"], reason)
-            # Not under the loop's lock (the rollback takes it): in a task of its own.
-            units[1].row["weight"] = 0
-            self.spawn(self.rollback(dep, reason))
+            # The loop holds the lock: the weights change now (a promotion asked
+            # meanwhile is refused); the canary is stopped in a task of its own.
+            old, new = units[0].row, units[1].row
+            self._begin_rollback(old, new, reason)
+            new["weight"], old["weight"] = 0, 100
+            self.spawn(self._retire(dep, dict(new), reason))
