@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from gpulab.enforcement.account_limits import LimitsNotHeld
 from gpulab.scheduler.slices import plural
 
 from .local_replicas import LocalReplicas
@@ -139,7 +140,11 @@ class LocalServing(LocalReplicas):
         for r in down:
             rep = served.replicas[r]
             if self.record(dep["id"], r) is None:
-                self._start(dep, r)  # admitted but never launched (a crash in between)
+                # Admitted but never launched (a crash in between, or a launch refused).
+                try:
+                    self._start(dep, r)
+                except LimitsNotHeld as e:
+                    return Health(0, "failed", f"replica {r}: {e}; slices released", restarts)
                 continue
             tail = self.log_tail(dep["id"], r)
             code = self.exit_code(dep["id"], r)
@@ -162,7 +167,10 @@ class LocalServing(LocalReplicas):
             )
             restarts += 1
             message = f"{what}; restarted it"
-            self._start(dep, r)
+            try:
+                self._start(dep, r)
+            except LimitsNotHeld as e:
+                return Health(0, "failed", f"replica {r}: {e}; slices released", restarts)
         ready = sum(rep.address is not None for rep in served.replicas[: dep["replicas"]])
         state = (
             "running"

@@ -45,6 +45,12 @@ def host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+class LimitsNotHeld(OSError):
+    """The host holds groups (a mechanism was found) but could not make this one: the
+    work is not started, since it would run with no limits and, where the cards are
+    real, with every GPU of the host rather than its slice."""
+
+
 class AccountLimits(Configurable):
     enabled = Bool(
         True,
@@ -171,8 +177,11 @@ class AccountLimits(Configurable):
         ranks: int = 1,
         gpu_devices: Sequence[str] | None = None,
     ) -> Group | None:
-        """A group ``<account>/<unit>`` with the slice's limits, or None (and a warning)
-        when the host cannot hold them: the work still runs, unlimited."""
+        """A group ``<account>/<unit>`` with the slice's limits. On a host with no way
+        to hold them (not root, no cgroup filesystem) the group holds nothing and its
+        notes say why (the work runs unlimited, as the docs say). Where the host has a
+        way and making this group failed: :class:`LimitsNotHeld`, and the work does
+        not start (it ran unlimited, and saw every GPU of the host)."""
         try:
             notes = self._hold(account_name)
             group = self.cgroups().create(
@@ -182,7 +191,10 @@ class AccountLimits(Configurable):
             return group
         except (CgroupError, OSError, ValueError) as e:
             log.warning("No limits for %s/%s: %s", account_name, unit, e)
-            return None
+            raise LimitsNotHeld(
+                f"the host could not hold {unit} of {account_name} to its slice ({e}); "
+                "it was not started: an admin finds why in the service's log"
+            ) from e
 
     def _hold(self, account_name: str) -> list[str]:
         if self.quota().unlimited:

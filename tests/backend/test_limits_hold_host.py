@@ -206,3 +206,23 @@ def test_a_two_rank_job_weighs_as_two_processes_and_gpulab_as_the_host(cgroups):
     # An account held to a quota weighs as its quota.
     assert cg.hold(account, Limits(3.0, 1024 * MIB, None, 200)) == []
     assert shares(os.path.dirname(node.dirs[0])) == 3072
+
+
+def test_a_group_the_host_fails_to_make_stops_the_work_from_starting(monkeypatch):
+    """On a host that holds groups, a group that could not be made ran the work with no
+    limits and every GPU of the host (its device rule is the group's); it is refused."""
+    from gpulab.enforcement.account_limits import LimitsNotHeld
+    from gpulab.enforcement.cgroups import CgroupError
+
+    class Failing(Cgroups):
+        def create(self, name, limits):
+            raise CgroupError("cpu.max: No space left on device")
+
+    limits = AccountLimits(cpu_per_gpu=2, memory_per_gpu=8 * GIB)
+    monkeypatch.setattr(limits, "cgroups", lambda: Failing())
+    with pytest.raises(LimitsNotHeld, match="could not hold job-1-node0 of gpulab-alice"):
+        limits.group("gpulab-alice", "job-1-node0", 250, 4)
+    # A host with no way to hold groups at all still runs the work, and says so.
+    monkeypatch.setattr(limits, "cgroups", lambda: Cgroups("not root"))
+    group = limits.group("gpulab-alice", "job-1-node0", 250, 4)
+    assert group.describe() == "not enforced: not root"

@@ -76,3 +76,22 @@ async def test_replicas_that_never_answer_ready_do_not_hold_up_a_check(tmp_path)
             await serving.close()
             for server in servers:
                 server.close()
+
+
+async def test_a_replica_whose_limits_cannot_be_held_fails_the_deployment(tmp_path):
+    """Not started unlimited: the deployment fails, saying why, and its slices go back."""
+    from gpulab.enforcement.account_limits import LimitsNotHeld
+
+    serving = LocalServing(str(tmp_path / "deployments"))
+
+    def refused(dep, replica, gpu_uuid=None):
+        raise LimitsNotHeld("the host could not hold replica-d1-0 of gpulab-alice to its slice")
+
+    serving.start_replica = refused
+    serving.record = lambda dep_id, r: None  # admitted, never launched
+    serving.alive = lambda dep_id, r: False
+    dep = {"id": "d1", "user": "alice", "name": "m", "replicas": 1}
+    dep.update(restarts=0, message="starting", state="starting")
+    health = await serving.check(dep)
+    assert health.state == "failed", health
+    assert "could not hold replica-d1-0" in health.message and "slices released" in health.message
