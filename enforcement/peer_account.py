@@ -105,11 +105,12 @@ def listener_uid(port: int, tables=_TABLES) -> int | None:
     return None
 
 
-def foreign_listener(url: str) -> str | None:
+def foreign_listener(url: str, also: tuple[int, ...] = ()) -> str | None:
     """Why a platform token must not go to ``url``: its port on this machine is
     listened on by another account than this process's (a user's kernel that took the
     port while the hub or the service was down); None when it may (not this machine,
-    or the platform's own socket, or nothing to tell)."""
+    or the platform's own socket, or nothing to tell). ``also``: other uids that may
+    listen (the node agent, run as any account, trusts root's service)."""
     parts = urlsplit(url)
     try:
         ip = ipaddress.ip_address(parts.hostname or "")
@@ -119,7 +120,7 @@ def foreign_listener(url: str) -> str | None:
         return None
     port = parts.port or (443 if parts.scheme == "https" else 80)
     uid = listener_uid(port)
-    if uid is None or uid == os.geteuid():
+    if uid is None or uid == os.geteuid() or uid in also:
         return None
     return (
         f"port {port} of this machine is held by uid {uid}, not by gpulab's own account "

@@ -36,6 +36,7 @@ import urllib.parse
 from collections.abc import Callable
 
 from gpulab.client.tls import client_context
+from gpulab.enforcement.peer_account import foreign_listener
 
 from .collect import NodeSampler
 
@@ -78,6 +79,11 @@ class HttpSender:
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
+            # A new connection to a port of this machine: not if another account took
+            # it while the service was down (root's service, or this account's, only).
+            foreign = foreign_listener(self.url, also=(0,))
+            if foreign:
+                raise ConnectionRefusedError(f"not sending the agent's token: {foreign}")
             host, port = self._parts.hostname, self._parts.port
             if self._parts.scheme == "https":
                 # The chart's internal TLS: the service's CA is in GPULAB_CA_FILE.

@@ -43,7 +43,10 @@ NARROW = {
     ("service", "client"): {"gpulab.client.tls"},
     ("backend", "client"): {"gpulab.client.tls"},
     ("telemetry", "client"): {"gpulab.client.tls"},
-    ("telemetry", "enforcement"): {"gpulab.enforcement.account_names"},
+    ("telemetry", "enforcement"): {
+        "gpulab.enforcement.account_names",
+        "gpulab.enforcement.peer_account",
+    },
 }
 #: service/'s own rooms -> the others it may import. "app" is the composition root
 #: (``app.py`` and ``__main__.py``: it builds every room, no room imports it);

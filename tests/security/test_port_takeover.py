@@ -108,3 +108,18 @@ async def test_the_hubs_proxys_and_users_servers_tokens_go_to_no_taken_port(catc
     proc.kill()
     out, _ = proc.communicate()
     assert "token" not in out and "GET" not in out and "POST" not in out
+
+
+def test_the_node_agent_sends_its_token_to_no_taken_port(catcher):
+    """The agent posts samples with its token (whose samples steer self-healing): not to
+    a port of this machine another account took while the service was down."""
+    from gpulab.telemetry.agent import HttpSender
+
+    port, uid, proc = catcher
+    send = HttpSender(f"http://127.0.0.1:{port}/services/gpulab/api/v1/telemetry", "agent-tok")
+    with pytest.raises(OSError, match="held by uid"):
+        send({"node": "n0", "gpus": []})
+    time.sleep(0.2)
+    proc.kill()
+    out, _ = proc.communicate()
+    assert "agent-tok" not in out and "POST" not in out
