@@ -268,6 +268,7 @@ class FineTuning:
             service.jobs,
             service.deployments,
             refuse_over_budget=service.budgets.refuse_over_budget,
+            max_open_jobs=service.llm_settings.max_open_fine_tuning_jobs,
         )
 
     # -- jobs ------------------------------------------------------------------------

@@ -62,6 +62,17 @@ class LlmSettings(Configurable):
         """,
     ).tag(config=True)
 
+    max_open_fine_tuning_jobs = Int(
+        8,
+        min=1,
+        help="""How many fine-tuning jobs (`POST /v1/fine_tuning/jobs`) one user may have
+        queued or running at once; one more is refused (429, with how many are open)
+        before its base model is read.
+
+        c.LlmSettings.max_open_fine_tuning_jobs = 2
+        """,
+    ).tag(config=True)
+
     def llm_limits(self) -> LlmLimits:
         return LlmLimits(
             max_streams=self.llm_max_streams_per_user,

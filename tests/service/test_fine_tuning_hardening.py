@@ -368,3 +368,9 @@ async def test_deleting_a_hub_user_removes_their_fine_tuning_files_and_jobs(tmp_
         # bob's are his still.
         assert [f["id"] for f in (await get("/files", bob)).json()["data"]] == [ids[b]]
         assert (await get(f"/files/{ids[b]}/content", bob)).content == secret
+
+
+async def test_the_open_jobs_cap_is_the_sites_setting(tmp_path):
+    config = "c.LlmSettings.max_open_fine_tuning_jobs = 3\n"
+    async with running_service(tmp_path / "svc", config=config) as svc:
+        assert svc.app.fine_tuning.max_open_jobs == 3
