@@ -415,6 +415,9 @@ class EndpointHandler(_DeploymentHandler):
         self._chunks.clear()  # joined into ``body``: not held twice
         if self._held is None:
             self._held = self.deployments.calls.hold(who)
+        # Kept here: a caller that goes away releases self._held (on_connection_close)
+        # while the replica still works; its answer is then counted nowhere.
+        held = self._held
         try:
             answer = await self.deployments.calls.call(
                 dep,
@@ -423,14 +426,14 @@ class EndpointHandler(_DeploymentHandler):
                 forwarded_headers(self.request.headers),
                 body,
                 who=who,
-                held=self._held,
+                held=held,
             )
         except (CallRefused, NoRoom) as e:
             self._retry_after = e.retry_after
             raise web.HTTPError(e.status, str(e)) from None
         status, reason, resp_headers, resp_body = answer
         if body is not None:  # answered: only the answer is held while it is written
-            self._held.drop(len(body))
+            held.drop(len(body))
             del body
         self.set_status(status, reason)
         for h, value in answer_headers(resp_headers).items():

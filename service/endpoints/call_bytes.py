@@ -96,10 +96,16 @@ class Held:
         self.budget = budget
         self.caller = caller
         self.bytes = 0
+        #: Released: the call was answered or given up (its caller went away while
+        #: the replica worked); what it reads after that is counted nowhere, so
+        #: nothing may be added to it (it would stay counted for good).
+        self.closed = False
 
     def add(self, n: int) -> None:
         """Count ``n`` more bytes; NoRoom (nothing counted) past the caller's share or
-        the service's."""
+        the service's, or once the call was released."""
+        if self.closed:
+            raise NoRoom("the call was given up: its caller went away")
         self.budget._take(self.caller, n, self.bytes)
         self.bytes += n
 
@@ -110,5 +116,6 @@ class Held:
         self.budget._give(self.caller, n)
 
     def release(self) -> None:
+        self.closed = True
         held, self.bytes = self.bytes, 0
         self.budget._give(self.caller, held)

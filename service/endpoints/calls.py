@@ -36,7 +36,7 @@ import time
 from yarl import URL
 
 from gpulab.backend.serving_base import ServingBackend
-from gpulab.service.endpoints.call_bytes import CallBytes, Held
+from gpulab.service.endpoints.call_bytes import CallBytes, Held, NoRoom
 from gpulab.service.endpoints.live import LiveEndpoints, serving_unit
 from gpulab.service.endpoints.proxy import (
     MAX_ANSWER_BYTES,
@@ -253,14 +253,22 @@ class EndpointCalls:
         async with contextlib.aclosing(self._replicas(dep, unit)) as replicas:
             async for replica, url in replicas:
                 unit.traffic.begin(replica)
-                answer = None
+                answer, ours = None, False
+                # An attempt that brings no answer gives back what it counted of it
+                # (the next replica's answer is counted afresh).
+                before = held.bytes if held is not None else 0
                 try:
                     answer = await self.proxy.forward(
                         url, self.token(unit), method, path, headers, body, held
                     )
+                except NoRoom:
+                    ours = True  # the caller's share, not the replica's fault
+                    raise
                 finally:
-                    error = answer is None or answer[0] >= 500
+                    error = not ours and (answer is None or answer[0] >= 500)
                     unit.traffic.end(replica, time.monotonic() - start, error)
+                    if answer is None and held is not None and held.bytes > before:
+                        held.drop(held.bytes - before)
                 if answer is not None:
                     return answer
         raise AssertionError("unreachable: _replicas raises when none is left")

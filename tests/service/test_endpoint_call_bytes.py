@@ -39,7 +39,8 @@ BIG_ANSWER = 32 * MIB
 
 class Replica:
     """``.../slow`` answers once ``go`` is set (a body held meanwhile, as for a cold
-    start), ``.../big`` answers BIG_ANSWER bytes, anything else at once."""
+    start), ``.../big`` answers BIG_ANSWER bytes, ``.../slowbig`` both, anything else
+    at once."""
 
     def __init__(self):
         self.go = asyncio.Event()
@@ -47,10 +48,10 @@ class Replica:
 
     async def answer(self, request: web.Request) -> web.Response:
         await request.read()
-        if request.path.endswith("/slow"):
+        if request.path.endswith(("/slow", "/slowbig")):
             self.waiting += 1
             await self.go.wait()
-        if request.path.endswith("/big"):
+        if request.path.endswith(("/big", "/slowbig")):
             return web.Response(body=b"x" * BIG_ANSWER, content_type="application/octet-stream")
         return web.json_response({"outputs": "ok"})
 
@@ -248,6 +249,45 @@ async def test_the_services_own_endpoint_route_keeps_the_same_count(tmp_path):
                 status, _, data = await call("big", b"{}")
                 assert status == 200 and len(data) == BIG_ANSWER
                 await until(lambda: not calls.budget.held)
+        finally:
+            replica.go.set()
+            await calls.proxy.close()
+
+
+async def test_a_call_whose_caller_went_away_leaves_nothing_counted(tmp_path):
+    """bob hangs up while the replica works; its answer, read after that, was counted
+    against him for good (every later call of his a 429, and everyone's past 2 GiB)."""
+    replica = Replica()
+    app = web.Application(client_max_size=64 * MIB)
+    app.router.add_route("*", "/{tail:.*}", replica.answer)
+    async with (
+        replica_on_socket(app, str(tmp_path / "replica.sock")) as address,
+        running_service(tmp_path / "svc") as svc,
+    ):
+        bob = svc.create_user("bob")
+        svc.create_user("alice")
+        calls = TableCalls()
+        calls.load([table_row([[0, address]], name="chat", shares=["bob"])])
+        calls.budget = CallBytes(per_caller=4 * MIB, total=64 * MIB)
+        svc.app.deployments.calls = calls
+        url = f"{svc.url}/services/gpulab/endpoints/alice/chat/v2/models/chat"
+        headers = {"Authorization": f"token {bob}"}
+        try:
+            async with aiohttp.ClientSession() as session:
+                gone = asyncio.ensure_future(
+                    session.post(f"{url}/slowbig", data=b"a" * MIB, headers=headers)
+                )
+                await until(lambda: replica.waiting == 1)
+                gone.cancel()  # bob hangs up while the replica works
+                with contextlib.suppress(asyncio.CancelledError):
+                    await gone
+            await until(lambda: not calls.budget.held)
+            replica.go.set()  # the answer comes after he left
+            await asyncio.sleep(1.0)
+            assert not calls.budget.held and calls.budget.in_all == 0, calls.budget.held
+            # His going away is not the replica's error (errors roll canaries back).
+            units = [u for d in calls._deps.values() for u in d.units.values()]  # noqa: SLF001
+            assert units and not any(u.traffic.errors_total for u in units)
         finally:
             replica.go.set()
             await calls.proxy.close()
