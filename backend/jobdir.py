@@ -120,10 +120,18 @@ class JobDir:
     def hand_over(self, uid: int, gid: int) -> None:
         """Let the job's ranks, running as ``uid``, write their folders, and nobody
         else read anything: the directory becomes ``root:<gid> 0750``."""
+        # Done again at each launch of a job on Kubernetes, after its pods wrote the
+        # folder: nothing here follows a link (root would chown and chmod its target).
         for sub in USER_DIRS:
+            if os.path.islink(self.p(sub)):
+                os.unlink(self.p(sub))
             os.makedirs(self.p(sub), exist_ok=True)
-            os.chown(self.p(sub), uid, gid)
-            os.chmod(self.p(sub), 0o700)
+            fd = os.open(self.p(sub), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                os.fchown(fd, uid, gid)
+                os.fchmod(fd, 0o700)
+            finally:
+                os.close(fd)
         try:
             fd = self.open_user(EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         except PermissionError:  # the service's own, from before the hand-over
@@ -132,10 +140,20 @@ class JobDir:
         os.fchmod(fd, 0o600)
         os.close(fd)
         for name in os.listdir(self.path):
-            full = self.p(name)
-            if name not in USER_DIRS and name != EVENTS and os.path.isfile(full):
-                os.chown(full, 0, gid)
-                os.chmod(full, 0o640)
+            if name in USER_DIRS or name == EVENTS:
+                continue
+            try:
+                fd = os.open(self.p(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:  # a link, or gone
+                continue
+            try:
+                st = os.fstat(fd)
+                # A plain file of the service's (a hard link to another's file is not).
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                    os.fchown(fd, 0, gid)
+                    os.fchmod(fd, 0o640)
+            finally:
+                os.close(fd)
         os.chown(self.path, 0, gid)
         os.chmod(self.path, 0o750)
 

@@ -229,3 +229,23 @@ def test_links_in_the_folder_are_neither_written_through_nor_read(job, tmp_path)
     jd.reset_run()
     assert (victims / "keep.db").read_text() == "data"
     assert os.path.isdir(jd.p("pids")) and not os.path.islink(jd.p("pids"))
+
+
+def test_a_second_hand_over_follows_no_link_in_the_folder(job, tmp_path):
+    """On Kubernetes the folder is handed over again at each launch, after the pods
+    wrote in it (on a claim whose fsGroup lets them): links there must not make root
+    chown or chmod their targets."""
+    jd, nobody, secret = job
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    os.chmod(jd.path, 0o777)  # as if the pods could write the folder itself
+    os.symlink(str(secret), jd.p("x"))
+    os.link(str(secret), jd.p("y"))  # a hard link to root's file
+    os.rename(jd.p("checkpoints"), jd.p("old"))
+    os.symlink(str(elsewhere), jd.p("checkpoints"))
+    jd.hand_over(nobody.pw_uid, nobody.pw_gid)
+    for target, mode in ((secret, 0o600), (elsewhere, 0o700)):
+        st = os.stat(target)
+        assert (st.st_uid, st.st_mode & 0o777) == (0, mode), target
+    assert not os.path.islink(jd.p("checkpoints"))
+    assert os.stat(jd.p("checkpoints")).st_uid == nobody.pw_uid
