@@ -464,6 +464,7 @@ class DeploymentManager:
         if versions is None:
             await asyncio.shield(done)  # stopped by the first
         else:
+            failed: BaseException | None = None
             try:
                 released = sum(
                     await asyncio.gather(*(self.placement.stop(dep, v) for v in versions))
@@ -471,11 +472,19 @@ class DeploymentManager:
                 async with self.live.lock:
                     self.store.remove(dep["id"])
                     self.live.drop(dep["id"])
+            except BaseException as e:
+                failed = e
+                raise
             finally:
                 self.live.stopping -= marked
                 self.live.stopping_deployments.discard(dep["id"])
                 del self._stopping[dep["id"]]
-                done.set_result(None)
+                # A second stop waiting on this one is told how it went, not "stopped".
+                if failed is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(RuntimeError(f"stopping it failed: {failed!r}"))
+                    done.exception()  # retrieved here: no warning when nobody waits
             self.live.wake.set()
             log.info(
                 "Deployment %s/%s stopped (%s); released %d slice(s)",

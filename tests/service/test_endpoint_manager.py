@@ -51,6 +51,7 @@ class StandInServing(ServingBackend):
         self.go = asyncio.Event()
         self.stopping: list[str] = []
         self.failing: set[str] = set()
+        self.broken: set[str] = set()
 
     async def launch(self, dep, rows):
         pass
@@ -78,6 +79,8 @@ class StandInServing(ServingBackend):
         self.stopping.append(dep["id"])
         if dep["id"] in self.slow:
             await self.go.wait()
+        if dep["id"] in self.broken:
+            raise RuntimeError("the cluster answered 500")
 
 
 class Ledger:
@@ -189,6 +192,22 @@ async def test_a_deletion_whose_replicas_take_their_grace_stalls_nobody_else(man
     assert (await stopping)["state"] == (await again)["state"] == "stopped"
     assert mgr.store.find("alice", "m") is None and not mgr.live.stopping
     assert serving.stopping.count("a1") == 1
+
+
+async def test_a_second_stop_is_not_told_stopped_when_the_first_failed(manager):
+    mgr, serving = manager, manager.serving
+    alice = endpoint(mgr, "alice", "a1")
+    serving.slow.add("a1")
+    serving.broken.add("a1")
+    first = asyncio.ensure_future(mgr.stop_deployment(alice, "stopped by its owner"))
+    await until(lambda: "a1" in serving.stopping)
+    again = asyncio.ensure_future(mgr.stop_deployment(alice, "stopped by its owner"))
+    await asyncio.sleep(0.05)
+    serving.go.set()
+    for stop in (first, again):
+        with pytest.raises(Exception, match="500"):
+            await stop
+    assert mgr.store.find("alice", "m") is not None  # still there: nothing was released
 
 
 async def test_a_failed_versions_replicas_are_stopped_outside_the_loops_lock(manager):
