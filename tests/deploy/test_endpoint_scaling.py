@@ -139,69 +139,80 @@ def test_grows_under_load_and_shrinks_after_the_delay(hub, users, models):
             "max_latency_ms": 50,  # calls linger in the batcher: each client holds one
         },
     )
-    assert (dep["min_replicas"], dep["max_replicas"], dep["replicas"]) == (1, 3, 1)
-    dep = wait_for(hub, token, "elastic", "running", lambda d: d["state"] == "running")
-    stop, answers = threading.Event(), Counter()
-
-    def client():
-        with requests.Session() as s:
-            while not stop.is_set():
-                r = s.post(
-                    f"{hub.url}{dep['path']}/v2/models/elastic/infer",
-                    json={
-                        "inputs": [
-                            {
-                                "name": "input",
-                                "shape": [2, 4],
-                                "datatype": "FP32",
-                                "data": X.reshape(-1).tolist(),
-                            }
-                        ]
-                    },
-                    headers=hub.auth(token),
-                    timeout=120,
-                )
-                ok = r.status_code == 200 and np.allclose(outputs(r), expected, atol=1e-5)
-                answers["ok" if ok else f"{r.status_code} {r.text[:200]}"] += 1
-
-    threads = [threading.Thread(target=client) for _ in range(12)]
-    for t in threads:
-        t.start()
     try:
-        grown = wait_for(
-            hub,
-            token,
-            "elastic",
-            "3 replicas ready under load",
-            lambda d: d["replicas"] == 3 and d["replicas_ready"] == 3,
-        )
-        # Each replica holds a slice of its own.
-        assert len(slices(hub, token, grown["id"])) == 3
-        # The calls it holds (a snapshot may fall between two calls of every client).
-        wait_for(hub, token, "elastic", "calls in flight", lambda d: d["versions"][0]["inflight"])
-        # The metric a HorizontalPodAutoscaler or KEDA would read (ids, no user names).
-        text = requests.get(
-            f"{hub.url}/services/gpulab/metrics", headers=hub.auth(token), timeout=30
-        ).text
-        series = [
-            line
-            for line in text.splitlines()
-            if line.startswith("gpulab_endpoint_inflight_requests{")
-            and f'deployment="{grown["id"]}"' in line
-        ]
-        assert len(series) == 1 and float(series[0].rsplit(" ", 1)[1]) >= 0
-        assert name not in text
-    finally:
-        stop.set()
+        assert (dep["min_replicas"], dep["max_replicas"], dep["replicas"]) == (1, 3, 1)
+        dep = wait_for(hub, token, "elastic", "running", lambda d: d["state"] == "running")
+        stop, answers = threading.Event(), Counter()
+
+        def client():
+            with requests.Session() as s:
+                while not stop.is_set():
+                    r = s.post(
+                        f"{hub.url}{dep['path']}/v2/models/elastic/infer",
+                        json={
+                            "inputs": [
+                                {
+                                    "name": "input",
+                                    "shape": [2, 4],
+                                    "datatype": "FP32",
+                                    "data": X.reshape(-1).tolist(),
+                                }
+                            ]
+                        },
+                        headers=hub.auth(token),
+                        timeout=120,
+                    )
+                    ok = r.status_code == 200 and np.allclose(outputs(r), expected, atol=1e-5)
+                    answers["ok" if ok else f"{r.status_code} {r.text[:200]}"] += 1
+
+        threads = [threading.Thread(target=client) for _ in range(12)]
         for t in threads:
-            t.join()
-    shrunk = wait_for(
-        hub, token, "elastic", "back to 1 replica after the delay", lambda d: d["replicas"] == 1
-    )
-    assert slices(hub, token, shrunk["id"]) == [f"{shrunk['id']}/0"]
-    # Nothing was lost while replicas came and went (calls drain before a replica stops).
-    assert set(answers) == {"ok"} and answers["ok"] > 50, answers
-    ada.stop_deployment("elastic")
+            t.start()
+        try:
+            grown = wait_for(
+                hub,
+                token,
+                "elastic",
+                "3 replicas ready under load",
+                lambda d: d["replicas"] == 3 and d["replicas_ready"] == 3,
+            )
+            # Each replica holds a slice of its own.
+            assert len(slices(hub, token, grown["id"])) == 3
+            # The calls it holds (a snapshot may fall between two calls of every client).
+            wait_for(
+                hub, token, "elastic", "calls in flight", lambda d: d["versions"][0]["inflight"]
+            )
+            # The metric a HorizontalPodAutoscaler or KEDA would read (ids, no user names).
+            text = requests.get(
+                f"{hub.url}/services/gpulab/metrics", headers=hub.auth(token), timeout=30
+            ).text
+            series = [
+                line
+                for line in text.splitlines()
+                if line.startswith("gpulab_endpoint_inflight_requests{")
+                and f'deployment="{grown["id"]}"' in line
+            ]
+            assert len(series) == 1 and float(series[0].rsplit(" ", 1)[1]) >= 0
+            assert name not in text
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        shrunk = wait_for(
+            hub, token, "elastic", "back to 1 replica after the delay", lambda d: d["replicas"] == 1
+        )
+        # The replicas scaled away give their slices back once they have exited (they may
+        # take their grace period): held until then, as any running replica's.
+        wait_until(
+            lambda: slices(hub, token, shrunk["id"]) == [f"{shrunk['id']}/0"],
+            "the slices of the replicas scaled away given back",
+            timeout=WAIT_S,
+            detail=lambda: f"{slices(hub, token, shrunk['id'])}\n{hub.log_tail(3000)}",
+        )
+        # Nothing was lost while replicas came and went (calls drain before a replica stops).
+        assert set(answers) == {"ok"} and answers["ok"] > 50, answers
+    finally:  # the next tests list ada's endpoints
+        ada.stop_deployment("elastic")
 
 
 def test_scales_to_zero_and_a_cold_call_succeeds(hub, users, models):
