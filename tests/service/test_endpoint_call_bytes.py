@@ -211,10 +211,10 @@ async def test_an_answer_counts_until_it_is_read_and_a_caller_that_never_reads_i
         await until(lambda: calls.budget.in_all == 0)
 
 
-async def test_the_services_own_endpoint_route_keeps_the_same_count(tmp_path):
-    """Without the router (no proxy API), the service's route answers calls: bob's
-    bodies there are held to his share too, and its 429 says when to try again."""
-    replica = Replica()
+@contextlib.asynccontextmanager
+async def bobs_calls_on_the_services_route(tmp_path, replica: Replica):
+    """alice's endpoint ``chat``, shared with bob, answered by ``replica`` through the
+    service's own route (no router): (the call path, the URL, bob's headers)."""
     app = web.Application(client_max_size=64 * MIB)
     app.router.add_route("*", "/{tail:.*}", replica.answer)
     async with (
@@ -228,69 +228,61 @@ async def test_the_services_own_endpoint_route_keeps_the_same_count(tmp_path):
         calls.budget = CallBytes(per_caller=4 * MIB, total=64 * MIB)
         svc.app.deployments.calls = calls
         url = f"{svc.url}/services/gpulab/endpoints/alice/chat/v2/models/chat"
-        headers = {"Authorization": f"token {bob}"}
         try:
-            async with aiohttp.ClientSession() as session:
-
-                async def call(path: str, body) -> tuple[int, dict, bytes]:
-                    async with session.post(f"{url}/{path}", data=body, headers=headers) as r:
-                        return r.status, dict(r.headers), await r.read()
-
-                first = asyncio.ensure_future(call("slow", b"a" * 3 * MIB))
-                await until(lambda: replica.waiting == 1)
-                assert calls.budget.held["user:bob"] == 3 * MIB
-                for body in (b"b" * 3 * MIB, chunked(3 * MIB)):
-                    status, got, data = await call("infer", body)
-                    assert status == 429, data
-                    assert got.get("Retry-After") == "2"
-                    assert b"one caller may hold at once" in data
-                replica.go.set()
-                assert (await first)[0] == 200
-                status, _, data = await call("big", b"{}")
-                assert status == 200 and len(data) == BIG_ANSWER
-                await until(lambda: not calls.budget.held)
+            yield calls, url, {"Authorization": f"token {bob}"}
         finally:
             replica.go.set()
             await calls.proxy.close()
+
+
+async def test_the_services_own_endpoint_route_keeps_the_same_count(tmp_path):
+    """Without the router (no proxy API), the service's route answers calls: bob's
+    bodies there are held to his share too, and its 429 says when to try again."""
+    replica = Replica()
+    async with (
+        bobs_calls_on_the_services_route(tmp_path, replica) as (calls, url, headers),
+        aiohttp.ClientSession() as session,
+    ):
+
+        async def call(path: str, body) -> tuple[int, dict, bytes]:
+            async with session.post(f"{url}/{path}", data=body, headers=headers) as r:
+                return r.status, dict(r.headers), await r.read()
+
+        first = asyncio.ensure_future(call("slow", b"a" * 3 * MIB))
+        await until(lambda: replica.waiting == 1)
+        assert calls.budget.held["user:bob"] == 3 * MIB
+        for body in (b"b" * 3 * MIB, chunked(3 * MIB)):
+            status, got, data = await call("infer", body)
+            assert status == 429, data
+            assert got.get("Retry-After") == "2"
+            assert b"one caller may hold at once" in data
+        replica.go.set()
+        assert (await first)[0] == 200
+        status, _, data = await call("big", b"{}")
+        assert status == 200 and len(data) == BIG_ANSWER
+        await until(lambda: not calls.budget.held)
 
 
 async def test_a_call_whose_caller_went_away_leaves_nothing_counted(tmp_path):
     """bob hangs up while the replica works; its answer, read after that, was counted
     against him for good (every later call of his a 429, and everyone's past 2 GiB)."""
     replica = Replica()
-    app = web.Application(client_max_size=64 * MIB)
-    app.router.add_route("*", "/{tail:.*}", replica.answer)
-    async with (
-        replica_on_socket(app, str(tmp_path / "replica.sock")) as address,
-        running_service(tmp_path / "svc") as svc,
-    ):
-        bob = svc.create_user("bob")
-        svc.create_user("alice")
-        calls = TableCalls()
-        calls.load([table_row([[0, address]], name="chat", shares=["bob"])])
-        calls.budget = CallBytes(per_caller=4 * MIB, total=64 * MIB)
-        svc.app.deployments.calls = calls
-        url = f"{svc.url}/services/gpulab/endpoints/alice/chat/v2/models/chat"
-        headers = {"Authorization": f"token {bob}"}
-        try:
-            async with aiohttp.ClientSession() as session:
-                gone = asyncio.ensure_future(
-                    session.post(f"{url}/slowbig", data=b"a" * MIB, headers=headers)
-                )
-                await until(lambda: replica.waiting == 1)
-                gone.cancel()  # bob hangs up while the replica works
-                with contextlib.suppress(asyncio.CancelledError):
-                    await gone
-            await until(lambda: not calls.budget.held)
-            replica.go.set()  # the answer comes after he left
-            await asyncio.sleep(1.0)
-            assert not calls.budget.held and calls.budget.in_all == 0, calls.budget.held
-            # His going away is not the replica's error (errors roll canaries back).
-            units = [u for d in calls._deps.values() for u in d.units.values()]  # noqa: SLF001
-            assert units and not any(u.traffic.errors_total for u in units)
-        finally:
-            replica.go.set()
-            await calls.proxy.close()
+    async with bobs_calls_on_the_services_route(tmp_path, replica) as (calls, url, headers):
+        async with aiohttp.ClientSession() as session:
+            gone = asyncio.ensure_future(
+                session.post(f"{url}/slowbig", data=b"a" * MIB, headers=headers)
+            )
+            await until(lambda: replica.waiting == 1)
+            gone.cancel()  # bob hangs up while the replica works
+            with contextlib.suppress(asyncio.CancelledError):
+                await gone
+        await until(lambda: not calls.budget.held)
+        replica.go.set()  # the answer comes after he left
+        await asyncio.sleep(1.0)
+        assert not calls.budget.held and calls.budget.in_all == 0, calls.budget.held
+        # His going away is not the replica's error (errors roll canaries back).
+        units = [u for d in calls._deps.values() for u in d.units.values()]  # noqa: SLF001
+        assert units and not any(u.traffic.errors_total for u in units)
 
 
 @pytest.mark.parametrize("share", [4 * MIB])
