@@ -33,7 +33,12 @@ def serving_hub(work: str, dims: list[int], tls: bool = False):
     from gpulab.client import Client
 
     hub = RunningHub(
-        os.path.join(work, "hub-tls" if tls else "hub"), simulate="2xA100-80GB", tls=tls
+        os.path.join(work, "hub-tls" if tls else "hub"),
+        simulate="2xA100-80GB",
+        tls=tls,
+        # The scale-down delay a benchmark names is the one it measures (a site's
+        # GPU endpoints wait at least 60 s by default).
+        config="c.Endpoints.min_gpu_scale_down_delay_s = 0\n",
     )
     try:
         token = hub.create_user("bench-tls" if tls else "bench")

@@ -45,6 +45,9 @@ SHARED_HUB_CONFIG = """
 c.JobQueue.preemption_grace_seconds = 10
 # tests/jobs/test_elastic.py: an elastic job grows back a few seconds after a resize.
 c.JobQueue.elastic_grow_after_seconds = 3
+# tests/deploy/test_endpoint_scaling.py: GPU endpoints shrink after their own short
+# delays (the 60 s floor of a site's is tested in tests/deploy/test_scale_down_delay.py).
+c.Endpoints.min_gpu_scale_down_delay_s = 0
 """
 
 
