@@ -226,25 +226,6 @@ class DeploymentStore(Store):
     def update(self, dep_id: str, **values) -> None:
         self.update_by_id(deployments, dep_id, json_columns(values, lists=_JSON))
 
-    def remove_shared_user(self, name: str) -> list[str]:
-        """Take the user ``name`` off every deployment's ``share_users`` (sharing is by
-        name: a later user given it must not call what was shared with this one); the
-        ids of the deployments changed. One transaction, so a PATCH of sharing at the
-        same moment cannot put the name back from what it read before."""
-        changed = []
-        with self.writing() as conn:
-            for dep_id, users in conn.execute(select(deployments.c.id, deployments.c.share_users)):
-                shared = json.loads(users or "[]")
-                if name in shared:
-                    kept = json.dumps([u for u in shared if u != name])
-                    conn.execute(
-                        update(deployments)
-                        .where(deployments.c.id == dep_id)
-                        .values(share_users=kept)
-                    )
-                    changed.append(dep_id)
-        return changed
-
     def remove(self, dep_id: str) -> bool:
         with self.writing() as conn:
             conn.execute(delete(versions).where(versions.c.deployment_id == dep_id))

@@ -427,20 +427,6 @@ class DeploymentManager:
         self.live.wake.set()  # and in the standby's table at the next pass
         return self.view(dep)
 
-    def forget_shared_user(self, name: str) -> list[str]:
-        """Take the hub user ``name`` off every deployment shared with them by name,
-        in the table and in what calls read at once (and in the standby's table at the
-        loop's next pass): a user created later under the same name must not call
-        what was shared with the one deleted. The ids of the deployments changed."""
-        changed = self.store.remove_shared_user(name)
-        for dep_id in changed:
-            dep = self.store.get(dep_id)
-            if dep is not None and dep_id in self.live.deps:
-                self.live.record(dep)
-        if changed:
-            self.live.wake.set()
-        return changed
-
     async def stop_deployment(self, dep: dict, reason: str) -> dict:
         """Stop every replica of every version, release the slices, forget it.
 

@@ -13,10 +13,6 @@ And a promotion and a rollback at once (within the drain window) used to retire 
 versions: every call then answered 503 and the endpoint's logs a 500. The second one
 is now refused (409) until the first version is gone.
 
-Sharing is by name: a user created later under a deleted user's name called what was
-shared with the old one. :meth:`DeploymentManager.forget_shared_user` takes the name
-off every deployment (the hub's user removal asks for it).
-
 The real deployment manager, store and loop in this process; the serving backend is a
 stand-in whose replicas of the versions named in ``slow`` take as long to stop as
 the test says.
@@ -287,28 +283,3 @@ async def test_a_deployment_without_versions_has_no_logs_to_read(manager):
     with pytest.raises(DeployRefused) as refused:
         mgr.find_version(bob, None)
     assert refused.value.status == 404
-
-
-async def test_a_deleted_users_name_comes_off_every_share(manager):
-    from gpulab.service.auth import Identity
-
-    mgr = manager
-    alice = endpoint(mgr, "alice", "a1")
-    carol = endpoint(mgr, "carol", "c1")
-    mgr.share(alice, {"share_users": ["bob", "dave"]})
-    mgr.share(carol, {"share_users": ["bob"], "share_groups": ["team"]})
-    endpoint(mgr, "erin", "e1")
-    bob = Identity("bob", "user")
-    assert mgr.calls.callable_endpoint(bob, "alice", "m")["id"] == "a1"
-    mgr.live.wake.clear()
-    assert sorted(mgr.forget_shared_user("bob")) == ["a1", "c1"]
-    assert mgr.live.wake.is_set()  # the standby's table follows at the next pass
-    assert mgr.store.get("a1")["share_users"] == ["dave"]
-    assert mgr.store.get("c1")["share_users"] == []
-    assert mgr.store.get("c1")["share_groups"] == ["team"]
-    # A new bob (the same name) calls nothing of the old one's: at once, not at a pass.
-    for owner in ("alice", "carol"):
-        with pytest.raises(Exception) as refused:
-            mgr.calls.callable_endpoint(bob, owner, "m")
-        assert refused.value.status == 403
-    assert mgr.forget_shared_user("bob") == []
